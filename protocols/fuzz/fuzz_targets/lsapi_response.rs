@@ -1,0 +1,3 @@
+#![no_main]
+//! placeholder: being written.
+libfuzzer_sys::fuzz_target!(|_data: &[u8]| {});

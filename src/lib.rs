@@ -1,0 +1,6 @@
+//! corral: an application-server gateway.
+//!
+//! Everything testable lives in this library; `main.rs` is a thin shell around it. The wire
+//! formats come from the `corral-protocols` crate, which does no I/O.
+
+pub use corral_protocols as protocols;
