@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs the real peers corral's tests talk to (DESIGN.md section 5):
+# Debian's php-cgi, php-fpm, nginx, Ruby with ruby-fcgi and ruby-rack, wrk,
+# ab and curl; the PyPI packages scgi and flup; and lsphp, built once from
+# Debian's php8.2 source by scripts/build-lsphp.sh. Idempotent and quick when
+# everything is present (no apt-get update then). Needs root. Starts no
+# daemon: package installs run under a policy-rc.d that forbids starting.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export DEBIAN_FRONTEND=noninteractive
+start=$SECONDS
+
+log() { printf '[setup-peers] %s\n' "$*"; }
+
+APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-utils
+    curl ca-certificates)
+# Used by scripts/build-lsphp.sh; present on the base image, listed so a
+# thinner image still works.
+BUILD_PACKAGES=(gcc make libc6-dev dpkg-dev xz-utils binutils)
+PIP_MODULES="scgi flup"
+
+missing=()
+for p in "${APT_PACKAGES[@]}" "${BUILD_PACKAGES[@]}"; do
+    status="$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)"
+    if [ "$status" != "install ok installed" ]; then
+        missing+=("$p")
+    fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    # Forbid maintainer scripts from starting php-fpm or nginx: they would
+    # hold port 80 and a php-fpm socket on a machine that runs our tests.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 0755 "$policy"
+        made_policy=1
+    fi
+    restore_policy() { if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi; }
+    trap restore_policy EXIT
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/corral-apt.log 2>&1 ||
+        { tail -n 40 /tmp/corral-apt.log >&2; exit 1; }
+    restore_policy
+    trap - EXIT
+    # If a policy-rc.d of the image allowed starts, stop what the install
+    # started, by the packages' own pid files.
+    for pidfile in /run/nginx.pid /run/php/php8.2-fpm.pid; do
+        if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+            log "stopping the daemon the install started ($pidfile)"
+            kill -TERM "$(cat "$pidfile")" || true
+        fi
+    done
+    log "apt packages installed ($((SECONDS - start)) s)"
+else
+    log "apt packages present"
+fi
+
+if python3 -c 'import scgi, flup' 2>/dev/null; then
+    log "python modules present ($(command -v python3))"
+else
+    log "pip installing $PIP_MODULES into $(command -v python3)"
+    pip_install() {
+        # shellcheck disable=SC2086
+        python3 -m pip install --quiet --disable-pip-version-check \
+            --root-user-action=ignore "$@" $PIP_MODULES
+    }
+    # Debian's own python3 is "externally managed" (PEP 668); a pyenv or
+    # venv python3 is not.
+    pip_install || pip_install --break-system-packages
+    python3 -c 'import scgi, flup'
+fi
+bash "$here/build-lsphp.sh"
+
+log "done in $((SECONDS - start)) s"
