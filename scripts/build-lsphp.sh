@@ -52,7 +52,7 @@ apt-get update -qq
 # 2. Fetch the source, trying each version.
 mkdir -p "$BUILD_ROOT"
 scratch="$(mktemp -d "$BUILD_ROOT/php.XXXXXX")"
-cleanup() { rm -rf "$scratch"; }
+cleanup() { rm -rf "$scratch"; rmdir "$BUILD_ROOT" 2>/dev/null || true; }
 trap cleanup EXIT
 cd "$scratch"
 got=""
