@@ -1,0 +1,437 @@
+//! Backend role (server → backend, as corral's own launchers and null backend read it):
+//! parsing BEGIN_REQUEST into a structured request, passing the raw body through, and
+//! recognising ABORT_REQUEST.
+//!
+//! The checks are lsphp's (`readReq`, `parseRequest`, `parseEnv`, `validateHeaders`) plus a
+//! few it skips: negative offsets and counts, the NUL after every env key and value, zero
+//! padding, and the [`Limits`].
+
+use std::ops::Range;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::headers::{
+    HEADER_INDEX_LEN, H_CONTENT_LENGTH, INDEX_OFFSETS_AT, KNOWN_HEADERS, KNOWN_HEADER_COUNT,
+    UNKNOWN_HEADER_ENTRY_LEN,
+};
+use super::packet::{
+    ByteOrder, FlagRule, PacketHeader, PacketType, HEADER_LEN, MAX_HEADER_PACKET_LEN,
+};
+use super::request::{
+    align8, parse_decimal, BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, REQ_HEADER_LEN,
+};
+use super::LsapiError;
+use crate::Limits;
+
+const REQ_FIELDS: [&str; 9] = [
+    "m_httpHeaderLen",
+    "m_reqBodyLen",
+    "m_scriptFileOff",
+    "m_scriptNameOff",
+    "m_queryStringOff",
+    "m_requestMethodOff",
+    "m_cntUnknownHeaders",
+    "m_cntEnv",
+    "m_cntSpecialEnv",
+];
+
+/// A parsed BEGIN_REQUEST. Every `Bytes` shares the one packet buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginRequest {
+    /// Byte order the server wrote the packet in.
+    pub order: ByteOrder,
+    /// Special env pairs (PHP ini overrides, suEXEC control), NULs stripped.
+    pub special_env: Vec<(Bytes, Bytes)>,
+    /// CGI env pairs, NULs stripped, in packet order.
+    pub env: Vec<(Bytes, Bytes)>,
+    /// The string `m_scriptFileOff` points at; `None` when the offset is 0 (OpenLiteSpeed's
+    /// "no real path").
+    pub script_filename: Option<Bytes>,
+    /// The string `m_scriptNameOff` points at (`None` for offset 0).
+    pub script_name: Option<Bytes>,
+    /// The string `m_queryStringOff` points at (`None` for offset 0).
+    pub query_string: Option<Bytes>,
+    /// The string `m_requestMethodOff` points at (`None` for offset 0).
+    pub request_method: Option<Bytes>,
+    /// The raw HTTP request head (request line, header lines, empty line).
+    pub head: Bytes,
+    /// Request headers in their original order (by value offset, as lsphp's
+    /// `getallheaders()` orders them): known ones under their canonical name, unknown ones
+    /// under the name found in the head.
+    pub headers: Vec<(Bytes, Bytes)>,
+    /// Body length: the raw bytes after the packet (-2 resolved through Content-Length;
+    /// other negative values mean no body, as in lsphp).
+    pub body_len: u64,
+}
+
+/// One thing read from the server side of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestEvent {
+    /// A new request.
+    Begin(Box<BeginRequest>),
+    /// Raw body bytes of the current request (as many as were available, never more than
+    /// remain).
+    Body(Bytes),
+    /// ABORT_REQUEST: the client went away.
+    Abort,
+}
+
+/// Reads what a server sends a backend: BEGIN_REQUEST, the raw body, ABORT_REQUEST.
+#[derive(Debug, Clone)]
+pub struct RequestDecoder {
+    limits: Limits,
+    rule: FlagRule,
+    body_left: u64,
+}
+
+impl RequestDecoder {
+    /// A decoder reading flags under [`FlagRule::HOST`].
+    pub fn new(limits: &Limits) -> RequestDecoder {
+        RequestDecoder {
+            limits: limits.clone(),
+            rule: FlagRule::HOST,
+            body_left: 0,
+        }
+    }
+
+    /// Reads flags under `rule` instead.
+    pub fn with_flag_rule(mut self, rule: FlagRule) -> RequestDecoder {
+        self.rule = rule;
+        self
+    }
+
+    /// Body bytes of the current request still to come.
+    pub fn body_remaining(&self) -> u64 {
+        self.body_left
+    }
+
+    /// Decodes the next event; `Ok(None)` means more bytes are needed.
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<RequestEvent>, LsapiError> {
+        if self.body_left > 0 {
+            if src.is_empty() {
+                return Ok(None);
+            }
+            let n = usize::try_from(self.body_left).map_or(src.len(), |left| left.min(src.len()));
+            self.body_left -= n as u64;
+            return Ok(Some(RequestEvent::Body(src.split_to(n).freeze())));
+        }
+        let Some(h) = PacketHeader::parse(src, self.rule)? else {
+            return Ok(None);
+        };
+        match h.kind {
+            PacketType::AbortRequest => {
+                if h.len != HEADER_LEN {
+                    return Err(LsapiError::PayloadNotEmpty {
+                        kind: h.kind,
+                        len: h.len,
+                    });
+                }
+                src.advance(HEADER_LEN);
+                Ok(Some(RequestEvent::Abort))
+            }
+            PacketType::BeginRequest => {
+                let max = self.limits.max_params_bytes.min(MAX_HEADER_PACKET_LEN);
+                if h.len > max {
+                    return Err(LsapiError::PacketTooLarge {
+                        kind: h.kind,
+                        len: h.len,
+                        max,
+                    });
+                }
+                if h.len < REQ_HEADER_LEN {
+                    return Err(LsapiError::BeginRequestTooShort(h.len));
+                }
+                let Some(bytes) = src.get(..h.len) else {
+                    src.reserve(h.len - src.len());
+                    return Ok(None);
+                };
+                let layout = parse_layout(bytes, h.order, &self.limits)?;
+                let packet = src.split_to(h.len).freeze();
+                let req = layout.into_request(&packet, h.order);
+                self.body_left = req.body_len;
+                Ok(Some(RequestEvent::Begin(Box::new(req))))
+            }
+            kind => Err(LsapiError::UnexpectedPacket {
+                kind,
+                direction: "server to backend",
+            }),
+        }
+    }
+}
+
+/// An env pair as key and value ranges inside the packet.
+type PairRange = (Range<usize>, Range<usize>);
+
+/// Where everything is inside the packet; turned into `Bytes` once the packet is frozen, so
+/// nothing is consumed when the packet is refused.
+struct Layout {
+    special_env: Vec<PairRange>,
+    env: Vec<PairRange>,
+    pointed: [Option<Range<usize>>; 4],
+    head: Range<usize>,
+    /// (name: known index or range in packet, value range in packet), in header order.
+    headers: Vec<(HeaderName, Range<usize>)>,
+    body_len: u64,
+}
+
+enum HeaderName {
+    /// Slot in the known-header index.
+    Known(usize),
+    Raw(Range<usize>),
+}
+
+impl Layout {
+    fn into_request(self, p: &Bytes, order: ByteOrder) -> BeginRequest {
+        let pairs = |v: Vec<PairRange>| {
+            v.into_iter()
+                .map(|(k, v)| (p.slice(k), p.slice(v)))
+                .collect::<Vec<_>>()
+        };
+        let [a, b, c, d] = self.pointed.map(|r| r.map(|r| p.slice(r)));
+        BeginRequest {
+            order,
+            special_env: pairs(self.special_env),
+            env: pairs(self.env),
+            script_filename: a,
+            script_name: b,
+            query_string: c,
+            request_method: d,
+            head: p.slice(self.head),
+            headers: self
+                .headers
+                .into_iter()
+                .map(|(n, v)| {
+                    let name = match n {
+                        HeaderName::Known(i) => KNOWN_HEADERS
+                            .get(i)
+                            .map_or_else(Bytes::new, |s| Bytes::from_static(s.as_bytes())),
+                        HeaderName::Raw(r) => p.slice(r),
+                    };
+                    (name, p.slice(v))
+                })
+                .collect(),
+            body_len: self.body_len,
+        }
+    }
+}
+
+fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, LsapiError> {
+    let len = p.len();
+    let mut f = [0i32; 9];
+    for (i, slot) in f.iter_mut().enumerate() {
+        *slot = order
+            .read_i32(p, HEADER_LEN + 4 * i)
+            .ok_or(LsapiError::BeginRequestTooShort(len))?;
+    }
+    let [head_len, body_raw, o0, o1, o2, o3, n_unknown, n_env, n_special] = f;
+    let nonneg = |i: usize, v: i32| {
+        usize::try_from(v).map_err(|_| LsapiError::NegativeField {
+            field: REQ_FIELDS.get(i).copied().unwrap_or("field"),
+            value: v,
+        })
+    };
+    let head_len = nonneg(0, head_len)?;
+    let n_unknown = nonneg(6, n_unknown)?;
+    let n_env = nonneg(7, n_env)?;
+    let n_special = nonneg(8, n_special)?;
+
+    let max_pairs = limits.max_params_count;
+    if n_env > MAX_ENV_PAIRS || n_special > MAX_ENV_PAIRS || n_env + n_special > max_pairs {
+        return Err(LsapiError::TooManyPairs {
+            what: "env pairs",
+            count: n_env + n_special,
+            max: max_pairs.min(MAX_ENV_PAIRS),
+        });
+    }
+    if n_unknown > max_pairs {
+        return Err(LsapiError::TooManyPairs {
+            what: "unknown headers",
+            count: n_unknown,
+            max: max_pairs,
+        });
+    }
+
+    let mut pos = REQ_HEADER_LEN;
+    let special_env = parse_env_list(p, &mut pos, n_special, "special env", limits)?;
+    let env = parse_env_list(p, &mut pos, n_env, "env", limits)?;
+    let index_at = align8(pos);
+    let head_at = index_at + HEADER_INDEX_LEN + n_unknown * UNKNOWN_HEADER_ENTRY_LEN;
+    let end = head_at + head_len;
+    if end != len {
+        return Err(LsapiError::RequestSizeMismatch {
+            declared: len,
+            actual: end,
+        });
+    }
+    if p.get(pos..index_at)
+        .is_some_and(|pad| pad.iter().any(|&b| b != 0))
+    {
+        return Err(LsapiError::NonZeroPadding);
+    }
+
+    let mut pointed = [None, None, None, None];
+    for ((slot, off), field) in pointed.iter_mut().zip([o0, o1, o2, o3]).zip(2..) {
+        *slot = c_string_at(p, off).map_err(|()| LsapiError::BadStringOffset {
+            field: REQ_FIELDS.get(field).copied().unwrap_or("offset"),
+            offset: off,
+            len,
+        })?;
+    }
+
+    let head = head_at..end;
+    let mut headers: Vec<(HeaderName, Range<usize>)> = Vec::new();
+    let bad_known = |index, offset, vlen| LsapiError::KnownHeaderOutOfRange {
+        index,
+        offset,
+        len: vlen,
+        block: head_len,
+    };
+    for i in 0..KNOWN_HEADER_COUNT {
+        let vlen = order.read_u16(p, index_at + 2 * i).unwrap_or(0);
+        let off = order
+            .read_i32(p, index_at + INDEX_OFFSETS_AT + 4 * i)
+            .unwrap_or(0);
+        if off == 0 {
+            continue;
+        }
+        let start = usize::try_from(off).map_err(|_| bad_known(i, off, vlen))?;
+        let stop = start + usize::from(vlen);
+        if stop > head_len {
+            return Err(bad_known(i, off, vlen));
+        }
+        check_header_lens(0, usize::from(vlen), limits)?;
+        headers.push((HeaderName::Known(i), head_at + start..head_at + stop));
+    }
+    for i in 0..n_unknown {
+        let at = index_at + HEADER_INDEX_LEN + i * UNKNOWN_HEADER_ENTRY_LEN;
+        let field = |k: usize| {
+            order
+                .read_i32(p, at + 4 * k)
+                .and_then(|v| usize::try_from(v).ok())
+        };
+        let bad = LsapiError::UnknownHeaderOutOfRange {
+            index: i,
+            block: head_len,
+        };
+        let (Some(no), Some(nl), Some(vo), Some(vl)) = (field(0), field(1), field(2), field(3))
+        else {
+            return Err(bad);
+        };
+        if no + nl > head_len || vo + vl > head_len {
+            return Err(bad);
+        }
+        check_header_lens(nl, vl, limits)?;
+        headers.push((
+            HeaderName::Raw(head_at + no..head_at + no + nl),
+            head_at + vo..head_at + vo + vl,
+        ));
+    }
+    headers.sort_by_key(|(_, v)| v.start);
+
+    let body_len = match u64::try_from(body_raw) {
+        Ok(n) => n,
+        Err(_) if body_raw == BODY_LEN_FROM_CONTENT_LENGTH => headers
+            .iter()
+            .find(|(n, _)| matches!(n, HeaderName::Known(H_CONTENT_LENGTH)))
+            .and_then(|(_, v)| p.get(v.clone()))
+            .and_then(parse_decimal)
+            .ok_or(LsapiError::MissingContentLength)?,
+        // lsphp reads no body for any other length ≤ 0.
+        Err(_) => 0,
+    };
+
+    Ok(Layout {
+        special_env,
+        env,
+        pointed,
+        head,
+        headers,
+        body_len,
+    })
+}
+
+/// Parses one env list (`count` pairs and the four-zero-byte terminator) starting at `*pos`.
+fn parse_env_list(
+    p: &[u8],
+    pos: &mut usize,
+    count: usize,
+    list: &'static str,
+    limits: &Limits,
+) -> Result<Vec<PairRange>, LsapiError> {
+    let truncated = LsapiError::EnvListTruncated { list };
+    let mut out = Vec::with_capacity(count.min(64));
+    for _ in 0..count {
+        let at = *pos;
+        let (Some(k), Some(v)) = (
+            ByteOrder::Big.read_u16(p, at),
+            ByteOrder::Big.read_u16(p, at + 2),
+        ) else {
+            return Err(truncated);
+        };
+        let (k, v) = (usize::from(k), usize::from(v));
+        if k == 0 || v == 0 {
+            return Err(LsapiError::EnvLengthZero { list });
+        }
+        let key = at + 4..at + 4 + k - 1;
+        let value = key.end + 1..key.end + 1 + v - 1;
+        if value.end + 1 > p.len() {
+            return Err(truncated);
+        }
+        if p.get(key.end) != Some(&0) || p.get(value.end) != Some(&0) {
+            return Err(LsapiError::EnvNotNulTerminated { list });
+        }
+        if key.len() > limits.max_name_len {
+            return Err(LsapiError::NameTooLong {
+                what: list,
+                len: key.len(),
+                max: limits.max_name_len,
+            });
+        }
+        if value.len() > limits.max_value_len {
+            return Err(LsapiError::ValueTooLong {
+                what: list,
+                len: value.len(),
+                max: limits.max_value_len,
+            });
+        }
+        *pos = value.end + 1;
+        out.push((key, value));
+    }
+    match p.get(*pos..*pos + 4) {
+        None => Err(truncated),
+        Some(t) if t != [0, 0, 0, 0] => Err(LsapiError::EnvListNotTerminated { list }),
+        Some(_) => {
+            *pos += 4;
+            Ok(out)
+        }
+    }
+}
+
+/// The NUL-terminated string at `off` (without its NUL); `Ok(None)` for offset 0.
+fn c_string_at(p: &[u8], off: i32) -> Result<Option<Range<usize>>, ()> {
+    if off == 0 {
+        return Ok(None);
+    }
+    let start = usize::try_from(off).map_err(|_| ())?;
+    let rest = p.get(start..).ok_or(())?;
+    let nul = rest.iter().position(|&b| b == 0).ok_or(())?;
+    Ok(Some(start..start + nul))
+}
+
+fn check_header_lens(name: usize, value: usize, limits: &Limits) -> Result<(), LsapiError> {
+    if name > limits.max_name_len {
+        return Err(LsapiError::NameTooLong {
+            what: "request header",
+            len: name,
+            max: limits.max_name_len,
+        });
+    }
+    if value > limits.max_value_len {
+        return Err(LsapiError::ValueTooLong {
+            what: "request header",
+            len: value,
+            max: limits.max_value_len,
+        });
+    }
+    Ok(())
+}

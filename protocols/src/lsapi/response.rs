@@ -1,0 +1,333 @@
+//! Client role (backend → corral): decoding the packets a backend answers with into response
+//! events, in either byte order, checking each packet's size and its place in the sequence.
+//!
+//! Sequence per request: `REQ_RECEIVED` (or the `"\0PID"` stderr packet from a freshly forked
+//! child), any number of `STDERR_STREAM` anywhere, one `RESP_HEADER`, `RESP_STREAM`s,
+//! `RESP_END`; then optionally `CONN_CLOSE`. Sizes follow OpenLiteSpeed's checks: RESP_HEADER
+//! payload 8..=65535, stream/stderr/REQ_RECEIVED payload ≤ 16384, RESP_END and CONN_CLOSE
+//! exactly 8 bytes, and every packet ≤ `Limits::max_packet_len`.
+
+use std::ops::Range;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::packet::{
+    ByteOrder, FlagRule, PacketHeader, PacketType, HEADER_LEN, MAX_DATA_LEN, MAX_HEADER_PACKET_LEN,
+};
+use super::LsapiError;
+use crate::Limits;
+
+/// Bytes of `struct lsapi_resp_info` (`m_cntHeaders`, `m_status`) at the start of a
+/// RESP_HEADER payload.
+pub const RESP_INFO_LEN: usize = 8;
+/// The payload of the stderr packet a prefork child sends first: `"\0PID"` + int32 pid.
+pub const PID_MARKER: [u8; 4] = *b"\0PID";
+
+/// Status and header lines of a response, as the backend sent them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// `m_status`: the HTTP status, or 0 when the backend left it to a `Status:` line (lsphp
+    /// with `LSAPI_DISABLE_CPAN_BEHAV`). Gateway rule: use it when non-zero, else a
+    /// `Status:` line, else 200.
+    pub status: u16,
+    /// The header lines exactly as sent (`Name: value` or `Name:value`), NULs stripped;
+    /// repeated headers (Set-Cookie) are separate lines.
+    pub lines: Vec<Bytes>,
+}
+
+impl ResponseHead {
+    /// Each line split at its first colon into (name, value without surrounding spaces or
+    /// tabs). Lines without a colon, which no HTTP header can be, are skipped.
+    pub fn fields(&self) -> impl Iterator<Item = (Bytes, Bytes)> + '_ {
+        self.lines.iter().filter_map(split_header_line)
+    }
+}
+
+/// Splits a header line at its first colon into name and trimmed value.
+pub fn split_header_line(line: &Bytes) -> Option<(Bytes, Bytes)> {
+    let colon = line.iter().position(|&b| b == b':')?;
+    let value = line.get(colon + 1..)?;
+    let lead = value
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    let trail = value
+        .iter()
+        .rev()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    let end = value.len().saturating_sub(trail).max(lead);
+    Some((
+        line.slice(..colon),
+        line.slice(colon + 1 + lead..colon + 1 + end),
+    ))
+}
+
+/// One thing a backend said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseEvent {
+    /// REQ_RECEIVED: the request was read; from here on it must not be retried elsewhere.
+    ReqReceived,
+    /// The `"\0PID"` stderr packet: a prefork child with this pid took the connection. Like
+    /// REQ_RECEIVED it acknowledges the request; it is not log text.
+    Pid(u32),
+    /// STDERR_STREAM: log text for the application log.
+    Stderr(Bytes),
+    /// RESP_HEADER.
+    Header(ResponseHead),
+    /// RESP_STREAM: body bytes.
+    Stream(Bytes),
+    /// RESP_END: the response is complete and the connection may carry the next request.
+    End,
+    /// CONN_CLOSE: the backend closes the connection; do not reuse it.
+    ConnClose,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Between responses or before the RESP_HEADER of one.
+    AwaitHeader,
+    /// After RESP_HEADER, before RESP_END.
+    Body,
+    /// After CONN_CLOSE.
+    Closed,
+}
+
+/// Decodes backend packets for one connection (requests follow each other on it).
+#[derive(Debug, Clone)]
+pub struct ResponseDecoder {
+    limits: Limits,
+    rule: FlagRule,
+    state: State,
+}
+
+impl ResponseDecoder {
+    /// A decoder reading flags under [`FlagRule::HOST`], as a LiteSpeed server would.
+    pub fn new(limits: &Limits) -> ResponseDecoder {
+        ResponseDecoder {
+            limits: limits.clone(),
+            rule: FlagRule::HOST,
+            state: State::AwaitHeader,
+        }
+    }
+
+    /// Reads flags under `rule` instead.
+    pub fn with_flag_rule(mut self, rule: FlagRule) -> ResponseDecoder {
+        self.rule = rule;
+        self
+    }
+
+    /// True between RESP_HEADER and RESP_END.
+    pub fn in_body(&self) -> bool {
+        self.state == State::Body
+    }
+
+    /// True once CONN_CLOSE arrived.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Decodes the next event; `Ok(None)` means more bytes are needed. Bytes are consumed
+    /// only with a returned event.
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, LsapiError> {
+        let Some(h) = PacketHeader::parse(src, self.rule)? else {
+            return Ok(None);
+        };
+        self.check_size(&h)?;
+        self.check_sequence(h.kind)?;
+        if src.len() < h.len {
+            src.reserve(h.len - src.len());
+            return Ok(None);
+        }
+        let event = match h.kind {
+            PacketType::RespHeader => {
+                let lines = parse_lines(
+                    src.get(HEADER_LEN..h.len).unwrap_or(&[]),
+                    h.order,
+                    &self.limits,
+                )?;
+                let payload = take_payload(src, h.len);
+                ResponseEvent::Header(ResponseHead {
+                    status: lines.status,
+                    lines: lines.lines.into_iter().map(|r| payload.slice(r)).collect(),
+                })
+            }
+            PacketType::RespStream => ResponseEvent::Stream(take_payload(src, h.len)),
+            PacketType::StderrStream => {
+                let payload = take_payload(src, h.len);
+                match pid_of(&payload, h.order) {
+                    Some(pid) => ResponseEvent::Pid(pid),
+                    None => ResponseEvent::Stderr(payload),
+                }
+            }
+            PacketType::ReqReceived => {
+                // lsphp sends none, OpenLiteSpeed reads and ignores a payload.
+                src.advance(h.len);
+                ResponseEvent::ReqReceived
+            }
+            PacketType::RespEnd => {
+                src.advance(h.len);
+                ResponseEvent::End
+            }
+            PacketType::ConnClose => {
+                src.advance(h.len);
+                ResponseEvent::ConnClose
+            }
+            kind => {
+                return Err(LsapiError::UnexpectedPacket {
+                    kind,
+                    direction: "backend to server",
+                })
+            }
+        };
+        self.state = match event {
+            ResponseEvent::Header(_) => State::Body,
+            ResponseEvent::End => State::AwaitHeader,
+            ResponseEvent::ConnClose => State::Closed,
+            _ => self.state,
+        };
+        Ok(Some(event))
+    }
+
+    fn check_size(&self, h: &PacketHeader) -> Result<(), LsapiError> {
+        let max_payload = match h.kind {
+            PacketType::RespHeader => {
+                if h.payload_len() < RESP_INFO_LEN {
+                    return Err(LsapiError::RespHeaderSizeMismatch {
+                        needed: RESP_INFO_LEN,
+                        actual: h.payload_len(),
+                    });
+                }
+                MAX_HEADER_PACKET_LEN
+            }
+            PacketType::RespEnd | PacketType::ConnClose => {
+                if h.len != HEADER_LEN {
+                    return Err(LsapiError::PayloadNotEmpty {
+                        kind: h.kind,
+                        len: h.len,
+                    });
+                }
+                0
+            }
+            PacketType::RespStream | PacketType::StderrStream | PacketType::ReqReceived => {
+                MAX_DATA_LEN
+            }
+            kind => {
+                return Err(LsapiError::UnexpectedPacket {
+                    kind,
+                    direction: "backend to server",
+                })
+            }
+        };
+        let max = (HEADER_LEN + max_payload).min(self.limits.max_packet_len.max(HEADER_LEN));
+        if h.len > max {
+            return Err(LsapiError::PacketTooLarge {
+                kind: h.kind,
+                len: h.len,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_sequence(&self, kind: PacketType) -> Result<(), LsapiError> {
+        match (self.state, kind) {
+            (State::Closed, kind) => Err(LsapiError::PacketAfterConnClose(kind)),
+            (State::AwaitHeader, PacketType::RespStream) => Err(LsapiError::StreamBeforeHeader),
+            (State::AwaitHeader, PacketType::RespEnd) => Err(LsapiError::EndBeforeHeader),
+            (State::Body, PacketType::RespHeader) => Err(LsapiError::HeaderTwice),
+            (State::Body, PacketType::ReqReceived) => Err(LsapiError::AckDuringResponse),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn take_payload(src: &mut BytesMut, len: usize) -> Bytes {
+    let mut packet = src.split_to(len);
+    packet.advance(HEADER_LEN);
+    packet.freeze()
+}
+
+fn pid_of(payload: &[u8], order: ByteOrder) -> Option<u32> {
+    if payload.len() != 8 || payload.get(..4) != Some(&PID_MARKER[..]) {
+        return None;
+    }
+    let pid = order.read_i32(payload, 4)?;
+    Some(u32::from_ne_bytes(pid.to_ne_bytes()))
+}
+
+struct Lines {
+    status: u16,
+    /// Line ranges relative to the payload (after the 8-byte packet header).
+    lines: Vec<Range<usize>>,
+}
+
+/// Parses a RESP_HEADER payload: `m_cntHeaders`, `m_status`, the int16 length array, then the
+/// NUL-terminated lines back to back, filling the payload exactly.
+fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Lines, LsapiError> {
+    let actual = payload.len();
+    let mismatch = |needed| LsapiError::RespHeaderSizeMismatch { needed, actual };
+    let count = order.read_i32(payload, 0).ok_or(mismatch(RESP_INFO_LEN))?;
+    let status = order.read_i32(payload, 4).ok_or(mismatch(RESP_INFO_LEN))?;
+    let count = usize::try_from(count).map_err(|_| LsapiError::NegativeHeaderCount(count))?;
+    if count > limits.max_response_headers {
+        return Err(LsapiError::TooManyResponseHeaders {
+            count,
+            max: limits.max_response_headers,
+        });
+    }
+    let status = match u16::try_from(status) {
+        Ok(s) if s == 0 || (100..=999).contains(&s) => s,
+        _ => return Err(LsapiError::BadStatus(i64::from(status))),
+    };
+    let lens_end = RESP_INFO_LEN + 2 * count;
+    if lens_end > actual {
+        return Err(mismatch(lens_end));
+    }
+    let mut lens = Vec::with_capacity(count);
+    let mut needed = lens_end;
+    for i in 0..count {
+        let len = usize::from(order.read_u16(payload, RESP_INFO_LEN + 2 * i).unwrap_or(0));
+        if len == 0 {
+            return Err(LsapiError::EmptyHeaderLine { index: i });
+        }
+        needed += len;
+        lens.push(len);
+    }
+    if needed != actual {
+        return Err(mismatch(needed));
+    }
+    let mut lines = Vec::with_capacity(count);
+    let mut at = lens_end;
+    for (index, len) in lens.into_iter().enumerate() {
+        let text = at..at + len - 1;
+        let line = payload.get(text.clone()).ok_or(mismatch(needed))?;
+        if payload.get(text.end) != Some(&0) {
+            return Err(LsapiError::HeaderLineNotNulTerminated { index });
+        }
+        if line.contains(&0) {
+            return Err(LsapiError::HeaderLineContainsNul { index });
+        }
+        let (name_len, value_len) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => (colon, line.len() - colon - 1),
+            None => (0, line.len()),
+        };
+        if name_len > limits.max_name_len {
+            return Err(LsapiError::NameTooLong {
+                what: "response header",
+                len: name_len,
+                max: limits.max_name_len,
+            });
+        }
+        if value_len > limits.max_value_len {
+            return Err(LsapiError::ValueTooLong {
+                what: "response header",
+                len: value_len,
+                max: limits.max_value_len,
+            });
+        }
+        at = text.end + 1;
+        lines.push(text);
+    }
+    Ok(Lines { status, lines })
+}
