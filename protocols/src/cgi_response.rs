@@ -1,1 +1,433 @@
-//! placeholder: being written.
+//! The CGI response head (RFC 3875 §6): an incremental, bounded parser for the head a backend
+//! writes (php-cgi on FastCGI STDOUT, an SCGI or LSAPI app) and an encoder for when corral is
+//! the responder.
+//!
+//! The head is header lines ending in CRLF or LF, then a blank line; the body follows. Parsing
+//! is strict because a backend is a peer too: a line without a colon, an obs-fold continuation,
+//! a bare CR or a control byte in a value is an error, never passed through (the class of bug
+//! behind OpenBSD httpd's FastCGI header injection and CVE-2025-1734). `Status:` and
+//! `Location:` are interpreted as RFC 3875 §6.2 says: see [`ResponseKind`].
+
+use std::ops::Range;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::Limits;
+
+/// The status a backend gave in a `Status:` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgiStatus {
+    /// Three-digit code, 100 to 999.
+    pub code: u16,
+    /// Reason phrase, empty when none was given.
+    pub reason: Bytes,
+}
+
+/// A parsed CGI response head.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CgiResponseHead {
+    /// The `Status:` line, if the backend wrote one.
+    pub status: Option<CgiStatus>,
+    /// Every other header line in order, names as written, values without surrounding
+    /// whitespace. `Location` stays in this list.
+    pub headers: Vec<(Bytes, Bytes)>,
+}
+
+/// What the gateway must do with a response (RFC 3875 §6.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseKind<'a> {
+    /// A document: send the status (200 by default), headers and body.
+    Document,
+    /// A `Location:` starting with `/` and no `Status:`: the gateway must serve that
+    /// path-and-query as if the client had requested it (as a GET), and send nothing of this
+    /// response (RFC 3875 §6.2.2).
+    LocalRedirect {
+        /// The path and query to serve.
+        location: &'a [u8],
+    },
+    /// Any other `Location:`: a redirect sent to the client, status 302 unless the backend
+    /// gave one (RFC 3875 §6.2.3, §6.2.4).
+    ClientRedirect {
+        /// The target, passed on as the Location header.
+        location: &'a [u8],
+    },
+}
+
+impl CgiResponseHead {
+    /// The value of the first header named `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &[u8]) -> Option<&Bytes> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// The `Location:` value, if any.
+    pub fn location(&self) -> Option<&Bytes> {
+        self.header(b"location")
+    }
+
+    /// How the gateway must treat this response.
+    pub fn kind(&self) -> ResponseKind<'_> {
+        match self.location() {
+            None => ResponseKind::Document,
+            Some(l) if l.starts_with(b"/") && self.status.is_none() => {
+                ResponseKind::LocalRedirect { location: l }
+            }
+            Some(l) => ResponseKind::ClientRedirect { location: l },
+        }
+    }
+
+    /// The status to send the client: the `Status:` code, else 302 with a `Location:`, else
+    /// 200. Meaningless for a [`ResponseKind::LocalRedirect`].
+    pub fn status_code(&self) -> u16 {
+        match (&self.status, self.location()) {
+            (Some(s), _) => s.code,
+            (None, Some(_)) => 302,
+            (None, None) => 200,
+        }
+    }
+}
+
+/// A rule the response head broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CgiResponseError {
+    /// No blank line within `max_response_head_bytes`.
+    #[error("CGI response head has no blank line within {limit} bytes")]
+    HeadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// More header lines than `max_response_headers`.
+    #[error("CGI response head has more than {limit} header lines")]
+    TooManyHeaders {
+        /// The limit.
+        limit: usize,
+    },
+    /// A line starting with space or tab (obsolete line folding).
+    #[error("CGI response header line {line} starts with whitespace (obs-fold is refused)")]
+    ObsFold {
+        /// 1-based line number.
+        line: usize,
+    },
+    /// A CR not followed by LF.
+    #[error("CGI response header line {line} holds a CR that does not end the line")]
+    BareCr {
+        /// 1-based line number.
+        line: usize,
+    },
+    /// A header line without `:`.
+    #[error("CGI response header line {line} has no ':'")]
+    MissingColon {
+        /// 1-based line number.
+        line: usize,
+    },
+    /// A header name that is not an HTTP token (empty, or with spaces or separators).
+    #[error("CGI response header name \"{}\" is not an HTTP token", .name.escape_ascii())]
+    InvalidName {
+        /// The start of the name.
+        name: Vec<u8>,
+    },
+    /// A header value with a control byte (NUL, CR, LF, DEL, ...), or, when encoding,
+    /// surrounding whitespace.
+    #[error("value of CGI response header \"{}\" holds a control byte or surrounding whitespace", .name.escape_ascii())]
+    InvalidValue {
+        /// The start of the header name.
+        name: Vec<u8>,
+    },
+    /// A `Status:` value that is not a code from 100 to 999 and an optional reason.
+    #[error("CGI Status \"{}\" is not a code from 100 to 999 and an optional reason", .value.escape_ascii())]
+    InvalidStatus {
+        /// The start of the value.
+        value: Vec<u8>,
+    },
+    /// `Status:` given twice (or, when encoding, a `Status` entry among the headers).
+    #[error("CGI response gives Status twice")]
+    DuplicateStatus,
+    /// `Location:` given twice.
+    #[error("CGI response gives Location twice")]
+    DuplicateLocation,
+    /// An empty `Location:`, or one with whitespace inside.
+    #[error("CGI Location \"{}\" is empty or holds whitespace", .value.escape_ascii())]
+    InvalidLocation {
+        /// The start of the value.
+        value: Vec<u8>,
+    },
+}
+
+/// How many bytes of an offending value an error quotes.
+const SNIPPET_LEN: usize = 64;
+
+fn snippet(b: &[u8]) -> Vec<u8> {
+    b.get(..SNIPPET_LEN).unwrap_or(b).to_vec()
+}
+
+/// Incremental parser of one CGI response head.
+///
+/// Call [`decode`](Self::decode) each time bytes are appended to the same buffer. It returns
+/// `Ok(None)` until the blank line has arrived, then removes the head from the buffer and
+/// returns it, leaving the body bytes in place. The buffer must not be changed between calls
+/// except by appending; lines already checked are not scanned again. After a head (or an
+/// error) the decoder is ready for the next response.
+#[derive(Debug, Clone)]
+pub struct CgiResponseDecoder {
+    max_bytes: usize,
+    max_headers: usize,
+    /// Offset of the first byte not yet scanned (the start of the current line).
+    scanned: usize,
+    /// Header lines seen so far.
+    lines: usize,
+    /// Status code and reason range, once seen.
+    status: Option<(u16, Range<usize>)>,
+    /// Name and value ranges of the other header lines.
+    fields: Vec<(Range<usize>, Range<usize>)>,
+    location_seen: bool,
+}
+
+impl CgiResponseDecoder {
+    /// A decoder bounded by `limits.max_response_head_bytes` and
+    /// `limits.max_response_headers`.
+    pub fn new(limits: &Limits) -> Self {
+        CgiResponseDecoder {
+            max_bytes: limits.max_response_head_bytes,
+            max_headers: limits.max_response_headers,
+            scanned: 0,
+            lines: 0,
+            status: None,
+            fields: Vec::new(),
+            location_seen: false,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.scanned = 0;
+        self.lines = 0;
+        self.status = None;
+        self.fields.clear();
+        self.location_seen = false;
+    }
+
+    /// Parses the head once its blank line is in `src`; see the type's documentation.
+    pub fn decode(
+        &mut self,
+        src: &mut BytesMut,
+    ) -> Result<Option<CgiResponseHead>, CgiResponseError> {
+        let result = self.scan(src);
+        if !matches!(result, Ok(None)) {
+            self.reset();
+        }
+        result
+    }
+
+    fn scan(&mut self, src: &mut BytesMut) -> Result<Option<CgiResponseHead>, CgiResponseError> {
+        loop {
+            let rest = src.get(self.scanned..).unwrap_or_default();
+            let Some(lf) = rest.iter().position(|&c| c == b'\n') else {
+                if src.len() >= self.max_bytes {
+                    return Err(CgiResponseError::HeadTooLarge {
+                        limit: self.max_bytes,
+                    });
+                }
+                return Ok(None);
+            };
+            let start = self.scanned;
+            let end = start + lf;
+            let next = end + 1;
+            if next > self.max_bytes {
+                return Err(CgiResponseError::HeadTooLarge {
+                    limit: self.max_bytes,
+                });
+            }
+            let end = if end > start && src.get(end - 1) == Some(&b'\r') {
+                end - 1
+            } else {
+                end
+            };
+            if end == start {
+                let head = src.split_to(next).freeze();
+                return Ok(Some(self.build(&head)));
+            }
+            self.lines += 1;
+            if self.lines > self.max_headers {
+                return Err(CgiResponseError::TooManyHeaders {
+                    limit: self.max_headers,
+                });
+            }
+            self.line(src.get(start..end).unwrap_or_default(), start)?;
+            self.scanned = next;
+        }
+    }
+
+    /// Checks one header line (without its line ending) found at offset `at`.
+    fn line(&mut self, line: &[u8], at: usize) -> Result<(), CgiResponseError> {
+        let n = self.lines;
+        if line.contains(&b'\r') {
+            return Err(CgiResponseError::BareCr { line: n });
+        }
+        if matches!(line.first(), Some(b' ' | b'\t')) {
+            return Err(CgiResponseError::ObsFold { line: n });
+        }
+        let colon = line
+            .iter()
+            .position(|&c| c == b':')
+            .ok_or(CgiResponseError::MissingColon { line: n })?;
+        let name = line.get(..colon).unwrap_or_default();
+        if !is_token(name) {
+            return Err(CgiResponseError::InvalidName {
+                name: snippet(name),
+            });
+        }
+        let raw_value = line.get(colon + 1..).unwrap_or_default();
+        let value = trim_ows(raw_value);
+        let value_bytes = raw_value.get(value.clone()).unwrap_or_default();
+        if !is_field_value(value_bytes.iter().copied()) {
+            return Err(CgiResponseError::InvalidValue {
+                name: snippet(name),
+            });
+        }
+        // Ranges relative to the value are moved to offsets in the whole head.
+        let shift = |r: Range<usize>| r.start + at + colon + 1..r.end + at + colon + 1;
+        if name.eq_ignore_ascii_case(b"status") {
+            if self.status.is_some() {
+                return Err(CgiResponseError::DuplicateStatus);
+            }
+            let (code, reason) = parse_status(value_bytes)?;
+            let base = value.start;
+            self.status = Some((code, shift(reason.start + base..reason.end + base)));
+            return Ok(());
+        }
+        if name.eq_ignore_ascii_case(b"location") {
+            if std::mem::replace(&mut self.location_seen, true) {
+                return Err(CgiResponseError::DuplicateLocation);
+            }
+            check_location(value_bytes)?;
+        }
+        self.fields.push((at..at + colon, shift(value)));
+        Ok(())
+    }
+
+    fn build(&self, head: &Bytes) -> CgiResponseHead {
+        let slice = |r: &Range<usize>| head.slice(r.start.min(head.len())..r.end.min(head.len()));
+        CgiResponseHead {
+            status: self.status.as_ref().map(|(code, reason)| CgiStatus {
+                code: *code,
+                reason: slice(reason),
+            }),
+            headers: self
+                .fields
+                .iter()
+                .map(|(n, v)| (slice(n), slice(v)))
+                .collect(),
+        }
+    }
+}
+
+/// The range of `value` (relative to `value`) without leading and trailing spaces and tabs.
+fn trim_ows(value: &[u8]) -> Range<usize> {
+    let start = value
+        .iter()
+        .position(|&c| c != b' ' && c != b'\t')
+        .unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|&c| c != b' ' && c != b'\t')
+        .map_or(start, |i| i + 1);
+    start..end
+}
+
+fn is_token(b: &[u8]) -> bool {
+    !b.is_empty()
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
+}
+
+/// Whether every byte is allowed in a field value (RFC 9110 §5.5: no controls but HTAB).
+fn is_field_value(mut bytes: impl Iterator<Item = u8>) -> bool {
+    bytes.all(|c| (c >= b' ' || c == b'\t') && c != 0x7f)
+}
+
+/// `404 Not Found` → (404, range of `Not Found`); `204` → (204, empty range).
+fn parse_status(value: &[u8]) -> Result<(u16, Range<usize>), CgiResponseError> {
+    let bad = || CgiResponseError::InvalidStatus {
+        value: snippet(value),
+    };
+    let digits = value.get(..3).ok_or_else(bad)?;
+    if !digits.iter().all(u8::is_ascii_digit) || digits.first() == Some(&b'0') {
+        return Err(bad());
+    }
+    let code = digits
+        .iter()
+        .fold(0u16, |n, &d| n * 10 + u16::from(d - b'0'));
+    let rest = value.get(3..).unwrap_or_default();
+    if !rest.is_empty() && !matches!(rest.first(), Some(b' ' | b'\t')) {
+        return Err(bad());
+    }
+    let reason = trim_ows(rest);
+    Ok((code, reason.start + 3..reason.end + 3))
+}
+
+fn check_location(value: &[u8]) -> Result<(), CgiResponseError> {
+    if value.is_empty() || value.iter().any(|&c| c == b' ' || c == b'\t') {
+        return Err(CgiResponseError::InvalidLocation {
+            value: snippet(value),
+        });
+    }
+    Ok(())
+}
+
+/// Writes `head` as a CGI response head (`Status:` line, headers, blank line, CRLF endings).
+///
+/// Refuses what the decoder would refuse, so that decoding the output gives `head` back: a
+/// code outside 100-999, names that are not tokens, a `Status` entry in `headers`, values with
+/// control bytes or surrounding whitespace, more than one `Location`.
+pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), CgiResponseError> {
+    if let Some(status) = &head.status {
+        let reason_ok = is_field_value(status.reason.iter().copied())
+            && trim_ows(&status.reason) == (0..status.reason.len());
+        if !(100..=999).contains(&status.code) || !reason_ok {
+            return Err(CgiResponseError::InvalidStatus {
+                value: snippet(&status.reason),
+            });
+        }
+    }
+    let mut locations = 0;
+    for (name, value) in &head.headers {
+        if !is_token(name) {
+            return Err(CgiResponseError::InvalidName {
+                name: snippet(name),
+            });
+        }
+        if name.eq_ignore_ascii_case(b"status") {
+            return Err(CgiResponseError::DuplicateStatus);
+        }
+        if !is_field_value(value.iter().copied()) || trim_ows(value) != (0..value.len()) {
+            return Err(CgiResponseError::InvalidValue {
+                name: snippet(name),
+            });
+        }
+        if name.eq_ignore_ascii_case(b"location") {
+            locations += 1;
+            if locations > 1 {
+                return Err(CgiResponseError::DuplicateLocation);
+            }
+            check_location(value)?;
+        }
+    }
+    if let Some(status) = &head.status {
+        dst.put_slice(b"Status: ");
+        dst.put_slice(status.code.to_string().as_bytes());
+        if !status.reason.is_empty() {
+            dst.put_u8(b' ');
+            dst.put_slice(&status.reason);
+        }
+        dst.put_slice(b"\r\n");
+    }
+    for (name, value) in &head.headers {
+        dst.put_slice(name);
+        dst.put_slice(b": ");
+        dst.put_slice(value);
+        dst.put_slice(b"\r\n");
+    }
+    dst.put_slice(b"\r\n");
+    Ok(())
+}

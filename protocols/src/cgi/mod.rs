@@ -1,0 +1,449 @@
+//! CGI/1.1 meta-variables (RFC 3875 §4.1) for one request, built with corral's security
+//! defaults: strict script/PATH_INFO splitting, no `..` above the root, httpoxy and
+//! underscore-header filtering, and clean-up of what front servers send.
+//!
+//! Two entry points produce the same [`CgiVars`]:
+//! - [`build_cgi_vars`] turns a neutral description of an HTTP request ([`CgiRequest`]) into
+//!   the variables nginx's `fastcgi_params` sends and php-cgi/php-fpm expect;
+//! - [`normalize_front_params`] filters and completes the variables a front server (nginx,
+//!   Apache, lighttpd, Caddy) sent over FastCGI or SCGI, the way php-fpm does.
+//!
+//! Nothing here touches the file system: SCRIPT_FILENAME is built lexically from the context's
+//! document root, and the caller checks the real file (realpath, regular file, still inside the
+//! root) before handing the request to a backend.
+
+mod front;
+mod headers;
+mod path;
+
+use bytes::Bytes;
+
+use crate::Limits;
+
+pub use front::normalize_front_params;
+pub use path::{split_script_path, ScriptPath};
+
+/// The GATEWAY_INTERFACE value corral speaks.
+pub const GATEWAY_INTERFACE: &[u8] = b"CGI/1.1";
+
+/// How many bytes of an offending value an error message quotes.
+const SNIPPET_LEN: usize = 64;
+
+/// How a context maps request paths to what its backend runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptMode {
+    /// Script files under the document root, PHP style: the first path segment that ends
+    /// with one of `extensions` is the script and the rest is PATH_INFO; a directory path
+    /// gets the first entry of `index` whose extension is allowed.
+    Files {
+        /// Allowed script extensions, with or without the leading dot (`"php"`, `".phar"`).
+        /// Matched byte for byte: `x.PHP` is not a `php` script.
+        extensions: Vec<Vec<u8>>,
+        /// Index file names tried, in order, for a path that ends with `/`.
+        index: Vec<Vec<u8>>,
+    },
+    /// One application mounted at a path prefix (WSGI, Rack): SCRIPT_NAME is the mount point
+    /// and PATH_INFO the rest of the path; there is no SCRIPT_FILENAME.
+    App {
+        /// Mount prefix, `""` or `"/"` for the whole site, otherwise `"/app"` style.
+        mount: Vec<u8>,
+    },
+}
+
+/// What a context says about CGI variables: trusted configuration, never request data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgiContext {
+    /// Absolute document root without `.` or `..` segments (`/var/www/html`).
+    pub document_root: Vec<u8>,
+    /// How paths map to scripts.
+    pub mode: ScriptMode,
+    /// SERVER_SOFTWARE value (`corral/0.1.0`).
+    pub server_software: Bytes,
+    /// Extra variables appended last; one with the name of a built variable replaces it.
+    pub extra_env: Vec<(Bytes, Bytes)>,
+    /// Whether PHP_VALUE / PHP_ADMIN_VALUE sent by a front server are passed on.
+    pub allow_php_ini_params: bool,
+}
+
+/// A neutral description of one HTTP request, as the front listener parsed it.
+#[derive(Debug, Clone, Copy)]
+pub struct CgiRequest<'a> {
+    /// Request method (`GET`); must be an HTTP token.
+    pub method: &'a [u8],
+    /// Raw request target as received: origin-form `/path?query` or absolute-form
+    /// `http://host/path?query`, still percent-encoded.
+    pub target: &'a [u8],
+    /// Protocol version (`HTTP/1.1`).
+    pub protocol: &'a [u8],
+    /// Header fields in arrival order, names in any case.
+    pub headers: &'a [(&'a [u8], &'a [u8])],
+    /// Length of the body corral will forward, when the front listener framed it (for
+    /// example after de-chunking). When set it is CONTENT_LENGTH and any Content-Length
+    /// header is ignored; when `None` the Content-Length header (if any) is used.
+    pub body_length: Option<u64>,
+    /// Client address as text (`192.0.2.7`, `2001:db8::1`).
+    pub remote_addr: &'a [u8],
+    /// Client port; `None` for Unix sockets.
+    pub remote_port: Option<u16>,
+    /// Address the request arrived on, as text.
+    pub server_addr: &'a [u8],
+    /// Port the request arrived on; `None` for Unix sockets.
+    pub server_port: Option<u16>,
+    /// Server name (the context's host name, or the Host header's host part).
+    pub server_name: &'a [u8],
+    /// Whether the client connection used TLS.
+    pub https: bool,
+}
+
+/// Why a header or parameter was left out of the CGI variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The `Proxy` header / `HTTP_PROXY` variable (httpoxy, CVE-2016-5385).
+    Httpoxy,
+    /// A header name containing `_`, which could collide with a `-` name once mapped.
+    Underscore,
+    /// A hop-by-hop header (Connection, Transfer-Encoding, ...): it described the client
+    /// connection, which corral terminated.
+    HopByHop,
+    /// PHP_VALUE / PHP_ADMIN_VALUE from a front server while the context does not allow them.
+    PhpIni,
+    /// A front-server parameter repeated later with a new value (the last one is kept, as
+    /// php-fpm does).
+    Duplicate,
+}
+
+/// A header or parameter that was left out, for the caller to log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// The name as it arrived.
+    pub name: Bytes,
+    /// Why it was left out.
+    pub reason: DropReason,
+}
+
+/// The CGI variables for one request, in the order a backend should receive them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CgiVars {
+    /// Name-value pairs; every name appears once.
+    pub vars: Vec<(Bytes, Bytes)>,
+    /// Headers or parameters left out, for logging.
+    pub dropped: Vec<Dropped>,
+}
+
+impl CgiVars {
+    /// The value of variable `name`, if present.
+    pub fn get(&self, name: &[u8]) -> Option<&Bytes> {
+        self.vars.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// Sets `name` to `value`, in place if it exists, appended otherwise.
+    pub(crate) fn set(&mut self, name: &[u8], value: Bytes) {
+        match self.vars.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.vars.push((Bytes::copy_from_slice(name), value)),
+        }
+    }
+}
+
+/// A rule the request, the front server's parameters or the context broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CgiError {
+    /// The request target is neither origin-form nor absolute-form.
+    #[error("request target \"{}\" is neither an absolute path nor an absolute URI", .target.escape_ascii())]
+    TargetForm {
+        /// The start of the target.
+        target: Vec<u8>,
+    },
+    /// The request target holds a byte a target may not hold.
+    #[error("request target holds byte 0x{byte:02x}, which a request target may not contain")]
+    TargetByte {
+        /// The byte.
+        byte: u8,
+    },
+    /// A `%` not followed by two hexadecimal digits.
+    #[error("request path \"{}\" has a '%' not followed by two hex digits", .path.escape_ascii())]
+    BadPercentEscape {
+        /// The start of the path.
+        path: Vec<u8>,
+    },
+    /// A percent-encoded NUL, CR or LF in the path.
+    #[error("request path decodes to byte 0x{byte:02x} (NUL, CR and LF are refused in paths)")]
+    ForbiddenPathByte {
+        /// The decoded byte.
+        byte: u8,
+    },
+    /// A percent-encoded `/` (`%2F`), which would make two different paths look alike.
+    #[error("request path \"{}\" has an encoded '/' (%2F), which corral refuses", .path.escape_ascii())]
+    EncodedSlash {
+        /// The start of the path.
+        path: Vec<u8>,
+    },
+    /// A `\` in the path, raw or encoded: a separator on some systems, refused everywhere.
+    #[error("request path \"{}\" has a backslash, which corral refuses", .path.escape_ascii())]
+    Backslash {
+        /// The start of the path.
+        path: Vec<u8>,
+    },
+    /// A `..` segment that would climb above the document root.
+    #[error("path \"{}\" climbs above the document root with '..'", .path.escape_ascii())]
+    EscapesRoot {
+        /// The start of the path.
+        path: Vec<u8>,
+    },
+    /// No path segment ends with an allowed script extension.
+    #[error("path \"{}\" names no script with an allowed extension", .path.escape_ascii())]
+    NotAScript {
+        /// The start of the normalised path.
+        path: Vec<u8>,
+    },
+    /// A directory path, and no index file has an allowed extension.
+    #[error("path \"{}\" is a directory and no index file has an allowed extension", .path.escape_ascii())]
+    NoIndex {
+        /// The start of the normalised path.
+        path: Vec<u8>,
+    },
+    /// In app mode, a path outside the application's mount point.
+    #[error("path \"{}\" is outside the application mount point", .path.escape_ascii())]
+    OutsideMount {
+        /// The start of the normalised path.
+        path: Vec<u8>,
+    },
+    /// The method is not an HTTP token.
+    #[error("request method \"{}\" is not an HTTP token", .method.escape_ascii())]
+    InvalidMethod {
+        /// The start of the method.
+        method: Vec<u8>,
+    },
+    /// A header name that is not an HTTP token.
+    #[error("header name \"{}\" is not an HTTP token", .name.escape_ascii())]
+    InvalidHeaderName {
+        /// The start of the name.
+        name: Vec<u8>,
+    },
+    /// A header value with a control byte (NUL, CR, LF, ...).
+    #[error("value of header \"{}\" holds a control byte", .name.escape_ascii())]
+    InvalidHeaderValue {
+        /// The start of the header name.
+        name: Vec<u8>,
+    },
+    /// A Content-Length header that is not a decimal number.
+    #[error("Content-Length \"{}\" is not a decimal number", .value.escape_ascii())]
+    InvalidContentLength {
+        /// The start of the value.
+        value: Vec<u8>,
+    },
+    /// Two Content-Length headers with different values.
+    #[error("Content-Length is given twice with different values")]
+    ConflictingContentLength,
+    /// Content-Type given more than once.
+    #[error("Content-Type is given more than once")]
+    RepeatedContentType,
+    /// A field of the request description or a front parameter value holds NUL, CR or LF.
+    #[error("{field} \"{}\" holds NUL, CR or LF", .value.escape_ascii())]
+    ForbiddenByte {
+        /// Which field or parameter.
+        field: String,
+        /// The start of the value.
+        value: Vec<u8>,
+    },
+    /// A front-server parameter name that cannot be a CGI variable name.
+    #[error("parameter name \"{}\" is empty or holds NUL or '='", .name.escape_ascii())]
+    InvalidParamName {
+        /// The start of the name.
+        name: Vec<u8>,
+    },
+    /// SCRIPT_FILENAME from a front server is not inside the context's document root.
+    #[error("SCRIPT_FILENAME \"{}\" is not inside the document root", .path.escape_ascii())]
+    OutsideRoot {
+        /// The start of the path.
+        path: Vec<u8>,
+    },
+    /// The front server sent nothing to derive the script from.
+    #[error(
+        "front parameters have none of SCRIPT_FILENAME, SCRIPT_NAME, DOCUMENT_URI, REQUEST_URI"
+    )]
+    NoScriptInfo,
+    /// The context itself is unusable (bad root, extension or index name).
+    #[error("CGI context is invalid: {0}")]
+    InvalidContext(&'static str),
+    /// More variables than `max_params_count`.
+    #[error("{count} CGI variables exceed the limit of {limit}")]
+    TooManyVars {
+        /// How many.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A variable name longer than `max_name_len`.
+    #[error("CGI variable name \"{}\" is longer than {limit} bytes", .name.escape_ascii())]
+    NameTooLong {
+        /// The start of the name.
+        name: Vec<u8>,
+        /// The limit.
+        limit: usize,
+    },
+    /// A variable value longer than `max_value_len`.
+    #[error("value of CGI variable \"{}\" is {len} bytes, over the limit of {limit}", .name.escape_ascii())]
+    ValueTooLong {
+        /// The variable name.
+        name: Vec<u8>,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// All names and values together exceed `max_params_bytes`.
+    #[error("CGI variables total {total} bytes, over the limit of {limit}")]
+    VarsTooLarge {
+        /// Sum of name and value lengths.
+        total: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// The first bytes of `b`, for an error message.
+pub(crate) fn snippet(b: &[u8]) -> Vec<u8> {
+    b.get(..SNIPPET_LEN).unwrap_or(b).to_vec()
+}
+
+/// Whether `b` is an HTTP token (RFC 9110 §5.6.2).
+pub(crate) fn is_token(b: &[u8]) -> bool {
+    !b.is_empty() && b.iter().all(|&c| is_tchar(c))
+}
+
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+/// Whether `b` holds NUL, CR or LF.
+pub(crate) fn has_nul_cr_lf(b: &[u8]) -> bool {
+    b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'))
+}
+
+fn check_field(field: &str, value: &[u8]) -> Result<(), CgiError> {
+    if has_nul_cr_lf(value) {
+        return Err(CgiError::ForbiddenByte {
+            field: field.to_owned(),
+            value: snippet(value),
+        });
+    }
+    Ok(())
+}
+
+/// Builds the CGI variables for `req` in context `ctx`, in nginx `fastcgi_params` order, then
+/// the HTTP_* headers, then the context's extra variables.
+///
+/// Errors name the broken rule; path errors ([`CgiError::NotAScript`],
+/// [`CgiError::EscapesRoot`], ...) are the caller's 403/404, the others its 400, and the
+/// limit errors its 431 or 414.
+pub fn build_cgi_vars(
+    req: &CgiRequest<'_>,
+    ctx: &CgiContext,
+    limits: &Limits,
+) -> Result<CgiVars, CgiError> {
+    if !is_token(req.method) {
+        return Err(CgiError::InvalidMethod {
+            method: snippet(req.method),
+        });
+    }
+    check_field("protocol", req.protocol)?;
+    check_field("remote address", req.remote_addr)?;
+    check_field("server address", req.server_addr)?;
+    check_field("server name", req.server_name)?;
+    let target = path::split_target(req.target)?;
+    let script = split_script_path(target.path, ctx)?;
+    let mapped = headers::map_headers(req.headers, req.body_length)?;
+
+    let mut out = CgiVars {
+        vars: Vec::with_capacity(24 + mapped.http.len()),
+        dropped: mapped.dropped,
+    };
+    let mut put =
+        |name: &'static [u8], value: Bytes| out.vars.push((Bytes::from_static(name), value));
+    let port = |p: Option<u16>| p.map(|p| Bytes::from(p.to_string())).unwrap_or_default();
+    put(b"GATEWAY_INTERFACE", Bytes::from_static(GATEWAY_INTERFACE));
+    put(b"SERVER_SOFTWARE", ctx.server_software.clone());
+    put(b"QUERY_STRING", Bytes::copy_from_slice(target.query));
+    put(b"REQUEST_METHOD", Bytes::copy_from_slice(req.method));
+    put(b"CONTENT_TYPE", mapped.content_type);
+    put(b"CONTENT_LENGTH", mapped.content_length);
+    put(b"SCRIPT_NAME", Bytes::from(script.script_name.clone()));
+    if let Some(filename) = &script.script_filename {
+        put(b"SCRIPT_FILENAME", Bytes::from(filename.clone()));
+    }
+    put(b"PATH_INFO", Bytes::from(script.path_info.clone()));
+    if let (Some(_), false) = (&script.script_filename, script.path_info.is_empty()) {
+        let mut translated = path::root_prefix(&ctx.document_root).to_vec();
+        translated.extend_from_slice(&script.path_info);
+        put(b"PATH_TRANSLATED", Bytes::from(translated));
+    }
+    put(
+        b"REQUEST_URI",
+        Bytes::copy_from_slice(target.path_and_query),
+    );
+    put(b"DOCUMENT_URI", Bytes::from(script.document_uri()));
+    put(
+        b"DOCUMENT_ROOT",
+        Bytes::from(path::root_display(&ctx.document_root)),
+    );
+    put(b"SERVER_PROTOCOL", Bytes::copy_from_slice(req.protocol));
+    put(
+        b"REQUEST_SCHEME",
+        Bytes::from_static(if req.https { b"https" } else { b"http" }),
+    );
+    if req.https {
+        put(b"HTTPS", Bytes::from_static(b"on"));
+    }
+    put(b"REMOTE_ADDR", Bytes::copy_from_slice(req.remote_addr));
+    put(b"REMOTE_PORT", port(req.remote_port));
+    put(b"SERVER_ADDR", Bytes::copy_from_slice(req.server_addr));
+    put(b"SERVER_PORT", port(req.server_port));
+    put(b"SERVER_NAME", Bytes::copy_from_slice(req.server_name));
+    put(b"REDIRECT_STATUS", Bytes::from_static(b"200"));
+    out.vars.extend(mapped.http);
+    for (name, value) in &ctx.extra_env {
+        if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(name) || has_nul_cr_lf(value) {
+            return Err(CgiError::InvalidContext(
+                "an extra variable has an empty name, '=', NUL, CR or LF",
+            ));
+        }
+        out.set(name, value.clone());
+    }
+    check_limits(&out.vars, limits)?;
+    Ok(out)
+}
+
+/// Checks `vars` against the parameter-block limits a responder will apply to them.
+fn check_limits(vars: &[(Bytes, Bytes)], limits: &Limits) -> Result<(), CgiError> {
+    if vars.len() > limits.max_params_count {
+        return Err(CgiError::TooManyVars {
+            count: vars.len(),
+            limit: limits.max_params_count,
+        });
+    }
+    let mut total = 0usize;
+    for (name, value) in vars {
+        if name.len() > limits.max_name_len {
+            return Err(CgiError::NameTooLong {
+                name: snippet(name),
+                limit: limits.max_name_len,
+            });
+        }
+        if value.len() > limits.max_value_len {
+            return Err(CgiError::ValueTooLong {
+                name: snippet(name),
+                len: value.len(),
+                limit: limits.max_value_len,
+            });
+        }
+        total = total.saturating_add(name.len()).saturating_add(value.len());
+    }
+    if total > limits.max_params_bytes {
+        return Err(CgiError::VarsTooLarge {
+            total,
+            limit: limits.max_params_bytes,
+        });
+    }
+    Ok(())
+}

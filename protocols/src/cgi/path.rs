@@ -1,0 +1,341 @@
+//! Request path to SCRIPT_NAME / PATH_INFO / SCRIPT_FILENAME: percent-decoding, dot-segment
+//! normalisation that never climbs above the root, and the strict split on the first segment
+//! with an allowed script extension.
+//!
+//! The split never "walks back" the way php's `cgi.fix_pathinfo` does: `/avatar.jpg/x.php`
+//! names the script `/avatar.jpg/x.php` (which will not exist), never `/avatar.jpg`. PATH_INFO
+//! is always a suffix of the decoded, normalised path, so there is no length arithmetic to get
+//! wrong (CVE-2019-11043).
+
+use super::{has_nul_cr_lf, snippet, CgiContext, CgiError, ScriptMode};
+
+/// Where a request path leads, all values decoded and normalised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptPath {
+    /// SCRIPT_NAME: the path up to and including the script segment (files mode), or the
+    /// mount point (app mode, `""` at the site root).
+    pub script_name: Vec<u8>,
+    /// PATH_INFO: the rest of the path after `script_name`, empty when there is none.
+    pub path_info: Vec<u8>,
+    /// SCRIPT_FILENAME: document root + `script_name` (files mode only).
+    pub script_filename: Option<Vec<u8>>,
+}
+
+impl ScriptPath {
+    /// DOCUMENT_URI: `script_name` followed by `path_info`, the normalised request path
+    /// (with the index file when one was chosen).
+    pub fn document_uri(&self) -> Vec<u8> {
+        let mut uri = self.script_name.clone();
+        uri.extend_from_slice(&self.path_info);
+        if uri.is_empty() {
+            uri.push(b'/');
+        }
+        uri
+    }
+}
+
+/// A request target split into its parts, all still percent-encoded.
+pub(super) struct Target<'a> {
+    /// The path and query (REQUEST_URI).
+    pub path_and_query: &'a [u8],
+    /// The path, starting with `/`.
+    pub path: &'a [u8],
+    /// The query, without `?`; empty when there is none.
+    pub query: &'a [u8],
+}
+
+/// Splits a raw request target (origin-form or absolute-form) into path and query.
+pub(super) fn split_target(target: &[u8]) -> Result<Target<'_>, CgiError> {
+    if let Some(&byte) = target
+        .iter()
+        .find(|&&c| c <= b' ' || c == 0x7f || c == b'#')
+    {
+        return Err(CgiError::TargetByte { byte });
+    }
+    let path_and_query = if target.first() == Some(&b'/') {
+        target
+    } else {
+        strip_scheme_authority(target).ok_or_else(|| CgiError::TargetForm {
+            target: snippet(target),
+        })?
+    };
+    let (path, query) = match path_and_query.iter().position(|&c| c == b'?') {
+        Some(q) => (
+            path_and_query.get(..q).unwrap_or_default(),
+            path_and_query.get(q + 1..).unwrap_or_default(),
+        ),
+        None => (path_and_query, &b""[..]),
+    };
+    Ok(Target {
+        path_and_query,
+        path,
+        query,
+    })
+}
+
+/// For an absolute-form target `scheme://authority/path?query`, the `/path?query` part
+/// (`/` when the path is empty and there is no query).
+fn strip_scheme_authority(target: &[u8]) -> Option<&[u8]> {
+    let colon = target.iter().position(|&c| c == b':')?;
+    let scheme = target.get(..colon)?;
+    let scheme_ok = scheme.first().is_some_and(u8::is_ascii_alphabetic)
+        && scheme
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.'));
+    let rest = target.get(colon + 1..)?.strip_prefix(b"//")?;
+    if !scheme_ok {
+        return None;
+    }
+    match rest.iter().position(|&c| c == b'/' || c == b'?') {
+        Some(i) if rest.get(i) == Some(&b'/') => rest.get(i..),
+        // `http://host?query` would need a "/" inserted before the query; refused as rare.
+        Some(_) => None,
+        None => Some(b"/"),
+    }
+}
+
+/// Splits a raw (percent-encoded) request path into SCRIPT_NAME, PATH_INFO and
+/// SCRIPT_FILENAME under `ctx`.
+pub fn split_script_path(raw_path: &[u8], ctx: &CgiContext) -> Result<ScriptPath, CgiError> {
+    check_context(ctx)?;
+    if raw_path.first() != Some(&b'/') {
+        return Err(CgiError::TargetForm {
+            target: snippet(raw_path),
+        });
+    }
+    let decoded = percent_decode(raw_path)?;
+    split_decoded(&decoded, ctx)
+}
+
+/// Splits an already decoded path (DOCUMENT_URI, SCRIPT_NAME from a front server).
+pub(super) fn split_decoded(decoded: &[u8], ctx: &CgiContext) -> Result<ScriptPath, CgiError> {
+    check_decoded(decoded)?;
+    let norm = normalize(decoded, true)?;
+    match &ctx.mode {
+        ScriptMode::Files { extensions, index } => {
+            split_files(&norm, &ctx.document_root, extensions, index)
+        }
+        ScriptMode::App { mount } => split_app(&norm, mount),
+    }
+}
+
+fn split_files(
+    norm: &[u8],
+    root: &[u8],
+    extensions: &[Vec<u8>],
+    index: &[Vec<u8>],
+) -> Result<ScriptPath, CgiError> {
+    let (script_name, path_info) = match script_end(norm, extensions) {
+        Some(end) => {
+            let (name, info) = norm.split_at(end.min(norm.len()));
+            (name.to_vec(), info.to_vec())
+        }
+        None if norm.ends_with(b"/") => {
+            let file = index
+                .iter()
+                .find(|f| has_allowed_ext(f, extensions))
+                .ok_or_else(|| CgiError::NoIndex {
+                    path: snippet(norm),
+                })?;
+            let mut name = norm.to_vec();
+            name.extend_from_slice(file);
+            (name, Vec::new())
+        }
+        None => {
+            return Err(CgiError::NotAScript {
+                path: snippet(norm),
+            })
+        }
+    };
+    let mut filename = root_prefix(root).to_vec();
+    filename.extend_from_slice(&script_name);
+    Ok(ScriptPath {
+        script_name,
+        path_info,
+        script_filename: Some(filename),
+    })
+}
+
+/// In a normalised path, the byte offset just after the first segment that ends with an
+/// allowed extension.
+pub(super) fn script_end(norm: &[u8], extensions: &[Vec<u8>]) -> Option<usize> {
+    let mut start = 1;
+    for segment in norm.get(1..)?.split(|&c| c == b'/') {
+        let end = start + segment.len();
+        if has_allowed_ext(segment, extensions) {
+            return Some(end);
+        }
+        start = end + 1;
+    }
+    None
+}
+
+fn split_app(norm: &[u8], mount: &[u8]) -> Result<ScriptPath, CgiError> {
+    let mount = mount_prefix(mount);
+    let rest = norm
+        .strip_prefix(mount)
+        .filter(|rest| rest.is_empty() || rest.first() == Some(&b'/'));
+    let rest = rest.ok_or_else(|| CgiError::OutsideMount {
+        path: snippet(norm),
+    })?;
+    Ok(ScriptPath {
+        script_name: mount.to_vec(),
+        path_info: rest.to_vec(),
+        script_filename: None,
+    })
+}
+
+/// Whether `segment` is `stem.ext` with a non-empty stem and `ext` allowed (byte for byte).
+fn has_allowed_ext(segment: &[u8], extensions: &[Vec<u8>]) -> bool {
+    extensions.iter().any(|ext| {
+        let ext = ext.strip_prefix(b".").unwrap_or(ext);
+        segment.len() > ext.len() + 1
+            && segment.ends_with(ext)
+            && segment.get(segment.len() - ext.len() - 1) == Some(&b'.')
+    })
+}
+
+/// Decodes `%XX` escapes; refuses bad escapes and an encoded `/`.
+pub(super) fn percent_decode(raw: &[u8]) -> Result<Vec<u8>, CgiError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some((&c, tail)) = rest.split_first() {
+        if c != b'%' {
+            out.push(c);
+            rest = tail;
+            continue;
+        }
+        let byte = match (
+            tail.first().and_then(|&h| hex(h)),
+            tail.get(1).and_then(|&l| hex(l)),
+        ) {
+            (Some(h), Some(l)) => h << 4 | l,
+            _ => return Err(CgiError::BadPercentEscape { path: snippet(raw) }),
+        };
+        if byte == b'/' {
+            return Err(CgiError::EncodedSlash { path: snippet(raw) });
+        }
+        out.push(byte);
+        rest = tail.get(2..).unwrap_or_default();
+    }
+    Ok(out)
+}
+
+fn hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Refuses NUL, CR, LF and `\` in a decoded path.
+pub(super) fn check_decoded(decoded: &[u8]) -> Result<(), CgiError> {
+    if let Some(&byte) = decoded.iter().find(|&&c| matches!(c, 0 | b'\r' | b'\n')) {
+        return Err(CgiError::ForbiddenPathByte { byte });
+    }
+    if decoded.contains(&b'\\') {
+        return Err(CgiError::Backslash {
+            path: snippet(decoded),
+        });
+    }
+    Ok(())
+}
+
+/// Removes empty and `.` segments and resolves `..` (RFC 3986 §5.2.4). A `..` with nothing
+/// left to remove is [`CgiError::EscapesRoot`]; with `allow_dotdot == false` every `..` is.
+/// The result starts with `/` and keeps a trailing `/` (a path ending in `.` or `..` names
+/// a directory too).
+pub(super) fn normalize(path: &[u8], allow_dotdot: bool) -> Result<Vec<u8>, CgiError> {
+    let escapes = || CgiError::EscapesRoot {
+        path: snippet(path),
+    };
+    let mut segments: Vec<&[u8]> = Vec::new();
+    let mut dir = true;
+    for segment in path.split(|&c| c == b'/') {
+        dir = matches!(segment, b"" | b"." | b"..");
+        match segment {
+            b"" | b"." => {}
+            b".." if allow_dotdot => {
+                segments.pop().ok_or_else(escapes)?;
+            }
+            b".." => return Err(escapes()),
+            _ => segments.push(segment),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len() + 1);
+    for segment in &segments {
+        out.push(b'/');
+        out.extend_from_slice(segment);
+    }
+    if dir || out.is_empty() {
+        out.push(b'/');
+    }
+    Ok(out)
+}
+
+/// The root without its trailing `/`, ready to have an absolute path appended.
+pub(super) fn root_prefix(root: &[u8]) -> &[u8] {
+    root.strip_suffix(b"/").unwrap_or(root)
+}
+
+/// DOCUMENT_ROOT: the root without a trailing `/`, except the root `/` itself.
+pub(super) fn root_display(root: &[u8]) -> Vec<u8> {
+    match root_prefix(root) {
+        b"" => b"/".to_vec(),
+        r => r.to_vec(),
+    }
+}
+
+/// A mount point as a SCRIPT_NAME prefix: `""` for the site root, no trailing `/`.
+fn mount_prefix(mount: &[u8]) -> &[u8] {
+    mount.strip_suffix(b"/").unwrap_or(mount)
+}
+
+/// Refuses a context whose root, extensions, index names or mount cannot be used safely.
+pub(super) fn check_context(ctx: &CgiContext) -> Result<(), CgiError> {
+    let root = &ctx.document_root;
+    if root.first() != Some(&b'/') || has_nul_cr_lf(root) {
+        return Err(CgiError::InvalidContext(
+            "the document root must be an absolute path without NUL, CR or LF",
+        ));
+    }
+    if root.split(|&c| c == b'/').any(|s| s == b"." || s == b"..")
+        || root.windows(2).any(|w| w == b"//")
+    {
+        return Err(CgiError::InvalidContext(
+            "the document root must have no '.', '..' or empty segments",
+        ));
+    }
+    let plain = |name: &[u8]| {
+        !name.is_empty() && !name.contains(&b'/') && !name.contains(&b'\\') && !has_nul_cr_lf(name)
+    };
+    match &ctx.mode {
+        ScriptMode::Files { extensions, index } => {
+            if extensions
+                .iter()
+                .any(|e| !plain(e.strip_prefix(b".").unwrap_or(e)))
+            {
+                return Err(CgiError::InvalidContext(
+                    "a script extension is empty or holds '/', '\\', NUL, CR or LF",
+                ));
+            }
+            if index.iter().any(|f| !plain(f) || f == b"." || f == b"..") {
+                return Err(CgiError::InvalidContext(
+                    "an index file name is not a plain file name",
+                ));
+            }
+        }
+        ScriptMode::App { mount } => {
+            let norm = mount.is_empty()
+                || normalize(mount, false).is_ok_and(|n| mount_prefix(&n) == mount_prefix(mount));
+            if !norm || mount.first().is_some_and(|&c| c != b'/') || has_nul_cr_lf(mount) {
+                return Err(CgiError::InvalidContext(
+                    "the mount point must be a normalised absolute path",
+                ));
+            }
+        }
+    }
+    Ok(())
+}

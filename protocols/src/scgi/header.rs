@@ -1,0 +1,207 @@
+//! The SCGI request header block: NUL-terminated name/value pairs inside the netstring,
+//! CONTENT_LENGTH first, `SCGI` = `1`, no name twice.
+//!
+//! The client role encodes it (CONTENT_LENGTH, then SCGI, then the caller's variables); the
+//! responder role decodes it, checking every pair against the [`Limits`] and returning the
+//! names and values as slices of the received payload.
+
+use std::collections::HashSet;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::{snippet, ScgiError};
+use crate::Limits;
+
+const CONTENT_LENGTH: &[u8] = b"CONTENT_LENGTH";
+const SCGI: &[u8] = b"SCGI";
+/// The only SCGI version.
+const SCGI_VERSION: &[u8] = b"1";
+
+/// A decoded SCGI request header block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScgiRequestHead {
+    /// The body length (CONTENT_LENGTH).
+    pub content_length: u64,
+    /// Every other header in order, without CONTENT_LENGTH and SCGI.
+    pub params: Vec<(Bytes, Bytes)>,
+}
+
+impl ScgiRequestHead {
+    /// Writes this head as the netstring that starts an SCGI request.
+    pub fn encode(&self, limits: &Limits, dst: &mut BytesMut) -> Result<(), ScgiError> {
+        encode_request_head(self.content_length, &self.params, limits, dst)
+    }
+
+    /// Parses a netstring payload (see [`super::NetstringDecoder`]) as a header block.
+    pub fn decode(payload: Bytes, limits: &Limits) -> Result<Self, ScgiError> {
+        let mut rest = payload;
+        let mut count = 0usize;
+        let mut content_length = None;
+        let mut scgi_seen = false;
+        let mut names = HashSet::new();
+        let mut params = Vec::new();
+        while !rest.is_empty() {
+            let name = take_until_nul(&mut rest)?;
+            let value = take_until_nul(&mut rest)?;
+            count += 1;
+            if count > limits.max_params_count {
+                return Err(ScgiError::TooManyParams {
+                    limit: limits.max_params_count,
+                });
+            }
+            check_pair(&name, &value, limits)?;
+            if content_length.is_none() {
+                if name != CONTENT_LENGTH {
+                    return Err(ScgiError::ContentLengthNotFirst {
+                        found: snippet(&name),
+                    });
+                }
+                content_length = Some(parse_decimal(&value)?);
+                continue;
+            }
+            if name == CONTENT_LENGTH || !names.insert(name.clone()) {
+                return Err(ScgiError::DuplicateName {
+                    name: snippet(&name),
+                });
+            }
+            if name == SCGI {
+                if value != SCGI_VERSION {
+                    return Err(ScgiError::ScgiVersion {
+                        value: snippet(&value),
+                    });
+                }
+                scgi_seen = true;
+            } else {
+                params.push((name, value));
+            }
+        }
+        let content_length =
+            content_length.ok_or(ScgiError::ContentLengthNotFirst { found: Vec::new() })?;
+        if !scgi_seen {
+            return Err(ScgiError::MissingScgi);
+        }
+        Ok(ScgiRequestHead {
+            content_length,
+            params,
+        })
+    }
+}
+
+/// Splits off the bytes before the next NUL and the NUL itself.
+fn take_until_nul(rest: &mut Bytes) -> Result<Bytes, ScgiError> {
+    let nul = rest
+        .iter()
+        .position(|&c| c == 0)
+        .ok_or(ScgiError::TruncatedPair)?;
+    let field = rest.split_to(nul);
+    *rest = rest.slice(1..);
+    Ok(field)
+}
+
+fn check_pair(name: &[u8], value: &[u8], limits: &Limits) -> Result<(), ScgiError> {
+    if name.is_empty() {
+        return Err(ScgiError::EmptyName);
+    }
+    if name.len() > limits.max_name_len {
+        return Err(ScgiError::NameTooLong {
+            name: snippet(name),
+            limit: limits.max_name_len,
+        });
+    }
+    if value.len() > limits.max_value_len {
+        return Err(ScgiError::ValueTooLong {
+            name: snippet(name),
+            limit: limits.max_value_len,
+        });
+    }
+    Ok(())
+}
+
+/// A non-empty run of ASCII digits that fits in a u64 (the spec allows leading zeros).
+fn parse_decimal(value: &[u8]) -> Result<u64, ScgiError> {
+    let bad = || ScgiError::InvalidContentLength {
+        value: snippet(value),
+    };
+    if value.is_empty() {
+        return Err(bad());
+    }
+    value.iter().try_fold(0u64, |n, &c| {
+        if !c.is_ascii_digit() {
+            return Err(bad());
+        }
+        n.checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(c - b'0')))
+            .ok_or_else(bad)
+    })
+}
+
+/// Writes the netstring that starts an SCGI request: CONTENT_LENGTH, then `SCGI` = `1`, then
+/// `params` in order. The body (exactly `content_length` bytes) follows it on the wire.
+///
+/// Refuses what a responder would refuse: an empty name, NUL in a name or value, a name given
+/// twice, CONTENT_LENGTH or SCGI among `params`, and anything over the [`Limits`].
+pub fn encode_request_head(
+    content_length: u64,
+    params: &[(impl AsRef<[u8]>, impl AsRef<[u8]>)],
+    limits: &Limits,
+    dst: &mut BytesMut,
+) -> Result<(), ScgiError> {
+    let content_length = content_length.to_string();
+    let fixed = [
+        (CONTENT_LENGTH, content_length.as_bytes()),
+        (SCGI, SCGI_VERSION),
+    ];
+    let count = params.len() + fixed.len();
+    if count > limits.max_params_count {
+        return Err(ScgiError::TooManyParams {
+            limit: limits.max_params_count,
+        });
+    }
+    let mut names = HashSet::new();
+    let mut len = fixed
+        .iter()
+        .map(|(n, v)| n.len() + v.len() + 2)
+        .sum::<usize>();
+    for (name, value) in params {
+        let (name, value) = (name.as_ref(), value.as_ref());
+        check_pair(name, value, limits)?;
+        if name.contains(&0) || value.contains(&0) {
+            return Err(ScgiError::NulInParam {
+                name: snippet(name),
+            });
+        }
+        if name == CONTENT_LENGTH || name == SCGI {
+            return Err(ScgiError::ReservedName {
+                name: name.to_vec(),
+            });
+        }
+        if !names.insert(name) {
+            return Err(ScgiError::DuplicateName {
+                name: snippet(name),
+            });
+        }
+        len = len.saturating_add(name.len() + value.len() + 2);
+    }
+    if len > limits.max_params_bytes {
+        return Err(ScgiError::HeaderTooLarge {
+            len,
+            limit: limits.max_params_bytes,
+        });
+    }
+    let digits = len.to_string();
+    dst.reserve(digits.len() + len + 2);
+    dst.put_slice(digits.as_bytes());
+    dst.put_u8(b':');
+    let pairs = fixed
+        .iter()
+        .map(|&(n, v)| (n, v))
+        .chain(params.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
+    for (name, value) in pairs {
+        dst.put_slice(name);
+        dst.put_u8(0);
+        dst.put_slice(value);
+        dst.put_u8(0);
+    }
+    dst.put_u8(b',');
+    Ok(())
+}
