@@ -1,0 +1,212 @@
+//! The client role of FastCGI (corral talking to a backend such as php-cgi): encoders for the
+//! web server's side of one request, and the decoder of the backend's answer on a connection
+//! that may carry one request after another (FCGI_KEEP_CONN).
+
+use bytes::{Bytes, BytesMut};
+
+use super::body::{parse_end_request, parse_unknown_type};
+use super::params::ParamsDecoder;
+use super::record::{encode_stream, encode_stream_end, Record, RecordDecoder};
+use super::{FastCgiError, ProtocolStatus, RecordType, Side};
+use crate::Limits;
+
+/// Appends `data` to the FCGI_STDIN stream of `request_id`, split into records as needed.
+/// Empty `data` writes nothing; [`encode_stdin_end`] ends the stream.
+pub fn encode_stdin(request_id: u16, data: &[u8], dst: &mut BytesMut) {
+    encode_stream(RecordType::Stdin, request_id, data, dst);
+}
+
+/// Appends the empty FCGI_STDIN record that ends the request body.
+pub fn encode_stdin_end(request_id: u16, dst: &mut BytesMut) {
+    encode_stream_end(RecordType::Stdin, request_id, dst);
+}
+
+/// Appends `data` to the FCGI_DATA stream (FILTER role) of `request_id`. Empty `data` writes
+/// nothing; [`encode_data_end`] ends the stream.
+pub fn encode_data(request_id: u16, data: &[u8], dst: &mut BytesMut) {
+    encode_stream(RecordType::Data, request_id, data, dst);
+}
+
+/// Appends the empty FCGI_DATA record that ends the filtered file's data.
+pub fn encode_data_end(request_id: u16, dst: &mut BytesMut) {
+    encode_stream_end(RecordType::Data, request_id, dst);
+}
+
+/// What the backend sent, one record at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseEvent {
+    /// Bytes of the FCGI_STDOUT stream (the CGI response).
+    Stdout(Bytes),
+    /// The FCGI_STDOUT stream ended.
+    StdoutEnd,
+    /// Bytes of the FCGI_STDERR stream (the backend's error log).
+    Stderr(Bytes),
+    /// The FCGI_STDERR stream ended.
+    StderrEnd,
+    /// FCGI_END_REQUEST: the request is over.
+    End {
+        /// The application's exit status.
+        app_status: u32,
+        /// Whether the request completed or was refused.
+        protocol_status: ProtocolStatus,
+    },
+    /// A management answer to FCGI_GET_VALUES.
+    GetValuesResult(Vec<(Bytes, Bytes)>),
+    /// A management FCGI_UNKNOWN_TYPE: the backend does not know a type corral sent.
+    UnknownType {
+        /// The type byte the backend did not know.
+        kind: u8,
+    },
+}
+
+/// Decodes a backend's records for the one request in flight on a connection. Records for any
+/// other request id, or of a type only a web server sends, are errors. The backend need not
+/// close FCGI_STDOUT before FCGI_END_REQUEST (nginx does not insist either).
+#[derive(Debug, Clone)]
+pub struct ResponseDecoder {
+    records: RecordDecoder,
+    limits: Limits,
+    request_id: u16,
+    keep_conn: bool,
+    stdout_open: bool,
+    stderr_open: bool,
+    ended: bool,
+}
+
+impl ResponseDecoder {
+    /// A decoder for the answer to `request_id`, sent with FCGI_KEEP_CONN set if `keep_conn`.
+    pub fn new(request_id: u16, keep_conn: bool, limits: &Limits) -> ResponseDecoder {
+        ResponseDecoder {
+            records: RecordDecoder::new(),
+            limits: limits.clone(),
+            request_id,
+            keep_conn,
+            stdout_open: true,
+            stderr_open: true,
+            ended: false,
+        }
+    }
+
+    /// The request id of the request in flight (or last ended).
+    pub fn request_id(&self) -> u16 {
+        self.request_id
+    }
+
+    /// Whether FCGI_END_REQUEST has arrived for the request.
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Whether the connection may carry another request: the request ended and was sent with
+    /// FCGI_KEEP_CONN, so the backend keeps the connection open.
+    pub fn is_reusable(&self) -> bool {
+        self.ended && self.keep_conn
+    }
+
+    /// Starts decoding the answer to the next request on the same connection; refused unless
+    /// [`is_reusable`](Self::is_reusable).
+    pub fn reuse(&mut self, request_id: u16, keep_conn: bool) -> Result<(), FastCgiError> {
+        if !self.is_reusable() {
+            return Err(FastCgiError::NotReusable { request_id });
+        }
+        self.request_id = request_id;
+        self.keep_conn = keep_conn;
+        self.stdout_open = true;
+        self.stderr_open = true;
+        self.ended = false;
+        Ok(())
+    }
+
+    /// Takes the next event from `src`; `Ok(None)` until a whole record has arrived.
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, FastCgiError> {
+        match self.records.decode(src)? {
+            Some(record) => self.on_record(record).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn on_record(&mut self, record: Record) -> Result<ResponseEvent, FastCgiError> {
+        let Record {
+            kind,
+            request_id,
+            content,
+        } = record;
+        match (kind, request_id) {
+            (RecordType::GetValuesResult, 0) => Ok(ResponseEvent::GetValuesResult(
+                ParamsDecoder::decode_block(content, &self.limits)?,
+            )),
+            (RecordType::UnknownType, 0) => Ok(ResponseEvent::UnknownType {
+                kind: parse_unknown_type(&content)?,
+            }),
+            (RecordType::GetValuesResult | RecordType::UnknownType, _) => {
+                Err(FastCgiError::ManagementRequestId { kind, request_id })
+            }
+            (RecordType::Stdout | RecordType::Stderr | RecordType::EndRequest, 0) => {
+                Err(FastCgiError::NullRequestId { kind })
+            }
+            (RecordType::Stdout | RecordType::Stderr | RecordType::EndRequest, _) => {
+                self.application(kind, request_id, content)
+            }
+            (RecordType::Other(byte), _) => Err(FastCgiError::UnknownRecordType { kind: byte }),
+            (
+                RecordType::BeginRequest
+                | RecordType::AbortRequest
+                | RecordType::Params
+                | RecordType::Stdin
+                | RecordType::Data
+                | RecordType::GetValues,
+                _,
+            ) => Err(FastCgiError::WrongDirection {
+                kind,
+                sender: Side::Application,
+            }),
+        }
+    }
+
+    /// Handles FCGI_STDOUT, FCGI_STDERR and FCGI_END_REQUEST for a non-null request id.
+    fn application(
+        &mut self,
+        kind: RecordType,
+        request_id: u16,
+        content: Bytes,
+    ) -> Result<ResponseEvent, FastCgiError> {
+        if request_id != self.request_id {
+            return Err(FastCgiError::WrongRequestId {
+                kind,
+                expected: self.request_id,
+                got: request_id,
+            });
+        }
+        if self.ended {
+            return Err(FastCgiError::RecordAfterEnd { kind, request_id });
+        }
+        let (open, data, end): (_, fn(Bytes) -> ResponseEvent, _) = match kind {
+            RecordType::Stdout => (
+                &mut self.stdout_open,
+                ResponseEvent::Stdout,
+                ResponseEvent::StdoutEnd,
+            ),
+            RecordType::Stderr => (
+                &mut self.stderr_open,
+                ResponseEvent::Stderr,
+                ResponseEvent::StderrEnd,
+            ),
+            _ => {
+                let (app_status, protocol_status) = parse_end_request(&content)?;
+                self.ended = true;
+                return Ok(ResponseEvent::End {
+                    app_status,
+                    protocol_status,
+                });
+            }
+        };
+        if !*open {
+            return Err(FastCgiError::StreamAfterEnd { kind, request_id });
+        }
+        if content.is_empty() {
+            *open = false;
+            return Ok(end);
+        }
+        Ok(data(content))
+    }
+}

@@ -1,0 +1,338 @@
+//! The responder role of FastCGI (a front server such as nginx `fastcgi_pass` talking to
+//! corral): the decoder that tracks every active request id on a connection and turns records
+//! into request events, and the encoders of the application's answer.
+
+use bytes::{Bytes, BytesMut};
+
+use super::body::{encode_end_request, parse_abort_request, parse_begin_request};
+use super::params::ParamsDecoder;
+use super::record::{encode_stream, encode_stream_end, Record, RecordDecoder, HEADER_LEN};
+use super::{FastCgiError, ProtocolStatus, RecordType, Role, Side};
+use crate::Limits;
+
+/// What the web server sent, one event per meaningful record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestEvent {
+    /// FCGI_BEGIN_REQUEST: `request_id` is now active.
+    Begin {
+        /// The new request's id.
+        request_id: u16,
+        /// The role asked for.
+        role: Role,
+        /// FCGI_KEEP_CONN: keep the connection open after answering; when false, close it
+        /// once this request's FCGI_END_REQUEST is sent.
+        keep_conn: bool,
+    },
+    /// FCGI_BEGIN_REQUEST the decoder refused without activating the id: answer with
+    /// FCGI_END_REQUEST carrying `status` (later records for the id are ignored).
+    Rejected {
+        /// The refused request's id.
+        request_id: u16,
+        /// FCGI_KEEP_CONN of the refused request.
+        keep_conn: bool,
+        /// UNKNOWN_ROLE for a role FastCGI 1.0 does not define; CANT_MPX_CONN when the
+        /// connection already carries its one allowed request; OVERLOADED when it carries
+        /// `Limits::max_concurrent_requests` of them.
+        status: ProtocolStatus,
+    },
+    /// The FCGI_PARAMS stream ended; these are all of its pairs.
+    Params {
+        /// The request id.
+        request_id: u16,
+        /// The name-value pairs, in the order sent.
+        params: Vec<(Bytes, Bytes)>,
+    },
+    /// Bytes of the FCGI_STDIN stream (the request body).
+    Stdin {
+        /// The request id.
+        request_id: u16,
+        /// The bytes, sharing the read buffer's memory.
+        data: Bytes,
+    },
+    /// The FCGI_STDIN stream ended.
+    StdinEnd {
+        /// The request id.
+        request_id: u16,
+    },
+    /// Bytes of the FCGI_DATA stream (FILTER role only).
+    Data {
+        /// The request id.
+        request_id: u16,
+        /// The bytes, sharing the read buffer's memory.
+        data: Bytes,
+    },
+    /// The FCGI_DATA stream ended.
+    DataEnd {
+        /// The request id.
+        request_id: u16,
+    },
+    /// FCGI_ABORT_REQUEST: stop the request and answer FCGI_END_REQUEST; the id stays active
+    /// until [`RequestDecoder::finish`].
+    Abort {
+        /// The request id.
+        request_id: u16,
+    },
+    /// A management FCGI_GET_VALUES query; answer with
+    /// [`answer_get_values`](super::answer_get_values).
+    GetValues {
+        /// The variable names asked for (the query's values, meant to be empty, are dropped).
+        names: Vec<Bytes>,
+    },
+    /// A record type FastCGI 1.0 does not define, on request id 0 or an active request;
+    /// answer with [`encode_unknown_type`](super::encode_unknown_type).
+    UnknownType {
+        /// The type byte received.
+        kind: u8,
+    },
+}
+
+/// Per-request stream state of one active request id.
+#[derive(Debug, Clone)]
+struct Active {
+    request_id: u16,
+    role: Role,
+    params: ParamsDecoder,
+    params_done: bool,
+    stdin_done: bool,
+    data_done: bool,
+}
+
+/// Decodes a web server's records on one connection, multiplexed or not. A request id is
+/// active from its FCGI_BEGIN_REQUEST until the caller [`finish`](Self::finish)es it (after
+/// sending its FCGI_END_REQUEST); records for inactive ids are consumed and ignored, as the
+/// specification says. FCGI_PARAMS must end before FCGI_STDIN or FCGI_DATA begins.
+#[derive(Debug, Clone)]
+pub struct RequestDecoder {
+    records: RecordDecoder,
+    limits: Limits,
+    /// Few at a time (usually one), so a vector searched linearly beats a map.
+    active: Vec<Active>,
+}
+
+impl RequestDecoder {
+    /// A decoder at the start of a connection, bounded by `limits`.
+    pub fn new(limits: &Limits) -> RequestDecoder {
+        RequestDecoder {
+            records: RecordDecoder::new(),
+            limits: limits.clone(),
+            active: Vec::new(),
+        }
+    }
+
+    /// Whether `request_id` is active.
+    pub fn is_active(&self, request_id: u16) -> bool {
+        self.active.iter().any(|a| a.request_id == request_id)
+    }
+
+    /// How many request ids are active.
+    pub fn active_count(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Forgets `request_id` once its FCGI_END_REQUEST is sent; true if it was active.
+    pub fn finish(&mut self, request_id: u16) -> bool {
+        match self.active.iter().position(|a| a.request_id == request_id) {
+            Some(at) => {
+                self.active.swap_remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes the next event from `src`; `Ok(None)` when more bytes are needed. Records that
+    /// produce no event (the spec says to ignore them, or a PARAMS record mid-stream) are
+    /// consumed along the way.
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<RequestEvent>, FastCgiError> {
+        while let Some(record) = self.records.decode(src)? {
+            if let Some(event) = self.on_record(record)? {
+                return Ok(Some(event));
+            }
+        }
+        Ok(None)
+    }
+
+    fn on_record(&mut self, record: Record) -> Result<Option<RequestEvent>, FastCgiError> {
+        let Record {
+            kind,
+            request_id,
+            content,
+        } = record;
+        match (kind, request_id) {
+            (RecordType::GetValues, 0) => {
+                let pairs = ParamsDecoder::decode_block(content, &self.limits)?;
+                let names = pairs.into_iter().map(|(name, _)| name).collect();
+                Ok(Some(RequestEvent::GetValues { names }))
+            }
+            (RecordType::GetValues, _) => {
+                Err(FastCgiError::ManagementRequestId { kind, request_id })
+            }
+            (RecordType::Other(byte), _) => {
+                let answer = request_id == 0 || self.is_active(request_id);
+                Ok(answer.then_some(RequestEvent::UnknownType { kind: byte }))
+            }
+            (
+                RecordType::EndRequest
+                | RecordType::Stdout
+                | RecordType::Stderr
+                | RecordType::GetValuesResult
+                | RecordType::UnknownType,
+                _,
+            ) => Err(FastCgiError::WrongDirection {
+                kind,
+                sender: Side::WebServer,
+            }),
+            (
+                RecordType::BeginRequest
+                | RecordType::AbortRequest
+                | RecordType::Params
+                | RecordType::Stdin
+                | RecordType::Data,
+                0,
+            ) => Err(FastCgiError::NullRequestId { kind }),
+            (RecordType::BeginRequest, _) => self.begin(request_id, &content).map(Some),
+            (RecordType::AbortRequest, _) => {
+                parse_abort_request(&content)?;
+                Ok(self
+                    .is_active(request_id)
+                    .then_some(RequestEvent::Abort { request_id }))
+            }
+            (RecordType::Params, _) => self.params(request_id, content),
+            (RecordType::Stdin | RecordType::Data, _) => self.input(kind, request_id, content),
+        }
+    }
+
+    fn begin(&mut self, request_id: u16, content: &[u8]) -> Result<RequestEvent, FastCgiError> {
+        let (role, keep_conn) = parse_begin_request(content)?;
+        if self.is_active(request_id) {
+            return Err(FastCgiError::RequestAlreadyActive { request_id });
+        }
+        let Some(role) = Role::from_u16(role) else {
+            return Ok(RequestEvent::Rejected {
+                request_id,
+                keep_conn,
+                status: ProtocolStatus::UnknownRole,
+            });
+        };
+        let max = self.limits.max_concurrent_requests;
+        if self.active.len() >= max {
+            let status = if max <= 1 {
+                ProtocolStatus::CantMpxConn
+            } else {
+                ProtocolStatus::Overloaded
+            };
+            return Ok(RequestEvent::Rejected {
+                request_id,
+                keep_conn,
+                status,
+            });
+        }
+        self.active.push(Active {
+            request_id,
+            role,
+            params: ParamsDecoder::new(&self.limits),
+            params_done: false,
+            stdin_done: false,
+            data_done: false,
+        });
+        Ok(RequestEvent::Begin {
+            request_id,
+            role,
+            keep_conn,
+        })
+    }
+
+    fn find(&mut self, request_id: u16) -> Option<&mut Active> {
+        self.active.iter_mut().find(|a| a.request_id == request_id)
+    }
+
+    fn params(
+        &mut self,
+        request_id: u16,
+        content: Bytes,
+    ) -> Result<Option<RequestEvent>, FastCgiError> {
+        let Some(active) = self.find(request_id) else {
+            return Ok(None);
+        };
+        if active.params_done {
+            return Err(FastCgiError::StreamAfterEnd {
+                kind: RecordType::Params,
+                request_id,
+            });
+        }
+        if !content.is_empty() {
+            active.params.push(content)?;
+            return Ok(None);
+        }
+        active.params_done = true;
+        let params = active.params.finish()?;
+        Ok(Some(RequestEvent::Params { request_id, params }))
+    }
+
+    /// Handles FCGI_STDIN and FCGI_DATA for a non-null request id.
+    fn input(
+        &mut self,
+        kind: RecordType,
+        request_id: u16,
+        data: Bytes,
+    ) -> Result<Option<RequestEvent>, FastCgiError> {
+        let Some(active) = self.find(request_id) else {
+            return Ok(None);
+        };
+        if !active.params_done {
+            return Err(FastCgiError::StreamBeforeParams { kind, request_id });
+        }
+        let done = if kind == RecordType::Data {
+            if active.role != Role::Filter {
+                return Err(FastCgiError::DataWithoutFilterRole {
+                    request_id,
+                    role: active.role,
+                });
+            }
+            &mut active.data_done
+        } else {
+            &mut active.stdin_done
+        };
+        if *done {
+            return Err(FastCgiError::StreamAfterEnd { kind, request_id });
+        }
+        let ended = data.is_empty();
+        *done = ended;
+        Ok(Some(match (kind == RecordType::Data, ended) {
+            (false, false) => RequestEvent::Stdin { request_id, data },
+            (false, true) => RequestEvent::StdinEnd { request_id },
+            (true, false) => RequestEvent::Data { request_id, data },
+            (true, true) => RequestEvent::DataEnd { request_id },
+        }))
+    }
+}
+
+/// Appends `data` to the FCGI_STDOUT stream of `request_id`, split into records as needed.
+/// Empty `data` writes nothing; [`encode_stdout_end`] ends the stream.
+pub fn encode_stdout(request_id: u16, data: &[u8], dst: &mut BytesMut) {
+    encode_stream(RecordType::Stdout, request_id, data, dst);
+}
+
+/// Appends the empty FCGI_STDOUT record that ends the response.
+pub fn encode_stdout_end(request_id: u16, dst: &mut BytesMut) {
+    encode_stream_end(RecordType::Stdout, request_id, dst);
+}
+
+/// Appends `data` to the FCGI_STDERR stream of `request_id`. Empty `data` writes nothing;
+/// [`encode_stderr_end`] ends the stream.
+pub fn encode_stderr(request_id: u16, data: &[u8], dst: &mut BytesMut) {
+    encode_stream(RecordType::Stderr, request_id, data, dst);
+}
+
+/// Appends the empty FCGI_STDERR record that ends the error stream.
+pub fn encode_stderr_end(request_id: u16, dst: &mut BytesMut) {
+    encode_stream_end(RecordType::Stderr, request_id, dst);
+}
+
+/// Appends the usual end of a response in one reserve: the empty FCGI_STDOUT record, then
+/// FCGI_END_REQUEST with `app_status` and REQUEST_COMPLETE.
+pub fn encode_request_complete(request_id: u16, app_status: u32, dst: &mut BytesMut) {
+    dst.reserve(3 * HEADER_LEN);
+    encode_stdout_end(request_id, dst);
+    encode_end_request(request_id, app_status, ProtocolStatus::RequestComplete, dst);
+}
