@@ -4,3 +4,7 @@
 //! formats come from the `corral-protocols` crate, which does no I/O.
 
 pub use corral_protocols as protocols;
+
+pub mod cli;
+pub mod config;
+pub mod error;

@@ -1,0 +1,210 @@
+//! The command line: `corral check -c FILE`, `corral run [-c FILE]`, `corral --version`.
+//!
+//! Everything here takes its arguments and output streams as parameters so tests can drive
+//! it without a process; `main.rs` only passes the real ones in and exits with the code.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Backend, Config, Program, Sizing};
+use crate::error::{Error, EX_OK};
+
+/// corral: an application-server gateway for FastCGI, SCGI and LSAPI backends.
+#[derive(Debug, Parser)]
+#[command(name = "corral", version)]
+pub struct Cli {
+    /// What to do; `run` with the embedded default configuration when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check a configuration file: print every error with its line and column, or "ok".
+    Check {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Load the configuration and run the gateway.
+    Run {
+        /// The configuration file; without it, the embedded default (a demo on
+        /// 127.0.0.1:8080, status on 127.0.0.1:9180).
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+}
+
+/// Parses `args` (program name first), runs the command and returns the exit code. Help
+/// and version go to `out`; errors, rendered for a person, go to `err`.
+pub fn main(
+    args: impl IntoIterator<Item = OsString>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let result = match Cli::try_parse_from(args) {
+        Ok(cli) => run(cli, out),
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            return match write!(out, "{}", e.render()) {
+                Ok(()) => EX_OK,
+                Err(source) => report(err, &stdout_error(source)),
+            };
+        }
+        Err(e) => Err(Error::Usage(e)),
+    };
+    match result {
+        Ok(()) => EX_OK,
+        Err(e) => report(err, &e),
+    }
+}
+
+/// Writes `e` to `err` and gives its exit code. If even that write fails there is nobody
+/// left to tell, and the exit code still says what happened.
+fn report(err: &mut dyn Write, e: &Error) -> u8 {
+    let text = e.to_string();
+    let _ = writeln!(err, "{}", text.trim_end());
+    e.exit_code()
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
+    match cli.command.unwrap_or(Command::Run { config: None }) {
+        Command::Check { config } => {
+            load(Some(&config))?;
+            writeln!(out, "{}: ok", config.display()).map_err(stdout_error)
+        }
+        Command::Run { config } => {
+            let config = load(config.as_deref())?;
+            // The gateway itself is not wired up yet: say what would run, and stop.
+            writeln!(out, "{}", summary(&config)).map_err(stdout_error)
+        }
+    }
+}
+
+/// Reads and validates the configuration at `path`, or the embedded default.
+pub fn load(path: Option<&Path>) -> Result<Config, Error> {
+    let (text, origin) = match path {
+        None => (
+            config::EMBEDDED.to_owned(),
+            config::EMBEDDED_ORIGIN.to_owned(),
+        ),
+        Some(path) => {
+            let origin = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+                what: format!("read {origin}"),
+                source,
+            })?;
+            (text, origin)
+        }
+    };
+    config::parse(&text, &origin).map_err(|errors| Error::Config { origin, errors })
+}
+
+fn stdout_error(source: std::io::Error) -> Error {
+    Error::Io {
+        what: "write to standard output".to_owned(),
+        source,
+    }
+}
+
+/// One line naming what the configuration would run.
+pub fn summary(c: &Config) -> String {
+    let listeners: Vec<String> = c
+        .listeners
+        .iter()
+        .map(|l| format!("{:?} on {}", l.protocol, l.bind.address()).to_lowercase())
+        .collect();
+    let pools: Vec<String> = c.pools.iter().map(pool_summary).collect();
+    let status = c.status.as_ref().map_or_else(
+        || "no status".to_owned(),
+        |s| format!("status on {}", s.bind.address()),
+    );
+    format!(
+        "{}: listeners [{}], {status}, pools [{}], {} context{}",
+        c.origin,
+        listeners.join(", "),
+        pools.join(", "),
+        c.contexts.len(),
+        if c.contexts.len() == 1 { "" } else { "s" }
+    )
+}
+
+fn pool_summary(p: &config::PoolConfig) -> String {
+    let protocol = format!("{:?}", p.protocol).to_lowercase();
+    match &p.backend {
+        Backend::External { servers } => {
+            format!(
+                "{} ({protocol}, {} external servers)",
+                p.name,
+                servers.len()
+            )
+        }
+        Backend::Spawned(s) => {
+            let program = match &s.program {
+                Program::Command(argv) => argv.first().cloned().unwrap_or_default(),
+                Program::Wsgi { module, callable } => format!("wsgi {module}:{callable}"),
+                Program::Rack { rackup } => format!("rack {}", rackup.display()),
+            };
+            let size = match s.sizing {
+                Sizing::Static { workers } => format!("static {workers}"),
+                Sizing::Dynamic { min, max, .. } => format!("dynamic {min}-{max}"),
+                Sizing::OnDemand { max, .. } => format!("ondemand 0-{max}"),
+            };
+            format!("{} ({protocol}, {program}, {size} workers)", p.name)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::EX_USAGE;
+
+    fn call(args: &[&str]) -> (u8, String, String) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = main(args.iter().map(OsString::from), &mut out, &mut err);
+        let s = |v: Vec<u8>| String::from_utf8(v).unwrap();
+        (code, s(out), s(err))
+    }
+
+    #[test]
+    fn no_arguments_runs_the_embedded_default() {
+        let (code, out, err) = call(&["corral"]);
+        assert_eq!((code, err.as_str()), (0, ""));
+        assert!(
+            out.starts_with("<embedded default>: listeners [http on 127.0.0.1:8080]"),
+            "{out}"
+        );
+        assert!(out.contains("status on 127.0.0.1:9180"), "{out}");
+    }
+
+    #[test]
+    fn version_goes_to_stdout() {
+        let (code, out, _) = call(&["corral", "--version"]);
+        assert_eq!(code, 0);
+        assert_eq!(out.trim(), format!("corral {}", env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn bad_usage_is_ex_usage() {
+        let (code, _, err) = call(&["corral", "check"]);
+        assert_eq!(code, EX_USAGE);
+        assert!(err.contains("--config"), "{err}");
+        assert_eq!(call(&["corral", "frobnicate"]).0, EX_USAGE);
+    }
+
+    #[test]
+    fn missing_file_is_an_io_error() {
+        let (code, _, err) = call(&["corral", "check", "-c", "/nonexistent/corral.toml"]);
+        assert_eq!(code, crate::error::EX_IOERR);
+        assert!(
+            err.starts_with("cannot read /nonexistent/corral.toml: "),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,202 @@
+//! Validation of one `[[contexts]]` table: its match keys (listener, prefix, extension,
+//! host), its CGI settings (root, index, params) and its pool and connection cap.
+
+use std::fmt::Write as _;
+
+use super::file::{FileConfig, FileContext};
+use super::validate::Errors;
+use super::{ContextConfig, ListenAddress, ListenerConfig, PoolConfig};
+
+/// Checks one context against the validated listeners and pools. `None` when it references
+/// something that does not exist (the error is recorded).
+pub(super) fn context(
+    e: &mut Errors,
+    c: &FileContext,
+    listeners: &[ListenerConfig],
+    pools: &[PoolConfig],
+    file: &FileConfig,
+) -> Option<ContextConfig> {
+    let listen = c.listen.as_ref().and_then(|l| {
+        let addr = e.check(l.span(), ListenAddress::parse(l.get_ref()))?;
+        if listeners.iter().any(|x| x.bind.address() == addr) {
+            return Some(addr);
+        }
+        let mut have = String::new();
+        for (i, x) in listeners.iter().enumerate() {
+            let _ = write!(
+                have,
+                "{}{}",
+                if i == 0 { "" } else { ", " },
+                x.bind.address()
+            );
+        }
+        e.at(
+            l.span(),
+            format!("listen \"{addr}\" is not the address of any [[listen]] (they are: {have})"),
+        );
+        None
+    });
+    let listen_ok = c.listen.is_none() || listen.is_some();
+
+    let prefix = match &c.prefix {
+        None => "/".to_owned(),
+        Some(p) => {
+            if let Err(m) = check_prefix(p.get_ref()) {
+                e.at(p.span(), m);
+            }
+            p.get_ref().clone()
+        }
+    };
+    let extension = c.extension.as_ref().map(|x| {
+        let ext = x.get_ref();
+        if let Some(bare) = ext.strip_prefix('.') {
+            e.at(
+                x.span(),
+                format!("extension is written without the dot: \"{bare}\", not \"{ext}\""),
+            );
+        } else if ext.is_empty()
+            || !ext
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+        {
+            e.at(
+                x.span(),
+                format!("extension \"{ext}\" may only hold letters, digits, '_' and '-'"),
+            );
+        }
+        ext.clone()
+    });
+    let host = c.host.as_ref().map(|h| {
+        let host = h.get_ref().to_ascii_lowercase();
+        if let Err(m) = check_host(&host) {
+            e.at(h.span(), m);
+        }
+        host
+    });
+    let root = c.root.as_ref().and_then(|r| e.absolute_path(r, "root"));
+
+    let index = match &c.index {
+        None if root.is_some() => vec!["index.php".to_owned()],
+        None => Vec::new(),
+        Some(list) => {
+            if c.root.is_none() {
+                e.at(list.span(), "index needs a root to look files up in");
+            }
+            for name in list.get_ref() {
+                let n = name.get_ref();
+                if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\0']) {
+                    e.at(
+                        name.span(),
+                        format!("index entry \"{n}\" must be a plain file name"),
+                    );
+                }
+            }
+            list.get_ref().iter().map(|n| n.get_ref().clone()).collect()
+        }
+    };
+    let static_files = c.static_files.as_ref().is_some_and(|s| *s.get_ref());
+    if let Some(s) = c
+        .static_files
+        .as_ref()
+        .filter(|_| static_files && c.root.is_none())
+    {
+        e.at(
+            s.span(),
+            "static_files = true needs a root to serve files from",
+        );
+    }
+    let params = e.string_table(
+        c.params.as_ref(),
+        "params",
+        |n| !n.is_empty() && n.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_'),
+        "CGI parameter names hold only letters, digits and '_'",
+    );
+
+    let pool_name = c.pool.get_ref();
+    let Some(pool) = pools.iter().find(|p| &p.name == pool_name) else {
+        // A pool that failed its own validation was reported already; only name a missing one.
+        if !file.pools.contains_key(pool_name.as_str()) {
+            e.at(
+                c.pool.span(),
+                format!("pool \"{pool_name}\" is not defined: add a [pools.{pool_name}] table"),
+            );
+        }
+        return None;
+    };
+    let max_conns = match &c.max_conns {
+        None => pool.max_conns,
+        Some(m) if *m.get_ref() == 0 => {
+            e.at(m.span(), "max_conns must be at least 1");
+            pool.max_conns
+        }
+        Some(m) if *m.get_ref() > pool.max_conns => {
+            e.at(
+                m.span(),
+                format!(
+                    "max_conns {} is more than pool \"{pool_name}\" allows ({}), so it would \
+                     never limit anything",
+                    m.get_ref(),
+                    pool.max_conns
+                ),
+            );
+            pool.max_conns
+        }
+        Some(m) => *m.get_ref(),
+    };
+    if !listen_ok {
+        return None;
+    }
+    Some(ContextConfig {
+        listen,
+        prefix,
+        extension,
+        host,
+        root,
+        index,
+        pool: pool_name.clone(),
+        max_conns,
+        static_files,
+        allow_php_value: c.allow_php_value.unwrap_or(false),
+        params,
+    })
+}
+
+/// A path prefix: absolute, clean, and free of characters a request path cannot carry.
+fn check_prefix(p: &str) -> Result<(), String> {
+    if !p.starts_with('/') {
+        return Err(format!("prefix \"{p}\" must start with '/'"));
+    }
+    if p.chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == '?' || c == '#')
+    {
+        return Err(format!(
+            "prefix \"{p}\" holds a character a request path cannot (space, control, '?' or '#')"
+        ));
+    }
+    if p.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(format!("prefix \"{p}\" has a '.' or '..' segment"));
+    }
+    Ok(())
+}
+
+/// A host name to match the request's Host against: a DNS name, optionally `*.` + a name.
+fn check_host(host: &str) -> Result<(), String> {
+    if host.contains(':') && !host.starts_with('[') {
+        return Err(format!("host \"{host}\" must not include a port"));
+    }
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    let valid = !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "host \"{host}\" is not a host name (a wildcard is written \"*.example.com\")"
+        ))
+    }
+}

@@ -1,0 +1,383 @@
+//! The validated configuration: the types the rest of corral reads, and `parse`, which turns
+//! TOML text into them.
+//!
+//! Configuration goes through two stages (STYLE 8). `file` mirrors the TOML exactly with serde
+//! (every table denies unknown keys, fields that validation may reject keep their byte span);
+//! `validate` resolves defaults and checks every rule, collecting *all* errors, each located
+//! as `FILE:LINE:COL`. What comes out is a [`Config`] with no `Option` left to mean "use the
+//! default": an `Option` here always means something (no status listener, never recycle by
+//! age, ...). Parsing is a pure function of the text and its name, so reload, `corral check`
+//! and tests all go through the same [`parse`].
+//!
+//! Defaults follow php-fpm where the concept is the same (its `www.conf` sample sizes a
+//! dynamic pool 5 / 1..3 spare, `listen.mode` 0660, `listen.backlog` 511,
+//! `pm.process_idle_timeout` 10s, `pm.max_requests` 0 = never) and are listed, with units, in
+//! `conf/corral.toml`.
+
+mod address;
+mod context;
+mod diagnostic;
+mod file;
+mod pool;
+mod units;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use address::{BackendAddress, Cidr, ListenAddress};
+pub use diagnostic::ConfigError;
+pub use units::{parse_duration, parse_size};
+
+/// The configuration `corral` runs when no file is given: an HTTP listener on
+/// 127.0.0.1:8080 and status on 127.0.0.1:9180 in front of a demo WSGI app.
+pub const EMBEDDED: &str = include_str!("default.toml");
+
+/// The origin name [`EMBEDDED`] is reported under.
+pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
+
+/// Parses and validates a configuration.
+///
+/// `origin` names the text in error messages (usually the file path). On failure every error
+/// found is returned, in source order where the TOML itself was readable; a TOML syntax error
+/// or a key of the wrong type or name stops the first stage, so it is reported alone.
+pub fn parse(src: &str, origin: &str) -> Result<Config, Vec<ConfigError>> {
+    let file = file::FileConfig::from_toml(src, origin).map_err(|e| vec![e])?;
+    validate::validate(file, src, origin)
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The name the configuration was parsed under (a path, or [`EMBEDDED_ORIGIN`]).
+    pub origin: String,
+    /// Process-wide settings.
+    pub server: ServerConfig,
+    /// Front listeners, in file order; at least one.
+    pub listeners: Vec<ListenerConfig>,
+    /// The status listener, if `[status]` is present.
+    pub status: Option<StatusConfig>,
+    /// Pools, sorted by name; at least one.
+    pub pools: Vec<PoolConfig>,
+    /// Routing rules, in file order; at least one (an implicit catch-all when the file has a
+    /// single pool and no `[[contexts]]`).
+    pub contexts: Vec<ContextConfig>,
+}
+
+impl Config {
+    /// The pool called `name`.
+    pub fn pool(&self, name: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+}
+
+/// `[server]`: settings for the whole process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Directory for worker sockets (`runtime_dir`, default `/run/corral`).
+    pub runtime_dir: PathBuf,
+    /// User workers run as when corral starts as root (`user`; none = corral's own).
+    pub user: Option<String>,
+    /// Group workers run as when corral starts as root (`group`; none = the user's group).
+    pub group: Option<String>,
+    /// Bound on graceful stop and reload drains (`grace`, default 30s).
+    pub grace: Duration,
+    /// How long a worker may take to exit after its stop signal before SIGKILL
+    /// (`kill_timeout`, default 10s).
+    pub kill_timeout: Duration,
+    /// Least severe log level written (`log_level`, default `info`).
+    pub log_level: LogLevel,
+}
+
+/// `server.log_level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Only errors.
+    Error,
+    /// Errors and warnings.
+    Warn,
+    /// The default: lifecycle events too.
+    Info,
+    /// Per-request detail.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+/// Where a socket is bound and who may use it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Bind {
+    /// A TCP socket.
+    Tcp {
+        /// Address to bind (port 0 picks a free port).
+        addr: std::net::SocketAddr,
+        /// Clients allowed to connect (`allow`); empty = everyone.
+        allow: Vec<Cidr>,
+    },
+    /// A Unix stream socket.
+    Unix {
+        /// Socket path (absolute).
+        path: PathBuf,
+        /// Permissions given to the socket file.
+        perms: UnixPermissions,
+    },
+}
+
+impl Bind {
+    /// The address alone, as contexts refer to it.
+    pub fn address(&self) -> ListenAddress {
+        match self {
+            Bind::Tcp { addr, .. } => ListenAddress::Tcp(*addr),
+            Bind::Unix { path, .. } => ListenAddress::Unix(path.clone()),
+        }
+    }
+}
+
+/// Owner, group and mode of a Unix socket file (php-fpm's `listen.owner/group/mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnixPermissions {
+    /// Permission bits (`mode`, default `0660`).
+    pub mode: u32,
+    /// Owner (`owner`; none = corral's user).
+    pub owner: Option<String>,
+    /// Group (`group`; none = corral's group).
+    pub group: Option<String>,
+}
+
+/// `[[listen]]`: one front listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerConfig {
+    /// Address and access rules.
+    pub bind: Bind,
+    /// What clients speak to it.
+    pub protocol: FrontProtocol,
+    /// Kernel accept backlog (`backlog`, default 511 like php-fpm on Linux).
+    pub backlog: u32,
+    /// Whether forwarded-protocol headers are believed (http listeners only); none = they
+    /// are ignored and HTTPS is never inferred.
+    pub forwarded: Option<ForwardedTrust>,
+}
+
+/// What front listeners speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrontProtocol {
+    /// HTTP/1.1 from a reverse proxy or a client.
+    Http,
+    /// FastCGI from a front server (`fastcgi_pass`).
+    Fastcgi,
+    /// SCGI from a front server (`scgi_pass`).
+    Scgi,
+}
+
+/// Which header a trusted proxy uses to say the client came over HTTPS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeader {
+    /// Headers are ignored (the default).
+    None,
+    /// `X-Forwarded-Proto` and `X-Forwarded-For`.
+    XForwarded,
+    /// RFC 7239 `Forwarded: proto=https;for=...`.
+    Forwarded,
+}
+
+/// `forwarded` + `trusted_proxies` of an http listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardedTrust {
+    /// The header read (never [`ForwardedHeader::None`] here).
+    pub header: ForwardedHeader,
+    /// Peers whose header is believed. Empty on a Unix listener, where every peer passed
+    /// the socket's file permissions and is trusted.
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+/// `[status]`: the supervisor-served status and metrics listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusConfig {
+    /// Address and access rules.
+    pub bind: Bind,
+}
+
+/// Wire protocol between corral and a pool's workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendProtocol {
+    /// FastCGI 1.0 (php-cgi, flup, ruby-fcgi).
+    Fastcgi,
+    /// SCGI (Python `scgi`, the embedded launchers).
+    Scgi,
+    /// LiteSpeed SAPI (lsphp).
+    Lsapi,
+}
+
+/// `[pools.NAME]`: a named set of workers running one app.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    /// The table name: ASCII letters, digits, `_` and `-`.
+    pub name: String,
+    /// Backend protocol (`protocol`, default `fastcgi`, or `scgi` for `app` pools).
+    pub protocol: BackendProtocol,
+    /// Where the workers come from.
+    pub backend: Backend,
+    /// Requests one worker (or external server) serves at once (`concurrency`, default 1).
+    pub concurrency: u32,
+    /// Cap on concurrent backend requests (`max_conns`, default workers × concurrency).
+    pub max_conns: u32,
+    /// Requests allowed to wait for a slot (`queue_size`, default 128; 0 = none wait).
+    pub queue_size: u32,
+    /// Longest wait for a slot before 503 + Retry-After (`queue_timeout`, default 5s).
+    pub queue_timeout: Duration,
+    /// Longest backend connect (`connect_timeout`, default 5s).
+    pub connect_timeout: Duration,
+    /// Longest wait for the first response byte (`first_byte_timeout`, default 60s).
+    pub first_byte_timeout: Duration,
+    /// Longest whole request; then 504 and the worker is replaced (`request_timeout`,
+    /// default 300s).
+    pub request_timeout: Duration,
+}
+
+/// How a pool gets its workers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    /// corral spawns and supervises the workers.
+    Spawned(Box<SpawnConfig>),
+    /// The workers are servers someone else runs (`servers = [...]`).
+    External {
+        /// Addresses, at least one.
+        servers: Vec<BackendAddress>,
+    },
+}
+
+/// Settings of a pool whose workers corral spawns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpawnConfig {
+    /// What each worker runs.
+    pub program: Program,
+    /// How many workers, and when.
+    pub sizing: Sizing,
+    /// When a worker is retired and replaced.
+    pub recycle: Recycle,
+    /// Longest time a new worker may take to accept connections (`start_timeout`,
+    /// default 30s).
+    pub start_timeout: Duration,
+    /// Extra environment variables (`env`).
+    pub env: BTreeMap<String, String>,
+    /// Working directory (`cwd`; none = corral's).
+    pub cwd: Option<PathBuf>,
+    /// User the workers run as (`user`, else `server.user`).
+    pub user: Option<String>,
+    /// Group the workers run as (`group`, else `server.group`).
+    pub group: Option<String>,
+}
+
+/// What a spawned worker runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// `command = [...]`: argv; may contain `{socket}` and `{port}` placeholders.
+    Command(Vec<String>),
+    /// `app = "wsgi:MODULE[:CALLABLE]"`: the embedded Python launcher.
+    Wsgi {
+        /// Dotted module name.
+        module: String,
+        /// Attribute of the module (default `application`).
+        callable: String,
+    },
+    /// `app = "rack:PATH"`: the embedded Ruby launcher with a rackup file.
+    Rack {
+        /// Path of the rackup file (relative to `cwd`).
+        rackup: PathBuf,
+    },
+}
+
+/// Pool size policy (`mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// `mode = "static"`: always `max` workers.
+    Static {
+        /// Worker count.
+        workers: u32,
+    },
+    /// `mode = "dynamic"` (the default): between `min` and `max`, keeping idle workers
+    /// between `spare_min` and `spare_max`.
+    Dynamic {
+        /// Never fewer workers (default 1).
+        min: u32,
+        /// Never more workers (default 5).
+        max: u32,
+        /// Spawn when fewer are idle (default 1).
+        spare_min: u32,
+        /// Retire when more are idle (default 3, at most `max`).
+        spare_max: u32,
+        /// An idle worker above `min` is retired after this long (default 10s).
+        idle_timeout: Duration,
+    },
+    /// `mode = "ondemand"`: no worker until a request comes.
+    OnDemand {
+        /// Never more workers (default 5).
+        max: u32,
+        /// An idle worker is retired after this long (default 10s).
+        idle_timeout: Duration,
+    },
+}
+
+impl Sizing {
+    /// The most workers the pool may have alive at once (not counting a replacement that
+    /// is started before the worker it replaces is retired).
+    pub fn max(&self) -> u32 {
+        match *self {
+            Sizing::Static { workers } => workers,
+            Sizing::Dynamic { max, .. } | Sizing::OnDemand { max, .. } => max,
+        }
+    }
+}
+
+/// Recycling policy; `None` = that trigger is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recycle {
+    /// Retire after this many requests (`max_requests`; 0 or absent = never).
+    pub max_requests: Option<u64>,
+    /// Up to this many requests are randomly added per worker so workers don't all recycle
+    /// together (`max_requests_jitter`, default max_requests / 10).
+    pub max_requests_jitter: u64,
+    /// Retire, after the current request, when the worker's memory (PSS) exceeds this many
+    /// bytes (`max_memory`; absent = never).
+    pub max_memory: Option<u64>,
+    /// Retire after this age (`max_lifetime`; absent = never).
+    pub max_lifetime: Option<Duration>,
+}
+
+/// `[[contexts]]`: a routing rule from requests to a pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextConfig {
+    /// Only requests from this listener (`listen`; none = any).
+    pub listen: Option<ListenAddress>,
+    /// Path prefix (`prefix`, default `/`); starts with `/`.
+    pub prefix: String,
+    /// Script extension without the dot (`extension`; none = any path).
+    pub extension: Option<String>,
+    /// Host name, lowercase, exact or `*.suffix` (`host`; none = any host).
+    pub host: Option<String>,
+    /// Document root for SCRIPT_FILENAME (`root`; none = the app routes by path).
+    pub root: Option<PathBuf>,
+    /// Files tried for a directory (`index`, default `["index.php"]` when `root` is set).
+    pub index: Vec<String>,
+    /// The pool serving it.
+    pub pool: String,
+    /// Cap on this context's concurrent backend requests (`max_conns`, default the pool's).
+    pub max_conns: u32,
+    /// Serve existing non-script files under `root` directly (`static_files`, default false).
+    pub static_files: bool,
+    /// Pass `PHP_VALUE`/`PHP_ADMIN_VALUE` from the front side (`allow_php_value`, default
+    /// false).
+    pub allow_php_value: bool,
+    /// Extra CGI parameters sent with every request (`params`).
+    pub params: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests;
