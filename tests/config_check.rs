@@ -1,0 +1,222 @@
+//! `corral check -c FILE` on the real binary: every error is printed as FILE:LINE:COL with the
+//! offending line and a caret, the exit code is 64 (EX_USAGE); a valid file prints "FILE: ok".
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod support;
+
+use support::{config_file, corral, Outcome};
+
+/// A valid file the broken ones are made from.
+const VALID: &str = r#"[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+min = 2
+max = 4
+queue_timeout = "5s"
+
+[[contexts]]
+extension = "php"
+pool = "php"
+"#;
+
+/// Runs `corral check` on `text`; gives the file's path and the outcome.
+fn check(text: &str) -> (String, Outcome) {
+    let file = config_file(text);
+    let path = file.path().display().to_string();
+    let out = corral(&["check", "-c", &path]);
+    (path, out)
+}
+
+/// Asserts the check failed with EX_USAGE, printing each `LINE:COL: message` given.
+fn assert_errors(text: &str, expected: &[&str]) -> String {
+    let (path, out) = check(text);
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert_eq!(out.stdout, "", "errors go to stderr only");
+    for e in expected {
+        let line = format!("{path}:{e}");
+        assert!(
+            out.stderr.lines().any(|l| l.starts_with(&line)),
+            "missing {line:?} in:\n{}",
+            out.stderr
+        );
+    }
+    let count = format!(
+        "{path}: {} error{}",
+        expected.len(),
+        if expected.len() == 1 { "" } else { "s" }
+    );
+    assert_eq!(
+        out.stderr.lines().last(),
+        Some(count.as_str()),
+        "{}",
+        out.stderr
+    );
+    out.stderr
+}
+
+#[test]
+fn valid_file_is_ok() {
+    let (path, out) = check(VALID);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, format!("{path}: ok\n"));
+    assert_eq!(out.stderr, "");
+}
+
+#[test]
+fn annotated_example_checks_clean() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/corral.toml");
+    let out = corral(&["check", "-c", path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, format!("{path}: ok\n"));
+}
+
+#[test]
+fn unknown_key_at_root() {
+    let stderr = assert_errors(
+        &format!("workers = 4\n{VALID}"),
+        &["1:1: unknown field `workers`, expected one of `server`, `listen`"],
+    );
+    // The offending line and a caret under the key.
+    assert!(
+        stderr.contains("\n 1 | workers = 4\n   | ^^^^^^^\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_key_nested() {
+    let text = VALID.replace("max = 4", "max = 4\npm.max_children = 5");
+    assert_errors(
+        &text,
+        &["9:1: unknown field `pm`, expected one of `protocol`"],
+    );
+    let text = VALID.replace("protocol = \"http\"", "protocol = \"http\"\nbacklogg = 10");
+    assert_errors(&text, &["4:1: unknown field `backlogg`"]);
+}
+
+#[test]
+fn wrong_type_and_syntax_error() {
+    assert_errors(
+        &VALID.replace("max = 4", "max = \"4\""),
+        &["8:7: invalid type: string \"4\", expected a whole number"],
+    );
+    assert_errors(
+        &VALID.replace("[pools.php]", "[pools.php"),
+        &["5:11: unclosed table, expected `]`"],
+    );
+}
+
+#[test]
+fn bad_duration() {
+    let stderr = assert_errors(
+        &VALID.replace("\"5s\"", "\"5 fortnights\""),
+        &["9:17: duration \"5 fortnights\" is not valid: unknown time unit"],
+    );
+    assert!(
+        stderr.contains(
+            "\n 9 | queue_timeout = \"5 fortnights\"\n   |                 ^^^^^^^^^^^^^^\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn context_naming_an_unknown_pool() {
+    assert_errors(
+        &VALID.replace("pool = \"php\"", "pool = \"pph\""),
+        &[
+            "5:8: pool \"php\" is not used by any [[contexts]]",
+            "13:8: pool \"pph\" is not defined: add a [pools.pph] table",
+        ],
+    );
+}
+
+#[test]
+fn min_greater_than_max() {
+    assert_errors(
+        &VALID.replace("min = 2", "min = 6"),
+        &["7:7: pool \"php\": min 6 is greater than max 4"],
+    );
+}
+
+#[test]
+fn every_error_in_a_file_is_reported() {
+    let text = VALID
+        .replace("min = 2", "min = 6")
+        .replace("\"5s\"", "\"soon\"")
+        .replace("extension = \"php\"", "extension = \".php\"")
+        .replace(
+            "address = \"127.0.0.1:8080\"",
+            "address = \"localhost:8080\"",
+        );
+    assert_errors(
+        &text,
+        &[
+            "2:11: address \"localhost:8080\" is not an IP address and port",
+            "7:7: pool \"php\": min 6 is greater than max 4",
+            "9:17: duration \"soon\" is not valid",
+            "12:13: extension is written without the dot: \"php\", not \".php\"",
+        ],
+    );
+}
+
+#[test]
+fn errors_about_the_whole_file_have_no_position() {
+    let (path, out) = check("# nothing here\n");
+    assert_eq!(out.code, Some(64));
+    assert_eq!(
+        out.stderr,
+        format!(
+            "{path}: no front listener is configured: add a [[listen]] block\n\n\
+             {path}: no pool is configured: add a [pools.NAME] table\n\n\
+             {path}: 2 errors\n"
+        )
+    );
+}
+
+#[test]
+fn missing_file_is_an_io_error() {
+    let out = corral(&["check", "-c", "/nonexistent/corral.toml"]);
+    assert_eq!(out.code, Some(74), "{out:?}");
+    assert!(out
+        .stderr
+        .starts_with("cannot read /nonexistent/corral.toml: "));
+}
+
+#[test]
+fn run_loads_the_embedded_default_and_summarises_it() {
+    let out = corral(&["run"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("http on 127.0.0.1:8080"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn run_refuses_a_broken_file() {
+    let file = config_file("[server]\n");
+    let out = corral(&["run", "-c", &file.path().display().to_string()]);
+    assert_eq!(out.code, Some(64), "{out:?}");
+}
+
+#[test]
+fn version_and_usage() {
+    let out = corral(&["--version"]);
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout.starts_with("corral "), "{}", out.stdout);
+    let out = corral(&["check"]);
+    assert_eq!(out.code, Some(64), "{out:?}");
+}

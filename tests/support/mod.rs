@@ -1,0 +1,97 @@
+//! Shared by the integration tests: run the real `corral` binary with a deadline, and write
+//! throw-away configuration files.
+//!
+//! Every process started here is waited for, or killed when the deadline passes, so a hung
+//! binary fails its test instead of hanging the suite.
+
+// Each test file uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::Duration;
+
+/// The binary under test.
+pub const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+
+/// How long a command that should finish at once may take.
+pub const QUICK: Duration = Duration::from_secs(30);
+
+/// How a finished process ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Exit code (`None` if killed by a signal).
+    pub code: Option<i32>,
+    /// Everything written to standard output.
+    pub stdout: String,
+    /// Everything written to standard error.
+    pub stderr: String,
+}
+
+/// Runs `corral ARGS...` and waits for it (at most [`QUICK`]).
+pub fn corral(args: &[&str]) -> Outcome {
+    let mut cmd = Command::new(CORRAL);
+    cmd.args(args);
+    run(cmd, QUICK)
+}
+
+/// Runs `cmd` with no input, collecting its output; kills it and panics after `deadline`.
+pub fn run(mut cmd: Command, deadline: Duration) -> Outcome {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    // Drain both pipes while waiting, so a chatty child never blocks on a full pipe.
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let status = wait(&mut child, deadline)
+        .unwrap_or_else(|| panic!("{cmd:?} still running after {deadline:?}; killed"));
+    Outcome {
+        code: status.code(),
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+/// Waits for `child` until `deadline` has passed; on expiry kills and reaps it, giving `None`.
+fn wait(child: &mut Child, deadline: Duration) -> Option<std::process::ExitStatus> {
+    const POLL: Duration = Duration::from_millis(5);
+    let mut waited = Duration::ZERO;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if waited >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        thread::sleep(POLL);
+        waited += POLL;
+    }
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// A configuration file that is deleted when dropped.
+pub fn config_file(text: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new()
+        .prefix("corral-test-")
+        .suffix(".toml")
+        .tempfile()
+        .expect("create temp config");
+    file.write_all(text.as_bytes()).expect("write temp config");
+    file.flush().expect("flush temp config");
+    file
+}
