@@ -81,7 +81,7 @@ impl ScgiRequestDecoder {
                 Ok(Some(ScgiRequestEvent::End))
             }
             State::Done if src.is_empty() => Ok(None),
-            State::Done => Err(ScgiError::BytesAfterBody { len: src.len() }),
+            State::Done => Err(ScgiError::BytesAfterBody),
         }
     }
 }

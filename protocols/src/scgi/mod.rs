@@ -128,9 +128,6 @@ pub enum ScgiError {
         limit: usize,
     },
     /// Bytes after the request body, which SCGI does not allow.
-    #[error("SCGI client sent {len} bytes after the request body")]
-    BytesAfterBody {
-        /// How many bytes are waiting.
-        len: usize,
-    },
+    #[error("SCGI client sent bytes after the request body")]
+    BytesAfterBody,
 }
