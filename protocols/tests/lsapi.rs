@@ -1,0 +1,139 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+//! LSAPI codec tests: byte vectors written by hand from protocols/LSAPI.md (sections 1-3 and
+//! the worked example of section 7), every malformed case with its error variant, property
+//! tests (round trip in both byte orders, any chunking), and decoding of real lsphp 8.2
+//! responses captured under tests/data/lsapi/. This file holds the shared helpers; the cases
+//! are in tests/lsapi/ (request, response, response_errors, props, captures).
+
+use bytes::{Bytes, BytesMut};
+use corral_protocols::lsapi::*;
+use corral_protocols::Limits;
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------------------
+// helpers
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// Decodes everything in `input`, fed in pieces cut at `cuts` (sorted, deduplicated).
+fn response_events(
+    dec: &mut ResponseDecoder,
+    input: &[u8],
+    cuts: &[usize],
+) -> Result<Vec<ResponseEvent>, LsapiError> {
+    let mut src = BytesMut::new();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&input.len())) {
+        let cut = cut.clamp(at, input.len());
+        src.extend_from_slice(&input[at..cut]);
+        at = cut;
+        while let Some(ev) = dec.decode(&mut src)? {
+            out.push(ev);
+        }
+    }
+    assert!(src.is_empty(), "{} bytes left undecoded", src.len());
+    Ok(out)
+}
+
+fn decode_response(input: &[u8]) -> Result<Vec<ResponseEvent>, LsapiError> {
+    let mut dec = ResponseDecoder::new(&Limits::DEFAULT).with_flag_rule(FlagRule::Literal);
+    response_events(&mut dec, input, &[])
+}
+
+/// The first error `decode` gives for `input` (which must not decode cleanly).
+fn response_error(input: &[u8], limits: &Limits) -> LsapiError {
+    let mut dec = ResponseDecoder::new(limits).with_flag_rule(FlagRule::Literal);
+    let mut src = BytesMut::from(input);
+    loop {
+        let before = src.len();
+        match dec.decode(&mut src) {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("no error, {} bytes pending", src.len()),
+            Err(e) => {
+                assert_eq!(src.len(), before, "an error must not consume bytes");
+                return e;
+            }
+        }
+    }
+}
+
+/// Request-side events with consecutive Body chunks merged (chunking decides their sizes).
+fn request_events(
+    limits: &Limits,
+    input: &[u8],
+    cuts: &[usize],
+) -> Result<Vec<RequestEvent>, LsapiError> {
+    let mut dec = RequestDecoder::new(limits).with_flag_rule(FlagRule::Literal);
+    let mut src = BytesMut::new();
+    let mut out: Vec<RequestEvent> = Vec::new();
+    let mut at = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&input.len())) {
+        let cut = cut.clamp(at, input.len());
+        src.extend_from_slice(&input[at..cut]);
+        at = cut;
+        while let Some(ev) = dec.decode(&mut src)? {
+            match (out.last_mut(), ev) {
+                (Some(RequestEvent::Body(prev)), RequestEvent::Body(more)) => {
+                    *prev = Bytes::from([&prev[..], &more[..]].concat());
+                }
+                (_, ev) => out.push(ev),
+            }
+        }
+    }
+    assert!(src.is_empty(), "{} bytes left undecoded", src.len());
+    Ok(out)
+}
+
+fn request_error(input: &[u8], limits: &Limits) -> LsapiError {
+    let mut dec = RequestDecoder::new(limits).with_flag_rule(FlagRule::Literal);
+    let mut src = BytesMut::from(input);
+    loop {
+        let before = src.len();
+        match dec.decode(&mut src) {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("no error, {} bytes pending", src.len()),
+            Err(e) => {
+                assert_eq!(src.len(), before, "an error must not consume bytes");
+                return e;
+            }
+        }
+    }
+}
+
+fn begin(ev: &RequestEvent) -> &BeginRequest {
+    match ev {
+        RequestEvent::Begin(b) => b,
+        other => panic!("expected Begin, got {other:?}"),
+    }
+}
+
+fn head(ev: &ResponseEvent) -> &ResponseHead {
+    match ev {
+        ResponseEvent::Header(h) => h,
+        other => panic!("expected Header, got {other:?}"),
+    }
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+// Further cases live beside this file (the crate root looks up modules in tests/, so the
+// paths are explicit; cargo does not build tests/lsapi/ as tests of its own).
+#[path = "lsapi/props.rs"]
+mod props;
+#[path = "lsapi/request.rs"]
+mod request;
+#[path = "lsapi/response.rs"]
+mod response;
+#[path = "lsapi/response_errors.rs"]
+mod response_errors;

@@ -1,0 +1,642 @@
+//! BEGIN_REQUEST: a packet written by hand from LSAPI.md section 2 in both byte orders, the
+//! builder reproducing it byte for byte, the backend-role parser reading it, and every
+//! malformed case.
+
+use super::*;
+
+// Layout of the hand-written request (offsets from the packet start):
+//   0..44    request header           44..67   special env (1 pair)   67..71  terminator
+//   71..168  env (4 pairs)            168..172 terminator             172..176 padding
+//   176..328 known-header index       328..344 one unknown-header entry
+//   344..415 raw head (71 bytes)      then the 5-byte body "hello"
+
+/// `"\x01\x01display_errors" = "1"`: key length 16+1, value length 1+1, always big-endian.
+const SPECIAL_ENV: &[u8] = b"\x00\x11\x00\x02\x01\x01display_errors\x001\x00";
+const ENV: [&[u8]; 4] = [
+    // SCRIPT_FILENAME=/t/a.php: lengths 15+1, 8+1; value at 71+4+16 = 91
+    b"\x00\x10\x00\x09SCRIPT_FILENAME\0/t/a.php\0",
+    // SCRIPT_NAME=/a.php: lengths 12, 7; pair at 100, value at 116
+    b"\x00\x0c\x00\x07SCRIPT_NAME\0/a.php\0",
+    // QUERY_STRING=x=1: lengths 13, 4; pair at 123, value at 140
+    b"\x00\x0d\x00\x04QUERY_STRING\0x=1\0",
+    // REQUEST_METHOD=POST: lengths 15, 5; pair at 144, value at 163; ends at 168
+    b"\x00\x0f\x00\x05REQUEST_METHOD\0POST\0",
+];
+/// 71 bytes. Offsets inside: Host value 32 (len 1); X-Custom name 35 (len 8), value 45
+/// (len 3); Content-Length value 66 (len 1).
+const HEAD: &[u8] =
+    b"POST /a.php?x=1 HTTP/1.1\r\nHost: a\r\nX-Custom: yes\r\nContent-Length: 5\r\n\r\n";
+
+pub(crate) fn hand_request_le() -> Vec<u8> {
+    let mut lens = [0u8; 50];
+    lens[7 * 2] = 1; // m_headerLen[H_CONTENT_LENGTH] = 1 (LE)
+    lens[10 * 2] = 1; // m_headerLen[H_HOST] = 1 (LE)
+    let mut offs = [0u8; 100];
+    offs[7 * 4] = 66; // m_headerOff[H_CONTENT_LENGTH] = 66 (LE)
+    offs[10 * 4] = 32; // m_headerOff[H_HOST] = 32 (LE)
+    cat(&[
+        // 'L' 'S', BEGIN_REQUEST, flag 0, m_packetLen 415 = 0x19f
+        &[0x4c, 0x53, 0x01, 0x00, 0x9f, 0x01, 0x00, 0x00],
+        &[71, 0, 0, 0],  // m_httpHeaderLen
+        &[5, 0, 0, 0],   // m_reqBodyLen
+        &[91, 0, 0, 0],  // m_scriptFileOff
+        &[116, 0, 0, 0], // m_scriptNameOff
+        &[140, 0, 0, 0], // m_queryStringOff
+        &[163, 0, 0, 0], // m_requestMethodOff
+        &[1, 0, 0, 0],   // m_cntUnknownHeaders
+        &[4, 0, 0, 0],   // m_cntEnv
+        &[1, 0, 0, 0],   // m_cntSpecialEnv
+        SPECIAL_ENV,
+        &[0, 0, 0, 0],
+        ENV[0],
+        ENV[1],
+        ENV[2],
+        ENV[3],
+        &[0, 0, 0, 0], // env terminator (ends at 172)
+        &[0, 0, 0, 0], // padding to 176
+        &lens,
+        &[0, 0], // alignment pad inside the index
+        &offs,
+        // unknown header: nameOff 35, nameLen 8, valueOff 45, valueLen 3
+        &[35, 0, 0, 0, 8, 0, 0, 0, 45, 0, 0, 0, 3, 0, 0, 0],
+        HEAD,
+    ])
+}
+
+fn hand_request_be() -> Vec<u8> {
+    let mut lens = [0u8; 50];
+    lens[7 * 2 + 1] = 1;
+    lens[10 * 2 + 1] = 1;
+    let mut offs = [0u8; 100];
+    offs[7 * 4 + 3] = 66;
+    offs[10 * 4 + 3] = 32;
+    cat(&[
+        // flag 1: big-endian; m_packetLen 415
+        &[0x4c, 0x53, 0x01, 0x01, 0x00, 0x00, 0x01, 0x9f],
+        &[0, 0, 0, 71],
+        &[0, 0, 0, 5],
+        &[0, 0, 0, 91],
+        &[0, 0, 0, 116],
+        &[0, 0, 0, 140],
+        &[0, 0, 0, 163],
+        &[0, 0, 0, 1],
+        &[0, 0, 0, 4],
+        &[0, 0, 0, 1],
+        SPECIAL_ENV,
+        &[0, 0, 0, 0],
+        ENV[0],
+        ENV[1],
+        ENV[2],
+        ENV[3],
+        &[0, 0, 0, 0],
+        &[0, 0, 0, 0],
+        &lens,
+        &[0, 0],
+        &offs,
+        &[0, 0, 0, 35, 0, 0, 0, 8, 0, 0, 0, 45, 0, 0, 0, 3],
+        HEAD,
+    ])
+}
+
+fn build_hand_request(order: ByteOrder) -> Result<BytesMut, LsapiError> {
+    let mut rb = RequestBuilder::new(&Limits::DEFAULT, b"POST /a.php?x=1 HTTP/1.1")?
+        .with_byte_order(order, FlagRule::Literal);
+    // Env first, special env after: the builder still puts the special list first.
+    rb.env(b"SCRIPT_FILENAME", b"/t/a.php")?;
+    rb.env(b"SCRIPT_NAME", b"/a.php")?;
+    rb.header(b"Host", b"a")?;
+    rb.env(b"QUERY_STRING", b"x=1")?;
+    rb.env(b"REQUEST_METHOD", b"POST")?;
+    rb.header(b"X-Custom", b"yes")?;
+    rb.header(b"Content-Length", b"5")?;
+    rb.special_env(b"\x01\x01display_errors", b"1")?;
+    rb.body_len(5);
+    let mut out = BytesMut::new();
+    rb.encode(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn builder_reproduces_hand_written_request_in_both_orders() {
+    let le = hand_request_le();
+    assert_eq!(le.len(), 415);
+    assert_eq!(&build_hand_request(ByteOrder::Little).unwrap()[..], &le[..]);
+    assert_eq!(
+        &build_hand_request(ByteOrder::Big).unwrap()[..],
+        &hand_request_be()[..]
+    );
+}
+
+fn expected_hand_request(order: ByteOrder) -> BeginRequest {
+    BeginRequest {
+        order,
+        special_env: vec![(b("\x01\x01display_errors"), b("1"))],
+        env: vec![
+            (b("SCRIPT_FILENAME"), b("/t/a.php")),
+            (b("SCRIPT_NAME"), b("/a.php")),
+            (b("QUERY_STRING"), b("x=1")),
+            (b("REQUEST_METHOD"), b("POST")),
+        ],
+        script_filename: Some(b("/t/a.php")),
+        script_name: Some(b("/a.php")),
+        query_string: Some(b("x=1")),
+        request_method: Some(b("POST")),
+        head: Bytes::from_static(HEAD),
+        headers: vec![
+            (b("Host"), b("a")),
+            (b("X-Custom"), b("yes")),
+            (b("Content-Length"), b("5")),
+        ],
+        body_len: 5,
+    }
+}
+
+#[test]
+fn parser_reads_hand_written_request_body_and_abort() {
+    for (bytes, order) in [
+        (hand_request_le(), ByteOrder::Little),
+        (hand_request_be(), ByteOrder::Big),
+    ] {
+        // The body follows raw; ABORT_REQUEST (8 bytes) after it.
+        let input = cat(&[&bytes, b"hello", &[0x4c, 0x53, 0x02, 0x00, 8, 0, 0, 0]]);
+        let whole = request_events(&Limits::DEFAULT, &input, &[]).unwrap();
+        assert_eq!(
+            whole,
+            vec![
+                RequestEvent::Begin(Box::new(expected_hand_request(order))),
+                RequestEvent::Body(b("hello")),
+                RequestEvent::Abort,
+            ]
+        );
+        for cut in 0..=input.len() {
+            assert_eq!(
+                request_events(&Limits::DEFAULT, &input, &[cut, cut + 3]).unwrap(),
+                whole
+            );
+        }
+    }
+}
+
+#[test]
+fn body_chunks_never_exceed_the_declared_length() {
+    // Body bytes and the next packet arrive in one read: only 5 bytes are body.
+    let input = cat(&[&hand_request_le(), b"helloLS"]);
+    let mut dec = RequestDecoder::new(&Limits::DEFAULT).with_flag_rule(FlagRule::Literal);
+    let mut src = BytesMut::from(&input[..]);
+    assert!(matches!(
+        dec.decode(&mut src),
+        Ok(Some(RequestEvent::Begin(_)))
+    ));
+    assert_eq!(dec.body_remaining(), 5);
+    assert_eq!(
+        dec.decode(&mut src).unwrap(),
+        Some(RequestEvent::Body(b("hello")))
+    );
+    assert_eq!(dec.body_remaining(), 0);
+    assert_eq!(dec.decode(&mut src).unwrap(), None);
+    assert_eq!(&src[..], b"LS");
+}
+
+/// The LE hand request with the int32 at `at` replaced.
+fn with_i32(at: usize, v: i32) -> Vec<u8> {
+    let mut r = hand_request_le();
+    r[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    r
+}
+
+fn with_byte(at: usize, v: u8) -> Vec<u8> {
+    let mut r = hand_request_le();
+    r[at] = v;
+    r
+}
+
+#[test]
+fn malformed_begin_request_sizes_and_fields() {
+    let d = Limits::DEFAULT;
+    assert_eq!(
+        request_error(&with_i32(4, 43), &d),
+        LsapiError::BeginRequestTooShort(43)
+    );
+    assert_eq!(
+        request_error(&with_i32(4, 65536), &d),
+        LsapiError::PacketTooLarge {
+            kind: PacketType::BeginRequest,
+            len: 65536,
+            max: 65535
+        }
+    );
+    let small = Limits {
+        max_params_bytes: 400,
+        ..Limits::DEFAULT
+    };
+    assert_eq!(
+        request_error(&hand_request_le(), &small),
+        LsapiError::PacketTooLarge {
+            kind: PacketType::BeginRequest,
+            len: 415,
+            max: 400
+        }
+    );
+    assert_eq!(
+        request_error(&with_i32(8, -1), &d),
+        LsapiError::NegativeField {
+            field: "m_httpHeaderLen",
+            value: -1
+        }
+    );
+    assert_eq!(
+        request_error(&with_i32(36, -1), &d),
+        LsapiError::NegativeField {
+            field: "m_cntEnv",
+            value: -1
+        }
+    );
+    assert_eq!(
+        request_error(&with_i32(36, 8193), &d),
+        LsapiError::TooManyPairs {
+            what: "env pairs",
+            count: 8194,
+            max: 1000
+        }
+    );
+    let four = Limits {
+        max_params_count: 4,
+        ..Limits::DEFAULT
+    };
+    assert_eq!(
+        request_error(&hand_request_le(), &four),
+        LsapiError::TooManyPairs {
+            what: "env pairs",
+            count: 5,
+            max: 4
+        }
+    );
+    assert_eq!(
+        request_error(&with_i32(32, 1001), &d),
+        LsapiError::TooManyPairs {
+            what: "unknown headers",
+            count: 1001,
+            max: 1000
+        }
+    );
+    // m_httpHeaderLen one too many: the blocks end one byte after the packet.
+    assert_eq!(
+        request_error(&with_i32(8, 72), &d),
+        LsapiError::RequestSizeMismatch {
+            declared: 415,
+            actual: 416
+        }
+    );
+    assert_eq!(
+        request_error(&with_byte(172, 1), &d),
+        LsapiError::NonZeroPadding
+    );
+}
+
+#[test]
+fn malformed_env_lists() {
+    let d = Limits::DEFAULT;
+    // Special env key length 0.
+    let mut r = hand_request_le();
+    r[44..46].copy_from_slice(&[0, 0]);
+    assert_eq!(
+        request_error(&r, &d),
+        LsapiError::EnvLengthZero {
+            list: "special env"
+        }
+    );
+    // The NUL after the special env key (offset 44 + 4 + 16) replaced.
+    assert_eq!(
+        request_error(&with_byte(64, b'x'), &d),
+        LsapiError::EnvNotNulTerminated {
+            list: "special env"
+        }
+    );
+    // First env key length 0xffff runs past the packet.
+    let mut r = hand_request_le();
+    r[71..73].copy_from_slice(&[0xff, 0xff]);
+    assert_eq!(
+        request_error(&r, &d),
+        LsapiError::EnvListTruncated { list: "env" }
+    );
+    // Env terminator not zero.
+    assert_eq!(
+        request_error(&with_byte(168, 1), &d),
+        LsapiError::EnvListNotTerminated { list: "env" }
+    );
+    let short = Limits {
+        max_name_len: 15,
+        ..Limits::DEFAULT
+    };
+    assert_eq!(
+        request_error(&hand_request_le(), &short),
+        LsapiError::NameTooLong {
+            what: "special env",
+            len: 16,
+            max: 15
+        }
+    );
+    let short = Limits {
+        max_value_len: 7,
+        ..Limits::DEFAULT
+    };
+    assert_eq!(
+        request_error(&hand_request_le(), &short),
+        LsapiError::ValueTooLong {
+            what: "env",
+            len: 8,
+            max: 7
+        }
+    );
+}
+
+#[test]
+fn malformed_offsets_and_header_tables() {
+    let d = Limits::DEFAULT;
+    for (at, field) in [(16, "m_scriptFileOff"), (28, "m_requestMethodOff")] {
+        for bad in [415, -4] {
+            assert_eq!(
+                request_error(&with_i32(at, bad), &d),
+                LsapiError::BadStringOffset {
+                    field,
+                    offset: bad,
+                    len: 415
+                }
+            );
+        }
+    }
+    // Offset of the last head byte: no NUL after it inside the packet.
+    assert_eq!(
+        request_error(&with_i32(24, 414), &d),
+        LsapiError::BadStringOffset {
+            field: "m_queryStringOff",
+            offset: 414,
+            len: 415
+        }
+    );
+    // m_headerOff[H_HOST] (at 176 + 52 + 40) = 71: 71 + 1 > 71.
+    for bad in [71, -1] {
+        assert_eq!(
+            request_error(&with_i32(268, bad), &d),
+            LsapiError::KnownHeaderOutOfRange {
+                index: 10,
+                offset: bad,
+                len: 1,
+                block: 71
+            }
+        );
+    }
+    // Unknown header valueLen (at 328 + 12) = 30: 45 + 30 > 71; nameOff -1.
+    for (at, v) in [(340, 30), (328, -1)] {
+        assert_eq!(
+            request_error(&with_i32(at, v), &d),
+            LsapiError::UnknownHeaderOutOfRange {
+                index: 0,
+                block: 71
+            }
+        );
+    }
+    // m_headerLen[H_HOST] (at 176 + 20) = 9 ("a\r\nX-Cust", still inside the block) is
+    // longer than max_value_len, which every env value passes.
+    let mut r = hand_request_le();
+    r[196..198].copy_from_slice(&9u16.to_le_bytes());
+    let limits = Limits {
+        max_value_len: 8,
+        ..Limits::DEFAULT
+    };
+    assert_eq!(
+        request_error(&r, &limits),
+        LsapiError::ValueTooLong {
+            what: "request header",
+            len: 9,
+            max: 8
+        }
+    );
+}
+
+#[test]
+fn body_length_rules() {
+    let d = Limits::DEFAULT;
+    // -2: "2 GiB or more", resolved through Content-Length (here "5").
+    let events = request_events(&d, &cat(&[&with_i32(12, -2), b"hello"]), &[]).unwrap();
+    assert_eq!(begin(&events[0]).body_len, 5);
+    // -2 without an indexed Content-Length (m_headerOff[7] at 176 + 52 + 28 cleared).
+    let mut r = with_i32(12, -2);
+    r[256..260].copy_from_slice(&[0, 0, 0, 0]);
+    assert_eq!(request_error(&r, &d), LsapiError::MissingContentLength);
+    // Any other negative length means no body, as in lsphp.
+    let events = request_events(&d, &with_i32(12, -1), &[]).unwrap();
+    assert_eq!(begin(&events[0]).body_len, 0);
+    assert_eq!(events.len(), 1);
+}
+
+#[test]
+fn offset_zero_means_absent_string() {
+    let events =
+        request_events(&Limits::DEFAULT, &cat(&[&with_i32(16, 0), b"hello"]), &[]).unwrap();
+    assert_eq!(begin(&events[0]).script_filename, None);
+}
+
+#[test]
+fn malformed_server_packets() {
+    let d = Limits::DEFAULT;
+    assert_eq!(
+        request_error(&[0x4c, 0x53, 0x02, 0x00, 9, 0, 0, 0, 0], &d),
+        LsapiError::PayloadNotEmpty {
+            kind: PacketType::AbortRequest,
+            len: 9
+        }
+    );
+    assert_eq!(
+        request_error(&[0x4c, 0x53, 0x05, 0x00, 8, 0, 0, 0], &d),
+        LsapiError::UnexpectedPacket {
+            kind: PacketType::RespEnd,
+            direction: "server to backend"
+        }
+    );
+    assert_eq!(
+        request_error(&[b'G', b'E', b'T', b' ', b'/', 0, 0, 0], &d),
+        LsapiError::BadMagic(b'G', b'E')
+    );
+}
+
+#[test]
+fn abort_encoding() {
+    let mut out = BytesMut::new();
+    encode_abort(ByteOrder::Little, FlagRule::Literal, &mut out);
+    encode_abort(ByteOrder::Big, FlagRule::Literal, &mut out);
+    assert_eq!(
+        &out[..],
+        &[
+            0x4c, 0x53, 0x02, 0x00, 8, 0, 0, 0, //
+            0x4c, 0x53, 0x02, 0x01, 0, 0, 0, 8
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// builder errors
+
+fn builder() -> RequestBuilder {
+    RequestBuilder::new(&Limits::DEFAULT, b"GET / HTTP/1.1")
+        .unwrap()
+        .with_byte_order(ByteOrder::Little, FlagRule::Literal)
+}
+
+fn with_pointed(mut rb: RequestBuilder) -> RequestBuilder {
+    for name in POINTED_ENV {
+        rb.env(name.as_bytes(), b"v").unwrap();
+    }
+    rb
+}
+
+#[test]
+fn builder_refuses_what_lsapi_cannot_carry() {
+    let mut rb = builder();
+    rb.header(b"Cookie", b"a=1").unwrap();
+    assert_eq!(
+        rb.header(b"cookie", b"b=2"),
+        Err(LsapiError::RepeatedKnownHeader("Cookie"))
+    );
+    assert_eq!(
+        rb.header(b"Transfer-Encoding", b"chunked"),
+        Err(LsapiError::TransferEncodingHeader)
+    );
+    for (name, value, what) in [
+        (&b"A:B"[..], &b"v"[..], "header name"),
+        (b"", b"v", "header name"),
+        (b"A B\r", b"v", "header name"),
+        (b"A", b"x\r\ny", "header value"),
+        (b"A", b"nul\0", "header value"),
+    ] {
+        assert_eq!(
+            rb.header(name, value),
+            Err(LsapiError::InvalidHeaderBytes { what })
+        );
+    }
+    assert_eq!(
+        RequestBuilder::new(&Limits::DEFAULT, b"GET /\r\n").err(),
+        Some(LsapiError::InvalidHeaderBytes {
+            what: "request line"
+        })
+    );
+    assert_eq!(
+        rb.encode(&mut BytesMut::new()),
+        Err(LsapiError::MissingEnv("SCRIPT_FILENAME"))
+    );
+    let mut rb = builder();
+    rb.env(b"SCRIPT_FILENAME", b"/x").unwrap();
+    assert_eq!(
+        rb.encode(&mut BytesMut::new()),
+        Err(LsapiError::MissingEnv("SCRIPT_NAME"))
+    );
+}
+
+#[test]
+fn builder_enforces_limits() {
+    let mut rb = builder();
+    let long_name = vec![b'N'; 1025];
+    assert_eq!(
+        rb.env(&long_name, b"v"),
+        Err(LsapiError::NameTooLong {
+            what: "env",
+            len: 1025,
+            max: 1024
+        })
+    );
+    let long_value = vec![b'v'; 16 * 1024 + 1];
+    assert_eq!(
+        rb.special_env(b"k", &long_value),
+        Err(LsapiError::ValueTooLong {
+            what: "special env",
+            len: 16385,
+            max: 16384
+        })
+    );
+    // Four 16 KiB header values do not fit in 65535 bytes.
+    let value = vec![b'v'; 16 * 1024];
+    for i in 0..3 {
+        rb.header(format!("X-H{i}").as_bytes(), &value).unwrap();
+    }
+    let before = rb.packet_len();
+    assert!(matches!(
+        rb.header(b"X-H3", &value),
+        Err(LsapiError::RequestTooLarge { max: 65535, .. })
+    ));
+    assert_eq!(rb.packet_len(), before, "a refused push changes nothing");
+    let two = Limits {
+        max_params_count: 2,
+        ..Limits::DEFAULT
+    };
+    let mut rb = RequestBuilder::new(&two, b"GET / HTTP/1.1").unwrap();
+    rb.env(b"A", b"1").unwrap();
+    rb.special_env(b"B", b"1").unwrap();
+    assert_eq!(
+        rb.env(b"C", b"1"),
+        Err(LsapiError::TooManyPairs {
+            what: "env pairs",
+            count: 3,
+            max: 2
+        })
+    );
+    rb.header(b"Host", b"h").unwrap();
+    rb.header(b"X-A", b"1").unwrap();
+    assert_eq!(
+        rb.header(b"X-B", b"1"),
+        Err(LsapiError::TooManyPairs {
+            what: "headers",
+            count: 3,
+            max: 2
+        })
+    );
+    let tiny = Limits {
+        max_params_bytes: 200,
+        ..Limits::DEFAULT
+    };
+    assert_eq!(
+        RequestBuilder::new(&tiny, &[b'G'; 10]).err(),
+        Some(LsapiError::RequestTooLarge { len: 222, max: 200 })
+    );
+}
+
+#[test]
+fn large_bodies_travel_as_minus_two_with_content_length() {
+    let three_gib = 3u64 << 30;
+    let mut rb = with_pointed(builder());
+    rb.body_len(three_gib);
+    assert_eq!(
+        rb.encode(&mut BytesMut::new()),
+        Err(LsapiError::LargeBodyWithoutContentLength(three_gib))
+    );
+    rb.header(b"Content-Length", three_gib.to_string().as_bytes())
+        .unwrap();
+    let mut out = BytesMut::new();
+    rb.encode(&mut out).unwrap();
+    assert_eq!(&out[12..16], &(-2i32).to_le_bytes());
+    let mut dec = RequestDecoder::new(&Limits::DEFAULT).with_flag_rule(FlagRule::Literal);
+    let ev = dec.decode(&mut out).unwrap().unwrap();
+    assert_eq!(begin(&ev).body_len, three_gib);
+    assert_eq!(dec.body_remaining(), three_gib);
+    // A body just under 2 GiB is sent as is.
+    let mut rb = with_pointed(builder());
+    rb.body_len(i32::MAX as u64);
+    let mut out = BytesMut::new();
+    rb.encode(&mut out).unwrap();
+    assert_eq!(&out[12..16], &i32::MAX.to_le_bytes());
+}
+
+#[test]
+fn known_header_table() {
+    assert_eq!(KNOWN_HEADERS.len(), 25);
+    assert_eq!(known_header_index(b"user-agent"), Some(13));
+    assert_eq!(known_header_index(b"X-FORWARDED-FOR"), Some(22));
+    assert_eq!(
+        known_header_index(b"Content-Length"),
+        Some(H_CONTENT_LENGTH)
+    );
+    assert_eq!(
+        known_header_index(b"Transfer-Encoding"),
+        Some(H_TRANSFER_ENCODING)
+    );
+    assert_eq!(known_header_index(b"X-Custom"), None);
+}
