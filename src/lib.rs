@@ -8,3 +8,6 @@ pub use corral_protocols as protocols;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod front;
+pub mod net;
+pub mod pool;

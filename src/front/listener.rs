@@ -1,0 +1,201 @@
+//! Front listeners: binding TCP and Unix sockets, applying a Unix socket's mode and owner, and
+//! refusing TCP clients outside the allow-list.
+//!
+//! Binding is done by the caller of `app::run` (tests bind port 0), so this module offers
+//! `bind` for the command line and `accept` for the serving loop. A Unix socket path left over
+//! from an earlier run is removed only if nothing answers on it; a live socket is an error, so
+//! two corral instances never steal each other's listener.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
+
+use crate::config::{Bind, Cidr, ListenAddress, UnixPermissions};
+use crate::net::Stream;
+
+/// A bound front listener.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP, with the client networks it accepts (empty = all).
+    Tcp {
+        /// The socket.
+        listener: TcpListener,
+        /// Allowed client networks; empty allows every client.
+        allow: Vec<Cidr>,
+    },
+    /// Unix; the path is removed when the listener is dropped.
+    Unix {
+        /// The socket.
+        listener: UnixListener,
+        /// Its path, removed on drop.
+        path: PathBuf,
+    },
+}
+
+/// The client's address as a front listener sees it, for REMOTE_ADDR and REMOTE_PORT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// A TCP client.
+    Tcp(SocketAddr),
+    /// A Unix client (a front server on this host).
+    Unix,
+}
+
+impl Listener {
+    /// Binds a configured listener with its backlog. Unix sockets get their mode and
+    /// owner; TCP sockets keep their allow-list.
+    pub fn bind(bind: &Bind, backlog: u32) -> io::Result<Listener> {
+        match bind {
+            Bind::Tcp { addr: a, allow } => {
+                let socket = match a {
+                    SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                    SocketAddr::V6(_) => TcpSocket::new_v6()?,
+                };
+                socket.set_reuseaddr(true)?;
+                socket.bind(*a)?;
+                Ok(Listener::Tcp {
+                    listener: socket.listen(backlog)?,
+                    allow: allow.clone(),
+                })
+            }
+            Bind::Unix { path, perms } => {
+                remove_stale_socket(path)?;
+                let listener = UnixListener::bind(path)?;
+                apply_permissions(path, perms)?;
+                Ok(Listener::Unix {
+                    listener,
+                    path: path.clone(),
+                })
+            }
+        }
+    }
+
+    /// The address actually bound (with the real port when port 0 was asked for).
+    pub fn local_address(&self) -> io::Result<ListenAddress> {
+        match self {
+            Listener::Tcp { listener, .. } => Ok(ListenAddress::Tcp(listener.local_addr()?)),
+            Listener::Unix { path, .. } => Ok(ListenAddress::Unix(path.clone())),
+        }
+    }
+
+    /// Accepts the next client. A TCP client outside the allow-list is closed at once and
+    /// reported as `Ok(None)` so the caller can log it and go on accepting.
+    pub async fn accept(&self) -> io::Result<Option<(Stream, Peer)>> {
+        match self {
+            Listener::Tcp { listener, allow } => {
+                let (stream, peer) = listener.accept().await?;
+                if !allow.is_empty() && !allow.iter().any(|c| c.contains(peer.ip())) {
+                    tracing::warn!(client = %peer, "refused a client outside the listener's allow list");
+                    return Ok(None);
+                }
+                stream.set_nodelay(true)?;
+                Ok(Some((Stream::Tcp(stream), Peer::Tcp(peer))))
+            }
+            Listener::Unix { listener, .. } => {
+                let (stream, _) = listener.accept().await?;
+                Ok(Some((Stream::Unix(stream), Peer::Unix)))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix { path, .. } = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Gives a Unix socket file its configured mode, owner and group (names are looked up in the
+/// system's user and group databases).
+fn apply_permissions(path: &Path, perms: &UnixPermissions) -> io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(perms.mode))?;
+    let lookup_err = |what: &str, name: &str| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{what} `{name}` for {} does not exist", path.display()),
+        )
+    };
+    let uid = match &perms.owner {
+        Some(name) => Some(
+            nix::unistd::User::from_name(name)
+                .map_err(io::Error::from)?
+                .ok_or_else(|| lookup_err("user", name))?
+                .uid
+                .as_raw(),
+        ),
+        None => None,
+    };
+    let gid = match &perms.group {
+        Some(name) => Some(
+            nix::unistd::Group::from_name(name)
+                .map_err(io::Error::from)?
+                .ok_or_else(|| lookup_err("group", name))?
+                .gid
+                .as_raw(),
+        ),
+        None => None,
+    };
+    if uid.is_some() || gid.is_some() {
+        std::os::unix::fs::chown(path, uid, gid)?;
+    }
+    Ok(())
+}
+
+/// Removes a socket file left by a process that is gone. A path that is not a socket, or a
+/// socket something still answers on, is left alone and reported.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        ));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("another process is listening on {}", path.display()),
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unix_listener_gets_its_mode_and_clears_a_stale_socket() {
+        let dir = std::env::temp_dir().join(format!("corral-listener-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("front.sock");
+        // A stale socket file from a process that is gone.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let bind = Bind::Unix {
+            path: path.clone(),
+            perms: UnixPermissions {
+                mode: 0o660,
+                owner: None,
+                group: None,
+            },
+        };
+        let l = Listener::bind(&bind, 16).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        // A live socket is not taken over.
+        assert!(Listener::bind(&bind, 16).is_err());
+        drop(l);
+        assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

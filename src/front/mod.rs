@@ -1,0 +1,3 @@
+//! Front listeners: the sockets corral accepts front servers and clients on.
+
+pub mod listener;

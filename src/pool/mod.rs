@@ -1,0 +1,3 @@
+//! Pools: workers, the slots that bound the requests sent to them, and the queue.
+
+pub mod slots;

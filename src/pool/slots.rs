@@ -1,0 +1,565 @@
+//! Slots: the right to send one request to one worker, bounded per pool, per context and per
+//! worker, with a bounded FIFO queue for the requests that find no free slot.
+//!
+//! Each pool has its own small mutex (never a global one) held only for a few comparisons: the
+//! request path takes it once to check a slot out and once to give it back. A returned slot is
+//! handed straight to the oldest waiter that may use it, so a queued request never races a new
+//! arrival for a slot it has waited for. Waiting is bounded in length (`queue_size`) and time
+//! (`queue_timeout`); a request that finds the queue full is refused at once, which the front
+//! listener answers with 503 and Retry-After.
+//!
+//! Workers are chosen by least outstanding requests (ties go to the lowest index, so a lightly
+//! loaded pool keeps its hot workers hot). A worker that is retiring or not yet ready takes no
+//! new slot.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+/// Why a slot could not be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    /// Every slot was busy and the queue already held `queue_size` requests.
+    #[error("the queue is full ({queue_size} requests already wait)")]
+    QueueFull {
+        /// The configured bound that was reached.
+        queue_size: usize,
+    },
+    /// The request waited `queue_timeout` without a slot coming free.
+    #[error("no slot came free within the queue timeout of {0:?}")]
+    QueueTimeout(Duration),
+    /// The pool is stopping and takes no new requests.
+    #[error("the pool is stopping and takes no new requests")]
+    Closed,
+}
+
+/// Limits of one pool's slot table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotLimits {
+    /// Concurrent backend requests for the whole pool.
+    pub max_conns: usize,
+    /// Requests that may wait for a slot.
+    pub queue_size: usize,
+    /// How long one request may wait.
+    pub queue_timeout: Duration,
+}
+
+/// Names one worker entry; the generation tells a replaced worker from its successor in the
+/// same entry, so a late release can never be counted against the wrong process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WorkerId {
+    /// Index in the table.
+    pub index: usize,
+    /// Bumped each time the entry is reused.
+    pub generation: u64,
+}
+
+/// A checked-out slot. Dropping it gives the slot back (and may hand it to a waiter).
+#[derive(Debug)]
+pub struct Slot {
+    table: Arc<SlotTable>,
+    worker: WorkerId,
+    context: usize,
+}
+
+impl Slot {
+    /// The worker this slot belongs to.
+    pub fn worker(&self) -> WorkerId {
+        self.worker
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.table.release(self.worker, self.context);
+    }
+}
+
+#[derive(Debug)]
+struct WorkerEntry {
+    generation: u64,
+    /// Requests the worker can serve at once (1 for php-cgi and lsphp).
+    concurrency: usize,
+    in_flight: usize,
+    /// False while the worker starts, after it was told to retire, or once it is gone.
+    accepting: bool,
+    /// The entry no longer names a live worker; reused once `in_flight` is 0.
+    removed: bool,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    context: usize,
+    tx: oneshot::Sender<WorkerId>,
+}
+
+#[derive(Debug)]
+struct State {
+    limits: SlotLimits,
+    /// Per-context caps (`usize::MAX` where the context sets none) and counts.
+    context_caps: Vec<usize>,
+    context_in_flight: Vec<usize>,
+    workers: Vec<WorkerEntry>,
+    in_flight: usize,
+    waiters: VecDeque<Waiter>,
+    closed: bool,
+}
+
+/// Live numbers for status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    /// Requests holding a slot now.
+    pub in_flight: usize,
+    /// Requests waiting for a slot now.
+    pub queued: usize,
+    /// Workers that accept requests now.
+    pub accepting_workers: usize,
+}
+
+/// One pool's slot table.
+#[derive(Debug)]
+pub struct SlotTable {
+    state: Mutex<State>,
+}
+
+impl SlotTable {
+    /// A table with one entry per context in `context_caps` (`None` = only the pool's cap
+    /// applies to that context) and no workers yet.
+    pub fn new(limits: SlotLimits, context_caps: &[Option<usize>]) -> Arc<SlotTable> {
+        Arc::new(SlotTable {
+            state: Mutex::new(State {
+                limits,
+                context_caps: context_caps
+                    .iter()
+                    .map(|c| c.unwrap_or(usize::MAX))
+                    .collect(),
+                context_in_flight: vec![0; context_caps.len()],
+                workers: Vec::new(),
+                in_flight: 0,
+                waiters: VecDeque::new(),
+                closed: false,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is plain counters changed in a few non-panicking lines; should a panic
+        // ever poison the lock, carrying on beats failing every later request.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a worker, not yet accepting, reusing the entry of a removed worker whose last
+    /// request has finished.
+    pub fn add_worker(&self, concurrency: usize) -> WorkerId {
+        let mut st = self.lock();
+        let fresh = WorkerEntry {
+            generation: 0,
+            concurrency: concurrency.max(1),
+            in_flight: 0,
+            accepting: false,
+            removed: false,
+        };
+        let free = st
+            .workers
+            .iter()
+            .position(|w| w.removed && w.in_flight == 0);
+        match free.and_then(|i| st.workers.get_mut(i).map(|w| (i, w))) {
+            Some((index, w)) => {
+                let generation = w.generation + 1;
+                *w = WorkerEntry {
+                    generation,
+                    ..fresh
+                };
+                WorkerId { index, generation }
+            }
+            None => {
+                st.workers.push(fresh);
+                WorkerId {
+                    index: st.workers.len() - 1,
+                    generation: 0,
+                }
+            }
+        }
+    }
+
+    fn entry(st: &mut State, id: WorkerId) -> Option<&mut WorkerEntry> {
+        st.workers
+            .get_mut(id.index)
+            .filter(|w| w.generation == id.generation)
+    }
+
+    /// Lets a worker take requests (it is ready) or stops it taking new ones (it retires).
+    /// Turning a worker on hands its free capacity to waiters at once.
+    pub fn set_accepting(&self, id: WorkerId, accepting: bool) {
+        let mut st = self.lock();
+        if let Some(w) = Self::entry(&mut st, id) {
+            w.accepting = accepting && !w.removed;
+        }
+        if accepting {
+            Self::grant_waiters(&mut st);
+        }
+    }
+
+    /// Forgets a worker that has gone; its entry is reused once its slots are all back.
+    pub fn remove_worker(&self, id: WorkerId) {
+        let mut st = self.lock();
+        if let Some(w) = Self::entry(&mut st, id) {
+            w.accepting = false;
+            w.removed = true;
+        }
+    }
+
+    /// Requests in flight on one worker (a retiring worker is stopped when this reaches 0).
+    pub fn worker_in_flight(&self, id: WorkerId) -> usize {
+        let mut st = self.lock();
+        Self::entry(&mut st, id).map_or(0, |w| w.in_flight)
+    }
+
+    /// Refuses every waiter and every later request with [`SlotError::Closed`].
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        // Dropping the senders wakes the waiters with an error.
+        st.waiters.clear();
+    }
+
+    /// Live numbers for status.
+    pub fn stats(&self) -> SlotStats {
+        let st = self.lock();
+        SlotStats {
+            in_flight: st.in_flight,
+            queued: st.waiters.len(),
+            accepting_workers: st.workers.iter().filter(|w| w.accepting).count(),
+        }
+    }
+
+    /// Checks a slot out for a request of `context`, waiting in the queue if none is free.
+    pub async fn acquire(self: &Arc<Self>, context: usize) -> Result<Slot, SlotError> {
+        let (rx, timeout) = {
+            let mut st = self.lock();
+            if st.closed {
+                return Err(SlotError::Closed);
+            }
+            // Every change that frees capacity grants it to waiters at once, so the waiters
+            // left are ones the current state cannot serve; a newcomer that can be served
+            // therefore jumps nobody who could have used its slot, and the queue stays FIFO.
+            if let Some(worker) = Self::try_take(&mut st, context) {
+                return Ok(self.slot(worker, context));
+            }
+            if st.waiters.len() >= st.limits.queue_size {
+                return Err(SlotError::QueueFull {
+                    queue_size: st.limits.queue_size,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            st.waiters.push_back(Waiter { context, tx });
+            (rx, st.limits.queue_timeout)
+        };
+        let mut wait = Wait {
+            table: self,
+            context,
+            rx,
+        };
+        match tokio::time::timeout(timeout, &mut wait.rx).await {
+            Ok(Ok(worker)) => Ok(self.slot(worker, context)),
+            Ok(Err(_)) => Err(SlotError::Closed),
+            // Dropping `wait` gives back a grant that raced the timer.
+            Err(_) => Err(SlotError::QueueTimeout(timeout)),
+        }
+    }
+
+    fn slot(self: &Arc<Self>, worker: WorkerId, context: usize) -> Slot {
+        Slot {
+            table: Arc::clone(self),
+            worker,
+            context,
+        }
+    }
+
+    /// Takes a slot for `context` if the pool, the context and some worker have room; the
+    /// least loaded accepting worker wins, the lowest index on a tie.
+    fn try_take(st: &mut State, context: usize) -> Option<WorkerId> {
+        if st.in_flight >= st.limits.max_conns {
+            return None;
+        }
+        let cap = st.context_caps.get(context).copied().unwrap_or(usize::MAX);
+        if st.context_in_flight.get(context).copied().unwrap_or(0) >= cap {
+            return None;
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for (i, w) in st.workers.iter().enumerate() {
+            if w.accepting && w.in_flight < w.concurrency {
+                if w.in_flight == 0 {
+                    best = Some((i, 0));
+                    break;
+                }
+                if best.is_none_or(|(_, load)| w.in_flight < load) {
+                    best = Some((i, w.in_flight));
+                }
+            }
+        }
+        let (index, _) = best?;
+        let w = st.workers.get_mut(index)?;
+        w.in_flight += 1;
+        let id = WorkerId {
+            index,
+            generation: w.generation,
+        };
+        if let Some(c) = st.context_in_flight.get_mut(context) {
+            *c += 1;
+        }
+        st.in_flight += 1;
+        Some(id)
+    }
+
+    fn give_back(st: &mut State, worker: WorkerId, context: usize) {
+        if let Some(w) = Self::entry(st, worker) {
+            w.in_flight = w.in_flight.saturating_sub(1);
+        }
+        if let Some(c) = st.context_in_flight.get_mut(context) {
+            *c = c.saturating_sub(1);
+        }
+        st.in_flight = st.in_flight.saturating_sub(1);
+    }
+
+    fn release(&self, worker: WorkerId, context: usize) {
+        let mut st = self.lock();
+        Self::give_back(&mut st, worker, context);
+        Self::grant_waiters(&mut st);
+    }
+
+    /// Hands free slots to waiters, oldest first. A waiter whose context is at its cap keeps
+    /// its place and is skipped, so one busy context cannot block the others.
+    fn grant_waiters(st: &mut State) {
+        let mut i = 0;
+        while i < st.waiters.len() && st.in_flight < st.limits.max_conns {
+            let Some((context, gone)) = st.waiters.get(i).map(|w| (w.context, w.tx.is_closed()))
+            else {
+                return;
+            };
+            if gone {
+                st.waiters.remove(i);
+                continue;
+            }
+            let Some(worker) = Self::try_take(st, context) else {
+                i += 1;
+                continue;
+            };
+            if let Some(waiter) = st.waiters.remove(i) {
+                if waiter.tx.send(worker).is_err() {
+                    // The waiter gave up between the check and the send.
+                    Self::give_back(st, worker, context);
+                }
+            }
+        }
+    }
+}
+
+/// A queued request's end of the hand-off. If the request stops waiting (timeout, or the
+/// client went away and the future was dropped) after a slot was already sent to it, the drop
+/// gives that slot back instead of leaking it.
+struct Wait<'a> {
+    table: &'a Arc<SlotTable>,
+    context: usize,
+    rx: oneshot::Receiver<WorkerId>,
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(worker) = self.rx.try_recv() {
+            self.table.release(worker, self.context);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(max_conns: usize, queue_size: usize, caps: &[Option<usize>]) -> Arc<SlotTable> {
+        SlotTable::new(
+            SlotLimits {
+                max_conns,
+                queue_size,
+                queue_timeout: Duration::from_secs(5),
+            },
+            caps,
+        )
+    }
+
+    fn ready_worker(t: &SlotTable, concurrency: usize) -> WorkerId {
+        let id = t.add_worker(concurrency);
+        t.set_accepting(id, true);
+        id
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pool_cap_holds_and_queue_overflows_at_once() {
+        let t = table(2, 1, &[None]);
+        ready_worker(&t, 4);
+        let a = t.acquire(0).await.unwrap();
+        let _b = t.acquire(0).await.unwrap();
+        let waiting = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|s| s.worker()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(t.stats().queued, 1);
+        assert_eq!(
+            t.acquire(0).await.unwrap_err(),
+            SlotError::QueueFull { queue_size: 1 }
+        );
+        drop(a);
+        assert!(waiting.await.unwrap().is_ok());
+        // The waiter has finished and given its slot back; `_b` still holds one.
+        assert_eq!(t.stats().in_flight, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_timeout_fires_and_leaks_nothing() {
+        let t = table(1, 4, &[None]);
+        ready_worker(&t, 1);
+        let held = t.acquire(0).await.unwrap();
+        let err = t.acquire(0).await.unwrap_err();
+        assert_eq!(err, SlotError::QueueTimeout(Duration::from_secs(5)));
+        drop(held);
+        assert_eq!(
+            t.stats(),
+            SlotStats {
+                in_flight: 0,
+                queued: 0,
+                accepting_workers: 1
+            }
+        );
+        let again = t.acquire(0).await.unwrap();
+        assert_eq!(t.stats().in_flight, 1);
+        drop(again);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_gives_its_grant_back() {
+        let t = table(1, 4, &[None]);
+        ready_worker(&t, 1);
+        let held = t.acquire(0).await.unwrap();
+        let waiter = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        waiter.abort();
+        let _ = waiter.await;
+        drop(held);
+        assert_eq!(t.stats().in_flight, 0);
+        assert!(t.acquire(0).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn context_cap_holds_without_blocking_other_contexts() {
+        let t = table(10, 10, &[Some(1), None]);
+        ready_worker(&t, 10);
+        let a = t.acquire(0).await.unwrap();
+        let capped = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(t.stats().queued, 1);
+        // Context 1 is not held back by the waiter of the capped context 0 ...
+        let other = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(1).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert!(other.is_finished());
+        // ... and the capped one gets its slot when the first returns.
+        drop(a);
+        assert!(capped.await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn least_outstanding_worker_wins_and_retiring_workers_get_nothing() {
+        let t = table(10, 0, &[None]);
+        let w0 = ready_worker(&t, 4);
+        let w1 = ready_worker(&t, 4);
+        let s1 = t.acquire(0).await.unwrap();
+        let s2 = t.acquire(0).await.unwrap();
+        assert_eq!((s1.worker(), s2.worker()), (w0, w1));
+        t.set_accepting(w0, false);
+        let s3 = t.acquire(0).await.unwrap();
+        assert_eq!(s3.worker(), w1);
+        assert_eq!(t.worker_in_flight(w1), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reused_entry_ignores_the_old_workers_late_release() {
+        let t = table(10, 0, &[None]);
+        let old = ready_worker(&t, 1);
+        let late = t.acquire(0).await.unwrap();
+        t.remove_worker(old);
+        // The entry is still busy, so the new worker gets a fresh one.
+        let new = ready_worker(&t, 1);
+        assert_ne!(new.index, old.index);
+        drop(late);
+        let newer = {
+            t.remove_worker(new);
+            ready_worker(&t, 1)
+        };
+        assert_eq!(newer.index, old.index);
+        assert_eq!(newer.generation, old.generation + 1);
+        assert_eq!(t.worker_in_flight(old), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_refuses_waiters_and_newcomers() {
+        let t = table(1, 4, &[None]);
+        ready_worker(&t, 1);
+        let _held = t.acquire(0).await.unwrap();
+        let waiter = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        t.close();
+        assert_eq!(waiter.await.unwrap().unwrap_err(), SlotError::Closed);
+        assert_eq!(t.acquire(0).await.unwrap_err(), SlotError::Closed);
+    }
+
+    /// Many tasks hammer a small table; the caps hold at every instant and every slot comes
+    /// back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn caps_hold_under_contention() {
+        let t = SlotTable::new(
+            SlotLimits {
+                max_conns: 3,
+                queue_size: 1000,
+                queue_timeout: Duration::from_secs(30),
+            },
+            &[Some(2), None],
+        );
+        for _ in 0..2 {
+            ready_worker(&t, 2);
+        }
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let t = Arc::clone(&t);
+            let peak = Arc::clone(&peak);
+            tasks.push(tokio::spawn(async move {
+                let slot = t.acquire(i % 2).await.unwrap();
+                let now = t.stats().in_flight;
+                peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                assert!(t.worker_in_flight(slot.worker()) <= 2);
+                tokio::task::yield_now().await;
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert!(peak.load(std::sync::atomic::Ordering::Relaxed) <= 3);
+        assert_eq!(t.stats().in_flight, 0);
+        assert_eq!(t.stats().queued, 0);
+    }
+}
