@@ -72,13 +72,15 @@ const BEGIN_1_RESPONDER_KEEP: &[u8] = &[
     0, 1, 1, 0, 0, 0, 0, 0, // role 1 RESPONDER, flags KEEP_CONN, 5 reserved
 ];
 /// {FCGI_PARAMS, 1, "SCRIPT_NAME" = "/i.php"}: 19 content bytes padded by 5.
-const PARAMS_1_SCRIPT_NAME: &[u8] = &[
-    1, 4, 0, 1, 0, 19, 5, 0, // PARAMS, id 1, 19 content bytes, 5 padding
-    11, 6, // name length 11, value length 6 (1-byte forms)
-    b'S', b'C', b'R', b'I', b'P', b'T', b'_', b'N', b'A', b'M', b'E', // name
-    b'/', b'i', b'.', b'p', b'h', b'p', // value
-    0, 0, 0, 0, 0, // padding
-];
+fn params_1_script_name() -> Vec<u8> {
+    cat(&[
+        &[1, 4, 0, 1, 0, 19, 5, 0], // PARAMS, id 1, 19 content bytes, 5 padding
+        &[11, 6],                   // name length 11, value length 6 (1-byte forms)
+        b"SCRIPT_NAME",
+        b"/i.php",
+        &[0, 0, 0, 0, 0], // padding
+    ])
+}
 /// {FCGI_PARAMS, 1, ""}: end of the PARAMS stream.
 const PARAMS_1_END: &[u8] = &[1, 4, 0, 1, 0, 0, 0, 0];
 /// {FCGI_STDIN, 1, "hello"}: 5 content bytes padded by 3.
@@ -88,12 +90,13 @@ const STDIN_1_HELLO: &[u8] = &[
 /// {FCGI_STDIN, 1, ""}: end of the request body.
 const STDIN_1_END: &[u8] = &[1, 5, 0, 1, 0, 0, 0, 0];
 /// {FCGI_STDOUT, 1, "Status: 200\r\n\r\nhi!\n"}: 19 content bytes padded by 5.
-const STDOUT_1: &[u8] = &[
-    1, 6, 0, 1, 0, 19, 5, 0, // STDOUT, id 1, 19 content bytes, 5 padding
-    b'S', b't', b'a', b't', b'u', b's', b':', b' ', b'2', b'0', b'0', b'\r', b'\n', b'\r', b'\n',
-    b'h', b'i', b'!', b'\n', // content
-    0, 0, 0, 0, 0, // padding
-];
+fn stdout_1() -> Vec<u8> {
+    cat(&[
+        &[1, 6, 0, 1, 0, 19, 5, 0], // STDOUT, id 1, 19 content bytes, 5 padding
+        b"Status: 200\r\n\r\nhi!\n",
+        &[0, 0, 0, 0, 0], // padding
+    ])
+}
 /// {FCGI_STDERR, 1, "oops"}: 4 content bytes padded by 4.
 const STDERR_1: &[u8] = &[1, 7, 0, 1, 0, 4, 4, 0, b'o', b'o', b'p', b's', 0, 0, 0, 0];
 const STDOUT_1_END: &[u8] = &[1, 6, 0, 1, 0, 0, 0, 0];
@@ -105,30 +108,37 @@ const END_1_COMPLETE: &[u8] = &[
     0, 0, 0, 0, // protocolStatus REQUEST_COMPLETE, 3 reserved
 ];
 /// {FCGI_GET_VALUES, 0, {FCGI_MAX_CONNS, FCGI_MAX_REQS, FCGI_MPXS_CONNS}} with empty values.
-const GET_VALUES: &[u8] = &[
-    1, 9, 0, 0, 0, 48, 0, 0, // GET_VALUES, id 0, 48 content bytes, no padding
-    14, 0, b'F', b'C', b'G', b'I', b'_', b'M', b'A', b'X', b'_', b'C', b'O', b'N', b'N', b'S', 13,
-    0, b'F', b'C', b'G', b'I', b'_', b'M', b'A', b'X', b'_', b'R', b'E', b'Q', b'S', //
-    15, 0, b'F', b'C', b'G', b'I', b'_', b'M', b'P', b'X', b'S', b'_', b'C', b'O', b'N', b'N',
-    b'S',
-];
+fn get_values() -> Vec<u8> {
+    cat(&[
+        &[1, 9, 0, 0, 0, 48, 0, 0], // GET_VALUES, id 0, 48 content bytes, no padding
+        &[14, 0],                   // name length 14, value length 0
+        b"FCGI_MAX_CONNS",
+        &[13, 0],
+        b"FCGI_MAX_REQS",
+        &[15, 0],
+        b"FCGI_MPXS_CONNS",
+    ])
+}
 /// {FCGI_GET_VALUES_RESULT, 0, {MAX_CONNS=1, MAX_REQS=1, MPXS_CONNS=0}}: 51 bytes + 5 padding.
-const GET_VALUES_RESULT: &[u8] = &[
-    1, 10, 0, 0, 0, 51, 5, 0, // GET_VALUES_RESULT, id 0, 51 content bytes, 5 padding
-    14, 1, b'F', b'C', b'G', b'I', b'_', b'M', b'A', b'X', b'_', b'C', b'O', b'N', b'N', b'S',
-    b'1', //
-    13, 1, b'F', b'C', b'G', b'I', b'_', b'M', b'A', b'X', b'_', b'R', b'E', b'Q', b'S', b'1', 15,
-    1, b'F', b'C', b'G', b'I', b'_', b'M', b'P', b'X', b'S', b'_', b'C', b'O', b'N', b'N', b'S',
-    b'0', //
-    0, 0, 0, 0, 0, // padding
-];
+fn get_values_result() -> Vec<u8> {
+    cat(&[
+        &[1, 10, 0, 0, 0, 51, 5, 0], // GET_VALUES_RESULT, id 0, 51 content bytes, 5 padding
+        &[14, 1],                    // name length 14, value length 1
+        b"FCGI_MAX_CONNS1",
+        &[13, 1],
+        b"FCGI_MAX_REQS1",
+        &[15, 1],
+        b"FCGI_MPXS_CONNS0",
+        &[0, 0, 0, 0, 0], // padding
+    ])
+}
 /// {FCGI_UNKNOWN_TYPE, 0, {12}}
 const UNKNOWN_TYPE_12: &[u8] = &[1, 11, 0, 0, 0, 8, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0];
 
 fn simple_request() -> Vec<u8> {
     cat(&[
         BEGIN_1_RESPONDER_KEEP,
-        PARAMS_1_SCRIPT_NAME,
+        &params_1_script_name(),
         PARAMS_1_END,
         STDIN_1_HELLO,
         STDIN_1_END,
@@ -256,7 +266,7 @@ fn discrete_record_encoders_match_the_spec_bytes() {
 
     let mut dst = BytesMut::new();
     encode_params(1, &[("SCRIPT_NAME", "/i.php")], &mut dst).unwrap();
-    assert_eq!(&dst[..], cat(&[PARAMS_1_SCRIPT_NAME, PARAMS_1_END]));
+    assert_eq!(&dst[..], cat(&[&params_1_script_name(), PARAMS_1_END]));
 
     let mut dst = BytesMut::new();
     encode_abort_request(1, &mut dst);
@@ -276,7 +286,7 @@ fn discrete_record_encoders_match_the_spec_bytes() {
 
     let mut dst = BytesMut::new();
     encode_get_values(&[MAX_CONNS, MAX_REQS, MPXS_CONNS], &mut dst).unwrap();
-    assert_eq!(&dst[..], GET_VALUES);
+    assert_eq!(&dst[..], &get_values());
 
     let caps = Capabilities {
         max_conns: Some(1),
@@ -290,7 +300,7 @@ fn discrete_record_encoders_match_the_spec_bytes() {
         &mut dst,
     )
     .unwrap();
-    assert_eq!(&dst[..], GET_VALUES_RESULT, "unknown names are omitted");
+    assert_eq!(&dst[..], &get_values_result(), "unknown names are omitted");
 
     let mut dst = BytesMut::new();
     encode_stderr(1, b"oops", &mut dst);
@@ -482,7 +492,7 @@ fn responder_decodes_authorizer_filter_abort_and_management() {
         &[1, 8, 0, 3, 0, 3, 5, 0, b'a', b'b', b'c', 0, 0, 0, 0, 0], // DATA "abc", id 3
         &[1, 8, 0, 3, 0, 0, 0, 0],                         // DATA end, id 3
         &[1, 2, 0, 2, 0, 0, 0, 0],                         // ABORT id 2
-        GET_VALUES,
+        &get_values(),
         &[1, 12, 0, 0, 0, 3, 5, 0, 9, 9, 9, 0, 0, 0, 0, 0], // management type 12
         &[1, 200, 0, 3, 0, 0, 0, 0],                        // type 200 on active id 3
         &[1, 200, 0, 9, 0, 0, 0, 0],                        // type 200 on inactive id 9: ignored
@@ -611,7 +621,7 @@ fn responder_refuses_broken_streams() {
         err(cat(&[
             BEGIN_1_RESPONDER_KEEP,
             PARAMS_1_END,
-            PARAMS_1_SCRIPT_NAME
+            &params_1_script_name()
         ])),
         FastCgiError::StreamAfterEnd {
             kind: RecordType::Params,
@@ -688,7 +698,7 @@ fn responder_refuses_broken_streams() {
         }
     );
     assert_eq!(
-        err(STDOUT_1.to_vec()),
+        err(stdout_1()),
         FastCgiError::WrongDirection {
             kind: RecordType::Stdout,
             sender: Side::WebServer
@@ -705,7 +715,7 @@ fn responder_refuses_broken_streams() {
 #[test]
 fn client_decodes_a_backend_answer() {
     let bytes = cat(&[
-        STDOUT_1,
+        &stdout_1(),
         STDERR_1,
         STDOUT_1_END,
         STDERR_1_END,
@@ -744,7 +754,7 @@ fn client_decodes_a_backend_answer() {
 
 #[test]
 fn client_reports_management_records() {
-    let bytes = cat(&[GET_VALUES_RESULT, UNKNOWN_TYPE_12]);
+    let bytes = cat(&[&get_values_result(), UNKNOWN_TYPE_12]);
     let events = answer(&bytes, 1, true).unwrap();
     let ResponseEvent::GetValuesResult(pairs) = &events[0] else {
         panic!("{events:?}")
@@ -776,7 +786,7 @@ fn client_connection_reuse_follows_keep_conn() {
     // Management records are still fine between requests; application records are not.
     let mut src = BytesMut::from(UNKNOWN_TYPE_12);
     assert!(decoder.decode(&mut src).unwrap().is_some());
-    let mut src = BytesMut::from(STDOUT_1);
+    let mut src = BytesMut::from(&stdout_1()[..]);
     assert_eq!(
         decoder.decode(&mut src),
         Err(FastCgiError::RecordAfterEnd {
@@ -785,7 +795,7 @@ fn client_connection_reuse_follows_keep_conn() {
         })
     );
     decoder.reuse(1, false).unwrap();
-    let mut src = BytesMut::from(STDOUT_1);
+    let mut src = BytesMut::from(&stdout_1()[..]);
     assert!(matches!(
         decoder.decode(&mut src),
         Ok(Some(ResponseEvent::Stdout(_)))
@@ -803,12 +813,7 @@ fn client_connection_reuse_follows_keep_conn() {
 fn client_refuses_what_a_responder_must_not_send() {
     let err = |bytes: Vec<u8>| answer(&bytes, 1, true).unwrap_err();
     assert_eq!(
-        err(STDOUT_1
-            .iter()
-            .copied()
-            .enumerate()
-            .map(|(i, x)| if i == 3 { 2 } else { x })
-            .collect()),
+        err(cat(&[&[1, 6, 0, 2], &stdout_1()[4..]])), // STDOUT_1 with request id 2
         FastCgiError::WrongRequestId {
             kind: RecordType::Stdout,
             expected: 1,
@@ -847,7 +852,7 @@ fn client_refuses_what_a_responder_must_not_send() {
         }
     );
     assert_eq!(
-        err(cat(&[STDOUT_1_END, STDOUT_1])),
+        err(cat(&[STDOUT_1_END, &stdout_1()])),
         FastCgiError::StreamAfterEnd {
             kind: RecordType::Stdout,
             request_id: 1
@@ -888,7 +893,7 @@ fn client_refuses_what_a_responder_must_not_send() {
         }
     );
     assert_eq!(
-        err(cat(&[&[0], &STDOUT_1[1..]])),
+        err(cat(&[&[0], &stdout_1()[1..]])),
         FastCgiError::UnsupportedVersion { version: 0 }
     );
 }

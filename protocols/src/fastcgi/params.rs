@@ -61,7 +61,9 @@ pub fn encode_pair(name: &[u8], value: &[u8], dst: &mut BytesMut) -> Result<(), 
 
 /// Writes a PARAMS stream pair by pair straight into the destination buffer. A pair is kept
 /// inside one record whenever it fits one (php-cgi parses each PARAMS record on its own and
-/// refuses a pair that straddles two); only a pair longer than a record is split.
+/// refuses a pair that straddles two); only a pair longer than a record is split. Call
+/// [`finish`](Self::finish) to end the stream: until then the open record's header is a
+/// zeroed placeholder.
 #[derive(Debug)]
 pub struct ParamsWriter<'a> {
     stream: StreamWriter<'a>,
@@ -112,12 +114,19 @@ pub fn encode_params<N: AsRef<[u8]>, V: AsRef<[u8]>>(
         check_field(value.len())?;
         layout.add(encoded_pair_len(name.len(), value.len()));
     }
-    dst.reserve(layout.finish());
+    let expected = layout.finish();
+    dst.reserve(expected);
+    let start = dst.len();
     let mut writer = ParamsWriter::new(request_id, dst);
     for (name, value) in pairs {
         writer.push(name.as_ref(), value.as_ref())?;
     }
     writer.finish();
+    debug_assert_eq!(
+        dst.len() - start,
+        expected,
+        "Layout disagrees with ParamsWriter"
+    );
     Ok(())
 }
 

@@ -98,24 +98,6 @@ impl RecordType {
             RecordType::GetValues | RecordType::GetValuesResult | RecordType::UnknownType
         )
     }
-
-    /// Whether the web server is the side that sends this type (`None` for undefined types).
-    pub const fn sent_by_web_server(self) -> Option<bool> {
-        match self {
-            RecordType::BeginRequest
-            | RecordType::AbortRequest
-            | RecordType::Params
-            | RecordType::Stdin
-            | RecordType::Data
-            | RecordType::GetValues => Some(true),
-            RecordType::EndRequest
-            | RecordType::Stdout
-            | RecordType::Stderr
-            | RecordType::GetValuesResult
-            | RecordType::UnknownType => Some(false),
-            RecordType::Other(_) => None,
-        }
-    }
 }
 
 impl std::fmt::Display for RecordType {
