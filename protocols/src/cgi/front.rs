@@ -125,7 +125,7 @@ fn fix_script_filename(
     if out.get(b"SCRIPT_NAME").is_none() {
         out.set(b"SCRIPT_NAME", Bytes::copy_from_slice(script_name));
     }
-    if !tail.is_empty() && out.get(b"PATH_INFO").map_or(true, |p| p.is_empty()) {
+    if !tail.is_empty() && out.get(b"PATH_INFO").is_none_or(|p| p.is_empty()) {
         set_path_info(out, tail, root);
     }
     Ok(())
@@ -159,7 +159,7 @@ fn derive_script(out: &mut CgiVars, ctx: &CgiContext, files: bool) -> Result<(),
         out.set(b"SCRIPT_FILENAME", Bytes::from(filename));
     }
     out.set(b"SCRIPT_NAME", Bytes::from(script.script_name));
-    if out.get(b"PATH_INFO").map_or(true, |p| p.is_empty()) {
+    if out.get(b"PATH_INFO").is_none_or(|p| p.is_empty()) {
         if files && !script.path_info.is_empty() {
             set_path_info(out, &script.path_info, &ctx.document_root);
         } else {

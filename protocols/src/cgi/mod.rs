@@ -414,7 +414,8 @@ pub fn build_cgi_vars(
     Ok(out)
 }
 
-/// Checks `vars` against the parameter-block limits a responder will apply to them.
+/// Checks `vars` against the parameter-block limits a responder will apply to them; the byte
+/// total is the sum of name and value lengths (framing overhead is the encoder's to check).
 fn check_limits(vars: &[(Bytes, Bytes)], limits: &Limits) -> Result<(), CgiError> {
     if vars.len() > limits.max_params_count {
         return Err(CgiError::TooManyVars {

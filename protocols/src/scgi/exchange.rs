@@ -29,6 +29,8 @@ enum State {
 }
 
 /// Decoder of one SCGI request, for the responder role.
+///
+/// After an error the connection is broken and the decoder must not be used again.
 #[derive(Debug, Clone)]
 pub struct ScgiRequestDecoder {
     limits: Limits,
