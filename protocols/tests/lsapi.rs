@@ -129,6 +129,8 @@ fn b(s: &str) -> Bytes {
 
 // Further cases live beside this file (the crate root looks up modules in tests/, so the
 // paths are explicit; cargo does not build tests/lsapi/ as tests of its own).
+#[path = "lsapi/captures.rs"]
+mod captures;
 #[path = "lsapi/props.rs"]
 mod props;
 #[path = "lsapi/request.rs"]
