@@ -239,7 +239,7 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
     if n_env > MAX_ENV_PAIRS || n_special > MAX_ENV_PAIRS || n_env + n_special > max_pairs {
         return Err(LsapiError::TooManyPairs {
             what: "env pairs",
-            count: n_env + n_special,
+            count: n_env.saturating_add(n_special),
             max: max_pairs.min(MAX_ENV_PAIRS),
         });
     }
@@ -255,8 +255,11 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
     let special_env = parse_env_list(p, &mut pos, n_special, "special env", limits)?;
     let env = parse_env_list(p, &mut pos, n_env, "env", limits)?;
     let index_at = align8(pos);
-    let head_at = index_at + HEADER_INDEX_LEN + n_unknown * UNKNOWN_HEADER_ENTRY_LEN;
-    let end = head_at + head_len;
+    // Saturating: counts and lengths come from the peer (each ≤ i32::MAX), and a sum that
+    // does not fit cannot equal the packet length anyway.
+    let head_at = (index_at + HEADER_INDEX_LEN)
+        .saturating_add(n_unknown.saturating_mul(UNKNOWN_HEADER_ENTRY_LEN));
+    let end = head_at.saturating_add(head_len);
     if end != len {
         return Err(LsapiError::RequestSizeMismatch {
             declared: len,
@@ -295,7 +298,7 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
             continue;
         }
         let start = usize::try_from(off).map_err(|_| bad_known(i, off, vlen))?;
-        let stop = start + usize::from(vlen);
+        let stop = start.saturating_add(usize::from(vlen));
         if stop > head_len {
             return Err(bad_known(i, off, vlen));
         }
@@ -317,7 +320,7 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         else {
             return Err(bad);
         };
-        if no + nl > head_len || vo + vl > head_len {
+        if no.saturating_add(nl) > head_len || vo.saturating_add(vl) > head_len {
             return Err(bad);
         }
         check_header_lens(nl, vl, limits)?;

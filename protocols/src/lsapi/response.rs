@@ -280,7 +280,7 @@ fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Line
         Ok(s) if s == 0 || (100..=999).contains(&s) => s,
         _ => return Err(LsapiError::BadStatus(i64::from(status))),
     };
-    let lens_end = RESP_INFO_LEN + 2 * count;
+    let lens_end = count.saturating_mul(2).saturating_add(RESP_INFO_LEN);
     if lens_end > actual {
         return Err(mismatch(lens_end));
     }
