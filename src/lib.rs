@@ -5,6 +5,7 @@
 
 pub use corral_protocols as protocols;
 
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod error;

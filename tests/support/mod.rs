@@ -7,6 +7,8 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod peers;
+
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::thread;

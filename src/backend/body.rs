@@ -1,0 +1,156 @@
+//! The request body a front hands to a backend exchange: a pull-based source of `Bytes`
+//! chunks that knows its length when the front knows it.
+//!
+//! The exchange pulls a chunk only when the previous one has been written to the backend, so
+//! a slow backend slows the client down (backpressure) and at most one chunk per request sits
+//! in gateway memory.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+/// Why a request body could not be read (the client went away, a front decoding error...).
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Something that yields the bytes of a request body, in order.
+///
+/// A front implements this over its own body type (hyper's `Incoming`, the STDIN stream of a
+/// FastCGI front, the rest of an SCGI connection).
+pub trait BodySource: Send {
+    /// The next chunk; `None` at the end of the body. Empty chunks are allowed and skipped.
+    fn poll_chunk(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BodyError>>>;
+}
+
+/// A request body: nothing, bytes already in memory, or a source streamed chunk by chunk.
+pub struct RequestBody {
+    kind: Kind,
+    len: Option<u64>,
+}
+
+enum Kind {
+    Empty,
+    Full(Option<Bytes>),
+    Source(Pin<Box<dyn BodySource>>),
+}
+
+impl fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Empty => "empty",
+            Kind::Full(_) => "full",
+            Kind::Source(_) => "source",
+        };
+        f.debug_struct("RequestBody")
+            .field("kind", &kind)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl RequestBody {
+    /// A body of zero bytes.
+    pub fn empty() -> RequestBody {
+        RequestBody {
+            kind: Kind::Empty,
+            len: Some(0),
+        }
+    }
+
+    /// A body already in memory.
+    pub fn full(bytes: Bytes) -> RequestBody {
+        RequestBody {
+            len: Some(bytes.len() as u64),
+            kind: Kind::Full(Some(bytes)),
+        }
+    }
+
+    /// A body read from `source`; `len` is its length when the front knows it (a
+    /// Content-Length), `None` for a chunked body.
+    pub fn from_source(source: impl BodySource + 'static, len: Option<u64>) -> RequestBody {
+        RequestBody {
+            kind: Kind::Source(Box::pin(source)),
+            len,
+        }
+    }
+
+    /// A body fed through the returned sender, holding at most `capacity` chunks in flight.
+    pub fn channel(len: Option<u64>, capacity: usize) -> (BodySender, RequestBody) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            BodySender { tx },
+            RequestBody::from_source(ChannelSource { rx }, len),
+        )
+    }
+
+    /// The body length, when known before reading it.
+    pub fn len(&self) -> Option<u64> {
+        self.len
+    }
+
+    /// Whether the body is known to be empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == Some(0)
+    }
+
+    /// Polls for the next non-empty chunk; `None` at the end.
+    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        match &mut self.kind {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Full(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(Ok)),
+            Kind::Source(source) => loop {
+                match source.as_mut().poll_chunk(cx) {
+                    Poll::Ready(Some(Ok(chunk))) if chunk.is_empty() => continue,
+                    other => return other,
+                }
+            },
+        }
+    }
+
+    /// The next non-empty chunk; `None` at the end.
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BodyError>> {
+        poll_fn(|cx| self.poll_chunk(cx)).await
+    }
+}
+
+/// The writing end of [`RequestBody::channel`].
+#[derive(Debug, Clone)]
+pub struct BodySender {
+    tx: mpsc::Sender<Result<Bytes, BodyError>>,
+}
+
+/// The body's reader is gone: the exchange ended or failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the backend exchange no longer reads the request body")]
+pub struct BodyClosed;
+
+impl BodySender {
+    /// Sends the next chunk, waiting while the channel is full.
+    pub async fn send(&self, chunk: Bytes) -> Result<(), BodyClosed> {
+        self.tx.send(Ok(chunk)).await.map_err(|_| BodyClosed)
+    }
+
+    /// Ends the body with an error (the client went away); the exchange fails with it.
+    pub async fn fail(&self, error: BodyError) -> Result<(), BodyClosed> {
+        self.tx.send(Err(error)).await.map_err(|_| BodyClosed)
+    }
+}
+
+struct ChannelSource {
+    rx: mpsc::Receiver<Result<Bytes, BodyError>>,
+}
+
+impl BodySource for ChannelSource {
+    fn poll_chunk(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BodyError>>> {
+        self.rx.poll_recv(cx)
+    }
+}

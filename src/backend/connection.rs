@@ -1,0 +1,179 @@
+//! Backend connections and the small per-worker stack of idle ones that FastCGI
+//! (FCGI_KEEP_CONN) and LSAPI reuse (DESIGN decision 3).
+//!
+//! A connection goes back to the stack only after a clean end of its exchange; a connection
+//! that saw any error is dropped. The stack is bounded per address, newest first, and an idle
+//! connection that the backend closed meanwhile (or that holds unread bytes) is discarded at
+//! checkout without a round trip.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::BackendAddress;
+use crate::net::Stream;
+
+use super::BackendError;
+
+/// One connection to a backend, with what the idle stack needs to know about it.
+#[derive(Debug)]
+pub struct BackendConnection {
+    pub(super) stream: Stream,
+    address: BackendAddress,
+    served: u64,
+    home: Option<Connections>,
+}
+
+impl BackendConnection {
+    /// Connects to `address` within `timeout`. The connection has no idle stack: after a
+    /// clean exchange the response body hands it back (`ResponseBody::take_connection`).
+    pub async fn connect(
+        address: &BackendAddress,
+        timeout: Duration,
+    ) -> Result<BackendConnection, BackendError> {
+        let stream =
+            Stream::connect(address, timeout)
+                .await
+                .map_err(|source| BackendError::Connect {
+                    address: address.to_string(),
+                    source,
+                })?;
+        Ok(BackendConnection {
+            stream,
+            address: address.clone(),
+            served: 0,
+            home: None,
+        })
+    }
+
+    /// Wraps an already connected stream (a socketpair, an accepted test connection).
+    pub fn from_stream(stream: Stream, address: BackendAddress) -> BackendConnection {
+        BackendConnection {
+            stream,
+            address,
+            served: 0,
+            home: None,
+        }
+    }
+
+    /// The backend address.
+    pub fn address(&self) -> &BackendAddress {
+        &self.address
+    }
+
+    /// Exchanges completed cleanly on this connection so far.
+    pub fn requests_served(&self) -> u64 {
+        self.served
+    }
+
+    /// Counts a clean exchange and gives the connection back to its idle stack, if it has
+    /// one; otherwise returns it to the caller.
+    pub(super) fn finish(mut self) -> Option<BackendConnection> {
+        self.served += 1;
+        match self.home.take() {
+            Some(home) => {
+                home.put(self);
+                None
+            }
+            None => Some(self),
+        }
+    }
+
+    /// Best-effort write of a few bytes without waiting (for an abort in `Drop`).
+    pub(super) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        match &self.stream {
+            Stream::Tcp(s) => s.try_write(bytes),
+            Stream::Unix(s) => s.try_write(bytes),
+        }
+    }
+
+    /// Whether an idle connection is still usable: the backend has neither closed it nor
+    /// sent anything (which no protocol allows between requests).
+    fn is_quiet(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let read = match &self.stream {
+            Stream::Tcp(s) => s.try_read(&mut probe),
+            Stream::Unix(s) => s.try_read(&mut probe),
+        };
+        matches!(read, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+/// Idle connections keyed by backend address, at most `max_idle` per address. Cheap to
+/// clone; clones share the stack.
+#[derive(Debug, Clone)]
+pub struct Connections {
+    inner: Arc<Mutex<Idle>>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    max_idle: usize,
+    by_address: HashMap<BackendAddress, Vec<BackendConnection>>,
+}
+
+impl Connections {
+    /// An empty stack keeping at most `max_idle` idle connections per address.
+    pub fn new(max_idle: usize) -> Connections {
+        Connections {
+            inner: Arc::new(Mutex::new(Idle {
+                max_idle,
+                by_address: HashMap::new(),
+            })),
+        }
+    }
+
+    /// An idle connection to `address` if one is still usable, else a new one. Either way a
+    /// clean exchange puts it back here.
+    pub async fn get(
+        &self,
+        address: &BackendAddress,
+        connect_timeout: Duration,
+    ) -> Result<BackendConnection, BackendError> {
+        while let Some(conn) = self.pop(address) {
+            if conn.is_quiet() {
+                return Ok(BackendConnection {
+                    home: Some(self.clone()),
+                    ..conn
+                });
+            }
+            tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed");
+        }
+        let mut conn = BackendConnection::connect(address, connect_timeout).await?;
+        conn.home = Some(self.clone());
+        Ok(conn)
+    }
+
+    /// Keeps `conn` for reuse, unless the stack for its address is full.
+    pub fn put(&self, mut conn: BackendConnection) {
+        conn.home = None;
+        let Ok(mut idle) = self.inner.lock() else {
+            return;
+        };
+        let max = idle.max_idle;
+        let stack = idle.by_address.entry(conn.address.clone()).or_default();
+        if stack.len() < max {
+            stack.push(conn);
+        }
+    }
+
+    /// How many idle connections to `address` are kept.
+    pub fn idle(&self, address: &BackendAddress) -> usize {
+        self.inner
+            .lock()
+            .map(|idle| idle.by_address.get(address).map_or(0, Vec::len))
+            .unwrap_or(0)
+    }
+
+    /// Drops every idle connection to `address` (its worker is being retired).
+    pub fn forget(&self, address: &BackendAddress) {
+        if let Ok(mut idle) = self.inner.lock() {
+            idle.by_address.remove(address);
+        }
+    }
+
+    fn pop(&self, address: &BackendAddress) -> Option<BackendConnection> {
+        self.inner.lock().ok()?.by_address.get_mut(address)?.pop()
+    }
+}

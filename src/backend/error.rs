@@ -1,0 +1,183 @@
+//! Why a backend exchange failed: one variant per failed step, with the status the front
+//! answers and who is to blame.
+
+use std::io;
+use std::time::Duration;
+
+use super::body::BodyError;
+use super::Protocol;
+
+/// Who caused a failed exchange (STYLE 7): the front maps it to a status and a log level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The client: its body broke off or was malformed, or its request was too large.
+    Client,
+    /// The backend: refused, broke the protocol, was too slow or went away.
+    Backend,
+    /// corral itself (a spool file could not be written).
+    Internal,
+}
+
+/// A failed step of one backend exchange. After any of them the connection is dropped.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Connecting to the backend failed or timed out.
+    #[error("cannot connect to backend {address}: {source}")]
+    Connect {
+        /// The backend address.
+        address: String,
+        /// The socket error.
+        source: io::Error,
+    },
+    /// Writing the request to the backend failed.
+    #[error("writing the {protocol} request to the backend failed: {source}")]
+    Write {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The socket error.
+        source: io::Error,
+    },
+    /// Reading the response from the backend failed.
+    #[error("reading the {protocol} response from the backend failed: {source}")]
+    Read {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The socket error.
+        source: io::Error,
+    },
+    /// The backend sent bytes that break a rule of the protocol; `rule` names it.
+    #[error("the backend broke the {protocol} protocol: {rule}")]
+    Protocol {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The rule, as a sentence.
+        rule: String,
+    },
+    /// The backend refused the request (FastCGI END_REQUEST with a status other than
+    /// REQUEST_COMPLETE).
+    #[error("the backend refused the {protocol} request: {reason}")]
+    Refused {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The backend's reason, e.g. `OVERLOADED`.
+        reason: String,
+        /// Whether the backend said it is overloaded (then the front answers 503).
+        overloaded: bool,
+    },
+    /// No response byte arrived within the first-byte timeout after the request was sent.
+    #[error("the backend sent nothing within {after:?} of receiving the request")]
+    FirstByteTimeout {
+        /// The timeout.
+        after: Duration,
+    },
+    /// The whole exchange took longer than the request timeout.
+    #[error("the backend did not finish the request within {after:?}")]
+    RequestTimeout {
+        /// The timeout.
+        after: Duration,
+    },
+    /// The backend closed the connection before the response was complete.
+    #[error("the backend closed the {protocol} connection {stage}")]
+    ClosedEarly {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// Where the exchange was, e.g. "before the response head".
+        stage: &'static str,
+    },
+    /// The request head cannot be encoded: a name or value is too long, too many
+    /// parameters, bytes the protocol cannot carry.
+    #[error("the request cannot be sent over {protocol}: {reason}")]
+    RequestHead {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// What the encoder refused.
+        reason: String,
+    },
+    /// Reading the request body from the client failed.
+    #[error("reading the request body from the client failed: {source}")]
+    ClientBody {
+        /// The front's error.
+        source: BodyError,
+    },
+    /// The request body did not have the length announced for it.
+    #[error("the request body has {actual} bytes but {declared} were announced")]
+    BodyLength {
+        /// The announced length.
+        declared: u64,
+        /// The bytes received (so far, when there were too many).
+        actual: u64,
+    },
+    /// A body of unknown length exceeded what may be spooled to find its length.
+    #[error("the request body exceeds the spool limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// The spool file for a body of unknown length could not be written or read.
+    #[error("cannot spool the request body in {dir}: {source}")]
+    Spool {
+        /// The spool directory.
+        dir: String,
+        /// The file error.
+        source: io::Error,
+    },
+}
+
+impl BackendError {
+    /// The HTTP status the front answers with, if it has not started the response: 502 for a
+    /// backend that failed, 503 when it said it is overloaded, 504 for timeouts, 4xx when the
+    /// client is at fault, 500 for corral's own failures.
+    pub fn status(&self) -> u16 {
+        match self {
+            BackendError::Connect { .. }
+            | BackendError::Write { .. }
+            | BackendError::Read { .. }
+            | BackendError::Protocol { .. }
+            | BackendError::ClosedEarly { .. } => 502,
+            BackendError::Refused { overloaded, .. } => {
+                if *overloaded {
+                    503
+                } else {
+                    502
+                }
+            }
+            BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => 504,
+            BackendError::RequestHead { .. } => 431,
+            BackendError::ClientBody { .. } | BackendError::BodyLength { .. } => 400,
+            BackendError::BodyTooLarge { .. } => 413,
+            BackendError::Spool { .. } => 500,
+        }
+    }
+
+    /// Who caused the failure.
+    pub fn origin(&self) -> Origin {
+        match self {
+            BackendError::RequestHead { .. }
+            | BackendError::ClientBody { .. }
+            | BackendError::BodyLength { .. }
+            | BackendError::BodyTooLarge { .. } => Origin::Client,
+            BackendError::Spool { .. } => Origin::Internal,
+            _ => Origin::Backend,
+        }
+    }
+
+    /// Whether the connection may carry another request: never after an error, whatever the
+    /// step (DESIGN decision 3). Kept as a method so callers say what they rely on.
+    pub fn connection_reusable(&self) -> bool {
+        false
+    }
+
+    /// Whether the request may be sent again to another worker: only when nothing reached
+    /// the backend (the connection could not be made).
+    pub fn retryable(&self) -> bool {
+        matches!(self, BackendError::Connect { .. })
+    }
+
+    /// Whether the failure is a timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self,
+            BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. }
+        )
+    }
+}

@@ -1,0 +1,476 @@
+//! The I/O driver shared by the three protocols: writes the request (head, then body chunks
+//! as the source yields them) while reading the response, hands bytes to the protocol's
+//! codec, applies the first-byte and request deadlines, logs stderr, and owns the
+//! [`ResponseBody`] the front pulls from.
+//!
+//! Reading and writing happen in one poll function over the one stream, so a backend that
+//! answers before it has read the whole body (or one that reads it only after answering)
+//! cannot deadlock the exchange. Memory stays bounded: one body chunk (plus framing) waits to
+//! be written, and bytes are read only when the codec needs more to make progress, so the
+//! input buffer never holds more than one record, packet or head plus one read.
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use super::connection::BackendConnection;
+use super::{fastcgi, lsapi, scgi};
+use super::{BackendError, ExchangeOptions, Protocol, RequestBody};
+use crate::protocols::cgi_response::CgiResponseHead;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// What a codec made of the bytes it was given.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// The response head.
+    Head(CgiResponseHead),
+    /// Response body bytes.
+    Data(Bytes),
+    /// A piece of the backend's error log.
+    Stderr(Bytes),
+    /// Bytes consumed that mean nothing to the front (an acknowledgement, a stream end).
+    Nothing,
+    /// The response is complete; `reusable` if the protocol lets the connection carry
+    /// another request.
+    End {
+        /// Whether the protocol keeps the connection open.
+        reusable: bool,
+    },
+}
+
+/// The protocol-specific half of an exchange.
+#[derive(Debug)]
+pub(super) enum Codec {
+    FastCgi(fastcgi::Codec),
+    Scgi(scgi::Codec),
+    Lsapi(lsapi::Codec),
+}
+
+impl Codec {
+    fn protocol(&self) -> Protocol {
+        match self {
+            Codec::FastCgi(_) => Protocol::FastCgi,
+            Codec::Scgi(_) => Protocol::Scgi,
+            Codec::Lsapi(_) => Protocol::Lsapi,
+        }
+    }
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Step>, BackendError> {
+        match self {
+            Codec::FastCgi(c) => c.decode(src),
+            Codec::Scgi(c) => c.decode(src),
+            Codec::Lsapi(c) => c.decode(src),
+        }
+    }
+
+    /// The backend closed the connection and `decode` needs more than `src` holds.
+    fn eof(&mut self, src: &mut BytesMut) -> Result<Step, BackendError> {
+        match self {
+            Codec::FastCgi(c) => c.eof(src),
+            Codec::Scgi(c) => c.eof(src),
+            Codec::Lsapi(c) => c.eof(src),
+        }
+    }
+
+    fn encode_body(&self, chunk: &[u8], dst: &mut BytesMut) {
+        match self {
+            Codec::FastCgi(c) => c.encode_body(chunk, dst),
+            Codec::Scgi(_) | Codec::Lsapi(_) => dst.extend_from_slice(chunk),
+        }
+    }
+
+    fn encode_body_end(&self, dst: &mut BytesMut) {
+        if let Codec::FastCgi(c) = self {
+            c.encode_body_end(dst);
+        }
+    }
+
+    /// Bytes that tell the backend the client went away, where the protocol has them.
+    fn abort_bytes(&self) -> Option<BytesMut> {
+        match self {
+            Codec::FastCgi(c) => Some(c.abort_bytes()),
+            Codec::Scgi(_) | Codec::Lsapi(_) => None,
+        }
+    }
+}
+
+/// What one round of I/O achieved.
+enum Progress {
+    /// Bytes were read, or the backend closed its side.
+    Read,
+    /// The last request byte was just written (or writing stopped for good).
+    RequestSent,
+}
+
+/// One exchange in flight over one connection.
+pub(super) struct Exchange {
+    conn: Option<BackendConnection>,
+    codec: Codec,
+    inbuf: BytesMut,
+    outbuf: BytesMut,
+    /// The body still to read from the client; `None` once it ended.
+    body: Option<RequestBody>,
+    declared: Option<u64>,
+    sent: u64,
+    eof: bool,
+    /// Writing failed; reading goes on, as the backend may have answered already.
+    write_error: Option<io::Error>,
+    options: ExchangeOptions,
+    request_deadline: Instant,
+    first_byte_deadline: Option<Instant>,
+    got_byte: bool,
+    /// The exchange ended cleanly (no abort on drop).
+    clean: bool,
+}
+
+impl Exchange {
+    /// Starts an exchange whose request head is already encoded in `head`. `declared` is the
+    /// body length the head announced, checked against what the body yields.
+    pub(super) fn new(
+        conn: BackendConnection,
+        codec: Codec,
+        head: BytesMut,
+        body: RequestBody,
+        declared: Option<u64>,
+        options: &ExchangeOptions,
+        started: Instant,
+    ) -> Exchange {
+        Exchange {
+            conn: Some(conn),
+            codec,
+            inbuf: BytesMut::new(),
+            outbuf: head,
+            body: Some(body),
+            declared,
+            sent: 0,
+            eof: false,
+            write_error: None,
+            options: options.clone(),
+            request_deadline: started + options.timeouts.request,
+            first_byte_deadline: None,
+            got_byte: false,
+            clean: false,
+        }
+    }
+
+    fn protocol(&self) -> Protocol {
+        self.codec.protocol()
+    }
+
+    /// Reads until the response head has arrived.
+    pub(super) async fn read_head(&mut self) -> Result<CgiResponseHead, BackendError> {
+        loop {
+            match self.next_step().await? {
+                Step::Head(head) => return Ok(head),
+                Step::Data(_) | Step::End { .. } => {
+                    return Err(BackendError::Protocol {
+                        protocol: self.protocol(),
+                        rule: "the response ended or carried body bytes before its head".into(),
+                    })
+                }
+                Step::Stderr(_) | Step::Nothing => {}
+            }
+        }
+    }
+
+    /// The next step that matters to the front; stderr is logged here.
+    async fn next_step(&mut self) -> Result<Step, BackendError> {
+        loop {
+            let step = match self.codec.decode(&mut self.inbuf)? {
+                Some(step) => step,
+                None if self.eof => match self.codec.eof(&mut self.inbuf) {
+                    Ok(step) => step,
+                    Err(e @ BackendError::ClosedEarly { .. }) => return Err(self.closed_error(e)),
+                    Err(e) => return Err(e),
+                },
+                None => {
+                    self.fill().await?;
+                    continue;
+                }
+            };
+            match step {
+                Step::Stderr(text) => self.log_stderr(&text),
+                Step::Nothing => {}
+                step => return Ok(step),
+            }
+        }
+    }
+
+    fn log_stderr(&self, text: &[u8]) {
+        let line = text.strip_suffix(b"\n").unwrap_or(text);
+        tracing::warn!(
+            pool = %self.options.pool,
+            request_id = self.options.request_id,
+            protocol = %self.protocol(),
+            stderr = %line.escape_ascii(),
+            "backend wrote to stderr"
+        );
+        if let Some(sink) = &self.options.stderr {
+            sink(text);
+        }
+    }
+
+    /// Does I/O until some bytes (or the end of the stream) have been read.
+    async fn fill(&mut self) -> Result<(), BackendError> {
+        loop {
+            let first_byte = self.first_byte_deadline.filter(|_| !self.got_byte);
+            let deadline = match first_byte {
+                Some(fb) if fb < self.request_deadline => fb,
+                _ => self.request_deadline,
+            };
+            let io = poll_fn(|cx| self.poll_io(cx));
+            match tokio::time::timeout_at(deadline, io).await {
+                Ok(Ok(Progress::Read)) => return Ok(()),
+                Ok(Ok(Progress::RequestSent)) => {
+                    self.first_byte_deadline =
+                        Some(Instant::now() + self.options.timeouts.first_byte);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) if deadline < self.request_deadline => {
+                    return Err(BackendError::FirstByteTimeout {
+                        after: self.options.timeouts.first_byte,
+                    })
+                }
+                Err(_) => {
+                    return Err(BackendError::RequestTimeout {
+                        after: self.options.timeouts.request,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Whether every request byte has been written (or writing has stopped for good).
+    fn request_sent(&self) -> bool {
+        self.body.is_none() && self.outbuf.is_empty()
+    }
+
+    fn poll_io(&mut self, cx: &mut Context<'_>) -> Poll<Result<Progress, BackendError>> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(Err(BackendError::ClosedEarly {
+                protocol: self.codec.protocol(),
+                stage: "after the exchange ended",
+            }));
+        };
+        let was_sent = self.body.is_none() && self.outbuf.is_empty();
+        loop {
+            if self.write_error.is_some() {
+                self.outbuf.clear();
+                self.body = None;
+                break;
+            }
+            if !self.outbuf.is_empty() {
+                match Pin::new(&mut conn.stream).poll_write(cx, &self.outbuf) {
+                    Poll::Ready(Ok(0)) => {
+                        self.write_error = Some(io::ErrorKind::WriteZero.into());
+                    }
+                    Poll::Ready(Ok(n)) => self.outbuf.advance(n),
+                    Poll::Ready(Err(e)) => self.write_error = Some(e),
+                    Poll::Pending => break,
+                }
+                continue;
+            }
+            let Some(body) = self.body.as_mut() else {
+                break;
+            };
+            match body.poll_chunk(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    self.sent += chunk.len() as u64;
+                    if let Some(declared) = self.declared.filter(|&d| self.sent > d) {
+                        return Poll::Ready(Err(BackendError::BodyLength {
+                            declared,
+                            actual: self.sent,
+                        }));
+                    }
+                    self.codec.encode_body(&chunk, &mut self.outbuf);
+                }
+                Poll::Ready(Some(Err(source))) => {
+                    return Poll::Ready(Err(BackendError::ClientBody { source }));
+                }
+                Poll::Ready(None) => {
+                    if let Some(declared) = self.declared.filter(|&d| self.sent != d) {
+                        return Poll::Ready(Err(BackendError::BodyLength {
+                            declared,
+                            actual: self.sent,
+                        }));
+                    }
+                    self.codec.encode_body_end(&mut self.outbuf);
+                    self.body = None;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if !was_sent && self.body.is_none() && self.outbuf.is_empty() {
+            return Poll::Ready(Ok(Progress::RequestSent));
+        }
+        let start = self.inbuf.len();
+        self.inbuf.resize(start + READ_CHUNK, 0);
+        let mut buf = ReadBuf::new(self.inbuf.get_mut(start..).unwrap_or_default());
+        let polled = Pin::new(&mut conn.stream).poll_read(cx, &mut buf);
+        let n = buf.filled().len();
+        self.inbuf.truncate(start + n);
+        match polled {
+            Poll::Ready(Ok(())) => {
+                if n == 0 {
+                    self.eof = true;
+                } else {
+                    self.got_byte = true;
+                }
+                Poll::Ready(Ok(Progress::Read))
+            }
+            Poll::Ready(Err(source)) => Poll::Ready(Err(BackendError::Read {
+                protocol: self.codec.protocol(),
+                source,
+            })),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Turns a close of the connection into the error that explains it best: a failed write
+    /// if there was one, else `closed`.
+    fn closed_error(&mut self, closed: BackendError) -> BackendError {
+        match self.write_error.take() {
+            Some(source) => BackendError::Write {
+                protocol: self.protocol(),
+                source,
+            },
+            None => closed,
+        }
+    }
+
+    /// The response ended cleanly: the connection goes back to its stack (or to the caller)
+    /// when the protocol and the state of the exchange allow it.
+    fn finish(&mut self, reusable: bool) -> Option<BackendConnection> {
+        self.clean = true;
+        let conn = self.conn.take()?;
+        let reusable = reusable
+            && self.inbuf.is_empty()
+            && self.write_error.is_none()
+            && self.request_sent()
+            && !self.eof;
+        if reusable {
+            conn.finish()
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if self.clean {
+            return;
+        }
+        // The front went away (or the exchange failed) mid-request: tell the backend where
+        // the protocol has a way, without waiting, then close the connection. Only at a
+        // record boundary, so the abort cannot land inside a half-written record.
+        if let Some(abort) = self.codec.abort_bytes() {
+            if self.outbuf.is_empty() && self.write_error.is_none() {
+                let _ = conn.try_write(&abort);
+            }
+        }
+        tracing::debug!(
+            pool = %self.options.pool,
+            request_id = self.options.request_id,
+            protocol = %self.protocol(),
+            "backend exchange abandoned before its end; connection closed"
+        );
+    }
+}
+
+/// The body of a backend response, pulled chunk by chunk. Dropping it before the end
+/// aborts the backend request (FastCGI ABORT_REQUEST, then close; SCGI and LSAPI: close).
+pub struct ResponseBody {
+    exchange: Exchange,
+    state: BodyState,
+    /// The connection, after a clean end, when it has no idle stack to go back to.
+    kept: Option<BackendConnection>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyState {
+    Streaming,
+    Ended,
+    Failed,
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("protocol", &self.exchange.protocol())
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl ResponseBody {
+    pub(super) fn new(exchange: Exchange) -> ResponseBody {
+        ResponseBody {
+            exchange,
+            state: BodyState::Streaming,
+            kept: None,
+        }
+    }
+
+    /// The next body chunk; `None` at the clean end of the response. After an error the
+    /// connection is gone and every later call gives `None`.
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
+        if self.state != BodyState::Streaming {
+            return None;
+        }
+        loop {
+            match self.exchange.next_step().await {
+                Ok(Step::Data(chunk)) => return Some(Ok(chunk)),
+                Ok(Step::End { reusable }) => {
+                    self.state = BodyState::Ended;
+                    self.kept = self.exchange.finish(reusable);
+                    return None;
+                }
+                Ok(Step::Head(_)) => {
+                    return Some(Err(self.fail(BackendError::Protocol {
+                        protocol: self.exchange.protocol(),
+                        rule: "the response carried a second head".into(),
+                    })))
+                }
+                Ok(Step::Stderr(_) | Step::Nothing) => {}
+                Err(e) => return Some(Err(self.fail(e))),
+            }
+        }
+    }
+
+    fn fail(&mut self, e: BackendError) -> BackendError {
+        self.state = BodyState::Failed;
+        // Dropping the connection now (rather than with the body) closes it at once.
+        if let Some(conn) = self.exchange.conn.take() {
+            drop(conn);
+        }
+        e
+    }
+
+    /// Whether the response ended cleanly.
+    pub fn is_ended(&self) -> bool {
+        self.state == BodyState::Ended
+    }
+
+    /// After a clean end, the connection if it may carry another request and did not come
+    /// from a [`super::Connections`] stack (those go back by themselves).
+    pub fn take_connection(&mut self) -> Option<BackendConnection> {
+        self.kept.take()
+    }
+
+    /// The client went away: abort the backend request and close the connection. Same as
+    /// dropping the body, but says so in the code.
+    pub fn abort(self) {
+        drop(self);
+    }
+}

@@ -1,0 +1,164 @@
+//! FastCGI towards a backend (php-cgi, flup, ruby-fcgi): BEGIN_REQUEST with FCGI_KEEP_CONN,
+//! PARAMS, the body as STDIN records as it arrives, then the answer's STDOUT parsed as a CGI
+//! response; END_REQUEST frees the connection for the next request.
+//!
+//! php-cgi's habits are accepted: no empty STDOUT record before END_REQUEST, junk in
+//! END_REQUEST's reserved bytes, STDERR records before any STDOUT.
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
+
+use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
+use super::Protocol;
+use super::{BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions};
+use crate::protocols::cgi_response::CgiResponseDecoder;
+use crate::protocols::fastcgi::{
+    encode_abort_request, encode_begin_request, encode_params, encode_stdin, encode_stdin_end,
+    ProtocolStatus, ResponseDecoder, ResponseEvent, Role,
+};
+use crate::protocols::Limits;
+
+/// The request id corral uses: one request at a time per connection, no multiplexing.
+const REQUEST_ID: u16 = 1;
+
+/// Sends `request` over `conn` as a FastCGI RESPONDER request with FCGI_KEEP_CONN and
+/// returns once the CGI response head has arrived. A body of unknown length is streamed as
+/// it comes; the caller's `CONTENT_LENGTH` parameter is passed on unchanged.
+pub async fn send(
+    conn: BackendConnection,
+    request: BackendRequest,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
+    let started = Instant::now();
+    let mut head = BytesMut::with_capacity(1024);
+    encode_begin_request(REQUEST_ID, Role::Responder, true, &mut head);
+    encode_params(REQUEST_ID, &request.params, &mut head).map_err(|e| {
+        BackendError::RequestHead {
+            protocol: Protocol::FastCgi,
+            reason: e.to_string(),
+        }
+    })?;
+    let declared = request.body.len();
+    let codec = AnyCodec::FastCgi(Codec::new(&options.limits));
+    let mut exchange = Exchange::new(conn, codec, head, request.body, declared, options, started);
+    let head = exchange.read_head().await?;
+    Ok(BackendResponse {
+        head,
+        body: ResponseBody::new(exchange),
+    })
+}
+
+/// Turns the backend's records into exchange steps.
+#[derive(Debug)]
+pub(super) struct Codec {
+    records: ResponseDecoder,
+    /// The CGI head parser until the head is complete, then `None`.
+    head: Option<CgiResponseDecoder>,
+    /// STDOUT bytes gathered until the head is complete.
+    head_bytes: BytesMut,
+    /// Body bytes that arrived in the same record as the end of the head.
+    pending: Option<Bytes>,
+}
+
+fn violation(rule: impl ToString) -> BackendError {
+    BackendError::Protocol {
+        protocol: Protocol::FastCgi,
+        rule: rule.to_string(),
+    }
+}
+
+impl Codec {
+    fn new(limits: &Limits) -> Codec {
+        Codec {
+            records: ResponseDecoder::new(REQUEST_ID, true, limits),
+            head: Some(CgiResponseDecoder::new(limits)),
+            head_bytes: BytesMut::new(),
+            pending: None,
+        }
+    }
+
+    pub(super) fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Step>, BackendError> {
+        if let Some(body) = self.pending.take() {
+            return Ok(Some(Step::Data(body)));
+        }
+        let Some(event) = self.records.decode(src).map_err(violation)? else {
+            return Ok(None);
+        };
+        let step = match event {
+            ResponseEvent::Stdout(bytes) => self.stdout(bytes)?,
+            ResponseEvent::Stderr(bytes) => Step::Stderr(bytes),
+            ResponseEvent::StdoutEnd | ResponseEvent::StderrEnd => Step::Nothing,
+            ResponseEvent::End {
+                protocol_status: ProtocolStatus::RequestComplete,
+                ..
+            } => {
+                if self.head.is_some() {
+                    return Err(violation(
+                        "END_REQUEST arrived before the CGI response head on STDOUT was complete",
+                    ));
+                }
+                Step::End {
+                    reusable: self.records.is_reusable(),
+                }
+            }
+            ResponseEvent::End {
+                protocol_status, ..
+            } => {
+                return Err(BackendError::Refused {
+                    protocol: Protocol::FastCgi,
+                    reason: protocol_status.to_string(),
+                    overloaded: protocol_status == ProtocolStatus::Overloaded,
+                })
+            }
+            ResponseEvent::GetValuesResult(_) | ResponseEvent::UnknownType { .. } => {
+                return Err(violation(
+                    "a management record arrived although corral sent no management request",
+                ))
+            }
+        };
+        Ok(Some(step))
+    }
+
+    fn stdout(&mut self, bytes: Bytes) -> Result<Step, BackendError> {
+        let Some(parser) = self.head.as_mut() else {
+            return Ok(Step::Data(bytes));
+        };
+        self.head_bytes.extend_from_slice(&bytes);
+        match parser.decode(&mut self.head_bytes).map_err(violation)? {
+            None => Ok(Step::Nothing),
+            Some(head) => {
+                self.head = None;
+                let rest = std::mem::take(&mut self.head_bytes);
+                if !rest.is_empty() {
+                    self.pending = Some(rest.freeze());
+                }
+                Ok(Step::Head(head))
+            }
+        }
+    }
+
+    pub(super) fn eof(&mut self, _src: &mut BytesMut) -> Result<Step, BackendError> {
+        Err(BackendError::ClosedEarly {
+            protocol: Protocol::FastCgi,
+            stage: if self.head.is_some() {
+                "before the response head was complete"
+            } else {
+                "before END_REQUEST"
+            },
+        })
+    }
+
+    pub(super) fn encode_body(&self, chunk: &[u8], dst: &mut BytesMut) {
+        encode_stdin(REQUEST_ID, chunk, dst);
+    }
+
+    pub(super) fn encode_body_end(&self, dst: &mut BytesMut) {
+        encode_stdin_end(REQUEST_ID, dst);
+    }
+
+    pub(super) fn abort_bytes(&self) -> BytesMut {
+        let mut dst = BytesMut::new();
+        encode_abort_request(REQUEST_ID, &mut dst);
+        dst
+    }
+}

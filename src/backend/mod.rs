@@ -1,0 +1,214 @@
+//! The backend side of the gateway: one request/response exchange over one backend
+//! connection, in FastCGI, SCGI or LSAPI, streaming both bodies with bounded buffers.
+//!
+//! A front hands over a [`BackendRequest`] (CGI parameters and a [`RequestBody`]) and gets a
+//! [`BackendResponse`]: the parsed CGI head (status, headers, Location semantics through
+//! [`CgiResponseHead::kind`]) and a [`ResponseBody`] to pull chunks from. The request body is
+//! written while the response is read, so neither side can deadlock the other, and only one
+//! chunk of each direction is held at a time. The backend's stderr is logged with the pool
+//! name and request id. FastCGI and LSAPI connections go back to a [`Connections`] stack after
+//! a clean exchange; any error drops the connection.
+//!
+//! Files: `body` (request body sources), `connection` (connections and the idle stack),
+//! `exchange` (the I/O driver and the response body, shared by the three protocols),
+//! `fastcgi`, `scgi`, `lsapi` (one codec each), `spool` (bodies of unknown length), `error`.
+
+pub mod body;
+pub mod connection;
+mod error;
+mod exchange;
+pub mod fastcgi;
+pub mod lsapi;
+pub mod scgi;
+mod spool;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::config::{BackendProtocol, PoolConfig};
+use crate::protocols::cgi_response::CgiResponseHead;
+use crate::protocols::Limits;
+
+pub use body::{BodyClosed, BodyError, BodySender, BodySource, RequestBody};
+pub use connection::{BackendConnection, Connections};
+pub use error::{BackendError, Origin};
+pub use exchange::ResponseBody;
+
+/// The protocol spoken to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// FastCGI 1.0.
+    FastCgi,
+    /// SCGI.
+    Scgi,
+    /// LSAPI.
+    Lsapi,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::FastCgi => "FastCGI",
+            Protocol::Scgi => "SCGI",
+            Protocol::Lsapi => "LSAPI",
+        })
+    }
+}
+
+impl From<BackendProtocol> for Protocol {
+    fn from(p: BackendProtocol) -> Protocol {
+        match p {
+            BackendProtocol::Fastcgi => Protocol::FastCgi,
+            BackendProtocol::Scgi => Protocol::Scgi,
+            BackendProtocol::Lsapi => Protocol::Lsapi,
+        }
+    }
+}
+
+/// The three bounds on an exchange's time (DESIGN decision 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Longest connect.
+    pub connect: Duration,
+    /// Longest wait for the first response byte, counted from the moment the whole request
+    /// (body included) has been written, so a slow upload does not count against it.
+    pub first_byte: Duration,
+    /// Longest whole exchange, from the start of the request to the end of the response.
+    pub request: Duration,
+}
+
+impl Timeouts {
+    /// The timeouts a pool is configured with.
+    pub fn from_pool(pool: &PoolConfig) -> Timeouts {
+        Timeouts {
+            connect: pool.connect_timeout,
+            first_byte: pool.first_byte_timeout,
+            request: pool.request_timeout,
+        }
+    }
+}
+
+impl Default for Timeouts {
+    /// The configuration defaults: 5 s connect, 60 s first byte, 300 s request.
+    fn default() -> Timeouts {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            first_byte: Duration::from_secs(60),
+            request: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Where and how much of a body of unknown length may be spooled to learn its length (SCGI
+/// and LSAPI need it up front).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpoolConfig {
+    /// Directory of the temporary files (the runtime or temp dir); each is unlinked at once.
+    pub dir: PathBuf,
+    /// Largest body spooled; a longer one fails with 413.
+    pub max_bytes: u64,
+    /// Bodies up to this size stay in memory instead of a file.
+    pub memory_bytes: usize,
+}
+
+impl Default for SpoolConfig {
+    /// The system temp dir, at most 1 GiB, 64 KiB in memory.
+    fn default() -> SpoolConfig {
+        SpoolConfig {
+            dir: std::env::temp_dir(),
+            max_bytes: 1 << 30,
+            memory_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// Receives each piece of the backend's stderr, besides the log line (tests, status pages).
+pub type StderrSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// What one exchange needs besides the request: names for the log, bounds and timeouts.
+#[derive(Clone)]
+pub struct ExchangeOptions {
+    /// The pool's name, logged with the backend's stderr.
+    pub pool: Arc<str>,
+    /// The request id, logged with the backend's stderr.
+    pub request_id: u64,
+    /// Time bounds.
+    pub timeouts: Timeouts,
+    /// Bounds on what the backend may make corral buffer.
+    pub limits: Limits,
+    /// Spooling of bodies of unknown length.
+    pub spool: SpoolConfig,
+    /// Optional extra receiver of the backend's stderr.
+    pub stderr: Option<StderrSink>,
+}
+
+impl ExchangeOptions {
+    /// Options with default timeouts, limits and spool for request `request_id` of `pool`.
+    pub fn new(pool: &str, request_id: u64) -> ExchangeOptions {
+        ExchangeOptions {
+            pool: Arc::from(pool),
+            request_id,
+            timeouts: Timeouts::default(),
+            limits: Limits::DEFAULT,
+            spool: SpoolConfig::default(),
+            stderr: None,
+        }
+    }
+}
+
+impl fmt::Debug for ExchangeOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExchangeOptions")
+            .field("pool", &self.pool)
+            .field("request_id", &self.request_id)
+            .field("timeouts", &self.timeouts)
+            .field("limits", &self.limits)
+            .field("spool", &self.spool)
+            .field("stderr", &self.stderr.as_ref().map(|_| "sink"))
+            .finish()
+    }
+}
+
+/// One request for a backend: the CGI variables and the body.
+#[derive(Debug)]
+pub struct BackendRequest {
+    /// CGI/1.1 meta-variables in order (`REQUEST_METHOD`, `SCRIPT_FILENAME`, `HTTP_*`...).
+    pub params: Vec<(Bytes, Bytes)>,
+    /// The request body.
+    pub body: RequestBody,
+}
+
+impl BackendRequest {
+    /// The value of the first parameter named `name`.
+    pub fn param(&self, name: &[u8]) -> Option<&Bytes> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+}
+
+/// A backend's answer: the head, parsed before this is returned, and the body to stream.
+#[derive(Debug)]
+pub struct BackendResponse {
+    /// Status (`head.status_code()`), headers, and what to do with a Location
+    /// (`head.kind()`). For LSAPI, the status from RESP_HEADER is put in `head.status`.
+    pub head: CgiResponseHead,
+    /// The body, pulled chunk by chunk.
+    pub body: ResponseBody,
+}
+
+/// Sends `request` over `conn` in `protocol` and returns once the response head has arrived.
+pub async fn send(
+    protocol: Protocol,
+    conn: BackendConnection,
+    request: BackendRequest,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
+    match protocol {
+        Protocol::FastCgi => fastcgi::send(conn, request, options).await,
+        Protocol::Scgi => scgi::send(conn, request, options).await,
+        Protocol::Lsapi => lsapi::send(conn, request, options).await,
+    }
+}

@@ -1,0 +1,101 @@
+//! SCGI towards a backend (Python's `scgi` package, the embedded launchers): one connection
+//! per request; the netstring head (CONTENT_LENGTH first, `SCGI` = `1`), the body, then a
+//! CGI response read until the backend closes the connection.
+
+use bytes::BytesMut;
+use tokio::time::Instant;
+
+use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
+use super::spool::spool;
+use super::{
+    BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
+};
+use crate::protocols::cgi_response::CgiResponseDecoder;
+use crate::protocols::scgi::encode_request_head;
+use crate::protocols::Limits;
+
+/// Sends `request` over `conn` and returns once the CGI response head has arrived. The
+/// caller's `CONTENT_LENGTH` and `SCGI` parameters are replaced by the real ones; a body of
+/// unknown length is spooled first to learn its length.
+pub async fn send(
+    conn: BackendConnection,
+    request: BackendRequest,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
+    let started = Instant::now();
+    let deadline = started + options.timeouts.request;
+    let body = tokio::time::timeout_at(deadline, spool(request.body, &options.spool))
+        .await
+        .map_err(|_| BackendError::RequestTimeout {
+            after: options.timeouts.request,
+        })??;
+    let len = body.len().unwrap_or(0);
+    let params: Vec<_> = request
+        .params
+        .iter()
+        .filter(|(name, _)| name.as_ref() != b"CONTENT_LENGTH" && name.as_ref() != b"SCGI")
+        .collect();
+    let params: Vec<(&[u8], &[u8])> = params
+        .iter()
+        .map(|(n, v)| (n.as_ref(), v.as_ref()))
+        .collect();
+    let mut head = BytesMut::with_capacity(1024);
+    encode_request_head(len, &params, &options.limits, &mut head).map_err(|e| {
+        BackendError::RequestHead {
+            protocol: Protocol::Scgi,
+            reason: e.to_string(),
+        }
+    })?;
+    let codec = AnyCodec::Scgi(Codec::new(&options.limits));
+    let mut exchange = Exchange::new(conn, codec, head, body, Some(len), options, started);
+    let head = exchange.read_head().await?;
+    Ok(BackendResponse {
+        head,
+        body: ResponseBody::new(exchange),
+    })
+}
+
+/// The response is the raw byte stream: a CGI head, then body bytes until EOF.
+#[derive(Debug)]
+pub(super) struct Codec {
+    /// The head parser until the head is complete, then `None`.
+    head: Option<CgiResponseDecoder>,
+}
+
+impl Codec {
+    fn new(limits: &Limits) -> Codec {
+        Codec {
+            head: Some(CgiResponseDecoder::new(limits)),
+        }
+    }
+
+    pub(super) fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Step>, BackendError> {
+        let Some(parser) = self.head.as_mut() else {
+            if src.is_empty() {
+                return Ok(None);
+            }
+            return Ok(Some(Step::Data(src.split().freeze())));
+        };
+        match parser.decode(src) {
+            Ok(Some(head)) => {
+                self.head = None;
+                Ok(Some(Step::Head(head)))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(BackendError::Protocol {
+                protocol: Protocol::Scgi,
+                rule: e.to_string(),
+            }),
+        }
+    }
+
+    pub(super) fn eof(&mut self, _src: &mut BytesMut) -> Result<Step, BackendError> {
+        if self.head.is_some() {
+            return Err(BackendError::ClosedEarly {
+                protocol: Protocol::Scgi,
+                stage: "before the response head was complete",
+            });
+        }
+        Ok(Step::End { reusable: false })
+    }
+}
