@@ -49,6 +49,10 @@ pub enum Error {
         /// The operating system's reason.
         source: io::Error,
     },
+    /// The configuration is valid but asks for what this build cannot serve, or serving
+    /// failed after start.
+    #[error("cannot serve: {0}")]
+    Serve(String),
     /// An invariant of corral itself broke: a bug to report.
     #[error("internal error: {0}")]
     Internal(String),
@@ -60,7 +64,7 @@ impl Error {
         match self {
             Error::Usage(_) | Error::Config { .. } => EX_USAGE,
             Error::Io { .. } => EX_IOERR,
-            Error::Unavailable { .. } => EX_UNAVAILABLE,
+            Error::Unavailable { .. } | Error::Serve(_) => EX_UNAVAILABLE,
             Error::Internal(_) => EX_SOFTWARE,
         }
     }

@@ -5,10 +5,13 @@
 
 pub use corral_protocols as protocols;
 
+pub mod app;
 pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod front;
+pub mod gateway;
 pub mod net;
 pub mod pool;
+pub mod signals;

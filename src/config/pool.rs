@@ -274,7 +274,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
 fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
     if let Some(cmd) = &p.command {
         let argv: Vec<String> = cmd.get_ref().iter().map(|a| a.get_ref().clone()).collect();
-        if argv.first().map_or(true, |a| a.trim().is_empty()) {
+        if argv.first().is_none_or(|a| a.trim().is_empty()) {
             e.at(cmd.span(), "command must start with the program to run");
             return None;
         }

@@ -351,7 +351,7 @@ fn forwarded(e: &mut Errors, l: &FileListen, bind: Option<&Bind>) -> Option<Forw
             None
         }
         (Some((h, span)), t) => {
-            if !unix && t.map_or(true, |t| t.get_ref().is_empty()) {
+            if !unix && t.is_none_or(|t| t.get_ref().is_empty()) {
                 e.at(
                     span,
                     "forwarded on a TCP listener needs trusted_proxies, or any client could \
@@ -534,7 +534,7 @@ fn reachability(e: &mut Errors, file: &FileConfig, contexts: &[ContextConfig]) {
         };
         if !contexts
             .iter()
-            .any(|c| c.listen.as_ref().map_or(true, |a| *a == addr))
+            .any(|c| c.listen.as_ref().is_none_or(|a| *a == addr))
         {
             e.at(
                 l.address.span(),

@@ -1,3 +1,4 @@
 //! Front listeners: the sockets corral accepts front servers and clients on.
 
+pub mod http;
 pub mod listener;

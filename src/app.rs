@@ -1,0 +1,132 @@
+//! Wiring: builds the gateway from a validated configuration, serves every front listener,
+//! and runs the shutdown phases.
+//!
+//! The caller binds the listeners (tests bind port 0) and owns the shutdown token (STYLE 9),
+//! so `run` does no signal handling of its own. Shutdown order: stop accepting, let the
+//! connections finish what they are doing for up to `grace`, then drop what is left.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, FrontProtocol, ListenerConfig};
+use crate::front::http::{self, ConnInfo};
+use crate::front::listener::Listener;
+use crate::gateway::Gateway;
+
+/// A bound front listener with its configuration.
+#[derive(Debug)]
+pub struct BoundListener {
+    /// The socket.
+    pub listener: Listener,
+    /// As configured.
+    pub config: ListenerConfig,
+}
+
+/// Binds every configured front listener.
+pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
+    config
+        .listeners
+        .iter()
+        .map(|l| {
+            Listener::bind(&l.bind, l.backlog)
+                .map(|listener| BoundListener {
+                    listener,
+                    config: l.clone(),
+                })
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {}: {e}", l.bind.address()),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Serves until `shutdown` is cancelled, then drains for up to the configured grace.
+pub async fn run(
+    config: &Config,
+    listeners: Vec<BoundListener>,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let gateway = Arc::new(Gateway::new(config)?);
+    let connections = TaskTracker::new();
+    let accepting = TaskTracker::new();
+    for bound in listeners {
+        let gateway = Arc::clone(&gateway);
+        let connections = connections.clone();
+        let shutdown = shutdown.clone();
+        accepting.spawn(accept_loop(bound, gateway, connections, shutdown));
+    }
+    accepting.close();
+    shutdown.cancelled().await;
+    tracing::info!("stopping: no longer accepting; finishing requests in progress");
+    accepting.wait().await;
+    connections.close();
+    let grace = config.server.grace;
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "connections still open after the grace period; closing them"
+        );
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn accept_loop(
+    bound: BoundListener,
+    gateway: Arc<Gateway>,
+    connections: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let address = bound.config.bind.address();
+    let local = match &bound.listener {
+        Listener::Tcp { listener, .. } => listener.local_addr().ok(),
+        Listener::Unix { .. } => None,
+    };
+    // The bound address (with the real port when the configuration said 0) is what a test
+    // or an operator needs to connect.
+    let bound_address = bound
+        .listener
+        .local_address()
+        .map_or_else(|_| address.to_string(), |a| a.to_string());
+    tracing::info!(listener = %bound_address, protocol = ?bound.config.protocol, "listening");
+    loop {
+        let accepted = tokio::select! {
+            accepted = bound.listener.accept() => accepted,
+            () = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(Some(client)) => client,
+            Ok(None) => continue,
+            Err(e) => {
+                // EMFILE and friends: say so, pause briefly rather than spin, go on.
+                tracing::warn!(listener = %address, error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let gateway = Arc::clone(&gateway);
+        let shutdown = shutdown.clone();
+        match bound.config.protocol {
+            FrontProtocol::Http => {
+                let info = ConnInfo {
+                    listener: address.clone(),
+                    local,
+                    peer,
+                };
+                connections.spawn(http::serve_connection(stream, info, gateway, shutdown));
+            }
+            FrontProtocol::Fastcgi | FrontProtocol::Scgi => {
+                tracing::error!(listener = %address, "this front protocol is not served yet");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The `http` front listener: HTTP/1.1 from a reverse proxy or a client, turned into CGI
+//! variables for the context's pool, and the backend's CGI response turned back into HTTP.
+//!
+//! hyper does the HTTP/1.1 framing: keep-alive, pipelining, chunked request bodies, HEAD,
+//! `Expect: 100-continue` (sent when the body is first read, so a refused request never pulls
+//! its upload), and the bound on the request head. Everything else is corral's: routing, the
+//! CGI variables with their security defaults, local redirects (RFC 3875 §6.2.2), and a clear
+//! status with one log line for every failure.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{BackendError, BodyError, BodySource, RequestBody};
+use crate::config::ListenAddress;
+use crate::front::listener::Peer;
+use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
+use crate::net::Stream;
+use crate::protocols::cgi::{build_cgi_vars, CgiRequest};
+use crate::protocols::cgi_response::ResponseKind;
+
+/// Largest request head hyper buffers (request line and headers).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header fields in one request head.
+const MAX_HEADERS: usize = 100;
+/// Local redirects followed for one request before giving up with 502 (a loop).
+const MAX_LOCAL_REDIRECTS: usize = 5;
+
+/// What an HTTP connection knows about where it was accepted.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The listener's configured address (contexts name it).
+    pub listener: ListenAddress,
+    /// The local socket address, for SERVER_ADDR and SERVER_PORT (`None` on Unix sockets).
+    pub local: Option<SocketAddr>,
+    /// The client.
+    pub peer: Peer,
+}
+
+/// Serves one HTTP connection until the client closes it or `shutdown` fires (then the
+/// request in progress finishes and the connection closes).
+pub async fn serve_connection(
+    stream: Stream,
+    info: ConnInfo,
+    gateway: Arc<Gateway>,
+    shutdown: CancellationToken,
+) {
+    let info = Arc::new(info);
+    let service = service_fn(move |req| {
+        let gateway = Arc::clone(&gateway);
+        let info = Arc::clone(&info);
+        async move { Ok::<_, Infallible>(handle(&gateway, &info, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS)
+        .pipeline_flush(true)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "http connection ended with an error");
+            }
+        }
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "http connection ended with an error while draining");
+            }
+        }
+    }
+}
+
+/// The response body type of the http front.
+pub type HttpBody = FrontBody;
+
+async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> Response<HttpBody> {
+    let request_id = gateway.request_id();
+    let (parts, incoming) = req.into_parts();
+    let host = host_of(&parts);
+    let target: Bytes = match parts.uri.path_and_query() {
+        Some(pq) => Bytes::copy_from_slice(pq.as_str().as_bytes()),
+        None => Bytes::from_static(b"/"),
+    };
+    let mut method = parts.method.as_str().as_bytes().to_vec();
+    let mut target = target;
+    let mut body = Some(request_body(&parts, incoming));
+    for _ in 0..=MAX_LOCAL_REDIRECTS {
+        let path = path_of(&target);
+        let Some(ctx) = gateway.route(RouteKey {
+            listener: &info.listener,
+            host: &host,
+            path,
+        }) else {
+            let e = GatewayError::NoContext {
+                host: host.clone(),
+                path: path.to_owned(),
+            };
+            return error_response(request_id, &e);
+        };
+        let body_now = body.take().unwrap_or_else(RequestBody::empty);
+        let params = match cgi_params(
+            gateway, ctx, info, &parts, &method, &target, &host, &body_now,
+        ) {
+            Ok(p) => p,
+            Err(e) => return error_response(request_id, &e),
+        };
+        let response = match gateway.dispatch(ctx, params, body_now, request_id).await {
+            Ok(r) => r,
+            Err(e) => return error_response(request_id, &e),
+        };
+        if let ResponseKind::LocalRedirect { location } = response.head.kind() {
+            // RFC 3875 §6.2.2: serve the new path as a GET, send nothing of this response.
+            target = Bytes::copy_from_slice(location);
+            method = b"GET".to_vec();
+            continue;
+        }
+        let mut builder = Response::builder().status(
+            StatusCode::from_u16(response.head.status_code()).unwrap_or(StatusCode::BAD_GATEWAY),
+        );
+        for (name, value) in &response.head.headers {
+            if name.eq_ignore_ascii_case(b"status") {
+                continue;
+            }
+            match (
+                HeaderName::from_bytes(name),
+                HeaderValue::from_maybe_shared(value.clone()),
+            ) {
+                (Ok(n), Ok(v)) => builder = builder.header(n, v),
+                _ => {
+                    tracing::warn!(
+                        request_id,
+                        header = %String::from_utf8_lossy(name),
+                        "dropped a backend response header that is not valid HTTP"
+                    );
+                }
+            }
+        }
+        return builder
+            .body(FrontBody::backend(response.body, request_id))
+            .unwrap_or_else(|_| plain(StatusCode::BAD_GATEWAY, "bad response head\n"));
+    }
+    let e = GatewayError::Backend {
+        pool: Arc::from("?"),
+        source: BackendError::Protocol {
+            protocol: crate::backend::Protocol::FastCgi,
+            rule: format!("more than {MAX_LOCAL_REDIRECTS} local redirects"),
+        },
+    };
+    error_response(request_id, &e)
+}
+
+/// The CGI variables of one request for context `ctx`.
+#[allow(clippy::too_many_arguments)]
+fn cgi_params(
+    gateway: &Gateway,
+    ctx: usize,
+    info: &ConnInfo,
+    parts: &http::request::Parts,
+    method: &[u8],
+    target: &[u8],
+    host: &str,
+    body: &RequestBody,
+) -> Result<Vec<(Bytes, Bytes)>, GatewayError> {
+    let headers: Vec<(&[u8], &[u8])> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .collect();
+    let (remote_addr, remote_port) = match info.peer {
+        Peer::Tcp(a) => (a.ip().to_string(), Some(a.port())),
+        Peer::Unix => ("127.0.0.1".to_owned(), None),
+    };
+    let (server_addr, server_port) = match info.local {
+        Some(a) => (a.ip().to_string(), Some(a.port())),
+        None => ("127.0.0.1".to_owned(), None),
+    };
+    let protocol = match parts.version {
+        http::Version::HTTP_10 => &b"HTTP/1.0"[..],
+        _ => b"HTTP/1.1",
+    };
+    let req = CgiRequest {
+        method,
+        target,
+        protocol,
+        headers: &headers,
+        body_length: body.len(),
+        remote_addr: remote_addr.as_bytes(),
+        remote_port,
+        server_addr: server_addr.as_bytes(),
+        server_port,
+        server_name: host.as_bytes(),
+        https: false,
+    };
+    let Some(context) = gateway.contexts.get(ctx) else {
+        return Err(GatewayError::NoContext {
+            host: host.to_owned(),
+            path: String::new(),
+        });
+    };
+    let vars = build_cgi_vars(&req, &context.cgi, &gateway.limits)?;
+    for d in &vars.dropped {
+        tracing::debug!(header = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
+    }
+    Ok(vars.vars)
+}
+
+/// The host name the client asked for, lowercase and without its port.
+fn host_of(parts: &http::request::Parts) -> String {
+    let raw = parts
+        .uri
+        .host()
+        .or_else(|| parts.headers.get(http::header::HOST)?.to_str().ok())
+        .unwrap_or("");
+    let host = if raw.starts_with('[') {
+        raw.split_inclusive(']').next().unwrap_or(raw)
+    } else {
+        raw.split(':').next().unwrap_or(raw)
+    };
+    host.to_ascii_lowercase()
+}
+
+/// The path part of a request target (before `?`).
+fn path_of(target: &[u8]) -> &str {
+    let path = target.split(|&b| b == b'?').next().unwrap_or(target);
+    std::str::from_utf8(path).unwrap_or("/")
+}
+
+/// The request body as a backend body source; its length when the client declared one.
+fn request_body(parts: &http::request::Parts, incoming: Incoming) -> RequestBody {
+    let chunked = parts.headers.get(http::header::TRANSFER_ENCODING).is_some();
+    let len = if chunked {
+        None
+    } else {
+        parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .or(Some(0))
+    };
+    if len == Some(0) {
+        return RequestBody::empty();
+    }
+    RequestBody::from_source(IncomingSource(incoming), len)
+}
+
+/// hyper's request body as a backend body source.
+struct IncomingSource(Incoming);
+
+impl BodySource for IncomingSource {
+    fn poll_chunk(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BodyError>>> {
+        let body = &mut self.get_mut().0;
+        loop {
+            return match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => Poll::Ready(Some(Ok(data))),
+                    // Trailers carry nothing CGI can pass on.
+                    Err(_) => continue,
+                },
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::from(e)))),
+            };
+        }
+    }
+}
+
+fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
+    let status = e.status();
+    if status >= 500 {
+        tracing::warn!(request_id, status, error = %e, "request failed");
+    } else {
+        tracing::info!(request_id, status, error = %e, "request refused");
+    }
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let reason = code.canonical_reason().unwrap_or("Error");
+    let mut resp = plain(code, &format!("{status} {reason}\n"));
+    if let Some(secs) = e.retry_after() {
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+fn plain(code: StatusCode, text: &str) -> Response<HttpBody> {
+    let mut resp = Response::new(FrontBody::full(Bytes::copy_from_slice(text.as_bytes())));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+type ChunkFuture =
+    Pin<Box<dyn Future<Output = (GatewayBody, Option<Result<Bytes, BackendError>>)> + Send>>;
+
+/// A response body for hyper: fixed bytes (corral's own answers) or a backend body pulled
+/// chunk by chunk. Dropping it mid-way (the client went away) drops the backend body, which
+/// aborts the backend request and gives the slot back.
+pub struct FrontBody {
+    kind: BodyKind,
+}
+
+// One body per response, moved once: boxing the larger variant would cost an allocation per
+// response to save a few bytes that are never copied.
+#[allow(clippy::large_enum_variant)]
+enum BodyKind {
+    Full(Option<Bytes>),
+    Backend {
+        idle: Option<GatewayBody>,
+        pending: Option<ChunkFuture>,
+        request_id: u64,
+    },
+}
+
+impl FrontBody {
+    fn full(bytes: Bytes) -> FrontBody {
+        FrontBody {
+            kind: BodyKind::Full(Some(bytes)),
+        }
+    }
+
+    fn backend(body: GatewayBody, request_id: u64) -> FrontBody {
+        FrontBody {
+            kind: BodyKind::Backend {
+                idle: Some(body),
+                pending: None,
+                request_id,
+            },
+        }
+    }
+}
+
+impl Body for FrontBody {
+    type Data = Bytes;
+    type Error = BackendError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BackendError>>> {
+        match &mut self.get_mut().kind {
+            BodyKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            BodyKind::Backend {
+                idle,
+                pending,
+                request_id,
+            } => {
+                if pending.is_none() {
+                    let Some(mut body) = idle.take() else {
+                        return Poll::Ready(None);
+                    };
+                    *pending = Some(Box::pin(async move {
+                        let chunk = body.next_chunk().await;
+                        (body, chunk)
+                    }));
+                }
+                let Some(fut) = pending.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let (body, chunk) = match fut.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(done) => done,
+                };
+                *pending = None;
+                match chunk {
+                    Some(Ok(data)) => {
+                        *idle = Some(body);
+                        Poll::Ready(Some(Ok(Frame::data(data))))
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(request_id = *request_id, error = %e, "backend response broke off");
+                        Poll::Ready(Some(Err(e)))
+                    }
+                    // The end: dropping `body` gives the slot back now, not when hyper drops
+                    // this body.
+                    None => Poll::Ready(None),
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            BodyKind::Full(bytes) => bytes.is_none(),
+            BodyKind::Backend { idle, pending, .. } => idle.is_none() && pending.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            BodyKind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            BodyKind::Full(None) => SizeHint::with_exact(0),
+            BodyKind::Backend { .. } => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! The gateway core shared by every front listener: the router (request → context), the pools
+//! of backend servers with their slot tables and idle connections, and `dispatch`, which takes
+//! a slot, sends one request to the chosen worker and hands back the response with the slot
+//! still held until its body ends.
+//!
+//! Front listeners only translate their wire format into CGI variables and a body and back;
+//! everything about limits, queueing, worker choice and backend errors happens here, the same
+//! for HTTP, FastCGI and SCGI fronts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::backend::{
+    self, BackendError, BackendRequest, Connections, ExchangeOptions, Protocol, RequestBody,
+    ResponseBody, SpoolConfig, Timeouts,
+};
+use crate::config::{Backend, BackendAddress, Config, ContextConfig, ListenAddress};
+use crate::pool::slots::{Slot, SlotError, SlotLimits, SlotTable};
+use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
+use crate::protocols::cgi_response::CgiResponseHead;
+use crate::protocols::Limits;
+
+/// Idle backend connections kept per worker address.
+const MAX_IDLE_PER_WORKER: usize = 64;
+
+/// One pool at run time.
+#[derive(Debug)]
+pub struct Pool {
+    /// The pool's name, for logs.
+    pub name: Arc<str>,
+    /// What the workers speak.
+    pub protocol: Protocol,
+    /// Slots and the queue.
+    pub slots: Arc<SlotTable>,
+    /// Worker addresses by slot-table index.
+    pub workers: Vec<BackendAddress>,
+    /// Idle persistent connections (FastCGI and LSAPI).
+    pub connections: Connections,
+    /// Time bounds of one exchange.
+    pub timeouts: Timeouts,
+}
+
+/// One context at run time.
+#[derive(Debug)]
+pub struct Context {
+    /// As configured.
+    pub config: ContextConfig,
+    /// Index of its pool in [`Gateway::pools`].
+    pub pool: usize,
+    /// Its index in the pool's slot table (for the per-context cap).
+    pub slot_context: usize,
+    /// How CGI variables are built for it.
+    pub cgi: CgiContext,
+}
+
+/// Why a request got no backend response.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// No context matches the request.
+    #[error("no context matches host {host:?} and path {path:?}")]
+    NoContext {
+        /// The host asked for.
+        host: String,
+        /// The path asked for.
+        path: String,
+    },
+    /// The CGI variables could not be built from the request.
+    #[error("{0}")]
+    Cgi(#[from] CgiError),
+    /// No slot could be had (queue full, queue timeout, pool stopping).
+    #[error("pool {pool}: {source}")]
+    Slot {
+        /// The pool.
+        pool: Arc<str>,
+        /// What happened.
+        source: SlotError,
+    },
+    /// The backend exchange failed.
+    #[error("pool {pool}: {source}")]
+    Backend {
+        /// The pool.
+        pool: Arc<str>,
+        /// What happened.
+        source: BackendError,
+    },
+}
+
+impl GatewayError {
+    /// The HTTP status for the client.
+    pub fn status(&self) -> u16 {
+        match self {
+            GatewayError::NoContext { .. } => 404,
+            GatewayError::Cgi(e) => cgi_status(e),
+            GatewayError::Slot { .. } => 503,
+            GatewayError::Backend { source, .. } => source.status(),
+        }
+    }
+
+    /// Seconds the client should wait before retrying, for a 503.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            GatewayError::Slot { .. } => Some(1),
+            GatewayError::Backend { source, .. } if source.status() == 503 => Some(1),
+            _ => None,
+        }
+    }
+}
+
+/// The status for a request whose CGI variables cannot be built: a path that names no
+/// allowed script is 404 (php-fpm answers "File not found." the same way); a path that
+/// tries to leave the root is 403; anything else the client sent is 400.
+fn cgi_status(e: &CgiError) -> u16 {
+    match e {
+        CgiError::EscapesRoot { .. } | CgiError::OutsideRoot { .. } => 403,
+        CgiError::NotAScript { .. } | CgiError::NoIndex { .. } | CgiError::OutsideMount { .. } => {
+            404
+        }
+        CgiError::InvalidContext(_) => 500,
+        CgiError::TooManyVars { .. }
+        | CgiError::NameTooLong { .. }
+        | CgiError::ValueTooLong { .. } => 431,
+        _ => 400,
+    }
+}
+
+/// A backend's response with the slot it holds until the body ends.
+#[derive(Debug)]
+pub struct GatewayResponse {
+    /// Status, headers and Location semantics.
+    pub head: CgiResponseHead,
+    /// The body and the slot.
+    pub body: GatewayBody,
+}
+
+/// A response body holding its slot: the slot is given back when the body ends or is
+/// dropped (the client went away, which also aborts the backend request).
+#[derive(Debug)]
+pub struct GatewayBody {
+    body: ResponseBody,
+    _slot: Slot,
+}
+
+impl GatewayBody {
+    /// The next chunk; `None` at the clean end.
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
+        self.body.next_chunk().await
+    }
+}
+
+/// Everything the front listeners share.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Pools by index.
+    pub pools: Vec<Pool>,
+    /// Contexts in configuration order.
+    pub contexts: Vec<Context>,
+    /// Bounds on what peers may make corral buffer.
+    pub limits: Limits,
+    /// Where bodies of unknown length are spooled.
+    pub spool: SpoolConfig,
+    next_request_id: AtomicU64,
+}
+
+/// What the router looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteKey<'a> {
+    /// The listener the request came in on.
+    pub listener: &'a ListenAddress,
+    /// The host name, lowercase, without port.
+    pub host: &'a str,
+    /// The decoded path (no query).
+    pub path: &'a str,
+}
+
+impl Gateway {
+    /// Builds the run-time pools and contexts of `config`. Pools that corral would spawn are
+    /// refused here: only pools of running servers (`servers = [...]`) are served so far.
+    pub fn new(config: &Config) -> Result<Gateway, String> {
+        let mut pools = Vec::new();
+        for p in &config.pools {
+            let Backend::External { servers } = &p.backend else {
+                return Err(format!(
+                    "pool {}: spawning workers is not built yet; list running servers with \
+                     `servers = [...]`",
+                    p.name
+                ));
+            };
+            let contexts: Vec<Option<usize>> = config
+                .contexts
+                .iter()
+                .filter(|c| c.pool == p.name)
+                .map(|c| Some(c.max_conns as usize))
+                .collect();
+            let slots = SlotTable::new(
+                SlotLimits {
+                    max_conns: p.max_conns as usize,
+                    queue_size: p.queue_size as usize,
+                    queue_timeout: p.queue_timeout,
+                },
+                &contexts,
+            );
+            for _ in servers {
+                let id = slots.add_worker(p.concurrency as usize);
+                slots.set_accepting(id, true);
+            }
+            pools.push(Pool {
+                name: Arc::from(p.name.as_str()),
+                protocol: p.protocol.into(),
+                slots,
+                workers: servers.clone(),
+                connections: Connections::new(MAX_IDLE_PER_WORKER),
+                timeouts: Timeouts::from_pool(p),
+            });
+        }
+        let mut per_pool = vec![0usize; pools.len()];
+        let mut contexts = Vec::new();
+        for c in &config.contexts {
+            let pool = config
+                .pools
+                .iter()
+                .position(|p| p.name == c.pool)
+                .ok_or_else(|| format!("context names unknown pool {}", c.pool))?;
+            let slot_context = per_pool.get(pool).copied().unwrap_or(0);
+            if let Some(n) = per_pool.get_mut(pool) {
+                *n += 1;
+            }
+            contexts.push(Context {
+                cgi: cgi_context(c),
+                config: c.clone(),
+                pool,
+                slot_context,
+            });
+        }
+        Ok(Gateway {
+            pools,
+            contexts,
+            limits: Limits::DEFAULT,
+            spool: SpoolConfig::default(),
+            next_request_id: AtomicU64::new(1),
+        })
+    }
+
+    /// A new request id for logs.
+    pub fn request_id(&self) -> u64 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The context for a request: among those whose listener, host, prefix and extension
+    /// match, the most specific (a listener named, then an exact host over a wildcard, then
+    /// the longest prefix, then an extension); the first in the file on a tie.
+    pub fn route(&self, key: RouteKey<'_>) -> Option<usize> {
+        let mut best: Option<(usize, (bool, u8, usize, bool))> = None;
+        for (i, ctx) in self.contexts.iter().enumerate() {
+            let c = &ctx.config;
+            if c.listen.as_ref().is_some_and(|l| l != key.listener) {
+                continue;
+            }
+            let host_rank = match &c.host {
+                None => 0,
+                Some(h) if h == key.host => 2,
+                Some(h) => match h.strip_prefix("*.") {
+                    Some(suffix)
+                        if key.host.len() > suffix.len()
+                            && key.host.ends_with(suffix)
+                            && key.host.as_bytes()[key.host.len() - suffix.len() - 1] == b'.' =>
+                    {
+                        1
+                    }
+                    _ => continue,
+                },
+            };
+            if !prefix_matches(&c.prefix, key.path) {
+                continue;
+            }
+            if let Some(ext) = &c.extension {
+                if !has_extension(key.path, ext, &c.index) {
+                    continue;
+                }
+            }
+            let rank = (
+                c.listen.is_some(),
+                host_rank,
+                c.prefix.len(),
+                c.extension.is_some(),
+            );
+            if best.as_ref().is_none_or(|(_, r)| rank > *r) {
+                best = Some((i, rank));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    /// Sends a request of context `ctx` to a worker of its pool: takes a slot (waiting in the
+    /// queue if needed), takes an idle connection or makes one, and returns once the response
+    /// head has arrived.
+    pub async fn dispatch(
+        &self,
+        ctx: usize,
+        params: Vec<(Bytes, Bytes)>,
+        body: RequestBody,
+        request_id: u64,
+    ) -> Result<GatewayResponse, GatewayError> {
+        let Some(context) = self.contexts.get(ctx) else {
+            return Err(GatewayError::NoContext {
+                host: String::new(),
+                path: String::new(),
+            });
+        };
+        let Some(pool) = self.pools.get(context.pool) else {
+            return Err(GatewayError::NoContext {
+                host: String::new(),
+                path: String::new(),
+            });
+        };
+        let slot = pool
+            .slots
+            .acquire(context.slot_context)
+            .await
+            .map_err(|source| GatewayError::Slot {
+                pool: Arc::clone(&pool.name),
+                source,
+            })?;
+        let backend_err = |source| GatewayError::Backend {
+            pool: Arc::clone(&pool.name),
+            source,
+        };
+        let Some(address) = pool.workers.get(slot.worker().index) else {
+            return Err(GatewayError::Slot {
+                pool: Arc::clone(&pool.name),
+                source: SlotError::Closed,
+            });
+        };
+        let conn = match pool.protocol {
+            // SCGI is one connection per request by definition.
+            Protocol::Scgi => backend::BackendConnection::connect(address, pool.timeouts.connect)
+                .await
+                .map_err(backend_err)?,
+            _ => pool
+                .connections
+                .get(address, pool.timeouts.connect)
+                .await
+                .map_err(backend_err)?,
+        };
+        let options = ExchangeOptions {
+            pool: Arc::clone(&pool.name),
+            request_id,
+            timeouts: pool.timeouts,
+            limits: self.limits.clone(),
+            spool: self.spool.clone(),
+            stderr: None,
+        };
+        let response = backend::send(
+            pool.protocol,
+            conn,
+            BackendRequest { params, body },
+            &options,
+        )
+        .await
+        .map_err(backend_err)?;
+        Ok(GatewayResponse {
+            head: response.head,
+            body: GatewayBody {
+                body: response.body,
+                _slot: slot,
+            },
+        })
+    }
+}
+
+/// Whether `path` lies under `prefix` on a segment boundary (`/app` matches `/app` and
+/// `/app/x`, not `/apple`).
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" || prefix.is_empty() {
+        return true;
+    }
+    let prefix = prefix.trim_end_matches('/');
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Whether some segment of `path` ends with `.ext`, or `path` names a directory whose index
+/// file has that extension (so `/` reaches the PHP context through `index.php`).
+fn has_extension(path: &str, ext: &str, index: &[String]) -> bool {
+    let dotted = |s: &str| {
+        s.len() > ext.len()
+            && s.ends_with(ext)
+            && s.as_bytes().get(s.len() - ext.len() - 1) == Some(&b'.')
+    };
+    if path.split('/').any(dotted) {
+        return true;
+    }
+    path.ends_with('/') && index.iter().any(|i| dotted(i))
+}
+
+/// The CGI settings of a context: a document root means script files (PHP style, the
+/// context's extension or `php`), no root means an application mounted at the prefix.
+fn cgi_context(c: &ContextConfig) -> CgiContext {
+    let mode = match &c.root {
+        Some(_) => ScriptMode::Files {
+            extensions: vec![c
+                .extension
+                .clone()
+                .unwrap_or_else(|| "php".to_owned())
+                .into_bytes()],
+            index: c.index.iter().map(|i| i.clone().into_bytes()).collect(),
+        },
+        None => ScriptMode::App {
+            mount: c.prefix.trim_end_matches('/').as_bytes().to_vec(),
+        },
+    };
+    CgiContext {
+        document_root: c
+            .root
+            .as_ref()
+            .map(|r| r.as_os_str().as_encoded_bytes().to_vec())
+            .unwrap_or_default(),
+        mode,
+        server_software: Bytes::from(concat!("corral/", env!("CARGO_PKG_VERSION"))),
+        extra_env: c
+            .params
+            .iter()
+            .map(|(k, v)| (Bytes::from(k.clone()), Bytes::from(v.clone())))
+            .collect(),
+        allow_php_ini_params: c.allow_php_value,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_on_segment_boundaries() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/app", "/app"));
+        assert!(prefix_matches("/app/", "/app/x"));
+        assert!(!prefix_matches("/app", "/apple"));
+    }
+
+    #[test]
+    fn extensions_match_a_segment_or_the_index() {
+        let index = vec!["index.php".to_owned()];
+        assert!(has_extension("/a/b.php", "php", &index));
+        assert!(has_extension("/b.php/extra/info", "php", &index));
+        assert!(has_extension("/dir/", "php", &index));
+        assert!(!has_extension("/b.phps", "php", &index));
+        assert!(!has_extension("/php", "php", &index));
+        assert!(!has_extension("/dir/", "php", &[]));
+    }
+
+    fn gateway(toml: &str) -> Gateway {
+        let config = crate::config::parse(toml, "test.toml").unwrap();
+        Gateway::new(&config).unwrap()
+    }
+
+    #[test]
+    fn the_most_specific_context_wins() {
+        let g = gateway(
+            r#"
+            [[listen]]
+            address = "127.0.0.1:8080"
+            protocol = "http"
+            [pools.php]
+            servers = ["unix:/tmp/php.sock"]
+            [pools.app]
+            protocol = "scgi"
+            servers = ["unix:/tmp/app.sock"]
+            [[contexts]]
+            prefix = "/"
+            pool = "app"
+            [[contexts]]
+            prefix = "/"
+            extension = "php"
+            root = "/var/www"
+            pool = "php"
+            [[contexts]]
+            prefix = "/api"
+            pool = "app"
+            host = "*.example.com"
+            "#,
+        );
+        let l: ListenAddress = ListenAddress::parse("127.0.0.1:8080").unwrap();
+        let route = |host, path| {
+            g.route(RouteKey {
+                listener: &l,
+                host,
+                path,
+            })
+        };
+        assert_eq!(route("x", "/index.php"), Some(1));
+        assert_eq!(route("x", "/"), Some(1), "the index file is PHP");
+        assert_eq!(route("x", "/static/a.css"), Some(0));
+        assert_eq!(route("api.example.com", "/api/v1"), Some(2));
+        assert_eq!(route("example.com", "/api/v1"), Some(0), "no subdomain");
+    }
+}
