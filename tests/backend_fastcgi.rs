@@ -476,3 +476,123 @@ async fn a_client_going_away_sends_abort_request() {
     // FCGI_ABORT_REQUEST for request 1: version 1, type 2, id 1, no content; then EOF.
     assert_eq!(after, [1, 2, 0, 1, 0, 0, 0, 0]);
 }
+
+/// STDOUT with a whole head and body, then END_REQUEST (complete) for request 1.
+fn whole_response(body: &[u8]) -> Vec<u8> {
+    let mut content = b"Content-Type: text/plain\r\n\r\n".to_vec();
+    content.extend_from_slice(body);
+    let mut out = stdout_record(&content);
+    out.extend_from_slice(&[1, 3, 0, 1, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    out
+}
+
+#[tokio::test]
+async fn a_kept_connection_closed_by_the_backend_is_stale_and_retryable() {
+    let dir = shared_dir();
+    let addr = fake(dir.path(), |mut s| async move {
+        read_request(&mut s).await;
+        s.write_all(&whole_response(b"once")).await.unwrap();
+        // Close the kept connection, as a restarted worker would.
+    })
+    .await;
+    let conn = BackendConnection::connect(&addr, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut response = fastcgi::send(conn, simple_request(), &options())
+        .await
+        .unwrap();
+    assert_eq!(read_all(&mut response).await, b"once");
+    let kept = response.body.take_connection().expect("KEEP_CONN keeps it");
+    let err = fastcgi::send(kept, simple_request(), &options())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::ClosedEarly { stale: true, .. }),
+        "{err:?}"
+    );
+    assert!(err.retryable());
+    assert_eq!(err.status(), 502);
+}
+
+#[tokio::test]
+async fn a_backend_stalling_mid_body_is_a_request_timeout() {
+    let dir = shared_dir();
+    let addr = fake(dir.path(), |mut s| async move {
+        read_request(&mut s).await;
+        s.write_all(&stdout_record(b"Content-Type: text/plain\r\n\r\nslow"))
+            .await
+            .unwrap();
+        let _ = s.read(&mut [0u8; 16]).await;
+    })
+    .await;
+    let mut options = options();
+    options.timeouts.request = Duration::from_millis(400);
+    let conn = BackendConnection::connect(&addr, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut response = fastcgi::send(conn, simple_request(), &options)
+        .await
+        .unwrap();
+    assert_eq!(
+        response.body.next_chunk().await.unwrap().unwrap(),
+        &b"slow"[..]
+    );
+    let err = response.body.next_chunk().await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, BackendError::RequestTimeout { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.status(), 504);
+}
+
+#[tokio::test]
+async fn a_backend_answering_before_reading_the_body_does_not_deadlock() {
+    let dir = shared_dir();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let addr = fake(dir.path(), |mut s| async move {
+        // Read only BEGIN_REQUEST and PARAMS (up to the empty PARAMS record), answer, and
+        // never read the 8 MiB body.
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 512];
+        while !seen.windows(8).any(|w| w == [1, 4, 0, 1, 0, 0, 0, 0]) {
+            let n = s.read(&mut buf).await.unwrap();
+            seen.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(&whole_response(b"early")).await.unwrap();
+        let _ = done_rx.await;
+    })
+    .await;
+    let size = 8 * 1024 * 1024;
+    let (sender, body) = RequestBody::channel(Some(size as u64), 1);
+    let feeder = tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        for _ in 0..size / chunk.len() {
+            if sender.send(chunk.clone()).await.is_err() {
+                return false;
+            }
+        }
+        true
+    });
+    let request = BackendRequest {
+        params: vec![(Bytes::from("REQUEST_METHOD"), Bytes::from("POST"))],
+        body,
+    };
+    let conn = BackendConnection::connect(&addr, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut response = tokio::time::timeout(
+        Duration::from_secs(10),
+        fastcgi::send(conn, request, &options()),
+    )
+    .await
+    .expect("no deadlock")
+    .unwrap();
+    assert_eq!(read_all(&mut response).await, b"early");
+    assert!(
+        response.body.take_connection().is_none(),
+        "a connection with unsent body is not kept"
+    );
+    drop(response);
+    assert!(!feeder.await.unwrap(), "the body source was dropped");
+    let _ = done_tx.send(());
+}

@@ -77,12 +77,16 @@ pub enum BackendError {
         after: Duration,
     },
     /// The backend closed the connection before the response was complete.
-    #[error("the backend closed the {protocol} connection {stage}")]
+    #[error("the backend closed the {protocol} connection {stage}{}", if *.stale { " (a kept connection, closed before it answered anything)" } else { "" })]
     ClosedEarly {
         /// The protocol spoken.
         protocol: Protocol,
         /// Where the exchange was, e.g. "before the response head".
         stage: &'static str,
+        /// The connection had served earlier requests and not one byte of this response
+        /// arrived: most likely the backend closed the idle connection as the request was
+        /// sent (LSAPI's idle timeout, a restarted worker). See [`BackendError::retryable`].
+        stale: bool,
     },
     /// The request head cannot be encoded: a name or value is too long, too many
     /// parameters, bytes the protocol cannot carry.
@@ -167,10 +171,15 @@ impl BackendError {
         false
     }
 
-    /// Whether the request may be sent again to another worker: only when nothing reached
-    /// the backend (the connection could not be made).
+    /// Whether the request may be sent again on a fresh connection, if the caller still has
+    /// its body: when the connection could not be made, or when a kept connection turned
+    /// out closed before any response byte. In the second case a backend that crashed while
+    /// running the request looks the same, so callers resend only idempotent requests.
     pub fn retryable(&self) -> bool {
-        matches!(self, BackendError::Connect { .. })
+        matches!(
+            self,
+            BackendError::Connect { .. } | BackendError::ClosedEarly { stale: true, .. }
+        )
     }
 
     /// Whether the failure is a timeout.

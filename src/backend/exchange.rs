@@ -126,6 +126,8 @@ pub(super) struct Exchange {
     request_deadline: Instant,
     first_byte_deadline: Option<Instant>,
     got_byte: bool,
+    /// The connection carried earlier requests.
+    reused: bool,
     /// The exchange ended cleanly (no abort on drop).
     clean: bool,
 }
@@ -143,6 +145,7 @@ impl Exchange {
         started: Instant,
     ) -> Exchange {
         Exchange {
+            reused: conn.requests_served() > 0,
             conn: Some(conn),
             codec,
             inbuf: BytesMut::new(),
@@ -257,6 +260,7 @@ impl Exchange {
             return Poll::Ready(Err(BackendError::ClosedEarly {
                 protocol: self.codec.protocol(),
                 stage: "after the exchange ended",
+                stale: false,
             }));
         };
         let was_sent = self.body.is_none() && self.outbuf.is_empty();
@@ -336,6 +340,18 @@ impl Exchange {
     /// Turns a close of the connection into the error that explains it best: a failed write
     /// if there was one, else `closed`.
     fn closed_error(&mut self, closed: BackendError) -> BackendError {
+        if let BackendError::ClosedEarly {
+            protocol, stage, ..
+        } = closed
+        {
+            if self.reused && !self.got_byte {
+                return BackendError::ClosedEarly {
+                    protocol,
+                    stage,
+                    stale: true,
+                };
+            }
+        }
         match self.write_error.take() {
             Some(source) => BackendError::Write {
                 protocol: self.protocol(),

@@ -140,6 +140,7 @@ impl Codec {
     pub(super) fn eof(&mut self, _src: &mut BytesMut) -> Result<Step, BackendError> {
         Err(BackendError::ClosedEarly {
             protocol: Protocol::FastCgi,
+            stale: false,
             stage: if self.head.is_some() {
                 "before the response head was complete"
             } else {

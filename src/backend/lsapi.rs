@@ -186,15 +186,11 @@ impl Codec {
                 self.closing = true;
                 Step::Nothing
             }
-            ResponseEvent::End => {
-                // lsphp writes RESP_END and CONN_CLOSE together when it closes: look for it.
-                if let Ok(Some(ResponseEvent::ConnClose)) = self.packets.decode(src) {
-                    self.closing = true;
-                }
-                Step::End {
-                    reusable: !self.closing,
-                }
-            }
+            // Bytes left after RESP_END (lsphp writes CONN_CLOSE right behind it when it
+            // closes) make the exchange keep the connection out of the idle stack.
+            ResponseEvent::End => Step::End {
+                reusable: !self.closing,
+            },
         };
         Ok(Some(step))
     }
@@ -202,6 +198,7 @@ impl Codec {
     pub(super) fn eof(&mut self, _src: &mut BytesMut) -> Result<Step, BackendError> {
         Err(BackendError::ClosedEarly {
             protocol: Protocol::Lsapi,
+            stale: false,
             stage: if self.head_seen {
                 "before RESP_END"
             } else {

@@ -94,6 +94,7 @@ impl Codec {
             return Err(BackendError::ClosedEarly {
                 protocol: Protocol::Scgi,
                 stage: "before the response head was complete",
+                stale: false,
             });
         }
         Ok(Step::End { reusable: false })
