@@ -85,12 +85,21 @@ impl<'a> ParamsWriter<'a> {
         if len > self.stream.room() && len <= STREAM_CHUNK_LEN {
             self.stream.close_record();
         }
-        let (prefix, used) = len_prefix(name.len());
-        self.stream.write(prefix.get(..used).unwrap_or_default());
-        let (prefix, used) = len_prefix(value.len());
-        self.stream.write(prefix.get(..used).unwrap_or_default());
-        self.stream.write(name);
-        self.stream.write(value);
+        let (name_prefix, name_used) = len_prefix(name.len());
+        let (value_prefix, value_used) = len_prefix(value.len());
+        let parts = [
+            name_prefix.get(..name_used).unwrap_or_default(),
+            value_prefix.get(..value_used).unwrap_or_default(),
+            name,
+            value,
+        ];
+        if len <= self.stream.room() {
+            self.stream.write_fitting(&parts, len);
+        } else {
+            for part in parts {
+                self.stream.write(part);
+            }
+        }
         Ok(())
     }
 
@@ -167,6 +176,9 @@ impl Layout {
         self.closed + HEADER_LEN
     }
 }
+
+/// A guess at the wire size of a typical CGI parameter pair, used to size the pair vector.
+const AVERAGE_PAIR_LEN: usize = 48;
 
 /// The lengths at the start of a pair: (prefix bytes, name length, value length), or `None`
 /// when `buf` does not hold both prefixes yet.
@@ -260,6 +272,12 @@ impl ParamsDecoder {
                 len: self.total,
                 limit: self.max_bytes,
             });
+        }
+        if self.pairs.capacity() == 0 {
+            // Real parameter pairs average some 40 to 60 bytes; one early guess saves the
+            // vector several regrowths on a typical 1-2 KiB block.
+            self.pairs
+                .reserve((content.len() / AVERAGE_PAIR_LEN).clamp(1, self.max_count.max(1)));
         }
         if !self.partial.is_empty() && !self.complete_partial(&mut content)? {
             return Ok(());

@@ -325,13 +325,31 @@ impl<'a> StreamWriter<'a> {
         STREAM_CHUNK_LEN - self.open_len
     }
 
+    fn open_record(&mut self) {
+        if self.open_at.is_none() {
+            self.open_at = Some(self.dst.len());
+            self.dst.put_bytes(0, HEADER_LEN);
+        }
+    }
+
+    /// Appends `parts` (`len` bytes in all, at most [`room`](Self::room)) to the open record:
+    /// the common case of a pair that fits, without `write`'s per-slice splitting.
+    pub(crate) fn write_fitting(&mut self, parts: &[&[u8]], len: usize) {
+        debug_assert!(len <= self.room());
+        self.open_record();
+        for part in parts {
+            self.dst.put_slice(part);
+        }
+        self.open_len += len;
+        if self.open_len == STREAM_CHUNK_LEN {
+            self.close_record();
+        }
+    }
+
     /// Appends `data`, opening and closing records as each fills.
     pub(crate) fn write(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
-            if self.open_at.is_none() {
-                self.open_at = Some(self.dst.len());
-                self.dst.put_bytes(0, HEADER_LEN);
-            }
+            self.open_record();
             let (now, later) = data.split_at(self.room().min(data.len()));
             self.dst.put_slice(now);
             self.open_len += now.len();
