@@ -368,21 +368,32 @@ pub fn build_cgi_vars(
     put(b"REQUEST_METHOD", Bytes::copy_from_slice(req.method));
     put(b"CONTENT_TYPE", mapped.content_type);
     put(b"CONTENT_LENGTH", mapped.content_length);
-    put(b"SCRIPT_NAME", Bytes::from(script.script_name.clone()));
-    if let Some(filename) = &script.script_filename {
-        put(b"SCRIPT_FILENAME", Bytes::from(filename.clone()));
-    }
-    put(b"PATH_INFO", Bytes::from(script.path_info.clone()));
-    if let (Some(_), false) = (&script.script_filename, script.path_info.is_empty()) {
+    let document_uri = Bytes::from(script.document_uri());
+    let ScriptPath {
+        script_name,
+        path_info,
+        script_filename,
+    } = script;
+    // PATH_TRANSLATED maps PATH_INFO under the document root (RFC 3875 §4.1.6); an app has
+    // no document tree to map it into.
+    let path_translated = (script_filename.is_some() && !path_info.is_empty()).then(|| {
         let mut translated = path::root_prefix(&ctx.document_root).to_vec();
-        translated.extend_from_slice(&script.path_info);
-        put(b"PATH_TRANSLATED", Bytes::from(translated));
+        translated.extend_from_slice(&path_info);
+        Bytes::from(translated)
+    });
+    put(b"SCRIPT_NAME", Bytes::from(script_name));
+    if let Some(filename) = script_filename {
+        put(b"SCRIPT_FILENAME", Bytes::from(filename));
+    }
+    put(b"PATH_INFO", Bytes::from(path_info));
+    if let Some(translated) = path_translated {
+        put(b"PATH_TRANSLATED", translated);
     }
     put(
         b"REQUEST_URI",
         Bytes::copy_from_slice(target.path_and_query),
     );
-    put(b"DOCUMENT_URI", Bytes::from(script.document_uri()));
+    put(b"DOCUMENT_URI", document_uri);
     put(
         b"DOCUMENT_ROOT",
         Bytes::from(path::root_display(&ctx.document_root)),
