@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, FrontProtocol, ListenerConfig};
 use crate::front::http::{self, ConnInfo};
 use crate::front::listener::Listener;
+use crate::front::{fastcgi, scgi};
 use crate::gateway::Gateway;
 
 /// A bound front listener with its configuration.
@@ -123,9 +124,15 @@ async fn accept_loop(
                 };
                 connections.spawn(http::serve_connection(stream, info, gateway, shutdown));
             }
-            FrontProtocol::Fastcgi | FrontProtocol::Scgi => {
-                tracing::error!(listener = %address, "this front protocol is not served yet");
-                return;
+            FrontProtocol::Fastcgi => {
+                let listener = address.clone();
+                connections.spawn(fastcgi::serve_connection(
+                    stream, listener, gateway, shutdown,
+                ));
+            }
+            FrontProtocol::Scgi => {
+                let listener = address.clone();
+                connections.spawn(scgi::serve_connection(stream, listener, gateway, shutdown));
             }
         }
     }

@@ -1,4 +1,6 @@
 //! Front listeners: the sockets corral accepts front servers and clients on.
 
+pub mod fastcgi;
 pub mod http;
 pub mod listener;
+pub mod scgi;

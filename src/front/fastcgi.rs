@@ -1,0 +1,612 @@
+//! The `fastcgi` front listener: corral as the FastCGI responder that nginx `fastcgi_pass`,
+//! Apache mod_proxy_fcgi, lighttpd or Caddy connect to, where they would connect to php-fpm.
+//!
+//! One reader loop per connection turns records into request events; each request is routed
+//! once its FCGI_PARAMS stream ends, and dispatched in its own task with FCGI_STDIN fed through
+//! a bounded channel (a slow backend slows the front server down). The tasks answer with
+//! FCGI_STDOUT records through the connection's one writer task. Multiplexed request ids,
+//! FCGI_ABORT_REQUEST (the task is dropped, which aborts the backend request and frees its
+//! slot), FCGI_KEEP_CONN, FCGI_GET_VALUES and unknown record types are handled here.
+//!
+//! The shared part of the FastCGI and SCGI fronts (routing a front server's parameters and
+//! the CGI answer for a request that got no backend response) lives here too.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::backend::{BodySender, RequestBody};
+use crate::config::ListenAddress;
+use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey};
+use crate::net::Stream;
+use crate::protocols::cgi::normalize_front_params;
+use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
+use crate::protocols::fastcgi::{
+    answer_get_values, encode_end_request, encode_request_complete, encode_stdout,
+    encode_unknown_type, Capabilities, FastCgiError, ProtocolStatus, RequestDecoder, RequestEvent,
+    Role,
+};
+
+/// Frames queued for the writer of one connection; with the body channel below, this bounds
+/// what one connection holds in memory.
+const OUT_FRAMES: usize = 16;
+/// Request-body chunks in flight between the reader and one request's backend exchange.
+const BODY_CHUNKS: usize = 4;
+/// Bytes the reader asks for at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Serves one FastCGI connection from a front server until it closes, breaks a rule, or
+/// `shutdown` fires and its requests in progress have been answered.
+pub async fn serve_connection(
+    stream: Stream,
+    listener: ListenAddress,
+    gateway: Arc<Gateway>,
+    shutdown: CancellationToken,
+) {
+    let (reader, writer) = tokio::io::split(stream);
+    let (out, out_rx) = mpsc::channel(OUT_FRAMES);
+    let closed = CancellationToken::new();
+    let writer = tokio::spawn(write_loop(writer, out_rx, closed.clone()));
+    let max = gateway.limits.max_concurrent_requests.max(1);
+    let (done, done_rx) = mpsc::channel(max);
+    let mut conn = Connection {
+        decoder: RequestDecoder::new(&gateway.limits),
+        caps: capabilities(&gateway),
+        gateway,
+        listener,
+        requests: HashMap::new(),
+        next_seq: 1,
+        out,
+        done,
+        closed,
+    };
+    conn.run(reader, done_rx, shutdown).await;
+    // Whatever is still in progress has lost its client: dropping the tasks aborts their
+    // backend requests and gives their slots back.
+    conn.requests.clear();
+    drop(conn);
+    if let Err(e) = writer.await {
+        tracing::error!(error = %e, "fastcgi front writer task failed");
+    }
+}
+
+/// What this front answers to FCGI_GET_VALUES: it multiplexes, and one connection carries at
+/// most `Limits::max_concurrent_requests` requests at once. The gateway does not expose the
+/// pools' slot caps yet, so FCGI_MAX_CONNS (unbounded here) is left out, as the specification
+/// allows for a value the application does not know.
+fn capabilities(gateway: &Gateway) -> Capabilities {
+    Capabilities {
+        max_conns: None,
+        max_reqs: u32::try_from(gateway.limits.max_concurrent_requests).ok(),
+        mpxs_conns: Some(true),
+    }
+}
+
+/// One frame for the writer: bytes of request `id`'s answer (`seq` tells apart requests that
+/// reuse an id). `last` marks the frame that ends the request: later frames of the same
+/// request are dropped, so an aborted request never gets a second FCGI_END_REQUEST. `close`
+/// closes the connection after the frame.
+#[derive(Debug)]
+struct Out {
+    id: u16,
+    seq: u64,
+    bytes: BytesMut,
+    last: bool,
+    close: bool,
+}
+
+/// Writes frames in order until the channel ends, a write fails, or a frame says close; then
+/// tells the reader through `closed`.
+async fn write_loop(
+    mut writer: WriteHalf<Stream>,
+    mut frames: mpsc::Receiver<Out>,
+    closed: CancellationToken,
+) {
+    // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
+    let mut ended: HashMap<u16, u64> = HashMap::new();
+    while let Some(frame) = frames.recv().await {
+        let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
+        if !stale && !frame.bytes.is_empty() {
+            if let Err(e) = writer.write_all(&frame.bytes).await {
+                tracing::debug!(error = %e, "fastcgi front server went away while answered");
+                break;
+            }
+        }
+        if frame.last {
+            ended.insert(frame.id, frame.seq);
+        }
+        if frame.close {
+            break;
+        }
+    }
+    closed.cancel();
+    let _ = writer.shutdown().await;
+}
+
+/// One request id in progress.
+#[derive(Debug)]
+struct Active {
+    seq: u64,
+    keep_conn: bool,
+    body: Option<BodySender>,
+    /// The dispatching task, from the end of FCGI_PARAMS; dropping it aborts the request.
+    task: Option<AbortOnDropHandle<()>>,
+}
+
+/// The reader side of one connection.
+struct Connection {
+    decoder: RequestDecoder,
+    caps: Capabilities,
+    gateway: Arc<Gateway>,
+    listener: ListenAddress,
+    requests: HashMap<u16, Active>,
+    next_seq: u64,
+    out: mpsc::Sender<Out>,
+    done: mpsc::Sender<(u16, u64)>,
+    closed: CancellationToken,
+}
+
+/// Whether the reader goes on.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Connection {
+    async fn run(
+        &mut self,
+        mut reader: ReadHalf<Stream>,
+        mut done_rx: mpsc::Receiver<(u16, u64)>,
+        shutdown: CancellationToken,
+    ) {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let mut draining = false;
+        loop {
+            loop {
+                let event = match self.decoder.decode(&mut buf) {
+                    Ok(Some(event)) => event,
+                    Ok(None) => break,
+                    Err(e) => return broken(&e),
+                };
+                if let Flow::Stop = self.on_event(event).await {
+                    return;
+                }
+            }
+            if draining && self.requests.is_empty() {
+                return;
+            }
+            buf.reserve(READ_CHUNK);
+            tokio::select! {
+                read = reader.read_buf(&mut buf) => match read {
+                    Ok(0) => {
+                        if !self.requests.is_empty() {
+                            tracing::debug!("fastcgi front server closed the connection with requests in progress");
+                        }
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "fastcgi front connection failed");
+                        return;
+                    }
+                },
+                Some((id, seq)) = done_rx.recv() => self.on_done(id, seq),
+                () = self.closed.cancelled() => return,
+                () = shutdown.cancelled(), if !draining => draining = true,
+            }
+        }
+    }
+
+    /// A request's task has sent its last frame.
+    fn on_done(&mut self, id: u16, seq: u64) {
+        if self.requests.get(&id).is_some_and(|r| r.seq == seq) {
+            self.requests.remove(&id);
+            self.decoder.finish(id);
+        }
+    }
+
+    async fn on_event(&mut self, event: RequestEvent) -> Flow {
+        match event {
+            RequestEvent::Begin {
+                request_id,
+                role,
+                keep_conn,
+            } => {
+                let seq = self.seq();
+                if role != Role::Responder {
+                    self.decoder.finish(request_id);
+                    return self
+                        .end(request_id, seq, ProtocolStatus::UnknownRole, keep_conn)
+                        .await;
+                }
+                self.requests.insert(
+                    request_id,
+                    Active {
+                        seq,
+                        keep_conn,
+                        body: None,
+                        task: None,
+                    },
+                );
+                Flow::Continue
+            }
+            RequestEvent::Rejected {
+                request_id,
+                keep_conn,
+                status,
+            } => {
+                let seq = self.seq();
+                self.end(request_id, seq, status, keep_conn).await
+            }
+            RequestEvent::Params { request_id, params } => self.start(request_id, params).await,
+            RequestEvent::Stdin { request_id, data } => self.stdin(request_id, data).await,
+            RequestEvent::StdinEnd { request_id } => {
+                // Dropping the sender ends the body.
+                if let Some(r) = self.requests.get_mut(&request_id) {
+                    r.body = None;
+                }
+                Flow::Continue
+            }
+            // Only the FILTER role has a data stream, and it is refused at FCGI_BEGIN_REQUEST.
+            RequestEvent::Data { .. } | RequestEvent::DataEnd { .. } => Flow::Continue,
+            RequestEvent::Abort { request_id } => {
+                let Some(r) = self.requests.remove(&request_id) else {
+                    return Flow::Continue;
+                };
+                tracing::debug!(
+                    fcgi_request_id = request_id,
+                    "fastcgi front server aborted a request"
+                );
+                self.decoder.finish(request_id);
+                // Dropping the task aborts the backend exchange and frees its slot.
+                drop(r.task);
+                self.end(
+                    request_id,
+                    r.seq,
+                    ProtocolStatus::RequestComplete,
+                    r.keep_conn,
+                )
+                .await
+            }
+            RequestEvent::GetValues { names } => {
+                let mut bytes = BytesMut::new();
+                if let Err(e) = answer_get_values(&names, &self.caps, &mut bytes) {
+                    tracing::warn!(error = %e, "cannot answer FCGI_GET_VALUES");
+                    return Flow::Continue;
+                }
+                self.send(Out {
+                    id: 0,
+                    seq: 0,
+                    bytes,
+                    last: false,
+                    close: false,
+                })
+                .await
+            }
+            RequestEvent::UnknownType { kind } => {
+                tracing::debug!(kind, "fastcgi front server sent an unknown record type");
+                let mut bytes = BytesMut::new();
+                encode_unknown_type(kind, &mut bytes);
+                self.send(Out {
+                    id: 0,
+                    seq: 0,
+                    bytes,
+                    last: false,
+                    close: false,
+                })
+                .await
+            }
+        }
+    }
+
+    fn seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Answers FCGI_END_REQUEST with `status` and no output.
+    async fn end(&mut self, id: u16, seq: u64, status: ProtocolStatus, keep_conn: bool) -> Flow {
+        let mut bytes = BytesMut::new();
+        encode_end_request(id, 0, status, &mut bytes);
+        self.send(Out {
+            id,
+            seq,
+            bytes,
+            last: true,
+            close: !keep_conn,
+        })
+        .await
+    }
+
+    async fn send(&mut self, out: Out) -> Flow {
+        match self.out.send(out).await {
+            Ok(()) => Flow::Continue,
+            Err(_) => Flow::Stop,
+        }
+    }
+
+    /// FCGI_PARAMS ended: route, normalise, and dispatch in a task of its own.
+    async fn start(&mut self, id: u16, params: Vec<(Bytes, Bytes)>) -> Flow {
+        let Some(r) = self.requests.get(&id) else {
+            return Flow::Continue;
+        };
+        let request_id = self.gateway.request_id();
+        let responder = Responder {
+            id,
+            seq: r.seq,
+            keep_conn: r.keep_conn,
+            request_id,
+            out: self.out.clone(),
+        };
+        let len = content_length(&params);
+        let ctx = prepare(&self.gateway, &self.listener, params, request_id);
+        let (ctx, params) = match ctx {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                self.requests.remove(&id);
+                self.decoder.finish(id);
+                return match responder.error(&e).await {
+                    true => Flow::Continue,
+                    false => Flow::Stop,
+                };
+            }
+        };
+        let (tx, body) = RequestBody::channel(len, BODY_CHUNKS);
+        let gateway = Arc::clone(&self.gateway);
+        let done = self.done.clone();
+        let task = tokio::spawn(async move {
+            let (id, seq) = (responder.id, responder.seq);
+            let response = gateway.dispatch(ctx, params, body, request_id).await;
+            responder.answer(response).await;
+            let _ = done.send((id, seq)).await;
+        });
+        if let Some(r) = self.requests.get_mut(&id) {
+            r.body = Some(tx);
+            r.task = Some(AbortOnDropHandle::new(task));
+        }
+        Flow::Continue
+    }
+
+    /// Hands FCGI_STDIN bytes to the request's body, waiting while its channel is full.
+    async fn stdin(&mut self, id: u16, data: Bytes) -> Flow {
+        let Some(tx) = self.requests.get(&id).and_then(|r| r.body.clone()) else {
+            return Flow::Continue;
+        };
+        tokio::select! {
+            sent = tx.send(data) => {
+                if sent.is_err() {
+                    // The exchange no longer reads the body (it failed or answered early):
+                    // the rest of FCGI_STDIN is read and dropped.
+                    if let Some(r) = self.requests.get_mut(&id) {
+                        r.body = None;
+                    }
+                }
+                Flow::Continue
+            }
+            () = self.closed.cancelled() => Flow::Stop,
+        }
+    }
+}
+
+/// Logs a connection that broke the FastCGI protocol; the caller closes it.
+fn broken(e: &FastCgiError) {
+    tracing::warn!(rule = %e, "fastcgi front server broke the protocol; closing the connection");
+}
+
+/// Writes one request's answer as FCGI_STDOUT records.
+struct Responder {
+    id: u16,
+    seq: u64,
+    keep_conn: bool,
+    request_id: u64,
+    out: mpsc::Sender<Out>,
+}
+
+impl Responder {
+    async fn send(&self, bytes: BytesMut, last: bool, close: bool) -> bool {
+        let out = Out {
+            id: self.id,
+            seq: self.seq,
+            bytes,
+            last,
+            close,
+        };
+        self.out.send(out).await.is_ok()
+    }
+
+    /// Streams the backend's answer, or the CGI answer for the error.
+    async fn answer(&self, response: Result<GatewayResponse, GatewayError>) {
+        let mut response = match response {
+            Ok(r) => r,
+            Err(e) => {
+                self.error(&e).await;
+                return;
+            }
+        };
+        let mut head = BytesMut::new();
+        if let Err(e) = encode_head(&response.head, &mut head) {
+            tracing::warn!(request_id = self.request_id, error = %e, "backend response head cannot be passed on");
+            self.send_cgi(&error_answer(502, None)).await;
+            return;
+        }
+        let mut frame = BytesMut::with_capacity(head.len() + 16);
+        encode_stdout(self.id, &head, &mut frame);
+        if !self.send(frame, false, false).await {
+            return;
+        }
+        while let Some(chunk) = response.body.next_chunk().await {
+            match chunk {
+                Ok(data) => {
+                    let mut frame = BytesMut::with_capacity(data.len() + 16);
+                    encode_stdout(self.id, &data, &mut frame);
+                    if !self.send(frame, false, false).await {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    // The status has gone out: closing without FCGI_END_REQUEST is the only
+                    // way to tell the front server the response is cut short.
+                    tracing::warn!(request_id = self.request_id, error = %e, "backend response broke off; closing the fastcgi connection");
+                    self.send(BytesMut::new(), true, true).await;
+                    return;
+                }
+            }
+        }
+        drop(response);
+        let mut end = BytesMut::new();
+        encode_request_complete(self.id, 0, &mut end);
+        self.send(end, true, !self.keep_conn).await;
+    }
+
+    /// The CGI answer for a request that got no backend response; false if the connection
+    /// is gone.
+    async fn error(&self, e: &GatewayError) -> bool {
+        log_failure(self.request_id, e);
+        self.send_cgi(&error_answer(e.status(), e.retry_after()))
+            .await
+    }
+
+    async fn send_cgi(&self, cgi: &[u8]) -> bool {
+        let mut bytes = BytesMut::with_capacity(cgi.len() + 40);
+        encode_stdout(self.id, cgi, &mut bytes);
+        encode_request_complete(self.id, 0, &mut bytes);
+        self.send(bytes, true, !self.keep_conn).await
+    }
+}
+
+/// Routes a front server's request and normalises its parameters for the chosen context
+/// (DESIGN decisions 10 and 14): the context index and the clean parameters.
+pub(crate) fn prepare(
+    gateway: &Gateway,
+    listener: &ListenAddress,
+    params: Vec<(Bytes, Bytes)>,
+    request_id: u64,
+) -> Result<(usize, Vec<(Bytes, Bytes)>), GatewayError> {
+    let get = |name: &[u8]| params.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    let host = get(b"HTTP_HOST")
+        .filter(|h| !h.is_empty())
+        .or_else(|| get(b"SERVER_NAME"))
+        .map(|h| host_name(h))
+        .unwrap_or_default();
+    let path = match get(b"DOCUMENT_URI").filter(|u| !u.is_empty()) {
+        Some(uri) => String::from_utf8_lossy(uri).into_owned(),
+        None => {
+            let uri = get(b"REQUEST_URI").map(|u| &u[..]).unwrap_or(b"/");
+            let path = uri.split(|&b| b == b'?').next().unwrap_or(b"/");
+            String::from_utf8_lossy(path).into_owned()
+        }
+    };
+    let Some(ctx) = gateway.route(RouteKey {
+        listener,
+        host: &host,
+        path: &path,
+    }) else {
+        return Err(GatewayError::NoContext { host, path });
+    };
+    let Some(context) = gateway.contexts.get(ctx) else {
+        return Err(GatewayError::NoContext { host, path });
+    };
+    let vars = normalize_front_params(params, &context.cgi)?;
+    for d in &vars.dropped {
+        tracing::debug!(request_id, param = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a front server parameter out");
+    }
+    Ok((ctx, vars.vars))
+}
+
+/// A Host value lowercased, without its port.
+fn host_name(raw: &[u8]) -> String {
+    let raw = String::from_utf8_lossy(raw);
+    let host = if raw.starts_with('[') {
+        raw.split_inclusive(']').next().unwrap_or(&raw)
+    } else {
+        raw.split(':').next().unwrap_or(&raw)
+    };
+    host.to_ascii_lowercase()
+}
+
+/// The body length a front server declared in CONTENT_LENGTH; `None` when it sent none (or
+/// an empty one, as nginx does for a body it streams without knowing its length).
+pub(crate) fn content_length(params: &[(Bytes, Bytes)]) -> Option<u64> {
+    let (_, value) = params.iter().find(|(n, _)| n == &b"CONTENT_LENGTH"[..])?;
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// Logs a request that got no backend response: server-side failures at warn, refusals at
+/// info.
+pub(crate) fn log_failure(request_id: u64, e: &GatewayError) {
+    let status = e.status();
+    if status >= 500 {
+        tracing::warn!(request_id, status, error = %e, "request failed");
+    } else {
+        tracing::info!(request_id, status, error = %e, "request refused");
+    }
+}
+
+/// A whole CGI response (head and short body) with `status`, and Retry-After when given.
+pub(crate) fn error_answer(status: u16, retry_after: Option<u32>) -> BytesMut {
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let mut headers = vec![(
+        Bytes::from_static(b"Content-Type"),
+        Bytes::from_static(b"text/plain; charset=utf-8"),
+    )];
+    if let Some(secs) = retry_after {
+        headers.push((
+            Bytes::from_static(b"Retry-After"),
+            Bytes::from(secs.to_string()),
+        ));
+    }
+    let head = CgiResponseHead {
+        status: Some(CgiStatus {
+            code: status,
+            reason: Bytes::from_static(reason.as_bytes()),
+        }),
+        headers,
+    };
+    let mut bytes = BytesMut::new();
+    if encode_head(&head, &mut bytes).is_err() {
+        // Only a code outside 100-999 could be refused; GatewayError never gives one.
+        bytes.clear();
+        bytes.extend_from_slice(b"Status: 502 Bad Gateway\r\n\r\n");
+    }
+    bytes.extend_from_slice(format!("{status} {reason}\n").as_bytes());
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_lose_their_port_and_case() {
+        assert_eq!(host_name(b"Example.COM:8080"), "example.com");
+        assert_eq!(host_name(b"[::1]:80"), "[::1]");
+        assert_eq!(host_name(b"localhost"), "localhost");
+    }
+
+    #[test]
+    fn content_length_is_unknown_when_empty() {
+        let p = |v: &'static str| vec![(Bytes::from_static(b"CONTENT_LENGTH"), Bytes::from(v))];
+        assert_eq!(content_length(&p("12")), Some(12));
+        assert_eq!(content_length(&p("")), None);
+        assert_eq!(content_length(&[]), None);
+    }
+
+    #[test]
+    fn error_answers_are_cgi_responses() {
+        let text = error_answer(503, Some(1));
+        assert_eq!(
+            &text[..],
+            b"Status: 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\
+              Retry-After: 1\r\n\r\n503 Service Unavailable\n"
+        );
+    }
+}

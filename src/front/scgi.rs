@@ -1,0 +1,188 @@
+//! The `scgi` front listener: corral as the SCGI server nginx `scgi_pass` (or any SCGI client)
+//! connects to. One request per connection: the netstring head is routed and its parameters
+//! normalised (nginx sends no SCRIPT_NAME or SCRIPT_FILENAME: they are derived), the body
+//! streams from the connection to the backend while the response streams back as a raw CGI
+//! response, and the connection closes.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{BodySender, RequestBody};
+use crate::config::ListenAddress;
+use crate::front::fastcgi::{error_answer, log_failure, prepare};
+use crate::gateway::{Gateway, GatewayError};
+use crate::net::Stream;
+use crate::protocols::cgi_response::encode_head;
+use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
+
+/// Request-body chunks in flight between the connection and the backend exchange.
+const BODY_CHUNKS: usize = 4;
+/// Bytes read from the connection at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Why the request body stopped before its end.
+#[derive(Debug, thiserror::Error)]
+enum FeedError {
+    /// The connection ended or failed.
+    #[error("the SCGI client went away after {received} of {declared} body bytes")]
+    Gone {
+        /// Bytes received.
+        received: u64,
+        /// CONTENT_LENGTH.
+        declared: u64,
+    },
+    /// The client broke the protocol.
+    #[error("{0}")]
+    Protocol(#[from] ScgiError),
+}
+
+/// Serves the one request of an SCGI connection.
+pub async fn serve_connection(
+    stream: Stream,
+    listener: ListenAddress,
+    gateway: Arc<Gateway>,
+    shutdown: CancellationToken,
+) {
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let mut decoder = ScgiRequestDecoder::new(&gateway.limits);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let head = loop {
+        match decoder.decode(&mut buf) {
+            Ok(Some(ScgiRequestEvent::Head(head))) => break head,
+            Ok(Some(_)) => return,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(rule = %e, "scgi client broke the protocol; closing the connection");
+                let _ = writer.write_all(&error_answer(400, None)).await;
+                let _ = writer.shutdown().await;
+                return;
+            }
+        }
+        buf.reserve(READ_CHUNK);
+        tokio::select! {
+            read = reader.read_buf(&mut buf) => match read {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "scgi connection failed before its head");
+                    return;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        }
+    };
+    let request_id = gateway.request_id();
+    let declared = head.content_length;
+    // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
+    // backends need it back.
+    let mut params = Vec::with_capacity(head.params.len() + 1);
+    params.push((
+        Bytes::from_static(b"CONTENT_LENGTH"),
+        Bytes::from(declared.to_string()),
+    ));
+    params.extend(head.params);
+    let (ctx, params) = match prepare(&gateway, &listener, params, request_id) {
+        Ok(prepared) => prepared,
+        Err(e) => return refuse(&mut writer, request_id, &e).await,
+    };
+    let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
+    let respond = respond(&gateway, ctx, params, body, request_id, &mut writer);
+    let feed = feed(&mut decoder, buf, &mut reader, tx, declared);
+    tokio::pin!(respond, feed);
+    let mut feeding = true;
+    loop {
+        tokio::select! {
+            () = &mut respond => break,
+            () = &mut feed, if feeding => feeding = false,
+        }
+    }
+}
+
+/// Dispatches the request and streams the answer; returns when it is written or the client
+/// went away (dropping the backend body, which aborts the backend request).
+async fn respond(
+    gateway: &Gateway,
+    ctx: usize,
+    params: Vec<(Bytes, Bytes)>,
+    body: RequestBody,
+    request_id: u64,
+    writer: &mut WriteHalf<Stream>,
+) {
+    let mut response = match gateway.dispatch(ctx, params, body, request_id).await {
+        Ok(r) => r,
+        Err(e) => return refuse(writer, request_id, &e).await,
+    };
+    let mut head = BytesMut::new();
+    if let Err(e) = encode_head(&response.head, &mut head) {
+        tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
+        let _ = writer.write_all(&error_answer(502, None)).await;
+        let _ = writer.shutdown().await;
+        return;
+    }
+    if let Err(e) = writer.write_all(&head).await {
+        tracing::debug!(request_id, error = %e, "scgi client went away before the response");
+        return;
+    }
+    while let Some(chunk) = response.body.next_chunk().await {
+        let data = match chunk {
+            Ok(data) => data,
+            Err(e) => {
+                // Closing is all SCGI has to say the response was cut short.
+                tracing::warn!(request_id, error = %e, "backend response broke off");
+                return;
+            }
+        };
+        if let Err(e) = writer.write_all(&data).await {
+            tracing::debug!(request_id, error = %e, "scgi client went away during the response");
+            return;
+        }
+    }
+    drop(response);
+    let _ = writer.shutdown().await;
+}
+
+/// Writes the CGI answer for a request that got no backend response, and closes.
+async fn refuse(writer: &mut WriteHalf<Stream>, request_id: u64, e: &GatewayError) {
+    log_failure(request_id, e);
+    let _ = writer
+        .write_all(&error_answer(e.status(), e.retry_after()))
+        .await;
+    let _ = writer.shutdown().await;
+}
+
+/// Feeds the body from the connection to the exchange until CONTENT_LENGTH bytes have gone;
+/// a connection that ends early or breaks the protocol fails the body (and so the exchange).
+async fn feed(
+    decoder: &mut ScgiRequestDecoder,
+    mut buf: BytesMut,
+    reader: &mut ReadHalf<Stream>,
+    tx: BodySender,
+    declared: u64,
+) {
+    let mut received = 0u64;
+    let failure = loop {
+        match decoder.decode(&mut buf) {
+            Ok(Some(ScgiRequestEvent::Body(data))) => {
+                received += data.len() as u64;
+                if tx.send(data).await.is_err() {
+                    // The exchange no longer reads the body: it answered or failed.
+                    return;
+                }
+                continue;
+            }
+            Ok(Some(ScgiRequestEvent::End)) => return,
+            Ok(Some(ScgiRequestEvent::Head(_))) | Ok(None) => {}
+            Err(e) => break FeedError::from(e),
+        }
+        buf.reserve(READ_CHUNK);
+        match reader.read_buf(&mut buf).await {
+            Ok(n) if n > 0 => {}
+            _ => break FeedError::Gone { received, declared },
+        }
+    };
+    tracing::debug!(error = %failure, "scgi request body ended early");
+    let _ = tx.fail(Box::new(failure)).await;
+}
