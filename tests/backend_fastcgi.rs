@@ -22,6 +22,7 @@ use corral::backend::{
     ExchangeOptions, RequestBody, StderrSink, Timeouts,
 };
 use corral::config::BackendAddress;
+use corral::net::Stream;
 use corral::protocols::cgi_response::ResponseKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
@@ -595,4 +596,43 @@ async fn a_backend_answering_before_reading_the_body_does_not_deadlock() {
     drop(response);
     assert!(!feeder.await.unwrap(), "the body source was dropped");
     let _ = done_tx.send(());
+}
+
+#[tokio::test]
+async fn the_idle_stack_is_bounded_and_skips_closed_or_noisy_connections() {
+    let dir = shared_dir();
+    let addr = address(&dir.path().join("nobody-listens.sock"));
+    let conns = Connections::new(3);
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        backends.push(theirs);
+        conns.put(BackendConnection::from_stream(
+            Stream::Unix(ours),
+            addr.clone(),
+        ));
+    }
+    assert_eq!(conns.idle(&addr), 3, "the fourth was dropped");
+    // Newest first: backends[2] closes its end, backends[1] sends stray bytes; get() must
+    // skip both and hand out the connection to backends[0].
+    drop(backends.remove(2));
+    backends[1].write_all(b"junk").await.unwrap();
+    let conn = conns.get(&addr, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(conns.idle(&addr), 0);
+    // The noisy one was closed by get(); the one handed out is still open.
+    let mut rest = Vec::new();
+    // (EOF, or a reset since our side closed with its junk unread.)
+    let _ = backends[1].read_to_end(&mut rest).await;
+    let still_open =
+        tokio::time::timeout(Duration::from_millis(100), backends[0].read(&mut [0u8; 1])).await;
+    assert!(
+        still_open.is_err(),
+        "backends[0]'s connection is the one handed out"
+    );
+    drop(conn);
+    // Nothing idle and nobody listening: a connect error, which may be retried.
+    let err = conns.get(&addr, Duration::from_secs(1)).await.unwrap_err();
+    assert!(matches!(err, BackendError::Connect { .. }), "{err:?}");
+    assert!(err.retryable());
+    assert_eq!(err.status(), 502);
 }

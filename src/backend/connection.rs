@@ -8,8 +8,12 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::socket::{recv, MsgFlags};
 
 use crate::config::BackendAddress;
 use crate::net::Stream;
@@ -90,13 +94,17 @@ impl BackendConnection {
 
     /// Whether an idle connection is still usable: the backend has neither closed it nor
     /// sent anything (which no protocol allows between requests).
+    ///
+    /// The kernel is asked directly (a non-blocking peek) rather than through tokio's cached
+    /// readiness, which learns of a close only when the reactor next turns.
     fn is_quiet(&self) -> bool {
-        let mut probe = [0u8; 1];
-        let read = match &self.stream {
-            Stream::Tcp(s) => s.try_read(&mut probe),
-            Stream::Unix(s) => s.try_read(&mut probe),
+        let fd = match &self.stream {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
         };
-        matches!(read, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        let mut probe = [0u8; 1];
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        matches!(recv(fd, &mut probe, flags), Err(Errno::EAGAIN))
     }
 }
 

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
-use super::spool::spool;
+use super::spool::spool_body;
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
 };
@@ -28,7 +28,7 @@ pub async fn send(
     let started = Instant::now();
     let deadline = started + options.timeouts.request;
     let BackendRequest { params, body } = request;
-    let body = tokio::time::timeout_at(deadline, spool(body, &options.spool))
+    let body = tokio::time::timeout_at(deadline, spool_body(body, &options.spool))
         .await
         .map_err(|_| BackendError::RequestTimeout {
             after: options.timeouts.request,

@@ -37,6 +37,7 @@ pub use body::{BodyClosed, BodyError, BodySender, BodySource, RequestBody};
 pub use connection::{BackendConnection, Connections};
 pub use error::{BackendError, Origin};
 pub use exchange::ResponseBody;
+pub use spool::spool_body;
 
 /// The protocol spoken to a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -6,7 +6,7 @@ use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
-use super::spool::spool;
+use super::spool::spool_body;
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
 };
@@ -24,7 +24,7 @@ pub async fn send(
 ) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
     let deadline = started + options.timeouts.request;
-    let body = tokio::time::timeout_at(deadline, spool(request.body, &options.spool))
+    let body = tokio::time::timeout_at(deadline, spool_body(request.body, &options.spool))
         .await
         .map_err(|_| BackendError::RequestTimeout {
             after: options.timeouts.request,

@@ -22,8 +22,10 @@ const READ_CHUNK: usize = 64 * 1024;
 static SPOOL_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Returns `body` unchanged if its length is known, else a body of known length holding the
-/// same bytes, read to its end first.
-pub(super) async fn spool(
+/// same bytes, read to its end first. SCGI and LSAPI call it themselves; a front that wants
+/// a FastCGI backend to see a `CONTENT_LENGTH` for a chunked body (php-cgi reads no body
+/// without one) calls it before building the parameters.
+pub async fn spool_body(
     mut body: RequestBody,
     config: &SpoolConfig,
 ) -> Result<RequestBody, BackendError> {
