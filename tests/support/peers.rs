@@ -153,7 +153,8 @@ pub fn lsphp(dir: &Path) -> Peer {
     Peer::spawn(cmd, &socket).wait_connectable()
 }
 
-/// `python3 SCRIPT SOCKET`, waited for with `how`.
+/// `python3 SCRIPT SOCKET`, waited for by its `ready` line when `ready_line`, else by
+/// connecting to `socket`.
 pub fn python(script: &Path, socket: &Path, ready_line: bool) -> Peer {
     let mut cmd = Command::new("python3");
     cmd.arg(script).arg(socket).stderr(Stdio::null());
