@@ -7,6 +7,7 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod front;
 pub mod peers;
 
 use std::io::{Read, Write};

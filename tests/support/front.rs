@@ -1,0 +1,340 @@
+//! Front-listener tests: the real `corral` binary serving a unix-socket front listener, a real
+//! nginx in front of it, and curl as the client.
+//!
+//! Every process is started in its own temp dir, waited for by polling with a deadline (a
+//! socket that accepts, a port that answers), and killed and reaped by its guard, also when
+//! the test panics. Ports are picked by binding 127.0.0.1:0 and released for nginx, which
+//! cannot listen on port 0; a start that loses the port to someone else is retried.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::peers::Peer;
+use super::CORRAL;
+
+/// How long corral or nginx may take to start listening.
+const START: Duration = Duration::from_secs(20);
+/// Step of the readiness polls.
+const POLL: Duration = Duration::from_millis(10);
+
+/// A running `corral run -c FILE`: its stderr is collected; killed and reaped on drop.
+pub struct Corral {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    /// The front listener's socket.
+    pub socket: PathBuf,
+}
+
+impl Corral {
+    /// Writes `config` to `dir/corral.toml`, starts corral on it and waits until `socket`
+    /// (its front listener) accepts a connection.
+    pub fn start(dir: &Path, config: &str, socket: &Path) -> Corral {
+        let file = dir.join("corral.toml");
+        std::fs::write(&file, config).expect("write corral config");
+        let mut child = Command::new(CORRAL)
+            .args(["run", "-c"])
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start corral");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut corral = Corral {
+            child,
+            log,
+            socket: socket.to_path_buf(),
+        };
+        let deadline = Instant::now() + START;
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            if let Ok(Some(status)) = corral.child.try_wait() {
+                panic!("corral exited early ({status}):\n{}", corral.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "corral did not listen on {} within {START:?}:\n{}",
+                socket.display(),
+                corral.log()
+            );
+            thread::sleep(POLL);
+        }
+        corral
+    }
+
+    /// Everything corral logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until corral's log contains `text`, or panics after `within`.
+    pub fn wait_log(&self, text: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = self.log();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "corral never logged {text:?}:\n{log}"
+            );
+            thread::sleep(POLL);
+        }
+    }
+}
+
+impl Drop for Corral {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A running nginx (`daemon off; master_process off;`, everything in its temp dir): killed
+/// and reaped on drop.
+pub struct Nginx {
+    child: Child,
+    dir: PathBuf,
+    /// The ports its server blocks listen on, in the order given.
+    pub ports: Vec<u16>,
+}
+
+impl Nginx {
+    /// Starts nginx in `dir` with one `server` block per entry of `servers` (the block's body;
+    /// `listen` is added), inside an `http` block that starts with `http_extra`. Picks free
+    /// ports, and retries with new ones when nginx loses one to another process.
+    pub fn start(dir: &Path, http_extra: &str, servers: &[String]) -> Nginx {
+        for _ in 0..5 {
+            let ports: Vec<u16> = servers.iter().map(|_| free_port()).collect();
+            let conf = nginx_conf(dir, http_extra, servers, &ports);
+            let conf_path = dir.join("nginx.conf");
+            std::fs::write(&conf_path, conf).expect("write nginx.conf");
+            let error_log = dir.join("nginx-error.log");
+            let _ = std::fs::remove_file(&error_log);
+            let child = Command::new("/usr/sbin/nginx")
+                .arg("-p")
+                .arg(dir)
+                .arg("-c")
+                .arg(&conf_path)
+                .arg("-e")
+                .arg(&error_log)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start nginx");
+            let mut nginx = Nginx {
+                child,
+                dir: dir.to_path_buf(),
+                ports,
+            };
+            if nginx.wait_listening() {
+                return nginx;
+            }
+            let log = nginx.error_log();
+            assert!(
+                log.contains("Address already in use"),
+                "nginx did not start:\n{log}"
+            );
+        }
+        panic!("nginx lost its port to another process five times");
+    }
+
+    /// Polls until every port answers (true) or nginx exits (false); panics after [`START`].
+    fn wait_listening(&mut self) -> bool {
+        let deadline = Instant::now() + START;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if self
+                .ports
+                .iter()
+                .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+            {
+                return true;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not listen within {START:?}:\n{}",
+                self.error_log()
+            );
+            thread::sleep(POLL);
+        }
+    }
+
+    /// nginx's error log so far.
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("nginx-error.log")).unwrap_or_default()
+    }
+
+    /// `http://127.0.0.1:PORT` of server block `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx_conf(dir: &Path, http_extra: &str, servers: &[String], ports: &[u16]) -> String {
+    let d = dir.display();
+    let mut conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+         error_log {d}/nginx-error.log info;\nevents {{ worker_connections 64; }}\n\
+         http {{\n  access_log off;\n  client_max_body_size 64m;\n\
+         client_body_temp_path {d}/client_body;\n  proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n\
+         scgi_temp_path {d}/scgi;\n{http_extra}\n"
+    );
+    for (server, port) in servers.iter().zip(ports) {
+        conf.push_str(&format!(
+            "  server {{\n    listen 127.0.0.1:{port};\n    server_name localhost;\n{server}\n  }}\n"
+        ));
+    }
+    conf.push_str("}\n");
+    conf
+}
+
+/// php-cgi like [`super::peers::php_cgi`], with `ini` settings (`-d` values) added.
+pub fn php_cgi_with(dir: &Path, ini: &[&str]) -> Peer {
+    let socket = dir.join("php.sock");
+    let mut cmd = Command::new(super::peers::PHP_CGI);
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("PHP_FCGI_CHILDREN", "0")
+        .env("PHP_FCGI_MAX_REQUESTS", "0")
+        .args(["-n", "-d", "display_errors=0", "-d", "log_errors=1"])
+        .args(["-d", "html_errors=0"]);
+    for setting in ini {
+        cmd.args(["-d", setting]);
+    }
+    cmd.arg("-b")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    Peer::spawn(cmd, &socket).wait_connectable()
+}
+
+/// An HTTP response as curl saw it.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Header fields in order, names lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first header named `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every header named `name` (lowercase).
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Runs `curl -sS -i ARGS... URL` (60 s at most) and parses what it printed.
+pub fn curl(url: &str, args: &[&str]) -> Response {
+    let out = Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "60", "-H", "Expect:"])
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run curl");
+    assert!(
+        out.status.success(),
+        "curl {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse(&out.stdout)
+}
+
+/// Parses curl's `-i` output: interim 1xx heads are skipped.
+fn parse(mut raw: &[u8]) -> Response {
+    loop {
+        let end = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no response head in {:?}", String::from_utf8_lossy(raw)));
+        let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+        raw = &raw[end + 4..];
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let status: u16 = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+        if (100..200).contains(&status) {
+            continue;
+        }
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        return Response {
+            status,
+            headers,
+            body: raw.to_vec(),
+        };
+    }
+}
+
+/// Connected Unix sockets (state 03 in /proc/net/unix) bound to `path`: corral's accepted
+/// front connections, plus none for the listener itself (state 01).
+pub fn connected_unix_sockets(path: &Path) -> usize {
+    let table = std::fs::read_to_string("/proc/net/unix").expect("read /proc/net/unix");
+    let path = path.to_string_lossy();
+    table
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() >= 8 && fields[5] == "03" && fields[7] == path
+        })
+        .count()
+}
