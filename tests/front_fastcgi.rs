@@ -246,6 +246,25 @@ fn status_codes_and_redirects_reach_the_client() {
 }
 
 #[test]
+fn an_early_answer_to_a_large_upload_reaches_the_client() {
+    let c = chain();
+    let file = c.path().join("big.bin");
+    std::fs::write(&file, vec![b'x'; 4 * 1024 * 1024]).unwrap();
+    let upload = format!("@{}", file.display());
+    // corral answers 404 before reading the body, then drains it so closing does not reset
+    // the connection under the answer.
+    for url in [
+        c.url("/missing.php"),
+        format!("{}/missing.php", c.nginx.url(1)),
+    ] {
+        let r = curl(&url, &["--data-binary", &upload]);
+        assert_eq!(r.status, 404, "{r:?}\n{}", c.nginx.error_log());
+    }
+    let r = curl(&c.url("/query.php?q=still"), &[]);
+    assert_eq!(r.text(), "q=still method=GET");
+}
+
+#[test]
 fn php_stderr_shows_in_corrals_log() {
     let c = chain();
     let r = curl(&c.url("/stderr.php"), &[]);

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -39,6 +39,8 @@ const OUT_FRAMES: usize = 16;
 const BODY_CHUNKS: usize = 4;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
+/// How long a connection closed by corral keeps reading what the front server still sends.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, or
 /// `shutdown` fires and its requests in progress have been answered.
@@ -48,7 +50,7 @@ pub async fn serve_connection(
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
-    let (reader, writer) = tokio::io::split(stream);
+    let (mut reader, writer) = tokio::io::split(stream);
     let (out, out_rx) = mpsc::channel(OUT_FRAMES);
     let closed = CancellationToken::new();
     let writer = tokio::spawn(write_loop(writer, out_rx, closed.clone()));
@@ -65,7 +67,7 @@ pub async fn serve_connection(
         done,
         closed,
     };
-    conn.run(reader, done_rx, shutdown).await;
+    let closed_by_us = conn.run(&mut reader, done_rx, shutdown).await;
     // Whatever is still in progress has lost its client: dropping the tasks aborts their
     // backend requests and gives their slots back.
     conn.requests.clear();
@@ -73,6 +75,24 @@ pub async fn serve_connection(
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "fastcgi front writer task failed");
     }
+    if closed_by_us {
+        linger(&mut reader).await;
+    }
+}
+
+/// After corral closed its side, reads and drops what the peer still sends (a request body
+/// answered early), for at most [`LINGER`]: closing a socket with unread bytes resets the
+/// connection, and a reset can destroy the answer before the peer has read it.
+pub(crate) async fn linger(reader: &mut (impl AsyncRead + Unpin)) {
+    let mut scratch = vec![0u8; READ_CHUNK];
+    let drain = async {
+        while let Ok(n) = reader.read(&mut scratch).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// What this front answers to FCGI_GET_VALUES: it multiplexes, and one connection carries at
@@ -158,12 +178,14 @@ enum Flow {
 }
 
 impl Connection {
+    /// Reads and handles events until the connection ends; true when corral closed it (the
+    /// writer ended), so the caller lingers.
     async fn run(
         &mut self,
-        mut reader: ReadHalf<Stream>,
+        reader: &mut ReadHalf<Stream>,
         mut done_rx: mpsc::Receiver<(u16, u64)>,
         shutdown: CancellationToken,
-    ) {
+    ) -> bool {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut draining = false;
         loop {
@@ -171,14 +193,17 @@ impl Connection {
                 let event = match self.decoder.decode(&mut buf) {
                     Ok(Some(event)) => event,
                     Ok(None) => break,
-                    Err(e) => return broken(&e),
+                    Err(e) => {
+                        broken(&e);
+                        return false;
+                    }
                 };
                 if let Flow::Stop = self.on_event(event).await {
-                    return;
+                    return self.closed.is_cancelled();
                 }
             }
             if draining && self.requests.is_empty() {
-                return;
+                return false;
             }
             buf.reserve(READ_CHUNK);
             tokio::select! {
@@ -187,16 +212,16 @@ impl Connection {
                         if !self.requests.is_empty() {
                             tracing::debug!("fastcgi front server closed the connection with requests in progress");
                         }
-                        return;
+                        return false;
                     }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(error = %e, "fastcgi front connection failed");
-                        return;
+                        return false;
                     }
                 },
                 Some((id, seq)) = done_rx.recv() => self.on_done(id, seq),
-                () = self.closed.cancelled() => return,
+                () = self.closed.cancelled() => return true,
                 () = shutdown.cancelled(), if !draining => draining = true,
             }
         }
@@ -512,7 +537,15 @@ pub(crate) fn prepare(
     let Some(context) = gateway.contexts.get(ctx) else {
         return Err(GatewayError::NoContext { host, path });
     };
-    let vars = normalize_front_params(params, &context.cgi)?;
+    let vars = if context.cgi.document_root.is_empty() {
+        // The gateway gives a context without `root` (an app mounted at its prefix) an empty
+        // document root, which the CGI rules refuse; `/` stands in, as nothing maps to files.
+        let mut cgi = context.cgi.clone();
+        cgi.document_root = b"/".to_vec();
+        normalize_front_params(params, &cgi)?
+    } else {
+        normalize_front_params(params, &context.cgi)?
+    };
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a front server parameter out");
     }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::ListenAddress;
-use crate::front::fastcgi::{error_answer, log_failure, prepare};
+use crate::front::fastcgi::{error_answer, linger, log_failure, prepare};
 use crate::gateway::{Gateway, GatewayError};
 use crate::net::Stream;
 use crate::protocols::cgi_response::encode_head;
@@ -86,18 +86,30 @@ pub async fn serve_connection(
     params.extend(head.params);
     let (ctx, params) = match prepare(&gateway, &listener, params, request_id) {
         Ok(prepared) => prepared,
-        Err(e) => return refuse(&mut writer, request_id, &e).await,
+        Err(e) => {
+            refuse(&mut writer, request_id, &e).await;
+            if declared > 0 {
+                linger(&mut reader).await;
+            }
+            return;
+        }
     };
     let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
-    let respond = respond(&gateway, ctx, params, body, request_id, &mut writer);
-    let feed = feed(&mut decoder, buf, &mut reader, tx, declared);
-    tokio::pin!(respond, feed);
-    let mut feeding = true;
-    loop {
-        tokio::select! {
-            () = &mut respond => break,
-            () = &mut feed, if feeding => feeding = false,
+    let body_read = {
+        let respond = respond(&gateway, ctx, params, body, request_id, &mut writer);
+        let feed = feed(&mut decoder, buf, &mut reader, tx, declared);
+        tokio::pin!(respond, feed);
+        let mut body_read = false;
+        loop {
+            tokio::select! {
+                () = &mut respond => break,
+                all = &mut feed, if !body_read => body_read = all,
+            }
         }
+        body_read
+    };
+    if !body_read {
+        linger(&mut reader).await;
     }
 }
 
@@ -155,13 +167,14 @@ async fn refuse(writer: &mut WriteHalf<Stream>, request_id: u64, e: &GatewayErro
 
 /// Feeds the body from the connection to the exchange until CONTENT_LENGTH bytes have gone;
 /// a connection that ends early or breaks the protocol fails the body (and so the exchange).
+/// True when nothing more is to be read; false when the exchange stopped taking the body.
 async fn feed(
     decoder: &mut ScgiRequestDecoder,
     mut buf: BytesMut,
     reader: &mut ReadHalf<Stream>,
     tx: BodySender,
     declared: u64,
-) {
+) -> bool {
     let mut received = 0u64;
     let failure = loop {
         match decoder.decode(&mut buf) {
@@ -169,11 +182,11 @@ async fn feed(
                 received += data.len() as u64;
                 if tx.send(data).await.is_err() {
                     // The exchange no longer reads the body: it answered or failed.
-                    return;
+                    return false;
                 }
                 continue;
             }
-            Ok(Some(ScgiRequestEvent::End)) => return,
+            Ok(Some(ScgiRequestEvent::End)) => return true,
             Ok(Some(ScgiRequestEvent::Head(_))) | Ok(None) => {}
             Err(e) => break FeedError::from(e),
         }
@@ -185,4 +198,5 @@ async fn feed(
     };
     tracing::debug!(error = %failure, "scgi request body ended early");
     let _ = tx.fail(Box::new(failure)).await;
+    true
 }
