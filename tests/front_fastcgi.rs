@@ -14,11 +14,20 @@
 
 mod support;
 
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use bytes::BytesMut;
+use corral::protocols::fastcgi::{
+    encode_abort_request, encode_begin_request, encode_params, encode_stdin, encode_stdin_end,
+    Record, RecordDecoder, RecordType, Role,
+};
 use support::front::{connected_unix_sockets, curl, php_cgi_with, Corral, Nginx};
-use support::peers::{md5_hex, shared_dir, write_file, Peer};
+use support::peers::{cgi_params, md5_hex, shared_dir, write_file, Peer};
+use tokio::time::Instant;
 
 /// Size of the upload and download tests.
 const TEN_MIB: usize = 10 * 1024 * 1024;
@@ -61,6 +70,10 @@ const SCRIPTS: &[(&str, &str)] = &[
         "<?php header('Location: /x'); echo 'moved';",
     ),
     (
+        "sleep.php",
+        "<?php usleep((int)($_GET['ms'] ?? 0) * 1000); echo 'slept ', $_GET['ms'] ?? 0;",
+    ),
+    (
         "stderr.php",
         "<?php error_log('corral-front-stderr-marker'); echo 'logged';",
     ),
@@ -73,7 +86,7 @@ struct Chain {
     dir: tempfile::TempDir,
     nginx: Nginx,
     corral: Corral,
-    _php: Peer,
+    php: Peer,
 }
 
 fn chain() -> Chain {
@@ -141,7 +154,7 @@ pool = "php"
         dir,
         nginx,
         corral,
-        _php: php,
+        php,
     }
 }
 
@@ -301,4 +314,235 @@ fn kept_connections_serve_many_requests() {
         "{}",
         c.nginx.error_log()
     );
+}
+
+/// A FastCGI web server written out by hand, talking straight to corral's socket: for what
+/// nginx never does (multiplexing, FCGI_ABORT_REQUEST, management records, broken records).
+struct Raw {
+    stream: UnixStream,
+    buf: BytesMut,
+    records: RecordDecoder,
+}
+
+impl Raw {
+    fn connect(c: &Chain) -> Raw {
+        let stream = UnixStream::connect(&c.corral.socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Raw {
+            stream,
+            buf: BytesMut::new(),
+            records: RecordDecoder::new(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// BEGIN_REQUEST, PARAMS for a GET of `script?query`, and the end of STDIN.
+    fn get(&mut self, c: &Chain, id: u16, keep_conn: bool, script: &str, query: &str) {
+        let mut out = BytesMut::new();
+        encode_begin_request(id, Role::Responder, keep_conn, &mut out);
+        let params = cgi_params("GET", &c.path().join("www").join(script), query, &[]);
+        encode_params(id, &params, &mut out).unwrap();
+        encode_stdin_end(id, &mut out);
+        self.send(&out);
+    }
+
+    /// The next record; `None` when corral closed the connection.
+    fn record(&mut self) -> Option<Record> {
+        loop {
+            if let Some(r) = self.records.decode(&mut self.buf).unwrap() {
+                return Some(r);
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self
+                .stream
+                .read(&mut chunk)
+                .expect("corral answers in time");
+            if n == 0 {
+                assert!(self.buf.is_empty(), "connection closed mid-record");
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Reads until every id in `ids` has its END_REQUEST: each id's STDOUT and END_REQUEST
+    /// body.
+    fn answers(&mut self, ids: &[u16]) -> HashMap<u16, (String, Vec<u8>)> {
+        let mut stdout: HashMap<u16, String> = HashMap::new();
+        let mut done = HashMap::new();
+        while done.len() < ids.len() {
+            let r = self.record().expect("END_REQUEST before the close");
+            match r.kind {
+                RecordType::Stdout => stdout
+                    .entry(r.request_id)
+                    .or_default()
+                    .push_str(&String::from_utf8_lossy(&r.content)),
+                RecordType::EndRequest => {
+                    let out = stdout.remove(&r.request_id).unwrap_or_default();
+                    assert!(
+                        done.insert(r.request_id, (out, r.content.to_vec()))
+                            .is_none(),
+                        "a second END_REQUEST for {}",
+                        r.request_id
+                    );
+                }
+                RecordType::Stderr => {}
+                other => panic!("unexpected {other:?} record"),
+            }
+        }
+        done
+    }
+}
+
+/// FCGI_END_REQUEST's body: app status 0 and the given protocol status.
+fn end_body(protocol_status: u8) -> Vec<u8> {
+    vec![0, 0, 0, 0, protocol_status, 0, 0, 0]
+}
+
+#[test]
+fn multiplexed_requests_share_one_connection() {
+    let c = chain();
+    let mut raw = Raw::connect(&c);
+    // Three requests in flight at once: php-cgi serves one at a time, so two wait in
+    // corral's queue while the first sleeps.
+    raw.get(&c, 7, true, "sleep.php", "ms=300");
+    raw.get(&c, 1, true, "query.php", "q=one");
+    raw.get(&c, 300, true, "query.php", "q=three");
+    let answers = raw.answers(&[7, 1, 300]);
+    for (id, want) in [
+        (7, "slept 300"),
+        (1, "q=one method=GET"),
+        (300, "q=three method=GET"),
+    ] {
+        let (out, end) = &answers[&id];
+        assert!(out.ends_with(want), "request {id}: {out:?}");
+        assert!(
+            out.contains("Content-type: text/html"),
+            "a CGI head first: {out:?}"
+        );
+        assert_eq!(end, &end_body(0), "REQUEST_COMPLETE");
+    }
+    // The ids are free again: reuse one on the same connection.
+    raw.get(&c, 1, false, "query.php", "q=again");
+    assert!(raw.answers(&[1])[&1].0.ends_with("q=again method=GET"));
+    assert!(
+        raw.record().is_none(),
+        "closed after a request without KEEP_CONN"
+    );
+}
+
+#[test]
+fn an_aborted_request_ends_at_once_and_frees_its_slot() {
+    let c = chain();
+    let mut raw = Raw::connect(&c);
+    raw.get(&c, 1, true, "sleep.php", "ms=3000");
+    // Once corral is connected to php-cgi (the request has reached it), abort it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connected_unix_sockets(&c.php.socket) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached php-cgi"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = Instant::now();
+    let mut out = BytesMut::new();
+    encode_abort_request(1, &mut out);
+    raw.send(&out);
+    let answers = raw.answers(&[1]);
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "answered without waiting for the script"
+    );
+    assert_eq!(answers[&1].1, end_body(0));
+    // The slot is free: a new request is served (once php-cgi is done sleeping).
+    raw.get(&c, 1, true, "query.php", "q=next");
+    assert!(raw.answers(&[1])[&1].0.ends_with("q=next method=GET"));
+}
+
+#[test]
+fn management_records_and_refusals() {
+    let c = chain();
+    let mut raw = Raw::connect(&c);
+    // FCGI_GET_VALUES (type 9, id 0) asking for FCGI_MPXS_CONNS, FCGI_MAX_REQS and a name
+    // FastCGI does not define: pairs of (1-byte name length, 1-byte value length, name).
+    let mut query = vec![1, 9, 0, 0, 0, 0, 0, 0];
+    for name in [&b"FCGI_MPXS_CONNS"[..], b"FCGI_MAX_REQS", b"X_UNKNOWN"] {
+        query.extend_from_slice(&[name.len() as u8, 0]);
+        query.extend_from_slice(name);
+    }
+    let content_len = (query.len() - 8) as u16;
+    query[4..6].copy_from_slice(&content_len.to_be_bytes());
+    raw.send(&query);
+    let r = raw.record().unwrap();
+    assert_eq!(r.kind, RecordType::GetValuesResult);
+    assert_eq!(r.request_id, 0);
+    let content = r.content.to_vec();
+    assert!(
+        content.starts_with(b"\x0f\x01FCGI_MPXS_CONNS1"),
+        "{:?}",
+        String::from_utf8_lossy(&content)
+    );
+    assert!(content.windows(13).any(|w| w == b"FCGI_MAX_REQS"));
+    assert!(!content.windows(9).any(|w| w == b"X_UNKNOWN"));
+
+    // A record of type 42 on id 0: FCGI_UNKNOWN_TYPE (11) naming it.
+    raw.send(&[1, 42, 0, 0, 0, 0, 0, 0]);
+    let r = raw.record().unwrap();
+    assert_eq!((r.kind, r.request_id), (RecordType::UnknownType, 0));
+    assert_eq!(&r.content[..], &[42, 0, 0, 0, 0, 0, 0, 0]);
+
+    // BEGIN_REQUEST for the FILTER role (3), then for role 9: FCGI_UNKNOWN_ROLE (3) both.
+    raw.send(&[1, 1, 0, 5, 0, 8, 0, 0, 0, 3, 1, 0, 0, 0, 0, 0]);
+    assert_eq!(raw.answers(&[5])[&5].1, end_body(3));
+    raw.send(&[1, 1, 0, 6, 0, 8, 0, 0, 0, 9, 1, 0, 0, 0, 0, 0]);
+    assert_eq!(raw.answers(&[6])[&6].1, end_body(3));
+
+    // The connection still serves requests.
+    raw.get(&c, 2, true, "query.php", "q=after");
+    assert!(raw.answers(&[2])[&2].0.ends_with("q=after method=GET"));
+
+    // A record of version 2 breaks the protocol: corral says why in its log and closes.
+    raw.send(&[2, 1, 0, 1, 0, 8, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0]);
+    assert!(raw.record().is_none());
+    c.corral
+        .wait_log("broke the protocol", Duration::from_secs(10));
+}
+
+#[test]
+fn a_request_body_streams_in_many_stdin_records() {
+    let c = chain();
+    let mut raw = Raw::connect(&c);
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    let mut out = BytesMut::new();
+    encode_begin_request(4, Role::Responder, true, &mut out);
+    let len = body.len().to_string();
+    let params = cgi_params(
+        "POST",
+        &c.path().join("www").join("upload.php"),
+        "",
+        &[
+            ("CONTENT_LENGTH", &len),
+            ("CONTENT_TYPE", "application/octet-stream"),
+        ],
+    );
+    encode_params(4, &params, &mut out).unwrap();
+    raw.send(&out);
+    for piece in body.chunks(10_000) {
+        let mut out = BytesMut::new();
+        encode_stdin(4, piece, &mut out);
+        raw.send(&out);
+    }
+    let mut out = BytesMut::new();
+    encode_stdin_end(4, &mut out);
+    raw.send(&out);
+    let md5 = md5_hex(c.path(), &body);
+    let (text, end) = &raw.answers(&[4])[&4];
+    assert!(text.ends_with(&format!("{md5} {len} {len}")), "{text:?}");
+    assert_eq!(end, &end_body(0));
 }
