@@ -77,6 +77,9 @@ pub enum GatewayError {
         /// What happened.
         source: SlotError,
     },
+    /// The request body could not be read (or spooled) before the exchange.
+    #[error("reading the request body: {0}")]
+    Body(BackendError),
     /// The backend exchange failed.
     #[error("pool {pool}: {source}")]
     Backend {
@@ -94,7 +97,7 @@ impl GatewayError {
             GatewayError::NoContext { .. } => 404,
             GatewayError::Cgi(e) => cgi_status(e),
             GatewayError::Slot { .. } => 503,
-            GatewayError::Backend { source, .. } => source.status(),
+            GatewayError::Body(source) | GatewayError::Backend { source, .. } => source.status(),
         }
     }
 
@@ -411,11 +414,12 @@ fn cgi_context(c: &ContextConfig) -> CgiContext {
         },
     };
     CgiContext {
-        document_root: c
-            .root
-            .as_ref()
-            .map(|r| r.as_os_str().as_encoded_bytes().to_vec())
-            .unwrap_or_default(),
+        // An application context has no document root of its own; DOCUMENT_ROOT is `/` so
+        // that frameworks reading it get an absolute path.
+        document_root: c.root.as_ref().map_or_else(
+            || b"/".to_vec(),
+            |r| r.as_os_str().as_encoded_bytes().to_vec(),
+        ),
         mode,
         server_software: Bytes::from(concat!("corral/", env!("CARGO_PKG_VERSION"))),
         extra_env: c

@@ -4,10 +4,12 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Unlocked handles: `run` serves for as long as corral lives, and the log writer (other
+    // threads) needs stderr meanwhile; holding its lock here would deadlock the first log line.
     let code = corral::cli::main(
         std::env::args_os(),
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
     );
     ExitCode::from(code)
 }

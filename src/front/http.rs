@@ -23,7 +23,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{BackendError, BodyError, BodySource, RequestBody};
+use crate::backend::{spool_body, BackendError, BodyError, BodySource, RequestBody};
 use crate::config::ListenAddress;
 use crate::front::listener::Peer;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
@@ -112,7 +112,15 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             };
             return error_response(request_id, &e);
         };
-        let body_now = body.take().unwrap_or_else(RequestBody::empty);
+        let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
+        if body_now.len().is_none() {
+            // A chunked body: learn its length first (bounded spool), so every backend sees
+            // CONTENT_LENGTH; php-cgi reads no body without one.
+            body_now = match spool_body(body_now, &gateway.spool).await {
+                Ok(b) => b,
+                Err(source) => return error_response(request_id, &GatewayError::Body(source)),
+            };
+        }
         let params = match cgi_params(
             gateway, ctx, info, &parts, &method, &target, &host, &body_now,
         ) {

@@ -9,6 +9,7 @@
 
 pub mod front;
 pub mod peers;
+pub mod server;
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,353 @@
+//! An HTTP client → corral's `http` listener → real backends (php-cgi, lsphp, a flup WSGI
+//! app), and the limits: `max_conns` counted at the backend, queue overflow into 503 with
+//! Retry-After, `queue_timeout`, and a hanging backend answered with 504.
+
+mod support;
+
+use std::path::Path;
+use std::thread;
+use std::time::Duration;
+
+use support::peers::{self, Peer};
+use support::server::{http, Corral};
+
+/// A config with one TCP http listener on a free port and one pool of running servers.
+fn config(pool: &str, context: &str) -> String {
+    format!(
+        r#"
+[server]
+grace = "2s"
+log_level = "debug"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.main]
+{pool}
+
+[[contexts]]
+pool = "main"
+{context}
+"#
+    )
+}
+
+fn php_site(dir: &Path) {
+    peers::write_file(
+        dir,
+        "hello.php",
+        "<?php echo 'Hello ', $_GET['name'] ?? 'nobody', ' via ', $_SERVER['GATEWAY_INTERFACE'];",
+    );
+    peers::write_file(
+        dir,
+        "form.php",
+        "<?php header('X-Seen-Method: ' . $_SERVER['REQUEST_METHOD']); \
+         echo json_encode([$_POST, $_SERVER['CONTENT_TYPE'] ?? null, \
+         $_SERVER['HTTP_X_CUSTOM'] ?? null, $_SERVER['PATH_INFO'] ?? null]);",
+    );
+    peers::write_file(
+        dir,
+        "status.php",
+        "<?php http_response_code(418); setcookie('a', '1'); setcookie('b', '2'); echo 'teapot';",
+    );
+    peers::write_file(
+        dir,
+        "local.php",
+        "<?php header('Location: /hello.php?name=redirected');",
+    );
+}
+
+#[test]
+fn php_cgi_through_the_http_listener() {
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let php = peers::php_cgi(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+
+    let r = http(addr, "GET", "/hello.php?name=corral", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.text(), "Hello corral via CGI/1.1");
+
+    let r = http(
+        addr,
+        "POST",
+        "/form.php/extra/info",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("X-Custom", "yes"),
+        ],
+        b"a=1&b=two",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-seen-method"), Some("POST"));
+    assert_eq!(
+        r.text(),
+        r#"[{"a":"1","b":"two"},"application\/x-www-form-urlencoded","yes","\/extra\/info"]"#
+    );
+
+    let r = http(addr, "GET", "/status.php", &[], b"");
+    assert_eq!(r.status, 418);
+    let cookies: Vec<_> = r
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "set-cookie")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
+
+    // A local redirect is followed inside corral (RFC 3875 §6.2.2)... but PHP's header()
+    // adds `Status: 302`, which makes it a client redirect.
+    let r = http(addr, "GET", "/local.php", &[], b"");
+    assert_eq!(r.status, 302);
+    assert_eq!(r.header("location"), Some("/hello.php?name=redirected"));
+
+    // HEAD gets the head and no body.
+    let r = http(addr, "HEAD", "/hello.php", &[], b"");
+    assert_eq!(r.status, 200);
+    assert!(r.body.is_empty());
+
+    // Paths outside the rules never reach PHP.
+    assert_eq!(
+        http(addr, "GET", "/../etc/passwd.php", &[], b"").status,
+        403
+    );
+    assert_eq!(http(addr, "GET", "/hello.php/a%00b", &[], b"").status, 400);
+    // A path that names no PHP script matches no context.
+    assert_eq!(http(addr, "GET", "/hello.php%00.txt", &[], b"").status, 404);
+
+    // A chunked upload arrives whole.
+    let r = http(
+        addr,
+        "POST",
+        "/form.php",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Transfer-Encoding", "chunked"),
+        ],
+        b"5\r\nx=abc\r\n0\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert!(r.text().starts_with(r#"[{"x":"abc"}"#), "{}", r.text());
+    drop(php);
+}
+
+#[test]
+fn lsphp_through_the_http_listener() {
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let lsphp = peers::lsphp(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!(
+                "protocol = \"lsapi\"\nservers = [\"unix:{}\"]",
+                lsphp.socket.display()
+            ),
+            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    for _ in 0..3 {
+        let r = http(addr, "GET", "/hello.php?name=lsphp", &[], b"");
+        assert_eq!(r.status, 200, "{}", corral.log());
+        assert_eq!(r.text(), "Hello lsphp via CGI/1.1");
+    }
+    let r = http(
+        addr,
+        "POST",
+        "/form.php",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        b"k=v",
+    );
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert!(r.text().starts_with(r#"[{"k":"v"}"#), "{}", r.text());
+    let r = http(addr, "GET", "/status.php", &[], b"");
+    assert_eq!(r.status, 418);
+}
+
+/// A threaded flup WSGI app on a Unix socket: `/slow` sleeps 300 ms while counting how many
+/// requests are inside at once; `/max` reports the most seen; anything else echoes the path.
+const FLUP_APP: &str = r#"
+import sys, threading, time
+from flup.server.fcgi import WSGIServer
+lock = threading.Lock()
+inside = 0
+most = 0
+def app(environ, start_response):
+    global inside, most
+    path = environ.get('PATH_INFO', '')
+    if path == '/slow':
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.3)
+        with lock:
+            inside -= 1
+        body = b'slow done'
+    elif path == '/max':
+        body = str(most).encode()
+    else:
+        body = ('script=%s path=%s' % (environ.get('SCRIPT_NAME'), path)).encode()
+    start_response('200 OK', [('Content-Type', 'text/plain')])
+    return [body]
+WSGIServer(app, bindAddress=sys.argv[1], multithreaded=True, maxThreads=32).run()
+"#;
+
+fn flup(dir: &Path) -> Peer {
+    let script = peers::write_file(dir, "app.py", FLUP_APP);
+    peers::python(&script, &dir.join("flup.sock"), false)
+}
+
+/// Fires `n` GETs of `path` at once and returns their statuses and Retry-After values.
+fn burst(addr: std::net::SocketAddr, path: &'static str, n: usize) -> Vec<(u16, Option<String>)> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            thread::spawn(move || {
+                let r = http(addr, "GET", path, &[], b"");
+                (r.status, r.header("retry-after").map(str::to_owned))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn flup_app_mounted_at_a_prefix() {
+    let dir = peers::shared_dir();
+    let app = flup(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!("servers = [\"unix:{}\"]", app.socket.display()),
+            "prefix = \"/app\"",
+        ),
+        1,
+    );
+    let r = http(corral.http_addr(), "GET", "/app/items/7", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.text(), "script=/app path=/items/7");
+}
+
+#[test]
+fn max_conns_holds_exactly_at_the_backend() {
+    let dir = peers::shared_dir();
+    let app = flup(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!(
+                "servers = [\"unix:{}\"]\nconcurrency = 8\nmax_conns = 3\nqueue_size = 64",
+                app.socket.display()
+            ),
+            "",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let statuses = burst(addr, "/slow", 12);
+    assert!(statuses.iter().all(|(s, _)| *s == 200), "{statuses:?}");
+    let most = http(addr, "GET", "/max", &[], b"");
+    assert_eq!(
+        most.text(),
+        "3",
+        "the backend saw more than max_conns at once"
+    );
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after_at_once() {
+    let dir = peers::shared_dir();
+    let app = flup(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!(
+                "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 1\nqueue_timeout = \"10s\"",
+                app.socket.display()
+            ),
+            "",
+        ),
+        1,
+    );
+    let mut statuses = burst(corral.http_addr(), "/slow", 4);
+    statuses.sort();
+    let ok = statuses.iter().filter(|(s, _)| *s == 200).count();
+    let refused: Vec<_> = statuses.iter().filter(|(s, _)| *s == 503).collect();
+    // One is served, one waits and is served, the rest find the queue full.
+    assert!(ok >= 2, "{statuses:?}");
+    assert_eq!(ok + refused.len(), 4, "{statuses:?}");
+    assert!(!refused.is_empty(), "{statuses:?}");
+    assert!(refused.iter().all(|(_, ra)| ra.as_deref() == Some("1")));
+    assert!(
+        corral.log().contains("the queue is full"),
+        "{}",
+        corral.log()
+    );
+}
+
+#[test]
+fn queue_timeout_answers_503() {
+    let dir = peers::shared_dir();
+    let app = flup(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!(
+                "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 8\nqueue_timeout = \"100ms\"",
+                app.socket.display()
+            ),
+            "",
+        ),
+        1,
+    );
+    let statuses = burst(corral.http_addr(), "/slow", 3);
+    assert_eq!(
+        statuses.iter().filter(|(s, _)| *s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|(s, _)| *s == 503).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert!(
+        corral
+            .log()
+            .contains("no slot came free within the queue timeout"),
+        "{}",
+        corral.log()
+    );
+}
+
+#[test]
+fn a_hanging_backend_is_answered_504() {
+    let dir = peers::shared_dir();
+    // Accepts connections and never answers.
+    let socket = dir.path().join("hang.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let keep = thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().take(2) {
+            held.push(s);
+        }
+        thread::sleep(Duration::from_secs(5));
+    });
+    let corral = Corral::start(
+        &config(
+            &format!(
+                "servers = [\"unix:{}\"]\nfirst_byte_timeout = \"300ms\"\nrequest_timeout = \"2s\"",
+                socket.display()
+            ),
+            "",
+        ),
+        1,
+    );
+    let r = http(corral.http_addr(), "GET", "/anything", &[], b"");
+    assert_eq!(r.status, 504, "{}", corral.log());
+    drop(keep);
+}

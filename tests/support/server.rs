@@ -1,0 +1,224 @@
+//! The real `corral` binary serving a generated configuration, and a small HTTP/1.1 client.
+//!
+//! `Corral::start` waits (with a deadline) until every listener has logged its bound address,
+//! so tests can use port 0; the guard kills corral on drop, also on panic. The client sends
+//! one request per connection (`Connection: close`) and de-chunks the answer.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use super::CORRAL;
+
+/// How long corral may take to bind its listeners.
+const START: Duration = Duration::from_secs(20);
+
+/// A running corral: killed and reaped when dropped.
+pub struct Corral {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    /// Bound listener addresses in the order they were logged (`127.0.0.1:PORT`,
+    /// `unix:/path`).
+    pub listeners: Vec<String>,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Corral {
+    /// Starts `corral run -c FILE` on `config` and waits for its `listeners` listeners.
+    pub fn start(config: &str, listeners: usize) -> Corral {
+        let file = super::config_file(config);
+        let mut child = Command::new(CORRAL)
+            .args(["run", "-c"])
+            .arg(file.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start corral");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(" listening ") {
+                    if let Some(addr) = field(&line, "listener=") {
+                        let _ = tx.send(addr);
+                    }
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let step = Duration::from_millis(100);
+        let mut waited = Duration::ZERO;
+        let mut found = Vec::new();
+        while found.len() < listeners {
+            match rx.recv_timeout(step) {
+                Ok(addr) => found.push(addr),
+                Err(_) => {
+                    waited += step;
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!("corral exited early ({status}):\n{}", log.lock().unwrap());
+                    }
+                    assert!(
+                        waited < START,
+                        "corral did not listen within {START:?}:\n{}",
+                        log.lock().unwrap()
+                    );
+                }
+            }
+        }
+        Corral {
+            child,
+            log,
+            listeners: found,
+            _config: file,
+        }
+    }
+
+    /// The first TCP listener.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.listeners
+            .iter()
+            .find_map(|a| a.parse().ok())
+            .expect("a TCP listener")
+    }
+
+    /// Everything corral logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// corral's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Corral {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `name=` in a log line (up to the next space).
+fn field(line: &str, name: &str) -> Option<String> {
+    let start = line.find(name)? + name.len();
+    let rest = &line[start..];
+    Some(rest.split_whitespace().next()?.trim_matches('"').to_owned())
+}
+
+/// An HTTP response as the client saw it.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Header fields, names lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    /// The first header named `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one request and reads the whole response (30 s at most).
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
+    let mut s = TcpStream::connect(addr).expect("connect to corral");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head =
+        format!("{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    if !body.is_empty()
+        && !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding"))
+    {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the response");
+    parse_response(&raw)
+}
+
+/// Parses a complete HTTP/1.1 response (one, read to EOF).
+pub fn parse_response(raw: &[u8]) -> HttpResponse {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no response head in {:?}", String::from_utf8_lossy(raw)));
+    let head = std::str::from_utf8(&raw[..end]).expect("ASCII head");
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let rest = &raw[end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("chunk size line");
+        let size_text = std::str::from_utf8(&rest[..line_end]).unwrap();
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+            .expect("hex chunk size");
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}
