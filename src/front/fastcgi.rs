@@ -167,7 +167,7 @@ struct Connection {
     requests: HashMap<u16, Active>,
     next_seq: u64,
     out: mpsc::Sender<Out>,
-    done: mpsc::Sender<(u16, u64)>,
+    done: mpsc::Sender<Done>,
     closed: CancellationToken,
 }
 
@@ -183,7 +183,7 @@ impl Connection {
     async fn run(
         &mut self,
         reader: &mut ReadHalf<Stream>,
-        mut done_rx: mpsc::Receiver<(u16, u64)>,
+        mut done_rx: mpsc::Receiver<Done>,
         shutdown: CancellationToken,
     ) -> bool {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
@@ -220,19 +220,38 @@ impl Connection {
                         return false;
                     }
                 },
-                Some((id, seq)) = done_rx.recv() => self.on_done(id, seq),
+                Some(done) = done_rx.recv() => {
+                    if let Flow::Stop = self.on_done(done).await {
+                        return self.closed.is_cancelled();
+                    }
+                }
                 () = self.closed.cancelled() => return true,
                 () = shutdown.cancelled(), if !draining => draining = true,
             }
         }
     }
 
-    /// A request's task has sent its last frame.
-    fn on_done(&mut self, id: u16, seq: u64) {
-        if self.requests.get(&id).is_some_and(|r| r.seq == seq) {
-            self.requests.remove(&id);
-            self.decoder.finish(id);
+    /// A request's task has sent its answer: forget the id, then send the end. In this order
+    /// a front server that reuses the id as soon as it sees FCGI_END_REQUEST finds it free.
+    async fn on_done(&mut self, done: Done) -> Flow {
+        if self
+            .requests
+            .get(&done.id)
+            .is_none_or(|r| r.seq != done.seq)
+        {
+            // Aborted meanwhile: the abort has been answered.
+            return Flow::Continue;
         }
+        self.requests.remove(&done.id);
+        self.decoder.finish(done.id);
+        self.send(Out {
+            id: done.id,
+            seq: done.seq,
+            bytes: done.ending.bytes,
+            last: true,
+            close: done.ending.close,
+        })
+        .await
     }
 
     async fn on_event(&mut self, event: RequestEvent) -> Flow {
@@ -376,10 +395,16 @@ impl Connection {
             Err(e) => {
                 self.requests.remove(&id);
                 self.decoder.finish(id);
-                return match responder.error(&e).await {
-                    true => Flow::Continue,
-                    false => Flow::Stop,
-                };
+                let ending = responder.error(&e).await;
+                return self
+                    .send(Out {
+                        id,
+                        seq: responder.seq,
+                        bytes: ending.bytes,
+                        last: true,
+                        close: ending.close,
+                    })
+                    .await;
             }
         };
         let (tx, body) = RequestBody::channel(len, BODY_CHUNKS);
@@ -388,8 +413,8 @@ impl Connection {
         let task = tokio::spawn(async move {
             let (id, seq) = (responder.id, responder.seq);
             let response = gateway.dispatch(ctx, params, body, request_id).await;
-            responder.answer(response).await;
-            let _ = done.send((id, seq)).await;
+            let ending = responder.answer(response).await;
+            let _ = done.send(Done { id, seq, ending }).await;
         });
         if let Some(r) = self.requests.get_mut(&id) {
             r.body = Some(tx);
@@ -424,6 +449,22 @@ fn broken(e: &FastCgiError) {
     tracing::warn!(rule = %e, "fastcgi front server broke the protocol; closing the connection");
 }
 
+/// A request's task has answered: `ending` goes out once the reader has forgotten the id.
+#[derive(Debug)]
+struct Done {
+    id: u16,
+    seq: u64,
+    ending: Ending,
+}
+
+/// The frame that ends a request (the end of FCGI_STDOUT and FCGI_END_REQUEST, or nothing to
+/// cut the response short) and whether the connection closes after it.
+#[derive(Debug)]
+struct Ending {
+    bytes: BytesMut,
+    close: bool,
+}
+
 /// Writes one request's answer as FCGI_STDOUT records.
 struct Responder {
     id: u16,
@@ -434,74 +475,79 @@ struct Responder {
 }
 
 impl Responder {
-    async fn send(&self, bytes: BytesMut, last: bool, close: bool) -> bool {
+    /// Queues FCGI_STDOUT bytes; false if the connection is gone.
+    async fn send(&self, bytes: BytesMut) -> bool {
         let out = Out {
             id: self.id,
             seq: self.seq,
             bytes,
-            last,
-            close,
+            last: false,
+            close: false,
         };
         self.out.send(out).await.is_ok()
     }
 
-    /// Streams the backend's answer, or the CGI answer for the error.
-    async fn answer(&self, response: Result<GatewayResponse, GatewayError>) {
+    /// The usual end: FCGI_STDOUT's end and FCGI_END_REQUEST with REQUEST_COMPLETE.
+    fn complete(&self) -> Ending {
+        let mut bytes = BytesMut::new();
+        encode_request_complete(self.id, 0, &mut bytes);
+        Ending {
+            bytes,
+            close: !self.keep_conn,
+        }
+    }
+
+    /// Streams the backend's answer, or the CGI answer for the error; returns the ending.
+    async fn answer(&self, response: Result<GatewayResponse, GatewayError>) -> Ending {
         let mut response = match response {
             Ok(r) => r,
-            Err(e) => {
-                self.error(&e).await;
-                return;
-            }
+            Err(e) => return self.error(&e).await,
         };
         let mut head = BytesMut::new();
         if let Err(e) = encode_head(&response.head, &mut head) {
             tracing::warn!(request_id = self.request_id, error = %e, "backend response head cannot be passed on");
-            self.send_cgi(&error_answer(502, None)).await;
-            return;
+            return self.send_cgi(&error_answer(502, None)).await;
         }
         let mut frame = BytesMut::with_capacity(head.len() + 16);
         encode_stdout(self.id, &head, &mut frame);
-        if !self.send(frame, false, false).await {
-            return;
+        if !self.send(frame).await {
+            return self.complete();
         }
         while let Some(chunk) = response.body.next_chunk().await {
             match chunk {
                 Ok(data) => {
                     let mut frame = BytesMut::with_capacity(data.len() + 16);
                     encode_stdout(self.id, &data, &mut frame);
-                    if !self.send(frame, false, false).await {
-                        return;
+                    if !self.send(frame).await {
+                        return self.complete();
                     }
                 }
                 Err(e) => {
                     // The status has gone out: closing without FCGI_END_REQUEST is the only
                     // way to tell the front server the response is cut short.
                     tracing::warn!(request_id = self.request_id, error = %e, "backend response broke off; closing the fastcgi connection");
-                    self.send(BytesMut::new(), true, true).await;
-                    return;
+                    return Ending {
+                        bytes: BytesMut::new(),
+                        close: true,
+                    };
                 }
             }
         }
-        drop(response);
-        let mut end = BytesMut::new();
-        encode_request_complete(self.id, 0, &mut end);
-        self.send(end, true, !self.keep_conn).await;
+        self.complete()
     }
 
-    /// The CGI answer for a request that got no backend response; false if the connection
-    /// is gone.
-    async fn error(&self, e: &GatewayError) -> bool {
+    /// Sends the CGI answer for a request that got no backend response; returns the ending.
+    async fn error(&self, e: &GatewayError) -> Ending {
         log_failure(self.request_id, e);
         self.send_cgi(&error_answer(e.status(), e.retry_after()))
             .await
     }
 
-    async fn send_cgi(&self, cgi: &[u8]) -> bool {
-        let mut bytes = BytesMut::with_capacity(cgi.len() + 40);
+    async fn send_cgi(&self, cgi: &[u8]) -> Ending {
+        let mut bytes = BytesMut::with_capacity(cgi.len() + 16);
         encode_stdout(self.id, cgi, &mut bytes);
-        encode_request_complete(self.id, 0, &mut bytes);
-        self.send(bytes, true, !self.keep_conn).await
+        self.send(bytes).await;
+        self.complete()
     }
 }
 
