@@ -559,3 +559,20 @@ fn a_request_body_streams_in_many_stdin_records() {
     assert!(text.ends_with(&format!("{md5} {len} {len}")), "{text:?}");
     assert_eq!(end, &end_body(0));
 }
+
+#[test]
+fn a_front_server_that_goes_away_aborts_the_backend_request() {
+    let c = chain();
+    let mut raw = Raw::connect(&c);
+    raw.get(&c, 1, true, "download.php", "");
+    let first = raw.record().unwrap();
+    assert_eq!(first.kind, RecordType::Stdout);
+    // Gone mid-response, 10 MiB still to come: corral must drop the backend request, or
+    // php-cgi (one request at a time) would block writing into a full socket and hold the
+    // pool's only slot.
+    drop(raw);
+    let mut raw = Raw::connect(&c);
+    raw.get(&c, 1, true, "query.php", "q=next");
+    let (text, _) = &raw.answers(&[1])[&1];
+    assert!(text.ends_with("q=next method=GET"), "{text:?}");
+}
