@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::ListenAddress;
-use crate::front::fastcgi::{error_answer, linger, log_failure, prepare};
+use crate::front::fastcgi::common::{error_answer, linger, log_failure, prepare};
 use crate::gateway::{Gateway, GatewayError};
 use crate::net::Stream;
 use crate::protocols::cgi_response::encode_head;
