@@ -121,6 +121,7 @@ async fn accept_loop(
                     listener: address.clone(),
                     local,
                     peer,
+                    forwarded: bound.config.forwarded.clone(),
                 };
                 connections.spawn(http::serve_connection(stream, info, gateway, shutdown));
             }

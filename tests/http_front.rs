@@ -351,3 +351,89 @@ fn a_hanging_backend_is_answered_504() {
     assert_eq!(r.status, 504, "{}", corral.log());
     drop(keep);
 }
+
+#[test]
+fn static_files_trusted_https_and_the_allow_list() {
+    let dir = peers::shared_dir();
+    peers::write_file(
+        dir.path(),
+        "https.php",
+        "<?php echo $_SERVER['HTTPS'] ?? 'off';",
+    );
+    peers::write_file(dir.path(), "style.css", "body { color: red }\n");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let php = peers::php_cgi(dir.path());
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "secret").unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.txt"),
+        dir.path().join("link.txt"),
+    )
+    .unwrap();
+    let corral = Corral::start(
+        &format!(
+            r#"
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+forwarded = "x-forwarded"
+trusted_proxies = ["127.0.0.1/32"]
+
+[[listen]]
+address = "127.0.0.2:0"
+protocol = "http"
+allow = ["10.0.0.0/8"]
+
+[pools.main]
+servers = ["unix:{}"]
+
+[[contexts]]
+pool = "main"
+root = "{}"
+static_files = true
+"#,
+            php.socket.display(),
+            dir.path().display()
+        ),
+        2,
+    );
+    let addr = corral.http_addr();
+
+    let r = http(addr, "GET", "/style.css", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
+    assert_eq!(r.text(), "body { color: red }\n");
+    assert_eq!(http(addr, "POST", "/style.css", &[], b"x").status, 405);
+    // A symlink out of the root is not served, and no script by that name exists.
+    assert_ne!(http(addr, "GET", "/link.txt", &[], b"").text(), "secret");
+    // A directory is not a file; with no index script it is not found.
+    assert_eq!(http(addr, "GET", "/sub/", &[], b"").status, 404);
+
+    // The trusted proxy's header makes HTTPS=on; without it, off.
+    let r = http(
+        addr,
+        "GET",
+        "/https.php",
+        &[("X-Forwarded-Proto", "https")],
+        b"",
+    );
+    assert_eq!(r.text(), "on", "{}", corral.log());
+    assert_eq!(http(addr, "GET", "/https.php", &[], b"").text(), "off");
+
+    // The second listener only takes clients from 10/8: loopback is closed at once.
+    let second: std::net::SocketAddr = corral
+        .listeners
+        .iter()
+        .find(|a| a.starts_with("127.0.0.2:"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut s = std::net::TcpStream::connect(second).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    use std::io::{Read, Write};
+    let _ = s.write_all(b"GET /style.css HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
+    assert!(corral.log().contains("outside the listener's allow list"));
+}

@@ -725,3 +725,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn static_file_paths_stay_under_the_root() {
+    use corral_protocols::cgi::{static_file_path, CgiError};
+    assert_eq!(
+        static_file_path(b"/css/site%20main.css", b"/srv/www/").unwrap(),
+        b"/srv/www/css/site main.css"
+    );
+    assert_eq!(
+        static_file_path(b"/a/./b/../c.txt", b"/srv/www").unwrap(),
+        b"/srv/www/a/c.txt"
+    );
+    assert!(matches!(
+        static_file_path(b"/../etc/passwd", b"/srv/www"),
+        Err(CgiError::EscapesRoot { .. })
+    ));
+    assert!(matches!(
+        static_file_path(b"/%2e%2e/etc/passwd", b"/srv/www"),
+        Err(CgiError::EscapesRoot { .. })
+    ));
+    assert!(static_file_path(b"/a%00.txt", b"/srv/www").is_err());
+    assert!(static_file_path(b"/a%2fb", b"/srv/www").is_err());
+    assert!(static_file_path(b"relative", b"/srv/www").is_err());
+}

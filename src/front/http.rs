@@ -10,31 +10,35 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStringExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncRead;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{spool_body, BackendError, BodyError, BodySource, RequestBody};
-use crate::config::ListenAddress;
+use crate::config::{ForwardedHeader, ForwardedTrust, ListenAddress};
 use crate::front::listener::Peer;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
 use crate::net::Stream;
-use crate::protocols::cgi::{build_cgi_vars, CgiRequest};
+use crate::protocols::cgi::{build_cgi_vars, static_file_path, CgiRequest, ScriptMode};
 use crate::protocols::cgi_response::ResponseKind;
 
 /// Largest request head hyper buffers (request line and headers).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields in one request head.
 const MAX_HEADERS: usize = 100;
+/// Bytes read from a static file at a time.
+const FILE_CHUNK: usize = 64 * 1024;
 /// Local redirects followed for one request before giving up with 502 (a loop).
 const MAX_LOCAL_REDIRECTS: usize = 5;
 
@@ -47,6 +51,8 @@ pub struct ConnInfo {
     pub local: Option<SocketAddr>,
     /// The client.
     pub peer: Peer,
+    /// Which forwarded header is believed, and from which peers.
+    pub forwarded: Option<ForwardedTrust>,
 }
 
 /// Serves one HTTP connection until the client closes it or `shutdown` fires (then the
@@ -112,6 +118,9 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             };
             return error_response(request_id, &e);
         };
+        if let Some(resp) = static_file(gateway, ctx, &parts.method, &target).await {
+            return resp;
+        }
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
         if body_now.len().is_none() {
             // A chunked body: learn its length first (bounded spool), so every backend sees
@@ -172,6 +181,88 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
     error_response(request_id, &e)
 }
 
+/// Serves an existing non-script file under the context's root when the context asks for
+/// static files (`static_files = true`); `None` sends the request on to the backend.
+async fn static_file(
+    gateway: &Gateway,
+    ctx: usize,
+    method: &http::Method,
+    target: &[u8],
+) -> Option<Response<HttpBody>> {
+    let context = gateway.contexts.get(ctx)?;
+    let root = context.config.root.as_ref()?;
+    if !context.config.static_files {
+        return None;
+    }
+    let raw_path = target.split(|&b| b == b'?').next()?;
+    if let ScriptMode::Files { extensions, .. } = &context.cgi.mode {
+        let path = path_of(target);
+        let is_script = path.split('/').any(|segment| {
+            extensions.iter().any(|ext| {
+                let ext = std::str::from_utf8(ext).unwrap_or("");
+                segment.len() > ext.len() + 1
+                    && segment.ends_with(ext)
+                    && segment.as_bytes().get(segment.len() - ext.len() - 1) == Some(&b'.')
+            })
+        });
+        if is_script {
+            return None;
+        }
+    }
+    let lexical = static_file_path(raw_path, root.as_os_str().as_encoded_bytes()).ok()?;
+    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
+    // The real file must be a regular file still under the real root (no symlink out).
+    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
+    let real_root = tokio::fs::canonicalize(root).await.ok()?;
+    if !real.starts_with(&real_root) {
+        return None;
+    }
+    let file = tokio::fs::File::open(&real).await.ok()?;
+    let meta = file.metadata().await.ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    if method != http::Method::GET && method != http::Method::HEAD {
+        let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
+        resp.headers_mut()
+            .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return Some(resp);
+    }
+    let mut resp = Response::new(FrontBody::file(file, meta.len()));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type(&real)),
+    );
+    resp.headers_mut()
+        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(meta.len()));
+    Some(resp)
+}
+
+/// The media type of a static file, from its extension.
+fn content_type(path: &std::path::Path) -> &'static str {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "json" => "application/json",
+        "txt" => "text/plain; charset=utf-8",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "ico" => "image/x-icon",
+        "woff2" => "font/woff2",
+        "pdf" => "application/pdf",
+        _ => "application/octet-stream",
+    }
+}
+
 /// The CGI variables of one request for context `ctx`.
 #[allow(clippy::too_many_arguments)]
 fn cgi_params(
@@ -212,7 +303,7 @@ fn cgi_params(
         server_addr: server_addr.as_bytes(),
         server_port,
         server_name: host.as_bytes(),
-        https: false,
+        https: forwarded_https(info, &parts.headers),
     };
     let Some(context) = gateway.contexts.get(ctx) else {
         return Err(GatewayError::NoContext {
@@ -225,6 +316,48 @@ fn cgi_params(
         tracing::debug!(header = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
     Ok(vars.vars)
+}
+
+/// Whether a trusted proxy says the client came over HTTPS. Only the configured header is
+/// read, and only from a peer in `trusted_proxies` (any peer of a Unix listener, which its
+/// file permissions already restrict); everyone else's header is ignored.
+fn forwarded_https(info: &ConnInfo, headers: &http::HeaderMap) -> bool {
+    let Some(trust) = &info.forwarded else {
+        return false;
+    };
+    let trusted = match info.peer {
+        Peer::Unix => true,
+        Peer::Tcp(addr) => trust.trusted_proxies.iter().any(|c| c.contains(addr.ip())),
+    };
+    if !trusted {
+        return false;
+    }
+    match trust.header {
+        ForwardedHeader::None => false,
+        // Each proxy appends its own value, so the last one is what the trusted proxy (the
+        // peer) saw; earlier ones came from farther away and are not believed.
+        ForwardedHeader::XForwarded => headers
+            .get_all("x-forwarded-proto")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .last()
+            .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https")),
+        ForwardedHeader::Forwarded => headers
+            .get_all(http::header::FORWARDED)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .last()
+            .is_some_and(|element| {
+                element.split(';').any(|pair| {
+                    pair.split_once('=').is_some_and(|(k, v)| {
+                        k.trim().eq_ignore_ascii_case("proto")
+                            && v.trim().trim_matches('"').eq_ignore_ascii_case("https")
+                    })
+                })
+            }),
+    }
 }
 
 /// The host name the client asked for, lowercase and without its port.
@@ -332,6 +465,10 @@ pub struct FrontBody {
 #[allow(clippy::large_enum_variant)]
 enum BodyKind {
     Full(Option<Bytes>),
+    File {
+        file: tokio::fs::File,
+        remaining: u64,
+    },
     Backend {
         idle: Option<GatewayBody>,
         pending: Option<ChunkFuture>,
@@ -343,6 +480,15 @@ impl FrontBody {
     fn full(bytes: Bytes) -> FrontBody {
         FrontBody {
             kind: BodyKind::Full(Some(bytes)),
+        }
+    }
+
+    fn file(file: tokio::fs::File, len: u64) -> FrontBody {
+        FrontBody {
+            kind: BodyKind::File {
+                file,
+                remaining: len,
+            },
         }
     }
 
@@ -359,14 +505,44 @@ impl FrontBody {
 
 impl Body for FrontBody {
     type Data = Bytes;
-    type Error = BackendError;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BackendError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match &mut self.get_mut().kind {
             BodyKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            BodyKind::File { file, remaining } => {
+                if *remaining == 0 {
+                    return Poll::Ready(None);
+                }
+                let want = usize::try_from(*remaining)
+                    .unwrap_or(FILE_CHUNK)
+                    .min(FILE_CHUNK);
+                let mut buf = BytesMut::zeroed(want);
+                let mut read = tokio::io::ReadBuf::new(&mut buf);
+                match Pin::new(file).poll_read(cx, &mut read) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Ok(())) => {
+                        let n = read.filled().len();
+                        if n == 0 {
+                            // The file shrank under us: end early rather than hang.
+                            *remaining = 0;
+                            return Poll::Ready(Some(Err(
+                                "static file shrank while it was sent".into()
+                            )));
+                        }
+                        buf.truncate(n);
+                        *remaining -= n as u64;
+                        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+                    }
+                    Poll::Ready(Err(e)) => {
+                        *remaining = 0;
+                        Poll::Ready(Some(Err(e.into())))
+                    }
+                }
+            }
             BodyKind::Backend {
                 idle,
                 pending,
@@ -396,7 +572,7 @@ impl Body for FrontBody {
                     }
                     Some(Err(e)) => {
                         tracing::warn!(request_id = *request_id, error = %e, "backend response broke off");
-                        Poll::Ready(Some(Err(e)))
+                        Poll::Ready(Some(Err(e.into())))
                     }
                     // The end: dropping `body` gives the slot back now, not when hyper drops
                     // this body.
@@ -409,6 +585,7 @@ impl Body for FrontBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
+            BodyKind::File { remaining, .. } => *remaining == 0,
             BodyKind::Backend { idle, pending, .. } => idle.is_none() && pending.is_none(),
         }
     }
@@ -417,6 +594,7 @@ impl Body for FrontBody {
         match &self.kind {
             BodyKind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             BodyKind::Full(None) => SizeHint::with_exact(0),
+            BodyKind::File { remaining, .. } => SizeHint::with_exact(*remaining),
             BodyKind::Backend { .. } => SizeHint::default(),
         }
     }

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use front::normalize_front_params;
-pub use path::{split_script_path, ScriptPath};
+pub use path::{split_script_path, static_file_path, ScriptPath};
 
 /// The GATEWAY_INTERFACE value corral speaks.
 pub const GATEWAY_INTERFACE: &[u8] = b"CGI/1.1";

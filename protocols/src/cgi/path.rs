@@ -107,6 +107,23 @@ pub fn split_script_path(raw_path: &[u8], ctx: &CgiContext) -> Result<ScriptPath
     split_decoded(&decoded, ctx)
 }
 
+/// The file a raw (percent-encoded) request path names under `root`, for serving static
+/// files: decoded, dot segments resolved, never above the root, no NUL/CR/LF, no encoded
+/// `/` or backslash. Lexical only: the caller still checks the real file (symlinks).
+pub fn static_file_path(raw_path: &[u8], root: &[u8]) -> Result<Vec<u8>, CgiError> {
+    if raw_path.first() != Some(&b'/') {
+        return Err(CgiError::TargetForm {
+            target: snippet(raw_path),
+        });
+    }
+    let decoded = percent_decode(raw_path)?;
+    check_decoded(&decoded)?;
+    let norm = normalize(&decoded, true)?;
+    let mut file = root_prefix(root).to_vec();
+    file.extend_from_slice(&norm);
+    Ok(file)
+}
+
 /// Splits an already decoded path (DOCUMENT_URI, SCRIPT_NAME from a front server).
 pub(super) fn split_decoded(decoded: &[u8], ctx: &CgiContext) -> Result<ScriptPath, CgiError> {
     check_decoded(decoded)?;
