@@ -13,6 +13,10 @@
 
 mod support;
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
 use support::front::{curl, Corral, Nginx};
 use support::peers::{md5_hex, python, shared_dir, write_file, Peer};
 
@@ -155,4 +159,48 @@ fn a_path_outside_every_context_is_404() {
         &["--data-binary", &format!("@{}", file.display())],
     );
     assert_eq!(r.status, 404, "{r:?}\n{}", c.nginx.error_log());
+}
+
+#[test]
+fn a_broken_head_gets_400_and_a_close() {
+    let c = chain();
+    let mut s = UnixStream::connect(&c.corral.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // A netstring whose length is not a number.
+    s.write_all(b"12x:CONTENT_LENGTH\x000\x00,").unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("Status: 400 Bad Request\r\n"),
+        "{answer:?}"
+    );
+    c.corral
+        .wait_log("scgi client broke the protocol", Duration::from_secs(10));
+}
+
+#[test]
+fn a_request_without_nginx_is_served_too() {
+    let c = chain();
+    let mut s = UnixStream::connect(&c.corral.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // The SCGI head written by hand: CONTENT_LENGTH first, SCGI=1, then the request.
+    let head: &[u8] = b"CONTENT_LENGTH\x005\x00SCGI\x001\x00REQUEST_METHOD\x00PUT\x00\
+        REQUEST_URI\x00/app/x?y=1\x00QUERY_STRING\x00y=1\x00SERVER_NAME\x00localhost\x00";
+    let mut request = format!("{}:", head.len()).into_bytes();
+    request.extend_from_slice(head);
+    request.extend_from_slice(b",hello");
+    s.write_all(&request).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("Status: 201 Created\r\n"), "{answer:?}");
+    assert!(
+        answer.ends_with(
+            "REQUEST_METHOD=PUT SCRIPT_NAME=/app PATH_INFO=/x QUERY_STRING=y=1 \
+             CONTENT_LENGTH=5 HTTP_HOST=- HTTP_X_CORRAL_TEST=- len=5 \
+             md5=5d41402abc4b2a76b9719d911017c592"
+        ),
+        "{answer:?}"
+    );
 }
