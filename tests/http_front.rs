@@ -435,5 +435,5 @@ static_files = true
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf);
     assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
-    assert!(corral.log().contains("outside the listener's allow list"));
+    assert!(corral.wait_log("outside the listener's allow list"));
 }

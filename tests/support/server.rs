@@ -94,6 +94,19 @@ impl Corral {
         self.log.lock().unwrap().clone()
     }
 
+    /// Waits (5 s at most) until corral has logged a line containing `needle`; the log is
+    /// read on another thread, so a line may trail the event that caused it.
+    pub fn wait_log(&self, needle: &str) -> bool {
+        let step = Duration::from_millis(20);
+        for _ in 0..250 {
+            if self.log().contains(needle) {
+                return true;
+            }
+            thread::sleep(step);
+        }
+        false
+    }
+
     /// corral's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
