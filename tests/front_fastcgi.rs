@@ -576,3 +576,30 @@ fn a_front_server_that_goes_away_aborts_the_backend_request() {
     let (text, _) = &raw.answers(&[1])[&1];
     assert!(text.ends_with("q=next method=GET"), "{text:?}");
 }
+
+#[test]
+fn a_graceful_stop_finishes_the_request_in_progress_then_closes() {
+    let c = chain();
+    let mut raw = Raw::connect(&c);
+    raw.get(&c, 3, true, "sleep.php", "ms=500");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connected_unix_sockets(&c.php.socket) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached php-cgi"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &c.corral.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (text, end) = &raw.answers(&[3])[&3];
+    assert!(text.ends_with("slept 500"), "{text:?}");
+    assert_eq!(end, &end_body(0));
+    assert!(
+        raw.record().is_none(),
+        "the kept connection closes once it is idle"
+    );
+}

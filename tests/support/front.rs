@@ -77,6 +77,11 @@ impl Corral {
         corral
     }
 
+    /// corral's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything corral logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
