@@ -48,15 +48,7 @@ pub(crate) fn prepare(
     let Some(context) = gateway.contexts.get(ctx) else {
         return Err(GatewayError::NoContext { host, path });
     };
-    let vars = if context.cgi.document_root.is_empty() {
-        // The gateway gives a context without `root` (an app mounted at its prefix) an empty
-        // document root, which the CGI rules refuse; `/` stands in, as nothing maps to files.
-        let mut cgi = context.cgi.clone();
-        cgi.document_root = b"/".to_vec();
-        normalize_front_params(params, &cgi)?
-    } else {
-        normalize_front_params(params, &context.cgi)?
-    };
+    let vars = normalize_front_params(params, &context.cgi)?;
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
