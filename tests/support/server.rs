@@ -39,6 +39,8 @@ impl Corral {
             .spawn()
             .expect("start corral");
         let stderr = child.stderr.take().expect("stderr is piped");
+        // Killed on drop from here on, also when the wait below panics.
+        let mut child = KillOnDrop(Some(child));
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = Arc::clone(&log);
@@ -62,7 +64,7 @@ impl Corral {
                 Ok(addr) => found.push(addr),
                 Err(_) => {
                     waited += step;
-                    if let Ok(Some(status)) = child.try_wait() {
+                    if let Ok(Some(status)) = child.get().try_wait() {
                         panic!("corral exited early ({status}):\n{}", log.lock().unwrap());
                     }
                     assert!(
@@ -74,7 +76,7 @@ impl Corral {
             }
         }
         Corral {
-            child,
+            child: child.take(),
             log,
             listeners: found,
             _config: file,
@@ -117,6 +119,28 @@ impl Drop for Corral {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A child killed and reaped when dropped, until it is taken.
+struct KillOnDrop(Option<Child>);
+
+impl KillOnDrop {
+    fn get(&mut self) -> &mut Child {
+        self.0.as_mut().expect("not taken yet")
+    }
+
+    fn take(&mut self) -> Child {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
