@@ -57,7 +57,7 @@ echo "corral after start: peak RSS $(hwm)"
 head -c $((SIZE_MIB * 1048576)) /dev/urandom > "$scratch/body"
 want=$(md5sum "$scratch/body" | cut -d' ' -f1)
 start=$(date +%s.%N)
-got=$(curl -sS --data-binary @"$scratch/body" -H 'Content-Type: application/octet-stream' -H 'Expect:' "http://127.0.0.1:$port/up.php")
+got=$(curl -sS -X POST -T "$scratch/body" -H 'Content-Type: application/octet-stream' -H 'Expect:' "http://127.0.0.1:$port/up.php")
 end=$(date +%s.%N)
 rm "$scratch/body"
 [ "${got%% *}" = "$want" ] || { echo "upload md5 mismatch: $got vs $want" >&2; exit 1; }

@@ -63,7 +63,7 @@ http {
   proxy_temp_path $scratch/run; scgi_temp_path $scratch/run; uwsgi_temp_path $scratch/run;
   root $scratch/www;
   server { listen 127.0.0.1:$port_a;
-    location ~ \.php\$ { include fastcgi.conf; fastcgi_pass unix:$scratch/run/fpm.sock; } }
+    location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$scratch/run/fpm.sock; } }
 }
 CONF
 nginx -c "$scratch/nginx.conf" & pids+=($!)

@@ -437,3 +437,34 @@ static_files = true
     assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
     assert!(corral.wait_log("outside the listener's allow list"));
 }
+
+#[test]
+fn pipelined_requests_on_one_connection_are_answered_in_order() {
+    use std::io::{Read, Write};
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let php = peers::php_cgi(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"", dir.path().display()),
+        ),
+        1,
+    );
+    let mut s = std::net::TcpStream::connect(corral.http_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"GET /hello.php?name=one HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /hello.php?name=two HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /hello.php?name=three HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let one = text.find("Hello one").expect("first answer");
+    let two = text.find("Hello two").expect("second answer");
+    let three = text.find("Hello three").expect("third answer");
+    assert!(one < two && two < three, "{text}");
+    assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 3, "{text}");
+}

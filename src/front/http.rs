@@ -73,7 +73,9 @@ pub async fn serve_connection(
         .keep_alive(true)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS)
-        .pipeline_flush(true)
+        // Not `pipeline_flush`: it lets hyper buffer response bodies without bound (its
+        // write buffer then always accepts more), which a 1 GiB download turned into
+        // hundreds of MiB. Pipelined requests are still answered in order without it.
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     tokio::select! {
