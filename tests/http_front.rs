@@ -468,3 +468,123 @@ fn pipelined_requests_on_one_connection_are_answered_in_order() {
     assert!(one < two && two < three, "{text}");
     assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 3, "{text}");
 }
+
+/// A raw-CGI app on the Python `scgi` package: `/go` answers a local redirect to `/app/target` (a `Location:`
+/// path and no `Status:`), `/target` answers what it was asked for.
+const SCGI_REDIRECT_APP: &str = r#"import socket, sys
+from scgi.scgi_server import SCGIServer
+from scgi.util import SCGIHandler
+
+class Handler(SCGIHandler):
+    def produce(self, env, bodysize, input, output):
+        if bodysize:
+            input.read(bodysize)
+        if env.get('PATH_INFO') == '/go':
+            output.write(b'Location: /app/target?from=go\r\n\r\n')
+        else:
+            text = 'target %s %s %s' % (env['REQUEST_METHOD'], env.get('PATH_INFO'), env.get('QUERY_STRING'))
+            output.write(b'Content-Type: text/plain\r\n\r\n' + text.encode())
+
+class UnixServer(SCGIServer):
+    def get_listening_socket(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(sys.argv[1])
+        return s
+
+    def serve_on_socket(self, s):
+        s.listen(40)
+        print('ready', flush=True)
+        SCGIServer.serve_on_socket(self, s)
+
+UnixServer(handler_class=Handler, max_children=2).serve()
+"#;
+
+#[test]
+fn local_redirects_index_files_expect_continue_and_a_refused_backend() {
+    use std::io::{Read, Write};
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    peers::write_file(
+        dir.path(),
+        "index.php",
+        "<?php echo 'index of ', $_SERVER['SCRIPT_NAME'];",
+    );
+    let php = peers::php_cgi(dir.path());
+    let script = peers::write_file(dir.path(), "redirect_app.py", SCGI_REDIRECT_APP);
+    let app = peers::python(&script, &dir.path().join("scgi.sock"), true);
+    let corral = Corral::start(
+        &format!(
+            r#"
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.php]
+servers = ["unix:{php}"]
+
+[pools.app]
+protocol = "scgi"
+servers = ["unix:{app}"]
+
+[pools.gone]
+servers = ["unix:{gone}"]
+
+[[contexts]]
+pool = "php"
+root = "{root}"
+
+[[contexts]]
+prefix = "/app"
+pool = "app"
+
+[[contexts]]
+prefix = "/gone"
+pool = "gone"
+"#,
+            php = php.socket.display(),
+            app = app.socket.display(),
+            gone = dir.path().join("nobody-listens.sock").display(),
+            root = dir.path().display()
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+
+    // RFC 3875 §6.2.2: the gateway serves the new path itself, as a GET.
+    let r = http(addr, "POST", "/app/go", &[], b"ignored body");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.text(), "target GET /target from=go");
+    assert_eq!(r.header("location"), None);
+
+    // A directory gets its index file.
+    let r = http(addr, "GET", "/", &[], b"");
+    assert_eq!(r.text(), "index of /index.php", "{}", corral.log());
+
+    // Expect: 100-continue: the interim answer comes before the body is sent.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"POST /form.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+          Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 3\r\n\
+          Expect: 100-continue\r\n\r\n",
+    )
+    .unwrap();
+    let mut interim = [0u8; 25];
+    s.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"a=1").unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    let r = support::server::parse_response(&rest);
+    assert_eq!(r.status, 200);
+    assert!(r.text().starts_with(r#"[{"a":"1"}"#), "{}", r.text());
+
+    // Nobody listens on the gone pool's socket: 502, and one log line saying so.
+    let r = http(addr, "GET", "/gone/x", &[], b"");
+    assert_eq!(r.status, 502);
+    assert!(
+        corral.wait_log("cannot connect to backend"),
+        "{}",
+        corral.log()
+    );
+}
