@@ -16,7 +16,7 @@ use crate::backend::{
     self, BackendError, BackendRequest, Connections, ExchangeOptions, Protocol, RequestBody,
     ResponseBody, SpoolConfig, Timeouts,
 };
-use crate::config::{Backend, BackendAddress, Config, ContextConfig, ListenAddress};
+use crate::config::{Backend, Config, ContextConfig, ListenAddress};
 use crate::pool::slots::{Slot, SlotError, SlotLimits, SlotTable};
 use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
 use crate::protocols::cgi_response::CgiResponseHead;
@@ -34,8 +34,6 @@ pub struct Pool {
     pub protocol: Protocol,
     /// Slots and the queue.
     pub slots: Arc<SlotTable>,
-    /// Worker addresses by slot-table index.
-    pub workers: Vec<BackendAddress>,
     /// Idle persistent connections (FastCGI and LSAPI).
     pub connections: Connections,
     /// Time bounds of one exchange.
@@ -204,15 +202,14 @@ impl Gateway {
                 },
                 &contexts,
             );
-            for _ in servers {
-                let id = slots.add_worker(p.concurrency as usize);
+            for server in servers {
+                let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
                 slots.set_accepting(id, true);
             }
             pools.push(Pool {
                 name: Arc::from(p.name.as_str()),
                 protocol: p.protocol.into(),
                 slots,
-                workers: servers.clone(),
                 connections: Connections::new(MAX_IDLE_PER_WORKER),
                 timeouts: Timeouts::from_pool(p),
             });
@@ -329,12 +326,7 @@ impl Gateway {
             pool: Arc::clone(&pool.name),
             source,
         };
-        let Some(address) = pool.workers.get(slot.worker().index) else {
-            return Err(GatewayError::Slot {
-                pool: Arc::clone(&pool.name),
-                source: SlotError::Closed,
-            });
-        };
+        let address = slot.address();
         let conn = match pool.protocol {
             // SCGI is one connection per request by definition.
             Protocol::Scgi => backend::BackendConnection::connect(address, pool.timeouts.connect)

@@ -16,7 +16,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
+
+use crate::config::BackendAddress;
 
 /// Why a slot could not be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +63,7 @@ pub struct WorkerId {
 pub struct Slot {
     table: Arc<SlotTable>,
     worker: WorkerId,
+    address: Arc<BackendAddress>,
     context: usize,
 }
 
@@ -68,6 +71,11 @@ impl Slot {
     /// The worker this slot belongs to.
     pub fn worker(&self) -> WorkerId {
         self.worker
+    }
+
+    /// Where that worker listens.
+    pub fn address(&self) -> &Arc<BackendAddress> {
+        &self.address
     }
 }
 
@@ -80,6 +88,12 @@ impl Drop for Slot {
 #[derive(Debug)]
 struct WorkerEntry {
     generation: u64,
+    address: Arc<BackendAddress>,
+    /// Requests this worker has been given.
+    started: u64,
+    /// Requests it may be given in all (`max_requests` plus jitter); it stops taking new
+    /// ones when `started` reaches it, so a recycled worker never gets one request too many.
+    budget: Option<u64>,
     /// Requests the worker can serve at once (1 for php-cgi and lsphp).
     concurrency: usize,
     in_flight: usize,
@@ -92,7 +106,7 @@ struct WorkerEntry {
 #[derive(Debug)]
 struct Waiter {
     context: usize,
-    tx: oneshot::Sender<WorkerId>,
+    tx: oneshot::Sender<(WorkerId, Arc<BackendAddress>)>,
 }
 
 #[derive(Debug)]
@@ -118,10 +132,26 @@ pub struct SlotStats {
     pub accepting_workers: usize,
 }
 
+/// One worker as the supervisor sees it in the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCounts {
+    /// The worker.
+    pub id: WorkerId,
+    /// Requests it has been given.
+    pub started: u64,
+    /// Requests in progress on it.
+    pub in_flight: usize,
+    /// Whether it takes new requests.
+    pub accepting: bool,
+}
+
 /// One pool's slot table.
 #[derive(Debug)]
 pub struct SlotTable {
     state: Mutex<State>,
+    /// Woken when a request starts waiting: an on-demand pool spawns at once rather than at
+    /// its next tick.
+    demand: Notify,
 }
 
 impl SlotTable {
@@ -141,7 +171,13 @@ impl SlotTable {
                 waiters: VecDeque::new(),
                 closed: false,
             }),
+            demand: Notify::new(),
         })
+    }
+
+    /// Resolves when a request has started waiting for a slot since the last call.
+    pub async fn demand(&self) {
+        self.demand.notified().await;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -150,12 +186,20 @@ impl SlotTable {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a worker, not yet accepting, reusing the entry of a removed worker whose last
-    /// request has finished.
-    pub fn add_worker(&self, concurrency: usize) -> WorkerId {
+    /// Adds a worker at `address`, not yet accepting, that may be given at most `budget`
+    /// requests; reuses the entry of a removed worker whose last request has finished.
+    pub fn add_worker(
+        &self,
+        concurrency: usize,
+        address: BackendAddress,
+        budget: Option<u64>,
+    ) -> WorkerId {
         let mut st = self.lock();
         let fresh = WorkerEntry {
             generation: 0,
+            address: Arc::new(address),
+            started: 0,
+            budget,
             concurrency: concurrency.max(1),
             in_flight: 0,
             accepting: false,
@@ -225,6 +269,25 @@ impl SlotTable {
         st.waiters.clear();
     }
 
+    /// Every live worker's counts, for the supervisor's tick.
+    pub fn workers(&self) -> Vec<WorkerCounts> {
+        let st = self.lock();
+        st.workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.removed)
+            .map(|(index, w)| WorkerCounts {
+                id: WorkerId {
+                    index,
+                    generation: w.generation,
+                },
+                started: w.started,
+                in_flight: w.in_flight,
+                accepting: w.accepting,
+            })
+            .collect()
+    }
+
     /// Live numbers for status.
     pub fn stats(&self) -> SlotStats {
         let st = self.lock();
@@ -245,8 +308,8 @@ impl SlotTable {
             // Every change that frees capacity grants it to waiters at once, so the waiters
             // left are ones the current state cannot serve; a newcomer that can be served
             // therefore jumps nobody who could have used its slot, and the queue stays FIFO.
-            if let Some(worker) = Self::try_take(&mut st, context) {
-                return Ok(self.slot(worker, context));
+            if let Some((worker, address)) = Self::try_take(&mut st, context) {
+                return Ok(self.slot(worker, address, context));
             }
             if st.waiters.len() >= st.limits.queue_size {
                 return Err(SlotError::QueueFull {
@@ -255,6 +318,7 @@ impl SlotTable {
             }
             let (tx, rx) = oneshot::channel();
             st.waiters.push_back(Waiter { context, tx });
+            self.demand.notify_one();
             (rx, st.limits.queue_timeout)
         };
         let mut wait = Wait {
@@ -263,24 +327,30 @@ impl SlotTable {
             rx,
         };
         match tokio::time::timeout(timeout, &mut wait.rx).await {
-            Ok(Ok(worker)) => Ok(self.slot(worker, context)),
+            Ok(Ok((worker, address))) => Ok(self.slot(worker, address, context)),
             Ok(Err(_)) => Err(SlotError::Closed),
             // Dropping `wait` gives back a grant that raced the timer.
             Err(_) => Err(SlotError::QueueTimeout(timeout)),
         }
     }
 
-    fn slot(self: &Arc<Self>, worker: WorkerId, context: usize) -> Slot {
+    fn slot(
+        self: &Arc<Self>,
+        worker: WorkerId,
+        address: Arc<BackendAddress>,
+        context: usize,
+    ) -> Slot {
         Slot {
             table: Arc::clone(self),
             worker,
+            address,
             context,
         }
     }
 
     /// Takes a slot for `context` if the pool, the context and some worker have room; the
     /// least loaded accepting worker wins, the lowest index on a tie.
-    fn try_take(st: &mut State, context: usize) -> Option<WorkerId> {
+    fn try_take(st: &mut State, context: usize) -> Option<(WorkerId, Arc<BackendAddress>)> {
         if st.in_flight >= st.limits.max_conns {
             return None;
         }
@@ -303,15 +373,21 @@ impl SlotTable {
         let (index, _) = best?;
         let w = st.workers.get_mut(index)?;
         w.in_flight += 1;
+        w.started += 1;
+        if w.budget.is_some_and(|b| w.started >= b) {
+            // The last request of its budget: it takes no more.
+            w.accepting = false;
+        }
         let id = WorkerId {
             index,
             generation: w.generation,
         };
+        let address = Arc::clone(&w.address);
         if let Some(c) = st.context_in_flight.get_mut(context) {
             *c += 1;
         }
         st.in_flight += 1;
-        Some(id)
+        Some((id, address))
     }
 
     fn give_back(st: &mut State, worker: WorkerId, context: usize) {
@@ -343,12 +419,12 @@ impl SlotTable {
                 st.waiters.remove(i);
                 continue;
             }
-            let Some(worker) = Self::try_take(st, context) else {
+            let Some((worker, address)) = Self::try_take(st, context) else {
                 i += 1;
                 continue;
             };
             if let Some(waiter) = st.waiters.remove(i) {
-                if waiter.tx.send(worker).is_err() {
+                if waiter.tx.send((worker, address)).is_err() {
                     // The waiter gave up between the check and the send.
                     Self::give_back(st, worker, context);
                 }
@@ -363,13 +439,13 @@ impl SlotTable {
 struct Wait<'a> {
     table: &'a Arc<SlotTable>,
     context: usize,
-    rx: oneshot::Receiver<WorkerId>,
+    rx: oneshot::Receiver<(WorkerId, Arc<BackendAddress>)>,
 }
 
 impl Drop for Wait<'_> {
     fn drop(&mut self) {
         self.rx.close();
-        if let Ok(worker) = self.rx.try_recv() {
+        if let Ok((worker, _)) = self.rx.try_recv() {
             self.table.release(worker, self.context);
         }
     }
@@ -390,8 +466,12 @@ mod tests {
         )
     }
 
+    fn addr() -> BackendAddress {
+        BackendAddress::Unix("/tmp/w.sock".into())
+    }
+
     fn ready_worker(t: &SlotTable, concurrency: usize) -> WorkerId {
-        let id = t.add_worker(concurrency);
+        let id = t.add_worker(concurrency, addr(), None);
         t.set_accepting(id, true);
         id
     }
@@ -510,6 +590,23 @@ mod tests {
         assert_eq!(newer.index, old.index);
         assert_eq!(newer.generation, old.generation + 1);
         assert_eq!(t.worker_in_flight(old), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_takes_no_request_past_its_budget() {
+        let t = table(10, 0, &[None]);
+        let w = t.add_worker(4, addr(), Some(3));
+        t.set_accepting(w, true);
+        let mut slots = Vec::new();
+        for _ in 0..3 {
+            slots.push(t.acquire(0).await.expect("within budget"));
+        }
+        assert!(t.acquire(0).await.is_err(), "a fourth request was given");
+        let counts = t.workers();
+        assert_eq!(counts[0].started, 3);
+        assert!(!counts[0].accepting);
+        drop(slots);
+        assert_eq!(t.worker_in_flight(w), 0);
     }
 
     #[tokio::test(start_paused = true)]
