@@ -19,19 +19,7 @@ const LIMITS: Limits = Limits {
 
 /// Cuts `data` into pieces of 1 to 32 bytes chosen by `seed` (seed 0: one piece).
 fn pieces(seed: u8, data: &[u8]) -> Vec<&[u8]> {
-    if seed == 0 {
-        return vec![data];
-    }
-    let mut state = u32::from(seed);
-    let mut rest = data;
-    let mut out = Vec::new();
-    while !rest.is_empty() {
-        state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        let (now, later) = rest.split_at((((state >> 16) % 32) as usize + 1).min(rest.len()));
-        out.push(now);
-        rest = later;
-    }
-    out
+    corral_protocols_fuzz::pieces(seed, data, 32, 1)
 }
 
 fn run(pieces: &[&[u8]]) -> Result<Option<(CgiResponseHead, Vec<u8>)>, CgiResponseError> {

@@ -11,19 +11,7 @@ use libfuzzer_sys::fuzz_target;
 /// Cuts `data` into pieces of 0 to 63 bytes chosen by `seed` (seed 0: one piece). Empty
 /// pieces are legal here: the decoder is fed contents, not records.
 fn pieces(seed: u8, data: &[u8]) -> Vec<&[u8]> {
-    if seed == 0 {
-        return vec![data];
-    }
-    let mut state = u32::from(seed);
-    let mut rest = data;
-    let mut out = Vec::new();
-    while !rest.is_empty() {
-        state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        let (now, later) = rest.split_at((((state >> 16) % 64) as usize).min(rest.len()));
-        out.push(now);
-        rest = later;
-    }
-    out
+    corral_protocols_fuzz::pieces(seed, data, 64, 0)
 }
 
 fuzz_target!(|input: &[u8]| {
