@@ -14,4 +14,5 @@ pub mod front;
 pub mod gateway;
 pub mod net;
 pub mod pool;
+pub mod process;
 pub mod signals;

@@ -1,0 +1,612 @@
+//! Starting one worker process: its own listening socket handed over the way its kind of
+//! interpreter expects, a clean environment, its user, limits and process group, and its
+//! output piped into corral's log; then waiting until it accepts connections.
+//!
+//! The three handoffs (DESIGN decision 2):
+//! - [`Handoff::Fd0`]: corral binds the socket and the child inherits it as fd 0
+//!   (`FCGI_LISTENSOCK_FILENO`, `LSAPI_SOCK_FILENO`), put there with `Stdio::from(OwnedFd)`.
+//! - [`Handoff::Placeholder`]: `{socket}` and `{port}` in argv are replaced and the child
+//!   binds. For a TCP port corral picks a free one by binding port 0 and closing it again,
+//!   so another process could take it in between; readiness then times out or reaches the
+//!   wrong server, which is why the two socket-passing handoffs are preferred.
+//! - [`Handoff::ListenFds`]: the systemd protocol, fd 3 with `LISTEN_FDS=1` and
+//!   `LISTEN_PID`. The child's pid is known only after the fork, and the environment cannot
+//!   be changed safely between fork and exec, so the program is started through
+//!   `/bin/sh -c 'export LISTEN_PID=$$; exec "$@" 3<&0 0</dev/null'`: the shell's `$$` is
+//!   the pid the program keeps after `exec`, and the shell moves the socket from fd 0 to
+//!   fd 3 itself, so corral needs no unsafe descriptor juggling.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use nix::sys::signal::Signal;
+use nix::unistd::{getppid, setsid, Gid, Group, Pid, Uid, User};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Child;
+
+use super::ExitKind;
+use crate::config::{BackendAddress, BackendProtocol};
+use crate::net::Stream;
+
+/// `PATH` given to workers when corral itself has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Longest line of worker output logged as one event; longer lines are split.
+const MAX_LINE: usize = 8192;
+
+/// The socket a worker listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerSocket {
+    /// A Unix stream socket at this path (in the runtime dir); a stale file is removed.
+    Unix(PathBuf),
+    /// A TCP port on 127.0.0.1; 0 lets corral pick a free one.
+    Tcp {
+        /// The port, or 0.
+        port: u16,
+    },
+}
+
+/// How the worker gets its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// corral binds and listens; the child gets the listening socket as fd 0.
+    Fd0,
+    /// `{socket}` / `{port}` are substituted in argv; the child binds.
+    Placeholder,
+    /// corral binds and listens; the child gets it as fd 3 with `LISTEN_FDS=1` and
+    /// `LISTEN_PID` set (systemd socket activation).
+    ListenFds,
+}
+
+/// Everything needed to start one worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpawn {
+    /// The pool's name, for log fields.
+    pub pool: String,
+    /// Program and arguments; the program is looked up in the worker's `PATH`.
+    pub argv: Vec<String>,
+    /// The backend protocol, which decides the interpreter variables corral pins
+    /// (see [`worker_environment`]).
+    pub protocol: BackendProtocol,
+    /// Where the worker listens.
+    pub socket: WorkerSocket,
+    /// How the socket reaches the worker.
+    pub handoff: Handoff,
+    /// The pool's `env`, added to `PATH` in an otherwise empty environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory (none = corral's).
+    pub cwd: Option<PathBuf>,
+    /// User the worker runs as when corral is root (none = see [`WorkerSpawn::identity`]).
+    pub user: Option<String>,
+    /// Group the worker runs as when corral is root (none = the user's primary group).
+    pub group: Option<String>,
+    /// Soft `RLIMIT_NOFILE` for the worker, capped at the hard limit (none = inherited).
+    pub nofile: Option<u64>,
+}
+
+impl WorkerSpawn {
+    /// A spawn with no extra environment, corral's cwd, no user and inherited limits.
+    pub fn new(
+        pool: &str,
+        argv: Vec<String>,
+        protocol: BackendProtocol,
+        socket: WorkerSocket,
+        handoff: Handoff,
+    ) -> WorkerSpawn {
+        WorkerSpawn {
+            pool: pool.to_string(),
+            argv,
+            protocol,
+            socket,
+            handoff,
+            env: BTreeMap::new(),
+            cwd: None,
+            user: None,
+            group: None,
+            nofile: None,
+        }
+    }
+
+    /// The user and group the worker will run as, or `None` to keep corral's.
+    ///
+    /// Only a root corral changes identity (DESIGN decision 10); otherwise `user` and
+    /// `group` are ignored, since an unprivileged process cannot switch. A root corral with
+    /// no user configured keeps root for the worker, except for LSAPI: lsphp started as
+    /// root takes itself for LiteSpeed's suEXEC daemon and serves a single connection
+    /// before exiting (protocols/LSAPI.md §5.3), so it is run as `nobody`:`nogroup`.
+    pub fn identity(&self) -> io::Result<Option<Identity>> {
+        if !Uid::effective().is_root() {
+            if self.user.is_some() || self.group.is_some() {
+                tracing::debug!(pool = %self.pool, "corral is not root: the worker keeps corral's user; `user` and `group` are ignored");
+            }
+            return Ok(None);
+        }
+        let (user_name, lsphp_default) = match (&self.user, self.protocol) {
+            (Some(user), _) => (user.as_str(), false),
+            (None, BackendProtocol::Lsapi) => ("nobody", true),
+            (None, _) => return Ok(None),
+        };
+        let user = User::from_name(user_name)
+            .map_err(io::Error::from)?
+            .ok_or_else(|| not_found("user", user_name))?;
+        let gid = match (&self.group, lsphp_default) {
+            (Some(group), _) => group_id(group)?,
+            (None, true) => group_id("nogroup").unwrap_or(user.gid),
+            (None, false) => user.gid,
+        };
+        if lsphp_default {
+            tracing::info!(
+                pool = %self.pool, uid = user.uid.as_raw(), gid = gid.as_raw(),
+                "corral runs as root and no user is configured: running lsphp as nobody \
+                 (as root it would serve one connection and exit); set `user` to choose"
+            );
+        }
+        Ok(Some(Identity {
+            user: user.name,
+            uid: user.uid,
+            gid,
+        }))
+    }
+}
+
+/// The user and group a worker runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The user's name.
+    pub user: String,
+    /// Its uid.
+    pub uid: Uid,
+    /// The group id (supplementary groups are cleared).
+    pub gid: Gid,
+}
+
+/// A started worker.
+#[derive(Debug)]
+pub struct SpawnedWorker {
+    /// The child; its single owner awaits its exit. Killed if dropped (a safety net only).
+    pub child: Child,
+    /// Its pid, which is also its process group and session id.
+    pub pid: u32,
+    /// Where corral connects to it.
+    pub address: BackendAddress,
+}
+
+/// Starts the worker `spec` describes.
+///
+/// Must be called inside a tokio runtime, from a thread that outlives the worker (see the
+/// module documentation of `process` on the parent-death signal). The child's stdout and
+/// stderr are logged line by line (target `corral::worker`, fields `pool`, `pid`,
+/// `stream`) by tasks that end when the pipes close.
+pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
+    if spec.argv.is_empty() {
+        return Err(invalid(format!(
+            "pool {}: the worker command is empty",
+            spec.pool
+        )));
+    }
+    let identity = spec.identity()?;
+    let (address, listener) = prepare_socket(&spec.socket, spec.handoff)?;
+    let argv = substitute(&spec.argv, &address)?;
+    let Some((program, args)) = argv.split_first() else {
+        return Err(invalid(format!(
+            "pool {}: the worker command is empty",
+            spec.pool
+        )));
+    };
+    let env = worker_environment(spec);
+
+    let mut cmd = match spec.handoff {
+        Handoff::ListenFds => {
+            // `sh -c SCRIPT NAME ARGS...`: NAME becomes $0, ARGS become "$@".
+            let mut cmd = std::process::Command::new("/bin/sh");
+            cmd.args(["-c", "export LISTEN_PID=$$; exec \"$@\" 3<&0 0</dev/null"])
+                .arg("corral-listen-fds")
+                .args(&argv);
+            cmd
+        }
+        Handoff::Fd0 | Handoff::Placeholder => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(args);
+            cmd
+        }
+    };
+    cmd.env_clear().envs(&env);
+    if spec.handoff == Handoff::ListenFds {
+        cmd.env("LISTEN_FDS", "1");
+    }
+    if let Some(cwd) = &spec.cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.stdin(listener.map_or_else(Stdio::null, Stdio::from))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(id) = &identity {
+        // std clears the supplementary groups when a root parent sets a uid.
+        cmd.uid(id.uid.as_raw()).gid(id.gid.as_raw());
+    }
+    let limits = ChildLimits::for_worker(spec.nofile)?;
+    let parent = Pid::this();
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe work is allowed: another thread of corral may have held the
+    // allocator's or a logger's lock at the fork. `child_setup` only makes the raw system
+    // calls setsid, prctl, getppid and setrlimit through nix's thin wrappers, on values
+    // computed before the fork and captured by copy; it neither allocates (errors are
+    // built from a raw errno) nor takes locks. std runs it after the uid/gid change, which
+    // matters: changing credentials clears the parent-death signal.
+    unsafe {
+        cmd.pre_exec(move || child_setup(parent, limits));
+    }
+    let mut child = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program}: {e}")))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other(format!("{program} exited before its pid was read")))?;
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(log_lines(out, spec.pool.clone(), pid, "stdout"));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(log_lines(err, spec.pool.clone(), pid, "stderr"));
+    }
+    tracing::info!(
+        pool = %spec.pool, pid, address = %address,
+        user = identity.as_ref().map_or("(corral's)", |id| id.user.as_str()),
+        "worker started"
+    );
+    // The parent's copy of the listening socket closes here, at the end of `cmd`.
+    Ok(SpawnedWorker {
+        child,
+        pid,
+        address,
+    })
+}
+
+/// The worker's whole environment: `PATH` (corral's, or [`DEFAULT_PATH`]), the pool's
+/// `env`, then the variables corral pins for the protocol's interpreters, which win over
+/// the pool's (a differing pool value is logged):
+///
+/// - FastCGI (php-cgi): `PHP_FCGI_CHILDREN` removed (one process, no forking manager) and
+///   `PHP_FCGI_MAX_REQUESTS=0` (its default of 500 makes it exit by itself, racing
+///   requests; recycling is corral's decision).
+/// - LSAPI (lsphp): `LSAPI_CHILDREN`, `PHP_LSAPI_CHILDREN`, `LSAPI_MAX_REQS`,
+///   `PHP_LSAPI_MAX_REQUESTS`, `LSAPI_MAX_BUSY_WORKER` and `LSAPI_PGRP_MAX_IDLE` removed
+///   (one process serving connection after connection, no request cap) and
+///   `LSAPI_MAX_IDLE=-1` (its default makes an idle process exit after 300 s). Its
+///   parent-pid check stays on and is harmless: corral is the direct parent, and when
+///   corral dies the worker is killed anyway.
+///
+/// Other programs ignore these variables.
+pub fn worker_environment(spec: &WorkerSpawn) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
+    env.insert("PATH".to_string(), path);
+    env.extend(spec.env.clone());
+    let (remove, set): (&[&str], &[(&str, &str)]) = match spec.protocol {
+        BackendProtocol::Fastcgi => (&["PHP_FCGI_CHILDREN"], &[("PHP_FCGI_MAX_REQUESTS", "0")]),
+        BackendProtocol::Lsapi => (
+            &[
+                "LSAPI_CHILDREN",
+                "PHP_LSAPI_CHILDREN",
+                "LSAPI_MAX_REQS",
+                "PHP_LSAPI_MAX_REQUESTS",
+                "LSAPI_MAX_BUSY_WORKER",
+                "LSAPI_PGRP_MAX_IDLE",
+            ],
+            &[("LSAPI_MAX_IDLE", "-1")],
+        ),
+        BackendProtocol::Scgi => (&[], &[]),
+    };
+    for name in remove {
+        if env.remove(*name).is_some() {
+            tracing::warn!(pool = %spec.pool, variable = name, "ignoring the pool's env variable: corral manages the worker count and recycling");
+        }
+    }
+    for (name, value) in set {
+        if let Some(old) = env.insert(name.to_string(), value.to_string()) {
+            if old != *value {
+                tracing::warn!(pool = %spec.pool, variable = name, value, "overriding the pool's env variable: corral manages recycling");
+            }
+        }
+    }
+    env
+}
+
+/// Binds the socket when corral hands it over; returns the address corral connects to.
+fn prepare_socket(
+    socket: &WorkerSocket,
+    handoff: Handoff,
+) -> io::Result<(BackendAddress, Option<OwnedFd>)> {
+    let corral_binds = handoff != Handoff::Placeholder;
+    match socket {
+        WorkerSocket::Unix(path) => {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("cannot remove the stale socket {}: {e}", path.display()),
+                    ))
+                }
+                _ => {}
+            }
+            let listener = if corral_binds {
+                let bound = UnixListener::bind(path).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
+                })?;
+                Some(OwnedFd::from(bound))
+            } else {
+                None
+            };
+            Ok((BackendAddress::Unix(path.clone()), listener))
+        }
+        WorkerSocket::Tcp { port } => {
+            let bound =
+                TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, *port))).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot bind 127.0.0.1:{port}: {e}"))
+                })?;
+            let address = BackendAddress::Tcp {
+                host: Ipv4Addr::LOCALHOST.to_string(),
+                port: bound.local_addr()?.port(),
+            };
+            // For a placeholder the probe binding is closed again: the child binds.
+            Ok((address, corral_binds.then(|| OwnedFd::from(bound))))
+        }
+    }
+}
+
+/// Replaces `{socket}` (a path, or `127.0.0.1:PORT`) and `{port}` (TCP only) in `argv`.
+fn substitute(argv: &[String], address: &BackendAddress) -> io::Result<Vec<String>> {
+    let socket = match address {
+        BackendAddress::Unix(path) => path.display().to_string(),
+        BackendAddress::Tcp { .. } => address.to_string(),
+    };
+    argv.iter()
+        .map(|arg| {
+            let arg = arg.replace("{socket}", &socket);
+            match address {
+                BackendAddress::Tcp { port, .. } => Ok(arg.replace("{port}", &port.to_string())),
+                BackendAddress::Unix(_) if arg.contains("{port}") => Err(invalid(format!(
+                    "`{{port}}` in the command needs a TCP worker socket, not {address}"
+                ))),
+                BackendAddress::Unix(_) => Ok(arg),
+            }
+        })
+        .collect()
+}
+
+/// Resource limits applied in the child, computed before the fork.
+#[derive(Debug, Clone, Copy)]
+struct ChildLimits {
+    /// Hard `RLIMIT_CORE`, kept while the soft limit goes to 0 (no core dumps).
+    core_hard: u64,
+    /// Soft and hard `RLIMIT_NOFILE`, if set.
+    nofile: Option<(u64, u64)>,
+}
+
+impl ChildLimits {
+    fn for_worker(nofile: Option<u64>) -> io::Result<ChildLimits> {
+        let (_, core_hard) = getrlimit(Resource::RLIMIT_CORE)?;
+        let nofile = match nofile {
+            Some(wanted) => {
+                let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+                Some((wanted.min(hard), hard))
+            }
+            None => None,
+        };
+        Ok(ChildLimits { core_hard, nofile })
+    }
+}
+
+/// Runs in the child between fork and exec: async-signal-safe system calls only.
+///
+/// A new session (so the worker is its own process group, and a terminal's ^C reaches
+/// corral alone); SIGKILL when the forking thread dies; a check that the parent did not die
+/// before that was armed (the signal would then never come); no core dumps; the file limit.
+fn child_setup(parent: Pid, limits: ChildLimits) -> io::Result<()> {
+    setsid()?;
+    set_pdeathsig(Signal::SIGKILL)?;
+    if getppid() != parent {
+        return Err(io::Error::from(Errno::ESRCH));
+    }
+    setrlimit(Resource::RLIMIT_CORE, 0, limits.core_hard)?;
+    if let Some((soft, hard)) = limits.nofile {
+        setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+    }
+    Ok(())
+}
+
+/// Logs each line read from a worker's pipe until it closes.
+async fn log_lines(mut pipe: impl AsyncRead + Unpin, pool: String, pid: u32, stream: &str) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(chunk.get(..read).unwrap_or_default());
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            log_line(&line, &pool, pid, stream);
+        }
+        if pending.len() >= MAX_LINE {
+            let line: Vec<u8> = std::mem::take(&mut pending);
+            log_line(&line, &pool, pid, stream);
+        }
+    }
+    if !pending.is_empty() {
+        log_line(&pending, &pool, pid, stream);
+    }
+}
+
+fn log_line(line: &[u8], pool: &str, pid: u32, stream: &str) {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches(['\n', '\r']);
+    tracing::info!(target: "corral::worker", pool, pid, stream, "{text}");
+}
+
+/// Why a worker never became ready.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyError {
+    /// The worker ended before accepting a connection.
+    #[error("worker for {address} {exit} before accepting connections")]
+    Exited {
+        /// The worker's socket.
+        address: String,
+        /// How it ended.
+        exit: ExitKind,
+    },
+    /// The start timeout passed.
+    #[error("worker for {address} accepted no connection within {after:?} (last attempt: {last})")]
+    TimedOut {
+        /// The worker's socket.
+        address: String,
+        /// The start timeout.
+        after: Duration,
+        /// The last connect error.
+        last: io::Error,
+    },
+    /// Asking whether the child exited failed.
+    #[error("cannot check on the worker for {address}: {source}")]
+    Wait {
+        /// The worker's socket.
+        address: String,
+        /// The error from `try_wait`.
+        source: io::Error,
+    },
+}
+
+/// Waits until `address` accepts a connection, `child` exits, or `start_timeout` passes.
+///
+/// The probe connection is closed at once; FastCGI, SCGI and LSAPI workers treat it as a
+/// client that went away. With a socket corral bound itself the kernel accepts
+/// connections into the backlog before the child even runs, so this mostly checks that
+/// the child did not exit at once.
+pub async fn wait_ready(
+    address: &BackendAddress,
+    child: &mut Child,
+    start_timeout: Duration,
+) -> Result<(), ReadyError> {
+    let deadline = tokio::time::Instant::now() + start_timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                return Err(ReadyError::Exited {
+                    address: address.to_string(),
+                    exit: ExitKind::of(status),
+                })
+            }
+            Ok(None) => {}
+            Err(source) => {
+                return Err(ReadyError::Wait {
+                    address: address.to_string(),
+                    source,
+                })
+            }
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let last = match Stream::connect(address, left.min(Duration::from_secs(1))).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ReadyError::TimedOut {
+                address: address.to_string(),
+                after: start_timeout,
+                last,
+            });
+        }
+        tokio::time::sleep(
+            pause.min(deadline.saturating_duration_since(tokio::time::Instant::now())),
+        )
+        .await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+fn group_id(name: &str) -> io::Result<Gid> {
+    Ok(Group::from_name(name)
+        .map_err(io::Error::from)?
+        .ok_or_else(|| not_found("group", name))?
+        .gid)
+}
+
+fn not_found(what: &str, name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{what} {name} does not exist"),
+    )
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_substituted() {
+        let argv = vec![
+            "app".to_string(),
+            "--bind={socket}".to_string(),
+            "-p{port}".to_string(),
+        ];
+        let tcp = BackendAddress::Tcp {
+            host: "127.0.0.1".to_string(),
+            port: 9001,
+        };
+        assert_eq!(
+            substitute(&argv, &tcp).unwrap(),
+            vec!["app", "--bind=127.0.0.1:9001", "-p9001"]
+        );
+        let unix = BackendAddress::Unix(PathBuf::from("/run/corral/w1.sock"));
+        let err = substitute(&argv, &unix).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            substitute(&argv[..2], &unix).unwrap(),
+            vec!["app", "--bind=/run/corral/w1.sock"]
+        );
+    }
+
+    #[test]
+    fn pinned_interpreter_variables_win() {
+        let mut spec = WorkerSpawn::new(
+            "php",
+            vec!["php-cgi".to_string()],
+            BackendProtocol::Fastcgi,
+            WorkerSocket::Tcp { port: 0 },
+            Handoff::Fd0,
+        );
+        spec.env.insert("PHP_FCGI_CHILDREN".into(), "8".into());
+        spec.env
+            .insert("PHP_FCGI_MAX_REQUESTS".into(), "500".into());
+        spec.env.insert("APP_ENV".into(), "test".into());
+        let env = worker_environment(&spec);
+        assert_eq!(
+            env.get("PHP_FCGI_MAX_REQUESTS").map(String::as_str),
+            Some("0")
+        );
+        assert_eq!(env.get("APP_ENV").map(String::as_str), Some("test"));
+        assert!(!env.contains_key("PHP_FCGI_CHILDREN"));
+        assert!(env.contains_key("PATH"));
+
+        spec.protocol = BackendProtocol::Lsapi;
+        spec.env.insert("LSAPI_CHILDREN".into(), "4".into());
+        let env = worker_environment(&spec);
+        assert_eq!(env.get("LSAPI_MAX_IDLE").map(String::as_str), Some("-1"));
+        assert!(!env.contains_key("LSAPI_CHILDREN"));
+    }
+}
