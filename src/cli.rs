@@ -39,6 +39,12 @@ pub enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Load-test an address speaking HTTP, FastCGI, SCGI or LSAPI: req/s, latency
+    /// percentiles, errors, and the CPU and memory of given processes.
+    Bench(Box<crate::bench::BenchArgs>),
+    /// Answer every request of one protocol with a fixed response (a backend that costs
+    /// nothing, for measuring the interface).
+    NullBackend(crate::bench::NullArgs),
 }
 
 /// Parses `args` (program name first), runs the command and returns the exit code. Help
@@ -85,6 +91,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             out.flush().map_err(stdout_error)?;
             serve(&config)
         }
+        Command::Bench(args) => crate::bench::run_bench(*args, out),
+        Command::NullBackend(args) => crate::bench::run_null(args),
     }
 }
 

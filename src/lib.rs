@@ -7,6 +7,7 @@ pub use corral_protocols as protocols;
 
 pub mod app;
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod error;
