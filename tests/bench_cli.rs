@@ -1,0 +1,433 @@
+//! `corral null-backend` and `corral bench` end to end: each null backend answers a real peer
+//! (nginx `fastcgi_pass` and `scgi_pass`, curl for HTTP), `corral bench` drives every null
+//! backend and a real php-cgi and writes its table, JSON and SVG, and `--compare` prints
+//! ratios. Every process is started in a temp dir and killed by its guard.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod support;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::front::{curl, free_port, Nginx};
+use support::peers::{php_cgi, shared_dir, write_file, Peer};
+use support::{run, Outcome, CORRAL};
+
+/// How long one `corral bench` of a few hundred requests may take.
+const BENCH: Duration = Duration::from_secs(60);
+
+/// `corral null-backend --protocol P --listen unix:DIR/P.sock`, ready to accept.
+fn null_backend(dir: &Path, protocol: &str, extra: &[&str]) -> Peer {
+    let socket = dir.join(format!("{protocol}.sock"));
+    let mut cmd = Command::new(CORRAL);
+    cmd.args(["null-backend", "--protocol", protocol, "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    Peer::spawn(cmd, &socket).wait_connectable()
+}
+
+fn bench(args: &[&str]) -> Outcome {
+    let mut cmd = Command::new(CORRAL);
+    cmd.arg("bench").args(args);
+    let out = run(cmd, BENCH);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    out
+}
+
+fn target(peer: &Peer) -> String {
+    format!("unix:{}", peer.socket.display())
+}
+
+/// Checks that `svg` is one well-formed element tree rooted at `<svg>`: every tag opened is
+/// closed in order (a tiny check, enough for what `corral bench` writes).
+fn assert_well_formed_svg(svg: &str) {
+    assert!(svg.starts_with("<svg "), "{svg}");
+    let mut open: Vec<&str> = Vec::new();
+    let mut rest = svg;
+    while let Some(start) = rest.find('<') {
+        let end = rest[start..].find('>').expect("unclosed tag") + start;
+        let tag = &rest[start + 1..end];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(open.pop(), Some(name), "mismatched </{name}>");
+        } else if !tag.ends_with('/') {
+            open.push(tag.split_whitespace().next().unwrap());
+        }
+        rest = &rest[end + 1..];
+    }
+    assert!(open.is_empty(), "unclosed elements {open:?}");
+    assert_eq!(
+        svg.trim_end().rfind("</svg>"),
+        Some(svg.trim_end().len() - 6)
+    );
+}
+
+#[test]
+fn nginx_fastcgi_and_scgi_pass_reach_the_null_backends() {
+    let dir = shared_dir();
+    let fcgi = null_backend(dir.path(), "fastcgi", &[]);
+    let scgi = null_backend(dir.path(), "scgi", &["--body-size", "40"]);
+    let upstream = format!(
+        "  upstream null_kept {{\n    server {};\n    keepalive 2;\n  }}",
+        target(&fcgi)
+    );
+    let fastcgi_location = |pass: &str, extra: &str| {
+        format!(
+            "    location / {{\n      include /etc/nginx/fastcgi_params;\n      \
+             fastcgi_pass {pass};\n{extra}    }}"
+        )
+    };
+    let nginx = Nginx::start(
+        dir.path(),
+        &upstream,
+        &[
+            fastcgi_location(&target(&fcgi), ""),
+            fastcgi_location("null_kept", "      fastcgi_keep_conn on;\n"),
+            format!(
+                "    location / {{\n      include /etc/nginx/scgi_params;\n      \
+                 scgi_pass {};\n    }}",
+                target(&scgi)
+            ),
+        ],
+    );
+    for server in 0..2 {
+        // Several requests: on the kept upstream they share one FastCGI connection.
+        for _ in 0..3 {
+            let r = curl(&format!("{}/hello.php", nginx.url(server)), &[]);
+            assert_eq!(r.status, 200, "{}", nginx.error_log());
+            assert_eq!(r.text(), "Hello, world\n");
+            assert_eq!(r.header("content-type"), Some("text/plain"));
+        }
+    }
+    let r = curl(&format!("{}/anything", nginx.url(2)), &[]);
+    assert_eq!(r.status, 200, "{}", nginx.error_log());
+    assert_eq!(r.text(), "Hello, world\nHello, world\nHello, world\nH");
+}
+
+#[test]
+fn curl_reaches_the_http_null_backend_on_unix_tcp_and_fd0() {
+    let dir = shared_dir();
+    let http = null_backend(dir.path(), "http", &[]);
+    let r = curl(
+        "http://localhost/x",
+        &["--unix-socket", http.socket.to_str().unwrap()],
+    );
+    assert_eq!((r.status, r.text().as_str()), (200, "Hello, world\n"));
+
+    let port = free_port();
+    let mut cmd = Command::new(CORRAL);
+    cmd.args(["null-backend", "--protocol", "http", "--body-size", "0"])
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let tcp = Guard(cmd.spawn().unwrap());
+    let url = format!("http://127.0.0.1:{port}/");
+    wait_for(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let r = curl(&url, &[]);
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    drop(tcp);
+
+    // A listening socket handed over on fd 0, as a pool starts its workers.
+    let path = dir.path().join("inherited.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let mut cmd = Command::new(CORRAL);
+    cmd.args(["null-backend", "--protocol", "http", "--listen", "fd0"])
+        .stdin(Stdio::from(OwnedFd::from(listener)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _inherited = Guard(cmd.spawn().unwrap());
+    let r = curl(
+        "http://localhost/",
+        &["--unix-socket", path.to_str().unwrap()],
+    );
+    assert_eq!((r.status, r.text().as_str()), (200, "Hello, world\n"));
+}
+
+/// Kills and reaps a child on drop.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(ready: impl Fn() -> bool) {
+    for _ in 0..2000 {
+        if ready() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("not ready within 20 s");
+}
+
+#[test]
+fn bench_drives_every_null_backend_and_writes_json_and_svg() {
+    let dir = shared_dir();
+    for protocol in ["fastcgi", "scgi", "lsapi", "http"] {
+        let null = null_backend(dir.path(), protocol, &[]);
+        let json = dir.path().join(format!("{protocol}.json"));
+        let svg = dir.path().join(format!("{protocol}.svg"));
+        let pid = null.pid().to_string();
+        let out = bench(&[
+            "--protocol",
+            protocol,
+            "--target",
+            &target(&null),
+            "--requests",
+            "200",
+            "--concurrency",
+            "1,4",
+            "--warmup",
+            "0s",
+            "--pid",
+            &pid,
+            "--json",
+            json.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ]);
+        let rows: Vec<Vec<&str>> = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("unix:"))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 2, "{}", out.stdout);
+        for (row, c) in rows.iter().zip(["1", "4"]) {
+            // target, c, requests, req/s, p50, p90, p99, p99.9, max, errors, body bytes
+            assert_eq!((row[1], row[2], row[9]), (c, "200", "0"), "{}", out.stdout);
+            assert_eq!(row[10], "2600", "{}", out.stdout);
+        }
+        assert!(
+            out.stdout.contains(&format!("pid {pid}: cpu ")),
+            "{}",
+            out.stdout
+        );
+
+        let json = std::fs::read_to_string(&json).unwrap();
+        assert!(
+            json.starts_with(&format!("{{\"protocol\":\"{protocol}\"")),
+            "{json}"
+        );
+        for c in [1, 4] {
+            assert!(
+                json.contains(&format!("{{\"concurrency\":{c},\"completed\":200,")),
+                "{json}"
+            );
+        }
+        let clean = "\"errors\":{\"connect\":0,\"protocol\":0,\"status\":0,\"timeout\":0}";
+        assert_eq!(json.matches(clean).count(), 2, "{json}");
+        for field in [
+            "\"req_per_s\":",
+            "\"p50\":",
+            "\"p99\":",
+            "\"p99_9\":",
+            "\"max\":",
+        ] {
+            assert_eq!(json.matches(field).count(), 2, "{field} in {json}");
+        }
+        assert!(
+            json.contains(&format!("{{\"pid\":{pid},\"cpu_percent\":")),
+            "{json}"
+        );
+        assert_balanced_json(&json);
+
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert_well_formed_svg(&svg);
+        // One line per target in each of the two panels.
+        assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+    }
+}
+
+/// Brackets and braces outside strings balance, and strings close.
+fn assert_balanced_json(json: &str) {
+    let (mut depth, mut in_string, mut escaped) = (Vec::new(), false, false);
+    for c in json.chars() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, '"') => in_string = true,
+            (false, _, '{' | '[') => depth.push(c),
+            (false, _, '}') => assert_eq!(depth.pop(), Some('{'), "{json}"),
+            (false, _, ']') => assert_eq!(depth.pop(), Some('['), "{json}"),
+            _ => {}
+        }
+    }
+    assert!(depth.is_empty() && !in_string, "{json}");
+}
+
+#[test]
+fn bench_keeps_or_drops_connections_as_asked() {
+    let dir = shared_dir();
+    for protocol in ["fastcgi", "lsapi", "http"] {
+        let null = null_backend(dir.path(), protocol, &[]);
+        let out = bench(&[
+            "--protocol",
+            protocol,
+            "--target",
+            &target(&null),
+            "--requests",
+            "50",
+            "--concurrency",
+            "2",
+            "--warmup",
+            "0s",
+            "--keepalive",
+            "off",
+        ]);
+        assert!(
+            out.stdout.contains("a connection per request"),
+            "{}",
+            out.stdout
+        );
+        let row: Vec<&str> = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("unix:"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!((row[2], row[9]), ("50", "0"), "{}", out.stdout);
+    }
+}
+
+#[test]
+fn bench_fastcgi_against_php_cgi_gets_200s() {
+    let dir = shared_dir();
+    let script: PathBuf = write_file(dir.path(), "hello.php", "<?php echo 'Hello, world';");
+    let php = php_cgi(dir.path());
+    let json = dir.path().join("php.json");
+    let out = bench(&[
+        "--protocol",
+        "fastcgi",
+        "--target",
+        &target(&php),
+        "--script-filename",
+        script.to_str().unwrap(),
+        "--requests",
+        "100",
+        "--concurrency",
+        "1,2",
+        "--warmup",
+        "0s",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let json = std::fs::read_to_string(&json).unwrap();
+    let clean = "\"errors\":{\"connect\":0,\"protocol\":0,\"status\":0,\"timeout\":0}";
+    assert_eq!(json.matches(clean).count(), 2, "{}\n{json}", out.stdout);
+    assert_eq!(json.matches("\"completed\":100,").count(), 2, "{json}");
+    // "Hello, world" is 12 bytes of body per answer.
+    assert_eq!(json.matches("\"body_bytes\":1200,").count(), 2, "{json}");
+}
+
+#[test]
+fn bench_reports_non_2xx_and_connect_errors() {
+    let dir = shared_dir();
+    let php = php_cgi(dir.path());
+    let out = bench(&[
+        "--protocol",
+        "fastcgi",
+        "--target",
+        &target(&php),
+        "--script-filename",
+        "/nonexistent/missing.php",
+        "--requests",
+        "10",
+        "--concurrency",
+        "1",
+        "--warmup",
+        "0s",
+    ]);
+    assert!(
+        out.stdout
+            .contains("errors: connect 0, protocol 0, non-2xx 10, timeout 0"),
+        "{}",
+        out.stdout
+    );
+    let gone = dir.path().join("nobody.sock");
+    let out = bench(&[
+        "--protocol",
+        "scgi",
+        "--target",
+        &format!("unix:{}", gone.display()),
+        "--requests",
+        "5",
+        "--concurrency",
+        "1",
+        "--warmup",
+        "0s",
+    ]);
+    assert!(
+        out.stdout
+            .contains("errors: connect 5, protocol 0, non-2xx 0, timeout 0"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn compare_interleaves_two_targets_and_prints_ratios() {
+    let dir = shared_dir();
+    let a = null_backend(dir.path(), "fastcgi", &[]);
+    let b_dir = shared_dir();
+    let b = null_backend(b_dir.path(), "fastcgi", &["--body-size", "1000"]);
+    let out = bench(&[
+        "--protocol",
+        "fastcgi",
+        "--target",
+        &target(&a),
+        "--compare",
+        &target(&b),
+        "--rounds",
+        "2",
+        "--requests",
+        "100",
+        "--concurrency",
+        "1,3",
+        "--warmup",
+        "0s",
+    ]);
+    let runs: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("unix:") && l.contains(" #"))
+        .collect();
+    // A B A B at each of two levels.
+    assert_eq!(runs.len(), 8, "{}", out.stdout);
+    assert!(
+        runs[0].contains(&format!("{} #1", target(&a))),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        runs[1].contains(&format!("{} #1", target(&b))),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        runs[2].contains(&format!("{} #2", target(&a))),
+        "{}",
+        out.stdout
+    );
+    for c in [1, 3] {
+        let prefix = format!("ratio {} / {} at c={c}: req/s ", target(&b), target(&a));
+        assert!(out.stdout.contains(&prefix), "{}", out.stdout);
+    }
+}
