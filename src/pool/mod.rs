@@ -1,3 +1,4 @@
 //! Pools: workers, the slots that bound the requests sent to them, and the queue.
 
 pub mod slots;
+pub mod state;

@@ -1,0 +1,168 @@
+//! Read-only views of a pool's supervisor for the status page: one row per worker and the
+//! pool's counters.
+
+use std::time::Duration;
+
+use super::machine::{Phase, PoolState};
+use super::{RecycleReason, WorkerKey};
+
+/// Where a worker is, as the status page shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Spawn asked for, no pid yet.
+    Starting,
+    /// Running, not yet accepting connections.
+    Booting,
+    /// Ready with nothing in flight.
+    Idle,
+    /// Ready with requests in flight.
+    Busy,
+    /// Due for recycling: serves until its replacement is ready.
+    Draining,
+    /// Takes no new request; stopped once its last one finishes.
+    Retiring,
+    /// Sent its stop signal.
+    Stopping,
+    /// Sent SIGKILL.
+    Killed,
+}
+
+/// One worker's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStatus {
+    /// The worker.
+    pub key: WorkerKey,
+    /// Its process, once known.
+    pub pid: Option<u32>,
+    /// Where it is.
+    pub state: WorkerState,
+    /// Whether the slot table may give it requests.
+    pub accepting: bool,
+    /// Requests finished.
+    pub served: u64,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Time since its spawn.
+    pub age: Duration,
+    /// Last memory sample, in bytes.
+    pub memory: Option<u64>,
+    /// Why it is being recycled, if it is.
+    pub recycle: Option<RecycleReason>,
+}
+
+/// Recycles by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecycleCounts {
+    /// `max_requests` reached.
+    pub max_requests: u64,
+    /// `max_memory` exceeded.
+    pub max_memory: u64,
+    /// `max_lifetime` reached.
+    pub max_lifetime: u64,
+    /// Rolling restarts.
+    pub rolling: u64,
+}
+
+impl RecycleCounts {
+    pub(super) fn add(&mut self, reason: RecycleReason) {
+        let c = match reason {
+            RecycleReason::MaxRequests => &mut self.max_requests,
+            RecycleReason::MaxMemory => &mut self.max_memory,
+            RecycleReason::MaxLifetime => &mut self.max_lifetime,
+            RecycleReason::Rolling => &mut self.rolling,
+        };
+        *c += 1;
+    }
+
+    /// All recycles.
+    pub fn total(&self) -> u64 {
+        self.max_requests + self.max_memory + self.max_lifetime + self.rolling
+    }
+}
+
+/// Lifetime counters of a pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCounters {
+    /// Spawns issued.
+    pub spawned: u64,
+    /// Spawns that failed to start a process.
+    pub spawn_failed: u64,
+    /// Workers reaped.
+    pub exited: u64,
+    /// Workers that exited without being asked to (crash backoff applies).
+    pub crashed: u64,
+    /// Workers that exited on their own with code 0 after serving (no backoff).
+    pub exited_on_own: u64,
+    /// Workers killed for not being ready within `start_timeout`.
+    pub start_timeouts: u64,
+    /// Workers killed for a request past `request_timeout`.
+    pub request_timeouts: u64,
+    /// Workers killed for not exiting within `kill_timeout` of their stop signal.
+    pub kill_timeouts: u64,
+    /// Idle workers retired by the sizing policy.
+    pub retired_idle: u64,
+    /// Recycles by reason.
+    pub recycled: RecycleCounts,
+    /// Times the pool entered a crash loop.
+    pub throttled: u64,
+}
+
+/// A pool's supervisor at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// One row per worker not yet reaped, oldest first.
+    pub workers: Vec<WorkerStatus>,
+    /// Lifetime counters.
+    pub counters: PoolCounters,
+    /// Consecutive crashes now.
+    pub crashes: u32,
+    /// Spawns are throttled by a crash loop.
+    pub throttled: bool,
+    /// `Stop` was received.
+    pub stopping: bool,
+    /// Requests queued without a slot, as last reported.
+    pub demand: usize,
+}
+
+impl PoolState {
+    /// The pool's counters.
+    pub fn counters(&self) -> &PoolCounters {
+        &self.counters
+    }
+
+    /// Everything the status page shows, with ages measured at `now`.
+    pub fn status(&self, now: Duration) -> PoolStatus {
+        let workers = self
+            .workers
+            .values()
+            .map(|w| WorkerStatus {
+                key: w.key,
+                pid: w.pid,
+                state: match w.phase {
+                    Phase::Booting if w.pid.is_none() => WorkerState::Starting,
+                    Phase::Booting => WorkerState::Booting,
+                    Phase::Ready if w.doomed.is_some() => WorkerState::Draining,
+                    Phase::Ready if w.in_flight == 0 => WorkerState::Idle,
+                    Phase::Ready => WorkerState::Busy,
+                    Phase::Retiring => WorkerState::Retiring,
+                    Phase::Signalled(_) => WorkerState::Stopping,
+                    Phase::Killed(_) => WorkerState::Killed,
+                },
+                accepting: w.accepting,
+                served: w.served,
+                in_flight: w.in_flight,
+                age: now.saturating_sub(w.spawned_at),
+                memory: w.memory,
+                recycle: w.doomed,
+            })
+            .collect();
+        PoolStatus {
+            workers,
+            counters: self.counters,
+            crashes: self.crashes,
+            throttled: self.throttled,
+            stopping: self.stopping.is_some(),
+            demand: self.demand,
+        }
+    }
+}

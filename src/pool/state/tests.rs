@@ -1,0 +1,658 @@
+//! Unit tests of each policy and trigger, driven by hand with an explicit clock.
+
+use std::time::Duration;
+
+use super::*;
+use crate::config::{Recycle, Sizing};
+
+const NO_RECYCLE: Recycle = Recycle {
+    max_requests: None,
+    max_requests_jitter: 0,
+    max_memory: None,
+    max_lifetime: None,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn spec(sizing: Sizing) -> PoolSpec {
+    PoolSpec {
+        sizing,
+        recycle: NO_RECYCLE,
+        concurrency: 1,
+        start_timeout: ms(5_000),
+        kill_timeout: ms(2_000),
+        backoff_base: ms(100),
+        backoff_cap: ms(3_200),
+        stable_after: ms(10_000),
+        crash_loop_after: 3,
+        max_spawn_batch: 32,
+    }
+}
+
+fn stat(n: u32) -> PoolSpec {
+    spec(Sizing::Static { workers: n })
+}
+
+fn dynamic(min: u32, max: u32, spare_min: u32, spare_max: u32) -> PoolSpec {
+    spec(Sizing::Dynamic {
+        min,
+        max,
+        spare_min,
+        spare_max,
+        idle_timeout: ms(10_000),
+    })
+}
+
+fn ondemand(max: u32) -> PoolSpec {
+    spec(Sizing::OnDemand {
+        max,
+        idle_timeout: ms(10_000),
+    })
+}
+
+/// A pool under test with a clock and the actions of the last event.
+struct T {
+    p: PoolState,
+    now: Duration,
+    last: Vec<PoolAction>,
+}
+
+impl T {
+    fn new(s: PoolSpec) -> T {
+        T {
+            p: PoolState::new(s, 7),
+            now: Duration::ZERO,
+            last: Vec::new(),
+        }
+    }
+
+    fn ev(&mut self, e: PoolEvent) -> &[PoolAction] {
+        self.last = self.p.on_event(e, self.now);
+        &self.last
+    }
+
+    fn at(&mut self, t: u64, e: PoolEvent) -> &[PoolAction] {
+        self.now = ms(t);
+        self.ev(e)
+    }
+
+    fn spawns(&self) -> Vec<WorkerKey> {
+        self.last
+            .iter()
+            .filter_map(|a| match a {
+                PoolAction::Spawn { key } => Some(*key),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn has(&self, a: &PoolAction) -> bool {
+        self.last.contains(a)
+    }
+
+    /// Spawned (pid = 100 + key) and ready.
+    fn up(&mut self, key: WorkerKey) {
+        self.ev(PoolEvent::Spawned {
+            key,
+            pid: 100 + key.0 as u32,
+        });
+        self.ev(PoolEvent::Ready { key });
+        assert!(self.has(&PoolAction::Accept { key, on: true }));
+    }
+
+    /// Handles an event and brings up every worker it spawns.
+    fn ev_up(&mut self, e: PoolEvent) {
+        self.ev(e);
+        for key in self.spawns() {
+            self.up(key);
+        }
+    }
+
+    /// Starts the pool and brings every initial worker up.
+    fn start(&mut self) -> Vec<WorkerKey> {
+        self.ev(PoolEvent::Start);
+        let keys = self.spawns();
+        for k in &keys {
+            self.up(*k);
+        }
+        keys
+    }
+
+    fn state(&self, key: WorkerKey) -> Option<WorkerState> {
+        self.p
+            .status(self.now)
+            .workers
+            .iter()
+            .find(|w| w.key == key)
+            .map(|w| w.state)
+    }
+
+    fn live(&self) -> usize {
+        self.p.status(self.now).workers.len()
+    }
+}
+
+fn k(n: u64) -> WorkerKey {
+    WorkerKey(n)
+}
+
+fn signal(n: u64) -> PoolAction {
+    PoolAction::Signal {
+        key: k(n),
+        pid: 100 + n as u32,
+        signal: StopSignal::Term,
+    }
+}
+
+fn kill(n: u64) -> PoolAction {
+    PoolAction::Kill {
+        key: k(n),
+        pid: 100 + n as u32,
+    }
+}
+
+fn exited(n: u64, status: ExitKind) -> PoolEvent {
+    PoolEvent::Exited { key: k(n), status }
+}
+
+#[test]
+fn static_pool_starts_n_and_replaces_a_crash_after_backoff() {
+    let mut t = T::new(stat(3));
+    assert_eq!(t.start(), vec![k(0), k(1), k(2)]);
+    t.at(1_000, exited(1, ExitKind::Signal(11)));
+    assert!(t.has(&PoolAction::Forget { key: k(1) }));
+    assert!(
+        t.spawns().is_empty(),
+        "the replacement waits for the backoff"
+    );
+    t.at(1_050, PoolEvent::Tick);
+    assert!(t.spawns().is_empty());
+    t.at(1_100, PoolEvent::Tick);
+    assert_eq!(t.spawns(), vec![k(3)]);
+    assert_eq!(t.p.counters().crashed, 1);
+}
+
+#[test]
+fn backoff_doubles_throttles_and_resets_after_a_served_request() {
+    let mut t = T::new(stat(1));
+    t.start();
+    let mut key = 0;
+    let mut now = 0;
+    for crash in 1..=4u32 {
+        t.at(now, exited(key, ExitKind::Code(1)));
+        let delay = 100 * (1 << (crash - 1));
+        if crash == 3 {
+            assert!(t
+                .last
+                .iter()
+                .any(|a| matches!(a, PoolAction::Notice(Notice::CrashLoop { crashes: 3, .. }))));
+            assert!(t.p.status(t.now).throttled);
+        }
+        t.at(now + delay - 1, PoolEvent::Tick);
+        assert!(t.spawns().is_empty(), "crash {crash}: too early");
+        t.at(now + delay, PoolEvent::Tick);
+        assert_eq!(t.spawns(), vec![k(key + 1)], "crash {crash}");
+        key += 1;
+        now += delay;
+        t.ev(PoolEvent::Spawned {
+            key: k(key),
+            pid: 100 + key as u32,
+        });
+    }
+    t.ev(PoolEvent::Ready { key: k(key) });
+    t.ev(PoolEvent::RequestStarted { key: k(key) });
+    t.ev(PoolEvent::RequestFinished { key: k(key) });
+    assert!(t.has(&PoolAction::Notice(Notice::CrashLoopOver)));
+    assert_eq!(t.p.status(t.now).crashes, 0);
+    t.ev(exited(key, ExitKind::Code(1)));
+    t.at(now + 100, PoolEvent::Tick);
+    assert_eq!(t.spawns().len(), 1, "back to the base delay");
+    assert_eq!(t.p.counters().throttled, 1);
+}
+
+#[test]
+fn backoff_is_capped() {
+    let s = stat(1);
+    assert_eq!(s.backoff(1), ms(100));
+    assert_eq!(s.backoff(3), ms(400));
+    assert_eq!(s.backoff(10), ms(3_200));
+    assert_eq!(s.backoff(u32::MAX), ms(3_200));
+}
+
+#[test]
+fn start_timeout_kills_and_counts_as_a_crash() {
+    let mut t = T::new(stat(1));
+    t.ev(PoolEvent::Start);
+    t.ev(PoolEvent::Spawned {
+        key: k(0),
+        pid: 100,
+    });
+    t.at(4_999, PoolEvent::Tick);
+    assert!(t.last.is_empty());
+    t.at(5_000, PoolEvent::Tick);
+    assert!(t.has(&kill(0)));
+    assert_eq!(t.p.counters().start_timeouts, 1);
+    assert_eq!(t.p.status(t.now).crashes, 1);
+    // Its exit was asked for: not a second crash. The replacement still waits for the
+    // backoff, and the live bound (max + 1) allows it before the killed one is reaped.
+    t.at(5_100, PoolEvent::Tick);
+    assert_eq!(t.spawns(), vec![k(1)]);
+    t.ev(exited(0, ExitKind::Signal(9)));
+    assert_eq!(t.p.counters().crashed, 0);
+    assert_eq!(t.p.status(t.now).crashes, 1);
+}
+
+#[test]
+fn a_worker_killed_before_its_pid_is_known_is_killed_on_spawned() {
+    let mut t = T::new(stat(1));
+    t.ev(PoolEvent::Start);
+    t.at(5_000, PoolEvent::Tick);
+    assert!(t.last.iter().all(|a| !matches!(a, PoolAction::Kill { .. })));
+    t.ev(PoolEvent::Spawned {
+        key: k(0),
+        pid: 100,
+    });
+    assert!(t.has(&kill(0)));
+}
+
+#[test]
+fn spawn_failed_is_forgotten_and_backed_off() {
+    let mut t = T::new(stat(1));
+    t.ev(PoolEvent::Start);
+    t.ev(PoolEvent::SpawnFailed {
+        key: k(0),
+        reason: "no such file".into(),
+    });
+    assert!(t.has(&PoolAction::Forget { key: k(0) }));
+    assert!(t.spawns().is_empty());
+    t.at(100, PoolEvent::Tick);
+    assert_eq!(t.spawns(), vec![k(1)]);
+}
+
+#[test]
+fn max_requests_with_jitter_retires_after_the_last_request() {
+    let mut s = stat(1);
+    s.recycle.max_requests = Some(3);
+    s.recycle.max_requests_jitter = 2;
+    let mut t = T::new(s);
+    t.start();
+    let mut n = 0;
+    while t.state(k(0)) != Some(WorkerState::Retiring) {
+        t.ev(PoolEvent::RequestStarted { key: k(0) });
+        n += 1;
+        if t.state(k(0)) != Some(WorkerState::Retiring) {
+            t.ev(PoolEvent::RequestFinished { key: k(0) });
+        }
+        assert!(n <= 5);
+    }
+    assert!((3..=5).contains(&n));
+    // Off at once, replacement started at once, signal only when idle.
+    assert!(t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    assert_eq!(t.spawns(), vec![k(1)]);
+    assert!(!t.has(&signal(0)));
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert!(t.has(&signal(0)));
+    assert_eq!(t.p.counters().recycled.max_requests, 1);
+}
+
+#[test]
+fn jitter_differs_between_workers_but_is_reproducible() {
+    let mut s = stat(8);
+    s.recycle.max_requests = Some(1000);
+    s.recycle.max_requests_jitter = 100;
+    let budgets = |seed| {
+        let mut p = PoolState::new(s, seed);
+        p.on_event(PoolEvent::Start, Duration::ZERO);
+        p.workers.values().map(|w| w.budget).collect::<Vec<_>>()
+    };
+    assert_eq!(budgets(1), budgets(1));
+    let b = budgets(1);
+    assert!(b.iter().all(|x| (1000..=1100).contains(&x.unwrap())));
+    assert!(b.windows(2).any(|w| w[0] != w[1]));
+}
+
+#[test]
+fn max_memory_stops_accepting_then_signals_when_idle() {
+    let mut s = stat(2);
+    s.recycle.max_memory = Some(1_000);
+    let mut t = T::new(s);
+    t.start();
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.ev(PoolEvent::Memory {
+        key: k(0),
+        bytes: 1_000,
+    });
+    assert!(t.last.is_empty(), "at the limit is not over it");
+    t.ev(PoolEvent::Memory {
+        key: k(0),
+        bytes: 1_001,
+    });
+    assert!(t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    assert_eq!(t.spawns(), vec![k(2)]);
+    assert!(!t.has(&signal(0)));
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert!(t.has(&signal(0)));
+    assert_eq!(t.p.counters().recycled.max_memory, 1);
+}
+
+#[test]
+fn max_lifetime_replaces_first_and_retires_when_the_replacement_is_ready() {
+    let mut s = stat(2);
+    s.recycle.max_lifetime = Some(ms(60_000));
+    let mut t = T::new(s);
+    t.start();
+    t.at(60_000, PoolEvent::Tick);
+    // Both are due; one replacement at a time, and the old worker keeps accepting.
+    assert_eq!(t.spawns(), vec![k(2)]);
+    assert!(t
+        .last
+        .iter()
+        .all(|a| !matches!(a, PoolAction::Accept { .. })));
+    assert_eq!(t.state(k(0)), Some(WorkerState::Draining));
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.up(k(2));
+    assert!(t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    assert!(!t.has(&signal(0)), "it still has a request");
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert!(t.has(&signal(0)));
+    // The second due worker waits until the first is reaped (max + 1 live).
+    t.at(60_100, PoolEvent::Tick);
+    assert!(t.spawns().is_empty());
+    t.ev(exited(0, ExitKind::Code(0)));
+    assert_eq!(t.spawns(), vec![k(3)]);
+    assert_eq!(t.p.counters().crashed, 0);
+    assert_eq!(t.p.counters().recycled.max_lifetime, 2);
+}
+
+#[test]
+fn a_replacement_that_crashes_leaves_the_old_worker_serving() {
+    let mut s = stat(1);
+    s.recycle.max_lifetime = Some(ms(1_000));
+    let mut t = T::new(s);
+    t.start();
+    t.at(1_000, PoolEvent::Tick);
+    assert_eq!(t.spawns(), vec![k(1)]);
+    t.ev(PoolEvent::Spawned {
+        key: k(1),
+        pid: 101,
+    });
+    t.ev(exited(1, ExitKind::Code(255)));
+    assert_eq!(t.state(k(0)), Some(WorkerState::Draining));
+    assert!(t.p.status(t.now).workers[0].accepting);
+    t.at(1_100, PoolEvent::Tick);
+    assert_eq!(t.spawns(), vec![k(2)]);
+}
+
+#[test]
+fn rolling_restart_replaces_one_at_a_time() {
+    let mut t = T::new(stat(3));
+    t.start();
+    t.at(1_000, PoolEvent::RollingRestart);
+    assert_eq!(t.spawns(), vec![k(3)]);
+    for (old, new) in [(0, 3), (1, 4), (2, 5)] {
+        assert!(t.live() <= 4);
+        t.up(k(new));
+        assert!(t.has(&PoolAction::Accept {
+            key: k(old),
+            on: false
+        }));
+        assert!(t.has(&signal(old)));
+        t.ev(exited(old, ExitKind::Code(0)));
+        if new < 5 {
+            assert_eq!(t.spawns(), vec![k(new + 1)]);
+        } else {
+            assert!(t.spawns().is_empty());
+        }
+    }
+    assert_eq!(t.p.counters().recycled.rolling, 3);
+    assert_eq!(t.live(), 3);
+}
+
+#[test]
+fn request_timeout_kills_and_replaces_without_backoff() {
+    let mut t = T::new(stat(2));
+    t.start();
+    t.ev(PoolEvent::RequestStarted { key: k(1) });
+    t.ev(PoolEvent::RequestTimedOut { key: k(1) });
+    assert!(t.has(&PoolAction::Accept {
+        key: k(1),
+        on: false
+    }));
+    assert!(t.has(&kill(1)));
+    assert_eq!(t.spawns(), vec![k(2)]);
+    t.ev(exited(1, ExitKind::Signal(9)));
+    assert_eq!(t.p.counters().crashed, 0);
+    assert_eq!(t.p.counters().request_timeouts, 1);
+}
+
+#[test]
+fn kill_timeout_escalates_to_sigkill() {
+    let mut t = T::new(stat(1));
+    t.start();
+    t.at(0, PoolEvent::Stop { graceful: true });
+    assert!(t.has(&signal(0)));
+    t.at(1_999, PoolEvent::Tick);
+    assert!(!t.has(&kill(0)));
+    t.at(2_000, PoolEvent::Tick);
+    assert!(t.has(&kill(0)));
+    t.ev(exited(0, ExitKind::Signal(9)));
+    assert_eq!(
+        t.last,
+        vec![PoolAction::Forget { key: k(0) }, PoolAction::Stopped]
+    );
+}
+
+#[test]
+fn graceful_stop_drains_busy_workers_and_spawns_nothing() {
+    let mut t = T::new(stat(2));
+    t.start();
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.ev(PoolEvent::Stop { graceful: true });
+    assert!(t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    assert!(t.has(&PoolAction::Accept {
+        key: k(1),
+        on: false
+    }));
+    assert!(t.has(&signal(1)));
+    assert!(!t.has(&signal(0)));
+    t.ev(exited(1, ExitKind::Code(0)));
+    assert!(t.spawns().is_empty());
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert!(t.has(&signal(0)));
+    t.ev(exited(0, ExitKind::Code(0)));
+    assert!(t.has(&PoolAction::Stopped));
+    t.ev(PoolEvent::Stop { graceful: true });
+    assert!(t.last.is_empty());
+}
+
+#[test]
+fn fast_stop_kills_everyone_and_escalates_a_graceful_one() {
+    let mut t = T::new(stat(2));
+    t.start();
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.ev(PoolEvent::Stop { graceful: true });
+    t.ev(PoolEvent::Stop { graceful: false });
+    assert!(t.has(&kill(0)) && t.has(&kill(1)));
+    t.ev(exited(0, ExitKind::Signal(9)));
+    t.ev(exited(1, ExitKind::Signal(9)));
+    assert!(t.has(&PoolAction::Stopped));
+    let mut empty = T::new(stat(2));
+    empty.ev(PoolEvent::Stop { graceful: false });
+    assert_eq!(empty.last, vec![PoolAction::Stopped]);
+}
+
+#[test]
+fn dynamic_starts_min_and_grows_for_spares_at_a_doubling_rate() {
+    let mut s = dynamic(1, 100, 100, 100);
+    s.start_timeout = ms(60_000);
+    let mut t = T::new(s);
+    let mut got = vec![];
+    t.ev(PoolEvent::Start);
+    got.push(t.spawns().len());
+    for s in 1..8 {
+        t.at(s * 1_000, PoolEvent::Tick);
+        got.push(t.spawns().len());
+    }
+    // The floor (min 1) at once, then 1, 2, 4, .. 32 growth spawns a second, up to max.
+    assert_eq!(got, vec![2, 2, 4, 8, 16, 32, 32, 4]);
+    t.at(20_000, PoolEvent::Tick);
+    assert!(t.spawns().is_empty());
+}
+
+#[test]
+fn dynamic_grows_for_demand_up_to_max() {
+    let mut t = T::new(dynamic(1, 4, 1, 2));
+    let first = t.start();
+    assert_eq!(first.len(), 1);
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    assert_eq!(t.spawns().len(), 1, "spare_min 1");
+    t.at(1_000, PoolEvent::Demand { waiting: 10 });
+    t.at(2_000, PoolEvent::Tick);
+    t.at(3_000, PoolEvent::Tick);
+    t.at(4_000, PoolEvent::Tick);
+    assert_eq!(t.live(), 4);
+    assert!(t.p.counters().spawned <= 4);
+}
+
+#[test]
+fn dynamic_shrinks_idle_workers_to_spare_max_and_by_idle_timeout_not_below_min() {
+    let mut t = T::new(dynamic(2, 10, 1, 3));
+    t.start();
+    t.ev_up(PoolEvent::Demand { waiting: 6 });
+    for s in 1..4 {
+        t.now = ms(s * 1_000);
+        t.ev_up(PoolEvent::Tick);
+    }
+    assert_eq!(t.live(), 6);
+    t.ev(PoolEvent::Demand { waiting: 0 });
+    // More than spare_max idle: one retired per tick, longest idle first.
+    let mut retired = vec![];
+    for now in [4_000, 4_500, 5_000, 5_500] {
+        t.at(now, PoolEvent::Tick);
+        retired.extend(t.last.iter().filter_map(|a| match a {
+            PoolAction::Signal { key, .. } => Some(key.0),
+            _ => None,
+        }));
+    }
+    assert_eq!(retired, vec![0, 1, 2]);
+    // After idle_timeout, down to max(min, spare_min) = 2, and no regrowth.
+    t.at(14_000, PoolEvent::Tick);
+    let idle = |t: &T| {
+        t.p.status(t.now)
+            .workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Idle)
+            .count()
+    };
+    assert_eq!(idle(&t), 2);
+    assert!(t.spawns().is_empty());
+    t.at(60_000, PoolEvent::Tick);
+    assert_eq!(idle(&t), 2);
+    assert!(t.spawns().is_empty());
+}
+
+#[test]
+fn ondemand_spawns_on_demand_and_returns_to_zero() {
+    let mut t = T::new(ondemand(3));
+    t.ev(PoolEvent::Start);
+    assert!(t.last.is_empty());
+    t.at(10, PoolEvent::Demand { waiting: 1 });
+    assert_eq!(t.spawns(), vec![k(0)]);
+    t.at(20, PoolEvent::Demand { waiting: 1 });
+    assert!(t.spawns().is_empty(), "one is already starting for it");
+    t.up(k(0));
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.ev(PoolEvent::Demand { waiting: 0 });
+    t.at(1_000, PoolEvent::RequestFinished { key: k(0) });
+    t.at(10_999, PoolEvent::Tick);
+    assert!(!t.has(&signal(0)));
+    t.at(11_000, PoolEvent::Tick);
+    assert!(t.has(&signal(0)));
+    t.ev(exited(0, ExitKind::Code(0)));
+    assert!(t.spawns().is_empty());
+    assert_eq!(t.live(), 0);
+    assert_eq!(t.p.counters().retired_idle, 1);
+}
+
+#[test]
+fn a_due_worker_the_pool_does_not_need_is_retired_without_replacement() {
+    let mut s = ondemand(3);
+    s.recycle.max_lifetime = Some(ms(1_000));
+    let mut t = T::new(s);
+    t.ev(PoolEvent::Start);
+    t.ev(PoolEvent::Demand { waiting: 1 });
+    t.up(k(0));
+    t.ev(PoolEvent::Demand { waiting: 0 });
+    t.at(1_000, PoolEvent::Tick);
+    assert!(t.spawns().is_empty());
+    assert!(t.has(&signal(0)));
+}
+
+#[test]
+fn code_zero_after_serving_is_not_a_crash() {
+    let mut t = T::new(stat(1));
+    t.start();
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    t.ev(exited(0, ExitKind::Code(0)));
+    assert_eq!(t.spawns(), vec![k(1)], "replaced at once");
+    assert_eq!(t.p.counters().exited_on_own, 1);
+    assert_eq!(t.p.counters().crashed, 0);
+}
+
+#[test]
+fn events_for_unknown_workers_are_ignored() {
+    let mut t = T::new(stat(1));
+    t.start();
+    for e in [
+        exited(9, ExitKind::Code(0)),
+        PoolEvent::Ready { key: k(9) },
+        PoolEvent::RequestFinished { key: k(9) },
+        PoolEvent::RequestTimedOut { key: k(9) },
+    ] {
+        assert!(t.ev(e).is_empty());
+    }
+    t.ev(exited(0, ExitKind::Code(3)));
+    assert!(t.ev(exited(0, ExitKind::Code(3))).is_empty(), "reaped once");
+}
+
+#[test]
+fn status_rows_and_notice_sentences() {
+    let mut t = T::new(stat(1));
+    t.start();
+    t.ev(PoolEvent::Memory {
+        key: k(0),
+        bytes: 42,
+    });
+    t.at(1_500, PoolEvent::RequestStarted { key: k(0) });
+    let s = t.p.status(t.now);
+    let w = &s.workers[0];
+    assert_eq!(
+        (w.pid, w.state, w.in_flight, w.age, w.memory, w.accepting),
+        (Some(100), WorkerState::Busy, 1, ms(1_500), Some(42), true)
+    );
+    let n = Notice::Crashed {
+        key: k(3),
+        status: ExitKind::Signal(11),
+        in_flight: 2,
+    };
+    assert_eq!(
+        n.to_string(),
+        "worker 3 was killed by signal 11 unexpectedly with 2 requests in flight"
+    );
+    assert_eq!(n.severity(), Severity::Warn);
+}
