@@ -1,6 +1,6 @@
 //! Process plumbing for spawned workers, and the only place in corral that forks, signals
 //! or reads `/proc` (STYLE 14): [`spawn`] starts a worker with its socket, environment,
-//! user, limits and log pipes and waits for it to listen; [`exit`] says how one ended;
+//! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
 //! [`memory`] measures a worker's process tree; [`signal_group`] stops one.
 //!
 //! # No orphaned interpreters
@@ -18,6 +18,8 @@
 
 pub mod exit;
 pub mod memory;
+mod output;
+pub mod ready;
 pub mod spawn;
 
 use std::io;
@@ -27,10 +29,8 @@ use nix::unistd::Pid;
 
 pub use exit::ExitKind;
 pub use memory::{process_tree_pss, MemoryUsage};
-pub use spawn::{
-    spawn_worker, wait_ready, Handoff, Identity, ReadyError, SpawnedWorker, WorkerSocket,
-    WorkerSpawn,
-};
+pub use ready::{wait_ready, ReadyError};
+pub use spawn::{spawn_worker, Handoff, Identity, SpawnedWorker, WorkerSocket, WorkerSpawn};
 
 /// The signals corral stops workers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,25 +24,19 @@ use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::prctl::set_pdeathsig;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::Signal;
 use nix::unistd::{getppid, setsid, Gid, Group, Pid, Uid, User};
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Child;
 
-use super::ExitKind;
-use crate::config::{BackendAddress, BackendProtocol};
-use crate::net::Stream;
+use super::output::log_lines;
+use crate::config::{BackendAddress, BackendProtocol, PoolConfig, Program, SpawnConfig};
 
 /// `PATH` given to workers when corral itself has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Longest line of worker output logged as one event; longer lines are split.
-const MAX_LINE: usize = 8192;
 
 /// The socket a worker listens on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +62,24 @@ pub enum Handoff {
     ListenFds,
 }
 
+impl Handoff {
+    /// The handoff a configured `command` implies: `{socket}` or `{port}` in it means the
+    /// program binds itself; otherwise FastCGI and LSAPI interpreters take fd 0 (their own
+    /// convention) and other programs the systemd protocol.
+    pub fn for_command(protocol: BackendProtocol, argv: &[String]) -> Handoff {
+        if argv
+            .iter()
+            .any(|a| a.contains("{socket}") || a.contains("{port}"))
+        {
+            return Handoff::Placeholder;
+        }
+        match protocol {
+            BackendProtocol::Fastcgi | BackendProtocol::Lsapi => Handoff::Fd0,
+            BackendProtocol::Scgi => Handoff::ListenFds,
+        }
+    }
+}
+
 /// Everything needed to start one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpawn {
@@ -87,6 +99,8 @@ pub struct WorkerSpawn {
     /// Working directory (none = corral's).
     pub cwd: Option<PathBuf>,
     /// User the worker runs as when corral is root (none = see [`WorkerSpawn::identity`]).
+    /// With [`Handoff::Placeholder`] and a Unix socket, that user must be able to create
+    /// the socket in its directory.
     pub user: Option<String>,
     /// Group the worker runs as when corral is root (none = the user's primary group).
     pub group: Option<String>,
@@ -117,6 +131,31 @@ impl WorkerSpawn {
         }
     }
 
+    /// The spawn for one worker of a pool whose `command` is configured, with the handoff
+    /// [`Handoff::for_command`] picks. `None` for `app = ...` pools, whose command comes
+    /// from the embedded launchers.
+    pub fn from_config(
+        pool: &PoolConfig,
+        spawn: &SpawnConfig,
+        socket: WorkerSocket,
+    ) -> Option<WorkerSpawn> {
+        let Program::Command(argv) = &spawn.program else {
+            return None;
+        };
+        Some(WorkerSpawn {
+            pool: pool.name.clone(),
+            argv: argv.clone(),
+            protocol: pool.protocol,
+            socket,
+            handoff: Handoff::for_command(pool.protocol, argv),
+            env: spawn.env.clone(),
+            cwd: spawn.cwd.clone(),
+            user: spawn.user.clone(),
+            group: spawn.group.clone(),
+            nofile: None,
+        })
+    }
+
     /// The user and group the worker will run as, or `None` to keep corral's.
     ///
     /// Only a root corral changes identity (DESIGN decision 10); otherwise `user` and
@@ -136,9 +175,7 @@ impl WorkerSpawn {
             (None, BackendProtocol::Lsapi) => ("nobody", true),
             (None, _) => return Ok(None),
         };
-        let user = User::from_name(user_name)
-            .map_err(io::Error::from)?
-            .ok_or_else(|| not_found("user", user_name))?;
+        let user = find_user(user_name)?;
         let gid = match (&self.group, lsphp_default) {
             (Some(group), _) => group_id(group)?,
             (None, true) => group_id("nogroup").unwrap_or(user.gid),
@@ -425,121 +462,27 @@ fn child_setup(parent: Pid, limits: ChildLimits) -> io::Result<()> {
     Ok(())
 }
 
-/// Logs each line read from a worker's pipe until it closes.
-async fn log_lines(mut pipe: impl AsyncRead + Unpin, pool: String, pid: u32, stream: &str) {
-    let mut pending: Vec<u8> = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let read = match pipe.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        pending.extend_from_slice(chunk.get(..read).unwrap_or_default());
-        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            log_line(&line, &pool, pid, stream);
-        }
-        if pending.len() >= MAX_LINE {
-            let line: Vec<u8> = std::mem::take(&mut pending);
-            log_line(&line, &pool, pid, stream);
-        }
+/// A user by name, or by numeric uid (as the configuration allows).
+fn find_user(name: &str) -> io::Result<User> {
+    if let Some(user) = User::from_name(name).map_err(io::Error::from)? {
+        return Ok(user);
     }
-    if !pending.is_empty() {
-        log_line(&pending, &pool, pid, stream);
+    match name.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid))
+            .map_err(io::Error::from)?
+            .ok_or_else(|| not_found("user id", name)),
+        Err(_) => Err(not_found("user", name)),
     }
 }
 
-fn log_line(line: &[u8], pool: &str, pid: u32, stream: &str) {
-    let text = String::from_utf8_lossy(line);
-    let text = text.trim_end_matches(['\n', '\r']);
-    tracing::info!(target: "corral::worker", pool, pid, stream, "{text}");
-}
-
-/// Why a worker never became ready.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadyError {
-    /// The worker ended before accepting a connection.
-    #[error("worker for {address} {exit} before accepting connections")]
-    Exited {
-        /// The worker's socket.
-        address: String,
-        /// How it ended.
-        exit: ExitKind,
-    },
-    /// The start timeout passed.
-    #[error("worker for {address} accepted no connection within {after:?} (last attempt: {last})")]
-    TimedOut {
-        /// The worker's socket.
-        address: String,
-        /// The start timeout.
-        after: Duration,
-        /// The last connect error.
-        last: io::Error,
-    },
-    /// Asking whether the child exited failed.
-    #[error("cannot check on the worker for {address}: {source}")]
-    Wait {
-        /// The worker's socket.
-        address: String,
-        /// The error from `try_wait`.
-        source: io::Error,
-    },
-}
-
-/// Waits until `address` accepts a connection, `child` exits, or `start_timeout` passes.
-///
-/// The probe connection is closed at once; FastCGI, SCGI and LSAPI workers treat it as a
-/// client that went away. With a socket corral bound itself the kernel accepts
-/// connections into the backlog before the child even runs, so this mostly checks that
-/// the child did not exit at once.
-pub async fn wait_ready(
-    address: &BackendAddress,
-    child: &mut Child,
-    start_timeout: Duration,
-) -> Result<(), ReadyError> {
-    let deadline = tokio::time::Instant::now() + start_timeout;
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                return Err(ReadyError::Exited {
-                    address: address.to_string(),
-                    exit: ExitKind::of(status),
-                })
-            }
-            Ok(None) => {}
-            Err(source) => {
-                return Err(ReadyError::Wait {
-                    address: address.to_string(),
-                    source,
-                })
-            }
-        }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let last = match Stream::connect(address, left.min(Duration::from_secs(1))).await {
-            Ok(_) => return Ok(()),
-            Err(e) => e,
-        };
-        if tokio::time::Instant::now() >= deadline {
-            return Err(ReadyError::TimedOut {
-                address: address.to_string(),
-                after: start_timeout,
-                last,
-            });
-        }
-        tokio::time::sleep(
-            pause.min(deadline.saturating_duration_since(tokio::time::Instant::now())),
-        )
-        .await;
-        pause = (pause * 2).min(Duration::from_millis(50));
-    }
-}
-
+/// A group id by name, or a numeric gid as given (a gid needs no `/etc/group` entry).
 fn group_id(name: &str) -> io::Result<Gid> {
-    Ok(Group::from_name(name)
-        .map_err(io::Error::from)?
-        .ok_or_else(|| not_found("group", name))?
-        .gid)
+    if let Some(group) = Group::from_name(name).map_err(io::Error::from)? {
+        return Ok(group.gid);
+    }
+    name.parse::<u32>()
+        .map(Gid::from_raw)
+        .map_err(|_| not_found("group", name))
 }
 
 fn not_found(what: &str, name: &str) -> io::Error {
@@ -578,6 +521,29 @@ mod tests {
         assert_eq!(
             substitute(&argv[..2], &unix).unwrap(),
             vec!["app", "--bind=/run/corral/w1.sock"]
+        );
+    }
+
+    #[test]
+    fn the_command_decides_the_handoff() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let php = argv(&["php-cgi"]);
+        let app = argv(&["app", "--port", "{port}"]);
+        assert_eq!(
+            Handoff::for_command(BackendProtocol::Fastcgi, &php),
+            Handoff::Fd0
+        );
+        assert_eq!(
+            Handoff::for_command(BackendProtocol::Lsapi, &php),
+            Handoff::Fd0
+        );
+        assert_eq!(
+            Handoff::for_command(BackendProtocol::Scgi, &php),
+            Handoff::ListenFds
+        );
+        assert_eq!(
+            Handoff::for_command(BackendProtocol::Fastcgi, &app),
+            Handoff::Placeholder
         );
     }
 
