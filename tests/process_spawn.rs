@@ -524,3 +524,95 @@ async fn worker_output_reaches_the_log_line_by_line() {
     })
     .await;
 }
+
+/// A line of `/proc/PID/status` or `/proc/PID/limits`, whitespace-collapsed.
+fn proc_line(pid: u32, file: &str, prefix: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
+    let line = text.lines().find(|l| l.starts_with(prefix)).unwrap();
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test]
+async fn the_worker_leads_its_session_with_limits_and_its_user() {
+    let dir = shared_dir();
+    let mut spec = spec(
+        "limits",
+        &["/bin/sleep", "100"],
+        BackendProtocol::Scgi,
+        WorkerSocket::Unix(dir.path().join("limits.sock")),
+    );
+    spec.handoff = Handoff::ListenFds;
+    spec.nofile = Some(256);
+    spec.user = Some("nobody".into());
+    let (worker, _group) = start(&spec);
+    let pid = worker.pid;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    // state, ppid, pgrp, session
+    assert_eq!(
+        fields[1],
+        std::process::id().to_string(),
+        "corral is the parent"
+    );
+    assert_eq!(fields[2], pid.to_string(), "own process group");
+    assert_eq!(fields[3], pid.to_string(), "own session");
+    assert_eq!(
+        proc_line(pid, "limits", "Max open files"),
+        format!(
+            "Max open files 256 {} files",
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .unwrap()
+                .1
+        )
+    );
+    assert!(proc_line(pid, "limits", "Max core file size").starts_with("Max core file size 0 "));
+    if nix::unistd::Uid::effective().is_root() {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+        assert_eq!(
+            proc_line(pid, "status", "Uid:"),
+            format!("Uid: {uid} {uid} {uid} {uid}")
+        );
+        assert_eq!(
+            proc_line(pid, "status", "Gid:"),
+            format!("Gid: {gid} {gid} {gid} {gid}")
+        );
+        assert_eq!(proc_line(pid, "status", "Groups:"), "Groups:");
+    }
+}
+
+#[tokio::test]
+async fn a_configured_pool_spawns_and_answers() {
+    let dir = shared_dir();
+    let script = write_file(dir.path(), "env.php", ENVIRON_PHP);
+    let config = corral::config::parse(
+        &format!(
+            "[server]\nruntime_dir = \"{}\"\n\
+             [[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\
+             [pools.php]\ncommand = [\"{PHP_CGI}\", \"-n\"]\nenv = {{ APP_ENV = \"test\" }}\n",
+            dir.path().display()
+        ),
+        "test.toml",
+    )
+    .unwrap();
+    let pool = config.pool("php").unwrap();
+    let corral::config::Backend::Spawned(spawn) = &pool.backend else {
+        panic!("a spawned pool");
+    };
+    let socket = WorkerSocket::Unix(config.server.runtime_dir.join("php-1.sock"));
+    let spec = WorkerSpawn::from_config(pool, spawn, socket).unwrap();
+    assert_eq!(spec.handoff, Handoff::Fd0);
+    let (mut worker, _group) = start(&spec);
+    wait_ready(&worker.address, &mut worker.child, spawn.start_timeout)
+        .await
+        .unwrap();
+    let options = ExchangeOptions::new("php", 1);
+    let mut response = fastcgi::send(connect(&worker.address).await, get(&script), &options)
+        .await
+        .unwrap();
+    let text = body_text(&mut response).await;
+    assert!(text.contains("APP_ENV=test\n"), "{text}");
+    assert!(text.contains("PHP_FCGI_MAX_REQUESTS=0\n"), "{text}");
+}
