@@ -616,3 +616,32 @@ async fn a_configured_pool_spawns_and_answers() {
     assert!(text.contains("APP_ENV=test\n"), "{text}");
     assert!(text.contains("PHP_FCGI_MAX_REQUESTS=0\n"), "{text}");
 }
+
+#[tokio::test]
+async fn a_stale_socket_is_replaced_but_a_regular_file_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists(), "a closed listener leaves its file behind");
+    let (mut worker, _group) = start(&spec(
+        "php",
+        &[PHP_CGI, "-n"],
+        BackendProtocol::Fastcgi,
+        WorkerSocket::Unix(stale),
+    ));
+    wait_ready(&worker.address, &mut worker.child, START)
+        .await
+        .unwrap();
+
+    let file = dir.path().join("precious");
+    std::fs::write(&file, "keep me").unwrap();
+    let err = spawn_worker(&spec(
+        "php",
+        &[PHP_CGI, "-n"],
+        BackendProtocol::Fastcgi,
+        WorkerSocket::Unix(file.clone()),
+    ))
+    .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}

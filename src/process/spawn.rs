@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -225,21 +226,14 @@ pub struct SpawnedWorker {
 /// stderr are logged line by line (target `corral::worker`, fields `pool`, `pid`,
 /// `stream`) by tasks that end when the pipes close.
 pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
+    let empty = || invalid(format!("pool {}: the worker command is empty", spec.pool));
     if spec.argv.is_empty() {
-        return Err(invalid(format!(
-            "pool {}: the worker command is empty",
-            spec.pool
-        )));
+        return Err(empty());
     }
     let identity = spec.identity()?;
     let (address, listener) = prepare_socket(&spec.socket, spec.handoff)?;
     let argv = substitute(&spec.argv, &address)?;
-    let Some((program, args)) = argv.split_first() else {
-        return Err(invalid(format!(
-            "pool {}: the worker command is empty",
-            spec.pool
-        )));
-    };
+    let (program, args) = argv.split_first().ok_or_else(empty)?;
     let env = worker_environment(spec);
 
     let mut cmd = match spec.handoff {
@@ -367,14 +361,15 @@ fn prepare_socket(
     let corral_binds = handoff != Handoff::Placeholder;
     match socket {
         WorkerSocket::Unix(path) => {
-            match std::fs::remove_file(path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(io::Error::new(
+            // Only a socket left by an earlier worker is removed, never another file.
+            let stale = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+            if stale {
+                std::fs::remove_file(path).map_err(|e| {
+                    io::Error::new(
                         e.kind(),
                         format!("cannot remove the stale socket {}: {e}", path.display()),
-                    ))
-                }
-                _ => {}
+                    )
+                })?;
             }
             let listener = if corral_binds {
                 let bound = UnixListener::bind(path).map_err(|e| {
