@@ -217,6 +217,11 @@ fn bench_drives_every_null_backend_and_writes_json_and_svg() {
             "{}",
             out.stdout
         );
+        assert!(
+            out.stdout.contains("corral bench itself: cpu "),
+            "{}",
+            out.stdout
+        );
 
         let json = std::fs::read_to_string(&json).unwrap();
         assert!(
@@ -244,6 +249,7 @@ fn bench_drives_every_null_backend_and_writes_json_and_svg() {
             json.contains(&format!("{{\"pid\":{pid},\"cpu_percent\":")),
             "{json}"
         );
+        assert_eq!(json.matches("\"generator\":{\"pid\":").count(), 2, "{json}");
         assert_balanced_json(&json);
 
         let svg = std::fs::read_to_string(&svg).unwrap();

@@ -67,6 +67,8 @@ pub(super) struct Run {
     pub body_bytes: u64,
     /// The sampled processes (of the last round).
     pub procs: Vec<Usage>,
+    /// The load generator itself (of the last round), to show when it is the bottleneck.
+    pub generator: Option<Usage>,
 }
 
 impl Run {
@@ -79,6 +81,7 @@ impl Run {
             errors: Errors::default(),
             body_bytes: 0,
             procs: Vec::new(),
+            generator: None,
         })
     }
 
@@ -94,6 +97,7 @@ impl Run {
         self.errors.add(&o.errors);
         self.body_bytes += o.body_bytes;
         self.procs = o.procs;
+        self.generator = o.generator.or(self.generator);
     }
 }
 
@@ -178,38 +182,43 @@ pub(super) async fn sweep(
                 source,
             })
     };
+    let width = report::label_width(args, rounds);
     print(out, report::header(args, rounds))?;
     for (level, &c) in args.concurrency.iter().enumerate() {
         for round in 0..rounds {
             for (t, addr) in targets.iter().enumerate() {
                 if !args.warmup.is_zero() {
-                    run_once(&plan, addr, c, Stop::At(args.warmup), &[]).await?;
+                    run_once(&plan, addr, c, Stop::At(args.warmup), None).await?;
                 }
-                let run = run_once(&plan, addr, c, stop, &args.pids).await?;
+                let run = run_once(&plan, addr, c, stop, Some(&args.pids)).await?;
                 let label = results.get(t).map(|r| r.label.clone()).unwrap_or_default();
                 let tag = if rounds > 1 {
                     format!("{label} #{}", round + 1)
                 } else {
                     label
                 };
-                print(out, report::row(&tag, &run))?;
+                print(out, report::row(&tag, &run, width))?;
                 if let Some(slot) = results.get_mut(t).and_then(|r| r.runs.get_mut(level)) {
                     slot.absorb(run);
                 }
             }
         }
     }
-    print(out, report::summary(&results, rounds))?;
+    let summary = report::summary(&results, rounds, width);
+    if !summary.is_empty() {
+        print(out, summary)?;
+    }
     Ok(results)
 }
 
-/// One measured (or warm-up) run of `c` connections.
+/// One run of `c` connections: measured, sampling `pids` and the generator itself, when
+/// `pids` is given; a warm-up otherwise.
 async fn run_once(
     plan: &Arc<Plan>,
     addr: &Arc<BackendAddress>,
     c: usize,
     stop: Stop,
-    pids: &[u32],
+    pids: Option<&[u32]>,
 ) -> Result<Run, Error> {
     let start = Instant::now();
     let shared = Arc::new(Shared {
@@ -222,7 +231,11 @@ async fn run_once(
             Stop::At(d) => start + d,
         },
     });
-    let sampler = Sampler::start(pids);
+    let watched: Vec<u32> = match pids {
+        Some(pids) => pids.iter().copied().chain([std::process::id()]).collect(),
+        None => Vec::new(),
+    };
+    let sampler = Sampler::start(&watched);
     let mut connections = JoinSet::new();
     for _ in 0..c {
         let (plan, addr, shared) = (Arc::clone(plan), Arc::clone(addr), Arc::clone(&shared));
@@ -236,6 +249,7 @@ async fn run_once(
     }
     run.elapsed = start.elapsed();
     run.procs = sampler.finish(run.elapsed).await;
+    run.generator = run.procs.pop();
     Ok(run)
 }
 

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use super::load::{Run, TargetResult};
+use super::procs::Usage;
 use super::BenchArgs;
 
 /// The lines above the first row: what is measured, then the column names.
@@ -25,13 +26,26 @@ pub(super) fn header(args: &BenchArgs, rounds: usize) -> String {
         args.path,
         if rounds == 1 { "" } else { "s" },
         humantime::format_duration(args.warmup),
-        columns()
+        columns(label_width(args, rounds))
     )
 }
 
-fn columns() -> String {
+/// Width of the target column: the longest label, with room for a round number.
+pub(super) fn label_width(args: &BenchArgs, rounds: usize) -> usize {
+    let round_tag = if rounds > 1 {
+        3 + rounds.to_string().len()
+    } else {
+        0
+    };
+    std::iter::once(&args.target)
+        .chain(&args.compare)
+        .map(|a| super::address_label(a).len() + round_tag)
+        .fold(6, usize::max)
+}
+
+fn columns(width: usize) -> String {
     format!(
-        "{:<32} {:>5} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10}",
+        "{:<width$} {:>5} {:>9} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10}",
         "target",
         "c",
         "requests",
@@ -47,10 +61,10 @@ fn columns() -> String {
 }
 
 /// One run, or the merge of several.
-pub(super) fn row(label: &str, run: &Run) -> String {
+pub(super) fn row(label: &str, run: &Run, width: usize) -> String {
     let l = &run.latency;
     let mut line = format!(
-        "{:<32} {:>5} {:>9} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10}",
+        "{:<width$} {:>5} {:>9} {:>10.0} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>10}",
         label,
         run.concurrency,
         run.completed,
@@ -72,31 +86,34 @@ pub(super) fn row(label: &str, run: &Run) -> String {
         );
     }
     for p in &run.procs {
-        let cpu = p
-            .cpu_percent
-            .map_or_else(|| "?".to_owned(), |c| format!("{c:.1}%"));
-        let rss = p.rss_kib_max.map_or_else(
-            || "?".to_owned(),
-            |k| format!("{:.1} MiB", k as f64 / 1024.0),
-        );
-        let _ = write!(
-            line,
-            "\n    pid {}: cpu {cpu} of a core, max rss {rss}",
-            p.pid
-        );
+        let _ = write!(line, "\n    pid {}: {}", p.pid, usage(p));
+    }
+    if let Some(g) = &run.generator {
+        let _ = write!(line, "\n    corral bench itself: {}", usage(g));
     }
     line
 }
 
+fn usage(p: &Usage) -> String {
+    let cpu = p
+        .cpu_percent
+        .map_or_else(|| "?".to_owned(), |c| format!("{c:.1}%"));
+    let rss = p.rss_kib_max.map_or_else(
+        || "?".to_owned(),
+        |k| format!("{:.1} MiB", k as f64 / 1024.0),
+    );
+    format!("cpu {cpu} of a core, max rss {rss}")
+}
+
 /// The merged rows when there were several rounds, and the ratios of each compared target
 /// to the first.
-pub(super) fn summary(results: &[TargetResult], rounds: usize) -> String {
+pub(super) fn summary(results: &[TargetResult], rounds: usize, width: usize) -> String {
     let mut text = String::new();
     if rounds > 1 {
-        let _ = writeln!(text, "\nall {rounds} rounds together:\n{}", columns());
+        let _ = writeln!(text, "\nall {rounds} rounds together:\n{}", columns(width));
         for target in results {
             for run in &target.runs {
-                let _ = writeln!(text, "{}", row(&target.label, run));
+                let _ = writeln!(text, "{}", row(&target.label, run, width));
             }
         }
     }
@@ -199,17 +216,26 @@ fn run_json(j: &mut String, run: &Run) {
         if i > 0 {
             j.push(',');
         }
-        let cpu = p.cpu_percent.map_or_else(|| "null".to_owned(), number);
-        let rss = p
-            .rss_kib_max
-            .map_or_else(|| "null".to_owned(), |k| k.to_string());
-        let _ = write!(
-            j,
-            "{{\"pid\":{},\"cpu_percent\":{cpu},\"rss_kib_max\":{rss}}}",
-            p.pid
-        );
+        usage_json(j, p);
     }
-    j.push_str("]}");
+    j.push_str("],\"generator\":");
+    match &run.generator {
+        Some(g) => usage_json(j, g),
+        None => j.push_str("null"),
+    }
+    j.push('}');
+}
+
+fn usage_json(j: &mut String, p: &Usage) {
+    let cpu = p.cpu_percent.map_or_else(|| "null".to_owned(), number);
+    let rss = p
+        .rss_kib_max
+        .map_or_else(|| "null".to_owned(), |k| k.to_string());
+    let _ = write!(
+        j,
+        "{{\"pid\":{},\"cpu_percent\":{cpu},\"rss_kib_max\":{rss}}}",
+        p.pid
+    );
 }
 
 /// A JSON number; JSON has no NaN or infinity, so those become null.
