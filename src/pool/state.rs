@@ -21,6 +21,10 @@ mod spec;
 mod status;
 
 #[cfg(test)]
+mod recycle_tests;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;

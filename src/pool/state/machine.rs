@@ -14,8 +14,8 @@ use super::{ExitKind, Notice, PoolAction, PoolEvent, RecycleReason, StopSignal, 
 pub(super) enum Phase {
     /// Spawn asked for, not ready yet (the pid may not be known yet).
     Booting,
-    /// Ready: takes requests unless it is due for recycling and has no replacement yet...
-    /// in which case it takes them too, until the replacement is ready.
+    /// Ready and taking requests (a worker due for recycling too, until its replacement is
+    /// ready).
     Ready,
     /// Takes no new request; signalled once its last request finishes.
     Retiring,
@@ -115,6 +115,12 @@ impl PoolState {
     /// The spec the pool runs.
     pub fn spec(&self) -> &PoolSpec {
         &self.spec
+    }
+
+    /// How many requests worker `key` may be given before it is recycled (`max_requests`
+    /// plus its jitter), so the slot table can stop at exactly that many.
+    pub fn budget(&self, key: WorkerKey) -> Option<u64> {
+        self.workers.get(&key).and_then(|w| w.budget)
     }
 
     /// Handles one event at time `now` (monotonic, since any fixed epoch) and returns what

@@ -48,6 +48,8 @@ pub struct WorkerStatus {
     pub memory: Option<u64>,
     /// Why it is being recycled, if it is.
     pub recycle: Option<RecycleReason>,
+    /// The worker started to replace it, while that one is not yet ready.
+    pub replacement: Option<WorkerKey>,
 }
 
 /// Recycles by reason.
@@ -154,6 +156,7 @@ impl PoolState {
                 age: now.saturating_sub(w.spawned_at),
                 memory: w.memory,
                 recycle: w.doomed,
+                replacement: w.replaced_by,
             })
             .collect();
         PoolStatus {

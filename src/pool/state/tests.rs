@@ -1,22 +1,23 @@
-//! Unit tests of each policy and trigger, driven by hand with an explicit clock.
+//! Unit tests of the sizing policies, crash handling and stop, driven by hand with an
+//! explicit clock; also the small harness the recycling tests share.
 
 use std::time::Duration;
 
 use super::*;
 use crate::config::{Recycle, Sizing};
 
-const NO_RECYCLE: Recycle = Recycle {
+pub(super) const NO_RECYCLE: Recycle = Recycle {
     max_requests: None,
     max_requests_jitter: 0,
     max_memory: None,
     max_lifetime: None,
 };
 
-fn ms(n: u64) -> Duration {
+pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn spec(sizing: Sizing) -> PoolSpec {
+pub(super) fn spec(sizing: Sizing) -> PoolSpec {
     PoolSpec {
         sizing,
         recycle: NO_RECYCLE,
@@ -31,11 +32,11 @@ fn spec(sizing: Sizing) -> PoolSpec {
     }
 }
 
-fn stat(n: u32) -> PoolSpec {
+pub(super) fn stat(n: u32) -> PoolSpec {
     spec(Sizing::Static { workers: n })
 }
 
-fn dynamic(min: u32, max: u32, spare_min: u32, spare_max: u32) -> PoolSpec {
+pub(super) fn dynamic(min: u32, max: u32, spare_min: u32, spare_max: u32) -> PoolSpec {
     spec(Sizing::Dynamic {
         min,
         max,
@@ -45,7 +46,7 @@ fn dynamic(min: u32, max: u32, spare_min: u32, spare_max: u32) -> PoolSpec {
     })
 }
 
-fn ondemand(max: u32) -> PoolSpec {
+pub(super) fn ondemand(max: u32) -> PoolSpec {
     spec(Sizing::OnDemand {
         max,
         idle_timeout: ms(10_000),
@@ -53,14 +54,14 @@ fn ondemand(max: u32) -> PoolSpec {
 }
 
 /// A pool under test with a clock and the actions of the last event.
-struct T {
-    p: PoolState,
-    now: Duration,
-    last: Vec<PoolAction>,
+pub(super) struct T {
+    pub(super) p: PoolState,
+    pub(super) now: Duration,
+    pub(super) last: Vec<PoolAction>,
 }
 
 impl T {
-    fn new(s: PoolSpec) -> T {
+    pub(super) fn new(s: PoolSpec) -> T {
         T {
             p: PoolState::new(s, 7),
             now: Duration::ZERO,
@@ -68,17 +69,17 @@ impl T {
         }
     }
 
-    fn ev(&mut self, e: PoolEvent) -> &[PoolAction] {
+    pub(super) fn ev(&mut self, e: PoolEvent) -> &[PoolAction] {
         self.last = self.p.on_event(e, self.now);
         &self.last
     }
 
-    fn at(&mut self, t: u64, e: PoolEvent) -> &[PoolAction] {
+    pub(super) fn at(&mut self, t: u64, e: PoolEvent) -> &[PoolAction] {
         self.now = ms(t);
         self.ev(e)
     }
 
-    fn spawns(&self) -> Vec<WorkerKey> {
+    pub(super) fn spawns(&self) -> Vec<WorkerKey> {
         self.last
             .iter()
             .filter_map(|a| match a {
@@ -88,12 +89,12 @@ impl T {
             .collect()
     }
 
-    fn has(&self, a: &PoolAction) -> bool {
+    pub(super) fn has(&self, a: &PoolAction) -> bool {
         self.last.contains(a)
     }
 
     /// Spawned (pid = 100 + key) and ready.
-    fn up(&mut self, key: WorkerKey) {
+    pub(super) fn up(&mut self, key: WorkerKey) {
         self.ev(PoolEvent::Spawned {
             key,
             pid: 100 + key.0 as u32,
@@ -103,7 +104,7 @@ impl T {
     }
 
     /// Handles an event and brings up every worker it spawns.
-    fn ev_up(&mut self, e: PoolEvent) {
+    pub(super) fn ev_up(&mut self, e: PoolEvent) {
         self.ev(e);
         for key in self.spawns() {
             self.up(key);
@@ -111,7 +112,7 @@ impl T {
     }
 
     /// Starts the pool and brings every initial worker up.
-    fn start(&mut self) -> Vec<WorkerKey> {
+    pub(super) fn start(&mut self) -> Vec<WorkerKey> {
         self.ev(PoolEvent::Start);
         let keys = self.spawns();
         for k in &keys {
@@ -120,7 +121,7 @@ impl T {
         keys
     }
 
-    fn state(&self, key: WorkerKey) -> Option<WorkerState> {
+    pub(super) fn state(&self, key: WorkerKey) -> Option<WorkerState> {
         self.p
             .status(self.now)
             .workers
@@ -129,16 +130,16 @@ impl T {
             .map(|w| w.state)
     }
 
-    fn live(&self) -> usize {
+    pub(super) fn live(&self) -> usize {
         self.p.status(self.now).workers.len()
     }
 }
 
-fn k(n: u64) -> WorkerKey {
+pub(super) fn k(n: u64) -> WorkerKey {
     WorkerKey(n)
 }
 
-fn signal(n: u64) -> PoolAction {
+pub(super) fn signal(n: u64) -> PoolAction {
     PoolAction::Signal {
         key: k(n),
         pid: 100 + n as u32,
@@ -146,14 +147,14 @@ fn signal(n: u64) -> PoolAction {
     }
 }
 
-fn kill(n: u64) -> PoolAction {
+pub(super) fn kill(n: u64) -> PoolAction {
     PoolAction::Kill {
         key: k(n),
         pid: 100 + n as u32,
     }
 }
 
-fn exited(n: u64, status: ExitKind) -> PoolEvent {
+pub(super) fn exited(n: u64, status: ExitKind) -> PoolEvent {
     PoolEvent::Exited { key: k(n), status }
 }
 
@@ -269,171 +270,6 @@ fn spawn_failed_is_forgotten_and_backed_off() {
     assert!(t.spawns().is_empty());
     t.at(100, PoolEvent::Tick);
     assert_eq!(t.spawns(), vec![k(1)]);
-}
-
-#[test]
-fn max_requests_with_jitter_retires_after_the_last_request() {
-    let mut s = stat(1);
-    s.recycle.max_requests = Some(3);
-    s.recycle.max_requests_jitter = 2;
-    let mut t = T::new(s);
-    t.start();
-    let mut n = 0;
-    while t.state(k(0)) != Some(WorkerState::Retiring) {
-        t.ev(PoolEvent::RequestStarted { key: k(0) });
-        n += 1;
-        if t.state(k(0)) != Some(WorkerState::Retiring) {
-            t.ev(PoolEvent::RequestFinished { key: k(0) });
-        }
-        assert!(n <= 5);
-    }
-    assert!((3..=5).contains(&n));
-    // Off at once, replacement started at once, signal only when idle.
-    assert!(t.has(&PoolAction::Accept {
-        key: k(0),
-        on: false
-    }));
-    assert_eq!(t.spawns(), vec![k(1)]);
-    assert!(!t.has(&signal(0)));
-    t.ev(PoolEvent::RequestFinished { key: k(0) });
-    assert!(t.has(&signal(0)));
-    assert_eq!(t.p.counters().recycled.max_requests, 1);
-}
-
-#[test]
-fn jitter_differs_between_workers_but_is_reproducible() {
-    let mut s = stat(8);
-    s.recycle.max_requests = Some(1000);
-    s.recycle.max_requests_jitter = 100;
-    let budgets = |seed| {
-        let mut p = PoolState::new(s, seed);
-        p.on_event(PoolEvent::Start, Duration::ZERO);
-        p.workers.values().map(|w| w.budget).collect::<Vec<_>>()
-    };
-    assert_eq!(budgets(1), budgets(1));
-    let b = budgets(1);
-    assert!(b.iter().all(|x| (1000..=1100).contains(&x.unwrap())));
-    assert!(b.windows(2).any(|w| w[0] != w[1]));
-}
-
-#[test]
-fn max_memory_stops_accepting_then_signals_when_idle() {
-    let mut s = stat(2);
-    s.recycle.max_memory = Some(1_000);
-    let mut t = T::new(s);
-    t.start();
-    t.ev(PoolEvent::RequestStarted { key: k(0) });
-    t.ev(PoolEvent::Memory {
-        key: k(0),
-        bytes: 1_000,
-    });
-    assert!(t.last.is_empty(), "at the limit is not over it");
-    t.ev(PoolEvent::Memory {
-        key: k(0),
-        bytes: 1_001,
-    });
-    assert!(t.has(&PoolAction::Accept {
-        key: k(0),
-        on: false
-    }));
-    assert_eq!(t.spawns(), vec![k(2)]);
-    assert!(!t.has(&signal(0)));
-    t.ev(PoolEvent::RequestFinished { key: k(0) });
-    assert!(t.has(&signal(0)));
-    assert_eq!(t.p.counters().recycled.max_memory, 1);
-}
-
-#[test]
-fn max_lifetime_replaces_first_and_retires_when_the_replacement_is_ready() {
-    let mut s = stat(2);
-    s.recycle.max_lifetime = Some(ms(60_000));
-    let mut t = T::new(s);
-    t.start();
-    t.at(60_000, PoolEvent::Tick);
-    // Both are due; one replacement at a time, and the old worker keeps accepting.
-    assert_eq!(t.spawns(), vec![k(2)]);
-    assert!(t
-        .last
-        .iter()
-        .all(|a| !matches!(a, PoolAction::Accept { .. })));
-    assert_eq!(t.state(k(0)), Some(WorkerState::Draining));
-    t.ev(PoolEvent::RequestStarted { key: k(0) });
-    t.up(k(2));
-    assert!(t.has(&PoolAction::Accept {
-        key: k(0),
-        on: false
-    }));
-    assert!(!t.has(&signal(0)), "it still has a request");
-    t.ev(PoolEvent::RequestFinished { key: k(0) });
-    assert!(t.has(&signal(0)));
-    // The second due worker waits until the first is reaped (max + 1 live).
-    t.at(60_100, PoolEvent::Tick);
-    assert!(t.spawns().is_empty());
-    t.ev(exited(0, ExitKind::Code(0)));
-    assert_eq!(t.spawns(), vec![k(3)]);
-    assert_eq!(t.p.counters().crashed, 0);
-    assert_eq!(t.p.counters().recycled.max_lifetime, 2);
-}
-
-#[test]
-fn a_replacement_that_crashes_leaves_the_old_worker_serving() {
-    let mut s = stat(1);
-    s.recycle.max_lifetime = Some(ms(1_000));
-    let mut t = T::new(s);
-    t.start();
-    t.at(1_000, PoolEvent::Tick);
-    assert_eq!(t.spawns(), vec![k(1)]);
-    t.ev(PoolEvent::Spawned {
-        key: k(1),
-        pid: 101,
-    });
-    t.ev(exited(1, ExitKind::Code(255)));
-    assert_eq!(t.state(k(0)), Some(WorkerState::Draining));
-    assert!(t.p.status(t.now).workers[0].accepting);
-    t.at(1_100, PoolEvent::Tick);
-    assert_eq!(t.spawns(), vec![k(2)]);
-}
-
-#[test]
-fn rolling_restart_replaces_one_at_a_time() {
-    let mut t = T::new(stat(3));
-    t.start();
-    t.at(1_000, PoolEvent::RollingRestart);
-    assert_eq!(t.spawns(), vec![k(3)]);
-    for (old, new) in [(0, 3), (1, 4), (2, 5)] {
-        assert!(t.live() <= 4);
-        t.up(k(new));
-        assert!(t.has(&PoolAction::Accept {
-            key: k(old),
-            on: false
-        }));
-        assert!(t.has(&signal(old)));
-        t.ev(exited(old, ExitKind::Code(0)));
-        if new < 5 {
-            assert_eq!(t.spawns(), vec![k(new + 1)]);
-        } else {
-            assert!(t.spawns().is_empty());
-        }
-    }
-    assert_eq!(t.p.counters().recycled.rolling, 3);
-    assert_eq!(t.live(), 3);
-}
-
-#[test]
-fn request_timeout_kills_and_replaces_without_backoff() {
-    let mut t = T::new(stat(2));
-    t.start();
-    t.ev(PoolEvent::RequestStarted { key: k(1) });
-    t.ev(PoolEvent::RequestTimedOut { key: k(1) });
-    assert!(t.has(&PoolAction::Accept {
-        key: k(1),
-        on: false
-    }));
-    assert!(t.has(&kill(1)));
-    assert_eq!(t.spawns(), vec![k(2)]);
-    t.ev(exited(1, ExitKind::Signal(9)));
-    assert_eq!(t.p.counters().crashed, 0);
-    assert_eq!(t.p.counters().request_timeouts, 1);
 }
 
 #[test]
