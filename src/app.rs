@@ -52,7 +52,19 @@ pub async fn run(
     listeners: Vec<BoundListener>,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
-    let gateway = Arc::new(Gateway::new(config)?);
+    let (gateway, drivers) = Gateway::new(config)?;
+    let gateway = Arc::new(gateway);
+    if !drivers.is_empty() {
+        std::fs::create_dir_all(&config.server.runtime_dir).map_err(|e| {
+            format!(
+                "cannot create the runtime directory {}: {e}",
+                config.server.runtime_dir.display()
+            )
+        })?;
+    }
+    // Drivers spawn workers from runtime worker threads, which live as long as corral:
+    // the workers' parent-death signal is tied to the forking thread.
+    let supervisors: Vec<_> = drivers.into_iter().map(|d| tokio::spawn(d.run())).collect();
     let connections = TaskTracker::new();
     let accepting = TaskTracker::new();
     for bound in listeners {
@@ -75,6 +87,17 @@ pub async fn run(
             ?grace,
             "connections still open after the grace period; closing them"
         );
+    }
+    // Then the workers: idle ones get SIGTERM, busy ones once their request ends, and
+    // SIGKILL after kill_timeout; each driver returns when its workers are reaped.
+    for pool in &gateway.pools {
+        pool.stop(true);
+    }
+    let bound = config.server.kill_timeout + std::time::Duration::from_secs(1);
+    for supervisor in supervisors {
+        if tokio::time::timeout(bound, supervisor).await.is_err() {
+            tracing::error!("a pool did not stop within kill_timeout; exiting anyway");
+        }
     }
     tracing::info!("stopped");
     Ok(())

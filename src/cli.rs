@@ -110,6 +110,7 @@ fn serve(config: &Config) -> Result<(), Error> {
     runtime.block_on(async {
         // Fail before binding anything when the configuration asks for what is not built.
         crate::gateway::Gateway::new(config).map_err(Error::Serve)?;
+
         let listeners = crate::app::bind_all(config).map_err(|source| Error::Io {
             what: "bind the listeners".to_owned(),
             source,
@@ -241,11 +242,11 @@ mod tests {
 
     #[test]
     fn no_arguments_runs_the_embedded_default() {
-        // The embedded default's pool is spawned by corral, which is not built yet: the
+        // The embedded default runs a WSGI app through a launcher, which is not built yet: the
         // summary comes first, then a clear refusal with EX_UNAVAILABLE.
         let (code, out, err) = call(&["corral"]);
         assert_eq!(code, crate::error::EX_UNAVAILABLE, "{err}");
-        assert!(err.contains("spawning workers is not built yet"), "{err}");
+        assert!(err.contains("launchers are not built yet"), "{err}");
         assert!(
             out.starts_with("<embedded default>: listeners [http on 127.0.0.1:8080]"),
             "{out}"

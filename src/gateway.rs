@@ -11,13 +11,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use tokio::sync::mpsc;
 
 use crate::backend::{
     self, BackendError, BackendRequest, Connections, ExchangeOptions, Protocol, RequestBody,
     ResponseBody, SpoolConfig, Timeouts,
 };
 use crate::config::{Backend, Config, ContextConfig, ListenAddress};
-use crate::pool::slots::{Slot, SlotError, SlotLimits, SlotTable};
+use crate::pool::driver::{Command as DriverCommand, Driver};
+use crate::pool::slots::{Slot, SlotError, SlotLimits, SlotTable, WorkerId};
+use crate::pool::state::{PoolSpec, PoolState};
+use crate::process::{WorkerSocket, WorkerSpawn};
 use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
@@ -38,6 +42,34 @@ pub struct Pool {
     pub connections: Connections,
     /// Time bounds of one exchange.
     pub timeouts: Timeouts,
+    /// The driver of a spawned pool, told about requests that ran past `request_timeout`
+    /// and asked to stop; `None` for pools of running servers.
+    pub supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
+}
+
+impl Pool {
+    /// Tells the pool's driver that a request on `worker` failed with `error`, when that
+    /// means the worker must go (it ran past `request_timeout`).
+    fn report(&self, worker: WorkerId, error: &BackendError) {
+        if let (Some(tx), BackendError::RequestTimeout { .. }) = (&self.supervisor, error) {
+            let _ = tx.send(DriverCommand::RequestTimedOut(worker));
+        }
+    }
+
+    /// Asks the pool's driver to stop its workers, if it has one.
+    pub fn stop(&self, graceful: bool) {
+        if let Some(tx) = &self.supervisor {
+            let _ = tx.send(DriverCommand::Stop { graceful });
+        }
+    }
+}
+
+/// A fixed seed per pool name: jitter differs between pools and runs alike.
+fn seed(name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish() ^ u64::from(std::process::id())
 }
 
 /// One context at run time.
@@ -140,13 +172,20 @@ pub struct GatewayResponse {
 #[derive(Debug)]
 pub struct GatewayBody {
     body: ResponseBody,
-    _slot: Slot,
+    slot: Slot,
+    supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
 }
 
 impl GatewayBody {
     /// The next chunk; `None` at the clean end.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
-        self.body.next_chunk().await
+        let chunk = self.body.next_chunk().await;
+        if let (Some(Err(BackendError::RequestTimeout { .. })), Some(tx)) =
+            (&chunk, &self.supervisor)
+        {
+            let _ = tx.send(DriverCommand::RequestTimedOut(self.slot.worker()));
+        }
+        chunk
     }
 }
 
@@ -176,18 +215,13 @@ pub struct RouteKey<'a> {
 }
 
 impl Gateway {
-    /// Builds the run-time pools and contexts of `config`. Pools that corral would spawn are
-    /// refused here: only pools of running servers (`servers = [...]`) are served so far.
-    pub fn new(config: &Config) -> Result<Gateway, String> {
+    /// Builds the run-time pools and contexts of `config`, and a driver for each pool whose
+    /// workers corral spawns (run each with [`Driver::run`]; until then those pools have no
+    /// worker). Pools of embedded launchers (`app = ...`) are refused: not built yet.
+    pub fn new(config: &Config) -> Result<(Gateway, Vec<Driver>), String> {
         let mut pools = Vec::new();
+        let mut drivers = Vec::new();
         for p in &config.pools {
-            let Backend::External { servers } = &p.backend else {
-                return Err(format!(
-                    "pool {}: spawning workers is not built yet; list running servers with \
-                     `servers = [...]`",
-                    p.name
-                ));
-            };
             let contexts: Vec<Option<usize>> = config
                 .contexts
                 .iter()
@@ -202,16 +236,52 @@ impl Gateway {
                 },
                 &contexts,
             );
-            for server in servers {
-                let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
-                slots.set_accepting(id, true);
-            }
+            let name: Arc<str> = Arc::from(p.name.as_str());
+            let connections = Connections::new(MAX_IDLE_PER_WORKER);
+            let supervisor = match &p.backend {
+                Backend::External { servers } => {
+                    for server in servers {
+                        let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
+                        slots.set_accepting(id, true);
+                    }
+                    None
+                }
+                Backend::Spawned(spawn) => {
+                    let template = WorkerSpawn::from_config(
+                        p,
+                        spawn,
+                        WorkerSocket::Unix(config.server.runtime_dir.join("unset.sock")),
+                    )
+                    .ok_or_else(|| {
+                        format!(
+                            "pool {}: the embedded app launchers are not built yet; give the \
+                             command with `command = [...]`",
+                            p.name
+                        )
+                    })?;
+                    let spec = PoolSpec::from_config(p, config.server.kill_timeout)
+                        .ok_or_else(|| format!("pool {}: not a spawned pool", p.name))?;
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    drivers.push(Driver::new(
+                        Arc::clone(&name),
+                        PoolState::new(spec, seed(&p.name)),
+                        Arc::clone(&slots),
+                        connections.clone(),
+                        template,
+                        config.server.runtime_dir.clone(),
+                        p.concurrency as usize,
+                        rx,
+                    ));
+                    Some(tx)
+                }
+            };
             pools.push(Pool {
-                name: Arc::from(p.name.as_str()),
+                name,
                 protocol: p.protocol.into(),
                 slots,
-                connections: Connections::new(MAX_IDLE_PER_WORKER),
+                connections,
                 timeouts: Timeouts::from_pool(p),
+                supervisor,
             });
         }
         let mut per_pool = vec![0usize; pools.len()];
@@ -233,13 +303,14 @@ impl Gateway {
                 slot_context,
             });
         }
-        Ok(Gateway {
+        let gateway = Gateway {
             pools,
             contexts,
             limits: Limits::DEFAULT,
             spool: SpoolConfig::default(),
             next_request_id: AtomicU64::new(1),
-        })
+        };
+        Ok((gateway, drivers))
     }
 
     /// A new request id for logs.
@@ -346,19 +417,20 @@ impl Gateway {
             spool: self.spool.clone(),
             stderr: None,
         };
-        let response = backend::send(
-            pool.protocol,
-            conn,
-            BackendRequest { params, body },
-            &options,
-        )
-        .await
-        .map_err(backend_err)?;
+        let request = BackendRequest { params, body };
+        let response = match backend::send(pool.protocol, conn, request, &options).await {
+            Ok(r) => r,
+            Err(e) => {
+                pool.report(slot.worker(), &e);
+                return Err(backend_err(e));
+            }
+        };
         Ok(GatewayResponse {
             head: response.head,
             body: GatewayBody {
                 body: response.body,
-                _slot: slot,
+                slot,
+                supervisor: pool.supervisor.clone(),
             },
         })
     }
@@ -448,7 +520,7 @@ mod tests {
 
     fn gateway(toml: &str) -> Gateway {
         let config = crate::config::parse(toml, "test.toml").unwrap();
-        Gateway::new(&config).unwrap()
+        Gateway::new(&config).unwrap().0
     }
 
     #[test]

@@ -196,7 +196,7 @@ fn missing_file_is_an_io_error() {
 #[test]
 fn run_loads_the_embedded_default_and_summarises_it() {
     let out = corral(&["run"]);
-    // Spawned pools are not built yet: the summary, then EX_UNAVAILABLE.
+    // The embedded WSGI launcher is not built yet: the summary, then EX_UNAVAILABLE.
     assert_eq!(out.code, Some(69), "{out:?}");
     assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
     assert!(

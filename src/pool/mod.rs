@@ -1,4 +1,5 @@
 //! Pools: workers, the slots that bound the requests sent to them, and the queue.
 
+pub mod driver;
 pub mod slots;
 pub mod state;

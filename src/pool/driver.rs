@@ -1,0 +1,346 @@
+//! The pool driver: the only part of a spawned pool that touches processes, sockets and
+//! timers. It feeds the sans-IO [`PoolState`] with what happens (spawns, readiness, exits,
+//! request counts read from the slot table, memory samples, demand, time) and carries out the
+//! actions it returns (spawn, let a worker take requests or not, signal, kill, forget).
+//!
+//! One task per pool runs [`Driver::run`]; each worker process has one task that owns its
+//! `Child`, waits for readiness and then for the exit, and reports both (STYLE 13: every child
+//! is reaped exactly once, by its owner).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::backend::Connections;
+use crate::config::BackendAddress;
+use crate::pool::slots::{SlotTable, WorkerId};
+use crate::pool::state::{ExitKind, Notice, PoolAction, PoolEvent, PoolState, Severity, WorkerKey};
+use crate::process::{self, spawn_worker, wait_ready, StopSignal, WorkerSocket, WorkerSpawn};
+
+/// How often the driver looks at its workers.
+const TICK: Duration = Duration::from_millis(100);
+/// Memory is sampled every this many ticks (reading /proc costs a few syscalls per process).
+const MEMORY_EVERY: u32 = 10;
+
+/// What the rest of corral tells a pool's driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Stop the pool (gracefully: let workers finish first).
+    Stop {
+        /// Let workers finish their requests.
+        graceful: bool,
+    },
+    /// A request on this worker ran past `request_timeout`: kill it and replace it.
+    RequestTimedOut(WorkerId),
+    /// Replace every worker, one at a time.
+    RollingRestart,
+}
+
+/// What a worker's own task reports.
+#[derive(Debug)]
+enum Report {
+    Ready(WorkerKey),
+    Exited(WorkerKey, ExitKind),
+}
+
+#[derive(Debug)]
+struct Worker {
+    id: WorkerId,
+    pid: u32,
+    address: BackendAddress,
+    /// A Unix socket file corral created for the worker, removed when it is forgotten.
+    socket_file: Option<PathBuf>,
+    /// Slot-table counts at the last tick, to turn them into request events.
+    started: u64,
+    in_flight: usize,
+}
+
+/// One spawned pool's supervisor loop.
+pub struct Driver {
+    name: Arc<str>,
+    state: PoolState,
+    slots: Arc<SlotTable>,
+    connections: Connections,
+    template: WorkerSpawn,
+    runtime_dir: PathBuf,
+    concurrency: usize,
+    workers: HashMap<WorkerKey, Worker>,
+    by_id: HashMap<WorkerId, WorkerKey>,
+    epoch: Instant,
+    reports_tx: mpsc::UnboundedSender<Report>,
+    reports: mpsc::UnboundedReceiver<Report>,
+    commands: mpsc::UnboundedReceiver<Command>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("pool", &self.name)
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl Driver {
+    /// A driver for the pool `name` whose workers are started from `template` (its socket
+    /// is replaced per worker) with their sockets in `runtime_dir`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: Arc<str>,
+        state: PoolState,
+        slots: Arc<SlotTable>,
+        connections: Connections,
+        template: WorkerSpawn,
+        runtime_dir: PathBuf,
+        concurrency: usize,
+        commands: mpsc::UnboundedReceiver<Command>,
+    ) -> Driver {
+        let (reports_tx, reports) = mpsc::unbounded_channel();
+        Driver {
+            name,
+            state,
+            slots,
+            connections,
+            template,
+            runtime_dir,
+            concurrency,
+            workers: HashMap::new(),
+            by_id: HashMap::new(),
+            epoch: Instant::now(),
+            reports_tx,
+            reports,
+            commands,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// Runs the pool until it has stopped and every worker is reaped.
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u32 = 0;
+        if self.handle(PoolEvent::Start) {
+            return;
+        }
+        loop {
+            let stopped = tokio::select! {
+                report = self.reports.recv() => match report {
+                    Some(Report::Ready(key)) => self.handle(PoolEvent::Ready { key }),
+                    Some(Report::Exited(key, status)) => {
+                        self.sync_counts();
+                        self.handle(PoolEvent::Exited { key, status })
+                    }
+                    None => false,
+                },
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop { graceful }) => {
+                        self.slots.close();
+                        self.handle(PoolEvent::Stop { graceful })
+                    }
+                    Some(Command::RequestTimedOut(id)) => match self.by_id.get(&id).copied() {
+                        Some(key) => self.handle(PoolEvent::RequestTimedOut { key }),
+                        None => false,
+                    },
+                    Some(Command::RollingRestart) => self.handle(PoolEvent::RollingRestart),
+                    // Every sender is gone: corral is going away; stop.
+                    None => self.handle(PoolEvent::Stop { graceful: false }),
+                },
+                () = self.slots.demand() => {
+                    let waiting = self.slots.stats().queued;
+                    self.handle(PoolEvent::Demand { waiting })
+                }
+                _ = tick.tick() => {
+                    ticks = ticks.wrapping_add(1);
+                    self.sync_counts();
+                    let waiting = self.slots.stats().queued;
+                    let mut stopped = self.handle(PoolEvent::Demand { waiting });
+                    if ticks % MEMORY_EVERY == 0 {
+                        stopped |= self.sample_memory();
+                    }
+                    stopped | self.handle(PoolEvent::Tick)
+                }
+            };
+            if stopped {
+                tracing::info!(pool = %self.name, "pool stopped: every worker reaped");
+                return;
+            }
+        }
+    }
+
+    /// Turns the slot table's per-worker counts into request events.
+    fn sync_counts(&mut self) {
+        for counts in self.slots.workers() {
+            let Some(key) = self.by_id.get(&counts.id).copied() else {
+                continue;
+            };
+            let Some(w) = self.workers.get_mut(&key) else {
+                continue;
+            };
+            let started = counts.started.saturating_sub(w.started);
+            // What was in flight, plus what started, minus what is in flight now, finished.
+            let finished = (w.in_flight as u64 + started).saturating_sub(counts.in_flight as u64);
+            w.started = counts.started;
+            w.in_flight = counts.in_flight;
+            for _ in 0..started {
+                self.feed(PoolEvent::RequestStarted { key });
+            }
+            for _ in 0..finished {
+                self.feed(PoolEvent::RequestFinished { key });
+            }
+        }
+    }
+
+    fn sample_memory(&mut self) -> bool {
+        if self.state.spec().recycle.max_memory.is_none() {
+            return false;
+        }
+        let samples: Vec<(WorkerKey, u64)> = self
+            .workers
+            .iter()
+            .filter_map(|(key, w)| {
+                let usage = process::process_tree_pss(w.pid).ok()?;
+                Some((*key, usage.bytes()))
+            })
+            .collect();
+        let mut stopped = false;
+        for (key, bytes) in samples {
+            stopped |= self.handle(PoolEvent::Memory { key, bytes });
+        }
+        stopped
+    }
+
+    /// Feeds one event and carries out its actions; true once the pool has stopped.
+    fn handle(&mut self, ev: PoolEvent) -> bool {
+        let now = self.now();
+        let actions = self.state.on_event(ev, now);
+        let mut stopped = false;
+        for action in actions {
+            stopped |= self.act(action);
+        }
+        stopped
+    }
+
+    /// Like `handle`, for events whose actions can only be the ones `act` handles anyway.
+    fn feed(&mut self, ev: PoolEvent) {
+        let _ = self.handle(ev);
+    }
+
+    fn act(&mut self, action: PoolAction) -> bool {
+        match action {
+            PoolAction::Spawn { key } => self.spawn(key),
+            PoolAction::Accept { key, on } => {
+                if let Some(w) = self.workers.get(&key) {
+                    self.slots.set_accepting(w.id, on);
+                }
+            }
+            PoolAction::Signal { key, pid, .. } => {
+                tracing::debug!(pool = %self.name, %key, pid, "asking the worker to stop");
+                if let Some(w) = self.workers.get(&key) {
+                    self.connections.forget(&w.address);
+                }
+                if let Err(e) = process::signal_group(pid, StopSignal::Term) {
+                    tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker");
+                }
+            }
+            PoolAction::Kill { key, pid } => {
+                tracing::debug!(pool = %self.name, %key, pid, "killing the worker");
+                if let Some(w) = self.workers.get(&key) {
+                    self.slots.set_accepting(w.id, false);
+                    self.connections.forget(&w.address);
+                }
+                if let Err(e) = process::signal_group(pid, StopSignal::Kill) {
+                    tracing::warn!(pool = %self.name, pid, error = %e, "cannot kill the worker");
+                }
+            }
+            PoolAction::Forget { key } => {
+                if let Some(w) = self.workers.remove(&key) {
+                    self.by_id.remove(&w.id);
+                    self.slots.remove_worker(w.id);
+                    self.connections.forget(&w.address);
+                    if let Some(path) = w.socket_file {
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+            }
+            PoolAction::Notice(notice) => log_notice(&self.name, &notice),
+            PoolAction::Stopped => return true,
+        }
+        false
+    }
+
+    fn spawn(&mut self, key: WorkerKey) {
+        let path = self
+            .runtime_dir
+            .join(format!("{}-{}.sock", self.name, key.0));
+        let mut spec = self.template.clone();
+        spec.socket = WorkerSocket::Unix(path.clone());
+        match spawn_worker(&spec) {
+            Ok(mut spawned) => {
+                let pid = spawned.pid;
+                let budget = self.state.budget(key);
+                let id = self
+                    .slots
+                    .add_worker(self.concurrency, spawned.address.clone(), budget);
+                tracing::info!(pool = %self.name, %key, pid, "worker started");
+                self.by_id.insert(id, key);
+                self.workers.insert(
+                    key,
+                    Worker {
+                        id,
+                        pid,
+                        address: spawned.address.clone(),
+                        socket_file: Some(path),
+                        started: 0,
+                        in_flight: 0,
+                    },
+                );
+                let reports = self.reports_tx.clone();
+                let start_timeout = self.state.spec().start_timeout;
+                let address = spawned.address.clone();
+                tokio::spawn(async move {
+                    // Not ready in time is the state machine's to judge (it kills the
+                    // worker); an early exit is reported by the wait below.
+                    if wait_ready(&address, &mut spawned.child, start_timeout)
+                        .await
+                        .is_ok()
+                    {
+                        let _ = reports.send(Report::Ready(key));
+                    }
+                    let status = match spawned.child.wait().await {
+                        Ok(status) => match process::ExitKind::of(status) {
+                            process::ExitKind::Code(c) => ExitKind::Code(c),
+                            process::ExitKind::Signal(s) => ExitKind::Signal(s),
+                        },
+                        // Waiting failed (ECHILD: someone else reaped it); it is gone.
+                        Err(_) => ExitKind::Signal(libc_sigkill()),
+                    };
+                    let _ = reports.send(Report::Exited(key, status));
+                });
+                self.feed(PoolEvent::Spawned { key, pid });
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                self.feed(PoolEvent::SpawnFailed { key, reason });
+            }
+        }
+    }
+}
+
+fn libc_sigkill() -> i32 {
+    nix::sys::signal::Signal::SIGKILL as i32
+}
+
+fn log_notice(pool: &str, notice: &Notice) {
+    match notice.severity() {
+        Severity::Info => tracing::info!(pool, "{notice}"),
+        Severity::Warn => tracing::warn!(pool, "{notice}"),
+        Severity::Error => tracing::error!(pool, "{notice}"),
+    }
+}

@@ -1,0 +1,318 @@
+//! Pools that corral spawns itself, with real php-cgi: recycling after `max_requests` with no
+//! failed request, a worker killed mid-request, `request_timeout`, on-demand and dynamic
+//! sizing, a graceful stop under load, and no interpreter left behind when corral is killed.
+
+mod support;
+
+use std::path::Path;
+use std::thread;
+use std::time::Duration;
+
+use support::peers;
+use support::server::{http, Corral};
+
+/// A config with one http listener and one spawned php-cgi pool described by `pool`.
+fn config(run: &Path, root: &Path, pool: &str) -> String {
+    format!(
+        r#"
+[server]
+runtime_dir = "{run}"
+grace = "5s"
+kill_timeout = "2s"
+log_level = "debug"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+{pool}
+
+[[contexts]]
+pool = "php"
+root = "{root}"
+"#,
+        run = run.display(),
+        root = root.display()
+    )
+}
+
+fn site(dir: &Path) {
+    peers::write_file(dir, "pid.php", "<?php echo getmypid();");
+    peers::write_file(
+        dir,
+        "sleep.php",
+        "<?php file_put_contents(__DIR__ . '/started', getmypid()); \
+         usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
+    );
+}
+
+/// Pids of the live processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may hold spaces) start at the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() != Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Polls `check` every 50 ms for up to `limit`.
+fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let step = Duration::from_millis(50);
+    let mut waited = Duration::ZERO;
+    while waited < limit {
+        if check() {
+            return true;
+        }
+        thread::sleep(step);
+        waited += step;
+    }
+    check()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[test]
+fn workers_are_recycled_after_max_requests_without_a_failed_request() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 2\nmax = 2\nmax_requests = 5\nmax_requests_jitter = 0",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let mut pids = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..40 {
+        let r = http(addr, "GET", "/pid.php", &[], b"");
+        assert_eq!(r.status, 200, "{}", corral.log());
+        *pids.entry(r.text()).or_default() += 1;
+    }
+    // Every worker served at most its budget, so 40 requests needed at least 8 workers.
+    assert!(pids.len() >= 8, "{pids:?}");
+    assert!(pids.values().all(|&n| n <= 5), "{pids:?}");
+    assert!(corral.wait_log("reached max_requests"));
+    // Recycled workers are reaped: corral keeps its two (plus at most one replacement).
+    assert!(eventually(Duration::from_secs(5), || children(
+        corral.pid()
+    )
+    .len()
+        <= 3));
+}
+
+#[test]
+fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 1\nmax = 1",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let pid: u32 = http(addr, "GET", "/pid.php", &[], b"")
+        .text()
+        .parse()
+        .unwrap();
+    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=3000", &[], b""));
+    // The script writes this file when it starts, so the kill lands mid-request.
+    let started = dir.path().join("started");
+    assert!(eventually(Duration::from_secs(5), || started.exists()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let r = slow.join().unwrap();
+    assert_eq!(r.status, 502, "{}", corral.log());
+    // A replacement answers.
+    let mut new_pid = None;
+    assert!(eventually(Duration::from_secs(10), || {
+        let r = http(addr, "GET", "/pid.php", &[], b"");
+        if r.status == 200 {
+            new_pid = Some(r.text());
+        }
+        r.status == 200
+    }));
+    assert_ne!(new_pid.unwrap(), pid.to_string());
+    assert!(corral.wait_log("killed by signal") || corral.wait_log("was killed by signal"));
+}
+
+#[test]
+fn request_timeout_answers_504_and_replaces_the_worker() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 1\nmax = 1\nrequest_timeout = \"500ms\"\nfirst_byte_timeout = \"500ms\"",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let before = http(addr, "GET", "/pid.php", &[], b"").text();
+    let r = http(addr, "GET", "/sleep.php?ms=5000", &[], b"");
+    assert_eq!(r.status, 504, "{}", corral.log());
+    let mut after = String::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let r = http(addr, "GET", "/pid.php", &[], b"");
+            after = r.text();
+            r.status == 200 && after != before
+        }),
+        "{}",
+        corral.log()
+    );
+    let old: u32 = before.parse().unwrap();
+    assert!(eventually(Duration::from_secs(5), || !alive(old)));
+}
+
+#[test]
+fn an_ondemand_pool_starts_on_the_first_request_and_goes_back_to_zero() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"",
+        ),
+        1,
+    );
+    assert!(children(corral.pid()).is_empty());
+    let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert!(!children(corral.pid()).is_empty());
+    assert!(
+        eventually(Duration::from_secs(5), || children(corral.pid()).is_empty()),
+        "{}",
+        corral.log()
+    );
+}
+
+#[test]
+fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"dynamic\"\nmin = 1\nmax = 4\nspare_min = 1\nspare_max = 1\nidle_timeout = \"1s\"",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let load: Vec<_> = (0..8)
+        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=400", &[], b"").status))
+        .collect();
+    let mut most = 0;
+    for _ in 0..20 {
+        most = most.max(children(corral.pid()).len());
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(load.into_iter().all(|h| h.join().unwrap() == 200));
+    assert!(most >= 2, "the pool never grew: {most}\n{}", corral.log());
+    assert!(
+        eventually(Duration::from_secs(6), || children(corral.pid()).len() == 1),
+        "{:?}\n{}",
+        children(corral.pid()),
+        corral.log()
+    );
+}
+
+#[test]
+fn sigterm_under_load_completes_every_accepted_request() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 2\nmax = 2",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let load: Vec<_> = (0..6)
+        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=500", &[], b"").status))
+        .collect();
+    let started = dir.path().join("started");
+    assert!(eventually(Duration::from_secs(5), || started.exists()));
+    // Every client has connected and sent its request by now (they started together).
+    thread::sleep(Duration::from_millis(100));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(corral.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let statuses: Vec<u16> = load.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "{statuses:?}\n{}",
+        corral.log()
+    );
+    assert!(
+        corral.wait_log("pool stopped: every worker reaped"),
+        "{}",
+        corral.log()
+    );
+}
+
+#[test]
+fn kill_9_of_corral_leaves_no_interpreter_behind() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 3\nmax = 3",
+        ),
+        1,
+    );
+    assert!(eventually(Duration::from_secs(5), || children(
+        corral.pid()
+    )
+    .len()
+        == 3));
+    let workers = children(corral.pid());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(corral.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), || workers
+            .iter()
+            .all(|&p| !alive(p))),
+        "still alive: {:?}",
+        workers.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+    );
+}
