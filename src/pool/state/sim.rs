@@ -5,7 +5,8 @@
 //!
 //! Invariants checked after every event:
 //! - live (not yet reaped) workers ≤ `max + 1`; workers that may take requests (starting,
-//!   booting, ready, draining) ≤ `max + 1`; workers accepting requests ≤ `max`;
+//!   booting, ready, draining) ≤ `max + 1`, and ≤ `max` leaving out those whose replacement
+//!   is starting; workers accepting requests ≤ `max`;
 //! - the state machine's workers are exactly the ones the world spawned and has not been told
 //!   to forget, so every exit is handled once and no worker is lost;
 //! - accepting flags and in-flight counts agree between the world and the state machine, and
@@ -37,6 +38,8 @@ fn ms(n: u64) -> Duration {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_MEMORY: u64 = 1_000;
 const QUEUE: usize = 20;
+/// Seeds the invariant test runs (each about 60 s of simulated chaos, then rest and stop).
+const SEEDS: u64 = 200;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum SimEv {
@@ -454,6 +457,12 @@ impl World {
             })
             .count();
         assert!(taking <= max + 1, "active > max + 1 {ctx}");
+        let replaced = st
+            .workers
+            .iter()
+            .filter(|w| w.replacement.is_some())
+            .count();
+        assert!(taking - replaced <= max, "counted > max {ctx}");
         let accepting = st.workers.iter().filter(|w| w.accepting).count();
         assert!(accepting <= max, "accepting > max {ctx}");
         let replacing = st
@@ -569,7 +578,7 @@ fn run(seed: u64, chaos_ms: u64) -> World {
 fn simulation_keeps_every_invariant_over_many_seeds() {
     let mut steps = 0;
     let mut total = PoolCounters::default();
-    for seed in 1..=300 {
+    for seed in 1..=SEEDS {
         let w = run(seed, 60_000);
         steps += w.steps;
         let c = w.pool.counters();
@@ -588,7 +597,7 @@ fn simulation_keeps_every_invariant_over_many_seeds() {
     }
     println!("{steps} steps, {total:#?}");
     // The world really was busy and faulty: every trigger fired many times.
-    assert!(steps > 300 * 3_000, "{steps} steps");
+    assert!(steps > SEEDS * 3_000, "{steps} steps");
     let c = total;
     for (what, n) in [
         ("spawned", c.spawned),

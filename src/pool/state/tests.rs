@@ -492,3 +492,42 @@ fn status_rows_and_notice_sentences() {
     );
     assert_eq!(n.severity(), Severity::Warn);
 }
+
+#[test]
+fn spec_from_config_takes_spawned_pools_only() {
+    let src = r#"
+[server]
+kill_timeout = "7s"
+
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+max = 3
+concurrency = 2
+max_requests = 500
+start_timeout = "4s"
+
+[pools.ext]
+servers = ["127.0.0.1:9000"]
+
+[[contexts]]
+pool = "php"
+
+[[contexts]]
+prefix = "/ext"
+pool = "ext"
+"#;
+    let c = crate::config::parse(src, "t.toml").unwrap();
+    let kill = c.server.kill_timeout;
+    let s = PoolSpec::from_config(c.pool("php").unwrap(), kill).unwrap();
+    assert_eq!(s.sizing, Sizing::Static { workers: 3 });
+    assert_eq!((s.concurrency, s.max(), s.floor()), (2, 3, 3));
+    assert_eq!(s.recycle.max_requests, Some(500));
+    assert_eq!((s.start_timeout, s.kill_timeout), (ms(4_000), ms(7_000)));
+    assert_eq!((s.backoff_base, s.backoff_cap), (ms(100), ms(30_000)));
+    assert_eq!(PoolSpec::from_config(c.pool("ext").unwrap(), kill), None);
+}
