@@ -316,3 +316,102 @@ fn kill_9_of_corral_leaves_no_interpreter_behind() {
         workers.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
     );
 }
+
+/// Each request compiles a new 1 MB script that OPcache keeps in its shared memory for the
+/// life of the process: php-cgi's memory grows request after request, as a leaking app's
+/// would.
+const LEAK_PHP: &str = r#"<?php
+$n = (int)($_GET['n'] ?? 0);
+$file = sys_get_temp_dir() . "/corral-leak-" . getmypid() . "-$n.php";
+$body = '<?php return [';
+for ($i = 0; $i < 20000; $i++) { $body .= "'k$n-$i' => 'value-$n-$i-" . str_repeat('x', 20) . "',"; }
+file_put_contents($file, $body . '];');
+$a = include $file;
+unlink($file);
+echo getmypid();
+"#;
+
+#[test]
+fn a_leaking_worker_is_recycled_by_max_memory_while_requests_succeed() {
+    let dir = peers::shared_dir();
+    peers::write_file(dir.path(), "leak.php", LEAK_PHP);
+    // OPcache skips files younger than file_update_protection (2 s): turn that off so
+    // every fresh script stays cached.
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 1\nmax = 1\nmax_memory = \"48MiB\"",
+        )
+        .replace(
+            r#"command = ["php-cgi"]"#,
+            r#"command = ["php-cgi", "-d", "opcache.file_update_protection=0"]"#,
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let mut pids = std::collections::BTreeSet::new();
+    for n in 0..60 {
+        let r = http(addr, "GET", &format!("/leak.php?n={n}"), &[], b"");
+        assert_eq!(r.status, 200, "request {n}: {}", corral.log());
+        pids.insert(r.text());
+        if pids.len() > 1 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(60));
+    }
+    assert!(pids.len() > 1, "never recycled: {pids:?}\n{}", corral.log());
+    assert!(corral.wait_log("exceeded max_memory"), "{}", corral.log());
+}
+
+#[test]
+fn lsphp_workers_are_spawned_on_their_socket_and_serve() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "protocol = \"lsapi\"\nmode = \"static\"\nmin = 2\nmax = 2",
+        )
+        .replace(
+            r#"command = ["php-cgi"]"#,
+            &format!(r#"command = ["{}", "-n"]"#, peers::LSPHP),
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let mut pids = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let r = http(addr, "GET", "/pid.php", &[], b"");
+        assert_eq!(r.status, 200, "{}", corral.log());
+        pids.insert(r.text());
+    }
+    // Persistent connections: the same lsphp process serves request after request.
+    assert_eq!(pids.len(), 1, "{pids:?}");
+}
+
+#[test]
+fn a_crashing_command_is_throttled_not_hot_looped() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 1\nmax = 1\nqueue_timeout = \"200ms\"",
+        )
+        .replace(
+            r#"command = ["php-cgi"]"#,
+            r#"command = ["sh", "-c", "exit 3"]"#,
+        ),
+        1,
+    );
+    assert!(corral.wait_log("spawns are throttled"), "{}", corral.log());
+    let spawns = corral.log().matches("worker started").count();
+    // Backoff doubles from 100 ms: five crashes take about 1.5 s, not thousands of spawns.
+    assert!(spawns < 40, "{spawns} spawns");
+    // Requests meanwhile get a clear 503, not a hang.
+    let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
+    assert_eq!(r.status, 503);
+}
