@@ -437,3 +437,42 @@ fn compare_interleaves_two_targets_and_prints_ratios() {
         assert!(out.stdout.contains(&prefix), "{}", out.stdout);
     }
 }
+
+#[test]
+fn a_backend_that_never_answers_is_a_timeout_and_a_stale_socket_is_reused() {
+    let dir = shared_dir();
+    // Connections queue in the backlog and are never accepted, so never answered.
+    let path = dir.path().join("silent.sock");
+    let _silent = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let out = bench(&[
+        "--protocol",
+        "lsapi",
+        "--target",
+        &format!("unix:{}", path.display()),
+        "--requests",
+        "2",
+        "--concurrency",
+        "1",
+        "--warmup",
+        "0s",
+        "--timeout",
+        "200ms",
+    ]);
+    assert!(
+        out.stdout
+            .contains("errors: connect 0, protocol 0, non-2xx 0, timeout 2"),
+        "{}",
+        out.stdout
+    );
+
+    // A socket file nobody listens on any more (a killed null backend leaves one).
+    let stale = dir.path().join("http.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let http = null_backend(dir.path(), "http", &[]);
+    let r = curl(
+        "http://localhost/",
+        &["--unix-socket", http.socket.to_str().unwrap()],
+    );
+    assert_eq!(r.status, 200);
+}

@@ -105,6 +105,11 @@ impl Listener {
             return Listener::inherit();
         }
         if let Some(path) = addr.strip_prefix("unix:") {
+            // A socket file left by a killed null backend is reused; a live one is not.
+            let stale = std::os::unix::net::UnixStream::connect(path).is_err();
+            if stale && std::path::Path::new(path).exists() {
+                std::fs::remove_file(path)?;
+            }
             let listener = UnixListener::bind(path)?;
             return Ok(Listener::Unix(listener, Some(path.into())));
         }
