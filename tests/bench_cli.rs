@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::front::{curl, free_port, Nginx};
+use support::front::{curl, free_port, Corral, Nginx};
 use support::peers::{php_cgi, shared_dir, write_file, Peer};
 use support::{run, Outcome, CORRAL};
 
@@ -475,4 +475,55 @@ fn a_backend_that_never_answers_is_a_timeout_and_a_stale_socket_is_reused() {
         &["--unix-socket", http.socket.to_str().unwrap()],
     );
     assert_eq!(r.status, 200);
+}
+
+/// No LSAPI front server is installed, so corral's own LSAPI client (itself tested against
+/// lsphp) is the peer: corral's http listener with an LSAPI pool and an SCGI pool, each
+/// naming a null backend, and curl in front.
+#[test]
+fn corral_reaches_the_lsapi_and_scgi_null_backends() {
+    let dir = shared_dir();
+    let lsapi = null_backend(dir.path(), "lsapi", &["--body-size", "20"]);
+    let scgi = null_backend(dir.path(), "scgi", &[]);
+    let socket = dir.path().join("corral-http.sock");
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{dir}"
+
+[[listen]]
+address = "unix:{socket}"
+protocol = "http"
+
+[pools.ls]
+servers = ["{ls}"]
+protocol = "lsapi"
+
+[pools.sc]
+servers = ["{sc}"]
+protocol = "scgi"
+
+[[contexts]]
+prefix = "/scgi"
+pool = "sc"
+
+[[contexts]]
+prefix = "/"
+pool = "ls"
+"#,
+        dir = dir.path().display(),
+        socket = socket.display(),
+        ls = target(&lsapi),
+        sc = target(&scgi),
+    );
+    let corral = Corral::start(dir.path(), &config, &socket);
+    let via = ["--unix-socket", socket.to_str().unwrap()];
+    for _ in 0..3 {
+        let r = curl("http://localhost/index.php", &via);
+        assert_eq!(r.status, 200, "{}", corral.log());
+        assert_eq!(r.text(), "Hello, world\nHello, ");
+        let r = curl("http://localhost/scgi/x", &via);
+        assert_eq!(r.status, 200, "{}", corral.log());
+        assert_eq!(r.text(), "Hello, world\n");
+    }
 }
