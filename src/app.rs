@@ -46,11 +46,13 @@ pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
         .collect()
 }
 
-/// Serves until `shutdown` is cancelled, then drains for up to the configured grace.
+/// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
+/// (cancelled with or after `shutdown`) cuts the drain short and kills the workers.
 pub async fn run(
     config: &Config,
     listeners: Vec<BoundListener>,
     shutdown: CancellationToken,
+    fast: CancellationToken,
 ) -> Result<(), String> {
     let (gateway, drivers) = Gateway::new(config)?;
     let gateway = Arc::new(gateway);
@@ -79,19 +81,23 @@ pub async fn run(
     accepting.wait().await;
     connections.close();
     let grace = config.server.grace;
-    if tokio::time::timeout(grace, connections.wait())
-        .await
-        .is_err()
-    {
+    let drained = tokio::select! {
+        waited = tokio::time::timeout(grace, connections.wait()) => waited.is_ok(),
+        () = fast.cancelled() => false,
+    };
+    if !drained {
         tracing::warn!(
             ?grace,
-            "connections still open after the grace period; closing them"
+            fast = fast.is_cancelled(),
+            "connections still open; closing them"
         );
     }
     // Then the workers: idle ones get SIGTERM, busy ones once their request ends, and
-    // SIGKILL after kill_timeout; each driver returns when its workers are reaped.
+    // SIGKILL after kill_timeout (at once on a fast stop); each driver returns when its
+    // workers are reaped.
+    let graceful = !fast.is_cancelled();
     for pool in &gateway.pools {
-        pool.stop(true);
+        pool.stop(graceful);
     }
     let bound = config.server.kill_timeout + std::time::Duration::from_secs(1);
     for supervisor in supervisors {

@@ -121,18 +121,25 @@ fn serve(config: &Config) -> Result<(), Error> {
         })?;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let stopper = shutdown.clone();
+        let fast = tokio_util::sync::CancellationToken::new();
+        let fast_stopper = fast.clone();
         tokio::spawn(async move {
             while let Some(control) = controls.recv().await {
                 match control {
-                    Control::GracefulStop | Control::FastStop => {
+                    Control::GracefulStop => {
                         tracing::info!(?control, "stop requested");
+                        stopper.cancel();
+                    }
+                    Control::FastStop => {
+                        tracing::info!(?control, "fast stop requested");
+                        fast_stopper.cancel();
                         stopper.cancel();
                     }
                     other => tracing::info!(control = ?other, "not built yet; ignored"),
                 }
             }
         });
-        crate::app::run(config, listeners, shutdown)
+        crate::app::run(config, listeners, shutdown, fast)
             .await
             .map_err(Error::Serve)
     })

@@ -70,6 +70,14 @@ fn children(parent: u32) -> Vec<u32> {
     out
 }
 
+/// The summed PSS of the process trees of `pids`.
+fn pss_of(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|&p| corral::process::process_tree_pss(p).ok())
+        .map(|m| m.bytes())
+        .sum()
+}
+
 /// Polls `check` every 50 ms for up to `limit`.
 fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let step = Duration::from_millis(50);
@@ -233,8 +241,11 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
         .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=400", &[], b"").status))
         .collect();
     let mut most = 0;
+    let mut peak_pss = 0;
     for _ in 0..20 {
-        most = most.max(children(corral.pid()).len());
+        let workers = children(corral.pid());
+        most = most.max(workers.len());
+        peak_pss = peak_pss.max(pss_of(&workers));
         thread::sleep(Duration::from_millis(50));
     }
     assert!(load.into_iter().all(|h| h.join().unwrap() == 200));
@@ -244,6 +255,12 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
         "{:?}\n{}",
         children(corral.pid()),
         corral.log()
+    );
+    // The memory went with the workers.
+    let rest_pss = pss_of(&children(corral.pid()));
+    assert!(
+        rest_pss < peak_pss,
+        "PSS {rest_pss} at rest, {peak_pss} at peak"
     );
 }
 
@@ -414,4 +431,39 @@ fn a_crashing_command_is_throttled_not_hot_looped() {
     // Requests meanwhile get a clear 503, not a hang.
     let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 503);
+}
+
+#[test]
+fn sigint_stops_at_once_and_takes_the_workers_along() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"static\"\nmin = 2\nmax = 2",
+        )
+        .replace(r#"grace = "5s""#, r#"grace = "30s""#),
+        1,
+    );
+    let addr = corral.http_addr();
+    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=20000", &[], b"").status);
+    let started = dir.path().join("started");
+    assert!(eventually(Duration::from_secs(5), || started.exists()));
+    let workers = children(corral.pid());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(corral.pid() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    // Well before the 30 s grace and the 20 s request: the fast stop does not wait.
+    assert!(
+        corral.wait_log("pool stopped: every worker reaped"),
+        "{}",
+        corral.log()
+    );
+    assert!(eventually(Duration::from_secs(3), || workers
+        .iter()
+        .all(|&p| !alive(p))));
+    drop(slow);
 }
