@@ -7,7 +7,9 @@ use super::load::{Run, TargetResult};
 use super::BenchArgs;
 
 const WIDTH: f64 = 860.0;
-const HEIGHT: f64 = 380.0;
+/// Height without the legend, which takes [`LEGEND_LINE`] per target.
+const HEIGHT: f64 = 340.0;
+const LEGEND_LINE: f64 = 16.0;
 /// Left edge, width and top of each panel's plot area.
 const PANEL_LEFT: [f64; 2] = [70.0, 500.0];
 const PANEL_WIDTH: f64 = 330.0;
@@ -20,14 +22,15 @@ const COLOURS: [&str; 6] = [
 /// The whole SVG document.
 pub(super) fn chart(args: &BenchArgs, results: &[TargetResult]) -> String {
     let mut s = String::new();
+    let height = HEIGHT + LEGEND_LINE * results.len() as f64;
     let _ = writeln!(
         s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         viewBox=\"0 0 {WIDTH} {HEIGHT}\" font-family=\"sans-serif\" font-size=\"12\">"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
+         viewBox=\"0 0 {WIDTH} {height}\" font-family=\"sans-serif\" font-size=\"12\">"
     );
     let _ = writeln!(
         s,
-        "<rect width=\"{WIDTH}\" height=\"{HEIGHT}\" fill=\"white\"/>\n\
+        "<rect width=\"{WIDTH}\" height=\"{height}\" fill=\"white\"/>\n\
          <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
         WIDTH / 2.0,
         escape(&format!(
@@ -48,7 +51,7 @@ pub(super) fn chart(args: &BenchArgs, results: &[TargetResult]) -> String {
         |r| r.latency.value_at_quantile(0.99) as f64,
     );
     for (i, target) in results.iter().enumerate() {
-        let y = PLOT_TOP + PLOT_HEIGHT + 58.0 + 16.0 * i as f64;
+        let y = PLOT_TOP + PLOT_HEIGHT + 58.0 + LEGEND_LINE * i as f64;
         let colour = colour(i);
         let _ = writeln!(
             s,
