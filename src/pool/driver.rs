@@ -70,6 +70,8 @@ pub struct Driver {
     concurrency: usize,
     workers: HashMap<WorkerKey, Worker>,
     by_id: HashMap<WorkerId, WorkerKey>,
+    /// Stop signals held back until the worker's last request finishes.
+    deferred: Vec<(WorkerKey, u32)>,
     epoch: Instant,
     reports_tx: mpsc::UnboundedSender<Report>,
     reports: mpsc::UnboundedReceiver<Report>,
@@ -110,6 +112,7 @@ impl Driver {
             concurrency,
             workers: HashMap::new(),
             by_id: HashMap::new(),
+            deferred: Vec::new(),
             epoch: Instant::now(),
             reports_tx,
             reports,
@@ -134,7 +137,7 @@ impl Driver {
                 report = self.reports.recv() => match report {
                     Some(Report::Ready(key)) => self.handle(PoolEvent::Ready { key }),
                     Some(Report::Exited(key, status)) => {
-                        self.sync_counts();
+                        self.deferred.retain(|(k, _)| *k != key);
                         self.handle(PoolEvent::Exited { key, status })
                     }
                     None => false,
@@ -159,8 +162,9 @@ impl Driver {
                 _ = tick.tick() => {
                     ticks = ticks.wrapping_add(1);
                     self.sync_counts();
+                    self.send_deferred_signals();
                     let waiting = self.slots.stats().queued;
-                    let mut stopped = self.handle(PoolEvent::Demand { waiting });
+                    let mut stopped = self.apply(PoolEvent::Demand { waiting });
                     if ticks % MEMORY_EVERY == 0 {
                         stopped |= self.sample_memory();
                     }
@@ -216,8 +220,15 @@ impl Driver {
         stopped
     }
 
-    /// Feeds one event and carries out its actions; true once the pool has stopped.
+    /// Brings the state machine up to date with the slot table, then feeds one event and
+    /// carries out its actions; true once the pool has stopped.
     fn handle(&mut self, ev: PoolEvent) -> bool {
+        self.sync_counts();
+        self.apply(ev)
+    }
+
+    /// Feeds one event as it is and carries out its actions.
+    fn apply(&mut self, ev: PoolEvent) -> bool {
         let now = self.now();
         let actions = self.state.on_event(ev, now);
         let mut stopped = false;
@@ -227,9 +238,31 @@ impl Driver {
         stopped
     }
 
-    /// Like `handle`, for events whose actions can only be the ones `act` handles anyway.
+    /// Like `apply`, where the pool cannot stop as a result (request and spawn events).
     fn feed(&mut self, ev: PoolEvent) {
-        let _ = self.handle(ev);
+        let _ = self.apply(ev);
+    }
+
+    /// Sends the stop signals that waited for a worker's last request to finish.
+    fn send_deferred_signals(&mut self) {
+        let deferred = std::mem::take(&mut self.deferred);
+        for (key, pid) in deferred {
+            let busy = self
+                .workers
+                .get(&key)
+                .is_some_and(|w| self.slots.worker_in_flight(w.id) > 0);
+            if busy {
+                self.deferred.push((key, pid));
+            } else {
+                self.terminate(pid);
+            }
+        }
+    }
+
+    fn terminate(&self, pid: u32) {
+        if let Err(e) = process::signal_group(pid, StopSignal::Term) {
+            tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker");
+        }
     }
 
     fn act(&mut self, action: PoolAction) -> bool {
@@ -242,11 +275,17 @@ impl Driver {
             }
             PoolAction::Signal { key, pid, .. } => {
                 tracing::debug!(pool = %self.name, %key, pid, "asking the worker to stop");
-                if let Some(w) = self.workers.get(&key) {
-                    self.connections.forget(&w.address);
-                }
-                if let Err(e) = process::signal_group(pid, StopSignal::Term) {
-                    tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker");
+                let Some(w) = self.workers.get(&key) else {
+                    return false;
+                };
+                self.connections.forget(&w.address);
+                // The state machine sees request counts as of the last sync; a request may
+                // have started since. The worker takes no new one now, so wait for the
+                // last to finish rather than cut it off.
+                if self.slots.worker_in_flight(w.id) > 0 {
+                    self.deferred.push((key, pid));
+                } else {
+                    self.terminate(pid);
                 }
             }
             PoolAction::Kill { key, pid } => {
