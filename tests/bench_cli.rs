@@ -527,3 +527,35 @@ pool = "ls"
         assert_eq!(r.text(), "Hello, world\n");
     }
 }
+
+#[test]
+fn bad_bench_arguments_are_usage_errors() {
+    for args in [
+        &["--concurrency", "1,0"][..],
+        &["--requests", "5", "--duration", "1s"],
+        &["--protocol", "gopher"],
+    ] {
+        let mut all = vec!["bench", "--protocol", "http", "--target", "127.0.0.1:9"];
+        if args[0] == "--protocol" {
+            all.truncate(1);
+            all.extend(["--target", "127.0.0.1:9"]);
+        }
+        all.extend(args);
+        let out = support::corral(&all);
+        assert_eq!(out.code, Some(64), "{all:?}: {}", out.stderr);
+    }
+    let out = support::corral(&[
+        "null-backend",
+        "--protocol",
+        "fastcgi",
+        "--listen",
+        "nowhere",
+    ]);
+    assert_eq!(out.code, Some(69), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("\"nowhere\" is not unix:/path, IP:PORT or fd0"),
+        "{}",
+        out.stderr
+    );
+}

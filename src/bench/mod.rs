@@ -89,7 +89,8 @@ pub struct BenchArgs {
         long,
         value_name = "C,C,...",
         value_delimiter = ',',
-        default_value = "1,25,100"
+        default_value = "1,25,100",
+        value_parser = parse_level
     )]
     pub concurrency: Vec<usize>,
     /// How long each measured run lasts.
@@ -155,10 +156,11 @@ pub fn run_null(args: NullArgs) -> Result<(), Error> {
 
 /// Runs `corral bench`, writing the table (and ratios) to `out`.
 pub fn run_bench(args: BenchArgs, out: &mut dyn std::io::Write) -> Result<(), Error> {
-    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
-        return Err(Error::Serve(
-            "--concurrency needs levels of 1 or more".to_owned(),
-        ));
+    if args.concurrency.is_empty() {
+        return Err(Error::Usage(clap::Error::raw(
+            clap::error::ErrorKind::ValueValidation,
+            "--concurrency needs at least one level\n",
+        )));
     }
     let runtime = if args.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -188,6 +190,16 @@ pub fn run_bench(args: BenchArgs, out: &mut dyn std::io::Write) -> Result<(), Er
         })?;
     }
     Ok(())
+}
+
+/// A concurrency level: a whole number of connections, 1 or more.
+fn parse_level(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "\"{text}\" is not a number of connections (1 or more)"
+        )),
+    }
 }
 
 /// A target address as reports show it.
