@@ -559,3 +559,61 @@ fn bad_bench_arguments_are_usage_errors() {
         out.stderr
     );
 }
+
+/// Reads FastCGI records from `stream` until FCGI_END_REQUEST; returns the STDOUT bytes.
+fn read_fastcgi_answer(
+    stream: &mut std::os::unix::net::UnixStream,
+    buf: &mut bytes::BytesMut,
+) -> Vec<u8> {
+    use corral::protocols::fastcgi::{RecordDecoder, RecordType};
+    use std::io::Read;
+    let mut decoder = RecordDecoder::new();
+    let mut stdout = Vec::new();
+    loop {
+        while let Some(record) = decoder.decode(buf).unwrap() {
+            match record.kind {
+                RecordType::Stdout => stdout.extend_from_slice(&record.content),
+                RecordType::EndRequest => return stdout,
+                other => panic!("unexpected {other}"),
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "connection closed before FCGI_END_REQUEST");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[test]
+fn the_fastcgi_null_backend_honours_fcgi_keep_conn() {
+    use corral::protocols::fastcgi::{encode_begin_request, encode_params, encode_stdin_end, Role};
+    use std::io::{Read, Write};
+    let dir = shared_dir();
+    let null = null_backend(dir.path(), "fastcgi", &[]);
+    let mut stream = std::os::unix::net::UnixStream::connect(&null.socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let request = |id: u16, keep: bool| {
+        let mut wire = bytes::BytesMut::new();
+        encode_begin_request(id, Role::Responder, keep, &mut wire);
+        encode_params(id, &[("SCRIPT_NAME", "/x")], &mut wire).unwrap();
+        encode_stdin_end(id, &mut wire);
+        wire
+    };
+    let mut buf = bytes::BytesMut::new();
+    // Kept: two requests (ids 1 and 7) on one connection.
+    for id in [1, 7] {
+        stream.write_all(&request(id, true)).unwrap();
+        let stdout = read_fastcgi_answer(&mut stream, &mut buf);
+        assert!(stdout.ends_with(b"\r\n\r\nHello, world\n"), "{stdout:?}");
+        assert!(stdout.starts_with(b"Status: 200 OK\r\n"), "{stdout:?}");
+    }
+    // Not kept: answered, then the backend closes.
+    stream.write_all(&request(2, false)).unwrap();
+    read_fastcgi_answer(&mut stream, &mut buf);
+    assert!(buf.is_empty());
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+}
