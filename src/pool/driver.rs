@@ -353,10 +353,7 @@ impl Driver {
                         let _ = reports.send(Report::Ready(key));
                     }
                     let status = match spawned.child.wait().await {
-                        Ok(status) => match process::ExitKind::of(status) {
-                            process::ExitKind::Code(c) => ExitKind::Code(c),
-                            process::ExitKind::Signal(s) => ExitKind::Signal(s),
-                        },
+                        Ok(status) => ExitKind::of(status),
                         // Waiting failed (ECHILD: someone else reaped it); it is gone.
                         Err(_) => ExitKind::Signal(libc_sigkill()),
                     };

@@ -44,23 +44,8 @@ impl fmt::Display for WorkerKey {
     }
 }
 
-/// How a worker process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitKind {
-    /// It exited with this code.
-    Code(i32),
-    /// It was killed by this signal number.
-    Signal(i32),
-}
-
-impl fmt::Display for ExitKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExitKind::Code(c) => write!(f, "exited with code {c}"),
-            ExitKind::Signal(s) => write!(f, "was killed by signal {s}"),
-        }
-    }
-}
+/// How a worker process ended (the same type the process module decodes exit statuses into).
+pub use crate::process::ExitKind;
 
 /// What the driver tells the state machine.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -488,7 +488,7 @@ fn status_rows_and_notice_sentences() {
     };
     assert_eq!(
         n.to_string(),
-        "worker 3 was killed by signal 11 unexpectedly with 2 requests in flight"
+        "worker 3 killed by signal SIGSEGV unexpectedly with 2 requests in flight"
     );
     assert_eq!(n.severity(), Severity::Warn);
 }
