@@ -617,3 +617,35 @@ fn the_fastcgi_null_backend_honours_fcgi_keep_conn() {
     stream.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty(), "{rest:?}");
 }
+
+#[test]
+fn bench_sends_large_bodies_to_every_protocol() {
+    let dir = shared_dir();
+    for protocol in ["fastcgi", "scgi", "lsapi", "http"] {
+        let null = null_backend(dir.path(), protocol, &[]);
+        let out = bench(&[
+            "--protocol",
+            protocol,
+            "--target",
+            &target(&null),
+            "--requests",
+            "20",
+            "--concurrency",
+            "2",
+            "--warmup",
+            "0s",
+            "--method",
+            "POST",
+            "--body-size",
+            "1000000",
+        ]);
+        let row: Vec<&str> = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("unix:"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!((row[2], row[9]), ("20", "0"), "{}", out.stdout);
+    }
+}

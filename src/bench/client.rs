@@ -6,12 +6,13 @@
 //! hyper's HTTP/1 client connection.
 
 use std::future::poll_fn;
+use std::io;
 use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::FixedBody;
 use super::{BenchArgs, Protocol, Switch};
@@ -25,6 +26,8 @@ use crate::protocols::{lsapi, scgi, Limits};
 const REQUEST_ID: u16 = 1;
 /// Bytes asked of each read.
 const READ_CHUNK: usize = 16 * 1024;
+/// Requests up to this size fit the socket buffer and are written in one go.
+const SMALL_REQUEST: usize = 64 * 1024;
 /// A CGI response head longer than this is a protocol error.
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -210,8 +213,7 @@ impl Conn {
         match self {
             Conn::Http(sender) => http_exchange(sender, plan).await,
             Conn::Raw(raw) => {
-                raw.stream
-                    .write_all(&plan.wire)
+                send(&mut raw.stream, &plan.wire, &mut raw.input)
                     .await
                     .map_err(|_| Failure::Protocol)?;
                 raw.head.reset();
@@ -312,6 +314,48 @@ impl Raw {
             }
         }
     }
+}
+
+/// Writes `wire`. A large request is written while whatever the peer answers meanwhile is
+/// read into `input`, so a backend that answers before reading the whole body cannot leave
+/// both sides blocked on full socket buffers.
+async fn send(stream: &mut Stream, wire: &[u8], input: &mut BytesMut) -> io::Result<()> {
+    if wire.len() <= SMALL_REQUEST {
+        return stream.write_all(wire).await;
+    }
+    match stream {
+        Stream::Tcp(s) => {
+            let (r, w) = s.split();
+            pump(r, w, wire, input).await
+        }
+        Stream::Unix(s) => {
+            let (r, w) = s.split();
+            pump(r, w, wire, input).await
+        }
+    }
+}
+
+async fn pump(
+    mut r: impl AsyncRead + Unpin,
+    mut w: impl AsyncWrite + Unpin,
+    wire: &[u8],
+    input: &mut BytesMut,
+) -> io::Result<()> {
+    let mut rest = wire;
+    while !rest.is_empty() {
+        input.reserve(READ_CHUNK);
+        tokio::select! {
+            biased;
+            n = w.write(rest) => match n? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => rest = rest.get(n..).unwrap_or_default(),
+            },
+            n = r.read_buf(input) => if n? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            },
+        }
+    }
+    Ok(())
 }
 
 async fn http_exchange(

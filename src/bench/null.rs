@@ -6,12 +6,15 @@
 //! FastCGI params vector, the LSAPI request box). FastCGI honours FCGI_KEEP_CONN, LSAPI keeps
 //! connections until the server closes them, SCGI answers one request and closes.
 
-use std::convert::Infallible;
+use std::future::poll_fn;
 use std::io;
 use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use http_body::Body;
+use hyper::body::Incoming;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -298,15 +301,21 @@ async fn lsapi_connection(mut stream: Stream, answer: &Answer) -> io::Result<()>
 
 async fn http_connection(stream: Stream, answer: &Answer) -> io::Result<()> {
     let body = answer.body.clone();
-    let service = hyper::service::service_fn(move |_req| {
+    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
         let body = body.clone();
         async move {
+            // Read the request body, as a real application would, so the connection stays
+            // usable after a POST.
+            let mut incoming = req.into_body();
+            while let Some(frame) = poll_fn(|cx| Pin::new(&mut incoming).poll_frame(cx)).await {
+                frame.map_err(broken)?;
+            }
             let mut response = http::Response::new(FixedBody::new(body));
             response.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("text/plain"),
             );
-            Ok::<_, Infallible>(response)
+            Ok::<_, io::Error>(response)
         }
     });
     hyper::server::conn::http1::Builder::new()
