@@ -10,6 +10,8 @@ use tokio::task::JoinHandle;
 /// Clock ticks per second of the times in `/proc/PID/stat` (USER_HZ, 100 on every Linux
 /// architecture corral runs on).
 const TICKS_PER_SECOND: f64 = 100.0;
+/// Shortest run whose CPU percentage is reported.
+const MIN_CPU_RUN: Duration = Duration::from_secs(1);
 /// How often memory is sampled.
 const EVERY: Duration = Duration::from_millis(100);
 
@@ -104,8 +106,10 @@ impl Sampler {
             .map(|(i, &pid)| {
                 let start = self.start_ticks.get(i).copied().flatten();
                 let end = end_ticks.get(i).copied().flatten();
+                // Ticks are 10 ms: a shorter run would give a meaningless percentage.
                 let cpu_percent = start
                     .zip(end)
+                    .filter(|_| elapsed >= MIN_CPU_RUN)
                     .map(|(s, e)| e.saturating_sub(s) as f64 / TICKS_PER_SECOND / seconds * 100.0);
                 Usage {
                     pid,
