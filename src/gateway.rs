@@ -18,10 +18,11 @@ use crate::backend::{
     ResponseBody, SpoolConfig, Timeouts,
 };
 use crate::config::{Backend, Config, ContextConfig, ListenAddress};
+use crate::launchers;
 use crate::pool::driver::{Command as DriverCommand, Driver};
 use crate::pool::slots::{Slot, SlotError, SlotLimits, SlotTable, WorkerId};
 use crate::pool::state::{PoolSpec, PoolState};
-use crate::process::{WorkerSocket, WorkerSpawn};
+use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
@@ -217,7 +218,7 @@ pub struct RouteKey<'a> {
 impl Gateway {
     /// Builds the run-time pools and contexts of `config`, and a driver for each pool whose
     /// workers corral spawns (run each with [`Driver::run`]; until then those pools have no
-    /// worker). Pools of embedded launchers (`app = ...`) are refused: not built yet.
+    /// worker). An `app = ...` pool's launcher is written into the runtime directory here.
     pub fn new(config: &Config) -> Result<(Gateway, Vec<Driver>), String> {
         let mut pools = Vec::new();
         let mut drivers = Vec::new();
@@ -247,18 +248,30 @@ impl Gateway {
                     None
                 }
                 Backend::Spawned(spawn) => {
-                    let template = WorkerSpawn::from_config(
-                        p,
-                        spawn,
-                        WorkerSocket::Unix(config.server.runtime_dir.join("unset.sock")),
-                    )
-                    .ok_or_else(|| {
-                        format!(
-                            "pool {}: the embedded app launchers are not built yet; give the \
-                             command with `command = [...]`",
-                            p.name
-                        )
-                    })?;
+                    let socket = WorkerSocket::Unix(config.server.runtime_dir.join("unset.sock"));
+                    let template = match WorkerSpawn::from_config(p, spawn, socket.clone()) {
+                        Some(t) => t,
+                        None => {
+                            // An app pool: its command is an embedded launcher.
+                            let argv =
+                                launchers::command(&spawn.program, &config.server.runtime_dir)
+                                    .map_err(|e| {
+                                        format!(
+                                            "pool {}: cannot write the launcher into {}: {e}",
+                                            p.name,
+                                            config.server.runtime_dir.display()
+                                        )
+                                    })?
+                                    .unwrap_or_default();
+                            let mut t =
+                                WorkerSpawn::new(&p.name, argv, p.protocol, socket, Handoff::Fd0);
+                            t.env = spawn.env.clone();
+                            t.cwd = spawn.cwd.clone();
+                            t.user = spawn.user.clone();
+                            t.group = spawn.group.clone();
+                            t
+                        }
+                    };
                     let spec = PoolSpec::from_config(p, config.server.kill_timeout)
                         .ok_or_else(|| format!("pool {}: not a spawned pool", p.name))?;
                     let (tx, rx) = mpsc::unbounded_channel();

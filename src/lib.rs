@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod front;
 pub mod gateway;
+pub mod launchers;
 pub mod net;
 pub mod pool;
 pub mod process;

@@ -194,19 +194,6 @@ fn missing_file_is_an_io_error() {
 }
 
 #[test]
-fn run_loads_the_embedded_default_and_summarises_it() {
-    let out = corral(&["run"]);
-    // The embedded WSGI launcher is not built yet: the summary, then EX_UNAVAILABLE.
-    assert_eq!(out.code, Some(69), "{out:?}");
-    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
-    assert!(
-        out.stdout.contains("http on 127.0.0.1:8080"),
-        "{}",
-        out.stdout
-    );
-}
-
-#[test]
 fn run_refuses_a_broken_file() {
     let file = config_file("[server]\n");
     let out = corral(&["run", "-c", &file.path().display().to_string()]);

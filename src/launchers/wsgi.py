@@ -1,0 +1,3 @@
+# The corral WSGI launcher: being written.
+import sys
+sys.exit("the WSGI launcher is not written yet")
