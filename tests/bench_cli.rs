@@ -649,3 +649,46 @@ fn bench_sends_large_bodies_to_every_protocol() {
         assert_eq!((row[2], row[9]), ("20", "0"), "{}", out.stdout);
     }
 }
+
+#[test]
+fn bench_reconnects_to_an_http_server_that_closes_after_each_answer() {
+    let dir = shared_dir();
+    write_file(dir.path(), "hello.txt", "Hello, world\n");
+    let port = free_port();
+    // Python's http.server answers HTTP/1.0 and closes every connection.
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "http.server", "--bind", "127.0.0.1", "--directory"])
+        .arg(dir.path())
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _server = Guard(cmd.spawn().unwrap());
+    wait_for(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let out = bench(&[
+        "--protocol",
+        "http",
+        "--target",
+        &format!("127.0.0.1:{port}"),
+        "--path",
+        "/hello.txt",
+        "--requests",
+        "30",
+        "--concurrency",
+        "2",
+        "--warmup",
+        "0s",
+    ]);
+    let row: Vec<&str> = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("127.0.0.1:"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        (row[2], row[9], row[10]),
+        ("30", "0", "390"),
+        "{}",
+        out.stdout
+    );
+}

@@ -382,6 +382,18 @@ async fn http_exchange(
         .await
         .map_err(|_| Failure::Protocol)?;
     let status = response.status().as_u16();
+    // A server that says it closes (or speaks HTTP/1.0 without keep-alive) is not sent the
+    // next request, which would fail before hyper notices the close.
+    let connection = response.headers().get(http::header::CONNECTION);
+    let has = |token: &str| {
+        connection.is_some_and(|v| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+        })
+    };
+    let closes =
+        has("close") || (response.version() == http::Version::HTTP_10 && !has("keep-alive"));
     let mut body = response.into_body();
     let mut body_bytes = 0u64;
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
@@ -392,7 +404,7 @@ async fn http_exchange(
     }
     Ok((
         Reply { status, body_bytes },
-        plan.keepalive && !sender.is_closed(),
+        plan.keepalive && !closes && !sender.is_closed(),
     ))
 }
 
