@@ -25,8 +25,18 @@ pub struct BoundListener {
     pub config: ListenerConfig,
 }
 
-/// Binds every configured front listener.
+/// Binds every configured front listener, creating the runtime directory first (front
+/// sockets usually live there, as php-fpm's live in /run/php).
 pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
+    std::fs::create_dir_all(&config.server.runtime_dir).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "cannot create the runtime directory {}: {e}",
+                config.server.runtime_dir.display()
+            ),
+        )
+    })?;
     config
         .listeners
         .iter()

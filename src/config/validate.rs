@@ -421,8 +421,12 @@ fn clash(a: &ListenAddress, b: &ListenAddress) -> bool {
 }
 
 fn tcp_clash(x: &SocketAddr, y: &SocketAddr) -> bool {
-    if x.port() != y.port() || x.port() == 0 {
-        return x == y;
+    // Port 0 asks the kernel for a free port, a different one for each socket.
+    if x.port() == 0 || y.port() == 0 {
+        return false;
+    }
+    if x.port() != y.port() {
+        return false;
     }
     let wide = |a: &SocketAddr, b: &SocketAddr| {
         a.ip().is_unspecified() && (a.is_ipv6() || a.is_ipv4() == b.is_ipv4())

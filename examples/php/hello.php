@@ -1,0 +1,3 @@
+<?php
+// The smallest PHP page: what the benchmarks call "hello world".
+echo "Hello, world\n";

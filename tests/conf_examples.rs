@@ -1,0 +1,165 @@
+//! The files in conf/ work as written: every configuration passes `corral check`, and the
+//! recipes start and serve their example apps for real, with the paths moved into a temp
+//! dir (runtime dir, sockets, document root, ports) and nothing else changed. The PHP recipe
+//! runs behind a real nginx with conf/nginx/php-fpm-dropin.conf, as its comment says.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use support::front::{curl, Nginx};
+use support::peers;
+use support::server::{http, Corral};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn every_configuration_in_conf_passes_corral_check() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo("conf")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = support::corral(&["check", "-c", &path.display().to_string()]);
+            assert_eq!(out.code, Some(0), "{}: {}", path.display(), out.stderr);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "only {checked} configurations in conf/");
+}
+
+/// A site dir with the PHP examples, readable by the workers' user.
+fn php_site(dir: &Path) -> PathBuf {
+    let root = dir.join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for name in ["hello.php", "phpinfo.php", "upload.php"] {
+        peers::write_file(&root, name, &read(&format!("examples/php/{name}")));
+    }
+    peers::write_file(&root, "index.php", &read("examples/php/hello.php"));
+    root
+}
+
+/// `conf/NAME` with its paths and ports moved into `dir`.
+fn adapt(name: &str, dir: &Path, root: &Path) -> String {
+    read(name)
+        .replace("/run/corral", &dir.join("run").display().to_string())
+        .replace("/var/www/html", &root.display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:9180", "127.0.0.1:0")
+}
+
+/// The top-level `{ ... }` blocks of an nginx snippet that start with `keyword`, as
+/// (header line, body) pairs.
+fn nginx_blocks(text: &str, keyword: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest
+        .find(&format!("\n{keyword} "))
+        .or_else(|| rest.starts_with(&format!("{keyword} ")).then_some(0))
+    {
+        let block = &rest[start..];
+        let open = block.find('{').unwrap();
+        let mut depth = 0;
+        let mut end = open;
+        for (i, c) in block[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push((
+            block[..open].trim().to_owned(),
+            block[open + 1..end].to_owned(),
+        ));
+        rest = &block[end + 1..];
+    }
+    out
+}
+
+#[test]
+fn the_php_recipe_serves_through_nginx_and_by_itself() {
+    let dir = peers::shared_dir();
+    let root = php_site(dir.path());
+    let corral = Corral::start(&adapt("conf/php.toml", dir.path(), &root), 2);
+    let socket = dir.path().join("run/php.sock");
+
+    // nginx exactly as the drop-in says, with the socket, root and port moved.
+    let snippet = read("conf/nginx/php-fpm-dropin.conf")
+        .replace("/run/corral/php.sock", &socket.display().to_string())
+        .replace("/var/www/html", &root.display().to_string());
+    let upstreams: String = nginx_blocks(&snippet, "upstream")
+        .into_iter()
+        .map(|(head, body)| format!("{head} {{{body}}}\n"))
+        .collect();
+    let servers: Vec<String> = nginx_blocks(&snippet, "server")
+        .into_iter()
+        .map(|(_, body)| {
+            body.lines()
+                .filter(|l| !l.trim_start().starts_with("listen "))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .replace(
+                    "include fastcgi_params;",
+                    "include /etc/nginx/fastcgi_params;",
+                )
+        })
+        .collect();
+    let nginx_dir = dir.path().join("nginx");
+    std::fs::create_dir_all(&nginx_dir).unwrap();
+    let nginx = Nginx::start(&nginx_dir, &upstreams, &servers);
+
+    let r = curl(&format!("{}/hello.php", nginx.url(0)), &[]);
+    assert_eq!(r.status, 200, "{}\n{}", nginx.error_log(), corral.log());
+    assert_eq!(r.text(), "Hello, world\n");
+    // try_files sends an unknown path to the front controller.
+    let r = curl(&format!("{}/some/route", nginx.url(0)), &[]);
+    assert_eq!(r.text(), "Hello, world\n", "{}", corral.log());
+    let r = curl(
+        &format!("{}/upload.php", nginx.url(0)),
+        &[
+            "--data-binary",
+            "corral",
+            "-H",
+            "Content-Type: application/octet-stream",
+        ],
+    );
+    assert_eq!(
+        r.text(),
+        "raw body: 6 bytes, md5 c3761f853c220267fae7acb6cc653f74\n"
+    );
+
+    // corral's own http listener serves the same site, static files included.
+    peers::write_file(&root, "robots.txt", "User-agent: *\n");
+    let addr = corral.http_addr();
+    assert_eq!(http(addr, "GET", "/", &[], b"").text(), "Hello, world\n");
+    let r = http(addr, "GET", "/robots.txt", &[], b"");
+    assert_eq!(r.text(), "User-agent: *\n");
+    let r = http(addr, "GET", "/phpinfo.php", &[], b"");
+    assert!(r.text().contains("CGI/FastCGI"), "{}", r.text());
+}
+
+#[test]
+fn the_lsphp_recipe_serves() {
+    let dir = peers::shared_dir();
+    let root = php_site(dir.path());
+    let config = adapt("conf/lsphp.toml", dir.path(), &root);
+    let corral = Corral::start(&config, 1);
+    let r = http(corral.http_addr(), "GET", "/hello.php", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.text(), "Hello, world\n");
+    let r = http(corral.http_addr(), "GET", "/phpinfo.php", &[], b"");
+    assert!(r.text().contains("LiteSpeed"), "{}", r.text());
+}
