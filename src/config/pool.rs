@@ -137,11 +137,9 @@ pub(super) fn pool(
     }
     let config = PoolConfig {
         name: n.clone(),
-        protocol: p.protocol.unwrap_or(if p.app.is_some() {
-            BackendProtocol::Scgi
-        } else {
-            BackendProtocol::Fastcgi
-        }),
+        protocol: p
+            .protocol
+            .unwrap_or_else(|| default_protocol(p.app.as_ref().map(|a| a.get_ref().as_str()))),
         backend: backend?,
         concurrency,
         max_conns,
@@ -160,6 +158,16 @@ pub(super) fn pool(
         request_timeout,
     };
     name_ok.then_some(config)
+}
+
+/// The protocol of a pool that names none: the embedded Rack launcher speaks LSAPI, the WSGI
+/// launcher SCGI, and a `command` or `servers` pool FastCGI (php-cgi, php-fpm).
+fn default_protocol(app: Option<&str>) -> BackendProtocol {
+    match app {
+        Some(a) if a.starts_with("rack:") => BackendProtocol::Lsapi,
+        Some(_) => BackendProtocol::Scgi,
+        None => BackendProtocol::Fastcgi,
+    }
 }
 
 /// Pool names become parts of socket paths and metric labels.
@@ -450,5 +458,23 @@ fn recycle(e: &mut Errors, p: &FilePool) -> Recycle {
         max_requests_jitter,
         max_memory,
         max_lifetime,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_launcher_defaults_to_the_protocol_it_speaks() {
+        assert_eq!(
+            default_protocol(Some("rack:config.ru")),
+            BackendProtocol::Lsapi
+        );
+        assert_eq!(
+            default_protocol(Some("wsgi:app:application")),
+            BackendProtocol::Scgi
+        );
+        assert_eq!(default_protocol(None), BackendProtocol::Fastcgi);
     }
 }
