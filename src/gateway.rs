@@ -26,6 +26,7 @@ use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
+use crate::status::counters::RequestStats;
 
 /// Idle backend connections kept per worker address.
 const MAX_IDLE_PER_WORKER: usize = 64;
@@ -46,6 +47,11 @@ pub struct Pool {
     /// The driver of a spawned pool, told about requests that ran past `request_timeout`
     /// and asked to stop; `None` for pools of running servers.
     pub supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
+    /// Request counters for the status page.
+    pub requests: Arc<RequestStats>,
+    /// The supervisor's status as its driver last published it; `None` for pools of
+    /// running servers.
+    pub status: Option<tokio::sync::watch::Receiver<crate::pool::state::PoolStatus>>,
 }
 
 impl Pool {
@@ -175,12 +181,22 @@ pub struct GatewayBody {
     body: ResponseBody,
     slot: Slot,
     supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
+    requests: Arc<RequestStats>,
 }
 
 impl GatewayBody {
+    /// Whether every chunk has been handed out and the response ended cleanly (its slot
+    /// is then as good as free: dropping the body costs nothing).
+    pub fn is_ended(&self) -> bool {
+        self.body.is_ended()
+    }
+
     /// The next chunk; `None` at the clean end.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
         let chunk = self.body.next_chunk().await;
+        if let Some(Err(e)) = &chunk {
+            self.requests.backend_error(e);
+        }
         if let (Some(Err(BackendError::RequestTimeout { .. })), Some(tx)) =
             (&chunk, &self.supervisor)
         {
@@ -239,6 +255,7 @@ impl Gateway {
             );
             let name: Arc<str> = Arc::from(p.name.as_str());
             let connections = Connections::new(MAX_IDLE_PER_WORKER);
+            let mut status = None;
             let supervisor = match &p.backend {
                 Backend::External { servers } => {
                     for server in servers {
@@ -275,7 +292,7 @@ impl Gateway {
                     let spec = PoolSpec::from_config(p, config.server.kill_timeout)
                         .ok_or_else(|| format!("pool {}: not a spawned pool", p.name))?;
                     let (tx, rx) = mpsc::unbounded_channel();
-                    drivers.push(Driver::new(
+                    let driver = Driver::new(
                         Arc::clone(&name),
                         PoolState::new(spec, seed(&p.name)),
                         Arc::clone(&slots),
@@ -284,7 +301,9 @@ impl Gateway {
                         config.server.runtime_dir.clone(),
                         p.concurrency as usize,
                         rx,
-                    ));
+                    );
+                    status = Some(driver.status());
+                    drivers.push(driver);
                     Some(tx)
                 }
             };
@@ -295,6 +314,8 @@ impl Gateway {
                 connections,
                 timeouts: Timeouts::from_pool(p),
                 supervisor,
+                requests: RequestStats::new(),
+                status,
             });
         }
         let mut per_pool = vec![0usize; pools.len()];
@@ -399,16 +420,20 @@ impl Gateway {
             });
         };
         let slot = pool
-            .slots
-            .acquire(context.slot_context)
+            .requests
+            .acquire(&pool.slots, context.slot_context)
             .await
             .map_err(|source| GatewayError::Slot {
                 pool: Arc::clone(&pool.name),
                 source,
             })?;
-        let backend_err = |source| GatewayError::Backend {
-            pool: Arc::clone(&pool.name),
-            source,
+        let started = tokio::time::Instant::now();
+        let backend_err = |source| {
+            pool.requests.backend_error(&source);
+            GatewayError::Backend {
+                pool: Arc::clone(&pool.name),
+                source,
+            }
         };
         let address = slot.address();
         let conn = match pool.protocol {
@@ -438,12 +463,14 @@ impl Gateway {
                 return Err(backend_err(e));
             }
         };
+        pool.requests.response_head.observe(started.elapsed());
         Ok(GatewayResponse {
             head: response.head,
             body: GatewayBody {
                 body: response.body,
                 slot,
                 supervisor: pool.supervisor.clone(),
+                requests: Arc::clone(&pool.requests),
             },
         })
     }

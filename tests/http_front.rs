@@ -588,3 +588,34 @@ pool = "gone"
         corral.log()
     );
 }
+
+#[test]
+fn backend_connections_are_reused_when_the_response_has_a_content_length() {
+    let dir = peers::shared_dir();
+    peers::write_file(
+        dir.path(),
+        "sized.php",
+        "<?php $b = 'sized'; header('Content-Length: ' . strlen($b)); echo $b;",
+    );
+    let php = peers::php_cgi(dir.path());
+    let corral = Corral::start(
+        &config(
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"", dir.path().display()),
+        ),
+        1,
+    );
+    for _ in 0..20 {
+        let r = http(corral.http_addr(), "GET", "/sized.php", &[], b"");
+        assert_eq!(r.text(), "sized");
+    }
+    // hyper stops reading a body once it has Content-Length bytes; the end of the FastCGI
+    // response was read with the last chunk, so the connection went back to the idle stack
+    // instead of being aborted: php-cgi holds one connection, not one per request.
+    assert_eq!(
+        support::front::connected_unix_sockets(&php.socket),
+        1,
+        "{}",
+        corral.log()
+    );
+}

@@ -183,6 +183,18 @@ impl Exchange {
         }
     }
 
+    /// The next step already decodable from the bytes read so far, without any I/O; stderr
+    /// is logged here. `Ok(None)`: more bytes are needed.
+    fn buffered_step(&mut self) -> Result<Option<Step>, BackendError> {
+        loop {
+            match self.codec.decode(&mut self.inbuf)? {
+                Some(Step::Stderr(text)) => self.log_stderr(&text),
+                Some(Step::Nothing) => {}
+                other => return Ok(other),
+            }
+        }
+    }
+
     /// The next step that matters to the front; stderr is logged here.
     async fn next_step(&mut self) -> Result<Step, BackendError> {
         loop {
@@ -411,6 +423,8 @@ pub struct ResponseBody {
     state: BodyState,
     /// The connection, after a clean end, when it has no idle stack to go back to.
     kept: Option<BackendConnection>,
+    /// A chunk (or the error) decoded while looking ahead, handed out next.
+    ahead: Option<Result<Bytes, BackendError>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,18 +449,25 @@ impl ResponseBody {
             exchange,
             state: BodyState::Streaming,
             kept: None,
+            ahead: None,
         }
     }
 
     /// The next body chunk; `None` at the clean end of the response. After an error the
     /// connection is gone and every later call gives `None`.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
+        if let Some(ahead) = self.ahead.take() {
+            return Some(ahead);
+        }
         if self.state != BodyState::Streaming {
             return None;
         }
         loop {
             match self.exchange.next_step().await {
-                Ok(Step::Data(chunk)) => return Some(Ok(chunk)),
+                Ok(Step::Data(chunk)) => {
+                    self.look_ahead();
+                    return Some(Ok(chunk));
+                }
                 Ok(Step::End { reusable }) => {
                     self.state = BodyState::Ended;
                     self.kept = self.exchange.finish(reusable);
@@ -464,6 +485,42 @@ impl ResponseBody {
         }
     }
 
+    /// Decodes what is already buffered after a chunk, without waiting. When the end of
+    /// the response is there too (the usual case: the last chunk and END_REQUEST or
+    /// RESP_END arrive together), the exchange is finished at once, so a front that stops
+    /// reading when it has the announced Content-Length still leaves a reusable connection.
+    fn look_ahead(&mut self) {
+        loop {
+            match self.exchange.buffered_step() {
+                Ok(None) => return,
+                Ok(Some(Step::End { reusable })) => {
+                    self.state = BodyState::Ended;
+                    self.kept = self.exchange.finish(reusable);
+                    return;
+                }
+                Ok(Some(Step::Data(chunk))) if chunk.is_empty() => {}
+                Ok(Some(Step::Data(chunk))) => {
+                    self.ahead = Some(Ok(chunk));
+                    return;
+                }
+                Ok(Some(Step::Head(_))) => {
+                    let e = self.fail(BackendError::Protocol {
+                        protocol: self.exchange.protocol(),
+                        rule: "the response carried a second head".into(),
+                    });
+                    self.ahead = Some(Err(e));
+                    return;
+                }
+                Ok(Some(Step::Stderr(_) | Step::Nothing)) => {}
+                Err(e) => {
+                    let e = self.fail(e);
+                    self.ahead = Some(Err(e));
+                    return;
+                }
+            }
+        }
+    }
+
     fn fail(&mut self, e: BackendError) -> BackendError {
         self.state = BodyState::Failed;
         // Dropping the connection now (rather than with the body) closes it at once.
@@ -473,9 +530,9 @@ impl ResponseBody {
         e
     }
 
-    /// Whether the response ended cleanly.
+    /// Whether the response ended cleanly and every chunk has been handed out.
     pub fn is_ended(&self) -> bool {
-        self.state == BodyState::Ended
+        self.state == BodyState::Ended && self.ahead.is_none()
     }
 
     /// After a clean end, the connection if it may carry another request and did not come

@@ -588,7 +588,9 @@ impl Body for FrontBody {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
             BodyKind::File { remaining, .. } => *remaining == 0,
-            BodyKind::Backend { idle, pending, .. } => idle.is_none() && pending.is_none(),
+            BodyKind::Backend { idle, pending, .. } => {
+                pending.is_none() && idle.as_ref().is_none_or(GatewayBody::is_ended)
+            }
         }
     }
 
