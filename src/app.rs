@@ -15,6 +15,11 @@ use crate::front::http::{self, ConnInfo};
 use crate::front::listener::Listener;
 use crate::front::{fastcgi, scgi};
 use crate::gateway::Gateway;
+use crate::status;
+
+/// Kernel accept backlog of the status listener (its clients are a few operators and
+/// scrapers).
+const STATUS_BACKLOG: u32 = 64;
 
 /// A bound front listener with its configuration.
 #[derive(Debug)]
@@ -66,6 +71,15 @@ pub async fn run(
 ) -> Result<(), String> {
     let (gateway, drivers) = Gateway::new(config)?;
     let gateway = Arc::new(gateway);
+    // The status listener is bound here rather than by the caller: it carries no requests
+    // for the pools, so nothing else needs it before serving starts.
+    let status_listener = match &config.status {
+        Some(s) => Some(
+            Listener::bind(&s.bind, STATUS_BACKLOG)
+                .map_err(|e| format!("cannot listen for status on {}: {e}", s.bind.address()))?,
+        ),
+        None => None,
+    };
     if !drivers.is_empty() {
         std::fs::create_dir_all(&config.server.runtime_dir).map_err(|e| {
             format!(
@@ -84,6 +98,15 @@ pub async fn run(
         let connections = connections.clone();
         let shutdown = shutdown.clone();
         accepting.spawn(accept_loop(bound, gateway, connections, shutdown));
+    }
+    if let Some(listener) = status_listener {
+        let source = Arc::new(status::collect::StatusSource::new(config));
+        accepting.spawn(status::server::serve(
+            listener,
+            Arc::clone(&gateway),
+            source,
+            shutdown.clone(),
+        ));
     }
     accepting.close();
     shutdown.cancelled().await;

@@ -18,3 +18,4 @@ pub mod net;
 pub mod pool;
 pub mod process;
 pub mod signals;
+pub mod status;

@@ -18,7 +18,9 @@ use tokio::time::Instant;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
 use crate::pool::slots::{SlotTable, WorkerId};
-use crate::pool::state::{ExitKind, Notice, PoolAction, PoolEvent, PoolState, Severity, WorkerKey};
+use crate::pool::state::{
+    ExitKind, Notice, PoolAction, PoolEvent, PoolState, PoolStatus, Severity, WorkerKey,
+};
 use crate::process::{self, spawn_worker, wait_ready, StopSignal, WorkerSocket, WorkerSpawn};
 
 /// How often the driver looks at its workers.
@@ -76,6 +78,8 @@ pub struct Driver {
     reports_tx: mpsc::UnboundedSender<Report>,
     reports: mpsc::UnboundedReceiver<Report>,
     commands: mpsc::UnboundedReceiver<Command>,
+    /// The state machine's status after every handled event, for the status page.
+    published: tokio::sync::watch::Sender<PoolStatus>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -102,6 +106,7 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
     ) -> Driver {
         let (reports_tx, reports) = mpsc::unbounded_channel();
+        let (published, _) = tokio::sync::watch::channel(state.status(Duration::ZERO));
         Driver {
             name,
             state,
@@ -117,7 +122,18 @@ impl Driver {
             reports_tx,
             reports,
             commands,
+            published,
         }
+    }
+
+    /// The pool's status as of the last event the driver handled (the status page reads it
+    /// without waiting on the driver).
+    pub fn status(&self) -> tokio::sync::watch::Receiver<PoolStatus> {
+        self.published.subscribe()
+    }
+
+    fn publish(&self) {
+        self.published.send_replace(self.state.status(self.now()));
     }
 
     fn now(&self) -> Duration {
@@ -129,7 +145,9 @@ impl Driver {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u32 = 0;
-        if self.handle(PoolEvent::Start) {
+        let started = self.handle(PoolEvent::Start);
+        self.publish();
+        if started {
             return;
         }
         loop {
@@ -171,6 +189,7 @@ impl Driver {
                     stopped | self.handle(PoolEvent::Tick)
                 }
             };
+            self.publish();
             if stopped {
                 tracing::info!(pool = %self.name, "pool stopped: every worker reaped");
                 return;

@@ -1,0 +1,198 @@
+//! Collects what the status page shows, per pool: the configured limits, the slot table's
+//! live numbers, the gateway's request counters and the supervisor's last published status.
+//! Nothing here waits on a worker or on the pool's driver, so status answers while every
+//! worker is busy.
+
+use std::time::{Duration, SystemTime};
+
+use crate::config::{Backend, Config, PoolConfig, Sizing};
+use crate::gateway::Gateway;
+use crate::pool::slots::{SlotStats, WorkerCounts};
+use crate::pool::state::{PoolStatus, WorkerState};
+use crate::process;
+use crate::status::counters::{HistogramSnapshot, RequestSnapshot};
+
+/// What the configuration says about a pool, kept beside its live values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// The pool's name.
+    pub name: String,
+    /// `fastcgi`, `scgi` or `lsapi`.
+    pub protocol: &'static str,
+    /// php-fpm's "process manager": `static`, `dynamic`, `ondemand`, or `external` for a
+    /// pool of servers corral does not run.
+    pub mode: &'static str,
+    /// Fewest workers kept (none for external pools).
+    pub min_workers: Option<u32>,
+    /// Most workers at once (for external pools: the number of servers).
+    pub max_workers: u32,
+    /// Requests one worker serves at once.
+    pub concurrency: u32,
+    /// Cap on concurrent backend requests.
+    pub max_conns: u32,
+    /// Requests allowed to wait.
+    pub queue_size: u32,
+    /// Longest wait for a slot.
+    pub queue_timeout: Duration,
+}
+
+impl PoolInfo {
+    /// The status-page view of a pool's configuration.
+    pub fn of(p: &PoolConfig) -> PoolInfo {
+        let (mode, min_workers, max_workers) = match &p.backend {
+            Backend::External { servers } => (
+                "external",
+                None,
+                u32::try_from(servers.len()).unwrap_or(u32::MAX),
+            ),
+            Backend::Spawned(s) => match s.sizing {
+                Sizing::Static { workers } => ("static", Some(workers), workers),
+                Sizing::Dynamic { min, max, .. } => ("dynamic", Some(min), max),
+                Sizing::OnDemand { max, .. } => ("ondemand", Some(0), max),
+            },
+        };
+        PoolInfo {
+            name: p.name.clone(),
+            protocol: match p.protocol {
+                crate::config::BackendProtocol::Fastcgi => "fastcgi",
+                crate::config::BackendProtocol::Scgi => "scgi",
+                crate::config::BackendProtocol::Lsapi => "lsapi",
+            },
+            mode,
+            min_workers,
+            max_workers,
+            concurrency: p.concurrency,
+            max_conns: p.max_conns,
+            queue_size: p.queue_size,
+            queue_timeout: p.queue_timeout,
+        }
+    }
+}
+
+/// What the status server knows before any request: when corral started and each pool's
+/// configuration.
+#[derive(Debug, Clone)]
+pub struct StatusSource {
+    /// Wall-clock start of serving (php-fpm's "start time").
+    pub started: SystemTime,
+    /// One entry per configured pool.
+    pub pools: Vec<PoolInfo>,
+}
+
+impl StatusSource {
+    /// The source for `config`, started now.
+    pub fn new(config: &Config) -> StatusSource {
+        StatusSource {
+            started: SystemTime::now(),
+            pools: config.pools.iter().map(PoolInfo::of).collect(),
+        }
+    }
+}
+
+/// Worker counts as php-fpm names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessCounts {
+    /// Ready with nothing in flight.
+    pub idle: usize,
+    /// With at least one request in flight.
+    pub active: usize,
+    /// Every worker not yet reaped (or every external server).
+    pub total: usize,
+}
+
+/// One pool at one moment.
+#[derive(Debug, Clone)]
+pub struct PoolReport {
+    /// Configuration.
+    pub info: PoolInfo,
+    /// The slot table now.
+    pub slots: SlotStats,
+    /// The gateway's request counters now.
+    pub requests: RequestSnapshot,
+    /// Time waited for a slot.
+    pub queue_wait: HistogramSnapshot,
+    /// Time from slot to response head.
+    pub response_head: HistogramSnapshot,
+    /// The supervisor's last published status (spawned pools only).
+    pub supervisor: Option<PoolStatus>,
+    /// The slot table's servers (external pools only).
+    pub servers: Vec<WorkerCounts>,
+}
+
+impl PoolReport {
+    /// Idle, active and total workers.
+    pub fn processes(&self) -> ProcessCounts {
+        match &self.supervisor {
+            Some(s) => ProcessCounts {
+                idle: s
+                    .workers
+                    .iter()
+                    .filter(|w| {
+                        w.in_flight == 0
+                            && matches!(w.state, WorkerState::Idle | WorkerState::Draining)
+                    })
+                    .count(),
+                active: s.workers.iter().filter(|w| w.in_flight > 0).count(),
+                total: s.workers.len(),
+            },
+            None => ProcessCounts {
+                idle: self
+                    .servers
+                    .iter()
+                    .filter(|w| w.accepting && w.in_flight == 0)
+                    .count(),
+                active: self.servers.iter().filter(|w| w.in_flight > 0).count(),
+                total: self.servers.len(),
+            },
+        }
+    }
+
+    /// Workers in `state` (spawned pools; 0 for external ones).
+    pub fn workers_in(&self, state: WorkerState) -> usize {
+        self.supervisor
+            .as_ref()
+            .map_or(0, |s| s.workers.iter().filter(|w| w.state == state).count())
+    }
+}
+
+/// Every pool (or the one named `only`), as it is now. With `measure_memory`, a worker
+/// whose memory the supervisor has not sampled is measured now (its PSS).
+pub fn collect(
+    gateway: &Gateway,
+    source: &StatusSource,
+    only: Option<&str>,
+    measure_memory: bool,
+) -> Vec<PoolReport> {
+    gateway
+        .pools
+        .iter()
+        .filter(|p| only.is_none_or(|name| &*p.name == name))
+        .filter_map(|p| {
+            let info = source.pools.iter().find(|i| *i.name == *p.name)?.clone();
+            let mut supervisor = p.status.as_ref().map(|rx| rx.borrow().clone());
+            if measure_memory {
+                if let Some(s) = supervisor.as_mut() {
+                    for w in &mut s.workers {
+                        if let (None, Some(pid)) = (w.memory, w.pid) {
+                            w.memory = process::process_tree_pss(pid).ok().map(|m| m.bytes());
+                        }
+                    }
+                }
+            }
+            let servers = if supervisor.is_none() {
+                p.slots.workers()
+            } else {
+                Vec::new()
+            };
+            Some(PoolReport {
+                info,
+                slots: p.slots.stats(),
+                requests: p.requests.snapshot(),
+                queue_wait: p.requests.queue_wait.snapshot(),
+                response_head: p.requests.response_head.snapshot(),
+                supervisor,
+                servers,
+            })
+        })
+        .collect()
+}

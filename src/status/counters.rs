@@ -1,0 +1,347 @@
+//! Request counters of one pool that only the gateway knows: requests accepted, queued,
+//! refused and failed, and how long they waited. The request path touches them with relaxed
+//! atomics only (no lock); the status page reads them at any time.
+//!
+//! Queueing is seen from outside the slot table: [`RequestStats::acquire`] polls the table's
+//! `acquire` once, and a request that is not served by that first poll has joined the queue.
+//! That gives the live queue length, its maximum and the number of saturation episodes
+//! (php-fpm's "max children reached" counts episodes, not queued requests) without any change
+//! to the table's own locking.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::BackendError;
+use crate::pool::slots::{Slot, SlotError, SlotTable};
+
+/// Upper bounds, in seconds, of the latency histogram buckets (a `+Inf` bucket follows).
+pub const BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A latency histogram with fixed buckets, cumulative only when read.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last entry is the `+Inf` bucket.
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    /// Sum of all observations, in microseconds.
+    sum_us: AtomicU64,
+}
+
+/// A histogram read at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramSnapshot {
+    /// Cumulative counts, one per entry of [`BUCKETS`], then the `+Inf` bucket (= count).
+    pub cumulative: Vec<u64>,
+    /// Sum of all observations, in seconds.
+    pub sum: f64,
+}
+
+impl HistogramSnapshot {
+    /// Observations in all.
+    pub fn count(&self) -> u64 {
+        self.cumulative.last().copied().unwrap_or(0)
+    }
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(BUCKETS.len());
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// The buckets made cumulative, as OpenMetrics wants them.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut total = 0u64;
+        let cumulative = self
+            .buckets
+            .iter()
+            .map(|b| {
+                total = total.saturating_add(b.load(Ordering::Relaxed));
+                total
+            })
+            .collect();
+        HistogramSnapshot {
+            cumulative,
+            sum: self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
+}
+
+/// Kinds of backend failure, as the status page counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendErrorKind {
+    /// Connecting failed or timed out.
+    Connect,
+    /// Reading or writing failed, or the backend closed the connection early.
+    Io,
+    /// The backend broke the protocol.
+    Protocol,
+    /// The backend refused the request (FastCGI OVERLOADED and friends).
+    Refused,
+    /// First-byte or whole-request timeout.
+    Timeout,
+}
+
+impl BackendErrorKind {
+    /// Every kind, in the order the status page lists them.
+    pub const ALL: [BackendErrorKind; 5] = [
+        BackendErrorKind::Connect,
+        BackendErrorKind::Io,
+        BackendErrorKind::Protocol,
+        BackendErrorKind::Refused,
+        BackendErrorKind::Timeout,
+    ];
+
+    /// The label used in text, JSON and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendErrorKind::Connect => "connect",
+            BackendErrorKind::Io => "io",
+            BackendErrorKind::Protocol => "protocol",
+            BackendErrorKind::Refused => "refused",
+            BackendErrorKind::Timeout => "timeout",
+        }
+    }
+
+    /// The kind of a failed exchange, or `None` when the client or corral itself was at
+    /// fault (a broken upload is not a backend error).
+    pub fn of(e: &BackendError) -> Option<BackendErrorKind> {
+        Some(match e {
+            BackendError::Connect { .. } => BackendErrorKind::Connect,
+            BackendError::Write { .. }
+            | BackendError::Read { .. }
+            | BackendError::ClosedEarly { .. } => BackendErrorKind::Io,
+            BackendError::Protocol { .. } => BackendErrorKind::Protocol,
+            BackendError::Refused { .. } => BackendErrorKind::Refused,
+            BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => {
+                BackendErrorKind::Timeout
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// One pool's request counters.
+#[derive(Debug, Default)]
+pub struct RequestStats {
+    accepted: AtomicU64,
+    queued_total: AtomicU64,
+    queued_now: AtomicUsize,
+    max_queued: AtomicUsize,
+    saturated: AtomicU64,
+    max_in_flight: AtomicUsize,
+    rejected_queue_full: AtomicU64,
+    queue_timeouts: AtomicU64,
+    rejected_closed: AtomicU64,
+    backend_errors: [AtomicU64; BackendErrorKind::ALL.len()],
+    /// Time from asking for a slot to having one.
+    pub queue_wait: Histogram,
+    /// Time from having a slot to the backend's response head (connect + time to first
+    /// byte + head).
+    pub response_head: Histogram,
+}
+
+/// [`RequestStats`] read at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestSnapshot {
+    /// Requests that got a slot (php-fpm's "accepted conn").
+    pub accepted: u64,
+    /// Requests that had to wait in the queue.
+    pub queued_total: u64,
+    /// Requests waiting now, as counted here.
+    pub queued_now: usize,
+    /// Most requests ever waiting at once (php-fpm's "max listen queue").
+    pub max_queued: usize,
+    /// Times the queue went from empty to non-empty: every slot was busy (php-fpm's "max
+    /// children reached", which also counts episodes).
+    pub saturated: u64,
+    /// Most requests ever holding a slot at once (php-fpm's "max active processes" when
+    /// each worker serves one request at a time).
+    pub max_in_flight: usize,
+    /// Requests refused at once because the queue was full.
+    pub rejected_queue_full: u64,
+    /// Requests that waited `queue_timeout` in vain.
+    pub queue_timeouts: u64,
+    /// Requests refused because the pool was stopping.
+    pub rejected_closed: u64,
+    /// Backend failures, one entry per [`BackendErrorKind::ALL`].
+    pub backend_errors: [u64; BackendErrorKind::ALL.len()],
+}
+
+impl RequestSnapshot {
+    /// Backend failures of every kind.
+    pub fn backend_errors_total(&self) -> u64 {
+        self.backend_errors.iter().sum()
+    }
+}
+
+/// Takes one off the queued-now count when the waiting request leaves the queue, however
+/// it leaves (a slot, a timeout, or the client going away and the future being dropped).
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl RequestStats {
+    /// New counters, shared between the gateway and the status page.
+    pub fn new() -> Arc<RequestStats> {
+        Arc::new(RequestStats::default())
+    }
+
+    /// Checks a slot out of `slots` for `context` as [`SlotTable::acquire`] does, counting
+    /// the outcome and the wait.
+    pub async fn acquire(&self, slots: &Arc<SlotTable>, context: usize) -> Result<Slot, SlotError> {
+        let asked = Instant::now();
+        let mut acquiring = pin!(slots.acquire(context));
+        // The first poll either serves the request, refuses it, or leaves it in the queue.
+        let first = std::future::poll_fn(|cx| Poll::Ready(acquiring.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(r) => r,
+            Poll::Pending => {
+                self.queued_total.fetch_add(1, Ordering::Relaxed);
+                let before = self.queued_now.fetch_add(1, Ordering::Relaxed);
+                let _queued = Queued(&self.queued_now);
+                if before == 0 {
+                    self.saturated.fetch_add(1, Ordering::Relaxed);
+                }
+                self.max_queued.fetch_max(before + 1, Ordering::Relaxed);
+                acquiring.await
+            }
+        };
+        match &result {
+            Ok(_) => {
+                self.accepted.fetch_add(1, Ordering::Relaxed);
+                self.queue_wait.observe(asked.elapsed());
+                self.max_in_flight
+                    .fetch_max(slots.stats().in_flight, Ordering::Relaxed);
+            }
+            Err(SlotError::QueueFull { .. }) => {
+                self.rejected_queue_full.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(SlotError::QueueTimeout(_)) => {
+                self.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(SlotError::Closed) => {
+                self.rejected_closed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// Counts a failed exchange if the backend was at fault.
+    pub fn backend_error(&self, e: &BackendError) {
+        let Some(kind) = BackendErrorKind::of(e) else {
+            return;
+        };
+        let i = BackendErrorKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(0);
+        if let Some(c) = self.backend_errors.get(i) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> RequestSnapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut backend_errors = [0; BackendErrorKind::ALL.len()];
+        for (out, c) in backend_errors.iter_mut().zip(&self.backend_errors) {
+            *out = load(c);
+        }
+        RequestSnapshot {
+            accepted: load(&self.accepted),
+            queued_total: load(&self.queued_total),
+            queued_now: self.queued_now.load(Ordering::Relaxed),
+            max_queued: self.max_queued.load(Ordering::Relaxed),
+            saturated: load(&self.saturated),
+            max_in_flight: self.max_in_flight.load(Ordering::Relaxed),
+            rejected_queue_full: load(&self.rejected_queue_full),
+            queue_timeouts: load(&self.queue_timeouts),
+            rejected_closed: load(&self.rejected_closed),
+            backend_errors,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendAddress;
+    use crate::pool::slots::SlotLimits;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(500));
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(60));
+        let s = h.snapshot();
+        assert_eq!(s.cumulative.len(), BUCKETS.len() + 1);
+        assert_eq!(s.cumulative[0], 1);
+        assert_eq!(s.cumulative[4], 2, "0.05 s bucket holds 0.5 ms and 30 ms");
+        assert_eq!(s.cumulative[BUCKETS.len() - 1], 2);
+        assert_eq!(s.count(), 3);
+        assert!((s.sum - 60.0305).abs() < 1e-9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queueing_is_counted_from_outside_the_table() {
+        let slots = SlotTable::new(
+            SlotLimits {
+                max_conns: 1,
+                queue_size: 1,
+                queue_timeout: Duration::from_secs(1),
+            },
+            &[None],
+        );
+        let w = slots.add_worker(1, BackendAddress::Unix("/tmp/x.sock".into()), None);
+        slots.set_accepting(w, true);
+        let stats = RequestStats::new();
+        let held = stats.acquire(&slots, 0).await.unwrap();
+        let waiting = {
+            let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
+            tokio::spawn(async move { stats.acquire(&slots, 0).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(stats.snapshot().queued_now, 1);
+        assert!(matches!(
+            stats.acquire(&slots, 0).await,
+            Err(SlotError::QueueFull { .. })
+        ));
+        // The waiter times out after a second.
+        assert!(matches!(
+            waiting.await.unwrap(),
+            Err(SlotError::QueueTimeout(_))
+        ));
+        drop(held);
+        let s = stats.snapshot();
+        assert_eq!(s.accepted, 1);
+        assert_eq!(s.queued_total, 1);
+        assert_eq!(s.queued_now, 0);
+        assert_eq!(s.max_queued, 1);
+        assert_eq!(s.saturated, 1);
+        assert_eq!(s.max_in_flight, 1);
+        assert_eq!(s.rejected_queue_full, 1);
+        assert_eq!(s.queue_timeouts, 1);
+    }
+}

@@ -1,0 +1,13 @@
+//! Supervisor-served status and metrics (DESIGN decision 8): counted by the gateway and the
+//! pool drivers, collected without waiting on any worker, rendered as php-fpm-compatible text
+//! and JSON or as OpenMetrics, and served on the `[status]` listener.
+//!
+//! `counters` holds what the request path counts (lock-free), `collect` joins it with the
+//! configured limits and the drivers' published state, `render` and `metrics` write the
+//! formats, `server` answers `/status`, `/metrics` and `/ping`.
+
+pub mod collect;
+pub mod counters;
+pub mod metrics;
+pub mod render;
+pub mod server;

@@ -1,0 +1,231 @@
+//! The status listener: a small HTTP/1.1 server answered by corral itself, never by a worker.
+//!
+//! Routes: `/ping` answers `pong` (php-fpm's `ping.path`); `/status` the status page, as text,
+//! `?json`, or `?openmetrics`, with `?full` adding a row per worker and `?pool=NAME` keeping
+//! one pool; `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer
+//! reads counters and the drivers' last published status, so it never waits for a worker.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
+
+use crate::front::listener::Listener;
+use crate::gateway::Gateway;
+use crate::status::collect::{collect, StatusSource};
+use crate::status::{metrics, render};
+
+/// A whole response body in one piece.
+#[derive(Debug)]
+pub struct Whole(Option<Bytes>);
+
+impl Body for Whole {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |b| b.len() as u64))
+    }
+}
+
+/// What a status request asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    /// `?json`.
+    pub json: bool,
+    /// `?openmetrics`.
+    pub openmetrics: bool,
+    /// `?full`.
+    pub full: bool,
+    /// `?pool=NAME`.
+    pub pool: Option<String>,
+}
+
+impl Query {
+    /// Parses a query string; unknown keys are ignored, as php-fpm does.
+    pub fn parse(q: &str) -> Query {
+        let mut out = Query::default();
+        for pair in q.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "json" => out.json = true,
+                "openmetrics" => out.openmetrics = true,
+                "full" => out.full = true,
+                // Pool names are ASCII letters, digits, `_` and `-`: nothing to decode.
+                "pool" => out.pool = Some(v.to_owned()),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Answers one status request.
+pub fn answer(
+    gateway: &Gateway,
+    source: &StatusSource,
+    method: &Method,
+    path: &str,
+    query: &str,
+) -> Response<Whole> {
+    if method != Method::GET && method != Method::HEAD {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET and HEAD\n".to_owned(),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let q = Query::parse(query);
+    if path == "/ping" {
+        return reply(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "pong\n".to_owned(),
+        );
+    }
+    if path != "/status" && path != "/metrics" {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: try /status, /metrics or /ping\n".to_owned(),
+        );
+    }
+    let pools = collect(
+        gateway,
+        source,
+        q.pool.as_deref(),
+        q.full && path == "/status",
+    );
+    if let (Some(name), true) = (&q.pool, pools.is_empty()) {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            format!("no pool named {name:?}\n"),
+        );
+    }
+    let now = SystemTime::now();
+    if path == "/metrics" || q.openmetrics {
+        return reply(
+            StatusCode::OK,
+            metrics::CONTENT_TYPE,
+            metrics::render(&pools, source.started),
+        );
+    }
+    if q.json {
+        let body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
+        return reply(StatusCode::OK, "application/json", body);
+    }
+    reply(
+        StatusCode::OK,
+        "text/plain; charset=utf-8",
+        render::text(&pools, source.started, now, q.full),
+    )
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Whole> {
+    let mut r = Response::new(Whole(Some(Bytes::from(body))));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    // php-fpm's status page says the same: numbers are live, never cache them.
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache, no-store, must-revalidate"),
+    );
+    r
+}
+
+/// Serves the status listener until `shutdown` is cancelled.
+pub async fn serve(
+    listener: Listener,
+    gateway: Arc<Gateway>,
+    source: Arc<StatusSource>,
+    shutdown: CancellationToken,
+) {
+    let address = listener
+        .local_address()
+        .map_or_else(|e| format!("<unknown: {e}>"), |a| a.to_string());
+    tracing::info!(listener = %address, protocol = "status", "listening");
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => return,
+        };
+        let stream = match accepted {
+            Ok(Some((stream, _))) => stream,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(listener = %address, error = %e, "status accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let gateway = Arc::clone(&gateway);
+        let source = Arc::clone(&source);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let r = answer(
+                    &gateway,
+                    &source,
+                    req.method(),
+                    req.uri().path(),
+                    req.uri().query().unwrap_or(""),
+                );
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .max_buf_size(16 * 1024)
+                .serve_connection(TokioIo::new(stream), service);
+            // Status answers are immediate; on shutdown an idle keep-alive connection is
+            // simply closed.
+            tokio::select! {
+                result = conn => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "status connection ended with an error");
+                    }
+                }
+                () = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_read_like_php_fpm() {
+        let q = Query::parse("json&full&pool=www");
+        assert!(q.json && q.full && !q.openmetrics);
+        assert_eq!(q.pool.as_deref(), Some("www"));
+        assert_eq!(Query::parse(""), Query::default());
+        assert!(Query::parse("openmetrics=1&x=y").openmetrics);
+    }
+}
