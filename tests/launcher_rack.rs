@@ -1,14 +1,27 @@
-//! The embedded Rack launcher behind the real corral binary: a pool with
+//! The embedded Rack launcher, behind the real corral binary and on its own: a pool with
 //! `app = "rack:config.ru"` (LSAPI by default) serves a test app wrapped in `Rack::Lint`, from
-//! Debian's rack gem, on persistent LSAPI connections.
+//! Debian's rack gem, on persistent LSAPI connections; and the launcher started directly on a
+//! Unix listener, driven with corral's LSAPI codec, answers in the request's byte order,
+//! survives malformed packets and finishes its request on SIGTERM.
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::BytesMut;
+use corral::protocols::lsapi::{
+    ByteOrder, FlagRule, RequestBuilder, ResponseDecoder, ResponseEvent,
+};
+use corral::protocols::Limits;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use support::peers::{md5_hex, shared_dir, write_file};
 use support::server::{http, parse_response, Corral};
 
@@ -319,4 +332,346 @@ fn eventually(mut check: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     check()
+}
+
+// ---------------------------------------------------------------------------------------
+// The launcher on its own, with corral's LSAPI codec as the client.
+
+/// A plain app (no Lint) for the direct tests.
+const DIRECT_APP: &str = r##"
+class Callable
+  def call(stream)
+    stream.write('streamed;')
+    stream << 'by call'
+    stream.close
+  end
+end
+
+run(lambda do |env|
+  case env['PATH_INFO']
+  when '/echo' then [200, { 'content-type' => 'text/plain' }, [env['rack.input'].read]]
+  when '/slow'
+    sleep 0.5
+    [200, { 'content-type' => 'text/plain' }, ['slow done']]
+  when '/callable' then [200, { 'content-type' => 'text/plain' }, Callable.new]
+  else [200, { 'content-type' => 'text/plain', 'connection' => 'close' }, ["ok #{env['PATH_INFO']}"]]
+  end
+end)
+"##;
+
+/// `ruby corral-rack.rb config.ru` with a Unix listener on fd 0; killed on drop.
+struct Launcher {
+    child: Child,
+    socket: PathBuf,
+    stderr: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Launcher {
+    fn start() -> Launcher {
+        let dir = tempfile::tempdir().unwrap();
+        write_file(dir.path(), "config.ru", DIRECT_APP);
+        let script = write_file(dir.path(), "corral-rack.rb", corral::launchers::RACK);
+        let socket = dir.path().join("rack.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let mut child = Command::new("ruby")
+            .arg(&script)
+            .arg("config.ru")
+            .current_dir(dir.path())
+            .stdin(Stdio::from(OwnedFd::from(listener)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ruby");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let launcher = Launcher {
+            child,
+            socket,
+            stderr,
+            _dir: dir,
+        };
+        assert!(
+            launcher.wait_stderr("corral-rack: serving config.ru"),
+            "the launcher did not start:\n{}",
+            launcher.stderr()
+        );
+        launcher
+    }
+
+    fn connect(&self) -> UnixStream {
+        let s = UnixStream::connect(&self.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn wait_stderr(&self, needle: &str) -> bool {
+        eventually(|| self.stderr().contains(needle))
+    }
+
+    fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
+    /// How the launcher exited, waiting 5 s at most.
+    fn exit(&mut self) -> Option<ExitStatus> {
+        for _ in 0..250 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child.try_wait().unwrap()
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A BEGIN_REQUEST for `method path?query` with `body`, integers in `order`.
+fn begin_request(method: &str, path: &str, query: &str, body: &[u8], order: ByteOrder) -> Vec<u8> {
+    let line = format!("{method} {path} HTTP/1.1");
+    let mut b = RequestBuilder::new(&Limits::DEFAULT, line.as_bytes())
+        .unwrap()
+        .with_byte_order(order, FlagRule::HOST);
+    for (name, value) in [
+        ("REQUEST_METHOD", method),
+        ("SCRIPT_NAME", ""),
+        ("SCRIPT_FILENAME", ""),
+        ("PATH_INFO", path),
+        ("QUERY_STRING", query),
+        ("SERVER_NAME", "localhost"),
+        ("SERVER_PORT", "80"),
+        ("SERVER_PROTOCOL", "HTTP/1.1"),
+    ] {
+        b.env(name.as_bytes(), value.as_bytes()).unwrap();
+    }
+    b.header(b"Host", b"localhost").unwrap();
+    b.header(b"X-Test", b"direct").unwrap();
+    if !body.is_empty() {
+        b.header(b"Content-Length", body.len().to_string().as_bytes())
+            .unwrap();
+        b.body_len(body.len() as u64);
+    }
+    let mut out = BytesMut::new();
+    b.encode(&mut out).unwrap();
+    out.extend_from_slice(body);
+    out.to_vec()
+}
+
+/// What one response carried.
+#[derive(Debug)]
+struct Answer {
+    /// The flag byte of every packet.
+    flags: Vec<u8>,
+    events: Vec<ResponseEvent>,
+    status: u16,
+    lines: Vec<String>,
+    body: Vec<u8>,
+}
+
+/// Reads packets until RESP_END.
+fn read_answer(s: &mut UnixStream) -> Answer {
+    let mut decoder = ResponseDecoder::new(&Limits::DEFAULT);
+    let mut buf = BytesMut::new();
+    let mut answer = Answer {
+        flags: Vec::new(),
+        events: Vec::new(),
+        status: 0,
+        lines: Vec::new(),
+        body: Vec::new(),
+    };
+    let mut chunk = [0u8; 65536];
+    loop {
+        if buf.len() >= 4 {
+            let flag = buf[3];
+            if let Some(event) = decoder.decode(&mut buf).unwrap() {
+                answer.flags.push(flag);
+                match &event {
+                    ResponseEvent::Header(head) => {
+                        answer.status = head.status;
+                        answer.lines = head
+                            .lines
+                            .iter()
+                            .map(|l| String::from_utf8_lossy(l).into_owned())
+                            .collect();
+                    }
+                    ResponseEvent::Stream(data) => answer.body.extend_from_slice(data),
+                    _ => {}
+                }
+                let end = event == ResponseEvent::End;
+                answer.events.push(event);
+                if end {
+                    return answer;
+                }
+                continue;
+            }
+        }
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "connection closed before RESP_END: {answer:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The connection ends with no answer at all (a close with unread input is a reset).
+fn assert_closed_without_answer(s: &mut UnixStream) {
+    let mut rest = Vec::new();
+    match s.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("reading the answer to a bad request: {e}"),
+    }
+    assert!(rest.is_empty(), "answered a bad request: {rest:?}");
+}
+
+#[test]
+fn the_launcher_answers_in_the_byte_order_of_each_request() {
+    let launcher = Launcher::start();
+    let mut s = launcher.connect();
+    for order in [ByteOrder::NATIVE, ByteOrder::Big, ByteOrder::Little] {
+        s.write_all(&begin_request("POST", "/echo", "", b"some body", order))
+            .unwrap();
+        let a = read_answer(&mut s);
+        let flag = FlagRule::HOST.flag_for(order);
+        assert!(a.flags.iter().all(|&f| f == flag), "{order:?}: {a:?}");
+        assert_eq!(a.events[0], ResponseEvent::ReqReceived, "{a:?}");
+        assert_eq!((a.status, a.body.as_slice()), (200, &b"some body"[..]));
+        assert_eq!(a.lines, ["content-type: text/plain"]);
+    }
+    // A hop-by-hop header from the app is dropped (and logged): corral owns the connection.
+    s.write_all(&begin_request("GET", "/x", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    let a = read_answer(&mut s);
+    assert_eq!((a.status, a.body.as_slice()), (200, &b"ok /x"[..]));
+    assert_eq!(a.lines, ["content-type: text/plain"]);
+    assert!(launcher.wait_stderr("dropped hop-by-hop header connection"));
+    // A Rack 3 streaming body (call, not each) writes through the stream.
+    s.write_all(&begin_request(
+        "GET",
+        "/callable",
+        "",
+        b"",
+        ByteOrder::NATIVE,
+    ))
+    .unwrap();
+    let a = read_answer(&mut s);
+    assert_eq!(a.body, b"streamed;by call");
+}
+
+#[test]
+fn a_request_written_byte_by_byte_is_read_whole() {
+    let launcher = Launcher::start();
+    let mut s = launcher.connect();
+    let body: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+    for b in begin_request("POST", "/echo", "", &body, ByteOrder::NATIVE) {
+        s.write_all(&[b]).unwrap();
+    }
+    let a = read_answer(&mut s);
+    assert_eq!(a.body, body);
+    // 40000 bytes come back in packets of at most 16 KiB.
+    let streams = a
+        .events
+        .iter()
+        .filter(|e| matches!(e, ResponseEvent::Stream(_)))
+        .count();
+    assert_eq!(streams, 3, "{:?}", a.flags);
+}
+
+#[test]
+fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
+    let launcher = Launcher::start();
+    let good = begin_request("GET", "/x", "", b"", ByteOrder::Little);
+    let with = |at: usize, bytes: &[u8]| {
+        let mut p = good.clone();
+        p[at..at + bytes.len()].copy_from_slice(bytes);
+        p
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("bad magic", with(0, b"XS")),
+        ("a response packet type", with(2, &[3])),
+        // Packet length (little-endian) 65536: over the limit.
+        ("too long", with(4, &[0x00, 0x00, 0x01, 0x00])),
+        // The first env pair's key length (big-endian, after the 44-byte header and the
+        // empty special env list) runs past the packet.
+        ("pair past the end", with(48, &[0xff, 0xff])),
+        ("zero pair length", with(48, &[0x00, 0x00])),
+        // A body length of -1.
+        ("negative body", with(12, &[0xff, 0xff, 0xff, 0xff])),
+        // m_cntEnv one too many: the terminator is read as a pair.
+        ("env count", with(36, &[9, 0, 0, 0])),
+        ("truncated", good[..good.len() - 3].to_vec()),
+    ];
+    let complaints = || launcher.stderr().matches("bad LSAPI request").count();
+    for (i, (name, bytes)) in cases.into_iter().enumerate() {
+        let mut s = launcher.connect();
+        // The launcher may close before reading everything: a failed write is fine.
+        let _ = s
+            .write_all(&bytes)
+            .and_then(|()| s.shutdown(Shutdown::Write));
+        assert_closed_without_answer(&mut s);
+        assert!(
+            eventually(|| complaints() == i + 1),
+            "{name}: {}",
+            launcher.stderr()
+        );
+    }
+    let log = launcher.stderr();
+    assert_eq!(log.matches("bad LSAPI request").count(), 8, "{log}");
+    // A connection that only opens and closes (a readiness probe) is not an error.
+    drop(launcher.connect());
+    let mut s = launcher.connect();
+    s.write_all(&good).unwrap();
+    assert_eq!(read_answer(&mut s).body, b"ok /x");
+    assert_eq!(launcher.stderr().matches("bad LSAPI request").count(), 8);
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_progress_then_exits_zero() {
+    let mut launcher = Launcher::start();
+    let mut s = launcher.connect();
+    s.write_all(&begin_request("GET", "/slow", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    // REQ_RECEIVED: the app is running now.
+    let mut ack = [0u8; 8];
+    s.read_exact(&mut ack).unwrap();
+    assert_eq!(ack[2], 7, "{ack:?}");
+    launcher.signal(Signal::SIGTERM);
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(
+        rest.windows(9).any(|w| w == b"slow done"),
+        "{:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    // The last packet is RESP_END, then the launcher closed the connection.
+    assert_eq!(
+        &rest[rest.len() - 8..rest.len() - 4],
+        &[b'L', b'S', 5, ack[3]]
+    );
+    let status = launcher
+        .exit()
+        .expect("the launcher exits after its request");
+    assert_eq!(status.code(), Some(0), "{}", launcher.stderr());
+
+    // Idle, waiting for a connection: it exits at once.
+    let mut idle = Launcher::start();
+    idle.signal(Signal::SIGTERM);
+    let status = idle.exit().expect("an idle launcher exits on SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", idle.stderr());
 }
