@@ -369,12 +369,18 @@ struct Launcher {
 
 impl Launcher {
     fn start() -> Launcher {
+        Launcher::start_with(&[], DIRECT_APP)
+    }
+
+    /// Runs `ruby RUBY_ARGS corral-rack.rb config.ru` with `app` as config.ru.
+    fn start_with(ruby_args: &[&str], app: &str) -> Launcher {
         let dir = tempfile::tempdir().unwrap();
-        write_file(dir.path(), "config.ru", DIRECT_APP);
+        write_file(dir.path(), "config.ru", app);
         let script = write_file(dir.path(), "corral-rack.rb", corral::launchers::RACK);
         let socket = dir.path().join("rack.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         let mut child = Command::new("ruby")
+            .args(ruby_args)
             .arg(&script)
             .arg("config.ru")
             .current_dir(dir.path())
@@ -674,4 +680,57 @@ fn sigterm_finishes_the_request_in_progress_then_exits_zero() {
     idle.signal(Signal::SIGTERM);
     let status = idle.exit().expect("an idle launcher exits on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", idle.stderr());
+}
+
+/// A config.ru that needs no rack gem: `use`, `map` and `run`, as the launcher's own
+/// builder reads them.
+const PLAIN_APP: &str = r##"
+class Tag
+  def initialize(app, value)
+    @app = app
+    @value = value
+  end
+
+  def call(env)
+    status, headers, body = @app.call(env)
+    [status, headers.merge('x-tag' => @value), body]
+  end
+end
+
+use Tag, 'tagged'
+map '/hello' do
+  run ->(env) { [200, {}, ["hello script=#{env['SCRIPT_NAME']} path=#{env['PATH_INFO']} version=#{env['rack.version'].inspect}"]] }
+end
+run ->(env) { [404, {}, ["root #{env['PATH_INFO']}"]] }
+"##;
+
+#[test]
+fn without_the_rack_gem_the_launchers_own_builder_reads_config_ru() {
+    // --disable-gems hides Debian's rack gem.
+    let launcher = Launcher::start_with(&["--disable-gems"], PLAIN_APP);
+    assert!(
+        launcher.stderr().contains("no rack gem"),
+        "{}",
+        launcher.stderr()
+    );
+    let mut s = launcher.connect();
+    s.write_all(&begin_request(
+        "GET",
+        "/hello/there",
+        "",
+        b"",
+        ByteOrder::NATIVE,
+    ))
+    .unwrap();
+    let a = read_answer(&mut s);
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&a.body),
+        "hello script=/hello path=/there version=[1, 3]"
+    );
+    assert_eq!(a.lines, ["x-tag: tagged"]);
+    s.write_all(&begin_request("GET", "/other", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    let a = read_answer(&mut s);
+    assert_eq!((a.status, a.body.as_slice()), (404, &b"root /other"[..]));
 }
