@@ -1,7 +1,8 @@
 //! The embedded WSGI launcher behind the real corral binary: a pool with
 //! `app = "wsgi:app:application"` serves a test app (wrapped in `wsgiref.validate` where the
 //! case allows) over SCGI, and the built-in `corral_demo` app answers through
-//! `app = "wsgi:corral_demo:application"`.
+//! `app = "wsgi:corral_demo:application"`. The recipe conf/wsgi.toml serves
+//! examples/wsgi/hello.py with only its paths and port moved.
 
 mod support;
 
@@ -285,6 +286,38 @@ fn the_built_in_demo_app_answers() {
     for key in ["PATH_INFO", "REQUEST_METHOD", "wsgi.input", "wsgi.version"] {
         assert!(keys.contains(&key), "{key} missing from {keys:?}");
     }
+}
+
+#[test]
+fn the_wsgi_recipe_serves_the_example_app() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    // A copy of the example, so Python's bytecode cache is not written into the repository.
+    let dir = shared_dir();
+    write_file(dir.path(), "hello.py", &read("examples/wsgi/hello.py"));
+    let recipe = read("conf/wsgi.toml");
+    for old in ["/srv/corral/examples/wsgi", "/run/corral", "127.0.0.1:8080"] {
+        assert!(recipe.contains(old), "conf/wsgi.toml no longer says {old}");
+    }
+    let config = recipe
+        .replace(
+            "/srv/corral/examples/wsgi",
+            &dir.path().display().to_string(),
+        )
+        .replace("/run/corral", &dir.path().join("run").display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    let corral = Corral::start(&config, 1);
+    let addr = corral.http_addr();
+    let r = http(addr, "GET", "/hello", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert!(
+        r.text().starts_with("Hello from WSGI on Python 3."),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().ends_with("You asked for /hello\n"), "{}", r.text());
+    let r = http(addr, "POST", "/echo", &[], b"some text");
+    assert_eq!((r.status, r.text().as_str()), (200, "some text"));
 }
 
 /// Polls `check` every 20 ms for up to 5 s.
