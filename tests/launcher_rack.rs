@@ -354,6 +354,9 @@ run(lambda do |env|
     sleep 0.5
     [200, { 'content-type' => 'text/plain' }, ['slow done']]
   when '/callable' then [200, { 'content-type' => 'text/plain' }, Callable.new]
+  when '/fail-early' then [200, {}, Enumerator.new { raise 'no chunk at all' }]
+  when '/fail-late' then [200, {}, Enumerator.new { |y| y << 'part;'; raise 'half way' }]
+  when '/bad-header' then [200, { 'bad name' => 'x' }, ['never sent']]
   else [200, { 'content-type' => 'text/plain', 'connection' => 'close' }, ["ok #{env['PATH_INFO']}"]]
   end
 end)
@@ -733,4 +736,49 @@ fn without_the_rack_gem_the_launchers_own_builder_reads_config_ru() {
         .unwrap();
     let a = read_answer(&mut s);
     assert_eq!((a.status, a.body.as_slice()), (404, &b"root /other"[..]));
+}
+
+#[test]
+fn a_body_that_fails_before_its_first_chunk_is_a_500_and_after_it_a_cut_connection() {
+    let launcher = Launcher::start();
+    let mut s = launcher.connect();
+    for path in ["/fail-early", "/bad-header"] {
+        s.write_all(&begin_request("GET", path, "", b"", ByteOrder::NATIVE))
+            .unwrap();
+        let a = read_answer(&mut s);
+        assert_eq!(
+            (a.status, a.body.as_slice()),
+            (500, &b"Internal Server Error\n"[..]),
+            "{path}"
+        );
+    }
+    assert!(launcher.wait_stderr("no chunk at all"));
+    assert!(launcher.wait_stderr("not an HTTP token"));
+    // Still the same connection; now a failure after the head cuts it.
+    s.write_all(&begin_request(
+        "GET",
+        "/fail-late",
+        "",
+        b"",
+        ByteOrder::NATIVE,
+    ))
+    .unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    let mut decoder = ResponseDecoder::new(&Limits::DEFAULT);
+    let mut buf = BytesMut::from(&rest[..]);
+    let mut events = Vec::new();
+    while let Some(e) = decoder.decode(&mut buf).unwrap() {
+        events.push(e);
+    }
+    assert!(buf.is_empty(), "a partial packet: {buf:?}");
+    assert!(matches!(events.first(), Some(ResponseEvent::ReqReceived)));
+    assert!(matches!(events.get(1), Some(ResponseEvent::Header(h)) if h.status == 200));
+    assert_eq!(events.get(2), Some(&ResponseEvent::Stream("part;".into())));
+    assert_eq!(
+        events.len(),
+        3,
+        "no RESP_END after a failed body: {events:?}"
+    );
+    assert!(launcher.wait_stderr("half way"));
 }

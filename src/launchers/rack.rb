@@ -320,6 +320,19 @@ module CorralRack
       @o = order
       @out = []
       @queued = 0
+      @head_queued = false
+      @started = false
+    end
+
+    # Whether RESP_HEADER has left: until then an error can still become a 500.
+    def started?
+      @started
+    end
+
+    # Forgets the queued packets (a response that failed before anything of it was sent).
+    def discard
+      @out = []
+      @queued = 0
     end
 
     # REQ_RECEIVED goes out at once: from here on corral must not retry the request.
@@ -339,6 +352,7 @@ module CorralRack
       raise ArgumentError, "response headers take #{total} bytes, over #{MAX_HEADER_PACKET}" if total > MAX_HEADER_PACKET
 
       queue(@o.packet(RESP_HEADER, total), payload)
+      @head_queued = true
     end
 
     # RESP_STREAM packets of at most 16 KiB; sent now unless `now` is false.
@@ -364,6 +378,7 @@ module CorralRack
       parts = @out
       @out = []
       @queued = 0
+      @started ||= @head_queued
       @io.write(*parts)
     rescue IOError, SystemCallError => e
       raise PeerGone, e.message
@@ -503,7 +518,14 @@ module CorralRack
     def run(socket)
       if listening?(socket)
         until @stopping
-          conn, = socket.accept
+          begin
+            conn, = socket.accept
+          rescue IOError, SystemCallError => e
+            # Out of descriptors or an aborted handshake: log, breathe, try again.
+            CorralRack.log("accept failed: #{e.class}: #{e.message}")
+            sleep 0.1
+            next
+          end
           serve(conn)
         end
       else
@@ -547,8 +569,14 @@ module CorralRack
       rescue StandardError, ScriptError, SystemStackError => e
         error = e
         report(env, e)
-        # The head is out: closing the connection is all that is left to say.
-        false
+        # Nothing sent yet: the answer can still be a 500. Once the head is out, closing
+        # the connection is all that is left to say.
+        next_ok = !writer.started?
+        if next_ok
+          writer.discard
+          error_response(writer)
+        end
+        next_ok
       ensure
         close_body(body)
         finished(env, code, headers, error)
