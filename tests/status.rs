@@ -67,6 +67,8 @@ fn start() -> Setup {
         "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
     );
     let corral = Corral::start(&config(&dir.path().join("run"), dir.path()), 2);
+    // The log reader hands out a listener's address before it stores the line.
+    assert!(corral.wait_log("protocol=\"status\""), "{}", corral.log());
     let status = corral
         .log()
         .lines()
@@ -225,7 +227,19 @@ fn ping_text_json_full_and_metrics() {
     );
     assert_eq!(out.trim(), "1 php");
 
-    // ?full: one row per worker, naming real php-cgi processes.
+    // ?full: one row per worker, naming real php-cgi processes. Per-worker request counts
+    // are the supervisor's, brought up to date at its next tick.
+    assert!(eventually(Duration::from_secs(2), || {
+        field(&s.get("/status?full").text(), "requests").is_some_and(|_| {
+            s.get("/status?full")
+                .text()
+                .lines()
+                .filter_map(|l| l.strip_prefix("requests:"))
+                .map(|n| n.trim().parse::<u64>().unwrap())
+                .sum::<u64>()
+                == 3
+        })
+    }));
     let full = s.get("/status?json&full&pool=php");
     let pids = python(
         "import json,sys; d=json.load(sys.stdin); \
@@ -312,9 +326,18 @@ fn check_openmetrics(text: &str) {
         if line.starts_with("# HELP ") || line.starts_with("# UNIT ") {
             continue;
         }
-        let (name, rest) = line.split_once('{').unwrap_or_else(|| panic!("{line}"));
-        let (labels, value) = rest.rsplit_once("} ").unwrap_or_else(|| panic!("{line}"));
-        assert!(labels.starts_with("pool=\""), "{line}");
+        let (name, value) = match line.split_once('{') {
+            Some((name, rest)) => {
+                let (labels, value) = rest.rsplit_once("} ").unwrap_or_else(|| panic!("{line}"));
+                assert!(labels.starts_with("pool=\""), "{line}");
+                (name, value)
+            }
+            // Only the process's start time has no pool.
+            None => line.split_once(' ').unwrap_or_else(|| panic!("{line}")),
+        };
+        if !line.contains('{') {
+            assert_eq!(name, "corral_start_time_seconds", "{line}");
+        }
         assert!(value.parse::<f64>().is_ok(), "{line}");
         let (family, kind) = families.last().expect("a sample before any # TYPE");
         let suffixes: &[&str] = match kind.as_str() {

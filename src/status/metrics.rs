@@ -1,6 +1,6 @@
 //! The status page in the OpenMetrics text format (which Prometheus also reads): every name
-//! starts with `corral_`, every sample carries `pool="NAME"`, counters end in `_total`, and
-//! the exposition ends with `# EOF`.
+//! starts with `corral_`, every sample but the start time carries `pool="NAME"`, counters end
+//! in `_total`, and the exposition ends with `# EOF`.
 //!
 //! Families are written one at a time across all pools, because OpenMetrics requires each
 //! family's samples to be together.
@@ -149,12 +149,12 @@ pub fn render(pools: &[PoolReport], started: SystemTime) -> String {
             )]
         },
     );
-    w.gauge(
-        pools,
-        "start_time_seconds",
-        "When corral started serving, in seconds since the epoch.",
-        |_| start,
+    // One process, one start: this family alone has no pool label.
+    w.out.push_str(
+        "# TYPE corral_start_time_seconds gauge\n\
+         # HELP corral_start_time_seconds When corral started serving, in seconds since the epoch.\n",
     );
+    let _ = writeln!(w.out, "corral_start_time_seconds {}", number(start));
     w.gauge(
         pools,
         "max_workers",
