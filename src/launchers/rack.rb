@@ -405,7 +405,9 @@ module CorralRack
       down = name.downcase
       next if down == 'status' || down.start_with?('rack.')
 
-      values = value.is_a?(Array) ? value : value.to_s.split("\n", -1)
+      # Rack 3: an Array of values; Rack 2: one String, "\n" between values.
+      values = value.is_a?(Array) ? value : value.to_s.split("\n")
+      values = [''] if values.empty? && !value.is_a?(Array)
       if HOP_BY_HOP.include?(down)
         log("dropped hop-by-hop header #{name}: #{values.join(', ')} (the gateway owns the connection)")
         next
@@ -571,12 +573,12 @@ module CorralRack
         report(env, e)
         # Nothing sent yet: the answer can still be a 500. Once the head is out, closing
         # the connection is all that is left to say.
-        next_ok = !writer.started?
-        if next_ok
+        reusable = !writer.started?
+        if reusable
           writer.discard
           error_response(writer)
         end
-        next_ok
+        reusable
       ensure
         close_body(body)
         finished(env, code, headers, error)
