@@ -51,7 +51,7 @@ pub struct Pool {
     pub requests: Arc<RequestStats>,
     /// The supervisor's status as its driver last published it; `None` for pools of
     /// running servers.
-    pub status: Option<tokio::sync::watch::Receiver<crate::pool::state::PoolStatus>>,
+    pub status: Option<tokio::sync::watch::Receiver<crate::pool::driver::Published>>,
 }
 
 impl Pool {

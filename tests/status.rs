@@ -67,21 +67,26 @@ fn start() -> Setup {
         "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
     );
     let corral = Corral::start(&config(&dir.path().join("run"), dir.path()), 2);
+    let status = status_addr(&corral);
+    Setup {
+        corral,
+        status,
+        _dir: dir,
+    }
+}
+
+/// The status listener's TCP address, from its log line.
+fn status_addr(corral: &Corral) -> SocketAddr {
     // The log reader hands out a listener's address before it stores the line.
     assert!(corral.wait_log("protocol=\"status\""), "{}", corral.log());
-    let status = corral
+    corral
         .log()
         .lines()
         .find(|l| l.contains(" listening ") && l.contains("protocol=\"status\""))
         .and_then(|l| l.split("listener=").nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no status listener logged:\n{}", corral.log()));
-    Setup {
-        corral,
-        status,
-        _dir: dir,
-    }
+        .unwrap_or_else(|| panic!("no status listener logged:\n{}", corral.log()))
 }
 
 impl Setup {
@@ -227,19 +232,7 @@ fn ping_text_json_full_and_metrics() {
     );
     assert_eq!(out.trim(), "1 php");
 
-    // ?full: one row per worker, naming real php-cgi processes. Per-worker request counts
-    // are the supervisor's, brought up to date at its next tick.
-    assert!(eventually(Duration::from_secs(2), || {
-        field(&s.get("/status?full").text(), "requests").is_some_and(|_| {
-            s.get("/status?full")
-                .text()
-                .lines()
-                .filter_map(|l| l.strip_prefix("requests:"))
-                .map(|n| n.trim().parse::<u64>().unwrap())
-                .sum::<u64>()
-                == 3
-        })
-    }));
+    // ?full: one row per worker, naming real php-cgi processes, with live request counts.
     let full = s.get("/status?json&full&pool=php");
     let pids = python(
         "import json,sys; d=json.load(sys.stdin); \
@@ -434,4 +427,42 @@ fn status_answers_while_every_worker_is_busy_and_counts_a_full_queue() {
         Some("2"),
         "{text}"
     );
+}
+
+#[test]
+fn a_unix_status_socket_answers_and_the_tcp_allow_list_refuses_other_clients() {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    let dir = peers::shared_dir();
+    let socket = dir.path().join("status.sock");
+    let text = config(&dir.path().join("run"), dir.path()).replace(
+        "[status]\naddress = \"127.0.0.1:0\"",
+        &format!("[status]\naddress = \"unix:{}\"", socket.display()),
+    );
+    let corral = Corral::start(&text, 2);
+    let mut s = UnixStream::connect(&socket).expect("connect to the status socket");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let r = support::server::parse_response(&raw);
+    assert_eq!((r.status, r.text().as_str()), (200, "pong\n"));
+    drop(corral);
+
+    // A TCP status listener that allows only another network closes our connection unread.
+    let text = config(&dir.path().join("run"), dir.path()).replace(
+        "[status]\naddress = \"127.0.0.1:0\"",
+        "[status]\naddress = \"127.0.0.1:0\"\nallow = [\"10.0.0.0/8\"]",
+    );
+    let corral = Corral::start(&text, 2);
+    let addr = status_addr(&corral);
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    assert!(raw.is_empty(), "{}", String::from_utf8_lossy(&raw));
+    assert!(corral.wait_log("refused a client outside the listener's allow list"));
 }

@@ -79,7 +79,16 @@ pub struct Driver {
     reports: mpsc::UnboundedReceiver<Report>,
     commands: mpsc::UnboundedReceiver<Command>,
     /// The state machine's status after every handled event, for the status page.
-    published: tokio::sync::watch::Sender<PoolStatus>,
+    published: tokio::sync::watch::Sender<Published>,
+}
+
+/// What a driver publishes for the status page after every event it handles.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The state machine's view.
+    pub status: PoolStatus,
+    /// Each worker's entry in the slot table, so live request counts can be read there.
+    pub ids: Vec<(WorkerKey, WorkerId)>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -106,7 +115,10 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
     ) -> Driver {
         let (reports_tx, reports) = mpsc::unbounded_channel();
-        let (published, _) = tokio::sync::watch::channel(state.status(Duration::ZERO));
+        let (published, _) = tokio::sync::watch::channel(Published {
+            status: state.status(Duration::ZERO),
+            ids: Vec::new(),
+        });
         Driver {
             name,
             state,
@@ -128,12 +140,15 @@ impl Driver {
 
     /// The pool's status as of the last event the driver handled (the status page reads it
     /// without waiting on the driver).
-    pub fn status(&self) -> tokio::sync::watch::Receiver<PoolStatus> {
+    pub fn status(&self) -> tokio::sync::watch::Receiver<Published> {
         self.published.subscribe()
     }
 
     fn publish(&self) {
-        self.published.send_replace(self.state.status(self.now()));
+        self.published.send_replace(Published {
+            status: self.state.status(self.now()),
+            ids: self.workers.iter().map(|(k, w)| (*k, w.id)).collect(),
+        });
     }
 
     fn now(&self) -> Duration {

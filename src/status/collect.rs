@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{Backend, Config, PoolConfig, Sizing};
 use crate::gateway::Gateway;
-use crate::pool::slots::{SlotStats, WorkerCounts};
-use crate::pool::state::{PoolStatus, WorkerState};
+use crate::pool::slots::{SlotStats, WorkerCounts, WorkerId};
+use crate::pool::state::{PoolStatus, WorkerKey, WorkerState};
 use crate::process;
 use crate::status::counters::{HistogramSnapshot, RequestSnapshot};
 
@@ -155,6 +155,35 @@ impl PoolReport {
     }
 }
 
+/// The supervisor's rows brought up to date with the slot table's live counts: the
+/// supervisor syncs them only at its events and ticks (every 100 ms), the table at every
+/// request.
+fn live(
+    mut status: PoolStatus,
+    ids: &[(WorkerKey, WorkerId)],
+    table: &[WorkerCounts],
+) -> PoolStatus {
+    for w in &mut status.workers {
+        let Some(counts) = ids
+            .iter()
+            .find(|(k, _)| *k == w.key)
+            .and_then(|(_, id)| table.iter().find(|c| c.id == *id))
+        else {
+            continue;
+        };
+        w.in_flight = counts.in_flight;
+        w.served = w
+            .served
+            .max(counts.started.saturating_sub(counts.in_flight as u64));
+        w.state = match w.state {
+            WorkerState::Idle | WorkerState::Busy if counts.in_flight > 0 => WorkerState::Busy,
+            WorkerState::Idle | WorkerState::Busy => WorkerState::Idle,
+            other => other,
+        };
+    }
+    status
+}
+
 /// Every pool (or the one named `only`), as it is now. With `measure_memory`, a worker
 /// whose memory the supervisor has not sampled is measured now (its PSS).
 pub fn collect(
@@ -169,7 +198,11 @@ pub fn collect(
         .filter(|p| only.is_none_or(|name| &*p.name == name))
         .filter_map(|p| {
             let info = source.pools.iter().find(|i| *i.name == *p.name)?.clone();
-            let mut supervisor = p.status.as_ref().map(|rx| rx.borrow().clone());
+            let servers = p.slots.workers();
+            let mut supervisor = p.status.as_ref().map(|rx| {
+                let published = rx.borrow().clone();
+                live(published.status, &published.ids, &servers)
+            });
             if measure_memory {
                 if let Some(s) = supervisor.as_mut() {
                     for w in &mut s.workers {
@@ -180,7 +213,7 @@ pub fn collect(
                 }
             }
             let servers = if supervisor.is_none() {
-                p.slots.workers()
+                servers
             } else {
                 Vec::new()
             };
