@@ -227,9 +227,28 @@ def build_environ(pairs, rfile):
             "wsgi.multithread": False,
             "wsgi.multiprocess": True,
             "wsgi.run_once": False,
+            "wsgi.file_wrapper": FileWrapper,
         }
     )
     return environ, body
+
+
+class FileWrapper:
+    """wsgi.file_wrapper: a file-like object sent in blocks (PEP 3333's optional
+    platform-specific file handling; here it only saves the app writing the loop)."""
+
+    def __init__(self, filelike, blksize=8192):
+        self.filelike = filelike
+        self.blksize = blksize
+        if hasattr(filelike, "close"):
+            self.close = filelike.close
+
+    def __iter__(self):
+        while True:
+            block = self.filelike.read(self.blksize)
+            if not block:
+                return
+            yield block
 
 
 class Response:
@@ -329,6 +348,9 @@ def run_app(app, environ, conn):
             if type(chunk) is not bytes:
                 raise TypeError("the app yielded %s, not bytes" % type(chunk).__name__)
             if chunk:
+                if response.status is None:
+                    raise AssertionError(
+                        "the application gave a body chunk before calling start_response()")
                 response.write(chunk)
         response.finish()
     except ClientGone as e:
@@ -404,8 +426,7 @@ class Stopper:
         self.stopping = True
 
 
-def serve(app, listener):
-    stopper = Stopper()
+def serve(app, listener, stopper):
     while not stopper.stopping:
         readable, _, _ = select.select([listener, stopper.wake_r], [], [])
         if stopper.stopping:
@@ -508,6 +529,12 @@ def main(argv):
     os.dup2(null, 0)
     os.close(null)
     listener.setblocking(True)
+    # print() in an app should reach corral's log line by line, not when a buffer fills.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    # Signals are caught before the app is imported: a stop during a slow import exits 0
+    # once the import is done, instead of dying mid-import.
+    stopper = Stopper()
     try:
         app = load_app(argv[1])
     except SystemExit:
@@ -516,7 +543,7 @@ def main(argv):
         log("cannot load %s:\n%s" % (argv[1], traceback.format_exc()))
         return 1
     log("serving %s (Python %s, pid %d)" % (argv[1], platform.python_version(), os.getpid()))
-    serve(app, listener)
+    serve(app, listener, stopper)
     log("stopped on signal")
     return 0
 
