@@ -163,3 +163,27 @@ fn the_lsphp_recipe_serves() {
     let r = http(corral.http_addr(), "GET", "/phpinfo.php", &[], b"");
     assert!(r.text().contains("LiteSpeed"), "{}", r.text());
 }
+
+#[test]
+fn the_rack_and_wsgi_recipes_serve_their_examples() {
+    let dir = peers::shared_dir();
+    let examples = repo("examples");
+    for (conf, expect) in [
+        ("conf/rack.toml", "Hello from Rack"),
+        ("conf/wsgi.toml", "Hello from WSGI"),
+    ] {
+        let config = read(conf)
+            .replace("/srv/corral/examples", &examples.display().to_string())
+            .replace("/run/corral", &dir.path().join("run").display().to_string())
+            .replace("127.0.0.1:8080", "127.0.0.1:0");
+        let corral = Corral::start(&config, 1);
+        let r = http(corral.http_addr(), "GET", "/hello/there", &[], b"");
+        assert_eq!(r.status, 200, "{conf}: {}", corral.log());
+        assert!(r.text().starts_with(expect), "{conf}: {}", r.text());
+        assert!(
+            r.text().contains("You asked for /hello/there"),
+            "{}",
+            r.text()
+        );
+    }
+}

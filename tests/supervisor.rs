@@ -389,7 +389,7 @@ fn lsphp_workers_are_spawned_on_their_socket_and_serve() {
         &config(
             &dir.path().join("run"),
             dir.path(),
-            "protocol = \"lsapi\"\nmode = \"static\"\nmin = 2\nmax = 2",
+            "protocol = \"lsapi\"\nmode = \"static\"\nmin = 1\nmax = 1",
         )
         .replace(
             r#"command = ["php-cgi"]"#,

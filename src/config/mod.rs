@@ -220,7 +220,7 @@ pub enum BackendProtocol {
 pub struct PoolConfig {
     /// The table name: ASCII letters, digits, `_` and `-`.
     pub name: String,
-    /// Backend protocol (`protocol`, default `fastcgi`, or `scgi` for `app` pools).
+    /// Backend protocol (`protocol`, default `fastcgi`; `scgi` for wsgi apps, `lsapi` for rack).
     pub protocol: BackendProtocol,
     /// Where the workers come from.
     pub backend: Backend,

@@ -23,6 +23,8 @@ pub struct Corral {
     /// Bound listener addresses in the order they were logged (`127.0.0.1:PORT`,
     /// `unix:/path`).
     pub listeners: Vec<String>,
+    /// Their protocols as logged (`Http`, `Fastcgi`, `Scgi`, `status`), in the same order.
+    pub protocols: Vec<String>,
     _config: tempfile::NamedTempFile,
 }
 
@@ -48,7 +50,8 @@ impl Corral {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains(" listening ") {
                     if let Some(addr) = field(&line, "listener=") {
-                        let _ = tx.send(addr);
+                        let protocol = field(&line, "protocol=").unwrap_or_default();
+                        let _ = tx.send((addr, protocol));
                     }
                 }
                 let mut log = sink.lock().unwrap();
@@ -61,7 +64,7 @@ impl Corral {
         let mut found = Vec::new();
         while found.len() < listeners {
             match rx.recv_timeout(step) {
-                Ok(addr) => found.push(addr),
+                Ok(listener) => found.push(listener),
                 Err(_) => {
                     waited += step;
                     if let Ok(Some(status)) = child.get().try_wait() {
@@ -75,20 +78,33 @@ impl Corral {
                 }
             }
         }
+        let (listeners, protocols) = found.into_iter().unzip();
         Corral {
             child: child.take(),
             log,
-            listeners: found,
+            listeners,
+            protocols,
             _config: file,
         }
     }
 
-    /// The first TCP listener.
+    /// The first TCP listener that is not the status listener.
     pub fn http_addr(&self) -> SocketAddr {
         self.listeners
             .iter()
-            .find_map(|a| a.parse().ok())
+            .zip(&self.protocols)
+            .filter(|(_, p)| p.as_str() != "status")
+            .find_map(|(a, _)| a.parse().ok())
             .expect("a TCP listener")
+    }
+
+    /// The status listener's address, when corral serves one.
+    pub fn status_addr(&self) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .zip(&self.protocols)
+            .find(|(_, p)| p.as_str() == "status")
+            .and_then(|(a, _)| a.parse().ok())
     }
 
     /// Everything corral logged so far.
