@@ -192,6 +192,13 @@ fn posted_bodies_arrive_whole_through_wsgi_input() {
     assert!(r.body == big, "the echoed 1 MiB body differs");
     assert_eq!(r.header("x-body-md5"), Some(md5sum(&big).as_str()));
 
+    // An app that never reads the body still answers whole, and the worker goes on.
+    for _ in 0..3 {
+        let r = http(addr, "POST", "/ignored", &[], &big);
+        assert_eq!(r.status, 200, "{}", corral.log());
+        assert!(r.text().starts_with("method=POST "), "{}", r.text());
+    }
+
     // An empty POST reads an empty input.
     let r = http(addr, "POST", "/echo", &[], b"");
     assert_eq!((r.status, r.body.len()), (200, 0), "{}", corral.log());

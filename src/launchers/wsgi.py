@@ -33,6 +33,8 @@ CHUNK = 64 * 1024
 # A body the app left unread is discarded up to this much, so corral is not reset while it
 # still writes; beyond it the connection is simply closed.
 MAX_DRAIN = 64 * 1024 * 1024
+# A slow uploader must not hold the worker after its answer went out.
+DRAIN_TIMEOUT = 5.0
 
 STATUS_RE = re.compile(r"[1-9][0-9][0-9] [^\x00-\x1f\x7f]*\Z")
 TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
@@ -182,14 +184,13 @@ class Input:
             yield line
 
     def drain(self):
-        """Discards what the app left unread, up to MAX_DRAIN; False if some is left."""
+        """Discards what the app left unread, up to MAX_DRAIN."""
         budget = MAX_DRAIN
         while self._left and budget > 0:
             part = self._take(self._rfile.read(min(self._left, CHUNK, budget)) or b"")
             if not part:
                 break
             budget -= len(part)
-        return not self._left
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,8 +397,11 @@ def serve_connection(app, conn):
         environ, body = build_environ(pairs, rfile)
         run_app(app, environ, conn)
         try:
-            if body.drain():
-                conn.shutdown(socket.SHUT_WR)
+            # EOF ends the answer for corral at once; the body the app left unread is then
+            # read and discarded, so closing does not reset a connection corral still writes.
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(DRAIN_TIMEOUT)
+            body.drain()
         except OSError:
             pass
     finally:
