@@ -26,7 +26,7 @@ use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
-use crate::status::counters::RequestStats;
+use crate::status::counters::{RequestStats, RequestTimer};
 
 /// Idle backend connections kept per worker address.
 const MAX_IDLE_PER_WORKER: usize = 64;
@@ -181,7 +181,7 @@ pub struct GatewayBody {
     body: ResponseBody,
     slot: Slot,
     supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
-    requests: Arc<RequestStats>,
+    timer: RequestTimer,
 }
 
 impl GatewayBody {
@@ -194,8 +194,12 @@ impl GatewayBody {
     /// The next chunk; `None` at the clean end.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
         let chunk = self.body.next_chunk().await;
-        if let Some(Err(e)) = &chunk {
-            self.requests.backend_error(e);
+        match &chunk {
+            Some(Err(e)) => self.timer.stats().backend_error(e),
+            // A reader may stop at the last chunk once `is_ended` says so.
+            None => self.timer.end(),
+            Some(Ok(_)) if self.body.is_ended() => self.timer.end(),
+            Some(Ok(_)) => {}
         }
         if let (Some(Err(BackendError::RequestTimeout { .. })), Some(tx)) =
             (&chunk, &self.supervisor)
@@ -419,6 +423,7 @@ impl Gateway {
                 path: String::new(),
             });
         };
+        let mut timer = RequestTimer::start(&pool.requests);
         let slot = pool
             .requests
             .acquire(&pool.slots, context.slot_context)
@@ -427,7 +432,7 @@ impl Gateway {
                 pool: Arc::clone(&pool.name),
                 source,
             })?;
-        let started = tokio::time::Instant::now();
+        timer.slot();
         let backend_err = |source| {
             pool.requests.backend_error(&source);
             GatewayError::Backend {
@@ -447,6 +452,7 @@ impl Gateway {
                 .await
                 .map_err(backend_err)?,
         };
+        timer.connected();
         let options = ExchangeOptions {
             pool: Arc::clone(&pool.name),
             request_id,
@@ -463,14 +469,18 @@ impl Gateway {
                 return Err(backend_err(e));
             }
         };
-        pool.requests.response_head.observe(started.elapsed());
+        timer.head();
+        if response.body.is_ended() {
+            // An empty body: no chunk will be asked for.
+            timer.end();
+        }
         Ok(GatewayResponse {
             head: response.head,
             body: GatewayBody {
                 body: response.body,
                 slot,
                 supervisor: pool.supervisor.clone(),
-                requests: Arc::clone(&pool.requests),
+                timer,
             },
         })
     }

@@ -286,6 +286,8 @@ fn ping_text_json_full_and_metrics() {
         "corral_backend_errors_total{pool=\"php\",kind=\"connect\"} 0",
         "corral_worker_recycles_total{pool=\"php\",reason=\"max_requests\"} 0",
         "corral_queue_wait_seconds_count{pool=\"php\"} 3",
+        "corral_first_byte_seconds_count{pool=\"php\"} 3",
+        "corral_request_seconds_count{pool=\"php\"} 3",
         "corral_pool_info{pool=\"php\",protocol=\"fastcgi\",mode=\"static\"} 1",
     ] {
         assert!(metrics.contains(sample), "no {sample:?} in\n{metrics}");

@@ -111,8 +111,12 @@ pub struct PoolReport {
     pub requests: RequestSnapshot,
     /// Time waited for a slot.
     pub queue_wait: HistogramSnapshot,
-    /// Time from slot to response head.
-    pub response_head: HistogramSnapshot,
+    /// Time from slot to backend connection.
+    pub connect: HistogramSnapshot,
+    /// Time from sending to the response head.
+    pub first_byte: HistogramSnapshot,
+    /// Time from asking for a slot to the end of the body.
+    pub total: HistogramSnapshot,
     /// The supervisor's last published status (spawned pools only).
     pub supervisor: Option<PoolStatus>,
     /// The slot table's servers (external pools only).
@@ -222,7 +226,9 @@ pub fn collect(
                 slots: p.slots.stats(),
                 requests: p.requests.snapshot(),
                 queue_wait: p.requests.queue_wait.snapshot(),
-                response_head: p.requests.response_head.snapshot(),
+                connect: p.requests.connect.snapshot(),
+                first_byte: p.requests.first_byte.snapshot(),
+                total: p.requests.total.snapshot(),
                 supervisor,
                 servers,
             })

@@ -152,9 +152,67 @@ pub struct RequestStats {
     backend_errors: [AtomicU64; BackendErrorKind::ALL.len()],
     /// Time from asking for a slot to having one.
     pub queue_wait: Histogram,
-    /// Time from having a slot to the backend's response head (connect + time to first
-    /// byte + head).
-    pub response_head: Histogram,
+    /// Time from having a slot to having a backend connection (an idle kept connection
+    /// makes it near zero).
+    pub connect: Histogram,
+    /// Time from starting to send the request to having the backend's response head.
+    pub first_byte: Histogram,
+    /// Time from asking for a slot to the end of the response body, for requests that
+    /// ended cleanly.
+    pub total: Histogram,
+}
+
+/// Times one request's phases into its pool's histograms (the queue wait is timed by
+/// [`RequestStats::acquire`]).
+#[derive(Debug)]
+pub struct RequestTimer {
+    stats: Arc<RequestStats>,
+    asked: Instant,
+    phase: Instant,
+    ended: bool,
+}
+
+impl RequestTimer {
+    /// Starts timing a request that is about to ask for a slot.
+    pub fn start(stats: &Arc<RequestStats>) -> RequestTimer {
+        let now = Instant::now();
+        RequestTimer {
+            stats: Arc::clone(stats),
+            asked: now,
+            phase: now,
+            ended: false,
+        }
+    }
+
+    /// The counters it records into.
+    pub fn stats(&self) -> &RequestStats {
+        &self.stats
+    }
+
+    /// A slot was had: the connect phase starts.
+    pub fn slot(&mut self) {
+        self.phase = Instant::now();
+    }
+
+    /// A connection was had: records the connect time; the first-byte phase starts.
+    pub fn connected(&mut self) {
+        let now = Instant::now();
+        self.stats.connect.observe(now - self.phase);
+        self.phase = now;
+    }
+
+    /// The response head arrived: records the time to it.
+    pub fn head(&mut self) {
+        self.stats.first_byte.observe(self.phase.elapsed());
+    }
+
+    /// The response body ended cleanly: records the total, once.
+    pub fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            self.stats.total.observe(self.asked.elapsed());
+        }
+    }
 }
 
 /// [`RequestStats`] read at one moment.

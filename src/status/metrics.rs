@@ -362,9 +362,21 @@ pub fn render(pools: &[PoolReport], started: SystemTime) -> String {
     );
     w.histogram(
         pools,
-        "response_head_seconds",
-        "Time from having a slot to the backend's response head.",
-        |p| &p.response_head,
+        "connect_seconds",
+        "Time from having a slot to having a backend connection.",
+        |p| &p.connect,
+    );
+    w.histogram(
+        pools,
+        "first_byte_seconds",
+        "Time from sending the request to the backend's response head.",
+        |p| &p.first_byte,
+    );
+    w.histogram(
+        pools,
+        "request_seconds",
+        "Time from asking for a slot to the end of the response body (clean ends only).",
+        |p| &p.total,
     );
     w.out.push_str("# EOF\n");
     w.out
