@@ -619,3 +619,48 @@ fn backend_connections_are_reused_when_the_response_has_a_content_length() {
         corral.log()
     );
 }
+
+#[test]
+fn an_early_error_answer_reaches_a_client_still_uploading() {
+    use std::io::{Read, Write};
+    let dir = peers::shared_dir();
+    // A backend that reads a little of each request and hangs up: corral's write of the
+    // body fails half-way, and the client is still uploading when the 502 is sent.
+    let socket = dir.path().join("hangs-up.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+        }
+    });
+    let corral = Corral::start(
+        &config(&format!("servers = [\"unix:{}\"]", socket.display()), ""),
+        1,
+    );
+    for _ in 0..5 {
+        let mut s = std::net::TcpStream::connect(corral.http_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = vec![b'x'; 4 << 20];
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        // corral answers 502 before reading the body; the client goes on sending (the write
+        // may fail once corral closes), then reads the answer, which must be there.
+        let mut writer = s.try_clone().unwrap();
+        let upload = thread::spawn(move || {
+            let _ = writer.write_all(&body);
+        });
+        let mut raw = Vec::new();
+        let read = s.read_to_end(&mut raw);
+        let _ = upload.join();
+        let text = String::from_utf8_lossy(&raw);
+        assert!(
+            text.starts_with("HTTP/1.1 502"),
+            "read {read:?}, got {text:?}\n{}",
+            corral.log()
+        );
+    }
+}
