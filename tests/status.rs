@@ -66,7 +66,7 @@ fn start() -> Setup {
         "sleep.php",
         "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
     );
-    let corral = Corral::start(&config(&dir.path().join("run"), dir.path()), 2);
+    let corral = Corral::start(&config(&dir.path().join("run"), dir.path()), 1);
     let status = status_addr(&corral);
     Setup {
         corral,
@@ -77,12 +77,11 @@ fn start() -> Setup {
 
 /// The status listener's TCP address, from its log line.
 fn status_addr(corral: &Corral) -> SocketAddr {
-    // The log reader hands out a listener's address before it stores the line.
-    assert!(corral.wait_log("protocol=\"status\""), "{}", corral.log());
+    assert!(corral.wait_log("status listener ready"), "{}", corral.log());
     corral
         .log()
         .lines()
-        .find(|l| l.contains(" listening ") && l.contains("protocol=\"status\""))
+        .find(|l| l.contains("status listener ready"))
         .and_then(|l| l.split("listener=").nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|a| a.parse().ok())
@@ -90,15 +89,9 @@ fn status_addr(corral: &Corral) -> SocketAddr {
 }
 
 impl Setup {
-    /// The first http listener (not the status one).
+    /// The http listener.
     fn http(&self) -> SocketAddr {
-        let status = self.status.to_string();
-        self.corral
-            .listeners
-            .iter()
-            .find(|a| **a != status)
-            .and_then(|a| a.parse().ok())
-            .expect("an http listener")
+        self.corral.http_addr()
     }
 
     fn get(&self, target: &str) -> HttpResponse {
@@ -442,7 +435,7 @@ fn a_unix_status_socket_answers_and_the_tcp_allow_list_refuses_other_clients() {
         "[status]\naddress = \"127.0.0.1:0\"",
         &format!("[status]\naddress = \"unix:{}\"", socket.display()),
     );
-    let corral = Corral::start(&text, 2);
+    let corral = Corral::start(&text, 1);
     let mut s = UnixStream::connect(&socket).expect("connect to the status socket");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -458,7 +451,7 @@ fn a_unix_status_socket_answers_and_the_tcp_allow_list_refuses_other_clients() {
         "[status]\naddress = \"127.0.0.1:0\"",
         "[status]\naddress = \"127.0.0.1:0\"\nallow = [\"10.0.0.0/8\"]",
     );
-    let corral = Corral::start(&text, 2);
+    let corral = Corral::start(&text, 1);
     let addr = status_addr(&corral);
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -170,7 +170,9 @@ pub async fn serve(
     let address = listener
         .local_address()
         .map_or_else(|e| format!("<unknown: {e}>"), |a| a.to_string());
-    tracing::info!(listener = %address, protocol = "status", "listening");
+    // Not the front listeners' "listening" message: tools and tests that wait for the
+    // front listeners count those lines, and the status listener is not one of them.
+    tracing::info!(listener = %address, "status listener ready");
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
