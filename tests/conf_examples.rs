@@ -168,20 +168,20 @@ fn the_lsphp_recipe_serves() {
 #[test]
 fn the_rack_recipe_serves_its_example() {
     let dir = peers::shared_dir();
-    let examples = repo("examples");
-    for (conf, expect) in [("conf/rack.toml", "Hello from Rack")] {
-        let config = read(conf)
-            .replace("/srv/corral/examples", &examples.display().to_string())
-            .replace("/run/corral", &dir.path().join("run").display().to_string())
-            .replace("127.0.0.1:8080", "127.0.0.1:0");
-        let corral = Corral::start(&config, 1);
-        let r = http(corral.http_addr(), "GET", "/hello/there", &[], b"");
-        assert_eq!(r.status, 200, "{conf}: {}", corral.log());
-        assert!(r.text().starts_with(expect), "{conf}: {}", r.text());
-        assert!(
-            r.text().contains("You asked for /hello/there"),
-            "{}",
-            r.text()
-        );
-    }
+    let config = read("conf/rack.toml")
+        .replace(
+            "/srv/corral/examples",
+            &repo("examples").display().to_string(),
+        )
+        .replace("/run/corral", &dir.path().join("run").display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    let corral = Corral::start(&config, 1);
+    let r = http(corral.http_addr(), "GET", "/hello/there", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert!(r.text().starts_with("Hello from Rack"), "{}", r.text());
+    assert!(
+        r.text().contains("You asked for /hello/there"),
+        "{}",
+        r.text()
+    );
 }
