@@ -15,8 +15,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::time::Instant;
+use tokio_util::io::poll_read_buf;
 
 use super::connection::BackendConnection;
 use super::{fastcgi, lsapi, scgi};
@@ -326,14 +327,13 @@ impl Exchange {
         if !was_sent && self.body.is_none() && self.outbuf.is_empty() {
             return Poll::Ready(Ok(Progress::RequestSent));
         }
-        let start = self.inbuf.len();
-        self.inbuf.resize(start + READ_CHUNK, 0);
-        let mut buf = ReadBuf::new(self.inbuf.get_mut(start..).unwrap_or_default());
-        let polled = Pin::new(&mut conn.stream).poll_read(cx, &mut buf);
-        let n = buf.filled().len();
-        self.inbuf.truncate(start + n);
-        match polled {
-            Poll::Ready(Ok(())) => {
+        // Read into the buffer's spare capacity as it is: zero-filling 32 KiB before every
+        // read was half of corral's instructions per request (callgrind).
+        if self.inbuf.capacity() - self.inbuf.len() < READ_CHUNK {
+            self.inbuf.reserve(READ_CHUNK);
+        }
+        match poll_read_buf(Pin::new(&mut conn.stream), cx, &mut self.inbuf) {
+            Poll::Ready(Ok(n)) => {
                 if n == 0 {
                     self.eof = true;
                 } else {

@@ -22,7 +22,6 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncRead;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{spool_body, BackendError, BodyError, BodySource, RequestBody};
@@ -522,12 +521,10 @@ impl Body for FrontBody {
                 let want = usize::try_from(*remaining)
                     .unwrap_or(FILE_CHUNK)
                     .min(FILE_CHUNK);
-                let mut buf = BytesMut::zeroed(want);
-                let mut read = tokio::io::ReadBuf::new(&mut buf);
-                match Pin::new(file).poll_read(cx, &mut read) {
+                let mut buf = BytesMut::with_capacity(want);
+                match tokio_util::io::poll_read_buf(Pin::new(file), cx, &mut buf) {
                     Poll::Pending => Poll::Pending,
-                    Poll::Ready(Ok(())) => {
-                        let n = read.filled().len();
+                    Poll::Ready(Ok(n)) => {
                         if n == 0 {
                             // The file shrank under us: end early rather than hang.
                             *remaining = 0;
@@ -535,8 +532,7 @@ impl Body for FrontBody {
                                 "static file shrank while it was sent".into()
                             )));
                         }
-                        buf.truncate(n);
-                        *remaining -= n as u64;
+                        *remaining = remaining.saturating_sub(n as u64);
                         Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
                     }
                     Poll::Ready(Err(e)) => {
