@@ -28,7 +28,6 @@ use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
 use crate::status::counters::{RequestStats, RequestTimer};
 
-
 /// One pool at run time.
 #[derive(Debug)]
 pub struct Pool {
