@@ -48,6 +48,15 @@ fn site(dir: &Path) {
     );
 }
 
+/// A temp dir with the test site and a corral serving it from a spawned php-cgi pool set up
+/// by `pool`; `edit` may change the generated config (another command, say).
+fn spawned(pool: &str, edit: impl FnOnce(String) -> String) -> (tempfile::TempDir, Corral) {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let corral = Corral::start(&edit(config(&dir.path().join("run"), dir.path(), pool)), 1);
+    (dir, corral)
+}
+
 /// Pids of the live processes whose parent is `parent`.
 fn children(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
@@ -101,15 +110,9 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn workers_are_recycled_after_max_requests_without_a_failed_request() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 2\nmax = 2\nmax_requests = 5\nmax_requests_jitter = 0",
-        ),
-        1,
+    let (_dir, corral) = spawned(
+        "mode = \"static\"\nmin = 2\nmax = 2\nmax_requests = 5\nmax_requests_jitter = 0",
+        |c| c,
     );
     let addr = corral.http_addr();
     let mut pids = std::collections::BTreeMap::<String, usize>::new();
@@ -132,16 +135,7 @@ fn workers_are_recycled_after_max_requests_without_a_failed_request() {
 
 #[test]
 fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 1\nmax = 1",
-        ),
-        1,
-    );
+    let (dir, corral) = spawned("mode = \"static\"\nmin = 1\nmax = 1", |c| c);
     let addr = corral.http_addr();
     let pid: u32 = http(addr, "GET", "/pid.php", &[], b"")
         .text()
@@ -173,16 +167,7 @@ fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
 
 #[test]
 fn request_timeout_answers_504_and_replaces_the_worker() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 1\nmax = 1\nrequest_timeout = \"500ms\"\nfirst_byte_timeout = \"500ms\"",
-        ),
-        1,
-    );
+    let (_dir, corral) = spawned("mode = \"static\"\nmin = 1\nmax = 1\nrequest_timeout = \"500ms\"\nfirst_byte_timeout = \"500ms\"", |c| c);
     let addr = corral.http_addr();
     let before = http(addr, "GET", "/pid.php", &[], b"").text();
     let r = http(addr, "GET", "/sleep.php?ms=5000", &[], b"");
@@ -203,16 +188,7 @@ fn request_timeout_answers_504_and_replaces_the_worker() {
 
 #[test]
 fn an_ondemand_pool_starts_on_the_first_request_and_goes_back_to_zero() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"",
-        ),
-        1,
-    );
+    let (_dir, corral) = spawned("mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"", |c| c);
     assert!(children(corral.pid()).is_empty());
     let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
@@ -226,15 +202,9 @@ fn an_ondemand_pool_starts_on_the_first_request_and_goes_back_to_zero() {
 
 #[test]
 fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"dynamic\"\nmin = 1\nmax = 4\nspare_min = 1\nspare_max = 1\nidle_timeout = \"1s\"",
-        ),
-        1,
+    let (_dir, corral) = spawned(
+        "mode = \"dynamic\"\nmin = 1\nmax = 4\nspare_min = 1\nspare_max = 1\nidle_timeout = \"1s\"",
+        |c| c,
     );
     let addr = corral.http_addr();
     let load: Vec<_> = (0..8)
@@ -266,16 +236,7 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
 
 #[test]
 fn sigterm_under_load_completes_every_accepted_request() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 2\nmax = 2",
-        ),
-        1,
-    );
+    let (dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| c);
     let addr = corral.http_addr();
     let load: Vec<_> = (0..6)
         .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=500", &[], b"").status))
@@ -304,16 +265,7 @@ fn sigterm_under_load_completes_every_accepted_request() {
 
 #[test]
 fn kill_9_of_corral_leaves_no_interpreter_behind() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 3\nmax = 3",
-        ),
-        1,
-    );
+    let (_dir, corral) = spawned("mode = \"static\"\nmin = 3\nmax = 3", |c| c);
     assert!(eventually(Duration::from_secs(5), || children(
         corral.pid()
     )
@@ -383,19 +335,14 @@ fn a_leaking_worker_is_recycled_by_max_memory_while_requests_succeed() {
 
 #[test]
 fn lsphp_workers_are_spawned_on_their_socket_and_serve() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "protocol = \"lsapi\"\nmode = \"static\"\nmin = 1\nmax = 1",
-        )
-        .replace(
-            r#"command = ["php-cgi"]"#,
-            &format!(r#"command = ["{}", "-n"]"#, peers::LSPHP),
-        ),
-        1,
+    let (_dir, corral) = spawned(
+        "protocol = \"lsapi\"\nmode = \"static\"\nmin = 1\nmax = 1",
+        |c| {
+            c.replace(
+                r#"command = ["php-cgi"]"#,
+                &format!(r#"command = ["{}", "-n"]"#, peers::LSPHP),
+            )
+        },
     );
     let addr = corral.http_addr();
     let mut pids = std::collections::BTreeSet::new();
@@ -410,19 +357,14 @@ fn lsphp_workers_are_spawned_on_their_socket_and_serve() {
 
 #[test]
 fn a_crashing_command_is_throttled_not_hot_looped() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 1\nmax = 1\nqueue_timeout = \"200ms\"",
-        )
-        .replace(
-            r#"command = ["php-cgi"]"#,
-            r#"command = ["sh", "-c", "exit 3"]"#,
-        ),
-        1,
+    let (_dir, corral) = spawned(
+        "mode = \"static\"\nmin = 1\nmax = 1\nqueue_timeout = \"200ms\"",
+        |c| {
+            c.replace(
+                r#"command = ["php-cgi"]"#,
+                r#"command = ["sh", "-c", "exit 3"]"#,
+            )
+        },
     );
     assert!(corral.wait_log("spawns are throttled"), "{}", corral.log());
     let spawns = corral.log().matches("worker started").count();
@@ -435,17 +377,9 @@ fn a_crashing_command_is_throttled_not_hot_looped() {
 
 #[test]
 fn sigint_stops_at_once_and_takes_the_workers_along() {
-    let dir = peers::shared_dir();
-    site(dir.path());
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "mode = \"static\"\nmin = 2\nmax = 2",
-        )
-        .replace(r#"grace = "5s""#, r#"grace = "30s""#),
-        1,
-    );
+    let (dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| {
+        c.replace(r#"grace = "5s""#, r#"grace = "30s""#)
+    });
     let addr = corral.http_addr();
     let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=20000", &[], b"").status);
     let started = dir.path().join("started");
