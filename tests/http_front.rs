@@ -397,7 +397,14 @@ static_files = true
         ),
         2,
     );
-    let addr = corral.http_addr();
+    // Both listeners log as they start, in either order: take the open one by address.
+    let addr: std::net::SocketAddr = corral
+        .listeners
+        .iter()
+        .find(|a| a.starts_with("127.0.0.1:"))
+        .unwrap()
+        .parse()
+        .unwrap();
 
     let r = http(addr, "GET", "/style.css", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
