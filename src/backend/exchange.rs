@@ -102,6 +102,40 @@ impl Codec {
     }
 }
 
+/// Starts an exchange whose request head is encoded in `head` and returns once the
+/// response head has arrived: the part every protocol's `send` shares.
+pub(super) async fn start(
+    conn: BackendConnection,
+    codec: Codec,
+    head: BytesMut,
+    body: RequestBody,
+    declared: Option<u64>,
+    options: &ExchangeOptions,
+    started: Instant,
+) -> Result<super::BackendResponse, BackendError> {
+    let mut exchange = Exchange::new(conn, codec, head, body, declared, options, started);
+    let head = exchange.read_head().await?;
+    Ok(super::BackendResponse {
+        head,
+        body: ResponseBody::new(exchange),
+    })
+}
+
+/// A body of known length: `body` itself, or its bytes spooled to learn the length (SCGI
+/// and LSAPI announce it up front), within what is left of the request timeout.
+pub(super) async fn known_length(
+    body: RequestBody,
+    options: &ExchangeOptions,
+    started: Instant,
+) -> Result<RequestBody, BackendError> {
+    let deadline = started + options.timeouts.request;
+    tokio::time::timeout_at(deadline, super::spool_body(body, &options.spool))
+        .await
+        .map_err(|_| BackendError::RequestTimeout {
+            after: options.timeouts.request,
+        })?
+}
+
 /// What one round of I/O achieved.
 enum Progress {
     /// Bytes were read, or the backend closed its side.

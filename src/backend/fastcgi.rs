@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
+use super::exchange::{start, Codec as AnyCodec, Step};
 use super::Protocol;
 use super::{BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions};
 use crate::protocols::cgi_response::CgiResponseDecoder;
@@ -40,12 +40,7 @@ pub async fn send(
     })?;
     let declared = request.body.len();
     let codec = AnyCodec::FastCgi(Codec::new(&options.limits));
-    let mut exchange = Exchange::new(conn, codec, head, request.body, declared, options, started);
-    let head = exchange.read_head().await?;
-    Ok(BackendResponse {
-        head,
-        body: ResponseBody::new(exchange),
-    })
+    start(conn, codec, head, request.body, declared, options, started).await
 }
 
 /// Turns the backend's records into exchange steps.

@@ -8,8 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
-use super::spool::spool_body;
+use super::exchange::{known_length, start, Codec as AnyCodec, Step};
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
 };
@@ -26,13 +25,8 @@ pub async fn send(
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
-    let deadline = started + options.timeouts.request;
     let BackendRequest { params, body } = request;
-    let body = tokio::time::timeout_at(deadline, spool_body(body, &options.spool))
-        .await
-        .map_err(|_| BackendError::RequestTimeout {
-            after: options.timeouts.request,
-        })??;
+    let body = known_length(body, options, started).await?;
     let len = body.len().unwrap_or(0);
     let mut head = BytesMut::with_capacity(2048);
     begin_request(&params, len, &options.limits)
@@ -42,12 +36,7 @@ pub async fn send(
             reason: e.to_string(),
         })?;
     let codec = AnyCodec::Lsapi(Codec::new(&options.limits));
-    let mut exchange = Exchange::new(conn, codec, head, body, Some(len), options, started);
-    let head = exchange.read_head().await?;
-    Ok(BackendResponse {
-        head,
-        body: ResponseBody::new(exchange),
-    })
+    start(conn, codec, head, body, Some(len), options, started).await
 }
 
 fn param<'a>(params: &'a [(Bytes, Bytes)], name: &str) -> Option<&'a [u8]> {

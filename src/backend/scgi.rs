@@ -5,8 +5,7 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::exchange::{Codec as AnyCodec, Exchange, ResponseBody, Step};
-use super::spool::spool_body;
+use super::exchange::{known_length, start, Codec as AnyCodec, Step};
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
 };
@@ -23,20 +22,12 @@ pub async fn send(
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
-    let deadline = started + options.timeouts.request;
-    let body = tokio::time::timeout_at(deadline, spool_body(request.body, &options.spool))
-        .await
-        .map_err(|_| BackendError::RequestTimeout {
-            after: options.timeouts.request,
-        })??;
+    let body = known_length(request.body, options, started).await?;
     let len = body.len().unwrap_or(0);
-    let params: Vec<_> = request
+    let params: Vec<(&[u8], &[u8])> = request
         .params
         .iter()
         .filter(|(name, _)| name.as_ref() != b"CONTENT_LENGTH" && name.as_ref() != b"SCGI")
-        .collect();
-    let params: Vec<(&[u8], &[u8])> = params
-        .iter()
         .map(|(n, v)| (n.as_ref(), v.as_ref()))
         .collect();
     let mut head = BytesMut::with_capacity(1024);
@@ -47,12 +38,7 @@ pub async fn send(
         }
     })?;
     let codec = AnyCodec::Scgi(Codec::new(&options.limits));
-    let mut exchange = Exchange::new(conn, codec, head, body, Some(len), options, started);
-    let head = exchange.read_head().await?;
-    Ok(BackendResponse {
-        head,
-        body: ResponseBody::new(exchange),
-    })
+    start(conn, codec, head, body, Some(len), options, started).await
 }
 
 /// The response is the raw byte stream: a CGI head, then body bytes until EOF.
