@@ -26,6 +26,7 @@ queue_timeout = "5s"
 
 [[contexts]]
 extension = "php"
+root = "/var/www/html"
 pool = "php"
 "#;
 
@@ -136,7 +137,7 @@ fn context_naming_an_unknown_pool() {
         &VALID.replace("pool = \"php\"", "pool = \"pph\""),
         &[
             "5:8: pool \"php\" is not used by any [[contexts]]",
-            "13:8: pool \"pph\" is not defined: add a [pools.pph] table",
+            "14:8: pool \"pph\" is not defined: add a [pools.pph] table",
         ],
     );
 }

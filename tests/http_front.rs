@@ -120,8 +120,8 @@ fn php_cgi_through_the_http_listener() {
         403
     );
     assert_eq!(http(addr, "GET", "/hello.php/a%00b", &[], b"").status, 400);
-    // A path that names no PHP script matches no context.
-    assert_eq!(http(addr, "GET", "/hello.php%00.txt", &[], b"").status, 404);
+    // A NUL anywhere in the decoded path is refused before routing.
+    assert_eq!(http(addr, "GET", "/hello.php%00.txt", &[], b"").status, 400);
 
     // A chunked upload arrives whole.
     let r = http(

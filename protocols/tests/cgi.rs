@@ -149,7 +149,8 @@ fn plain_get_without_body_or_path_info() {
         get(&vars, "SCRIPT_FILENAME"),
         Some(&b"/var/www/html/index.php"[..])
     );
-    assert_eq!(get(&vars, "PATH_INFO"), Some(&b""[..]));
+    // An empty PATH_INFO is left out for a script (CVE-2019-11043's primitive).
+    assert_eq!(get(&vars, "PATH_INFO"), None);
     assert_eq!(get(&vars, "PATH_TRANSLATED"), None);
     assert_eq!(get(&vars, "QUERY_STRING"), Some(&b""[..]));
     assert_eq!(get(&vars, "CONTENT_LENGTH"), Some(&b""[..]));
@@ -187,6 +188,8 @@ const SPLITS: &[(&str, &str, &str)] = &[
     ("/a%20b.php/%41", "/a b.php", "/A"),
     ("/%252e%252e/x.php", "/%2e%2e/x.php", ""),
     ("/caf\u{e9}.php", "/caf\u{e9}.php", ""),
+    // RFC 8615's well-known directory is the one hidden segment allowed.
+    ("/.well-known/a.php", "/.well-known/a.php", ""),
 ];
 
 #[test]
@@ -251,7 +254,15 @@ fn path_attack_table() {
         ("/x.jpg", |e| matches!(e, CgiError::NotAScript { .. })),
         ("/x.jpg/y", |e| matches!(e, CgiError::NotAScript { .. })),
         ("/x.PHP", |e| matches!(e, CgiError::NotAScript { .. })),
-        ("/.php", |e| matches!(e, CgiError::NotAScript { .. })),
+        // Hidden segments are neither run nor served, in any position.
+        ("/.php", |e| matches!(e, CgiError::Hidden { .. })),
+        ("/.env", |e| matches!(e, CgiError::Hidden { .. })),
+        ("/.git/config.php", |e| matches!(e, CgiError::Hidden { .. })),
+        ("/a/.user.ini/x.php", |e| {
+            matches!(e, CgiError::Hidden { .. })
+        }),
+        ("/%2ehtpasswd", |e| matches!(e, CgiError::Hidden { .. })),
+        ("/a/..%2e/x.php", |e| matches!(e, CgiError::Hidden { .. })),
         ("/a.phpx", |e| matches!(e, CgiError::NotAScript { .. })),
         ("/a.php.jpg", |e| matches!(e, CgiError::NotAScript { .. })),
         ("/a.p%68p5", |e| matches!(e, CgiError::NotAScript { .. })),

@@ -123,6 +123,15 @@ pub(super) fn context(
         }
         return None;
     };
+    if root.is_none() && c.root.is_none() && runs_php(pool) {
+        e.at(
+            c.pool.span(),
+            format!(
+                "pool \"{pool_name}\" runs PHP, so this context needs a root: without one \
+                 nothing checks which file a request makes the interpreter run"
+            ),
+        );
+    }
     let max_conns = match &c.max_conns {
         None => pool.max_conns,
         Some(m) if *m.get_ref() == 0 => {
@@ -159,6 +168,21 @@ pub(super) fn context(
         allow_php_value: c.allow_php_value.unwrap_or(false),
         params,
     })
+}
+
+/// Whether a spawned pool's program is a PHP interpreter (php-cgi, php, lsphp, by the name of
+/// its executable), which runs any file it is told to.
+pub(super) fn runs_php(pool: &PoolConfig) -> bool {
+    let super::Backend::Spawned(spawn) = &pool.backend else {
+        return false;
+    };
+    let super::Program::Command(argv) = &spawn.program else {
+        return false;
+    };
+    argv.first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("php") || n.starts_with("lsphp"))
 }
 
 /// A path prefix: absolute, clean, and free of characters a request path cannot carry.

@@ -6,7 +6,12 @@ use std::time::Duration;
 use super::*;
 
 /// A listener and a pool: the smallest valid file.
+/// (The context comes first so that tests can append keys to the pool.)
 const MINIMAL: &str = r#"
+[[contexts]]
+root = "/var/www/html"
+pool = "php"
+
 [[listen]]
 address = "127.0.0.1:8080"
 protocol = "http"
@@ -97,12 +102,12 @@ fn minimal_file_gets_php_fpm_like_defaults() {
         }
     );
     assert_eq!(s.start_timeout, Duration::from_secs(30));
-    // One pool and no [[contexts]]: everything goes to it.
     assert_eq!(c.contexts.len(), 1);
     let ctx = &c.contexts[0];
     assert_eq!((ctx.prefix.as_str(), ctx.pool.as_str()), ("/", "php"));
     assert_eq!(ctx.max_conns, 5);
-    assert!(!ctx.allow_php_value && !ctx.static_files && ctx.index.is_empty());
+    assert!(!ctx.allow_php_value && !ctx.static_files);
+    assert_eq!(ctx.index, ["index.php"], "a root brings the php-fpm-like index");
 }
 
 #[test]
@@ -530,8 +535,9 @@ fn empty_file_names_everything_missing() {
 
 #[test]
 fn many_pools_need_contexts() {
-    let src = format!("{MINIMAL}\n[pools.two]\ncommand = [\"x\"]\n");
-    let errors = parse(&src, "t.toml").unwrap_err();
+    let src = "[[listen]]\naddress = \"127.0.0.1:8080\"\nprotocol = \"http\"\n\
+               [pools.one]\ncommand = [\"x\"]\n[pools.two]\ncommand = [\"x\"]\n";
+    let errors = parse(src, "t.toml").unwrap_err();
     assert!(errors.iter().any(|e| e.message()
         == "2 pools are configured but no [[contexts]] says which requests go to which pool"));
 }
@@ -555,4 +561,51 @@ fn first_stage_errors_are_located() {
         "expected a duration such as",
     );
     expect_error("x = [\n", "\n", "");
+}
+
+#[test]
+fn a_php_pool_needs_a_context_with_a_root() {
+    // No [[contexts]]: the implicit catch-all would have no root to check scripts against.
+    let errors = parse(
+        r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+[pools.php]
+command = ["/usr/bin/php-cgi8.2"]
+"#,
+        "t.toml",
+    )
+    .unwrap_err();
+    assert!(
+        errors.iter().any(|e| e.to_string().contains("runs PHP")),
+        "{errors:?}"
+    );
+    // An explicit context without one is refused at its pool key.
+    let errors = parse(
+        r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+[pools.php]
+command = ["lsphp"]
+protocol = "lsapi"
+[[contexts]]
+pool = "php"
+"#,
+        "t.toml",
+    )
+    .unwrap_err();
+    assert!(
+        errors.iter().any(|e| e.to_string().contains("needs a root")),
+        "{errors:?}"
+    );
+    // Any other program may run behind an application mount.
+    ok(r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+[pools.app]
+command = ["python3", "app.py"]
+"#);
 }

@@ -442,6 +442,14 @@ fn contexts(
 ) -> Vec<ContextConfig> {
     if file.contexts.is_empty() {
         return match pools {
+            [only] if file.pools.len() == 1 && context::runs_php(only) => {
+                e.whole(format!(
+                    "pool \"{}\" runs PHP: add a [[contexts]] with a root, so that corral can \
+                     check which file each request makes the interpreter run",
+                    only.name
+                ));
+                Vec::new()
+            }
             [only] if file.pools.len() == 1 => vec![ContextConfig {
                 listen: None,
                 prefix: "/".to_owned(),

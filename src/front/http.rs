@@ -29,7 +29,9 @@ use crate::config::{ForwardedHeader, ForwardedTrust, ListenAddress};
 use crate::front::listener::Peer;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
 use crate::net::Stream;
-use crate::protocols::cgi::{build_cgi_vars, static_file_path, CgiRequest, ScriptMode};
+use crate::protocols::cgi::{
+    build_cgi_vars_for, has_hidden_segment, parse_request_path, CgiRequest, RequestPath, ScriptMode,
+};
 use crate::protocols::cgi_response::ResponseKind;
 
 /// Largest request head hyper buffers (request line and headers).
@@ -107,19 +109,26 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
     let mut target = target;
     let mut body = Some(request_body(&parts, incoming));
     for _ in 0..=MAX_LOCAL_REDIRECTS {
-        let path = path_of(&target);
+        // The target is decoded and normalised once; routing, the static-file test and every
+        // CGI variable come from this one result (a second spelling is how `/index.ph%70`
+        // got served as text).
+        let path = match parse_request_path(&target) {
+            Ok(p) => p,
+            Err(e) => return error_response(request_id, &GatewayError::Cgi(e)),
+        };
+        let route_path = String::from_utf8_lossy(&path.normalized);
         let Some(ctx) = gateway.route(RouteKey {
             listener: &info.listener,
             host: &host,
-            path,
+            path: &route_path,
         }) else {
             let e = GatewayError::NoContext {
                 host: host.clone(),
-                path: path.to_owned(),
+                path: route_path.into_owned(),
             };
             return error_response(request_id, &e);
         };
-        if let Some(resp) = static_file(gateway, ctx, &parts.method, &target).await {
+        if let Some(resp) = static_file(gateway, ctx, &parts.method, &path).await {
             return resp;
         }
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
@@ -132,7 +141,7 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             };
         }
         let params = match cgi_params(
-            gateway, ctx, info, &parts, &method, &target, &host, &body_now,
+            gateway, ctx, info, &parts, &method, &target, &path, &host, &body_now,
         ) {
             Ok(p) => p,
             Err(e) => return error_response(request_id, &e),
@@ -184,39 +193,48 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
 
 /// Serves an existing non-script file under the context's root when the context asks for
 /// static files (`static_files = true`); `None` sends the request on to the backend.
+///
+/// Never served: anything that looks like a script in any letter case (`x.PHP` is not run,
+/// but it is PHP source all the same), PHP's other source extensions in a PHP context, hidden
+/// files (`.env`, `.git/config`, `.user.ini`; those are answered 404 here, not passed on), and
+/// anything whose real path leaves the real root.
 async fn static_file(
     gateway: &Gateway,
     ctx: usize,
     method: &http::Method,
-    target: &[u8],
+    path: &RequestPath<'_>,
 ) -> Option<Response<HttpBody>> {
     let context = gateway.contexts.get(ctx)?;
     let root = context.config.root.as_ref()?;
     if !context.config.static_files {
         return None;
     }
-    let raw_path = target.split(|&b| b == b'?').next()?;
-    if let ScriptMode::Files { extensions, .. } = &context.cgi.mode {
-        let path = path_of(target);
-        let is_script = path.split('/').any(|segment| {
-            extensions.iter().any(|ext| {
-                let ext = std::str::from_utf8(ext).unwrap_or("");
-                segment.len() > ext.len() + 1
-                    && segment.ends_with(ext)
-                    && segment.as_bytes().get(segment.len() - ext.len() - 1) == Some(&b'.')
-            })
-        });
-        if is_script {
-            return None;
-        }
+    let ScriptMode::Files { extensions, .. } = &context.cgi.mode else {
+        return None;
+    };
+    let norm = &path.normalized[..];
+    if looks_like_source(norm, extensions) {
+        return None;
     }
-    let lexical = static_file_path(raw_path, root.as_os_str().as_encoded_bytes()).ok()?;
+    if has_hidden_segment(norm) {
+        // Not passed on either: the backend would refuse it anyway (not a script).
+        return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
+    }
+    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
+    if lexical.last() == Some(&b'/') {
+        lexical.pop();
+    }
+    lexical.extend_from_slice(norm);
     let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
-    // The real file must be a regular file still under the real root (no symlink out).
+    // The real file must be a regular file still under the real root (no symlink out), and
+    // its real name must not be a script or hidden either (`a.txt -> index.php`).
     let real = tokio::fs::canonicalize(&lexical).await.ok()?;
     let real_root = tokio::fs::canonicalize(root).await.ok()?;
-    if !real.starts_with(&real_root) {
-        return None;
+    let rel = real.strip_prefix(&real_root).ok()?;
+    let mut rel_path = b"/".to_vec();
+    rel_path.extend_from_slice(rel.as_os_str().as_encoded_bytes());
+    if looks_like_source(&rel_path, extensions) || has_hidden_segment(&rel_path) {
+        return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
     let file = tokio::fs::File::open(&real).await.ok()?;
     let meta = file.metadata().await.ok()?;
@@ -237,6 +255,37 @@ async fn static_file(
     resp.headers_mut()
         .insert(http::header::CONTENT_LENGTH, HeaderValue::from(meta.len()));
     Some(resp)
+}
+
+/// PHP's other source extensions: never sent as static files from a PHP context, though only
+/// the context's own extensions are run.
+const PHP_SOURCE_EXTENSIONS: [&str; 10] = [
+    "php", "phtml", "phar", "phps", "php3", "php4", "php5", "php7", "php8", "inc",
+];
+
+/// Whether some segment of a normalised path ends with a script extension in any letter case
+/// (or, when the context runs PHP, with one of PHP's other source extensions).
+fn looks_like_source(norm: &[u8], extensions: &[Vec<u8>]) -> bool {
+    let php = extensions.iter().any(|e| {
+        e.strip_prefix(b".")
+            .unwrap_or(e)
+            .eq_ignore_ascii_case(b"php")
+    });
+    let ends_with_ext = |segment: &[u8], ext: &[u8]| {
+        let ext = ext.strip_prefix(b".").unwrap_or(ext);
+        segment.len() > ext.len() + 1
+            && segment.get(segment.len() - ext.len() - 1) == Some(&b'.')
+            && segment
+                .get(segment.len() - ext.len()..)
+                .is_some_and(|tail| tail.eq_ignore_ascii_case(ext))
+    };
+    norm.split(|&c| c == b'/').any(|segment| {
+        extensions.iter().any(|ext| ends_with_ext(segment, ext))
+            || (php
+                && PHP_SOURCE_EXTENSIONS
+                    .iter()
+                    .any(|ext| ends_with_ext(segment, ext.as_bytes())))
+    })
 }
 
 /// The media type of a static file, from its extension.
@@ -273,6 +322,7 @@ fn cgi_params(
     parts: &http::request::Parts,
     method: &[u8],
     target: &[u8],
+    path: &RequestPath<'_>,
     host: &str,
     body: &RequestBody,
 ) -> Result<Vec<(Bytes, Bytes)>, GatewayError> {
@@ -312,7 +362,7 @@ fn cgi_params(
             path: String::new(),
         });
     };
-    let vars = build_cgi_vars(&req, &context.cgi, &gateway.limits)?;
+    let vars = build_cgi_vars_for(&req, path, &context.cgi, &gateway.limits)?;
     for d in &vars.dropped {
         tracing::debug!(header = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
@@ -374,12 +424,6 @@ fn host_of(parts: &http::request::Parts) -> String {
         raw.split(':').next().unwrap_or(raw)
     };
     host.to_ascii_lowercase()
-}
-
-/// The path part of a request target (before `?`).
-fn path_of(target: &[u8]) -> &str {
-    let path = target.split(|&b| b == b'?').next().unwrap_or(target);
-    std::str::from_utf8(path).unwrap_or("/")
 }
 
 /// The request body as a backend body source; its length when the client declared one.

@@ -12,15 +12,16 @@
 use bytes::Bytes;
 
 use super::path::{
-    check_context, check_decoded, normalize, percent_decode, root_display, root_prefix, script_end,
-    split_decoded,
+    check_context, check_decoded, has_hidden_segment, normalize, percent_decode, root_display,
+    root_prefix, script_end, split_decoded,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
 };
 
 /// Prefixes Apache's mod_proxy_fcgi and mod_proxy_balancer put before SCRIPT_FILENAME.
-const APACHE_PREFIXES: [&[u8]; 2] = [b"proxy:fcgi://", b"proxy:balancer://"];
+/// mod_proxy_scgi sends `proxy:scgi://host/...` the same way.
+const APACHE_PREFIXES: [&[u8]; 3] = [b"proxy:fcgi://", b"proxy:scgi://", b"proxy:balancer://"];
 
 /// Filters and completes the parameters a front server sent, in their order.
 ///
@@ -80,16 +81,49 @@ pub fn normalize_front_params(
             }
             None => derive_script(&mut out, ctx, true)?,
         },
-        ScriptMode::App { .. } if out.get(b"SCRIPT_NAME").is_none() => {
-            derive_script(&mut out, ctx, false)?
+        ScriptMode::App { .. } => {
+            // An application context has no document root, so nothing can check a script
+            // path: a SCRIPT_FILENAME or PATH_TRANSLATED from the front server would reach a
+            // PHP backend unchecked (php-cgi runs whatever file it names). They are dropped.
+            for name in [&b"SCRIPT_FILENAME"[..], b"PATH_TRANSLATED"] {
+                if let Some(i) = out.vars.iter().position(|(n, _)| n == name) {
+                    let (name, _) = out.vars.remove(i);
+                    out.dropped.push(Dropped {
+                        name,
+                        reason: DropReason::NoRoot,
+                    });
+                }
+            }
+            if out.get(b"SCRIPT_NAME").is_none() {
+                derive_script(&mut out, ctx, false)?
+            }
         }
-        ScriptMode::App { .. } => {}
+    }
+    if matches!(ctx.mode, ScriptMode::Files { .. }) {
+        // As for an HTTP request: a script's empty PATH_INFO is left out, since an empty one
+        // is what php-cgi's PATH_INFO arithmetic trips on (CVE-2019-11043).
+        if let Some(i) = out
+            .vars
+            .iter()
+            .position(|(n, v)| n == &b"PATH_INFO"[..] && v.is_empty())
+        {
+            out.vars.remove(i);
+        }
     }
     if out.get(b"DOCUMENT_ROOT").is_none() {
         out.set(
             b"DOCUMENT_ROOT",
             Bytes::from(root_display(&ctx.document_root)),
         );
+    }
+    // The context's own variables come last and win, on every front alike.
+    for (name, value) in &ctx.extra_env {
+        if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(name) || has_nul_cr_lf(value) {
+            return Err(CgiError::InvalidContext(
+                "an extra variable has an empty name, '=', NUL, CR or LF",
+            ));
+        }
+        out.set(name, value.clone());
     }
     Ok(out)
 }
@@ -115,6 +149,11 @@ fn fix_script_filename(
         .strip_prefix(prefix)
         .filter(|r| r.first() == Some(&b'/'))
         .ok_or_else(outside)?;
+    if has_hidden_segment(rel) {
+        return Err(CgiError::Hidden {
+            path: snippet(&norm),
+        });
+    }
     let end = script_end(rel, extensions).ok_or_else(|| CgiError::NotAScript {
         path: snippet(&norm),
     })?;

@@ -21,7 +21,10 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use front::normalize_front_params;
-pub use path::{split_script_path, static_file_path, ScriptPath};
+pub use path::{
+    has_allowed_ext, has_hidden_segment, normalize_decoded_path, parse_request_path,
+    split_request_path, split_script_path, static_file_path, RequestPath, ScriptPath,
+};
 
 /// The GATEWAY_INTERFACE value corral speaks.
 pub const GATEWAY_INTERFACE: &[u8] = b"CGI/1.1";
@@ -107,6 +110,9 @@ pub enum DropReason {
     HopByHop,
     /// PHP_VALUE / PHP_ADMIN_VALUE from a front server while the context does not allow them.
     PhpIni,
+    /// SCRIPT_FILENAME or PATH_TRANSLATED from a front server for a context without a
+    /// document root, where nothing could check the file they name.
+    NoRoot,
     /// A front-server parameter repeated later with a new value (the last one is kept, as
     /// php-fpm does).
     Duplicate,
@@ -193,6 +199,12 @@ pub enum CgiError {
     /// No path segment ends with an allowed script extension.
     #[error("path \"{}\" names no script with an allowed extension", .path.escape_ascii())]
     NotAScript {
+        /// The start of the normalised path.
+        path: Vec<u8>,
+    },
+    /// A path segment starts with `.` (`.env`, `.git`, `.user.ini`): never served or run.
+    #[error("path \"{}\" has a hidden segment (one starting with '.'), which corral neither serves nor runs", .path.escape_ascii())]
+    Hidden {
         /// The start of the normalised path.
         path: Vec<u8>,
     },
@@ -342,6 +354,18 @@ pub fn build_cgi_vars(
     ctx: &CgiContext,
     limits: &Limits,
 ) -> Result<CgiVars, CgiError> {
+    let path = path::parse_request_path(req.target)?;
+    build_cgi_vars_for(req, &path, ctx, limits)
+}
+
+/// [`build_cgi_vars`] for a target the caller has already parsed (and routed on): every
+/// variable comes from `path`, and `req.target` is not read again.
+pub fn build_cgi_vars_for(
+    req: &CgiRequest<'_>,
+    path: &RequestPath<'_>,
+    ctx: &CgiContext,
+    limits: &Limits,
+) -> Result<CgiVars, CgiError> {
     if !is_token(req.method) {
         return Err(CgiError::InvalidMethod {
             method: snippet(req.method),
@@ -351,8 +375,7 @@ pub fn build_cgi_vars(
     check_field("remote address", req.remote_addr)?;
     check_field("server address", req.server_addr)?;
     check_field("server name", req.server_name)?;
-    let target = path::split_target(req.target)?;
-    let script = split_script_path(target.path, ctx)?;
+    let script = split_request_path(path, ctx)?;
     let mapped = headers::map_headers(req.headers, req.body_length)?;
 
     let mut out = CgiVars {
@@ -364,7 +387,7 @@ pub fn build_cgi_vars(
     let port = |p: Option<u16>| p.map(|p| Bytes::from(p.to_string())).unwrap_or_default();
     put(b"GATEWAY_INTERFACE", Bytes::from_static(GATEWAY_INTERFACE));
     put(b"SERVER_SOFTWARE", ctx.server_software.clone());
-    put(b"QUERY_STRING", Bytes::copy_from_slice(target.query));
+    put(b"QUERY_STRING", Bytes::copy_from_slice(path.query));
     put(b"REQUEST_METHOD", Bytes::copy_from_slice(req.method));
     put(b"CONTENT_TYPE", mapped.content_type);
     put(b"CONTENT_LENGTH", mapped.content_length);
@@ -381,18 +404,21 @@ pub fn build_cgi_vars(
         translated.extend_from_slice(&path_info);
         Bytes::from(translated)
     });
+    let is_script = script_filename.is_some();
     put(b"SCRIPT_NAME", Bytes::from(script_name));
     if let Some(filename) = script_filename {
         put(b"SCRIPT_FILENAME", Bytes::from(filename));
     }
-    put(b"PATH_INFO", Bytes::from(path_info));
+    // A script's empty PATH_INFO is left out (as nginx's fastcgi_params does): an empty one
+    // is what feeds php-cgi's PATH_INFO arithmetic (CVE-2019-11043). An application mount
+    // keeps it, empty or not (PEP 3333, Rack).
+    if !path_info.is_empty() || !is_script {
+        put(b"PATH_INFO", Bytes::from(path_info));
+    }
     if let Some(translated) = path_translated {
         put(b"PATH_TRANSLATED", translated);
     }
-    put(
-        b"REQUEST_URI",
-        Bytes::copy_from_slice(target.path_and_query),
-    );
+    put(b"REQUEST_URI", Bytes::copy_from_slice(path.path_and_query));
     put(b"DOCUMENT_URI", document_uri);
     put(
         b"DOCUMENT_ROOT",

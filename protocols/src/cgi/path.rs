@@ -94,6 +94,75 @@ fn strip_scheme_authority(target: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// A request target parsed once: its raw parts for REQUEST_URI and QUERY_STRING, and the one
+/// decoded, normalised path that routing, the static-file test, the script split and every
+/// CGI variable are then taken from. Deciding "is this a script?" on one spelling and serving
+/// another (`/index.ph%70`) is how source code leaks; there is only one spelling here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestPath<'a> {
+    /// The raw path and query (REQUEST_URI).
+    pub path_and_query: &'a [u8],
+    /// The raw query without `?` (QUERY_STRING); empty when there is none.
+    pub query: &'a [u8],
+    /// The path percent-decoded once, with no NUL, CR, LF or `\`, dot segments resolved
+    /// without climbing above `/`; starts with `/` and keeps a trailing `/`.
+    pub normalized: Vec<u8>,
+}
+
+impl RequestPath<'_> {
+    /// The normalised path as text, for routing and logs (`None` when it is not UTF-8).
+    pub fn as_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.normalized).ok()
+    }
+}
+
+/// Parses a raw request target (origin-form or absolute-form) into a [`RequestPath`].
+pub fn parse_request_path(target: &[u8]) -> Result<RequestPath<'_>, CgiError> {
+    let t = split_target(target)?;
+    if t.path.first() != Some(&b'/') {
+        return Err(CgiError::TargetForm {
+            target: snippet(target),
+        });
+    }
+    let decoded = percent_decode(t.path)?;
+    check_decoded(&decoded)?;
+    Ok(RequestPath {
+        path_and_query: t.path_and_query,
+        query: t.query,
+        normalized: normalize(&decoded, true)?,
+    })
+}
+
+/// Normalises a path a front server sent already decoded (nginx's DOCUMENT_URI): the same
+/// checks and dot-segment rules as [`parse_request_path`], without a decoding pass.
+pub fn normalize_decoded_path(decoded: &[u8]) -> Result<Vec<u8>, CgiError> {
+    if decoded.first() != Some(&b'/') {
+        return Err(CgiError::TargetForm {
+            target: snippet(decoded),
+        });
+    }
+    check_decoded(decoded)?;
+    normalize(decoded, true)
+}
+
+/// Splits an already parsed request path into SCRIPT_NAME, PATH_INFO and SCRIPT_FILENAME
+/// under `ctx`.
+pub fn split_request_path(
+    path: &RequestPath<'_>,
+    ctx: &CgiContext,
+) -> Result<ScriptPath, CgiError> {
+    check_context(ctx)?;
+    split_decoded(&path.normalized, ctx)
+}
+
+/// Whether a normalised path has a hidden segment (one starting with `.`: `.env`, `.git/`,
+/// `.user.ini`, `.htpasswd`), which corral neither serves nor runs. `.well-known` (RFC 8615:
+/// ACME challenges, security.txt) is the one exception.
+pub fn has_hidden_segment(norm: &[u8]) -> bool {
+    norm.split(|&c| c == b'/')
+        .any(|s| s.first() == Some(&b'.') && s != b".well-known")
+}
+
 /// Splits a raw (percent-encoded) request path into SCRIPT_NAME, PATH_INFO and
 /// SCRIPT_FILENAME under `ctx`.
 pub fn split_script_path(raw_path: &[u8], ctx: &CgiContext) -> Result<ScriptPath, CgiError> {
@@ -119,6 +188,11 @@ pub fn static_file_path(raw_path: &[u8], root: &[u8]) -> Result<Vec<u8>, CgiErro
     let decoded = percent_decode(raw_path)?;
     check_decoded(&decoded)?;
     let norm = normalize(&decoded, true)?;
+    if has_hidden_segment(&norm) {
+        return Err(CgiError::Hidden {
+            path: snippet(&norm),
+        });
+    }
     let mut file = root_prefix(root).to_vec();
     file.extend_from_slice(&norm);
     Ok(file)
@@ -142,6 +216,11 @@ fn split_files(
     extensions: &[Vec<u8>],
     index: &[Vec<u8>],
 ) -> Result<ScriptPath, CgiError> {
+    if has_hidden_segment(norm) {
+        return Err(CgiError::Hidden {
+            path: snippet(norm),
+        });
+    }
     let (script_name, path_info) = match script_end(norm, extensions) {
         Some(end) => {
             let (name, info) = norm.split_at(end.min(norm.len()));
@@ -203,7 +282,7 @@ fn split_app(norm: &[u8], mount: &[u8]) -> Result<ScriptPath, CgiError> {
 }
 
 /// Whether `segment` is `stem.ext` with a non-empty stem and `ext` allowed (byte for byte).
-fn has_allowed_ext(segment: &[u8], extensions: &[Vec<u8>]) -> bool {
+pub fn has_allowed_ext(segment: &[u8], extensions: &[Vec<u8>]) -> bool {
     extensions.iter().any(|ext| {
         let ext = ext.strip_prefix(b".").unwrap_or(ext);
         segment.len() > ext.len() + 1

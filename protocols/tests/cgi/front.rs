@@ -110,6 +110,12 @@ fn front_script_filename_rules() {
         ("/var/www/html/x.jpg", |e| {
             matches!(e, CgiError::NotAScript { .. })
         }),
+        ("/var/www/html/.git/x.php", |e| {
+            matches!(e, CgiError::Hidden { .. })
+        }),
+        ("/var/www/html/.user.ini", |e| {
+            matches!(e, CgiError::Hidden { .. })
+        }),
     ];
     for (filename, is_expected) in cases {
         let err = normalize_front_params(params(&[("SCRIPT_FILENAME", filename)]), &php_ctx())
@@ -153,7 +159,11 @@ fn nginx_scgi_pass_gets_script_vars_derived() {
         get(&out, "SCRIPT_FILENAME"),
         Some(&b"/var/www/html/a b.php"[..])
     );
-    assert_eq!(get(&out, "PATH_INFO"), Some(&b""[..]));
+    assert_eq!(
+        get(&out, "PATH_INFO"),
+        None,
+        "an empty PATH_INFO is left out"
+    );
     let err = normalize_front_params(params(&[("REQUEST_URI", "/x.jpg/../../y.php")]), &php_ctx())
         .unwrap_err();
     assert!(matches!(err, CgiError::EscapesRoot { .. }));
@@ -234,4 +244,61 @@ fn front_params_filtering() {
         bad(&[("PATH_INFO", "/x\n")]),
         CgiError::ForbiddenByte { .. }
     ));
+}
+
+#[test]
+fn apache_proxy_scgi_prefix_is_stripped() {
+    let out = normalize_front_params(
+        params(&[(
+            "SCRIPT_FILENAME",
+            "proxy:scgi://localhost/var/www/html/info.php",
+        )]),
+        &php_ctx(),
+    )
+    .unwrap();
+    assert_eq!(
+        get(&out, "SCRIPT_FILENAME"),
+        Some(&b"/var/www/html/info.php"[..])
+    );
+}
+
+#[test]
+fn a_rootless_context_drops_the_front_script_filename() {
+    // Nothing can check a file without a root: a PHP backend behind such a context must not
+    // be handed a path to run.
+    let out = normalize_front_params(
+        params(&[
+            ("SCRIPT_FILENAME", "/var/www/html/uploads/avatar.gif"),
+            ("PATH_TRANSLATED", "/var/www/html/uploads/avatar.gif"),
+            ("REQUEST_URI", "/app/x"),
+        ]),
+        &app_ctx(b"/app"),
+    )
+    .unwrap();
+    assert_eq!(get(&out, "SCRIPT_FILENAME"), None);
+    assert_eq!(get(&out, "PATH_TRANSLATED"), None);
+    assert_eq!(get(&out, "SCRIPT_NAME"), Some(&b"/app"[..]));
+    assert_eq!(
+        out.dropped
+            .iter()
+            .filter(|d| d.reason == DropReason::NoRoot)
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn context_params_apply_to_front_requests_too() {
+    let mut ctx = php_ctx();
+    ctx.extra_env = vec![
+        (Bytes::from_static(b"APP_ENV"), Bytes::from_static(b"prod")),
+        (Bytes::from_static(b"HTTPS"), Bytes::from_static(b"on")),
+    ];
+    let out = normalize_front_params(
+        params(&[("SCRIPT_FILENAME", "/var/www/html/a.php"), ("HTTPS", "off")]),
+        &ctx,
+    )
+    .unwrap();
+    assert_eq!(get(&out, "APP_ENV"), Some(&b"prod"[..]));
+    assert_eq!(get(&out, "HTTPS"), Some(&b"on"[..]), "the context wins");
 }

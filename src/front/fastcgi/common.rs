@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, RouteKey};
-use crate::protocols::cgi::normalize_front_params;
+use crate::protocols::cgi::{normalize_decoded_path, normalize_front_params, parse_request_path};
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
 /// Bytes read at a time while lingering.
@@ -30,14 +30,17 @@ pub(crate) fn prepare(
         .or_else(|| get(b"SERVER_NAME"))
         .map(|h| host_name(h))
         .unwrap_or_default();
+    // Routed on the decoded, normalised path, as the HTTP front routes: DOCUMENT_URI is
+    // already decoded (nginx's $document_uri), REQUEST_URI is the raw target. A path that
+    // cannot be normalised is refused here, before any context is chosen.
     let path = match get(b"DOCUMENT_URI").filter(|u| !u.is_empty()) {
-        Some(uri) => String::from_utf8_lossy(uri).into_owned(),
+        Some(uri) => normalize_decoded_path(uri)?,
         None => {
             let uri = get(b"REQUEST_URI").map(|u| &u[..]).unwrap_or(b"/");
-            let path = uri.split(|&b| b == b'?').next().unwrap_or(b"/");
-            String::from_utf8_lossy(path).into_owned()
+            parse_request_path(uri)?.normalized
         }
     };
+    let path = String::from_utf8_lossy(&path).into_owned();
     let Some(ctx) = gateway.route(RouteKey {
         listener,
         host: &host,

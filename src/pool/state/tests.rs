@@ -516,6 +516,7 @@ servers = ["127.0.0.1:9000"]
 
 [[contexts]]
 pool = "php"
+root = "/var/www/html"
 
 [[contexts]]
 prefix = "/ext"

@@ -7,6 +7,8 @@
 //! everything about limits, queueing, worker choice and backend errors happens here, the same
 //! for HTTP, FastCGI and SCGI fronts.
 
+pub mod script;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -103,6 +105,9 @@ pub enum GatewayError {
     /// The CGI variables could not be built from the request.
     #[error("{0}")]
     Cgi(#[from] CgiError),
+    /// The script file the request names is not one corral lets a backend run.
+    #[error("{0}")]
+    Script(#[from] script::ScriptFileError),
     /// No slot could be had (queue full, queue timeout, pool stopping).
     #[error("pool {pool}: {source}")]
     Slot {
@@ -130,6 +135,7 @@ impl GatewayError {
         match self {
             GatewayError::NoContext { .. } => 404,
             GatewayError::Cgi(e) => cgi_status(e),
+            GatewayError::Script(e) => e.status(),
             GatewayError::Slot { .. } => 503,
             GatewayError::Body(source) | GatewayError::Backend { source, .. } => source.status(),
         }
@@ -151,9 +157,10 @@ impl GatewayError {
 fn cgi_status(e: &CgiError) -> u16 {
     match e {
         CgiError::EscapesRoot { .. } | CgiError::OutsideRoot { .. } => 403,
-        CgiError::NotAScript { .. } | CgiError::NoIndex { .. } | CgiError::OutsideMount { .. } => {
-            404
-        }
+        CgiError::NotAScript { .. }
+        | CgiError::NoIndex { .. }
+        | CgiError::OutsideMount { .. }
+        | CgiError::Hidden { .. } => 404,
         CgiError::InvalidContext(_) => 500,
         CgiError::TooManyVars { .. }
         | CgiError::NameTooLong { .. }
@@ -424,6 +431,8 @@ impl Gateway {
                 path: String::new(),
             });
         };
+        // Before a slot is taken: a refused script never queues or touches a worker.
+        script::check(&context.cgi, &params)?;
         let mut timer = RequestTimer::start(&pool.requests);
         let slot = pool
             .requests

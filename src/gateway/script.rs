@@ -1,0 +1,215 @@
+//! The guard between a URL and code execution: before a request of a script context (one with
+//! a document root) reaches its backend, the file SCRIPT_FILENAME names must exist, be a
+//! regular file, lie under the document root once both are resolved (symlinks followed), and
+//! carry an allowed script extension under its real name too.
+//!
+//! php-cgi has no `security.limit_extensions`, and with `cgi.fix_pathinfo=1` (its default) it
+//! walks a missing `/uploads/avatar.gif/x.php` back to the gif and runs it; switching
+//! fix_pathinfo off does not help either (php-cgi then runs PATH_TRANSLATED). So corral checks
+//! the file itself, on every front (HTTP, FastCGI, SCGI), the way nginx's `try_files $uri =404`
+//! does, and a refused request never takes a slot or touches a worker.
+//!
+//! The checks are plain system calls on the runtime thread: realpath and stat of a file the
+//! page cache already holds cost a few microseconds, as nginx's own open()/stat() per request
+//! do; moving them to the blocking pool would cost more in thread hand-offs.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use crate::protocols::cgi::{has_allowed_ext, has_hidden_segment, CgiContext, ScriptMode};
+
+/// Why a script request was refused before any backend was contacted.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptFileError {
+    /// The parameters name no SCRIPT_FILENAME although the context runs script files.
+    #[error("no SCRIPT_FILENAME to check")]
+    NoFilename,
+    /// The document root itself cannot be resolved.
+    #[error("the document root {} cannot be resolved: {source}", .root.display())]
+    Root {
+        /// The configured root.
+        root: PathBuf,
+        /// What realpath said.
+        source: std::io::Error,
+    },
+    /// The script does not exist (or a path component is not a directory).
+    #[error("script {} does not exist: {source}", .path.display())]
+    Missing {
+        /// SCRIPT_FILENAME.
+        path: PathBuf,
+        /// What realpath said.
+        source: std::io::Error,
+    },
+    /// The script resolves outside the real document root (a symlink out of it).
+    #[error("script {} resolves to {}, outside the document root {}", .path.display(), .real.display(), .root.display())]
+    OutsideRoot {
+        /// SCRIPT_FILENAME.
+        path: PathBuf,
+        /// Its real path.
+        real: PathBuf,
+        /// The real document root.
+        root: PathBuf,
+    },
+    /// The script is a directory, a device, a socket...
+    #[error("script {} is not a regular file", .path.display())]
+    NotAFile {
+        /// SCRIPT_FILENAME.
+        path: PathBuf,
+    },
+    /// The real file has no allowed extension or sits under a hidden directory (a symlink
+    /// `x.php -> avatar.gif`, `x.php -> .env`).
+    #[error("script {} resolves to {}, which is not an allowed script", .path.display(), .real.display())]
+    NotAScript {
+        /// SCRIPT_FILENAME.
+        path: PathBuf,
+        /// Its real path.
+        real: PathBuf,
+    },
+}
+
+impl ScriptFileError {
+    /// The status for the client: 404 for every refusal about the file (php-fpm answers
+    /// "File not found." the same way, and a 403 would confirm that something is there);
+    /// 500 when the configured root itself is unusable.
+    pub fn status(&self) -> u16 {
+        match self {
+            ScriptFileError::Root { .. } => 500,
+            _ => 404,
+        }
+    }
+}
+
+/// Checks the script a request of context `cgi` would run; `Ok` for contexts that run an
+/// application rather than files.
+pub fn check(cgi: &CgiContext, params: &[(Bytes, Bytes)]) -> Result<(), ScriptFileError> {
+    let ScriptMode::Files { extensions, .. } = &cgi.mode else {
+        return Ok(());
+    };
+    let filename = params
+        .iter()
+        .find(|(n, _)| n == &b"SCRIPT_FILENAME"[..])
+        .map(|(_, v)| Path::new(std::ffi::OsStr::from_bytes(v)))
+        .ok_or(ScriptFileError::NoFilename)?;
+    let root = Path::new(std::ffi::OsStr::from_bytes(&cgi.document_root));
+    let real_root = std::fs::canonicalize(root).map_err(|source| ScriptFileError::Root {
+        root: root.to_path_buf(),
+        source,
+    })?;
+    let real = std::fs::canonicalize(filename).map_err(|source| ScriptFileError::Missing {
+        path: filename.to_path_buf(),
+        source,
+    })?;
+    let Ok(rel) = real.strip_prefix(&real_root) else {
+        return Err(ScriptFileError::OutsideRoot {
+            path: filename.to_path_buf(),
+            real,
+            root: real_root,
+        });
+    };
+    let name_ok = real
+        .file_name()
+        .is_some_and(|n| has_allowed_ext(n.as_bytes(), extensions));
+    let mut rel_path = b"/".to_vec();
+    rel_path.extend_from_slice(rel.as_os_str().as_bytes());
+    if !name_ok || has_hidden_segment(&rel_path) {
+        return Err(ScriptFileError::NotAScript {
+            path: filename.to_path_buf(),
+            real,
+        });
+    }
+    match std::fs::metadata(&real) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => Err(ScriptFileError::NotAFile {
+            path: filename.to_path_buf(),
+        }),
+        Err(source) => Err(ScriptFileError::Missing {
+            path: filename.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(root: &Path) -> CgiContext {
+        CgiContext {
+            document_root: root.as_os_str().as_bytes().to_vec(),
+            mode: ScriptMode::Files {
+                extensions: vec![b"php".to_vec()],
+                index: vec![b"index.php".to_vec()],
+            },
+            server_software: Bytes::from_static(b"corral"),
+            extra_env: Vec::new(),
+            allow_php_ini_params: false,
+        }
+    }
+
+    fn params(file: &Path) -> Vec<(Bytes, Bytes)> {
+        vec![(
+            Bytes::from_static(b"SCRIPT_FILENAME"),
+            Bytes::copy_from_slice(file.as_os_str().as_bytes()),
+        )]
+    }
+
+    #[test]
+    fn only_real_scripts_under_the_real_root_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("www");
+        std::fs::create_dir_all(root.join("uploads")).unwrap();
+        std::fs::create_dir_all(root.join("dir.php")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join("index.php"), "<?php").unwrap();
+        std::fs::write(root.join("uploads/avatar.gif"), "GIF89a<?php").unwrap();
+        std::fs::write(root.join(".git/hook.php"), "<?php").unwrap();
+        std::fs::write(dir.path().join("outside.php"), "<?php").unwrap();
+        std::os::unix::fs::symlink(root.join("uploads/avatar.gif"), root.join("gif.php")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside.php"), root.join("out.php")).unwrap();
+        std::os::unix::fs::symlink(root.join(".git/hook.php"), root.join("hook.php")).unwrap();
+        let c = ctx(&root);
+        assert!(check(&c, &params(&root.join("index.php"))).is_ok());
+        let refused = |p: PathBuf| check(&c, &params(&p)).unwrap_err();
+        assert!(matches!(
+            refused(root.join("uploads/avatar.gif/x.php")),
+            ScriptFileError::Missing { .. }
+        ));
+        assert!(matches!(
+            refused(root.join("missing.php")),
+            ScriptFileError::Missing { .. }
+        ));
+        assert!(matches!(
+            refused(root.join("gif.php")),
+            ScriptFileError::NotAScript { .. }
+        ));
+        assert!(matches!(
+            refused(root.join("hook.php")),
+            ScriptFileError::NotAScript { .. }
+        ));
+        assert!(matches!(
+            refused(root.join("out.php")),
+            ScriptFileError::OutsideRoot { .. }
+        ));
+        assert!(matches!(
+            refused(root.join("dir.php")),
+            ScriptFileError::NotAFile { .. }
+        ));
+        assert!(matches!(
+            check(&c, &[]).unwrap_err(),
+            ScriptFileError::NoFilename
+        ));
+        // A root reached through a symlink (a `current -> releases/42` deploy) is fine.
+        std::os::unix::fs::symlink(&root, dir.path().join("current")).unwrap();
+        let c = ctx(&dir.path().join("current"));
+        assert!(check(&c, &params(&dir.path().join("current/index.php"))).is_ok());
+    }
+
+    #[test]
+    fn application_contexts_are_not_checked() {
+        let mut c = ctx(Path::new("/nonexistent"));
+        c.mode = ScriptMode::App { mount: Vec::new() };
+        assert!(check(&c, &[]).is_ok());
+    }
+}
