@@ -107,7 +107,11 @@ fn minimal_file_gets_php_fpm_like_defaults() {
     assert_eq!((ctx.prefix.as_str(), ctx.pool.as_str()), ("/", "php"));
     assert_eq!(ctx.max_conns, 5);
     assert!(!ctx.allow_php_value && !ctx.static_files);
-    assert_eq!(ctx.index, ["index.php"], "a root brings the php-fpm-like index");
+    assert_eq!(
+        ctx.index,
+        ["index.php"],
+        "a root brings the php-fpm-like index"
+    );
 }
 
 #[test]
@@ -597,7 +601,9 @@ pool = "php"
     )
     .unwrap_err();
     assert!(
-        errors.iter().any(|e| e.to_string().contains("needs a root")),
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("needs a root")),
         "{errors:?}"
     );
     // Any other program may run behind an application mount.
