@@ -349,6 +349,8 @@ fn header_rules() {
         (b"X-Forwarded-For", b"192.0.2.1"),
         (b"x-forwarded-for", b"192.0.2.2"),
         (b"Content_Length", b"0"),
+        (b"X-Auth.User", b"mallory"),
+        (b"X-Auth+User", b"mallory"),
     ];
     let vars = build(b"/a.php", headers).unwrap();
     assert_eq!(get(&vars, "HTTP_PROXY"), None);
@@ -373,6 +375,8 @@ fn header_rules() {
             (&b"Transfer-Encoding"[..], DropReason::HopByHop),
             (&b"Connection"[..], DropReason::HopByHop),
             (&b"Content_Length"[..], DropReason::Underscore),
+            (&b"X-Auth.User"[..], DropReason::NameChars),
+            (&b"X-Auth+User"[..], DropReason::NameChars),
         ]
     );
     // Every name appears once.

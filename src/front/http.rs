@@ -100,6 +100,26 @@ pub type HttpBody = FrontBody;
 async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> Response<HttpBody> {
     let request_id = gateway.request_id();
     let (parts, incoming) = req.into_parts();
+    if let Err((status, why)) = check_head(&parts) {
+        tracing::info!(
+            request_id,
+            status = status.as_u16(),
+            reason = why,
+            "request refused"
+        );
+        let mut resp = plain(status, &format!("{} {why}\n", status.as_u16()));
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            resp.headers_mut().insert(
+                http::header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+        }
+        // The body, if any, is not read: close rather than guess where the next request
+        // starts (that guess is what request smuggling exploits).
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
     let host = host_of(&parts);
     let target: Bytes = match parts.uri.path_and_query() {
         Some(pq) => Bytes::copy_from_slice(pq.as_str().as_bytes()),
@@ -156,11 +176,40 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             method = b"GET".to_vec();
             continue;
         }
-        let mut builder = Response::builder().status(
-            StatusCode::from_u16(response.head.status_code()).unwrap_or(StatusCode::BAD_GATEWAY),
-        );
+        let code = response.head.status_code();
+        if !(200..=999).contains(&code) {
+            // A 1xx final answer (101 would switch protocols under corral's feet) is not a
+            // response a CGI backend may give.
+            let e = GatewayError::Backend {
+                pool: gateway.pool_name(ctx),
+                source: BackendError::Protocol {
+                    protocol: gateway.pool_protocol(ctx),
+                    rule: format!(
+                        "the backend answered with status {code}, which is not a final status"
+                    ),
+                },
+            };
+            return error_response(request_id, &e);
+        }
+        let mut builder = Response::builder()
+            .status(StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY));
+        let connection_named = connection_tokens(&response.head.headers);
         for (name, value) in &response.head.headers {
             if name.eq_ignore_ascii_case(b"status") {
+                continue;
+            }
+            if is_hop_by_hop(name)
+                || connection_named
+                    .iter()
+                    .any(|t| name.eq_ignore_ascii_case(t))
+            {
+                // They described the backend's hop, which corral terminated; hyper frames
+                // the client's side itself.
+                tracing::debug!(
+                    request_id,
+                    header = %String::from_utf8_lossy(name),
+                    "dropped a hop-by-hop header from the backend response"
+                );
                 continue;
             }
             match (
@@ -189,6 +238,84 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
         },
     };
     error_response(request_id, &e)
+}
+
+/// Refusals decided by the request head alone, before routing:
+/// - CONNECT: corral is not a forward proxy (405);
+/// - a Transfer-Encoding other than exactly `chunked` (501: no other coding is supported).
+///   hyper itself answers 400 when `chunked` is not the last coding (RFC 9112 §6.3), and when
+///   Transfer-Encoding and Content-Length come together it frames by the former, drops the
+///   latter and closes the connection after the answer, so bytes smuggled after the chunked
+///   body are never read as a request;
+/// - more than one Host, none in an HTTP/1.1 request, or an absolute-form target whose
+///   authority is not the Host (400, RFC 9112 §3.2).
+fn check_head(parts: &http::request::Parts) -> Result<(), (StatusCode, &'static str)> {
+    if parts.method == http::Method::CONNECT {
+        return Err((StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not served"));
+    }
+    let mut codings = parts
+        .headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter();
+    if let Some(first) = codings.next() {
+        let chunked = first
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"chunked");
+        if !chunked || codings.next().is_some() {
+            return Err((
+                StatusCode::NOT_IMPLEMENTED,
+                "only Transfer-Encoding: chunked is supported",
+            ));
+        }
+    }
+    let mut hosts = parts.headers.get_all(http::header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err((StatusCode::BAD_REQUEST, "more than one Host header"));
+    }
+    match (host, parts.uri.authority()) {
+        (None, _) if parts.version == http::Version::HTTP_11 => {
+            Err((StatusCode::BAD_REQUEST, "an HTTP/1.1 request without Host"))
+        }
+        (Some(h), Some(authority))
+            if !h
+                .as_bytes()
+                .eq_ignore_ascii_case(authority.as_str().as_bytes()) =>
+        {
+            Err((
+                StatusCode::BAD_REQUEST,
+                "the Host header does not match the request target's authority",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Hop-by-hop response headers (RFC 9110 §7.6.1), which describe one connection only.
+fn is_hop_by_hop(name: &[u8]) -> bool {
+    [
+        &b"connection"[..],
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The header names a backend's `Connection` header lists (hop-by-hop as well).
+fn connection_tokens(headers: &[(Bytes, Bytes)]) -> Vec<Vec<u8>> {
+    headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+        .flat_map(|(_, v)| v.split(|&c| c == b','))
+        .map(|t| t.trim_ascii().to_vec())
+        .filter(|t| !t.is_empty())
+        .collect()
 }
 
 /// Serves an existing non-script file under the context's root when the context asks for
@@ -331,9 +458,13 @@ fn cgi_params(
         .iter()
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
         .collect();
-    let (remote_addr, remote_port) = match info.peer {
-        Peer::Tcp(a) => (a.ip().to_string(), Some(a.port())),
-        Peer::Unix => ("127.0.0.1".to_owned(), None),
+    // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
+    // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
+    // out rather than filled with a loopback placeholder that an app would trust.
+    let (remote_addr, remote_port) = match (forwarded_client(info, &parts.headers), info.peer) {
+        (Some(ip), _) => (ip.to_string(), None),
+        (None, Peer::Tcp(a)) => (a.ip().to_string(), Some(a.port())),
+        (None, Peer::Unix) => (String::new(), None),
     };
     let (server_addr, server_port) = match info.local {
         Some(a) => (a.ip().to_string(), Some(a.port())),
@@ -369,20 +500,64 @@ fn cgi_params(
     Ok(vars.vars)
 }
 
-/// Whether a trusted proxy says the client came over HTTPS. Only the configured header is
-/// read, and only from a peer in `trusted_proxies` (any peer of a Unix listener, which its
-/// file permissions already restrict); everyone else's header is ignored.
-fn forwarded_https(info: &ConnInfo, headers: &http::HeaderMap) -> bool {
-    let Some(trust) = &info.forwarded else {
-        return false;
-    };
+/// Whether the peer is one whose forwarded headers are believed: any peer of a Unix listener
+/// (its file permissions restrict who connects), or a TCP peer in `trusted_proxies`.
+fn trusted_peer(info: &ConnInfo) -> Option<&ForwardedTrust> {
+    let trust = info.forwarded.as_ref()?;
     let trusted = match info.peer {
         Peer::Unix => true,
         Peer::Tcp(addr) => trust.trusted_proxies.iter().any(|c| c.contains(addr.ip())),
     };
-    if !trusted {
-        return false;
+    trusted.then_some(trust)
+}
+
+/// The client address a trusted proxy names: the last `X-Forwarded-For` entry, or the last
+/// `Forwarded` element's `for=` (the one the trusted proxy itself added; earlier entries came
+/// from farther away and are not believed). Only a well-formed IP address is taken.
+fn forwarded_client(info: &ConnInfo, headers: &http::HeaderMap) -> Option<std::net::IpAddr> {
+    let trust = trusted_peer(info)?;
+    let last = |name: http::header::HeaderName| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .last()
+            .map(str::trim)
+    };
+    match trust.header {
+        ForwardedHeader::None => None,
+        ForwardedHeader::XForwarded => {
+            last(http::header::HeaderName::from_static("x-forwarded-for"))?
+                .parse()
+                .ok()
+        }
+        ForwardedHeader::Forwarded => {
+            let element = last(http::header::FORWARDED)?;
+            let value = element.split(';').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                k.trim().eq_ignore_ascii_case("for").then(|| v.trim())
+            })?;
+            // `for=192.0.2.7`, `for="192.0.2.7:4711"`, `for="[2001:db8::1]:4711"`.
+            let value = value.trim_matches('"');
+            if let Some(v6) = value.strip_prefix('[') {
+                return v6.split(']').next()?.parse().ok();
+            }
+            value
+                .parse()
+                .ok()
+                .or_else(|| value.rsplit_once(':')?.0.parse().ok())
+        }
     }
+}
+
+/// Whether a trusted proxy says the client came over HTTPS. Only the configured header is
+/// read, and only from a peer in `trusted_proxies` (any peer of a Unix listener, which its
+/// file permissions already restrict); everyone else's header is ignored.
+fn forwarded_https(info: &ConnInfo, headers: &http::HeaderMap) -> bool {
+    let Some(trust) = trusted_peer(info) else {
+        return false;
+    };
     match trust.header {
         ForwardedHeader::None => false,
         // Each proxy appends its own value, so the last one is what the trusted proxy (the

@@ -359,6 +359,22 @@ impl Gateway {
         Ok((gateway, drivers))
     }
 
+    /// The name of context `ctx`'s pool, for errors.
+    pub fn pool_name(&self, ctx: usize) -> Arc<str> {
+        self.contexts
+            .get(ctx)
+            .and_then(|c| self.pools.get(c.pool))
+            .map_or_else(|| Arc::from("?"), |p| Arc::clone(&p.name))
+    }
+
+    /// The backend protocol of context `ctx`'s pool, for errors.
+    pub fn pool_protocol(&self, ctx: usize) -> Protocol {
+        self.contexts
+            .get(ctx)
+            .and_then(|c| self.pools.get(c.pool))
+            .map_or(Protocol::FastCgi, |p| p.protocol)
+    }
+
     /// A new request id for logs.
     pub fn request_id(&self) -> u64 {
         self.next_request_id.fetch_add(1, Ordering::Relaxed)

@@ -4,7 +4,9 @@
 //! Left out: `Proxy` (httpoxy: it would become HTTP_PROXY, which HTTP client libraries read as
 //! their outbound proxy), hop-by-hop headers (corral terminated that connection; a forwarded
 //! `Transfer-Encoding: chunked` next to a de-chunked body makes WSGI frameworks read nothing),
-//! and any name containing `_`. Because underscore names never pass, `X-Auth-User` and
+//! any name containing `_`, and any other name with a byte outside `[A-Za-z0-9-]` (PHP turns
+//! `.` and space in variable names into `_`, so `X-Auth.User` would arrive as
+//! HTTP_X_AUTH_USER too). Because such names never pass, `X-Auth-User` and
 //! `X_Auth_User` can never both map to HTTP_X_AUTH_USER, so one header cannot impersonate
 //! another that the front server vetted.
 
@@ -65,6 +67,8 @@ pub(super) fn map_headers(
             Some(DropReason::HopByHop)
         } else if name.contains(&b'_') {
             Some(DropReason::Underscore)
+        } else if !name.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-') {
+            Some(DropReason::NameChars)
         } else {
             None
         };

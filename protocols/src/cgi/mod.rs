@@ -84,7 +84,8 @@ pub struct CgiRequest<'a> {
     /// example after de-chunking). When set it is CONTENT_LENGTH and any Content-Length
     /// header is ignored; when `None` the Content-Length header (if any) is used.
     pub body_length: Option<u64>,
-    /// Client address as text (`192.0.2.7`, `2001:db8::1`).
+    /// Client address as text (`192.0.2.7`, `2001:db8::1`); empty when unknown, and then
+    /// REMOTE_ADDR is left out.
     pub remote_addr: &'a [u8],
     /// Client port; `None` for Unix sockets.
     pub remote_port: Option<u16>,
@@ -105,6 +106,9 @@ pub enum DropReason {
     Httpoxy,
     /// A header name containing `_`, which could collide with a `-` name once mapped.
     Underscore,
+    /// A header name with a byte outside `[A-Za-z0-9-]` (`X-Auth.User`): PHP maps `.` and
+    /// space to `_`, so it could impersonate the `-` spelling.
+    NameChars,
     /// A hop-by-hop header (Connection, Transfer-Encoding, ...): it described the client
     /// connection, which corral terminated.
     HopByHop,
@@ -432,7 +436,11 @@ pub fn build_cgi_vars_for(
     if req.https {
         put(b"HTTPS", Bytes::from_static(b"on"));
     }
-    put(b"REMOTE_ADDR", Bytes::copy_from_slice(req.remote_addr));
+    // An empty address means the front listener does not know the client (a Unix socket
+    // with no trusted forwarded header): the variable is left out, not made up.
+    if !req.remote_addr.is_empty() {
+        put(b"REMOTE_ADDR", Bytes::copy_from_slice(req.remote_addr));
+    }
     put(b"REMOTE_PORT", port(req.remote_port));
     put(b"SERVER_ADDR", Bytes::copy_from_slice(req.server_addr));
     put(b"SERVER_PORT", port(req.server_port));
