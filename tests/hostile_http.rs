@@ -114,6 +114,7 @@ max = 2
 [[contexts]]
 root = "{root}"
 pool = "php"
+max_body = "64KiB"
 "#,
         run = dir.path().join("run").display(),
         plain = dir.path().join("plain.sock").display(),
@@ -288,4 +289,38 @@ fn remote_addr_on_unix_listeners_comes_from_a_trusted_header_or_is_left_out() {
         ),
         r#"{"user":null,"addr":"2001:db8::7","https":"on"}"#
     );
+}
+
+#[test]
+fn bodies_over_max_body_get_413_before_any_worker() {
+    let site = site();
+    let big = vec![b'x'; 100 * 1024];
+    let r = http(site.addr(), "POST", "/env.php", &[], &big);
+    assert_eq!(r.status, 413, "{}", r.text());
+    site.good();
+    // Chunked: refused once the spool passes the limit.
+    let mut raw = String::from(
+        "POST /env.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    for _ in 0..20 {
+        raw.push_str(&format!("1000\r\n{}\r\n", "y".repeat(4096)));
+    }
+    raw.push_str("0\r\n\r\n");
+    let r = site.raw(&raw);
+    assert_eq!(r.status, 413);
+    // A chunked upload to a missing script is a 404, not spooled first.
+    let r = site.raw(
+        "POST /missing.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    );
+    assert_eq!(r.status, 404);
+    // Under the limit, both ways.
+    let r = http(site.addr(), "POST", "/env.php", &[], &big[..60 * 1024]);
+    assert_eq!(r.status, 200);
+    let r = site.raw(
+        "POST /env.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert!(site.corral.log().contains("exceeds max_body"));
 }

@@ -152,6 +152,20 @@ pub(super) fn context(
         }
         Some(m) => *m.get_ref(),
     };
+    let max_body = match &c.max_body {
+        None => super::DEFAULT_MAX_BODY,
+        Some(m) => match e.check(m.span(), super::units::parse_size(&m.get_ref().0)) {
+            Some(0) => {
+                e.at(
+                    m.span(),
+                    "max_body must be more than 0 (a body of 0 bytes is no body)",
+                );
+                super::DEFAULT_MAX_BODY
+            }
+            Some(b) => b,
+            None => super::DEFAULT_MAX_BODY,
+        },
+    };
     if !listen_ok {
         return None;
     }
@@ -167,6 +181,7 @@ pub(super) fn context(
         static_files,
         allow_php_value: c.allow_php_value.unwrap_or(false),
         params,
+        max_body,
     })
 }
 

@@ -148,6 +148,7 @@ pub struct FileContext {
     pub static_files: Option<Spanned<bool>>,
     pub allow_php_value: Option<bool>,
     pub params: Option<SpannedTable>,
+    pub max_body: Option<Spanned<SizeText>>,
 }
 
 /// A duration as written ("30s"); parsed during validation so that every bad one is

@@ -377,7 +377,15 @@ pub struct ContextConfig {
     pub allow_php_value: bool,
     /// Extra CGI parameters sent with every request (`params`).
     pub params: BTreeMap<String, String>,
+    /// Largest request body accepted, with or without a Content-Length (`max_body`, default
+    /// [`DEFAULT_MAX_BODY`]); a larger one is answered 413 before any worker is asked.
+    pub max_body: u64,
 }
+
+/// `max_body` when a context sets none: 1 GiB, the most corral spools to learn a chunked
+/// body's length. (nginx's client_max_body_size defaults to 1 MiB, which PHP sites raise
+/// first thing; php's post_max_size is the other guard.)
+pub const DEFAULT_MAX_BODY: u64 = 1 << 30;
 
 #[cfg(test)]
 mod tests;

@@ -462,6 +462,7 @@ fn contexts(
                 static_files: false,
                 allow_php_value: false,
                 params: BTreeMap::new(),
+                max_body: super::DEFAULT_MAX_BODY,
             }],
             _ => {
                 if file.pools.len() > 1 {

@@ -152,20 +152,35 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             return resp;
         }
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
-        if body_now.len().is_none() {
-            // A chunked body: learn its length first (bounded spool), so every backend sees
-            // CONTENT_LENGTH; php-cgi reads no body without one.
-            body_now = match spool_body(body_now, &gateway.spool).await {
-                Ok(b) => b,
-                Err(source) => return error_response(request_id, &GatewayError::Body(source)),
-            };
-        }
-        let params = match cgi_params(
+        let mut params = match cgi_params(
             gateway, ctx, info, &parts, &method, &target, &path, &host, &body_now,
         ) {
             Ok(p) => p,
             Err(e) => return error_response(request_id, &e),
         };
+        if body_now.len().is_none() {
+            // A chunked body: learn its length first (bounded spool, at most the context's
+            // max_body), so every backend sees CONTENT_LENGTH; php-cgi reads no body without
+            // one. Only once the request is known to go somewhere: no spool for a 404.
+            if let Err(e) = gateway.precheck(ctx, &params) {
+                return error_response(request_id, &e);
+            }
+            let spool = gateway.spool_for(ctx);
+            body_now = match spool_body(body_now, &spool).await {
+                Ok(b) => b,
+                Err(BackendError::BodyTooLarge { limit }) => {
+                    let e = GatewayError::BodyTooLarge {
+                        length: None,
+                        limit,
+                    };
+                    return error_response(request_id, &e);
+                }
+                Err(source) => return error_response(request_id, &GatewayError::Body(source)),
+            };
+            if let Some((_, value)) = params.iter_mut().find(|(n, _)| n == &b"CONTENT_LENGTH"[..]) {
+                *value = Bytes::from(body_now.len().unwrap_or(0).to_string());
+            }
+        }
         let response = match gateway.dispatch(ctx, params, body_now, request_id).await {
             Ok(r) => r,
             Err(e) => return error_response(request_id, &e),

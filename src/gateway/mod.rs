@@ -116,6 +116,14 @@ pub enum GatewayError {
         /// What happened.
         source: SlotError,
     },
+    /// The request body is larger than the context's `max_body`.
+    #[error("the request body of {} bytes exceeds max_body of {limit} bytes", .length.map_or_else(|| "more than that".to_owned(), |l| l.to_string()))]
+    BodyTooLarge {
+        /// Its length, when it was declared.
+        length: Option<u64>,
+        /// The context's limit.
+        limit: u64,
+    },
     /// The request body could not be read (or spooled) before the exchange.
     #[error("reading the request body: {0}")]
     Body(BackendError),
@@ -136,6 +144,7 @@ impl GatewayError {
             GatewayError::NoContext { .. } => 404,
             GatewayError::Cgi(e) => cgi_status(e),
             GatewayError::Script(e) => e.status(),
+            GatewayError::BodyTooLarge { .. } => 413,
             GatewayError::Slot { .. } => 503,
             GatewayError::Body(source) | GatewayError::Backend { source, .. } => source.status(),
         }
@@ -375,6 +384,25 @@ impl Gateway {
             .map_or(Protocol::FastCgi, |p| p.protocol)
     }
 
+    /// Checks, before a body of unknown length is read, what [`Gateway::dispatch`] would
+    /// refuse anyway: the script file of context `ctx`. A chunked upload to a missing script
+    /// is then answered 404 without spooling a byte of it.
+    pub fn precheck(&self, ctx: usize, params: &[(Bytes, Bytes)]) -> Result<(), GatewayError> {
+        match self.contexts.get(ctx) {
+            Some(c) => Ok(script::check(&c.cgi, params)?),
+            None => Ok(()),
+        }
+    }
+
+    /// The spool settings for a chunked body of context `ctx`: at most its `max_body`.
+    pub fn spool_for(&self, ctx: usize) -> SpoolConfig {
+        let mut spool = self.spool.clone();
+        if let Some(c) = self.contexts.get(ctx) {
+            spool.max_bytes = spool.max_bytes.min(c.config.max_body);
+        }
+        spool
+    }
+
     /// A new request id for logs.
     pub fn request_id(&self) -> u64 {
         self.next_request_id.fetch_add(1, Ordering::Relaxed)
@@ -447,8 +475,14 @@ impl Gateway {
                 path: String::new(),
             });
         };
-        // Before a slot is taken: a refused script never queues or touches a worker.
+        // Before a slot is taken: a refused script or body never queues or touches a worker.
         script::check(&context.cgi, &params)?;
+        if let Some(length) = body.len().filter(|&l| l > context.config.max_body) {
+            return Err(GatewayError::BodyTooLarge {
+                length: Some(length),
+                limit: context.config.max_body,
+            });
+        }
         let mut timer = RequestTimer::start(&pool.requests);
         let slot = pool
             .requests
