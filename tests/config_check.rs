@@ -245,7 +245,11 @@ fn fastcgi_and_scgi_fronts_on_other_hosts_need_an_allow_list() {
                 &format!("protocol = \"{protocol}\"\n\n"),
                 &format!("protocol = \"{protocol}\"\nallow = {allow}\n\n"),
             ));
-            assert_eq!(out.code, Some(0), "{protocol} with allow = {allow}: {out:?}");
+            assert_eq!(
+                out.code,
+                Some(0),
+                "{protocol} with allow = {allow}: {out:?}"
+            );
             assert_eq!(out.stdout, format!("{path}: ok\n"));
         }
         // Loopback needs no list; [::] has its own explicit word.
