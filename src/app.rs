@@ -10,12 +10,12 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, FrontProtocol, ListenerConfig};
+use crate::config::{Backend, Config, FrontProtocol, ListenerConfig};
 use crate::front::http::{self, ConnInfo};
 use crate::front::listener::Listener;
 use crate::front::{fastcgi, scgi};
 use crate::gateway::Gateway;
-use crate::status;
+use crate::{process, status};
 
 /// Kernel accept backlog of the status listener (its clients are a few operators and
 /// scrapers).
@@ -30,18 +30,10 @@ pub struct BoundListener {
     pub config: ListenerConfig,
 }
 
-/// Binds every configured front listener, creating the runtime directory first (front
-/// sockets usually live there, as php-fpm's live in /run/php).
+/// Binds every configured front listener. The runtime directory, where front sockets
+/// often live (as php-fpm's live in /run/php), must be prepared first
+/// ([`crate::runtime_dir::prepare`]).
 pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
-    std::fs::create_dir_all(&config.server.runtime_dir).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!(
-                "cannot create the runtime directory {}: {e}",
-                config.server.runtime_dir.display()
-            ),
-        )
-    })?;
     config
         .listeners
         .iter()
@@ -62,7 +54,9 @@ pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
 }
 
 /// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
-/// (cancelled with or after `shutdown`) cuts the drain short and kills the workers.
+/// (cancelled with or after `shutdown`) cuts the drain short and kills the workers. The
+/// runtime directory must have been prepared ([`crate::runtime_dir::prepare`]): the pools'
+/// launchers are written into it here.
 pub async fn run(
     config: &Config,
     listeners: Vec<BoundListener>,
@@ -80,14 +74,7 @@ pub async fn run(
         ),
         None => None,
     };
-    if !drivers.is_empty() {
-        std::fs::create_dir_all(&config.server.runtime_dir).map_err(|e| {
-            format!(
-                "cannot create the runtime directory {}: {e}",
-                config.server.runtime_dir.display()
-            )
-        })?;
-    }
+    warn_default_users(config);
     // Drivers spawn workers from runtime worker threads, which live as long as corral:
     // the workers' parent-death signal is tied to the forking thread.
     let supervisors: Vec<_> = drivers.into_iter().map(|d| tokio::spawn(d.run())).collect();
@@ -140,6 +127,25 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Says, once per pool, when a root corral runs a pool's workers as
+/// [`process::spawn::DEFAULT_USER`] because no user is configured.
+fn warn_default_users(config: &Config) {
+    for pool in &config.pools {
+        let Backend::Spawned(spawn) = &pool.backend else {
+            continue;
+        };
+        if process::spawn::default_identity_applies(spawn.user.as_deref()) {
+            tracing::warn!(
+                pool = %pool.name,
+                user = process::spawn::DEFAULT_USER,
+                "corral runs as root and neither the pool nor [server] sets `user`: the \
+                 workers run as {}, never as root; set `user` to choose",
+                process::spawn::DEFAULT_USER
+            );
+        }
+    }
 }
 
 async fn accept_loop(

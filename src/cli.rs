@@ -100,6 +100,23 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
 /// listeners bound, signals translated into the shutdown token.
 fn serve(config: &Config) -> Result<(), Error> {
     init_logging(config.server.log_level);
+    // Before the runtime starts its threads and before anything is created.
+    crate::process::own::restrict_umask();
+    let inherited = crate::process::own::cloexec_inherited().map_err(|source| Error::Io {
+        what: "mark inherited descriptors close-on-exec".to_owned(),
+        source,
+    })?;
+    if inherited > 0 {
+        tracing::debug!(
+            count = inherited,
+            "inherited descriptors marked close-on-exec: workers will not get them"
+        );
+    }
+    let root = nix::unistd::Uid::effective().is_root();
+    crate::runtime_dir::prepare(
+        &config.server.runtime_dir,
+        crate::runtime_dir::mode_for(config, root),
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

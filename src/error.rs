@@ -18,6 +18,9 @@ pub const EX_UNAVAILABLE: u8 = 69;
 pub const EX_SOFTWARE: u8 = 70;
 /// Exit code for a failed read or write (sysexits `EX_IOERR`).
 pub const EX_IOERR: u8 = 74;
+/// Exit code for something on the machine set up in a way corral refuses to use, such as
+/// a runtime directory others may write in (sysexits `EX_CONFIG`).
+pub const EX_CONFIG: u8 = 78;
 
 /// Why the `corral` command stopped.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +52,9 @@ pub enum Error {
         /// The operating system's reason.
         source: io::Error,
     },
+    /// The runtime directory is unsafe to use, or could not be set up.
+    #[error("refusing to start: {0}")]
+    RuntimeDir(#[from] crate::runtime_dir::RuntimeDirError),
     /// The configuration is valid but asks for what this build cannot serve, or serving
     /// failed after start.
     #[error("cannot serve: {0}")]
@@ -66,6 +72,8 @@ impl Error {
             Error::Io { .. } => EX_IOERR,
             Error::Unavailable { .. } | Error::Serve(_) => EX_UNAVAILABLE,
             Error::Internal(_) => EX_SOFTWARE,
+            Error::RuntimeDir(crate::runtime_dir::RuntimeDirError::Io { .. }) => EX_IOERR,
+            Error::RuntimeDir(_) => EX_CONFIG,
         }
     }
 }

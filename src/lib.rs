@@ -17,5 +17,6 @@ pub mod launchers;
 pub mod net;
 pub mod pool;
 pub mod process;
+pub mod runtime_dir;
 pub mod signals;
 pub mod status;

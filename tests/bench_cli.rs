@@ -489,7 +489,8 @@ fn corral_reaches_the_lsapi_and_scgi_null_backends() {
     let config = format!(
         r#"
 [server]
-runtime_dir = "{dir}"
+# Not {dir} itself: the shared dir is world-writable, which corral refuses.
+runtime_dir = "{dir}/run"
 
 [[listen]]
 address = "unix:{socket}"

@@ -209,3 +209,72 @@ fn version_and_usage() {
     let out = corral(&["check"]);
     assert_eq!(out.code, Some(64), "{out:?}");
 }
+
+/// `VALID` with one more front listener (served by the catch-all pool context) or a status
+/// section, written as `extra`.
+fn exposed(extra: &str) -> String {
+    format!("{VALID}\n[[contexts]]\npool = \"php\"\n\n{extra}\n")
+}
+
+/// Line of `needle` in `text`, 1-based.
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn fastcgi_and_scgi_fronts_on_other_hosts_need_an_allow_list() {
+    for protocol in ["fastcgi", "scgi"] {
+        let open = exposed(&format!(
+            "[[listen]]\naddress = \"0.0.0.0:9000\"\nprotocol = \"{protocol}\"\n"
+        ));
+        let line = line_of(&open, "0.0.0.0:9000");
+        let err = assert_errors(&open, &[&format!("{line}:11: 0.0.0.0:9000 is reachable")]);
+        assert!(err.contains("SCRIPT_FILENAME"), "{err}");
+        assert!(err.contains("allow = [\"0.0.0.0/0\"]"), "{err}");
+        // An empty list is no answer either.
+        let empty = open.replace(
+            "protocol = \"fastcgi\"\n\n",
+            "protocol = \"fastcgi\"\nallow = []\n\n",
+        );
+        if protocol == "fastcgi" {
+            assert_ne!(empty, open);
+            assert_errors(&empty, &[&format!("{line}:11: 0.0.0.0:9000 is reachable")]);
+        }
+
+        for allow in ["[\"0.0.0.0/0\"]", "[\"10.0.0.0/8\"]"] {
+            let (path, out) = check(&open.replace(
+                &format!("protocol = \"{protocol}\"\n\n"),
+                &format!("protocol = \"{protocol}\"\nallow = {allow}\n\n"),
+            ));
+            assert_eq!(
+                out.code,
+                Some(0),
+                "{protocol} with allow = {allow}: {out:?}"
+            );
+            assert_eq!(out.stdout, format!("{path}: ok\n"));
+        }
+        // Loopback needs no list; [::] has its own explicit word.
+        let (_, out) = check(&open.replace("0.0.0.0:9000", "127.0.0.1:9000"));
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let v6 = assert_errors(
+            &open.replace("0.0.0.0:9000", "[::]:9000"),
+            &[&format!("{line}:11: [::]:9000 is reachable")],
+        );
+        assert!(v6.contains("allow = [\"::/0\"]"), "{v6}");
+    }
+    // HTTP serves whoever comes; nothing is required there.
+    let (_, out) = check(&VALID.replace("127.0.0.1:8080", "0.0.0.0:8080"));
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
+fn a_status_listener_on_other_hosts_needs_an_allow_list() {
+    let open = format!("{VALID}\n[status]\naddress = \"0.0.0.0:9180\"\n");
+    let line = line_of(&open, "0.0.0.0:9180");
+    let err = assert_errors(&open, &[&format!("{line}:11: 0.0.0.0:9180 is reachable")]);
+    assert!(err.contains("allow = [\"0.0.0.0/0\"]"), "{err}");
+    let (_, out) = check(&format!("{open}allow = [\"0.0.0.0/0\"]\n"));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let (_, out) = check(&open.replace("0.0.0.0:9180", "127.0.0.1:9180"));
+    assert_eq!(out.code, Some(0), "{out:?}");
+}

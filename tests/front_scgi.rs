@@ -65,7 +65,8 @@ fn chain() -> Chain {
     let config = format!(
         r#"
 [server]
-runtime_dir = "{dir}"
+# Not {dir} itself: the shared dir is world-writable, which corral refuses.
+runtime_dir = "{dir}/run"
 
 [[listen]]
 address = "unix:{socket}"

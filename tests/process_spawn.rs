@@ -199,7 +199,9 @@ async fn lsphp_on_fd0_serves_connection_after_connection() {
 
 #[tokio::test]
 async fn placeholder_command_becomes_ready() {
-    let dir = tempfile::tempdir().unwrap();
+    // The program binds the socket itself, so the worker's user (nobody, under a root
+    // corral with no user set) must be able to create it in the directory.
+    let dir = shared_dir();
     let mut spec = spec(
         "py",
         &[

@@ -305,6 +305,18 @@ fn listener(e: &mut Errors, l: &FileListen) -> Option<ListenerConfig> {
         Some(b) => *b.get_ref(),
     };
     let forwarded = forwarded(e, l, bind.as_ref());
+    if l.protocol != FrontProtocol::Http {
+        let protocol = if l.protocol == FrontProtocol::Fastcgi {
+            "FastCGI"
+        } else {
+            "SCGI"
+        };
+        let why = format!(
+            "a {protocol} front server is trusted with every parameter it sends \
+             (SCRIPT_FILENAME picks the script to run, PHP_VALUE changes PHP's settings)"
+        );
+        exposure(e, bind.as_ref(), &l.address, &why);
+    }
     Some(ListenerConfig {
         bind: bind?,
         protocol: l.protocol,
@@ -377,7 +389,34 @@ fn status(e: &mut Errors, s: &FileStatus) -> Option<StatusConfig> {
             allow: s.allow.as_ref(),
         },
     )?;
+    exposure(
+        e,
+        Some(&bind),
+        &s.address,
+        "the status pages show every pool, worker and request in progress",
+    );
     Some(StatusConfig { bind })
+}
+
+/// A TCP socket that other hosts can reach must say who may connect: `allow` naming the
+/// clients, or `allow = ["0.0.0.0/0"]` (`["::/0"]`) as the explicit word that everyone may.
+/// Loopback addresses and Unix sockets (guarded by their mode) need no list.
+fn exposure(e: &mut Errors, bind: Option<&Bind>, address: &Spanned<String>, why: &str) {
+    let Some(Bind::Tcp { addr, allow }) = bind else {
+        return;
+    };
+    if addr.ip().is_loopback() || !allow.is_empty() {
+        return;
+    }
+    let everyone = if addr.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
+    e.at(
+        address.span(),
+        format!(
+            "{addr} is reachable from other hosts and has no allow list, and {why}: add \
+             allow = [...] naming the clients that may connect, or allow = [\"{everyone}\"] \
+             to say explicitly that every client may"
+        ),
+    );
 }
 
 /// No two sockets may bind the same address, and an unspecified address (0.0.0.0, [::])

@@ -3,10 +3,15 @@
 //! language's standard library, each taking its listening socket on fd 0 and serving one
 //! request at a time. A pool that says `app = "wsgi:module:callable"` or
 //! `app = "rack:config.ru"` runs them; they are written into the runtime directory when the
-//! pool is built, so the binary is all a deployment needs.
+//! pool is built, so the binary is all a deployment needs. That directory is corral's own
+//! (its owner and mode are checked before anything is written there), and the files are
+//! written so that nothing planted in it is ever followed.
 
-use std::io;
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
 
 use crate::config::Program;
 
@@ -39,16 +44,38 @@ pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<S
     }
 }
 
-/// Writes `text` to `dir/name` unless it is already there unchanged (several pools share a
-/// launcher), through a temporary file renamed into place so a worker never runs half a file.
+/// Mode of a launcher file: a root corral's workers run as another user and must read it;
+/// nobody but corral may change it. The text is the one embedded in the binary, so there is
+/// nothing secret to hide from other readers.
+pub const LAUNCHER_MODE: u32 = 0o644;
+
+/// Writes `text` to `dir/name` (which must exist) through a fresh temporary file renamed
+/// into place, so a worker never runs half a file.
+///
+/// Nothing already in `dir` is trusted or followed: the temporary name is unlinked first
+/// (unlinking a symbolic link removes the link, not its target), then created with
+/// `O_EXCL | O_NOFOLLOW`, which fails rather than open anything planted there in between;
+/// `rename` replaces whatever sits at `dir/name`, a symbolic link included, without
+/// touching what it points to. Every pool rewrites the file, which costs a few kilobytes
+/// once at start and saves trusting an old copy. The mode is set on the open file, since
+/// corral's umask (077) would strip the read bits the workers need.
 fn write(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
     let path = dir.join(name);
-    if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
-        return Ok(path);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(OFlag::O_NOFOLLOW.bits())
+        .mode(LAUNCHER_MODE)
+        .open(&tmp)?;
+    file.set_permissions(std::fs::Permissions::from_mode(LAUNCHER_MODE))?;
+    file.write_all(text.as_bytes())?;
+    drop(file);
     std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
@@ -80,5 +107,30 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_planted_symlink_is_replaced_and_its_target_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "precious").unwrap();
+        let path = dir.path().join("corral-wsgi.py");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        // A stale temporary name (as a symbolic link too) is no obstacle either.
+        let tmp = dir
+            .path()
+            .join(format!(".corral-wsgi.py.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&target, &tmp).unwrap();
+        let wsgi = Program::Wsgi {
+            module: "m".into(),
+            callable: "app".into(),
+        };
+        command(&wsgi, dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file(), "{meta:?}");
+        assert_eq!(meta.permissions().mode() & 0o7777, LAUNCHER_MODE);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), WSGI);
+        assert!(!tmp.exists());
     }
 }

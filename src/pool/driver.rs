@@ -349,9 +349,23 @@ impl Driver {
     }
 
     fn spawn(&mut self, key: WorkerKey) {
-        let path = self
-            .runtime_dir
-            .join(format!("{}-{}.sock", self.name, key.0));
+        let dir = self.template.identity().and_then(|id| {
+            crate::runtime_dir::worker_socket_dir(
+                &self.runtime_dir,
+                &self.name,
+                self.template.handoff,
+                id.as_ref(),
+            )
+        });
+        let dir = match dir {
+            Ok(dir) => dir,
+            Err(e) => {
+                let reason = format!("cannot prepare the worker socket's directory: {e}");
+                self.feed(PoolEvent::SpawnFailed { key, reason });
+                return;
+            }
+        };
+        let path = dir.join(format!("{}-{}.sock", self.name, key.0));
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
         match spawn_worker(&spec) {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -35,6 +35,9 @@ use tokio::process::Child;
 
 use super::output::log_lines;
 use crate::config::{BackendAddress, BackendProtocol, PoolConfig, Program, SpawnConfig};
+
+/// Mode of a worker socket corral binds: read and write for corral's user alone.
+pub const WORKER_SOCKET_MODE: u32 = 0o600;
 
 /// `PATH` given to workers when corral itself has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -159,11 +162,16 @@ impl WorkerSpawn {
 
     /// The user and group the worker will run as, or `None` to keep corral's.
     ///
-    /// Only a root corral changes identity (DESIGN decision 10); otherwise `user` and
-    /// `group` are ignored, since an unprivileged process cannot switch. A root corral with
-    /// no user configured keeps root for the worker, except for LSAPI: lsphp started as
-    /// root takes itself for LiteSpeed's suEXEC daemon and serves a single connection
-    /// before exiting (protocols/LSAPI.md §5.3), so it is run as `nobody`:`nogroup`.
+    /// Only a root corral changes identity; otherwise `user` and
+    /// `group` are ignored, since an unprivileged process cannot switch. A root corral never
+    /// runs an interpreter as root unless told to (`user = "root"`): with no user configured
+    /// the worker runs as [`DEFAULT_USER`], in [`DEFAULT_GROUP`] when that group exists (else
+    /// the user's primary group). An interpreter runs whatever code its requests name, so
+    /// root is the worst default; refusing to start instead would break a first run as root
+    /// of the embedded demo. lsphp has a second reason: started as root it takes itself for
+    /// LiteSpeed's suEXEC daemon and serves a single connection before exiting
+    /// (protocols/LSAPI.md §5.3). The warning that says so is logged once per pool, by the
+    /// caller of [`default_identity_applies`], not here at every spawn.
     pub fn identity(&self) -> io::Result<Option<Identity>> {
         if !Uid::effective().is_root() {
             if self.user.is_some() || self.group.is_some() {
@@ -171,30 +179,31 @@ impl WorkerSpawn {
             }
             return Ok(None);
         }
-        let (user_name, lsphp_default) = match (&self.user, self.protocol) {
-            (Some(user), _) => (user.as_str(), false),
-            (None, BackendProtocol::Lsapi) => ("nobody", true),
-            (None, _) => return Ok(None),
-        };
-        let user = find_user(user_name)?;
-        let gid = match (&self.group, lsphp_default) {
+        let defaulted = self.user.is_none();
+        let user = find_user(self.user.as_deref().unwrap_or(DEFAULT_USER))?;
+        let gid = match (&self.group, defaulted) {
             (Some(group), _) => group_id(group)?,
-            (None, true) => group_id("nogroup").unwrap_or(user.gid),
+            (None, true) => group_id(DEFAULT_GROUP).unwrap_or(user.gid),
             (None, false) => user.gid,
         };
-        if lsphp_default {
-            tracing::info!(
-                pool = %self.pool, uid = user.uid.as_raw(), gid = gid.as_raw(),
-                "corral runs as root and no user is configured: running lsphp as nobody \
-                 (as root it would serve one connection and exit); set `user` to choose"
-            );
-        }
         Ok(Some(Identity {
             user: user.name,
             uid: user.uid,
             gid,
         }))
     }
+}
+
+/// The user a root corral runs workers as when neither the pool nor `[server]` names one.
+pub const DEFAULT_USER: &str = "nobody";
+
+/// The group of [`DEFAULT_USER`] workers, when the system has it (Debian's name for it).
+pub const DEFAULT_GROUP: &str = "nogroup";
+
+/// Whether a pool whose configured user is `user` gets [`DEFAULT_USER`]: corral is root and
+/// no user is configured.
+pub fn default_identity_applies(user: Option<&str>) -> bool {
+    user.is_none() && Uid::effective().is_root()
 }
 
 /// The user and group a worker runs as.
@@ -375,6 +384,14 @@ fn prepare_socket(
                 let bound = UnixListener::bind(path).map_err(|e| {
                     io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
                 })?;
+                // Only corral connects to it: the worker has the socket itself as fd 0 and
+                // never needs the path, and nobody else may talk to an interpreter that
+                // trusts every parameter it is sent. Set explicitly rather than left to the
+                // umask, which the operator may have loosened.
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(WORKER_SOCKET_MODE))
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("cannot chmod {}: {e}", path.display()))
+                    })?;
                 Some(OwnedFd::from(bound))
             } else {
                 None

@@ -32,9 +32,32 @@ impl Corral {
     /// Starts `corral run -c FILE` on `config` and waits for its `listeners` listeners.
     pub fn start(config: &str, listeners: usize) -> Corral {
         let file = super::config_file(config);
-        let mut child = Command::new(CORRAL)
-            .args(["run", "-c"])
+        let mut cmd = Command::new(CORRAL);
+        cmd.args(["run", "-c"]).arg(file.path());
+        Corral::start_command(cmd, file, listeners)
+    }
+
+    /// Like [`Corral::start`], but through `/bin/sh -c "SETUP; exec corral run -c FILE"`
+    /// with `env` added, so a test can start corral with a umask, an inherited descriptor
+    /// or a file planted under corral's own pid (`$$` is the pid corral keeps after `exec`).
+    pub fn start_after(
+        config: &str,
+        listeners: usize,
+        setup: &str,
+        env: &[(&str, &str)],
+    ) -> Corral {
+        let file = super::config_file(config);
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(format!("{setup}\nexec \"$0\" run -c \"$1\""))
+            .arg(CORRAL)
             .arg(file.path())
+            .envs(env.iter().copied());
+        Corral::start_command(cmd, file, listeners)
+    }
+
+    fn start_command(mut cmd: Command, file: tempfile::NamedTempFile, listeners: usize) -> Corral {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
