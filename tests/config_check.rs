@@ -213,7 +213,7 @@ fn version_and_usage() {
 /// `VALID` with one more front listener (served by the catch-all pool context) or a status
 /// section, written as `extra`.
 fn exposed(extra: &str) -> String {
-    format!("{VALID}\n[[contexts]]\npool = \"php\"\n\n{extra}\n")
+    format!("{VALID}\n[[contexts]]\npool = \"php\"\nroot = \"/var/www/html\"\n\n{extra}\n")
 }
 
 /// Line of `needle` in `text`, 1-based.
