@@ -245,8 +245,8 @@ mod tests {
 
     fn config(extra: &str, pool: &str) -> Config {
         let text = format!(
-            "[server]\nruntime_dir = \"/run/x\"\n[[listen]]\naddress = \"127.0.0.1:0\"\n\
-             protocol = \"http\"\n{extra}\n[pools.p]\n{pool}\n"
+            "[server]\nruntime_dir = \"/run/x\"\n[[contexts]]\npool = \"p\"\nroot = \"/srv\"\n\
+             [[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n{extra}\n[pools.p]\n{pool}\n"
         );
         crate::config::parse(&text, "t.toml").unwrap()
     }
