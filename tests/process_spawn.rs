@@ -593,7 +593,9 @@ async fn a_configured_pool_spawns_and_answers() {
         &format!(
             "[server]\nruntime_dir = \"{}\"\n\
              [[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\
+             [[contexts]]\npool = \"php\"\nroot = \"{}\"\n\
              [pools.php]\ncommand = [\"{PHP_CGI}\", \"-n\"]\nenv = {{ APP_ENV = \"test\" }}\n",
+            dir.path().display(),
             dir.path().display()
         ),
         "test.toml",
