@@ -173,6 +173,7 @@ async fn lsphp_chunked_body_is_spooled() {
         dir: spool_dir.path().to_path_buf(),
         max_bytes: 4 << 20,
         memory_bytes: 64 * 1024,
+        ..SpoolConfig::default()
     };
     let (sender, body) = RequestBody::channel(None, 2);
     let feeder = tokio::spawn(async move {

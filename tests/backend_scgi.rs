@@ -145,6 +145,7 @@ async fn scgi_post_of_unknown_length_is_spooled() {
         dir: spool_dir.path().to_path_buf(),
         max_bytes: 1 << 20,
         memory_bytes: 16,
+        ..SpoolConfig::default()
     };
     let (sender, body) = RequestBody::channel(None, 1);
     let feeder = tokio::spawn(async move {

@@ -641,8 +641,13 @@ fn an_early_error_answer_reaches_a_client_still_uploading() {
             let _ = conn.read(&mut buf);
         }
     });
+    // Unbuffered, so that the body is streamed to the backend as it arrives (a buffered
+    // request would be read whole before the backend is asked).
     let corral = Corral::start(
-        &config(&format!("servers = [\"unix:{}\"]", socket.display()), ""),
+        &config(
+            &format!("servers = [\"unix:{}\"]", socket.display()),
+            "request_buffering = false",
+        ),
         1,
     );
     for _ in 0..5 {

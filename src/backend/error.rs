@@ -117,6 +117,12 @@ pub enum BackendError {
         /// The limit.
         limit: u64,
     },
+    /// Spooling this body would pass `spool_budget`, what all spool files may hold.
+    #[error("the spool budget of {limit} bytes is used up by other request bodies")]
+    SpoolBudget {
+        /// The budget.
+        limit: u64,
+    },
     /// The spool file for a body of unknown length could not be written or read.
     #[error("cannot spool the request body in {dir}: {source}")]
     Spool {
@@ -150,6 +156,7 @@ impl BackendError {
             BackendError::ClientBody { .. } | BackendError::BodyLength { .. } => 400,
             BackendError::BodyTooLarge { .. } => 413,
             BackendError::Spool { .. } => 500,
+            BackendError::SpoolBudget { .. } => 503,
         }
     }
 
@@ -160,7 +167,7 @@ impl BackendError {
             | BackendError::ClientBody { .. }
             | BackendError::BodyLength { .. }
             | BackendError::BodyTooLarge { .. } => Origin::Client,
-            BackendError::Spool { .. } => Origin::Internal,
+            BackendError::Spool { .. } | BackendError::SpoolBudget { .. } => Origin::Internal,
             _ => Origin::Backend,
         }
     }

@@ -37,7 +37,7 @@ pub use body::{BodyClosed, BodyError, BodySender, BodySource, RequestBody};
 pub use connection::{BackendConnection, Connections};
 pub use error::{BackendError, Origin};
 pub use exchange::ResponseBody;
-pub use spool::spool_body;
+pub use spool::{buffer_body, spool_body};
 
 /// The protocol spoken to a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,7 +106,7 @@ impl Default for Timeouts {
 
 /// Where and how much of a body of unknown length may be spooled to learn its length (SCGI
 /// and LSAPI need it up front).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SpoolConfig {
     /// Directory of the temporary files (the runtime or temp dir); each is unlinked at once.
     pub dir: PathBuf,
@@ -114,16 +114,58 @@ pub struct SpoolConfig {
     pub max_bytes: u64,
     /// Bodies up to this size stay in memory instead of a file.
     pub memory_bytes: usize,
+    /// What all spool files together may hold, shared by every request.
+    pub budget: Arc<SpoolBudget>,
 }
 
 impl Default for SpoolConfig {
-    /// The system temp dir, at most 1 GiB, 64 KiB in memory.
+    /// The system temp dir, at most 1 GiB, 64 KiB in memory, a 4 GiB budget.
     fn default() -> SpoolConfig {
         SpoolConfig {
             dir: std::env::temp_dir(),
             max_bytes: 1 << 30,
             memory_bytes: 64 * 1024,
+            budget: Arc::new(SpoolBudget::new(crate::config::DEFAULT_SPOOL_BUDGET)),
         }
+    }
+}
+
+/// The bytes all spool files may hold together: a flood of large uploads gets 503s instead
+/// of filling the disk. Bytes are reserved as they are written and given back when the
+/// spooled body is dropped.
+#[derive(Debug)]
+pub struct SpoolBudget {
+    limit: u64,
+    used: std::sync::atomic::AtomicU64,
+}
+
+impl SpoolBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> SpoolBudget {
+        SpoolBudget {
+            limit,
+            used: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes `n` more bytes, or none when that would pass the limit.
+    fn reserve(&self, n: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let before = self.used.fetch_add(n, Ordering::AcqRel);
+        if before.saturating_add(n) > self.limit {
+            self.used.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    fn release(&self, n: u64) {
+        self.used.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -26,14 +26,29 @@ static SPOOL_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// a FastCGI backend to see a `CONTENT_LENGTH` for a chunked body (php-cgi reads no body
 /// without one) calls it before building the parameters.
 pub async fn spool_body(
-    mut body: RequestBody,
+    body: RequestBody,
     config: &SpoolConfig,
 ) -> Result<RequestBody, BackendError> {
     if body.len().is_some() {
         return Ok(body);
     }
+    buffer_body(body, config).await
+}
+
+/// Reads all of `body` before anything is sent on, whether or not its length is known (the
+/// request buffering nginx does), so that a slow client uploads into corral's spool rather
+/// than into a worker it would hold for as long as the upload takes. A declared length is
+/// held to: fewer or more bytes is [`BackendError::BodyLength`].
+pub async fn buffer_body(
+    mut body: RequestBody,
+    config: &SpoolConfig,
+) -> Result<RequestBody, BackendError> {
+    let declared = body.len();
+    if declared == Some(0) {
+        return Ok(body);
+    }
     let mut memory = BytesMut::new();
-    let mut file: Option<File> = None;
+    let mut file: Option<(File, Reservation)> = None;
     let mut total = 0u64;
     while let Some(chunk) = body.next_chunk().await {
         let chunk = chunk.map_err(|source| BackendError::ClientBody { source })?;
@@ -43,21 +58,38 @@ pub async fn spool_body(
                 limit: config.max_bytes,
             });
         }
+        if let Some(expected) = declared.filter(|&d| total > d) {
+            return Err(BackendError::BodyLength {
+                declared: expected,
+                actual: total,
+            });
+        }
         match file.as_mut() {
-            Some(f) => write(f, &chunk, &config.dir).await?,
+            Some((f, held)) => {
+                held.take(chunk.len() as u64)?;
+                write(f, &chunk, &config.dir).await?;
+            }
             None if memory.len() + chunk.len() <= config.memory_bytes => {
                 memory.extend_from_slice(&chunk);
             }
             None => {
+                let mut held = Reservation::new(&config.budget);
+                held.take((memory.len() + chunk.len()) as u64)?;
                 let mut f = create(&config.dir).await?;
                 write(&mut f, &memory, &config.dir).await?;
                 write(&mut f, &chunk, &config.dir).await?;
                 memory = BytesMut::new();
-                file = Some(f);
+                file = Some((f, held));
             }
         }
     }
-    let Some(mut file) = file else {
+    if let Some(expected) = declared.filter(|&d| total != d) {
+        return Err(BackendError::BodyLength {
+            declared: expected,
+            actual: total,
+        });
+    }
+    let Some((mut file, held)) = file else {
         return Ok(RequestBody::full(memory.freeze()));
     };
     let rewind = async {
@@ -69,8 +101,40 @@ pub async fn spool_body(
         file,
         remaining: total,
         buf: BytesMut::new(),
+        _held: held,
     };
     Ok(RequestBody::from_source(source, Some(total)))
+}
+
+/// Bytes of the spool budget held by one spooled body, given back when it is dropped.
+struct Reservation {
+    budget: std::sync::Arc<super::SpoolBudget>,
+    bytes: u64,
+}
+
+impl Reservation {
+    fn new(budget: &std::sync::Arc<super::SpoolBudget>) -> Reservation {
+        Reservation {
+            budget: std::sync::Arc::clone(budget),
+            bytes: 0,
+        }
+    }
+
+    fn take(&mut self, n: u64) -> Result<(), BackendError> {
+        if !self.budget.reserve(n) {
+            return Err(BackendError::SpoolBudget {
+                limit: self.budget.limit,
+            });
+        }
+        self.bytes += n;
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
 }
 
 fn spool_error(dir: &Path, source: std::io::Error) -> BackendError {
@@ -112,6 +176,7 @@ struct FileBody {
     file: File,
     remaining: u64,
     buf: BytesMut,
+    _held: Reservation,
 }
 
 impl BodySource for FileBody {

@@ -182,6 +182,7 @@ pub(super) fn context(
         allow_php_value: c.allow_php_value.unwrap_or(false),
         params,
         max_body,
+        request_buffering: c.request_buffering.unwrap_or(true),
     })
 }
 

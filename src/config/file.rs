@@ -64,6 +64,7 @@ pub struct FileServer {
     pub grace: Option<Spanned<DurationText>>,
     pub kill_timeout: Option<Spanned<DurationText>>,
     pub log_level: Option<LogLevel>,
+    pub spool_budget: Option<Spanned<SizeText>>,
 }
 
 /// `[[listen]]`.
@@ -149,6 +150,7 @@ pub struct FileContext {
     pub allow_php_value: Option<bool>,
     pub params: Option<SpannedTable>,
     pub max_body: Option<Spanned<SizeText>>,
+    pub request_buffering: Option<bool>,
 }
 
 /// A duration as written ("30s"); parsed during validation so that every bad one is

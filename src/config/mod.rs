@@ -90,7 +90,14 @@ pub struct ServerConfig {
     pub kill_timeout: Duration,
     /// Least severe log level written (`log_level`, default `info`).
     pub log_level: LogLevel,
+    /// Most request-body bytes held in spool files at once, over all requests
+    /// (`spool_budget`, default [`DEFAULT_SPOOL_BUDGET`]); beyond it a request is answered
+    /// 503 rather than filling the disk.
+    pub spool_budget: u64,
 }
+
+/// `spool_budget` when `[server]` sets none: 4 GiB.
+pub const DEFAULT_SPOOL_BUDGET: u64 = 4 << 30;
 
 /// `server.log_level`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -380,6 +387,10 @@ pub struct ContextConfig {
     /// Largest request body accepted, with or without a Content-Length (`max_body`, default
     /// [`DEFAULT_MAX_BODY`]); a larger one is answered 413 before any worker is asked.
     pub max_body: u64,
+    /// Read a client's whole request body (into memory up to 64 KiB, then a spool file)
+    /// before a worker is asked, so a slow upload never holds a worker
+    /// (`request_buffering`, default true, like nginx's `fastcgi_request_buffering`).
+    pub request_buffering: bool,
 }
 
 /// `max_body` when a context sets none: 1 GiB, the most corral spools to learn a chunked

@@ -220,6 +220,10 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
             Duration::from_secs(10),
         ),
         log_level: s.and_then(|s| s.log_level).unwrap_or(LogLevel::Info),
+        spool_budget: s
+            .and_then(|s| s.spool_budget.as_ref())
+            .and_then(|b| e.check(b.span(), super::parse_size(&b.get_ref().0)))
+            .unwrap_or(super::DEFAULT_SPOOL_BUDGET),
     }
 }
 
@@ -502,6 +506,7 @@ fn contexts(
                 allow_php_value: false,
                 params: BTreeMap::new(),
                 max_body: super::DEFAULT_MAX_BODY,
+                request_buffering: true,
             }],
             _ => {
                 if file.pools.len() > 1 {

@@ -24,7 +24,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{spool_body, BackendError, BodyError, BodySource, RequestBody};
+use crate::backend::{buffer_body, spool_body, BackendError, BodyError, BodySource, RequestBody};
 use crate::config::{ForwardedHeader, ForwardedTrust, ListenAddress};
 use crate::front::listener::Peer;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
@@ -158,15 +158,24 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             Ok(p) => p,
             Err(e) => return error_response(request_id, &e),
         };
-        if body_now.len().is_none() {
-            // A chunked body: learn its length first (bounded spool, at most the context's
-            // max_body), so every backend sees CONTENT_LENGTH; php-cgi reads no body without
-            // one. Only once the request is known to go somewhere: no spool for a 404.
-            if let Err(e) = gateway.precheck(ctx, &params) {
+        let chunked = body_now.len().is_none();
+        let buffer = gateway.buffers_requests(ctx) && !body_now.is_empty();
+        if chunked || buffer {
+            // Read the body before a worker is asked: a chunked one to learn its length, so
+            // every backend sees CONTENT_LENGTH (php-cgi reads no body without one), and any
+            // one when the context buffers requests, so that a slow upload holds a spool
+            // file, not a worker. Bounded by the context's max_body and the spool budget,
+            // and only once the request is known to go somewhere: no spool for a 404.
+            if let Err(e) = gateway.precheck(ctx, &params, body_now.len()) {
                 return error_response(request_id, &e);
             }
             let spool = gateway.spool_for(ctx);
-            body_now = match spool_body(body_now, &spool).await {
+            let read = if buffer {
+                buffer_body(body_now, &spool).await
+            } else {
+                spool_body(body_now, &spool).await
+            };
+            body_now = match read {
                 Ok(b) => b,
                 Err(BackendError::BodyTooLarge { limit }) => {
                     let e = GatewayError::BodyTooLarge {
@@ -177,8 +186,12 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
                 }
                 Err(source) => return error_response(request_id, &GatewayError::Body(source)),
             };
-            if let Some((_, value)) = params.iter_mut().find(|(n, _)| n == &b"CONTENT_LENGTH"[..]) {
-                *value = Bytes::from(body_now.len().unwrap_or(0).to_string());
+            if chunked {
+                if let Some((_, value)) =
+                    params.iter_mut().find(|(n, _)| n == &b"CONTENT_LENGTH"[..])
+                {
+                    *value = Bytes::from(body_now.len().unwrap_or(0).to_string());
+                }
             }
         }
         let response = match gateway.dispatch(ctx, params, body_now, request_id).await {

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::backend::{
     self, BackendError, BackendRequest, Connections, ExchangeOptions, Protocol, RequestBody,
-    ResponseBody, SpoolConfig, Timeouts,
+    ResponseBody, SpoolBudget, SpoolConfig, Timeouts,
 };
 use crate::config::{Backend, Config, ContextConfig, ListenAddress};
 use crate::launchers;
@@ -154,7 +154,11 @@ impl GatewayError {
     pub fn retry_after(&self) -> Option<u32> {
         match self {
             GatewayError::Slot { .. } => Some(1),
-            GatewayError::Backend { source, .. } if source.status() == 503 => Some(1),
+            GatewayError::Backend { source, .. } | GatewayError::Body(source)
+                if source.status() == 503 =>
+            {
+                Some(1)
+            }
             _ => None,
         }
     }
@@ -362,7 +366,12 @@ impl Gateway {
             pools,
             contexts,
             limits: Limits::DEFAULT,
-            spool: SpoolConfig::default(),
+            // Spool files live in the private runtime directory, not a shared /tmp.
+            spool: SpoolConfig {
+                dir: config.server.runtime_dir.clone(),
+                budget: Arc::new(SpoolBudget::new(config.server.spool_budget)),
+                ..SpoolConfig::default()
+            },
             next_request_id: AtomicU64::new(1),
         };
         Ok((gateway, drivers))
@@ -384,14 +393,33 @@ impl Gateway {
             .map_or(Protocol::FastCgi, |p| p.protocol)
     }
 
-    /// Checks, before a body of unknown length is read, what [`Gateway::dispatch`] would
-    /// refuse anyway: the script file of context `ctx`. A chunked upload to a missing script
-    /// is then answered 404 without spooling a byte of it.
-    pub fn precheck(&self, ctx: usize, params: &[(Bytes, Bytes)]) -> Result<(), GatewayError> {
-        match self.contexts.get(ctx) {
-            Some(c) => Ok(script::check(&c.cgi, params)?),
-            None => Ok(()),
+    /// Checks, before a body is read, what [`Gateway::dispatch`] would refuse anyway: the
+    /// script file of context `ctx` and a declared length over its `max_body`. An upload to a
+    /// missing script is then answered 404 without spooling a byte of it.
+    pub fn precheck(
+        &self,
+        ctx: usize,
+        params: &[(Bytes, Bytes)],
+        body_len: Option<u64>,
+    ) -> Result<(), GatewayError> {
+        let Some(c) = self.contexts.get(ctx) else {
+            return Ok(());
+        };
+        script::check(&c.cgi, params)?;
+        if let Some(length) = body_len.filter(|&l| l > c.config.max_body) {
+            return Err(GatewayError::BodyTooLarge {
+                length: Some(length),
+                limit: c.config.max_body,
+            });
         }
+        Ok(())
+    }
+
+    /// Whether context `ctx` reads whole request bodies before asking a worker.
+    pub fn buffers_requests(&self, ctx: usize) -> bool {
+        self.contexts
+            .get(ctx)
+            .is_some_and(|c| c.config.request_buffering)
     }
 
     /// The spool settings for a chunked body of context `ctx`: at most its `max_body`.
