@@ -100,6 +100,19 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
 /// listeners bound, signals translated into the shutdown token.
 fn serve(config: &Config) -> Result<(), Error> {
     init_logging(config.server.log_level);
+    // Before anything is bound or spawned: each front connection is a descriptor, and a
+    // 1,024 soft limit is a few hundred idle sockets away from refusing everything.
+    match crate::process::rlimit::raise_nofile() {
+        Ok(r) => tracing::info!(
+            old = r.old_soft,
+            new = r.new_soft,
+            hard = r.hard,
+            "raised the soft file-descriptor limit (RLIMIT_NOFILE)"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the file-descriptor limit (RLIMIT_NOFILE)")
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,7 +1,8 @@
 //! Process plumbing for spawned workers, and the only place in corral that forks, signals
 //! or reads `/proc` (STYLE 14): [`spawn`] starts a worker with its socket, environment,
 //! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
-//! [`memory`] measures a worker's process tree; [`signal_group`] stops one.
+//! [`memory`] measures a worker's process tree; [`signal_group`] stops one; [`rlimit`] raises
+//! corral's own file limit.
 //!
 //! # No orphaned interpreters
 //!
@@ -20,6 +21,7 @@ pub mod exit;
 pub mod memory;
 mod output;
 pub mod ready;
+pub mod rlimit;
 pub mod spawn;
 
 use std::io;
