@@ -64,13 +64,15 @@ pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
 
 /// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
 /// (cancelled with or after `shutdown`) cuts the drain short and kills the workers.
+/// Spawned workers get `worker_nofile` as their soft file limit (`None` = corral's own).
 pub async fn run(
     config: &Config,
     listeners: Vec<BoundListener>,
     shutdown: CancellationToken,
     fast: CancellationToken,
+    worker_nofile: Option<u64>,
 ) -> Result<(), String> {
-    let (gateway, drivers) = Gateway::new(config)?;
+    let (gateway, drivers) = Gateway::with_worker_nofile(config, worker_nofile)?;
     let gateway = Arc::new(gateway);
     // The status listener is bound here rather than by the caller: it carries no requests
     // for the pools, so nothing else needs it before serving starts.

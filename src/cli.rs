@@ -102,17 +102,22 @@ fn serve(config: &Config) -> Result<(), Error> {
     init_logging(config.server.log_level);
     // Before anything is bound or spawned: each front connection is a descriptor, and a
     // 1,024 soft limit is a few hundred idle sockets away from refusing everything.
-    match crate::process::rlimit::raise_nofile() {
-        Ok(r) => tracing::info!(
-            old = r.old_soft,
-            new = r.new_soft,
-            hard = r.hard,
-            "raised the soft file-descriptor limit (RLIMIT_NOFILE)"
-        ),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot raise the file-descriptor limit (RLIMIT_NOFILE)")
+    // Workers get the limit corral was started with back.
+    let worker_nofile = match crate::process::rlimit::raise_nofile() {
+        Ok(r) => {
+            tracing::info!(
+                old = r.old_soft,
+                new = r.new_soft,
+                hard = r.hard,
+                "raised the soft file-descriptor limit (RLIMIT_NOFILE)"
+            );
+            (r.new_soft != r.old_soft).then_some(r.old_soft)
         }
-    }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the file-descriptor limit (RLIMIT_NOFILE)");
+            None
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -152,7 +157,7 @@ fn serve(config: &Config) -> Result<(), Error> {
                 }
             }
         });
-        crate::app::run(config, listeners, shutdown, fast)
+        crate::app::run(config, listeners, shutdown, fast, worker_nofile)
             .await
             .map_err(Error::Serve)
     })

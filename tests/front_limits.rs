@@ -643,3 +643,33 @@ fn the_status_listener_has_its_own_cap_and_timeouts() {
     assert!(closed_within(&mut idle[0], Duration::from_secs(3)).is_some());
     assert!(still_open(&mut idle[39]));
 }
+
+/// The soft and hard "Max open files" of process `pid`.
+fn nofile_of(pid: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    (
+        fields.next().unwrap().to_owned(),
+        fields.next().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn workers_get_back_the_file_limit_corral_started_with() {
+    let dir = shared_dir();
+    write_file(dir.path(), "pid.php", "<?php echo getmypid();");
+    let corral = Corral::start_via(
+        &["prlimit", "--nofile=1024:4096", "--"],
+        &php_config(dir.path()),
+        1,
+    );
+    let corral_pid = corral.pid().to_string();
+    assert_eq!(nofile_of(&corral_pid), ("4096".into(), "4096".into()));
+    let worker = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
+    assert_eq!(worker.status, 200, "{}", corral.log());
+    assert_eq!(nofile_of(&worker.text()), ("1024".into(), "4096".into()));
+}
