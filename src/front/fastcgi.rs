@@ -264,8 +264,9 @@ impl Connection {
                     tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
                     return false;
                 }
-                // Only idle connections are picked, so no dispatched request is cut off.
-                () = self.state.evicted().cancelled() => {
+                // The table picks idle connections only; one whose request was dispatched
+                // as it was picked is closed once that request is done.
+                () = self.state.evicted().cancelled(), if self.state.is_idle() => {
                     tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
                     return false;
                 }

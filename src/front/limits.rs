@@ -207,29 +207,34 @@ impl ConnState {
     }
 
     /// Returns when the connection has to be closed: its head or idle deadline passed, or
-    /// the cap table evicted it. Never returns while a request is handled, except on
-    /// eviction (which only picks idle connections).
+    /// the cap table evicted it. Never returns while a request is handled: the table only
+    /// evicts idle connections, and one whose next request began just as it was picked is
+    /// closed when that request ends.
     pub async fn watch(&self, t: FrontTimeouts) -> Expired {
         loop {
             // `notify_one` keeps a permit when nobody waits, so a change between reading
-            // the deadline and waiting is not lost.
+            // the state and waiting is not lost.
             let changed = self.changed.notified();
-            match self.deadline(&t) {
-                None => tokio::select! {
-                    () = changed => {}
-                    () = self.evicted.cancelled() => return Expired::Evicted,
-                },
-                Some((at, _)) => tokio::select! {
-                    () = changed => {}
-                    () = self.evicted.cancelled() => return Expired::Evicted,
-                    () = tokio::time::sleep_until(at) => {
-                        if let Some((at, why)) = self.deadline(&t) {
-                            if at <= Instant::now() {
-                                return why;
-                            }
+            let evicted = self.evicted.is_cancelled();
+            if evicted && self.is_idle() {
+                return Expired::Evicted;
+            }
+            let expiry = async {
+                match self.deadline(&t) {
+                    Some((at, _)) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = changed => {}
+                () = self.evicted.cancelled(), if !evicted => {}
+                () = expiry => {
+                    if let Some((at, why)) = self.deadline(&t) {
+                        if at <= Instant::now() {
+                            return why;
                         }
                     }
-                },
+                }
             }
         }
     }
@@ -633,5 +638,21 @@ mod tests {
             Some((Instant::now() + t.header, Expired::Head))
         );
         assert_eq!(s.watch(t).await, Expired::Head);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_connection_that_just_turned_busy_closes_after_its_request() {
+        let a = Admission::new("front", 1);
+        let first = a.admit(tcp(0, 1, None)).unwrap();
+        let _second = a.admit(tcp(0, 2, None)).unwrap();
+        assert!(first.state().evicted().is_cancelled());
+        // Its head completed as it was picked.
+        let busy = first.state().begin();
+        let state = Arc::clone(first.state());
+        let watch = tokio::spawn(async move { state.watch(FrontTimeouts::default()).await });
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert!(!watch.is_finished());
+        drop(busy);
+        assert_eq!(watch.await.unwrap(), Expired::Evicted);
     }
 }
