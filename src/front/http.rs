@@ -99,7 +99,7 @@ pub async fn serve_connection(
         // arms the timer): one value would be both the head limit and the keep-alive limit,
         // and a 10 s head limit would end every keep-alive connection after 10 s. The watch
         // below times the two phases apart; hyper's timer, at their sum, can never fire
-        // before it. Setting a timer at all also matters: without one hyper silently skips
+        // earlier. Setting a timer at all also matters: without one hyper silently skips
         // its default 30 s header timeout, with one that default would apply.
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header + timeouts.idle)
@@ -492,7 +492,7 @@ impl BodySource for IncomingSource {
                 this.timer.as_mut().reset(Instant::now() + this.timeout);
             }
             if this.timer.as_mut().poll(cx).is_ready() {
-                tracing::info!(after = ?this.timeout, "no request body bytes within body_timeout");
+                // Logged once, with the request, where the 408 is answered.
                 return Poll::Ready(Some(Err(Box::new(BodyTimeout {
                     after: this.timeout,
                 }))));
