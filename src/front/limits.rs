@@ -406,7 +406,7 @@ impl Admission {
         if let (Some(key), Some(cap)) = (key, client.cap) {
             let ids = t.clients.get(&key).map_or(&[][..], Vec::as_slice);
             if ids.len() >= cap as usize {
-                let victim = oldest_idle(&t.conns, ids.iter().copied());
+                let victim = oldest_idle(ids.iter().filter_map(|id| Some((*id, t.conns.get(id)?))));
                 match victim {
                     Some(id) => t.evict(id, Cap::Client, self.name, self.max),
                     None => {
@@ -417,8 +417,8 @@ impl Admission {
             }
         }
         if t.conns.len() >= self.max {
-            let ids: Vec<u64> = t.conns.keys().copied().collect();
-            match oldest_idle(&t.conns, ids.into_iter()) {
+            // A scan of every connection, but only for an accept beyond the cap.
+            match oldest_idle(t.conns.iter().map(|(id, e)| (*id, e))) {
                 Some(id) => t.evict(id, Cap::Server, self.name, self.max),
                 None => {
                     t.refuse(Cap::Server, self.name, self.max);
@@ -447,16 +447,13 @@ impl Admission {
     }
 }
 
-/// Among `ids`, the idle connection idle longest (the oldest on a tie).
-fn oldest_idle(conns: &BTreeMap<u64, Entry>, ids: impl Iterator<Item = u64>) -> Option<u64> {
-    ids.filter_map(|id| {
-        let e = conns.get(&id)?;
-        e.state
-            .is_idle()
-            .then(|| (e.state.idle_since.load(Ordering::Relaxed), id))
-    })
-    .min()
-    .map(|(_, id)| id)
+/// Among `entries`, the idle connection idle longest (the oldest on a tie).
+fn oldest_idle<'a>(entries: impl Iterator<Item = (u64, &'a Entry)>) -> Option<u64> {
+    entries
+        .filter(|(_, e)| e.state.is_idle())
+        .map(|(id, e)| (e.state.idle_since.load(Ordering::Relaxed), id))
+        .min()
+        .map(|(_, id)| id)
 }
 
 impl Table {
