@@ -113,13 +113,18 @@ fn trickle(s: &mut TcpStream, bytes: &[u8], every: Duration, limit: Duration) ->
     None
 }
 
-/// Waits (at most 10 s) until corral holds at least `n` descriptors.
+/// The descriptors process `pid` holds.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Waits (at most 10 s) until corral holds at least `n` descriptors; how many it holds.
 fn wait_fds(pid: u32, n: usize) -> usize {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|d| d.count())
-            .unwrap_or(0);
+        let open = fds(pid);
         if open >= n || Instant::now() > deadline {
             return open;
         }
@@ -157,10 +162,11 @@ fn a_thousand_idle_sockets_do_not_take_it_down() {
     let addr = corral.http_addr();
     let status = corral.status_ready_addr();
     let before = rss_kib(corral.pid());
+    let base = fds(corral.pid());
     let idle: Vec<TcpStream> = (0..1200).map(|_| connect(addr)).collect();
-    let open = wait_fds(corral.pid(), 1200);
+    let open = wait_fds(corral.pid(), base + 1200);
     assert!(
-        open >= 1200,
+        open >= base + 1200,
         "corral holds {open} descriptors:\n{}",
         corral.log()
     );
@@ -195,13 +201,14 @@ fn beyond_max_connections_the_connection_idle_longest_is_closed() {
         1,
     );
     let addr = corral.http_addr();
+    let base = fds(corral.pid());
     let mut conns: Vec<TcpStream> = Vec::new();
     for _ in 0..20 {
         conns.push(connect(addr));
         // Accepted in order, so that "idle longest" is the first opened.
         thread::sleep(Duration::from_millis(5));
     }
-    assert!(wait_fds(corral.pid(), 20) >= 20);
+    assert!(wait_fds(corral.pid(), base + 20) >= base + 20);
     let r = http(addr, "GET", "/over-the-cap", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
     assert!(
