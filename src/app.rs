@@ -96,12 +96,12 @@ pub async fn run(
     let supervisors: Vec<_> = drivers.into_iter().map(|d| tokio::spawn(d.run())).collect();
     let connections = TaskTracker::new();
     let accepting = TaskTracker::new();
-    let admission = front_admission(config);
+    let front = front_admission(config);
     for (index, bound) in listeners.into_iter().enumerate() {
         let gateway = Arc::clone(&gateway);
         let connections = connections.clone();
         let shutdown = shutdown.clone();
-        let admission = Arc::clone(&admission);
+        let admission = Arc::clone(&front);
         accepting.spawn(accept_loop(
             bound,
             index,
@@ -112,9 +112,11 @@ pub async fn run(
         ));
     }
     if let Some(listener) = status_listener {
-        let source = Arc::new(status::collect::StatusSource::new(config));
         // A table of its own: front connections never use up the status listener's room.
         let admission = Admission::new("status", limits::STATUS_MAX_CONNECTIONS);
+        let mut source = status::collect::StatusSource::new(config);
+        source.connections = vec![Arc::clone(&front), Arc::clone(&admission)];
+        let source = Arc::new(source);
         accepting.spawn(status::server::serve(
             listener,
             admission,

@@ -649,6 +649,18 @@ fn the_status_listener_has_its_own_cap_and_timeouts() {
     assert_eq!(http(status, "GET", "/ping", &[], b"").text(), "pong\n");
     assert!(closed_within(&mut idle[0], Duration::from_secs(3)).is_some());
     assert!(still_open(&mut idle[39]));
+    // /metrics counts them: 40 idle connections and the /ping's are 9 beyond the cap of 32.
+    let metrics = http(status, "GET", "/metrics", &[], b"").text();
+    let evicted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("corral_connections_evicted_total{listeners=\"status\"} "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert_eq!(evicted, 9, "{metrics}");
+    assert!(
+        metrics.contains("corral_max_connections{listeners=\"status\"} 32"),
+        "{metrics}"
+    );
 }
 
 /// The soft and hard "Max open files" of process `pid`.

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -334,6 +334,25 @@ pub struct Admission {
     max: usize,
     epoch: Instant,
     table: Mutex<Table>,
+    /// Kept beside the table (updated under its lock) so `/metrics` reads them lock-free.
+    open: AtomicUsize,
+    refused: AtomicU64,
+    evicted: AtomicU64,
+}
+
+/// A table's numbers for `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionSnapshot {
+    /// Which listeners: `front` or `status`.
+    pub name: &'static str,
+    /// Connections open now.
+    pub open: usize,
+    /// The cap.
+    pub max: usize,
+    /// Connections refused since start (beyond a cap with every counted one busy).
+    pub refused: u64,
+    /// Idle connections closed since start to make room.
+    pub evicted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -377,7 +396,21 @@ impl Admission {
             max: max.max(1),
             epoch: Instant::now(),
             table: Mutex::new(Table::default()),
+            open: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
         })
+    }
+
+    /// The numbers `/metrics` shows.
+    pub fn snapshot(&self) -> AdmissionSnapshot {
+        AdmissionSnapshot {
+            name: self.name,
+            open: self.open.load(Ordering::Relaxed),
+            max: self.max,
+            refused: self.refused.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+        }
     }
 
     /// The cap.
@@ -387,7 +420,7 @@ impl Admission {
 
     /// Connections open now.
     pub fn open(&self) -> usize {
-        self.lock().conns.len()
+        self.open.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -408,9 +441,13 @@ impl Admission {
             if ids.len() >= cap as usize {
                 let victim = oldest_idle(ids.iter().filter_map(|id| Some((*id, t.conns.get(id)?))));
                 match victim {
-                    Some(id) => t.evict(id, Cap::Client, self.name, self.max),
+                    Some(id) => {
+                        t.evict(id, Cap::Client, self.name, self.max);
+                        self.evicted.fetch_add(1, Ordering::Relaxed);
+                    }
                     None => {
                         t.refuse(Cap::Client, self.name, self.max);
+                        self.refused.fetch_add(1, Ordering::Relaxed);
                         return None;
                     }
                 }
@@ -419,9 +456,13 @@ impl Admission {
         if t.conns.len() >= self.max {
             // A scan of every connection, but only for an accept beyond the cap.
             match oldest_idle(t.conns.iter().map(|(id, e)| (*id, e))) {
-                Some(id) => t.evict(id, Cap::Server, self.name, self.max),
+                Some(id) => {
+                    t.evict(id, Cap::Server, self.name, self.max);
+                    self.evicted.fetch_add(1, Ordering::Relaxed);
+                }
                 None => {
                     t.refuse(Cap::Server, self.name, self.max);
+                    self.refused.fetch_add(1, Ordering::Relaxed);
                     return None;
                 }
             }
@@ -439,6 +480,7 @@ impl Admission {
         if let Some(key) = key {
             t.clients.entry(key).or_default().push(id);
         }
+        self.open.store(t.conns.len(), Ordering::Relaxed);
         Some(Ticket {
             admission: Arc::clone(self),
             id,
@@ -538,7 +580,9 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.admission.lock().remove(self.id);
+        let mut t = self.admission.lock();
+        t.remove(self.id);
+        self.admission.open.store(t.conns.len(), Ordering::Relaxed);
     }
 }
 
@@ -584,6 +628,8 @@ mod tests {
         let _g2 = two.state().begin();
         assert!(a.admit(tcp(0, 3, None)).is_none());
         assert_eq!(a.open(), 2);
+        let s = a.snapshot();
+        assert_eq!((s.open, s.max, s.refused, s.evicted), (2, 2, 1, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -135,7 +135,15 @@ pub fn answer(
         return reply(
             StatusCode::OK,
             metrics::CONTENT_TYPE,
-            metrics::render(&pools, source.started),
+            metrics::render(
+                &pools,
+                source.started,
+                &source
+                    .connections
+                    .iter()
+                    .map(|a| a.snapshot())
+                    .collect::<Vec<_>>(),
+            ),
         );
     }
     if q.json {
