@@ -206,6 +206,7 @@ impl Connection {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut draining = false;
         let mut was_idle = true;
+        let mut read_any = false;
         loop {
             loop {
                 let event = match self.decoder.decode(&mut buf) {
@@ -226,7 +227,11 @@ impl Connection {
             let now = Instant::now();
             self.last_read = now;
             let idle = self.requests.is_empty();
-            if idle && !was_idle {
+            // Idle again: after the last request ended, or after records that were no
+            // request (FCGI_GET_VALUES, unknown types) left nothing half-read. A new
+            // connection keeps counting its head from accept until something arrives.
+            let answered_all = read_any && buf.is_empty() && self.head_from.is_some();
+            if idle && (!was_idle || answered_all) {
                 self.idle_since = now;
                 self.head_from = (!buf.is_empty()).then_some(now);
             }
@@ -251,6 +256,7 @@ impl Connection {
                         return false;
                     }
                     Ok(_) => {
+                        read_any = true;
                         if self.requests.is_empty() && self.head_from.is_none() {
                             self.head_from = Some(Instant::now());
                         }
