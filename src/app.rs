@@ -12,7 +12,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Backend, Config, FrontProtocol, ListenerConfig};
 use crate::front::http::{self, ConnInfo};
-use crate::front::listener::Listener;
+use crate::front::limits::{self, Admission, Client};
+use crate::front::listener::{Listener, Peer};
 use crate::front::{fastcgi, scgi};
 use crate::gateway::Gateway;
 use crate::{process, status};
@@ -57,13 +58,15 @@ pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
 /// (cancelled with or after `shutdown`) cuts the drain short and kills the workers. The
 /// runtime directory must have been prepared ([`crate::runtime_dir::prepare`]): the pools'
 /// launchers are written into it here.
+/// Spawned workers get `worker_nofile` as their soft file limit (`None` = corral's own).
 pub async fn run(
     config: &Config,
     listeners: Vec<BoundListener>,
     shutdown: CancellationToken,
     fast: CancellationToken,
+    worker_nofile: Option<u64>,
 ) -> Result<(), String> {
-    let (gateway, drivers) = Gateway::new(config)?;
+    let (gateway, drivers) = Gateway::with_worker_nofile(config, worker_nofile)?;
     let gateway = Arc::new(gateway);
     // The status listener is bound here rather than by the caller: it carries no requests
     // for the pools, so nothing else needs it before serving starts.
@@ -80,16 +83,30 @@ pub async fn run(
     let supervisors: Vec<_> = drivers.into_iter().map(|d| tokio::spawn(d.run())).collect();
     let connections = TaskTracker::new();
     let accepting = TaskTracker::new();
-    for bound in listeners {
+    let front = front_admission(config);
+    for (index, bound) in listeners.into_iter().enumerate() {
         let gateway = Arc::clone(&gateway);
         let connections = connections.clone();
         let shutdown = shutdown.clone();
-        accepting.spawn(accept_loop(bound, gateway, connections, shutdown));
+        let admission = Arc::clone(&front);
+        accepting.spawn(accept_loop(
+            bound,
+            index,
+            admission,
+            gateway,
+            connections,
+            shutdown,
+        ));
     }
     if let Some(listener) = status_listener {
-        let source = Arc::new(status::collect::StatusSource::new(config));
+        // A table of its own: front connections never use up the status listener's room.
+        let admission = Admission::new("status", limits::STATUS_MAX_CONNECTIONS);
+        let mut source = status::collect::StatusSource::new(config);
+        source.connections = vec![Arc::clone(&front), Arc::clone(&admission)];
+        let source = Arc::new(source);
         accepting.spawn(status::server::serve(
             listener,
+            admission,
             Arc::clone(&gateway),
             source,
             shutdown.clone(),
@@ -148,8 +165,35 @@ fn warn_default_users(config: &Config) {
     }
 }
 
+/// The table every front listener counts its connections in, with `max_connections` or the
+/// cap derived from the file limit.
+fn front_admission(config: &Config) -> Arc<Admission> {
+    let nofile = crate::process::rlimit::nofile_soft();
+    let derived = limits::derived_max_connections(config, nofile);
+    let max = match config.server.max_connections {
+        Some(n) => {
+            let n = n as usize;
+            if n > derived {
+                tracing::warn!(
+                    max_connections = n,
+                    room = derived,
+                    ?nofile,
+                    "max_connections is more than the file-descriptor limit leaves room for; \
+                     accepts may fail with EMFILE before the cap is reached"
+                );
+            }
+            n
+        }
+        None => derived,
+    };
+    tracing::info!(max_connections = max, ?nofile, "front connection cap");
+    Admission::new("front", max)
+}
+
 async fn accept_loop(
     bound: BoundListener,
+    index: usize,
+    admission: Arc<Admission>,
     gateway: Arc<Gateway>,
     connections: TaskTracker,
     shutdown: CancellationToken,
@@ -181,8 +225,22 @@ async fn accept_loop(
                 continue;
             }
         };
+        let client = Client {
+            listener: index,
+            addr: match peer {
+                Peer::Tcp(a) => Some(a.ip()),
+                Peer::Unix => None,
+            },
+            cap: bound.config.max_connections_per_client,
+        };
+        // Beyond a cap with every connection busy: dropping the stream closes it at once
+        // (the table logs that, rate-limited).
+        let Some(ticket) = admission.admit(client) else {
+            continue;
+        };
         let gateway = Arc::clone(&gateway);
         let shutdown = shutdown.clone();
+        let timeouts = bound.config.timeouts;
         match bound.config.protocol {
             FrontProtocol::Http => {
                 let info = ConnInfo {
@@ -190,18 +248,23 @@ async fn accept_loop(
                     local,
                     peer,
                     forwarded: bound.config.forwarded.clone(),
+                    timeouts,
                 };
-                connections.spawn(http::serve_connection(stream, info, gateway, shutdown));
+                connections.spawn(http::serve_connection(
+                    stream, info, ticket, gateway, shutdown,
+                ));
             }
             FrontProtocol::Fastcgi => {
                 let listener = address.clone();
                 connections.spawn(fastcgi::serve_connection(
-                    stream, listener, gateway, shutdown,
+                    stream, listener, ticket, timeouts, gateway, shutdown,
                 ));
             }
             FrontProtocol::Scgi => {
                 let listener = address.clone();
-                connections.spawn(scgi::serve_connection(stream, listener, gateway, shutdown));
+                connections.spawn(scgi::serve_connection(
+                    stream, listener, ticket, timeouts, gateway, shutdown,
+                ));
             }
         }
     }

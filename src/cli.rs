@@ -117,6 +117,24 @@ fn serve(config: &Config) -> Result<(), Error> {
         &config.server.runtime_dir,
         crate::runtime_dir::mode_for(config, root),
     )?;
+    // Before anything is bound or spawned: each front connection is a descriptor, and a
+    // 1,024 soft limit is a few hundred idle sockets away from refusing everything.
+    // Workers get the limit corral was started with back.
+    let worker_nofile = match crate::process::rlimit::raise_nofile() {
+        Ok(r) => {
+            tracing::info!(
+                old = r.old_soft,
+                new = r.new_soft,
+                hard = r.hard,
+                "raised the soft file-descriptor limit (RLIMIT_NOFILE)"
+            );
+            (r.new_soft != r.old_soft).then_some(r.old_soft)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the file-descriptor limit (RLIMIT_NOFILE)");
+            None
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -156,7 +174,7 @@ fn serve(config: &Config) -> Result<(), Error> {
                 }
             }
         });
-        crate::app::run(config, listeners, shutdown, fast)
+        crate::app::run(config, listeners, shutdown, fast, worker_nofile)
             .await
             .map_err(Error::Serve)
     })

@@ -16,6 +16,16 @@ use tokio::sync::mpsc;
 /// Why a request body could not be read (the client went away, a front decoding error...).
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The client sent no body bytes for `after` while the body was being read. A front's body
+/// source fails with this; the exchange answers 408 (if nothing was sent yet) and the
+/// backend is not blamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the client sent no request body bytes for {after:?}")]
+pub struct BodyTimeout {
+    /// The body timeout.
+    pub after: std::time::Duration,
+}
+
 /// Something that yields the bytes of a request body, in order.
 ///
 /// A front implements this over its own body type (hyper's `Incoming`, the STDIN stream of a

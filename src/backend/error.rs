@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use super::body::BodyError;
+use super::body::{BodyError, BodyTimeout};
 use super::Protocol;
 
 /// Who caused a failed exchange (STYLE 7): the front maps it to a status and a log level.
@@ -153,6 +153,7 @@ impl BackendError {
             }
             BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => 504,
             BackendError::RequestHead { .. } => 431,
+            BackendError::ClientBody { source } if source.is::<BodyTimeout>() => 408,
             BackendError::ClientBody { .. } | BackendError::BodyLength { .. } => 400,
             BackendError::BodyTooLarge { .. } => 413,
             BackendError::Spool { .. } => 500,

@@ -65,6 +65,10 @@ pub struct FileServer {
     pub kill_timeout: Option<Spanned<DurationText>>,
     pub log_level: Option<LogLevel>,
     pub spool_budget: Option<Spanned<SizeText>>,
+    pub max_connections: Option<Spanned<u32>>,
+    pub header_timeout: Option<Spanned<DurationText>>,
+    pub idle_timeout: Option<Spanned<DurationText>>,
+    pub body_timeout: Option<Spanned<DurationText>>,
 }
 
 /// `[[listen]]`.
@@ -80,6 +84,10 @@ pub struct FileListen {
     pub allow: Option<SpannedList>,
     pub forwarded: Option<Spanned<ForwardedHeader>>,
     pub trusted_proxies: Option<SpannedList>,
+    pub max_connections_per_client: Option<u32>,
+    pub header_timeout: Option<Spanned<DurationText>>,
+    pub idle_timeout: Option<Spanned<DurationText>>,
+    pub body_timeout: Option<Spanned<DurationText>>,
 }
 
 /// `[status]`.

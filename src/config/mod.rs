@@ -94,6 +94,37 @@ pub struct ServerConfig {
     /// (`spool_budget`, default [`DEFAULT_SPOOL_BUDGET`]); beyond it a request is answered
     /// 503 rather than filling the disk.
     pub spool_budget: u64,
+    /// Cap on open front connections over all front listeners (`max_connections`); none =
+    /// derived at start from the file-descriptor limit (see `front::limits`).
+    pub max_connections: Option<u32>,
+    /// Front timeouts for listeners that do not set their own (`header_timeout`,
+    /// `idle_timeout`, `body_timeout`).
+    pub front_timeouts: FrontTimeouts,
+}
+
+/// How long a front connection may take over each phase before it is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrontTimeouts {
+    /// Longest time to receive a whole request head (HTTP head, FastCGI PARAMS, SCGI
+    /// netstring), counted from its first byte, or from accept on a new connection
+    /// (`header_timeout`, default 10s).
+    pub header: Duration,
+    /// Longest wait for the next request on a kept-alive connection (`idle_timeout`,
+    /// default 60s).
+    pub idle: Duration,
+    /// Longest wait for more request-body bytes while a body is being read (`body_timeout`,
+    /// default 30s).
+    pub body: Duration,
+}
+
+impl Default for FrontTimeouts {
+    fn default() -> Self {
+        FrontTimeouts {
+            header: Duration::from_secs(10),
+            idle: Duration::from_secs(60),
+            body: Duration::from_secs(30),
+        }
+    }
 }
 
 /// `spool_budget` when `[server]` sets none: 4 GiB.
@@ -167,6 +198,12 @@ pub struct ListenerConfig {
     /// Whether forwarded-protocol headers are believed (http listeners only); none = they
     /// are ignored and HTTPS is never inferred.
     pub forwarded: Option<ForwardedTrust>,
+    /// Cap on open connections from one client IP address (`max_connections_per_client`,
+    /// default 128; 0 = none). Unix-socket peers have no address and are exempt: they are
+    /// front servers on this host, and only the server-wide cap counts them.
+    pub max_connections_per_client: Option<u32>,
+    /// Phase timeouts (each key defaults to the `[server]` value).
+    pub timeouts: FrontTimeouts,
 }
 
 /// What front listeners speak.

@@ -615,3 +615,77 @@ protocol = "http"
 command = ["python3", "app.py"]
 "#);
 }
+
+#[test]
+fn front_limits_default_and_listeners_inherit_the_server_timeouts() {
+    let c = ok(MINIMAL);
+    assert_eq!(c.server.max_connections, None);
+    assert_eq!(c.server.front_timeouts, FrontTimeouts::default());
+    let l = &c.listeners[0];
+    assert_eq!(l.max_connections_per_client, Some(128));
+    assert_eq!(l.timeouts.header, Duration::from_secs(10));
+    assert_eq!(l.timeouts.idle, Duration::from_secs(60));
+    assert_eq!(l.timeouts.body, Duration::from_secs(30));
+
+    let c = ok(r#"
+[server]
+max_connections = 5000
+header_timeout = "4s"
+body_timeout = "1m"
+
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+idle_timeout = "5s"
+max_connections_per_client = 0
+
+[[listen]]
+address = "127.0.0.1:8081"
+protocol = "fastcgi"
+header_timeout = "2s"
+max_connections_per_client = 16
+
+[pools.php]
+command = ["php-cgi"]
+
+[[contexts]]
+pool = "php"
+root = "/var/www/html"
+"#);
+    assert_eq!(c.server.max_connections, Some(5000));
+    let (a, b) = (&c.listeners[0], &c.listeners[1]);
+    assert_eq!(a.max_connections_per_client, None);
+    assert_eq!(
+        a.timeouts,
+        FrontTimeouts {
+            header: Duration::from_secs(4),
+            idle: Duration::from_secs(5),
+            body: Duration::from_secs(60),
+        }
+    );
+    assert_eq!(b.max_connections_per_client, Some(16));
+    assert_eq!(b.timeouts.header, Duration::from_secs(2));
+    assert_eq!(b.timeouts.idle, Duration::from_secs(60));
+}
+
+#[test]
+fn front_limits_are_checked_where_written() {
+    let src = r#"
+[server]
+max_connections = 0
+idle_timeout = "0s"
+
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+header_timeout = "soon"
+body_timeout = "0ms"
+
+[pools.php]
+command = ["php-cgi"]
+"#;
+    expect_error(src, "0\nidle", "max_connections must be at least 1");
+    expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");
+    expect_error(src, "\"soon\"", "is not valid");
+    expect_error(src, "\"0ms\"", "body_timeout must be greater than zero");
+}

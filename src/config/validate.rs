@@ -20,9 +20,13 @@ use super::file::{
 use super::units::{parse_duration, parse_mode};
 use super::{
     context, pool, Bind, Cidr, Config, ContextConfig, ForwardedHeader, ForwardedTrust,
-    FrontProtocol, ListenAddress, ListenerConfig, LogLevel, PoolConfig, ServerConfig, StatusConfig,
-    UnixPermissions,
+    FrontProtocol, FrontTimeouts, ListenAddress, ListenerConfig, LogLevel, PoolConfig,
+    ServerConfig, StatusConfig, UnixPermissions,
 };
+
+/// Default `max_connections_per_client`: room for a browser's six parallel connections many
+/// times over, and for a front server on another host keeping a modest keep-alive pool.
+const DEFAULT_PER_CLIENT: u32 = 128;
 
 /// Longest `runtime_dir`: worker socket paths are built under it and must stay within the
 /// 107 bytes a Unix socket path may have.
@@ -39,7 +43,7 @@ pub fn validate(file: FileConfig, src: &str, origin: &str) -> Result<Config, Vec
     let listeners: Vec<_> = file
         .listen
         .iter()
-        .filter_map(|l| listener(&mut e, l))
+        .filter_map(|l| listener(&mut e, l, &server))
         .collect();
     let status = file.status.as_ref().and_then(|s| status(&mut e, s));
     check_distinct_sockets(&mut e, &file);
@@ -224,6 +228,39 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
             .and_then(|s| s.spool_budget.as_ref())
             .and_then(|b| e.check(b.span(), super::parse_size(&b.get_ref().0)))
             .unwrap_or(super::DEFAULT_SPOOL_BUDGET),
+        max_connections: match s.and_then(|s| s.max_connections.as_ref()) {
+            Some(m) if *m.get_ref() == 0 => {
+                e.at(
+                    m.span(),
+                    "max_connections must be at least 1; leave it out to derive it from \
+                     the file-descriptor limit",
+                );
+                None
+            }
+            m => m.map(|m| *m.get_ref()),
+        },
+        front_timeouts: front_timeouts(
+            e,
+            FrontTimeouts::default(),
+            [
+                s.and_then(|s| s.header_timeout.as_ref()),
+                s.and_then(|s| s.idle_timeout.as_ref()),
+                s.and_then(|s| s.body_timeout.as_ref()),
+            ],
+        ),
+    }
+}
+
+/// `header_timeout`, `idle_timeout` and `body_timeout` (in that order) over `defaults`.
+fn front_timeouts(
+    e: &mut Errors,
+    defaults: FrontTimeouts,
+    [header, idle, body]: [Option<&Spanned<DurationText>>; 3],
+) -> FrontTimeouts {
+    FrontTimeouts {
+        header: e.timeout(header, "header_timeout", defaults.header),
+        idle: e.timeout(idle, "idle_timeout", defaults.idle),
+        body: e.timeout(body, "body_timeout", defaults.body),
     }
 }
 
@@ -289,7 +326,7 @@ fn cidrs(e: &mut Errors, list: Option<&SpannedList>) -> Vec<Cidr> {
         .collect()
 }
 
-fn listener(e: &mut Errors, l: &FileListen) -> Option<ListenerConfig> {
+fn listener(e: &mut Errors, l: &FileListen, server: &ServerConfig) -> Option<ListenerConfig> {
     let bind = bind(
         e,
         SocketKeys {
@@ -321,11 +358,27 @@ fn listener(e: &mut Errors, l: &FileListen) -> Option<ListenerConfig> {
         );
         exposure(e, bind.as_ref(), &l.address, &why);
     }
+    let timeouts = front_timeouts(
+        e,
+        server.front_timeouts,
+        [
+            l.header_timeout.as_ref(),
+            l.idle_timeout.as_ref(),
+            l.body_timeout.as_ref(),
+        ],
+    );
+    let max_connections_per_client =
+        match l.max_connections_per_client.unwrap_or(DEFAULT_PER_CLIENT) {
+            0 => None,
+            n => Some(n),
+        };
     Some(ListenerConfig {
         bind: bind?,
         protocol: l.protocol,
         backlog,
         forwarded,
+        max_connections_per_client,
+        timeouts,
     })
 }
 

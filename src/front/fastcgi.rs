@@ -8,6 +8,12 @@
 //! FCGI_ABORT_REQUEST (the task is dropped, which aborts the backend request and frees its
 //! slot), FCGI_KEEP_CONN, FCGI_GET_VALUES and unknown record types are handled here.
 //!
+//! Timeouts: a request's FCGI_PARAMS must be complete within `header_timeout` of its
+//! FCGI_BEGIN_REQUEST (a new connection's first request within `header_timeout` of accept),
+//! an FCGI_KEEP_CONN connection with no request waits at most `idle_timeout` for the next,
+//! and while FCGI_STDIN is open the front server must send something within `body_timeout`.
+//! A connection past any of them is closed, aborting its requests' backend exchanges.
+//!
 //! The part shared with the SCGI front (routing a front server's parameters, the CGI answer
 //! for a request that got no backend response, the lingering close) is in `common`.
 
@@ -17,11 +23,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::backend::{BodySender, RequestBody};
-use crate::config::ListenAddress;
+use crate::config::{FrontTimeouts, ListenAddress};
+use crate::front::limits::{BusyGuard, ConnState, Expired, Ticket};
 use crate::gateway::{Gateway, GatewayError, GatewayResponse};
 use crate::net::Stream;
 use crate::protocols::cgi_response::encode_head;
@@ -43,11 +51,14 @@ const BODY_CHUNKS: usize = 4;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Serves one FastCGI connection from a front server until it closes, breaks a rule, or
-/// `shutdown` fires and its requests in progress have been answered.
+/// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
+/// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
+/// progress have been answered. `ticket` counts it in the cap table.
 pub async fn serve_connection(
     stream: Stream,
     listener: ListenAddress,
+    ticket: Ticket,
+    timeouts: FrontTimeouts,
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
@@ -57,7 +68,13 @@ pub async fn serve_connection(
     let writer = tokio::spawn(write_loop(writer, out_rx, closed.clone()));
     let max = gateway.limits.max_concurrent_requests.max(1);
     let (done, done_rx) = mpsc::channel(max);
+    let now = Instant::now();
     let mut conn = Connection {
+        state: Arc::clone(ticket.state()),
+        timeouts,
+        idle_since: now,
+        head_from: Some(now),
+        last_read: now,
         decoder: RequestDecoder::new(&gateway.limits),
         caps: capabilities(&gateway),
         gateway,
@@ -142,10 +159,24 @@ struct Active {
     body: Option<BodySender>,
     /// The dispatching task, from the end of FCGI_PARAMS; dropping it aborts the request.
     task: Option<AbortOnDropHandle<()>>,
+    /// When FCGI_BEGIN_REQUEST arrived (FCGI_PARAMS must end within `header_timeout`).
+    begun: Instant,
+    /// Counts the connection busy from the end of FCGI_PARAMS.
+    busy: Option<BusyGuard>,
 }
 
 /// The reader side of one connection.
 struct Connection {
+    state: Arc<ConnState>,
+    timeouts: FrontTimeouts,
+    /// When the connection last had no request (accept, or its last request's end).
+    idle_since: Instant,
+    /// With no request in progress: when the bytes of the next began to arrive (accept, on
+    /// a new connection); `None` while nothing has.
+    head_from: Option<Instant>,
+    /// The last time the reader got bytes or finished handling them (time spent blocked on
+    /// a full body channel is the backend's, not the front server's).
+    last_read: Instant,
     decoder: RequestDecoder,
     caps: Capabilities,
     gateway: Arc<Gateway>,
@@ -174,6 +205,8 @@ impl Connection {
     ) -> bool {
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut draining = false;
+        let mut was_idle = true;
+        let mut read_any = false;
         loop {
             loop {
                 let event = match self.decoder.decode(&mut buf) {
@@ -191,6 +224,28 @@ impl Connection {
             if draining && self.requests.is_empty() {
                 return false;
             }
+            let now = Instant::now();
+            self.last_read = now;
+            let idle = self.requests.is_empty();
+            // Idle again: after the last request ended, or after records that were no
+            // request (FCGI_GET_VALUES, unknown types) left nothing half-read. A new
+            // connection keeps counting its head from accept until something arrives.
+            let answered_all = read_any && buf.is_empty() && self.head_from.is_some();
+            if idle && (!was_idle || answered_all) {
+                self.idle_since = now;
+                self.head_from = (!buf.is_empty()).then_some(now);
+            }
+            was_idle = idle;
+            let deadline = self.deadline();
+            let expiry = async {
+                match deadline {
+                    Some((at, why)) => {
+                        tokio::time::sleep_until(at).await;
+                        why
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             buf.reserve(READ_CHUNK);
             tokio::select! {
                 read = reader.read_buf(&mut buf) => match read {
@@ -200,12 +255,27 @@ impl Connection {
                         }
                         return false;
                     }
-                    Ok(_) => {}
+                    Ok(_) => {
+                        read_any = true;
+                        if self.requests.is_empty() && self.head_from.is_none() {
+                            self.head_from = Some(Instant::now());
+                        }
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "fastcgi front connection failed");
                         return false;
                     }
                 },
+                why = expiry => {
+                    tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
+                    return false;
+                }
+                // The table picks idle connections only; one whose request was dispatched
+                // as it was picked is closed once that request is done.
+                () = self.state.evicted().cancelled(), if self.state.is_idle() => {
+                    tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
+                    return false;
+                }
                 Some(done) = done_rx.recv() => {
                     if let Flow::Stop = self.on_done(done).await {
                         return self.closed.is_cancelled();
@@ -215,6 +285,32 @@ impl Connection {
                 () = shutdown.cancelled(), if !draining => draining = true,
             }
         }
+    }
+
+    /// When the connection is closed if nothing arrives: the earliest of the head deadlines
+    /// of requests whose FCGI_PARAMS has not ended, the body deadline while some FCGI_STDIN is
+    /// open, and, with no request, the head or idle deadline. `None` while every request
+    /// waits only on its backend (the pool's timeouts bound that).
+    fn deadline(&self) -> Option<(Instant, Expired)> {
+        let t = &self.timeouts;
+        if self.requests.is_empty() {
+            return Some(match self.head_from {
+                Some(from) => (from + t.header, Expired::Head),
+                None => (self.idle_since + t.idle, Expired::Idle),
+            });
+        }
+        self.requests
+            .values()
+            .filter_map(|r| {
+                if r.task.is_none() {
+                    Some((r.begun + t.header, Expired::Head))
+                } else if r.body.is_some() {
+                    Some((self.last_read + t.body, Expired::Body))
+                } else {
+                    None
+                }
+            })
+            .min_by_key(|(at, _)| *at)
     }
 
     /// A request's task has sent its answer: forget the id, then send the end. In this order
@@ -254,6 +350,7 @@ impl Connection {
                         .end(request_id, seq, ProtocolStatus::UnknownRole, keep_conn)
                         .await;
                 }
+                self.head_from = None;
                 self.requests.insert(
                     request_id,
                     Active {
@@ -261,6 +358,8 @@ impl Connection {
                         keep_conn,
                         body: None,
                         task: None,
+                        begun: Instant::now(),
+                        busy: None,
                     },
                 );
                 Flow::Continue
@@ -405,6 +504,7 @@ impl Connection {
         if let Some(r) = self.requests.get_mut(&id) {
             r.body = Some(tx);
             r.task = Some(AbortOnDropHandle::new(task));
+            r.busy = Some(self.state.begin());
         }
         Flow::Continue
     }

@@ -6,6 +6,12 @@
 //! its upload), and the bound on the request head. Everything else is corral's: routing, the
 //! CGI variables with their security defaults, local redirects (RFC 3875 §6.2.2), and a clear
 //! status with one log line for every failure.
+//!
+//! Timeouts are corral's too (see `front::limits`): a watch per connection closes it when a
+//! request head takes longer than `header_timeout` from its first byte (from accept on a new
+//! connection) or when a kept-alive connection waits longer than `idle_timeout` for its next
+//! request, and the request body source fails with 408 when the client sends nothing for
+//! `body_timeout` while the body is read.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,11 +27,15 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{buffer_body, spool_body, BackendError, BodyError, BodySource, RequestBody};
-use crate::config::{ForwardedHeader, ForwardedTrust, ListenAddress};
+use crate::backend::{
+    buffer_body, spool_body, BackendError, BodyError, BodySource, BodyTimeout, RequestBody,
+};
+use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
+use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
 use crate::net::Stream;
@@ -54,36 +64,67 @@ pub struct ConnInfo {
     pub peer: Peer,
     /// Which forwarded header is believed, and from which peers.
     pub forwarded: Option<ForwardedTrust>,
+    /// The listener's phase timeouts.
+    pub timeouts: FrontTimeouts,
 }
 
-/// Serves one HTTP connection until the client closes it or `shutdown` fires (then the
-/// request in progress finishes and the connection closes).
+/// Serves one HTTP connection until the client closes it, a timeout or the connection cap
+/// closes it, or `shutdown` fires (then the request in progress finishes and the connection
+/// closes). `ticket` counts the connection in the cap table until it ends.
 pub async fn serve_connection(
     stream: Stream,
     info: ConnInfo,
+    ticket: Ticket,
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
+    let state = Arc::clone(ticket.state());
+    let timeouts = info.timeouts;
     let info = Arc::new(info);
+    let busy = Arc::clone(&state);
     let service = service_fn(move |req| {
         let gateway = Arc::clone(&gateway);
         let info = Arc::clone(&info);
-        async move { Ok::<_, Infallible>(handle(&gateway, &info, req).await) }
+        // The head is complete: the connection is busy until hyper drops the response
+        // body (after its last byte, or when the connection ends).
+        let guard = busy.begin();
+        async move {
+            let resp = handle(&gateway, &info, req).await;
+            Ok::<_, Infallible>(resp.map(|body| body.holding(guard)))
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS)
+        // hyper's own header timer is only a backstop. In hyper 1.12 it is armed whenever
+        // hyper waits for a head, and that includes a kept-alive connection waiting for its
+        // next request (`State::idle` sets `notify_read`, and the next `poll_read_head`
+        // arms the timer): one value would be both the head limit and the keep-alive limit,
+        // and a 10 s head limit would end every keep-alive connection after 10 s. The watch
+        // below times the two phases apart; hyper's timer, at their sum, can never fire
+        // earlier. Setting a timer at all also matters: without one hyper silently skips
+        // its default 30 s header timeout, with one that default would apply.
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeouts.header + timeouts.idle)
         // Not `pipeline_flush`: it lets hyper buffer response bodies without bound (its
         // write buffer then always accepts more), which a 1 GiB download turned into
         // hundreds of MiB. Pipelined requests are still answered in order without it.
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(
+            TokioIo::new(Watched::new(stream, Arc::clone(&state))),
+            service,
+        );
     tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "http connection ended with an error");
             }
+        }
+        why = state.watch(timeouts) => {
+            // Dropping the connection closes the socket; no request is in progress (the
+            // watch only ends on an idle connection).
+            tracing::debug!(reason = %why, "closing an http connection");
         }
         () = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();
@@ -127,7 +168,7 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
     };
     let mut method = parts.method.as_str().as_bytes().to_vec();
     let mut target = target;
-    let mut body = Some(request_body(&parts, incoming));
+    let mut body = Some(request_body(&parts, incoming, info.timeouts.body));
     for _ in 0..=MAX_LOCAL_REDIRECTS {
         // The target is decoded and normalised once; routing, the static-file test and every
         // CGI variable come from this one result (a second spelling is how `/index.ph%70`
@@ -630,7 +671,11 @@ fn host_of(parts: &http::request::Parts) -> String {
 }
 
 /// The request body as a backend body source; its length when the client declared one.
-fn request_body(parts: &http::request::Parts, incoming: Incoming) -> RequestBody {
+fn request_body(
+    parts: &http::request::Parts,
+    incoming: Incoming,
+    timeout: std::time::Duration,
+) -> RequestBody {
     let chunked = parts.headers.get(http::header::TRANSFER_ENCODING).is_some();
     let len = if chunked {
         None
@@ -644,29 +689,64 @@ fn request_body(parts: &http::request::Parts, incoming: Incoming) -> RequestBody
     if len == Some(0) {
         return RequestBody::empty();
     }
-    RequestBody::from_source(IncomingSource(incoming), len)
+    RequestBody::from_source(IncomingSource::new(incoming, timeout), len)
 }
 
-/// hyper's request body as a backend body source.
-struct IncomingSource(Incoming);
+/// hyper's request body as a backend body source, failing with [`BodyTimeout`] when the
+/// client sends nothing for `timeout` while the body is being read.
+struct IncomingSource {
+    body: Incoming,
+    timeout: std::time::Duration,
+    /// Armed while a poll is waiting for the client. Only that time counts: while the
+    /// exchange is busy writing to a slow backend it does not poll, and the client is not
+    /// to blame for that.
+    timer: Pin<Box<Sleep>>,
+    waiting: bool,
+}
+
+impl IncomingSource {
+    fn new(body: Incoming, timeout: std::time::Duration) -> IncomingSource {
+        IncomingSource {
+            body,
+            timeout,
+            timer: Box::pin(tokio::time::sleep(timeout)),
+            waiting: false,
+        }
+    }
+}
 
 impl BodySource for IncomingSource {
     fn poll_chunk(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, BodyError>>> {
-        let body = &mut self.get_mut().0;
+        let this = self.get_mut();
         loop {
-            return match Pin::new(&mut *body).poll_frame(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(None) => Poll::Ready(None),
+            let polled = match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Pending => None,
+                Poll::Ready(None) => Some(Poll::Ready(None)),
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => Poll::Ready(Some(Ok(data))),
+                    Ok(data) => Some(Poll::Ready(Some(Ok(data)))),
                     // Trailers carry nothing CGI can pass on.
                     Err(_) => continue,
                 },
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::from(e)))),
+                Poll::Ready(Some(Err(e))) => Some(Poll::Ready(Some(Err(BodyError::from(e))))),
             };
+            if let Some(ready) = polled {
+                this.waiting = false;
+                return ready;
+            }
+            if !this.waiting {
+                this.waiting = true;
+                this.timer.as_mut().reset(Instant::now() + this.timeout);
+            }
+            if this.timer.as_mut().poll(cx).is_ready() {
+                // Logged once, with the request, where the 408 is answered.
+                return Poll::Ready(Some(Err(Box::new(BodyTimeout {
+                    after: this.timeout,
+                }))));
+            }
+            return Poll::Pending;
         }
     }
 }
@@ -684,6 +764,11 @@ fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
     if let Some(secs) = e.retry_after() {
         resp.headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if code == StatusCode::REQUEST_TIMEOUT {
+        // The rest of the body may still come, slowly: do not wait for it.
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     resp
 }
@@ -706,6 +791,8 @@ type ChunkFuture =
 /// aborts the backend request and gives the slot back.
 pub struct FrontBody {
     kind: BodyKind,
+    /// Keeps the connection counted busy until hyper drops the body.
+    busy: Option<BusyGuard>,
 }
 
 // One body per response, moved once: boxing the larger variant would cost an allocation per
@@ -728,6 +815,7 @@ impl FrontBody {
     fn full(bytes: Bytes) -> FrontBody {
         FrontBody {
             kind: BodyKind::Full(Some(bytes)),
+            busy: None,
         }
     }
 
@@ -737,6 +825,7 @@ impl FrontBody {
                 file,
                 remaining: len,
             },
+            busy: None,
         }
     }
 
@@ -747,7 +836,14 @@ impl FrontBody {
                 pending: None,
                 request_id,
             },
+            busy: None,
         }
+    }
+
+    /// The same body, keeping `guard` until it is dropped.
+    fn holding(mut self, guard: BusyGuard) -> FrontBody {
+        self.busy = Some(guard);
+        self
     }
 }
 

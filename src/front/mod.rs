@@ -2,5 +2,6 @@
 
 pub mod fastcgi;
 pub mod http;
+pub mod limits;
 pub mod listener;
 pub mod scgi;

@@ -3,6 +3,10 @@
 //! normalised (nginx sends no SCRIPT_NAME or SCRIPT_FILENAME: they are derived), the body
 //! streams from the connection to the backend while the response streams back as a raw CGI
 //! response, and the connection closes.
+//!
+//! Timeouts: the head must be complete within `header_timeout` of accept (or the connection
+//! is closed), and a body that stalls for `body_timeout` aborts the connection and its
+//! backend request. `idle_timeout` does not apply: an SCGI connection is never kept alive.
 
 use std::sync::Arc;
 
@@ -11,8 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
-use crate::config::ListenAddress;
+use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::fastcgi::common::{error_answer, linger, log_failure, prepare};
+use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, GatewayError};
 use crate::net::Stream;
 use crate::protocols::cgi_response::encode_head;
@@ -39,16 +44,31 @@ enum FeedError {
     Protocol(#[from] ScgiError),
 }
 
-/// Serves the one request of an SCGI connection.
+/// How feeding the body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fed {
+    /// Nothing more is to be read (the whole body, or a failure passed to the exchange).
+    All,
+    /// The exchange stopped taking the body (it answered or failed).
+    Stopped,
+    /// The client sent nothing for `body_timeout`.
+    Stalled,
+}
+
+/// Serves the one request of an SCGI connection; `ticket` counts it in the cap table.
 pub async fn serve_connection(
     stream: Stream,
     listener: ListenAddress,
+    ticket: Ticket,
+    timeouts: FrontTimeouts,
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut decoder = ScgiRequestDecoder::new(&gateway.limits);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let state = Arc::clone(ticket.state());
+    let head_deadline = tokio::time::Instant::now() + timeouts.header;
     let head = loop {
         match decoder.decode(&mut buf) {
             Ok(Some(ScgiRequestEvent::Head(head))) => break head,
@@ -72,8 +92,18 @@ pub async fn serve_connection(
                 }
             },
             () = shutdown.cancelled() => return,
+            () = tokio::time::sleep_until(head_deadline) => {
+                tracing::debug!(after = ?timeouts.header, "scgi head not complete within header_timeout; closing");
+                return;
+            }
+            // An incomplete head counts as idle: the cap table may close it for room.
+            () = state.evicted().cancelled() => {
+                tracing::debug!("closing an scgi connection whose head is not complete, for room under the cap");
+                return;
+            }
         }
     };
+    let _busy = state.begin();
     let request_id = gateway.request_id();
     let declared = head.content_length;
     // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
@@ -95,20 +125,28 @@ pub async fn serve_connection(
         }
     };
     let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
-    let body_read = {
+    let fed = {
         let respond = respond(&gateway, ctx, params, body, request_id, &mut writer);
-        let feed = feed(&mut decoder, buf, &mut reader, tx, declared);
+        let feed = feed(&mut decoder, buf, &mut reader, tx, declared, timeouts.body);
         tokio::pin!(respond, feed);
-        let mut body_read = false;
+        let mut fed = None;
         loop {
             tokio::select! {
                 () = &mut respond => break,
-                all = &mut feed, if !body_read => body_read = all,
+                end = &mut feed, if fed.is_none() => {
+                    fed = Some(end);
+                    if end == Fed::Stalled {
+                        // Abort: dropping the exchange aborts the backend request; the
+                        // backend did nothing wrong and is not blamed.
+                        tracing::info!(request_id, after = ?timeouts.body, "scgi client sent no body bytes within body_timeout; closing");
+                        break;
+                    }
+                }
             }
         }
-        body_read
+        fed
     };
-    if !body_read {
+    if fed == Some(Fed::Stopped) || fed.is_none() {
         linger(&mut reader).await;
     }
 }
@@ -167,14 +205,16 @@ async fn refuse(writer: &mut WriteHalf<Stream>, request_id: u64, e: &GatewayErro
 
 /// Feeds the body from the connection to the exchange until CONTENT_LENGTH bytes have gone;
 /// a connection that ends early or breaks the protocol fails the body (and so the exchange).
-/// True when nothing more is to be read; false when the exchange stopped taking the body.
+/// Each read may wait `timeout` for the client; time spent waiting for the exchange to take
+/// a chunk (a slow backend) does not count.
 async fn feed(
     decoder: &mut ScgiRequestDecoder,
     mut buf: BytesMut,
     reader: &mut ReadHalf<Stream>,
     tx: BodySender,
     declared: u64,
-) -> bool {
+    timeout: std::time::Duration,
+) -> Fed {
     let mut received = 0u64;
     let failure = loop {
         match decoder.decode(&mut buf) {
@@ -182,21 +222,22 @@ async fn feed(
                 received += data.len() as u64;
                 if tx.send(data).await.is_err() {
                     // The exchange no longer reads the body: it answered or failed.
-                    return false;
+                    return Fed::Stopped;
                 }
                 continue;
             }
-            Ok(Some(ScgiRequestEvent::End)) => return true,
+            Ok(Some(ScgiRequestEvent::End)) => return Fed::All,
             Ok(Some(ScgiRequestEvent::Head(_))) | Ok(None) => {}
             Err(e) => break FeedError::from(e),
         }
         buf.reserve(READ_CHUNK);
-        match reader.read_buf(&mut buf).await {
-            Ok(n) if n > 0 => {}
-            _ => break FeedError::Gone { received, declared },
+        match tokio::time::timeout(timeout, reader.read_buf(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(_) => break FeedError::Gone { received, declared },
+            Err(_) => return Fed::Stalled,
         }
     };
     tracing::debug!(error = %failure, "scgi request body ended early");
     let _ = tx.fail(Box::new(failure)).await;
-    true
+    Fed::All
 }

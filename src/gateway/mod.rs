@@ -257,6 +257,17 @@ impl Gateway {
     /// workers corral spawns (run each with [`Driver::run`]; until then those pools have no
     /// worker). An `app = ...` pool's launcher is written into the runtime directory here.
     pub fn new(config: &Config) -> Result<(Gateway, Vec<Driver>), String> {
+        Gateway::with_worker_nofile(config, None)
+    }
+
+    /// Like [`Gateway::new`], with spawned workers given `worker_nofile` as their soft
+    /// `RLIMIT_NOFILE`: corral raises its own soft limit at start, and its workers get back
+    /// the one corral was started with (programs that still use `select()` break on
+    /// descriptors past 1,024); `None` = inherited.
+    pub fn with_worker_nofile(
+        config: &Config,
+        worker_nofile: Option<u64>,
+    ) -> Result<(Gateway, Vec<Driver>), String> {
         let mut pools = Vec::new();
         let mut drivers = Vec::new();
         for p in &config.pools {
@@ -291,7 +302,7 @@ impl Gateway {
                 }
                 Backend::Spawned(spawn) => {
                     let socket = WorkerSocket::Unix(config.server.runtime_dir.join("unset.sock"));
-                    let template = match WorkerSpawn::from_config(p, spawn, socket.clone()) {
+                    let mut template = match WorkerSpawn::from_config(p, spawn, socket.clone()) {
                         Some(t) => t,
                         None => {
                             // An app pool: its command is an embedded launcher.
@@ -314,6 +325,7 @@ impl Gateway {
                             t
                         }
                     };
+                    template.nofile = worker_nofile;
                     let spec = PoolSpec::from_config(p, config.server.kill_timeout)
                         .ok_or_else(|| format!("pool {}: not a spawned pool", p.name))?;
                     let (tx, rx) = mpsc::unbounded_channel();

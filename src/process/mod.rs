@@ -2,7 +2,8 @@
 //! or reads `/proc` (STYLE 14): [`spawn`] starts a worker with its socket, environment,
 //! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
 //! [`memory`] measures a worker's process tree; [`signal_group`] stops one; [`own`] sets up
-//! corral's own process (umask, inherited descriptors) before any of that.
+//! corral's own process (umask, inherited descriptors) before any of that, and [`rlimit`]
+//! raises its file limit.
 //!
 //! # No orphaned interpreters
 //!
@@ -22,6 +23,7 @@ pub mod memory;
 mod output;
 pub mod own;
 pub mod ready;
+pub mod rlimit;
 pub mod spawn;
 
 use std::io;

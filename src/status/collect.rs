@@ -77,6 +77,8 @@ pub struct StatusSource {
     pub started: SystemTime,
     /// One entry per configured pool.
     pub pools: Vec<PoolInfo>,
+    /// The connection tables (front listeners, status listener) `/metrics` reports.
+    pub connections: Vec<std::sync::Arc<crate::front::limits::Admission>>,
 }
 
 impl StatusSource {
@@ -85,6 +87,7 @@ impl StatusSource {
         StatusSource {
             started: SystemTime::now(),
             pools: config.pools.iter().map(PoolInfo::of).collect(),
+            connections: Vec::new(),
         }
     }
 }

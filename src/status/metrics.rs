@@ -1,6 +1,7 @@
 //! The status page in the OpenMetrics text format (which Prometheus also reads): every name
-//! starts with `corral_`, every sample but the start time carries `pool="NAME"`, counters end
-//! in `_total`, and the exposition ends with `# EOF`.
+//! starts with `corral_`, every sample but the start time and the connection families carries
+//! `pool="NAME"` (connections carry `listeners="front"` or `"status"`), counters end in
+//! `_total`, and the exposition ends with `# EOF`.
 //!
 //! Families are written one at a time across all pools, because OpenMetrics requires each
 //! family's samples to be together.
@@ -8,6 +9,7 @@
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::front::limits::AdmissionSnapshot;
 use crate::status::collect::PoolReport;
 use crate::status::counters::{BackendErrorKind, HistogramSnapshot, RequestSnapshot, BUCKETS};
 use crate::status::render::{state_name, WORKER_STATES};
@@ -126,8 +128,53 @@ fn label_value(out: &mut String, v: &str) {
     out.push('"');
 }
 
-/// The exposition for `pools`.
-pub fn render(pools: &[PoolReport], started: SystemTime) -> String {
+/// A connection family: name, type, help, and its value in one table.
+type ConnectionFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&AdmissionSnapshot) -> u64,
+);
+
+/// The connection families: one sample per table, labelled by its listeners.
+fn connections(out: &mut String, tables: &[AdmissionSnapshot]) {
+    let families: [ConnectionFamily; 4] = [
+        ("connections", "gauge", "Open connections.", |t| {
+            t.open as u64
+        }),
+        (
+            "max_connections",
+            "gauge",
+            "Cap on open connections.",
+            |t| t.max as u64,
+        ),
+        (
+            "connections_evicted",
+            "counter",
+            "Idle connections closed to make room under a connection cap.",
+            |t| t.evicted,
+        ),
+        (
+            "connections_refused",
+            "counter",
+            "Connections refused beyond a cap while every counted one was busy.",
+            |t| t.refused,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        let _ = writeln!(out, "# TYPE corral_{name} {kind}");
+        let _ = writeln!(out, "# HELP corral_{name} {help}");
+        for t in tables {
+            let _ = write!(out, "corral_{name}{suffix}{{listeners=");
+            label_value(out, t.name);
+            let _ = writeln!(out, "}} {}", value(t));
+        }
+    }
+}
+
+/// The exposition for `pools` and the connection tables.
+pub fn render(pools: &[PoolReport], started: SystemTime, tables: &[AdmissionSnapshot]) -> String {
     let mut w = Writer { out: String::new() };
     let start = started
         .duration_since(UNIX_EPOCH)
@@ -378,6 +425,7 @@ pub fn render(pools: &[PoolReport], started: SystemTime) -> String {
         "Time from asking for a slot to the end of the response body (clean ends only).",
         |p| &p.total,
     );
+    connections(&mut w.out, tables);
     w.out.push_str("# EOF\n");
     w.out
 }

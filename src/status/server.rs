@@ -4,6 +4,10 @@
 //! `?json`, or `?openmetrics`, with `?full` adding a row per worker and `?pool=NAME` keeping
 //! one pool; `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer
 //! reads counters and the drivers' last published status, so it never waits for a worker.
+//!
+//! It counts its connections in a table of its own (`front::limits::STATUS_MAX_CONNECTIONS`,
+//! closing the connection idle longest when full) with short fixed timeouts, so neither a
+//! front-listener flood nor idle scrapers can keep `/ping` from answering.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -15,10 +19,11 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 
-use crate::front::listener::Listener;
+use crate::front::limits::{Admission, Client, Watched, STATUS_TIMEOUTS};
+use crate::front::listener::{Listener, Peer};
 use crate::gateway::Gateway;
 use crate::status::collect::{collect, StatusSource};
 use crate::status::{metrics, render};
@@ -130,7 +135,15 @@ pub fn answer(
         return reply(
             StatusCode::OK,
             metrics::CONTENT_TYPE,
-            metrics::render(&pools, source.started),
+            metrics::render(
+                &pools,
+                source.started,
+                &source
+                    .connections
+                    .iter()
+                    .map(|a| a.snapshot())
+                    .collect::<Vec<_>>(),
+            ),
         );
     }
     if q.json {
@@ -160,9 +173,11 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
     r
 }
 
-/// Serves the status listener until `shutdown` is cancelled.
+/// Serves the status listener until `shutdown` is cancelled, counting its connections in
+/// `admission`.
 pub async fn serve(
     listener: Listener,
+    admission: Arc<Admission>,
     gateway: Arc<Gateway>,
     source: Arc<StatusSource>,
     shutdown: CancellationToken,
@@ -178,8 +193,8 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             () = shutdown.cancelled() => return,
         };
-        let stream = match accepted {
-            Ok(Some((stream, _))) => stream,
+        let (stream, peer) = match accepted {
+            Ok(Some(client)) => client,
             Ok(None) => continue,
             Err(e) => {
                 tracing::warn!(listener = %address, error = %e, "status accept failed");
@@ -187,11 +202,28 @@ pub async fn serve(
                 continue;
             }
         };
+        // One table for the whole listener, no per-client cap: its few clients often
+        // share an address (a local scraper and health check).
+        let client = Client {
+            listener: 0,
+            addr: match peer {
+                Peer::Tcp(a) => Some(a.ip()),
+                Peer::Unix => None,
+            },
+            cap: None,
+        };
+        let Some(ticket) = admission.admit(client) else {
+            continue;
+        };
         let gateway = Arc::clone(&gateway);
         let source = Arc::clone(&source);
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
+            let state = Arc::clone(ticket.state());
+            let busy = Arc::clone(&state);
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                // Answers are built at once and written whole; busy only while building.
+                let _busy = busy.begin();
                 let r = answer(
                     &gateway,
                     &source,
@@ -201,9 +233,16 @@ pub async fn serve(
                 );
                 async move { Ok::<_, Infallible>(r) }
             });
+            // The same timing as the http front (see `front::http`): the watch times the
+            // head and the keep-alive wait apart, hyper's header timer is a backstop.
             let conn = hyper::server::conn::http1::Builder::new()
                 .max_buf_size(16 * 1024)
-                .serve_connection(TokioIo::new(stream), service);
+                .timer(TokioTimer::new())
+                .header_read_timeout(STATUS_TIMEOUTS.header + STATUS_TIMEOUTS.idle)
+                .serve_connection(
+                    TokioIo::new(Watched::new(stream, Arc::clone(&state))),
+                    service,
+                );
             // Status answers are immediate; on shutdown an idle keep-alive connection is
             // simply closed.
             tokio::select! {
@@ -212,8 +251,12 @@ pub async fn serve(
                         tracing::debug!(error = %e, "status connection ended with an error");
                     }
                 }
+                why = state.watch(STATUS_TIMEOUTS) => {
+                    tracing::debug!(reason = %why, "closing a status connection");
+                }
                 () = shutdown.cancelled() => {}
             }
+            drop(ticket);
         });
     }
 }

@@ -31,8 +31,22 @@ pub struct Corral {
 impl Corral {
     /// Starts `corral run -c FILE` on `config` and waits for its `listeners` listeners.
     pub fn start(config: &str, listeners: usize) -> Corral {
+        Corral::start_via(&[], config, listeners)
+    }
+
+    /// Like [`Corral::start`], with corral started through `wrapper` (a program and its
+    /// arguments, such as `prlimit --nofile=1024:4096 --`), which must exec corral in its own
+    /// place so the pid and the kill on drop are corral's.
+    pub fn start_via(wrapper: &[&str], config: &str, listeners: usize) -> Corral {
         let file = super::config_file(config);
-        let mut cmd = Command::new(CORRAL);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(CORRAL);
+                c
+            }
+            None => Command::new(CORRAL),
+        };
         cmd.args(["run", "-c"]).arg(file.path());
         Corral::start_command(cmd, file, listeners)
     }
@@ -128,6 +142,27 @@ impl Corral {
             .zip(&self.protocols)
             .find(|(_, p)| p.as_str() == "status")
             .and_then(|(a, _)| a.parse().ok())
+    }
+
+    /// The status listener's address, from its "status listener ready" line (waited for).
+    pub fn status_ready_addr(&self) -> SocketAddr {
+        assert!(self.wait_log("status listener ready"), "{}", self.log());
+        self.log()
+            .lines()
+            .find(|l| l.contains("status listener ready"))
+            .and_then(|l| field(l, "listener="))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no status listener logged:\n{}", self.log()))
+    }
+
+    /// The TCP address of the listener logged with `protocol` (`Http`, `Fastcgi`, `Scgi`).
+    pub fn addr_of(&self, protocol: &str) -> SocketAddr {
+        self.listeners
+            .iter()
+            .zip(&self.protocols)
+            .find(|(_, p)| p.as_str() == protocol)
+            .and_then(|(a, _)| a.parse().ok())
+            .unwrap_or_else(|| panic!("no {protocol} TCP listener in {:?}", self.listeners))
     }
 
     /// Everything corral logged so far.
