@@ -1,7 +1,8 @@
-//! Request buffering: the `http` front reads a client's whole body into memory or a spool file
-//! (under the private runtime directory) before asking a worker, so a slow upload never holds
-//! one; all spool files together stay within `spool_budget`, beyond which uploads get 503.
-//! Against a real php-cgi pool of one worker.
+//! Slow clients against a real php-cgi pool of one worker. Request buffering: the `http` front
+//! reads a client's whole body into memory or a spool file (under the private runtime
+//! directory) before asking a worker, so a slow upload never holds one; all spool files
+//! together stay within `spool_budget`, beyond which uploads get 503. A client that stops
+//! reading its response is cut off after `send_timeout`, freeing the worker unharmed.
 
 #![allow(
     clippy::unwrap_used,
@@ -31,6 +32,12 @@ fn start(buffering: bool) -> (Corral, tempfile::TempDir) {
         "len.php",
         "<?php echo strlen(file_get_contents('php://input'));",
     );
+    write_file(&root, "pid.php", "<?php echo getmypid();");
+    write_file(
+        &root,
+        "big.php",
+        "<?php $chunk = str_repeat('b', 65536); for ($i = 0; $i < 256; $i++) { echo $chunk; }",
+    );
     let config = format!(
         r#"
 [server]
@@ -38,6 +45,7 @@ runtime_dir = "{run}"
 grace = "1s"
 kill_timeout = "2s"
 spool_budget = "200KiB"
+send_timeout = "2s"
 
 [[listen]]
 address = "127.0.0.1:0"
@@ -148,4 +156,40 @@ fn spool_files_together_stay_within_the_budget() {
     let third = stalled_upload(&corral, 160 * 1024, 160 * 1024);
     assert_eq!(finish(third, 0), (200, (160 * 1024).to_string()));
     assert!(corral.log().contains("spool budget"), "{}", corral.log());
+}
+
+#[test]
+fn a_client_that_stops_reading_is_cut_off_and_the_worker_is_not_blamed() {
+    let (corral, _dir) = start(true);
+    let pid = http(corral.http_addr(), "GET", "/pid.php", &[], b"").text();
+    // 16 MiB asked for and never read: the response fills the socket buffers and stops.
+    let mut s = TcpStream::connect(corral.http_addr()).unwrap();
+    s.write_all(b"GET /big.php HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    // The only worker is held until send_timeout cuts the client off; then it answers again,
+    // the same process (aborted, not killed).
+    let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
+    let waited = t.elapsed();
+    assert_eq!((r.status, r.text()), (200, pid.clone()), "{}", corral.log());
+    assert!(
+        waited >= Duration::from_millis(1000) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    // The stalled client's connection is gone: reading drains what was buffered, then EOF
+    // or a reset, well short of 16 MiB.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    assert!(got < 16 << 20, "the whole response arrived: {got}");
+    drop(s);
+    let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
+    assert_eq!(r.text(), pid, "the worker was not replaced");
 }

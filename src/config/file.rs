@@ -69,6 +69,7 @@ pub struct FileServer {
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,
+    pub send_timeout: Option<Spanned<DurationText>>,
 }
 
 /// `[[listen]]`.
@@ -88,6 +89,7 @@ pub struct FileListen {
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,
+    pub send_timeout: Option<Spanned<DurationText>>,
 }
 
 /// `[status]`.

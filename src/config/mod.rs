@@ -98,7 +98,7 @@ pub struct ServerConfig {
     /// derived at start from the file-descriptor limit (see `front::limits`).
     pub max_connections: Option<u32>,
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
-    /// `idle_timeout`, `body_timeout`).
+    /// `idle_timeout`, `body_timeout`, `send_timeout`).
     pub front_timeouts: FrontTimeouts,
 }
 
@@ -115,6 +115,10 @@ pub struct FrontTimeouts {
     /// Longest wait for more request-body bytes while a body is being read (`body_timeout`,
     /// default 30s).
     pub body: Duration,
+    /// Longest a response write may wait for a client that reads nothing (`send_timeout`,
+    /// default 60s, as nginx's): then the connection is dropped and the backend request
+    /// aborted, without blaming the worker.
+    pub send: Duration,
 }
 
 impl Default for FrontTimeouts {
@@ -123,6 +127,7 @@ impl Default for FrontTimeouts {
             header: Duration::from_secs(10),
             idle: Duration::from_secs(60),
             body: Duration::from_secs(30),
+            send: Duration::from_secs(60),
         }
     }
 }

@@ -661,6 +661,7 @@ root = "/var/www/html"
             header: Duration::from_secs(4),
             idle: Duration::from_secs(5),
             body: Duration::from_secs(60),
+            send: Duration::from_secs(60),
         }
     );
     assert_eq!(b.max_connections_per_client, Some(16));

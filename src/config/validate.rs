@@ -246,21 +246,24 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
                 s.and_then(|s| s.header_timeout.as_ref()),
                 s.and_then(|s| s.idle_timeout.as_ref()),
                 s.and_then(|s| s.body_timeout.as_ref()),
+                s.and_then(|s| s.send_timeout.as_ref()),
             ],
         ),
     }
 }
 
-/// `header_timeout`, `idle_timeout` and `body_timeout` (in that order) over `defaults`.
+/// `header_timeout`, `idle_timeout`, `body_timeout` and `send_timeout` (in that order) over
+/// `defaults`.
 fn front_timeouts(
     e: &mut Errors,
     defaults: FrontTimeouts,
-    [header, idle, body]: [Option<&Spanned<DurationText>>; 3],
+    [header, idle, body, send]: [Option<&Spanned<DurationText>>; 4],
 ) -> FrontTimeouts {
     FrontTimeouts {
         header: e.timeout(header, "header_timeout", defaults.header),
         idle: e.timeout(idle, "idle_timeout", defaults.idle),
         body: e.timeout(body, "body_timeout", defaults.body),
+        send: e.timeout(send, "send_timeout", defaults.send),
     }
 }
 
@@ -365,6 +368,7 @@ fn listener(e: &mut Errors, l: &FileListen, server: &ServerConfig) -> Option<Lis
             l.header_timeout.as_ref(),
             l.idle_timeout.as_ref(),
             l.body_timeout.as_ref(),
+            l.send_timeout.as_ref(),
         ],
     );
     let max_connections_per_client =

@@ -111,7 +111,7 @@ pub async fn serve_connection(
         // write buffer then always accepts more), which a 1 GiB download turned into
         // hundreds of MiB. Pipelined requests are still answered in order without it.
         .serve_connection(
-            TokioIo::new(Watched::new(stream, Arc::clone(&state))),
+            TokioIo::new(Watched::new(stream, Arc::clone(&state)).with_send_timeout(timeouts.send)),
             service,
         );
     tokio::pin!(conn);

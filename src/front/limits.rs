@@ -48,6 +48,7 @@ pub const STATUS_TIMEOUTS: FrontTimeouts = FrontTimeouts {
     header: Duration::from_secs(5),
     idle: Duration::from_secs(10),
     body: Duration::from_secs(5),
+    send: Duration::from_secs(10),
 };
 
 /// Descriptors kept out of the front cap whatever the configuration: standard streams, the
@@ -259,12 +260,60 @@ impl Drop for BusyGuard {
 pub struct Watched<S> {
     inner: S,
     state: Arc<ConnState>,
+    /// Longest a write may stay blocked on a client that reads nothing.
+    send_timeout: Option<Duration>,
+    /// Armed when a write blocks; cleared by the next byte written. Allocated only when a
+    /// write has to wait, which a client that keeps up never makes it do.
+    send_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> Watched<S> {
     /// Wraps `inner`.
     pub fn new(inner: S, state: Arc<ConnState>) -> Watched<S> {
-        Watched { inner, state }
+        Watched {
+            inner,
+            state,
+            send_timeout: None,
+            send_deadline: None,
+        }
+    }
+
+    /// Fails a write that stays blocked for `timeout` (a client that stopped reading): the
+    /// connection then ends, which drops the response body and aborts the backend request,
+    /// so the worker is freed without being blamed.
+    pub fn with_send_timeout(mut self, timeout: Duration) -> Watched<S> {
+        self.send_timeout = Some(timeout);
+        self
+    }
+
+    /// Tracks a write's outcome against the send deadline.
+    fn on_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match &polled {
+            Poll::Pending => {
+                let Some(timeout) = self.send_timeout else {
+                    return polled;
+                };
+                let deadline = self
+                    .send_deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if std::future::Future::poll(deadline.as_mut(), cx).is_ready() {
+                    self.send_deadline = None;
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the client read nothing for {timeout:?} (send_timeout)"),
+                    )));
+                }
+                polled
+            }
+            Poll::Ready(_) => {
+                self.send_deadline = None;
+                polled
+            }
+        }
     }
 }
 
@@ -290,7 +339,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.on_write(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -298,7 +349,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.on_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -306,7 +359,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_flush(cx);
+        this.on_write(cx, polled)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -663,6 +718,7 @@ mod tests {
             header: Duration::from_secs(3),
             idle: Duration::from_secs(20),
             body: Duration::from_secs(5),
+            send: Duration::from_secs(5),
         };
         let s = ConnState::detached();
         let start = Instant::now();

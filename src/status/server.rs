@@ -240,7 +240,10 @@ pub async fn serve(
                 .timer(TokioTimer::new())
                 .header_read_timeout(STATUS_TIMEOUTS.header + STATUS_TIMEOUTS.idle)
                 .serve_connection(
-                    TokioIo::new(Watched::new(stream, Arc::clone(&state))),
+                    TokioIo::new(
+                        Watched::new(stream, Arc::clone(&state))
+                            .with_send_timeout(STATUS_TIMEOUTS.send),
+                    ),
                     service,
                 );
             // Status answers are immediate; on shutdown an idle keep-alive connection is
