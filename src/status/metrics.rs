@@ -303,6 +303,7 @@ pub fn render(pools: &[PoolReport], started: SystemTime) -> String {
                 ("max_memory", r.max_memory),
                 ("max_lifetime", r.max_lifetime),
                 ("rolling", r.rolling),
+                ("suspect", r.suspect),
             ]
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64))
@@ -337,6 +338,7 @@ pub fn render(pools: &[PoolReport], started: SystemTime) -> String {
                 ("start_timeout", c.start_timeouts),
                 ("request_timeout", c.request_timeouts),
                 ("kill_timeout", c.kill_timeouts),
+                ("refused", c.refused),
             ]
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64))

@@ -171,6 +171,26 @@ impl PoolState {
                     self.doom(key, RecycleReason::Rolling);
                 }
             }
+            PoolEvent::Refused { key } => {
+                if self.workers.get(&key).is_some_and(|w| w.active()) {
+                    if let Some(w) = self.workers.get_mut(&key) {
+                        // Killing it makes its exit expected; the failure is counted here.
+                        w.crash_counted = true;
+                    }
+                    self.counters.refused += 1;
+                    self.notice(Notice::Refused { key });
+                    self.crash(now);
+                    self.kill(key, now);
+                }
+            }
+            PoolEvent::Suspect { key } => {
+                if self.workers.get(&key).is_some_and(|w| w.active()) {
+                    self.counters.suspect += 1;
+                    self.doom(key, RecycleReason::Suspect);
+                    // The slot table stopped giving it requests already; say so here too.
+                    self.set_accepting(key, false);
+                }
+            }
         }
         self.reconcile(now);
         if self.stopping.is_some() && self.workers.is_empty() && !self.stopped_sent {
