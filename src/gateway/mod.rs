@@ -65,16 +65,23 @@ impl Pool {
     }
 
     /// Takes the worker of `slot` out of rotation after `error`, when the error says the
-    /// worker is broken: it could not be reached (refused, reset, timed out), it missed its
-    /// first-byte deadline, or it broke the protocol. A spawned worker leaves rotation at
+    /// worker is broken: it could not be reached (refused, reset, timed out), it dropped the
+    /// request before answering, it missed its first-byte deadline, or it broke the protocol. A spawned worker leaves rotation at
     /// once and its driver replaces it (kills a refusing one, recycles a suspect one); a
     /// server of a pool of servers counts a failure toward `max_fails` (connect failures and
     /// timeouts only, as nginx counts them by default).
     fn fault(&self, slot: &Slot, error: &BackendError) {
         let refused = matches!(error, BackendError::Connect { .. });
+        // A connection reset or closed before the response head (not a kept connection that
+        // went stale while idle) means the worker died or dropped the request: another
+        // request sent there now would most likely meet the same end.
         let suspect = matches!(
             error,
-            BackendError::FirstByteTimeout { .. } | BackendError::Protocol { .. }
+            BackendError::FirstByteTimeout { .. }
+                | BackendError::Protocol { .. }
+                | BackendError::Read { .. }
+                | BackendError::Write { .. }
+                | BackendError::ClosedEarly { stale: false, .. }
         );
         if !refused && !suspect {
             return;

@@ -569,8 +569,8 @@ impl SlotTable {
     /// Takes a slot for `context` if the pool, the context and some worker have room; the
     /// least loaded accepting worker wins, the lowest index on a tie. A server out of
     /// rotation is skipped; when every server with room is out, the one due back first is
-    /// used anyway (as a probe), so a request fails fast with the server's own error rather
-    /// than waiting for a slot that nothing would free.
+    /// used anyway (as a probe) when no server is up at all, so a request fails fast with
+    /// the server's own error rather than waiting for a slot that nothing would free.
     fn try_take(st: &mut State, context: usize) -> Option<(WorkerId, Arc<BackendAddress>, bool)> {
         if st.in_flight >= st.limits.max_conns {
             return None;
@@ -582,18 +582,24 @@ impl SlotTable {
         let mut now: Option<Instant> = None;
         let mut best: Option<(usize, usize)> = None;
         let mut fallback: Option<(usize, Instant)> = None;
+        let mut any_up = false;
         for (i, w) in st.workers.iter().enumerate() {
-            if !w.accepting || w.checking || w.in_flight >= w.capacity() {
+            if !w.accepting {
                 continue;
             }
             if let Some(until) = w.down_until {
                 let t = *now.get_or_insert_with(Instant::now);
                 if until > t {
-                    if fallback.is_none_or(|(_, f)| until < f) {
+                    let room = !w.checking && w.in_flight < w.capacity();
+                    if room && fallback.is_none_or(|(_, f)| until < f) {
                         fallback = Some((i, until));
                     }
                     continue;
                 }
+            }
+            any_up = true;
+            if w.checking || w.in_flight >= w.capacity() {
+                continue;
             }
             if w.in_flight == 0 {
                 best = Some((i, 0));
@@ -603,7 +609,10 @@ impl SlotTable {
                 best = Some((i, w.in_flight));
             }
         }
-        let index = best.map(|(i, _)| i).or(fallback.map(|(i, _)| i))?;
+        // A busy server that is up will free a slot; only when none is up is a down one
+        // tried.
+        let fallback = fallback.filter(|_| !any_up).map(|(i, _)| i);
+        let index = best.map(|(i, _)| i).or(fallback)?;
         let w = st.workers.get_mut(index)?;
         w.in_flight += 1;
         w.started += 1;
@@ -1003,7 +1012,19 @@ mod tests {
         t.fail(s1);
         tokio::time::advance(Duration::from_secs(1)).await;
         t.fail(s0);
-        assert_eq!(t.acquire(0).await.unwrap().worker(), s1);
+        let tried = t.acquire(0).await.unwrap();
+        assert_eq!(tried.worker(), s1);
+        // Once one server is up again, a request waits for it rather than trying a down one.
+        assert!(t.succeeded(s1).is_some());
+        let busy = tried;
+        let waiting = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|s| s.worker()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(t.stats().queued, 1);
+        drop(busy);
+        assert_eq!(waiting.await.unwrap().unwrap(), s1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -203,7 +203,8 @@ pub enum RecycleReason {
     MaxLifetime,
     /// A rolling restart was asked for.
     Rolling,
-    /// A request on it missed its first-byte deadline or the worker broke the protocol.
+    /// A request on it was reset or closed before an answer, missed its first-byte
+    /// deadline, or got bytes that break the protocol.
     Suspect,
 }
 
@@ -215,7 +216,8 @@ impl fmt::Display for RecycleReason {
             RecycleReason::MaxLifetime => "it reached max_lifetime",
             RecycleReason::Rolling => "of a rolling restart",
             RecycleReason::Suspect => {
-                "a request on it missed its first-byte deadline or it broke the protocol"
+                "a request on it failed in a way that says it is broken (reset or closed \
+                 before an answer, no first byte in time, or bytes that break the protocol)"
             }
         })
     }
