@@ -240,7 +240,7 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
         load.errors.lock().unwrap(),
         corral.log()
     );
-    assert!(ok >= 300, "only {ok} requests succeeded");
+    assert!(ok >= 100, "only {ok} requests succeeded");
     // After the storm the pool is whole again and serves.
     assert!(
         eventually(Duration::from_secs(10), || children(corral.pid()).len()

@@ -258,7 +258,12 @@ impl PoolState {
         };
         self.unlink(key);
         self.counters.exited += 1;
-        let asked = matches!(w.phase, Phase::Signalled(_) | Phase::Killed(_));
+        // A suspect worker asked to stop may have died on its own first (that is often why
+        // it was suspect): a SIGKILL corral did not send is still a crash.
+        let killed_by_other = w.doomed == Some(RecycleReason::Suspect)
+            && matches!(w.phase, Phase::Signalled(_))
+            && status == ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32);
+        let asked = matches!(w.phase, Phase::Signalled(_) | Phase::Killed(_)) && !killed_by_other;
         if !asked && !w.crash_counted {
             if status == ExitKind::Code(0) && w.served > 0 {
                 // An interpreter that stops on its own after serving (php-cgi's
