@@ -123,6 +123,8 @@ pub struct FilePool {
     pub connect_timeout: Option<Spanned<DurationText>>,
     pub first_byte_timeout: Option<Spanned<DurationText>>,
     pub request_timeout: Option<Spanned<DurationText>>,
+    pub max_fails: Option<Spanned<u32>>,
+    pub fail_timeout: Option<Spanned<DurationText>>,
     pub start_timeout: Option<Spanned<DurationText>>,
     pub max_requests: Option<Spanned<u64>>,
     pub max_requests_jitter: Option<Spanned<u64>>,

@@ -288,6 +288,12 @@ pub struct PoolConfig {
     /// Longest whole request; then 504 and the worker is replaced (`request_timeout`,
     /// default 300s).
     pub request_timeout: Duration,
+    /// Pools of servers: failures (connect failures, first-byte timeouts) that take a server
+    /// out of rotation (`max_fails`, default 1; 0 = never).
+    pub max_fails: u32,
+    /// Pools of servers: how long a failed server stays out before it is probed, and the
+    /// window in which its failures add up (`fail_timeout`, default 10s).
+    pub fail_timeout: Duration,
 }
 
 /// How a pool gets its workers.

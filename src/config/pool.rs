@@ -156,6 +156,12 @@ pub(super) fn pool(
         ),
         first_byte_timeout,
         request_timeout,
+        max_fails: p.max_fails.as_ref().map_or(1, |m| *m.get_ref()),
+        fail_timeout: e.timeout(
+            p.fail_timeout.as_ref(),
+            "fail_timeout",
+            Duration::from_secs(10),
+        ),
     };
     name_ok.then_some(config)
 }
@@ -233,6 +239,20 @@ fn external(e: &mut Errors, n: &str, p: &FilePool, servers: &SpannedList) -> Opt
 
 /// A pool whose workers corral spawns and supervises.
 fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Option<Backend> {
+    // A spawned worker that fails is replaced, not waited for.
+    let servers_only = [
+        ("max_fails", p.max_fails.as_ref().map(Spanned::span)),
+        ("fail_timeout", p.fail_timeout.as_ref().map(Spanned::span)),
+    ];
+    for (key, span) in servers_only.into_iter().filter_map(|(k, s)| Some((k, s?))) {
+        e.at(
+            span,
+            format!(
+                "{key} applies to pools of servers (servers = [...]); pool \"{n}\" is spawned \
+                 by corral, which replaces a worker that fails"
+            ),
+        );
+    }
     let program = program(e, p);
     let sizing = sizing(e, n, p);
     let recycle = recycle(e, p);

@@ -22,7 +22,7 @@ use crate::backend::{
 use crate::config::{Backend, Config, ContextConfig, ListenAddress};
 use crate::launchers;
 use crate::pool::driver::{Command as DriverCommand, Driver};
-use crate::pool::slots::{Slot, SlotError, SlotLimits, SlotTable, WorkerId};
+use crate::pool::slots::{FailPolicy, Failed, Slot, SlotError, SlotLimits, SlotTable, WorkerId};
 use crate::pool::state::{PoolSpec, PoolState};
 use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
@@ -51,6 +51,8 @@ pub struct Pool {
     /// The supervisor's status as its driver last published it; `None` for pools of
     /// running servers.
     pub status: Option<tokio::sync::watch::Receiver<crate::pool::driver::Published>>,
+    /// How many times a request that never reached a worker is sent to another one.
+    pub retries: usize,
 }
 
 impl Pool {
@@ -62,12 +64,91 @@ impl Pool {
         }
     }
 
+    /// Takes the worker of `slot` out of rotation after `error`, when the error says the
+    /// worker is broken: it could not be reached (refused, reset, timed out), it dropped the
+    /// request before answering, it missed its first-byte deadline, or it broke the protocol. A spawned worker leaves rotation at
+    /// once and its driver replaces it (kills a refusing one, recycles a suspect one); a
+    /// server of a pool of servers counts a failure toward `max_fails` (connect failures and
+    /// timeouts only, as nginx counts them by default).
+    fn fault(&self, slot: &Slot, error: &BackendError) {
+        let refused = matches!(error, BackendError::Connect { .. });
+        // A connection reset or closed before the response head (not a kept connection that
+        // went stale while idle) means the worker died or dropped the request: another
+        // request sent there now would most likely meet the same end.
+        let suspect = matches!(
+            error,
+            BackendError::FirstByteTimeout { .. }
+                | BackendError::Protocol { .. }
+                | BackendError::Read { .. }
+                | BackendError::Write { .. }
+                | BackendError::ClosedEarly { stale: false, .. }
+        );
+        if !refused && !suspect {
+            return;
+        }
+        let worker = slot.worker();
+        match &self.supervisor {
+            Some(tx) => {
+                self.slots.fail(worker);
+                self.connections.forget(slot.address());
+                let command = if refused {
+                    DriverCommand::Refused(worker)
+                } else {
+                    DriverCommand::Suspect(worker)
+                };
+                tracing::warn!(
+                    pool = %self.name,
+                    worker = worker.index,
+                    error = %error,
+                    "worker out of rotation: {}",
+                    if refused { "it refused a connection" } else { "marked suspect" }
+                );
+                let _ = tx.send(command);
+            }
+            None if refused || matches!(error, BackendError::FirstByteTimeout { .. }) => {
+                let server = slot.address();
+                match self.slots.fail(worker) {
+                    Failed::Down(out) => {
+                        self.connections.forget(server);
+                        tracing::warn!(pool = %self.name, %server, error = %error, "server down: out of rotation for {out:?}, then probed");
+                    }
+                    Failed::StillDown(out) => {
+                        tracing::info!(pool = %self.name, %server, error = %error, "server still down: out of rotation for another {out:?}");
+                    }
+                    Failed::Counted | Failed::OutOfRotation => {
+                        tracing::info!(pool = %self.name, %server, error = %error, "server failure counted toward max_fails");
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// A request on `slot` got its head: a server that was failing is back.
+    fn healthy(&self, slot: &Slot) {
+        if slot.is_probe() {
+            if let Some(down) = self.slots.succeeded(slot.worker()) {
+                tracing::info!(pool = %self.name, server = %slot.address(), "server up again after {down:?} out of rotation");
+            }
+        }
+    }
+
     /// Asks the pool's driver to stop its workers, if it has one.
     pub fn stop(&self, graceful: bool) {
         if let Some(tx) = &self.supervisor {
             let _ = tx.send(DriverCommand::Stop { graceful });
         }
     }
+}
+
+/// Retries for a request that never reached a worker: one per other worker (so every one
+/// is tried once), at least 3 (a replacement may be ready by then), at most 16.
+fn retries(backend: &Backend) -> usize {
+    let workers = match backend {
+        Backend::External { servers } => servers.len(),
+        Backend::Spawned(s) => usize::try_from(s.sizing.max()).unwrap_or(usize::MAX),
+    };
+    workers.saturating_sub(1).clamp(3, 16)
 }
 
 /// A fixed seed per pool name: jitter differs between pools and runs alike.
@@ -294,6 +375,10 @@ impl Gateway {
             let mut status = None;
             let supervisor = match &p.backend {
                 Backend::External { servers } => {
+                    slots.set_fail_policy(FailPolicy {
+                        max_fails: p.max_fails,
+                        fail_timeout: p.fail_timeout,
+                    });
                     for server in servers {
                         let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
                         slots.set_accepting(id, true);
@@ -353,6 +438,7 @@ impl Gateway {
                 supervisor,
                 requests: RequestStats::new(),
                 status,
+                retries: retries(&p.backend),
             });
         }
         let mut per_pool = vec![0usize; pools.len()];
@@ -540,17 +626,40 @@ impl Gateway {
                 source,
             }
         };
-        let address = slot.address();
-        let conn = match pool.protocol {
-            // SCGI is one connection per request by definition.
-            Protocol::Scgi => backend::BackendConnection::connect(address, pool.timeouts.connect)
-                .await
-                .map_err(backend_err)?,
-            _ => pool
-                .connections
-                .get(address, pool.timeouts.connect)
-                .await
-                .map_err(backend_err)?,
+        // A connection that cannot be made means nothing of the request reached the worker:
+        // the request moves to another worker at once (a worker killed under load would
+        // otherwise fail every request routed to it until its exit is noticed). Once a
+        // byte may have been sent, it is never sent again.
+        let mut slot = slot;
+        let mut tries = 0;
+        let conn = loop {
+            let address = slot.address();
+            let connected = match pool.protocol {
+                // SCGI is one connection per request by definition.
+                Protocol::Scgi => {
+                    backend::BackendConnection::connect(address, pool.timeouts.connect).await
+                }
+                _ => pool.connections.get(address, pool.timeouts.connect).await,
+            };
+            match connected {
+                Ok(conn) => break conn,
+                Err(e) => {
+                    pool.fault(&slot, &e);
+                    if tries >= pool.retries {
+                        return Err(backend_err(e));
+                    }
+                    tries += 1;
+                    tracing::debug!(pool = %pool.name, request_id, error = %e, "request not sent; trying another worker");
+                    slot = pool
+                        .slots
+                        .reroute(slot)
+                        .await
+                        .map_err(|source| GatewayError::Slot {
+                            pool: Arc::clone(&pool.name),
+                            source,
+                        })?;
+                }
+            }
         };
         timer.connected();
         let options = ExchangeOptions {
@@ -566,9 +675,11 @@ impl Gateway {
             Ok(r) => r,
             Err(e) => {
                 pool.report(slot.worker(), &e);
+                pool.fault(&slot, &e);
                 return Err(backend_err(e));
             }
         };
+        pool.healthy(&slot);
         timer.head();
         if response.body.is_ended() {
             // An empty body: no chunk will be asked for.

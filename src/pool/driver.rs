@@ -27,6 +27,9 @@ use crate::process::{self, spawn_worker, wait_ready, StopSignal, WorkerSocket, W
 const TICK: Duration = Duration::from_millis(100);
 /// Memory is sampled every this many ticks (reading /proc costs a few syscalls per process).
 const MEMORY_EVERY: u32 = 10;
+/// Most requests a worker finishes between two memory checks after a request, however far
+/// below `max_memory` it is: bounds the cost to two small /proc reads per this many requests.
+const MEMORY_CHECK_MAX_GAP: u64 = 64;
 
 /// What the rest of corral tells a pool's driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +43,12 @@ pub enum Command {
     RequestTimedOut(WorkerId),
     /// Replace every worker, one at a time.
     RollingRestart,
+    /// This worker's socket refused a connection (the slot table already skips it): kill it
+    /// if it still runs, and replace it.
+    Refused(WorkerId),
+    /// A request on this worker missed its first-byte deadline or the worker broke the
+    /// protocol (the slot table already skips it): recycle it, replacement first.
+    Suspect(WorkerId),
 }
 
 /// What a worker's own task reports.
@@ -59,6 +68,12 @@ struct Worker {
     /// Slot-table counts at the last tick, to turn them into request events.
     started: u64,
     in_flight: usize,
+    /// The worker and its descendants as the last full memory sample found them; a check
+    /// after a request reads only these.
+    tree: Vec<u32>,
+    /// The last memory reading after a request, and the requests asked to pass before the
+    /// next one: together they give the growth per request.
+    checked: Option<(u64, u64)>,
 }
 
 /// One spawned pool's supervisor loop.
@@ -185,9 +200,18 @@ impl Driver {
                         None => false,
                     },
                     Some(Command::RollingRestart) => self.handle(PoolEvent::RollingRestart),
+                    Some(Command::Refused(id)) => match self.by_id.get(&id).copied() {
+                        Some(key) => self.handle(PoolEvent::Refused { key }),
+                        None => false,
+                    },
+                    Some(Command::Suspect(id)) => match self.by_id.get(&id).copied() {
+                        Some(key) => self.handle(PoolEvent::Suspect { key }),
+                        None => false,
+                    },
                     // Every sender is gone: corral is going away; stop.
                     None => self.handle(PoolEvent::Stop { graceful: false }),
                 },
+                due = self.slots.memory_checks() => self.check_memory(&due),
                 () = self.slots.demand() => {
                     let waiting = self.slots.stats().queued;
                     self.handle(PoolEvent::Demand { waiting })
@@ -241,15 +265,48 @@ impl Driver {
         }
         let samples: Vec<(WorkerKey, u64)> = self
             .workers
-            .iter()
+            .iter_mut()
             .filter_map(|(key, w)| {
-                let usage = process::process_tree_pss(w.pid).ok()?;
+                let tree = process::process_tree(w.pid).ok()?;
+                let usage = process::memory_of(w.pid, &tree).ok()?;
+                w.tree = tree;
                 Some((*key, usage.bytes()))
             })
             .collect();
         let mut stopped = false;
         for (key, bytes) in samples {
             stopped |= self.handle(PoolEvent::Memory { key, bytes });
+        }
+        stopped
+    }
+
+    /// Measures the workers the slot table holds after a request (see
+    /// [`SlotTable::check_memory_in`]), lets the state machine recycle those over
+    /// `max_memory` (they then take no new request), and releases the others with the
+    /// number of requests until their next check.
+    fn check_memory(&mut self, due: &[WorkerId]) -> bool {
+        let limit = self.state.spec().recycle.max_memory;
+        let mut stopped = false;
+        for &id in due {
+            let reading = self.by_id.get(&id).copied().and_then(|key| {
+                let w = self.workers.get(&key)?;
+                let bytes = process::memory_of(w.pid, &w.tree).ok()?.bytes();
+                Some((key, bytes))
+            });
+            let Some((key, bytes)) = reading else {
+                // Gone meanwhile: nothing to hold it for.
+                self.slots.memory_checked(id, None);
+                continue;
+            };
+            stopped |= self.handle(PoolEvent::Memory { key, bytes });
+            let next = limit.map(|limit| {
+                let previous = self.workers.get(&key).and_then(|w| w.checked);
+                requests_until_next_check(limit, bytes, previous)
+            });
+            if let (Some(w), Some(n)) = (self.workers.get_mut(&key), next) {
+                w.checked = Some((bytes, n));
+            }
+            self.slots.memory_checked(id, next);
         }
         stopped
     }
@@ -386,8 +443,14 @@ impl Driver {
                         socket_file: Some(path),
                         started: 0,
                         in_flight: 0,
+                        tree: vec![pid],
+                        checked: None,
                     },
                 );
+                if self.state.spec().recycle.max_memory.is_some() {
+                    // Measured after its first request, then as its growth says.
+                    self.slots.check_memory_in(id, Some(1));
+                }
                 let reports = self.reports_tx.clone();
                 let start_timeout = self.state.spec().start_timeout;
                 let address = spawned.address.clone();
@@ -417,6 +480,29 @@ impl Driver {
     }
 }
 
+/// How many requests a worker may finish before its memory is checked again, given the
+/// `limit`, this reading, and the previous reading with the requests between the two.
+///
+/// Close to the limit (from 80% of it) every request is checked, as uWSGI's reload-on-rss
+/// does; below that, the growth per request seen between the last two readings says how many
+/// requests fit in what is left up to 80%, so a worker that grows fast is checked often and
+/// one that does not costs a check per [`MEMORY_CHECK_MAX_GAP`] requests. Without a previous
+/// reading the next request is checked, to learn the growth.
+fn requests_until_next_check(limit: u64, bytes: u64, previous: Option<(u64, u64)>) -> u64 {
+    let near = limit / 5 * 4;
+    if bytes >= near {
+        return 1;
+    }
+    let Some((before, requests)) = previous else {
+        return 1;
+    };
+    let growth = bytes.saturating_sub(before) / requests.max(1);
+    if growth == 0 {
+        return MEMORY_CHECK_MAX_GAP;
+    }
+    ((near - bytes) / growth).clamp(1, MEMORY_CHECK_MAX_GAP)
+}
+
 fn libc_sigkill() -> i32 {
     nix::sys::signal::Signal::SIGKILL as i32
 }
@@ -426,5 +512,35 @@ fn log_notice(pool: &str, notice: &Notice) {
         Severity::Info => tracing::info!(pool, "{notice}"),
         Severity::Warn => tracing::warn!(pool, "{notice}"),
         Severity::Error => tracing::error!(pool, "{notice}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn memory_checks_come_closer_as_the_limit_nears() {
+        let limit = 64 * MIB;
+        // First reading: learn the growth at the next request.
+        assert_eq!(requests_until_next_check(limit, 20 * MIB, None), 1);
+        // 8 MiB per request, 24 MiB below 80%: three requests.
+        assert_eq!(
+            requests_until_next_check(limit, 27 * MIB, Some((19 * MIB, 1))),
+            (limit / 5 * 4 - 27 * MIB) / (8 * MIB)
+        );
+        // No growth: the widest gap.
+        assert_eq!(
+            requests_until_next_check(limit, 20 * MIB, Some((20 * MIB, 5))),
+            MEMORY_CHECK_MAX_GAP
+        );
+        // Near or over the limit: every request.
+        assert_eq!(
+            requests_until_next_check(limit, 52 * MIB, Some((10 * MIB, 64))),
+            1
+        );
+        assert_eq!(requests_until_next_check(limit, 70 * MIB, None), 1);
     }
 }

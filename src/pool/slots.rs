@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
 
 use crate::config::BackendAddress;
 
@@ -65,6 +66,11 @@ pub struct Slot {
     worker: WorkerId,
     address: Arc<BackendAddress>,
     context: usize,
+    /// The worker had failures on record when this slot was taken: a success on it clears
+    /// them (see [`SlotTable::succeeded`]).
+    probe: bool,
+    /// False once the slot was given back by hand ([`SlotTable::reroute`]).
+    armed: bool,
 }
 
 impl Slot {
@@ -77,12 +83,44 @@ impl Slot {
     pub fn address(&self) -> &Arc<BackendAddress> {
         &self.address
     }
+
+    /// Whether the worker had failures on record when the slot was taken.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.table.release(self.worker, self.context);
+        if self.armed {
+            self.table.release(self.worker, self.context);
+        }
     }
+}
+
+/// When a server of a pool of servers is taken out of rotation (nginx's `max_fails` and
+/// `fail_timeout`): after `max_fails` failures, each within `fail_timeout` of the previous
+/// one, it takes no request for `fail_timeout`; then one request at a time is let through as
+/// a probe until one succeeds. `max_fails = 0` never takes a server out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailPolicy {
+    /// Failures that take a server out.
+    pub max_fails: u32,
+    /// How long it stays out, and the window in which failures add up.
+    pub fail_timeout: Duration,
+}
+
+/// What [`SlotTable::fail`] did with a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// The worker takes no new request until its supervisor replaces it (spawned pools).
+    OutOfRotation,
+    /// The server is out of rotation for this long, from now (it was up before).
+    Down(Duration),
+    /// The server was down already, or a probe failed: it stays out for this long.
+    StillDown(Duration),
+    /// The failure was counted; the server stays in rotation.
+    Counted,
 }
 
 #[derive(Debug)]
@@ -101,12 +139,57 @@ struct WorkerEntry {
     accepting: bool,
     /// The entry no longer names a live worker; reused once `in_flight` is 0.
     removed: bool,
+    /// Failures counted against a server of a pool of servers, and when the last one was.
+    fails: u32,
+    last_fail: Option<Instant>,
+    /// Out of rotation until then (pools of servers).
+    down_until: Option<Instant>,
+    /// When the server went out of rotation; cleared by its next success.
+    down_since: Option<Instant>,
+    /// Held out of rotation while its supervisor measures its memory after a request.
+    checking: bool,
+    /// Requests to finish before the next memory check; `None` = no checks.
+    check_in: Option<u64>,
 }
+
+impl WorkerEntry {
+    fn fresh(concurrency: usize, address: BackendAddress, budget: Option<u64>) -> WorkerEntry {
+        WorkerEntry {
+            generation: 0,
+            address: Arc::new(address),
+            started: 0,
+            budget,
+            concurrency: concurrency.max(1),
+            in_flight: 0,
+            accepting: false,
+            removed: false,
+            fails: 0,
+            last_fail: None,
+            down_until: None,
+            down_since: None,
+            checking: false,
+            check_in: None,
+        }
+    }
+
+    /// Requests it may have in flight now: one while it is a probe after being down.
+    fn capacity(&self) -> usize {
+        if self.down_since.is_some() {
+            1
+        } else {
+            self.concurrency
+        }
+    }
+}
+
+/// What a waiter is handed: the worker, its address, and whether the slot is a probe.
+type Grant = (WorkerId, Arc<BackendAddress>, bool);
 
 #[derive(Debug)]
 struct Waiter {
+    id: u64,
     context: usize,
-    tx: oneshot::Sender<(WorkerId, Arc<BackendAddress>)>,
+    tx: oneshot::Sender<Grant>,
 }
 
 #[derive(Debug)]
@@ -118,7 +201,13 @@ struct State {
     workers: Vec<WorkerEntry>,
     in_flight: usize,
     waiters: VecDeque<Waiter>,
+    next_waiter: u64,
     closed: bool,
+    /// How servers are taken out of rotation; `None` for spawned pools, whose failing
+    /// workers are replaced instead.
+    fail_policy: Option<FailPolicy>,
+    /// Workers held for a memory check, for the supervisor to measure.
+    checks: Vec<WorkerId>,
 }
 
 /// Live numbers for status.
@@ -143,6 +232,10 @@ pub struct WorkerCounts {
     pub in_flight: usize,
     /// Whether it takes new requests.
     pub accepting: bool,
+    /// How long ago it went out of rotation, while it is out (pools of servers).
+    pub down_for: Option<Duration>,
+    /// Where it listens.
+    pub address: Arc<BackendAddress>,
 }
 
 /// One pool's slot table.
@@ -152,6 +245,8 @@ pub struct SlotTable {
     /// Woken when a request starts waiting: an on-demand pool spawns at once rather than at
     /// its next tick.
     demand: Notify,
+    /// Woken when a worker is held for a memory check.
+    checks: Notify,
 }
 
 impl SlotTable {
@@ -169,10 +264,19 @@ impl SlotTable {
                 workers: Vec::new(),
                 in_flight: 0,
                 waiters: VecDeque::new(),
+                next_waiter: 0,
                 closed: false,
+                fail_policy: None,
+                checks: Vec::new(),
             }),
             demand: Notify::new(),
+            checks: Notify::new(),
         })
+    }
+
+    /// Takes servers that fail out of rotation by `policy` (pools of servers).
+    pub fn set_fail_policy(&self, policy: FailPolicy) {
+        self.lock().fail_policy = Some(policy);
     }
 
     /// Resolves when a request has started waiting for a slot since the last call.
@@ -195,16 +299,7 @@ impl SlotTable {
         budget: Option<u64>,
     ) -> WorkerId {
         let mut st = self.lock();
-        let fresh = WorkerEntry {
-            generation: 0,
-            address: Arc::new(address),
-            started: 0,
-            budget,
-            concurrency: concurrency.max(1),
-            in_flight: 0,
-            accepting: false,
-            removed: false,
-        };
+        let fresh = WorkerEntry::fresh(concurrency, address, budget);
         let free = st
             .workers
             .iter()
@@ -271,6 +366,7 @@ impl SlotTable {
 
     /// Every live worker's counts, for the supervisor's tick.
     pub fn workers(&self) -> Vec<WorkerCounts> {
+        let now = Instant::now();
         let st = self.lock();
         st.workers
             .iter()
@@ -284,6 +380,8 @@ impl SlotTable {
                 started: w.started,
                 in_flight: w.in_flight,
                 accepting: w.accepting,
+                down_for: w.down_since.map(|t| now.saturating_duration_since(t)),
+                address: Arc::clone(&w.address),
             })
             .collect()
     }
@@ -308,8 +406,8 @@ impl SlotTable {
             // Every change that frees capacity grants it to waiters at once, so the waiters
             // left are ones the current state cannot serve; a newcomer that can be served
             // therefore jumps nobody who could have used its slot, and the queue stays FIFO.
-            if let Some((worker, address)) = Self::try_take(&mut st, context) {
-                return Ok(self.slot(worker, address, context));
+            if let Some((worker, address, probe)) = Self::try_take(&mut st, context) {
+                return Ok(self.slot(worker, address, context, probe));
             }
             if st.waiters.len() >= st.limits.queue_size {
                 return Err(SlotError::QueueFull {
@@ -317,17 +415,18 @@ impl SlotTable {
                 });
             }
             let (tx, rx) = oneshot::channel();
-            st.waiters.push_back(Waiter { context, tx });
+            let id = st.next_waiter;
+            st.next_waiter = st.next_waiter.wrapping_add(1);
+            st.waiters.push_back(Waiter { id, context, tx });
             self.demand.notify_one();
-            (rx, st.limits.queue_timeout)
+            (Wait::new(self, id, context, rx), st.limits.queue_timeout)
         };
-        let mut wait = Wait {
-            table: self,
-            context,
-            rx,
-        };
+        let mut wait = rx;
         match tokio::time::timeout(timeout, &mut wait.rx).await {
-            Ok(Ok((worker, address))) => Ok(self.slot(worker, address, context)),
+            Ok(Ok((worker, address, probe))) => {
+                wait.granted = true;
+                Ok(self.slot(worker, address, context, probe))
+            }
             Ok(Err(_)) => Err(SlotError::Closed),
             // Dropping `wait` gives back a grant that raced the timer.
             Err(_) => Err(SlotError::QueueTimeout(timeout)),
@@ -339,18 +438,140 @@ impl SlotTable {
         worker: WorkerId,
         address: Arc<BackendAddress>,
         context: usize,
+        probe: bool,
     ) -> Slot {
         Slot {
             table: Arc::clone(self),
             worker,
             address,
             context,
+            probe,
+            armed: true,
+        }
+    }
+
+    /// Trades `slot`, whose worker could not be reached (nothing of the request was sent),
+    /// for a slot on another worker: at once when one is free, without going behind the
+    /// queue (the request had its turn already), else by waiting like any other request.
+    /// Mark the worker first ([`SlotTable::fail`]) so it is not chosen again.
+    pub async fn reroute(self: &Arc<Self>, mut slot: Slot) -> Result<Slot, SlotError> {
+        let context = slot.context;
+        {
+            let mut st = self.lock();
+            slot.armed = false;
+            Self::give_back(&mut st, slot.worker, context);
+            drop(slot);
+            if st.closed {
+                return Err(SlotError::Closed);
+            }
+            if let Some((worker, address, probe)) = Self::try_take(&mut st, context) {
+                return Ok(self.slot(worker, address, context, probe));
+            }
+            // The slot given back may serve another context's waiter.
+            Self::grant_waiters(&mut st);
+        }
+        self.acquire(context).await
+    }
+
+    /// Records that a request on `id` failed in a way that says the worker is broken (it
+    /// refused the connection, missed its first-byte deadline, broke the protocol). In a
+    /// spawned pool the worker takes no new request from now on (its supervisor replaces it);
+    /// in a pool of servers the failure counts toward the [`FailPolicy`].
+    pub fn fail(&self, id: WorkerId) -> Failed {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let policy = st.fail_policy;
+        let Some(w) = Self::entry(&mut st, id) else {
+            return Failed::Counted;
+        };
+        let Some(policy) = policy else {
+            w.accepting = false;
+            return Failed::OutOfRotation;
+        };
+        if policy.max_fails == 0 {
+            return Failed::Counted;
+        }
+        let window_over = w
+            .last_fail
+            .is_some_and(|t| now.saturating_duration_since(t) > policy.fail_timeout);
+        if window_over && w.down_since.is_none() {
+            w.fails = 0;
+        }
+        w.fails = w.fails.saturating_add(1);
+        w.last_fail = Some(now);
+        if w.fails < policy.max_fails && w.down_since.is_none() {
+            return Failed::Counted;
+        }
+        w.down_until = Some(now + policy.fail_timeout);
+        match w.down_since {
+            Some(_) => Failed::StillDown(policy.fail_timeout),
+            None => {
+                w.down_since = Some(now);
+                Failed::Down(policy.fail_timeout)
+            }
+        }
+    }
+
+    /// A request on `id` got its response head: its failures are forgotten and, if it was
+    /// out of rotation, it is back with its full concurrency. Returns how long it was out.
+    pub fn succeeded(&self, id: WorkerId) -> Option<Duration> {
+        let mut st = self.lock();
+        let w = Self::entry(&mut st, id)?;
+        w.fails = 0;
+        w.last_fail = None;
+        w.down_until = None;
+        let since = w.down_since.take()?;
+        Self::grant_waiters(&mut st);
+        Some(since.elapsed())
+    }
+
+    /// Asks for a memory check of worker `id` after every `requests` requests it finishes
+    /// (`None`: no more checks); the worker takes no new request while a check is pending.
+    pub fn check_memory_in(&self, id: WorkerId, requests: Option<u64>) {
+        let mut st = self.lock();
+        if let Some(w) = Self::entry(&mut st, id) {
+            w.check_in = requests.map(|r| r.max(1));
+        }
+    }
+
+    /// Workers held for a memory check since the last call; waits for one if there is none.
+    pub async fn memory_checks(&self) -> Vec<WorkerId> {
+        loop {
+            let notified = self.checks.notified();
+            let due = std::mem::take(&mut self.lock().checks);
+            if !due.is_empty() {
+                return due;
+            }
+            notified.await;
+        }
+    }
+
+    /// The memory check of `id` is done: it takes requests again (unless it was retired
+    /// meanwhile), and the next check comes after `next` more requests (`None`: none).
+    pub fn memory_checked(&self, id: WorkerId, next: Option<u64>) {
+        let mut st = self.lock();
+        if let Some(w) = Self::entry(&mut st, id) {
+            w.checking = false;
+            w.check_in = next.map(|r| r.max(1));
+        }
+        Self::grant_waiters(&mut st);
+    }
+
+    /// Takes waiter `id` out of the queue: it stopped waiting (timeout, client gone), and
+    /// its place is free for the next request at once.
+    fn leave_queue(&self, id: u64) {
+        let mut st = self.lock();
+        if let Some(i) = st.waiters.iter().position(|w| w.id == id) {
+            st.waiters.remove(i);
         }
     }
 
     /// Takes a slot for `context` if the pool, the context and some worker have room; the
-    /// least loaded accepting worker wins, the lowest index on a tie.
-    fn try_take(st: &mut State, context: usize) -> Option<(WorkerId, Arc<BackendAddress>)> {
+    /// least loaded accepting worker wins, the lowest index on a tie. A server out of
+    /// rotation is skipped; when every server with room is out, the one due back first is
+    /// used anyway (as a probe) when no server is up at all, so a request fails fast with
+    /// the server's own error rather than waiting for a slot that nothing would free.
+    fn try_take(st: &mut State, context: usize) -> Option<(WorkerId, Arc<BackendAddress>, bool)> {
         if st.in_flight >= st.limits.max_conns {
             return None;
         }
@@ -358,19 +579,40 @@ impl SlotTable {
         if st.context_in_flight.get(context).copied().unwrap_or(0) >= cap {
             return None;
         }
+        let mut now: Option<Instant> = None;
         let mut best: Option<(usize, usize)> = None;
+        let mut fallback: Option<(usize, Instant)> = None;
+        let mut any_up = false;
         for (i, w) in st.workers.iter().enumerate() {
-            if w.accepting && w.in_flight < w.concurrency {
-                if w.in_flight == 0 {
-                    best = Some((i, 0));
-                    break;
-                }
-                if best.is_none_or(|(_, load)| w.in_flight < load) {
-                    best = Some((i, w.in_flight));
+            if !w.accepting {
+                continue;
+            }
+            if let Some(until) = w.down_until {
+                let t = *now.get_or_insert_with(Instant::now);
+                if until > t {
+                    let room = !w.checking && w.in_flight < w.capacity();
+                    if room && fallback.is_none_or(|(_, f)| until < f) {
+                        fallback = Some((i, until));
+                    }
+                    continue;
                 }
             }
+            any_up = true;
+            if w.checking || w.in_flight >= w.capacity() {
+                continue;
+            }
+            if w.in_flight == 0 {
+                best = Some((i, 0));
+                break;
+            }
+            if best.is_none_or(|(_, load)| w.in_flight < load) {
+                best = Some((i, w.in_flight));
+            }
         }
-        let (index, _) = best?;
+        // A busy server that is up will free a slot; only when none is up is a down one
+        // tried.
+        let fallback = fallback.filter(|_| !any_up).map(|(i, _)| i);
+        let index = best.map(|(i, _)| i).or(fallback)?;
         let w = st.workers.get_mut(index)?;
         w.in_flight += 1;
         w.started += 1;
@@ -378,6 +620,7 @@ impl SlotTable {
             // The last request of its budget: it takes no more.
             w.accepting = false;
         }
+        let probe = w.fails > 0 || w.down_since.is_some();
         let id = WorkerId {
             index,
             generation: w.generation,
@@ -387,22 +630,39 @@ impl SlotTable {
             *c += 1;
         }
         st.in_flight += 1;
-        Some((id, address))
+        Some((id, address, probe))
     }
 
-    fn give_back(st: &mut State, worker: WorkerId, context: usize) {
+    fn give_back(st: &mut State, worker: WorkerId, context: usize) -> bool {
+        let mut check = false;
         if let Some(w) = Self::entry(st, worker) {
             w.in_flight = w.in_flight.saturating_sub(1);
+            if let Some(n) = w.check_in.as_mut() {
+                *n = n.saturating_sub(1);
+                if *n == 0 && w.accepting && !w.checking {
+                    // Held until the supervisor has measured it, so a worker grown past
+                    // max_memory never takes the next request.
+                    w.check_in = None;
+                    w.checking = true;
+                    check = true;
+                }
+            }
         }
         if let Some(c) = st.context_in_flight.get_mut(context) {
             *c = c.saturating_sub(1);
         }
         st.in_flight = st.in_flight.saturating_sub(1);
+        if check {
+            st.checks.push(worker);
+        }
+        check
     }
 
     fn release(&self, worker: WorkerId, context: usize) {
         let mut st = self.lock();
-        Self::give_back(&mut st, worker, context);
+        if Self::give_back(&mut st, worker, context) {
+            self.checks.notify_one();
+        }
         Self::grant_waiters(&mut st);
     }
 
@@ -419,13 +679,18 @@ impl SlotTable {
                 st.waiters.remove(i);
                 continue;
             }
-            let Some((worker, address)) = Self::try_take(st, context) else {
+            let Some((worker, address, probe)) = Self::try_take(st, context) else {
                 i += 1;
                 continue;
             };
             if let Some(waiter) = st.waiters.remove(i) {
-                if waiter.tx.send((worker, address)).is_err() {
-                    // The waiter gave up between the check and the send.
+                if waiter.tx.send((worker, address, probe)).is_err() {
+                    // The waiter gave up between the check and the send. Its request never
+                    // ran, so the worker's request count and memory check stay as they were.
+                    if let Some(w) = Self::entry(st, worker) {
+                        w.started = w.started.saturating_sub(1);
+                        w.check_in = w.check_in.map(|n| n + 1);
+                    }
                     Self::give_back(st, worker, context);
                 }
             }
@@ -434,19 +699,42 @@ impl SlotTable {
 }
 
 /// A queued request's end of the hand-off. If the request stops waiting (timeout, or the
-/// client went away and the future was dropped) after a slot was already sent to it, the drop
-/// gives that slot back instead of leaking it.
+/// client went away and the future was dropped), the drop takes it out of the queue at once,
+/// so its place is free for the next request; a slot already sent to it is given back.
 struct Wait<'a> {
     table: &'a Arc<SlotTable>,
+    id: u64,
     context: usize,
-    rx: oneshot::Receiver<(WorkerId, Arc<BackendAddress>)>,
+    rx: oneshot::Receiver<Grant>,
+    granted: bool,
+}
+
+impl<'a> Wait<'a> {
+    fn new(
+        table: &'a Arc<SlotTable>,
+        id: u64,
+        context: usize,
+        rx: oneshot::Receiver<Grant>,
+    ) -> Self {
+        Wait {
+            table,
+            id,
+            context,
+            rx,
+            granted: false,
+        }
+    }
 }
 
 impl Drop for Wait<'_> {
     fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
         self.rx.close();
-        if let Ok((worker, _)) = self.rx.try_recv() {
-            self.table.release(worker, self.context);
+        match self.rx.try_recv() {
+            Ok((worker, _, _)) => self.table.release(worker, self.context),
+            Err(_) => self.table.leave_queue(self.id),
         }
     }
 }
@@ -622,6 +910,138 @@ mod tests {
         t.close();
         assert_eq!(waiter.await.unwrap().unwrap_err(), SlotError::Closed);
         assert_eq!(t.acquire(0).await.unwrap_err(), SlotError::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
+        let t = table(1, 2, &[None]);
+        ready_worker(&t, 1);
+        let _held = t.acquire(0).await.unwrap();
+        // Two waiters time out, a third is dropped (its client went away).
+        for _ in 0..2 {
+            assert!(matches!(
+                t.acquire(0).await,
+                Err(SlotError::QueueTimeout(_))
+            ));
+        }
+        let gone = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(t.stats().queued, 0, "a waiter that gave up kept its place");
+        // The queue has room for two again.
+        let a = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|_| ()) }
+        });
+        let b = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(t.stats().queued, 2);
+        drop(_held);
+        assert!(a.await.unwrap().is_ok());
+        assert!(b.await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusing_worker_is_skipped_and_the_request_moves_on() {
+        let t = table(4, 4, &[None]);
+        let w0 = ready_worker(&t, 1);
+        let w1 = ready_worker(&t, 1);
+        let s = t.acquire(0).await.unwrap();
+        assert_eq!(s.worker(), w0);
+        assert_eq!(t.fail(w0), Failed::OutOfRotation);
+        let s = t.reroute(s).await.unwrap();
+        assert_eq!(s.worker(), w1);
+        assert_eq!(t.worker_in_flight(w0), 0);
+        assert_eq!(t.stats().in_flight, 1);
+        drop(s);
+        // w0 stays out until its supervisor replaces it.
+        assert_eq!(t.acquire(0).await.unwrap().worker(), w1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_server_is_out_for_fail_timeout_then_probed_back_in() {
+        let t = table(8, 4, &[None]);
+        t.set_fail_policy(FailPolicy {
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+        });
+        let s0 = ready_worker(&t, 4);
+        let s1 = ready_worker(&t, 4);
+        let first = t.acquire(0).await.unwrap();
+        assert_eq!(first.worker(), s0);
+        assert_eq!(t.fail(s0), Failed::Down(Duration::from_secs(10)));
+        drop(first);
+        assert!(t.workers()[0].down_for.is_some());
+        for _ in 0..3 {
+            assert_eq!(t.acquire(0).await.unwrap().worker(), s1);
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        // Back as a probe: one request at a time until one succeeds.
+        let probe = t.acquire(0).await.unwrap();
+        assert_eq!(probe.worker(), s0);
+        assert!(probe.is_probe());
+        let other = t.acquire(0).await.unwrap();
+        assert_eq!(
+            other.worker(),
+            s1,
+            "a second request went to a probed server"
+        );
+        assert!(t.succeeded(s0).is_some());
+        assert!(t.workers()[0].down_for.is_none());
+        let again = t.acquire(0).await.unwrap();
+        assert_eq!(again.worker(), s0);
+        drop((probe, other, again));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn when_every_server_is_down_the_first_due_back_is_tried() {
+        let t = table(8, 4, &[None]);
+        t.set_fail_policy(FailPolicy {
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+        });
+        let s0 = ready_worker(&t, 1);
+        let s1 = ready_worker(&t, 1);
+        t.fail(s1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        t.fail(s0);
+        let tried = t.acquire(0).await.unwrap();
+        assert_eq!(tried.worker(), s1);
+        // Once one server is up again, a request waits for it rather than trying a down one.
+        assert!(t.succeeded(s1).is_some());
+        let busy = tried;
+        let waiting = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|s| s.worker()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(t.stats().queued, 1);
+        drop(busy);
+        assert_eq!(waiting.await.unwrap().unwrap(), s1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_due_for_a_memory_check_takes_nothing_until_checked() {
+        let t = table(4, 4, &[None]);
+        let w = ready_worker(&t, 1);
+        t.check_memory_in(w, Some(1));
+        drop(t.acquire(0).await.unwrap());
+        assert_eq!(t.memory_checks().await, vec![w]);
+        let waiting = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.acquire(0).await.map(|s| s.worker()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(t.stats().queued, 1, "a worker being checked took a request");
+        t.memory_checked(w, Some(2));
+        assert_eq!(waiting.await.unwrap().unwrap(), w);
     }
 
     /// Many tasks hammer a small table; the caps hold at every instant and every slot comes

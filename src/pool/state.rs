@@ -116,6 +116,19 @@ pub enum PoolEvent {
     /// Replace every current worker, one at a time, each replacement ready before its
     /// predecessor is retired.
     RollingRestart,
+    /// The worker's socket refused a connection (or could not be reached): it is dead or
+    /// broken. The slot table already keeps requests off it; kill it (if it still runs) and
+    /// replace it. Counts as a crash.
+    Refused {
+        /// The worker.
+        key: WorkerKey,
+    },
+    /// A request on the worker missed its first-byte deadline or got bytes that break the
+    /// protocol: the worker takes no new request and is recycled, replacement first.
+    Suspect {
+        /// The worker.
+        key: WorkerKey,
+    },
 }
 
 /// The polite stop request sent to a worker.
@@ -190,6 +203,9 @@ pub enum RecycleReason {
     MaxLifetime,
     /// A rolling restart was asked for.
     Rolling,
+    /// A request on it was reset or closed before an answer, missed its first-byte
+    /// deadline, or got bytes that break the protocol.
+    Suspect,
 }
 
 impl fmt::Display for RecycleReason {
@@ -199,6 +215,10 @@ impl fmt::Display for RecycleReason {
             RecycleReason::MaxMemory => "its memory exceeded max_memory",
             RecycleReason::MaxLifetime => "it reached max_lifetime",
             RecycleReason::Rolling => "of a rolling restart",
+            RecycleReason::Suspect => {
+                "a request on it failed in a way that says it is broken (reset or closed \
+                 before an answer, no first byte in time, or bytes that break the protocol)"
+            }
         })
     }
 }
@@ -231,6 +251,12 @@ pub enum Notice {
     },
     /// A worker ran a request past `request_timeout` and was killed.
     RequestTimedOut {
+        /// The worker.
+        key: WorkerKey,
+    },
+    /// A worker's socket refused a connection; it was killed (if it still ran) to be
+    /// replaced.
+    Refused {
         /// The worker.
         key: WorkerKey,
     },
@@ -288,6 +314,10 @@ impl fmt::Display for Notice {
             Notice::RequestTimedOut { key } => {
                 write!(f, "{key} exceeded request_timeout and was killed")
             }
+            Notice::Refused { key } => write!(
+                f,
+                "{key} refused a connection: out of rotation, killed and replaced"
+            ),
             Notice::KillTimedOut { key, after } => {
                 write!(f, "{key} did not stop within {after:?} and was killed")
             }

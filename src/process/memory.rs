@@ -37,13 +37,24 @@ impl MemoryUsage {
 /// kernel option, unlike `/proc/PID/task/TID/children`. Processes that exit during the walk
 /// are skipped. Fails with `NotFound` when `pid` itself does not exist.
 pub fn process_tree_pss(pid: u32) -> io::Result<MemoryUsage> {
-    let tree = descendants_of(pid, &parent_map(Path::new("/proc"))?);
+    memory_of(pid, &process_tree(pid)?)
+}
+
+/// `pid` and all its descendants, by one pass over `/proc/*/stat`.
+pub fn process_tree(pid: u32) -> io::Result<Vec<u32>> {
+    Ok(descendants_of(pid, &parent_map(Path::new("/proc"))?))
+}
+
+/// Reads the memory of the processes `tree` (a tree found by [`process_tree`], rooted at
+/// `pid`), without walking `/proc` again: two small reads per process, cheap enough to do
+/// after a request. Members that have exited are skipped; `NotFound` when `pid` has.
+pub fn memory_of(pid: u32, tree: &[u32]) -> io::Result<MemoryUsage> {
     let mut usage = MemoryUsage {
         pss_bytes: Some(0),
         rss_bytes: 0,
         processes: 0,
     };
-    for member in tree {
+    for &member in tree {
         let dir = Path::new("/proc").join(member.to_string());
         let status = match std::fs::read_to_string(dir.join("status")) {
             Ok(text) => text,

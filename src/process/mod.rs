@@ -32,7 +32,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 pub use exit::ExitKind;
-pub use memory::{process_tree_pss, MemoryUsage};
+pub use memory::{memory_of, process_tree, process_tree_pss, MemoryUsage};
 pub use ready::{wait_ready, ReadyError};
 pub use spawn::{spawn_worker, Handoff, Identity, SpawnedWorker, WorkerSocket, WorkerSpawn};
 

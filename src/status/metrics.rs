@@ -350,6 +350,7 @@ pub fn render(pools: &[PoolReport], started: SystemTime, tables: &[AdmissionSnap
                 ("max_memory", r.max_memory),
                 ("max_lifetime", r.max_lifetime),
                 ("rolling", r.rolling),
+                ("suspect", r.suspect),
             ]
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64))
@@ -384,6 +385,7 @@ pub fn render(pools: &[PoolReport], started: SystemTime, tables: &[AdmissionSnap
                 ("start_timeout", c.start_timeouts),
                 ("request_timeout", c.request_timeouts),
                 ("kill_timeout", c.kill_timeouts),
+                ("refused", c.refused),
             ]
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64))

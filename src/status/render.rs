@@ -105,12 +105,14 @@ pub fn pool_fields(
             ("start timeouts", Value::Int(c.start_timeouts)),
             ("request timeouts", Value::Int(c.request_timeouts)),
             ("kill timeouts", Value::Int(c.kill_timeouts)),
+            ("refused connections", Value::Int(c.refused)),
             ("retired idle", Value::Int(c.retired_idle)),
             ("recycled", Value::Int(c.recycled.total())),
             ("recycled max requests", Value::Int(c.recycled.max_requests)),
             ("recycled max memory", Value::Int(c.recycled.max_memory)),
             ("recycled max lifetime", Value::Int(c.recycled.max_lifetime)),
             ("recycled rolling", Value::Int(c.recycled.rolling)),
+            ("recycled suspect", Value::Int(c.recycled.suspect)),
             ("stopping", Value::Bool(s.stopping)),
         ]);
     }
@@ -172,6 +174,7 @@ fn recycle_name(reason: RecycleReason) -> &'static str {
         RecycleReason::MaxMemory => "max memory",
         RecycleReason::MaxLifetime => "max lifetime",
         RecycleReason::Rolling => "rolling restart",
+        RecycleReason::Suspect => "suspect",
     }
 }
 
@@ -194,16 +197,25 @@ pub fn worker_fields(w: &WorkerStatus) -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// An external server's fields.
-pub fn server_fields(w: &WorkerCounts) -> Vec<(&'static str, Value)> {
-    let state = match (w.accepting, w.in_flight) {
-        (false, _) => "Not accepting",
-        (true, 0) => "Idle",
-        (true, _) => "Busy",
+/// An external server's fields: where it is, and whether it is up or out of rotation
+/// since when (`max_fails` / `fail_timeout`).
+pub fn server_fields(w: &WorkerCounts, now: SystemTime) -> Vec<(&'static str, Value)> {
+    let state = match (w.down_for, w.accepting, w.in_flight) {
+        (Some(_), _, _) => "Down",
+        (None, false, _) => "Not accepting",
+        (None, true, 0) => "Idle",
+        (None, true, _) => "Busy",
     };
+    let down_since = w.down_for.map_or(Value::None, |d| {
+        let at = now.checked_sub(d).unwrap_or(UNIX_EPOCH);
+        Value::Time(at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs())
+    });
     vec![
         ("server", int(w.id.index)),
+        ("address", Value::Str(w.address.to_string())),
         ("state", Value::Str(state.to_owned())),
+        ("up", Value::Bool(w.down_for.is_none())),
+        ("down since", down_since),
         ("requests", Value::Int(w.started)),
         ("in flight", int(w.in_flight)),
         ("accepting", Value::Bool(w.accepting)),
@@ -211,10 +223,10 @@ pub fn server_fields(w: &WorkerCounts) -> Vec<(&'static str, Value)> {
 }
 
 /// The per-worker rows of a pool.
-pub fn rows(p: &PoolReport) -> Vec<Vec<(&'static str, Value)>> {
+pub fn rows(p: &PoolReport, now: SystemTime) -> Vec<Vec<(&'static str, Value)>> {
     match &p.supervisor {
         Some(s) => s.workers.iter().map(worker_fields).collect(),
-        None => p.servers.iter().map(server_fields).collect(),
+        None => p.servers.iter().map(|w| server_fields(w, now)).collect(),
     }
 }
 
@@ -227,7 +239,7 @@ pub fn text(pools: &[PoolReport], started: SystemTime, now: SystemTime, full: bo
         }
         text_fields(&mut out, &pool_fields(p, started, now));
         if full {
-            for row in rows(p) {
+            for row in rows(p, now) {
                 out.push_str("\n************************\n");
                 text_fields(&mut out, &row);
             }
@@ -280,7 +292,7 @@ pub fn json(
         json_fields(&mut out, &pool_fields(p, started, now));
         if full {
             out.push_str(",\"processes\":[");
-            for (j, row) in rows(p).iter().enumerate() {
+            for (j, row) in rows(p, now).iter().enumerate() {
                 if j > 0 {
                     out.push(',');
                 }

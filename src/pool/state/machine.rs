@@ -171,6 +171,26 @@ impl PoolState {
                     self.doom(key, RecycleReason::Rolling);
                 }
             }
+            PoolEvent::Refused { key } => {
+                if self.workers.get(&key).is_some_and(|w| w.active()) {
+                    if let Some(w) = self.workers.get_mut(&key) {
+                        // Killing it makes its exit expected; the failure is counted here.
+                        w.crash_counted = true;
+                    }
+                    self.counters.refused += 1;
+                    self.notice(Notice::Refused { key });
+                    self.crash(now);
+                    self.kill(key, now);
+                }
+            }
+            PoolEvent::Suspect { key } => {
+                if self.workers.get(&key).is_some_and(|w| w.active()) {
+                    self.counters.suspect += 1;
+                    self.doom(key, RecycleReason::Suspect);
+                    // The slot table stopped giving it requests already; say so here too.
+                    self.set_accepting(key, false);
+                }
+            }
         }
         self.reconcile(now);
         if self.stopping.is_some() && self.workers.is_empty() && !self.stopped_sent {
@@ -238,7 +258,12 @@ impl PoolState {
         };
         self.unlink(key);
         self.counters.exited += 1;
-        let asked = matches!(w.phase, Phase::Signalled(_) | Phase::Killed(_));
+        // A suspect worker asked to stop may have died on its own first (that is often why
+        // it was suspect): a SIGKILL corral did not send is still a crash.
+        let killed_by_other = w.doomed == Some(RecycleReason::Suspect)
+            && matches!(w.phase, Phase::Signalled(_))
+            && status == ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32);
+        let asked = matches!(w.phase, Phase::Signalled(_) | Phase::Killed(_)) && !killed_by_other;
         if !asked && !w.crash_counted {
             if status == ExitKind::Code(0) && w.served > 0 {
                 // An interpreter that stops on its own after serving (php-cgi's

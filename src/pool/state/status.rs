@@ -63,6 +63,8 @@ pub struct RecycleCounts {
     pub max_lifetime: u64,
     /// Rolling restarts.
     pub rolling: u64,
+    /// Workers that missed a first-byte deadline or broke the protocol.
+    pub suspect: u64,
 }
 
 impl RecycleCounts {
@@ -72,13 +74,14 @@ impl RecycleCounts {
             RecycleReason::MaxMemory => &mut self.max_memory,
             RecycleReason::MaxLifetime => &mut self.max_lifetime,
             RecycleReason::Rolling => &mut self.rolling,
+            RecycleReason::Suspect => &mut self.suspect,
         };
         *c += 1;
     }
 
     /// All recycles.
     pub fn total(&self) -> u64 {
-        self.max_requests + self.max_memory + self.max_lifetime + self.rolling
+        self.max_requests + self.max_memory + self.max_lifetime + self.rolling + self.suspect
     }
 }
 
@@ -101,6 +104,11 @@ pub struct PoolCounters {
     pub request_timeouts: u64,
     /// Workers killed for not exiting within `kill_timeout` of their stop signal.
     pub kill_timeouts: u64,
+    /// Workers whose socket refused a connection (killed and replaced).
+    pub refused: u64,
+    /// Workers marked suspect (first-byte deadline missed, protocol broken); each is also
+    /// counted in `recycled.suspect` when its recycling starts.
+    pub suspect: u64,
     /// Idle workers retired by the sizing policy.
     pub retired_idle: u64,
     /// Recycles by reason.

@@ -1,0 +1,609 @@
+//! Faults under load, against the real binary: php-cgi workers SIGKILLed every 100 ms while
+//! clients keep requesting (only a request in flight on a killed worker may fail), workers
+//! that hang or send garbage are recycled and not handed the next request, queued requests
+//! that gave up leave the queue at once, a leaking PHP worker is recycled by `max_memory`
+//! right after it passes the limit, and a pool of servers rides out one server killed and
+//! restarted, showing it down and up again in `/status`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use support::peers::{self, Peer};
+use support::server::{http, parse_response, Corral};
+
+/// A config with one http listener, a status listener, a spawned pool `app` described by
+/// `pool`, and one context for it (`context` adds keys such as `root`).
+fn config(run: &Path, pool: &str, context: &str) -> String {
+    format!(
+        r#"
+[server]
+runtime_dir = "{run}"
+grace = "2s"
+kill_timeout = "2s"
+log_level = "debug"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[status]
+address = "127.0.0.1:0"
+
+[pools.app]
+{pool}
+
+[[contexts]]
+pool = "app"
+{context}
+"#,
+        run = run.display(),
+    )
+}
+
+/// One GET with `Connection: close`: the status code, or why there was none. Never panics,
+/// so load threads can count failures.
+fn try_get(addr: SocketAddr, target: &str, timeout: Duration) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let head = format!("GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
+    if !raw.starts_with(b"HTTP/1.1 ") {
+        return Err(format!("no response: {:?}", String::from_utf8_lossy(&raw)));
+    }
+    let r = parse_response(&raw);
+    Ok((r.status, r.text()))
+}
+
+/// Pids of the live (not zombie) processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (which may hold spaces) start at the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() != Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// Polls `check` every 20 ms for up to `limit`.
+fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if check() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    check()
+}
+
+/// Tiny xorshift so the killer picks workers without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+/// What a load run saw.
+#[derive(Debug, Default)]
+struct Load {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+/// `threads` clients request `target` back to back until `stop` is set; each answer that
+/// is not a 200 (or no answer) counts as failed.
+fn run_load(
+    addr: SocketAddr,
+    target: &'static str,
+    threads: usize,
+    stop: &Arc<AtomicBool>,
+    load: &Arc<Load>,
+) -> Vec<thread::JoinHandle<()>> {
+    (0..threads)
+        .map(|_| {
+            let stop = Arc::clone(stop);
+            let load = Arc::clone(load);
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match try_get(addr, target, Duration::from_secs(20)) {
+                        Ok((200, _)) => {
+                            load.ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => {
+                            load.failed.fetch_add(1, Ordering::Relaxed);
+                            let mut errors = load.errors.lock().unwrap();
+                            if errors.len() < 20 {
+                                errors.push(format!("{other:?}"));
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Workers SIGKILLed every 100 ms under a bounded load: a request that never reached a
+/// worker (its socket refused) is retried on another at once, and the refusing worker is out
+/// of rotation, so only a request in flight on a killed worker may fail.
+#[test]
+fn workers_killed_every_100ms_fail_only_their_own_requests() {
+    let dir = peers::shared_dir();
+    peers::write_file(
+        dir.path(),
+        "work.php",
+        "<?php usleep(5000); echo getmypid();",
+    );
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 4\nqueue_timeout = \"10s\"",
+            &format!("root = \"{}\"", dir.path().display()),
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    assert!(
+        eventually(Duration::from_secs(10), || children(corral.pid()).len()
+            == 4
+            && try_get(addr, "/work.php", Duration::from_secs(5))
+                .is_ok_and(|(s, _)| s == 200)),
+        "the pool did not start: {}",
+        corral.log()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(Load::default());
+    let clients = run_load(addr, "/work.php", 6, &stop, &load);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut kills = 0u64;
+    let start = Instant::now();
+    for tick in 1..=50u32 {
+        // On a fixed 100 ms beat, however long the last round took.
+        if let Some(wait) =
+            (start + Duration::from_millis(100) * tick).checked_duration_since(Instant::now())
+        {
+            thread::sleep(wait);
+        }
+        let workers = children(corral.pid());
+        if workers.is_empty() {
+            continue;
+        }
+        let victim = workers[rng.below(workers.len())];
+        if kill(Pid::from_raw(victim as i32), Signal::SIGKILL).is_ok() {
+            kills += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let ok = load.ok.load(Ordering::Relaxed);
+    let failed = load.failed.load(Ordering::Relaxed);
+    eprintln!("kills {kills}, failed {failed}, succeeded {ok}");
+    for line in corral
+        .log()
+        .lines()
+        .filter(|l| l.contains("request failed") || l.contains("broke off"))
+    {
+        eprintln!("{line}");
+    }
+    // Fewer than 50 when the pool's crash throttle leaves nothing to kill for a while (five
+    // crashes in a row before a replacement has served: spawns wait out the backoff).
+    assert!(kills >= 5, "only {kills} kills: {}", corral.log());
+    assert!(
+        failed <= kills,
+        "{failed} failed requests for {kills} kills ({ok} succeeded): {:?}\n{}",
+        load.errors.lock().unwrap(),
+        corral.log()
+    );
+    assert!(ok >= 100, "only {ok} requests succeeded");
+    // After the storm the pool is whole again and serves.
+    assert!(
+        eventually(Duration::from_secs(10), || children(corral.pid()).len()
+            == 4),
+        "the pool was not rebuilt"
+    );
+    assert_eq!(
+        try_get(addr, "/work.php", Duration::from_secs(10))
+            .unwrap()
+            .0,
+        200
+    );
+}
+
+/// A minimal SCGI worker on the listening socket it inherits as fd 3: `/garbage` answers
+/// bytes that are no CGI response, `/hang` never answers, anything else answers its pid.
+const SCGI_WORKER: &str = r#"
+import os, socket, time
+s = socket.socket(fileno=3)
+while True:
+    c, _ = s.accept()
+    data = b""
+    while b":" not in data and len(data) < 64:
+        more = c.recv(4096)
+        if not more:
+            break
+        data += more
+    if b":" not in data:
+        c.close()
+        continue
+    n, rest = data.split(b":", 1)
+    n = int(n)
+    while len(rest) < n + 1:
+        more = c.recv(4096)
+        if not more:
+            break
+        rest += more
+    fields = rest[:n].split(b"\0")
+    env = dict(zip(fields[0::2], fields[1::2]))
+    uri = env.get(b"REQUEST_URI", b"")
+    if uri.startswith(b"/garbage"):
+        c.sendall(b"\x00\x01\x02 this is no CGI head \xff\xfe\r\n\r\n")
+    elif uri.startswith(b"/hang"):
+        time.sleep(120)
+    else:
+        c.sendall(b"Status: 200 OK\r\nContent-Type: text/plain\r\n\r\n" + str(os.getpid()).encode())
+    c.close()
+"#;
+
+/// A worker that broke the protocol or missed its first-byte deadline is suspect: the next
+/// request goes to another worker (its replacement), and the suspect one is stopped.
+#[test]
+fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
+    let dir = peers::shared_dir();
+    let script = peers::write_file(dir.path(), "worker.py", SCGI_WORKER);
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            &format!(
+                "protocol = \"scgi\"\ncommand = [\"python3\", \"{}\"]\nmode = \"static\"\nmax = 1\n\
+                 first_byte_timeout = \"1s\"",
+                script.display()
+            ),
+            "",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let pid_of = || {
+        let (status, text) = try_get(addr, "/pid", Duration::from_secs(20)).unwrap();
+        assert_eq!(status, 200, "{text}\n{}", corral.log());
+        text.trim().parse::<u32>().unwrap()
+    };
+    let first = pid_of();
+    assert_eq!(pid_of(), first, "a healthy worker keeps serving");
+
+    let (status, _) = try_get(addr, "/garbage", Duration::from_secs(20)).unwrap();
+    assert_eq!(status, 502);
+    let second = pid_of();
+    assert_ne!(
+        second, first,
+        "the worker that sent garbage got the next request"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !alive(first)),
+        "the suspect worker {first} was not stopped"
+    );
+
+    let (status, _) = try_get(addr, "/hang", Duration::from_secs(20)).unwrap();
+    assert_eq!(status, 504);
+    let third = pid_of();
+    assert_ne!(third, second, "the worker that hung got the next request");
+    assert!(
+        eventually(Duration::from_secs(8), || !alive(second)),
+        "the hung worker {second} was not stopped"
+    );
+    assert!(corral.log().contains("marked suspect"), "{}", corral.log());
+}
+
+/// Queued requests whose client went away or whose queue_timeout fired leave the queue at
+/// once: new requests then get their place instead of 503 queue full.
+#[test]
+fn queued_requests_that_gave_up_free_their_place() {
+    let dir = peers::shared_dir();
+    peers::write_file(
+        dir.path(),
+        "sleep.php",
+        "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
+    );
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 1\nmax_conns = 1\nqueue_size = 2\n\
+             queue_timeout = \"1s\"",
+            &format!("root = \"{}\"", dir.path().display()),
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    assert_eq!(
+        try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))
+            .unwrap()
+            .0,
+        200
+    );
+    let slow = thread::spawn(move || try_get(addr, "/sleep.php?ms=2500", Duration::from_secs(20)));
+    thread::sleep(Duration::from_millis(200));
+
+    // Two clients queue and go away; two more queue and time out (at 1 s).
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /sleep.php?ms=1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        thread::sleep(Duration::from_millis(100));
+        drop(s);
+    }
+    thread::sleep(Duration::from_millis(100));
+    let timed_out: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))))
+        .collect();
+    for t in timed_out {
+        let (status, text) = t.join().unwrap().unwrap();
+        assert_eq!(status, 503, "{text}");
+        assert!(!text.contains("queue is full"), "{text}");
+    }
+    // The slow request still runs (until 2.7 s); two places are free again.
+    let queued: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))))
+        .collect();
+    for t in queued {
+        let (status, text) = t.join().unwrap().unwrap();
+        assert_eq!(
+            status,
+            200,
+            "a new request found the queue full: {text}\n{}",
+            corral.log()
+        );
+    }
+    assert_eq!(slow.join().unwrap().unwrap().0, 200);
+}
+
+/// Each request compiles a new script of about 8 MiB of string literals, which OPcache keeps
+/// in its shared memory for the life of the process: php-cgi grows by that much per request,
+/// as a leaking app would.
+const LEAK_PHP: &str = r#"<?php
+$n = (int)($_GET['n'] ?? 0);
+$file = sys_get_temp_dir() . "/corral-faults-leak-" . getmypid() . "-$n.php";
+$body = '<?php return [';
+for ($i = 0; $i < 80000; $i++) { $body .= "'k$n-$i' => 'value-$n-$i-" . str_repeat('x', 60) . "',"; }
+file_put_contents($file, $body . '];');
+$a = include $file;
+unlink($file);
+echo getmypid();
+"#;
+
+/// A worker passing max_memory is recycled before it takes more than a couple more
+/// requests, though requests come faster than the once-a-second memory sample.
+#[test]
+fn a_fast_leaking_worker_is_recycled_right_after_passing_max_memory() {
+    let dir = peers::shared_dir();
+    peers::write_file(dir.path(), "leak.php", LEAK_PHP);
+    const LIMIT: u64 = 128 << 20;
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            "command = [\"php-cgi\", \"-d\", \"opcache.file_update_protection=0\", \"-d\", \
+             \"opcache.memory_consumption=512\"]\nmode = \"static\"\nmax = 1\nmax_memory = \"128MiB\"",
+            &format!("root = \"{}\"", dir.path().display()),
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    // (pid that served, its memory right after) per request.
+    let mut seen: Vec<(u32, u64)> = Vec::new();
+    for n in 0..40 {
+        let (status, text) = try_get(addr, &format!("/leak.php?n={n}"), Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("request {n}: {e}\n{}", corral.log()));
+        assert_eq!(status, 200, "request {n}: {text}\n{}", corral.log());
+        let pid: u32 = text.trim().parse().unwrap();
+        let memory = corral::process::process_tree_pss(pid).map_or(0, |m| m.bytes());
+        seen.push((pid, memory));
+        if seen.first().is_some_and(|(first, _)| *first != pid) {
+            break;
+        }
+    }
+    let first = seen[0].0;
+    let served_by_first = seen.iter().take_while(|(p, _)| *p == first).count();
+    assert!(
+        served_by_first < seen.len(),
+        "never recycled: {seen:?}\n{}",
+        corral.log()
+    );
+    // corral and the test read at slightly different moments: "near" is 90% of the limit.
+    let near = seen.iter().position(|(_, m)| *m > LIMIT / 10 * 9);
+    let growth = seen
+        .windows(2)
+        .take(served_by_first.saturating_sub(1))
+        .map(|w| w[1].1.saturating_sub(w[0].1))
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "served by the first worker {served_by_first}, near the limit after request {near:?}, \
+         growth up to {growth} B/request: {seen:?}"
+    );
+    assert!(
+        growth > 4 << 20,
+        "the script leaks too little to test with: {seen:?}"
+    );
+    let near = near.unwrap_or(served_by_first);
+    assert!(
+        served_by_first <= near + 2,
+        "the worker served {served_by_first} requests though it was near max_memory after \
+         request {}: {seen:?}",
+        near + 1
+    );
+    // With the once-a-second sample alone, a worker this fast kept serving while over.
+    let over = seen[..served_by_first]
+        .iter()
+        .filter(|(_, m)| *m > LIMIT)
+        .count();
+    assert!(
+        over <= 1,
+        "the worker served {over} requests while over max_memory: {seen:?}"
+    );
+    assert!(corral.wait_log("exceeded max_memory"), "{}", corral.log());
+}
+
+/// `corral null-backend --protocol fastcgi --listen unix:PATH`, ready to accept.
+fn null_backend(socket: &Path) -> Peer {
+    let _ = std::fs::remove_file(socket);
+    let mut cmd = Command::new(support::CORRAL);
+    cmd.args(["null-backend", "--protocol", "fastcgi", "--listen"])
+        .arg(format!("unix:{}", socket.display()));
+    Peer::spawn(cmd, socket).wait_connectable()
+}
+
+/// The status listener's address, from its log line.
+fn status_addr(corral: &Corral) -> SocketAddr {
+    assert!(corral.wait_log("status listener ready"), "{}", corral.log());
+    corral
+        .log()
+        .lines()
+        .find(|l| l.contains("status listener ready"))
+        .and_then(|l| l.split("listener=").nth(1))
+        .and_then(|a| a.split_whitespace().next()?.parse().ok())
+        .expect("the status listener's address")
+}
+
+/// The status page's JSON rows for the pool of servers, as (address, up) pairs.
+fn server_states(status: SocketAddr) -> Vec<(String, bool)> {
+    let r = http(status, "GET", "/status?json&full", &[], b"");
+    let text = r.text();
+    // One object per server: pick "address" and "up" out of each without a JSON parser.
+    text.split("\"server\":")
+        .skip(1)
+        .filter_map(|row| {
+            let address = row
+                .split("\"address\":\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .to_owned();
+            let up = row.split("\"up\":").nth(1)?.starts_with("true");
+            Some((address, up))
+        })
+        .collect()
+}
+
+/// A pool of servers with one server killed and restarted under load: no request fails
+/// but one that was in flight on the killed server, the killed one shows down in /status
+/// and comes back up after it restarts.
+#[test]
+fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
+    let dir = peers::shared_dir();
+    let sockets: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("null-{i}.sock")))
+        .collect();
+    let mut servers: Vec<Option<Peer>> = sockets.iter().map(|s| Some(null_backend(s))).collect();
+    let list = sockets
+        .iter()
+        .map(|s| format!("\"unix:{}\"", s.display()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = config(
+        &dir.path().join("run"),
+        &format!(
+            "servers = [{list}]\nmax_fails = 1\nfail_timeout = \"1s\"\nconnect_timeout = \"1s\""
+        ),
+        "",
+    );
+    let corral = Corral::start(&text, 1);
+    let addr = corral.http_addr();
+    let status = status_addr(&corral);
+    assert_eq!(try_get(addr, "/", Duration::from_secs(10)).unwrap().0, 200);
+    assert!(server_states(status).iter().all(|(_, up)| *up));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(Load::default());
+    let clients = run_load(addr, "/", 4, &stop, &load);
+    thread::sleep(Duration::from_millis(500));
+    let victim = format!("unix:{}", sockets[1].display());
+    drop(servers[1].take());
+    let _ = std::fs::remove_file(&sockets[1]);
+    let down = eventually(Duration::from_secs(5), || {
+        server_states(status)
+            .iter()
+            .any(|(a, up)| *a == victim && !*up)
+    });
+    let page = http(status, "GET", "/status?full", &[], b"").text();
+    thread::sleep(Duration::from_millis(1500));
+    servers[1] = Some(null_backend(&sockets[1]));
+    let back = eventually(Duration::from_secs(8), || {
+        server_states(status).iter().all(|(_, up)| *up)
+    });
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let ok = load.ok.load(Ordering::Relaxed);
+    let failed = load.failed.load(Ordering::Relaxed);
+    eprintln!("servers: failed {failed}, succeeded {ok}");
+    assert!(
+        down,
+        "the killed server never showed down: {:?}",
+        server_states(status)
+    );
+    assert!(
+        page.contains("state:") && page.contains("Down") && page.contains("down since:"),
+        "{page}"
+    );
+    assert!(
+        back,
+        "the restarted server never came back: {:?}\n{}",
+        server_states(status),
+        corral.log()
+    );
+    assert!(
+        failed <= 1,
+        "{failed} requests failed with two servers up: {:?}\n{}",
+        load.errors.lock().unwrap(),
+        corral.log()
+    );
+    assert!(ok >= 200, "only {ok} requests succeeded");
+    drop(servers);
+}
