@@ -73,4 +73,6 @@ done
 wait "$wrk" || true
 echo
 cat "$scratch/wrk.txt"
-echo "recycled workers (distinct php-cgi pids seen in the log): $(grep -c 'spawned' "$scratch/corral.log" || true)"
+echo "workers recycled (from /metrics):"
+curl -s "http://127.0.0.1:$status/metrics" | grep 'worker_recycles_total' | grep -v '^#' || true
+echo "corral warnings and errors logged: $(grep -cE ' (WARN|ERROR) ' "$scratch/corral.log" || true)"

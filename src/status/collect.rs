@@ -79,7 +79,16 @@ pub struct StatusSource {
     pub pools: Vec<PoolInfo>,
     /// The connection tables (front listeners, status listener) `/metrics` reports.
     pub connections: Vec<std::sync::Arc<crate::front::limits::Admission>>,
+    /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
+    /// reading walks /proc for the worker's process tree, and a scraper asking every second
+    /// for sixteen workers would otherwise pay that walk each time.
+    pss_cache: std::sync::Arc<
+        std::sync::Mutex<std::collections::HashMap<u32, (tokio::time::Instant, u64)>>,
+    >,
 }
+
+/// How long a PSS reading of the status page is reused.
+const PSS_CACHE_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl StatusSource {
     /// The source for `config`, started now.
@@ -88,7 +97,27 @@ impl StatusSource {
             started: SystemTime::now(),
             pools: config.pools.iter().map(PoolInfo::of).collect(),
             connections: Vec::new(),
+            pss_cache: std::sync::Arc::default(),
         }
+    }
+
+    /// The PSS of `pid`'s process tree, read at most once per [`PSS_CACHE_FOR`].
+    fn pss(&self, pid: u32) -> Option<u64> {
+        let now = tokio::time::Instant::now();
+        if let Ok(cache) = self.pss_cache.lock() {
+            if let Some(&(at, bytes)) = cache.get(&pid) {
+                if now.duration_since(at) < PSS_CACHE_FOR {
+                    return Some(bytes);
+                }
+            }
+        }
+        let bytes = process::process_tree_pss(pid).ok()?.bytes();
+        if let Ok(mut cache) = self.pss_cache.lock() {
+            // Readings of workers that are gone age out here.
+            cache.retain(|_, (at, _)| now.duration_since(*at) < PSS_CACHE_FOR);
+            cache.insert(pid, (now, bytes));
+        }
+        Some(bytes)
     }
 }
 
@@ -214,7 +243,7 @@ pub fn collect(
                 if let Some(s) = supervisor.as_mut() {
                     for w in &mut s.workers {
                         if let (None, Some(pid)) = (w.memory, w.pid) {
-                            w.memory = process::process_tree_pss(pid).ok().map(|m| m.bytes());
+                            w.memory = source.pss(pid);
                         }
                     }
                 }
@@ -237,4 +266,32 @@ pub fn collect(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pss_readings_are_reused_for_a_while() {
+        let config = crate::config::parse(
+            "[[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\
+             [pools.app]\nservers = [\"127.0.0.1:9\"]\n",
+            "t.toml",
+        )
+        .unwrap();
+        let source = StatusSource::new(&config);
+        let me = std::process::id();
+        // A reading planted now stands in for /proc until it is PSS_CACHE_FOR old.
+        source
+            .pss_cache
+            .lock()
+            .unwrap()
+            .insert(me, (tokio::time::Instant::now(), 42));
+        assert_eq!(source.pss(me), Some(42));
+        tokio::time::advance(PSS_CACHE_FOR).await;
+        let real = source.pss(me).unwrap();
+        assert_ne!(real, 42, "read again once stale");
+        assert_eq!(source.pss(me), Some(real), "and reused again");
+    }
 }
