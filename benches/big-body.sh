@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Question: does a huge body pass through corral at constant memory (DESIGN decision 4)?
+# Question: does a huge body pass through corral at constant memory (ARCHITECTURE.md invariant 4)?
 # Sends a SIZE_MIB upload (php-cgi reads php://input and answers its md5) and a SIZE_MIB
 # download (php-cgi writes it in 64 KiB pieces) through corral's http listener, checks both
 # md5s, and prints corral's peak RSS (VmHWM) after each. Loopback only; every process it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the real peers corral's tests talk to (DESIGN.md section 5):
+# Installs the real peers corral's tests talk to (ARCHITECTURE.md, "Tests, scripts and CI"):
 # Debian's php-cgi, php-fpm, nginx, Ruby with ruby-fcgi and ruby-rack, wrk,
 # ab and curl; the PyPI packages scgi and flup; and lsphp, built once from
 # Debian's php8.2 source by scripts/build-lsphp.sh. Idempotent and quick when

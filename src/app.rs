@@ -1,9 +1,9 @@
 //! Wiring: builds the gateway from a validated configuration, serves every front listener,
 //! and runs the shutdown phases.
 //!
-//! The caller binds the listeners (tests bind port 0) and owns the shutdown token (STYLE 9),
-//! so `run` does no signal handling of its own. Shutdown order: stop accepting, let the
-//! connections finish what they are doing for up to `grace`, then drop what is left.
+//! The caller binds the listeners (tests bind port 0) and owns the shutdown token (ARCHITECTURE.md
+//! decision 18), so `run` does no signal handling of its own. Shutdown order: stop accepting, let
+//! the connections finish what they are doing for up to `grace`, then drop what is left.
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 //! The one place that touches Unix signals: each is translated once into a [`Control`] value
-//! (STYLE 11). Tests inject `Control` values instead of raising signals.
+//! (ARCHITECTURE.md decision 10). Tests inject `Control` values instead of raising signals.
 //!
 //! | signal  | control        | what corral does                                         |
 //! |---------|----------------|----------------------------------------------------------|

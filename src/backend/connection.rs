@@ -1,5 +1,5 @@
 //! Backend connections and the small per-worker stack of idle ones that FastCGI
-//! (FCGI_KEEP_CONN) and LSAPI reuse (DESIGN decision 3).
+//! (FCGI_KEEP_CONN) and LSAPI reuse (ARCHITECTURE.md decision 4).
 //!
 //! A connection goes back to the stack only after a clean end of its exchange; a connection
 //! that saw any error is dropped. The stack is bounded per address, newest first, and an idle

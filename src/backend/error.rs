@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::body::{BodyError, BodyTimeout};
 use super::Protocol;
 
-/// Who caused a failed exchange (STYLE 7): the front maps it to a status and a log level.
+/// Who caused a failed exchange (ARCHITECTURE.md decision 22): the front maps it to a status and a
+/// log level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     /// The client: its body broke off or was malformed, or its request was too large.
@@ -174,7 +175,7 @@ impl BackendError {
     }
 
     /// Whether the connection may carry another request: never after an error, whatever the
-    /// step (DESIGN decision 3). Kept as a method so callers say what they rely on.
+    /// step (ARCHITECTURE.md invariant 5). Kept as a method so callers say what they rely on.
     pub fn connection_reusable(&self) -> bool {
         false
     }

@@ -198,7 +198,7 @@ impl Codec {
 }
 
 /// RESP_HEADER as a CGI head: the lines go through the same strict parser as a CGI
-/// response, and a non-zero `m_status` wins over a `Status:` line (LSAPI notes §3.2).
+/// response, and a non-zero `m_status` wins over a `Status:` line (protocols/LSAPI.md §3.2).
 fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, BackendError> {
     let mut text = BytesMut::new();
     for (index, line) in head.lines.iter().enumerate() {

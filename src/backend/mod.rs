@@ -70,7 +70,7 @@ impl From<BackendProtocol> for Protocol {
     }
 }
 
-/// The three bounds on an exchange's time (DESIGN decision 5).
+/// The three bounds on an exchange's time (ARCHITECTURE.md decision 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// Longest connect.

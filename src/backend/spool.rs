@@ -1,7 +1,7 @@
 //! Spooling a request body of unknown length (a chunked upload) to learn its length, for the
 //! protocols that must announce it before the body (SCGI's CONTENT_LENGTH, LSAPI's
 //! BEGIN_REQUEST): small bodies stay in memory, larger ones go to an unlinked temporary file,
-//! and a body over the limit is refused, so memory stays bounded (DESIGN decision 4).
+//! and a body over the limit is refused, so memory stays bounded (ARCHITECTURE.md invariant 4).
 
 use std::io::SeekFrom;
 use std::path::Path;

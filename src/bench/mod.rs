@@ -1,5 +1,5 @@
 //! `corral bench` and `corral null-backend`: measuring what the web-server↔interpreter
-//! interface costs (DESIGN decision 11).
+//! interface costs (ARCHITECTURE.md decision 13).
 //!
 //! `null-backend` answers every request of one protocol with a fixed CGI response, so the
 //! cost of a hop can be measured with no application behind it; `bench` is a load generator

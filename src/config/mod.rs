@@ -1,13 +1,13 @@
 //! The validated configuration: the types the rest of corral reads, and `parse`, which turns
 //! TOML text into them.
 //!
-//! Configuration goes through two stages (STYLE 8). `file` mirrors the TOML exactly with serde
-//! (every table denies unknown keys, fields that validation may reject keep their byte span);
-//! `validate` resolves defaults and checks every rule, collecting *all* errors, each located
-//! as `FILE:LINE:COL`. What comes out is a [`Config`] with no `Option` left to mean "use the
-//! default": an `Option` here always means something (no status listener, never recycle by
-//! age, ...). Parsing is a pure function of the text and its name, so reload, `corral check`
-//! and tests all go through the same [`parse`].
+//! Configuration goes through two stages (ARCHITECTURE.md decision 15). `file` mirrors the TOML
+//! exactly with serde (every table denies unknown keys, fields that validation may reject keep
+//! their byte span); `validate` resolves defaults and checks every rule, collecting *all* errors,
+//! each located as `FILE:LINE:COL`. What comes out is a [`Config`] with no `Option` left to mean
+//! "use the default": an `Option` here always means something (no status listener, never recycle by
+//! age, ...). Parsing is a pure function of the text and its name, so reload, `corral check` and
+//! tests all go through the same [`parse`].
 //!
 //! Defaults follow php-fpm where the concept is the same (its `www.conf` sample sizes a
 //! dynamic pool 5 / 1..3 spare, `listen.mode` 0660, `listen.backlog` 511,

@@ -1,11 +1,10 @@
-//! The launchers corral embeds for the apps people deploy (DESIGN decision 12): a Python WSGI
-//! launcher speaking SCGI and a Ruby Rack launcher speaking LSAPI, each written with only its
-//! language's standard library, each taking its listening socket on fd 0 and serving one
-//! request at a time. A pool that says `app = "wsgi:module:callable"` or
-//! `app = "rack:config.ru"` runs them; they are written into the runtime directory when the
-//! pool is built, so the binary is all a deployment needs. That directory is corral's own
-//! (its owner and mode are checked before anything is written there), and the files are
-//! written so that nothing planted in it is ever followed.
+//! The launchers corral embeds for the apps people deploy (ARCHITECTURE.md decision 14): a Python
+//! WSGI launcher speaking SCGI and a Ruby Rack launcher speaking LSAPI, each written with only its
+//! language's standard library, each taking its listening socket on fd 0 and serving one request at
+//! a time. A pool that says `app = "wsgi:module:callable"` or `app = "rack:config.ru"` runs them;
+//! they are written into the runtime directory when the pool is built, so the binary is all a
+//! deployment needs. That directory is corral's own (its owner and mode are checked before anything
+//! is written there), and the files are written so that nothing planted in it is ever followed.
 
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

@@ -3,9 +3,9 @@
 //! request counts read from the slot table, memory samples, demand, time) and carries out the
 //! actions it returns (spawn, let a worker take requests or not, signal, kill, forget).
 //!
-//! One task per pool runs [`Driver::run`]; each worker process has one task that owns its
-//! `Child`, waits for readiness and then for the exit, and reports both (STYLE 13: every child
-//! is reaped exactly once, by its owner).
+//! One task per pool runs [`Driver::run`]; each worker process has one task that owns its `Child`,
+//! waits for readiness and then for the exit, and reports both (ARCHITECTURE.md invariant 8: every
+//! child is reaped exactly once, by its owner).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

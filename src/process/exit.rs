@@ -1,5 +1,5 @@
 //! How a worker process ended, decoded once from its `ExitStatus` into words the log, the
-//! status page and the pool state machine share (STYLE 13).
+//! status page and the pool state machine share (ARCHITECTURE.md invariant 8).
 //!
 //! An interpreter that exits on its own (php-cgi told to stop after N requests, an app that
 //! returns) is an ordinary [`ExitKind::Code`]; only the pool decides whether that was

@@ -1,5 +1,5 @@
 //! The memory a worker costs: PSS summed over the worker and every process it forked, read
-//! from `/proc` (DESIGN decision 6, `max_memory`).
+//! from `/proc` (ARCHITECTURE.md decision 7, `max_memory`).
 //!
 //! PSS (proportional set size, `/proc/PID/smaps_rollup`) charges each shared page to the
 //! processes sharing it in equal parts, so a pool's workers sum to what they really cost,

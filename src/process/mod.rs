@@ -1,9 +1,9 @@
-//! Process plumbing for spawned workers, and the only place in corral that forks, signals
-//! or reads `/proc` (STYLE 14): [`spawn`] starts a worker with its socket, environment,
+//! Process plumbing for spawned workers, and the only place in corral that forks, signals or reads
+//! `/proc` (ARCHITECTURE.md decision 21): [`spawn`] starts a worker with its socket, environment,
 //! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
 //! [`memory`] measures a worker's process tree; [`signal_group`] stops one; [`own`] sets up
-//! corral's own process (umask, inherited descriptors) before any of that, and [`rlimit`]
-//! raises its file limit.
+//! corral's own process (umask, inherited descriptors) before any of that, and [`rlimit`] raises
+//! its file limit.
 //!
 //! # No orphaned interpreters
 //!

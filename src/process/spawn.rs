@@ -2,7 +2,7 @@
 //! interpreter expects, a clean environment, its user, limits and process group, and its
 //! output piped into corral's log; then waiting until it accepts connections.
 //!
-//! The three handoffs (DESIGN decision 2):
+//! The three handoffs (ARCHITECTURE.md decision 3):
 //! - [`Handoff::Fd0`]: corral binds the socket and the child inherits it as fd 0
 //!   (`FCGI_LISTENSOCK_FILENO`, `LSAPI_SOCK_FILENO`), put there with `Stdio::from(OwnedFd)`.
 //! - [`Handoff::Placeholder`]: `{socket}` and `{port}` in argv are replaced and the child

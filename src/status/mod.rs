@@ -1,5 +1,5 @@
-//! Supervisor-served status and metrics (DESIGN decision 8): counted by the gateway and the
-//! pool drivers, collected without waiting on any worker, rendered as php-fpm-compatible text
+//! Supervisor-served status and metrics (ARCHITECTURE.md decision 9): counted by the gateway and
+//! the pool drivers, collected without waiting on any worker, rendered as php-fpm-compatible text
 //! and JSON or as OpenMetrics, and served on the `[status]` listener.
 //!
 //! `counters` holds what the request path counts (lock-free), `collect` joins it with the

@@ -121,7 +121,7 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 /// php-cgi serving FastCGI on `dir/php.sock`, one request at a time, never exiting on its
-/// own (DESIGN decision 2), with errors sent to FastCGI STDERR.
+/// own (ARCHITECTURE.md decision 3), with errors sent to FastCGI STDERR.
 pub fn php_cgi(dir: &Path) -> Peer {
     let socket = dir.join("php.sock");
     let mut cmd = Command::new(PHP_CGI);

@@ -118,7 +118,7 @@ impl RequestBuilder {
     }
 
     /// Appends a special env pair (`"\x01\x04name"` = admin PHP ini value, `"\x01\x01name"`
-    /// = per-dir ini value; see the protocol notes).
+    /// = per-dir ini value; see protocols/LSAPI.md §2).
     pub fn special_env(&mut self, name: &[u8], value: &[u8]) -> Result<(), LsapiError> {
         self.check_pair("special env", self.special_count, name, value)?;
         self.check_size(pair_len(name, value), 0, 0, 0)?;

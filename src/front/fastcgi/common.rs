@@ -17,7 +17,7 @@ const LINGER_CHUNK: usize = 16 * 1024;
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Routes a front server's request and normalises its parameters for the chosen context
-/// (DESIGN decisions 10 and 14): the context index and the clean parameters.
+/// (ARCHITECTURE.md decisions 11 and 12): the context index and the clean parameters.
 pub(crate) fn prepare(
     gateway: &Gateway,
     listener: &ListenAddress,
