@@ -26,6 +26,15 @@ pub struct BodyTimeout {
     pub after: std::time::Duration,
 }
 
+/// A request body of unknown length ran past the context's `max_body` while it streamed:
+/// the client's doing (413).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request body passed max_body of {limit} bytes")]
+pub struct BodyOverLimit {
+    /// The limit.
+    pub limit: u64,
+}
+
 /// Something that yields the bytes of a request body, in order.
 ///
 /// A front implements this over its own body type (hyper's `Incoming`, the STDIN stream of a
@@ -99,6 +108,23 @@ impl RequestBody {
         )
     }
 
+    /// This body, failing with [`BodyOverLimit`] once more than `limit` bytes have come when
+    /// its length was not known beforehand (a known length is checked before any byte is
+    /// read, so it is returned unchanged).
+    pub fn limited(self, limit: u64) -> RequestBody {
+        match self.kind {
+            Kind::Source(source) if self.len.is_none() => RequestBody::from_source(
+                LimitSource {
+                    inner: source,
+                    left: limit,
+                    limit,
+                },
+                None,
+            ),
+            _ => self,
+        }
+    }
+
     /// The body length, when known before reading it.
     pub fn len(&self) -> Option<u64> {
         self.len
@@ -162,5 +188,71 @@ impl BodySource for ChannelSource {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, BodyError>>> {
         self.rx.poll_recv(cx)
+    }
+}
+
+/// Counts a source's bytes against a limit.
+struct LimitSource {
+    inner: Pin<Box<dyn BodySource>>,
+    left: u64,
+    limit: u64,
+}
+
+impl BodySource for LimitSource {
+    fn poll_chunk(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BodyError>>> {
+        let this = self.get_mut();
+        match this.inner.as_mut().poll_chunk(cx) {
+            Poll::Ready(Some(Ok(chunk))) => match this.left.checked_sub(chunk.len() as u64) {
+                Some(left) => {
+                    this.left = left;
+                    Poll::Ready(Some(Ok(chunk)))
+                }
+                None => Poll::Ready(Some(Err(Box::new(BodyOverLimit { limit: this.limit })))),
+            },
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn drain(mut body: RequestBody) -> Result<u64, BodyError> {
+        let mut n = 0;
+        while let Some(chunk) = std::future::poll_fn(|cx| body.poll_chunk(cx)).await {
+            n += chunk?.len() as u64;
+        }
+        Ok(n)
+    }
+
+    fn streamed(parts: &'static [&'static [u8]], len: Option<u64>) -> RequestBody {
+        let (tx, body) = RequestBody::channel(len, parts.len().max(1));
+        tokio::spawn(async move {
+            for p in parts {
+                if tx.send(Bytes::from_static(p)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        body
+    }
+
+    #[tokio::test]
+    async fn an_unknown_length_is_held_to_the_limit_as_it_streams() {
+        let ok = streamed(&[b"abc", b"def"], None).limited(6);
+        assert_eq!(drain(ok).await.unwrap(), 6);
+        let over = streamed(&[b"abc", b"defg"], None).limited(6);
+        let err = drain(over).await.unwrap_err();
+        assert!(err.is::<BodyOverLimit>(), "{err}");
+        let status = crate::backend::BackendError::ClientBody { source: err }.status();
+        assert_eq!(status, 413);
+        // A known length was checked before reading: left as it is.
+        let known = streamed(&[b"abcdefgh"], Some(8)).limited(6);
+        assert_eq!(known.len(), Some(8));
+        assert_eq!(drain(known).await.unwrap(), 8);
     }
 }

@@ -33,7 +33,9 @@ use crate::config::{BackendProtocol, PoolConfig};
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
 
-pub use body::{BodyClosed, BodyError, BodySender, BodySource, BodyTimeout, RequestBody};
+pub use body::{
+    BodyClosed, BodyError, BodyOverLimit, BodySender, BodySource, BodyTimeout, RequestBody,
+};
 pub use connection::{BackendConnection, Connections};
 pub use error::{BackendError, Origin};
 pub use exchange::ResponseBody;

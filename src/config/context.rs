@@ -195,10 +195,26 @@ pub(super) fn runs_php(pool: &PoolConfig) -> bool {
     let super::Program::Command(argv) = &spawn.program else {
         return false;
     };
-    argv.first()
-        .and_then(|p| std::path::Path::new(p).file_name())
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("php") || n.starts_with("lsphp"))
+    let name = |word: &String| {
+        std::path::Path::new(word)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_owned)
+    };
+    let is_php = |n: &str| n.starts_with("php") || n.starts_with("lsphp");
+    let Some(first) = argv.first().and_then(name) else {
+        return false;
+    };
+    if first == "env" {
+        // `env [-i] [NAME=VALUE...] php-cgi ...`: the program is the first other word.
+        return argv
+            .iter()
+            .skip(1)
+            .find(|w| !w.starts_with('-') && !w.contains('='))
+            .and_then(name)
+            .is_some_and(|n| is_php(&n));
+    }
+    is_php(&first)
 }
 
 /// A path prefix: absolute, clean, and free of characters a request path cannot carry.

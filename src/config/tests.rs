@@ -592,8 +592,7 @@ command = ["/usr/bin/php-cgi8.2"]
 address = "127.0.0.1:8080"
 protocol = "http"
 [pools.php]
-command = ["lsphp"]
-protocol = "lsapi"
+command = ["/usr/bin/env", "-i", "PHPRC=/etc/php", "php-cgi"]
 [[contexts]]
 pool = "php"
 "#,

@@ -609,6 +609,9 @@ impl Gateway {
                 limit: context.config.max_body,
             });
         }
+        // A body of unknown length (a FastCGI or SCGI front that sent no CONTENT_LENGTH) is
+        // held to max_body as it streams.
+        let body = body.limited(context.config.max_body);
         let mut timer = RequestTimer::start(&pool.requests);
         let slot = pool
             .requests
@@ -667,7 +670,7 @@ impl Gateway {
             request_id,
             timeouts: pool.timeouts,
             limits: self.limits.clone(),
-            spool: self.spool.clone(),
+            spool: self.spool_for(ctx),
             stderr: None,
         };
         let request = BackendRequest { params, body };
