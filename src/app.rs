@@ -65,9 +65,24 @@ pub async fn run(
     shutdown: CancellationToken,
     fast: CancellationToken,
     worker_nofile: Option<u64>,
+    mut restart_workers: tokio::sync::mpsc::Receiver<()>,
 ) -> Result<(), String> {
     let (gateway, drivers) = Gateway::with_worker_nofile(config, worker_nofile)?;
     let gateway = Arc::new(gateway);
+    // A rolling restart (SIGUSR2): every spawned pool replaces each worker, the replacement
+    // ready before the old one stops taking requests, so nothing in flight is lost.
+    let restarter = {
+        let gateway = Arc::clone(&gateway);
+        tokio::spawn(async move {
+            while restart_workers.recv().await.is_some() {
+                tracing::info!("rolling restart of every pool's workers");
+                for pool in &gateway.pools {
+                    pool.restart_workers();
+                }
+            }
+        })
+    };
+    let _restarter = tokio_util::task::AbortOnDropHandle::new(restarter);
     // The status listener is bound here rather than by the caller: it carries no requests
     // for the pools, so nothing else needs it before serving starts.
     let status_listener = match &config.status {

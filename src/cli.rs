@@ -158,6 +158,7 @@ fn serve(config: &Config) -> Result<(), Error> {
         let stopper = shutdown.clone();
         let fast = tokio_util::sync::CancellationToken::new();
         let fast_stopper = fast.clone();
+        let (restart, restart_workers) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             while let Some(control) = controls.recv().await {
                 match control {
@@ -170,13 +171,24 @@ fn serve(config: &Config) -> Result<(), Error> {
                         fast_stopper.cancel();
                         stopper.cancel();
                     }
+                    Control::Upgrade => {
+                        tracing::info!(?control, "rolling restart of the workers requested");
+                        let _ = restart.try_send(());
+                    }
                     other => tracing::info!(control = ?other, "not built yet; ignored"),
                 }
             }
         });
-        crate::app::run(config, listeners, shutdown, fast, worker_nofile)
-            .await
-            .map_err(Error::Serve)
+        crate::app::run(
+            config,
+            listeners,
+            shutdown,
+            fast,
+            worker_nofile,
+            restart_workers,
+        )
+        .await
+        .map_err(Error::Serve)
     })
 }
 

@@ -8,7 +8,7 @@
 //! | SIGINT  | `FastStop`     | stop accepting and exit without waiting for requests     |
 //! | SIGHUP  | `Reload`       | re-read the configuration (not built yet: logged)        |
 //! | SIGUSR1 | `ReopenLogs`   | reopen log files (logs go to stderr: nothing to reopen)  |
-//! | SIGUSR2 | `Upgrade`      | rolling restart of all workers (not built yet: logged)   |
+//! | SIGUSR2 | `Upgrade`      | rolling restart of every worker, new before old          |
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;

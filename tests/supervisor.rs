@@ -401,3 +401,61 @@ fn sigint_stops_at_once_and_takes_the_workers_along() {
         .all(|&p| !alive(p))));
     drop(slow);
 }
+
+#[test]
+fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
+    let (_dir, corral) = spawned("mode = \"static\"\nmin = 3\nmax = 3", |c| c);
+    let addr = corral.http_addr();
+    assert!(eventually(Duration::from_secs(10), || children(
+        corral.pid()
+    )
+    .len()
+        == 3));
+    let before: std::collections::BTreeSet<u32> = children(corral.pid()).into_iter().collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = std::sync::Arc::clone(&stop);
+            thread::spawn(move || {
+                let (mut ok, mut failed) = (0u32, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = http(addr, "GET", "/sleep.php?ms=10", &[], b"");
+                    if r.status == 200 {
+                        ok += 1;
+                    } else {
+                        failed.push(r.status);
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(corral.pid() as i32),
+        nix::sys::signal::Signal::SIGUSR2,
+    )
+    .unwrap();
+    // Every worker is replaced, while the load goes on.
+    let replaced = eventually(Duration::from_secs(20), || {
+        let now = children(corral.pid());
+        now.len() == 3 && now.iter().all(|p| !before.contains(p))
+    });
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for t in load {
+        let (o, f) = t.join().unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        replaced,
+        "old workers {before:?}, now {:?}\n{}",
+        children(corral.pid()),
+        corral.log()
+    );
+    assert!(failed.is_empty(), "failed: {failed:?}\n{}", corral.log());
+    assert!(ok > 50, "only {ok} requests served");
+    assert!(corral.wait_log("rolling restart"));
+}

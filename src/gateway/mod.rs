@@ -133,6 +133,13 @@ impl Pool {
         }
     }
 
+    /// Asks the pool's driver to replace every worker, new before old, if it has one.
+    pub fn restart_workers(&self) {
+        if let Some(tx) = &self.supervisor {
+            let _ = tx.send(DriverCommand::RollingRestart);
+        }
+    }
+
     /// Asks the pool's driver to stop its workers, if it has one.
     pub fn stop(&self, graceful: bool) {
         if let Some(tx) = &self.supervisor {
