@@ -246,7 +246,8 @@ mod tests {
     fn config(extra: &str, pool: &str) -> Config {
         let text = format!(
             "[server]\nruntime_dir = \"/run/x\"\n[[listen]]\naddress = \"127.0.0.1:0\"\n\
-             protocol = \"http\"\n{extra}\n[pools.p]\n{pool}\n"
+             protocol = \"http\"\n{extra}\n[pools.p]\n{pool}\n\
+             [[contexts]]\nroot = \"/srv/www\"\npool = \"p\"\n"
         );
         crate::config::parse(&text, "t.toml").unwrap()
     }
