@@ -36,6 +36,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::backend::{BodyError, BodySource, RequestBody};
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, GatewayResponse};
+use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 use crate::protocols::cgi_response::encode_head;
 use crate::protocols::fastcgi::{
@@ -299,9 +300,14 @@ impl Connection {
                 keep_conn,
                 status,
             } => {
-                if status != ProtocolStatus::UnknownRole {
+                static OVER_LIMIT: LineLimit = LineLimit::per_second();
+                let verdict = OVER_LIMIT.check(tokio::time::Instant::now(), 0);
+                if let (true, Verdict::Log { suppressed }) =
+                    (status != ProtocolStatus::UnknownRole, verdict)
+                {
                     tracing::warn!(
                         fcgi_request_id = request_id,
+                        suppressed,
                         limit = self.gateway.limits.max_concurrent_requests,
                         %status,
                         "fastcgi front server began more requests than one connection may carry; refused"
@@ -500,13 +506,17 @@ impl Connection {
         };
         self.decoder.finish(id);
         drop(r.task);
-        tracing::warn!(
-            fcgi_request_id = id,
-            per_request = STDIN_BUDGET_PER_REQUEST,
-            per_connection = STDIN_BUDGET,
-            "fastcgi front server sends a request body faster than the backend reads it, on a \
+        static OVERFLOW: LineLimit = LineLimit::per_second();
+        if let Verdict::Log { suppressed } = OVERFLOW.check(tokio::time::Instant::now(), 0) {
+            tracing::warn!(
+                fcgi_request_id = id,
+                suppressed,
+                per_request = STDIN_BUDGET_PER_REQUEST,
+                per_connection = STDIN_BUDGET,
+                "fastcgi front server sends a request body faster than the backend reads it, on a \
              connection with other requests in progress; refused the request (FCGI_OVERLOADED)"
-        );
+            );
+        }
         let mut bytes = BytesMut::new();
         let head_is_ours = r
             .answer
@@ -595,7 +605,11 @@ impl BodySource for StdinSource {
 
 /// Logs a connection that broke the FastCGI protocol; the caller closes it.
 fn broken(e: &FastCgiError) {
-    tracing::warn!(rule = %e, "fastcgi front server broke the protocol; closing the connection");
+    static BROKEN: LineLimit = LineLimit::per_second();
+    let Verdict::Log { suppressed } = BROKEN.check(tokio::time::Instant::now(), 0) else {
+        return;
+    };
+    tracing::warn!(rule = %crate::logs::clean(e), suppressed, "fastcgi front server broke the protocol; closing the connection");
 }
 
 /// A request's task has answered: `ending` goes out once the reader has forgotten the id.
