@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command: installs the real peers (scripts/setup-peers.sh),
-# then runs every test of the workspace, clippy with warnings denied, and the
-# rustfmt check. Exits non-zero on the first failure.
+# then runs every test of the workspace, clippy with warnings denied, the
+# rustfmt check, and a bounded fuzzing run of every fuzz target
+# (scripts/fuzz.sh). Exits non-zero on the first failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,5 +24,15 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 section "cargo fmt --all --check"
 cargo fmt --all --check
+
+# Fuzzing, last: FUZZ_SECONDS per target (10 targets). Measured on 2 cores:
+# installing cargo-fuzz 1 min (once per ~/.cargo cache), building the targets
+# 8 min cold (20 s when protocols/fuzz/target is cached), then 10 x 20 s, so
+# about 13 minutes cold next to the ~10 of peers and tests. FUZZ_BUDGET is a
+# hard cap on the whole section, far under the CI job's 90 minutes.
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
+FUZZ_BUDGET="${FUZZ_BUDGET:-1800}"
+section "fuzz every target for $FUZZ_SECONDS s (scripts/fuzz.sh, at most $FUZZ_BUDGET s)"
+FUZZ_SECONDS="$FUZZ_SECONDS" timeout "$FUZZ_BUDGET" bash scripts/fuzz.sh
 
 section "all passed in $((SECONDS - start)) s"

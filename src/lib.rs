@@ -14,6 +14,7 @@ pub mod error;
 pub mod front;
 pub mod gateway;
 pub mod launchers;
+pub mod logs;
 pub mod net;
 pub mod pool;
 pub mod process;

@@ -22,10 +22,15 @@ use tokio_util::io::poll_read_buf;
 use super::connection::BackendConnection;
 use super::{fastcgi, lsapi, scgi};
 use super::{BackendError, ExchangeOptions, Protocol, RequestBody};
+use crate::logs::{escaped, LineLimit, Verdict};
 use crate::protocols::cgi_response::CgiResponseHead;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 32 * 1024;
+/// Pieces of backend stderr one exchange may log per second.
+const STDERR_LINES_PER_SECOND: u64 = 100;
+/// Bytes of backend stderr one exchange may log per second.
+const STDERR_BYTES_PER_SECOND: u64 = 64 * 1024;
 
 /// What a codec made of the bytes it was given.
 #[derive(Debug)]
@@ -165,6 +170,8 @@ pub(super) struct Exchange {
     reused: bool,
     /// The exchange ended cleanly (no abort on drop).
     clean: bool,
+    /// Bounds the backend stderr this exchange logs.
+    stderr_limit: LineLimit,
 }
 
 impl Exchange {
@@ -195,6 +202,11 @@ impl Exchange {
             first_byte_deadline: None,
             got_byte: false,
             clean: false,
+            stderr_limit: LineLimit::new(
+                std::time::Duration::from_secs(1),
+                STDERR_LINES_PER_SECOND,
+                STDERR_BYTES_PER_SECOND,
+            ),
         }
     }
 
@@ -253,17 +265,38 @@ impl Exchange {
         }
     }
 
+    /// Logs a piece of the backend's stderr, escaped, at most [`STDERR_LINES_PER_SECOND`]
+    /// pieces and [`STDERR_BYTES_PER_SECOND`] bytes a second per exchange (a backend serves
+    /// one exchange at a time per slot); past that they are counted and reported with the
+    /// next piece logged, or when the exchange ends.
     fn log_stderr(&self, text: &[u8]) {
+        if let Some(sink) = &self.options.stderr {
+            sink(text);
+        }
+        let Verdict::Log { suppressed } = self.stderr_limit.check(Instant::now(), text.len())
+        else {
+            return;
+        };
+        self.report_suppressed_stderr(suppressed);
         let line = text.strip_suffix(b"\n").unwrap_or(text);
         tracing::warn!(
             pool = %self.options.pool,
             request_id = self.options.request_id,
             protocol = %self.protocol(),
-            stderr = %line.escape_ascii(),
+            stderr = %escaped(line),
             "backend wrote to stderr"
         );
-        if let Some(sink) = &self.options.stderr {
-            sink(text);
+    }
+
+    fn report_suppressed_stderr(&self, suppressed: u64) {
+        if suppressed > 0 {
+            tracing::warn!(
+                pool = %self.options.pool,
+                request_id = self.options.request_id,
+                suppressed,
+                "backend stderr over {STDERR_LINES_PER_SECOND} records or \
+                 {STDERR_BYTES_PER_SECOND} bytes a second: suppressed {suppressed} lines"
+            );
         }
     }
 
@@ -427,6 +460,7 @@ impl Exchange {
 
 impl Drop for Exchange {
     fn drop(&mut self) {
+        self.report_suppressed_stderr(self.stderr_limit.take_suppressed());
         let Some(conn) = self.conn.take() else {
             return;
         };

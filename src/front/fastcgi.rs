@@ -2,9 +2,19 @@
 //! Apache mod_proxy_fcgi, lighttpd or Caddy connect to, where they would connect to php-fpm.
 //!
 //! One reader loop per connection turns records into request events; each request is routed
-//! once its FCGI_PARAMS stream ends, and dispatched in its own task with FCGI_STDIN fed through
-//! a bounded channel (a slow backend slows the front server down). The tasks answer with
-//! FCGI_STDOUT records through the connection's one writer task. Multiplexed request ids,
+//! once its FCGI_PARAMS stream ends, and dispatched in its own task. The tasks answer with
+//! FCGI_STDOUT records through the connection's one writer task.
+//!
+//! The reader never waits for one request while others share the connection: a request that
+//! waits in its pool's queue, or whose backend reads slowly, must not hold up another
+//! request's records or an FCGI_ABORT_REQUEST. FCGI_STDIN bytes are therefore handed over
+//! without waiting, against a byte budget per request and per connection. FastCGI has no flow
+//! control per request, so when a request runs past its budget: alone on its connection (how
+//! nginx, Apache and Caddy use FastCGI), the reader waits for its backend to read, and a slow
+//! backend slows the front server down; multiplexed with others, the request is refused with
+//! a 503 and FCGI_END_REQUEST status FCGI_OVERLOADED, so the others go on. What one
+//! connection can make corral hold is bounded by `Limits` (ids in flight, parameters per id)
+//! and by the two budgets below. Multiplexed request ids,
 //! FCGI_ABORT_REQUEST (the task is dropped, which aborts the backend request and frees its
 //! slot), FCGI_KEEP_CONN, FCGI_GET_VALUES and unknown record types are handled here.
 //!
@@ -18,25 +28,29 @@
 //! for a request that got no backend response, the lingering close) is in `common`.
 
 use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::backend::{BodySender, RequestBody};
+use crate::backend::{BodyError, BodySource, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::limits::{BusyGuard, ConnState, Expired, Ticket};
 use crate::gateway::{Gateway, GatewayError, GatewayResponse};
+use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 use crate::protocols::cgi_response::encode_head;
 use crate::protocols::fastcgi::{
     answer_get_values, encode_end_request, encode_request_complete, encode_stdout,
-    encode_unknown_type, Capabilities, FastCgiError, ProtocolStatus, RequestDecoder, RequestEvent,
-    Role,
+    encode_stdout_end, encode_unknown_type, Capabilities, FastCgiError, ProtocolStatus,
+    RequestDecoder, RequestEvent, Role,
 };
 
 pub(crate) mod common;
@@ -46,8 +60,12 @@ use common::{content_length, error_answer, linger, log_failure, prepare};
 /// Frames queued for the writer of one connection; with the body channel below, this bounds
 /// what one connection holds in memory.
 const OUT_FRAMES: usize = 16;
-/// Request-body chunks in flight between the reader and one request's backend exchange.
-const BODY_CHUNKS: usize = 4;
+/// FCGI_STDIN bytes one connection holds for backends that have not read them yet.
+const STDIN_BUDGET: usize = 1024 * 1024;
+/// Of those, the bytes one request may hold (a few of the largest records, 64 KiB each).
+const STDIN_BUDGET_PER_REQUEST: usize = 256 * 1024;
+/// Retry-After of the 503 that refuses a request whose body outran its budget.
+const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -81,6 +99,7 @@ pub async fn serve_connection(
         listener,
         requests: HashMap::new(),
         next_seq: 1,
+        stdin_budget: Arc::new(Semaphore::new(STDIN_BUDGET)),
         out,
         done,
         closed,
@@ -151,12 +170,20 @@ async fn write_loop(
     let _ = writer.shutdown().await;
 }
 
+/// Where a request's answer stands, shared by the reader and the request's task so that
+/// exactly one of them writes the response head.
+const ANSWER_NOT_STARTED: u8 = 0;
+const ANSWER_STARTED: u8 = 1;
+const ANSWER_REFUSED: u8 = 2;
+
 /// One request id in progress.
 #[derive(Debug)]
 struct Active {
     seq: u64,
     keep_conn: bool,
-    body: Option<BodySender>,
+    body: Option<StdinSender>,
+    /// `ANSWER_*`.
+    answer: Arc<AtomicU8>,
     /// The dispatching task, from the end of FCGI_PARAMS; dropping it aborts the request.
     task: Option<AbortOnDropHandle<()>>,
     /// When FCGI_BEGIN_REQUEST arrived (FCGI_PARAMS must end within `header_timeout`).
@@ -183,6 +210,8 @@ struct Connection {
     listener: ListenAddress,
     requests: HashMap<u16, Active>,
     next_seq: u64,
+    /// `STDIN_BUDGET` bytes, one permit per byte held.
+    stdin_budget: Arc<Semaphore>,
     out: mpsc::Sender<Out>,
     done: mpsc::Sender<Done>,
     closed: CancellationToken,
@@ -357,6 +386,7 @@ impl Connection {
                         seq,
                         keep_conn,
                         body: None,
+                        answer: Arc::new(AtomicU8::new(ANSWER_NOT_STARTED)),
                         task: None,
                         begun: Instant::now(),
                         busy: None,
@@ -369,6 +399,19 @@ impl Connection {
                 keep_conn,
                 status,
             } => {
+                static OVER_LIMIT: LineLimit = LineLimit::per_second();
+                let verdict = OVER_LIMIT.check(tokio::time::Instant::now(), 0);
+                if let (true, Verdict::Log { suppressed }) =
+                    (status != ProtocolStatus::UnknownRole, verdict)
+                {
+                    tracing::warn!(
+                        fcgi_request_id = request_id,
+                        suppressed,
+                        limit = self.gateway.limits.max_concurrent_requests,
+                        %status,
+                        "fastcgi front server began more requests than one connection may carry; refused"
+                    );
+                }
                 let seq = self.seq();
                 self.end(request_id, seq, status, keep_conn).await
             }
@@ -471,6 +514,7 @@ impl Connection {
             seq: r.seq,
             keep_conn: r.keep_conn,
             request_id,
+            answer: Arc::clone(&r.answer),
             out: self.out.clone(),
         };
         let len = content_length(&params);
@@ -492,7 +536,12 @@ impl Connection {
                     .await;
             }
         };
-        let (tx, body) = RequestBody::channel(len, BODY_CHUNKS);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let body = RequestBody::from_source(StdinSource { rx }, len);
+        let tx = StdinSender {
+            tx,
+            own: Arc::new(Semaphore::new(STDIN_BUDGET_PER_REQUEST)),
+        };
         let gateway = Arc::clone(&self.gateway);
         let done = self.done.clone();
         let task = tokio::spawn(async move {
@@ -509,30 +558,158 @@ impl Connection {
         Flow::Continue
     }
 
-    /// Hands FCGI_STDIN bytes to the request's body, waiting while its channel is full.
+    /// Hands FCGI_STDIN bytes to the request's body within the budgets; see the module
+    /// documentation for what happens past them.
     async fn stdin(&mut self, id: u16, data: Bytes) -> Flow {
-        let Some(tx) = self.requests.get(&id).and_then(|r| r.body.clone()) else {
+        let Some(body) = self.requests.get(&id).and_then(|r| r.body.clone()) else {
             return Flow::Continue;
         };
-        tokio::select! {
-            sent = tx.send(data) => {
-                if sent.is_err() {
-                    // The exchange no longer reads the body (it failed or answered early):
-                    // the rest of FCGI_STDIN is read and dropped.
-                    if let Some(r) = self.requests.get_mut(&id) {
-                        r.body = None;
-                    }
+        // One record carries at most 65535 bytes, far below both budgets.
+        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let permits = match body.try_reserve(&self.stdin_budget, n) {
+            Some(permits) => permits,
+            None if self.requests.len() == 1 => {
+                tokio::select! {
+                    permits = body.reserve(&self.stdin_budget, n) => match permits {
+                        Some(permits) => permits,
+                        // The semaphores are never closed; were they, the body is dropped.
+                        None => return Flow::Continue,
+                    },
+                    () = self.closed.cancelled() => return Flow::Stop,
                 }
-                Flow::Continue
             }
-            () = self.closed.cancelled() => Flow::Stop,
+            None => return self.overflow(id).await,
+        };
+        if body
+            .tx
+            .send(Chunk {
+                data,
+                _permits: permits,
+            })
+            .is_err()
+        {
+            // The exchange no longer reads the body (it failed or answered early): the rest
+            // of FCGI_STDIN is read and dropped.
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.body = None;
+            }
         }
+        Flow::Continue
+    }
+
+    /// A multiplexed request's body outran its budget: the request is dropped (which aborts
+    /// its backend exchange) and refused with a 503, unless its response has begun, and with
+    /// FCGI_END_REQUEST status FCGI_OVERLOADED; the connection and its other requests go on.
+    async fn overflow(&mut self, id: u16) -> Flow {
+        let Some(r) = self.requests.remove(&id) else {
+            return Flow::Continue;
+        };
+        self.decoder.finish(id);
+        drop(r.task);
+        static OVERFLOW: LineLimit = LineLimit::per_second();
+        if let Verdict::Log { suppressed } = OVERFLOW.check(tokio::time::Instant::now(), 0) {
+            tracing::warn!(
+                fcgi_request_id = id,
+                suppressed,
+                per_request = STDIN_BUDGET_PER_REQUEST,
+                per_connection = STDIN_BUDGET,
+                "fastcgi front server sends a request body faster than the backend reads it, on a \
+             connection with other requests in progress; refused the request (FCGI_OVERLOADED)"
+            );
+        }
+        let mut bytes = BytesMut::new();
+        let head_is_ours = r
+            .answer
+            .compare_exchange(
+                ANSWER_NOT_STARTED,
+                ANSWER_REFUSED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if head_is_ours {
+            encode_stdout(
+                id,
+                &error_answer(503, Some(OVERLOADED_RETRY_AFTER)),
+                &mut bytes,
+            );
+            encode_stdout_end(id, &mut bytes);
+        }
+        encode_end_request(id, 0, ProtocolStatus::Overloaded, &mut bytes);
+        self.send(Out {
+            id,
+            seq: r.seq,
+            bytes,
+            last: true,
+            close: !r.keep_conn,
+        })
+        .await
+    }
+}
+
+/// One FCGI_STDIN chunk on its way to the backend exchange, with the budget it holds until
+/// the exchange takes it.
+struct Chunk {
+    data: Bytes,
+    /// Held, never read: dropping them gives the bytes back to the budgets.
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+/// The reader's end of one request's body. The channel itself is unbounded; what bounds it is
+/// the permits every chunk carries, one per byte, from the request's own budget (`own`) and
+/// the connection's.
+#[derive(Debug, Clone)]
+struct StdinSender {
+    tx: mpsc::UnboundedSender<Chunk>,
+    own: Arc<Semaphore>,
+}
+
+impl StdinSender {
+    /// Both budgets' permits for `n` bytes if they are free now.
+    fn try_reserve(
+        &self,
+        connection: &Arc<Semaphore>,
+        n: u32,
+    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let own = Arc::clone(&self.own).try_acquire_many_owned(n).ok()?;
+        let conn = Arc::clone(connection).try_acquire_many_owned(n).ok()?;
+        Some((own, conn))
+    }
+
+    /// Both budgets' permits for `n` bytes, waiting for the exchange to take earlier chunks.
+    async fn reserve(
+        &self,
+        connection: &Arc<Semaphore>,
+        n: u32,
+    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let own = Arc::clone(&self.own).acquire_many_owned(n).await.ok()?;
+        let conn = Arc::clone(connection).acquire_many_owned(n).await.ok()?;
+        Some((own, conn))
+    }
+}
+
+/// The exchange's end of one request's body: taking a chunk gives its bytes back to the
+/// budgets (the exchange then holds that one chunk while it writes it to the backend).
+struct StdinSource {
+    rx: mpsc::UnboundedReceiver<Chunk>,
+}
+
+impl BodySource for StdinSource {
+    fn poll_chunk(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BodyError>>> {
+        self.rx.poll_recv(cx).map(|chunk| chunk.map(|c| Ok(c.data)))
     }
 }
 
 /// Logs a connection that broke the FastCGI protocol; the caller closes it.
 fn broken(e: &FastCgiError) {
-    tracing::warn!(rule = %e, "fastcgi front server broke the protocol; closing the connection");
+    static BROKEN: LineLimit = LineLimit::per_second();
+    let Verdict::Log { suppressed } = BROKEN.check(tokio::time::Instant::now(), 0) else {
+        return;
+    };
+    tracing::warn!(rule = %crate::logs::clean(e), suppressed, "fastcgi front server broke the protocol; closing the connection");
 }
 
 /// A request's task has answered: `ending` goes out once the reader has forgotten the id.
@@ -557,12 +734,24 @@ struct Responder {
     seq: u64,
     keep_conn: bool,
     request_id: u64,
+    /// `ANSWER_*`, shared with the reader.
+    answer: Arc<AtomicU8>,
     out: mpsc::Sender<Out>,
 }
 
 impl Responder {
-    /// Queues FCGI_STDOUT bytes; false if the connection is gone.
+    /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
+    /// the request meanwhile.
     async fn send(&self, bytes: BytesMut) -> bool {
+        let state = self.answer.compare_exchange(
+            ANSWER_NOT_STARTED,
+            ANSWER_STARTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if state == Err(ANSWER_REFUSED) {
+            return false;
+        }
         let out = Out {
             id: self.id,
             seq: self.seq,

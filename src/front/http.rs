@@ -289,7 +289,7 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
                 _ => {
                     tracing::warn!(
                         request_id,
-                        header = %String::from_utf8_lossy(name),
+                        header = %crate::logs::escaped(name),
                         "dropped a backend response header that is not valid HTTP"
                     );
                 }
@@ -564,7 +564,7 @@ fn cgi_params(
     };
     let vars = build_cgi_vars_for(&req, path, &context.cgi, &gateway.limits)?;
     for d in &vars.dropped {
-        tracing::debug!(header = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
+        tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
     Ok(vars.vars)
 }
@@ -754,9 +754,9 @@ impl BodySource for IncomingSource {
 fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
     let status = e.status();
     if status >= 500 {
-        tracing::warn!(request_id, status, error = %e, "request failed");
+        tracing::warn!(request_id, status, error = %crate::logs::clean(e), "request failed");
     } else {
-        tracing::info!(request_id, status, error = %e, "request refused");
+        tracing::info!(request_id, status, error = %crate::logs::clean(e), "request refused");
     }
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
     let reason = code.canonical_reason().unwrap_or("Error");

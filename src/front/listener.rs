@@ -12,8 +12,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
+use tokio::time::Instant;
 
 use crate::config::{Bind, Cidr, ListenAddress, UnixPermissions};
+use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 
 /// A bound front listener.
@@ -88,7 +90,11 @@ impl Listener {
             Listener::Tcp { listener, allow } => {
                 let (stream, peer) = listener.accept().await?;
                 if !allow.is_empty() && !allow.iter().any(|c| c.contains(peer.ip())) {
-                    tracing::warn!(client = %peer, "refused a client outside the listener's allow list");
+                    // A client that reconnects in a loop gets one line a second, with a count.
+                    static REFUSED: LineLimit = LineLimit::per_second();
+                    if let Verdict::Log { suppressed } = REFUSED.check(Instant::now(), 0) {
+                        tracing::warn!(client = %peer, suppressed, "refused a client outside the listener's allow list");
+                    }
                     return Ok(None);
                 }
                 stream.set_nodelay(true)?;

@@ -75,7 +75,11 @@ pub async fn serve_connection(
             Ok(Some(_)) => return,
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(rule = %e, "scgi client broke the protocol; closing the connection");
+                static BROKEN: crate::logs::LineLimit = crate::logs::LineLimit::per_second();
+                let now = tokio::time::Instant::now();
+                if let crate::logs::Verdict::Log { suppressed } = BROKEN.check(now, 0) {
+                    tracing::warn!(rule = %crate::logs::clean(e), suppressed, "scgi client broke the protocol; closing the connection");
+                }
                 let _ = writer.write_all(&error_answer(400, None)).await;
                 let _ = writer.shutdown().await;
                 return;

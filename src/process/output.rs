@@ -1,11 +1,25 @@
 //! A worker's stdout and stderr, forwarded into corral's log one line per event (target
 //! `corral::worker`, fields `pool`, `pid`, `stream`), with lines bounded in length so a
-//! worker that never writes a newline cannot make corral buffer without limit.
+//! worker that never writes a newline cannot make corral buffer without limit. Control bytes
+//! are escaped (a line is one log line), and each stream of each worker is held to
+//! [`LINES_PER_SECOND`] and [`BYTES_PER_SECOND`]: past them lines are dropped and counted, and
+//! the next line logged is preceded by one saying how many were suppressed.
+
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::Instant;
+
+use crate::logs::{escaped, LineLimit, Verdict};
 
 /// Longest line of worker output logged as one event; longer lines are split.
 const MAX_LINE: usize = 8192;
+/// Lines one stream of one worker may log per second.
+const LINES_PER_SECOND: u64 = 100;
+/// Bytes one stream of one worker may log per second.
+const BYTES_PER_SECOND: u64 = 64 * 1024;
+/// After this long without output, the lines suppressed so far are reported.
+const QUIET: Duration = Duration::from_secs(1);
 
 /// Logs each line read from a worker's pipe until it closes.
 pub(super) async fn log_lines(
@@ -14,20 +28,49 @@ pub(super) async fn log_lines(
     pid: u32,
     stream: &str,
 ) {
+    let limit = LineLimit::new(Duration::from_secs(1), LINES_PER_SECOND, BYTES_PER_SECOND);
     let mut pending: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        let read = match pipe.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let read = match tokio::time::timeout(QUIET, pipe.read(&mut chunk)).await {
+            // A flood that stopped is reported once the worker has been quiet a moment,
+            // not at its next line (which may never come).
+            Err(_) => {
+                report_suppressed(limit.take_suppressed(), &pool, pid, stream);
+                continue;
+            }
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => n,
         };
         pending.extend_from_slice(chunk.get(..read).unwrap_or_default());
         for line in take_lines(&mut pending) {
-            log_line(&line, &pool, pid, stream);
+            limited(&limit, &line, &pool, pid, stream);
         }
     }
     if !pending.is_empty() {
-        log_line(&pending, &pool, pid, stream);
+        limited(&limit, &pending, &pool, pid, stream);
+    }
+    report_suppressed(limit.take_suppressed(), &pool, pid, stream);
+}
+
+fn limited(limit: &LineLimit, line: &[u8], pool: &str, pid: u32, stream: &str) {
+    if let Verdict::Log { suppressed } = limit.check(Instant::now(), line.len()) {
+        report_suppressed(suppressed, pool, pid, stream);
+        log_line(line, pool, pid, stream);
+    }
+}
+
+fn report_suppressed(suppressed: u64, pool: &str, pid: u32, stream: &str) {
+    if suppressed > 0 {
+        tracing::warn!(
+            target: "corral::worker",
+            pool,
+            pid,
+            stream,
+            suppressed,
+            "worker output over {LINES_PER_SECOND} lines or {BYTES_PER_SECOND} bytes a second: \
+             suppressed {suppressed} lines"
+        );
     }
 }
 
@@ -45,9 +88,9 @@ fn take_lines(pending: &mut Vec<u8>) -> Vec<Vec<u8>> {
 }
 
 fn log_line(line: &[u8], pool: &str, pid: u32, stream: &str) {
-    let text = String::from_utf8_lossy(line);
-    let text = text.trim_end_matches(['\n', '\r']);
-    tracing::info!(target: "corral::worker", pool, pid, stream, "{text}");
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    tracing::info!(target: "corral::worker", pool, pid, stream, "{}", escaped(line));
 }
 
 #[cfg(test)]

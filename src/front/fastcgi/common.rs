@@ -53,7 +53,7 @@ pub(crate) fn prepare(
     };
     let vars = normalize_front_params(params, &context.cgi)?;
     for d in &vars.dropped {
-        tracing::debug!(request_id, param = %String::from_utf8_lossy(&d.name), reason = ?d.reason, "left a front server parameter out");
+        tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
     Ok((ctx, vars.vars))
 }
@@ -81,9 +81,9 @@ pub(crate) fn content_length(params: &[(Bytes, Bytes)]) -> Option<u64> {
 pub(crate) fn log_failure(request_id: u64, e: &GatewayError) {
     let status = e.status();
     if status >= 500 {
-        tracing::warn!(request_id, status, error = %e, "request failed");
+        tracing::warn!(request_id, status, error = %crate::logs::clean(e), "request failed");
     } else {
-        tracing::info!(request_id, status, error = %e, "request refused");
+        tracing::info!(request_id, status, error = %crate::logs::clean(e), "request refused");
     }
 }
 

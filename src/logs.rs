@@ -1,0 +1,186 @@
+//! Log hygiene for what peers control: escaping of peer bytes before they reach a log line,
+//! and rate limits for lines a peer can make corral write at will.
+//!
+//! A log line is one line: a request path, a header name or a backend's stderr text with a
+//! raw LF, CR or ESC in it would forge lines or terminal escapes in an operator's log, so
+//! [`escaped`] writes every control character as an escape. And a client that reconnects in
+//! a loop, or a script that writes to stderr in a loop, must not flood the log: a [`LineLimit`]
+//! lets a kind of line through at a bounded rate and counts what it held back, so the next
+//! line that goes out can say how many were suppressed.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// `bytes` for a log line: printable UTF-8 as is, a backslash doubled, and control
+/// characters (C0, DEL, C1) and invalid UTF-8 as `\n`, `\r`, `\t`, `\xNN` or `\u{NNNN}`.
+pub fn escaped(bytes: &[u8]) -> Escaped<'_> {
+    Escaped(bytes)
+}
+
+/// `text` rendered and [`escaped`], for a log field: error messages quote peer bytes (a
+/// request path, a header name) in their text.
+pub fn clean(text: impl fmt::Display) -> String {
+    escaped(text.to_string().as_bytes()).to_string()
+}
+
+/// See [`escaped`].
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(&'a [u8]);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                match c {
+                    '\n' => f.write_str("\\n")?,
+                    '\r' => f.write_str("\\r")?,
+                    '\t' => f.write_str("\\t")?,
+                    '\\' => f.write_str("\\\\")?,
+                    c if c.is_control() && c.is_ascii() => write!(f, "\\x{:02x}", c as u32)?,
+                    c if c.is_control() => write!(f, "\\u{{{:04x}}}", c as u32)?,
+                    c => fmt::Write::write_char(f, c)?,
+                }
+            }
+            for b in chunk.invalid() {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Lets at most `lines` lines and `bytes` bytes through per `period`, and counts the lines it
+/// held back until the next period lets one through.
+#[derive(Debug)]
+pub struct LineLimit {
+    period: Duration,
+    lines: u64,
+    bytes: u64,
+    state: Mutex<Window>,
+}
+
+#[derive(Debug, Default)]
+struct Window {
+    start: Option<Instant>,
+    lines: u64,
+    bytes: u64,
+    suppressed: u64,
+}
+
+/// What to do with one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Log it; `suppressed` lines were held back since the last one logged (say so).
+    Log {
+        /// Lines dropped before this one.
+        suppressed: u64,
+    },
+    /// Drop it (it is counted).
+    Suppress,
+}
+
+impl LineLimit {
+    /// At most `lines` lines and `bytes` bytes per `period`.
+    pub const fn new(period: Duration, lines: u64, bytes: u64) -> LineLimit {
+        LineLimit {
+            period,
+            lines,
+            bytes,
+            state: Mutex::new(Window {
+                start: None,
+                lines: 0,
+                bytes: 0,
+                suppressed: 0,
+            }),
+        }
+    }
+
+    /// One line per second, whatever its length: for per-connection warnings.
+    pub const fn per_second() -> LineLimit {
+        LineLimit::new(Duration::from_secs(1), 1, u64::MAX)
+    }
+
+    /// The verdict on a line of `len` bytes at `now`.
+    pub fn check(&self, now: Instant, len: usize) -> Verdict {
+        let mut w = match self.state.lock() {
+            Ok(w) => w,
+            // A panic elsewhere while holding the lock leaves a window that is still valid.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if w.start.is_none_or(|s| now.duration_since(s) >= self.period) {
+            w.start = Some(now);
+            w.lines = 0;
+            w.bytes = 0;
+        }
+        let len = len as u64;
+        if w.lines >= self.lines || (w.lines > 0 && w.bytes.saturating_add(len) > self.bytes) {
+            w.suppressed += 1;
+            return Verdict::Suppress;
+        }
+        w.lines += 1;
+        w.bytes = w.bytes.saturating_add(len);
+        Verdict::Log {
+            suppressed: std::mem::take(&mut w.suppressed),
+        }
+    }
+
+    /// Lines held back and not yet reported; resets the count (for a last report when the
+    /// source ends).
+    pub fn take_suppressed(&self) -> u64 {
+        match self.state.lock() {
+            Ok(mut w) => std::mem::take(&mut w.suppressed),
+            Err(poisoned) => std::mem::take(&mut poisoned.into_inner().suppressed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_bytes_are_escaped() {
+        let text = escaped(b"/\x1b[31mred\r\nINFO forged\tline\\ \x7f \xc2\x85 caf\xc3\xa9 \xff");
+        assert_eq!(
+            text.to_string(),
+            "/\\x1b[31mred\\r\\nINFO forged\\tline\\\\ \\x7f \\u{0085} caf\u{e9} \\xff"
+        );
+        let s = text.to_string();
+        assert!(!s.bytes().any(|b| b.is_ascii_control()), "{s:?}");
+    }
+
+    #[test]
+    fn a_limit_lets_one_line_a_second_through_and_counts_the_rest() {
+        let limit = LineLimit::per_second();
+        let t0 = Instant::now();
+        assert_eq!(limit.check(t0, 10), Verdict::Log { suppressed: 0 });
+        for i in 1..=5 {
+            let t = t0 + Duration::from_millis(100 * i);
+            assert_eq!(limit.check(t, 10), Verdict::Suppress);
+        }
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(limit.check(t1, 10), Verdict::Log { suppressed: 5 });
+        assert_eq!(limit.check(t1, 10), Verdict::Suppress);
+        assert_eq!(limit.take_suppressed(), 1);
+        assert_eq!(limit.take_suppressed(), 0);
+    }
+
+    #[test]
+    fn a_limit_counts_bytes_too_but_always_lets_a_first_line_through() {
+        let limit = LineLimit::new(Duration::from_secs(1), 100, 20);
+        let t0 = Instant::now();
+        assert_eq!(limit.check(t0, 50), Verdict::Log { suppressed: 0 });
+        assert_eq!(limit.check(t0, 1), Verdict::Suppress);
+        let limit = LineLimit::new(Duration::from_secs(1), 100, 20);
+        assert_eq!(limit.check(t0, 8), Verdict::Log { suppressed: 0 });
+        assert_eq!(limit.check(t0, 8), Verdict::Log { suppressed: 0 });
+        assert_eq!(limit.check(t0, 8), Verdict::Suppress);
+        assert_eq!(
+            limit.check(t0 + Duration::from_secs(2), 8),
+            Verdict::Log { suppressed: 1 }
+        );
+    }
+}
