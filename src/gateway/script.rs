@@ -9,9 +9,14 @@
 //! the file itself, on every front (HTTP, FastCGI, SCGI), the way nginx's `try_files $uri =404`
 //! does, and a refused request never takes a slot or touches a worker.
 //!
-//! The checks are plain system calls on the runtime thread: realpath and stat of a file the
-//! page cache already holds cost a few microseconds, as nginx's own open()/stat() per request
-//! do; moving them to the blocking pool would cost more in thread hand-offs.
+//! The checks are plain system calls on the runtime thread (realpath and stat of a file the
+//! page cache already holds; moving them to the blocking pool would cost more in thread
+//! hand-offs). realpath is one readlink per path component, eight system calls for a short
+//! path, which measured as a fifth of a hello-world request's cost; so a script that passed
+//! is remembered by its thread for [`PASSED_FOR`], as php's own realpath cache and nginx's
+//! open_file_cache remember theirs. Only passes are remembered: a path never checked, or one
+//! that failed, is checked in full every time. What a remembered pass can miss is a script
+//! deleted or replaced within that window, which takes write access to the document root.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -81,17 +86,60 @@ impl ScriptFileError {
     }
 }
 
+type Passed =
+    std::collections::HashMap<Vec<u8>, std::collections::HashMap<Vec<u8>, tokio::time::Instant>>;
+
+/// How long a thread reuses a script's pass.
+pub const PASSED_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+/// Passes one thread remembers at most; when full it starts over.
+const PASSED_MAX: usize = 4096;
+
+thread_local! {
+    /// Scripts that passed, by document root and then SCRIPT_FILENAME, with when they did.
+    /// Per thread, so the request path takes no lock; looked up by borrowed bytes, so a hit
+    /// allocates nothing.
+    static PASSED: std::cell::RefCell<Passed> = std::cell::RefCell::default();
+}
+
 /// Checks the script a request of context `cgi` would run; `Ok` for contexts that run an
 /// application rather than files.
 pub fn check(cgi: &CgiContext, params: &[(Bytes, Bytes)]) -> Result<(), ScriptFileError> {
+    let ScriptMode::Files { .. } = &cgi.mode else {
+        return Ok(());
+    };
+    let raw = params
+        .iter()
+        .find(|(n, _)| n == &b"SCRIPT_FILENAME"[..])
+        .map(|(_, v)| v)
+        .ok_or(ScriptFileError::NoFilename)?;
+    let now = tokio::time::Instant::now();
+    let fresh = PASSED.with(|passed| {
+        passed
+            .borrow()
+            .get(cgi.document_root.as_slice())
+            .and_then(|scripts| scripts.get(&raw[..]))
+            .is_some_and(|&at| now.duration_since(at) < PASSED_FOR)
+    });
+    if fresh {
+        return Ok(());
+    }
+    check_now(cgi, Path::new(std::ffi::OsStr::from_bytes(raw)))?;
+    PASSED.with(|passed| {
+        let mut passed = passed.borrow_mut();
+        let scripts = passed.entry(cgi.document_root.clone()).or_default();
+        if scripts.len() >= PASSED_MAX {
+            scripts.clear();
+        }
+        scripts.insert(raw.to_vec(), now);
+    });
+    Ok(())
+}
+
+/// The whole check, against the file system as it is now.
+fn check_now(cgi: &CgiContext, filename: &Path) -> Result<(), ScriptFileError> {
     let ScriptMode::Files { extensions, .. } = &cgi.mode else {
         return Ok(());
     };
-    let filename = params
-        .iter()
-        .find(|(n, _)| n == &b"SCRIPT_FILENAME"[..])
-        .map(|(_, v)| Path::new(std::ffi::OsStr::from_bytes(v)))
-        .ok_or(ScriptFileError::NoFilename)?;
     let root = Path::new(std::ffi::OsStr::from_bytes(&cgi.document_root));
     let real_root = std::fs::canonicalize(root).map_err(|source| ScriptFileError::Root {
         root: root.to_path_buf(),
@@ -204,6 +252,27 @@ mod tests {
         std::os::unix::fs::symlink(&root, dir.path().join("current")).unwrap();
         let c = ctx(&dir.path().join("current"));
         assert!(check(&c, &params(&dir.path().join("current/index.php"))).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_is_remembered_briefly_and_a_failure_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("a.php");
+        std::fs::write(&script, "<?php").unwrap();
+        let c = ctx(dir.path());
+        assert!(check(&c, &params(&script)).is_ok());
+        std::fs::remove_file(&script).unwrap();
+        // Within PASSED_FOR the pass stands (no system call is made for it)...
+        assert!(check(&c, &params(&script)).is_ok());
+        tokio::time::advance(PASSED_FOR).await;
+        // ...then the file is looked at again.
+        assert!(matches!(
+            check(&c, &params(&script)).unwrap_err(),
+            ScriptFileError::Missing { .. }
+        ));
+        // A failure is not remembered: the file appearing is seen at once.
+        std::fs::write(&script, "<?php").unwrap();
+        assert!(check(&c, &params(&script)).is_ok());
     }
 
     #[test]
