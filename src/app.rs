@@ -34,11 +34,34 @@ pub struct BoundListener {
 /// Binds every configured front listener. The runtime directory, where front sockets
 /// often live (as php-fpm's live in /run/php), must be prepared first
 /// ([`crate::runtime_dir::prepare`]).
-pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
-    config
+pub fn bind_all(
+    config: &Config,
+    inherited: Vec<crate::systemd::Inherited>,
+) -> std::io::Result<Vec<BoundListener>> {
+    // Socket activation: an inherited socket serves the [[listen]] block with its address.
+    let mut inherited: Vec<_> = inherited
+        .into_iter()
+        .filter_map(|s| match s.address() {
+            Ok(addr) => Some((addr, s)),
+            Err(e) => {
+                tracing::warn!(error = %e, "an inherited socket has no address to match; left alone");
+                None
+            }
+        })
+        .collect();
+    let listeners: std::io::Result<Vec<BoundListener>> = config
         .listeners
         .iter()
         .map(|l| {
+            let address = l.bind.address();
+            if let Some(i) = inherited.iter().position(|(a, _)| *a == address) {
+                let (_, socket) = inherited.swap_remove(i);
+                tracing::info!(listener = %address, "using the socket handed over by socket activation");
+                return Listener::inherited(socket, &l.bind).map(|listener| BoundListener {
+                    listener,
+                    config: l.clone(),
+                });
+            }
             Listener::bind(&l.bind, l.backlog)
                 .map(|listener| BoundListener {
                     listener,
@@ -51,7 +74,11 @@ pub fn bind_all(config: &Config) -> std::io::Result<Vec<BoundListener>> {
                     )
                 })
         })
-        .collect()
+        .collect();
+    for (addr, _) in &inherited {
+        tracing::warn!(address = %addr, "an inherited socket matches no [[listen]] block; closing it");
+    }
+    listeners
 }
 
 /// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
@@ -128,7 +155,17 @@ pub async fn run(
         ));
     }
     accepting.close();
+    // systemd Type=notify: READY=1 once every pool has its `min` workers, then live counts.
+    let notifier = Arc::new(crate::systemd::Notifier::from_env());
+    let _notifying = notifier.is_active().then(|| {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(notify_loop(
+            Arc::clone(&notifier),
+            Arc::clone(&gateway),
+            ready_floors(config),
+        )))
+    });
     shutdown.cancelled().await;
+    notifier.notify("STOPPING=1");
     tracing::info!("stopping: no longer accepting; finishing requests in progress");
     accepting.wait().await;
     connections.close();
@@ -203,6 +240,92 @@ fn front_admission(config: &Config) -> Arc<Admission> {
     };
     tracing::info!(max_connections = max, ?nofile, "front connection cap");
     Admission::new("front", max)
+}
+
+/// How often `STATUS=` is sent to systemd while serving.
+const NOTIFY_STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// For each pool (by index), the workers it must have ready before corral is ready: its
+/// `min` (0 for pools of running servers and on-demand pools); and how long to wait at most.
+fn ready_floors(config: &Config) -> (Vec<usize>, std::time::Duration) {
+    let mut wait = std::time::Duration::from_secs(1);
+    let floors = config
+        .pools
+        .iter()
+        .map(|p| {
+            if let Backend::Spawned(spawn) = &p.backend {
+                wait = wait.max(spawn.start_timeout + std::time::Duration::from_secs(1));
+            }
+            crate::pool::state::PoolSpec::from_config(p, config.server.kill_timeout)
+                .map_or(0, |s| s.floor())
+        })
+        .collect();
+    (floors, wait)
+}
+
+/// The workers of `pool` that accept requests now (ready, idle or busy).
+fn ready_workers(pool: &crate::gateway::Pool) -> usize {
+    use crate::pool::state::WorkerState;
+    pool.status.as_ref().map_or(0, |rx| {
+        rx.borrow()
+            .status
+            .workers
+            .iter()
+            .filter(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy))
+            .count()
+    })
+}
+
+/// One line for systemd's `STATUS=`: what `systemctl status` shows.
+fn status_line(gateway: &Gateway) -> String {
+    let (mut workers, mut busy, mut queued, mut served) = (0, 0, 0, 0);
+    for pool in &gateway.pools {
+        let slots = pool.slots.stats();
+        workers += slots.accepting_workers;
+        busy += slots.in_flight;
+        queued += slots.queued;
+        served += pool.requests.snapshot().accepted;
+    }
+    format!(
+        "{workers} workers accepting, {busy} requests in flight, {queued} queued, {served} served"
+    )
+}
+
+/// Sends READY=1 once every pool has its floor of ready workers (or the wait is over, with
+/// a warning: a pool that cannot start must not keep systemd waiting forever), then STATUS=
+/// every few seconds and WATCHDOG=1 as asked, until aborted.
+async fn notify_loop(
+    notifier: Arc<crate::systemd::Notifier>,
+    gateway: Arc<Gateway>,
+    (floors, wait): (Vec<usize>, std::time::Duration),
+) {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let short = gateway
+            .pools
+            .iter()
+            .zip(&floors)
+            .find(|(p, &floor)| ready_workers(p) < floor);
+        match short {
+            None => break,
+            Some((p, _)) if tokio::time::Instant::now() >= deadline => {
+                tracing::warn!(pool = %p.name, "not every pool has its min workers ready; telling systemd we are ready anyway");
+                break;
+            }
+            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+    notifier.notify(&format!("READY=1\nSTATUS={}", status_line(&gateway)));
+    tracing::info!("ready (told systemd)");
+    let mut status = tokio::time::interval(NOTIFY_STATUS_EVERY);
+    let watchdog_every = notifier.watchdog_interval();
+    let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(NOTIFY_STATUS_EVERY));
+    loop {
+        tokio::select! {
+            _ = status.tick() => notifier.notify(&format!("STATUS={}", status_line(&gateway))),
+            _ = watchdog.tick(), if watchdog_every.is_some() => notifier.notify("WATCHDOG=1"),
+        }
+    }
 }
 
 async fn accept_loop(

@@ -135,6 +135,9 @@ fn serve(config: &Config) -> Result<(), Error> {
             None
         }
     };
+    // Sockets handed over by socket activation (LISTEN_FDS), taken before anything else
+    // could open descriptors or the runtime starts.
+    let inherited = crate::systemd::listen_fds();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -146,7 +149,7 @@ fn serve(config: &Config) -> Result<(), Error> {
         // Fail before binding anything when the configuration asks for what is not built.
         crate::gateway::Gateway::new(config).map_err(Error::Serve)?;
 
-        let listeners = crate::app::bind_all(config).map_err(|source| Error::Io {
+        let listeners = crate::app::bind_all(config, inherited).map_err(|source| Error::Io {
             what: "bind the listeners".to_owned(),
             source,
         })?;

@@ -21,3 +21,4 @@ pub mod process;
 pub mod runtime_dir;
 pub mod signals;
 pub mod status;
+pub mod systemd;

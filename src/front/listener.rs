@@ -28,12 +28,15 @@ pub enum Listener {
         /// Allowed client networks; empty allows every client.
         allow: Vec<Cidr>,
     },
-    /// Unix; the path is removed when the listener is dropped.
+    /// Unix; the path is removed when the listener is dropped, unless it was inherited.
     Unix {
         /// The socket.
         listener: UnixListener,
-        /// Its path, removed on drop.
+        /// Its path.
         path: PathBuf,
+        /// Whether corral made the socket file (and so removes it); an inherited socket's
+        /// file belongs to whoever bound it (systemd keeps it across corral's restarts).
+        owned: bool,
     },
 }
 
@@ -70,6 +73,38 @@ impl Listener {
                 Ok(Listener::Unix {
                     listener,
                     path: path.clone(),
+                    owned: true,
+                })
+            }
+        }
+    }
+
+    /// A listener handed over by socket activation, for the `[[listen]]` block `bind` (whose
+    /// allow-list still applies; its mode and owner are whoever bound it's business).
+    pub fn inherited(socket: crate::systemd::Inherited, bind: &Bind) -> io::Result<Listener> {
+        match socket {
+            crate::systemd::Inherited::Tcp(l) => {
+                l.set_nonblocking(true)?;
+                let allow = match bind {
+                    Bind::Tcp { allow, .. } => allow.clone(),
+                    Bind::Unix { .. } => Vec::new(),
+                };
+                Ok(Listener::Tcp {
+                    listener: TcpListener::from_std(l)?,
+                    allow,
+                })
+            }
+            crate::systemd::Inherited::Unix(l) => {
+                l.set_nonblocking(true)?;
+                let path = l
+                    .local_addr()?
+                    .as_pathname()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default();
+                Ok(Listener::Unix {
+                    listener: UnixListener::from_std(l)?,
+                    path,
+                    owned: false,
                 })
             }
         }
@@ -110,7 +145,10 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix { path, .. } = self {
+        if let Listener::Unix {
+            path, owned: true, ..
+        } = self
+        {
             let _ = std::fs::remove_file(path);
         }
     }

@@ -70,7 +70,13 @@ impl Corral {
         Corral::start_command(cmd, file, listeners)
     }
 
-    fn start_command(mut cmd: Command, file: tempfile::NamedTempFile, listeners: usize) -> Corral {
+    /// Starts `cmd` (which must exec `corral run -c FILE` in its own place) and waits for
+    /// its `listeners` listeners; `file` is kept for corral's lifetime.
+    pub fn start_command(
+        mut cmd: Command,
+        file: tempfile::NamedTempFile,
+        listeners: usize,
+    ) -> Corral {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
