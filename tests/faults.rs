@@ -517,14 +517,7 @@ fn null_backend(socket: &Path) -> Peer {
 
 /// The status listener's address, from its log line.
 fn status_addr(corral: &Corral) -> SocketAddr {
-    assert!(corral.wait_log("status listener ready"), "{}", corral.log());
-    corral
-        .log()
-        .lines()
-        .find(|l| l.contains("status listener ready"))
-        .and_then(|l| l.split("listener=").nth(1))
-        .and_then(|a| a.split_whitespace().next()?.parse().ok())
-        .expect("the status listener's address")
+    corral.status_ready_addr()
 }
 
 /// The status page's JSON rows for the pool of servers, as (address, up) pairs.

@@ -176,15 +176,7 @@ pool = "php"
         root = root.display(),
     );
     let corral = Corral::start(&config, 3);
-    assert!(corral.wait_log("status listener ready"), "{}", corral.log());
-    let status = corral
-        .log()
-        .lines()
-        .find(|l| l.contains("status listener ready"))
-        .and_then(|l| l.split("listener=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .expect("status address");
+    let status = corral.status_ready_addr();
     let site = Site {
         corral,
         dir,

@@ -75,17 +75,9 @@ fn start() -> Setup {
     }
 }
 
-/// The status listener's TCP address, from its log line.
+/// The status listener's address, from its log line.
 fn status_addr(corral: &Corral) -> SocketAddr {
-    assert!(corral.wait_log("status listener ready"), "{}", corral.log());
-    corral
-        .log()
-        .lines()
-        .find(|l| l.contains("status listener ready"))
-        .and_then(|l| l.split("listener=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no status listener logged:\n{}", corral.log()))
+    corral.status_ready_addr()
 }
 
 impl Setup {

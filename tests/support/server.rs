@@ -141,15 +141,6 @@ impl Corral {
             .expect("a TCP listener")
     }
 
-    /// The status listener's address, when corral serves one.
-    pub fn status_addr(&self) -> Option<SocketAddr> {
-        self.listeners
-            .iter()
-            .zip(&self.protocols)
-            .find(|(_, p)| p.as_str() == "status")
-            .and_then(|(a, _)| a.parse().ok())
-    }
-
     /// The status listener's address, from its "status listener ready" line (waited for).
     pub fn status_ready_addr(&self) -> SocketAddr {
         assert!(self.wait_log("status listener ready"), "{}", self.log());
