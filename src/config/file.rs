@@ -86,6 +86,8 @@ pub struct FileListen {
     pub forwarded: Option<Spanned<ForwardedHeader>>,
     pub trusted_proxies: Option<SpannedList>,
     pub max_connections_per_client: Option<u32>,
+    pub status_path: Option<Spanned<String>>,
+    pub ping_path: Option<Spanned<String>>,
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,

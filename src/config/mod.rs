@@ -209,6 +209,11 @@ pub struct ListenerConfig {
     pub max_connections_per_client: Option<u32>,
     /// Phase timeouts (each key defaults to the `[server]` value).
     pub timeouts: FrontTimeouts,
+    /// fastcgi only: the SCRIPT_NAME corral answers itself with the status page in php-fpm's
+    /// formats, as php-fpm's `pm.status_path` (`status_path`; none = passed on like any path).
+    pub status_path: Option<String>,
+    /// fastcgi only: the SCRIPT_NAME answered `pong`, as php-fpm's `ping.path` (`ping_path`).
+    pub ping_path: Option<String>,
 }
 
 /// What front listeners speak.

@@ -669,6 +669,39 @@ root = "/var/www/html"
 }
 
 #[test]
+fn php_fpm_status_and_ping_paths_are_for_fastcgi_listeners() {
+    let c = ok(r#"
+[[listen]]
+address = "unix:/run/corral/php.sock"
+protocol = "fastcgi"
+status_path = "/fpm-status"
+ping_path = "/ping"
+[pools.app]
+servers = ["127.0.0.1:9000"]
+"#);
+    assert_eq!(c.listeners[0].status_path.as_deref(), Some("/fpm-status"));
+    assert_eq!(c.listeners[0].ping_path.as_deref(), Some("/ping"));
+    let src = r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+status_path = "/status"
+[[listen]]
+address = "unix:/run/corral/php.sock"
+protocol = "fastcgi"
+ping_path = "ping?x"
+[pools.app]
+servers = ["127.0.0.1:9000"]
+"#;
+    expect_error(
+        src,
+        "\"/status\"",
+        "status_path applies to fastcgi listeners only",
+    );
+    expect_error(src, "\"ping?x\"", "must be a path starting with '/'");
+}
+
+#[test]
 fn front_limits_are_checked_where_written() {
     let src = r#"
 [server]

@@ -376,6 +376,31 @@ fn listener(e: &mut Errors, l: &FileListen, server: &ServerConfig) -> Option<Lis
             0 => None,
             n => Some(n),
         };
+    let mut fpm_path = |key: &str, value: Option<&Spanned<String>>| {
+        let v = value?;
+        let path = v.get_ref();
+        if l.protocol != FrontProtocol::Fastcgi {
+            e.at(
+                v.span(),
+                format!(
+                    "{key} applies to fastcgi listeners only (php-fpm's status and ping paths)"
+                ),
+            );
+            return None;
+        }
+        if !path.starts_with('/') || path.contains(['?', '#', ' ']) {
+            e.at(
+                v.span(),
+                format!(
+                    "{key} \"{path}\" must be a path starting with '/', without '?', '#' or spaces"
+                ),
+            );
+            return None;
+        }
+        Some(path.clone())
+    };
+    let status_path = fpm_path("status_path", l.status_path.as_ref());
+    let ping_path = fpm_path("ping_path", l.ping_path.as_ref());
     Some(ListenerConfig {
         bind: bind?,
         protocol: l.protocol,
@@ -383,6 +408,8 @@ fn listener(e: &mut Errors, l: &FileListen, server: &ServerConfig) -> Option<Lis
         forwarded,
         max_connections_per_client,
         timeouts,
+        status_path,
+        ping_path,
     })
 }
 

@@ -517,6 +517,21 @@ impl Connection {
             answer: Arc::clone(&r.answer),
             out: self.out.clone(),
         };
+        if let Some(cgi) = self.gateway.fpm_answer(&self.listener, &params) {
+            // php-fpm's status or ping path: answered by corral, never by a worker.
+            self.requests.remove(&id);
+            self.decoder.finish(id);
+            let ending = responder.send_cgi(&cgi).await;
+            return self
+                .send(Out {
+                    id,
+                    seq: responder.seq,
+                    bytes: ending.bytes,
+                    last: true,
+                    close: ending.close,
+                })
+                .await;
+        }
         let len = content_length(&params);
         let ctx = prepare(&self.gateway, &self.listener, params, request_id);
         let (ctx, params) = match ctx {

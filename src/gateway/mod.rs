@@ -327,6 +327,10 @@ pub struct Gateway {
     /// Where bodies of unknown length are spooled.
     pub spool: SpoolConfig,
     next_request_id: AtomicU64,
+    /// php-fpm's status and ping paths per FastCGI listener: (listener, status, ping).
+    fpm_paths: Vec<(ListenAddress, Option<String>, Option<String>)>,
+    /// What those status answers are made from.
+    fpm_status: crate::status::collect::StatusSource,
 }
 
 /// What the router looks at.
@@ -478,8 +482,75 @@ impl Gateway {
                 ..SpoolConfig::default()
             },
             next_request_id: AtomicU64::new(1),
+            fpm_paths: config
+                .listeners
+                .iter()
+                .filter(|l| l.status_path.is_some() || l.ping_path.is_some())
+                .map(|l| (l.bind.address(), l.status_path.clone(), l.ping_path.clone()))
+                .collect(),
+            fpm_status: crate::status::collect::StatusSource::new(config),
         };
         Ok((gateway, drivers))
+    }
+
+    /// The whole CGI answer for a FastCGI request to a listener's php-fpm status or ping path
+    /// (matched on SCRIPT_NAME, else DOCUMENT_URI, as php-fpm matches `pm.status_path`):
+    /// corral answers those itself, so dashboards and monitoring set up for php-fpm keep
+    /// working when corral takes its socket. `None` for every other request.
+    pub fn fpm_answer(
+        &self,
+        listener: &ListenAddress,
+        params: &[(Bytes, Bytes)],
+    ) -> Option<bytes::BytesMut> {
+        if self.fpm_paths.is_empty() {
+            return None;
+        }
+        let (_, status_path, ping_path) = self.fpm_paths.iter().find(|(l, ..)| l == listener)?;
+        let get = |name: &[u8]| {
+            params
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| &v[..])
+                .filter(|v| !v.is_empty())
+        };
+        let script = get(b"SCRIPT_NAME").or_else(|| get(b"DOCUMENT_URI"))?;
+        let is = |p: &Option<String>| p.as_ref().is_some_and(|p| p.as_bytes() == script);
+        let path = if is(ping_path) {
+            "/ping"
+        } else if is(status_path) {
+            "/status"
+        } else {
+            return None;
+        };
+        let method = get(b"REQUEST_METHOD")
+            .and_then(|m| http::Method::from_bytes(m).ok())
+            .unwrap_or(http::Method::GET);
+        let query = get(b"QUERY_STRING")
+            .map(|q| String::from_utf8_lossy(q).into_owned())
+            .unwrap_or_default();
+        let response = crate::status::server::answer(self, &self.fpm_status, &method, path, &query);
+        let code = response.status();
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_else(|| b"text/plain".to_vec());
+        let body = response.into_body().into_bytes();
+        let mut out = bytes::BytesMut::with_capacity(body.len() + 96);
+        out.extend_from_slice(
+            format!(
+                "Status: {} {}\r\nContent-Type: ",
+                code.as_u16(),
+                code.canonical_reason().unwrap_or("")
+            )
+            .as_bytes(),
+        );
+        out.extend_from_slice(&content_type);
+        out.extend_from_slice(b"\r\nCache-Control: no-cache\r\n\r\n");
+        if method != http::Method::HEAD {
+            out.extend_from_slice(&body);
+        }
+        Some(out)
     }
 
     /// The name of context `ctx`'s pool, for errors.

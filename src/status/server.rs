@@ -32,6 +32,13 @@ use crate::status::{metrics, render};
 #[derive(Debug)]
 pub struct Whole(Option<Bytes>);
 
+impl Whole {
+    /// The bytes of the body.
+    pub fn into_bytes(self) -> Bytes {
+        self.0.unwrap_or_default()
+    }
+}
+
 impl Body for Whole {
     type Data = Bytes;
     type Error = Infallible;
