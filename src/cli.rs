@@ -1,4 +1,6 @@
-//! The command line: `corral check -c FILE`, `corral run [-c FILE]`, `corral --version`.
+//! The command line: `corral check -c FILE`, `corral run [-c FILE]`, `corral stop [--fast]`,
+//! `corral restart-workers`, `corral status [--full]` (these three find the running corral
+//! through the configuration's runtime_dir, `src/control.rs`), `corral --version`.
 //!
 //! Everything here takes its arguments and output streams as parameters so tests can drive
 //! it without a process; `main.rs` only passes the real ones in and exits with the code.
@@ -38,6 +40,33 @@ pub enum Command {
         /// 127.0.0.1:8080, status on 127.0.0.1:9180).
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+    },
+    /// Stop the corral running with this configuration: gracefully (requests in flight
+    /// finish within `grace`), or at once with `--fast`; waits until it has exited.
+    Stop {
+        /// The configuration it runs with (its runtime_dir holds the pid file); without it,
+        /// the embedded default.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Do not wait for requests in flight (SIGINT rather than SIGTERM).
+        #[arg(long)]
+        fast: bool,
+    },
+    /// Replace every worker of the running corral, new before old (its SIGUSR2).
+    RestartWorkers {
+        /// The configuration it runs with; without it, the embedded default.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Print the running corral's status page (pools, workers, queue), from its [status]
+    /// listener.
+    Status {
+        /// The configuration it runs with; without it, the embedded default.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// One row per worker too.
+        #[arg(long)]
+        full: bool,
     },
     /// Load-test an address speaking HTTP, FastCGI, SCGI or LSAPI: req/s, latency
     /// percentiles, errors, and the CPU and memory of given processes.
@@ -91,8 +120,51 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             out.flush().map_err(stdout_error)?;
             serve(&config)
         }
+        Command::Stop { config, fast } => {
+            let config = load(config.as_deref())?;
+            let signal = if fast {
+                nix::sys::signal::Signal::SIGINT
+            } else {
+                nix::sys::signal::Signal::SIGTERM
+            };
+            let pid = crate::control::signal(&config, signal).map_err(unavailable("corral"))?;
+            let bound = config.server.grace
+                + config.server.kill_timeout
+                + std::time::Duration::from_secs(5);
+            if !crate::control::wait_exit(pid, bound) {
+                return Err(Error::Serve(format!(
+                    "corral (pid {pid}) is still running {bound:?} after it was asked to stop"
+                )));
+            }
+            writeln!(out, "corral (pid {pid}) stopped").map_err(stdout_error)
+        }
+        Command::RestartWorkers { config } => {
+            let config = load(config.as_deref())?;
+            let pid = crate::control::signal(&config, nix::sys::signal::Signal::SIGUSR2)
+                .map_err(unavailable("corral"))?;
+            writeln!(
+                out,
+                "asked corral (pid {pid}) to replace every worker, new before old"
+            )
+            .map_err(stdout_error)
+        }
+        Command::Status { config, full } => {
+            let config = load(config.as_deref())?;
+            let page = if full { "/status?full" } else { "/status" };
+            let text = crate::control::fetch_status(&config, page)
+                .map_err(unavailable("the status listener"))?;
+            write!(out, "{text}").map_err(stdout_error)
+        }
         Command::Bench(args) => crate::bench::run_bench(*args, out),
         Command::NullBackend(args) => crate::bench::run_null(args),
+    }
+}
+
+/// An [`Error::Unavailable`] naming `what`.
+fn unavailable(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |source| Error::Unavailable {
+        what: what.to_owned(),
+        source,
     }
 }
 
@@ -117,6 +189,10 @@ fn serve(config: &Config) -> Result<(), Error> {
         &config.server.runtime_dir,
         crate::runtime_dir::mode_for(config, root),
     )?;
+    // Held for as long as corral serves: `corral stop`, `restart-workers` and `status` find
+    // this process through it.
+    let _pid_file = crate::control::PidFile::create(&crate::control::pid_path(config))
+        .map_err(unavailable("the pid file"))?;
     // Before anything is bound or spawned: each front connection is a descriptor, and a
     // 1,024 soft limit is a few hundred idle sockets away from refusing everything.
     // Workers get the limit corral was started with back.

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod front;
 pub mod gateway;

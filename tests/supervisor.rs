@@ -459,3 +459,70 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
     assert!(ok > 50, "only {ok} requests served");
     assert!(corral.wait_log("rolling restart"));
 }
+
+#[test]
+fn stop_restart_workers_and_status_find_corral_through_its_config() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let config = config(
+        &dir.path().join("run"),
+        dir.path(),
+        "mode = \"static\"\nmin = 2\nmax = 2",
+    )
+    .replace(
+        "[[listen]]",
+        "[status]\naddress = \"127.0.0.1:0\"\n\n[[listen]]",
+    );
+    let corral = Corral::start(&config, 1);
+    // The status listener's port is only known from the log; `corral status` reads the
+    // file, so give it the real address.
+    let status = corral.status_ready_addr();
+    let file = support::config_file(&config.replace(
+        "[status]\naddress = \"127.0.0.1:0\"",
+        &format!("[status]\naddress = \"{status}\""),
+    ));
+    let path = file.path().to_str().unwrap();
+    let pid_file = dir.path().join("run/corral.pid");
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        corral.pid().to_string()
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&pid_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(eventually(Duration::from_secs(10), || children(
+        corral.pid()
+    )
+    .len()
+        == 2));
+
+    let out = support::corral(&["status", "-c", path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("pool:                 php"),
+        "{}",
+        out.stdout
+    );
+    let out = support::corral(&["status", "--full", "-c", path]);
+    assert!(out.stdout.contains("pid:"), "{}", out.stdout);
+
+    let before: Vec<u32> = children(corral.pid());
+    let out = support::corral(&["restart-workers", "-c", path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(eventually(Duration::from_secs(20), || {
+        let now = children(corral.pid());
+        now.len() == 2 && now.iter().all(|p| !before.contains(p))
+    }));
+
+    let out = support::corral(&["stop", "-c", path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("stopped"), "{}", out.stdout);
+    assert!(!alive(corral.pid()), "corral exited");
+    assert!(!pid_file.exists(), "the pid file went with it");
+    // Nothing runs now: the commands say so, with EX_UNAVAILABLE.
+    let out = support::corral(&["stop", "-c", path]);
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert!(out.stderr.contains("not running"), "{}", out.stderr);
+}
