@@ -503,6 +503,21 @@ impl Connection {
         }
     }
 
+    /// Ends request `id`, answered without a backend: forgets it and queues the rest of its
+    /// answer (FCGI_END_REQUEST).
+    async fn answered(&mut self, id: u16, seq: u64, ending: Ending) -> Flow {
+        self.requests.remove(&id);
+        self.decoder.finish(id);
+        self.send(Out {
+            id,
+            seq,
+            bytes: ending.bytes,
+            last: true,
+            close: ending.close,
+        })
+        .await
+    }
+
     /// FCGI_PARAMS ended: route, normalise, and dispatch in a task of its own.
     async fn start(&mut self, id: u16, params: Vec<(Bytes, Bytes)>) -> Flow {
         let Some(r) = self.requests.get(&id) else {
@@ -519,36 +534,16 @@ impl Connection {
         };
         if let Some(cgi) = self.gateway.fpm_answer(&self.listener, &params) {
             // php-fpm's status or ping path: answered by corral, never by a worker.
-            self.requests.remove(&id);
-            self.decoder.finish(id);
             let ending = responder.send_cgi(&cgi).await;
-            return self
-                .send(Out {
-                    id,
-                    seq: responder.seq,
-                    bytes: ending.bytes,
-                    last: true,
-                    close: ending.close,
-                })
-                .await;
+            return self.answered(id, responder.seq, ending).await;
         }
         let len = content_length(&params);
         let ctx = prepare(&self.gateway, &self.listener, params, request_id);
         let (ctx, params) = match ctx {
             Ok(prepared) => prepared,
             Err(e) => {
-                self.requests.remove(&id);
-                self.decoder.finish(id);
                 let ending = responder.error(&e).await;
-                return self
-                    .send(Out {
-                        id,
-                        seq: responder.seq,
-                        bytes: ending.bytes,
-                        last: true,
-                        close: ending.close,
-                    })
-                    .await;
+                return self.answered(id, responder.seq, ending).await;
             }
         };
         let (tx, rx) = mpsc::unbounded_channel();
