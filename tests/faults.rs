@@ -423,23 +423,16 @@ fn queued_requests_that_gave_up_free_their_place() {
 /// Each request compiles a new script of about 8 MiB of string literals, which OPcache keeps
 /// in its shared memory for the life of the process: php-cgi grows by that much per request,
 /// as a leaking app would.
-const LEAK_PHP: &str = r#"<?php
-$n = (int)($_GET['n'] ?? 0);
-$file = sys_get_temp_dir() . "/corral-faults-leak-" . getmypid() . "-$n.php";
-$body = '<?php return [';
-for ($i = 0; $i < 80000; $i++) { $body .= "'k$n-$i' => 'value-$n-$i-" . str_repeat('x', 60) . "',"; }
-file_put_contents($file, $body . '];');
-$a = include $file;
-unlink($file);
-echo getmypid();
-"#;
-
 /// A worker passing max_memory is recycled before it takes more than a couple more
 /// requests, though requests come faster than the once-a-second memory sample.
 #[test]
 fn a_fast_leaking_worker_is_recycled_right_after_passing_max_memory() {
     let dir = peers::shared_dir();
-    peers::write_file(dir.path(), "leak.php", LEAK_PHP);
+    peers::write_file(
+        dir.path(),
+        "leak.php",
+        &peers::leaking_php("faults-leak", 80000, 60),
+    );
     const LIMIT: u64 = 128 << 20;
     let corral = Corral::start(
         &config(

@@ -288,22 +288,15 @@ fn kill_9_of_corral_leaves_no_interpreter_behind() {
 
 /// Each request compiles a new 1 MB script that OPcache keeps in its shared memory for the
 /// life of the process: php-cgi's memory grows request after request, as a leaking app's
-/// would.
-const LEAK_PHP: &str = r#"<?php
-$n = (int)($_GET['n'] ?? 0);
-$file = sys_get_temp_dir() . "/corral-leak-" . getmypid() . "-$n.php";
-$body = '<?php return [';
-for ($i = 0; $i < 20000; $i++) { $body .= "'k$n-$i' => 'value-$n-$i-" . str_repeat('x', 20) . "',"; }
-file_put_contents($file, $body . '];');
-$a = include $file;
-unlink($file);
-echo getmypid();
-"#;
-
+/// would (`peers::leaking_php`).
 #[test]
 fn a_leaking_worker_is_recycled_by_max_memory_while_requests_succeed() {
     let dir = peers::shared_dir();
-    peers::write_file(dir.path(), "leak.php", LEAK_PHP);
+    peers::write_file(
+        dir.path(),
+        "leak.php",
+        &peers::leaking_php("leak", 20000, 20),
+    );
     // OPcache skips files younger than file_update_protection (2 s): turn that off so
     // every fresh script stays cached.
     let corral = Corral::start(

@@ -223,3 +223,22 @@ pub fn md5_hex(dir: &Path, bytes: &[u8]) -> String {
         .expect("md5sum output")
         .to_string()
 }
+
+/// A PHP script that leaks as an app would: each request compiles a fresh script of
+/// `entries` array entries (each padded with `pad` bytes) that OPcache keeps in its shared
+/// memory for the life of the process, so php-cgi grows by that much per request. Answers
+/// with its pid. `tag` keeps the temporary scripts of different tests apart.
+pub fn leaking_php(tag: &str, entries: usize, pad: usize) -> String {
+    format!(
+        r#"<?php
+$n = (int)($_GET['n'] ?? 0);
+$file = sys_get_temp_dir() . "/corral-{tag}-" . getmypid() . "-$n.php";
+$body = '<?php return [';
+for ($i = 0; $i < {entries}; $i++) {{ $body .= "'k$n-$i' => 'value-$n-$i-" . str_repeat('x', {pad}) . "',"; }}
+file_put_contents($file, $body . '];');
+$a = include $file;
+unlink($file);
+echo getmypid();
+"#
+    )
+}
