@@ -10,13 +10,17 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use std::collections::HashMap;
+
 use crate::config::{Backend, Config, FrontProtocol, ListenerConfig};
+use crate::error::StartupError;
 use crate::front::http::{self, ConnInfo};
 use crate::front::limits::{self, Admission, Client};
 use crate::front::listener::{Listener, Peer};
 use crate::front::{fastcgi, scgi};
-use crate::gateway::Gateway;
-use crate::{process, status};
+use crate::gateway::{BuildSettings, Gateway, Generation, Pool, PoolRegistry};
+use crate::router::Router;
+use crate::{launchers, process, status};
 
 /// Kernel accept backlog of the status listener (its clients are a few operators and
 /// scrapers).
@@ -81,123 +85,6 @@ pub fn bind_all(
     listeners
 }
 
-/// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
-/// (cancelled with or after `shutdown`) cuts the drain short and kills the workers. The
-/// runtime directory must have been prepared ([`crate::runtime_dir::prepare`]): the pools'
-/// launchers are written into it here.
-/// Spawned workers get `worker_nofile` as their soft file limit (`None` = corral's own).
-pub async fn run(
-    config: &Config,
-    listeners: Vec<BoundListener>,
-    shutdown: CancellationToken,
-    fast: CancellationToken,
-    worker_nofile: Option<u64>,
-    mut restart_workers: tokio::sync::mpsc::Receiver<()>,
-) -> Result<(), String> {
-    let (gateway, drivers) = Gateway::with_worker_nofile(config, worker_nofile)?;
-    let gateway = Arc::new(gateway);
-    // A rolling restart (SIGUSR2): every spawned pool replaces each worker, the replacement
-    // ready before the old one stops taking requests, so nothing in flight is lost.
-    let restarter = {
-        let gateway = Arc::clone(&gateway);
-        tokio::spawn(async move {
-            while restart_workers.recv().await.is_some() {
-                tracing::info!("rolling restart of every pool's workers");
-                for pool in &gateway.pools {
-                    pool.restart_workers();
-                }
-            }
-        })
-    };
-    let _restarter = tokio_util::task::AbortOnDropHandle::new(restarter);
-    // The status listener is bound here rather than by the caller: it carries no requests
-    // for the pools, so nothing else needs it before serving starts.
-    let status_listener = match &config.status {
-        Some(s) => Some(
-            Listener::bind(&s.bind, STATUS_BACKLOG)
-                .map_err(|e| format!("cannot listen for status on {}: {e}", s.bind.address()))?,
-        ),
-        None => None,
-    };
-    warn_default_users(config);
-    // Drivers spawn workers from runtime worker threads, which live as long as corral:
-    // the workers' parent-death signal is tied to the forking thread.
-    let supervisors: Vec<_> = drivers.into_iter().map(|d| tokio::spawn(d.run())).collect();
-    let connections = TaskTracker::new();
-    let accepting = TaskTracker::new();
-    let front = front_admission(config);
-    for (index, bound) in listeners.into_iter().enumerate() {
-        let gateway = Arc::clone(&gateway);
-        let connections = connections.clone();
-        let shutdown = shutdown.clone();
-        let admission = Arc::clone(&front);
-        accepting.spawn(accept_loop(
-            bound,
-            index,
-            admission,
-            gateway,
-            connections,
-            shutdown,
-        ));
-    }
-    if let Some(listener) = status_listener {
-        // A table of its own: front connections never use up the status listener's room.
-        let admission = Admission::new("status", limits::STATUS_MAX_CONNECTIONS);
-        let mut source = status::collect::StatusSource::new(config);
-        source.connections = vec![Arc::clone(&front), Arc::clone(&admission)];
-        let source = Arc::new(source);
-        accepting.spawn(status::server::serve(
-            listener,
-            admission,
-            Arc::clone(&gateway),
-            source,
-            shutdown.clone(),
-        ));
-    }
-    accepting.close();
-    // systemd Type=notify: READY=1 once every pool has its `min` workers, then live counts.
-    let notifier = Arc::new(crate::systemd::Notifier::from_env());
-    let _notifying = notifier.is_active().then(|| {
-        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(notify_loop(
-            Arc::clone(&notifier),
-            Arc::clone(&gateway),
-            ready_floors(config),
-        )))
-    });
-    shutdown.cancelled().await;
-    notifier.notify("STOPPING=1");
-    tracing::info!("stopping: no longer accepting; finishing requests in progress");
-    accepting.wait().await;
-    connections.close();
-    let grace = config.server.grace;
-    let drained = tokio::select! {
-        waited = tokio::time::timeout(grace, connections.wait()) => waited.is_ok(),
-        () = fast.cancelled() => false,
-    };
-    if !drained {
-        tracing::warn!(
-            ?grace,
-            fast = fast.is_cancelled(),
-            "connections still open; closing them"
-        );
-    }
-    // Then the workers: idle ones get SIGTERM, busy ones once their request ends, and
-    // SIGKILL after kill_timeout (at once on a fast stop); each driver returns when its
-    // workers are reaped.
-    let graceful = !fast.is_cancelled();
-    for pool in &gateway.pools {
-        pool.stop(graceful);
-    }
-    let bound = config.server.kill_timeout + std::time::Duration::from_secs(1);
-    for supervisor in supervisors {
-        if tokio::time::timeout(bound, supervisor).await.is_err() {
-            tracing::error!("a pool did not stop within kill_timeout; exiting anyway");
-        }
-    }
-    tracing::info!("stopped");
-    Ok(())
-}
-
 /// Says, once per pool, when a root corral runs a pool's workers as
 /// [`process::spawn::DEFAULT_USER`] because no user is configured.
 fn warn_default_users(config: &Config) {
@@ -245,9 +132,389 @@ fn front_admission(config: &Config) -> Arc<Admission> {
 /// How often `STATUS=` is sent to systemd while serving.
 const NOTIFY_STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// For each pool (by index), the workers it must have ready before corral is ready: its
+/// What the command line asks of a running corral besides stopping (that is the shutdown
+/// tokens' job).
+#[derive(Debug)]
+pub enum AppControl {
+    /// Serve this configuration from now on (already validated).
+    Reload(Box<Config>),
+    /// Replace every worker, new before old.
+    RestartWorkers,
+    /// Reopen the request log files (logrotate's `postrotate`).
+    ReopenLogs,
+}
+
+/// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
+/// (cancelled with or after `shutdown`) cuts the drain short and kills the workers. The
+/// runtime directory must have been prepared ([`crate::runtime_dir::prepare`]): the pools'
+/// launchers are written into it here.
+/// Spawned workers get `worker_nofile` as their soft file limit (`None` = corral's own).
+/// `controls` brings reloads and rolling restarts.
+pub async fn run(
+    config: &Config,
+    listeners: Vec<BoundListener>,
+    shutdown: CancellationToken,
+    fast: CancellationToken,
+    worker_nofile: Option<u64>,
+    mut controls: tokio::sync::mpsc::Receiver<AppControl>,
+) -> Result<(), StartupError> {
+    let settings = BuildSettings {
+        worker_nofile,
+        launchers: launchers::install(config)?,
+        generation: 0,
+    };
+    let (gateway, drivers) = Gateway::build(config, &settings)?;
+    let gateway = Arc::new(gateway);
+    // The status listener is bound here rather than by the caller: it carries no requests
+    // for the pools, so nothing else needs it before serving starts.
+    let status_listener = match &config.status {
+        Some(s) => Some(Listener::bind(&s.bind, STATUS_BACKLOG).map_err(|source| {
+            StartupError::StatusListen {
+                address: s.bind.address().to_string(),
+                source,
+            }
+        })?),
+        None => None,
+    };
+    warn_default_users(config);
+    // Drivers spawn workers from runtime worker threads, which live as long as corral:
+    // the workers' parent-death signal is tied to the forking thread.
+    for (pool, driver) in drivers {
+        pool.start(driver);
+    }
+    let notifier = Arc::new(crate::systemd::Notifier::from_env());
+    let mut serving = Serving {
+        gateway: Arc::clone(&gateway),
+        config: config.clone(),
+        listeners: Vec::new(),
+        next_listener: 0,
+        connections: TaskTracker::new(),
+        accepting: TaskTracker::new(),
+        retiring: TaskTracker::new(),
+        admission: front_admission(config),
+        shutdown: shutdown.clone(),
+        worker_nofile,
+        notifier: Arc::clone(&notifier),
+    };
+    for bound in listeners {
+        serving.start_listener(Arc::new(bound.listener), bound.config);
+    }
+    if let Some(listener) = status_listener {
+        // A table of its own: front connections never use up the status listener's room.
+        let admission = Admission::new("status", limits::STATUS_MAX_CONNECTIONS);
+        let mut source = status::collect::StatusSource::new();
+        source.connections = vec![Arc::clone(&serving.admission), Arc::clone(&admission)];
+        let source = Arc::new(source);
+        serving.accepting.spawn(status::server::serve(
+            listener,
+            admission,
+            Arc::clone(&gateway),
+            source,
+            shutdown.clone(),
+        ));
+    }
+    // systemd Type=notify: READY=1 once every pool has its `min` workers, then live counts.
+    let _notifying = notifier.is_active().then(|| {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(notify_loop(
+            Arc::clone(&notifier),
+            Arc::clone(&gateway),
+            ready_wait(config),
+        )))
+    });
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            control = controls.recv() => match control {
+                Some(AppControl::Reload(new)) => serving.reload(*new).await,
+                Some(AppControl::RestartWorkers) => {
+                    // Every spawned pool replaces each worker, the replacement ready before
+                    // the old one stops taking requests, so nothing in flight is lost.
+                    tracing::info!("rolling restart of every pool's workers");
+                    for pool in gateway.current().pools.iter() {
+                        pool.restart_workers();
+                    }
+                }
+                Some(AppControl::ReopenLogs) => gateway.access.reopen(),
+                // Nobody can send any more: serve until stopped.
+                None => {
+                    shutdown.cancelled().await;
+                    break;
+                }
+            },
+        }
+    }
+    notifier.notify("STOPPING=1");
+    tracing::info!("stopping: no longer accepting; finishing requests in progress");
+    serving.accepting.close();
+    serving.accepting.wait().await;
+    serving.connections.close();
+    let grace = serving.config.server.grace;
+    let drained = tokio::select! {
+        waited = tokio::time::timeout(grace, serving.connections.wait()) => waited.is_ok(),
+        () = fast.cancelled() => false,
+    };
+    if !drained {
+        tracing::warn!(
+            ?grace,
+            fast = fast.is_cancelled(),
+            "connections still open; closing them"
+        );
+    }
+    // Then the workers: idle ones get SIGTERM, busy ones once their request ends, and
+    // SIGKILL after kill_timeout (at once on a fast stop); each driver returns when its
+    // workers are reaped. Pools still draining after a reload are stopped alike.
+    let graceful = !fast.is_cancelled();
+    let pools: Vec<Arc<Pool>> = gateway.current().pools.iter().cloned().collect();
+    for pool in &pools {
+        pool.stop(graceful);
+    }
+    let bound = serving.config.server.kill_timeout + std::time::Duration::from_secs(1);
+    for pool in &pools {
+        if !pool.stopped(bound).await {
+            tracing::error!(pool = %pool.name, "a pool did not stop within kill_timeout; exiting anyway");
+        }
+    }
+    serving.retiring.close();
+    if tokio::time::timeout(bound, serving.retiring.wait())
+        .await
+        .is_err()
+    {
+        tracing::error!(
+            "a pool retired by a reload did not stop within kill_timeout; exiting anyway"
+        );
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// One front listener being served.
+#[derive(Debug)]
+struct RunningListener {
+    config: ListenerConfig,
+    listener: Arc<Listener>,
+    /// Stops its accept loop and drains its connections (a child of the shutdown token).
+    stop: CancellationToken,
+}
+
+/// What `run` changes on reload.
+struct Serving {
+    gateway: Arc<Gateway>,
+    config: Config,
+    listeners: Vec<RunningListener>,
+    /// Numbers listeners for the per-client caps (never reused).
+    next_listener: usize,
+    connections: TaskTracker,
+    accepting: TaskTracker,
+    /// Pools retired by reloads, draining.
+    retiring: TaskTracker,
+    admission: Arc<Admission>,
+    shutdown: CancellationToken,
+    worker_nofile: Option<u64>,
+    notifier: Arc<crate::systemd::Notifier>,
+}
+
+impl Serving {
+    fn start_listener(&mut self, listener: Arc<Listener>, config: ListenerConfig) {
+        let stop = self.shutdown.child_token();
+        let index = self.next_listener;
+        self.next_listener += 1;
+        self.accepting.spawn(accept_loop(
+            Arc::clone(&listener),
+            config.clone(),
+            index,
+            Arc::clone(&self.admission),
+            Arc::clone(&self.gateway),
+            self.connections.clone(),
+            stop.clone(),
+        ));
+        self.listeners.push(RunningListener {
+            config,
+            listener,
+            stop,
+        });
+    }
+
+    /// Serves `new` from now on, or keeps serving what runs now when `new` cannot be set up
+    /// (every reason logged). See ARCHITECTURE.md, "Generations and reload".
+    async fn reload(&mut self, new: Config) {
+        let started = tokio::time::Instant::now();
+        self.notifier.notify(&format!(
+            "RELOADING=1\nMONOTONIC_USEC={}",
+            crate::systemd::monotonic_usec()
+        ));
+        match self.try_reload(new).await {
+            Ok(number) => tracing::info!(
+                generation = number,
+                took = ?started.elapsed(),
+                "reloaded: the new configuration serves"
+            ),
+            Err(e) => tracing::error!(
+                error = %e,
+                "reload failed; the running configuration keeps serving"
+            ),
+        }
+        self.notifier
+            .notify(&format!("READY=1\nSTATUS={}", status_line(&self.gateway)));
+    }
+
+    async fn try_reload(&mut self, new: Config) -> Result<u64, StartupError> {
+        warn_restart_only(&self.config, &new);
+        let current = self.gateway.current();
+        let number = current.number + 1;
+        let settings = BuildSettings {
+            worker_nofile: self.worker_nofile,
+            launchers: launchers::install(&new)?,
+            generation: number,
+        };
+        let router = Router::new(&new);
+        let built = PoolRegistry::build(&new, &router, Some(&current.pools), &settings)?;
+        drop(current);
+        // Listeners to add are bound before anything changes: a failure leaves the running
+        // configuration as it was (the new pools, never started, are dropped).
+        let mut added = Vec::new();
+        for l in &new.listeners {
+            let address = l.bind.address();
+            if self
+                .listeners
+                .iter()
+                .any(|r| r.config.bind.address() == address)
+            {
+                continue;
+            }
+            let listener =
+                Listener::bind(&l.bind, l.backlog).map_err(|source| StartupError::Listen {
+                    address: address.to_string(),
+                    source,
+                })?;
+            added.push((Arc::new(listener), l.clone()));
+        }
+        // New before old: the new pools' workers start, and the switch waits for each
+        // pool's `min` to be ready (bounded by its start_timeout).
+        let new_pools: Vec<Arc<Pool>> = built.drivers.iter().map(|(p, _)| Arc::clone(p)).collect();
+        for (pool, driver) in built.drivers {
+            pool.start(driver);
+        }
+        wait_ready(&new_pools, &new).await;
+        let logs = crate::access::LogSettings::of(&new.server);
+        if logs != crate::access::LogSettings::of(&self.config.server) {
+            self.gateway.access.reconfigure(logs);
+        }
+        let kept = new.pools.len().saturating_sub(new_pools.len());
+        self.gateway
+            .replace(Generation::new(number, &new, router, built.registry));
+        // Listeners: removed ones stop accepting and their connections finish what they
+        // are doing; changed ones are served with their new settings on the same socket.
+        let mut restart = Vec::new();
+        for running in std::mem::take(&mut self.listeners) {
+            let address = running.config.bind.address();
+            match new.listeners.iter().find(|l| l.bind.address() == address) {
+                None => {
+                    tracing::info!(listener = %address, "listener removed by the reload; closing it");
+                    running.stop.cancel();
+                }
+                Some(l) if *l == running.config => self.listeners.push(running),
+                Some(l) => {
+                    if l.bind != running.config.bind || l.backlog != running.config.backlog {
+                        tracing::warn!(listener = %address, "socket settings (mode, owner, allow, backlog) change only at restart; kept as they were");
+                    }
+                    running.stop.cancel();
+                    restart.push((running.listener, l.clone()));
+                }
+            }
+        }
+        for (listener, config) in restart.into_iter().chain(added) {
+            self.start_listener(listener, config);
+        }
+        // Pools the new configuration does not keep finish what was routed to them, then
+        // stop.
+        let retired = built.retired.len();
+        for pool in built.retired {
+            let grace = new.server.grace;
+            let kill = new.server.kill_timeout;
+            self.retiring.spawn(retire(pool, grace, kill));
+        }
+        tracing::info!(
+            generation = number,
+            pools_new = new_pools.len(),
+            pools_kept = kept,
+            pools_retired = retired,
+            "reload applied"
+        );
+        self.config = new;
+        Ok(number)
+    }
+}
+
+/// Says which settings of `new` wait for a restart (they are process-wide, or bound once).
+fn warn_restart_only(old: &Config, new: &Config) {
+    let (o, n) = (&old.server, &new.server);
+    let mut differ = Vec::new();
+    if o.runtime_dir != n.runtime_dir {
+        differ.push("server.runtime_dir");
+    }
+    if o.max_connections != n.max_connections {
+        differ.push("server.max_connections");
+    }
+    if o.spool_budget != n.spool_budget {
+        differ.push("server.spool_budget");
+    }
+    if o.log_level != n.log_level {
+        differ.push("server.log_level");
+    }
+    if old.status != new.status {
+        differ.push("[status]");
+    }
+    for what in differ {
+        tracing::warn!(
+            setting = what,
+            "changed by the reload, but it takes effect only at restart"
+        );
+    }
+}
+
+/// Waits until each of `pools` has its `min` workers ready, or each one's start_timeout
+/// has passed (a pool that cannot start must not hold a reload forever; its requests then
+/// queue as they would at start).
+async fn wait_ready(pools: &[Arc<Pool>], config: &Config) {
+    let (floors, wait) = ready_wait(config);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let short = pools
+            .iter()
+            .find(|p| p.ready_workers() < floors.get(&*p.name).copied().unwrap_or(0));
+        match short {
+            None => return,
+            Some(p) if tokio::time::Instant::now() >= deadline => {
+                tracing::warn!(pool = %p.name, "its min workers are not ready; switching to it anyway");
+                return;
+            }
+            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// A pool the running configuration no longer has: once nothing routed to it is left (or
+/// `grace` has passed), its workers stop as at shutdown.
+async fn retire(pool: Arc<Pool>, grace: std::time::Duration, kill: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    while !pool.is_drained() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(pool = %pool.name, generation = pool.generation, ?grace, "requests still in flight on a retired pool after grace; stopping it anyway");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    pool.stop(true);
+    if pool.stopped(kill + std::time::Duration::from_secs(1)).await {
+        tracing::info!(pool = %pool.name, generation = pool.generation, "retired pool stopped");
+    } else {
+        tracing::error!(pool = %pool.name, generation = pool.generation, "a retired pool did not stop within kill_timeout");
+    }
+}
+
+/// For each pool (by name), the workers it must have ready before corral is ready: its
 /// `min` (0 for pools of running servers and on-demand pools); and how long to wait at most.
-fn ready_floors(config: &Config) -> (Vec<usize>, std::time::Duration) {
+fn ready_wait(config: &Config) -> (HashMap<String, usize>, std::time::Duration) {
     let mut wait = std::time::Duration::from_secs(1);
     let floors = config
         .pools
@@ -256,30 +523,18 @@ fn ready_floors(config: &Config) -> (Vec<usize>, std::time::Duration) {
             if let Backend::Spawned(spawn) = &p.backend {
                 wait = wait.max(spawn.start_timeout + std::time::Duration::from_secs(1));
             }
-            crate::pool::state::PoolSpec::from_config(p, config.server.kill_timeout)
-                .map_or(0, |s| s.floor())
+            let floor = crate::pool::state::PoolSpec::from_config(p, config.server.kill_timeout)
+                .map_or(0, |s| s.floor());
+            (p.name.clone(), floor)
         })
         .collect();
     (floors, wait)
 }
 
-/// The workers of `pool` that accept requests now (ready, idle or busy).
-fn ready_workers(pool: &crate::gateway::Pool) -> usize {
-    use crate::pool::state::WorkerState;
-    pool.status.as_ref().map_or(0, |rx| {
-        rx.borrow()
-            .status
-            .workers
-            .iter()
-            .filter(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy))
-            .count()
-    })
-}
-
 /// One line for systemd's `STATUS=`: what `systemctl status` shows.
 fn status_line(gateway: &Gateway) -> String {
     let (mut workers, mut busy, mut queued, mut served) = (0, 0, 0, 0);
-    for pool in &gateway.pools {
+    for pool in gateway.current().pools.iter() {
         let slots = pool.slots.stats();
         workers += slots.accepting_workers;
         busy += slots.in_flight;
@@ -297,19 +552,20 @@ fn status_line(gateway: &Gateway) -> String {
 async fn notify_loop(
     notifier: Arc<crate::systemd::Notifier>,
     gateway: Arc<Gateway>,
-    (floors, wait): (Vec<usize>, std::time::Duration),
+    (floors, wait): (HashMap<String, usize>, std::time::Duration),
 ) {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let short = gateway
+        let generation = gateway.current();
+        let short = generation
             .pools
             .iter()
-            .zip(&floors)
-            .find(|(p, &floor)| ready_workers(p) < floor);
+            .find(|p| p.ready_workers() < floors.get(&*p.name).copied().unwrap_or(0))
+            .map(|p| Arc::clone(&p.name));
         match short {
             None => break,
-            Some((p, _)) if tokio::time::Instant::now() >= deadline => {
-                tracing::warn!(pool = %p.name, "not every pool has its min workers ready; telling systemd we are ready anyway");
+            Some(name) if tokio::time::Instant::now() >= deadline => {
+                tracing::warn!(pool = %name, "not every pool has its min workers ready; telling systemd we are ready anyway");
                 break;
             }
             Some(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
@@ -329,28 +585,28 @@ async fn notify_loop(
 }
 
 async fn accept_loop(
-    bound: BoundListener,
+    listener: Arc<Listener>,
+    config: ListenerConfig,
     index: usize,
     admission: Arc<Admission>,
     gateway: Arc<Gateway>,
     connections: TaskTracker,
     shutdown: CancellationToken,
 ) {
-    let address = bound.config.bind.address();
-    let local = match &bound.listener {
+    let address = config.bind.address();
+    let local = match &*listener {
         Listener::Tcp { listener, .. } => listener.local_addr().ok(),
         Listener::Unix { .. } => None,
     };
     // The bound address (with the real port when the configuration said 0) is what a test
     // or an operator needs to connect.
-    let bound_address = bound
-        .listener
+    let bound_address = listener
         .local_address()
         .map_or_else(|_| address.to_string(), |a| a.to_string());
-    tracing::info!(listener = %bound_address, protocol = ?bound.config.protocol, "listening");
+    tracing::info!(listener = %bound_address, protocol = ?config.protocol, "listening");
     loop {
         let accepted = tokio::select! {
-            accepted = bound.listener.accept() => accepted,
+            accepted = listener.accept() => accepted,
             () = shutdown.cancelled() => return,
         };
         let (stream, peer) = match accepted {
@@ -369,7 +625,7 @@ async fn accept_loop(
                 Peer::Tcp(a) => Some(a.ip()),
                 Peer::Unix => None,
             },
-            cap: bound.config.max_connections_per_client,
+            cap: config.max_connections_per_client,
         };
         // Beyond a cap with every connection busy: dropping the stream closes it at once
         // (the table logs that, rate-limited).
@@ -378,14 +634,14 @@ async fn accept_loop(
         };
         let gateway = Arc::clone(&gateway);
         let shutdown = shutdown.clone();
-        let timeouts = bound.config.timeouts;
-        match bound.config.protocol {
+        let timeouts = config.timeouts;
+        match config.protocol {
             FrontProtocol::Http => {
                 let info = ConnInfo {
                     listener: address.clone(),
                     local,
                     peer,
-                    forwarded: bound.config.forwarded.clone(),
+                    forwarded: config.forwarded.clone(),
                     timeouts,
                 };
                 connections.spawn(http::serve_connection(

@@ -52,6 +52,14 @@ pub enum Command {
         #[arg(long)]
         fast: bool,
     },
+    /// Reload the running corral's configuration (its SIGHUP): unchanged pools keep their
+    /// workers, changed ones start new workers before the old ones drain.
+    Reload {
+        /// The configuration it runs with (checked here first); without it, the embedded
+        /// default.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Replace every worker of the running corral, new before old (its SIGUSR2).
     RestartWorkers {
         /// The configuration it runs with; without it, the embedded default.
@@ -114,11 +122,23 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             load(Some(&config))?;
             writeln!(out, "{}: ok", config.display()).map_err(stdout_error)
         }
-        Command::Run { config } => {
-            let config = load(config.as_deref())?;
+        Command::Run { config: path } => {
+            let config = load(path.as_deref())?;
             writeln!(out, "{}", summary(&config)).map_err(stdout_error)?;
             out.flush().map_err(stdout_error)?;
-            serve(&config)
+            serve(&config, path)
+        }
+        Command::Reload { config: path } => {
+            // Checked here first, so a broken file is reported to whoever typed the command;
+            // the running corral checks it again, against what it finds on disk then.
+            let config = load(path.as_deref())?;
+            let pid = crate::control::signal(&config, nix::sys::signal::Signal::SIGHUP)
+                .map_err(unavailable("corral"))?;
+            writeln!(
+                out,
+                "asked corral (pid {pid}) to reload its configuration; its log says when the new one serves"
+            )
+            .map_err(stdout_error)
         }
         Command::Stop { config, fast } => {
             let config = load(config.as_deref())?;
@@ -170,7 +190,7 @@ fn unavailable(what: &'static str) -> impl Fn(std::io::Error) -> Error {
 
 /// Serves `config` until a stop signal: logging to stderr, a multi-threaded runtime, the
 /// listeners bound, signals translated into the shutdown token.
-fn serve(config: &Config) -> Result<(), Error> {
+fn serve(config: &Config, path: Option<PathBuf>) -> Result<(), Error> {
     init_logging(config.server.log_level);
     // Before the runtime starts its threads and before anything is created.
     crate::process::own::restrict_umask();
@@ -222,9 +242,6 @@ fn serve(config: &Config) -> Result<(), Error> {
             source,
         })?;
     runtime.block_on(async {
-        // Fail before binding anything when the configuration asks for what is not built.
-        crate::gateway::Gateway::new(config).map_err(Error::Serve)?;
-
         let listeners = crate::app::bind_all(config, inherited).map_err(|source| Error::Io {
             what: "bind the listeners".to_owned(),
             source,
@@ -237,7 +254,7 @@ fn serve(config: &Config) -> Result<(), Error> {
         let stopper = shutdown.clone();
         let fast = tokio_util::sync::CancellationToken::new();
         let fast_stopper = fast.clone();
-        let (restart, restart_workers) = tokio::sync::mpsc::channel(4);
+        let (app, app_controls) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             while let Some(control) = controls.recv().await {
                 match control {
@@ -252,9 +269,31 @@ fn serve(config: &Config) -> Result<(), Error> {
                     }
                     Control::Upgrade => {
                         tracing::info!(?control, "rolling restart of the workers requested");
-                        let _ = restart.try_send(());
+                        let _ = app.try_send(crate::app::AppControl::RestartWorkers);
                     }
-                    other => tracing::info!(control = ?other, "not built yet; ignored"),
+                    Control::ReopenLogs => {
+                        tracing::info!(?control, "reopening the request logs");
+                        let _ = app.try_send(crate::app::AppControl::ReopenLogs);
+                    }
+                    Control::Reload => {
+                        tracing::info!(?control, "reload requested: reading the configuration again");
+                        // Read and validated off the runtime's threads; every error is logged
+                        // with its file:line:column and the running configuration stays.
+                        let path = path.clone();
+                        let read = tokio::task::spawn_blocking(move || load(path.as_deref())).await;
+                        match read {
+                            Ok(Ok(new)) => {
+                                let _ = app.send(crate::app::AppControl::Reload(Box::new(new))).await;
+                            }
+                            Ok(Err(e)) => {
+                                for line in e.to_string().trim_end().lines() {
+                                    tracing::error!("{line}");
+                                }
+                                tracing::error!("reload refused: the configuration has errors; the running one keeps serving");
+                            }
+                            Err(e) => tracing::error!(error = %e, "reload: reading the configuration failed"),
+                        }
+                    }
                 }
             }
         });
@@ -264,10 +303,10 @@ fn serve(config: &Config) -> Result<(), Error> {
             shutdown,
             fast,
             worker_nofile,
-            restart_workers,
+            app_controls,
         )
         .await
-        .map_err(Error::Serve)
+        .map_err(Error::Startup)
     })
 }
 

@@ -55,6 +55,9 @@ pub enum Error {
     /// The runtime directory is unsafe to use, or could not be set up.
     #[error("refusing to start: {0}")]
     RuntimeDir(#[from] crate::runtime_dir::RuntimeDirError),
+    /// Serving could not start: a listener, a launcher or a pool could not be set up.
+    #[error("cannot serve: {0}")]
+    Startup(#[from] StartupError),
     /// The configuration is valid but asks for what this build cannot serve, or serving
     /// failed after start.
     #[error("cannot serve: {0}")]
@@ -71,11 +74,51 @@ impl Error {
             Error::Usage(_) | Error::Config { .. } => EX_USAGE,
             Error::Io { .. } => EX_IOERR,
             Error::Unavailable { .. } | Error::Serve(_) => EX_UNAVAILABLE,
+            Error::Startup(StartupError::Launcher { .. }) => EX_IOERR,
+            Error::Startup(_) => EX_UNAVAILABLE,
             Error::Internal(_) => EX_SOFTWARE,
             Error::RuntimeDir(crate::runtime_dir::RuntimeDirError::Io { .. }) => EX_IOERR,
             Error::RuntimeDir(_) => EX_CONFIG,
         }
     }
+}
+
+/// Why serving a configuration could not start (at `corral run`, or for a reload, which
+/// then leaves the running configuration serving).
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// A front listener could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// The configured address.
+        address: String,
+        /// The operating system's reason.
+        source: io::Error,
+    },
+    /// The status listener could not be bound.
+    #[error("cannot listen for status on {address}: {source}")]
+    StatusListen {
+        /// The configured address.
+        address: String,
+        /// The operating system's reason.
+        source: io::Error,
+    },
+    /// An `app = ...` pool's launcher could not be written into the runtime directory.
+    #[error("pool {pool}: cannot write the launcher into {dir}: {source}")]
+    Launcher {
+        /// The pool.
+        pool: String,
+        /// The runtime directory.
+        dir: std::path::PathBuf,
+        /// The operating system's reason.
+        source: io::Error,
+    },
+    /// A pool with workers to spawn has no command to spawn them with.
+    #[error("pool {pool}: no command to start its workers")]
+    NoCommand {
+        /// The pool.
+        pool: String,
+    },
 }
 
 /// Each error with its source line, a blank line between them, then a count.

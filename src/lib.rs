@@ -5,6 +5,7 @@
 
 pub use corral_protocols as protocols;
 
+pub mod access;
 pub mod app;
 pub mod backend;
 pub mod bench;
@@ -19,6 +20,7 @@ pub mod logs;
 pub mod net;
 pub mod pool;
 pub mod process;
+pub mod router;
 pub mod runtime_dir;
 pub mod signals;
 pub mod status;

@@ -6,8 +6,8 @@
 //! | SIGTERM | `GracefulStop` | stop accepting, finish requests up to `grace`, exit 0     |
 //! | SIGQUIT | `GracefulStop` | the same                                                 |
 //! | SIGINT  | `FastStop`     | stop accepting and exit without waiting for requests     |
-//! | SIGHUP  | `Reload`       | re-read the configuration (not built yet: logged)        |
-//! | SIGUSR1 | `ReopenLogs`   | reopen log files (logs go to stderr: nothing to reopen)  |
+//! | SIGHUP  | `Reload`       | re-read, validate and apply the configuration            |
+//! | SIGUSR1 | `ReopenLogs`   | reopen the access and slow-request log files             |
 //! | SIGUSR2 | `Upgrade`      | rolling restart of every worker, new before old          |
 
 use tokio::signal::unix::{signal, SignalKind};

@@ -121,6 +121,16 @@ impl Inherited {
     }
 }
 
+/// `CLOCK_MONOTONIC` now in microseconds, for `MONOTONIC_USEC=` beside `RELOADING=1` (systemd
+/// uses it to tell this reload from an earlier one); 0 if the clock cannot be read.
+pub fn monotonic_usec() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+        let micros = u64::try_from(t.tv_nsec()).unwrap_or(0) / 1_000;
+        secs.saturating_mul(1_000_000).saturating_add(micros)
+    })
+}
+
 /// The listening sockets passed with `LISTEN_FDS` to this process (`LISTEN_PID` must name
 /// it); empty when there are none. Call it once, before anything else opens descriptors.
 pub fn listen_fds() -> Vec<Inherited> {

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::diagnostic::ConfigError;
-use super::{BackendProtocol, ForwardedHeader, FrontProtocol, LogLevel};
+use super::{AccessFormat, BackendProtocol, ForwardedHeader, FrontProtocol, LogLevel};
 
 /// A list whose items each keep their span, and which keeps its own.
 pub type SpannedList = Spanned<Vec<Spanned<String>>>;
@@ -70,6 +70,10 @@ pub struct FileServer {
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,
     pub send_timeout: Option<Spanned<DurationText>>,
+    pub access_log: Option<Spanned<String>>,
+    pub access_log_format: Option<AccessFormat>,
+    pub slow_log: Option<Spanned<String>>,
+    pub slow_threshold: Option<Spanned<DurationText>>,
 }
 
 /// `[[listen]]`.

@@ -100,6 +100,34 @@ pub struct ServerConfig {
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
     /// `idle_timeout`, `body_timeout`, `send_timeout`).
     pub front_timeouts: FrontTimeouts,
+    /// Where the access log goes (`access_log`: `"stderr"` or an absolute path; default
+    /// none) and in which format (`access_log_format`, default `text`).
+    pub access_log: Option<LogTarget>,
+    /// The access log's format.
+    pub access_log_format: AccessFormat,
+    /// The slow-request log: requests whose total time reaches `slow_threshold` are written
+    /// to `slow_log` (`"stderr"` or an absolute path; stderr when only the threshold is set).
+    pub slow_log: Option<(LogTarget, Duration)>,
+}
+
+/// Where a request log is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    /// corral's standard error, beside its own log.
+    Stderr,
+    /// A file, appended to and reopened on SIGUSR1.
+    File(PathBuf),
+}
+
+/// `server.access_log_format`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessFormat {
+    /// nginx's combined format with corral's fields after it (`key=value`).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// How long a front connection may take over each phase before it is closed.

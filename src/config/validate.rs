@@ -20,7 +20,7 @@ use super::file::{
 use super::units::{parse_duration, parse_mode};
 use super::{
     context, pool, Bind, Cidr, Config, ContextConfig, ForwardedHeader, ForwardedTrust,
-    FrontProtocol, FrontTimeouts, ListenAddress, ListenerConfig, LogLevel, PoolConfig,
+    FrontProtocol, FrontTimeouts, ListenAddress, ListenerConfig, LogLevel, LogTarget, PoolConfig,
     ServerConfig, StatusConfig, UnixPermissions,
 };
 
@@ -249,7 +249,36 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
                 s.and_then(|s| s.send_timeout.as_ref()),
             ],
         ),
+        access_log: s
+            .and_then(|s| s.access_log.as_ref())
+            .and_then(|v| log_target(e, v, "access_log")),
+        access_log_format: s.and_then(|s| s.access_log_format).unwrap_or_default(),
+        slow_log: {
+            let target = s
+                .and_then(|s| s.slow_log.as_ref())
+                .and_then(|v| log_target(e, v, "slow_log"));
+            match s.and_then(|s| s.slow_threshold.as_ref()) {
+                Some(t) => {
+                    let threshold = e.timeout(Some(t), "slow_threshold", Duration::ZERO);
+                    Some((target.unwrap_or(LogTarget::Stderr), threshold))
+                }
+                None => {
+                    if let Some(v) = s.and_then(|s| s.slow_log.as_ref()) {
+                        e.at(v.span(), "slow_log needs slow_threshold: the time a request must take to be written there");
+                    }
+                    None
+                }
+            }
+        },
     }
+}
+
+/// A request log's destination: `stderr` or an absolute path.
+fn log_target(e: &mut Errors, v: &Spanned<String>, key: &str) -> Option<LogTarget> {
+    if v.get_ref() == "stderr" {
+        return Some(LogTarget::Stderr);
+    }
+    e.absolute_path(v, key).map(LogTarget::File)
 }
 
 /// `header_timeout`, `idle_timeout`, `body_timeout` and `send_timeout` (in that order) over

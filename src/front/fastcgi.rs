@@ -25,7 +25,7 @@
 //! A connection past any of them is closed, aborting its requests' backend exchanges.
 //!
 //! The part shared with the SCGI front (routing a front server's parameters, the CGI answer
-//! for a request that got no backend response, the lingering close) is in `common`.
+//! for a request that got no backend response, the lingering close) is in `crate::front::cgi`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -46,16 +46,13 @@ use crate::front::limits::{BusyGuard, ConnState, Expired, Ticket};
 use crate::gateway::{Gateway, GatewayError, GatewayResponse};
 use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
-use crate::protocols::cgi_response::encode_head;
 use crate::protocols::fastcgi::{
     answer_get_values, encode_end_request, encode_request_complete, encode_stdout,
     encode_stdout_end, encode_unknown_type, Capabilities, FastCgiError, ProtocolStatus,
     RequestDecoder, RequestEvent, Role,
 };
 
-pub(crate) mod common;
-
-use common::{content_length, error_answer, linger, log_failure, prepare};
+use crate::front::cgi::{self, content_length, error_answer, linger, prepare, CgiSink, Relayed};
 
 /// Frames queued for the writer of one connection; with the body channel below, this bounds
 /// what one connection holds in memory.
@@ -524,7 +521,7 @@ impl Connection {
             return Flow::Continue;
         };
         let request_id = self.gateway.request_id();
-        let responder = Responder {
+        let mut responder = Responder {
             id,
             seq: r.seq,
             keep_conn: r.keep_conn,
@@ -538,8 +535,8 @@ impl Connection {
             return self.answered(id, responder.seq, ending).await;
         }
         let len = content_length(&params);
-        let ctx = prepare(&self.gateway, &self.listener, params, request_id);
-        let (ctx, params) = match ctx {
+        let prepared = prepare(&self.gateway, &self.listener, params, request_id);
+        let (routed, params) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 let ending = responder.error(&e).await;
@@ -556,7 +553,7 @@ impl Connection {
         let done = self.done.clone();
         let task = tokio::spawn(async move {
             let (id, seq) = (responder.id, responder.seq);
-            let response = gateway.dispatch(ctx, params, body, request_id).await;
+            let response = gateway.dispatch(&routed, params, body, request_id).await;
             let ending = responder.answer(response).await;
             let _ = done.send(Done { id, seq, ending }).await;
         });
@@ -752,7 +749,7 @@ struct Responder {
 impl Responder {
     /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
     /// the request meanwhile.
-    async fn send(&self, bytes: BytesMut) -> bool {
+    async fn queue(&self, bytes: BytesMut) -> bool {
         let state = self.answer.compare_exchange(
             ANSWER_NOT_STARTED,
             ANSWER_STARTED,
@@ -783,55 +780,34 @@ impl Responder {
     }
 
     /// Streams the backend's answer, or the CGI answer for the error; returns the ending.
-    async fn answer(&self, response: Result<GatewayResponse, GatewayError>) -> Ending {
-        let mut response = match response {
-            Ok(r) => r,
-            Err(e) => return self.error(&e).await,
-        };
-        let mut head = BytesMut::new();
-        if let Err(e) = encode_head(&response.head, &mut head) {
-            tracing::warn!(request_id = self.request_id, error = %e, "backend response head cannot be passed on");
-            return self.send_cgi(&error_answer(502, None)).await;
+    async fn answer(&mut self, response: Result<GatewayResponse, GatewayError>) -> Ending {
+        match cgi::relay(self, response, self.request_id).await {
+            Relayed::Complete | Relayed::Gone => self.complete(),
+            // The status has gone out: closing without FCGI_END_REQUEST is the only way to
+            // tell the front server the response is cut short.
+            Relayed::BrokeOff => Ending {
+                bytes: BytesMut::new(),
+                close: true,
+            },
         }
-        let mut frame = BytesMut::with_capacity(head.len() + 16);
-        encode_stdout(self.id, &head, &mut frame);
-        if !self.send(frame).await {
-            return self.complete();
-        }
-        while let Some(chunk) = response.body.next_chunk().await {
-            match chunk {
-                Ok(data) => {
-                    let mut frame = BytesMut::with_capacity(data.len() + 16);
-                    encode_stdout(self.id, &data, &mut frame);
-                    if !self.send(frame).await {
-                        return self.complete();
-                    }
-                }
-                Err(e) => {
-                    // The status has gone out: closing without FCGI_END_REQUEST is the only
-                    // way to tell the front server the response is cut short.
-                    tracing::warn!(request_id = self.request_id, error = %e, "backend response broke off; closing the fastcgi connection");
-                    return Ending {
-                        bytes: BytesMut::new(),
-                        close: true,
-                    };
-                }
-            }
-        }
-        self.complete()
     }
 
     /// Sends the CGI answer for a request that got no backend response; returns the ending.
-    async fn error(&self, e: &GatewayError) -> Ending {
-        log_failure(self.request_id, e);
-        self.send_cgi(&error_answer(e.status(), e.retry_after()))
-            .await
+    async fn error(&mut self, e: &GatewayError) -> Ending {
+        cgi::refuse(self, e, self.request_id).await;
+        self.complete()
     }
 
-    async fn send_cgi(&self, cgi: &[u8]) -> Ending {
-        let mut bytes = BytesMut::with_capacity(cgi.len() + 16);
-        encode_stdout(self.id, cgi, &mut bytes);
-        self.send(bytes).await;
+    async fn send_cgi(&mut self, cgi: &[u8]) -> Ending {
+        cgi::answer(self, cgi).await;
         self.complete()
+    }
+}
+
+impl CgiSink for Responder {
+    async fn send(&mut self, bytes: &[u8]) -> bool {
+        let mut frame = BytesMut::with_capacity(bytes.len() + 16);
+        encode_stdout(self.id, bytes, &mut frame);
+        self.queue(frame).await
     }
 }

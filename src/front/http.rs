@@ -37,7 +37,7 @@ use crate::backend::{
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
-use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey};
+use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
     build_cgi_vars_for, has_hidden_segment, parse_request_path, CgiRequest, RequestPath, ScriptMode,
@@ -178,39 +178,36 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             Err(e) => return error_response(request_id, &GatewayError::Cgi(e)),
         };
         let route_path = String::from_utf8_lossy(&path.normalized);
-        let Some(ctx) = gateway.route(RouteKey {
+        let routed = match gateway.route(RouteKey {
             listener: &info.listener,
             host: &host,
             path: &route_path,
-        }) else {
-            let e = GatewayError::NoContext {
-                host: host.clone(),
-                path: route_path.into_owned(),
-            };
-            return error_response(request_id, &e);
+        }) {
+            Ok(r) => r,
+            Err(e) => return error_response(request_id, &e),
         };
-        if let Some(resp) = static_file(gateway, ctx, &parts.method, &path).await {
+        if let Some(resp) = static_file(&routed, &parts.method, &path).await {
             return resp;
         }
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
         let mut params = match cgi_params(
-            gateway, ctx, info, &parts, &method, &target, &path, &host, &body_now,
+            gateway, &routed, info, &parts, &method, &target, &path, &host, &body_now,
         ) {
             Ok(p) => p,
             Err(e) => return error_response(request_id, &e),
         };
         let chunked = body_now.len().is_none();
-        let buffer = gateway.buffers_requests(ctx) && !body_now.is_empty();
+        let buffer = routed.buffers_requests() && !body_now.is_empty();
         if chunked || buffer {
             // Read the body before a worker is asked: a chunked one to learn its length, so
             // every backend sees CONTENT_LENGTH (php-cgi reads no body without one), and any
             // one when the context buffers requests, so that a slow upload holds a spool
             // file, not a worker. Bounded by the context's max_body and the spool budget,
             // and only once the request is known to go somewhere: no spool for a 404.
-            if let Err(e) = gateway.precheck(ctx, &params, body_now.len()) {
+            if let Err(e) = routed.precheck(&params, body_now.len()) {
                 return error_response(request_id, &e);
             }
-            let spool = gateway.spool_for(ctx);
+            let spool = gateway.spool_for(&routed);
             let read = if buffer {
                 buffer_body(body_now, &spool).await
             } else {
@@ -235,7 +232,10 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
                 }
             }
         }
-        let response = match gateway.dispatch(ctx, params, body_now, request_id).await {
+        let response = match gateway
+            .dispatch(&routed, params, body_now, request_id)
+            .await
+        {
             Ok(r) => r,
             Err(e) => return error_response(request_id, &e),
         };
@@ -249,15 +249,12 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
         if !(200..=999).contains(&code) {
             // A 1xx final answer (101 would switch protocols under corral's feet) is not a
             // response a CGI backend may give.
-            let e = GatewayError::Backend {
-                pool: gateway.pool_name(ctx),
-                source: BackendError::Protocol {
-                    protocol: gateway.pool_protocol(ctx),
-                    rule: format!(
-                        "the backend answered with status {code}, which is not a final status"
-                    ),
-                },
-            };
+            let e = routed.backend_error(BackendError::Protocol {
+                protocol: routed.pool.protocol,
+                rule: format!(
+                    "the backend answered with status {code}, which is not a final status"
+                ),
+            });
             return error_response(request_id, &e);
         }
         let mut builder = Response::builder()
@@ -395,12 +392,11 @@ fn connection_tokens(headers: &[(Bytes, Bytes)]) -> Vec<Vec<u8>> {
 /// files (`.env`, `.git/config`, `.user.ini`; those are answered 404 here, not passed on), and
 /// anything whose real path leaves the real root.
 async fn static_file(
-    gateway: &Gateway,
-    ctx: usize,
+    routed: &Routed,
     method: &http::Method,
     path: &RequestPath<'_>,
 ) -> Option<Response<HttpBody>> {
-    let context = gateway.contexts.get(ctx)?;
+    let context = &routed.context;
     let root = context.config.root.as_ref()?;
     if !context.config.static_files {
         return None;
@@ -509,11 +505,11 @@ fn content_type(path: &std::path::Path) -> &'static str {
     }
 }
 
-/// The CGI variables of one request for context `ctx`.
+/// The CGI variables of one request for the context it was routed to.
 #[allow(clippy::too_many_arguments)]
 fn cgi_params(
     gateway: &Gateway,
-    ctx: usize,
+    routed: &Routed,
     info: &ConnInfo,
     parts: &http::request::Parts,
     method: &[u8],
@@ -556,13 +552,7 @@ fn cgi_params(
         server_name: host.as_bytes(),
         https: forwarded_https(info, &parts.headers),
     };
-    let Some(context) = gateway.contexts.get(ctx) else {
-        return Err(GatewayError::NoContext {
-            host: host.to_owned(),
-            path: String::new(),
-        });
-    };
-    let vars = build_cgi_vars_for(&req, path, &context.cgi, &gateway.limits)?;
+    let vars = build_cgi_vars_for(&req, path, &routed.context.cgi, &gateway.limits)?;
     for d in &vars.dropped {
         tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
@@ -752,12 +742,8 @@ impl BodySource for IncomingSource {
 }
 
 fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
+    e.log(request_id);
     let status = e.status();
-    if status >= 500 {
-        tracing::warn!(request_id, status, error = %crate::logs::clean(e), "request failed");
-    } else {
-        tracing::info!(request_id, status, error = %crate::logs::clean(e), "request refused");
-    }
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
     let reason = code.canonical_reason().unwrap_or("Error");
     let mut resp = plain(code, &format!("{status} {reason}\n"));

@@ -16,11 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
-use crate::front::fastcgi::common::{error_answer, linger, log_failure, prepare};
+use crate::front::cgi::{self, error_answer, linger, prepare, CgiSink, Relayed};
 use crate::front::limits::Ticket;
-use crate::gateway::{Gateway, GatewayError};
+use crate::gateway::{Gateway, Routed};
 use crate::net::Stream;
-use crate::protocols::cgi_response::encode_head;
 use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
 
 /// Request-body chunks in flight between the connection and the backend exchange.
@@ -118,10 +117,11 @@ pub async fn serve_connection(
         Bytes::from(declared.to_string()),
     ));
     params.extend(head.params);
-    let (ctx, params) = match prepare(&gateway, &listener, params, request_id) {
+    let (routed, params) = match prepare(&gateway, &listener, params, request_id) {
         Ok(prepared) => prepared,
         Err(e) => {
-            refuse(&mut writer, request_id, &e).await;
+            cgi::refuse(&mut Conn(&mut writer), &e, request_id).await;
+            let _ = writer.shutdown().await;
             if declared > 0 {
                 linger(&mut reader).await;
             }
@@ -130,7 +130,7 @@ pub async fn serve_connection(
     };
     let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
     let fed = {
-        let respond = respond(&gateway, ctx, params, body, request_id, &mut writer);
+        let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
         let feed = feed(&mut decoder, buf, &mut reader, tx, declared, timeouts.body);
         tokio::pin!(respond, feed);
         let mut fed = None;
@@ -159,52 +159,32 @@ pub async fn serve_connection(
 /// went away (dropping the backend body, which aborts the backend request).
 async fn respond(
     gateway: &Gateway,
-    ctx: usize,
+    routed: &Routed,
     params: Vec<(Bytes, Bytes)>,
     body: RequestBody,
     request_id: u64,
     writer: &mut WriteHalf<Stream>,
 ) {
-    let mut response = match gateway.dispatch(ctx, params, body, request_id).await {
-        Ok(r) => r,
-        Err(e) => return refuse(writer, request_id, &e).await,
-    };
-    let mut head = BytesMut::new();
-    if let Err(e) = encode_head(&response.head, &mut head) {
-        tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
-        let _ = writer.write_all(&error_answer(502, None)).await;
+    let response = gateway.dispatch(routed, params, body, request_id).await;
+    // Closing is all SCGI has to say a response was cut short; a complete one closes too.
+    if cgi::relay(&mut Conn(writer), response, request_id).await != Relayed::Gone {
         let _ = writer.shutdown().await;
-        return;
     }
-    if let Err(e) = writer.write_all(&head).await {
-        tracing::debug!(request_id, error = %e, "scgi client went away before the response");
-        return;
-    }
-    while let Some(chunk) = response.body.next_chunk().await {
-        let data = match chunk {
-            Ok(data) => data,
-            Err(e) => {
-                // Closing is all SCGI has to say the response was cut short.
-                tracing::warn!(request_id, error = %e, "backend response broke off");
-                return;
-            }
-        };
-        if let Err(e) = writer.write_all(&data).await {
-            tracing::debug!(request_id, error = %e, "scgi client went away during the response");
-            return;
-        }
-    }
-    drop(response);
-    let _ = writer.shutdown().await;
 }
 
-/// Writes the CGI answer for a request that got no backend response, and closes.
-async fn refuse(writer: &mut WriteHalf<Stream>, request_id: u64, e: &GatewayError) {
-    log_failure(request_id, e);
-    let _ = writer
-        .write_all(&error_answer(e.status(), e.retry_after()))
-        .await;
-    let _ = writer.shutdown().await;
+/// The SCGI connection as a CGI sink: the response goes out as it is.
+struct Conn<'a>(&'a mut WriteHalf<Stream>);
+
+impl CgiSink for Conn<'_> {
+    async fn send(&mut self, bytes: &[u8]) -> bool {
+        match self.0.write_all(bytes).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "scgi client went away during the response");
+                false
+            }
+        }
+    }
 }
 
 /// Feeds the body from the connection to the exchange until CONTENT_LENGTH bytes have gone;

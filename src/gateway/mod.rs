@@ -1,12 +1,13 @@
-//! The gateway core shared by every front listener: the router (request → context), the pools
-//! of backend servers with their slot tables and idle connections, and `dispatch`, which takes
-//! a slot, sends one request to the chosen worker and hands back the response with the slot
-//! still held until its body ends.
+//! The gateway core shared by every front listener: the generation being served (a router
+//! and a pool registry built from one configuration, swapped whole on reload), and
+//! `dispatch`, which takes a slot, sends one request to the chosen worker and hands back the
+//! response with the slot still held until its body ends.
 //!
 //! Front listeners only translate their wire format into CGI variables and a body and back;
 //! everything about limits, queueing, worker choice and backend errors happens here, the same
 //! for HTTP, FastCGI and SCGI fronts.
 
+pub mod registry;
 pub mod script;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,169 +16,23 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::access::{AccessLog, LogSettings, Record};
 use crate::backend::{
-    self, BackendError, BackendRequest, Connections, ExchangeOptions, Protocol, RequestBody,
-    ResponseBody, SpoolBudget, SpoolConfig, Timeouts,
+    self, BackendError, BackendRequest, ExchangeOptions, RequestBody, ResponseBody, SpoolBudget,
+    SpoolConfig,
 };
-use crate::config::{Backend, Config, ContextConfig, ListenAddress};
-use crate::launchers;
-use crate::pool::driver::{Command as DriverCommand, Driver};
-use crate::pool::slots::{FailPolicy, Failed, Slot, SlotError, SlotLimits, SlotTable, WorkerId};
-use crate::pool::state::{PoolSpec, PoolState};
-use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
-use crate::protocols::cgi::{CgiContext, CgiError, ScriptMode};
+use crate::config::{Config, ListenAddress};
+use crate::error::StartupError;
+use crate::pool::driver::Command as DriverCommand;
+use crate::pool::slots::{Slot, SlotError};
+use crate::protocols::cgi::CgiError;
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
-use crate::status::counters::{RequestStats, RequestTimer};
+pub use crate::router::RouteKey;
+use crate::router::{Context, Router};
+use crate::status::counters::RequestTimer;
 
-/// One pool at run time.
-#[derive(Debug)]
-pub struct Pool {
-    /// The pool's name, for logs.
-    pub name: Arc<str>,
-    /// What the workers speak.
-    pub protocol: Protocol,
-    /// Slots and the queue.
-    pub slots: Arc<SlotTable>,
-    /// Idle persistent connections (FastCGI and LSAPI).
-    pub connections: Connections,
-    /// Time bounds of one exchange.
-    pub timeouts: Timeouts,
-    /// The driver of a spawned pool, told about requests that ran past `request_timeout`
-    /// and asked to stop; `None` for pools of running servers.
-    pub supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
-    /// Request counters for the status page.
-    pub requests: Arc<RequestStats>,
-    /// The supervisor's status as its driver last published it; `None` for pools of
-    /// running servers.
-    pub status: Option<tokio::sync::watch::Receiver<crate::pool::driver::Published>>,
-    /// How many times a request that never reached a worker is sent to another one.
-    pub retries: usize,
-}
-
-impl Pool {
-    /// Tells the pool's driver that a request on `worker` failed with `error`, when that
-    /// means the worker must go (it ran past `request_timeout`).
-    fn report(&self, worker: WorkerId, error: &BackendError) {
-        if let (Some(tx), BackendError::RequestTimeout { .. }) = (&self.supervisor, error) {
-            let _ = tx.send(DriverCommand::RequestTimedOut(worker));
-        }
-    }
-
-    /// Takes the worker of `slot` out of rotation after `error`, when the error says the
-    /// worker is broken: it could not be reached (refused, reset, timed out), it dropped the
-    /// request before answering, it missed its first-byte deadline, or it broke the protocol. A spawned worker leaves rotation at
-    /// once and its driver replaces it (kills a refusing one, recycles a suspect one); a
-    /// server of a pool of servers counts a failure toward `max_fails` (connect failures and
-    /// timeouts only, as nginx counts them by default).
-    fn fault(&self, slot: &Slot, error: &BackendError) {
-        let refused = matches!(error, BackendError::Connect { .. });
-        // A connection reset or closed before the response head (not a kept connection that
-        // went stale while idle) means the worker died or dropped the request: another
-        // request sent there now would most likely meet the same end.
-        let suspect = matches!(
-            error,
-            BackendError::FirstByteTimeout { .. }
-                | BackendError::Protocol { .. }
-                | BackendError::Read { .. }
-                | BackendError::Write { .. }
-                | BackendError::ClosedEarly { stale: false, .. }
-        );
-        if !refused && !suspect {
-            return;
-        }
-        let worker = slot.worker();
-        match &self.supervisor {
-            Some(tx) => {
-                self.slots.fail(worker);
-                self.connections.forget(slot.address());
-                let command = if refused {
-                    DriverCommand::Refused(worker)
-                } else {
-                    DriverCommand::Suspect(worker)
-                };
-                tracing::warn!(
-                    pool = %self.name,
-                    worker = worker.index,
-                    error = %error,
-                    "worker out of rotation: {}",
-                    if refused { "it refused a connection" } else { "marked suspect" }
-                );
-                let _ = tx.send(command);
-            }
-            None if refused || matches!(error, BackendError::FirstByteTimeout { .. }) => {
-                let server = slot.address();
-                match self.slots.fail(worker) {
-                    Failed::Down(out) => {
-                        self.connections.forget(server);
-                        tracing::warn!(pool = %self.name, %server, error = %error, "server down: out of rotation for {out:?}, then probed");
-                    }
-                    Failed::StillDown(out) => {
-                        tracing::info!(pool = %self.name, %server, error = %error, "server still down: out of rotation for another {out:?}");
-                    }
-                    Failed::Counted | Failed::OutOfRotation => {
-                        tracing::info!(pool = %self.name, %server, error = %error, "server failure counted toward max_fails");
-                    }
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// A request on `slot` got its head: a server that was failing is back.
-    fn healthy(&self, slot: &Slot) {
-        if slot.is_probe() {
-            if let Some(down) = self.slots.succeeded(slot.worker()) {
-                tracing::info!(pool = %self.name, server = %slot.address(), "server up again after {down:?} out of rotation");
-            }
-        }
-    }
-
-    /// Asks the pool's driver to replace every worker, new before old, if it has one.
-    pub fn restart_workers(&self) {
-        if let Some(tx) = &self.supervisor {
-            let _ = tx.send(DriverCommand::RollingRestart);
-        }
-    }
-
-    /// Asks the pool's driver to stop its workers, if it has one.
-    pub fn stop(&self, graceful: bool) {
-        if let Some(tx) = &self.supervisor {
-            let _ = tx.send(DriverCommand::Stop { graceful });
-        }
-    }
-}
-
-/// Retries for a request that never reached a worker: one per other worker (so every one
-/// is tried once), at least 3 (a replacement may be ready by then), at most 16.
-fn retries(backend: &Backend) -> usize {
-    let workers = match backend {
-        Backend::External { servers } => servers.len(),
-        Backend::Spawned(s) => usize::try_from(s.sizing.max()).unwrap_or(usize::MAX),
-    };
-    workers.saturating_sub(1).clamp(3, 16)
-}
-
-/// A fixed seed per pool name: jitter differs between pools and runs alike.
-fn seed(name: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish() ^ u64::from(std::process::id())
-}
-
-/// One context at run time.
-#[derive(Debug)]
-pub struct Context {
-    /// As configured.
-    pub config: ContextConfig,
-    /// Index of its pool in [`Gateway::pools`].
-    pub pool: usize,
-    /// Its index in the pool's slot table (for the per-context cap).
-    pub slot_context: usize,
-    /// How CGI variables are built for it.
-    pub cgi: CgiContext,
-}
+pub use registry::{BuildSettings, Built, NewPool, Pool, PoolRegistry};
 
 /// Why a request got no backend response.
 #[derive(Debug, thiserror::Error)]
@@ -238,6 +93,17 @@ impl GatewayError {
         }
     }
 
+    /// Logs a request that got no backend response, the same on every front: server-side
+    /// failures at warn, refusals at info.
+    pub fn log(&self, request_id: u64) {
+        let status = self.status();
+        if status >= 500 {
+            tracing::warn!(request_id, status, error = %crate::logs::clean(self), "request failed");
+        } else {
+            tracing::info!(request_id, status, error = %crate::logs::clean(self), "request refused");
+        }
+    }
+
     /// Seconds the client should wait before retrying, for a 503.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
@@ -287,6 +153,38 @@ pub struct GatewayBody {
     slot: Slot,
     supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
     timer: RequestTimer,
+    /// The request's access-log line to finish, when a request log is on.
+    log: Option<Box<Logged>>,
+}
+
+/// A request's log record with where it goes.
+#[derive(Debug)]
+struct Logged {
+    record: Record,
+    settings: Arc<LogSettings>,
+    writer: AccessLog,
+}
+
+impl Logged {
+    /// Fills in the timings and writes the line.
+    fn finish(mut self, timer: &RequestTimer) {
+        let [queue, connect, head, total] = timer.split();
+        self.record.queue = queue;
+        self.record.connect = connect;
+        self.record.head = head;
+        self.record.total = total;
+        self.writer.write(&self.settings, &self.record);
+    }
+}
+
+impl Drop for GatewayBody {
+    fn drop(&mut self) {
+        // Dropped before its clean end: the client went away, or the backend broke off.
+        if let Some(mut logged) = self.log.take() {
+            logged.record.aborted = !self.body.is_ended();
+            logged.finish(&self.timer);
+        }
+    }
 }
 
 impl GatewayBody {
@@ -299,12 +197,23 @@ impl GatewayBody {
     /// The next chunk; `None` at the clean end.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
         let chunk = self.body.next_chunk().await;
-        match &chunk {
-            Some(Err(e)) => self.timer.stats().backend_error(e),
+        let ended = match &chunk {
+            Some(Err(e)) => {
+                self.timer.stats().backend_error(e);
+                false
+            }
             // A reader may stop at the last chunk once `is_ended` says so.
-            None => self.timer.end(),
-            Some(Ok(_)) if self.body.is_ended() => self.timer.end(),
-            Some(Ok(_)) => {}
+            None => true,
+            Some(Ok(_)) => self.body.is_ended(),
+        };
+        if let (Some(logged), Some(Ok(data))) = (self.log.as_mut(), &chunk) {
+            logged.record.bytes += data.len() as u64;
+        }
+        if ended {
+            self.timer.end();
+            if let Some(logged) = self.log.take() {
+                logged.finish(&self.timer);
+            }
         }
         if let (Some(Err(BackendError::RequestTimeout { .. })), Some(tx)) =
             (&chunk, &self.supervisor)
@@ -315,165 +224,189 @@ impl GatewayBody {
     }
 }
 
-/// Everything the front listeners share.
+/// One configuration at run time: its router and its pools, built together and replaced
+/// together on reload, so a request is never routed by one configuration and served by
+/// another (ARCHITECTURE.md, "Generations and reload").
 #[derive(Debug)]
-pub struct Gateway {
-    /// Pools by index.
-    pub pools: Vec<Pool>,
-    /// Contexts in configuration order.
-    pub contexts: Vec<Context>,
-    /// Bounds on what peers may make corral buffer.
-    pub limits: Limits,
-    /// Where bodies of unknown length are spooled.
-    pub spool: SpoolConfig,
-    next_request_id: AtomicU64,
+pub struct Generation {
+    /// Counts from 0 (the configuration corral started with), one more per reload.
+    pub number: u64,
+    /// Request → context.
+    pub router: Router,
+    /// The pools, by the [`PoolId`]s the router hands out.
+    pub pools: PoolRegistry,
     /// php-fpm's status and ping paths per FastCGI listener: (listener, status, ping).
     fpm_paths: Vec<(ListenAddress, Option<String>, Option<String>)>,
-    /// What those status answers are made from.
-    fpm_status: crate::status::collect::StatusSource,
+    /// The request logs' settings, when one is on.
+    pub logs: Option<Arc<LogSettings>>,
 }
 
-/// What the router looks at.
-#[derive(Debug, Clone, Copy)]
-pub struct RouteKey<'a> {
-    /// The listener the request came in on.
-    pub listener: &'a ListenAddress,
-    /// The host name, lowercase, without port.
-    pub host: &'a str,
-    /// The decoded path (no query).
-    pub path: &'a str,
+impl Generation {
+    /// The generation `number` of `config`, with the pools already built.
+    pub fn new(number: u64, config: &Config, router: Router, pools: PoolRegistry) -> Generation {
+        Generation {
+            number,
+            router,
+            pools,
+            logs: Some(LogSettings::of(&config.server))
+                .filter(LogSettings::enabled)
+                .map(Arc::new),
+            fpm_paths: config
+                .listeners
+                .iter()
+                .filter(|l| l.status_path.is_some() || l.ping_path.is_some())
+                .map(|l| (l.bind.address(), l.status_path.clone(), l.ping_path.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// A request routed: its context and the pool that serves it, both of one generation. While
+/// it lives the pool counts it as routed (a pool retired by a reload waits for it).
+#[derive(Debug)]
+pub struct Routed {
+    /// The context.
+    pub context: Arc<Context>,
+    /// Its pool.
+    pub pool: Arc<Pool>,
+    /// The generation that routed it.
+    pub generation: u64,
+    /// The generation's request-log settings, when a request log is on.
+    logs: Option<Arc<LogSettings>>,
+}
+
+impl Routed {
+    fn new(context: Arc<Context>, pool: Arc<Pool>, generation: &Generation) -> Routed {
+        pool.routed.fetch_add(1, Ordering::AcqRel);
+        Routed {
+            context,
+            pool,
+            generation: generation.number,
+            logs: generation.logs.clone(),
+        }
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        self.pool.routed.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Routed {
+    /// Checks, before a body is read, what [`Gateway::dispatch`] would refuse anyway: the
+    /// script file and a declared length over the context's `max_body`. An upload to a
+    /// missing script is then answered 404 without spooling a byte of it.
+    pub fn precheck(
+        &self,
+        params: &[(Bytes, Bytes)],
+        body_len: Option<u64>,
+    ) -> Result<(), GatewayError> {
+        script::check(&self.context.cgi, params)?;
+        match body_len {
+            Some(length) if length > self.context.config.max_body => {
+                Err(GatewayError::BodyTooLarge {
+                    length: Some(length),
+                    limit: self.context.config.max_body,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the context reads whole request bodies before asking a worker.
+    pub fn buffers_requests(&self) -> bool {
+        self.context.config.request_buffering
+    }
+
+    /// A backend failure of this request's pool.
+    pub fn backend_error(&self, source: BackendError) -> GatewayError {
+        GatewayError::Backend {
+            pool: Arc::clone(&self.pool.name),
+            source,
+        }
+    }
+}
+
+/// The generation being served, readable on every request without a lock: each thread keeps
+/// the one it last used with its epoch, and takes the lock only when the epoch has moved
+/// (once per thread per reload).
+#[derive(Debug)]
+struct Live {
+    /// Tells this cell's generations apart from another gateway's in the thread caches.
+    id: u64,
+    epoch: AtomicU64,
+    current: std::sync::Mutex<Arc<Generation>>,
+}
+
+/// Gives every [`Live`] its own id.
+static NEXT_LIVE: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// (live id, epoch, generation) last read by this thread.
+    static CURRENT: std::cell::RefCell<Option<(u64, u64, Arc<Generation>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Live {
+    fn new(generation: Generation) -> Live {
+        Live {
+            id: NEXT_LIVE.fetch_add(1, Ordering::Relaxed),
+            epoch: AtomicU64::new(0),
+            current: std::sync::Mutex::new(Arc::new(generation)),
+        }
+    }
+
+    fn locked(&self) -> Arc<Generation> {
+        Arc::clone(&self.current.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn get(&self) -> Arc<Generation> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        CURRENT.with(|cell| {
+            let Ok(mut cached) = cell.try_borrow_mut() else {
+                return self.locked();
+            };
+            if let Some((id, e, g)) = cached.as_ref() {
+                if *id == self.id && *e == epoch {
+                    return Arc::clone(g);
+                }
+            }
+            let g = self.locked();
+            *cached = Some((self.id, epoch, Arc::clone(&g)));
+            g
+        })
+    }
+
+    fn set(&self, generation: Arc<Generation>) -> Arc<Generation> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let old = std::mem::replace(&mut *current, generation);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        old
+    }
+}
+
+/// Everything the front listeners share: the generation being served, and what outlives a
+/// reload (request ids, limits, the spool budget, the status page's memory cache).
+#[derive(Debug)]
+pub struct Gateway {
+    live: Live,
+    /// Bounds on what peers may make corral buffer.
+    pub limits: Limits,
+    /// Where bodies are spooled, and the budget all of them share.
+    pub spool: SpoolConfig,
+    next_request_id: AtomicU64,
+    /// What php-fpm-style status answers are made from.
+    fpm_status: crate::status::collect::StatusSource,
+    /// The request logs' writer.
+    pub access: AccessLog,
 }
 
 impl Gateway {
-    /// Builds the run-time pools and contexts of `config`, and a driver for each pool whose
-    /// workers corral spawns (run each with [`Driver::run`]; until then those pools have no
-    /// worker). An `app = ...` pool's launcher is written into the runtime directory here.
-    pub fn new(config: &Config) -> Result<(Gateway, Vec<Driver>), String> {
-        Gateway::with_worker_nofile(config, None)
-    }
-
-    /// Like [`Gateway::new`], with spawned workers given `worker_nofile` as their soft
-    /// `RLIMIT_NOFILE`: corral raises its own soft limit at start, and its workers get back
-    /// the one corral was started with (programs that still use `select()` break on
-    /// descriptors past 1,024); `None` = inherited.
-    pub fn with_worker_nofile(
-        config: &Config,
-        worker_nofile: Option<u64>,
-    ) -> Result<(Gateway, Vec<Driver>), String> {
-        let mut pools = Vec::new();
-        let mut drivers = Vec::new();
-        for p in &config.pools {
-            let contexts: Vec<Option<usize>> = config
-                .contexts
-                .iter()
-                .filter(|c| c.pool == p.name)
-                .map(|c| Some(c.max_conns as usize))
-                .collect();
-            let slots = SlotTable::new(
-                SlotLimits {
-                    max_conns: p.max_conns as usize,
-                    queue_size: p.queue_size as usize,
-                    queue_timeout: p.queue_timeout,
-                },
-                &contexts,
-            );
-            let name: Arc<str> = Arc::from(p.name.as_str());
-            // A worker never has more requests in flight than its concurrency, so keeping that
-            // many idle connections means no request ever has to connect again in a steady
-            // state; a fixed smaller bound made every request beyond it open and close a
-            // connection (a concurrency-100 run lost half its throughput that way).
-            let connections = Connections::new((p.concurrency as usize).max(1));
-            let mut status = None;
-            let supervisor = match &p.backend {
-                Backend::External { servers } => {
-                    slots.set_fail_policy(FailPolicy {
-                        max_fails: p.max_fails,
-                        fail_timeout: p.fail_timeout,
-                    });
-                    for server in servers {
-                        let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
-                        slots.set_accepting(id, true);
-                    }
-                    None
-                }
-                Backend::Spawned(spawn) => {
-                    let socket = WorkerSocket::Unix(config.server.runtime_dir.join("unset.sock"));
-                    let mut template = match WorkerSpawn::from_config(p, spawn, socket.clone()) {
-                        Some(t) => t,
-                        None => {
-                            // An app pool: its command is an embedded launcher.
-                            let argv =
-                                launchers::command(&spawn.program, &config.server.runtime_dir)
-                                    .map_err(|e| {
-                                        format!(
-                                            "pool {}: cannot write the launcher into {}: {e}",
-                                            p.name,
-                                            config.server.runtime_dir.display()
-                                        )
-                                    })?
-                                    .unwrap_or_default();
-                            let mut t =
-                                WorkerSpawn::new(&p.name, argv, p.protocol, socket, Handoff::Fd0);
-                            t.env = spawn.env.clone();
-                            t.cwd = spawn.cwd.clone();
-                            t.user = spawn.user.clone();
-                            t.group = spawn.group.clone();
-                            t
-                        }
-                    };
-                    template.nofile = worker_nofile;
-                    let spec = PoolSpec::from_config(p, config.server.kill_timeout)
-                        .ok_or_else(|| format!("pool {}: not a spawned pool", p.name))?;
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    let driver = Driver::new(
-                        Arc::clone(&name),
-                        PoolState::new(spec, seed(&p.name)),
-                        Arc::clone(&slots),
-                        connections.clone(),
-                        template,
-                        config.server.runtime_dir.clone(),
-                        p.concurrency as usize,
-                        rx,
-                    );
-                    status = Some(driver.status());
-                    drivers.push(driver);
-                    Some(tx)
-                }
-            };
-            pools.push(Pool {
-                name,
-                protocol: p.protocol.into(),
-                slots,
-                connections,
-                timeouts: Timeouts::from_pool(p),
-                supervisor,
-                requests: RequestStats::new(),
-                status,
-                retries: retries(&p.backend),
-            });
-        }
-        let mut per_pool = vec![0usize; pools.len()];
-        let mut contexts = Vec::new();
-        for c in &config.contexts {
-            let pool = config
-                .pools
-                .iter()
-                .position(|p| p.name == c.pool)
-                .ok_or_else(|| format!("context names unknown pool {}", c.pool))?;
-            let slot_context = per_pool.get(pool).copied().unwrap_or(0);
-            if let Some(n) = per_pool.get_mut(pool) {
-                *n += 1;
-            }
-            contexts.push(Context {
-                cgi: cgi_context(c),
-                config: c.clone(),
-                pool,
-                slot_context,
-            });
-        }
-        let gateway = Gateway {
-            pools,
-            contexts,
+    /// A gateway serving `generation`, with the server-wide settings of `config`.
+    pub fn new(config: &Config, generation: Generation) -> Gateway {
+        Gateway {
+            live: Live::new(generation),
             limits: Limits::DEFAULT,
             // Spool files live in the private runtime directory, not a shared /tmp.
             spool: SpoolConfig {
@@ -482,15 +415,66 @@ impl Gateway {
                 ..SpoolConfig::default()
             },
             next_request_id: AtomicU64::new(1),
-            fpm_paths: config
-                .listeners
-                .iter()
-                .filter(|l| l.status_path.is_some() || l.ping_path.is_some())
-                .map(|l| (l.bind.address(), l.status_path.clone(), l.ping_path.clone()))
-                .collect(),
-            fpm_status: crate::status::collect::StatusSource::new(config),
-        };
-        Ok((gateway, drivers))
+            fpm_status: crate::status::collect::StatusSource::new(),
+            access: AccessLog::start(LogSettings::of(&config.server)),
+        }
+    }
+
+    /// Builds the first generation of `config` and a gateway serving it, with the drivers of
+    /// its spawned pools to run ([`Pool::start`]; until then those pools have no worker).
+    /// Writes nothing: `settings.launchers` must name the launcher of every `app` pool.
+    pub fn build(
+        config: &Config,
+        settings: &BuildSettings,
+    ) -> Result<(Gateway, Vec<NewPool>), StartupError> {
+        let router = Router::new(config);
+        let built = PoolRegistry::build(config, &router, None, settings)?;
+        let generation = Generation::new(settings.generation, config, router, built.registry);
+        Ok((Gateway::new(config, generation), built.drivers))
+    }
+
+    /// The generation serving now.
+    pub fn current(&self) -> Arc<Generation> {
+        self.live.get()
+    }
+
+    /// Serves `generation` from now on; returns the one it replaces. Requests already routed
+    /// finish on the pools they were routed to.
+    pub fn replace(&self, generation: Generation) -> Arc<Generation> {
+        self.live.set(Arc::new(generation))
+    }
+
+    /// A new request id for logs.
+    pub fn request_id(&self) -> u64 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The spool settings for a body of `routed`'s context: at most its `max_body`.
+    pub fn spool_for(&self, routed: &Routed) -> SpoolConfig {
+        let mut spool = self.spool.clone();
+        spool.max_bytes = spool.max_bytes.min(routed.context.config.max_body);
+        spool
+    }
+
+    /// Routes a request of the current generation; no matching context is
+    /// [`GatewayError::NoContext`].
+    pub fn route(&self, key: RouteKey<'_>) -> Result<Routed, GatewayError> {
+        let generation = self.current();
+        generation
+            .router
+            .route(key)
+            .and_then(|context| {
+                let pool = generation.pools.get(context.pool)?;
+                Some(Routed::new(
+                    Arc::clone(context),
+                    Arc::clone(pool),
+                    &generation,
+                ))
+            })
+            .ok_or_else(|| GatewayError::NoContext {
+                host: key.host.to_owned(),
+                path: key.path.to_owned(),
+            })
     }
 
     /// The whole CGI answer for a FastCGI request to a listener's php-fpm status or ping path
@@ -502,10 +486,9 @@ impl Gateway {
         listener: &ListenAddress,
         params: &[(Bytes, Bytes)],
     ) -> Option<bytes::BytesMut> {
-        if self.fpm_paths.is_empty() {
-            return None;
-        }
-        let (_, status_path, ping_path) = self.fpm_paths.iter().find(|(l, ..)| l == listener)?;
+        let generation = self.current();
+        let (_, status_path, ping_path) =
+            generation.fpm_paths.iter().find(|(l, ..)| l == listener)?;
         let get = |name: &[u8]| {
             params
                 .iter()
@@ -553,147 +536,101 @@ impl Gateway {
         Some(out)
     }
 
-    /// The name of context `ctx`'s pool, for errors.
-    pub fn pool_name(&self, ctx: usize) -> Arc<str> {
-        self.contexts
-            .get(ctx)
-            .and_then(|c| self.pools.get(c.pool))
-            .map_or_else(|| Arc::from("?"), |p| Arc::clone(&p.name))
-    }
-
-    /// The backend protocol of context `ctx`'s pool, for errors.
-    pub fn pool_protocol(&self, ctx: usize) -> Protocol {
-        self.contexts
-            .get(ctx)
-            .and_then(|c| self.pools.get(c.pool))
-            .map_or(Protocol::FastCgi, |p| p.protocol)
-    }
-
-    /// Checks, before a body is read, what [`Gateway::dispatch`] would refuse anyway: the
-    /// script file of context `ctx` and a declared length over its `max_body`. An upload to a
-    /// missing script is then answered 404 without spooling a byte of it.
-    pub fn precheck(
-        &self,
-        ctx: usize,
-        params: &[(Bytes, Bytes)],
-        body_len: Option<u64>,
-    ) -> Result<(), GatewayError> {
-        let Some(c) = self.contexts.get(ctx) else {
-            return Ok(());
-        };
-        script::check(&c.cgi, params)?;
-        if let Some(length) = body_len.filter(|&l| l > c.config.max_body) {
-            return Err(GatewayError::BodyTooLarge {
-                length: Some(length),
-                limit: c.config.max_body,
-            });
-        }
-        Ok(())
-    }
-
-    /// Whether context `ctx` reads whole request bodies before asking a worker.
-    pub fn buffers_requests(&self, ctx: usize) -> bool {
-        self.contexts
-            .get(ctx)
-            .is_some_and(|c| c.config.request_buffering)
-    }
-
-    /// The spool settings for a chunked body of context `ctx`: at most its `max_body`.
-    pub fn spool_for(&self, ctx: usize) -> SpoolConfig {
-        let mut spool = self.spool.clone();
-        if let Some(c) = self.contexts.get(ctx) {
-            spool.max_bytes = spool.max_bytes.min(c.config.max_body);
-        }
-        spool
-    }
-
-    /// A new request id for logs.
-    pub fn request_id(&self) -> u64 {
-        self.next_request_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The context for a request: among those whose listener, host, prefix and extension
-    /// match, the most specific (a listener named, then an exact host over a wildcard, then
-    /// the longest prefix, then an extension); the first in the file on a tie.
-    pub fn route(&self, key: RouteKey<'_>) -> Option<usize> {
-        let mut best: Option<(usize, (bool, u8, usize, bool))> = None;
-        for (i, ctx) in self.contexts.iter().enumerate() {
-            let c = &ctx.config;
-            if c.listen.as_ref().is_some_and(|l| l != key.listener) {
-                continue;
-            }
-            let host_rank = match &c.host {
-                None => 0,
-                Some(h) if h == key.host => 2,
-                Some(h) => match h.strip_prefix("*.") {
-                    Some(suffix)
-                        if key.host.len() > suffix.len()
-                            && key.host.ends_with(suffix)
-                            && key.host.as_bytes()[key.host.len() - suffix.len() - 1] == b'.' =>
-                    {
-                        1
-                    }
-                    _ => continue,
-                },
-            };
-            if !prefix_matches(&c.prefix, key.path) {
-                continue;
-            }
-            if let Some(ext) = &c.extension {
-                if !has_extension(key.path, ext, &c.index) {
-                    continue;
-                }
-            }
-            let rank = (
-                c.listen.is_some(),
-                host_rank,
-                c.prefix.len(),
-                c.extension.is_some(),
-            );
-            if best.as_ref().is_none_or(|(_, r)| rank > *r) {
-                best = Some((i, rank));
-            }
-        }
-        best.map(|(i, _)| i)
-    }
-
-    /// Sends a request of context `ctx` to a worker of its pool: takes a slot (waiting in the
-    /// queue if needed), takes an idle connection or makes one, and returns once the response
-    /// head has arrived.
+    /// Sends a request routed to `routed` to a worker of its pool: takes a slot (waiting in
+    /// the queue if needed), takes an idle connection or makes one, and returns once the
+    /// response head has arrived.
     pub async fn dispatch(
         &self,
-        ctx: usize,
+        routed: &Routed,
         params: Vec<(Bytes, Bytes)>,
         body: RequestBody,
         request_id: u64,
     ) -> Result<GatewayResponse, GatewayError> {
-        let Some(context) = self.contexts.get(ctx) else {
-            return Err(GatewayError::NoContext {
-                host: String::new(),
-                path: String::new(),
-            });
-        };
-        let Some(pool) = self.pools.get(context.pool) else {
-            return Err(GatewayError::NoContext {
-                host: String::new(),
-                path: String::new(),
-            });
-        };
-        // Before a slot is taken: a refused script or body never queues or touches a worker.
-        script::check(&context.cgi, &params)?;
-        if let Some(length) = body.len().filter(|&l| l > context.config.max_body) {
-            return Err(GatewayError::BodyTooLarge {
-                length: Some(length),
-                limit: context.config.max_body,
-            });
-        }
-        // A body of unknown length (a FastCGI or SCGI front that sent no CONTENT_LENGTH) is
-        // held to max_body as it streams.
-        let body = body.limited(context.config.max_body);
+        let (context, pool) = (&*routed.context, &routed.pool);
         let mut timer = RequestTimer::start(&pool.requests);
+        let log = routed.logs.as_ref().map(|settings| {
+            Box::new(Logged {
+                record: Record::from_params(
+                    &params,
+                    Arc::clone(&pool.name),
+                    routed.generation,
+                    request_id,
+                ),
+                settings: Arc::clone(settings),
+                writer: self.access.clone(),
+            })
+        });
+        let mut pid = None;
+        // Before a slot is taken: a refused script or body never queues or touches a worker.
+        let checked = script::check(&context.cgi, &params)
+            .map_err(GatewayError::from)
+            .and_then(|()| match body.len() {
+                Some(length) if length > context.config.max_body => {
+                    Err(GatewayError::BodyTooLarge {
+                        length: Some(length),
+                        limit: context.config.max_body,
+                    })
+                }
+                // A body of unknown length (a FastCGI or SCGI front that sent no
+                // CONTENT_LENGTH) is held to max_body as it streams.
+                _ => Ok(body.limited(context.config.max_body)),
+            });
+        let sent = match checked {
+            Ok(body) => {
+                self.exchange(routed, params, body, request_id, &mut timer, &mut pid)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok((head, body, slot)) => {
+                let log = log.map(|mut l| {
+                    l.record.status = head.status_code();
+                    l.record.worker_pid = pid;
+                    l
+                });
+                let mut body = GatewayBody {
+                    body,
+                    slot,
+                    supervisor: pool.supervisor.clone(),
+                    timer,
+                    log,
+                };
+                if body.body.is_ended() {
+                    // An empty body: no chunk will be asked for.
+                    body.timer.end();
+                    if let Some(logged) = body.log.take() {
+                        logged.finish(&body.timer);
+                    }
+                }
+                Ok(GatewayResponse { head, body })
+            }
+            Err(e) => {
+                if let Some(mut logged) = log {
+                    logged.record.status = e.status();
+                    logged.record.worker_pid = pid;
+                    logged.finish(&timer);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The part of [`Gateway::dispatch`] between asking for a slot and the response head:
+    /// `pid` learns the worker's process id when a request log wants it.
+    async fn exchange(
+        &self,
+        routed: &Routed,
+        params: Vec<(Bytes, Bytes)>,
+        body: RequestBody,
+        request_id: u64,
+        timer: &mut RequestTimer,
+        pid: &mut Option<u32>,
+    ) -> Result<(CgiResponseHead, ResponseBody, Slot), GatewayError> {
+        let pool = &routed.pool;
         let slot = pool
             .requests
-            .acquire(&pool.slots, context.slot_context)
+            .acquire(&pool.slots, routed.context.slot_context)
             .await
             .map_err(|source| GatewayError::Slot {
                 pool: Arc::clone(&pool.name),
@@ -717,7 +654,7 @@ impl Gateway {
             let address = slot.address();
             let connected = match pool.protocol {
                 // SCGI is one connection per request by definition.
-                Protocol::Scgi => {
+                backend::Protocol::Scgi => {
                     backend::BackendConnection::connect(address, pool.timeouts.connect).await
                 }
                 _ => pool.connections.get(address, pool.timeouts.connect).await,
@@ -743,12 +680,15 @@ impl Gateway {
             }
         };
         timer.connected();
+        if routed.logs.is_some() {
+            *pid = slot.pid();
+        }
         let options = ExchangeOptions {
             pool: Arc::clone(&pool.name),
             request_id,
             timeouts: pool.timeouts,
             limits: self.limits.clone(),
-            spool: self.spool_for(ctx),
+            spool: self.spool_for(routed),
             stderr: None,
         };
         let request = BackendRequest { params, body };
@@ -762,147 +702,6 @@ impl Gateway {
         };
         pool.healthy(&slot);
         timer.head();
-        if response.body.is_ended() {
-            // An empty body: no chunk will be asked for.
-            timer.end();
-        }
-        Ok(GatewayResponse {
-            head: response.head,
-            body: GatewayBody {
-                body: response.body,
-                slot,
-                supervisor: pool.supervisor.clone(),
-                timer,
-            },
-        })
-    }
-}
-
-/// Whether `path` lies under `prefix` on a segment boundary (`/app` matches `/app` and
-/// `/app/x`, not `/apple`).
-fn prefix_matches(prefix: &str, path: &str) -> bool {
-    if prefix == "/" || prefix.is_empty() {
-        return true;
-    }
-    let prefix = prefix.trim_end_matches('/');
-    path.strip_prefix(prefix)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
-
-/// Whether some segment of `path` ends with `.ext`, or `path` names a directory whose index
-/// file has that extension (so `/` reaches the PHP context through `index.php`).
-fn has_extension(path: &str, ext: &str, index: &[String]) -> bool {
-    let dotted = |s: &str| {
-        s.len() > ext.len()
-            && s.ends_with(ext)
-            && s.as_bytes().get(s.len() - ext.len() - 1) == Some(&b'.')
-    };
-    if path.split('/').any(dotted) {
-        return true;
-    }
-    path.ends_with('/') && index.iter().any(|i| dotted(i))
-}
-
-/// The CGI settings of a context: a document root means script files (PHP style, the
-/// context's extension or `php`), no root means an application mounted at the prefix.
-fn cgi_context(c: &ContextConfig) -> CgiContext {
-    let mode = match &c.root {
-        Some(_) => ScriptMode::Files {
-            extensions: vec![c
-                .extension
-                .clone()
-                .unwrap_or_else(|| "php".to_owned())
-                .into_bytes()],
-            index: c.index.iter().map(|i| i.clone().into_bytes()).collect(),
-        },
-        None => ScriptMode::App {
-            mount: c.prefix.trim_end_matches('/').as_bytes().to_vec(),
-        },
-    };
-    CgiContext {
-        // An application context has no document root of its own; DOCUMENT_ROOT is `/` so
-        // that frameworks reading it get an absolute path.
-        document_root: c.root.as_ref().map_or_else(
-            || b"/".to_vec(),
-            |r| r.as_os_str().as_encoded_bytes().to_vec(),
-        ),
-        mode,
-        server_software: Bytes::from(concat!("corral/", env!("CARGO_PKG_VERSION"))),
-        extra_env: c
-            .params
-            .iter()
-            .map(|(k, v)| (Bytes::from(k.clone()), Bytes::from(v.clone())))
-            .collect(),
-        allow_php_ini_params: c.allow_php_value,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefixes_match_on_segment_boundaries() {
-        assert!(prefix_matches("/", "/anything"));
-        assert!(prefix_matches("/app", "/app"));
-        assert!(prefix_matches("/app/", "/app/x"));
-        assert!(!prefix_matches("/app", "/apple"));
-    }
-
-    #[test]
-    fn extensions_match_a_segment_or_the_index() {
-        let index = vec!["index.php".to_owned()];
-        assert!(has_extension("/a/b.php", "php", &index));
-        assert!(has_extension("/b.php/extra/info", "php", &index));
-        assert!(has_extension("/dir/", "php", &index));
-        assert!(!has_extension("/b.phps", "php", &index));
-        assert!(!has_extension("/php", "php", &index));
-        assert!(!has_extension("/dir/", "php", &[]));
-    }
-
-    fn gateway(toml: &str) -> Gateway {
-        let config = crate::config::parse(toml, "test.toml").unwrap();
-        Gateway::new(&config).unwrap().0
-    }
-
-    #[test]
-    fn the_most_specific_context_wins() {
-        let g = gateway(
-            r#"
-            [[listen]]
-            address = "127.0.0.1:8080"
-            protocol = "http"
-            [pools.php]
-            servers = ["unix:/tmp/php.sock"]
-            [pools.app]
-            protocol = "scgi"
-            servers = ["unix:/tmp/app.sock"]
-            [[contexts]]
-            prefix = "/"
-            pool = "app"
-            [[contexts]]
-            prefix = "/"
-            extension = "php"
-            root = "/var/www"
-            pool = "php"
-            [[contexts]]
-            prefix = "/api"
-            pool = "app"
-            host = "*.example.com"
-            "#,
-        );
-        let l: ListenAddress = ListenAddress::parse("127.0.0.1:8080").unwrap();
-        let route = |host, path| {
-            g.route(RouteKey {
-                listener: &l,
-                host,
-                path,
-            })
-        };
-        assert_eq!(route("x", "/index.php"), Some(1));
-        assert_eq!(route("x", "/"), Some(1), "the index file is PHP");
-        assert_eq!(route("x", "/static/a.css"), Some(0));
-        assert_eq!(route("api.example.com", "/api/v1"), Some(2));
-        assert_eq!(route("example.com", "/api/v1"), Some(0), "no subdomain");
+        Ok((response.head, response.body, slot))
     }
 }

@@ -43,6 +43,32 @@ pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<S
     }
 }
 
+/// Writes the launcher of every `app = ...` pool of `config` into its runtime directory and
+/// gives each such pool's command by name: the one step of building pools that touches the
+/// file system, done before the (side-effect free) pool registry is built.
+pub fn install(
+    config: &crate::config::Config,
+) -> Result<std::collections::HashMap<String, Vec<String>>, crate::error::StartupError> {
+    let dir = &config.server.runtime_dir;
+    let mut commands = std::collections::HashMap::new();
+    for p in &config.pools {
+        let crate::config::Backend::Spawned(spawn) = &p.backend else {
+            continue;
+        };
+        let argv = command(&spawn.program, dir).map_err(|source| {
+            crate::error::StartupError::Launcher {
+                pool: p.name.clone(),
+                dir: dir.clone(),
+                source,
+            }
+        })?;
+        if let Some(argv) = argv {
+            commands.insert(p.name.clone(), argv);
+        }
+    }
+    Ok(commands)
+}
+
 /// Mode of a launcher file: a root corral's workers run as another user and must read it;
 /// nobody but corral may change it. The text is the one embedded in the binary, so there is
 /// nothing secret to hide from other readers.

@@ -65,9 +65,6 @@ struct Worker {
     address: BackendAddress,
     /// A Unix socket file corral created for the worker, removed when it is forgotten.
     socket_file: Option<PathBuf>,
-    /// Slot-table counts at the last tick, to turn them into request events.
-    started: u64,
-    in_flight: usize,
     /// The worker and its descendants as the last full memory sample found them; a check
     /// after a request reads only these.
     tree: Vec<u32>,
@@ -79,6 +76,9 @@ struct Worker {
 /// One spawned pool's supervisor loop.
 pub struct Driver {
     name: Arc<str>,
+    /// Starts every worker socket's file name: the pool's name and the generation that made
+    /// the pool, so the workers of a pool replaced on reload never meet the old pool's.
+    socket_tag: String,
     state: PoolState,
     slots: Arc<SlotTable>,
     connections: Connections,
@@ -87,7 +87,8 @@ pub struct Driver {
     concurrency: usize,
     workers: HashMap<WorkerKey, Worker>,
     by_id: HashMap<WorkerId, WorkerKey>,
-    /// Stop signals held back until the worker's last request finishes.
+    /// Stop signals held back until the worker's last request finishes (the slot table
+    /// says when: [`SlotTable::drained`]).
     deferred: Vec<(WorkerKey, u32)>,
     epoch: Instant,
     reports_tx: mpsc::UnboundedSender<Report>,
@@ -135,6 +136,7 @@ impl Driver {
             ids: Vec::new(),
         });
         Driver {
+            socket_tag: name.to_string(),
             name,
             state,
             slots,
@@ -151,6 +153,11 @@ impl Driver {
             commands,
             published,
         }
+    }
+
+    /// Tags the worker sockets of this pool with `generation` (see `socket_tag`).
+    pub fn set_generation(&mut self, generation: u64) {
+        self.socket_tag = format!("{}-g{generation}", self.name);
     }
 
     /// The pool's status as of the last event the driver handled (the status page reads it
@@ -212,6 +219,10 @@ impl Driver {
                     None => self.handle(PoolEvent::Stop { graceful: false }),
                 },
                 due = self.slots.memory_checks() => self.check_memory(&due),
+                drained = self.slots.drained() => {
+                    self.send_deferred_signals(&drained);
+                    false
+                }
                 () = self.slots.demand() => {
                     let waiting = self.slots.stats().queued;
                     self.handle(PoolEvent::Demand { waiting })
@@ -219,7 +230,6 @@ impl Driver {
                 _ = tick.tick() => {
                     ticks = ticks.wrapping_add(1);
                     self.sync_counts();
-                    self.send_deferred_signals();
                     let waiting = self.slots.stats().queued;
                     let mut stopped = self.apply(PoolEvent::Demand { waiting });
                     if ticks % MEMORY_EVERY == 0 {
@@ -236,24 +246,16 @@ impl Driver {
         }
     }
 
-    /// Turns the slot table's per-worker counts into request events.
+    /// Turns what the slot table counted since the last call into request events.
     fn sync_counts(&mut self) {
-        for counts in self.slots.workers() {
-            let Some(key) = self.by_id.get(&counts.id).copied() else {
+        for delta in self.slots.take_request_deltas() {
+            let Some(key) = self.by_id.get(&delta.id).copied() else {
                 continue;
             };
-            let Some(w) = self.workers.get_mut(&key) else {
-                continue;
-            };
-            let started = counts.started.saturating_sub(w.started);
-            // What was in flight, plus what started, minus what is in flight now, finished.
-            let finished = (w.in_flight as u64 + started).saturating_sub(counts.in_flight as u64);
-            w.started = counts.started;
-            w.in_flight = counts.in_flight;
-            for _ in 0..started {
+            for _ in 0..delta.started {
                 self.feed(PoolEvent::RequestStarted { key });
             }
-            for _ in 0..finished {
+            for _ in 0..delta.finished {
                 self.feed(PoolEvent::RequestFinished { key });
             }
         }
@@ -334,17 +336,14 @@ impl Driver {
         let _ = self.apply(ev);
     }
 
-    /// Sends the stop signals that waited for a worker's last request to finish.
-    fn send_deferred_signals(&mut self) {
-        let deferred = std::mem::take(&mut self.deferred);
-        for (key, pid) in deferred {
-            let busy = self
-                .workers
-                .get(&key)
-                .is_some_and(|w| self.slots.worker_in_flight(w.id) > 0);
-            if busy {
-                self.deferred.push((key, pid));
-            } else {
+    /// Sends the stop signals that waited for the last request of the `drained` workers.
+    fn send_deferred_signals(&mut self, drained: &[WorkerId]) {
+        for id in drained {
+            let Some(key) = self.by_id.get(id).copied() else {
+                continue;
+            };
+            if let Some(i) = self.deferred.iter().position(|(k, _)| *k == key) {
+                let (_, pid) = self.deferred.swap_remove(i);
                 self.terminate(pid);
             }
         }
@@ -372,11 +371,11 @@ impl Driver {
                 self.connections.forget(&w.address);
                 // The state machine sees request counts as of the last sync; a request may
                 // have started since. The worker takes no new one now, so wait for the
-                // last to finish rather than cut it off.
-                if self.slots.worker_in_flight(w.id) > 0 {
-                    self.deferred.push((key, pid));
-                } else {
+                // last to finish rather than cut it off: the slot table reports it.
+                if self.slots.watch_drain(w.id) {
                     self.terminate(pid);
+                } else {
+                    self.deferred.push((key, pid));
                 }
             }
             PoolAction::Kill { key, pid } => {
@@ -422,7 +421,7 @@ impl Driver {
                 return;
             }
         };
-        let path = dir.join(format!("{}-{}.sock", self.name, key.0));
+        let path = dir.join(format!("{}-{}.sock", self.socket_tag, key.0));
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
         match spawn_worker(&spec) {
@@ -432,6 +431,7 @@ impl Driver {
                 let id = self
                     .slots
                     .add_worker(self.concurrency, spawned.address.clone(), budget);
+                self.slots.set_pid(id, pid);
                 tracing::info!(pool = %self.name, %key, pid, "worker started");
                 self.by_id.insert(id, key);
                 self.workers.insert(
@@ -441,8 +441,6 @@ impl Driver {
                         pid,
                         address: spawned.address.clone(),
                         socket_file: Some(path),
-                        started: 0,
-                        in_flight: 0,
                         tree: vec![pid],
                         checked: None,
                     },

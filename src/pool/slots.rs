@@ -84,6 +84,11 @@ impl Slot {
         &self.address
     }
 
+    /// The process id of its worker, when corral spawned it.
+    pub fn pid(&self) -> Option<u32> {
+        self.table.pid(self.worker)
+    }
+
     /// Whether the worker had failures on record when the slot was taken.
     pub fn is_probe(&self) -> bool {
         self.probe
@@ -148,6 +153,15 @@ struct WorkerEntry {
     down_since: Option<Instant>,
     /// Held out of rotation while its supervisor measures its memory after a request.
     checking: bool,
+    /// Requests finished on it; with `started`, what the supervisor has not heard of yet
+    /// is `started - reported_started` and `finished - reported_finished`.
+    finished: u64,
+    reported_started: u64,
+    reported_finished: u64,
+    /// The supervisor waits for this worker's last request to finish (it is to stop).
+    watch_drain: bool,
+    /// The worker's process, when corral spawned it (for the access log).
+    pid: Option<u32>,
     /// Requests to finish before the next memory check; `None` = no checks.
     check_in: Option<u64>,
 }
@@ -169,6 +183,11 @@ impl WorkerEntry {
             down_since: None,
             checking: false,
             check_in: None,
+            finished: 0,
+            reported_started: 0,
+            reported_finished: 0,
+            watch_drain: false,
+            pid: None,
         }
     }
 
@@ -208,6 +227,8 @@ struct State {
     fail_policy: Option<FailPolicy>,
     /// Workers held for a memory check, for the supervisor to measure.
     checks: Vec<WorkerId>,
+    /// Workers whose last request finished while the supervisor watched for it.
+    drained: Vec<WorkerId>,
 }
 
 /// Live numbers for status.
@@ -247,6 +268,19 @@ pub struct SlotTable {
     demand: Notify,
     /// Woken when a worker is held for a memory check.
     checks: Notify,
+    /// Woken when a watched worker's last request finishes.
+    drained: Notify,
+}
+
+/// What the supervisor has not heard of yet about one worker's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestDelta {
+    /// The worker.
+    pub id: WorkerId,
+    /// Requests it was given since the last report.
+    pub started: u64,
+    /// Requests that finished on it since the last report.
+    pub finished: u64,
 }
 
 impl SlotTable {
@@ -268,9 +302,11 @@ impl SlotTable {
                 closed: false,
                 fail_policy: None,
                 checks: Vec::new(),
+                drained: Vec::new(),
             }),
             demand: Notify::new(),
             checks: Notify::new(),
+            drained: Notify::new(),
         })
     }
 
@@ -354,6 +390,71 @@ impl SlotTable {
     pub fn worker_in_flight(&self, id: WorkerId) -> usize {
         let mut st = self.lock();
         Self::entry(&mut st, id).map_or(0, |w| w.in_flight)
+    }
+
+    /// Records the process id of a spawned worker.
+    pub fn set_pid(&self, id: WorkerId, pid: u32) {
+        let mut st = self.lock();
+        if let Some(w) = Self::entry(&mut st, id) {
+            w.pid = Some(pid);
+        }
+    }
+
+    /// The process id of worker `id`, when corral spawned it.
+    pub fn pid(&self, id: WorkerId) -> Option<u32> {
+        let mut st = self.lock();
+        Self::entry(&mut st, id).and_then(|w| w.pid)
+    }
+
+    /// Asks to hear (through [`SlotTable::drained`]) when the last request in flight on `id`
+    /// finishes; true when none is in flight now (nothing will be reported then).
+    pub fn watch_drain(&self, id: WorkerId) -> bool {
+        let mut st = self.lock();
+        match Self::entry(&mut st, id) {
+            Some(w) if w.in_flight > 0 => {
+                w.watch_drain = true;
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Watched workers whose last request finished since the last call; waits for one if
+    /// there is none. The table pushes this: the supervisor holds no copy of the counts.
+    pub async fn drained(&self) -> Vec<WorkerId> {
+        loop {
+            let notified = self.drained.notified();
+            let done = std::mem::take(&mut self.lock().drained);
+            if !done.is_empty() {
+                return done;
+            }
+            notified.await;
+        }
+    }
+
+    /// Each worker's requests started and finished since the last call: the table is the one
+    /// place requests are counted, and the supervisor's state machine learns of them here.
+    pub fn take_request_deltas(&self) -> Vec<RequestDelta> {
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        for (index, w) in st.workers.iter_mut().enumerate() {
+            let started = w.started.saturating_sub(w.reported_started);
+            let finished = w.finished.saturating_sub(w.reported_finished);
+            if started == 0 && finished == 0 {
+                continue;
+            }
+            w.reported_started = w.started;
+            w.reported_finished = w.finished;
+            out.push(RequestDelta {
+                id: WorkerId {
+                    index,
+                    generation: w.generation,
+                },
+                started,
+                finished,
+            });
+        }
+        out
     }
 
     /// Refuses every waiter and every later request with [`SlotError::Closed`].
@@ -633,10 +734,18 @@ impl SlotTable {
         Some((id, address, probe))
     }
 
+    /// Gives a slot back; true when the supervisor must hear of it (a memory check is due,
+    /// or a watched worker drained).
     fn give_back(st: &mut State, worker: WorkerId, context: usize) -> bool {
         let mut check = false;
+        let mut drained = false;
         if let Some(w) = Self::entry(st, worker) {
             w.in_flight = w.in_flight.saturating_sub(1);
+            w.finished += 1;
+            if w.in_flight == 0 && w.watch_drain {
+                w.watch_drain = false;
+                drained = true;
+            }
             if let Some(n) = w.check_in.as_mut() {
                 *n = n.saturating_sub(1);
                 if *n == 0 && w.accepting && !w.checking {
@@ -655,13 +764,21 @@ impl SlotTable {
         if check {
             st.checks.push(worker);
         }
-        check
+        if drained {
+            st.drained.push(worker);
+        }
+        check || drained
     }
 
     fn release(&self, worker: WorkerId, context: usize) {
         let mut st = self.lock();
         if Self::give_back(&mut st, worker, context) {
-            self.checks.notify_one();
+            if !st.checks.is_empty() {
+                self.checks.notify_one();
+            }
+            if !st.drained.is_empty() {
+                self.drained.notify_one();
+            }
         }
         Self::grant_waiters(&mut st);
     }
@@ -692,6 +809,9 @@ impl SlotTable {
                         w.check_in = w.check_in.map(|n| n + 1);
                     }
                     Self::give_back(st, worker, context);
+                    if let Some(w) = Self::entry(st, worker) {
+                        w.finished = w.finished.saturating_sub(1);
+                    }
                 }
             }
         }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::config::{Backend, Config, PoolConfig, Sizing};
+use crate::config::{Backend, PoolConfig, Sizing};
 use crate::gateway::Gateway;
 use crate::pool::slots::{SlotStats, WorkerCounts, WorkerId};
 use crate::pool::state::{PoolStatus, WorkerKey, WorkerState};
@@ -69,14 +69,13 @@ impl PoolInfo {
     }
 }
 
-/// What the status server knows before any request: when corral started and each pool's
-/// configuration.
+/// What the status server knows before any request: when corral started, and the connection
+/// tables. (Each pool's configuration is the pool's own, [`crate::gateway::Pool::info`]: a
+/// reload changes it.)
 #[derive(Debug, Clone)]
 pub struct StatusSource {
     /// Wall-clock start of serving (php-fpm's "start time").
     pub started: SystemTime,
-    /// One entry per configured pool.
-    pub pools: Vec<PoolInfo>,
     /// The connection tables (front listeners, status listener) `/metrics` reports.
     pub connections: Vec<std::sync::Arc<crate::front::limits::Admission>>,
     /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
@@ -91,11 +90,11 @@ pub struct StatusSource {
 const PSS_CACHE_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl StatusSource {
-    /// The source for `config`, started now.
-    pub fn new(config: &Config) -> StatusSource {
+    /// A source started now.
+    #[allow(clippy::new_without_default)] // "now" is not a default
+    pub fn new() -> StatusSource {
         StatusSource {
             started: SystemTime::now(),
-            pools: config.pools.iter().map(PoolInfo::of).collect(),
             connections: Vec::new(),
             pss_cache: std::sync::Arc::default(),
         }
@@ -229,11 +228,12 @@ pub fn collect(
     measure_memory: bool,
 ) -> Vec<PoolReport> {
     gateway
+        .current()
         .pools
         .iter()
         .filter(|p| only.is_none_or(|name| &*p.name == name))
-        .filter_map(|p| {
-            let info = source.pools.iter().find(|i| *i.name == *p.name)?.clone();
+        .map(|p| {
+            let info = p.info.clone();
             let servers = p.slots.workers();
             let mut supervisor = p.status.as_ref().map(|rx| {
                 let published = rx.borrow().clone();
@@ -253,7 +253,7 @@ pub fn collect(
             } else {
                 Vec::new()
             };
-            Some(PoolReport {
+            PoolReport {
                 info,
                 slots: p.slots.stats(),
                 requests: p.requests.snapshot(),
@@ -263,7 +263,7 @@ pub fn collect(
                 total: p.requests.total.snapshot(),
                 supervisor,
                 servers,
-            })
+            }
         })
         .collect()
 }
@@ -274,13 +274,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn pss_readings_are_reused_for_a_while() {
-        let config = crate::config::parse(
-            "[[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\
-             [pools.app]\nservers = [\"127.0.0.1:9\"]\n",
-            "t.toml",
-        )
-        .unwrap();
-        let source = StatusSource::new(&config);
+        let source = StatusSource::new();
         let me = std::process::id();
         // A reading planted now stands in for /proc until it is PSS_CACHE_FOR old.
         source

@@ -170,6 +170,8 @@ pub struct RequestTimer {
     asked: Instant,
     phase: Instant,
     ended: bool,
+    /// The split so far, for the access log: queue wait, connect, time to head, total.
+    split: [std::time::Duration; 4],
 }
 
 impl RequestTimer {
@@ -181,6 +183,7 @@ impl RequestTimer {
             asked: now,
             phase: now,
             ended: false,
+            split: [std::time::Duration::ZERO; 4],
         }
     }
 
@@ -192,26 +195,40 @@ impl RequestTimer {
     /// A slot was had: the connect phase starts.
     pub fn slot(&mut self) {
         self.phase = Instant::now();
+        self.split[0] = self.phase - self.asked;
     }
 
     /// A connection was had: records the connect time; the first-byte phase starts.
     pub fn connected(&mut self) {
         let now = Instant::now();
-        self.stats.connect.observe(now - self.phase);
+        self.split[1] = now - self.phase;
+        self.stats.connect.observe(self.split[1]);
         self.phase = now;
     }
 
     /// The response head arrived: records the time to it.
     pub fn head(&mut self) {
-        self.stats.first_byte.observe(self.phase.elapsed());
+        self.split[2] = self.phase.elapsed();
+        self.stats.first_byte.observe(self.split[2]);
     }
 
     /// The response body ended cleanly: records the total, once.
     pub fn end(&mut self) {
         if !self.ended {
             self.ended = true;
-            self.stats.total.observe(self.asked.elapsed());
+            self.split[3] = self.asked.elapsed();
+            self.stats.total.observe(self.split[3]);
         }
+    }
+
+    /// (queue wait, connect, time to head, total) as measured so far; the total is the time
+    /// until now when the body has not ended.
+    pub fn split(&self) -> [std::time::Duration; 4] {
+        let mut split = self.split;
+        if !self.ended {
+            split[3] = self.asked.elapsed();
+        }
+        split
     }
 }
 

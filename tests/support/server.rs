@@ -184,6 +184,36 @@ impl Corral {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The configuration file corral runs with (a reload reads it again).
+    pub fn config_path(&self) -> &std::path::Path {
+        self._config.path()
+    }
+
+    /// Sends `signal` to corral.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// How many lines corral has logged that contain `needle`.
+    pub fn count_log(&self, needle: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Waits (`within` at most) until corral has logged `n` lines containing `needle`.
+    pub fn wait_count(&self, needle: &str, n: usize, within: Duration) -> bool {
+        let step = Duration::from_millis(10);
+        let mut waited = Duration::ZERO;
+        while waited < within {
+            if self.count_log(needle) >= n {
+                return true;
+            }
+            thread::sleep(step);
+            waited += step;
+        }
+        false
+    }
 }
 
 impl Drop for Corral {
@@ -258,8 +288,10 @@ pub fn http(
 ) -> HttpResponse {
     let mut s = TcpStream::connect(addr).expect("connect to corral");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut head =
-        format!("{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    let mut head = format!("{method} {target} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        head.push_str("Host: localhost\r\n");
+    }
     for (n, v) in headers {
         head.push_str(&format!("{n}: {v}\r\n"));
     }

@@ -1,13 +1,16 @@
-//! What the FastCGI and SCGI fronts share: both receive CGI parameters from a front server
-//! (nginx `fastcgi_pass` or `scgi_pass`, Apache, lighttpd, Caddy) and answer with a CGI
-//! response. Routing and normalising those parameters, the CGI answer for a request that got
-//! no backend response, and the lingering close after answering early live here.
+//! The CGI fronts: what the FastCGI and SCGI listeners share. Both receive CGI parameters
+//! from a front server (nginx `fastcgi_pass` or `scgi_pass`, Apache, lighttpd, Caddy) and
+//! answer with a CGI response, so both run the same pipeline: [`prepare`] (route and
+//! normalise the front server's parameters), `Gateway::dispatch`, then [`relay`] into the
+//! front protocol's [`CgiSink`] (FCGI_STDOUT records, or the raw SCGI connection). The CGI
+//! answer for a request that got no backend response and the lingering close after answering
+//! early live here too.
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::ListenAddress;
-use crate::gateway::{Gateway, GatewayError, RouteKey};
+use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
 use crate::protocols::cgi::{normalize_decoded_path, normalize_front_params, parse_request_path};
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
@@ -17,13 +20,13 @@ const LINGER_CHUNK: usize = 16 * 1024;
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Routes a front server's request and normalises its parameters for the chosen context
-/// (ARCHITECTURE.md decisions 11 and 12): the context index and the clean parameters.
+/// (ARCHITECTURE.md decisions 11 and 12): the route and the clean parameters.
 pub(crate) fn prepare(
     gateway: &Gateway,
     listener: &ListenAddress,
     params: Vec<(Bytes, Bytes)>,
     request_id: u64,
-) -> Result<(usize, Vec<(Bytes, Bytes)>), GatewayError> {
+) -> Result<(Routed, Vec<(Bytes, Bytes)>), GatewayError> {
     let get = |name: &[u8]| params.iter().find(|(n, _)| n == name).map(|(_, v)| v);
     let host = get(b"HTTP_HOST")
         .filter(|h| !h.is_empty())
@@ -41,21 +44,86 @@ pub(crate) fn prepare(
         }
     };
     let path = String::from_utf8_lossy(&path).into_owned();
-    let Some(ctx) = gateway.route(RouteKey {
+    let routed = gateway.route(RouteKey {
         listener,
         host: &host,
         path: &path,
-    }) else {
-        return Err(GatewayError::NoContext { host, path });
-    };
-    let Some(context) = gateway.contexts.get(ctx) else {
-        return Err(GatewayError::NoContext { host, path });
-    };
-    let vars = normalize_front_params(params, &context.cgi)?;
+    })?;
+    let vars = normalize_front_params(params, &routed.context.cgi)?;
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
-    Ok((ctx, vars.vars))
+    Ok((routed, vars.vars))
+}
+
+/// Where a CGI front writes a response: FCGI_STDOUT records on a FastCGI connection, the
+/// connection itself for SCGI.
+pub(crate) trait CgiSink {
+    /// Sends bytes of the CGI response; false when the peer is gone (or no longer wants
+    /// this response).
+    async fn send(&mut self, bytes: &[u8]) -> bool;
+}
+
+/// How a relayed response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Relayed {
+    /// Every byte went out (the backend's response, or corral's answer for a failure).
+    Complete,
+    /// The peer went away (dropping the backend body aborted the backend request).
+    Gone,
+    /// The backend's response broke off after its head went out: the front protocol's only
+    /// way to say so is closing the connection.
+    BrokeOff,
+}
+
+/// Streams a dispatch result into `sink`: the backend's head and body, or (already logged by
+/// `relay`) corral's CGI answer for the failure.
+pub(crate) async fn relay(
+    sink: &mut impl CgiSink,
+    response: Result<GatewayResponse, GatewayError>,
+    request_id: u64,
+) -> Relayed {
+    let mut response = match response {
+        Ok(r) => r,
+        Err(e) => return refuse(sink, &e, request_id).await,
+    };
+    let mut head = BytesMut::new();
+    if let Err(e) = encode_head(&response.head, &mut head) {
+        tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
+        return answer(sink, &error_answer(502, None)).await;
+    }
+    if !sink.send(&head).await {
+        return Relayed::Gone;
+    }
+    while let Some(chunk) = response.body.next_chunk().await {
+        match chunk {
+            Ok(data) => {
+                if !sink.send(&data).await {
+                    return Relayed::Gone;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(request_id, error = %e, "backend response broke off");
+                return Relayed::BrokeOff;
+            }
+        }
+    }
+    Relayed::Complete
+}
+
+/// Logs a request that got no backend response and sends corral's CGI answer for it.
+pub(crate) async fn refuse(sink: &mut impl CgiSink, e: &GatewayError, request_id: u64) -> Relayed {
+    e.log(request_id);
+    answer(sink, &error_answer(e.status(), e.retry_after())).await
+}
+
+/// Sends a whole CGI answer made by corral.
+pub(crate) async fn answer(sink: &mut impl CgiSink, cgi: &[u8]) -> Relayed {
+    if sink.send(cgi).await {
+        Relayed::Complete
+    } else {
+        Relayed::Gone
+    }
 }
 
 /// A Host value lowercased, without its port.
@@ -74,17 +142,6 @@ fn host_name(raw: &[u8]) -> String {
 pub(crate) fn content_length(params: &[(Bytes, Bytes)]) -> Option<u64> {
     let (_, value) = params.iter().find(|(n, _)| n == &b"CONTENT_LENGTH"[..])?;
     std::str::from_utf8(value).ok()?.trim().parse().ok()
-}
-
-/// Logs a request that got no backend response: server-side failures at warn, refusals at
-/// info.
-pub(crate) fn log_failure(request_id: u64, e: &GatewayError) {
-    let status = e.status();
-    if status >= 500 {
-        tracing::warn!(request_id, status, error = %crate::logs::clean(e), "request failed");
-    } else {
-        tracing::info!(request_id, status, error = %crate::logs::clean(e), "request refused");
-    }
 }
 
 /// A whole CGI response (head and short body) with `status`, and Retry-After when given.

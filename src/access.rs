@@ -1,0 +1,525 @@
+//! The access log and the slow-request log: one line per request that reached a pool, with
+//! the pool, the worker's pid, the status, the body bytes sent and the timing split (queue
+//! wait, backend connect, time to the response head, total), in nginx's combined format with
+//! corral's fields after it, or as JSON.
+//!
+//! Lines are made where the request ends (`GatewayBody`'s end or drop, or a failed
+//! `dispatch`) and handed to one writer task through a channel, so no request waits on a file
+//! or a lock; the writer batches what is queued and flushes when the queue is empty. SIGUSR1
+//! (`AccessLog::reopen`) makes it flush and reopen its files: the line order of the channel
+//! decides which file a line lands in, so none is lost across a logrotate rename. Both logs
+//! are off by default (`[server] access_log`, `slow_log`, `slow_threshold`).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::config::{AccessFormat, LogTarget, ServerConfig};
+
+/// What the request logs are set to, as a generation serves them (a reload may change them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    access: Option<LogTarget>,
+    format: AccessFormat,
+    slow: Option<(LogTarget, Duration)>,
+}
+
+impl LogSettings {
+    /// The settings of `[server]`.
+    pub fn of(server: &ServerConfig) -> LogSettings {
+        LogSettings {
+            access: server.access_log.clone(),
+            format: server.access_log_format,
+            slow: server.slow_log.clone(),
+        }
+    }
+
+    /// Whether any request log is on (a request's fields are then kept for its line).
+    pub fn enabled(&self) -> bool {
+        self.access.is_some() || self.slow.is_some()
+    }
+}
+
+/// One request, as its log line shows it. Made only when a log is on.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// The client (REMOTE_ADDR), if known.
+    pub client: Bytes,
+    /// REQUEST_METHOD.
+    pub method: Bytes,
+    /// REQUEST_URI.
+    pub uri: Bytes,
+    /// SERVER_PROTOCOL.
+    pub protocol: Bytes,
+    /// HTTP_HOST.
+    pub host: Bytes,
+    /// HTTP_REFERER.
+    pub referer: Bytes,
+    /// HTTP_USER_AGENT.
+    pub user_agent: Bytes,
+    /// The pool.
+    pub pool: std::sync::Arc<str>,
+    /// The generation that routed it.
+    pub generation: u64,
+    /// corral's request id.
+    pub request_id: u64,
+    /// The worker that served it, when one did and corral knows its pid.
+    pub worker_pid: Option<u32>,
+    /// The status sent.
+    pub status: u16,
+    /// Response body bytes sent on.
+    pub bytes: u64,
+    /// Waiting for a slot.
+    pub queue: Duration,
+    /// Getting a backend connection.
+    pub connect: Duration,
+    /// From the request sent to the response head.
+    pub head: Duration,
+    /// From asking for a slot to the response's end.
+    pub total: Duration,
+    /// The client went away (or the backend broke off) before the response ended.
+    pub aborted: bool,
+}
+
+impl Record {
+    /// The fields of a request from its CGI variables.
+    pub fn from_params(
+        params: &[(Bytes, Bytes)],
+        pool: std::sync::Arc<str>,
+        generation: u64,
+        request_id: u64,
+    ) -> Record {
+        let get = |name: &[u8]| {
+            params
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        Record {
+            client: get(b"REMOTE_ADDR"),
+            method: get(b"REQUEST_METHOD"),
+            uri: get(b"REQUEST_URI"),
+            protocol: get(b"SERVER_PROTOCOL"),
+            host: get(b"HTTP_HOST"),
+            referer: get(b"HTTP_REFERER"),
+            user_agent: get(b"HTTP_USER_AGENT"),
+            pool,
+            generation,
+            request_id,
+            worker_pid: None,
+            status: 0,
+            bytes: 0,
+            queue: Duration::ZERO,
+            connect: Duration::ZERO,
+            head: Duration::ZERO,
+            total: Duration::ZERO,
+            aborted: false,
+        }
+    }
+
+    /// The line in `format`, ending with a newline.
+    pub fn line(&self, format: AccessFormat, at: SystemTime) -> String {
+        match format {
+            AccessFormat::Text => self.text(at),
+            AccessFormat::Json => self.json(at),
+        }
+    }
+
+    fn text(&self, at: SystemTime) -> String {
+        let mut out = String::with_capacity(256);
+        let dash = |b: &Bytes| {
+            if b.is_empty() {
+                Bytes::from_static(b"-")
+            } else {
+                b.clone()
+            }
+        };
+        let _ = write!(
+            out,
+            "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"",
+            quoted(&dash(&self.client)),
+            clf_time(at),
+            quoted(&self.method),
+            quoted(&self.uri),
+            quoted(&self.protocol),
+            self.status,
+            self.bytes,
+            quoted(&dash(&self.referer)),
+            quoted(&dash(&self.user_agent)),
+        );
+        let _ = write!(
+            out,
+            " host=\"{}\" pool={} pid={} gen={} id={} queue={:.6} connect={:.6} head={:.6} total={:.6}",
+            quoted(&self.host),
+            self.pool,
+            self.worker_pid.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+            self.generation,
+            self.request_id,
+            self.queue.as_secs_f64(),
+            self.connect.as_secs_f64(),
+            self.head.as_secs_f64(),
+            self.total.as_secs_f64(),
+        );
+        if self.aborted {
+            out.push_str(" aborted");
+        }
+        out.push('\n');
+        out
+    }
+
+    fn json(&self, at: SystemTime) -> String {
+        let mut out = String::with_capacity(320);
+        out.push('{');
+        let field = |out: &mut String, name: &str, value: &[u8]| {
+            let _ = write!(out, "\"{name}\":\"");
+            json_escape(out, value);
+            out.push_str("\",");
+        };
+        field(&mut out, "time", iso_time(at).as_bytes());
+        field(&mut out, "client", &self.client);
+        field(&mut out, "method", &self.method);
+        field(&mut out, "uri", &self.uri);
+        field(&mut out, "protocol", &self.protocol);
+        field(&mut out, "host", &self.host);
+        field(&mut out, "referer", &self.referer);
+        field(&mut out, "user_agent", &self.user_agent);
+        field(&mut out, "pool", self.pool.as_bytes());
+        let _ = write!(
+            out,
+            "\"status\":{},\"bytes\":{},\"worker_pid\":{},\"generation\":{},\"request_id\":{},\
+             \"queue_ms\":{:.3},\"connect_ms\":{:.3},\"head_ms\":{:.3},\"total_ms\":{:.3},\
+             \"aborted\":{}}}",
+            self.status,
+            self.bytes,
+            self.worker_pid
+                .map_or_else(|| "null".to_owned(), |p| p.to_string()),
+            self.generation,
+            self.request_id,
+            ms(self.queue),
+            ms(self.connect),
+            ms(self.head),
+            ms(self.total),
+            self.aborted,
+        );
+        out.push('\n');
+        out
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Peer bytes inside a quoted text field: `"` and `\` escaped, and anything not printable
+/// ASCII as `\xHH`, so a line can never be split or forged by what a client sent.
+fn quoted(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "\\x{b:02X}");
+            }
+        }
+    }
+    out
+}
+
+/// Peer bytes as the inside of a JSON string: valid UTF-8 kept, control characters and
+/// invalid bytes escaped (`\u00XX`), so the line stays one valid JSON object.
+fn json_escape(out: &mut String, bytes: &[u8]) {
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        for &b in chunk.invalid() {
+            let _ = write!(out, "\\u00{b:02x}");
+        }
+    }
+}
+
+/// (year, month, day, hour, minute, second, millisecond) of `at`, in UTC.
+fn civil(at: SystemTime) -> (i64, u32, u32, u32, u32, u32, u32) {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let secs = i64::try_from(since.as_secs()).unwrap_or(0);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's method).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let n = |v: i64| u32::try_from(v).unwrap_or(0);
+    (
+        year,
+        n(month),
+        n(day),
+        n(rem / 3600),
+        n(rem % 3600 / 60),
+        n(rem % 60),
+        since.subsec_millis(),
+    )
+}
+
+/// `01/Dec/2026:10:15:34 +0000`, the common log format's time, in UTC.
+fn clf_time(at: SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (y, mo, d, h, mi, s, _) = civil(at);
+    let month = MONTHS
+        .get(usize::try_from(mo.saturating_sub(1)).unwrap_or(0))
+        .unwrap_or(&"Jan");
+    format!("{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000")
+}
+
+/// `2026-12-01T10:15:34.123Z`.
+fn iso_time(at: SystemTime) -> String {
+    let (y, mo, d, h, mi, s, ms) = civil(at);
+    format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
+}
+
+enum Message {
+    Line {
+        text: String,
+        access: bool,
+        slow: bool,
+    },
+    Reopen,
+    Settings(LogSettings),
+}
+
+/// The request logs' handle: cheap to clone, sending lines to the writer task.
+#[derive(Debug, Clone)]
+pub struct AccessLog {
+    tx: mpsc::UnboundedSender<Message>,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Message::Line { .. } => "Line",
+            Message::Reopen => "Reopen",
+            Message::Settings(_) => "Settings",
+        })
+    }
+}
+
+impl AccessLog {
+    /// Starts the writer task with `settings`; it ends when every handle is dropped.
+    pub fn start(settings: LogSettings) -> AccessLog {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(rx, settings));
+        AccessLog { tx }
+    }
+
+    /// Writes `record` to the access log and, when `slow` says it took long enough, to the
+    /// slow log, as `settings` (the generation's) say.
+    pub fn write(&self, settings: &LogSettings, record: &Record) {
+        let access = settings.access.is_some();
+        let slow = settings
+            .slow
+            .as_ref()
+            .is_some_and(|(_, threshold)| record.total >= *threshold);
+        if !access && !slow {
+            return;
+        }
+        let text = record.line(settings.format, SystemTime::now());
+        let _ = self.tx.send(Message::Line { text, access, slow });
+    }
+
+    /// Flushes and reopens the log files (SIGUSR1, logrotate's `postrotate`).
+    pub fn reopen(&self) {
+        let _ = self.tx.send(Message::Reopen);
+    }
+
+    /// Writes to where `settings` say from now on (a reload); files are reopened.
+    pub fn reconfigure(&self, settings: LogSettings) {
+        let _ = self.tx.send(Message::Settings(settings));
+    }
+}
+
+/// An open destination.
+enum Sink {
+    Stderr,
+    File(std::io::BufWriter<std::fs::File>, std::path::PathBuf),
+    /// Could not be opened (logged); lines for it are dropped until the next reopen.
+    Broken,
+}
+
+impl Sink {
+    fn open(target: &LogTarget) -> Sink {
+        match target {
+            LogTarget::Stderr => Sink::Stderr,
+            LogTarget::File(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path);
+                match file {
+                    Ok(f) => Sink::File(
+                        std::io::BufWriter::with_capacity(64 * 1024, f),
+                        path.clone(),
+                    ),
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), error = %e, "cannot open a request log; its lines are dropped until it can be reopened (SIGUSR1)");
+                        Sink::Broken
+                    }
+                }
+            }
+        }
+    }
+
+    fn write(&mut self, text: &str) {
+        let result = match self {
+            Sink::Stderr => std::io::stderr().write_all(text.as_bytes()),
+            Sink::File(w, _) => w.write_all(text.as_bytes()),
+            Sink::Broken => Ok(()),
+        };
+        if let (Err(e), Sink::File(_, path)) = (result, &*self) {
+            tracing::error!(path = %path.display(), error = %e, "writing a request log failed");
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Sink::File(w, path) = self {
+            if let Err(e) = w.flush() {
+                tracing::error!(path = %path.display(), error = %e, "flushing a request log failed");
+            }
+        }
+    }
+}
+
+async fn write_loop(mut rx: mpsc::UnboundedReceiver<Message>, settings: LogSettings) {
+    let open = |s: &LogSettings| {
+        (
+            s.access.as_ref().map(Sink::open),
+            s.slow.as_ref().map(|(t, _)| Sink::open(t)),
+        )
+    };
+    let mut settings = settings;
+    let (mut access, mut slow) = open(&settings);
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        // Everything queued now, then one flush.
+        while let Some(message) = next {
+            match message {
+                Message::Line {
+                    text,
+                    access: a,
+                    slow: s,
+                } => {
+                    if a {
+                        if let Some(sink) = access.as_mut() {
+                            sink.write(&text);
+                        }
+                    }
+                    if s {
+                        if let Some(sink) = slow.as_mut() {
+                            sink.write(&text);
+                        }
+                    }
+                }
+                Message::Reopen | Message::Settings(_) => {
+                    for sink in [access.as_mut(), slow.as_mut()].into_iter().flatten() {
+                        sink.flush();
+                    }
+                    if let Message::Settings(new) = message {
+                        settings = new;
+                    }
+                    (access, slow) = open(&settings);
+                    tracing::info!("request logs reopened");
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        for sink in [access.as_mut(), slow.as_mut()].into_iter().flatten() {
+            sink.flush();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        let params = vec![
+            (
+                Bytes::from_static(b"REMOTE_ADDR"),
+                Bytes::from_static(b"192.0.2.1"),
+            ),
+            (
+                Bytes::from_static(b"REQUEST_METHOD"),
+                Bytes::from_static(b"GET"),
+            ),
+            (
+                Bytes::from_static(b"REQUEST_URI"),
+                Bytes::from_static(b"/a\"b\n\xff"),
+            ),
+            (
+                Bytes::from_static(b"SERVER_PROTOCOL"),
+                Bytes::from_static(b"HTTP/1.1"),
+            ),
+        ];
+        let mut r = Record::from_params(&params, "php".into(), 2, 9);
+        r.status = 200;
+        r.bytes = 12;
+        r.worker_pid = Some(77);
+        r.total = Duration::from_millis(15);
+        r
+    }
+
+    #[test]
+    fn times_are_utc_calendar_dates() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_120_134_123);
+        assert_eq!(iso_time(at), "2026-12-01T10:15:34.123Z");
+        assert_eq!(clf_time(at), "01/Dec/2026:10:15:34 +0000");
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(iso_time(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn peer_bytes_cannot_break_a_text_line() {
+        let line = record().line(AccessFormat::Text, SystemTime::UNIX_EPOCH);
+        assert_eq!(line.matches('\n').count(), 1);
+        assert!(
+            line.contains("\"GET /a\\\"b\\x0A\\xFF HTTP/1.1\" 200 12 \"-\" \"-\""),
+            "{line}"
+        );
+        assert!(line.contains(" pool=php pid=77 gen=2 id=9 "), "{line}");
+        assert!(line.contains(" total=0.015000"), "{line}");
+    }
+
+    #[test]
+    fn json_lines_escape_what_json_cannot_hold() {
+        let line = record().line(AccessFormat::Json, SystemTime::UNIX_EPOCH);
+        assert_eq!(line.matches('\n').count(), 1);
+        assert!(line.contains(r#""uri":"/a\"b\u000a\u00ff""#), "{line}");
+        assert!(
+            line.contains(r#""status":200,"bytes":12,"worker_pid":77"#),
+            "{line}"
+        );
+        assert!(line.contains(r#""total_ms":15.000"#), "{line}");
+    }
+}
