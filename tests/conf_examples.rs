@@ -58,7 +58,8 @@ fn adapt(name: &str, dir: &Path, root: &Path) -> String {
 fn the_php_recipe_serves_through_nginx_and_by_itself() {
     let dir = peers::shared_dir();
     let root = php_site(dir.path());
-    let corral = Corral::start(&adapt("conf/php.toml", dir.path(), &root), 2);
+    // fastcgi, scgi and http.
+    let corral = Corral::start(&adapt("conf/php.toml", dir.path(), &root), 3);
     let socket = dir.path().join("run/php.sock");
 
     // nginx exactly as the drop-in says, with the socket, root and port moved.
