@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod front;
+pub mod matrix;
 pub mod peers;
 pub mod server;
 
