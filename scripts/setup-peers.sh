@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the real peers corral's tests talk to (ARCHITECTURE.md, "Tests, scripts and CI"):
-# Debian's php-cgi, php-fpm, nginx, Ruby with ruby-fcgi and ruby-rack, wrk,
-# ab and curl; the PyPI packages scgi and flup; and lsphp, built once from
-# Debian's php8.2 source by scripts/build-lsphp.sh. Idempotent and quick when
-# everything is present (no apt-get update then). Needs root. Starts no
-# daemon: package installs run under a policy-rc.d that forbids starting.
+# Debian's php-cgi, php-fpm, nginx, Apache, lighttpd, Caddy, Ruby with
+# ruby-fcgi and ruby-rack, wrk, ab and curl; the PyPI packages scgi and flup;
+# and lsphp, built once from Debian's php8.2 source by scripts/build-lsphp.sh.
+# Idempotent and quick when everything is present (no apt-get update then).
+# Needs root. Starts no daemon: package installs run under a policy-rc.d that
+# forbids starting.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,6 +16,7 @@ log() { printf '[setup-peers] %s\n' "$*"; }
 
 APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-utils
     curl ca-certificates)
+APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front_*.rs)
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a
 # thinner image still works.
 BUILD_PACKAGES=(gcc make libc6-dev dpkg-dev xz-utils binutils)
@@ -30,8 +32,9 @@ done
 
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing: ${missing[*]}"
-    # Forbid maintainer scripts from starting php-fpm or nginx: they would
-    # hold port 80 and a php-fpm socket on a machine that runs our tests.
+    # Forbid maintainer scripts from starting php-fpm, nginx, apache2,
+    # lighttpd or caddy: they would hold port 80 and a php-fpm socket on a
+    # machine that runs our tests.
     policy=/usr/sbin/policy-rc.d
     made_policy=0
     if [ ! -e "$policy" ]; then
@@ -48,12 +51,25 @@ if [ "${#missing[@]}" -gt 0 ]; then
     trap - EXIT
     # If a policy-rc.d of the image allowed starts, stop what the install
     # started, by the packages' own pid files.
-    for pidfile in /run/nginx.pid /run/php/php8.2-fpm.pid; do
+    for pidfile in /run/nginx.pid /run/php/php8.2-fpm.pid /run/apache2/apache2.pid \
+        /run/lighttpd.pid; do
         if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
             log "stopping the daemon the install started ($pidfile)"
             kill -TERM "$(cat "$pidfile")" || true
         fi
     done
+    # Caddy's package has only a systemd unit (no pid file): where systemd runs,
+    # stop it and the others and keep them from starting at boot, so none holds
+    # port 80 (the tests run their own, on free ports).
+    if [ -d /run/systemd/system ]; then
+        for unit in apache2 lighttpd caddy; do
+            if systemctl is-active --quiet "$unit" 2>/dev/null; then
+                log "stopping $unit, which the install started"
+                systemctl stop "$unit" || true
+            fi
+            systemctl disable --quiet "$unit" 2>/dev/null || true
+        done
+    fi
     log "apt packages installed ($((SECONDS - start)) s)"
 else
     log "apt packages present"

@@ -319,10 +319,15 @@ fn init_logging(level: config::LogLevel) {
         config::LogLevel::Trace => tracing::Level::TRACE,
     };
     // A second call (tests run several commands in one process) keeps the first subscriber.
+    // A line that cannot be written is dropped without a word: the subscriber would report
+    // it with eprintln!, which panics when stderr is a pipe nobody reads any more (a logger
+    // that died), and that panic would take down the task that logged, a request's or the
+    // shutdown's.
     let _ = tracing_subscriber::fmt()
         .with_max_level(max)
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .log_internal_errors(false)
         .try_init();
 }
 

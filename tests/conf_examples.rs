@@ -7,7 +7,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use support::front::{curl, Nginx};
+use support::front::{curl, nginx_blocks, Nginx};
 use support::peers;
 use support::server::{http, Corral};
 
@@ -54,46 +54,12 @@ fn adapt(name: &str, dir: &Path, root: &Path) -> String {
         .replace("127.0.0.1:9180", "127.0.0.1:0")
 }
 
-/// The top-level `{ ... }` blocks of an nginx snippet that start with `keyword`, as
-/// (header line, body) pairs.
-fn nginx_blocks(text: &str, keyword: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest
-        .find(&format!("\n{keyword} "))
-        .or_else(|| rest.starts_with(&format!("{keyword} ")).then_some(0))
-    {
-        let block = &rest[start..];
-        let open = block.find('{').unwrap();
-        let mut depth = 0;
-        let mut end = open;
-        for (i, c) in block[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        out.push((
-            block[..open].trim().to_owned(),
-            block[open + 1..end].to_owned(),
-        ));
-        rest = &block[end + 1..];
-    }
-    out
-}
-
 #[test]
 fn the_php_recipe_serves_through_nginx_and_by_itself() {
     let dir = peers::shared_dir();
     let root = php_site(dir.path());
-    let corral = Corral::start(&adapt("conf/php.toml", dir.path(), &root), 2);
+    // fastcgi, scgi and http.
+    let corral = Corral::start(&adapt("conf/php.toml", dir.path(), &root), 3);
     let socket = dir.path().join("run/php.sock");
 
     // nginx exactly as the drop-in says, with the socket, root and port moved.

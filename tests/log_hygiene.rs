@@ -1,8 +1,9 @@
 //! What peers can put in corral's log: a PHP script that floods its stderr (both ways PHP has:
 //! `error_log`, which php-cgi sends as FastCGI STDERR records, and writes to `php://stderr`
 //! (php-cgi has no `STDERR` constant), which go to the worker's stderr pipe) leaves a bounded log that counts what it
-//! suppressed; and a request path with ESC, CR and LF in it is logged escaped, so it can
-//! neither colour the operator's terminal nor forge a log line.
+//! suppressed; a request path with ESC, CR and LF in it is logged escaped, so it can
+//! neither colour the operator's terminal nor forge a log line; and a log reader that goes
+//! away (a pipe to a logger that died) stops neither serving nor a clean stop.
 
 #![allow(
     clippy::unwrap_used,
@@ -14,6 +15,8 @@
 
 mod support;
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::peers::{shared_dir, write_file};
@@ -23,6 +26,11 @@ use support::server::{http, Corral};
 const FLOOD: usize = 10_000;
 
 fn site() -> (Corral, tempfile::TempDir) {
+    let (config, dir) = site_config();
+    (Corral::start(&config, 1), dir)
+}
+
+fn site_config() -> (String, tempfile::TempDir) {
     let dir = shared_dir();
     let root = dir.path().join("www");
     std::fs::create_dir(&root).unwrap();
@@ -56,7 +64,7 @@ pool = "php"
         run = dir.path().join("run").display(),
         root = root.display(),
     );
-    (Corral::start(&config, 1), dir)
+    (config, dir)
 }
 
 /// The counts in the "suppressed N lines" lines that contain `marker`.
@@ -135,4 +143,60 @@ fn a_request_path_with_control_bytes_is_logged_escaped() {
         "a raw control character reached the log:\n{log:?}"
     );
     assert!(log.contains("\\x1b[31mred\\x08\\x7fx.php"), "{log}");
+}
+
+#[test]
+fn a_log_reader_that_goes_away_stops_neither_serving_nor_a_clean_stop() {
+    let (config, dir) = site_config();
+    let file = dir.path().join("corral.toml");
+    std::fs::write(&file, config).unwrap();
+    let mut child = KillOnDrop(
+        Command::new(support::CORRAL)
+            .args(["run", "-c"])
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("corral logged its listener").unwrap();
+        if let Some(at) = line.find("listener=") {
+            break line[at + "listener=".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+        }
+    };
+    // The reader goes away: from here on every log line corral writes fails with EPIPE.
+    drop(lines);
+    let r = http(addr, "GET", "/missing.php", &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = http(addr, "GET", "/flood.php", &[], b"");
+    assert_eq!(r.text(), "flooded");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let outcome = support::wait(&mut child.0, Duration::from_secs(10));
+    assert_eq!(
+        outcome.map(|s| s.code()),
+        Some(Some(0)),
+        "corral did not stop cleanly on SIGTERM with its log pipe closed"
+    );
+}
+
+/// A child killed and reaped when dropped (a no-op once it was reaped).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -133,6 +133,13 @@ impl Nginx {
     /// `listen` is added), inside an `http` block that starts with `http_extra`. Picks free
     /// ports, and retries with new ones when nginx loses one to another process.
     pub fn start(dir: &Path, http_extra: &str, servers: &[String]) -> Nginx {
+        Nginx::start_via(&[], dir, http_extra, servers)
+    }
+
+    /// Like [`Nginx::start`], with nginx started through `wrapper` (a program and its
+    /// arguments, such as `setpriv --pdeathsig TERM --`), which must exec nginx in its own
+    /// place.
+    pub fn start_via(wrapper: &[&str], dir: &Path, http_extra: &str, servers: &[String]) -> Nginx {
         for _ in 0..5 {
             let ports: Vec<u16> = servers.iter().map(|_| free_port()).collect();
             let conf = nginx_conf(dir, http_extra, servers, &ports);
@@ -140,7 +147,15 @@ impl Nginx {
             std::fs::write(&conf_path, conf).expect("write nginx.conf");
             let error_log = dir.join("nginx-error.log");
             let _ = std::fs::remove_file(&error_log);
-            let child = Command::new("/usr/sbin/nginx")
+            let mut cmd = match wrapper.split_first() {
+                Some((program, args)) => {
+                    let mut c = Command::new(program);
+                    c.args(args).arg("/usr/sbin/nginx");
+                    c
+                }
+                None => Command::new("/usr/sbin/nginx"),
+            };
+            let child = cmd
                 .arg("-p")
                 .arg(dir)
                 .arg("-c")
@@ -227,6 +242,41 @@ fn nginx_conf(dir: &Path, http_extra: &str, servers: &[String], ports: &[u16]) -
     }
     conf.push_str("}\n");
     conf
+}
+
+/// The top-level `{ ... }` blocks of an nginx snippet that start with `keyword`, as
+/// (header line, body) pairs.
+pub fn nginx_blocks(text: &str, keyword: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest
+        .find(&format!("\n{keyword} "))
+        .or_else(|| rest.starts_with(&format!("{keyword} ")).then_some(0))
+    {
+        let block = &rest[start..];
+        let open = block.find('{').unwrap();
+        let mut depth = 0;
+        let mut end = open;
+        for (i, c) in block[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push((
+            block[..open].trim().to_owned(),
+            block[open + 1..end].to_owned(),
+        ));
+        rest = &block[end + 1..];
+    }
+    out
 }
 
 /// php-cgi like [`super::peers::php_cgi`], with `ini` settings (`-d` values) added.

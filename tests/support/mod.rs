@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod front;
+pub mod matrix;
 pub mod peers;
 pub mod server;
 
@@ -61,7 +62,7 @@ pub fn run(mut cmd: Command, deadline: Duration) -> Outcome {
 }
 
 /// Waits for `child` until `deadline` has passed; on expiry kills and reaps it, giving `None`.
-fn wait(child: &mut Child, deadline: Duration) -> Option<std::process::ExitStatus> {
+pub fn wait(child: &mut Child, deadline: Duration) -> Option<std::process::ExitStatus> {
     const POLL: Duration = Duration::from_millis(5);
     let mut waited = Duration::ZERO;
     loop {
