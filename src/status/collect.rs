@@ -153,6 +153,8 @@ pub struct PoolReport {
     pub supervisor: Option<PoolStatus>,
     /// The slot table's servers (external pools only).
     pub servers: Vec<WorkerCounts>,
+    /// The supervisor's latest notices, oldest first (spawned pools only).
+    pub recent: std::sync::Arc<std::collections::VecDeque<crate::pool::driver::Recent>>,
 }
 
 impl PoolReport {
@@ -235,8 +237,10 @@ pub fn collect(
         .filter_map(|p| {
             let info = source.pools.iter().find(|i| *i.name == *p.name)?.clone();
             let servers = p.slots.workers();
+            let mut recent = std::sync::Arc::default();
             let mut supervisor = p.status.as_ref().map(|rx| {
                 let published = rx.borrow().clone();
+                recent = published.recent;
                 live(published.status, &published.ids, &servers)
             });
             if measure_memory {
@@ -263,6 +267,7 @@ pub fn collect(
                 total: p.requests.total.snapshot(),
                 supervisor,
                 servers,
+                recent,
             })
         })
         .collect()
