@@ -146,6 +146,12 @@ pub async fn run(
         let mut source = status::collect::StatusSource::new(config);
         source.connections = vec![Arc::clone(&front), Arc::clone(&admission)];
         let source = Arc::new(source);
+        // The sparklines' history, sampled beside the listener that serves it.
+        accepting.spawn(status::history::sample(
+            Arc::clone(&gateway),
+            Arc::clone(&source),
+            shutdown.clone(),
+        ));
         accepting.spawn(status::server::serve(
             listener,
             admission,

@@ -79,6 +79,10 @@ pub struct StatusSource {
     pub pools: Vec<PoolInfo>,
     /// The connection tables (front listeners, status listener) `/metrics` reports.
     pub connections: Vec<std::sync::Arc<crate::front::limits::Admission>>,
+    /// The last minutes of each pool, for the HTML page's sparklines: filled by
+    /// [`crate::status::history::sample`] where that runs (beside the status listener),
+    /// empty otherwise.
+    pub history: std::sync::Arc<crate::status::history::History>,
     /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
     /// reading walks /proc for the worker's process tree, and a scraper asking every second
     /// for sixteen workers would otherwise pay that walk each time.
@@ -97,6 +101,7 @@ impl StatusSource {
             started: SystemTime::now(),
             pools: config.pools.iter().map(PoolInfo::of).collect(),
             connections: Vec::new(),
+            history: std::sync::Arc::default(),
             pss_cache: std::sync::Arc::default(),
         }
     }

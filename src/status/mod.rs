@@ -4,10 +4,12 @@
 //!
 //! `counters` holds what the request path counts (lock-free), `collect` joins it with the
 //! configured limits and the drivers' published state, `render` and `metrics` write the
-//! formats, `server` answers `/status`, `/metrics` and `/ping`.
+//! formats, `history` keeps the last minutes per pool, `server` answers `/status`,
+//! `/metrics` and `/ping`.
 
 pub mod collect;
 pub mod counters;
+pub mod history;
 pub mod metrics;
 pub mod render;
 pub mod server;

@@ -2,8 +2,9 @@
 //!
 //! Routes: `/ping` answers `pong` (php-fpm's `ping.path`); `/status` the status page, as text,
 //! `?json`, or `?openmetrics`, with `?full` adding a row per worker and `?pool=NAME` keeping
-//! one pool; `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer
-//! reads counters and the drivers' last published status, so it never waits for a worker.
+//! one pool, and `?history` the last minutes of samples per pool with recent notices;
+//! `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer reads
+//! counters and the drivers' last published status, so it never waits for a worker.
 //!
 //! It counts its connections in a table of its own (`front::limits::STATUS_MAX_CONNECTIONS`,
 //! closing the connection idle longest when full) with short fixed timeouts, so neither a
@@ -26,7 +27,7 @@ use crate::front::limits::{Admission, Client, Watched, STATUS_TIMEOUTS};
 use crate::front::listener::{Listener, Peer};
 use crate::gateway::Gateway;
 use crate::status::collect::{collect, StatusSource};
-use crate::status::{metrics, render};
+use crate::status::{history, metrics, render};
 
 /// A whole response body in one piece.
 #[derive(Debug)]
@@ -68,6 +69,8 @@ pub struct Query {
     pub openmetrics: bool,
     /// `?full`.
     pub full: bool,
+    /// `?history`.
+    pub history: bool,
     /// `?pool=NAME`.
     pub pool: Option<String>,
 }
@@ -82,6 +85,7 @@ impl Query {
                 "json" => out.json = true,
                 "openmetrics" => out.openmetrics = true,
                 "full" => out.full = true,
+                "history" => out.history = true,
                 // Pool names are ASCII letters, digits, `_` and `-`: nothing to decode.
                 "pool" => out.pool = Some(v.to_owned()),
                 _ => {}
@@ -128,7 +132,7 @@ pub fn answer(
         gateway,
         source,
         q.pool.as_deref(),
-        q.full && path == "/status",
+        q.full && !q.history && path == "/status",
     );
     if let (Some(name), true) = (&q.pool, pools.is_empty()) {
         return reply(
@@ -152,6 +156,10 @@ pub fn answer(
                     .collect::<Vec<_>>(),
             ),
         );
+    }
+    if q.history {
+        let body = history::json(&source.history, &pools, now);
+        return reply(StatusCode::OK, "application/json", body);
     }
     if q.json {
         let body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
@@ -282,5 +290,7 @@ mod tests {
         assert_eq!(q.pool.as_deref(), Some("www"));
         assert_eq!(Query::parse(""), Query::default());
         assert!(Query::parse("openmetrics=1&x=y").openmetrics);
+        let q = Query::parse("history&pool=www");
+        assert!(q.history && !q.json);
     }
 }
