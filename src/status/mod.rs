@@ -4,12 +4,13 @@
 //!
 //! `counters` holds what the request path counts (lock-free), `collect` joins it with the
 //! configured limits and the drivers' published state, `render` and `metrics` write the
-//! formats, `history` keeps the last minutes per pool, `server` answers `/status`,
-//! `/metrics` and `/ping`.
+//! formats, `history` keeps the last minutes per pool, `html` is the page for people,
+//! `server` answers `/status`, `/metrics` and `/ping`.
 
 pub mod collect;
 pub mod counters;
 pub mod history;
+pub mod html;
 pub mod metrics;
 pub mod render;
 pub mod server;

@@ -2,7 +2,7 @@
 //!
 //! Routes: `/ping` answers `pong` (php-fpm's `ping.path`); `/status` the status page, as text,
 //! `?json`, or `?openmetrics`, with `?full` adding a row per worker and `?pool=NAME` keeping
-//! one pool, and `?history` the last minutes of samples per pool with recent notices;
+//! one pool, `?html` the page for people and `?history` the samples its sparklines draw;
 //! `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer reads
 //! counters and the drivers' last published status, so it never waits for a worker.
 //!
@@ -27,7 +27,7 @@ use crate::front::limits::{Admission, Client, Watched, STATUS_TIMEOUTS};
 use crate::front::listener::{Listener, Peer};
 use crate::gateway::Gateway;
 use crate::status::collect::{collect, StatusSource};
-use crate::status::{history, metrics, render};
+use crate::status::{history, html, metrics, render};
 
 /// A whole response body in one piece.
 #[derive(Debug)]
@@ -69,6 +69,8 @@ pub struct Query {
     pub openmetrics: bool,
     /// `?full`.
     pub full: bool,
+    /// `?html`.
+    pub html: bool,
     /// `?history`.
     pub history: bool,
     /// `?pool=NAME`.
@@ -85,6 +87,7 @@ impl Query {
                 "json" => out.json = true,
                 "openmetrics" => out.openmetrics = true,
                 "full" => out.full = true,
+                "html" => out.html = true,
                 "history" => out.history = true,
                 // Pool names are ASCII letters, digits, `_` and `-`: nothing to decode.
                 "pool" => out.pool = Some(v.to_owned()),
@@ -120,6 +123,15 @@ pub fn answer(
             "text/plain; charset=utf-8",
             "pong\n".to_owned(),
         );
+    }
+    if path == "/status" && q.html {
+        // The page holds no numbers: its script asks for them.
+        let mut r = reply(StatusCode::OK, html::CONTENT_TYPE, html::PAGE.to_owned());
+        r.headers_mut().insert(
+            header::CONTENT_SECURITY_POLICY,
+            header::HeaderValue::from_static(html::CONTENT_SECURITY_POLICY),
+        );
+        return r;
     }
     if path != "/status" && path != "/metrics" {
         return reply(
@@ -290,7 +302,8 @@ mod tests {
         assert_eq!(q.pool.as_deref(), Some("www"));
         assert_eq!(Query::parse(""), Query::default());
         assert!(Query::parse("openmetrics=1&x=y").openmetrics);
-        let q = Query::parse("history&pool=www");
-        assert!(q.history && !q.json);
+        let q = Query::parse("html&pool=www");
+        assert!(q.html && !q.history && !q.json);
+        assert!(Query::parse("history").history);
     }
 }
