@@ -17,6 +17,7 @@ log() { printf '[setup-peers] %s\n' "$*"; }
 APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-utils
     curl ca-certificates)
 APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front_*.rs)
+APT_PACKAGES+=(chromium tmux)  # status UI tests (tests/status_ui.rs)
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a
 # thinner image still works.
 BUILD_PACKAGES=(gcc make libc6-dev dpkg-dev xz-utils binutils)

@@ -205,6 +205,12 @@ pub async fn run(
         let mut source = status::collect::StatusSource::new();
         source.connections = vec![Arc::clone(&serving.admission), Arc::clone(&admission)];
         let source = Arc::new(source);
+        // The sparklines' history, sampled beside the listener that serves it.
+        serving.accepting.spawn(status::history::sample(
+            Arc::clone(&gateway),
+            Arc::clone(&source),
+            shutdown.clone(),
+        ));
         serving.accepting.spawn(status::server::serve(
             listener,
             admission,

@@ -1,5 +1,5 @@
 //! The command line: `corral check -c FILE`, `corral run [-c FILE]`, `corral stop [--fast]`,
-//! `corral restart-workers`, `corral status [--full]` (these three find the running corral
+//! `corral restart-workers`, `corral status [--full | --watch]` (these three find the running corral
 //! through the configuration's runtime_dir, `src/control.rs`), `corral --version`.
 //!
 //! Everything here takes its arguments and output streams as parameters so tests can drive
@@ -67,14 +67,24 @@ pub enum Command {
         config: Option<PathBuf>,
     },
     /// Print the running corral's status page (pools, workers, queue), from its [status]
-    /// listener.
+    /// listener; with `--watch`, a view of it that refreshes in place until Ctrl-C.
     Status {
         /// The configuration it runs with; without it, the embedded default.
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// One row per worker too.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         full: bool,
+        /// Refresh a terminal view (pools, workers, queue, req/s, p50/p99) every interval;
+        /// when standard output is not a terminal, print one plain frame per interval.
+        #[arg(long)]
+        watch: bool,
+        /// Time between two refreshes of `--watch` (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = watch_interval, requires = "watch")]
+        interval: std::time::Duration,
+        /// Stop `--watch` after this many frames.
+        #[arg(long, value_name = "N", requires = "watch")]
+        count: Option<u64>,
     },
     /// Load-test an address speaking HTTP, FastCGI, SCGI or LSAPI: req/s, latency
     /// percentiles, errors, and the CPU and memory of given processes.
@@ -168,7 +178,33 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             )
             .map_err(stdout_error)
         }
-        Command::Status { config, full } => {
+        Command::Status {
+            config,
+            watch: true,
+            interval,
+            count,
+            ..
+        } => {
+            use std::io::IsTerminal;
+            let config = load(config.as_deref())?;
+            let options = crate::status::watch::Options {
+                interval,
+                count,
+                tty: std::io::stdout().is_terminal(),
+            };
+            crate::status::watch::run(&config, options, out).map_err(|e| match e {
+                crate::status::watch::WatchError::Unavailable(source) => Error::Unavailable {
+                    what: "the status listener".to_owned(),
+                    source,
+                },
+                crate::status::watch::WatchError::Output(source) => stdout_error(source),
+                crate::status::watch::WatchError::Setup(source) => Error::Io {
+                    what: "set up the terminal view".to_owned(),
+                    source,
+                },
+            })
+        }
+        Command::Status { config, full, .. } => {
             let config = load(config.as_deref())?;
             let page = if full { "/status?full" } else { "/status" };
             let text = crate::control::fetch_status(&config, page)
@@ -178,6 +214,15 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
         Command::Bench(args) => crate::bench::run_bench(*args, out),
         Command::NullBackend(args) => crate::bench::run_null(args),
     }
+}
+
+/// `--interval`: a duration such as `500ms` or `2s`, at least 100 ms.
+fn watch_interval(text: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < std::time::Duration::from_millis(100) {
+        return Err("at least 100ms".to_owned());
+    }
+    Ok(d)
 }
 
 /// An [`Error::Unavailable`] naming `what`.

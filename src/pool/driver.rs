@@ -30,6 +30,8 @@ const MEMORY_EVERY: u32 = 10;
 /// Most requests a worker finishes between two memory checks after a request, however far
 /// below `max_memory` it is: bounds the cost to two small /proc reads per this many requests.
 const MEMORY_CHECK_MAX_GAP: u64 = 64;
+/// Most notices kept in [`Published::recent`] for the status page.
+pub const RECENT_NOTICES: usize = 32;
 
 /// What the rest of corral tells a pool's driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +98,8 @@ pub struct Driver {
     commands: mpsc::UnboundedReceiver<Command>,
     /// The state machine's status after every handled event, for the status page.
     published: tokio::sync::watch::Sender<Published>,
+    /// The latest notices, published with the status.
+    recent: Arc<std::collections::VecDeque<Recent>>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -105,6 +109,23 @@ pub struct Published {
     pub status: PoolStatus,
     /// Each worker's entry in the slot table, so live request counts can be read there.
     pub ids: Vec<(WorkerKey, WorkerId)>,
+    /// The latest notices (crashes, recycles, kills, spawn failures), oldest first, at most
+    /// [`RECENT_NOTICES`]: what the status page shows as recent events. Shared, so
+    /// publishing does not copy them.
+    pub recent: Arc<std::collections::VecDeque<Recent>>,
+}
+
+/// A notice the driver logged, kept for the status page.
+#[derive(Debug, Clone)]
+pub struct Recent {
+    /// When it was logged (wall clock).
+    pub at: std::time::SystemTime,
+    /// The worker it is about, if one.
+    pub worker: Option<WorkerKey>,
+    /// That worker's process, if it had one.
+    pub pid: Option<u32>,
+    /// What happened.
+    pub notice: Notice,
 }
 
 impl std::fmt::Debug for Driver {
@@ -131,9 +152,11 @@ impl Driver {
         commands: mpsc::UnboundedReceiver<Command>,
     ) -> Driver {
         let (reports_tx, reports) = mpsc::unbounded_channel();
+        let recent = Arc::new(std::collections::VecDeque::new());
         let (published, _) = tokio::sync::watch::channel(Published {
             status: state.status(Duration::ZERO),
             ids: Vec::new(),
+            recent: Arc::clone(&recent),
         });
         Driver {
             socket_tag: name.to_string(),
@@ -152,6 +175,7 @@ impl Driver {
             reports,
             commands,
             published,
+            recent,
         }
     }
 
@@ -170,6 +194,34 @@ impl Driver {
         self.published.send_replace(Published {
             status: self.state.status(self.now()),
             ids: self.workers.iter().map(|(k, w)| (*k, w.id)).collect(),
+            recent: Arc::clone(&self.recent),
+        });
+    }
+
+    /// Keeps `notice` among the recent ones, with the pid of the worker it names (still
+    /// known here: the state machine forgets a worker after its last notice).
+    fn remember(&mut self, notice: Notice) {
+        let worker = match &notice {
+            Notice::Crashed { key, .. }
+            | Notice::SpawnFailed { key, .. }
+            | Notice::StartTimedOut { key, .. }
+            | Notice::RequestTimedOut { key }
+            | Notice::Refused { key }
+            | Notice::KillTimedOut { key, .. }
+            | Notice::Recycling { key, .. } => Some(*key),
+            Notice::CrashLoop { .. } | Notice::CrashLoopOver => None,
+        };
+        let pid = worker.and_then(|k| self.workers.get(&k)).map(|w| w.pid);
+        // A copy only when the last published list is still read somewhere.
+        let recent = Arc::make_mut(&mut self.recent);
+        if recent.len() >= RECENT_NOTICES {
+            recent.pop_front();
+        }
+        recent.push_back(Recent {
+            at: std::time::SystemTime::now(),
+            worker,
+            pid,
+            notice,
         });
     }
 
@@ -398,7 +450,10 @@ impl Driver {
                     }
                 }
             }
-            PoolAction::Notice(notice) => log_notice(&self.name, &notice),
+            PoolAction::Notice(notice) => {
+                log_notice(&self.name, &notice);
+                self.remember(notice);
+            }
             PoolAction::Stopped => return true,
         }
         false

@@ -78,6 +78,10 @@ pub struct StatusSource {
     pub started: SystemTime,
     /// The connection tables (front listeners, status listener) `/metrics` reports.
     pub connections: Vec<std::sync::Arc<crate::front::limits::Admission>>,
+    /// The last minutes of each pool, for the HTML page's sparklines: filled by
+    /// [`crate::status::history::sample`] where that runs (beside the status listener),
+    /// empty otherwise.
+    pub history: std::sync::Arc<crate::status::history::History>,
     /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
     /// reading walks /proc for the worker's process tree, and a scraper asking every second
     /// for sixteen workers would otherwise pay that walk each time.
@@ -96,6 +100,7 @@ impl StatusSource {
         StatusSource {
             started: SystemTime::now(),
             connections: Vec::new(),
+            history: std::sync::Arc::default(),
             pss_cache: std::sync::Arc::default(),
         }
     }
@@ -152,6 +157,8 @@ pub struct PoolReport {
     pub supervisor: Option<PoolStatus>,
     /// The slot table's servers (external pools only).
     pub servers: Vec<WorkerCounts>,
+    /// The supervisor's latest notices, oldest first (spawned pools only).
+    pub recent: std::sync::Arc<std::collections::VecDeque<crate::pool::driver::Recent>>,
 }
 
 impl PoolReport {
@@ -235,8 +242,10 @@ pub fn collect(
         .map(|p| {
             let info = p.info.clone();
             let servers = p.slots.workers();
+            let mut recent = std::sync::Arc::default();
             let mut supervisor = p.status.as_ref().map(|rx| {
                 let published = rx.borrow().clone();
+                recent = published.recent;
                 live(published.status, &published.ids, &servers)
             });
             if measure_memory {
@@ -263,6 +272,7 @@ pub fn collect(
                 total: p.requests.total.snapshot(),
                 supervisor,
                 servers,
+                recent,
             }
         })
         .collect()

@@ -4,10 +4,15 @@
 //!
 //! `counters` holds what the request path counts (lock-free), `collect` joins it with the
 //! configured limits and the drivers' published state, `render` and `metrics` write the
-//! formats, `server` answers `/status`, `/metrics` and `/ping`.
+//! formats, `history` keeps the last minutes per pool, `html` is the page for people,
+//! `server` answers `/status`, `/metrics` and `/ping`, and `watch` is the terminal view of
+//! `corral status --watch`.
 
 pub mod collect;
 pub mod counters;
+pub mod history;
+pub mod html;
 pub mod metrics;
 pub mod render;
 pub mod server;
+pub mod watch;

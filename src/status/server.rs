@@ -2,8 +2,9 @@
 //!
 //! Routes: `/ping` answers `pong` (php-fpm's `ping.path`); `/status` the status page, as text,
 //! `?json`, or `?openmetrics`, with `?full` adding a row per worker and `?pool=NAME` keeping
-//! one pool; `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer
-//! reads counters and the drivers' last published status, so it never waits for a worker.
+//! one pool, `?html` the page for people and `?history` the samples its sparklines draw;
+//! `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer reads
+//! counters and the drivers' last published status, so it never waits for a worker.
 //!
 //! It counts its connections in a table of its own (`front::limits::STATUS_MAX_CONNECTIONS`,
 //! closing the connection idle longest when full) with short fixed timeouts, so neither a
@@ -26,7 +27,7 @@ use crate::front::limits::{Admission, Client, Watched, STATUS_TIMEOUTS};
 use crate::front::listener::{Listener, Peer};
 use crate::gateway::Gateway;
 use crate::status::collect::{collect, StatusSource};
-use crate::status::{metrics, render};
+use crate::status::{history, html, metrics, render};
 
 /// A whole response body in one piece.
 #[derive(Debug)]
@@ -68,6 +69,10 @@ pub struct Query {
     pub openmetrics: bool,
     /// `?full`.
     pub full: bool,
+    /// `?html`.
+    pub html: bool,
+    /// `?history`.
+    pub history: bool,
     /// `?pool=NAME`.
     pub pool: Option<String>,
 }
@@ -82,6 +87,8 @@ impl Query {
                 "json" => out.json = true,
                 "openmetrics" => out.openmetrics = true,
                 "full" => out.full = true,
+                "html" => out.html = true,
+                "history" => out.history = true,
                 // Pool names are ASCII letters, digits, `_` and `-`: nothing to decode.
                 "pool" => out.pool = Some(v.to_owned()),
                 _ => {}
@@ -117,6 +124,15 @@ pub fn answer(
             "pong\n".to_owned(),
         );
     }
+    if path == "/status" && q.html {
+        // The page holds no numbers: its script asks for them.
+        let mut r = reply(StatusCode::OK, html::CONTENT_TYPE, html::PAGE.to_owned());
+        r.headers_mut().insert(
+            header::CONTENT_SECURITY_POLICY,
+            header::HeaderValue::from_static(html::CONTENT_SECURITY_POLICY),
+        );
+        return r;
+    }
     if path != "/status" && path != "/metrics" {
         return reply(
             StatusCode::NOT_FOUND,
@@ -128,7 +144,7 @@ pub fn answer(
         gateway,
         source,
         q.pool.as_deref(),
-        q.full && path == "/status",
+        q.full && !q.history && path == "/status",
     );
     if let (Some(name), true) = (&q.pool, pools.is_empty()) {
         return reply(
@@ -152,6 +168,10 @@ pub fn answer(
                     .collect::<Vec<_>>(),
             ),
         );
+    }
+    if q.history {
+        let body = history::json(&source.history, &pools, now);
+        return reply(StatusCode::OK, "application/json", body);
     }
     if q.json {
         let body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
@@ -282,5 +302,8 @@ mod tests {
         assert_eq!(q.pool.as_deref(), Some("www"));
         assert_eq!(Query::parse(""), Query::default());
         assert!(Query::parse("openmetrics=1&x=y").openmetrics);
+        let q = Query::parse("html&pool=www");
+        assert!(q.html && !q.history && !q.json);
+        assert!(Query::parse("history").history);
     }
 }
