@@ -42,16 +42,26 @@ impl PidFile {
             ),
             _ => {}
         }
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path)?;
+        // Another corral starting beside this one in the same runtime_dir may create the file
+        // between the removal and the creation: then this one takes it over (the warning
+        // above says what that means), a few times at most.
+        let mut tries = 0;
+        let mut file = loop {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let created = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(path);
+            match created {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 5 => tries += 1,
+                other => break other?,
+            }
+        };
         writeln!(file, "{}", std::process::id())?;
         Ok(PidFile {
             path: path.to_path_buf(),

@@ -1,5 +1,6 @@
 //! systemd's protocols, spoken by the real binary: `Type=notify` readiness (READY=1 once the
-//! pool has its `min` workers, STATUS= with live counts, WATCHDOG=1, STOPPING=1) to a
+//! pool has its `min` workers, STATUS= with live counts, WATCHDOG=1, RELOADING=1 with
+//! MONOTONIC_USEC on reload, STOPPING=1) to a
 //! NOTIFY_SOCKET the test listens on, and socket activation: a listening socket handed over
 //! as fd 3 with LISTEN_FDS serves requests in place of the `[[listen]]` block's own bind.
 
@@ -114,6 +115,22 @@ fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
         seen.iter().chain(&seen2).any(|m| m.starts_with("STATUS=")),
         "{seen:?} {seen2:?}"
     );
+    // A reload says RELOADING=1 with the monotonic time, then READY=1 once it is applied.
+    corral.signal(nix::sys::signal::Signal::SIGHUP);
+    let reloading = until(&socket, "RELOADING=1", Duration::from_secs(10));
+    let message = reloading.last().unwrap();
+    let usec = message
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(usec.is_some_and(|u| u > 0), "{message}");
+    let ready = until(&socket, "READY=1", Duration::from_secs(20));
+    assert!(
+        ready.last().is_some_and(|m| m.contains("STATUS=")),
+        "{ready:?}\n{}",
+        corral.log()
+    );
+    assert!(corral.wait_log("reloaded: the new configuration serves"));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(corral.pid() as i32),
         nix::sys::signal::Signal::SIGTERM,
