@@ -6,7 +6,8 @@
 //! POST with its CSRF token and session cookie (and 422 without them), an
 //! `ActionController::Live` stream, a multipart upload checked by hash on the server, the
 //! pool's `ruby` interpreter, and Bundler's setup run by the launcher when a Gemfile sits
-//! next to config.ru (a plain Rack app, with and without one).
+//! next to config.ru (a plain Rack app, with and without one, and with one naming a gem
+//! nobody installed).
 
 #![allow(
     clippy::unwrap_used,
@@ -257,6 +258,11 @@ fn start() -> Fixture {
                 "source \"https://rubygems.org\"\n\ngem \"rack\"\n",
             ),
             ("plain/config.ru", BUNDLE_PROBE),
+            ("unbundlable/config.ru", BUNDLE_PROBE),
+            (
+                "unbundlable/Gemfile",
+                "source \"https://rubygems.org\"\n\ngem \"corral-test-no-such-gem\"\n",
+            ),
         ],
     );
     // Resolved against the gems Debian installed, with no network.
@@ -302,9 +308,21 @@ mode = "static"
 max = 1
 queue_timeout = "60s"
 
+# Its Gemfile names a gem nobody installed: the worker never starts.
+[pools.unbundlable]
+app = "rack:unbundlable/config.ru"
+cwd = "{dir}"
+mode = "static"
+max = 1
+queue_timeout = "1s"
+
 [[contexts]]
 prefix = "/app"
 pool = "rails"
+
+[[contexts]]
+prefix = "/unbundlable"
+pool = "unbundlable"
 
 [[contexts]]
 prefix = "/bundled"
@@ -495,4 +513,19 @@ fn a_gemfile_next_to_config_ru_is_set_up_before_the_app_loads() {
     assert!(text.contains("gemfile=\n"), "{text}");
     assert!(text.contains("bundler=none\n"), "{text}");
     assert!(text.contains("rails=loadable\n"), "{text}");
+}
+
+#[test]
+fn a_gemfile_naming_a_missing_gem_is_reported_and_answered_with_a_gateway_error() {
+    let f = fixture();
+    assert!(
+        f.corral
+            .wait_log("Could not find gem 'corral-test-no-such-gem'"),
+        "{}",
+        f.corral.log()
+    );
+    // A worker that exits while starting (502) or none ready in time (503): an answer at
+    // once, either way.
+    let r = http(f.addr, "GET", "/unbundlable/", &[], b"");
+    assert!(matches!(r.status, 502 | 503), "{} {}", r.status, r.text());
 }
