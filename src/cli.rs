@@ -437,8 +437,12 @@ fn pool_summary(p: &config::PoolConfig) -> String {
         Backend::Spawned(s) => {
             let program = match &s.program {
                 Program::Command(argv) => argv.first().cloned().unwrap_or_default(),
-                Program::Wsgi { module, callable } => format!("wsgi {module}:{callable}"),
-                Program::Rack { rackup } => format!("rack {}", rackup.display()),
+                Program::Wsgi {
+                    module,
+                    callable,
+                    python,
+                } => format!("wsgi {module}:{callable} on {python}"),
+                Program::Rack { rackup, ruby } => format!("rack {} on {ruby}", rackup.display()),
             };
             let size = match s.sizing {
                 Sizing::Static { workers } => format!("static {workers}"),

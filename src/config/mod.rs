@@ -374,13 +374,26 @@ pub enum Program {
         module: String,
         /// Attribute of the module (default `application`).
         callable: String,
+        /// The interpreter that runs the launcher: `python` as written (an absolute path, or
+        /// a name looked up in the worker's `PATH`), `VIRTUALENV/bin/python` for
+        /// `virtualenv`, else [`DEFAULT_PYTHON`].
+        python: String,
     },
     /// `app = "rack:PATH"`: the embedded Ruby launcher with a rackup file.
     Rack {
         /// Path of the rackup file (relative to `cwd`).
         rackup: PathBuf,
+        /// The interpreter that runs the launcher: `ruby` as written, else
+        /// [`DEFAULT_RUBY`].
+        ruby: String,
     },
 }
+
+/// The interpreter of a WSGI pool that names none: the system's Python 3.
+pub const DEFAULT_PYTHON: &str = "python3";
+
+/// The interpreter of a Rack pool that names none.
+pub const DEFAULT_RUBY: &str = "ruby";
 
 /// Pool size policy (`mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use super::units::{parse_duration, parse_size};
 use super::validate::Errors;
 use super::{
     Backend, BackendAddress, BackendProtocol, PoolConfig, Program, Recycle, ServerConfig, Sizing,
-    SpawnConfig,
+    SpawnConfig, DEFAULT_PYTHON, DEFAULT_RUBY,
 };
 
 /// Longest pool name; names end up in worker socket paths and metric labels.
@@ -65,6 +65,8 @@ pub(super) fn pool(
             }
         }
     }
+
+    misplaced_interpreter(e, n, p);
 
     let backend = match (&p.servers, chosen.len()) {
         (Some(servers), 1) => external(e, n, p, servers),
@@ -314,7 +316,112 @@ fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
     }
     let app = p.app.as_ref()?;
     let result = parse_app(app.get_ref());
-    e.check(app.span(), result)
+    let mut program = e.check(app.span(), result)?;
+    match &mut program {
+        Program::Wsgi { python, .. } => {
+            if let Some(chosen) = python_interpreter(e, p) {
+                *python = chosen;
+            }
+        }
+        Program::Rack { ruby, .. } => {
+            if let Some(chosen) = p.ruby.as_ref() {
+                *ruby = e.check(chosen.span(), interpreter_path("ruby", chosen.get_ref()))?;
+            }
+        }
+        Program::Command(_) => {}
+    }
+    Some(program)
+}
+
+/// Which Python runs a WSGI pool's launcher, from `python` or `virtualenv` (at most one);
+/// `None` when neither is set (or the one set is wrong, which is recorded).
+fn python_interpreter(e: &mut Errors, p: &FilePool) -> Option<String> {
+    match (&p.python, &p.virtualenv) {
+        (Some(python), Some(venv)) => {
+            let later = if python.span().start > venv.span().start {
+                python
+            } else {
+                venv
+            };
+            e.at(
+                later.span(),
+                "set python or virtualenv, not both: virtualenv = \"DIR\" runs DIR/bin/python",
+            );
+            None
+        }
+        (Some(python), None) => {
+            e.check(python.span(), interpreter_path("python", python.get_ref()))
+        }
+        (None, Some(venv)) => {
+            let dir = e.absolute_path(venv, "virtualenv")?;
+            let dir = dir.to_string_lossy();
+            let dir = dir.trim_end_matches('/');
+            if dir.is_empty() {
+                e.at(venv.span(), "virtualenv \"/\" is not a virtual environment");
+                return None;
+            }
+            Some(format!("{dir}/bin/python"))
+        }
+        (None, None) => None,
+    }
+}
+
+/// An interpreter as `python` or `ruby` names it: an absolute path to the executable, or a
+/// bare program name the worker's `PATH` finds (as `command = [...]` is looked up). A
+/// relative path would depend on the directory corral was started from, so it is refused.
+fn interpreter_path(key: &str, text: &str) -> Result<String, String> {
+    let example = if key == "python" {
+        "\"/srv/app/venv/bin/python\" or \"python3.11\""
+    } else {
+        "\"/usr/bin/ruby3.1\" or \"ruby3.1\""
+    };
+    if text.trim().is_empty() || text.contains('\0') || text.chars().any(char::is_control) {
+        return Err(format!("{key} must name an interpreter, e.g. {example}"));
+    }
+    if text.ends_with('/') {
+        return Err(format!(
+            "{key} \"{text}\" names a directory; name the interpreter itself, e.g. {example}"
+        ));
+    }
+    if text.contains('/') && !text.starts_with('/') {
+        return Err(format!(
+            "{key} \"{text}\" must be an absolute path or a program name looked up in PATH, \
+             e.g. {example}"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// `python` and `virtualenv` belong to WSGI apps, `ruby` to Rack apps: anywhere else the
+/// key would be silently ignored, so it is an error that says where it belongs.
+fn misplaced_interpreter(e: &mut Errors, n: &str, p: &FilePool) {
+    let (runs, what) = match p.app.as_ref().map(|a| a.get_ref().as_str()) {
+        Some(a) if a.starts_with("wsgi:") => (
+            "wsgi",
+            "runs a WSGI app (name its interpreter with python or virtualenv)",
+        ),
+        Some(a) if a.starts_with("rack:") => {
+            ("rack", "runs a Rack app (name its interpreter with ruby)")
+        }
+        // A malformed app is reported on its own.
+        Some(_) => return,
+        None if p.servers.is_some() => ("", "uses external servers"),
+        None => ("", "runs a command, which names its own interpreter"),
+    };
+    let keys = [
+        ("python", "wsgi", p.python.as_ref()),
+        ("virtualenv", "wsgi", p.virtualenv.as_ref()),
+        ("ruby", "rack", p.ruby.as_ref()),
+    ];
+    for (key, kind, value) in keys {
+        let Some(value) = value else { continue };
+        if runs != kind {
+            e.at(
+                value.span(),
+                format!("{key} applies to app = \"{kind}:...\" pools; pool \"{n}\" {what}"),
+            );
+        }
+    }
 }
 
 /// `wsgi:MODULE[:CALLABLE]` or `rack:PATH`.
@@ -331,6 +438,7 @@ fn parse_app(text: &str) -> Result<Program, String> {
             return Ok(Program::Wsgi {
                 module: module.to_owned(),
                 callable: callable.to_owned(),
+                python: DEFAULT_PYTHON.to_owned(),
             });
         }
         return Err(format!(
@@ -346,6 +454,7 @@ fn parse_app(text: &str) -> Result<Program, String> {
         }
         return Ok(Program::Rack {
             rackup: PathBuf::from(path),
+            ruby: DEFAULT_RUBY.to_owned(),
         });
     }
     Err(format!(

@@ -187,7 +187,8 @@ fn embedded_default_is_valid() {
     assert_eq!(c.pools[0].protocol, BackendProtocol::Scgi);
     assert!(matches!(
         spawn(&c.pools[0]).program,
-        Program::Wsgi { ref module, ref callable } if module == "corral_demo" && callable == "application"
+        Program::Wsgi { ref module, ref callable, ref python }
+            if module == "corral_demo" && callable == "application" && python == DEFAULT_PYTHON
     ));
 }
 
@@ -254,7 +255,8 @@ pool = "rack"
     assert_eq!(
         spawn(rack).program,
         Program::Rack {
-            rackup: "config.ru".into()
+            rackup: "config.ru".into(),
+            ruby: DEFAULT_RUBY.into(),
         }
     );
     match &c.listeners[0].bind {
@@ -721,4 +723,108 @@ command = ["php-cgi"]
     expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");
     expect_error(src, "\"soon\"", "is not valid");
     expect_error(src, "\"0ms\"", "body_timeout must be greater than zero");
+}
+
+/// An http listener in front of one app pool named `app`, so tests can append pool keys.
+const APP_POOL: &str = r#"
+[[contexts]]
+pool = "app"
+
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[pools.app]
+"#;
+
+#[test]
+fn python_virtualenv_and_ruby_name_the_launchers_interpreter() {
+    let program = |keys: &str| {
+        spawn(&ok(&format!("{APP_POOL}{keys}")).pools[0])
+            .program
+            .clone()
+    };
+    let wsgi = |python: &str| Program::Wsgi {
+        module: "app".into(),
+        callable: "application".into(),
+        python: python.into(),
+    };
+    assert_eq!(program("app = \"wsgi:app\"\n"), wsgi("python3"));
+    assert_eq!(
+        program("app = \"wsgi:app\"\npython = \"/srv/app/venv/bin/python\"\n"),
+        wsgi("/srv/app/venv/bin/python")
+    );
+    assert_eq!(
+        program("app = \"wsgi:app\"\npython = \"python3.11\"\n"),
+        wsgi("python3.11")
+    );
+    // A virtualenv runs its own bin/python, with or without a trailing slash.
+    for dir in ["/srv/app/venv", "/srv/app/venv/"] {
+        assert_eq!(
+            program(&format!("app = \"wsgi:app\"\nvirtualenv = \"{dir}\"\n")),
+            wsgi("/srv/app/venv/bin/python")
+        );
+    }
+    assert_eq!(
+        program("app = \"rack:config.ru\"\nruby = \"/usr/bin/ruby3.1\"\n"),
+        Program::Rack {
+            rackup: "config.ru".into(),
+            ruby: "/usr/bin/ruby3.1".into(),
+        }
+    );
+}
+
+#[test]
+fn interpreter_keys_are_checked_where_written() {
+    let src = format!("{APP_POOL}app = \"wsgi:app\"\npython = \"venv/bin/python\"\n");
+    expect_error(
+        &src,
+        "\"venv/bin/python\"",
+        "must be an absolute path or a program name",
+    );
+    let src = format!("{APP_POOL}app = \"wsgi:app\"\npython = \"/srv/venv/bin/\"\n");
+    expect_error(&src, "\"/srv/venv/bin/\"", "names a directory");
+    let src = format!("{APP_POOL}app = \"wsgi:app\"\npython = \"\"\n");
+    expect_error(&src, "\"\"\n", "python must name an interpreter");
+    let src = format!("{APP_POOL}app = \"wsgi:app\"\nvirtualenv = \"venv\"\n");
+    expect_error(
+        &src,
+        "\"venv\"",
+        "virtualenv \"venv\" must be an absolute path",
+    );
+    let src = format!("{APP_POOL}app = \"wsgi:app\"\nvirtualenv = \"/\"\n");
+    expect_error(&src, "\"/\"", "is not a virtual environment");
+    // Both: the later one is the one to remove.
+    let src = format!(
+        "{APP_POOL}app = \"wsgi:app\"\npython = \"/usr/bin/python3\"\nvirtualenv = \"/srv/venv\"\n"
+    );
+    expect_error(&src, "\"/srv/venv\"", "set python or virtualenv, not both");
+    let src = format!("{APP_POOL}app = \"rack:config.ru\"\nruby = \"bin/ruby\"\n");
+    expect_error(
+        &src,
+        "\"bin/ruby\"",
+        "ruby \"bin/ruby\" must be an absolute path",
+    );
+
+    // Each key belongs to one kind of pool; elsewhere it would be ignored, so it is an error.
+    let src = format!("{APP_POOL}app = \"rack:config.ru\"\npython = \"/usr/bin/python3\"\n");
+    expect_error(
+        &src,
+        "\"/usr/bin/python3\"",
+        "python applies to app = \"wsgi:...\" pools; pool \"app\" runs a Rack app",
+    );
+    let src = format!("{APP_POOL}app = \"wsgi:app\"\nruby = \"ruby3.1\"\n");
+    expect_error(
+        &src,
+        "\"ruby3.1\"",
+        "ruby applies to app = \"rack:...\" pools; pool \"app\" runs a WSGI app",
+    );
+    let src = format!("{APP_POOL}command = [\"php-cgi\"]\nvirtualenv = \"/srv/venv\"\n");
+    expect_error(
+        &src,
+        "\"/srv/venv\"",
+        "virtualenv applies to app = \"wsgi:...\" pools; pool \"app\" runs a command",
+    );
+    let src = format!("{APP_POOL}servers = [\"127.0.0.1:9000\"]\nruby = \"ruby\"\n");
+    expect_error(&src, "\"ruby\"\n", "pool \"app\" uses external servers");
 }

@@ -20,22 +20,29 @@ pub const WSGI: &str = include_str!("wsgi.py");
 pub const RACK: &str = include_str!("rack.rb");
 
 /// The argv that runs `program` through its launcher, after writing the launcher into
-/// `runtime_dir`; `None` for a plain `command`, which needs no launcher.
+/// `runtime_dir`; `None` for a plain `command`, which needs no launcher. The interpreter is
+/// the pool's (`python`, `virtualenv`, `ruby`) and is run by the path written there, never
+/// resolved first: a virtualenv's `bin/python` is a symbolic link, and Python finds the
+/// environment (its `pyvenv.cfg`) from the path it was started by.
 pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<String>>> {
     match program {
         Program::Command(_) => Ok(None),
-        Program::Wsgi { module, callable } => {
+        Program::Wsgi {
+            module,
+            callable,
+            python,
+        } => {
             let path = write(runtime_dir, "corral-wsgi.py", WSGI)?;
             Ok(Some(vec![
-                "python3".to_owned(),
+                python.clone(),
                 path.display().to_string(),
                 format!("{module}:{callable}"),
             ]))
         }
-        Program::Rack { rackup } => {
+        Program::Rack { rackup, ruby } => {
             let path = write(runtime_dir, "corral-rack.rb", RACK)?;
             Ok(Some(vec![
-                "ruby".to_owned(),
+                ruby.clone(),
                 path.display().to_string(),
                 rackup.display().to_string(),
             ]))
@@ -115,18 +122,24 @@ mod tests {
         let wsgi = Program::Wsgi {
             module: "app.wsgi".into(),
             callable: "application".into(),
+            python: "/srv/app/venv/bin/python".into(),
         };
         let argv = command(&wsgi, dir.path()).unwrap().unwrap();
-        assert_eq!(argv[0], "python3");
+        // The pool's interpreter, as written: a venv's bin/python is not resolved.
+        assert_eq!(argv[0], "/srv/app/venv/bin/python");
         assert_eq!(argv[2], "app.wsgi:application");
         assert_eq!(std::fs::read_to_string(&argv[1]).unwrap(), WSGI);
         // A second pool reuses the file.
         assert_eq!(command(&wsgi, dir.path()).unwrap().unwrap(), argv);
         let rack = Program::Rack {
             rackup: "config.ru".into(),
+            ruby: "ruby3.1".into(),
         };
         let argv = command(&rack, dir.path()).unwrap().unwrap();
-        assert_eq!((argv[0].as_str(), argv[2].as_str()), ("ruby", "config.ru"));
+        assert_eq!(
+            (argv[0].as_str(), argv[2].as_str()),
+            ("ruby3.1", "config.ru")
+        );
         assert!(
             command(&Program::Command(vec!["php-cgi".into()]), dir.path())
                 .unwrap()
@@ -149,6 +162,7 @@ mod tests {
         let wsgi = Program::Wsgi {
             module: "m".into(),
             callable: "app".into(),
+            python: crate::config::DEFAULT_PYTHON.into(),
         };
         command(&wsgi, dir.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");

@@ -760,6 +760,24 @@ module CorralRack
     end
   end
 
+  # Bundler's setup, before anything of the app (rack included) is loaded, when the app has
+  # a bundle: BUNDLE_GEMFILE from the pool's env, else a Gemfile (or gems.rb) next to the
+  # rackup file, as Passenger and `bundle exec rackup` find it. Only the bundle's gems, in
+  # the locked versions, can then be loaded; a gem it lacks fails here, naming the gem.
+  # Returns the Gemfile used, or nil.
+  def self.bundle(rackup)
+    gemfile = ENV['BUNDLE_GEMFILE'].to_s
+    if gemfile.empty?
+      dir = File.dirname(File.expand_path(rackup))
+      gemfile = %w[Gemfile gems.rb].map { |name| File.join(dir, name) }.find { |f| File.file?(f) }
+      return nil if gemfile.nil?
+
+      ENV['BUNDLE_GEMFILE'] = gemfile
+    end
+    require 'bundler/setup'
+    gemfile
+  end
+
   # The app and the rack.version to announce (rack 2 wants one; rack 3 dropped it).
   def self.load_app(path)
     begin
@@ -788,12 +806,15 @@ module CorralRack
     socket = fd0.dup
     $stdin.reopen(File::NULL)
     begin
+      gemfile = bundle(argv[0])
       app, version = load_app(argv[0])
     rescue StandardError, ScriptError => e
       log("cannot load #{argv[0]}: #{e.class}: #{e.message}\n\t#{Array(e.backtrace).join("\n\t")}")
       return 1
     end
-    log("serving #{argv[0]} (Ruby #{RUBY_VERSION}, #{defined?(Rack.release) ? "rack #{Rack.release}" : 'no rack gem'}, pid #{Process.pid})")
+    rack = defined?(Rack.release) ? "rack #{Rack.release}" : 'no rack gem'
+    bundled = gemfile ? ", bundle #{gemfile}" : ''
+    log("serving #{argv[0]} (Ruby #{RUBY_VERSION} at #{RbConfig.ruby}, #{rack}#{bundled}, pid #{Process.pid})")
     server = Server.new(app, version)
     server.trap_signals
     server.run(socket)

@@ -503,6 +503,22 @@ def install_demo():
 # Start-up
 
 
+def activate_virtualenv():
+    """When the interpreter is a virtual environment's (the pool's `python` or `virtualenv`),
+    makes its environment look activated, as `bin/activate` would: VIRTUAL_ENV names it and
+    its bin/ comes first on PATH, so programs the app starts (its own console scripts, a
+    `python` it calls) are the environment's too. The imports need nothing: this Python
+    found the environment's site-packages from the path it was started by."""
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        return None
+    os.environ["VIRTUAL_ENV"] = sys.prefix
+    bin_dir = os.path.join(sys.prefix, "bin")
+    path = os.environ.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = bin_dir + (os.pathsep + path if path else "")
+    return sys.prefix
+
+
 def load_app(spec):
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -539,6 +555,7 @@ def main(argv):
     # Signals are caught before the app is imported: a stop during a slow import exits 0
     # once the import is done, instead of dying mid-import.
     stopper = Stopper()
+    venv = activate_virtualenv()
     try:
         app = load_app(argv[1])
     except SystemExit:
@@ -546,7 +563,9 @@ def main(argv):
     except BaseException:
         log("cannot load %s:\n%s" % (argv[1], traceback.format_exc()))
         return 1
-    log("serving %s (Python %s, pid %d)" % (argv[1], platform.python_version(), os.getpid()))
+    log("serving %s (Python %s at %s%s, pid %d)" % (
+        argv[1], platform.python_version(), sys.executable,
+        ", virtualenv %s" % venv if venv else "", os.getpid()))
     serve(app, listener, stopper)
     log("stopped on signal")
     return 0

@@ -7,6 +7,7 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod apps;
 pub mod front;
 pub mod matrix;
 pub mod peers;

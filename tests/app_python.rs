@@ -1,0 +1,726 @@
+//! Django 3.2 and Flask 2.2 (Debian's python3-django and python3-flask) through corral's
+//! embedded WSGI launcher, as people deploy them, and an app in a real virtualenv. One corral
+//! serves them all:
+//!
+//! - Django, mounted under `/django`: the admin login with its CSRF token and session
+//!   cookie (403 without the token), an upload form with its token, a
+//!   `StreamingHttpResponse`, `reverse()` and `request.path` under the mount, and the admin's
+//!   static files (`collectstatic` into the static root) served by corral itself from
+//!   `/static` (Django with `DEBUG = False` serves none);
+//! - Flask, mounted under `/flask`: a form POST checked against a token kept in the signed
+//!   session cookie, a streamed generator, a multipart upload, `url_for` under the mount, and
+//!   its static folder served by corral (the app never sees those requests);
+//! - a WSGI app importing a PyPI package installed with pip into a venv made by the test
+//!   (Debian's Python lacks it), run by the pool's `virtualenv`.
+//!
+//! Django and Flask run on `python = "/usr/bin/python3"`: Debian's packages are for
+//! Debian's Python, which need not be the `python3` first on PATH (a pyenv's, say).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use support::apps::{
+    chmod, gate_name, input_value, setup, sha256, shared, streamed_get, upload_bytes, writable_dir,
+    write_tree, Browser, Reaper,
+};
+use support::server::{http, Corral};
+
+/// Debian's Python, for which python3-django and python3-flask are installed.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// The PyPI package installed into the test's venv, which Debian's Python must lack.
+const VENV_PACKAGE: &str = "humanize";
+
+/// The Django admin user the fixture creates.
+const ADMIN: (&str, &str) = ("admin", "corral-test-Pa55word");
+
+/// Waits up to 5 s for the gate file named by `?gate=` (in `$GATES`), then says whether it
+/// appeared; shared by the Django and Flask streams.
+const GATE_PY: &str = r#"import os, time
+
+def wait(name):
+    path = os.path.join(os.environ["GATES"], os.path.basename(name))
+    for _ in range(500):
+        if os.path.exists(path):
+            return True
+        time.sleep(0.01)
+    return False
+"#;
+
+/// A Django project as `django-admin startproject mysite` lays it out, trimmed, with a few
+/// views of the test's own.
+const DJANGO: &[(&str, &str)] = &[
+    (
+        "manage.py",
+        r#"#!/usr/bin/env python3
+import os, sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+    from django.core.management import execute_from_command_line
+    execute_from_command_line(sys.argv)
+"#,
+    ),
+    ("mysite/__init__.py", ""),
+    ("mysite/gate.py", GATE_PY),
+    (
+        "mysite/settings.py",
+        r#"import os
+
+SECRET_KEY = "corral-test-not-secret-0123456789abcdefghijklmnopqrstuvwxyz"
+DEBUG = False
+ALLOWED_HOSTS = ["localhost", "127.0.0.1"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "mysite.urls"
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+WSGI_APPLICATION = "mysite.wsgi.application"
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
+                         "NAME": os.environ["DJANGO_DB"]}}
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+STATIC_URL = "/static/"
+STATIC_ROOT = os.environ["DJANGO_STATIC_ROOT"]
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django": {"handlers": ["console"], "level": "WARNING"}},
+}
+"#,
+    ),
+    (
+        "mysite/urls.py",
+        r#"from django.contrib import admin
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", views.index, name="index"),
+    path("stream/", views.stream, name="stream"),
+    path("upload/", views.upload, name="upload"),
+]
+"#,
+    ),
+    (
+        "mysite/views.py",
+        r#"import hashlib, sys
+
+from django.http import HttpResponse, StreamingHttpResponse
+from django.template import engines
+from django.templatetags.static import static
+from django.urls import reverse
+
+from .gate import wait
+
+def index(request):
+    text = "script_name=%s\nadmin=%s\nupload=%s\nstatic=%s\npython=%s\n" % (
+        request.META["SCRIPT_NAME"], reverse("admin:index"), reverse("upload"),
+        static("admin/css/base.css"), sys.executable)
+    return HttpResponse(text, content_type="text/plain")
+
+def stream(request):
+    gate = request.GET["gate"]
+    def body():
+        yield b"first;"
+        yield b"second;" if wait(gate) else b"late;"
+        yield b"third;"
+    return StreamingHttpResponse(body(), content_type="text/plain")
+
+UPLOAD_FORM = """<form method="post" enctype="multipart/form-data" action="{{ request.path }}">
+{% csrf_token %}<input type="file" name="file"><button>Upload</button></form>"""
+
+def upload(request):
+    if request.method == "POST":
+        f = request.FILES["file"]
+        digest = hashlib.sha256()
+        for chunk in f.chunks():
+            digest.update(chunk)
+        return HttpResponse("%s %d %s" % (f.name, f.size, digest.hexdigest()),
+                            content_type="text/plain")
+    return HttpResponse(engines["django"].from_string(UPLOAD_FORM).render(request=request))
+"#,
+    ),
+    (
+        "mysite/wsgi.py",
+        r#"import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+application = get_wsgi_application()
+"#,
+    ),
+];
+
+/// What the Django fixture runs once before corral starts: the database, the admin user,
+/// the static files.
+const DJANGO_SETUP: &str = r#"import os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth.models import User
+call_command("migrate", interactive=False, verbosity=0)
+call_command("collectstatic", interactive=False, verbosity=0)
+User.objects.create_superuser(os.environ["ADMIN_USER"], "admin@example.com",
+                              os.environ["ADMIN_PASSWORD"])
+"#;
+
+/// A Flask app: a form whose token lives in the signed session cookie, a stream, an upload,
+/// and a log of every path it is asked for (so the test can tell corral served the static
+/// files).
+const FLASK: &str = r#"import hashlib, os, secrets, sys
+
+from flask import Flask, Response, abort, redirect, render_template_string, request, session, url_for
+
+from gate import wait
+
+app = Flask(__name__, static_folder=os.environ["FLASK_STATIC"])
+app.secret_key = "corral-test-flask-not-secret"
+
+@app.before_request
+def note_path():
+    with open(os.environ["FLASK_SEEN"], "a") as seen:
+        seen.write(request.script_root + request.path + "\n")
+
+@app.route("/")
+def index():
+    text = "script_root=%s\nform=%s\nstatic=%s\nname=%s\nposts=%d\npython=%s\n" % (
+        request.script_root, url_for("form"), url_for("static", filename="app.css"),
+        session.get("name", ""), session.get("posts", 0), sys.executable)
+    return Response(text, mimetype="text/plain")
+
+FORM = """<form method="post" action="{{ url_for('form') }}">
+<input type="hidden" name="csrf" value="{{ token }}"><input name="name"></form>"""
+
+@app.route("/form", methods=["GET", "POST"])
+def form():
+    if request.method == "POST":
+        token = session.pop("csrf", None)
+        if token is None or request.form.get("csrf") != token:
+            abort(400)
+        session["name"] = request.form["name"]
+        session["posts"] = session.get("posts", 0) + 1
+        return redirect(url_for("index"))
+    session["csrf"] = secrets.token_urlsafe(16)
+    return render_template_string(FORM, token=session["csrf"])
+
+@app.route("/stream")
+def stream():
+    gate = request.args["gate"]
+    def body():
+        yield "first;"
+        yield "second;" if wait(gate) else "late;"
+        yield "third;"
+    return Response(body(), mimetype="text/plain")
+
+@app.route("/upload", methods=["POST"])
+def upload():
+    f = request.files["file"]
+    digest, size = hashlib.sha256(), 0
+    while True:
+        chunk = f.stream.read(65536)
+        if not chunk:
+            break
+        digest.update(chunk)
+        size += len(chunk)
+    return Response("%s %d %s" % (f.filename, size, digest.hexdigest()), mimetype="text/plain")
+"#;
+
+/// A plain WSGI app that needs the venv's package, and says which Python runs it.
+const VENV_APP: &str = r#"import os, sys
+
+import humanize
+
+def application(environ, start_response):
+    text = "size=%s\nmodule=%s\nprefix=%s\nexecutable=%s\nvirtual_env=%s\npath0=%s\n" % (
+        humanize.naturalsize(3 << 20, binary=True), humanize.__file__, sys.prefix,
+        sys.executable, os.environ.get("VIRTUAL_ENV", ""),
+        os.environ.get("PATH", "").split(os.pathsep)[0])
+    body = text.encode()
+    start_response("200 OK", [("Content-Type", "text/plain"),
+                              ("Content-Length", str(len(body)))])
+    return [body]
+"#;
+
+struct Fixture {
+    reaper: Reaper,
+    corral: Corral,
+    addr: SocketAddr,
+}
+
+impl Fixture {
+    fn dir(&self) -> &Path {
+        &self.reaper.dir
+    }
+
+    fn gate(&self, tag: &str) -> (String, PathBuf) {
+        let name = gate_name(tag);
+        let path = self.dir().join("gates").join(&name);
+        (name, path)
+    }
+
+    /// The paths the Flask app was asked for so far.
+    fn flask_seen(&self) -> String {
+        std::fs::read_to_string(self.dir().join("data/flask-seen")).unwrap_or_default()
+    }
+}
+
+static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
+
+fn fixture() -> &'static Fixture {
+    shared(&FIXTURE, start)
+}
+
+fn start() -> Fixture {
+    let reaper = Reaper::start("corral-python-");
+    let dir = reaper.dir.clone();
+    let d = dir.display();
+    write_tree(&dir.join("django"), DJANGO);
+    write_tree(
+        &dir,
+        &[
+            ("flask/flaskapp.py", FLASK),
+            ("flask/gate.py", GATE_PY),
+            (
+                "public/flask/static/app.css",
+                "body { color: #2a5d2a; } /* served by corral */\n",
+            ),
+            ("venvapp/venvapp.py", VENV_APP),
+        ],
+    );
+    // What the workers (nobody, under a root corral) may write: the database, Flask's log.
+    let data = writable_dir(&dir.join("data"));
+    std::fs::create_dir(dir.join("gates")).unwrap();
+    chmod(&dir.join("gates"), 0o755);
+    let django_env = [
+        ("DJANGO_DB", format!("{}/db.sqlite3", data.display())),
+        ("DJANGO_STATIC_ROOT", format!("{d}/public/static")),
+    ];
+
+    let mut prepare = Command::new(PYTHON);
+    prepare
+        .args(["-c", DJANGO_SETUP])
+        .current_dir(dir.join("django"))
+        .envs(django_env.iter().map(|(k, v)| (k, v)))
+        .env("ADMIN_USER", ADMIN.0)
+        .env("ADMIN_PASSWORD", ADMIN.1);
+    setup(prepare, Duration::from_secs(120));
+    chmod(&data.join("db.sqlite3"), 0o666);
+    make_venv(&dir.join("venv"));
+
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{d}/run"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.django]
+app = "wsgi:mysite.wsgi:application"
+python = "{PYTHON}"
+cwd = "{d}/django"
+mode = "static"
+max = 2
+queue_timeout = "60s"
+env = {{ DJANGO_DB = "{db}", DJANGO_STATIC_ROOT = "{d}/public/static", GATES = "{d}/gates" }}
+
+[pools.flask]
+app = "wsgi:flaskapp:app"
+python = "{PYTHON}"
+cwd = "{d}/flask"
+mode = "static"
+max = 2
+queue_timeout = "60s"
+env = {{ FLASK_STATIC = "{d}/public/flask/static", FLASK_SEEN = "{d}/data/flask-seen", GATES = "{d}/gates" }}
+
+[pools.venv]
+app = "wsgi:venvapp"
+virtualenv = "{d}/venv"
+cwd = "{d}/venvapp"
+mode = "static"
+max = 1
+queue_timeout = "60s"
+
+[[contexts]]
+prefix = "/django"
+pool = "django"
+
+# collectstatic's output, served by corral: /static/admin/... is {d}/public/static/admin/...
+[[contexts]]
+prefix = "/static"
+root = "{d}/public"
+static_files = true
+pool = "django"
+
+[[contexts]]
+prefix = "/flask"
+pool = "flask"
+
+# Flask's static folder, served by corral before the app would be asked.
+[[contexts]]
+prefix = "/flask/static"
+root = "{d}/public"
+static_files = true
+pool = "flask"
+
+[[contexts]]
+prefix = "/venv"
+pool = "venv"
+"#,
+        db = django_env[0].1,
+    );
+    let corral = reaper.corral(&config);
+    let addr = corral.http_addr();
+    for warm in ["/django/", "/flask/", "/venv/"] {
+        let r = http(addr, "GET", warm, &[], b"");
+        assert_eq!(r.status, 200, "{warm}: {}\n{}", r.text(), corral.log());
+    }
+    Fixture {
+        reaper,
+        corral,
+        addr,
+    }
+}
+
+/// A venv of Debian's Python without the system's site-packages, with [`VENV_PACKAGE`]
+/// installed into it from PyPI.
+fn make_venv(venv: &Path) {
+    // Otherwise the test would prove nothing.
+    let out = Command::new(PYTHON)
+        .args(["-c", &format!("import {VENV_PACKAGE}")])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{PYTHON} has {VENV_PACKAGE} already: pick a package it lacks"
+    );
+    let mut create = Command::new(PYTHON);
+    create.args(["-m", "venv"]).arg(venv);
+    setup(create, Duration::from_secs(120));
+    let mut pip = Command::new(venv.join("bin/python"));
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ])
+    .args(["--no-input", "--root-user-action=ignore", VENV_PACKAGE]);
+    setup(pip, Duration::from_secs(180));
+    // Readable by the workers' user whatever the umask.
+    let mut read = Command::new("chmod");
+    read.args(["-R", "a+rX"]).arg(venv);
+    setup(read, Duration::from_secs(30));
+}
+
+#[test]
+fn django_sees_its_mount_point_in_script_name_and_reverse() {
+    let f = fixture();
+    let r = http(f.addr, "GET", "/django/", &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    let text = r.text();
+    assert!(text.contains("script_name=/django\n"), "{text}");
+    assert!(text.contains("admin=/django/admin/\n"), "{text}");
+    assert!(text.contains("upload=/django/upload/\n"), "{text}");
+    assert!(
+        text.contains("static=/static/admin/css/base.css\n"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("python={PYTHON}\n")), "{text}");
+    // Django's own 404 (DEBUG off), from under the mount.
+    let r = http(f.addr, "GET", "/django/no/such/page/", &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+}
+
+#[test]
+fn django_admin_login_needs_its_csrf_token_and_keeps_the_session() {
+    let f = fixture();
+    let mut browser = Browser::default();
+    let r = browser.get(f.addr, "/django/admin/");
+    assert_eq!(r.status, 302, "{}", r.text());
+    assert_eq!(
+        r.header("location"),
+        Some("/django/admin/login/?next=/django/admin/")
+    );
+    let login = browser.get(f.addr, "/django/admin/login/?next=/django/admin/");
+    assert_eq!(login.status, 200, "{}\n{}", login.text(), f.corral.log());
+    let html = login.text();
+    assert!(
+        html.contains("action=\"/django/admin/login/?next=/django/admin/\""),
+        "{html}"
+    );
+    let token = input_value(&html, "csrfmiddlewaretoken").expect("a CSRF token in the form");
+    assert!(browser.cookie("csrftoken").is_some(), "{:?}", login.headers);
+    let fields = |token: &str, password: &str| {
+        vec![
+            ("csrfmiddlewaretoken", token.to_owned()),
+            ("username", ADMIN.0.to_owned()),
+            ("password", password.to_owned()),
+            ("next", "/django/admin/".to_owned()),
+        ]
+    };
+    let post = |browser: &mut Browser, fields: &[(&str, String)]| {
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        browser.post_form(f.addr, "/django/admin/login/?next=/django/admin/", &fields)
+    };
+
+    // Without the token, or with the token but without its cookie: 403, no session.
+    let r = post(&mut browser, &fields(&token, ADMIN.1)[1..]);
+    assert_eq!(r.status, 403, "{}", r.text());
+    let mut stranger = Browser::default();
+    let r = post(&mut stranger, &fields(&token, ADMIN.1));
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(stranger.cookie("sessionid").is_none());
+
+    // A wrong password: the form again, no session.
+    let r = post(&mut browser, &fields(&token, "wrong"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("Please enter the correct username"),
+        "{}",
+        r.text()
+    );
+    assert!(browser.cookie("sessionid").is_none());
+
+    let r = post(&mut browser, &fields(&token, ADMIN.1));
+    assert_eq!(r.status, 302, "{}\n{}", r.text(), f.corral.log());
+    assert_eq!(r.header("location"), Some("/django/admin/"));
+    assert!(browser.cookie("sessionid").is_some(), "{:?}", r.headers);
+    let r = browser.get(f.addr, "/django/admin/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let html = r.text();
+    assert!(html.contains("Site administration"), "{html}");
+    assert!(html.contains("href=\"/django/admin/auth/user/\""), "{html}");
+    let r = browser.get(f.addr, "/django/admin/auth/user/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains(">admin<"), "{}", r.text());
+}
+
+#[test]
+fn django_static_files_come_from_corral() {
+    let f = fixture();
+    let html = http(f.addr, "GET", "/django/admin/login/", &[], b"").text();
+    assert!(
+        html.contains("href=\"/static/admin/css/base.css\""),
+        "{html}"
+    );
+    let r = http(f.addr, "GET", "/static/admin/css/base.css", &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
+    let on_disk = std::fs::read(f.dir().join("public/static/admin/css/base.css")).unwrap();
+    assert!(
+        r.body == on_disk,
+        "the stylesheet differs from collectstatic's"
+    );
+    // Django with DEBUG off serves no static file itself: a miss is corral's 404 too.
+    let r = http(f.addr, "GET", "/static/admin/css/missing.css", &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+}
+
+#[test]
+fn django_streams_a_streaming_http_response() {
+    let f = fixture();
+    let (name, gate) = f.gate("django");
+    let r = streamed_get(
+        f.addr,
+        &format!("/django/stream/?gate={name}"),
+        ("first;", "second;"),
+        &gate,
+    );
+    assert_eq!(r.status, 200, "{}", f.corral.log());
+    assert_eq!(r.text(), "first;second;third;");
+}
+
+#[test]
+fn django_takes_an_upload_with_its_csrf_token() {
+    let f = fixture();
+    let mut browser = Browser::default();
+    let form = browser.get(f.addr, "/django/upload/");
+    assert_eq!(form.status, 200, "{}\n{}", form.text(), f.corral.log());
+    let html = form.text();
+    assert!(html.contains("action=\"/django/upload/\""), "{html}");
+    let token = input_value(&html, "csrfmiddlewaretoken").unwrap();
+    // Over Django's 2.5 MB in-memory limit, so it goes through a temporary file.
+    let data = upload_bytes(3 << 20);
+    let r = browser.post_multipart(
+        f.addr,
+        "/django/upload/",
+        &[("csrfmiddlewaretoken", &token)],
+        ("file", "blob.bin", &data),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    assert_eq!(
+        r.text(),
+        format!("blob.bin {} {}", data.len(), sha256(&data))
+    );
+    let r = Browser::default().post_multipart(f.addr, "/django/upload/", &[], ("file", "x", b"x"));
+    assert_eq!(r.status, 403, "{}", r.text());
+}
+
+#[test]
+fn flask_sees_its_mount_point_in_script_root_and_url_for() {
+    let f = fixture();
+    let r = http(f.addr, "GET", "/flask/", &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    let text = r.text();
+    assert!(text.contains("script_root=/flask\n"), "{text}");
+    assert!(text.contains("form=/flask/form\n"), "{text}");
+    assert!(text.contains("static=/flask/static/app.css\n"), "{text}");
+    assert!(text.contains(&format!("python={PYTHON}\n")), "{text}");
+}
+
+#[test]
+fn a_flask_form_post_needs_the_token_in_its_session_cookie() {
+    let f = fixture();
+    let mut browser = Browser::default();
+    let form = browser.get(f.addr, "/flask/form");
+    assert_eq!(form.status, 200, "{}\n{}", form.text(), f.corral.log());
+    let html = form.text();
+    assert!(html.contains("action=\"/flask/form\""), "{html}");
+    let token = input_value(&html, "csrf").unwrap();
+    assert!(browser.cookie("session").is_some(), "{:?}", form.headers);
+
+    // The same token from a client without the session cookie: refused.
+    let r = Browser::default().post_form(
+        f.addr,
+        "/flask/form",
+        &[("csrf", &token), ("name", "mallory")],
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let r = browser.post_form(
+        f.addr,
+        "/flask/form",
+        &[("csrf", &token), ("name", "Ada L.")],
+    );
+    assert_eq!(r.status, 302, "{}\n{}", r.text(), f.corral.log());
+    assert!(
+        r.header("location").is_some_and(|l| l.ends_with("/flask/")),
+        "{:?}",
+        r.headers
+    );
+    let text = browser.get(f.addr, "/flask/").text();
+    assert!(text.contains("name=Ada L.\nposts=1\n"), "{text}");
+
+    // The token was used up: posting it again is refused, and the session is unchanged.
+    let r = browser.post_form(
+        f.addr,
+        "/flask/form",
+        &[("csrf", &token), ("name", "again")],
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+}
+
+#[test]
+fn flask_streams_a_generator() {
+    let f = fixture();
+    let (name, gate) = f.gate("flask");
+    let r = streamed_get(
+        f.addr,
+        &format!("/flask/stream?gate={name}"),
+        ("first;", "second;"),
+        &gate,
+    );
+    assert_eq!(r.status, 200, "{}", f.corral.log());
+    assert_eq!(r.text(), "first;second;third;");
+}
+
+#[test]
+fn flask_takes_a_multipart_upload() {
+    let f = fixture();
+    let data = upload_bytes((1 << 20) + 12_345);
+    let r = Browser::default().post_multipart(
+        f.addr,
+        "/flask/upload",
+        &[("note", "a field before the file")],
+        ("file", "photo.raw", &data),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    assert_eq!(
+        r.text(),
+        format!("photo.raw {} {}", data.len(), sha256(&data))
+    );
+}
+
+#[test]
+fn flask_static_files_come_from_corral_and_never_reach_the_app() {
+    let f = fixture();
+    let r = http(f.addr, "GET", "/flask/static/app.css", &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
+    assert!(r.text().contains("served by corral"), "{}", r.text());
+    // The app itself is asked for other paths, and they are logged.
+    assert_eq!(http(f.addr, "GET", "/flask/", &[], b"").status, 200);
+    let seen = f.flask_seen();
+    assert!(seen.contains("/flask/\n"), "{seen}");
+    assert!(!seen.contains("/flask/static/"), "{seen}");
+}
+
+#[test]
+fn a_virtualenv_pool_runs_the_venvs_python_with_its_packages() {
+    let f = fixture();
+    let r = http(f.addr, "GET", "/venv/", &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    let text = r.text();
+    let venv = f.dir().join("venv");
+    let venv = venv.display();
+    assert!(text.contains("size=3.0 MiB\n"), "{text}");
+    assert!(text.contains(&format!("module={venv}/lib/")), "{text}");
+    assert!(text.contains(&format!("prefix={venv}\n")), "{text}");
+    assert!(
+        text.contains(&format!("executable={venv}/bin/python\n")),
+        "{text}"
+    );
+    // As bin/activate would have it, for what the app starts.
+    assert!(text.contains(&format!("virtual_env={venv}\n")), "{text}");
+    assert!(text.contains(&format!("path0={venv}/bin\n")), "{text}");
+    assert!(
+        f.corral.log().contains(&format!("virtualenv {venv}")),
+        "{}",
+        f.corral.log()
+    );
+}
