@@ -115,7 +115,8 @@ max_body = "64KiB"
         .expect("build the runtime");
     let gateway = {
         let _entered = runtime.enter();
-        let (gateway, drivers) = Gateway::new(&config).expect("build the gateway");
+        let settings = corral::gateway::BuildSettings::default();
+        let (gateway, drivers) = Gateway::build(&config, &settings).expect("build the gateway");
         assert!(drivers.is_empty(), "an external pool has no driver");
         Arc::new(gateway)
     };
