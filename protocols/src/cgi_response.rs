@@ -391,7 +391,10 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
         }
     }
     let mut locations = 0;
+    // "Status: NNN reason\r\n", each "name: value\r\n", and the blank line: one reservation.
+    let mut len = head.status.as_ref().map_or(0, |s| 14 + s.reason.len()) + 2;
     for (name, value) in &head.headers {
+        len += name.len() + value.len() + 4;
         if !is_token(name) {
             return Err(CgiResponseError::InvalidName {
                 name: snippet(name),
@@ -413,9 +416,16 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
             check_location(value)?;
         }
     }
+    dst.reserve(len);
     if let Some(status) = &head.status {
         dst.put_slice(b"Status: ");
-        dst.put_slice(status.code.to_string().as_bytes());
+        // 100..=999, checked above: three digits.
+        let code = status.code;
+        dst.put_slice(&[
+            b'0' + (code / 100) as u8,
+            b'0' + (code / 10 % 10) as u8,
+            b'0' + (code % 10) as u8,
+        ]);
         if !status.reason.is_empty() {
             dst.put_u8(b' ');
             dst.put_slice(&status.reason);

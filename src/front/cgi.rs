@@ -14,7 +14,8 @@ use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
 use crate::protocols::cgi::{normalize_decoded_path, normalize_front_params, parse_request_path};
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
-/// Bytes read at a time while lingering.
+/// Bytes read at a time while lingering (into a buffer the caller already has, or one of this
+/// size allocated when it has none).
 const LINGER_CHUNK: usize = 16 * 1024;
 /// How long a connection closed by corral keeps reading what the front server still sends.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
@@ -180,12 +181,16 @@ pub(crate) fn error_answer(status: u16, retry_after: Option<u32>) -> BytesMut {
 /// After corral closed its side, reads and drops what the peer still sends (a request body
 /// answered early), for at most [`LINGER`]: closing a socket with unread bytes resets the
 /// connection, and a reset can destroy the answer before the peer has read it.
-pub(crate) async fn linger(reader: &mut (impl AsyncRead + Unpin)) {
-    let mut scratch = vec![0u8; LINGER_CHUNK];
+/// `scratch` is reused for the bytes thrown away (nothing is zeroed: this runs at the end of
+/// every connection a front server does not keep).
+pub(crate) async fn linger(reader: &mut (impl AsyncRead + Unpin), mut scratch: BytesMut) {
     let drain = async {
-        while let Ok(n) = reader.read(&mut scratch).await {
-            if n == 0 {
-                break;
+        loop {
+            scratch.clear();
+            scratch.reserve(LINGER_CHUNK);
+            match reader.read_buf(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
             }
         }
     };

@@ -100,8 +100,11 @@ pub async fn serve_connection(
         out,
         done,
         closed,
+        input_pending: false,
     };
-    let closed_by_us = conn.run(&mut reader, done_rx, shutdown).await;
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let closed_by_us = conn.run(&mut reader, &mut buf, done_rx, shutdown).await;
+    let linger_needed = closed_by_us && conn.input_may_follow(&buf);
     // Whatever is still in progress has lost its client: dropping the tasks aborts their
     // backend requests and gives their slots back.
     conn.requests.clear();
@@ -109,8 +112,8 @@ pub async fn serve_connection(
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "fastcgi front writer task failed");
     }
-    if closed_by_us {
-        linger(&mut reader).await;
+    if linger_needed {
+        linger(&mut reader, buf).await;
     }
 }
 
@@ -179,6 +182,8 @@ struct Active {
     seq: u64,
     keep_conn: bool,
     body: Option<StdinSender>,
+    /// FCGI_STDIN's empty record arrived.
+    stdin_ended: bool,
     /// `ANSWER_*`.
     answer: Arc<AtomicU8>,
     /// The dispatching task, from the end of FCGI_PARAMS; dropping it aborts the request.
@@ -212,6 +217,10 @@ struct Connection {
     out: mpsc::Sender<Out>,
     done: mpsc::Sender<Done>,
     closed: CancellationToken,
+    /// A request was ended before the front server had sent all of its records (answered
+    /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
+    /// follow, so closing must linger.
+    input_pending: bool,
 }
 
 /// Whether the reader goes on.
@@ -226,16 +235,16 @@ impl Connection {
     async fn run(
         &mut self,
         reader: &mut ReadHalf<Stream>,
+        buf: &mut BytesMut,
         mut done_rx: mpsc::Receiver<Done>,
         shutdown: CancellationToken,
     ) -> bool {
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut draining = false;
         let mut was_idle = true;
         let mut read_any = false;
         loop {
             loop {
-                let event = match self.decoder.decode(&mut buf) {
+                let event = match self.decoder.decode(buf) {
                     Ok(Some(event)) => event,
                     Ok(None) => break,
                     Err(e) => {
@@ -274,7 +283,7 @@ impl Connection {
             };
             buf.reserve(READ_CHUNK);
             tokio::select! {
-                read = reader.read_buf(&mut buf) => match read {
+                read = reader.read_buf(buf) => match read {
                     Ok(0) => {
                         if !self.requests.is_empty() {
                             tracing::debug!("fastcgi front server closed the connection with requests in progress");
@@ -311,6 +320,14 @@ impl Connection {
                 () = shutdown.cancelled(), if !draining => draining = true,
             }
         }
+    }
+
+    /// After corral closed the connection: whether the front server may still be sending,
+    /// so that closing at once could reset the connection before it read the answer. Not so
+    /// when every request it began was read to its end (how a front server that does not keep
+    /// connections leaves one), which spares the lingering read at the end of each.
+    fn input_may_follow(&self, buf: &BytesMut) -> bool {
+        self.input_pending || !self.requests.is_empty() || !buf.is_empty()
     }
 
     /// When the connection is closed if nothing arrives: the earliest of the head deadlines
@@ -350,7 +367,9 @@ impl Connection {
             // Aborted meanwhile: the abort has been answered.
             return Flow::Continue;
         }
-        self.requests.remove(&done.id);
+        if let Some(r) = self.requests.remove(&done.id) {
+            self.input_pending |= !r.stdin_ended;
+        }
         self.decoder.finish(done.id);
         self.send(Out {
             id: done.id,
@@ -383,6 +402,7 @@ impl Connection {
                         seq,
                         keep_conn,
                         body: None,
+                        stdin_ended: false,
                         answer: Arc::new(AtomicU8::new(ANSWER_NOT_STARTED)),
                         task: None,
                         begun: Instant::now(),
@@ -418,6 +438,7 @@ impl Connection {
                 // Dropping the sender ends the body.
                 if let Some(r) = self.requests.get_mut(&request_id) {
                     r.body = None;
+                    r.stdin_ended = true;
                 }
                 Flow::Continue
             }
@@ -481,6 +502,7 @@ impl Connection {
 
     /// Answers FCGI_END_REQUEST with `status` and no output.
     async fn end(&mut self, id: u16, seq: u64, status: ProtocolStatus, keep_conn: bool) -> Flow {
+        self.input_pending = true;
         let mut bytes = BytesMut::new();
         encode_end_request(id, 0, status, &mut bytes);
         self.send(Out {
@@ -503,6 +525,7 @@ impl Connection {
     /// Ends request `id`, answered without a backend: forgets it and queues the rest of its
     /// answer (FCGI_END_REQUEST).
     async fn answered(&mut self, id: u16, seq: u64, ending: Ending) -> Flow {
+        self.input_pending = true;
         self.requests.remove(&id);
         self.decoder.finish(id);
         self.send(Out {
@@ -611,6 +634,7 @@ impl Connection {
         let Some(r) = self.requests.remove(&id) else {
             return Flow::Continue;
         };
+        self.input_pending = true;
         self.decoder.finish(id);
         drop(r.task);
         static OVERFLOW: LineLimit = LineLimit::per_second();

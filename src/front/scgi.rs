@@ -123,7 +123,7 @@ pub async fn serve_connection(
             cgi::refuse(&mut Conn(&mut writer), &e, request_id).await;
             let _ = writer.shutdown().await;
             if declared > 0 {
-                linger(&mut reader).await;
+                linger(&mut reader, BytesMut::new()).await;
             }
             return;
         }
@@ -151,7 +151,7 @@ pub async fn serve_connection(
         fed
     };
     if fed == Some(Fed::Stopped) || fed.is_none() {
-        linger(&mut reader).await;
+        linger(&mut reader, BytesMut::new()).await;
     }
 }
 

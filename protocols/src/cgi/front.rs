@@ -43,7 +43,21 @@ pub fn normalize_front_params(
     ctx: &CgiContext,
 ) -> Result<CgiVars, CgiError> {
     check_context(ctx)?;
-    let mut out = CgiVars::default();
+    let params = params.into_iter();
+    let mut out = CgiVars {
+        // What the front server sent, and room for what is derived or added below.
+        vars: Vec::with_capacity(params.size_hint().0 + ctx.extra_env.len() + 4),
+        dropped: Vec::new(),
+    };
+    // One bit per (length, first byte, last byte) class of the names kept so far: a name
+    // whose bit is clear cannot be a duplicate, which spares the scan for nearly every one.
+    let mut seen: u64 = 0;
+    let class = |n: &[u8]| {
+        let (first, last) = (n.first().copied(), n.last().copied());
+        let h =
+            n.len() ^ usize::from(first.unwrap_or(0)) << 2 ^ usize::from(last.unwrap_or(0)) << 4;
+        1u64 << (h % 64)
+    };
     for (name, value) in params {
         if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(&name) {
             return Err(CgiError::InvalidParamName {
@@ -57,22 +71,19 @@ pub fn normalize_front_params(
             });
         }
         let reason = match &name[..] {
-            b"HTTP_PROXY" => Some(DropReason::Httpoxy),
-            b"PHP_VALUE" | b"PHP_ADMIN_VALUE" if !ctx.allow_php_ini_params => {
-                Some(DropReason::PhpIni)
-            }
-            _ if out.get(&name).is_some() => {
+            b"HTTP_PROXY" => DropReason::Httpoxy,
+            b"PHP_VALUE" | b"PHP_ADMIN_VALUE" if !ctx.allow_php_ini_params => DropReason::PhpIni,
+            _ if seen & class(&name) != 0 && out.get(&name).is_some() => {
                 out.set(&name, value);
-                Some(DropReason::Duplicate)
+                DropReason::Duplicate
             }
             _ => {
-                out.vars.push((name.clone(), value));
-                None
+                seen |= class(&name);
+                out.vars.push((name, value));
+                continue;
             }
         };
-        if let Some(reason) = reason {
-            out.dropped.push(Dropped { name, reason });
-        }
+        out.dropped.push(Dropped { name, reason });
     }
     match &ctx.mode {
         ScriptMode::Files { extensions, .. } => match out.get(b"SCRIPT_FILENAME").cloned() {

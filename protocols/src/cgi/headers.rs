@@ -10,8 +10,6 @@
 //! `X_Auth_User` can never both map to HTTP_X_AUTH_USER, so one header cannot impersonate
 //! another that the front server vetted.
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 
 use super::{is_token, snippet, CgiError, DropReason, Dropped};
@@ -44,8 +42,10 @@ pub(super) fn map_headers(
     headers: &[(&[u8], &[u8])],
     body_length: Option<u64>,
 ) -> Result<MappedHeaders, CgiError> {
-    let mut http: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
+    // Every request of the HTTP front comes through here, so nothing is allocated per header
+    // but the variable itself: names are compared without case instead of lowered first, and
+    // a repeat (rare) is found by a scan of the few variables made so far.
+    let mut http: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(headers.len());
     let mut dropped = Vec::new();
     let mut content_type: Option<&[u8]> = None;
     let mut content_length: Option<u64> = None;
@@ -60,10 +60,10 @@ pub(super) fn map_headers(
                 name: snippet(name),
             });
         }
-        let lower = name.to_ascii_lowercase();
-        let reason = if lower == b"proxy" {
+        let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+        let reason = if is(b"proxy") {
             Some(DropReason::Httpoxy)
-        } else if HOP_BY_HOP.contains(&lower.as_slice()) {
+        } else if HOP_BY_HOP.iter().any(|h| is(h)) {
             Some(DropReason::HopByHop)
         } else if name.contains(&b'_') {
             Some(DropReason::Underscore)
@@ -79,38 +79,39 @@ pub(super) fn map_headers(
             });
             continue;
         }
-        match lower.as_slice() {
-            b"content-type" => {
-                if content_type.replace(value).is_some() {
-                    return Err(CgiError::RepeatedContentType);
-                }
+        if is(b"content-type") {
+            if content_type.replace(value).is_some() {
+                return Err(CgiError::RepeatedContentType);
             }
-            b"content-length" if body_length.is_some() => {}
-            b"content-length" => {
+        } else if is(b"content-length") {
+            if body_length.is_none() {
                 let n = parse_content_length(value)?;
                 if content_length.replace(n).is_some_and(|prev| prev != n) {
                     return Err(CgiError::ConflictingContentLength);
                 }
             }
-            _ => {
-                let mut cgi_name = b"HTTP_".to_vec();
-                cgi_name.extend(name.iter().map(|&c| {
-                    if c == b'-' {
-                        b'_'
-                    } else {
-                        c.to_ascii_uppercase()
-                    }
-                }));
-                let separator: &[u8] = if lower == b"cookie" { b"; " } else { b", " };
-                match index.get(&cgi_name).and_then(|&i| http.get_mut(i)) {
-                    Some((_, merged)) => {
-                        merged.extend_from_slice(separator);
-                        merged.extend_from_slice(value);
-                    }
-                    None => {
-                        index.insert(cgi_name.clone(), http.len());
-                        http.push((cgi_name, value.to_vec()));
-                    }
+        } else {
+            // HTTP_ + the name upper-cased with '-' as '_'; the checks above leave only
+            // [A-Za-z0-9-] in it, so two names map to one variable only if equal but for case.
+            let existing = http
+                .iter_mut()
+                .find(|(n, _)| variable_of(n.get(5..).unwrap_or_default(), name));
+            match existing {
+                Some((_, merged)) => {
+                    merged.extend_from_slice(if is(b"cookie") { b"; " } else { b", " });
+                    merged.extend_from_slice(value);
+                }
+                None => {
+                    let mut cgi_name = Vec::with_capacity(name.len() + 5);
+                    cgi_name.extend_from_slice(b"HTTP_");
+                    cgi_name.extend(name.iter().map(|&c| {
+                        if c == b'-' {
+                            b'_'
+                        } else {
+                            c.to_ascii_uppercase()
+                        }
+                    }));
+                    http.push((cgi_name, value.to_vec()));
                 }
             }
         }
@@ -128,6 +129,19 @@ pub(super) fn map_headers(
             .collect(),
         dropped,
     })
+}
+
+/// Whether the tail of a CGI variable name (`X_FORWARDED_FOR`) is what header `name`
+/// (`x-forwarded-for`) maps to.
+fn variable_of(tail: &[u8], name: &[u8]) -> bool {
+    tail.len() == name.len()
+        && tail.iter().zip(name).all(|(&v, &h)| {
+            v == if h == b'-' {
+                b'_'
+            } else {
+                h.to_ascii_uppercase()
+            }
+        })
 }
 
 /// A Content-Length value: one or more ASCII digits that fit in a u64.

@@ -334,7 +334,28 @@ fn is_tchar(c: u8) -> bool {
 
 /// Whether `b` holds NUL, CR or LF.
 pub(crate) fn has_nul_cr_lf(b: &[u8]) -> bool {
-    b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'))
+    // Eight bytes at a time: every parameter of every request goes through here. A byte of
+    // `w ^ splat(c)` is zero where `w` holds `c`; `(x - 0x01..) & !x & 0x80..` is non-zero
+    // exactly when some byte of `x` is zero (the classic test, exact for "any").
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    let mut chunks = b.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_ne_bytes(word);
+        if zero_byte(w)
+            || zero_byte(w ^ (ONES * u64::from(b'\r')))
+            || zero_byte(w ^ (ONES * u64::from(b'\n')))
+        {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&c| matches!(c, 0 | b'\r' | b'\n'))
 }
 
 fn check_field(field: &str, value: &[u8]) -> Result<(), CgiError> {
@@ -492,4 +513,30 @@ fn check_limits(vars: &[(Bytes, Bytes)], limits: &Limits) -> Result<(), CgiError
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_nul_cr_lf;
+
+    #[test]
+    fn the_word_at_a_time_scan_finds_every_forbidden_byte_anywhere() {
+        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+        for len in 0..40 {
+            let clean: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(!has_nul_cr_lf(&clean), "len {len}");
+            for at in 0..len {
+                // Forbidden bytes, and their neighbours that a sloppy mask would confuse.
+                for bad in [0u8, b'\r', b'\n', 1, 0x0e, 0x0c, 0x8d, 0x80, 0xff] {
+                    let mut v = clean.clone();
+                    v[at] = bad;
+                    assert_eq!(
+                        has_nul_cr_lf(&v),
+                        naive(&v),
+                        "len {len} at {at} byte {bad:#x}"
+                    );
+                }
+            }
+        }
+    }
 }

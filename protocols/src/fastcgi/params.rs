@@ -178,7 +178,7 @@ impl Layout {
 }
 
 /// A guess at the wire size of a typical CGI parameter pair, used to size the pair vector.
-const AVERAGE_PAIR_LEN: usize = 48;
+const AVERAGE_PAIR_LEN: usize = 24;
 
 /// The lengths at the start of a pair: (prefix bytes, name length, value length), or `None`
 /// when `buf` does not hold both prefixes yet.

@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# Question: what does one hop through corral cost, in CPU per request of every process and in
+# req/s, against nginx, HAProxy and php-fpm configured the way their users run them? The load
+# is wrk -t1 (a tool we did not write), at each concurrency level, rows interleaved per round.
+#
+# Rows (NAME: path):
+#   nx-null      nginx -> null FastCGI, plain fastcgi_pass (a new connection per request)
+#   nxk-null     nginx -> null FastCGI, fastcgi_keep_conn + upstream keepalive
+#   hap-null     HAProxy (1 thread, use-fcgi-app, keep-conn) -> null FastCGI
+#   co-null      corral http -> null FastCGI
+#   nxco-null    nginx plain fastcgi_pass -> corral fastcgi listener -> null FastCGI
+#   nxkco-null   nginx keep_conn -> corral fastcgi listener -> null FastCGI
+#   nx-scgi      nginx scgi_pass -> null SCGI;  co-scgi  corral http -> null SCGI
+#   nxco-scgi    nginx scgi_pass -> corral scgi listener -> null FastCGI
+#   co-lsapi     corral http -> null LSAPI
+#   nx-fpm       nginx plain fastcgi_pass -> php-fpm (static 2)
+#   nxk-fpm      nginx keep_conn -> php-fpm (static 2)
+#   nxco-cgi     nginx plain fastcgi_pass -> corral fastcgi -> php-cgi (2, spawned by corral)
+#   nxkco-cgi    nginx keep_conn -> corral fastcgi -> php-cgi
+#   co-cgi       corral http -> php-cgi
+#   co-lsphp     corral http -> lsphp (2, scripts/build-lsphp.sh)
+#
+# Every process's CPU (utime+stime from /proc/PID/stat, summed over its live process tree) is
+# sampled around each run and divided by the requests wrk completed: "front" is nginx/HAProxy/
+# corral (both for the two-hop rows), "backend" the null backend or the PHP processes, "wrk"
+# the load tool. The null backends are `corral null-backend` (13 bytes). 2 PHP processes
+# everywhere. Loopback TCP from wrk, unix sockets behind. Every process it starts it stops.
+#
+#   bash benches/hop.sh                       # all rows, c = 1 25 100, 5 s, 2 rounds
+#   ROWS='nx-fpm|nxco-cgi' LEVELS=25 bash benches/hop.sh
+# Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
+# LSPHP (/var/cache/corral/lsphp-8.2/lsphp), OUT (a file for the markdown table; stdout too).
+# Needs root (nginx and PHP run as www-data), nginx, haproxy, php-fpm8.2, php-cgi, wrk.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-2}
+LEVELS=${LEVELS:-1 25 100}
+ROWS=${ROWS:-.*}
+LSPHP=${LSPHP:-/var/cache/corral/lsphp-8.2/lsphp}
+if [ -z "${CORRAL:-}" ]; then
+  cargo build --release --quiet
+  CORRAL=target/release/corral
+fi
+CORRAL=$(realpath "$CORRAL")
+hz=$(getconf CLK_TCK)
+s=$(mktemp -d /tmp/corral-hop.XXXXXX)
+chmod 755 "$s"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$s"
+}
+trap cleanup EXIT
+ulimit -n 16384 2>/dev/null || true
+mkdir -p "$s/www" "$s/run" "$s/log"
+echo '<?php echo "Hello, world\n";' > "$s/www/hello.php"
+echo 'x' > "$s/www/null"
+chown -R www-data:www-data "$s/www" "$s/run"
+wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
+
+# ---- backends ----
+for p in fastcgi scgi lsapi; do
+  "$CORRAL" null-backend --protocol "$p" --listen "unix:$s/run/null-$p.sock" & pids+=($!)
+  eval "null_$p=$!"
+done
+cat > "$s/fpm.conf" <<CONF
+[global]
+pid = $s/run/fpm.pid
+error_log = $s/log/fpm.log
+daemonize = no
+[hello]
+user = www-data
+group = www-data
+listen = $s/run/fpm.sock
+listen.owner = www-data
+listen.group = www-data
+pm = static
+pm.max_children = 2
+CONF
+php-fpm8.2 -F -y "$s/fpm.conf" & fpm=$!; pids+=($fpm)
+for p in fastcgi scgi lsapi; do wait_sock "$s/run/null-$p.sock"; chmod 666 "$s/run/null-$p.sock"; done
+
+# ---- corrals: one for the null backends, one per PHP pool ----
+cat > "$s/null.toml" <<CONF
+[server]
+runtime_dir = "$s/run/null.d"
+log_level = "warn"
+[[listen]]
+address = "127.0.0.1:18601"
+protocol = "http"
+[[listen]]
+address = "127.0.0.1:18602"
+protocol = "http"
+[[listen]]
+address = "127.0.0.1:18603"
+protocol = "http"
+[[listen]]
+address = "unix:$s/run/corral-fcgi.sock"
+protocol = "fastcgi"
+mode = "0666"
+[[listen]]
+address = "unix:$s/run/corral-scgi.sock"
+protocol = "scgi"
+mode = "0666"
+[pools.fcgi]
+servers = ["unix:$s/run/null-fastcgi.sock"]
+concurrency = 128
+[pools.scgi]
+protocol = "scgi"
+servers = ["unix:$s/run/null-scgi.sock"]
+concurrency = 128
+[pools.lsapi]
+protocol = "lsapi"
+servers = ["unix:$s/run/null-lsapi.sock"]
+concurrency = 128
+[[contexts]]
+listen = "127.0.0.1:18602"
+pool = "scgi"
+[[contexts]]
+listen = "127.0.0.1:18603"
+pool = "lsapi"
+[[contexts]]
+pool = "fcgi"
+CONF
+php_corral() { # NAME PORT COMMAND PROTOCOL
+  cat > "$s/$1.toml" <<CONF
+[server]
+runtime_dir = "$s/run/$1.d"
+user = "www-data"
+group = "www-data"
+log_level = "warn"
+[[listen]]
+address = "127.0.0.1:$2"
+protocol = "http"
+[[listen]]
+address = "unix:$s/run/corral-$1.sock"
+protocol = "fastcgi"
+mode = "0666"
+[pools.php]
+command = ["$3"]
+protocol = "$4"
+mode = "static"
+min = 2
+max = 2
+[[contexts]]
+pool = "php"
+root = "$s/www"
+CONF
+}
+php_corral cgi 18611 php-cgi fastcgi
+php_corral lsphp 18612 "$LSPHP" lsapi
+declare -A corral_pid
+for c in null cgi lsphp; do
+  "$CORRAL" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
+done
+
+# ---- nginx (1 worker) and HAProxy (1 thread) ----
+cat > "$s/nginx.conf" <<CONF
+user www-data;
+worker_processes 1;
+daemon off;
+pid $s/run/nginx.pid;
+error_log $s/log/nginx.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $s/run; fastcgi_temp_path $s/run;
+  proxy_temp_path $s/run; scgi_temp_path $s/run; uwsgi_temp_path $s/run;
+  root $s/www;
+  upstream null_k { server unix:$s/run/null-fastcgi.sock; keepalive 16; }
+  upstream fpm_k { server unix:$s/run/fpm.sock; keepalive 16; }
+  upstream co_null_k { server unix:$s/run/corral-fcgi.sock; keepalive 16; }
+  upstream co_cgi_k { server unix:$s/run/corral-cgi.sock; keepalive 16; }
+  server { listen 127.0.0.1:18501; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/null-fastcgi.sock; } }
+  server { listen 127.0.0.1:18502; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass null_k; } }
+  server { listen 127.0.0.1:18503; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-fcgi.sock; } }
+  server { listen 127.0.0.1:18504; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass co_null_k; } }
+  server { listen 127.0.0.1:18505; location / { include /etc/nginx/scgi_params; scgi_pass unix:$s/run/null-scgi.sock; } }
+  server { listen 127.0.0.1:18506; location / { include /etc/nginx/scgi_params; scgi_pass unix:$s/run/corral-scgi.sock; } }
+  server { listen 127.0.0.1:18511; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/fpm.sock; } }
+  server { listen 127.0.0.1:18512; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass fpm_k; } }
+  server { listen 127.0.0.1:18513; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-cgi.sock; } }
+  server { listen 127.0.0.1:18514; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass co_cgi_k; } }
+}
+CONF
+nginx -c "$s/nginx.conf" & nginx=$!; pids+=($nginx)
+cat > "$s/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+fcgi-app null
+  docroot $s/www
+frontend f
+  bind 127.0.0.1:18521
+  default_backend b
+backend b
+  use-fcgi-app null
+  server s1 unix@$s/run/null-fastcgi.sock proto fcgi
+CONF
+haproxy -f "$s/haproxy.cfg" -db > "$s/log/haproxy.log" 2>&1 & hap=$!; pids+=($hap)
+
+# NAME URL FRONT_PIDS BACKEND_PIDS (pids as "a b", trees summed)
+rows=(
+  "nx-null|http://127.0.0.1:18501/null|nginx|null_fastcgi"
+  "nxk-null|http://127.0.0.1:18502/null|nginx|null_fastcgi"
+  "hap-null|http://127.0.0.1:18521/null|hap|null_fastcgi"
+  "co-null|http://127.0.0.1:18601/null|co_null|null_fastcgi"
+  "nxco-null|http://127.0.0.1:18503/null|nginx co_null|null_fastcgi"
+  "nxkco-null|http://127.0.0.1:18504/null|nginx co_null|null_fastcgi"
+  "nx-scgi|http://127.0.0.1:18505/null|nginx|null_scgi"
+  "co-scgi|http://127.0.0.1:18602/null|co_null|null_scgi"
+  "nxco-scgi|http://127.0.0.1:18506/null|nginx co_null|null_fastcgi"
+  "co-lsapi|http://127.0.0.1:18603/null|co_null|null_lsapi"
+  "nx-fpm|http://127.0.0.1:18511/hello.php|nginx|fpm"
+  "nxk-fpm|http://127.0.0.1:18512/hello.php|nginx|fpm"
+  "nxco-cgi|http://127.0.0.1:18513/hello.php|nginx co_cgi|co_cgi_kids"
+  "nxkco-cgi|http://127.0.0.1:18514/hello.php|nginx co_cgi|co_cgi_kids"
+  "co-cgi|http://127.0.0.1:18611/hello.php|co_cgi|co_cgi_kids"
+  "co-lsphp|http://127.0.0.1:18612/hello.php|co_lsphp|co_lsphp_kids"
+)
+selected=()
+for r in "${rows[@]}"; do [[ ${r%%|*} =~ ^($ROWS)$ ]] && selected+=("$r"); done
+[ "${#selected[@]}" -gt 0 ] || { echo "no row matches ROWS=$ROWS" >&2; exit 1; }
+
+children() { # live children of $1
+  local f line rest state ppid
+  for f in /proc/[0-9]*/stat; do
+    { read -r line < "$f"; } 2>/dev/null || continue
+    rest=${line##*) }; read -r state ppid _ <<< "$rest"
+    [ "$ppid" = "$1" ] && [ "$state" != Z ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+  done
+  return 0
+}
+tree() { local k; echo "$1"; for k in $(children "$1"); do tree "$k"; done; }
+pids_of() { # a symbolic name -> pids (whole trees)
+  case $1 in
+    nginx) tree "$nginx" ;;
+    hap) tree "$hap" ;;
+    null_*) eval "echo \$$1" ;;
+    fpm) tree "$fpm" ;;
+    co_null) echo "${corral_pid[null]}" ;;
+    co_cgi) echo "${corral_pid[cgi]}" ;;
+    co_lsphp) echo "${corral_pid[lsphp]}" ;;
+    co_cgi_kids) for k in $(children "${corral_pid[cgi]}"); do tree "$k"; done ;;
+    co_lsphp_kids) for k in $(children "${corral_pid[lsphp]}"); do tree "$k"; done ;;
+  esac
+}
+ticks() { # summed utime+stime of pids
+  local t=0 p v
+  for p in "$@"; do
+    v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
+    t=$((t + v))
+  done
+  echo "$t"
+}
+self_ticks() { awk '{print $16 + $17}' /proc/$$/stat; } # reaped children of this shell (wrk)
+
+# Wait for every front to answer.
+for r in "${rows[@]}"; do
+  IFS='|' read -r name url _ <<< "$r"
+  ok=""
+  for _ in $(seq 200); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null || true)
+    [ "$code" = 200 ] && { ok=1; break; }
+    sleep 0.05
+  done
+  [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; tail -5 "$s"/log/*.log >&2; exit 1; }
+done
+
+res=$s/results.tsv
+: > "$res"
+for c in $LEVELS; do
+  for r in "${selected[@]}"; do
+    IFS='|' read -r name url _ <<< "$r"
+    wrk -t1 -c"$c" -d1s "$url" > /dev/null 2>&1  # warm-up, unrecorded
+  done
+  for round in $(seq "$ROUNDS"); do
+    for r in "${selected[@]}"; do
+      IFS='|' read -r name url fronts backends <<< "$r"
+      fp=(); bp=()
+      for f in $fronts; do mapfile -t -O "${#fp[@]}" fp < <(pids_of "$f"); done
+      for b in $backends; do mapfile -t -O "${#bp[@]}" bp < <(pids_of "$b"); done
+      f0=$(ticks "${fp[@]}"); b0=$(ticks "${bp[@]}"); w0=$(self_ticks)
+      out=$(wrk -t1 -c"$c" -d"${SECS}s" --latency "$url" 2>&1)
+      f1=$(ticks "${fp[@]}"); b1=$(ticks "${bp[@]}"); w1=$(self_ticks)
+      reqs=$(awk '/requests in/ {print $1}' <<< "$out")
+      p50=$(awk '$1 == "50%" {print $2}' <<< "$out")
+      p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
+      errs=$(awk '/Non-2xx|Socket errors/ {printf "%s ", $0}' <<< "$out")
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "$reqs" \
+        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "${errs:-0}" >> "$res"
+      printf '%s c=%s round %s: %s requests, p50 %s p99 %s %s\n' "$name" "$c" "$round" "$reqs" "$p50" "$p99" "$errs" >&2
+    done
+  done
+done
+
+report() {
+  echo "wrk -t1 -d${SECS}s, $ROUNDS rounds interleaved per level, rounds pooled; corral $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src protocols 2>/dev/null || echo '+changes'); $(date -u '+%Y-%m-%d %H:%M UTC')."
+  echo "CPU in µs per request (utime+stime from /proc over the runs / requests)."
+  echo
+  echo "| row | c | req/s | p50 | p99 | front µs | backend µs | wrk µs | errors |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  awk -F'\t' -v secs="$SECS" -v hz="$hz" '
+    { k = $1 "\t" $2; if (!(k in n)) order[++m] = k
+      n[k] += $4; runs[k]++; f[k] += $5; b[k] += $6; w[k] += $7; p50[k] = $8; p99[k] = $9
+      if ($10 != "0") e[k] = e[k] $10 }
+    END { for (i = 1; i <= m; i++) { k = order[i]; split(k, kk, "\t")
+      us = 1e6 / hz / n[k]
+      printf "| %s | %s | %.0f | %s | %s | %.1f | %.1f | %.1f | %s |\n", kk[2], kk[1],
+        n[k] / (runs[k] * secs), p50[k], p99[k], f[k] * us, b[k] * us, w[k] * us, (k in e) ? e[k] : "0" } }' "$res"
+}
+report | tee "${OUT:-/dev/null}"
