@@ -461,6 +461,9 @@ fn warn_restart_only(old: &Config, new: &Config) {
     if o.max_connections != n.max_connections {
         differ.push("server.max_connections");
     }
+    if o.threads != n.threads {
+        differ.push("server.threads");
+    }
     if o.spool_budget != n.spool_budget {
         differ.push("server.spool_budget");
     }

@@ -279,13 +279,21 @@ fn serve(config: &Config, path: Option<PathBuf>) -> Result<(), Error> {
     // Sockets handed over by socket activation (LISTEN_FDS), taken before anything else
     // could open descriptors or the runtime starts.
     let inherited = crate::systemd::listen_fds();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| Error::Io {
-            what: "start the runtime".to_owned(),
-            source,
-        })?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.server.threads {
+        builder.worker_threads(n as usize);
+    }
+    tracing::info!(
+        threads = config.server.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize
+        ),
+        "runtime worker threads"
+    );
+    let runtime = builder.enable_all().build().map_err(|source| Error::Io {
+        what: "start the runtime".to_owned(),
+        source,
+    })?;
     runtime.block_on(async {
         let listeners = crate::app::bind_all(config, inherited).map_err(|source| Error::Io {
             what: "bind the listeners".to_owned(),

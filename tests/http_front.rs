@@ -676,3 +676,35 @@ fn an_early_error_answer_reaches_a_client_still_uploading() {
         );
     }
 }
+
+/// `[server] threads` sets how many runtime worker threads serve: counted in /proc while one
+/// thread serves a PHP request, and the log says the number.
+#[test]
+fn the_threads_setting_sets_the_runtime_worker_threads() {
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let php = peers::php_cgi(dir.path());
+    for threads in [1usize, 3] {
+        let text = config(
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
+        )
+        .replacen("[server]\n", &format!("[server]\nthreads = {threads}\n"), 1);
+        let corral = Corral::start(&text, 1);
+        let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
+        assert_eq!(r.status, 200, "{}", corral.log());
+        let workers = std::fs::read_dir(format!("/proc/{}/task", corral.pid()))
+            .unwrap()
+            .filter(|t| {
+                let comm = t.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "tokio-rt-worker")
+            })
+            .count();
+        assert_eq!(workers, threads, "{}", corral.log());
+        assert!(
+            corral.wait_log(&format!("threads={threads}")),
+            "{}",
+            corral.log()
+        );
+    }
+}

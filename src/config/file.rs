@@ -66,6 +66,7 @@ pub struct FileServer {
     pub log_level: Option<LogLevel>,
     pub spool_budget: Option<Spanned<SizeText>>,
     pub max_connections: Option<Spanned<u32>>,
+    pub threads: Option<Spanned<u32>>,
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,

@@ -97,6 +97,9 @@ pub struct ServerConfig {
     /// Cap on open front connections over all front listeners (`max_connections`); none =
     /// derived at start from the file-descriptor limit (see `front::limits`).
     pub max_connections: Option<u32>,
+    /// Runtime worker threads (`threads`); none = one per CPU corral may run on. Read at
+    /// start only.
+    pub threads: Option<u32>,
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
     /// `idle_timeout`, `body_timeout`, `send_timeout`).
     pub front_timeouts: FrontTimeouts,

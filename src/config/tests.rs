@@ -621,6 +621,7 @@ command = ["python3", "app.py"]
 fn front_limits_default_and_listeners_inherit_the_server_timeouts() {
     let c = ok(MINIMAL);
     assert_eq!(c.server.max_connections, None);
+    assert_eq!(c.server.threads, None);
     assert_eq!(c.server.front_timeouts, FrontTimeouts::default());
     let l = &c.listeners[0];
     assert_eq!(l.max_connections_per_client, Some(128));
@@ -720,6 +721,10 @@ body_timeout = "0ms"
 command = ["php-cgi"]
 "#;
     expect_error(src, "0\nidle", "max_connections must be at least 1");
+    let threads = "[server]\nthreads = 0\n\n[pools.php]\ncommand = [\"php-cgi\"]\n";
+    expect_error(threads, "0\n", "threads must be from 1 to 1024");
+    let two = ok(&format!("[server]\nthreads = 2\n{MINIMAL}"));
+    assert_eq!(two.server.threads, Some(2));
     expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");
     expect_error(src, "\"soon\"", "is not valid");
     expect_error(src, "\"0ms\"", "body_timeout must be greater than zero");

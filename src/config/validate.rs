@@ -24,6 +24,9 @@ use super::{
     ServerConfig, StatusConfig, UnixPermissions,
 };
 
+/// Most runtime worker threads `threads` may ask for.
+const MAX_THREADS: u32 = 1024;
+
 /// Default `max_connections_per_client`: room for a browser's six parallel connections many
 /// times over, and for a front server on another host keeping a modest keep-alive pool.
 const DEFAULT_PER_CLIENT: u32 = 128;
@@ -238,6 +241,18 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
                 None
             }
             m => m.map(|m| *m.get_ref()),
+        },
+        threads: match s.and_then(|s| s.threads.as_ref()) {
+            Some(t) if !(1..=MAX_THREADS).contains(t.get_ref()) => {
+                e.at(
+                    t.span(),
+                    format!(
+                        "threads must be from 1 to {MAX_THREADS}; leave it out for one per CPU"
+                    ),
+                );
+                None
+            }
+            t => t.map(|t| *t.get_ref()),
         },
         front_timeouts: front_timeouts(
             e,
