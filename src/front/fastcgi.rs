@@ -2,8 +2,11 @@
 //! Apache mod_proxy_fcgi, lighttpd or Caddy connect to, where they would connect to php-fpm.
 //!
 //! One reader loop per connection turns records into request events; each request is routed
-//! once its FCGI_PARAMS stream ends, and dispatched in its own task. The tasks answer with
-//! FCGI_STDOUT records through the connection's one writer task.
+//! once its FCGI_PARAMS stream ends and dispatched. Requests answer with FCGI_STDOUT records
+//! through the connection's one writer, which runs beside the reader in the connection's
+//! task. One request at a time is served in that task too (a front server that does not
+//! multiplex, as nginx, Apache and Caddy do not, never needs another task); a request
+//! multiplexed beside it gets a task of its own.
 //!
 //! The reader never waits for one request while others share the connection: a request that
 //! waits in its pool's queue, or whose backend reads slowly, must not hold up another
@@ -80,7 +83,10 @@ pub async fn serve_connection(
     let (mut reader, writer) = tokio::io::split(stream);
     let (out, out_rx) = mpsc::channel(OUT_FRAMES);
     let closed = CancellationToken::new();
-    let writer = tokio::spawn(write_loop(writer, out_rx, closed.clone()));
+    // The writer runs beside the reader in this connection's task (joined below), not in a
+    // task of its own: a front server that opens a connection per request would otherwise
+    // pay a task per connection, and every frame a wake-up of another task.
+    let writer = write_loop(writer, out_rx, closed.clone());
     let max = gateway.limits.max_concurrent_requests.max(1);
     let (done, done_rx) = mpsc::channel(max);
     let now = Instant::now();
@@ -101,17 +107,21 @@ pub async fn serve_connection(
         done,
         closed,
         input_pending: false,
+        inline: None,
+        inline_done: None,
     };
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
-    let closed_by_us = conn.run(&mut reader, &mut buf, done_rx, shutdown).await;
-    let linger_needed = closed_by_us && conn.input_may_follow(&buf);
-    // Whatever is still in progress has lost its client: dropping the tasks aborts their
-    // backend requests and gives their slots back.
-    conn.requests.clear();
-    drop(conn);
-    if let Err(e) = writer.await {
-        tracing::error!(error = %e, "fastcgi front writer task failed");
-    }
+    let reading = async {
+        let closed_by_us = conn.run(&mut reader, &mut buf, done_rx, shutdown).await;
+        let linger_needed = closed_by_us && conn.input_may_follow(&buf);
+        // Whatever is still in progress has lost its client: dropping the tasks aborts their
+        // backend requests and gives their slots back. Dropping the connection drops its
+        // sender of frames, which ends the writer once the requests' senders are gone too.
+        conn.requests.clear();
+        drop(conn);
+        linger_needed
+    };
+    let (linger_needed, ()) = tokio::join!(reading, writer);
     if linger_needed {
         linger(&mut reader, buf).await;
     }
@@ -186,12 +196,41 @@ struct Active {
     stdin_ended: bool,
     /// `ANSWER_*`.
     answer: Arc<AtomicU8>,
-    /// The dispatching task, from the end of FCGI_PARAMS; dropping it aborts the request.
-    task: Option<AbortOnDropHandle<()>>,
+    /// How the request is dispatched, from the end of FCGI_PARAMS.
+    task: Option<Dispatch>,
     /// When FCGI_BEGIN_REQUEST arrived (FCGI_PARAMS must end within `header_timeout`).
     begun: Instant,
     /// Counts the connection busy from the end of FCGI_PARAMS.
     busy: Option<BusyGuard>,
+}
+
+/// How a request whose FCGI_PARAMS ended is being served; dropping it aborts the request.
+#[derive(Debug)]
+enum Dispatch {
+    /// In a task of its own (a request multiplexed beside the inline one).
+    Spawned(#[allow(dead_code)] AbortOnDropHandle<()>),
+    /// In the connection's own task: [`Connection::inline`].
+    Inline,
+}
+
+/// The request a connection serves in its own task, as nginx, Apache and Caddy use FastCGI
+/// (one request at a time): no task to spawn and no channel to report back through. Further
+/// requests multiplexed beside it get tasks of their own.
+struct Inline {
+    id: u16,
+    seq: u64,
+    answer: Pin<Box<dyn std::future::Future<Output = Ending> + Send>>,
+}
+
+/// Polls the inline request, if any, to its ending.
+fn poll_inline(inline: &mut Option<Inline>, cx: &mut Context<'_>) -> Poll<Done> {
+    let Some(i) = inline.as_mut() else {
+        return Poll::Pending;
+    };
+    let ending = std::task::ready!(i.answer.as_mut().poll(cx));
+    let (id, seq) = (i.id, i.seq);
+    *inline = None;
+    Poll::Ready(Done { id, seq, ending })
 }
 
 /// The reader side of one connection.
@@ -221,6 +260,11 @@ struct Connection {
     /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
     /// follow, so closing must linger.
     input_pending: bool,
+    /// The request served in this task, if any.
+    inline: Option<Inline>,
+    /// The inline request's ending, when it came while the reader waited on something else
+    /// (body budget): handled at the top of the next turn of the loop.
+    inline_done: Option<Done>,
 }
 
 /// Whether the reader goes on.
@@ -243,6 +287,11 @@ impl Connection {
         let mut was_idle = true;
         let mut read_any = false;
         loop {
+            if let Some(done) = self.inline_done.take() {
+                if let Flow::Stop = self.on_done(done).await {
+                    return self.closed.is_cancelled();
+                }
+            }
             loop {
                 let event = match self.decoder.decode(buf) {
                     Ok(Some(event)) => event,
@@ -312,6 +361,11 @@ impl Connection {
                     return false;
                 }
                 Some(done) = done_rx.recv() => {
+                    if let Flow::Stop = self.on_done(done).await {
+                        return self.closed.is_cancelled();
+                    }
+                }
+                done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
                     if let Flow::Stop = self.on_done(done).await {
                         return self.closed.is_cancelled();
                     }
@@ -454,7 +508,7 @@ impl Connection {
                 );
                 self.decoder.finish(request_id);
                 // Dropping the task aborts the backend exchange and frees its slot.
-                drop(r.task);
+                self.drop_dispatch(request_id, r.seq, r.task);
                 self.end(
                     request_id,
                     r.seq,
@@ -492,6 +546,20 @@ impl Connection {
                 .await
             }
         }
+    }
+
+    /// Drops how request `id` (`seq`) is dispatched, which aborts its backend exchange.
+    fn drop_dispatch(&mut self, id: u16, seq: u64, task: Option<Dispatch>) {
+        if let Some(Dispatch::Inline) = task {
+            if self
+                .inline
+                .as_ref()
+                .is_some_and(|i| i.id == id && i.seq == seq)
+            {
+                self.inline = None;
+            }
+        }
+        drop(task);
     }
 
     fn seq(&mut self) -> u64 {
@@ -573,16 +641,29 @@ impl Connection {
             own: Arc::new(Semaphore::new(STDIN_BUDGET_PER_REQUEST)),
         };
         let gateway = Arc::clone(&self.gateway);
-        let done = self.done.clone();
-        let task = tokio::spawn(async move {
-            let (id, seq) = (responder.id, responder.seq);
+        let seq = responder.seq;
+        let answer = async move {
             let response = gateway.dispatch(&routed, params, body, request_id).await;
-            let ending = responder.answer(response).await;
-            let _ = done.send(Done { id, seq, ending }).await;
-        });
+            responder.answer(response).await
+        };
+        let dispatch = if self.inline.is_none() {
+            self.inline = Some(Inline {
+                id,
+                seq,
+                answer: Box::pin(answer),
+            });
+            Dispatch::Inline
+        } else {
+            let done = self.done.clone();
+            let task = tokio::spawn(async move {
+                let ending = answer.await;
+                let _ = done.send(Done { id, seq, ending }).await;
+            });
+            Dispatch::Spawned(AbortOnDropHandle::new(task))
+        };
         if let Some(r) = self.requests.get_mut(&id) {
             r.body = Some(tx);
-            r.task = Some(AbortOnDropHandle::new(task));
+            r.task = Some(dispatch);
             r.busy = Some(self.state.begin());
         }
         Flow::Continue
@@ -599,13 +680,24 @@ impl Connection {
         let permits = match body.try_reserve(&self.stdin_budget, n) {
             Some(permits) => permits,
             None if self.requests.len() == 1 => {
-                tokio::select! {
-                    permits = body.reserve(&self.stdin_budget, n) => match permits {
-                        Some(permits) => permits,
-                        // The semaphores are never closed; were they, the body is dropped.
-                        None => return Flow::Continue,
-                    },
-                    () = self.closed.cancelled() => return Flow::Stop,
+                // The backend that takes the bytes may be the inline request's, which runs
+                // only while this task polls it: it is polled meanwhile, and should it end, its
+                // ending is kept for the loop (its body is dropped, which gives the permits
+                // back).
+                let reserve = body.reserve(&self.stdin_budget, n);
+                tokio::pin!(reserve);
+                loop {
+                    tokio::select! {
+                        permits = &mut reserve => match permits {
+                            Some(permits) => break permits,
+                            // The semaphores are never closed; were they, the body is dropped.
+                            None => return Flow::Continue,
+                        },
+                        () = self.closed.cancelled() => return Flow::Stop,
+                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
+                            self.inline_done = Some(done);
+                        }
+                    }
                 }
             }
             None => return self.overflow(id).await,
@@ -636,7 +728,7 @@ impl Connection {
         };
         self.input_pending = true;
         self.decoder.finish(id);
-        drop(r.task);
+        self.drop_dispatch(id, r.seq, r.task);
         static OVERFLOW: LineLimit = LineLimit::per_second();
         if let Verdict::Log { suppressed } = OVERFLOW.check(tokio::time::Instant::now(), 0) {
             tracing::warn!(
