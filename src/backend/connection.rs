@@ -6,7 +6,6 @@
 //! connection that the backend closed meanwhile (or that holds unread bytes) is discarded at
 //! checkout without a round trip.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -118,7 +117,18 @@ pub struct Connections {
 #[derive(Debug)]
 struct Idle {
     max_idle: usize,
-    by_address: HashMap<BackendAddress, Vec<BackendConnection>>,
+    /// Per address, its idle connections. A pool has an address per worker (a handful), so
+    /// a scan compares a few short paths where a map would hash one twice per request.
+    by_address: Vec<(BackendAddress, Vec<BackendConnection>)>,
+}
+
+impl Idle {
+    fn stack(&mut self, address: &BackendAddress) -> Option<&mut Vec<BackendConnection>> {
+        self.by_address
+            .iter_mut()
+            .find(|(a, _)| a == address)
+            .map(|(_, stack)| stack)
+    }
 }
 
 impl Connections {
@@ -127,7 +137,7 @@ impl Connections {
         Connections {
             inner: Arc::new(Mutex::new(Idle {
                 max_idle,
-                by_address: HashMap::new(),
+                by_address: Vec::new(),
             })),
         }
     }
@@ -160,9 +170,14 @@ impl Connections {
             return;
         };
         let max = idle.max_idle;
-        let stack = idle.by_address.entry(conn.address.clone()).or_default();
-        if stack.len() < max {
-            stack.push(conn);
+        match idle.stack(&conn.address) {
+            Some(stack) if stack.len() < max => stack.push(conn),
+            Some(_) => {}
+            None if max > 0 => {
+                let address = conn.address.clone();
+                idle.by_address.push((address, vec![conn]));
+            }
+            None => {}
         }
     }
 
@@ -170,18 +185,23 @@ impl Connections {
     pub fn idle(&self, address: &BackendAddress) -> usize {
         self.inner
             .lock()
-            .map(|idle| idle.by_address.get(address).map_or(0, Vec::len))
+            .map(|idle| {
+                idle.by_address
+                    .iter()
+                    .find(|(a, _)| a == address)
+                    .map_or(0, |(_, stack)| stack.len())
+            })
             .unwrap_or(0)
     }
 
     /// Drops every idle connection to `address` (its worker is being retired).
     pub fn forget(&self, address: &BackendAddress) {
         if let Ok(mut idle) = self.inner.lock() {
-            idle.by_address.remove(address);
+            idle.by_address.retain(|(a, _)| a != address);
         }
     }
 
     fn pop(&self, address: &BackendAddress) -> Option<BackendConnection> {
-        self.inner.lock().ok()?.by_address.get_mut(address)?.pop()
+        self.inner.lock().ok()?.stack(address)?.pop()
     }
 }
