@@ -172,6 +172,7 @@ pub struct FileContext {
     pub params: Option<SpannedTable>,
     pub max_body: Option<Spanned<SizeText>>,
     pub request_buffering: Option<bool>,
+    pub front_controller: Option<Spanned<String>>,
 }
 
 /// A duration as written ("30s"); parsed during validation so that every bad one is

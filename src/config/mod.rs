@@ -485,6 +485,12 @@ pub struct ContextConfig {
     /// before a worker is asked, so a slow upload never holds a worker
     /// (`request_buffering`, default true, like nginx's `fastcgi_request_buffering`).
     pub request_buffering: bool,
+    /// The script that serves, on the HTTP listener, every request whose path names no
+    /// existing file or directory under `root` and no script (`front_controller`, such as
+    /// `/index.php`; none by default), as nginx's `try_files $uri $uri/ /index.php?$args`
+    /// does: absolute in the root, without `.`, `..` or hidden segments, ending in the
+    /// context's script extension.
+    pub front_controller: Option<String>,
 }
 
 /// `max_body` when a context sets none: 1 GiB, the most corral spools to learn a chunked

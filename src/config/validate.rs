@@ -620,6 +620,7 @@ fn contexts(
                 params: BTreeMap::new(),
                 max_body: super::DEFAULT_MAX_BODY,
                 request_buffering: true,
+                front_controller: None,
             }],
             _ => {
                 if file.pools.len() > 1 {

@@ -40,7 +40,8 @@ use crate::front::listener::Peer;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    build_cgi_vars_for, has_hidden_segment, parse_request_path, CgiRequest, RequestPath, ScriptMode,
+    build_cgi_vars_for, has_allowed_ext, has_hidden_segment, parse_request_path, CgiRequest,
+    RequestPath, ScriptMode,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -189,6 +190,23 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
         if let Some(resp) = static_file(&routed, &parts.method, &path).await {
             return resp;
         }
+        let controller_path;
+        let path = match try_files(&routed, &path).await {
+            TryFiles::Keep => path,
+            TryFiles::Controller(script) => {
+                tracing::debug!(
+                    request_id,
+                    path = %crate::logs::escaped(&path.normalized),
+                    "no such file or directory: the front controller serves it"
+                );
+                controller_path = RequestPath {
+                    normalized: script,
+                    ..path
+                };
+                controller_path
+            }
+            TryFiles::AddSlash(location) => return add_slash(location),
+        };
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
         let mut params = match cgi_params(
             gateway, &routed, info, &parts, &method, &target, &path, &host, &body_now,
@@ -447,6 +465,108 @@ async fn static_file(
     resp.headers_mut()
         .insert(http::header::CONTENT_LENGTH, HeaderValue::from(meta.len()));
     Some(resp)
+}
+
+/// What the context's front controller makes of a request `static_file` did not answer.
+enum TryFiles {
+    /// Served as the path says: the context has no front controller, or the path names a
+    /// script, a hidden segment, an existing file or an existing directory with its `/`.
+    Keep,
+    /// Nothing under the root has that name: the front controller (its normalised path)
+    /// runs instead, with the request's own REQUEST_URI and QUERY_STRING.
+    Controller(Vec<u8>),
+    /// An existing directory named without its trailing `/`: a 301 to the path with it
+    /// (the value is the Location), as nginx answers, so relative links in its index work.
+    AddSlash(Vec<u8>),
+}
+
+/// `try_files $uri $uri/ CONTROLLER?$args` for a context with `front_controller`.
+///
+/// Script paths are kept, existing or not (the script guard answers 404 for a missing one,
+/// as nginx's `try_files $uri =404` in its PHP location does): a missing `/x.php` must not
+/// turn into the controller, nor a path choose which script runs. Hidden paths are kept (and
+/// refused later) without touching the file system, so the answer says nothing about
+/// whether `/.git/HEAD` exists. Existence is judged on the real path: a name whose real path
+/// leaves the real root counts as missing, so the answer is the same whatever exists outside.
+/// The controller itself is checked by the script guard in `Gateway::dispatch` like any
+/// other script (ARCHITECTURE.md invariant 2).
+async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFiles {
+    let context = &routed.context;
+    let (Some(controller), Some(root)) = (&context.config.front_controller, &context.config.root)
+    else {
+        return TryFiles::Keep;
+    };
+    let ScriptMode::Files { extensions, .. } = &context.cgi.mode else {
+        return TryFiles::Keep;
+    };
+    let norm = &path.normalized[..];
+    let names_script = norm
+        .split(|&c| c == b'/')
+        .any(|segment| has_allowed_ext(segment, extensions));
+    if names_script || has_hidden_segment(norm) {
+        return TryFiles::Keep;
+    }
+    let Some(real) = real_under_root(root, norm).await else {
+        return TryFiles::Controller(controller.as_bytes().to_vec());
+    };
+    match tokio::fs::metadata(&real).await {
+        Ok(meta) if meta.is_dir() && !norm.ends_with(b"/") => {
+            let mut location = percent_encode_path(norm);
+            location.push(b'/');
+            if !path.query.is_empty() {
+                location.push(b'?');
+                location.extend_from_slice(path.query);
+            }
+            TryFiles::AddSlash(location)
+        }
+        Ok(_) => TryFiles::Keep,
+        Err(_) => TryFiles::Controller(controller.as_bytes().to_vec()),
+    }
+}
+
+/// The real path of the normalised `norm` under `root`, when it exists and its real path
+/// lies under the real root.
+async fn real_under_root(root: &std::path::Path, norm: &[u8]) -> Option<std::path::PathBuf> {
+    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
+    if lexical.last() == Some(&b'/') {
+        lexical.pop();
+    }
+    lexical.extend_from_slice(norm);
+    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
+    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
+    let real_root = tokio::fs::canonicalize(root).await.ok()?;
+    real.starts_with(&real_root).then_some(real)
+}
+
+/// A decoded, normalised path written back as a URI path: unreserved characters, sub-delims,
+/// `:`, `@` and `/` as they are, every other byte as `%XX`. Built from the normalised path,
+/// never the raw one, so a Location cannot start with `//` (another host).
+fn percent_encode_path(norm: &[u8]) -> Vec<u8> {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = Vec::with_capacity(norm.len());
+    for &c in norm {
+        if c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&c) {
+            out.push(c);
+        } else {
+            out.push(b'%');
+            out.push(HEX[usize::from(c >> 4)]);
+            out.push(HEX[usize::from(c & 0x0f)]);
+        }
+    }
+    out
+}
+
+/// 301 to `location`, a directory's path with its trailing `/`.
+fn add_slash(location: Vec<u8>) -> Response<HttpBody> {
+    let mut resp = plain(StatusCode::MOVED_PERMANENTLY, "301 Moved Permanently\n");
+    match HeaderValue::from_bytes(&location) {
+        Ok(v) => {
+            resp.headers_mut().insert(http::header::LOCATION, v);
+            resp
+        }
+        // The query came from the request target, whose bytes are all visible ASCII.
+        Err(_) => plain(StatusCode::NOT_FOUND, "404 Not Found\n"),
+    }
 }
 
 /// PHP's other source extensions: never sent as static files from a PHP context, though only
