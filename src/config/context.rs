@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use super::file::{FileConfig, FileContext};
 use super::validate::Errors;
+use std::path::PathBuf;
+
 use super::{ContextConfig, ListenAddress, ListenerConfig, PoolConfig};
 
 /// Checks one context against the validated listeners and pools. `None` when it references
@@ -116,6 +118,46 @@ pub(super) fn context(
         let checked = check_front_controller(f.get_ref(), c, listen.as_ref(), listeners);
         e.check(f.span(), checked)
     });
+    let sendfile_dirs = c
+        .sendfile_dirs
+        .iter()
+        .flat_map(|list| list.get_ref())
+        .filter_map(|d| {
+            let dir = e.absolute_path(d, "sendfile_dirs entry")?;
+            e.check(d.span(), clean_dir(d.get_ref(), "sendfile_dirs entry"))?;
+            Some(dir)
+        })
+        .collect();
+    let mut accel_redirect: Vec<(String, PathBuf)> = c
+        .accel_redirect
+        .iter()
+        .flat_map(|t| t.get_ref())
+        .filter_map(|(prefix, dir)| {
+            let p = prefix.get_ref();
+            let prefix_ok = p.starts_with('/')
+                && p.ends_with('/')
+                && !p.split('/').any(|s| s == "." || s == "..")
+                && !p.chars().any(|ch| ch.is_control() || "?#%\\".contains(ch));
+            if !prefix_ok {
+                e.at(
+                    prefix.span(),
+                    format!(
+                        "accel_redirect prefix \"{p}\" must be a URI path that starts and ends \
+                         with '/', without '.' or '..' segments, '?', '#', '%' or '\\'"
+                    ),
+                );
+                return None;
+            }
+            let path = e.absolute_path(dir, "accel_redirect directory")?;
+            e.check(
+                dir.span(),
+                clean_dir(dir.get_ref(), "accel_redirect directory"),
+            )?;
+            Some((p.clone(), path))
+        })
+        .collect();
+    // The most specific prefix is tried first.
+    accel_redirect.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
 
     let pool_name = c.pool.get_ref();
     let Some(pool) = pools.iter().find(|p| &p.name == pool_name) else {
@@ -189,7 +231,24 @@ pub(super) fn context(
         max_body,
         request_buffering: c.request_buffering.unwrap_or(true),
         front_controller,
+        sendfile_dirs,
+        accel_redirect,
     })
+}
+
+/// A directory files are sent from: no `.` or `..` segment, so what the file system
+/// resolves is what was written (symlinks aside, which the request path resolves).
+fn clean_dir(dir: &str, key: &str) -> Result<(), String> {
+    if dir.split('/').any(|s| s == "." || s == "..") {
+        return Err(format!("{key} \"{dir}\" has a '.' or '..' segment"));
+    }
+    if dir == "/" {
+        return Err(format!(
+            "{key} \"/\" would let a backend send any file on the host; name the directory \
+             it keeps those files in"
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a spawned pool's program is a PHP interpreter (php-cgi, php, lsphp, by the name of

@@ -917,3 +917,81 @@ front_controller = "/on-fastcgi.php"
         "front_controller applies on an http listener only",
     );
 }
+
+#[test]
+fn sendfile_dirs_and_accel_redirect_are_clean_absolute_directories() {
+    let with = |keys: &str| {
+        MINIMAL.replace(
+            "pool = \"php\"\n\n[[listen]]",
+            &format!("pool = \"php\"\n{keys}\n\n[[listen]]"),
+        )
+    };
+    let c = ok(&with(
+        "sendfile_dirs = [\"/srv/private\"]\n\
+         accel_redirect = { \"/p/\" = \"/srv/p\", \"/p/deeper/\" = \"/srv/deep/\" }",
+    ));
+    let ctx = &c.contexts[0];
+    assert_eq!(ctx.sendfile_dirs, [PathBuf::from("/srv/private")]);
+    // Longest prefix first.
+    assert_eq!(
+        ctx.accel_redirect,
+        [
+            ("/p/deeper/".to_owned(), PathBuf::from("/srv/deep/")),
+            ("/p/".to_owned(), PathBuf::from("/srv/p")),
+        ]
+    );
+    let none = ok(MINIMAL);
+    assert!(
+        none.contexts[0].sendfile_dirs.is_empty() && none.contexts[0].accel_redirect.is_empty()
+    );
+
+    for (keys, needle, message) in [
+        (
+            "sendfile_dirs = [\"srv\"]",
+            "\"srv\"",
+            "must be an absolute path",
+        ),
+        (
+            "sendfile_dirs = [\"/srv/../etc\"]",
+            "\"/srv/../etc\"",
+            "has a '.' or '..' segment",
+        ),
+        (
+            "sendfile_dirs = [\"/\"]",
+            "\"/\"",
+            "would let a backend send any file",
+        ),
+        (
+            "accel_redirect = { \"/p\" = \"/srv\" }",
+            "\"/p\"",
+            "must be a URI path that starts and ends with '/'",
+        ),
+        (
+            "accel_redirect = { \"p/\" = \"/srv\" }",
+            "\"p/\"",
+            "must be a URI path",
+        ),
+        (
+            "accel_redirect = { \"/a/../\" = \"/srv\" }",
+            "\"/a/../\"",
+            "without '.' or '..' segments",
+        ),
+        (
+            "accel_redirect = { \"/%2e/\" = \"/srv\" }",
+            "\"/%2e/\"",
+            "must be a URI path",
+        ),
+        (
+            "accel_redirect = { \"/p/\" = \"srv\" }",
+            "\"srv\"",
+            "must be an absolute path",
+        ),
+        (
+            "accel_redirect = { \"/p/\" = \"/srv/./x\" }",
+            "\"/srv/./x\"",
+            "has a '.' or '..' segment",
+        ),
+    ] {
+        expect_error(&with(keys), needle, message);
+    }
+}

@@ -28,6 +28,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncSeekExt;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -35,8 +36,10 @@ use crate::backend::{
     buffer_body, spool_body, BackendError, BodyError, BodySource, BodyTimeout, RequestBody,
 };
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
+use crate::front::file;
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
+use crate::front::sendfile;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
@@ -187,7 +190,7 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             Ok(r) => r,
             Err(e) => return error_response(request_id, &e),
         };
-        if let Some(resp) = static_file(&routed, &parts.method, &path).await {
+        if let Some(resp) = static_file(&routed, &parts.method, &parts.headers, &path).await {
             return resp;
         }
         let controller_path;
@@ -275,40 +278,41 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             });
             return error_response(request_id, &e);
         }
-        let mut builder = Response::builder()
-            .status(StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY));
-        let connection_named = connection_tokens(&response.head.headers);
-        for (name, value) in &response.head.headers {
-            if name.eq_ignore_ascii_case(b"status") {
-                continue;
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
+        match sendfile::asked(&response.head.headers) {
+            Ok(None) => {}
+            Ok(Some(ask)) => {
+                let headers = client_headers(&response.head.headers, request_id, true);
+                let context = &routed.context.config;
+                drain(response.body).await;
+                return match sendfile::open(context, ask).await {
+                    Ok((opened, len, real)) => {
+                        let mut headers = headers;
+                        // PHP sends `text/html` unless told otherwise, so the file's own
+                        // type wins; the backend's only for an extension corral does not know.
+                        let known = file::known_content_type(&real);
+                        if let Some(t) = known {
+                            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(t));
+                        } else if !headers.contains_key(http::header::CONTENT_TYPE) {
+                            headers.insert(
+                                http::header::CONTENT_TYPE,
+                                HeaderValue::from_static("application/octet-stream"),
+                            );
+                        }
+                        tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
+                        file_answer(opened, len, status, &parts.headers, headers).await
+                    }
+                    Err(e) => sendfile_refused(request_id, &e),
+                };
             }
-            if is_hop_by_hop(name)
-                || connection_named
-                    .iter()
-                    .any(|t| name.eq_ignore_ascii_case(t))
-            {
-                // They described the backend's hop, which corral terminated; hyper frames
-                // the client's side itself.
-                tracing::debug!(
-                    request_id,
-                    header = %String::from_utf8_lossy(name),
-                    "dropped a hop-by-hop header from the backend response"
-                );
-                continue;
+            Err(e) => {
+                drain(response.body).await;
+                return sendfile_refused(request_id, &e);
             }
-            match (
-                HeaderName::from_bytes(name),
-                HeaderValue::from_maybe_shared(value.clone()),
-            ) {
-                (Ok(n), Ok(v)) => builder = builder.header(n, v),
-                _ => {
-                    tracing::warn!(
-                        request_id,
-                        header = %crate::logs::escaped(name),
-                        "dropped a backend response header that is not valid HTTP"
-                    );
-                }
-            }
+        }
+        let mut builder = Response::builder().status(status);
+        if let Some(headers) = builder.headers_mut() {
+            *headers = client_headers(&response.head.headers, request_id, false);
         }
         return builder
             .body(FrontBody::backend(response.body, request_id))
@@ -322,6 +326,83 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
         },
     };
     error_response(request_id, &e)
+}
+
+/// Response bytes of a backend body that corral reads and drops, so that its connection can
+/// be kept; past this the body is dropped (the exchange is aborted, as for a client gone).
+const DRAIN_MAX: usize = 64 * 1024;
+
+/// Reads a backend body that will not be sent to its end, within [`DRAIN_MAX`].
+async fn drain(mut body: GatewayBody) {
+    let mut read = 0usize;
+    while let Some(Ok(chunk)) = body.next_chunk().await {
+        read = read.saturating_add(chunk.len());
+        if read > DRAIN_MAX {
+            break;
+        }
+    }
+}
+
+fn sendfile_refused(request_id: u64, e: &sendfile::SendfileError) -> Response<HttpBody> {
+    let status = e.status();
+    tracing::warn!(request_id, status = status.as_u16(), error = %crate::logs::clean(e), "refused to send the file the backend named");
+    let reason = status.canonical_reason().unwrap_or("Error");
+    plain(status, &format!("{} {reason}\n", status.as_u16()))
+}
+
+/// The backend's response headers that may reach the client: without `Status:`, the
+/// hop-by-hop ones, those its `Connection` names, and the instructions meant for a proxy
+/// (X-Sendfile, X-Accel-*). With `for_file`, also without the ones that described the
+/// backend's body, which a file corral sends replaces.
+fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -> http::HeaderMap {
+    let mut out = http::HeaderMap::new();
+    let connection_named = connection_tokens(backend);
+    for (name, value) in backend {
+        if name.eq_ignore_ascii_case(b"status") || sendfile::is_proxy_instruction(name) {
+            continue;
+        }
+        if for_file
+            && [
+                &b"content-length"[..],
+                b"content-range",
+                b"content-encoding",
+            ]
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h))
+        {
+            continue;
+        }
+        if is_hop_by_hop(name)
+            || connection_named
+                .iter()
+                .any(|t| name.eq_ignore_ascii_case(t))
+        {
+            // They described the backend's hop, which corral terminated; hyper frames
+            // the client's side itself.
+            tracing::debug!(
+                request_id,
+                header = %String::from_utf8_lossy(name),
+                "dropped a hop-by-hop header from the backend response"
+            );
+            continue;
+        }
+        match (
+            HeaderName::from_bytes(name),
+            HeaderValue::from_maybe_shared(value.clone()),
+        ) {
+            (Ok(n), Ok(v)) => {
+                out.append(n, v);
+            }
+            _ => {
+                tracing::warn!(
+                    request_id,
+                    header = %crate::logs::escaped(name),
+                    "dropped a backend response header that is not valid HTTP"
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Refusals decided by the request head alone, before routing:
@@ -412,6 +493,7 @@ fn connection_tokens(headers: &[(Bytes, Bytes)]) -> Vec<Vec<u8>> {
 async fn static_file(
     routed: &Routed,
     method: &http::Method,
+    request: &http::HeaderMap,
     path: &RequestPath<'_>,
 ) -> Option<Response<HttpBody>> {
     let context = &routed.context;
@@ -457,14 +539,43 @@ async fn static_file(
             .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Some(resp);
     }
-    let mut resp = Response::new(FrontBody::file(file, meta.len()));
-    resp.headers_mut().insert(
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
         http::header::CONTENT_TYPE,
-        HeaderValue::from_static(content_type(&real)),
+        HeaderValue::from_static(file::content_type(&real)),
     );
-    resp.headers_mut()
-        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(meta.len()));
-    Some(resp)
+    Some(file_answer(file, meta.len(), StatusCode::OK, request, headers).await)
+}
+
+/// `file` (`len` bytes long) as the answer, with `status` and `headers` (which get
+/// Content-Length, Accept-Ranges and, for one byte range of a 200, Content-Range and 206).
+async fn file_answer(
+    mut file: tokio::fs::File,
+    len: u64,
+    status: StatusCode,
+    request: &http::HeaderMap,
+    mut headers: http::HeaderMap,
+) -> Response<HttpBody> {
+    let part = file::requested_part(request, len);
+    let (status, slice) = file::part_head(status, part, len, &mut headers);
+    let body = match slice {
+        None => FrontBody::file(file, len),
+        Some((_, 0)) => FrontBody::full(Bytes::new()),
+        Some((start, count)) => {
+            if let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
+                tracing::warn!(error = %e, "cannot seek in a file to send a range of it");
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "500 Internal Server Error\n",
+                );
+            }
+            FrontBody::file(file, count)
+        }
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp
 }
 
 /// What the context's front controller makes of a request `static_file` did not answer.
@@ -600,31 +711,6 @@ fn looks_like_source(norm: &[u8], extensions: &[Vec<u8>]) -> bool {
     })
 }
 
-/// The media type of a static file, from its extension.
-fn content_type(path: &std::path::Path) -> &'static str {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    match ext.as_str() {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "json" => "application/json",
-        "txt" => "text/plain; charset=utf-8",
-        "svg" => "image/svg+xml",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "ico" => "image/x-icon",
-        "woff2" => "font/woff2",
-        "pdf" => "application/pdf",
-        _ => "application/octet-stream",
-    }
-}
-
 /// The CGI variables of one request for the context it was routed to.
 #[allow(clippy::too_many_arguments)]
 fn cgi_params(
@@ -638,10 +724,13 @@ fn cgi_params(
     host: &str,
     body: &RequestBody,
 ) -> Result<Vec<(Bytes, Bytes)>, GatewayError> {
+    // A client's X-Sendfile-Type and X-Accel-Mapping are the proxy's word, not the
+    // client's: corral sends its own (front::sendfile).
     let headers: Vec<(&[u8], &[u8])> = parts
         .headers
         .iter()
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .filter(|(n, _)| !sendfile::is_proxy_request_header(n))
         .collect();
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
@@ -676,7 +765,9 @@ fn cgi_params(
     for d in &vars.dropped {
         tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
-    Ok(vars.vars)
+    let mut vars = vars.vars;
+    vars.extend(sendfile::backend_vars(&routed.context.config));
+    Ok(vars)
 }
 
 /// Whether the peer is one whose forwarded headers are believed: any peer of a Unix listener
