@@ -68,6 +68,8 @@ struct Fixture {
     via_nginx: Site,
     corral: Corral,
     _nginx: Nginx,
+    /// Kept with the fixture (never dropped): its pipe closes when the binary exits.
+    _reaper: Reaper,
 }
 
 static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
@@ -206,14 +208,12 @@ pool = "php"
         a.join().unwrap();
         b.join().unwrap();
     });
-    // The reaper owns the directory from here; it must outlive the fixture's users, so it
-    // is leaked with the fixture (its pipe closes when the binary exits).
-    std::mem::forget(reaper);
     Fixture {
         via_corral,
         via_nginx,
         corral,
         _nginx: nginx,
+        _reaper: reaper,
     }
 }
 
@@ -264,8 +264,8 @@ fn mariadb(reaper: &Reaper, dir: &Path) -> PathBuf {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // mariadbd is reaped by the reaper's kill, never waited for here.
-    std::mem::forget(server);
+    // Not waited for: the reaper kills it when the test binary exits.
+    drop(server);
     let sql = format!(
         "CREATE DATABASE wp0; CREATE DATABASE wp1; \
          CREATE USER '{user}'@'localhost' IDENTIFIED BY '{password}'; \
@@ -305,20 +305,7 @@ fn content_dir(site: &Path) -> PathBuf {
 fn install(site: &Site, corral: &Corral) {
     let mut b = Browser::default();
     let r = site.get(&mut b, "/wp-admin/install.php");
-    assert_eq!(
-        r.status,
-        200,
-        "{}: {}\n{}",
-        site.front,
-        r.text(),
-        corral.log()
-    );
-    assert!(
-        r.text().contains("weblog_title"),
-        "{}: {}",
-        site.front,
-        r.text()
-    );
+    site.expect(&r, 200, "weblog_title", corral);
     let r = site.post(
         &mut b,
         "/wp-admin/install.php?step=2",
@@ -333,23 +320,23 @@ fn install(site: &Site, corral: &Corral) {
             ("Submit", "Install WordPress"),
         ],
     );
-    assert_eq!(
-        r.status,
-        200,
-        "{}: {}\n{}",
-        site.front,
-        r.text(),
-        corral.log()
-    );
-    assert!(
-        r.text().contains("WordPress has been installed"),
-        "{}: {}",
-        site.front,
-        r.text()
-    );
+    site.expect(&r, 200, "WordPress has been installed", corral);
 }
 
 impl Site {
+    /// Asserts that `r` has `status` and a body holding `text`, showing both and corral's
+    /// log otherwise.
+    fn expect(&self, r: &HttpResponse, status: u16, text: &str, corral: &Corral) {
+        assert!(
+            r.status == status && r.text().contains(text),
+            "{}: expected {status} with {text:?}, got {}: {}\n{}",
+            self.front,
+            r.status,
+            r.text(),
+            corral.log()
+        );
+    }
+
     fn get(&self, b: &mut Browser, target: &str) -> HttpResponse {
         b.request(self.addr, "GET", target, &[("Host", &self.host)], b"")
     }

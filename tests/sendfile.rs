@@ -223,6 +223,19 @@ fn x_sendfile_sends_the_file_with_the_backends_headers() {
     assert_eq!(r.status, 404);
     assert_eq!(r.body, pdf);
 
+    // A 304 (the app answered a conditional GET) has no body to replace.
+    let r = s.get(
+        "on.test",
+        &format!(
+            "/send.php?status=304&f={}/report.pdf",
+            s.private().display()
+        ),
+        &[],
+    );
+    assert_eq!(r.status, 304);
+    assert!(r.body.is_empty());
+    assert_eq!(r.header("x-sendfile"), None);
+
     // An extension corral does not know keeps the backend's type (php's default here).
     let r = s.send(&s.private().join("data.unknownext"));
     assert_eq!(r.text(), "opaque");

@@ -285,6 +285,14 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
                 let headers = client_headers(&response.head.headers, request_id, true);
                 let context = &routed.context.config;
                 drain(response.body).await;
+                if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+                    // An answer without a body (a conditional GET the app answered 304):
+                    // nothing to send, whatever file the header names.
+                    let mut resp = Response::new(FrontBody::full(Bytes::new()));
+                    *resp.status_mut() = status;
+                    *resp.headers_mut() = headers;
+                    return resp;
+                }
                 return match sendfile::open(context, ask).await {
                     Ok((opened, len, real)) => {
                         let mut headers = headers;
@@ -512,16 +520,9 @@ async fn static_file(
         // Not passed on either: the backend would refuse it anyway (not a script).
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
-    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
-    if lexical.last() == Some(&b'/') {
-        lexical.pop();
-    }
-    lexical.extend_from_slice(norm);
-    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
     // The real file must be a regular file still under the real root (no symlink out), and
     // its real name must not be a script or hidden either (`a.txt -> index.php`).
-    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
-    let real_root = tokio::fs::canonicalize(root).await.ok()?;
+    let (real, real_root) = real_under_root(root, norm).await?;
     let rel = real.strip_prefix(&real_root).ok()?;
     let mut rel_path = b"/".to_vec();
     rel_path.extend_from_slice(rel.as_os_str().as_encoded_bytes());
@@ -617,7 +618,7 @@ async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFiles {
     if names_script || has_hidden_segment(norm) {
         return TryFiles::Keep;
     }
-    let Some(real) = real_under_root(root, norm).await else {
+    let Some((real, _)) = real_under_root(root, norm).await else {
         return TryFiles::Controller(controller.as_bytes().to_vec());
     };
     match tokio::fs::metadata(&real).await {
@@ -635,9 +636,12 @@ async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFiles {
     }
 }
 
-/// The real path of the normalised `norm` under `root`, when it exists and its real path
-/// lies under the real root.
-async fn real_under_root(root: &std::path::Path, norm: &[u8]) -> Option<std::path::PathBuf> {
+/// The real path of the normalised `norm` under `root`, with the real root, when it exists
+/// and its real path lies under the real root.
+async fn real_under_root(
+    root: &std::path::Path,
+    norm: &[u8],
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
     let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
     if lexical.last() == Some(&b'/') {
         lexical.pop();
@@ -646,7 +650,7 @@ async fn real_under_root(root: &std::path::Path, norm: &[u8]) -> Option<std::pat
     let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
     let real = tokio::fs::canonicalize(&lexical).await.ok()?;
     let real_root = tokio::fs::canonicalize(root).await.ok()?;
-    real.starts_with(&real_root).then_some(real)
+    real.starts_with(&real_root).then_some((real, real_root))
 }
 
 /// A decoded, normalised path written back as a URI path: unreserved characters, sub-delims,
