@@ -1,7 +1,7 @@
-//! X-Sendfile and X-Accel-Redirect from real php-cgi: corral's HTTP listener sends the file
-//! the backend names, from allowed directories only, and never shows the client the header;
-//! its FastCGI and SCGI listeners pass both headers on to nginx, which acts on
-//! X-Accel-Redirect itself.
+//! X-Sendfile and X-Accel-Redirect from real php-cgi and a real Rack app: corral's HTTP
+//! listener sends the file the backend names, from allowed directories only, and never shows
+//! the client the header; its FastCGI and SCGI listeners pass both headers on to nginx, which
+//! acts on X-Accel-Redirect itself.
 
 mod support;
 
@@ -448,4 +448,75 @@ fn fastcgi_and_scgi_listeners_leave_the_headers_to_the_front_server() {
         assert_eq!(r.header("x-sendfile"), Some(&*f.display().to_string()));
         assert_eq!(r.text(), "the backend body, never sent");
     }
+}
+
+/// A Rack app (Debian's rack 2.2) behind `Rack::Sendfile, 'X-Accel-Redirect'`, which names
+/// files by the X-Accel-Mapping corral sends it, through corral's Rack launcher.
+const RACK_APP: &str = r#"use Rack::Sendfile, 'X-Accel-Redirect'
+run Rack::Files.new(File.join(Dir.pwd, 'files'))
+"#;
+
+#[test]
+fn rack_sendfile_names_files_by_the_mapping_corral_sends() {
+    let dir = peers::shared_dir();
+    let d = dir.path();
+    write_file(d, "config.ru", RACK_APP);
+    std::fs::create_dir(d.join("files")).unwrap();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(d.join("files/report one.bin"), &data).unwrap();
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{d}/run"
+grace = "2s"
+log_level = "debug"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.rb]
+app = "rack:config.ru"
+cwd = "{d}"
+mode = "static"
+max = 1
+
+[[contexts]]
+host = "accel.test"
+pool = "rb"
+accel_redirect = {{ "/internal/" = "{d}/files/" }}
+
+[[contexts]]
+host = "off.test"
+pool = "rb"
+"#,
+        d = d.display()
+    );
+    let corral = Corral::start(&config, 1);
+    let get = |host: &str, headers: &[(&str, &str)]| {
+        let mut all = vec![("Host", host)];
+        all.extend_from_slice(headers);
+        http(corral.http_addr(), "GET", "/report%20one.bin", &all, b"")
+    };
+    // Rack answers with X-Accel-Redirect: /internal/report%20one.bin and no body; corral
+    // decodes it, maps it back into the directory and sends the file.
+    let r = get("accel.test", &[]);
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
+    assert_eq!(r.body, data);
+    assert_eq!(r.header("x-accel-redirect"), None);
+    assert!(
+        corral.wait_log("files/report one.bin"),
+        "corral did not send the file itself:\n{}",
+        corral.log()
+    );
+    // A client's own mapping is not what Rack hears: here it would name another directory.
+    let forged = format!("{}/=/internal/elsewhere/", d.join("files").display());
+    let r = get("accel.test", &[("X-Accel-Mapping", &forged)]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.body, data);
+    // Where corral sends no mapping, Rack sends the file itself; a forged one would have made
+    // it answer with a header this context refuses.
+    let r = get("off.test", &[("X-Accel-Mapping", &forged)]);
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
+    assert_eq!(r.body, data);
 }

@@ -24,7 +24,8 @@
 //! word, not a client's: a client's mapping could turn one file's name into another's), and
 //! a context that allows either header sends the backend its own: `X-Sendfile-Type:
 //! X-Sendfile` with `sendfile_dirs`, else `X-Sendfile-Type: X-Accel-Redirect` and
-//! `X-Accel-Mapping: DIR=PREFIX,...`.
+//! `X-Accel-Mapping: DIR=PREFIX,...`. Rack 2.2.22 and later read only the mapping, and only
+//! when the app configured `Rack::Sendfile` for X-Accel-Redirect; older ones read both.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
