@@ -290,13 +290,14 @@ pub(super) async fn open(
             dir: dir.clone(),
             source,
         })?;
+    let missing = |path: &Path, source| SendfileError::Missing {
+        header,
+        path: path.to_path_buf(),
+        source,
+    };
     let real = tokio::fs::canonicalize(&path)
         .await
-        .map_err(|source| SendfileError::Missing {
-            header,
-            path: path.clone(),
-            source,
-        })?;
+        .map_err(|e| missing(&path, e))?;
     if !real.starts_with(&real_dir) {
         return Err(SendfileError::Escapes {
             header,
@@ -307,19 +308,11 @@ pub(super) async fn open(
     }
     let file = tokio::fs::File::open(&real)
         .await
-        .map_err(|source| SendfileError::Missing {
-            header,
-            path: path.clone(),
-            source,
-        })?;
+        .map_err(|e| missing(&path, e))?;
     match file.metadata().await {
         Ok(meta) if meta.is_file() => Ok((file, meta.len(), real)),
         Ok(_) => Err(SendfileError::NotAFile { header, path }),
-        Err(source) => Err(SendfileError::Missing {
-            header,
-            path,
-            source,
-        }),
+        Err(e) => Err(missing(&path, e)),
     }
 }
 
