@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real peers corral's tests talk to (ARCHITECTURE.md, "Tests, scripts and CI"):
 # Debian's php-cgi, php-fpm, nginx, Apache, lighttpd, Caddy, Ruby with
-# ruby-fcgi and ruby-rack, wrk, ab and curl; the PyPI packages scgi and flup;
+# ruby-fcgi and ruby-rack, wrk, ab and curl, WordPress and MariaDB; the PyPI
+# packages scgi and flup;
 # and lsphp, built once from Debian's php8.2 source by scripts/build-lsphp.sh.
 # Idempotent and quick when everything is present (no apt-get update then).
 # Needs root. Starts no daemon: package installs run under a policy-rc.d that
@@ -19,6 +20,7 @@ APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-u
 APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front_*.rs)
 APT_PACKAGES+=(chromium tmux)  # status UI tests (tests/status_ui.rs)
 APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler)  # application tests (tests/app_*.rs); their venv's PyPI package is installed by the test itself
+APT_PACKAGES+=(wordpress wordpress-theme-twentytwentyone mariadb-server)  # tests/app_wordpress.rs (it runs its own mariadbd; the theme is only a Recommends)
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a
 # thinner image still works.
 BUILD_PACKAGES=(gcc make libc6-dev dpkg-dev xz-utils binutils)
@@ -54,7 +56,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     # If a policy-rc.d of the image allowed starts, stop what the install
     # started, by the packages' own pid files.
     for pidfile in /run/nginx.pid /run/php/php8.2-fpm.pid /run/apache2/apache2.pid \
-        /run/lighttpd.pid; do
+        /run/lighttpd.pid /run/mysqld/mysqld.pid; do
         if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
             log "stopping the daemon the install started ($pidfile)"
             kill -TERM "$(cat "$pidfile")" || true
@@ -64,7 +66,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     # stop it and the others and keep them from starting at boot, so none holds
     # port 80 (the tests run their own, on free ports).
     if [ -d /run/systemd/system ]; then
-        for unit in apache2 lighttpd caddy; do
+        for unit in apache2 lighttpd caddy mariadb; do
             if systemctl is-active --quiet "$unit" 2>/dev/null; then
                 log "stopping $unit, which the install started"
                 systemctl stop "$unit" || true

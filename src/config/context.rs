@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use super::file::{FileConfig, FileContext};
 use super::validate::Errors;
+use std::path::PathBuf;
+
 use super::{ContextConfig, ListenAddress, ListenerConfig, PoolConfig};
 
 /// Checks one context against the validated listeners and pools. `None` when it references
@@ -112,6 +114,51 @@ pub(super) fn context(
         "CGI parameter names hold only letters, digits and '_'",
     );
 
+    let front_controller = c.front_controller.as_ref().and_then(|f| {
+        let checked = check_front_controller(f.get_ref(), c, listen.as_ref(), listeners);
+        e.check(f.span(), checked)
+    });
+    let sendfile_dirs = c
+        .sendfile_dirs
+        .iter()
+        .flat_map(|list| list.get_ref())
+        .filter_map(|d| {
+            let dir = e.absolute_path(d, "sendfile_dirs entry")?;
+            e.check(d.span(), clean_dir(d.get_ref(), "sendfile_dirs entry"))?;
+            Some(dir)
+        })
+        .collect();
+    let mut accel_redirect: Vec<(String, PathBuf)> = c
+        .accel_redirect
+        .iter()
+        .flat_map(|t| t.get_ref())
+        .filter_map(|(prefix, dir)| {
+            let p = prefix.get_ref();
+            let prefix_ok = p.starts_with('/')
+                && p.ends_with('/')
+                && !p.split('/').any(|s| s == "." || s == "..")
+                && !p.chars().any(|ch| ch.is_control() || "?#%\\".contains(ch));
+            if !prefix_ok {
+                e.at(
+                    prefix.span(),
+                    format!(
+                        "accel_redirect prefix \"{p}\" must be a URI path that starts and ends \
+                         with '/', without '.' or '..' segments, '?', '#', '%' or '\\'"
+                    ),
+                );
+                return None;
+            }
+            let path = e.absolute_path(dir, "accel_redirect directory")?;
+            e.check(
+                dir.span(),
+                clean_dir(dir.get_ref(), "accel_redirect directory"),
+            )?;
+            Some((p.clone(), path))
+        })
+        .collect();
+    // The most specific prefix is tried first.
+    accel_redirect.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+
     let pool_name = c.pool.get_ref();
     let Some(pool) = pools.iter().find(|p| &p.name == pool_name) else {
         // A pool that failed its own validation was reported already; only name a missing one.
@@ -183,7 +230,25 @@ pub(super) fn context(
         params,
         max_body,
         request_buffering: c.request_buffering.unwrap_or(true),
+        front_controller,
+        sendfile_dirs,
+        accel_redirect,
     })
+}
+
+/// A directory files are sent from: no `.` or `..` segment, so what the file system
+/// resolves is what was written (symlinks aside, which the request path resolves).
+fn clean_dir(dir: &str, key: &str) -> Result<(), String> {
+    if dir.split('/').any(|s| s == "." || s == "..") {
+        return Err(format!("{key} \"{dir}\" has a '.' or '..' segment"));
+    }
+    if dir == "/" {
+        return Err(format!(
+            "{key} \"/\" would let a backend send any file on the host; name the directory \
+             it keeps those files in"
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a spawned pool's program is a PHP interpreter (php-cgi, php, lsphp, by the name of
@@ -255,4 +320,76 @@ fn check_host(host: &str) -> Result<(), String> {
             "host \"{host}\" is not a host name (a wildcard is written \"*.example.com\")"
         ))
     }
+}
+
+/// A `front_controller`: a script path in the root that the context itself would run, so the
+/// request it takes over is checked by the script guard like any other. Only the HTTP
+/// listener applies it (a front server's own `try_files` does the job on the FastCGI and SCGI
+/// listeners).
+fn check_front_controller(
+    path: &str,
+    c: &FileContext,
+    listen: Option<&ListenAddress>,
+    listeners: &[ListenerConfig],
+) -> Result<String, String> {
+    if c.root.is_none() {
+        return Err("front_controller needs a root: it names a script file under it".to_owned());
+    }
+    if let Some(ext) = &c.extension {
+        let ext = ext.get_ref();
+        return Err(format!(
+            "front_controller takes the paths that name no script, but extension = \"{ext}\" \
+             routes only paths naming a .{ext} script to this context: leave extension out \
+             (the context's script extension is then \"php\")"
+        ));
+    }
+    if !path.starts_with('/') {
+        return Err(format!(
+            "front_controller \"{path}\" must be an absolute path in the root, such as \
+             \"/index.php\""
+        ));
+    }
+    if path
+        .chars()
+        .any(|ch| ch.is_control() || matches!(ch, '\\' | '?' | '#' | '%'))
+    {
+        return Err(format!(
+            "front_controller \"{path}\" must be a plain file path: no '\\', '?', '#', '%' or \
+             control characters"
+        ));
+    }
+    if path
+        .split('/')
+        .skip(1)
+        .any(|seg| seg.is_empty() || seg.starts_with('.'))
+    {
+        return Err(format!(
+            "front_controller \"{path}\" has an empty, '.', '..' or hidden segment"
+        ));
+    }
+    // With no `extension` (required above) the context's script extension is php's.
+    let script_ext = "php";
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let has_ext = name.len() > script_ext.len() + 1
+        && name.ends_with(script_ext)
+        && name.as_bytes().get(name.len() - script_ext.len() - 1) == Some(&b'.');
+    if !has_ext {
+        return Err(format!(
+            "front_controller \"{path}\" must end in the context's script extension \
+             \".{script_ext}\""
+        ));
+    }
+    let on_cgi_front = listen.is_some_and(|addr| {
+        listeners
+            .iter()
+            .any(|l| l.bind.address() == *addr && l.protocol != super::FrontProtocol::Http)
+    });
+    if on_cgi_front {
+        return Err(
+            "front_controller applies on an http listener only; on fastcgi and scgi \
+             listeners the front server's try_files chooses the script"
+                .to_owned(),
+        );
+    }
+    Ok(path.to_owned())
 }

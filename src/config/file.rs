@@ -173,6 +173,9 @@ pub struct FileContext {
     pub params: Option<SpannedTable>,
     pub max_body: Option<Spanned<SizeText>>,
     pub request_buffering: Option<bool>,
+    pub front_controller: Option<Spanned<String>>,
+    pub sendfile_dirs: Option<SpannedList>,
+    pub accel_redirect: Option<SpannedTable>,
 }
 
 /// A duration as written ("30s"); parsed during validation so that every bad one is

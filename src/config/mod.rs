@@ -488,6 +488,20 @@ pub struct ContextConfig {
     /// before a worker is asked, so a slow upload never holds a worker
     /// (`request_buffering`, default true, like nginx's `fastcgi_request_buffering`).
     pub request_buffering: bool,
+    /// The script that serves, on the HTTP listener, every request whose path names no
+    /// existing file or directory under `root` and no script (`front_controller`, such as
+    /// `/index.php`; none by default), as nginx's `try_files $uri $uri/ /index.php?$args`
+    /// does: absolute in the root, without `.`, `..` or hidden segments, ending in the
+    /// context's script extension.
+    pub front_controller: Option<String>,
+    /// Directories whose files a backend may have corral send with `X-Sendfile: /abs/path`
+    /// on the HTTP listener (`sendfile_dirs`; none by default, and then the header is
+    /// refused).
+    pub sendfile_dirs: Vec<PathBuf>,
+    /// URI prefixes a backend may name with `X-Accel-Redirect: /uri`, each with the
+    /// directory it maps to (`accel_redirect = { "/protected/" = "/srv/files/" }`; none by
+    /// default). Both end with `/`; the longest matching prefix comes first.
+    pub accel_redirect: Vec<(String, PathBuf)>,
 }
 
 /// `max_body` when a context sets none: 1 GiB, the most corral spools to learn a chunked

@@ -833,3 +833,170 @@ fn interpreter_keys_are_checked_where_written() {
     let src = format!("{APP_POOL}servers = [\"127.0.0.1:9000\"]\nruby = \"ruby\"\n");
     expect_error(&src, "\"ruby\"\n", "pool \"app\" uses external servers");
 }
+
+#[test]
+fn front_controller_is_a_script_in_the_root() {
+    let c = ok(&MINIMAL.replace(
+        "pool = \"php\"\n\n[[listen]]",
+        "pool = \"php\"\nfront_controller = \"/app/index.php\"\n\n[[listen]]",
+    ));
+    assert_eq!(
+        c.contexts[0].front_controller.as_deref(),
+        Some("/app/index.php")
+    );
+    assert_eq!(ok(MINIMAL).contexts[0].front_controller, None);
+    for (value, message) in [
+        ("index.php", "must be an absolute path in the root"),
+        ("/../index.php", "has an empty, '.', '..' or hidden segment"),
+        (
+            "/a/./index.php",
+            "has an empty, '.', '..' or hidden segment",
+        ),
+        ("//index.php", "has an empty, '.', '..' or hidden segment"),
+        (
+            "/.hidden/index.php",
+            "has an empty, '.', '..' or hidden segment",
+        ),
+        ("/index.php/", "has an empty, '.', '..' or hidden segment"),
+        (
+            "/index.html",
+            "must end in the context's script extension \".php\"",
+        ),
+        (
+            "/index.php.txt",
+            "must end in the context's script extension",
+        ),
+        ("/.php", "has an empty, '.', '..' or hidden segment"),
+        ("/index%2ephp", "must be a plain file path"),
+        ("/index.php?x=1", "must be a plain file path"),
+    ] {
+        let src = MINIMAL.replace(
+            "pool = \"php\"\n\n[[listen]]",
+            &format!("pool = \"php\"\nfront_controller = {value:?}\n\n[[listen]]"),
+        );
+        expect_error(&src, &format!("{value:?}"), message);
+    }
+}
+
+#[test]
+fn front_controller_needs_a_root_no_extension_and_an_http_listener() {
+    let src = r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[[listen]]
+address = "unix:/tmp/corral-t/php.sock"
+protocol = "fastcgi"
+
+[pools.app]
+servers = ["127.0.0.1:9000"]
+
+[[contexts]]
+prefix = "/a"
+pool = "app"
+front_controller = "/no-root.php"
+
+[[contexts]]
+prefix = "/b"
+root = "/srv/b"
+extension = "php"
+pool = "app"
+front_controller = "/with-extension.php"
+
+[[contexts]]
+listen = "unix:/tmp/corral-t/php.sock"
+root = "/srv/c"
+pool = "app"
+front_controller = "/on-fastcgi.php"
+"#;
+    expect_error(src, "\"/no-root.php\"", "front_controller needs a root");
+    expect_error(
+        src,
+        "\"/with-extension.php\"",
+        "routes only paths naming a .php script to this context",
+    );
+    expect_error(
+        src,
+        "\"/on-fastcgi.php\"",
+        "front_controller applies on an http listener only",
+    );
+}
+
+#[test]
+fn sendfile_dirs_and_accel_redirect_are_clean_absolute_directories() {
+    let with = |keys: &str| {
+        MINIMAL.replace(
+            "pool = \"php\"\n\n[[listen]]",
+            &format!("pool = \"php\"\n{keys}\n\n[[listen]]"),
+        )
+    };
+    let c = ok(&with(
+        "sendfile_dirs = [\"/srv/private\"]\n\
+         accel_redirect = { \"/p/\" = \"/srv/p\", \"/p/deeper/\" = \"/srv/deep/\" }",
+    ));
+    let ctx = &c.contexts[0];
+    assert_eq!(ctx.sendfile_dirs, [PathBuf::from("/srv/private")]);
+    // Longest prefix first.
+    assert_eq!(
+        ctx.accel_redirect,
+        [
+            ("/p/deeper/".to_owned(), PathBuf::from("/srv/deep/")),
+            ("/p/".to_owned(), PathBuf::from("/srv/p")),
+        ]
+    );
+    let none = ok(MINIMAL);
+    assert!(
+        none.contexts[0].sendfile_dirs.is_empty() && none.contexts[0].accel_redirect.is_empty()
+    );
+
+    for (keys, needle, message) in [
+        (
+            "sendfile_dirs = [\"srv\"]",
+            "\"srv\"",
+            "must be an absolute path",
+        ),
+        (
+            "sendfile_dirs = [\"/srv/../etc\"]",
+            "\"/srv/../etc\"",
+            "has a '.' or '..' segment",
+        ),
+        (
+            "sendfile_dirs = [\"/\"]",
+            "\"/\"",
+            "would let a backend send any file",
+        ),
+        (
+            "accel_redirect = { \"/p\" = \"/srv\" }",
+            "\"/p\"",
+            "must be a URI path that starts and ends with '/'",
+        ),
+        (
+            "accel_redirect = { \"p/\" = \"/srv\" }",
+            "\"p/\"",
+            "must be a URI path",
+        ),
+        (
+            "accel_redirect = { \"/a/../\" = \"/srv\" }",
+            "\"/a/../\"",
+            "without '.' or '..' segments",
+        ),
+        (
+            "accel_redirect = { \"/%2e/\" = \"/srv\" }",
+            "\"/%2e/\"",
+            "must be a URI path",
+        ),
+        (
+            "accel_redirect = { \"/p/\" = \"srv\" }",
+            "\"srv\"",
+            "must be an absolute path",
+        ),
+        (
+            "accel_redirect = { \"/p/\" = \"/srv/./x\" }",
+            "\"/srv/./x\"",
+            "has a '.' or '..' segment",
+        ),
+    ] {
+        expect_error(&with(keys), needle, message);
+    }
+}

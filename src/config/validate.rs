@@ -635,6 +635,9 @@ fn contexts(
                 params: BTreeMap::new(),
                 max_body: super::DEFAULT_MAX_BODY,
                 request_buffering: true,
+                front_controller: None,
+                sendfile_dirs: Vec::new(),
+                accel_redirect: Vec::new(),
             }],
             _ => {
                 if file.pools.len() > 1 {

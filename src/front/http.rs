@@ -28,6 +28,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncSeekExt;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -35,12 +36,15 @@ use crate::backend::{
     buffer_body, spool_body, BackendError, BodyError, BodySource, BodyTimeout, RequestBody,
 };
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
+use crate::front::file;
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
+use crate::front::sendfile;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    build_cgi_vars_for, has_hidden_segment, parse_request_path, CgiRequest, RequestPath, ScriptMode,
+    build_cgi_vars_for, has_allowed_ext, has_hidden_segment, parse_request_path, CgiRequest,
+    RequestPath, ScriptMode,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -186,9 +190,26 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             Ok(r) => r,
             Err(e) => return error_response(request_id, &e),
         };
-        if let Some(resp) = static_file(&routed, &parts.method, &path).await {
+        if let Some(resp) = static_file(&routed, &parts.method, &parts.headers, &path).await {
             return resp;
         }
+        let controller_path;
+        let path = match try_files(&routed, &path).await {
+            TryFiles::Keep => path,
+            TryFiles::Controller(script) => {
+                tracing::debug!(
+                    request_id,
+                    path = %crate::logs::escaped(&path.normalized),
+                    "no such file or directory: the front controller serves it"
+                );
+                controller_path = RequestPath {
+                    normalized: script,
+                    ..path
+                };
+                controller_path
+            }
+            TryFiles::AddSlash(location) => return add_slash(location),
+        };
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
         let mut params = match cgi_params(
             gateway, &routed, info, &parts, &method, &target, &path, &host, &body_now,
@@ -257,40 +278,49 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
             });
             return error_response(request_id, &e);
         }
-        let mut builder = Response::builder()
-            .status(StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY));
-        let connection_named = connection_tokens(&response.head.headers);
-        for (name, value) in &response.head.headers {
-            if name.eq_ignore_ascii_case(b"status") {
-                continue;
-            }
-            if is_hop_by_hop(name)
-                || connection_named
-                    .iter()
-                    .any(|t| name.eq_ignore_ascii_case(t))
-            {
-                // They described the backend's hop, which corral terminated; hyper frames
-                // the client's side itself.
-                tracing::debug!(
-                    request_id,
-                    header = %String::from_utf8_lossy(name),
-                    "dropped a hop-by-hop header from the backend response"
-                );
-                continue;
-            }
-            match (
-                HeaderName::from_bytes(name),
-                HeaderValue::from_maybe_shared(value.clone()),
-            ) {
-                (Ok(n), Ok(v)) => builder = builder.header(n, v),
-                _ => {
-                    tracing::warn!(
-                        request_id,
-                        header = %crate::logs::escaped(name),
-                        "dropped a backend response header that is not valid HTTP"
-                    );
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
+        match sendfile::asked(&response.head.headers) {
+            Ok(None) => {}
+            Ok(Some(ask)) => {
+                let headers = client_headers(&response.head.headers, request_id, true);
+                let context = &routed.context.config;
+                drain(response.body).await;
+                if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+                    // An answer without a body (a conditional GET the app answered 304):
+                    // nothing to send, whatever file the header names.
+                    let mut resp = Response::new(FrontBody::full(Bytes::new()));
+                    *resp.status_mut() = status;
+                    *resp.headers_mut() = headers;
+                    return resp;
                 }
+                return match sendfile::open(context, ask).await {
+                    Ok((opened, len, real)) => {
+                        let mut headers = headers;
+                        // PHP sends `text/html` unless told otherwise, so the file's own
+                        // type wins; the backend's only for an extension corral does not know.
+                        let known = file::known_content_type(&real);
+                        if let Some(t) = known {
+                            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(t));
+                        } else if !headers.contains_key(http::header::CONTENT_TYPE) {
+                            headers.insert(
+                                http::header::CONTENT_TYPE,
+                                HeaderValue::from_static("application/octet-stream"),
+                            );
+                        }
+                        tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
+                        file_answer(opened, len, status, &parts.headers, headers).await
+                    }
+                    Err(e) => sendfile_refused(request_id, &e),
+                };
             }
+            Err(e) => {
+                drain(response.body).await;
+                return sendfile_refused(request_id, &e);
+            }
+        }
+        let mut builder = Response::builder().status(status);
+        if let Some(headers) = builder.headers_mut() {
+            *headers = client_headers(&response.head.headers, request_id, false);
         }
         return builder
             .body(FrontBody::backend(response.body, request_id))
@@ -304,6 +334,83 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
         },
     };
     error_response(request_id, &e)
+}
+
+/// Response bytes of a backend body that corral reads and drops, so that its connection can
+/// be kept; past this the body is dropped (the exchange is aborted, as for a client gone).
+const DRAIN_MAX: usize = 64 * 1024;
+
+/// Reads a backend body that will not be sent to its end, within [`DRAIN_MAX`].
+async fn drain(mut body: GatewayBody) {
+    let mut read = 0usize;
+    while let Some(Ok(chunk)) = body.next_chunk().await {
+        read = read.saturating_add(chunk.len());
+        if read > DRAIN_MAX {
+            break;
+        }
+    }
+}
+
+fn sendfile_refused(request_id: u64, e: &sendfile::SendfileError) -> Response<HttpBody> {
+    let status = e.status();
+    tracing::warn!(request_id, status = status.as_u16(), error = %crate::logs::clean(e), "refused to send the file the backend named");
+    let reason = status.canonical_reason().unwrap_or("Error");
+    plain(status, &format!("{} {reason}\n", status.as_u16()))
+}
+
+/// The backend's response headers that may reach the client: without `Status:`, the
+/// hop-by-hop ones, those its `Connection` names, and the instructions meant for a proxy
+/// (X-Sendfile, X-Accel-*). With `for_file`, also without the ones that described the
+/// backend's body, which a file corral sends replaces.
+fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -> http::HeaderMap {
+    let mut out = http::HeaderMap::new();
+    let connection_named = connection_tokens(backend);
+    for (name, value) in backend {
+        if name.eq_ignore_ascii_case(b"status") || sendfile::is_proxy_instruction(name) {
+            continue;
+        }
+        if for_file
+            && [
+                &b"content-length"[..],
+                b"content-range",
+                b"content-encoding",
+            ]
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h))
+        {
+            continue;
+        }
+        if is_hop_by_hop(name)
+            || connection_named
+                .iter()
+                .any(|t| name.eq_ignore_ascii_case(t))
+        {
+            // They described the backend's hop, which corral terminated; hyper frames
+            // the client's side itself.
+            tracing::debug!(
+                request_id,
+                header = %String::from_utf8_lossy(name),
+                "dropped a hop-by-hop header from the backend response"
+            );
+            continue;
+        }
+        match (
+            HeaderName::from_bytes(name),
+            HeaderValue::from_maybe_shared(value.clone()),
+        ) {
+            (Ok(n), Ok(v)) => {
+                out.append(n, v);
+            }
+            _ => {
+                tracing::warn!(
+                    request_id,
+                    header = %crate::logs::escaped(name),
+                    "dropped a backend response header that is not valid HTTP"
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Refusals decided by the request head alone, before routing:
@@ -394,6 +501,7 @@ fn connection_tokens(headers: &[(Bytes, Bytes)]) -> Vec<Vec<u8>> {
 async fn static_file(
     routed: &Routed,
     method: &http::Method,
+    request: &http::HeaderMap,
     path: &RequestPath<'_>,
 ) -> Option<Response<HttpBody>> {
     let context = &routed.context;
@@ -412,16 +520,9 @@ async fn static_file(
         // Not passed on either: the backend would refuse it anyway (not a script).
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
-    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
-    if lexical.last() == Some(&b'/') {
-        lexical.pop();
-    }
-    lexical.extend_from_slice(norm);
-    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
     // The real file must be a regular file still under the real root (no symlink out), and
     // its real name must not be a script or hidden either (`a.txt -> index.php`).
-    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
-    let real_root = tokio::fs::canonicalize(root).await.ok()?;
+    let (real, real_root) = real_under_root(root, norm).await?;
     let rel = real.strip_prefix(&real_root).ok()?;
     let mut rel_path = b"/".to_vec();
     rel_path.extend_from_slice(rel.as_os_str().as_encoded_bytes());
@@ -439,14 +540,148 @@ async fn static_file(
             .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Some(resp);
     }
-    let mut resp = Response::new(FrontBody::file(file, meta.len()));
-    resp.headers_mut().insert(
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
         http::header::CONTENT_TYPE,
-        HeaderValue::from_static(content_type(&real)),
+        HeaderValue::from_static(file::content_type(&real)),
     );
-    resp.headers_mut()
-        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(meta.len()));
-    Some(resp)
+    Some(file_answer(file, meta.len(), StatusCode::OK, request, headers).await)
+}
+
+/// `file` (`len` bytes long) as the answer, with `status` and `headers` (which get
+/// Content-Length, Accept-Ranges and, for one byte range of a 200, Content-Range and 206).
+async fn file_answer(
+    mut file: tokio::fs::File,
+    len: u64,
+    status: StatusCode,
+    request: &http::HeaderMap,
+    mut headers: http::HeaderMap,
+) -> Response<HttpBody> {
+    let part = file::requested_part(request, len);
+    let (status, slice) = file::part_head(status, part, len, &mut headers);
+    let body = match slice {
+        None => FrontBody::file(file, len),
+        Some((_, 0)) => FrontBody::full(Bytes::new()),
+        Some((start, count)) => {
+            if let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
+                tracing::warn!(error = %e, "cannot seek in a file to send a range of it");
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "500 Internal Server Error\n",
+                );
+            }
+            FrontBody::file(file, count)
+        }
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp
+}
+
+/// What the context's front controller makes of a request `static_file` did not answer.
+enum TryFiles {
+    /// Served as the path says: the context has no front controller, or the path names a
+    /// script, a hidden segment, an existing file or an existing directory with its `/`.
+    Keep,
+    /// Nothing under the root has that name: the front controller (its normalised path)
+    /// runs instead, with the request's own REQUEST_URI and QUERY_STRING.
+    Controller(Vec<u8>),
+    /// An existing directory named without its trailing `/`: a 301 to the path with it
+    /// (the value is the Location), as nginx answers, so relative links in its index work.
+    AddSlash(Vec<u8>),
+}
+
+/// `try_files $uri $uri/ CONTROLLER?$args` for a context with `front_controller`.
+///
+/// Script paths are kept, existing or not (the script guard answers 404 for a missing one,
+/// as nginx's `try_files $uri =404` in its PHP location does): a missing `/x.php` must not
+/// turn into the controller, nor a path choose which script runs. Hidden paths are kept (and
+/// refused later) without touching the file system, so the answer says nothing about
+/// whether `/.git/HEAD` exists. Existence is judged on the real path: a name whose real path
+/// leaves the real root counts as missing, so the answer is the same whatever exists outside.
+/// The controller itself is checked by the script guard in `Gateway::dispatch` like any
+/// other script (ARCHITECTURE.md invariant 2).
+async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFiles {
+    let context = &routed.context;
+    let (Some(controller), Some(root)) = (&context.config.front_controller, &context.config.root)
+    else {
+        return TryFiles::Keep;
+    };
+    let ScriptMode::Files { extensions, .. } = &context.cgi.mode else {
+        return TryFiles::Keep;
+    };
+    let norm = &path.normalized[..];
+    let names_script = norm
+        .split(|&c| c == b'/')
+        .any(|segment| has_allowed_ext(segment, extensions));
+    if names_script || has_hidden_segment(norm) {
+        return TryFiles::Keep;
+    }
+    let Some((real, _)) = real_under_root(root, norm).await else {
+        return TryFiles::Controller(controller.as_bytes().to_vec());
+    };
+    match tokio::fs::metadata(&real).await {
+        Ok(meta) if meta.is_dir() && !norm.ends_with(b"/") => {
+            let mut location = percent_encode_path(norm);
+            location.push(b'/');
+            if !path.query.is_empty() {
+                location.push(b'?');
+                location.extend_from_slice(path.query);
+            }
+            TryFiles::AddSlash(location)
+        }
+        Ok(_) => TryFiles::Keep,
+        Err(_) => TryFiles::Controller(controller.as_bytes().to_vec()),
+    }
+}
+
+/// The real path of the normalised `norm` under `root`, with the real root, when it exists
+/// and its real path lies under the real root.
+async fn real_under_root(
+    root: &std::path::Path,
+    norm: &[u8],
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
+    if lexical.last() == Some(&b'/') {
+        lexical.pop();
+    }
+    lexical.extend_from_slice(norm);
+    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
+    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
+    let real_root = tokio::fs::canonicalize(root).await.ok()?;
+    real.starts_with(&real_root).then_some((real, real_root))
+}
+
+/// A decoded, normalised path written back as a URI path: unreserved characters, sub-delims,
+/// `:`, `@` and `/` as they are, every other byte as `%XX`. Built from the normalised path,
+/// never the raw one, so a Location cannot start with `//` (another host).
+fn percent_encode_path(norm: &[u8]) -> Vec<u8> {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = Vec::with_capacity(norm.len());
+    for &c in norm {
+        if c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&c) {
+            out.push(c);
+        } else {
+            out.push(b'%');
+            out.push(HEX[usize::from(c >> 4)]);
+            out.push(HEX[usize::from(c & 0x0f)]);
+        }
+    }
+    out
+}
+
+/// 301 to `location`, a directory's path with its trailing `/`.
+fn add_slash(location: Vec<u8>) -> Response<HttpBody> {
+    let mut resp = plain(StatusCode::MOVED_PERMANENTLY, "301 Moved Permanently\n");
+    match HeaderValue::from_bytes(&location) {
+        Ok(v) => {
+            resp.headers_mut().insert(http::header::LOCATION, v);
+            resp
+        }
+        // The query came from the request target, whose bytes are all visible ASCII.
+        Err(_) => plain(StatusCode::NOT_FOUND, "404 Not Found\n"),
+    }
 }
 
 /// PHP's other source extensions: never sent as static files from a PHP context, though only
@@ -480,31 +715,6 @@ fn looks_like_source(norm: &[u8], extensions: &[Vec<u8>]) -> bool {
     })
 }
 
-/// The media type of a static file, from its extension.
-fn content_type(path: &std::path::Path) -> &'static str {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    match ext.as_str() {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "json" => "application/json",
-        "txt" => "text/plain; charset=utf-8",
-        "svg" => "image/svg+xml",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "ico" => "image/x-icon",
-        "woff2" => "font/woff2",
-        "pdf" => "application/pdf",
-        _ => "application/octet-stream",
-    }
-}
-
 /// The CGI variables of one request for the context it was routed to.
 #[allow(clippy::too_many_arguments)]
 fn cgi_params(
@@ -518,10 +728,13 @@ fn cgi_params(
     host: &str,
     body: &RequestBody,
 ) -> Result<Vec<(Bytes, Bytes)>, GatewayError> {
+    // A client's X-Sendfile-Type and X-Accel-Mapping are the proxy's word, not the
+    // client's: corral sends its own (front::sendfile).
     let headers: Vec<(&[u8], &[u8])> = parts
         .headers
         .iter()
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .filter(|(n, _)| !sendfile::is_proxy_request_header(n))
         .collect();
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
@@ -556,7 +769,9 @@ fn cgi_params(
     for d in &vars.dropped {
         tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
-    Ok(vars.vars)
+    let mut vars = vars.vars;
+    vars.extend(sendfile::backend_vars(&routed.context.config));
+    Ok(vars)
 }
 
 /// Whether the peer is one whose forwarded headers are believed: any peer of a Unix listener

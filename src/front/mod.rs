@@ -2,7 +2,9 @@
 
 pub mod cgi;
 pub mod fastcgi;
+mod file;
 pub mod http;
 pub mod limits;
 pub mod listener;
 pub mod scgi;
+mod sendfile;

@@ -58,12 +58,15 @@ impl Reaper {
             .expect("create the fixture dir")
             .keep();
         chmod(&dir, 0o755);
-        // The pids come in on stdin, one a line; EOF means the test binary is gone.
+        // Pids to kill and absolute paths of files to remove come in on stdin, one a line;
+        // EOF means the test binary is gone.
         let mut child = Command::new("/bin/sh")
             .arg("-c")
             .arg(
-                "pids=; while read -r pid; do pids=\"$pids $pid\"; done; \
-                 [ -n \"$pids\" ] && kill -KILL $pids 2>/dev/null; rm -rf -- \"$0\"",
+                "pids=; files=; while read -r x; do case $x in /*) files=\"$files $x\";; \
+                 *) pids=\"$pids $x\";; esac; done; \
+                 [ -n \"$pids\" ] && kill -KILL $pids 2>/dev/null; \
+                 [ -n \"$files\" ] && rm -f -- $files; rm -rf -- \"$0\"",
             )
             .arg(&dir)
             .stdin(Stdio::piped())
@@ -88,9 +91,27 @@ impl Reaper {
         pipe.flush().unwrap();
     }
 
+    /// Removes the file `path` (absolute, without spaces) when the test binary exits: a
+    /// fixture's file outside its directory, such as a config file under /etc.
+    pub fn remove_on_exit(&self, path: &Path) {
+        let text = path
+            .to_str()
+            .filter(|p| p.starts_with('/') && !p.contains(char::is_whitespace));
+        let path =
+            text.unwrap_or_else(|| panic!("{} cannot be passed to the reaper", path.display()));
+        let mut pipe = self.pipe.lock().unwrap();
+        writeln!(pipe, "{path}").expect("tell the reaper");
+        pipe.flush().unwrap();
+    }
+
     /// Starts corral on `config` (written into the fixture's directory) and has it killed
     /// when the test binary exits.
     pub fn corral(&self, config: &str) -> Corral {
+        self.corral_listening(config, 1)
+    }
+
+    /// [`Reaper::corral`] for a configuration with `listeners` listeners.
+    pub fn corral_listening(&self, config: &str, listeners: usize) -> Corral {
         let mut file = tempfile::Builder::new()
             .prefix("corral-")
             .suffix(".toml")
@@ -99,7 +120,7 @@ impl Reaper {
         file.write_all(config.as_bytes()).unwrap();
         let mut cmd = Command::new(super::CORRAL);
         cmd.args(["run", "-c"]).arg(file.path());
-        let corral = Corral::start_command(cmd, file, 1);
+        let corral = Corral::start_command(cmd, file, listeners);
         self.kill_on_exit(corral.pid());
         corral
     }
@@ -233,6 +254,11 @@ impl Browser {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The names of the cookies kept.
+    pub fn cookie_names(&self) -> Vec<&str> {
+        self.cookies.iter().map(|(n, _)| n.as_str()).collect()
     }
 
     /// Forgets every cookie.

@@ -208,6 +208,11 @@ impl Nginx {
     }
 
     /// nginx's error log so far.
+    /// nginx's pid (with `master_process off`, its only process).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn error_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("nginx-error.log")).unwrap_or_default()
     }

@@ -1,0 +1,565 @@
+//! WordPress 6.1 as Debian packages it, on MariaDB, with PHP run by a php-cgi pool corral
+//! spawns, in front of two front servers:
+//!
+//! - corral's own HTTP listener, with `front_controller = "/index.php"` for the pretty
+//!   permalinks and static files for wp-content;
+//! - nginx with conf/nginx/wordpress.conf as written (`try_files $uri $uri/
+//!   /index.php?$args`, `fastcgi_pass` to corral's FastCGI listener), only its placeholders
+//!   replaced.
+//!
+//! Each front has a site of its own (its own database and wp-content), installed through
+//! wp-admin/install.php; the tests then read the front page, switch on pretty permalinks in
+//! the admin and read a post by its pretty URL, log in with cookies, upload a file to the
+//! media library and fetch it back, and open the dashboard.
+//!
+//! Debian's /usr/share/wordpress/wp-config.php picks `/etc/wordpress/config-HOST.php` by
+//! the request's Host (port stripped). Each site therefore gets a host name of its own,
+//! `wp-FRONT-PID.corral.test`, sent as the Host header, and its config file, which the
+//! reaper removes when the test binary exits, as it kills corral, nginx and the MariaDB
+//! server (one of each per binary, shared by the tests) and removes their directory.
+//! MariaDB runs as `mysql` (mariadbd refuses root) on a private socket and datadir.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use support::apps::{chmod, input_value, setup, sha256, shared, writable_dir, Browser, Reaper};
+use support::front::Nginx;
+use support::matrix::{snippet, FASTCGI_SOCKET};
+use support::server::{Corral, HttpResponse};
+use tokio::time::Instant;
+
+/// Debian's WordPress.
+const WORDPRESS: &str = "/usr/share/wordpress";
+/// The admin account each install creates.
+const ADMIN: (&str, &str) = ("admin", "corral-wp-Pa55word");
+/// The database account WordPress uses.
+const DB_USER: (&str, &str) = ("wordpress", "corral-db-pass");
+/// The blog title each install gets.
+const TITLE: &str = "Corral Test Blog";
+
+/// One WordPress site behind one front server.
+struct Site {
+    /// Which front, for messages.
+    front: &'static str,
+    /// Where the front listens.
+    addr: SocketAddr,
+    /// The Host header (name and port): picks the config file.
+    host: String,
+    /// The site's URL as WordPress builds it: nginx passes the Host without its port
+    /// (Debian's fastcgi_params sends `$host`), corral as the client sent it.
+    base: String,
+}
+
+struct Fixture {
+    via_corral: Site,
+    via_nginx: Site,
+    corral: Corral,
+    _nginx: Nginx,
+    /// Kept with the fixture (never dropped): its pipe closes when the binary exits.
+    _reaper: Reaper,
+}
+
+static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
+
+fn fixture() -> &'static Fixture {
+    shared(&FIXTURE, start)
+}
+
+fn start() -> Fixture {
+    let reaper = Reaper::start("corral-wp-");
+    let dir = reaper.dir.clone();
+    let socket = mariadb(&reaper, &dir);
+    let pid = std::process::id();
+    let hosts = [
+        format!("wp-corral-{pid}.corral.test"),
+        format!("wp-nginx-{pid}.corral.test"),
+    ];
+    for (i, host) in hosts.iter().enumerate() {
+        let content = content_dir(&dir.join(format!("site{i}")));
+        let config = PathBuf::from(format!("/etc/wordpress/config-{host}.php"));
+        std::fs::write(
+            &config,
+            format!(
+                "<?php\n\
+                 define('DB_NAME', 'wp{i}');\n\
+                 define('DB_USER', '{user}');\n\
+                 define('DB_PASSWORD', '{password}');\n\
+                 define('DB_HOST', 'localhost:{socket}');\n\
+                 define('WP_CONTENT_DIR', '{content}');\n\
+                 // No loopback HTTP from cron, no calls to wordpress.org.\n\
+                 define('DISABLE_WP_CRON', true);\n\
+                 define('WP_HTTP_BLOCK_EXTERNAL', true);\n\
+                 define('AUTOMATIC_UPDATER_DISABLED', true);\n",
+                user = DB_USER.0,
+                password = DB_USER.1,
+                socket = socket.display(),
+                content = content.display(),
+            ),
+        )
+        .unwrap();
+        reaper.remove_on_exit(&config);
+        chmod(&config, 0o644);
+    }
+
+    let fcgi = dir.join("corral-fcgi.sock");
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{dir}/run"
+user = "nobody"
+log_level = "info"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[[listen]]
+address = "unix:{fcgi}"
+protocol = "fastcgi"
+
+[pools.php]
+command = ["php-cgi", "-d", "upload_max_filesize=16M", "-d", "post_max_size=16M"]
+mode = "static"
+max = 4
+
+# corral's own listener (the FastCGI listener's context below wins there, named by
+# its listener): WordPress's code, the pretty permalinks through its front controller,
+# and the site's wp-content (kept apart, as Debian does) as static files.
+[[contexts]]
+prefix = "/wp-content"
+root = "{dir}/site0"
+static_files = true
+pool = "php"
+
+[[contexts]]
+root = "{wordpress}"
+static_files = true
+front_controller = "/index.php"
+pool = "php"
+
+[[contexts]]
+listen = "unix:{fcgi}"
+root = "{wordpress}"
+pool = "php"
+"#,
+        dir = dir.display(),
+        fcgi = fcgi.display(),
+        wordpress = WORDPRESS,
+    );
+    let corral = reaper.corral_listening(&config, 2);
+
+    let nginx_dir = dir.join("nginx");
+    std::fs::create_dir(&nginx_dir).unwrap();
+    std::os::unix::fs::symlink(
+        "/etc/nginx/fastcgi_params",
+        nginx_dir.join("fastcgi_params"),
+    )
+    .unwrap();
+    let text = snippet(
+        "conf/nginx/wordpress.conf",
+        &[
+            ("blog.example.com", hosts[1].clone()),
+            (FASTCGI_SOCKET, fcgi.display().to_string()),
+            (
+                "/var/lib/wordpress",
+                dir.join("site1").display().to_string(),
+            ),
+            ("listen 80;", String::new()),
+        ],
+    );
+    let body = support::front::nginx_blocks(&text, "server")
+        .pop()
+        .expect("conf/nginx/wordpress.conf has a server block")
+        .1;
+    // Debian's nginx.conf includes the media types in its http block; the snippet is a
+    // server block of such a file.
+    let nginx = Nginx::start(&nginx_dir, "  include /etc/nginx/mime.types;", &[body]);
+    reaper.kill_on_exit(nginx.pid());
+
+    let via_corral = Site {
+        front: "corral's http listener",
+        addr: corral.http_addr(),
+        host: format!("{}:{}", hosts[0], corral.http_addr().port()),
+        base: format!("http://{}:{}", hosts[0], corral.http_addr().port()),
+    };
+    let via_nginx = Site {
+        front: "nginx",
+        addr: SocketAddr::from(([127, 0, 0, 1], nginx.ports[0])),
+        host: format!("{}:{}", hosts[1], nginx.ports[0]),
+        base: format!("http://{}", hosts[1]),
+    };
+    // Both installs at once: each is a few seconds of PHP and SQL.
+    std::thread::scope(|s| {
+        let a = s.spawn(|| install(&via_corral, &corral));
+        let b = s.spawn(|| install(&via_nginx, &corral));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    Fixture {
+        via_corral,
+        via_nginx,
+        corral,
+        _nginx: nginx,
+        _reaper: reaper,
+    }
+}
+
+/// A MariaDB server of the fixture's own, as `mysql`, on a Unix socket only; returns the
+/// socket once the databases `wp0` and `wp1` and WordPress's account exist.
+fn mariadb(reaper: &Reaper, dir: &Path) -> PathBuf {
+    let mysql = nix::unistd::User::from_name("mysql")
+        .unwrap()
+        .expect("mariadb-server creates the mysql user");
+    let data = dir.join("mariadb");
+    let run = dir.join("mariadb-run");
+    for d in [&data, &run] {
+        std::fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(mysql.uid.as_raw()), Some(mysql.gid.as_raw())).unwrap();
+    }
+    let mut install = Command::new("mariadb-install-db");
+    install
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .args(["--user=mysql", "--auth-root-authentication-method=socket"])
+        .arg("--skip-test-db");
+    setup(install, Duration::from_secs(60));
+    let socket = run.join("mysqld.sock");
+    let server = Command::new("mariadbd")
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--socket={}", socket.display()))
+        .arg(format!("--pid-file={}", run.join("mysqld.pid").display()))
+        .arg(format!("--log-error={}", run.join("error.log").display()))
+        .args(["--user=mysql", "--skip-networking", "--skip-log-bin"])
+        .args([
+            "--innodb-buffer-pool-size=64M",
+            "--innodb-flush-log-at-trx-commit=0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mariadbd");
+    reaper.kill_on_exit(server.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "mariadbd did not listen on {} within 30 s:\n{}",
+            socket.display(),
+            std::fs::read_to_string(run.join("error.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Not waited for: the reaper kills it when the test binary exits.
+    drop(server);
+    let sql = format!(
+        "CREATE DATABASE wp0; CREATE DATABASE wp1; \
+         CREATE USER '{user}'@'localhost' IDENTIFIED BY '{password}'; \
+         GRANT ALL ON wp0.* TO '{user}'@'localhost'; GRANT ALL ON wp1.* TO '{user}'@'localhost';",
+        user = DB_USER.0,
+        password = DB_USER.1,
+    );
+    let mut client = Command::new("mariadb");
+    client
+        .arg("--no-defaults")
+        .arg(format!("--socket={}", socket.display()))
+        .args(["-u", "root", "-e", &sql]);
+    setup(client, Duration::from_secs(30));
+    socket
+}
+
+/// A site's `wp-content` under `site`: Debian's themes and plugins linked in, and an
+/// uploads directory the workers (`nobody`) can write.
+fn content_dir(site: &Path) -> PathBuf {
+    let content = site.join("wp-content");
+    std::fs::create_dir_all(&content).unwrap();
+    chmod(site, 0o755);
+    chmod(&content, 0o755);
+    for sub in ["themes", "plugins"] {
+        std::os::unix::fs::symlink(
+            Path::new(WORDPRESS).join("wp-content").join(sub),
+            content.join(sub),
+        )
+        .unwrap();
+    }
+    writable_dir(&content.join("uploads"));
+    writable_dir(&content.join("upgrade"));
+    content
+}
+
+/// The install form (wp-admin/install.php, step 2), as a person submits it.
+fn install(site: &Site, corral: &Corral) {
+    let mut b = Browser::default();
+    let r = site.get(&mut b, "/wp-admin/install.php");
+    site.expect(&r, 200, "weblog_title", corral);
+    let r = site.post(
+        &mut b,
+        "/wp-admin/install.php?step=2",
+        &[
+            ("weblog_title", TITLE),
+            ("user_name", ADMIN.0),
+            ("admin_password", ADMIN.1),
+            ("admin_password2", ADMIN.1),
+            ("pw_weak", "1"),
+            ("admin_email", "admin@example.com"),
+            ("blog_public", "0"),
+            ("Submit", "Install WordPress"),
+        ],
+    );
+    site.expect(&r, 200, "WordPress has been installed", corral);
+}
+
+impl Site {
+    /// Asserts that `r` has `status` and a body holding `text`, showing both and corral's
+    /// log otherwise.
+    fn expect(&self, r: &HttpResponse, status: u16, text: &str, corral: &Corral) {
+        assert!(
+            r.status == status && r.text().contains(text),
+            "{}: expected {status} with {text:?}, got {}: {}\n{}",
+            self.front,
+            r.status,
+            r.text(),
+            corral.log()
+        );
+    }
+
+    fn get(&self, b: &mut Browser, target: &str) -> HttpResponse {
+        b.request(self.addr, "GET", target, &[("Host", &self.host)], b"")
+    }
+
+    fn post(&self, b: &mut Browser, target: &str, fields: &[(&str, &str)]) -> HttpResponse {
+        let body = support::apps::form_urlencode(fields);
+        b.request(
+            self.addr,
+            "POST",
+            target,
+            &[
+                ("Host", &self.host),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            body.as_bytes(),
+        )
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A browser logged in as the admin.
+    fn logged_in(&self) -> Browser {
+        let mut b = Browser::default();
+        // wp-login.php sets its test cookie first and refuses a login without it.
+        let r = self.get(&mut b, "/wp-login.php");
+        assert_eq!(r.status, 200, "{}: {}", self.front, r.text());
+        assert!(
+            b.cookie("wordpress_test_cookie").is_some(),
+            "{}",
+            self.front
+        );
+        let r = self.post(
+            &mut b,
+            "/wp-login.php",
+            &[
+                ("log", ADMIN.0),
+                ("pwd", ADMIN.1),
+                ("wp-submit", "Log In"),
+                ("redirect_to", &self.url("/wp-admin/")),
+                ("testcookie", "1"),
+            ],
+        );
+        assert_eq!(r.status, 302, "{}: {}", self.front, r.text());
+        assert_eq!(r.header("location"), Some(&*self.url("/wp-admin/")));
+        b
+    }
+}
+
+fn both(check: impl Fn(&Site) + Sync) {
+    let f = fixture();
+    std::thread::scope(|s| {
+        let a = s.spawn(|| check(&f.via_corral));
+        let b = s.spawn(|| check(&f.via_nginx));
+        let (a, b) = (a.join(), b.join());
+        if a.is_err() || b.is_err() {
+            panic!(
+                "failed through {}; corral's log:\n{}",
+                [(&a, &f.via_corral), (&b, &f.via_nginx)]
+                    .iter()
+                    .filter(|(r, _)| r.is_err())
+                    .map(|(_, s)| s.front)
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+                f.corral.log()
+            );
+        }
+    });
+}
+
+#[test]
+fn the_front_page_shows_the_installed_blog() {
+    both(|site| {
+        let r = site.get(&mut Browser::default(), "/");
+        assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
+        let page = r.text();
+        assert!(page.contains(TITLE), "{}: {page}", site.front);
+        assert!(page.contains("Hello world!"), "{}: {page}", site.front);
+        // The page's links use the URL the install saw, the front's own.
+        assert!(page.contains(&site.url("/")), "{}: {page}", site.front);
+        // A static file of the theme, through the front (nginx, or corral's static files).
+        let css = site.get(
+            &mut Browser::default(),
+            "/wp-includes/css/dist/block-library/style.min.css",
+        );
+        assert_eq!(css.status, 200, "{}", site.front);
+        assert!(css.header("content-type").unwrap().starts_with("text/css"));
+    });
+}
+
+#[test]
+fn pretty_permalinks_reach_the_post() {
+    both(|site| {
+        let mut b = site.logged_in();
+        let r = site.get(&mut b, "/wp-admin/options-permalink.php");
+        assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
+        let nonce = input_value(&r.text(), "_wpnonce").expect("the permalink form's nonce");
+        let r = site.post(
+            &mut b,
+            "/wp-admin/options-permalink.php",
+            &[
+                ("_wpnonce", &nonce),
+                ("_wp_http_referer", "/wp-admin/options-permalink.php"),
+                ("selection", "/%postname%/"),
+                ("permalink_structure", "/%postname%/"),
+                ("category_base", ""),
+                ("tag_base", ""),
+                ("submit", "Save Changes"),
+            ],
+        );
+        assert_eq!(r.status, 302, "{}: {}", site.front, r.text());
+        // The post by its pretty URL: no such file, so the front controller (or nginx's
+        // try_files) runs index.php with the original REQUEST_URI, which WordPress routes.
+        let r = site.get(&mut Browser::default(), "/hello-world/");
+        assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
+        assert!(r.text().contains("Welcome to WordPress"), "{}", site.front);
+        // The old URL now redirects to the pretty one...
+        let r = site.get(&mut Browser::default(), "/?p=1");
+        assert_eq!(r.status, 301, "{}: {}", site.front, r.text());
+        assert_eq!(r.header("location"), Some(&*site.url("/hello-world/")));
+        // ...and a pretty URL naming nothing is WordPress's own 404 page.
+        let r = site.get(&mut Browser::default(), "/no-such-post-here/");
+        assert_eq!(r.status, 404, "{}", site.front);
+        assert!(r.text().contains(TITLE), "{}: {}", site.front, r.text());
+    });
+}
+
+#[test]
+fn login_sets_the_cookies_and_a_wrong_password_does_not() {
+    both(|site| {
+        let b = site.logged_in();
+        assert!(
+            b.cookie_names()
+                .iter()
+                .any(|n| n.starts_with("wordpress_logged_in_")),
+            "{}: {:?}",
+            site.front,
+            b.cookie_names()
+        );
+        let mut b = Browser::default();
+        site.get(&mut b, "/wp-login.php");
+        let r = site.post(
+            &mut b,
+            "/wp-login.php",
+            &[("log", ADMIN.0), ("pwd", "wrong"), ("testcookie", "1")],
+        );
+        assert_eq!(r.status, 200, "{}", site.front);
+        assert!(
+            r.text().contains("is incorrect"),
+            "{}: {}",
+            site.front,
+            r.text()
+        );
+        // Not logged in: the admin sends the browser to the login page.
+        let r = site.get(&mut b, "/wp-admin/");
+        assert_eq!(r.status, 302, "{}", site.front);
+        assert!(r.header("location").unwrap().contains("/wp-login.php"));
+    });
+}
+
+#[test]
+fn a_media_upload_is_served_back_unchanged() {
+    both(|site| {
+        let mut b = site.logged_in();
+        let r = site.get(&mut b, "/wp-admin/media-new.php?browser-uploader");
+        assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
+        let nonce = input_value(&r.text(), "_wpnonce").expect("the upload form's nonce");
+        let data: Vec<u8> = (0..20_000)
+            .flat_map(|i| format!("line {i} of a corral upload test\n").into_bytes())
+            .collect();
+        let name = format!("corral-{}.txt", site.front.len());
+        let (content_type, body) = support::apps::multipart(
+            &[
+                ("name", &name),
+                ("action", "upload-attachment"),
+                ("_wpnonce", &nonce),
+            ],
+            ("async-upload", &name, &data),
+        );
+        let r = b.request(
+            site.addr,
+            "POST",
+            "/wp-admin/async-upload.php",
+            &[("Host", &site.host), ("Content-Type", &content_type)],
+            &body,
+        );
+        assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
+        let answer = r.text();
+        assert!(
+            answer.contains("\"success\":true"),
+            "{}: {answer}",
+            site.front
+        );
+        // The JSON's "url", with its escaped slashes.
+        let url = answer
+            .split("\"url\":\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("the attachment's url")
+            .replace("\\/", "/");
+        let path = url
+            .strip_prefix(&site.url(""))
+            .unwrap_or_else(|| panic!("{}: {url} is not on the site", site.front));
+        assert!(path.starts_with("/wp-content/uploads/"), "{path}");
+        let r = site.get(&mut Browser::default(), path);
+        assert_eq!(r.status, 200, "{}: {path}", site.front);
+        assert_eq!(sha256(&r.body), sha256(&data), "{}: {path}", site.front);
+    });
+}
+
+#[test]
+fn the_dashboard_opens_for_the_admin() {
+    both(|site| {
+        let mut b = site.logged_in();
+        let r = site.get(&mut b, "/wp-admin/");
+        assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
+        let page = r.text();
+        assert!(page.contains("<title>Dashboard"), "{}: {page}", site.front);
+        assert!(page.contains("At a Glance"), "{}", site.front);
+        // The directory without its '/' is a redirect to it, on both fronts.
+        let r = site.get(&mut b, "/wp-admin");
+        assert_eq!(r.status, 301, "{}", site.front);
+        assert!(r.header("location").unwrap().ends_with("/wp-admin/"));
+    });
+}
