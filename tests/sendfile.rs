@@ -78,8 +78,9 @@ impl Site {
         assert!(!r.text().contains("backend body"), "{}", r.text());
         assert_eq!(r.header("x-sendfile"), None);
         assert_eq!(r.header("x-accel-redirect"), None);
+        // The line is read from corral's stderr by another thread: it may trail the answer.
         assert!(
-            self.corral.log().contains(logged),
+            self.corral.wait_log(logged),
             "no {logged:?} in:\n{}",
             self.corral.log()
         );
