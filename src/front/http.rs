@@ -84,7 +84,10 @@ pub async fn serve_connection(
 ) {
     let state = Arc::clone(ticket.state());
     let timeouts = info.timeouts;
-    let info = Arc::new(info);
+    let info = Arc::new(Served {
+        addrs: AddrText::of(&info),
+        info,
+    });
     let busy = Arc::clone(&state);
     let service = service_fn(move |req| {
         let gateway = Arc::clone(&gateway);
@@ -142,7 +145,37 @@ pub async fn serve_connection(
 /// The response body type of the http front.
 pub type HttpBody = FrontBody;
 
-async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> Response<HttpBody> {
+/// A connection's [`ConnInfo`] with what every request of it needs in text.
+struct Served {
+    info: ConnInfo,
+    addrs: AddrText,
+}
+
+/// The peer's and the local IP address as CGI wants them, written once per connection
+/// (formatting an address costs more than the rest of REMOTE_ADDR's handling).
+struct AddrText {
+    /// The TCP peer's IP; empty on a Unix listener.
+    peer: String,
+    /// The local IP; `127.0.0.1` on a Unix listener.
+    local: String,
+}
+
+impl AddrText {
+    fn of(info: &ConnInfo) -> AddrText {
+        AddrText {
+            peer: match info.peer {
+                Peer::Tcp(a) => a.ip().to_string(),
+                Peer::Unix => String::new(),
+            },
+            local: info
+                .local
+                .map_or_else(|| "127.0.0.1".to_owned(), |a| a.ip().to_string()),
+        }
+    }
+}
+
+async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> Response<HttpBody> {
+    let info = &served.info;
     let request_id = gateway.request_id();
     let (parts, incoming) = req.into_parts();
     if let Err((status, why)) = check_head(&parts) {
@@ -212,7 +245,16 @@ async fn handle(gateway: &Gateway, info: &ConnInfo, req: Request<Incoming>) -> R
         };
         let mut body_now = body.take().unwrap_or_else(RequestBody::empty);
         let mut params = match cgi_params(
-            gateway, &routed, info, &parts, &method, &target, &path, &host, &body_now,
+            gateway,
+            &routed,
+            info,
+            &served.addrs,
+            &parts,
+            &method,
+            &target,
+            &path,
+            &host,
+            &body_now,
         ) {
             Ok(p) => p,
             Err(e) => return error_response(request_id, &e),
@@ -721,6 +763,7 @@ fn cgi_params(
     gateway: &Gateway,
     routed: &Routed,
     info: &ConnInfo,
+    addrs: &AddrText,
     parts: &http::request::Parts,
     method: &[u8],
     target: &[u8],
@@ -739,15 +782,13 @@ fn cgi_params(
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
     // out rather than filled with a loopback placeholder that an app would trust.
-    let (remote_addr, remote_port) = match (forwarded_client(info, &parts.headers), info.peer) {
-        (Some(ip), _) => (ip.to_string(), None),
-        (None, Peer::Tcp(a)) => (a.ip().to_string(), Some(a.port())),
-        (None, Peer::Unix) => (String::new(), None),
+    let forwarded = forwarded_client(info, &parts.headers).map(|ip| ip.to_string());
+    let (remote_addr, remote_port) = match (&forwarded, info.peer) {
+        (Some(ip), _) => (ip.as_str(), None),
+        (None, Peer::Tcp(a)) => (addrs.peer.as_str(), Some(a.port())),
+        (None, Peer::Unix) => ("", None),
     };
-    let (server_addr, server_port) = match info.local {
-        Some(a) => (a.ip().to_string(), Some(a.port())),
-        None => ("127.0.0.1".to_owned(), None),
-    };
+    let (server_addr, server_port) = (addrs.local.as_str(), info.local.map(|a| a.port()));
     let protocol = match parts.version {
         http::Version::HTTP_10 => &b"HTTP/1.0"[..],
         _ => b"HTTP/1.1",
