@@ -27,6 +27,9 @@ use crate::protocols::cgi_response::CgiResponseHead;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 32 * 1024;
+/// Request bytes gathered behind a queued write before it is made (bounds the send buffer of
+/// one exchange at this plus one body chunk).
+const WRITE_GATHER: usize = 64 * 1024;
 /// Pieces of backend stderr one exchange may log per second.
 const STDERR_LINES_PER_SECOND: u64 = 100;
 /// Bytes of backend stderr one exchange may log per second.
@@ -350,44 +353,49 @@ impl Exchange {
                 self.body = None;
                 break;
             }
-            if !self.outbuf.is_empty() {
-                match Pin::new(&mut conn.stream).poll_write(cx, &self.outbuf) {
-                    Poll::Ready(Ok(0)) => {
-                        self.write_error = Some(io::ErrorKind::WriteZero.into());
+            // What the body has ready is encoded behind what is queued before writing, so a
+            // request's head and its body (often just the end of an empty one) go out in one
+            // write rather than one each.
+            while self.outbuf.len() < WRITE_GATHER {
+                let Some(body) = self.body.as_mut() else {
+                    break;
+                };
+                match body.poll_chunk(cx) {
+                    Poll::Ready(Some(Ok(chunk))) => {
+                        self.sent += chunk.len() as u64;
+                        if let Some(declared) = self.declared.filter(|&d| self.sent > d) {
+                            return Poll::Ready(Err(BackendError::BodyLength {
+                                declared,
+                                actual: self.sent,
+                            }));
+                        }
+                        self.codec.encode_body(&chunk, &mut self.outbuf);
                     }
-                    Poll::Ready(Ok(n)) => self.outbuf.advance(n),
-                    Poll::Ready(Err(e)) => self.write_error = Some(e),
+                    Poll::Ready(Some(Err(source))) => {
+                        return Poll::Ready(Err(BackendError::ClientBody { source }));
+                    }
+                    Poll::Ready(None) => {
+                        if let Some(declared) = self.declared.filter(|&d| self.sent != d) {
+                            return Poll::Ready(Err(BackendError::BodyLength {
+                                declared,
+                                actual: self.sent,
+                            }));
+                        }
+                        self.codec.encode_body_end(&mut self.outbuf);
+                        self.body = None;
+                    }
                     Poll::Pending => break,
                 }
-                continue;
             }
-            let Some(body) = self.body.as_mut() else {
+            if self.outbuf.is_empty() {
                 break;
-            };
-            match body.poll_chunk(cx) {
-                Poll::Ready(Some(Ok(chunk))) => {
-                    self.sent += chunk.len() as u64;
-                    if let Some(declared) = self.declared.filter(|&d| self.sent > d) {
-                        return Poll::Ready(Err(BackendError::BodyLength {
-                            declared,
-                            actual: self.sent,
-                        }));
-                    }
-                    self.codec.encode_body(&chunk, &mut self.outbuf);
+            }
+            match Pin::new(&mut conn.stream).poll_write(cx, &self.outbuf) {
+                Poll::Ready(Ok(0)) => {
+                    self.write_error = Some(io::ErrorKind::WriteZero.into());
                 }
-                Poll::Ready(Some(Err(source))) => {
-                    return Poll::Ready(Err(BackendError::ClientBody { source }));
-                }
-                Poll::Ready(None) => {
-                    if let Some(declared) = self.declared.filter(|&d| self.sent != d) {
-                        return Poll::Ready(Err(BackendError::BodyLength {
-                            declared,
-                            actual: self.sent,
-                        }));
-                    }
-                    self.codec.encode_body_end(&mut self.outbuf);
-                    self.body = None;
-                }
+                Poll::Ready(Ok(n)) => self.outbuf.advance(n),
+                Poll::Ready(Err(e)) => self.write_error = Some(e),
                 Poll::Pending => break,
             }
         }

@@ -68,6 +68,8 @@ const STDIN_BUDGET_PER_REQUEST: usize = 256 * 1024;
 const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
+/// Queued frames are gathered into one write up to about this many bytes.
+const WRITE_BATCH: usize = 64 * 1024;
 
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
 /// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
@@ -161,18 +163,40 @@ async fn write_loop(
 ) {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
     let mut ended: HashMap<u16, u64> = HashMap::new();
-    while let Some(frame) = frames.recv().await {
-        let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
-        if !stale && !frame.bytes.is_empty() {
-            if let Err(e) = writer.write_all(&frame.bytes).await {
-                tracing::debug!(error = %e, "fastcgi front server went away while answered");
+    // The frames queued by the time the writer runs go out in one write: a response's head,
+    // body and FCGI_END_REQUEST are one system call, not three.
+    let mut batch = BytesMut::new();
+    'frames: while let Some(first) = frames.recv().await {
+        let mut next = Some(first);
+        let mut close = false;
+        while let Some(frame) = next.take() {
+            let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
+            if !stale && !frame.bytes.is_empty() {
+                if batch.is_empty() {
+                    batch = frame.bytes;
+                } else {
+                    batch.extend_from_slice(&frame.bytes);
+                }
+            }
+            if frame.last {
+                ended.insert(frame.id, frame.seq);
+            }
+            if frame.close {
+                close = true;
                 break;
             }
+            if batch.len() < WRITE_BATCH {
+                next = frames.try_recv().ok();
+            }
         }
-        if frame.last {
-            ended.insert(frame.id, frame.seq);
+        if !batch.is_empty() {
+            if let Err(e) = writer.write_all(&batch).await {
+                tracing::debug!(error = %e, "fastcgi front server went away while answered");
+                break 'frames;
+            }
+            batch.clear();
         }
-        if frame.close {
+        if close {
             break;
         }
     }
