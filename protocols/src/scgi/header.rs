@@ -5,8 +5,6 @@
 //! responder role decodes it, checking every pair against the [`Limits`] and returning the
 //! names and values as slices of the received payload.
 
-use std::collections::HashSet;
-
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{snippet, ScgiError};
@@ -38,8 +36,8 @@ impl ScgiRequestHead {
         let mut count = 0usize;
         let mut content_length = None;
         let mut scgi_seen = false;
-        let mut names = HashSet::new();
-        let mut params = Vec::new();
+        let mut names = Names::default();
+        let mut params: Vec<(Bytes, Bytes)> = Vec::new();
         while !rest.is_empty() {
             let name = take_until_nul(&mut rest)?;
             let value = take_until_nul(&mut rest)?;
@@ -59,7 +57,11 @@ impl ScgiRequestHead {
                 content_length = Some(parse_decimal(&value)?);
                 continue;
             }
-            if name == CONTENT_LENGTH || !names.insert(name.clone()) {
+            // SCGI is kept out of `params`: its repeat is caught by `scgi_seen`.
+            if name == CONTENT_LENGTH
+                || (name == SCGI && scgi_seen)
+                || !names.insert(&name, || params.iter().map(|(n, _)| &n[..]))
+            {
                 return Err(ScgiError::DuplicateName {
                     name: snippet(&name),
                 });
@@ -157,12 +159,12 @@ pub fn encode_request_head(
             limit: limits.max_params_count,
         });
     }
-    let mut names = HashSet::new();
+    let mut names = Names::default();
     let mut len = fixed
         .iter()
         .map(|(n, v)| n.len() + v.len() + 2)
         .sum::<usize>();
-    for (name, value) in params {
+    for (i, (name, value)) in params.iter().enumerate() {
         let (name, value) = (name.as_ref(), value.as_ref());
         check_pair(name, value, limits)?;
         if name.contains(&0) || value.contains(&0) {
@@ -175,7 +177,8 @@ pub fn encode_request_head(
                 name: name.to_vec(),
             });
         }
-        if !names.insert(name) {
+        let before = params.get(..i).unwrap_or_default();
+        if !names.insert(name, || before.iter().map(|(n, _)| n.as_ref())) {
             return Err(ScgiError::DuplicateName {
                 name: snippet(name),
             });
@@ -204,4 +207,29 @@ pub fn encode_request_head(
     }
     dst.put_u8(b',');
     Ok(())
+}
+
+/// The names of one head seen so far, for refusing a repeat without a hash set per head: a
+/// bit per (length, first byte, last byte) class says which names may have been seen, and
+/// only a name whose class bit is set is compared with the earlier ones.
+#[derive(Default)]
+struct Names(u64);
+
+impl Names {
+    /// Records `name`; false if it is among `earlier` (the names recorded before it).
+    fn insert<'a, I: Iterator<Item = &'a [u8]>>(
+        &mut self,
+        name: &[u8],
+        earlier: impl FnOnce() -> I,
+    ) -> bool {
+        let (first, last) = (name.first().copied(), name.last().copied());
+        let h =
+            name.len() ^ usize::from(first.unwrap_or(0)) << 2 ^ usize::from(last.unwrap_or(0)) << 4;
+        let bit = 1u64 << (h % 64);
+        if self.0 & bit != 0 && earlier().any(|n| n == name) {
+            return false;
+        }
+        self.0 |= bit;
+        true
+    }
 }
