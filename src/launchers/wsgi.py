@@ -2,6 +2,7 @@
 corral hands over as fd 0, one request at a time, with only Python's standard library.
 
     python3 corral-wsgi.py module:callable
+    python3 corral-wsgi.py module:callable --preload
 
 The module is imported with the worker's working directory first on sys.path. corral opens
 one SCGI connection per request: a netstring head (CONTENT_LENGTH first, SCGI=1, then the CGI
@@ -9,12 +10,20 @@ variables), exactly CONTENT_LENGTH body bytes, and it reads a CGI response (`Sta
 headers, blank line, body) until this side closes. SIGTERM and SIGINT finish the request in
 progress and exit 0. Bad SCGI input closes that connection and is logged on stderr (which
 corral copies into its own log); the launcher keeps serving.
+
+With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
+the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
+`ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
+SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
+reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
+corral closes the control socket or on SIGTERM.
 """
 
 import html
 import importlib
 import os
 import platform
+import random
 import re
 import select
 import signal
@@ -539,9 +548,128 @@ def load_app(spec):
     return app
 
 
+# ---------------------------------------------------------------------------------------
+# Preload and fork
+
+# Longest control message either way; corral's are a few bytes.
+MAX_CONTROL = 256
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(parent):
+    """SIGKILL this worker when the preloader (its parent) dies, so no worker outlives the
+    process corral tracks it through; a worker whose parent is already gone exits."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError, ImportError) as e:
+        log("cannot set the parent-death signal: %s" % e)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def exit_text(status):
+    if os.WIFSIGNALED(status):
+        return "signal %d" % os.WTERMSIG(status)
+    return "code %d" % os.waitstatus_to_exitcode(status)
+
+
+def reap(control):
+    """Reports every worker that ended; a report that cannot be sent means corral is gone."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        control.send(("exited %d %s" % (pid, exit_text(status))).encode("ascii"))
+
+
+def fork_worker(app, control, stopper, listener_fd):
+    """Forks one worker serving `listener_fd`; returns its pid (in the preloader)."""
+    parent = os.getpid()
+    # A stop signal reaching the child before it has its own handlers would set the
+    # preloader's flag, copied into the child and then forgotten: hold them until then.
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        raise
+    if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        os.close(listener_fd)
+        return pid
+    code = 0
+    try:
+        # Its own session and process group, as a spawned worker has: corral signals the
+        # group and sums memory over the worker's own process tree.
+        os.setsid()
+        set_parent_death_signal(parent)
+        control.close()
+        signal.set_wakeup_fd(-1)
+        os.close(stopper.wake_r)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # The preloader's random state must not be every worker's.
+        random.seed()
+        listener = socket.socket(fileno=listener_fd)
+        listener.setblocking(True)
+        log("worker %d forked from preloader %d" % (os.getpid(), parent))
+        own = Stopper()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        serve(app, listener, own)
+    except BaseException:
+        log("worker failed:\n%s" % traceback.format_exc())
+        code = 1
+    finally:
+        # Never back into the preloader's loop, and none of its exit handlers.
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(code)
+
+
+def preload(app, control, stopper):
+    """The preloader's loop: fork workers on request, reap them, report both."""
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    control.send(("ready %d" % os.getpid()).encode("ascii"))
+    while not stopper.stopping:
+        try:
+            readable, _, _ = select.select([control, stopper.wake_r], [], [])
+        except InterruptedError:
+            continue
+        if stopper.wake_r in readable:
+            try:
+                os.read(stopper.wake_r, 64)
+            except BlockingIOError:
+                pass
+        reap(control)
+        if control not in readable or stopper.stopping:
+            continue
+        msg, fds, _, _ = socket.recv_fds(control, MAX_CONTROL, 4)
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            log("corral closed the control socket; the preloader exits")
+            return
+        words = msg.split()
+        if len(words) != 2 or words[0] != b"fork" or not words[1].isdigit() or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            log("ignoring a malformed control message (%d bytes, %d descriptors)" % (len(msg), len(fds)))
+            continue
+        pid = fork_worker(app, control, stopper, fds[0])
+        control.send(b"forked %s %d" % (words[1], pid))
+
+
 def main(argv):
-    if len(argv) != 2:
-        raise SystemExit("usage: corral-wsgi.py module:callable (listening socket on fd 0)")
+    preloading = len(argv) == 3 and argv[2] == "--preload"
+    if len(argv) != 2 and not preloading:
+        raise SystemExit("usage: corral-wsgi.py module:callable [--preload] (listening or control socket on fd 0)")
     # Keep the listening socket off fd 0 and give fd 0 /dev/null, so an app that reads
     # stdin cannot steal bytes from the socket.
     listener = socket.socket(fileno=os.dup(0))
@@ -563,9 +691,17 @@ def main(argv):
     except BaseException:
         log("cannot load %s:\n%s" % (argv[1], traceback.format_exc()))
         return 1
-    log("serving %s (Python %s at %s%s, pid %d)" % (
+    log("%s %s (Python %s at %s%s, pid %d)" % (
+        "preloaded" if preloading else "serving",
         argv[1], platform.python_version(), sys.executable,
         ", virtualenv %s" % venv if venv else "", os.getpid()))
+    if preloading:
+        try:
+            preload(app, listener, stopper)
+        except OSError as e:
+            # corral went away mid-message: nothing left to serve.
+            log("control socket failed: %s" % e)
+        return 0
     serve(app, listener, stopper)
     log("stopped on signal")
     return 0

@@ -87,3 +87,30 @@ pub async fn wait_ready(
         pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
+
+/// Waits until `address` accepts a connection or `start_timeout` passes, for a worker
+/// corral is not the parent of (a preloader forked it: its exit is watched through a pidfd
+/// by the caller, not here).
+pub async fn wait_listening(
+    address: &BackendAddress,
+    start_timeout: Duration,
+) -> Result<(), ReadyError> {
+    let deadline = Instant::now() + start_timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let last = match Stream::connect(address, left.min(Duration::from_secs(1))).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(ReadyError::TimedOut {
+                address: address.to_string(),
+                after: start_timeout,
+                last,
+            });
+        }
+        tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
