@@ -800,6 +800,11 @@ impl Driver {
                 }
                 Some(pid) => {
                     let _ = process::signal_group(pid, StopSignal::Kill);
+                    // No status will come from a dead preloader: let the worker's task
+                    // report its end as soon as its pidfd says so.
+                    if let Some(w) = self.workers.get_mut(&key) {
+                        w.exit_status = None;
+                    }
                 }
                 None => {}
             }

@@ -185,9 +185,12 @@ async fn watch(
                 },
                 Ok(Message::Exited { pid, exit }) => PreloaderEvent::Exited { pid, exit },
                 Ok(other) => PreloaderEvent::Broken(format!("unexpected message {other:?}")),
-                // Closing its end before exiting is no error of its own; it is gone.
+                // It is exiting (or killed): its exit is the news, reported below. Killed
+                // to make sure it does not live on without a control socket.
                 Err(ControlError::Closed) => {
-                    PreloaderEvent::Broken("it closed the control socket".to_string())
+                    broken = true;
+                    kill();
+                    continue;
                 }
                 Err(e) => PreloaderEvent::Broken(e.to_string()),
             },
