@@ -23,6 +23,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use support::apps::{writable_dir, write_tree, Reaper};
 use support::server::{http, Corral};
 
@@ -148,10 +150,10 @@ fn parent_of(pid: u32) -> u32 {
 /// most): workers are picked by fewest requests in flight, so `n` at once reach `n` workers.
 fn workers(p: &Pool, n: usize) -> BTreeSet<(u32, u32, u32)> {
     let mut seen = BTreeSet::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while seen.len() < n {
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "only {seen:?} answered\n{}",
             p.corral.log()
         );
@@ -220,14 +222,14 @@ fn forked_workers_serve(lang: Lang) {
     // Killing the preloader: its workers die with it, a new preloader loads the app again
     // and the pool serves from it.
     kill(preloader);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while loads(&p).len() < 2 {
-        assert!(std::time::Instant::now() < deadline, "{}", p.corral.log());
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
         std::thread::sleep(Duration::from_millis(20));
     }
     let second = loads(&p)[1];
     loop {
-        assert!(std::time::Instant::now() < deadline, "{}", p.corral.log());
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
         if workers(&p, 3).iter().all(|w| w.1 == second) {
             break;
         }
@@ -271,9 +273,9 @@ fn recycling_is_per_worker(lang: Lang) {
     );
     let before = workers(&p, 2);
     let (grown, _, _) = served(&p, "/grow");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while is_alive(grown) {
-        assert!(std::time::Instant::now() < deadline, "{}", p.corral.log());
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
         std::thread::sleep(Duration::from_millis(20));
     }
     let after = workers(&p, 2);
@@ -340,7 +342,7 @@ fn spawn_to_first_response(lang: Lang) {
         for _ in 0..10 {
             // The last worker retired after its one request; this one waits in the queue
             // for its replacement.
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             let (pid, _, _) = served(&p, "/");
             assert_ne!(pid, last);
             last = pid;
