@@ -19,6 +19,7 @@ reaps its workers and reports `exited PID code N` or `exited PID signal N`. It e
 corral closes the control socket or on SIGTERM.
 """
 
+import gc
 import html
 import importlib
 import os
@@ -636,6 +637,10 @@ def fork_worker(app, control, stopper, listener_fd):
 def preload(app, control, stopper):
     """The preloader's loop: fork workers on request, reap them, report both."""
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    # Collected once, then moved out of the collector's sight: a worker's collections would
+    # otherwise write to every preloaded object's header and unshare its page.
+    gc.collect()
+    gc.freeze()
     control.send(("ready %d" % os.getpid()).encode("ascii"))
     while not stopper.stopping:
         try:
