@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real peers corral's tests talk to (ARCHITECTURE.md, "Tests, scripts and CI"):
 # Debian's php-cgi, php-fpm, nginx, Apache, lighttpd, Caddy, Ruby with
-# ruby-fcgi and ruby-rack, wrk, ab and curl; the PyPI packages scgi and flup;
+# ruby-fcgi and ruby-rack, wrk, ab and curl; Passenger, uWSGI and gunicorn for the
+# launcher benchmark; the PyPI packages scgi and flup;
 # and lsphp, built once from Debian's php8.2 source by scripts/build-lsphp.sh.
 # Idempotent and quick when everything is present (no apt-get update then).
 # Needs root. Starts no daemon: package installs run under a policy-rc.d that
@@ -18,6 +19,7 @@ APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-u
     curl ca-certificates)
 APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front_*.rs)
 APT_PACKAGES+=(chromium tmux)  # status UI tests (tests/status_ui.rs)
+APT_PACKAGES+=(passenger uwsgi uwsgi-plugin-python3 gunicorn)  # launcher peers (benches/launchers.sh)
 APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler)  # application tests (tests/app_*.rs); their venv's PyPI package is installed by the test itself
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a
 # thinner image still works.
