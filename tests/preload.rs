@@ -367,3 +367,109 @@ fn wsgi_new_worker_time_to_first_response() {
 fn rack_new_worker_time_to_first_response() {
     spawn_to_first_response(Lang::Ruby);
 }
+
+/// SIGUSR2 replaces every worker from a fresh preloader, which loads the app again (the code
+/// may have changed); the old preloader exits once its last worker is gone.
+fn rolling_restart_reloads_the_app(lang: Lang) {
+    let p = start(lang, "mode = \"static\"\nmin = 2\nmax = 2");
+    let before = workers(&p, 2);
+    let first = loads(&p)[0];
+    p.corral.signal(nix::sys::signal::Signal::SIGUSR2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while loads(&p).len() < 2 {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = loads(&p)[1];
+    loop {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        let now = workers(&p, 2);
+        if now.iter().all(|w| w.1 == second) {
+            assert!(now.is_disjoint(&before));
+            break;
+        }
+    }
+    while is_alive(first) {
+        assert!(
+            Instant::now() < deadline,
+            "old preloader {first} still runs\n{}",
+            p.corral.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(loads(&p).len(), 2, "{}", p.corral.log());
+}
+
+#[test]
+fn wsgi_rolling_restart_forks_from_a_fresh_preloader() {
+    rolling_restart_reloads_the_app(Lang::Python);
+}
+
+#[test]
+fn rack_rolling_restart_forks_from_a_fresh_preloader() {
+    rolling_restart_reloads_the_app(Lang::Ruby);
+}
+
+/// An app that fails while loading: the preloader exits, every worker it was asked for is a
+/// failed spawn (logged, backed off), requests get a gateway error, and corral keeps running
+/// and trying.
+#[test]
+fn a_preloader_that_cannot_load_the_app_is_a_failed_spawn() {
+    let reaper = Reaper::start("corral-preload-broken-");
+    let dir = reaper.dir.clone();
+    let loads_dir = writable_dir(&dir.join("loads.d"));
+    write_tree(
+        &dir,
+        &[(
+            "broken.py",
+            "import os\nwith open(os.path.join(os.environ['LOADS_DIR'], 'loads'), 'a') as f:\n    f.write('%d\\n' % os.getpid())\nraise RuntimeError('broken at import')\n",
+        )],
+    );
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{dir}/run"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.app]
+app = "wsgi:broken:application"
+cwd = "{dir}"
+mode = "static"
+min = 2
+max = 2
+queue_timeout = "1s"
+env = {{ LOADS_DIR = "{loads}" }}
+
+[[contexts]]
+prefix = "/"
+pool = "app"
+"#,
+        dir = dir.display(),
+        loads = loads_dir.display(),
+    );
+    let corral = reaper.corral(&config);
+    let r = http(corral.http_addr(), "GET", "/", &[], b"");
+    assert!(r.status >= 500, "{} {}", r.status, r.text());
+    assert!(
+        corral.wait_count("could not start", 2, Duration::from_secs(10)),
+        "{}",
+        corral.log()
+    );
+    assert!(
+        corral.log().contains("broken at import"),
+        "{}",
+        corral.log()
+    );
+    // Backed off, not hot-looped: a handful of loads in two seconds, and still trying.
+    std::thread::sleep(Duration::from_secs(2));
+    let n = std::fs::read_to_string(loads_dir.join("loads"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!((1..=12).contains(&n), "{n} loads\n{}", corral.log());
+    assert!(is_alive(corral.pid()));
+}
