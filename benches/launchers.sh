@@ -52,7 +52,9 @@ wait_http() {
     [ "$(curl -s -m 2 "$1" 2>/dev/null || true)" = "Hello World" ] && return 0
     sleep 0.1
   done
-  echo "no hello from $1" >&2; exit 1
+  echo "no hello from $1; the logs:" >&2
+  tail -n 20 "$scratch"/log/* >&2
+  exit 1
 }
 descendants() { # $1 and all its live descendants
   echo "$1"
@@ -110,8 +112,9 @@ root_passenger=$!; port_passenger=$port
 wait_http "http://127.0.0.1:$port/"
 start_corral corral_rack 'app = "rack:config.ru"'
 
-# nginx -> uWSGI over a unix socket.
-uwsgi --plugin python3 --master --processes 2 --socket "$scratch/run/uwsgi.sock" --chmod-socket=666 \
+# nginx -> uWSGI over a unix socket (bound after uWSGI drops to nobody).
+mkdir -m 1777 "$scratch/uwsgi"
+uwsgi --plugin python3 --master --processes 2 --socket "$scratch/uwsgi/uwsgi.sock" --chmod-socket=666 \
   --chdir "$scratch/app" --wsgi-file hello.py --disable-logging --uid nobody --gid nogroup \
   > "$scratch/log/uwsgi.out" 2>&1 & pids+=($!)
 root_uwsgi=$!
@@ -125,7 +128,7 @@ http {
   access_log off;
   server {
     listen 127.0.0.1:$port;
-    location / { include /etc/nginx/uwsgi_params; uwsgi_pass unix:$scratch/run/uwsgi.sock; }
+    location / { include /etc/nginx/uwsgi_params; uwsgi_pass unix:$scratch/uwsgi/uwsgi.sock; }
   }
 }
 EOF
@@ -156,6 +159,9 @@ for round in $(seq "$ROUNDS"); do
     wrk -t1 -c"$CONNS" -d"$WARM" "$url" > /dev/null
     all=()
     for r in $roots; do mapfile -t -O "${#all[@]}" all < <(descendants "$r"); done
+    # Passenger's watchdog daemonizes its core away from `passenger start`: add every
+    # process named Passenger* (its watchdog, core, preloader and app processes).
+    [ "$key" != passenger ] || mapfile -t -O "${#all[@]}" all < <(pgrep -f '^Passenger' || true)
     before=$(ticks "${all[@]}")
     out=$(wrk -t1 -c"$CONNS" -d"$DUR" --latency "$url")
     after=$(ticks "${all[@]}")
