@@ -100,7 +100,22 @@ module CorralRack
     def initialize(big, flag)
       @i32 = big ? 'l>' : 'l<'
       @u16 = big ? 'S>' : 'S<'
+      # The nine int32 of the request header after the packet header, and the known-header
+      # index (24 lengths, slot 24's length and the padding, 24 offsets), each in one
+      # unpack rather than a byteslice and an unpack per number.
+      @fields = "#{@i32}9"
+      @index = "#{@u16}#{KNOWN_HEADERS.size}x4#{@i32}#{KNOWN_HEADERS.size}"
       @flag = flag
+    end
+
+    def fields(bytes)
+      bytes.unpack(@fields, offset: PACKET_HEADER_LEN)
+    end
+
+    # [lengths, offsets] of the known headers; the caller checked the index lies inside.
+    def index(bytes, at)
+      all = bytes.unpack(@index, offset: at)
+      [all.first(KNOWN_HEADERS.size), all.last(KNOWN_HEADERS.size)]
     end
 
     def i32(bytes, at)
@@ -166,7 +181,7 @@ module CorralRack
     end
 
     def parse
-      fields = (0...9).map { |i| @o.i32(@p, 8 + 4 * i) }
+      fields = @o.fields(@p)
       header_len, body_len, *offsets, unknown, env_count, special_count = fields
       names = %w[scriptFile scriptName queryString requestMethod]
       offsets.zip(names).each do |off, name|
@@ -239,11 +254,12 @@ module CorralRack
     # Known headers from the index, unknown ones from the table, as CGI variables.
     def headers(env, index_at, table_at, unknown, head_at, header_len)
       head = @p.byteslice(head_at, header_len)
+      lens, offs = @o.index(@p, index_at)
       KNOWN_HEADERS.each_with_index do |name, i|
-        len = @o.u16(@p, index_at + 2 * i)
-        off = @o.i32(@p, index_at + 52 + 4 * i)
+        off = offs[i]
         next if off.zero?
 
+        len = lens[i]
         check_span(off, len, header_len, "known header #{i} value")
         add_header(env, name, head.byteslice(off, len))
       end
