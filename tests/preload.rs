@@ -56,6 +56,22 @@ run lambda { |env|
 }
 "#;
 
+/// One test per launcher: `both!(case: wsgi_name, rack_name)` runs `case` with Python
+/// and with Ruby.
+macro_rules! both {
+    ($case:ident: $wsgi:ident, $rack:ident) => {
+        #[test]
+        fn $wsgi() {
+            $case(Lang::Python);
+        }
+
+        #[test]
+        fn $rack() {
+            $case(Lang::Ruby);
+        }
+    };
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Lang {
     Python,
@@ -240,15 +256,7 @@ fn forked_workers_serve(lang: Lang) {
     assert_eq!(parent_of(second), p.corral.pid());
 }
 
-#[test]
-fn wsgi_forked_workers_serve_and_the_app_loads_once() {
-    forked_workers_serve(Lang::Python);
-}
-
-#[test]
-fn rack_forked_workers_serve_and_the_app_loads_once() {
-    forked_workers_serve(Lang::Ruby);
-}
+both!(forked_workers_serve: wsgi_forked_workers_serve_and_the_app_loads_once, rack_forked_workers_serve_and_the_app_loads_once);
 
 /// `max_requests` retires each forked worker after its own count; `max_memory` retires the
 /// one that grew, measured on its own process tree.
@@ -294,15 +302,7 @@ fn recycling_is_per_worker(lang: Lang) {
     assert_eq!(loads(&p).len(), 1, "{}", p.corral.log());
 }
 
-#[test]
-fn wsgi_recycling_stays_per_worker() {
-    recycling_is_per_worker(Lang::Python);
-}
-
-#[test]
-fn rack_recycling_stays_per_worker() {
-    recycling_is_per_worker(Lang::Ruby);
-}
+both!(recycling_is_per_worker: wsgi_recycling_stays_per_worker, rack_recycling_stays_per_worker);
 
 /// With `preload = false` every worker is corral's child and loads the app itself.
 fn without_preload_each_worker_loads(lang: Lang) {
@@ -316,15 +316,7 @@ fn without_preload_each_worker_loads(lang: Lang) {
     assert!(!p.corral.log().contains("preloader"), "{}", p.corral.log());
 }
 
-#[test]
-fn wsgi_without_preload_each_worker_loads_the_app() {
-    without_preload_each_worker_loads(Lang::Python);
-}
-
-#[test]
-fn rack_without_preload_each_worker_loads_the_app() {
-    without_preload_each_worker_loads(Lang::Ruby);
-}
+both!(without_preload_each_worker_loads: wsgi_without_preload_each_worker_loads_the_app, rack_without_preload_each_worker_loads_the_app);
 
 /// A new worker's time from the moment the pool needs it to its first response: one worker
 /// with `max_requests = 1`, so each request's worker retires and the next request waits for
@@ -358,15 +350,7 @@ fn spawn_to_first_response(lang: Lang) {
     eprintln!("{lang:?} spawn-to-first-response (median, worst) by preload: {report:?}");
 }
 
-#[test]
-fn wsgi_new_worker_time_to_first_response() {
-    spawn_to_first_response(Lang::Python);
-}
-
-#[test]
-fn rack_new_worker_time_to_first_response() {
-    spawn_to_first_response(Lang::Ruby);
-}
+both!(spawn_to_first_response: wsgi_new_worker_time_to_first_response, rack_new_worker_time_to_first_response);
 
 /// SIGUSR2 replaces every worker from a fresh preloader, which loads the app again (the code
 /// may have changed); the old preloader exits once its last worker is gone.
@@ -400,15 +384,7 @@ fn rolling_restart_reloads_the_app(lang: Lang) {
     assert_eq!(loads(&p).len(), 2, "{}", p.corral.log());
 }
 
-#[test]
-fn wsgi_rolling_restart_forks_from_a_fresh_preloader() {
-    rolling_restart_reloads_the_app(Lang::Python);
-}
-
-#[test]
-fn rack_rolling_restart_forks_from_a_fresh_preloader() {
-    rolling_restart_reloads_the_app(Lang::Ruby);
-}
+both!(rolling_restart_reloads_the_app: wsgi_rolling_restart_forks_from_a_fresh_preloader, rack_rolling_restart_forks_from_a_fresh_preloader);
 
 /// An app that fails while loading: the preloader exits, every worker it was asked for is a
 /// failed spawn (logged, backed off), requests get a gateway error, and corral keeps running
@@ -472,4 +448,82 @@ pool = "app"
         .count();
     assert!((1..=12).contains(&n), "{n} loads\n{}", corral.log());
     assert!(is_alive(corral.pid()));
+}
+
+/// A preloader that breaks the control protocol is killed and replaced, never believed:
+/// the pool's `python` here is a fake that, started as the preloader, says it is ready and
+/// then, on its first start, names corral's own pid as the worker it forked (not its child:
+/// refused, corral signals nothing it names), and on later starts sends bytes that are no
+/// message at all. corral logs each, kills it, starts another, and keeps running.
+#[test]
+fn a_preloader_breaking_the_protocol_is_killed_and_replaced() {
+    let reaper = Reaper::start("corral-preload-hostile-");
+    let dir = reaper.dir.clone();
+    let state = writable_dir(&dir.join("state"));
+    write_tree(
+        &dir,
+        &[(
+            "fake-python",
+            &format!(
+                r#"#!/usr/bin/python3
+import os, socket, time
+starts = os.path.join("{state}", "starts")
+with open(starts, "a") as f:
+    f.write("x")
+first = os.path.getsize(starts) == 1
+control = socket.socket(fileno=0)
+control.send(b"ready %d" % os.getpid())
+msg, fds, _, _ = socket.recv_fds(control, 256, 4)
+if first:
+    control.send(b"forked 0 %d" % os.getppid())
+else:
+    control.send(b"\xff" * 300)
+time.sleep(60)
+"#,
+                state = state.display()
+            ),
+        )],
+    );
+    support::apps::chmod(&dir.join("fake-python"), 0o755);
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{dir}/run"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.app]
+app = "wsgi:whatever:application"
+python = "{dir}/fake-python"
+cwd = "{dir}"
+mode = "static"
+min = 1
+max = 1
+queue_timeout = "1s"
+
+[[contexts]]
+prefix = "/"
+pool = "app"
+"#,
+        dir = dir.display(),
+    );
+    let corral = reaper.corral(&config);
+    assert!(
+        corral.wait_log("not its child; killing it"),
+        "{}",
+        corral.log()
+    );
+    assert!(
+        corral.wait_count("malformed control message", 1, Duration::from_secs(20)),
+        "{}",
+        corral.log()
+    );
+    let r = http(corral.http_addr(), "GET", "/", &[], b"");
+    assert!(r.status >= 500, "{} {}", r.status, r.text());
+    assert!(is_alive(corral.pid()));
+    let starts = std::fs::read_to_string(state.join("starts")).unwrap().len();
+    assert!(starts >= 2, "{starts}");
 }

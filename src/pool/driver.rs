@@ -499,23 +499,13 @@ impl Driver {
             self.fork(key);
             return;
         }
-        let dir = self.template.identity().and_then(|id| {
-            crate::runtime_dir::worker_socket_dir(
-                &self.runtime_dir,
-                &self.name,
-                self.template.handoff,
-                id.as_ref(),
-            )
-        });
-        let dir = match dir {
-            Ok(dir) => dir,
-            Err(e) => {
-                let reason = format!("cannot prepare the worker socket's directory: {e}");
+        let path = match self.socket_path(key) {
+            Ok(path) => path,
+            Err(reason) => {
                 self.feed(PoolEvent::SpawnFailed { key, reason });
                 return;
             }
         };
-        let path = dir.join(format!("{}-{}.sock", self.socket_tag, key.0));
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
         match spawn_worker(&spec) {
@@ -657,11 +647,8 @@ impl Driver {
             pre.pending.push((key, listener));
             return;
         }
-        if let Err(e) = pre.fork(key, listener) {
-            // Its exit (the task reaps it) fails this worker as a spawn.
-            tracing::error!(pool = %self.name, pid = pre.pid, error = %e, "cannot ask the preloader for a worker; killing it");
-            pre.signal(&self.name, StopSignal::Kill);
-        }
+        // On failure its exit (the task reaps it) fails this worker as a spawn.
+        pre.fork_or_kill(&self.name, key, listener);
     }
 
     /// Handles what preloader `n`'s task reports.
@@ -674,9 +661,7 @@ impl Driver {
                 pre.ready = true;
                 tracing::info!(pool = %self.name, pid = pre.pid, forks = pre.pending.len(), "preloader loaded the app");
                 for (key, listener) in std::mem::take(&mut pre.pending) {
-                    if let Err(e) = pre.fork(key, listener) {
-                        tracing::error!(pool = %self.name, pid = pre.pid, error = %e, "cannot ask the preloader for a worker; killing it");
-                        pre.signal(&self.name, StopSignal::Kill);
+                    if !pre.fork_or_kill(&self.name, key, listener) {
                         break;
                     }
                 }

@@ -65,9 +65,18 @@ pub struct Preloader {
 }
 
 impl Preloader {
-    /// Asks for a worker under `key` on `listener` (corral's copy is closed on return).
-    pub fn fork(&self, key: WorkerKey, listener: OwnedFd) -> std::io::Result<()> {
-        self.control.send_fork(key.0, &listener)
+    /// Asks for a worker under `key` on `listener` (corral's copy is closed on return);
+    /// when the request cannot be sent, kills the preloader (whose exit then fails what it
+    /// was asked for) and returns false.
+    pub fn fork_or_kill(&self, pool: &str, key: WorkerKey, listener: OwnedFd) -> bool {
+        match self.control.send_fork(key.0, &listener) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(pool, pid = self.pid, error = %e, "cannot ask the preloader for a worker; killing it");
+                self.signal(pool, StopSignal::Kill);
+                false
+            }
+        }
     }
 
     /// Sends `signal` to its process group.

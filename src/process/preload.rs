@@ -13,6 +13,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
     UnixAddr,
@@ -67,16 +68,20 @@ pub enum ControlError {
     Io(#[from] io::Error),
 }
 
-/// A connected pair for one preloader: corral's end, and the end that becomes the
-/// preloader's fd 0. Both close-on-exec (fd 0 is a fresh `dup2` in the child, which has
-/// no such flag).
+/// A connected pair for one preloader: corral's end (non-blocking), and the end that
+/// becomes the preloader's fd 0 (blocking: O_NONBLOCK belongs to the open file, which the
+/// child's fd 0 shares, and a launcher may read it with plain blocking calls). Both
+/// close-on-exec (fd 0 is a fresh `dup2` in the child, which has no such flag).
 pub fn control_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    Ok(socketpair(
+    let (ours, theirs) = socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
         None,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-    )?)
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let flags = OFlag::from_bits_retain(fcntl(&ours, FcntlArg::F_GETFL)?);
+    fcntl(&ours, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok((ours, theirs))
 }
 
 /// corral's end of a preloader's control socket.
@@ -279,6 +284,11 @@ mod tests {
     #[tokio::test]
     async fn a_fork_request_carries_the_socket_and_replies_are_read() {
         let (ours, theirs) = control_pair().unwrap();
+        let blocking = |fd: &OwnedFd| {
+            !OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).unwrap())
+                .contains(OFlag::O_NONBLOCK)
+        };
+        assert!(!blocking(&ours) && blocking(&theirs));
         let control = Control::new(ours).unwrap();
         let listener = std::os::unix::net::UnixListener::bind(
             tempfile::tempdir().unwrap().path().join("w.sock"),
