@@ -189,6 +189,15 @@ for t in "${targets[@]}"; do
   us=$(awk -v c="${cpu[$key]}" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
   echo "| $app | $name | $rps |${p50[$key]} |${p99[$key]} | $us |"
 done
+ratio() { awk -v a="${reqs[$1]}" -v sa="${secs[$1]}" -v b="${reqs[$2]}" -v sb="${secs[$2]}" 'BEGIN {printf "%.2f", (a / sa) / (b / sb)}'; }
+target() { # $1 ratio, $2 target
+  awk -v r="$1" -v t="$2" 'BEGIN { if (r >= t) print "met"; else printf "missed: %.0f %% short of it", (1 - r / t) * 100 }'
+}
+echo
+r=$(ratio corral_rack passenger)
+echo "- Rack: corral / Passenger standalone = **${r}×** (issue 12's target ≥ 1.0×: $(target "$r" 1.0))."
+r=$(ratio corral_wsgi uwsgi)
+echo "- WSGI: corral / nginx → uWSGI = **${r}×** (target ≥ 0.8×: $(target "$r" 0.8)); corral / gunicorn = $(ratio corral_wsgi gunicorn)×."
 echo
 echo "wrk -t1 -c$CONNS -d$DUR, $ROUNDS rounds interleaved after ${WARM} warm-ups; corral $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted changes'); $(nproc) CPUs, $(date -u '+%Y-%m-%d %H:%M UTC')"
 exec 1>&3
