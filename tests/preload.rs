@@ -453,8 +453,9 @@ pool = "app"
 /// A preloader that breaks the control protocol is killed and replaced, never believed:
 /// the pool's `python` here is a fake that, started as the preloader, says it is ready and
 /// then, on its first start, names corral's own pid as the worker it forked (not its child:
-/// refused, corral signals nothing it names), and on later starts sends bytes that are no
-/// message at all. corral logs each, kills it, starts another, and keeps running.
+/// refused, corral signals nothing it names), on its second sends bytes that are no message
+/// at all, and from its third says nothing more (the fork request outlives
+/// `start_timeout`). corral logs each, kills it, starts another, and keeps running.
 #[test]
 fn a_preloader_breaking_the_protocol_is_killed_and_replaced() {
     let reaper = Reaper::start("corral-preload-hostile-");
@@ -470,13 +471,13 @@ import os, socket, time
 starts = os.path.join("{state}", "starts")
 with open(starts, "a") as f:
     f.write("x")
-first = os.path.getsize(starts) == 1
 control = socket.socket(fileno=0)
 control.send(b"ready %d" % os.getpid())
 msg, fds, _, _ = socket.recv_fds(control, 256, 4)
-if first:
+start = os.path.getsize(starts)
+if start == 1:
     control.send(b"forked 0 %d" % os.getppid())
-else:
+elif start == 2:
     control.send(b"\xff" * 300)
 time.sleep(60)
 "#,
@@ -502,6 +503,7 @@ cwd = "{dir}"
 mode = "static"
 min = 1
 max = 1
+start_timeout = "2s"
 queue_timeout = "1s"
 
 [[contexts]]
@@ -521,9 +523,18 @@ pool = "app"
         "{}",
         corral.log()
     );
+    assert!(
+        corral.wait_count(
+            "did not fork a worker within start_timeout",
+            1,
+            Duration::from_secs(30)
+        ),
+        "{}",
+        corral.log()
+    );
     let r = http(corral.http_addr(), "GET", "/", &[], b"");
     assert!(r.status >= 500, "{} {}", r.status, r.text());
     assert!(is_alive(corral.pid()));
     let starts = std::fs::read_to_string(state.join("starts")).unwrap().len();
-    assert!(starts >= 2, "{starts}");
+    assert!(starts >= 3, "{starts}");
 }

@@ -7,7 +7,7 @@
 //! waits for readiness and then for the exit, and reports both (ARCHITECTURE.md invariant 8: every
 //! child is reaped exactly once, by its owner).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -317,6 +317,7 @@ impl Driver {
                     if ticks % MEMORY_EVERY == 0 {
                         stopped |= self.sample_memory();
                     }
+                    self.check_fork_deadlines();
                     stopped | self.handle(PoolEvent::Tick)
                 }
             };
@@ -795,6 +796,29 @@ impl Driver {
             }
         }
         stopped
+    }
+
+    /// Kills a preloader that holds a fork request longer than `start_timeout` (counted
+    /// from the request, so a slow app load counts too): the state machine cannot kill a
+    /// worker that has no pid yet, and the preloader's exit fails the request as a spawn.
+    fn check_fork_deadlines(&mut self) {
+        let limit = self.state.spec().start_timeout;
+        let late: HashSet<u64> = self
+            .workers
+            .values()
+            .filter(|w| w.pid == 0 && w.asked.elapsed() > limit)
+            .filter_map(|w| w.preloader)
+            .collect();
+        let Some(preload) = self.preload.as_mut() else {
+            return;
+        };
+        for n in late {
+            if let Some(pre) = preload.all.get_mut(&n).filter(|p| !p.stopping && !p.killed) {
+                tracing::error!(pool = %self.name, pid = pre.pid, ?limit, "preloader did not fork a worker within start_timeout; killing it");
+                pre.killed = true;
+                pre.signal(&self.name, StopSignal::Kill);
+            }
+        }
     }
 
     /// A rolling restart forks its replacements from a fresh preloader, which loads the

@@ -62,6 +62,8 @@ pub struct Preloader {
     pub workers: HashSet<WorkerKey>,
     /// It was told to stop (a retired or the pool's last preloader): its exit is expected.
     pub stopping: bool,
+    /// The driver killed it for holding a fork request too long.
+    pub killed: bool,
 }
 
 impl Preloader {
@@ -150,6 +152,7 @@ impl Preloaders {
                 pending: Vec::new(),
                 workers: HashSet::new(),
                 stopping: false,
+                killed: false,
             },
         );
         self.current = Some(n);
