@@ -85,6 +85,32 @@ struct Pool {
     loads: PathBuf,
 }
 
+/// The configuration of a corral with one http listener in front of pool `app`, which
+/// runs in `dir` with `pool` (its keys, `app = ...` included) added.
+fn config(dir: &Path, pool: &str) -> String {
+    format!(
+        r#"
+[server]
+runtime_dir = "{dir}/run"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.app]
+cwd = "{dir}"
+{pool}
+
+[[contexts]]
+prefix = "/"
+pool = "app"
+"#,
+        dir = dir.display(),
+    )
+}
+
 /// A corral serving the test app of `lang` from a pool with `keys` added.
 fn start(lang: Lang, keys: &str) -> Pool {
     let reaper = Reaper::start("corral-preload-");
@@ -100,30 +126,12 @@ fn start(lang: Lang, keys: &str) -> Pool {
             "rack:config.ru"
         }
     };
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run"
-grace = "2s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-app = "{app}"
-cwd = "{dir}"
-queue_timeout = "30s"
-env = {{ LOADS_DIR = "{loads}" }}
-{keys}
-
-[[contexts]]
-prefix = "/"
-pool = "app"
-"#,
-        dir = dir.display(),
-        loads = loads_dir.display(),
+    let config = config(
+        &dir,
+        &format!(
+            "app = \"{app}\"\nqueue_timeout = \"30s\"\nenv = {{ LOADS_DIR = \"{}\" }}\n{keys}",
+            loads_dir.display()
+        ),
     );
     let corral = reaper.corral(&config);
     let addr = corral.http_addr();
@@ -401,31 +409,12 @@ fn a_preloader_that_cannot_load_the_app_is_a_failed_spawn() {
             "import os\nwith open(os.path.join(os.environ['LOADS_DIR'], 'loads'), 'a') as f:\n    f.write('%d\\n' % os.getpid())\nraise RuntimeError('broken at import')\n",
         )],
     );
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-app = "wsgi:broken:application"
-cwd = "{dir}"
-mode = "static"
-min = 2
-max = 2
-queue_timeout = "1s"
-env = {{ LOADS_DIR = "{loads}" }}
-
-[[contexts]]
-prefix = "/"
-pool = "app"
-"#,
-        dir = dir.display(),
-        loads = loads_dir.display(),
+    let config = config(
+        &dir,
+        &format!(
+            "app = \"wsgi:broken:application\"\nmode = \"static\"\nmin = 2\nmax = 2\nqueue_timeout = \"1s\"\nenv = {{ LOADS_DIR = \"{}\" }}",
+            loads_dir.display()
+        ),
     );
     let corral = reaper.corral(&config);
     let r = http(corral.http_addr(), "GET", "/", &[], b"");
@@ -486,31 +475,12 @@ time.sleep(60)
         )],
     );
     support::apps::chmod(&dir.join("fake-python"), 0o755);
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-app = "wsgi:whatever:application"
-python = "{dir}/fake-python"
-cwd = "{dir}"
-mode = "static"
-min = 1
-max = 1
-start_timeout = "2s"
-queue_timeout = "1s"
-
-[[contexts]]
-prefix = "/"
-pool = "app"
-"#,
-        dir = dir.display(),
+    let config = config(
+        &dir,
+        &format!(
+            "app = \"wsgi:whatever:application\"\npython = \"{}/fake-python\"\nmode = \"static\"\nmin = 1\nmax = 1\nstart_timeout = \"2s\"\nqueue_timeout = \"1s\"",
+            dir.display()
+        ),
     );
     let corral = reaper.corral(&config);
     assert!(
