@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real peers corral's tests talk to (ARCHITECTURE.md, "Tests, scripts and CI"):
 # Debian's php-cgi, php-fpm, nginx, Apache, lighttpd, Caddy, Ruby with
-# ruby-fcgi and ruby-rack, wrk, ab and curl, WordPress and MariaDB; the PyPI
-# packages scgi and flup;
+# ruby-fcgi and ruby-rack, wrk, ab and curl, WordPress and MariaDB; Passenger, uWSGI,
+# gunicorn and HAProxy for the benchmarks; the PyPI packages scgi and flup;
 # and lsphp, built once from Debian's php8.2 source by scripts/build-lsphp.sh.
 # Idempotent and quick when everything is present (no apt-get update then).
 # Needs root. Starts no daemon: package installs run under a policy-rc.d that
@@ -19,6 +19,8 @@ APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-u
     curl ca-certificates)
 APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front_*.rs)
 APT_PACKAGES+=(chromium tmux)  # status UI tests (tests/status_ui.rs)
+APT_PACKAGES+=(passenger uwsgi uwsgi-plugin-python3 gunicorn)  # launcher peers (benches/launchers.sh)
+APT_PACKAGES+=(haproxy)  # the FastCGI gateway peer of benches/hop.sh
 APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler)  # application tests (tests/app_*.rs); their venv's PyPI package is installed by the test itself
 APT_PACKAGES+=(wordpress wordpress-theme-twentytwentyone mariadb-server)  # tests/app_wordpress.rs (it runs its own mariadbd; the theme is only a Recommends)
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a

@@ -529,3 +529,103 @@ fn a_gemfile_naming_a_missing_gem_is_reported_and_answered_with_a_gateway_error(
     let r = http(f.addr, "GET", "/unbundlable/", &[], b"");
     assert!(matches!(r.status, 502 | 503), "{} {}", r.status, r.text());
 }
+
+/// Summed PSS of a Rails pool's processes (the workers, and with preload the preloader),
+/// for 2, 4 and 8 workers with `preload` on and off, each pool in a corral of its own on the
+/// fixture's app. Printed for the record (issue 12's targets are Passenger's figures on the
+/// same app: benches/RESULTS.md); asserted lower with preload on.
+#[test]
+fn preloading_rails_shares_memory_between_workers() {
+    let f = fixture();
+    let dir = &f.reaper.dir;
+    let mut rows = Vec::new();
+    for workers in [2usize, 4, 8] {
+        let mut pss = Vec::new();
+        for preload in [true, false] {
+            let config = format!(
+                r#"
+[server]
+runtime_dir = "{dir}/run-pss-{workers}-{preload}"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.rails]
+app = "rack:blog/config.ru"
+cwd = "{dir}"
+mode = "static"
+min = {workers}
+max = {workers}
+preload = {preload}
+start_timeout = "120s"
+queue_timeout = "120s"
+env = {{ RAILS_ENV = "production", SECRET_KEY_BASE = "{secret}", GATES = "{dir}/gates" }}
+
+[[contexts]]
+prefix = "/app"
+pool = "rails"
+"#,
+                dir = dir.display(),
+                secret = "5ec7e7".repeat(22),
+            );
+            let corral = f.reaper.corral(&config);
+            let addr = corral.http_addr();
+            // Every worker has loaded (or been forked from a loaded preloader) and the
+            // pool answers.
+            let loaded = if preload {
+                "forked from preloader"
+            } else {
+                "corral-rack: serving"
+            };
+            assert!(
+                corral.wait_count(loaded, workers, Duration::from_secs(120)),
+                "{}",
+                corral.log()
+            );
+            for _ in 0..(4 * workers) {
+                let r = http(addr, "GET", "/app/", &[], b"");
+                assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
+            }
+            let tree: Vec<u32> = corral::process::process_tree(corral.pid())
+                .unwrap()
+                .into_iter()
+                .filter(|&p| p != corral.pid())
+                .collect();
+            let expected = workers + usize::from(preload);
+            assert_eq!(tree.len(), expected, "{tree:?}\n{}", corral.log());
+            let bytes = corral::process::memory_of(tree[0], &tree).unwrap().bytes();
+            // The workers alone: corral's children without preload, the preloader's with.
+            let children: Vec<u32> = tree
+                .iter()
+                .copied()
+                .filter(|&p| preload != (parent_pid(p) == corral.pid()))
+                .collect();
+            assert_eq!(children.len(), workers, "{tree:?}");
+            let alone = corral::process::memory_of(children[0], &children)
+                .unwrap()
+                .bytes();
+            pss.push((bytes, alone));
+            drop(corral);
+        }
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        rows.push(format!(
+            "{workers} workers: preload {:.1} MiB ({:.1} MiB without the preloader), no preload {:.1} MiB",
+            mib(pss[0].0),
+            mib(pss[0].1),
+            mib(pss[1].0)
+        ));
+        assert!(pss[0].0 < pss[1].0, "{rows:?}");
+    }
+    eprintln!(
+        "Rails 6.1 summed PSS (workers + preloader):\n{}",
+        rows.join("\n")
+    );
+}
+
+fn parent_pid(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    corral::process::memory::parse_stat_ppid(&stat).unwrap()
+}

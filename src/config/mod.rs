@@ -364,6 +364,10 @@ pub struct SpawnConfig {
     pub user: Option<String>,
     /// Group the workers run as (`group`, else `server.group`).
     pub group: Option<String>,
+    /// `preload`: one preloader process loads the app and forks the workers (`app = ...`
+    /// pools only; default on for them, always off for a `command`). ARCHITECTURE.md,
+    /// "Preload and fork".
+    pub preload: bool,
 }
 
 /// What a spawned worker runs.

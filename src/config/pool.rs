@@ -215,6 +215,7 @@ fn external(e: &mut Errors, n: &str, p: &FilePool, servers: &SpannedList) -> Opt
         ("cwd", p.cwd.as_ref().map(Spanned::span)),
         ("user", p.user.as_ref().map(Spanned::span)),
         ("group", p.group.as_ref().map(Spanned::span)),
+        ("preload", p.preload.as_ref().map(Spanned::span)),
     ];
     for (key, span) in spawn_only.into_iter().filter_map(|(k, s)| Some((k, s?))) {
         e.at(
@@ -283,6 +284,18 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         }
     }
     let cwd = p.cwd.as_ref().and_then(|c| e.absolute_path(c, "cwd"));
+    let is_app = p.app.is_some();
+    let preload = match &p.preload {
+        Some(v) if !is_app => {
+            e.at(
+                v.span(),
+                "preload needs app = \"wsgi:...\" or \"rack:...\": only the embedded launchers can load an app once and fork workers",
+            );
+            false
+        }
+        Some(v) => *v.get_ref(),
+        None => is_app,
+    };
     let user = e.account(p.user.as_ref(), "user");
     let group = e.account(p.group.as_ref(), "group");
     Some(Backend::Spawned(Box::new(SpawnConfig {
@@ -298,6 +311,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         cwd,
         user: user.or_else(|| server.user.clone()),
         group: group.or_else(|| server.group.clone()),
+        preload,
     })))
 }
 

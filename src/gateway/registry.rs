@@ -377,6 +377,7 @@ fn build_pool(
                     t.cwd = spawn.cwd.clone();
                     t.user = spawn.user.clone();
                     t.group = spawn.group.clone();
+                    t.preload = spawn.preload;
                     t
                 }
             };

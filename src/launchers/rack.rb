@@ -6,6 +6,7 @@
 # is installed).
 #
 #     ruby corral-rack.rb path/to/config.ru
+#     ruby corral-rack.rb path/to/config.ru --preload
 #
 # Per request corral sends one BEGIN_REQUEST packet (the CGI variables as env pairs, the HTTP
 # headers through the known-header index and the unknown-header table) followed by exactly
@@ -14,6 +15,13 @@
 # integer in the byte order the request used. SIGTERM and SIGINT finish the request in
 # progress and exit 0. Bad LSAPI input closes that connection and is logged on stderr (which
 # corral copies into its own log); the launcher keeps serving.
+#
+# With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
+# the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
+# `ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
+# SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
+# reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
+# corral closes the control socket or on SIGTERM.
 
 require 'rbconfig'
 require 'socket'
@@ -92,7 +100,22 @@ module CorralRack
     def initialize(big, flag)
       @i32 = big ? 'l>' : 'l<'
       @u16 = big ? 'S>' : 'S<'
+      # The nine int32 of the request header after the packet header, and the known-header
+      # index (24 lengths, slot 24's length and the padding, 24 offsets), each in one
+      # unpack rather than a byteslice and an unpack per number.
+      @fields = "#{@i32}9"
+      @index = "#{@u16}#{KNOWN_HEADERS.size}x4#{@i32}#{KNOWN_HEADERS.size}"
       @flag = flag
+    end
+
+    def fields(bytes)
+      bytes.unpack(@fields, offset: PACKET_HEADER_LEN)
+    end
+
+    # [lengths, offsets] of the known headers; the caller checked the index lies inside.
+    def index(bytes, at)
+      all = bytes.unpack(@index, offset: at)
+      [all.first(KNOWN_HEADERS.size), all.last(KNOWN_HEADERS.size)]
     end
 
     def i32(bytes, at)
@@ -158,7 +181,7 @@ module CorralRack
     end
 
     def parse
-      fields = (0...9).map { |i| @o.i32(@p, 8 + 4 * i) }
+      fields = @o.fields(@p)
       header_len, body_len, *offsets, unknown, env_count, special_count = fields
       names = %w[scriptFile scriptName queryString requestMethod]
       offsets.zip(names).each do |off, name|
@@ -231,11 +254,12 @@ module CorralRack
     # Known headers from the index, unknown ones from the table, as CGI variables.
     def headers(env, index_at, table_at, unknown, head_at, header_len)
       head = @p.byteslice(head_at, header_len)
+      lens, offs = @o.index(@p, index_at)
       KNOWN_HEADERS.each_with_index do |name, i|
-        len = @o.u16(@p, index_at + 2 * i)
-        off = @o.i32(@p, index_at + 52 + 4 * i)
+        off = offs[i]
         next if off.zero?
 
+        len = lens[i]
         check_span(off, len, header_len, "known header #{i} value")
         add_header(env, name, head.byteslice(off, len))
       end
@@ -792,9 +816,117 @@ module CorralRack
     [app, major < 3 && defined?(Rack::VERSION) ? Rack::VERSION : nil]
   end
 
+  # Preload and fork: the preloader's side of the control socket.
+  module Preloader
+    # Longest control message either way; corral's are a few bytes.
+    MAX_CONTROL = 256
+    PR_SET_PDEATHSIG = 1
+
+    # SIGKILL this worker when the preloader (its parent) dies, so no worker outlives the
+    # process corral tracks it through; a worker whose parent is already gone exits.
+    def self.parent_death_signal(parent)
+      require 'fiddle'
+      prctl = Fiddle::Function.new(
+        Fiddle::Handle::DEFAULT['prctl'],
+        [Fiddle::TYPE_INT, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG],
+        Fiddle::TYPE_INT
+      )
+      prctl.call(PR_SET_PDEATHSIG, Signal.list.fetch('KILL'), 0, 0, 0)
+    rescue LoadError, Fiddle::DLError, KeyError => e
+      CorralRack.log("cannot set the parent-death signal: #{e.message}")
+    ensure
+      exit!(1) if Process.ppid != parent
+    end
+
+    def self.exit_text(status)
+      status.signaled? ? "signal #{status.termsig}" : "code #{status.exitstatus}"
+    end
+
+    # Reports every worker that ended.
+    def self.reap(control)
+      loop do
+        pid, status = Process.wait2(-1, Process::WNOHANG)
+        return if pid.nil?
+
+        control.sendmsg("exited #{pid} #{exit_text(status)}")
+      end
+    rescue Errno::ECHILD
+      nil
+    end
+
+    # Forks one worker serving the listening socket `listener`; returns its pid.
+    def self.fork_worker(app, version, control, wake, listener)
+      parent = Process.pid
+      pid = fork do
+        # Its own session and process group, as a spawned worker has: corral signals the
+        # group and sums memory over the worker's own process tree.
+        Process.setsid
+        parent_death_signal(parent)
+        Signal.trap('CHLD', 'DEFAULT')
+        control.close
+        wake.each(&:close)
+        # The preloader's random state must not be every worker's.
+        srand
+        Random.srand
+        CorralRack.log("worker #{Process.pid} forked from preloader #{parent}")
+        server = Server.new(app, version)
+        server.trap_signals
+        # A stop signal that came before the worker's own handlers went to the preloader's
+        # (copied by the fork), which only raised its flag.
+        exit!(0) if @stopping
+        server.run(listener)
+        exit!(0)
+      end
+      listener.close
+      pid
+    end
+
+    # The preloader's loop: fork workers on request, reap them, report both.
+    def self.run(app, version, control)
+      wake_r, wake_w = IO.pipe
+      @stopping = false
+      Signal.trap('CHLD') { wake_w.write_nonblock('.', exception: false) }
+      %w[TERM INT].each do |sig|
+        Signal.trap(sig) do
+          @stopping = true
+          wake_w.write_nonblock('.', exception: false)
+        end
+      end
+      control.sendmsg("ready #{Process.pid}")
+      until @stopping
+        readable, = IO.select([control, wake_r])
+        wake_r.read_nonblock(64, exception: false) if readable.include?(wake_r)
+        reap(control)
+        next unless readable.include?(control) && !@stopping
+
+        msg, _, _, *controls = control.recvmsg(MAX_CONTROL, 0, 256, scm_rights: true)
+        ios = controls.flat_map { |c| c.cmsg_is?(:SOCKET, :RIGHTS) ? c.unix_rights : [] }
+        if msg.nil? || msg.empty?
+          ios.each(&:close)
+          CorralRack.log('corral closed the control socket; the preloader exits')
+          return
+        end
+        words = msg.split
+        unless words.size == 2 && words[0] == 'fork' && words[1].match?(/\A[0-9]+\z/) && ios.size == 1
+          ios.each(&:close)
+          CorralRack.log("ignoring a malformed control message (#{msg.bytesize} bytes, #{ios.size} descriptors)")
+          next
+        end
+        listener = Socket.for_fd(ios[0].fileno)
+        ios[0].autoclose = false
+        pid = fork_worker(app, version, control, [wake_r, wake_w], listener)
+        control.sendmsg("forked #{words[1]} #{pid}")
+      end
+    rescue IOError, SystemCallError => e
+      # corral went away mid-message: nothing left to serve.
+      CorralRack.log("control socket failed: #{e.class}: #{e.message}")
+    end
+  end
+
   def self.main(argv)
-    if argv.size != 1
-      warn 'usage: corral-rack.rb path/to/config.ru (listening socket on fd 0)'
+    preloading = argv.size == 2 && argv[1] == '--preload'
+    if argv.size != 1 && !preloading
+      warn 'usage: corral-rack.rb path/to/config.ru [--preload] (listening or control socket on fd 0)'
       return 2
     end
     $stdout.sync = true
@@ -814,7 +946,11 @@ module CorralRack
     end
     rack = defined?(Rack.release) ? "rack #{Rack.release}" : 'no rack gem'
     bundled = gemfile ? ", bundle #{gemfile}" : ''
-    log("serving #{argv[0]} (Ruby #{RUBY_VERSION} at #{RbConfig.ruby}, #{rack}#{bundled}, pid #{Process.pid})")
+    log("#{preloading ? 'preloaded' : 'serving'} #{argv[0]} (Ruby #{RUBY_VERSION} at #{RbConfig.ruby}, #{rack}#{bundled}, pid #{Process.pid})")
+    if preloading
+      Preloader.run(app, version, socket)
+      return 0
+    end
     server = Server.new(app, version)
     server.trap_signals
     server.run(socket)

@@ -2,6 +2,7 @@
 corral hands over as fd 0, one request at a time, with only Python's standard library.
 
     python3 corral-wsgi.py module:callable
+    python3 corral-wsgi.py module:callable --preload
 
 The module is imported with the worker's working directory first on sys.path. corral opens
 one SCGI connection per request: a netstring head (CONTENT_LENGTH first, SCGI=1, then the CGI
@@ -9,16 +10,26 @@ variables), exactly CONTENT_LENGTH body bytes, and it reads a CGI response (`Sta
 headers, blank line, body) until this side closes. SIGTERM and SIGINT finish the request in
 progress and exit 0. Bad SCGI input closes that connection and is logged on stderr (which
 corral copies into its own log); the launcher keeps serving.
+
+With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
+the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
+`ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
+SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
+reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
+corral closes the control socket or on SIGTERM.
 """
 
+import gc
 import html
 import importlib
 import os
 import platform
+import random
 import re
 import select
 import signal
 import socket
+import struct
 import sys
 import traceback
 import types
@@ -68,6 +79,42 @@ class ClientGone(Exception):
 # SCGI request head
 
 
+class Reader:
+    """Buffered reads straight from the connection: the head usually arrives in one recv,
+    and what follows it in that recv is the start of the body. (socket.makefile costs a
+    Python-level SocketIO call per read on top of the buffer; this is one recv.)"""
+
+    __slots__ = ("conn", "buf")
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.buf = b""
+
+    def fill(self):
+        data = self.conn.recv(CHUNK)
+        if data:
+            self.buf += data
+        return data
+
+    def read(self, n):
+        """Up to n bytes: n unless the connection ends first."""
+        while len(self.buf) < n:
+            if not self.fill():
+                break
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def readline(self, limit):
+        """Up to and including the next b"\\n", at most limit bytes."""
+        while True:
+            i = self.buf.find(b"\n", 0, limit)
+            if i >= 0:
+                return self.read(i + 1)
+            if len(self.buf) >= limit or not self.fill():
+                return self.read(limit)
+
+
+
 def read_exact(rfile, n, what):
     data = rfile.read(n)
     if data is None or len(data) != n:
@@ -76,22 +123,26 @@ def read_exact(rfile, n, what):
 
 
 def read_head(rfile):
-    """Reads the netstring head and returns the variables as a list of (name, value) str
-    pairs (latin-1, as PEP 3333 wants native strings), strictly checked."""
-    digits = b""
+    """Reads the netstring head and returns the variables as a dict of str (latin-1, as
+    PEP 3333 wants native strings), strictly checked."""
+    limit = MAX_HEADER_DIGITS + 1
     while True:
-        c = rfile.read(1)
-        if not c:
-            if not digits:
+        buf = rfile.buf
+        colon = buf.find(b":", 0, limit)
+        lead = buf[:colon] if colon >= 0 else buf[:limit]
+        if lead and not lead.isdigit():
+            bad = [c for c in lead if not 48 <= c <= 57]
+            raise BadRequest("netstring length holds %r, not a digit" % bytes(bad[:1]))
+        if colon >= 0:
+            break
+        if len(buf) >= limit:
+            raise BadRequest("netstring length has more than %d digits" % MAX_HEADER_DIGITS)
+        if not rfile.fill():
+            if not buf:
                 return None  # connected and closed without a request: not an error
             raise BadRequest("connection closed inside the netstring length")
-        if c == b":":
-            break
-        if not c.isdigit():
-            raise BadRequest("netstring length holds %r, not a digit" % c)
-        digits += c
-        if len(digits) > MAX_HEADER_DIGITS:
-            raise BadRequest("netstring length has more than %d digits" % MAX_HEADER_DIGITS)
+    digits = rfile.read(colon)
+    rfile.read(1)
     if not digits:
         raise BadRequest("netstring length is empty")
     if len(digits) > 1 and digits.startswith(b"0"):
@@ -104,27 +155,26 @@ def read_head(rfile):
         raise BadRequest("netstring does not end with ','")
     if not payload.endswith(b"\0"):
         raise BadRequest("SCGI head does not end with NUL")
-    fields = payload[:-1].split(b"\0")
+    # One decode and one split for the whole head; names and values alternate.
+    fields = payload[:-1].decode("latin-1").split("\0")
     if len(fields) % 2:
         raise BadRequest("SCGI head has a name without a value")
-    pairs = []
-    seen = set()
-    for i in range(0, len(fields), 2):
-        name = fields[i].decode("latin-1")
-        if not name:
-            raise BadRequest("SCGI head has an empty variable name")
-        if name in seen:
-            raise BadRequest("SCGI head repeats the variable %s" % name)
-        seen.add(name)
-        pairs.append((name, fields[i + 1].decode("latin-1")))
-    if not pairs or pairs[0][0] != "CONTENT_LENGTH":
+    names = fields[0::2]
+    environ = dict(zip(names, fields[1::2]))
+    if len(environ) != len(names):
+        seen = set()
+        repeated = next(n for n in names if n in seen or seen.add(n))
+        raise BadRequest("SCGI head repeats the variable %s" % repeated)
+    if "" in environ:
+        raise BadRequest("SCGI head has an empty variable name")
+    if names[0] != "CONTENT_LENGTH":
         raise BadRequest("SCGI head does not start with CONTENT_LENGTH")
-    length = pairs[0][1]
+    length = fields[1]
     if not length.isdigit() or not length.isascii():
         raise BadRequest("CONTENT_LENGTH %r is not a decimal number" % length)
-    if dict(pairs).get("SCGI") != "1":
+    if environ.get("SCGI") != "1":
         raise BadRequest("SCGI head does not carry SCGI=1")
-    return pairs
+    return environ
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,9 +247,8 @@ class Input:
 # One request
 
 
-def build_environ(pairs, rfile):
-    environ = dict(pairs)
-    environ.pop("SCGI", None)
+def build_environ(environ, rfile):
+    del environ["SCGI"]
     length = int(environ["CONTENT_LENGTH"])
     if not environ.get("CONTENT_TYPE", "x"):
         del environ["CONTENT_TYPE"]
@@ -380,32 +429,34 @@ def request_uri(environ):
 
 
 def serve_connection(app, conn):
-    conn.settimeout(HEADER_TIMEOUT)
-    rfile = conn.makefile("rb", buffering=CHUNK)
+    # Reads time out after HEADER_TIMEOUT through SO_RCVTIMEO, which the connection took
+    # over from the listener (see serve): no per-connection timeout calls, and the socket
+    # stays blocking, so a recv is one system call rather than a poll and a recv.
+    rfile = Reader(conn)
     try:
         try:
-            pairs = read_head(rfile)
+            head = read_head(rfile)
         except BadRequest as e:
             log("bad SCGI request, connection closed: %s" % e)
             return
-        except (OSError, socket.timeout) as e:
+        except OSError as e:
             log("could not read the SCGI request head: %s" % e)
             return
-        if pairs is None:
+        if head is None:
             return
-        conn.settimeout(None)
-        environ, body = build_environ(pairs, rfile)
+        environ, body = build_environ(head, rfile)
         run_app(app, environ, conn)
-        try:
-            # EOF ends the answer for corral at once; the body the app left unread is then
-            # read and discarded, so closing does not reset a connection corral still writes.
-            conn.shutdown(socket.SHUT_WR)
-            conn.settimeout(DRAIN_TIMEOUT)
-            body.drain()
-        except OSError:
-            pass
+        if body._left:
+            try:
+                # EOF ends the answer for corral at once; the body the app left unread is
+                # then read and discarded, so closing does not reset a connection corral
+                # still writes.
+                conn.shutdown(socket.SHUT_WR)
+                conn.settimeout(DRAIN_TIMEOUT)
+                body.drain()
+            except OSError:
+                pass
     finally:
-        rfile.close()
         conn.close()
 
 
@@ -413,12 +464,18 @@ def serve_connection(app, conn):
 # The accept loop and signals
 
 
+class Stop(Exception):
+    """A stop signal came while the worker waited for a connection."""
+
+
 class Stopper:
-    """SIGTERM and SIGINT only raise a flag; the wakeup fd interrupts an idle select(), and
-    a request in progress is finished first (Python retries interrupted system calls)."""
+    """SIGTERM and SIGINT raise a flag; a request in progress is finished first (Python
+    retries interrupted system calls), and a worker waiting in accept() stops at once (the
+    handler raises out of it). The wakeup fd interrupts the preloader's select()."""
 
     def __init__(self):
         self.stopping = False
+        self.idle = False
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -428,25 +485,27 @@ class Stopper:
 
     def _stop(self, signum, frame):
         self.stopping = True
+        if self.idle:
+            raise Stop()
 
 
 def serve(app, listener, stopper):
+    # Inherited by every accepted connection (Linux copies SO_RCVTIMEO to it).
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("ll", int(HEADER_TIMEOUT), 0))
     while not stopper.stopping:
-        readable, _, _ = select.select([listener, stopper.wake_r], [], [])
-        if stopper.stopping:
-            break
-        if listener not in readable:
-            try:
-                os.read(stopper.wake_r, 64)
-            except BlockingIOError:
-                pass
-            continue
+        stopper.idle = True
         try:
+            if stopper.stopping:
+                return
             conn, _ = listener.accept()
+        except Stop:
+            return
         except OSError as e:
+            stopper.idle = False
             log("accept failed: %s" % e)
             continue
-        conn.setblocking(True)
+        stopper.idle = False
         serve_connection(app, conn)
 
 
@@ -539,9 +598,132 @@ def load_app(spec):
     return app
 
 
+# ---------------------------------------------------------------------------------------
+# Preload and fork
+
+# Longest control message either way; corral's are a few bytes.
+MAX_CONTROL = 256
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(parent):
+    """SIGKILL this worker when the preloader (its parent) dies, so no worker outlives the
+    process corral tracks it through; a worker whose parent is already gone exits."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError, ImportError) as e:
+        log("cannot set the parent-death signal: %s" % e)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def exit_text(status):
+    if os.WIFSIGNALED(status):
+        return "signal %d" % os.WTERMSIG(status)
+    return "code %d" % os.waitstatus_to_exitcode(status)
+
+
+def reap(control):
+    """Reports every worker that ended; a report that cannot be sent means corral is gone."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        control.send(("exited %d %s" % (pid, exit_text(status))).encode("ascii"))
+
+
+def fork_worker(app, control, stopper, listener_fd):
+    """Forks one worker serving `listener_fd`; returns its pid (in the preloader)."""
+    parent = os.getpid()
+    # A stop signal reaching the child before it has its own handlers would set the
+    # preloader's flag, copied into the child and then forgotten: hold them until then.
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        raise
+    if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        os.close(listener_fd)
+        return pid
+    code = 0
+    try:
+        # Its own session and process group, as a spawned worker has: corral signals the
+        # group and sums memory over the worker's own process tree.
+        os.setsid()
+        set_parent_death_signal(parent)
+        control.close()
+        signal.set_wakeup_fd(-1)
+        os.close(stopper.wake_r)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # The preloader's random state must not be every worker's.
+        random.seed()
+        listener = socket.socket(fileno=listener_fd)
+        listener.setblocking(True)
+        log("worker %d forked from preloader %d" % (os.getpid(), parent))
+        own = Stopper()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        serve(app, listener, own)
+    except BaseException:
+        log("worker failed:\n%s" % traceback.format_exc())
+        code = 1
+    finally:
+        # Never back into the preloader's loop, and none of its exit handlers.
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(code)
+
+
+def preload(app, control, stopper):
+    """The preloader's loop: fork workers on request, reap them, report both."""
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    # Collected once, then moved out of the collector's sight: a worker's collections would
+    # otherwise write to every preloaded object's header and unshare its page.
+    gc.collect()
+    gc.freeze()
+    control.send(("ready %d" % os.getpid()).encode("ascii"))
+    while not stopper.stopping:
+        try:
+            readable, _, _ = select.select([control, stopper.wake_r], [], [])
+        except InterruptedError:
+            continue
+        if stopper.wake_r in readable:
+            try:
+                os.read(stopper.wake_r, 64)
+            except BlockingIOError:
+                pass
+        reap(control)
+        if control not in readable or stopper.stopping:
+            continue
+        msg, fds, _, _ = socket.recv_fds(control, MAX_CONTROL, 4)
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            log("corral closed the control socket; the preloader exits")
+            return
+        words = msg.split()
+        if len(words) != 2 or words[0] != b"fork" or not words[1].isdigit() or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            log("ignoring a malformed control message (%d bytes, %d descriptors)" % (len(msg), len(fds)))
+            continue
+        pid = fork_worker(app, control, stopper, fds[0])
+        control.send(b"forked %s %d" % (words[1], pid))
+
+
 def main(argv):
-    if len(argv) != 2:
-        raise SystemExit("usage: corral-wsgi.py module:callable (listening socket on fd 0)")
+    preloading = len(argv) == 3 and argv[2] == "--preload"
+    if len(argv) != 2 and not preloading:
+        raise SystemExit("usage: corral-wsgi.py module:callable [--preload] (listening or control socket on fd 0)")
     # Keep the listening socket off fd 0 and give fd 0 /dev/null, so an app that reads
     # stdin cannot steal bytes from the socket.
     listener = socket.socket(fileno=os.dup(0))
@@ -563,9 +745,17 @@ def main(argv):
     except BaseException:
         log("cannot load %s:\n%s" % (argv[1], traceback.format_exc()))
         return 1
-    log("serving %s (Python %s at %s%s, pid %d)" % (
+    log("%s %s (Python %s at %s%s, pid %d)" % (
+        "preloaded" if preloading else "serving",
         argv[1], platform.python_version(), sys.executable,
         ", virtualenv %s" % venv if venv else "", os.getpid()))
+    if preloading:
+        try:
+            preload(app, listener, stopper)
+        except OSError as e:
+            # corral went away mid-message: nothing left to serve.
+            log("control socket failed: %s" % e)
+        return 0
     serve(app, listener, stopper)
     log("stopped on signal")
     return 0

@@ -7,7 +7,7 @@
 //! waits for readiness and then for the exit, and reports both (ARCHITECTURE.md invariant 8: every
 //! child is reaped exactly once, by its owner).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +17,16 @@ use tokio::time::Instant;
 
 use crate::backend::Connections;
 use crate::config::BackendAddress;
+use crate::pool::preloader::{PreloaderEvent, Preloaders};
 use crate::pool::slots::{SlotTable, WorkerId};
 use crate::pool::state::{
     ExitKind, Notice, PoolAction, PoolEvent, PoolState, PoolStatus, Severity, WorkerKey,
 };
-use crate::process::{self, spawn_worker, wait_ready, StopSignal, WorkerSocket, WorkerSpawn};
+use crate::process::preload::{parent_of, PidFd};
+use crate::process::{
+    self, bind_worker_socket, spawn_worker, wait_listening, wait_ready, StopSignal, WorkerSocket,
+    WorkerSpawn,
+};
 
 /// How often the driver looks at its workers.
 const TICK: Duration = Duration::from_millis(100);
@@ -58,7 +63,13 @@ pub enum Command {
 enum Report {
     Ready(WorkerKey),
     Exited(WorkerKey, ExitKind),
+    /// From preloader number `.0`'s task.
+    Preloader(u64, PreloaderEvent),
 }
+
+/// How long a forked worker's exit status may lag its pidfd: the preloader reaps it and
+/// reports, usually within a millisecond; a preloader that is gone reports nothing.
+const FORKED_STATUS_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct Worker {
@@ -73,6 +84,12 @@ struct Worker {
     /// The last memory reading after a request, and the requests asked to pass before the
     /// next one: together they give the growth per request.
     checked: Option<(u64, u64)>,
+    /// The preloader that forks (or forked) it, by number; `None` for a spawned worker.
+    preloader: Option<u64>,
+    /// Where the status its preloader reports goes, until the worker's task has it.
+    exit_status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
+    /// When the fork was asked for (forked workers), for the log.
+    asked: Instant,
 }
 
 /// One spawned pool's supervisor loop.
@@ -100,6 +117,9 @@ pub struct Driver {
     published: tokio::sync::watch::Sender<Published>,
     /// The latest notices, published with the status.
     recent: Arc<std::collections::VecDeque<Recent>>,
+    /// The pool's preloaders when it preloads (`preload = true`): workers are forked from
+    /// one instead of spawned (ARCHITECTURE.md, "Preload and fork").
+    preload: Option<Preloaders>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -153,6 +173,7 @@ impl Driver {
     ) -> Driver {
         let (reports_tx, reports) = mpsc::unbounded_channel();
         let recent = Arc::new(std::collections::VecDeque::new());
+        let preload = template.preload.then(|| Preloaders::new(&template.argv));
         let (published, _) = tokio::sync::watch::channel(Published {
             status: state.status(Duration::ZERO),
             ids: Vec::new(),
@@ -176,6 +197,7 @@ impl Driver {
             commands,
             published,
             recent,
+            preload,
         }
     }
 
@@ -211,7 +233,10 @@ impl Driver {
             | Notice::Recycling { key, .. } => Some(*key),
             Notice::CrashLoop { .. } | Notice::CrashLoopOver => None,
         };
-        let pid = worker.and_then(|k| self.workers.get(&k)).map(|w| w.pid);
+        let pid = worker
+            .and_then(|k| self.workers.get(&k))
+            .map(|w| w.pid)
+            .filter(|&p| p != 0);
         // A copy only when the last published list is still read somewhere.
         let recent = Arc::make_mut(&mut self.recent);
         if recent.len() >= RECENT_NOTICES {
@@ -237,6 +262,7 @@ impl Driver {
         let started = self.handle(PoolEvent::Start);
         self.publish();
         if started {
+            self.stop_preloaders().await;
             return;
         }
         loop {
@@ -247,6 +273,7 @@ impl Driver {
                         self.deferred.retain(|(k, _)| *k != key);
                         self.handle(PoolEvent::Exited { key, status })
                     }
+                    Some(Report::Preloader(n, event)) => self.on_preloader(n, event),
                     None => false,
                 },
                 command = self.commands.recv() => match command {
@@ -258,7 +285,10 @@ impl Driver {
                         Some(key) => self.handle(PoolEvent::RequestTimedOut { key }),
                         None => false,
                     },
-                    Some(Command::RollingRestart) => self.handle(PoolEvent::RollingRestart),
+                    Some(Command::RollingRestart) => {
+                        self.renew_preloader();
+                        self.handle(PoolEvent::RollingRestart)
+                    }
                     Some(Command::Refused(id)) => match self.by_id.get(&id).copied() {
                         Some(key) => self.handle(PoolEvent::Refused { key }),
                         None => false,
@@ -287,11 +317,13 @@ impl Driver {
                     if ticks % MEMORY_EVERY == 0 {
                         stopped |= self.sample_memory();
                     }
+                    self.check_fork_deadlines();
                     stopped | self.handle(PoolEvent::Tick)
                 }
             };
             self.publish();
             if stopped {
+                self.stop_preloaders().await;
                 tracing::info!(pool = %self.name, "pool stopped: every worker reaped");
                 return;
             }
@@ -320,6 +352,7 @@ impl Driver {
         let samples: Vec<(WorkerKey, u64)> = self
             .workers
             .iter_mut()
+            .filter(|(_, w)| w.pid != 0)
             .filter_map(|(key, w)| {
                 let tree = process::process_tree(w.pid).ok()?;
                 let usage = process::memory_of(w.pid, &tree).ok()?;
@@ -343,7 +376,7 @@ impl Driver {
         let mut stopped = false;
         for &id in due {
             let reading = self.by_id.get(&id).copied().and_then(|key| {
-                let w = self.workers.get(&key)?;
+                let w = self.workers.get(&key).filter(|w| w.pid != 0)?;
                 let bytes = process::memory_of(w.pid, &w.tree).ok()?.bytes();
                 Some((key, bytes))
             });
@@ -442,6 +475,9 @@ impl Driver {
             }
             PoolAction::Forget { key } => {
                 if let Some(w) = self.workers.remove(&key) {
+                    if let Some(n) = w.preloader {
+                        self.forget_forked(n, key);
+                    }
                     self.by_id.remove(&w.id);
                     self.slots.remove_worker(w.id);
                     self.connections.forget(&w.address);
@@ -460,23 +496,17 @@ impl Driver {
     }
 
     fn spawn(&mut self, key: WorkerKey) {
-        let dir = self.template.identity().and_then(|id| {
-            crate::runtime_dir::worker_socket_dir(
-                &self.runtime_dir,
-                &self.name,
-                self.template.handoff,
-                id.as_ref(),
-            )
-        });
-        let dir = match dir {
-            Ok(dir) => dir,
-            Err(e) => {
-                let reason = format!("cannot prepare the worker socket's directory: {e}");
+        if self.preload.is_some() {
+            self.fork(key);
+            return;
+        }
+        let path = match self.socket_path(key) {
+            Ok(path) => path,
+            Err(reason) => {
                 self.feed(PoolEvent::SpawnFailed { key, reason });
                 return;
             }
         };
-        let path = dir.join(format!("{}-{}.sock", self.socket_tag, key.0));
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
         match spawn_worker(&spec) {
@@ -498,6 +528,9 @@ impl Driver {
                         socket_file: Some(path),
                         tree: vec![pid],
                         checked: None,
+                        preloader: None,
+                        exit_status: None,
+                        asked: Instant::now(),
                     },
                 );
                 if self.state.spec().recycle.max_memory.is_some() {
@@ -528,6 +561,334 @@ impl Driver {
             Err(e) => {
                 let reason = e.to_string();
                 self.feed(PoolEvent::SpawnFailed { key, reason });
+            }
+        }
+    }
+}
+
+/// Preload and fork (ARCHITECTURE.md, "Preload and fork"): workers of a `preload = true`
+/// pool are forked by the pool's preloader instead of spawned.
+impl Driver {
+    /// The socket path worker `key` listens on, its directory prepared.
+    fn socket_path(&self, key: WorkerKey) -> Result<PathBuf, String> {
+        let dir = self.template.identity().and_then(|id| {
+            crate::runtime_dir::worker_socket_dir(
+                &self.runtime_dir,
+                &self.name,
+                self.template.handoff,
+                id.as_ref(),
+            )
+        });
+        match dir {
+            Ok(dir) => Ok(dir.join(format!("{}-{}.sock", self.socket_tag, key.0))),
+            Err(e) => Err(format!("cannot prepare the worker socket's directory: {e}")),
+        }
+    }
+
+    /// Binds worker `key`'s socket and asks the current preloader (started if there is none)
+    /// to fork a worker on it, now or once the app is loaded. A failure here is a failed
+    /// spawn, which the state machine backs off from like any other.
+    fn fork(&mut self, key: WorkerKey) {
+        let bound = self.socket_path(key).and_then(|path| {
+            bind_worker_socket(&WorkerSocket::Unix(path.clone()))
+                .map(|(address, listener)| (path, address, listener))
+                .map_err(|e| e.to_string())
+        });
+        let (path, address, listener) = match bound {
+            Ok(bound) => bound,
+            Err(reason) => {
+                self.feed(PoolEvent::SpawnFailed { key, reason });
+                return;
+            }
+        };
+        let reports = self.reports_tx.clone();
+        let start_timeout = self.state.spec().start_timeout;
+        let Some(preload) = self.preload.as_mut() else {
+            return;
+        };
+        let started = preload.current_or_start(&self.template, start_timeout, move |n, ev| {
+            let _ = reports.send(Report::Preloader(n, ev));
+        });
+        let n = match started {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                let reason = format!("cannot start the preloader: {e}");
+                self.feed(PoolEvent::SpawnFailed { key, reason });
+                return;
+            }
+        };
+        let budget = self.state.budget(key);
+        let id = self
+            .slots
+            .add_worker(self.concurrency, address.clone(), budget);
+        self.by_id.insert(id, key);
+        self.workers.insert(
+            key,
+            Worker {
+                id,
+                pid: 0,
+                address,
+                socket_file: Some(path),
+                tree: Vec::new(),
+                checked: None,
+                preloader: Some(n),
+                exit_status: None,
+                asked: Instant::now(),
+            },
+        );
+        if self.state.spec().recycle.max_memory.is_some() {
+            self.slots.check_memory_in(id, Some(1));
+        }
+        let Some(pre) = self.preload.as_mut().and_then(|p| p.all.get_mut(&n)) else {
+            return;
+        };
+        pre.workers.insert(key);
+        if !pre.ready {
+            pre.pending.push((key, listener));
+            return;
+        }
+        // On failure its exit (the task reaps it) fails this worker as a spawn.
+        pre.fork_or_kill(&self.name, key, listener);
+    }
+
+    /// Handles what preloader `n`'s task reports.
+    fn on_preloader(&mut self, n: u64, event: PreloaderEvent) -> bool {
+        match event {
+            PreloaderEvent::Ready => {
+                let Some(pre) = self.preload.as_mut().and_then(|p| p.all.get_mut(&n)) else {
+                    return false;
+                };
+                pre.ready = true;
+                tracing::info!(pool = %self.name, pid = pre.pid, forks = pre.pending.len(), "preloader loaded the app");
+                for (key, listener) in std::mem::take(&mut pre.pending) {
+                    if !pre.fork_or_kill(&self.name, key, listener) {
+                        break;
+                    }
+                }
+                false
+            }
+            PreloaderEvent::Forked { key, pid } => self.forked(n, key, pid),
+            PreloaderEvent::Exited { pid, exit } => {
+                let w = self
+                    .workers
+                    .values_mut()
+                    .find(|w| w.pid == pid && w.preloader == Some(n));
+                if let Some(tx) = w.and_then(|w| w.exit_status.take()) {
+                    let _ = tx.send(exit);
+                }
+                false
+            }
+            PreloaderEvent::Broken(reason) => {
+                let Some(preload) = self.preload.as_mut() else {
+                    return false;
+                };
+                if preload.current == Some(n) {
+                    preload.current = None;
+                }
+                match preload.all.get(&n) {
+                    Some(pre) if pre.stopping => {
+                        tracing::debug!(pool = %self.name, pid = pre.pid, %reason, "stopping preloader");
+                    }
+                    Some(pre) => {
+                        tracing::error!(pool = %self.name, pid = pre.pid, %reason, "preloader killed: its workers are replaced");
+                    }
+                    None => {}
+                }
+                false
+            }
+            PreloaderEvent::Gone(exit) => self.preloader_gone(n, exit),
+        }
+    }
+
+    /// Preloader `n` says it forked worker `key` as `pid`. Believed only when `pid` is a
+    /// child of that preloader and `key` one it was asked for and has no pid yet: a pid from
+    /// a preloader is peer bytes, and corral signals what it names.
+    fn forked(&mut self, n: u64, key: WorkerKey, pid: u32) -> bool {
+        let Some(pre) = self.preload.as_ref().and_then(|p| p.all.get(&n)) else {
+            return false;
+        };
+        let expected = pre.workers.contains(&key)
+            && self
+                .workers
+                .get(&key)
+                .is_some_and(|w| w.pid == 0 && w.preloader == Some(n));
+        let child = parent_of(pid).is_ok_and(|ppid| ppid == pre.pid);
+        if !expected || !child {
+            tracing::error!(pool = %self.name, pid = pre.pid, %key, worker = pid, expected, child, "preloader named a worker it was not asked for, or not its child; killing it");
+            pre.signal(&self.name, StopSignal::Kill);
+            return false;
+        }
+        let preloader = pre.pid;
+        let Some(w) = self.workers.get_mut(&key) else {
+            return false;
+        };
+        w.pid = pid;
+        w.tree = vec![pid];
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        w.exit_status = Some(tx);
+        let took = w.asked.elapsed();
+        let address = w.address.clone();
+        self.slots.set_pid(w.id, pid);
+        tracing::info!(pool = %self.name, %key, pid, preloader, fork_ms = took.as_secs_f64() * 1000.0, "worker forked");
+        let pidfd = PidFd::open(pid);
+        let reports = self.reports_tx.clone();
+        let start_timeout = self.state.spec().start_timeout;
+        tokio::spawn(async move {
+            // No pidfd: the worker is gone already (ESRCH) or cannot be watched; either
+            // way it is reported as ended rather than waited on forever.
+            if let Ok(pidfd) = pidfd {
+                tokio::select! {
+                    ready = wait_listening(&address, start_timeout) => {
+                        if ready.is_ok() {
+                            let _ = reports.send(Report::Ready(key));
+                        }
+                        pidfd.exited().await;
+                    }
+                    () = pidfd.exited() => {}
+                }
+            }
+            let status = match tokio::time::timeout(FORKED_STATUS_WAIT, rx).await {
+                Ok(Ok(status)) => status,
+                // The preloader did not say (it died with its workers): as a wait error.
+                _ => ExitKind::Signal(libc_sigkill()),
+            };
+            let _ = reports.send(Report::Exited(key, status));
+        });
+        self.feed(PoolEvent::Spawned { key, pid });
+        false
+    }
+
+    /// Preloader `n` has exited: workers it was asked for but never forked failed to spawn;
+    /// those it forked get SIGKILL now (their parent-death signal does the same), and their
+    /// pidfds report them gone, after which the state machine replaces them.
+    fn preloader_gone(&mut self, n: u64, exit: ExitKind) -> bool {
+        let Some(preload) = self.preload.as_mut() else {
+            return false;
+        };
+        if preload.current == Some(n) {
+            preload.current = None;
+        }
+        let Some(pre) = preload.all.remove(&n) else {
+            return false;
+        };
+        if pre.stopping {
+            tracing::info!(pool = %self.name, pid = pre.pid, %exit, "preloader stopped");
+        } else {
+            tracing::warn!(pool = %self.name, pid = pre.pid, %exit, workers = pre.workers.len(), "preloader exited");
+        }
+        let mut stopped = false;
+        for key in pre.workers {
+            match self.workers.get(&key).map(|w| w.pid) {
+                Some(0) => {
+                    let reason = format!("the preloader {} {exit} before forking it", pre.pid);
+                    stopped |= self.handle(PoolEvent::SpawnFailed { key, reason });
+                }
+                Some(pid) => {
+                    let _ = process::signal_group(pid, StopSignal::Kill);
+                    // No status will come from a dead preloader: let the worker's task
+                    // report its end as soon as its pidfd says so.
+                    if let Some(w) = self.workers.get_mut(&key) {
+                        w.exit_status = None;
+                    }
+                }
+                None => {}
+            }
+        }
+        stopped
+    }
+
+    /// Kills a preloader that holds a fork request longer than `start_timeout` (counted
+    /// from the request, so a slow app load counts too): the state machine cannot kill a
+    /// worker that has no pid yet, and the preloader's exit fails the request as a spawn.
+    fn check_fork_deadlines(&mut self) {
+        let limit = self.state.spec().start_timeout;
+        let late: HashSet<u64> = self
+            .workers
+            .values()
+            .filter(|w| w.pid == 0 && w.asked.elapsed() > limit)
+            .filter_map(|w| w.preloader)
+            .collect();
+        let Some(preload) = self.preload.as_mut() else {
+            return;
+        };
+        for n in late {
+            if let Some(pre) = preload.all.get_mut(&n).filter(|p| !p.stopping && !p.killed) {
+                tracing::error!(pool = %self.name, pid = pre.pid, ?limit, "preloader did not fork a worker within start_timeout; killing it");
+                pre.killed = true;
+                pre.signal(&self.name, StopSignal::Kill);
+            }
+        }
+    }
+
+    /// A rolling restart forks its replacements from a fresh preloader, which loads the
+    /// app's code as it is now; the old one stops once its last worker is gone.
+    fn renew_preloader(&mut self) {
+        let Some(preload) = self.preload.as_mut() else {
+            return;
+        };
+        if let Some(old) = preload.current.take() {
+            self.retire_preloader_if_done(old);
+        }
+    }
+
+    /// Worker `key` of preloader `n` is forgotten.
+    fn forget_forked(&mut self, n: u64, key: WorkerKey) {
+        if let Some(pre) = self.preload.as_mut().and_then(|p| p.all.get_mut(&n)) {
+            pre.workers.remove(&key);
+            pre.pending.retain(|(k, _)| *k != key);
+        }
+        self.retire_preloader_if_done(n);
+    }
+
+    /// Stops preloader `n` when it is no longer the current one and has no worker left.
+    fn retire_preloader_if_done(&mut self, n: u64) {
+        let Some(preload) = self.preload.as_mut() else {
+            return;
+        };
+        if preload.current == Some(n) {
+            return;
+        }
+        if let Some(pre) = preload.all.get_mut(&n) {
+            if pre.workers.is_empty() && !pre.stopping {
+                pre.stopping = true;
+                pre.signal(&self.name, StopSignal::Term);
+            }
+        }
+    }
+
+    /// After the pool stopped (every worker reaped): SIGTERM every preloader, SIGKILL after
+    /// `kill_timeout`, and wait until each is reaped.
+    async fn stop_preloaders(&mut self) {
+        let Some(preload) = self.preload.as_mut() else {
+            return;
+        };
+        preload.current = None;
+        for pre in preload.all.values_mut() {
+            pre.stopping = true;
+            pre.signal(&self.name, StopSignal::Term);
+        }
+        let deadline = Instant::now() + self.state.spec().kill_timeout;
+        let mut killed = false;
+        while self.preload.as_ref().is_some_and(|p| !p.all.is_empty()) {
+            let report = tokio::select! {
+                report = self.reports.recv() => report,
+                () = tokio::time::sleep_until(deadline), if !killed => {
+                    killed = true;
+                    if let Some(preload) = self.preload.as_ref() {
+                        for pre in preload.all.values() {
+                            pre.signal(&self.name, StopSignal::Kill);
+                        }
+                    }
+                    continue;
+                }
+            };
+            match report {
+                Some(Report::Preloader(n, PreloaderEvent::Gone(exit))) => {
+                    let _ = self.preloader_gone(n, exit);
+                }
+                Some(_) => {}
+                None => return,
             }
         }
     }

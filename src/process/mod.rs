@@ -3,7 +3,8 @@
 //! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
 //! [`memory`] measures a worker's process tree; [`signal_group`] stops one; [`own`] sets up
 //! corral's own process (umask, inherited descriptors) before any of that, and [`rlimit`] raises
-//! its file limit.
+//! its file limit. [`preload`] talks to a pool's preloader, which forks workers for
+//! `preload = true` app pools (ARCHITECTURE.md, "Preload and fork").
 //!
 //! # No orphaned interpreters
 //!
@@ -22,6 +23,7 @@ pub mod exit;
 pub mod memory;
 mod output;
 pub mod own;
+pub mod preload;
 pub mod ready;
 pub mod rlimit;
 pub mod spawn;
@@ -33,8 +35,11 @@ use nix::unistd::Pid;
 
 pub use exit::ExitKind;
 pub use memory::{memory_of, process_tree, process_tree_pss, MemoryUsage};
-pub use ready::{wait_ready, ReadyError};
-pub use spawn::{spawn_worker, Handoff, Identity, SpawnedWorker, WorkerSocket, WorkerSpawn};
+pub use ready::{wait_listening, wait_ready, ReadyError};
+pub use spawn::{
+    bind_worker_socket, spawn_preloader, spawn_worker, Handoff, Identity, SpawnedWorker,
+    WorkerSocket, WorkerSpawn,
+};
 
 /// The signals corral stops workers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

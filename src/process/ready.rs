@@ -53,24 +53,42 @@ pub async fn wait_ready(
     child: &mut Child,
     start_timeout: Duration,
 ) -> Result<(), ReadyError> {
+    let exited = || match child.try_wait() {
+        Ok(Some(status)) => Err(ReadyError::Exited {
+            address: address.to_string(),
+            exit: ExitKind::of(status),
+        }),
+        Ok(None) => Ok(()),
+        Err(source) => Err(ReadyError::Wait {
+            address: address.to_string(),
+            source,
+        }),
+    };
+    connect_until(address, start_timeout, Duration::from_millis(5), exited).await
+}
+
+/// Waits until `address` accepts a connection or `start_timeout` passes, for a worker
+/// corral is not the parent of (a preloader forked it: its exit is watched through a pidfd
+/// by the caller, not here). A forked worker is running at once, so the first pause is
+/// short.
+pub async fn wait_listening(
+    address: &BackendAddress,
+    start_timeout: Duration,
+) -> Result<(), ReadyError> {
+    connect_until(address, start_timeout, Duration::from_millis(1), || Ok(())).await
+}
+
+/// Connects to `address` until it accepts, with pauses doubling from `pause` up to 50 ms,
+/// asking `gone` before each attempt whether to give up.
+async fn connect_until(
+    address: &BackendAddress,
+    start_timeout: Duration,
+    mut pause: Duration,
+    mut gone: impl FnMut() -> Result<(), ReadyError>,
+) -> Result<(), ReadyError> {
     let deadline = Instant::now() + start_timeout;
-    let mut pause = Duration::from_millis(5);
     loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                return Err(ReadyError::Exited {
-                    address: address.to_string(),
-                    exit: ExitKind::of(status),
-                })
-            }
-            Ok(None) => {}
-            Err(source) => {
-                return Err(ReadyError::Wait {
-                    address: address.to_string(),
-                    source,
-                })
-            }
-        }
+        gone()?;
         let left = deadline.saturating_duration_since(Instant::now());
         let last = match Stream::connect(address, left.min(Duration::from_secs(1))).await {
             Ok(_) => return Ok(()),

@@ -110,6 +110,9 @@ pub struct WorkerSpawn {
     pub group: Option<String>,
     /// Soft `RLIMIT_NOFILE` for the worker, capped at the hard limit (none = inherited).
     pub nofile: Option<u64>,
+    /// Workers are forked by a preloader started from `argv` plus `--preload` (the
+    /// embedded launchers only; ARCHITECTURE.md, "Preload and fork").
+    pub preload: bool,
 }
 
 impl WorkerSpawn {
@@ -132,6 +135,7 @@ impl WorkerSpawn {
             user: None,
             group: None,
             nofile: None,
+            preload: false,
         }
     }
 
@@ -157,6 +161,7 @@ impl WorkerSpawn {
             user: spawn.user.clone(),
             group: spawn.group.clone(),
             nofile: None,
+            preload: false,
         })
     }
 
@@ -235,14 +240,72 @@ pub struct SpawnedWorker {
 /// stderr are logged line by line (target `corral::worker`, fields `pool`, `pid`,
 /// `stream`) by tasks that end when the pipes close.
 pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
-    let empty = || invalid(format!("pool {}: the worker command is empty", spec.pool));
     if spec.argv.is_empty() {
-        return Err(empty());
+        return Err(empty_command(spec));
     }
     let identity = spec.identity()?;
     let (address, listener) = prepare_socket(&spec.socket, spec.handoff)?;
     let argv = substitute(&spec.argv, &address)?;
-    let (program, args) = argv.split_first().ok_or_else(empty)?;
+    let (child, pid) = start(
+        spec,
+        &argv,
+        identity.as_ref(),
+        listener,
+        &address.to_string(),
+    )?;
+    Ok(SpawnedWorker {
+        child,
+        pid,
+        address,
+    })
+}
+
+/// Starts a pool's preloader (ARCHITECTURE.md, "Preload and fork"): `spec`'s program, user,
+/// environment, limits and process group, with `control` (corral's control socket to it)
+/// as fd 0 instead of a listening socket. The address in the result is not one corral
+/// connects to; it names the preloader in logs.
+pub fn spawn_preloader(spec: &WorkerSpawn, control: OwnedFd) -> io::Result<SpawnedWorker> {
+    if spec.argv.is_empty() {
+        return Err(empty_command(spec));
+    }
+    let identity = spec.identity()?;
+    let address = BackendAddress::Unix(PathBuf::from(format!("preloader of pool {}", spec.pool)));
+    let (child, pid) = start(
+        spec,
+        &spec.argv,
+        identity.as_ref(),
+        Some(control),
+        "(control socket)",
+    )?;
+    Ok(SpawnedWorker {
+        child,
+        pid,
+        address,
+    })
+}
+
+/// Binds the listening socket of a worker a preloader forks (corral binds it, as for
+/// [`Handoff::Fd0`]), returning the address corral connects to and the socket to send.
+pub fn bind_worker_socket(socket: &WorkerSocket) -> io::Result<(BackendAddress, OwnedFd)> {
+    let (address, listener) = prepare_socket(socket, Handoff::Fd0)?;
+    let listener = listener.ok_or_else(|| io::Error::other("no socket was bound"))?;
+    Ok((address, listener))
+}
+
+fn empty_command(spec: &WorkerSpawn) -> io::Error {
+    invalid(format!("pool {}: the worker command is empty", spec.pool))
+}
+
+/// Starts `argv` as `spec` describes (environment, cwd, user, limits, own session, log
+/// pipes) with `listener` as fd 0 (else /dev/null); returns the child and its pid.
+fn start(
+    spec: &WorkerSpawn,
+    argv: &[String],
+    identity: Option<&Identity>,
+    listener: Option<OwnedFd>,
+    address: &str,
+) -> io::Result<(Child, u32)> {
+    let (program, args) = argv.split_first().ok_or_else(|| empty_command(spec))?;
     let env = worker_environment(spec);
 
     let mut cmd = match spec.handoff {
@@ -251,7 +314,7 @@ pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
             let mut cmd = std::process::Command::new("/bin/sh");
             cmd.args(["-c", "export LISTEN_PID=$$; exec \"$@\" 3<&0 0</dev/null"])
                 .arg("corral-listen-fds")
-                .args(&argv);
+                .args(argv);
             cmd
         }
         Handoff::Fd0 | Handoff::Placeholder => {
@@ -270,7 +333,7 @@ pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
     cmd.stdin(listener.map_or_else(Stdio::null, Stdio::from))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(id) = &identity {
+    if let Some(id) = identity {
         // std clears the supplementary groups when a root parent sets a uid.
         cmd.uid(id.uid.as_raw()).gid(id.gid.as_raw());
     }
@@ -305,11 +368,7 @@ pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
         "worker started"
     );
     // The parent's copy of the listening socket closes here, at the end of `cmd`.
-    Ok(SpawnedWorker {
-        child,
-        pid,
-        address,
-    })
+    Ok((child, pid))
 }
 
 /// The worker's whole environment: `PATH` (corral's, or [`DEFAULT_PATH`]), the pool's

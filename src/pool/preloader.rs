@@ -1,0 +1,219 @@
+//! A preloading pool's preloaders, as its driver keeps them (ARCHITECTURE.md, "Preload and
+//! fork"): which one new workers are forked from, which workers each one forked (or was asked
+//! to), the listening sockets waiting until a preloader has loaded the app, and the task that
+//! owns each preloader's `Child` and reads its control socket.
+//!
+//! A preloader is a spawned child of corral like any worker (own session, parent-death
+//! signal, reaped by the one task that owns it). Its workers are not corral's children: their
+//! exits are seen through a pidfd, with the status the preloader reports when it reaps them.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::process::Child;
+use tokio::time::Instant;
+
+use crate::pool::state::{ExitKind, WorkerKey};
+use crate::process::preload::{control_pair, Control, ControlError, Message};
+use crate::process::{self, spawn_preloader, StopSignal, WorkerSpawn};
+
+/// The argument that turns an embedded launcher into a preloader.
+pub const PRELOAD_FLAG: &str = "--preload";
+
+/// What a preloader's task reports to the driver.
+#[derive(Debug)]
+pub enum PreloaderEvent {
+    /// The app is loaded: forks can be asked for.
+    Ready,
+    /// The worker asked for under `key` was forked as `pid` (not yet checked).
+    Forked {
+        /// Its key.
+        key: WorkerKey,
+        /// Its pid, as the preloader says.
+        pid: u32,
+    },
+    /// The preloader reaped `pid`.
+    Exited {
+        /// The worker's pid, as the preloader says.
+        pid: u32,
+        /// How it ended.
+        exit: ExitKind,
+    },
+    /// The preloader broke the protocol, closed its control socket or did not load the app
+    /// in time; the task has killed it and reports [`PreloaderEvent::Gone`] once reaped.
+    Broken(String),
+    /// The preloader has exited and been reaped.
+    Gone(ExitKind),
+}
+
+/// One preloader.
+#[derive(Debug)]
+pub struct Preloader {
+    /// Its pid (and process group).
+    pub pid: u32,
+    control: Arc<Control>,
+    /// Whether it has loaded the app.
+    pub ready: bool,
+    /// Listening sockets of workers asked for before it was ready, in order.
+    pub pending: Vec<(WorkerKey, OwnedFd)>,
+    /// Workers it forked or was asked to fork and the driver has not forgotten.
+    pub workers: HashSet<WorkerKey>,
+    /// It was told to stop (a retired or the pool's last preloader): its exit is expected.
+    pub stopping: bool,
+    /// The driver killed it for holding a fork request too long.
+    pub killed: bool,
+}
+
+impl Preloader {
+    /// Asks for a worker under `key` on `listener` (corral's copy is closed on return);
+    /// when the request cannot be sent, kills the preloader (whose exit then fails what it
+    /// was asked for) and returns false.
+    pub fn fork_or_kill(&self, pool: &str, key: WorkerKey, listener: OwnedFd) -> bool {
+        match self.control.send_fork(key.0, &listener) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(pool, pid = self.pid, error = %e, "cannot ask the preloader for a worker; killing it");
+                self.signal(pool, StopSignal::Kill);
+                false
+            }
+        }
+    }
+
+    /// Sends `signal` to its process group.
+    pub fn signal(&self, pool: &str, signal: StopSignal) {
+        if let Err(e) = process::signal_group(self.pid, signal) {
+            tracing::warn!(pool, pid = self.pid, error = %e, "cannot signal the preloader");
+        }
+    }
+}
+
+/// The preloaders of one pool.
+#[derive(Debug)]
+pub struct Preloaders {
+    /// The launcher's argv plus [`PRELOAD_FLAG`].
+    argv: Vec<String>,
+    /// The one new workers come from; none until needed, and none after a rolling restart
+    /// until the next spawn starts a fresh one (the app's code may have changed).
+    pub current: Option<u64>,
+    next: u64,
+    /// Every preloader not yet reaped, by its number.
+    pub all: HashMap<u64, Preloader>,
+}
+
+impl Preloaders {
+    /// The preloaders of a pool whose workers run `argv`.
+    pub fn new(argv: &[String]) -> Preloaders {
+        let mut argv = argv.to_vec();
+        argv.push(PRELOAD_FLAG.to_string());
+        Preloaders {
+            argv,
+            current: None,
+            next: 0,
+            all: HashMap::new(),
+        }
+    }
+
+    /// The current preloader's number, starting one when there is none. Its task reports
+    /// through `send` (the number and the event).
+    pub fn current_or_start(
+        &mut self,
+        template: &WorkerSpawn,
+        start_timeout: Duration,
+        send: impl Fn(u64, PreloaderEvent) + Send + 'static,
+    ) -> std::io::Result<u64> {
+        if let Some(n) = self.current {
+            return Ok(n);
+        }
+        let (ours, theirs) = control_pair()?;
+        let control = Arc::new(Control::new(ours)?);
+        let mut spec = template.clone();
+        spec.argv.clone_from(&self.argv);
+        let spawned = spawn_preloader(&spec, theirs)?;
+        let n = self.next;
+        self.next += 1;
+        let pid = spawned.pid;
+        tracing::info!(pool = %template.pool, pid, preloader = n, "preloader started");
+        tokio::spawn(watch(
+            n,
+            spawned.child,
+            pid,
+            Arc::clone(&control),
+            start_timeout,
+            send,
+        ));
+        self.all.insert(
+            n,
+            Preloader {
+                pid,
+                control,
+                ready: false,
+                pending: Vec::new(),
+                workers: HashSet::new(),
+                stopping: false,
+                killed: false,
+            },
+        );
+        self.current = Some(n);
+        Ok(n)
+    }
+}
+
+/// Owns preloader `n`'s child: reads its control socket until it breaks, kills it when it
+/// misbehaves or does not load the app within `start_timeout`, and reports its exit.
+async fn watch(
+    n: u64,
+    mut child: Child,
+    pid: u32,
+    control: Arc<Control>,
+    start_timeout: Duration,
+    send: impl Fn(u64, PreloaderEvent) + Send + 'static,
+) {
+    let deadline = Instant::now() + start_timeout;
+    let mut ready = false;
+    let mut broken = false;
+    let kill = || {
+        let _ = process::signal_group(pid, StopSignal::Kill);
+    };
+    loop {
+        let event = tokio::select! {
+            status = child.wait() => {
+                let exit = match status {
+                    Ok(status) => ExitKind::of(status),
+                    Err(_) => ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32),
+                };
+                send(n, PreloaderEvent::Gone(exit));
+                return;
+            }
+            message = control.recv(), if !broken => match message {
+                Ok(Message::Ready { .. }) if !ready => {
+                    ready = true;
+                    PreloaderEvent::Ready
+                }
+                Ok(Message::Forked { key, pid }) if ready => PreloaderEvent::Forked {
+                    key: WorkerKey(key),
+                    pid,
+                },
+                Ok(Message::Exited { pid, exit }) => PreloaderEvent::Exited { pid, exit },
+                Ok(other) => PreloaderEvent::Broken(format!("unexpected message {other:?}")),
+                // It is exiting (or killed): its exit is the news, reported below. Killed
+                // to make sure it does not live on without a control socket.
+                Err(ControlError::Closed) => {
+                    broken = true;
+                    kill();
+                    continue;
+                }
+                Err(e) => PreloaderEvent::Broken(e.to_string()),
+            },
+            () = tokio::time::sleep_until(deadline), if !ready && !broken => {
+                PreloaderEvent::Broken(format!("it did not load the app within {start_timeout:?}"))
+            }
+        };
+        if matches!(event, PreloaderEvent::Broken(_)) {
+            broken = true;
+            kill();
+        }
+        send(n, event);
+    }
+}

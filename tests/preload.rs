@@ -1,0 +1,510 @@
+//! Preload and fork (ARCHITECTURE.md, "Preload and fork") behind the real corral binary, with
+//! real Python and Ruby: the test apps append their pid to a file when they are loaded and
+//! answer with the pid and parent pid of the process serving. A preloading pool loads the app
+//! once, in a preloader that is corral's child, and its workers are that preloader's children,
+//! each its own process group; a SIGKILLed worker is replaced by a fresh fork (no new load),
+//! a SIGKILLed preloader by a new preloader that loads again and serves; `max_requests` and
+//! `max_memory` still recycle one worker at a time; a new worker's time from being asked for
+//! to its first response is measured and printed (bounded generously); `preload = false`
+//! keeps one interpreter per worker, each corral's child, each loading the app.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use support::apps::{writable_dir, write_tree, Reaper};
+use support::server::{http, Corral};
+
+/// The WSGI app: records each load; `/grow` keeps 48 MiB more per request.
+const WSGI_APP: &str = r#"import os, time
+HERE = os.environ["LOADS_DIR"]
+with open(os.path.join(HERE, "loads"), "a") as f:
+    f.write("%d\n" % os.getpid())
+HELD = []
+
+def application(environ, start_response):
+    if environ["PATH_INFO"] == "/grow":
+        HELD.append(bytearray(b"\x01") * (48 << 20))
+    if environ["PATH_INFO"] == "/slow":
+        time.sleep(0.3)
+    body = ("pid=%d ppid=%d pgid=%d" % (os.getpid(), os.getppid(), os.getpgid(0))).encode()
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+"#;
+
+/// The Rack app, the same in Ruby.
+const RACK_APP: &str = r#"File.open(File.join(ENV.fetch("LOADS_DIR"), "loads"), "a") { |f| f.puts Process.pid }
+HELD = []
+run lambda { |env|
+  HELD << ("x" * (48 << 20)) if env["PATH_INFO"] == "/grow"
+  sleep 0.3 if env["PATH_INFO"] == "/slow"
+  [200, { "content-type" => "text/plain" },
+   ["pid=#{Process.pid} ppid=#{Process.ppid} pgid=#{Process.getpgid(0)}"]]
+}
+"#;
+
+/// One test per launcher: `both!(case: wsgi_name, rack_name)` runs `case` with Python
+/// and with Ruby.
+macro_rules! both {
+    ($case:ident: $wsgi:ident, $rack:ident) => {
+        #[test]
+        fn $wsgi() {
+            $case(Lang::Python);
+        }
+
+        #[test]
+        fn $rack() {
+            $case(Lang::Ruby);
+        }
+    };
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Lang {
+    Python,
+    Ruby,
+}
+
+struct Pool {
+    _reaper: Reaper,
+    corral: Corral,
+    addr: SocketAddr,
+    loads: PathBuf,
+}
+
+/// The configuration of a corral with one http listener in front of pool `app`, which
+/// runs in `dir` with `pool` (its keys, `app = ...` included) added.
+fn config(dir: &Path, pool: &str) -> String {
+    format!(
+        r#"
+[server]
+runtime_dir = "{dir}/run"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.app]
+cwd = "{dir}"
+{pool}
+
+[[contexts]]
+prefix = "/"
+pool = "app"
+"#,
+        dir = dir.display(),
+    )
+}
+
+/// A corral serving the test app of `lang` from a pool with `keys` added.
+fn start(lang: Lang, keys: &str) -> Pool {
+    let reaper = Reaper::start("corral-preload-");
+    let dir = reaper.dir.clone();
+    let loads_dir = writable_dir(&dir.join("loads.d"));
+    let app = match lang {
+        Lang::Python => {
+            write_tree(&dir, &[("app.py", WSGI_APP)]);
+            "wsgi:app:application"
+        }
+        Lang::Ruby => {
+            write_tree(&dir, &[("config.ru", RACK_APP)]);
+            "rack:config.ru"
+        }
+    };
+    let config = config(
+        &dir,
+        &format!(
+            "app = \"{app}\"\nqueue_timeout = \"30s\"\nenv = {{ LOADS_DIR = \"{}\" }}\n{keys}",
+            loads_dir.display()
+        ),
+    );
+    let corral = reaper.corral(&config);
+    let addr = corral.http_addr();
+    Pool {
+        _reaper: reaper,
+        corral,
+        addr,
+        loads: loads_dir.join("loads"),
+    }
+}
+
+/// pid, ppid and pgid of the process that served a GET of `target`.
+fn served(p: &Pool, target: &str) -> (u32, u32, u32) {
+    let r = http(p.addr, "GET", target, &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), p.corral.log());
+    let text = r.text();
+    let field = |name: &str| -> u32 {
+        text.split(' ')
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text:?}"))
+    };
+    (field("pid="), field("ppid="), field("pgid="))
+}
+
+fn loads(p: &Pool) -> Vec<u32> {
+    std::fs::read_to_string(&p.loads)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    corral::process::memory::parse_stat_ppid(&stat).unwrap()
+}
+
+/// Sends `n` slow requests at once, again until `n` distinct workers answered (30 s at
+/// most): workers are picked by fewest requests in flight, so `n` at once reach `n` workers.
+fn workers(p: &Pool, n: usize) -> BTreeSet<(u32, u32, u32)> {
+    let mut seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {seen:?} answered\n{}",
+            p.corral.log()
+        );
+        seen = std::thread::scope(|s| {
+            let all: Vec<_> = (0..n).map(|_| s.spawn(|| served(p, "/slow"))).collect();
+            all.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+    }
+    seen
+}
+
+fn kill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+fn is_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+}
+
+/// The app is loaded once, by corral's child the preloader; the workers are its children,
+/// each a process group of its own.
+fn forked_workers_serve(lang: Lang) {
+    let p = start(lang, "mode = \"static\"\nmin = 3\nmax = 3");
+    let seen = workers(&p, 3);
+    let loaded = loads(&p);
+    assert_eq!(
+        loaded.len(),
+        1,
+        "the app loaded {loaded:?}\n{}",
+        p.corral.log()
+    );
+    let preloader = loaded[0];
+    assert_eq!(parent_of(preloader), p.corral.pid());
+    for &(pid, ppid, pgid) in &seen {
+        assert_eq!(ppid, preloader, "{seen:?}");
+        assert_eq!(pgid, pid, "a forked worker leads its own group: {seen:?}");
+    }
+    // Killing a worker gets a fresh fork from the same preloader, without loading again.
+    let (victim, _, _) = *seen.iter().next().unwrap();
+    kill(victim);
+    assert!(
+        p.corral
+            .wait_count("worker forked", 4, Duration::from_secs(20)),
+        "{}",
+        p.corral.log()
+    );
+    let again = workers(&p, 3);
+    assert!(
+        again
+            .iter()
+            .all(|&(pid, ppid, _)| pid != victim && ppid == preloader),
+        "{again:?}"
+    );
+    assert_eq!(loads(&p), loaded, "{}", p.corral.log());
+
+    // Killing the preloader: its workers die with it, a new preloader loads the app again
+    // and the pool serves from it.
+    kill(preloader);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while loads(&p).len() < 2 {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = loads(&p)[1];
+    loop {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        if workers(&p, 3).iter().all(|w| w.1 == second) {
+            break;
+        }
+    }
+    for &(pid, _, _) in &again {
+        assert!(!is_alive(pid), "worker {pid} outlived its preloader");
+    }
+    assert_eq!(parent_of(second), p.corral.pid());
+}
+
+both!(forked_workers_serve: wsgi_forked_workers_serve_and_the_app_loads_once, rack_forked_workers_serve_and_the_app_loads_once);
+
+/// `max_requests` retires each forked worker after its own count; `max_memory` retires the
+/// one that grew, measured on its own process tree.
+fn recycling_is_per_worker(lang: Lang) {
+    let p = start(
+        lang,
+        "mode = \"static\"\nmin = 1\nmax = 1\nmax_requests = 3\nmax_requests_jitter = 0",
+    );
+    let mut counts = std::collections::BTreeMap::new();
+    for _ in 0..9 {
+        let (pid, _, _) = served(&p, "/");
+        *counts.entry(pid).or_insert(0) += 1;
+    }
+    assert!(counts.values().all(|&n| n <= 3), "{counts:?}");
+    assert!(counts.len() >= 3, "{counts:?}");
+    assert_eq!(loads(&p).len(), 1, "{}", p.corral.log());
+    drop(p);
+
+    let p = start(
+        lang,
+        "mode = \"static\"\nmin = 2\nmax = 2\nmax_memory = \"40MiB\"",
+    );
+    let before = workers(&p, 2);
+    let (grown, _, _) = served(&p, "/grow");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while is_alive(grown) {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = workers(&p, 2);
+    let before_pids: BTreeSet<u32> = before.iter().map(|w| w.0).collect();
+    let after_pids: BTreeSet<u32> = after.iter().map(|w| w.0).collect();
+    // Only the one that grew was replaced.
+    assert_eq!(
+        before_pids
+            .difference(&after_pids)
+            .copied()
+            .collect::<Vec<_>>(),
+        vec![grown],
+        "before {before:?} after {after:?}\n{}",
+        p.corral.log()
+    );
+    assert_eq!(loads(&p).len(), 1, "{}", p.corral.log());
+}
+
+both!(recycling_is_per_worker: wsgi_recycling_stays_per_worker, rack_recycling_stays_per_worker);
+
+/// With `preload = false` every worker is corral's child and loads the app itself.
+fn without_preload_each_worker_loads(lang: Lang) {
+    let p = start(lang, "mode = \"static\"\nmin = 2\nmax = 2\npreload = false");
+    let seen = workers(&p, 2);
+    for &(pid, ppid, _) in &seen {
+        assert_eq!(ppid, p.corral.pid(), "{seen:?}");
+        assert!(loads(&p).contains(&pid), "{:?} {seen:?}", loads(&p));
+    }
+    assert_eq!(loads(&p).len(), 2);
+    assert!(!p.corral.log().contains("preloader"), "{}", p.corral.log());
+}
+
+both!(without_preload_each_worker_loads: wsgi_without_preload_each_worker_loads_the_app, rack_without_preload_each_worker_loads_the_app);
+
+/// A new worker's time from the moment the pool needs it to its first response: one worker
+/// with `max_requests = 1`, so each request's worker retires and the next request waits for
+/// the replacement. Printed for both modes; preloaded, bounded generously.
+fn spawn_to_first_response(lang: Lang) {
+    let mut report = Vec::new();
+    for preload in [true, false] {
+        let p = start(
+            lang,
+            &format!("mode = \"static\"\nmin = 1\nmax = 1\nmax_requests = 1\nmax_requests_jitter = 0\npreload = {preload}"),
+        );
+        served(&p, "/");
+        let mut times = Vec::new();
+        let mut last = 0;
+        for _ in 0..10 {
+            // The last worker retired after its one request; this one waits in the queue
+            // for its replacement.
+            let t = Instant::now();
+            let (pid, _, _) = served(&p, "/");
+            assert_ne!(pid, last);
+            last = pid;
+            times.push(t.elapsed());
+        }
+        times.sort();
+        let median = times[times.len() / 2];
+        report.push((preload, median, times[times.len() - 1]));
+        if preload {
+            assert!(median < Duration::from_secs(1), "{times:?}");
+        }
+    }
+    eprintln!("{lang:?} spawn-to-first-response (median, worst) by preload: {report:?}");
+}
+
+both!(spawn_to_first_response: wsgi_new_worker_time_to_first_response, rack_new_worker_time_to_first_response);
+
+/// SIGUSR2 replaces every worker from a fresh preloader, which loads the app again (the code
+/// may have changed); the old preloader exits once its last worker is gone.
+fn rolling_restart_reloads_the_app(lang: Lang) {
+    let p = start(lang, "mode = \"static\"\nmin = 2\nmax = 2");
+    let before = workers(&p, 2);
+    let first = loads(&p)[0];
+    p.corral.signal(nix::sys::signal::Signal::SIGUSR2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while loads(&p).len() < 2 {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = loads(&p)[1];
+    loop {
+        assert!(Instant::now() < deadline, "{}", p.corral.log());
+        let now = workers(&p, 2);
+        if now.iter().all(|w| w.1 == second) {
+            assert!(now.is_disjoint(&before));
+            break;
+        }
+    }
+    while is_alive(first) {
+        assert!(
+            Instant::now() < deadline,
+            "old preloader {first} still runs\n{}",
+            p.corral.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(loads(&p).len(), 2, "{}", p.corral.log());
+}
+
+both!(rolling_restart_reloads_the_app: wsgi_rolling_restart_forks_from_a_fresh_preloader, rack_rolling_restart_forks_from_a_fresh_preloader);
+
+/// An app that fails while loading: the preloader exits, every worker it was asked for is a
+/// failed spawn (logged, backed off), requests get a gateway error, and corral keeps running
+/// and trying.
+#[test]
+fn a_preloader_that_cannot_load_the_app_is_a_failed_spawn() {
+    let reaper = Reaper::start("corral-preload-broken-");
+    let dir = reaper.dir.clone();
+    let loads_dir = writable_dir(&dir.join("loads.d"));
+    write_tree(
+        &dir,
+        &[(
+            "broken.py",
+            "import os\nwith open(os.path.join(os.environ['LOADS_DIR'], 'loads'), 'a') as f:\n    f.write('%d\\n' % os.getpid())\nraise RuntimeError('broken at import')\n",
+        )],
+    );
+    let config = config(
+        &dir,
+        &format!(
+            "app = \"wsgi:broken:application\"\nmode = \"static\"\nmin = 2\nmax = 2\nqueue_timeout = \"1s\"\nenv = {{ LOADS_DIR = \"{}\" }}",
+            loads_dir.display()
+        ),
+    );
+    let corral = reaper.corral(&config);
+    let r = http(corral.http_addr(), "GET", "/", &[], b"");
+    assert!(r.status >= 500, "{} {}", r.status, r.text());
+    assert!(
+        corral.wait_count("could not start", 2, Duration::from_secs(10)),
+        "{}",
+        corral.log()
+    );
+    assert!(
+        corral.log().contains("broken at import"),
+        "{}",
+        corral.log()
+    );
+    // Backed off, not hot-looped: a handful of loads in two seconds, and still trying.
+    std::thread::sleep(Duration::from_secs(2));
+    let n = std::fs::read_to_string(loads_dir.join("loads"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!((1..=12).contains(&n), "{n} loads\n{}", corral.log());
+    assert!(is_alive(corral.pid()));
+}
+
+/// A preloader that breaks the control protocol is killed and replaced, never believed:
+/// the pool's `python` here is a fake that, started as the preloader, says it is ready and
+/// then, on its first start, names corral's own pid as the worker it forked (not its child:
+/// refused, corral signals nothing it names), on its second sends bytes that are no message
+/// at all, and from its third says nothing more (the fork request outlives
+/// `start_timeout`). corral logs each, kills it, starts another, and keeps running.
+#[test]
+fn a_preloader_breaking_the_protocol_is_killed_and_replaced() {
+    let reaper = Reaper::start("corral-preload-hostile-");
+    let dir = reaper.dir.clone();
+    let state = writable_dir(&dir.join("state"));
+    write_tree(
+        &dir,
+        &[(
+            "fake-python",
+            &format!(
+                r#"#!/usr/bin/python3
+import os, socket, time
+starts = os.path.join("{state}", "starts")
+with open(starts, "a") as f:
+    f.write("x")
+control = socket.socket(fileno=0)
+control.send(b"ready %d" % os.getpid())
+msg, fds, _, _ = socket.recv_fds(control, 256, 4)
+start = os.path.getsize(starts)
+if start == 1:
+    control.send(b"forked 0 %d" % os.getppid())
+elif start == 2:
+    control.send(b"\xff" * 300)
+time.sleep(60)
+"#,
+                state = state.display()
+            ),
+        )],
+    );
+    support::apps::chmod(&dir.join("fake-python"), 0o755);
+    let config = config(
+        &dir,
+        &format!(
+            "app = \"wsgi:whatever:application\"\npython = \"{}/fake-python\"\nmode = \"static\"\nmin = 1\nmax = 1\nstart_timeout = \"2s\"\nqueue_timeout = \"1s\"",
+            dir.display()
+        ),
+    );
+    let corral = reaper.corral(&config);
+    assert!(
+        corral.wait_log("not its child; killing it"),
+        "{}",
+        corral.log()
+    );
+    assert!(
+        corral.wait_count("malformed control message", 1, Duration::from_secs(20)),
+        "{}",
+        corral.log()
+    );
+    assert!(
+        corral.wait_count(
+            "did not fork a worker within start_timeout",
+            1,
+            Duration::from_secs(30)
+        ),
+        "{}",
+        corral.log()
+    );
+    let r = http(corral.http_addr(), "GET", "/", &[], b"");
+    assert!(r.status >= 500, "{} {}", r.status, r.text());
+    assert!(is_alive(corral.pid()));
+    let starts = std::fs::read_to_string(state.join("starts")).unwrap().len();
+    assert!(starts >= 3, "{starts}");
+}
