@@ -18,6 +18,7 @@ mod address;
 mod context;
 mod diagnostic;
 mod file;
+mod php_children;
 mod pool;
 mod units;
 mod validate;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
+pub use php_children::PhpChildren;
 pub use units::{parse_duration, parse_size};
 
 /// The configuration `corral` runs when no file is given: an HTTP listener on
@@ -364,6 +366,9 @@ pub struct SpawnConfig {
     pub user: Option<String>,
     /// Group the workers run as (`group`, else `server.group`).
     pub group: Option<String>,
+    /// `php_children`: each worker is a php-cgi parent forking this many children that
+    /// share its OPcache (none = one php-cgi process per worker).
+    pub php_children: Option<PhpChildren>,
 }
 
 /// What a spawned worker runs.

@@ -317,6 +317,7 @@ impl Driver {
         if self.state.spec().recycle.max_memory.is_none() {
             return false;
         }
+        let php_children = self.template.php_children.is_some();
         let samples: Vec<(WorkerKey, u64)> = self
             .workers
             .iter_mut()
@@ -324,7 +325,13 @@ impl Driver {
                 let tree = process::process_tree(w.pid).ok()?;
                 let usage = process::memory_of(w.pid, &tree).ok()?;
                 w.tree = tree;
-                Some((*key, usage.bytes()))
+                Some((
+                    *key,
+                    php_children
+                        .then(|| process::php_children::largest_child(w.pid))
+                        .flatten()
+                        .unwrap_or(usage.bytes()),
+                ))
             })
             .collect();
         let mut stopped = false;
@@ -344,7 +351,10 @@ impl Driver {
         for &id in due {
             let reading = self.by_id.get(&id).copied().and_then(|key| {
                 let w = self.workers.get(&key)?;
-                let bytes = process::memory_of(w.pid, &w.tree).ok()?.bytes();
+                let bytes = match self.template.php_children {
+                    Some(_) => process::php_children::largest_child(w.pid)?,
+                    None => process::memory_of(w.pid, &w.tree).ok()?.bytes(),
+                };
                 Some((key, bytes))
             });
             let Some((key, bytes)) = reading else {
@@ -479,6 +489,9 @@ impl Driver {
         let path = dir.join(format!("{}-{}.sock", self.socket_tag, key.0));
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
+        if let Some(group) = &spec.php_children {
+            spec.php_children = Some(process::php_children::for_worker(group, key.0));
+        }
         match spawn_worker(&spec) {
             Ok(mut spawned) => {
                 let pid = spawned.pid;

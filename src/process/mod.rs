@@ -22,6 +22,7 @@ pub mod exit;
 pub mod memory;
 mod output;
 pub mod own;
+pub mod php_children;
 pub mod ready;
 pub mod rlimit;
 pub mod spawn;

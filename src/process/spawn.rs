@@ -110,6 +110,9 @@ pub struct WorkerSpawn {
     pub group: Option<String>,
     /// Soft `RLIMIT_NOFILE` for the worker, capped at the hard limit (none = inherited).
     pub nofile: Option<u64>,
+    /// A php-cgi parent forking children (`php_children`, see
+    /// [`super::php_children::pin_environment`]); its jitter already resolved per worker.
+    pub php_children: Option<crate::config::PhpChildren>,
 }
 
 impl WorkerSpawn {
@@ -132,6 +135,7 @@ impl WorkerSpawn {
             user: None,
             group: None,
             nofile: None,
+            php_children: None,
         }
     }
 
@@ -157,6 +161,7 @@ impl WorkerSpawn {
             user: spawn.user.clone(),
             group: spawn.group.clone(),
             nofile: None,
+            php_children: spawn.php_children,
         })
     }
 
@@ -358,6 +363,9 @@ pub fn worker_environment(spec: &WorkerSpawn) -> BTreeMap<String, String> {
                 tracing::warn!(pool = %spec.pool, variable = name, value, "overriding the pool's env variable: corral manages recycling");
             }
         }
+    }
+    if let (BackendProtocol::Fastcgi, Some(group)) = (spec.protocol, &spec.php_children) {
+        super::php_children::pin_environment(group, &mut env);
     }
     env
 }
