@@ -12,8 +12,8 @@ use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
-use support::peers;
 use support::server::{http, Corral};
+use support::{alive, eventually, peers};
 
 /// A config with an http listener, a status listener and one php-cgi pool set up by `pool`.
 fn config(run: &Path, root: &Path, pool: &str) -> String {
@@ -79,12 +79,7 @@ impl Drop for Site {
     /// ARCHITECTURE.md, "Shared OPcache".)
     fn drop(&mut self) {
         self.corral.signal(nix::sys::signal::Signal::SIGTERM);
-        let gone = eventually(Duration::from_secs(10), || {
-            !Path::new(&format!("/proc/{}", self.corral.pid())).exists()
-                || std::fs::read_to_string(format!("/proc/{}/stat", self.corral.pid()))
-                    .unwrap_or_default()
-                    .contains(") Z ")
-        });
+        let gone = eventually(Duration::from_secs(10), || !alive(self.corral.pid()));
         assert!(gone || thread::panicking(), "corral did not stop");
     }
 }
@@ -95,24 +90,6 @@ fn children(parent: u32) -> Vec<u32> {
         .into_iter()
         .filter(|&p| alive(p))
         .collect()
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-}
-
-/// Polls `check` every 50 ms for up to `limit`.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let step = Duration::from_millis(50);
-    let mut waited = Duration::ZERO;
-    while waited < limit {
-        if check() {
-            return true;
-        }
-        thread::sleep(step);
-        waited += step;
-    }
-    check()
 }
 
 /// The one php-cgi process corral spawned (the parent).
