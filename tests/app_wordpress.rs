@@ -397,7 +397,16 @@ impl Site {
     }
 }
 
+/// Held for reading by the tests of the two sites, for writing by the memory test: run
+/// alongside it, a login's cookie was refused at the next request (a 302 to wp-login.php).
+/// Not yet pinned down; WordPress makes keys and salts it has no constant for on first use
+/// and stores them, which two fresh processes at once may do differently.
+static SITES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn both(check: impl Fn(&Site) + Sync) {
+    let _sites = SITES
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let f = fixture();
     std::thread::scope(|s| {
         let a = s.spawn(|| check(&f.via_corral));
@@ -591,6 +600,9 @@ fn php_pss(pid: u32) -> u64 {
 #[test]
 fn php_children_serve_wordpress_in_less_memory_than_separate_workers() {
     let f = fixture();
+    let _sites = SITES
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = f._reaper.dir.display().to_string();
     let pages = [
         "/",
