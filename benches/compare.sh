@@ -599,9 +599,14 @@ PY
 cp "$scratch/nginx.conf" "$data/nginx.conf"; sed -i "s#$scratch#\$SCRATCH#g" "$data/nginx.conf"
 for f in null-fastcgi php-cgi-fcgi lsphp-http; do sed "s#$scratch#\$SCRATCH#g" "$scratch/$f.toml" > "$data/$f.toml"; done
 write_report > "$scratch/report.py"
-# benches/launchers.sh keeps its own section of the report, between its markers: carried over.
-launchers_section=$(sed -n '/^<!-- launchers.sh -->$/,/^<!-- \/launchers.sh -->$/p' "$OUT" 2>/dev/null || true)
+# benches/hop.sh and benches/launchers.sh keep their own sections of the report, between
+# their markers: carried over.
+kept=""
+for script in hop.sh launchers.sh; do
+  section=$(sed -n "/^<!-- $script -->\$/,/^<!-- \/$script -->\$/p" "$OUT" 2>/dev/null || true)
+  [ -z "$section" ] || kept+=$'\n'"$section"$'\n'
+done
 python3 "$scratch/report.py" "$data" "$RES" "$scratch" > "$OUT"
-[ -z "$launchers_section" ] || printf '\n%s\n' "$launchers_section" >> "$OUT"
+[ -z "$kept" ] || printf '%s' "$kept" >> "$OUT"
 for f in "$RES"/*.json "$RES"/*.svg "$RES"/*.txt; do sed -i "s#$scratch#\$SCRATCH#g" "$f"; done
 echo "wrote $OUT in ${elapsed}s" >&2

@@ -138,17 +138,7 @@ max = 4
 # corral's own listener (the FastCGI listener's context below wins there, named by
 # its listener): WordPress's code, the pretty permalinks through its front controller,
 # and the site's wp-content (kept apart, as Debian does) as static files.
-[[contexts]]
-prefix = "/wp-content"
-root = "{dir}/site0"
-static_files = true
-pool = "php"
-
-[[contexts]]
-root = "{wordpress}"
-static_files = true
-front_controller = "/index.php"
-pool = "php"
+{http_contexts}
 
 [[contexts]]
 listen = "unix:{fcgi}"
@@ -158,6 +148,7 @@ pool = "php"
         dir = dir.display(),
         fcgi = fcgi.display(),
         wordpress = WORDPRESS,
+        http_contexts = http_contexts(&dir),
     );
     let corral = reaper.corral_listening(&config, 2);
 
@@ -215,6 +206,25 @@ pool = "php"
         _nginx: nginx,
         _reaper: reaper,
     }
+}
+
+/// The contexts of corral's http listener for the first site (under `dir`).
+fn http_contexts(dir: &Path) -> String {
+    format!(
+        r#"[[contexts]]
+prefix = "/wp-content"
+root = "{site}"
+static_files = true
+pool = "php"
+
+[[contexts]]
+root = "{WORDPRESS}"
+static_files = true
+front_controller = "/index.php"
+pool = "php"
+"#,
+        site = dir.join("site0").display()
+    )
 }
 
 /// A MariaDB server of the fixture's own, as `mysql`, on a Unix socket only; returns the
@@ -387,7 +397,16 @@ impl Site {
     }
 }
 
+/// Held for reading by the tests of the two sites, for writing by the memory test: run
+/// alongside it, a login's cookie was refused at the next request (a 302 to wp-login.php).
+/// Not yet pinned down; WordPress makes keys and salts it has no constant for on first use
+/// and stores them, which two fresh processes at once may do differently.
+static SITES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn both(check: impl Fn(&Site) + Sync) {
+    let _sites = SITES
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let f = fixture();
     std::thread::scope(|s| {
         let a = s.spawn(|| check(&f.via_corral));
@@ -562,4 +581,108 @@ fn the_dashboard_opens_for_the_admin() {
         assert_eq!(r.status, 301, "{}", site.front);
         assert!(r.header("location").unwrap().ends_with("/wp-admin/"));
     });
+}
+
+/// The summed PSS, in bytes, of every process under corral `pid` (its workers and their
+/// children), corral itself left out.
+fn php_pss(pid: u32) -> u64 {
+    let tree = corral::process::process_tree(pid).unwrap();
+    tree.iter()
+        .filter(|&&p| p != pid)
+        .filter_map(|&p| corral::process::memory_of(p, &[p]).ok())
+        .map(|m| m.bytes())
+        .sum()
+}
+
+/// `php_children` on WordPress (issue 10): four PHP processes as one php-cgi parent with
+/// four children take less memory than four separate php-cgi workers, summed over the
+/// whole process tree after the same pages, because the children share one OPcache.
+#[test]
+fn php_children_serve_wordpress_in_less_memory_than_separate_workers() {
+    let f = fixture();
+    let _sites = SITES
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = f._reaper.dir.display().to_string();
+    let pages = [
+        "/",
+        "/?p=1",
+        "/wp-login.php",
+        "/?s=hello",
+        "/?cat=1",
+        "/?author=1",
+    ];
+    let mut pss = Vec::new();
+    for (name, pool) in [
+        ("4 separate workers", "max = 4"),
+        ("php_children = 4", "max = 1\nphp_children = 4"),
+    ] {
+        let corral = f._reaper.corral(&format!(
+            r#"
+[server]
+runtime_dir = "{dir}/run-{tag}"
+user = "nobody"
+log_level = "info"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+{pool}
+
+{contexts}"#,
+            tag = pss.len(),
+            contexts = http_contexts(&f._reaper.dir),
+        ));
+        // The fixture's own site, by its Host (the fixture's port: WordPress's URLs stay
+        // as installed), sent to this corral.
+        let site = Site {
+            front: name,
+            addr: corral.http_addr(),
+            host: f.via_corral.host.clone(),
+            base: f.via_corral.base.clone(),
+        };
+        // Four browsers at once, so every process compiles the pages.
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..3 {
+                        for page in pages {
+                            let r = site.get(&mut Browser::default(), page);
+                            assert!(
+                                r.status == 200 || r.status == 301,
+                                "{name} {page}: {} {}\n{}",
+                                r.status,
+                                r.text(),
+                                corral.log()
+                            );
+                        }
+                    }
+                });
+            }
+        });
+        let processes = corral::process::process_tree(corral.pid()).unwrap().len() - 1;
+        let bytes = php_pss(corral.pid());
+        println!(
+            "{name}: {processes} PHP processes, {:.1} MiB PSS in all",
+            bytes as f64 / f64::from(1 << 20)
+        );
+        pss.push((name, bytes));
+        // A graceful stop: php-cgi's parent passes SIGTERM to its children, which the
+        // reaper's SIGKILL of corral would leave behind.
+        corral.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while corral::process::process_tree(corral.pid()).is_ok_and(|t| t.len() > 1) {
+            assert!(Instant::now() < deadline, "{name}: workers still running");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (separate, children) = (pss[0].1, pss[1].1);
+    assert!(
+        children < separate,
+        "php_children took {children} bytes, separate workers {separate}"
+    );
 }

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
-use support::peers;
 use support::server::{http, Corral};
+use support::{alive, eventually, peers};
 
 /// A config with one http listener and one spawned php-cgi pool described by `pool`.
 fn config(run: &Path, root: &Path, pool: &str) -> String {
@@ -85,27 +85,6 @@ fn pss_of(pids: &[u32]) -> u64 {
         .filter_map(|&p| corral::process::process_tree_pss(p).ok())
         .map(|m| m.bytes())
         .sum()
-}
-
-/// Polls `check` every 50 ms for up to `limit`.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let step = Duration::from_millis(50);
-    let mut waited = Duration::ZERO;
-    while waited < limit {
-        if check() {
-            return true;
-        }
-        thread::sleep(step);
-        waited += step;
-    }
-    check()
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
 }
 
 #[test]

@@ -128,6 +128,7 @@ pub struct FilePool {
     pub spare_min: Option<Spanned<u32>>,
     pub spare_max: Option<Spanned<u32>>,
     pub concurrency: Option<Spanned<u32>>,
+    pub php_children: Option<Spanned<u32>>,
     pub max_conns: Option<Spanned<u32>>,
     pub queue_size: Option<u32>,
     pub queue_timeout: Option<Spanned<DurationText>>,

@@ -18,6 +18,7 @@ mod address;
 mod context;
 mod diagnostic;
 mod file;
+mod php_children;
 mod pool;
 mod units;
 mod validate;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
+pub use php_children::PhpChildren;
 pub use units::{parse_duration, parse_size};
 
 /// The configuration `corral` runs when no file is given: an HTTP listener on
@@ -368,6 +370,9 @@ pub struct SpawnConfig {
     /// pools only; default on for them, always off for a `command`). ARCHITECTURE.md,
     /// "Preload and fork".
     pub preload: bool,
+    /// `php_children`: each worker is a php-cgi parent forking this many children that
+    /// share its OPcache (none = one php-cgi process per worker).
+    pub php_children: Option<PhpChildren>,
 }
 
 /// What a spawned worker runs.

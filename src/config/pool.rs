@@ -87,6 +87,7 @@ pub(super) fn pool(
         Some(c) => *c.get_ref(),
         None => 1,
     };
+    let concurrency = super::php_children::concurrency(p, concurrency);
     let capacity = u64::from(workers) * u64::from(concurrency);
     let max_conns = match &p.max_conns {
         None => match u32::try_from(capacity) {
@@ -258,7 +259,12 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
     }
     let program = program(e, p);
     let sizing = sizing(e, n, p);
-    let recycle = recycle(e, p);
+    let mut recycle = recycle(e, p);
+    let protocol = p
+        .protocol
+        .unwrap_or_else(|| default_protocol(p.app.as_ref().map(|a| a.get_ref().as_str())));
+    let php_children =
+        super::php_children::php_children(e, p, protocol, program.as_ref(), &mut recycle);
     let env = e.string_table(
         p.env.as_ref(),
         "env",
@@ -266,7 +272,10 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         "names are non-empty and hold no '=' or NUL",
     );
     for (key, rule) in [
-        ("PHP_FCGI_CHILDREN", "corral sizes the pool itself"),
+        (
+            "PHP_FCGI_CHILDREN",
+            "use php_children, which corral accounts for",
+        ),
         (
             "PHP_FCGI_MAX_REQUESTS",
             "use max_requests so corral recycles workers between requests",
@@ -312,6 +321,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         user: user.or_else(|| server.user.clone()),
         group: group.or_else(|| server.group.clone()),
         preload,
+        php_children,
     })))
 }
 

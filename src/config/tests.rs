@@ -1000,3 +1000,74 @@ fn sendfile_dirs_and_accel_redirect_are_clean_absolute_directories() {
         expect_error(&with(keys), needle, message);
     }
 }
+
+#[test]
+fn php_children_makes_each_worker_a_group_and_moves_max_requests_into_php_cgi() {
+    let src = r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+max = 2
+php_children = 8
+max_requests = 500
+[[contexts]]
+pool = "php"
+root = "/srv/www"
+"#;
+    let c = ok(src);
+    let p = &c.pools[0];
+    assert_eq!(p.concurrency, 8, "a group takes one request per child");
+    assert_eq!(p.max_conns, 16, "2 groups × 8 children");
+    let s = spawn(p);
+    assert_eq!(s.recycle.max_requests, None, "corral's own budget is off");
+    assert_eq!(
+        s.php_children,
+        Some(crate::config::PhpChildren {
+            children: 8,
+            max_requests: Some(500),
+            max_requests_jitter: 50,
+        })
+    );
+}
+
+#[test]
+fn php_children_rules() {
+    let src = r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[pools.a]
+command = ["php-cgi"]
+php_children = 0
+
+[pools.b]
+command = ["php-cgi"]
+php_children = 4
+concurrency = 2
+
+[pools.c]
+app = "wsgi:app:application"
+php_children = 3
+
+[pools.d]
+command = ["php-cgi"]
+env = { PHP_FCGI_CHILDREN = "4" }
+[[contexts]]
+pool = "a"
+[[contexts]]
+pool = "b"
+[[contexts]]
+pool = "c"
+[[contexts]]
+pool = "d"
+"#;
+    expect_error(src, "0\n", "php_children must be between 1 and 256");
+    expect_error(src, "2\n", "concurrency 2 differs from php_children 4");
+    expect_error(src, "3\n", "php_children applies to a php-cgi pool");
+    expect_error(src, "\"4\"", "use php_children");
+}

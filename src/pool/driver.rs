@@ -349,6 +349,7 @@ impl Driver {
         if self.state.spec().recycle.max_memory.is_none() {
             return false;
         }
+        let php_children = self.template.php_children.is_some();
         let samples: Vec<(WorkerKey, u64)> = self
             .workers
             .iter_mut()
@@ -357,7 +358,13 @@ impl Driver {
                 let tree = process::process_tree(w.pid).ok()?;
                 let usage = process::memory_of(w.pid, &tree).ok()?;
                 w.tree = tree;
-                Some((*key, usage.bytes()))
+                Some((
+                    *key,
+                    php_children
+                        .then(|| process::php_children::largest_child(w.pid))
+                        .flatten()
+                        .unwrap_or(usage.bytes()),
+                ))
             })
             .collect();
         let mut stopped = false;
@@ -377,7 +384,10 @@ impl Driver {
         for &id in due {
             let reading = self.by_id.get(&id).copied().and_then(|key| {
                 let w = self.workers.get(&key).filter(|w| w.pid != 0)?;
-                let bytes = process::memory_of(w.pid, &w.tree).ok()?.bytes();
+                let bytes = match self.template.php_children {
+                    Some(_) => process::php_children::largest_child(w.pid)?,
+                    None => process::memory_of(w.pid, &w.tree).ok()?.bytes(),
+                };
                 Some((key, bytes))
             });
             let Some((key, bytes)) = reading else {
@@ -509,6 +519,9 @@ impl Driver {
         };
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
+        if let Some(group) = &spec.php_children {
+            spec.php_children = Some(process::php_children::for_worker(group, key.0));
+        }
         match spawn_worker(&spec) {
             Ok(mut spawned) => {
                 let pid = spawned.pid;

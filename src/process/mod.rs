@@ -23,6 +23,7 @@ pub mod exit;
 pub mod memory;
 mod output;
 pub mod own;
+pub mod php_children;
 pub mod preload;
 pub mod ready;
 pub mod rlimit;

@@ -113,6 +113,9 @@ pub struct WorkerSpawn {
     /// Workers are forked by a preloader started from `argv` plus `--preload` (the
     /// embedded launchers only; ARCHITECTURE.md, "Preload and fork").
     pub preload: bool,
+    /// A php-cgi parent forking children (`php_children`, see
+    /// [`super::php_children::pin_environment`]); its jitter already resolved per worker.
+    pub php_children: Option<crate::config::PhpChildren>,
 }
 
 impl WorkerSpawn {
@@ -136,6 +139,7 @@ impl WorkerSpawn {
             group: None,
             nofile: None,
             preload: false,
+            php_children: None,
         }
     }
 
@@ -162,6 +166,7 @@ impl WorkerSpawn {
             group: spawn.group.clone(),
             nofile: None,
             preload: false,
+            php_children: spawn.php_children,
         })
     }
 
@@ -417,6 +422,9 @@ pub fn worker_environment(spec: &WorkerSpawn) -> BTreeMap<String, String> {
                 tracing::warn!(pool = %spec.pool, variable = name, value, "overriding the pool's env variable: corral manages recycling");
             }
         }
+    }
+    if let (BackendProtocol::Fastcgi, Some(group)) = (spec.protocol, &spec.php_children) {
+        super::php_children::pin_environment(group, &mut env);
     }
     env
 }

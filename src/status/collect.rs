@@ -246,7 +246,14 @@ pub fn collect(
             let mut supervisor = p.status.as_ref().map(|rx| {
                 let published = rx.borrow().clone();
                 recent = published.recent;
-                live(published.status, &published.ids, &servers)
+                let mut status = live(published.status, &published.ids, &servers);
+                for w in &mut status.workers {
+                    w.children = w
+                        .pid
+                        .map(process::php_children::children_of)
+                        .unwrap_or_default();
+                }
+                status
             });
             if measure_memory {
                 if let Some(s) = supervisor.as_mut() {

@@ -194,7 +194,17 @@ pub fn worker_fields(w: &WorkerStatus) -> Vec<(&'static str, Value)> {
             w.recycle
                 .map_or(Value::None, |r| Value::Str(recycle_name(r).to_owned())),
         ),
+        ("children", children(&w.children)),
     ]
+}
+
+/// A worker's child pids, space-separated (`-` when it has none).
+fn children(pids: &[u32]) -> Value {
+    if pids.is_empty() {
+        return Value::None;
+    }
+    let text: Vec<String> = pids.iter().map(u32::to_string).collect();
+    Value::Str(text.join(" "))
 }
 
 /// An external server's fields: where it is, and whether it is up or out of rotation

@@ -101,3 +101,22 @@ pub fn config_file(text: &str) -> tempfile::NamedTempFile {
     file.flush().expect("flush temp config");
     file
 }
+
+/// Polls `check` every 50 ms for up to `limit`; whether it held by then.
+pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let step = Duration::from_millis(50);
+    let mut waited = Duration::ZERO;
+    while waited < limit {
+        if check() {
+            return true;
+        }
+        thread::sleep(step);
+        waited += step;
+    }
+    check()
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}

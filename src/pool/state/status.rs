@@ -50,6 +50,9 @@ pub struct WorkerStatus {
     pub recycle: Option<RecycleReason>,
     /// The worker started to replace it, while that one is not yet ready.
     pub replacement: Option<WorkerKey>,
+    /// Its child processes (a php-cgi parent's children under `php_children`), filled in
+    /// from /proc when the status is collected; the machine does not track them.
+    pub children: Vec<u32>,
 }
 
 /// Recycles by reason.
@@ -165,6 +168,7 @@ impl PoolState {
                 memory: w.memory,
                 recycle: w.doomed,
                 replacement: w.replaced_by,
+                children: Vec::new(),
             })
             .collect();
         PoolStatus {
