@@ -516,6 +516,37 @@ async fn a_kept_connection_closed_by_the_backend_is_stale_and_retryable() {
 }
 
 #[tokio::test]
+async fn a_kept_connection_reset_by_the_backend_is_stale_and_retryable() {
+    let dir = shared_dir();
+    let addr = fake(dir.path(), |mut s| async move {
+        read_request(&mut s).await;
+        s.write_all(&whole_response(b"once")).await.unwrap();
+        // The next request arrives and is left unread: closing now resets the connection
+        // (ECONNRESET on corral's read), as a php-cgi child exiting after its last request
+        // does to a connection corral kept.
+        s.readable().await.unwrap();
+        drop(s);
+    })
+    .await;
+    let conn = BackendConnection::connect(&addr, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut response = fastcgi::send(conn, simple_request(), &options())
+        .await
+        .unwrap();
+    assert_eq!(read_all(&mut response).await, b"once");
+    let kept = response.body.take_connection().expect("KEEP_CONN keeps it");
+    let err = fastcgi::send(kept, simple_request(), &options())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::ClosedEarly { stale: true, .. }),
+        "{err:?}"
+    );
+    assert!(err.retryable());
+}
+
+#[tokio::test]
 async fn a_backend_stalling_mid_body_is_a_request_timeout() {
     let dir = shared_dir();
     let addr = fake(dir.path(), |mut s| async move {
