@@ -14,7 +14,7 @@
 #   nxco-scgi    nginx scgi_pass -> corral scgi listener -> null FastCGI
 #   co-lsapi     corral http -> null LSAPI
 #   nx-fpm       nginx plain fastcgi_pass -> php-fpm (static 2)
-#   nxk-fpm      nginx keep_conn -> php-fpm (static 2)
+#   nxk-fpm      nginx keep_conn (keepalive 2) -> php-fpm (a pool of its own, static 2)
 #   nxco-cgi     nginx plain fastcgi_pass -> corral fastcgi -> php-cgi (2, spawned by corral)
 #   nxkco-cgi    nginx keep_conn -> corral fastcgi -> php-cgi
 #   co-cgi       corral http -> php-cgi
@@ -70,7 +70,7 @@ cat > "$s/fpm.conf" <<CONF
 pid = $s/run/fpm.pid
 error_log = $s/log/fpm.log
 daemonize = no
-[hello]
+[plain]
 user = www-data
 group = www-data
 listen = $s/run/fpm.sock
@@ -78,8 +78,19 @@ listen.owner = www-data
 listen.group = www-data
 pm = static
 pm.max_children = 2
+; The keep-alive row has a pool of its own: a child holding one of nginx's idle kept
+; connections is blocked on it, and would starve the plain row run after it.
+[keep]
+user = www-data
+group = www-data
+listen = $s/run/fpm-k.sock
+listen.owner = www-data
+listen.group = www-data
+pm = static
+pm.max_children = 2
 CONF
 php-fpm8.2 -F -y "$s/fpm.conf" & fpm=$!; pids+=($fpm)
+wait_sock "$s/run/fpm-k.sock"
 for p in fastcgi scgi lsapi; do wait_sock "$s/run/null-$p.sock"; chmod 666 "$s/run/null-$p.sock"; done
 
 # ---- corrals: one for the null backends, one per PHP pool ----
@@ -170,7 +181,9 @@ http {
   proxy_temp_path $s/run; scgi_temp_path $s/run; uwsgi_temp_path $s/run;
   root $s/www;
   upstream null_k { server unix:$s/run/null-fastcgi.sock; keepalive 16; }
-  upstream fpm_k { server unix:$s/run/fpm.sock; keepalive 16; }
+  # No more kept connections than php-fpm has children: each child serves one connection
+  # at a time, so a kept connection beyond them waits for a child that never frees.
+  upstream fpm_k { server unix:$s/run/fpm-k.sock; keepalive 2; }
   upstream co_null_k { server unix:$s/run/corral-fcgi.sock; keepalive 16; }
   upstream co_cgi_k { server unix:$s/run/corral-cgi.sock; keepalive 16; }
   server { listen 127.0.0.1:18501; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/null-fastcgi.sock; } }
