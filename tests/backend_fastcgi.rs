@@ -487,13 +487,19 @@ fn whole_response(body: &[u8]) -> Vec<u8> {
     out
 }
 
-#[tokio::test]
-async fn a_kept_connection_closed_by_the_backend_is_stale_and_retryable() {
+/// Serves one request on a kept connection through a fake backend whose `after` ends the
+/// connection once it has answered, then sends a second request on it and asserts that the
+/// failure is a stale, retryable connection.
+async fn second_request_on_a_kept_connection_is_stale<F, Fut>(after: F)
+where
+    F: FnOnce(tokio::net::UnixStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let dir = shared_dir();
     let addr = fake(dir.path(), |mut s| async move {
         read_request(&mut s).await;
         s.write_all(&whole_response(b"once")).await.unwrap();
-        // Close the kept connection, as a restarted worker would.
+        after(s).await;
     })
     .await;
     let conn = BackendConnection::connect(&addr, Duration::from_secs(5))
@@ -516,11 +522,14 @@ async fn a_kept_connection_closed_by_the_backend_is_stale_and_retryable() {
 }
 
 #[tokio::test]
+async fn a_kept_connection_closed_by_the_backend_is_stale_and_retryable() {
+    // Closed once answered, as a restarted worker would.
+    second_request_on_a_kept_connection_is_stale(|s| async move { drop(s) }).await;
+}
+
+#[tokio::test]
 async fn a_kept_connection_reset_by_the_backend_is_stale_and_retryable() {
-    let dir = shared_dir();
-    let addr = fake(dir.path(), |mut s| async move {
-        read_request(&mut s).await;
-        s.write_all(&whole_response(b"once")).await.unwrap();
+    second_request_on_a_kept_connection_is_stale(|s| async move {
         // The next request arrives and is left unread: closing now resets the connection
         // (ECONNRESET on corral's read), as a php-cgi child exiting after its last request
         // does to a connection corral kept.
@@ -528,22 +537,6 @@ async fn a_kept_connection_reset_by_the_backend_is_stale_and_retryable() {
         drop(s);
     })
     .await;
-    let conn = BackendConnection::connect(&addr, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let mut response = fastcgi::send(conn, simple_request(), &options())
-        .await
-        .unwrap();
-    assert_eq!(read_all(&mut response).await, b"once");
-    let kept = response.body.take_connection().expect("KEEP_CONN keeps it");
-    let err = fastcgi::send(kept, simple_request(), &options())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, BackendError::ClosedEarly { stale: true, .. }),
-        "{err:?}"
-    );
-    assert!(err.retryable());
 }
 
 #[tokio::test]
