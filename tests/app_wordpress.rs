@@ -102,7 +102,9 @@ fn start() -> Fixture {
                  // No loopback HTTP from cron, no calls to wordpress.org.\n\
                  define('DISABLE_WP_CRON', true);\n\
                  define('WP_HTTP_BLOCK_EXTERNAL', true);\n\
-                 define('AUTOMATIC_UPDATER_DISABLED', true);\n",
+                 define('AUTOMATIC_UPDATER_DISABLED', true);\n\
+                 {keys}",
+                keys = keys_and_salts(&format!("{pid}-{i}")),
                 user = DB_USER.0,
                 password = DB_USER.1,
                 socket = socket.display(),
@@ -371,6 +373,14 @@ impl Site {
 
     /// A browser logged in as the admin.
     fn logged_in(&self) -> Browser {
+        // One login at a time: WordPress keeps a user's sessions in one user-meta value
+        // that each login reads, extends and writes back, so two logins of the admin at
+        // once (tests run in parallel) can lose one session, and that browser's cookie is
+        // then refused with a 302 to wp-login.php.
+        static LOGINS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = LOGINS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut b = Browser::default();
         // wp-login.php sets its test cookie first and refuses a login without it.
         let r = self.get(&mut b, "/wp-login.php");
@@ -397,10 +407,29 @@ impl Site {
     }
 }
 
-/// Held for reading by the tests of the two sites, for writing by the memory test: run
-/// alongside it, a login's cookie was refused at the next request (a 302 to wp-login.php).
-/// Not yet pinned down; WordPress makes keys and salts it has no constant for on first use
-/// and stores them, which two fresh processes at once may do differently.
+/// WordPress's eight keys and salts as constants. Without them WordPress makes each on
+/// first use and stores it, and two fresh PHP processes doing so at once may keep different
+/// ones, so that a cookie signed by one is refused by the other. Distinct per site and run.
+fn keys_and_salts(tag: &str) -> String {
+    let mut out = String::new();
+    for name in [
+        "AUTH_KEY",
+        "SECURE_AUTH_KEY",
+        "LOGGED_IN_KEY",
+        "NONCE_KEY",
+        "AUTH_SALT",
+        "SECURE_AUTH_SALT",
+        "LOGGED_IN_SALT",
+        "NONCE_SALT",
+    ] {
+        let value = sha256(format!("{tag}-{name}-{:?}", std::time::SystemTime::now()).as_bytes());
+        out.push_str(&format!("define('{name}', '{value}');\n"));
+    }
+    out
+}
+
+/// Held for reading by the tests of the two sites, for writing by the memory test, so the
+/// memory comparison runs alone.
 static SITES: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn both(check: impl Fn(&Site) + Sync) {
