@@ -528,18 +528,6 @@ async fn a_kept_connection_closed_by_the_backend_is_stale_and_retryable() {
 }
 
 #[tokio::test]
-async fn a_kept_connection_reset_by_the_backend_is_stale_and_retryable() {
-    second_request_on_a_kept_connection_is_stale(|s| async move {
-        // The next request arrives and is left unread: closing now resets the connection
-        // (ECONNRESET on corral's read), as a php-cgi child exiting after its last request
-        // does to a connection corral kept.
-        s.readable().await.unwrap();
-        drop(s);
-    })
-    .await;
-}
-
-#[tokio::test]
 async fn a_backend_stalling_mid_body_is_a_request_timeout() {
     let dir = shared_dir();
     let addr = fake(dir.path(), |mut s| async move {

@@ -416,24 +416,6 @@ impl Exchange {
                 }
                 Poll::Ready(Ok(Progress::Read))
             }
-            // A kept connection the backend closed with our request unread in its buffer
-            // (a worker that exited after its last request) is reset, not closed: before any
-            // response byte that is the same stale connection as a clean close, and as
-            // retryable.
-            Poll::Ready(Err(source))
-                if self.reused
-                    && !self.got_byte
-                    && matches!(
-                        source.kind(),
-                        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
-                    ) =>
-            {
-                Poll::Ready(Err(BackendError::ClosedEarly {
-                    protocol: self.codec.protocol(),
-                    stage: "before answering (reset)",
-                    stale: true,
-                }))
-            }
             Poll::Ready(Err(source)) => Poll::Ready(Err(BackendError::Read {
                 protocol: self.codec.protocol(),
                 source,
