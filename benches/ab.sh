@@ -7,7 +7,8 @@
 #          nginx fastcgi_keep_conn -> corral fastcgi listener, wrk -> corral http listener.
 # Usage: bash benches/ab.sh A_BINARY B_BINARY   (env: SECS=5 ROUNDS=3 CONC=25 THREADS_A/B)
 # THREADS_A / THREADS_B set `[server] threads` of each (default: unset, one per CPU), so the
-# same binary can be measured against itself with 1 and 2 runtime threads.
+# same binary can be measured against itself with 1 and 2 runtime threads; SCHED_A / SCHED_B
+# set `[server] scheduler` ("per-thread" or "work-stealing"; default: unset, corral's default).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 a_bin=$(realpath "$1")
@@ -18,17 +19,20 @@ CONC=${CONC:-25}
 s=$(mktemp -d /tmp/corral-ab.XXXXXX)
 chmod 755 "$s"
 pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$s"; }
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] && { tail -n 20 "$s"/*.log >&2; }; rm -rf "$s"; }
 trap cleanup EXIT
 "$b_bin" null-backend --protocol fastcgi --listen "unix:$s/null.sock" & pids+=($!)
 for _ in $(seq 100); do [ -S "$s/null.sock" ] && break; sleep 0.05; done
 chmod 666 "$s/null.sock"
-conf() { # NAME HTTP_PORT THREADS
+conf() { # NAME HTTP_PORT THREADS SCHEDULER
+  local sched=""
+  [ -n "$4" ] && sched="scheduler = \"$4\""
   cat > "$s/$1.toml" <<EOF
 [server]
 runtime_dir = "$s/$1.d"
 log_level = "warn"
 ${3:+threads = $3}
+$sched
 [[listen]]
 address = "127.0.0.1:$2"
 protocol = "http"
@@ -43,8 +47,8 @@ concurrency = 128
 pool = "null"
 EOF
 }
-conf a 18801 "${THREADS_A:-}"
-conf b 18802 "${THREADS_B:-}"
+conf a 18801 "${THREADS_A:-}" "${SCHED_A:-}"
+conf b 18802 "${THREADS_B:-}" "${SCHED_B:-}"
 "$a_bin" run -c "$s/a.toml" > "$s/a.log" 2>&1 & a_pid=$!; pids+=($a_pid)
 "$b_bin" run -c "$s/b.toml" > "$s/b.log" 2>&1 & b_pid=$!; pids+=($b_pid)
 cat > "$s/nginx.conf" <<EOF
@@ -69,31 +73,35 @@ for port in 18801 18802 18811 18812 18821 18822; do
   for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$port/x" && break; sleep 0.05; done
 done
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Context switches of every thread of $1 (voluntary: it slept; the wake-ups a design saves).
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/ {n += $2} END {print n + 0}'; }
 nginx_ticks() { local t=0 p; for p in $(pgrep -P "$nginx") "$nginx"; do t=$((t + $(ticks "$p"))); done; echo $t; }
 hz=$(getconf CLK_TCK)
-declare -A reqs cpu ncpu
+declare -A reqs cpu ncpu csw
 run() { # KEY PID URL
   local b nb out n
-  b=$(ticks "$2"); nb=$(nginx_ticks)
+  b=$(ticks "$2"); nb=$(nginx_ticks); local sw; sw=$(switches "$2")
   out=$(wrk -t1 -c"$CONC" -d"${SECS}s" "$3" 2>&1)
   n=$(awk '/requests in/ {print $1}' <<< "$out")
   reqs[$1]=$(( ${reqs[$1]:-0} + n ))
   cpu[$1]=$(( ${cpu[$1]:-0} + $(ticks "$2") - b ))
   ncpu[$1]=$(( ${ncpu[$1]:-0} + $(nginx_ticks) - nb ))
+  csw[$1]=$(( ${csw[$1]:-0} + $(switches "$2") - sw ))
 }
 for _ in $(seq "$ROUNDS"); do
   run plain-a "$a_pid" http://127.0.0.1:18811/x; run plain-b "$b_pid" http://127.0.0.1:18812/x
   run keep-a "$a_pid" http://127.0.0.1:18821/x; run keep-b "$b_pid" http://127.0.0.1:18822/x
   run http-a "$a_pid" http://127.0.0.1:18801/x; run http-b "$b_pid" http://127.0.0.1:18802/x
 done
-echo "wrk -t1 -c$CONC, ${SECS}s x $ROUNDS rounds interleaved; A = $1${THREADS_A:+ (threads $THREADS_A)}, B = $2${THREADS_B:+ (threads $THREADS_B)}"
+echo "wrk -t1 -c$CONC, ${SECS}s x $ROUNDS rounds interleaved; A = $1${THREADS_A:+ (threads $THREADS_A)}${SCHED_A:+ ($SCHED_A)}, B = $2${THREADS_B:+ (threads $THREADS_B)}${SCHED_B:+ ($SCHED_B)}"
 printf '%-22s %10s %10s %12s %12s %12s\n' path "A req/s" "B req/s" "A corral µs" "B corral µs" "B/A CPU"
 for p in plain keep http; do
   awk -v p="$p" -v ra="${reqs[$p-a]}" -v rb="${reqs[$p-b]}" -v ca="${cpu[$p-a]}" -v cb="${cpu[$p-b]}" \
-      -v na="${ncpu[$p-a]}" -v nb="${ncpu[$p-b]}" -v t="$((SECS * ROUNDS))" -v hz="$hz" 'BEGIN {
+      -v na="${ncpu[$p-a]}" -v nb="${ncpu[$p-b]}" -v sa="${csw[$p-a]}" -v sb="${csw[$p-b]}" -v t="$((SECS * ROUNDS))" -v hz="$hz" 'BEGIN {
     ua = ca / hz * 1e6 / ra; ub = cb / hz * 1e6 / rb
     name = (p == "http") ? "wrk -> corral http" : "nginx " p " -> corral"
     printf "%-22s %10.0f %10.0f %12.1f %12.1f %12.2f", name, ra / t, rb / t, ua, ub, ub / ua
+    printf "   (sleeps/req: A %.2f, B %.2f)", sa / ra, sb / rb
     if (p != "http") printf "   (nginx µs: A %.1f, B %.1f)", na / hz * 1e6 / ra, nb / hz * 1e6 / rb
     printf "\n" }'
 done

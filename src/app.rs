@@ -16,10 +16,11 @@ use crate::config::{Backend, Config, FrontProtocol, ListenerConfig};
 use crate::error::StartupError;
 use crate::front::http::{self, ConnInfo};
 use crate::front::limits::{self, Admission, Client};
-use crate::front::listener::{Listener, Peer};
+use crate::front::listener::{Listener, Parked, Peer};
 use crate::front::{fastcgi, scgi};
 use crate::gateway::{BuildSettings, Gateway, Generation, Pool, PoolRegistry};
 use crate::router::Router;
+use crate::shards::Shards;
 use crate::{launchers, process, status};
 
 /// Kernel accept backlog of the status listener (its clients are a few operators and
@@ -66,7 +67,7 @@ pub fn bind_all(
                     config: l.clone(),
                 });
             }
-            Listener::bind(&l.bind, l.backlog)
+            Listener::bind_with(&l.bind, l.backlog, reuse_port(config))
                 .map(|listener| BoundListener {
                     listener,
                     config: l.clone(),
@@ -183,6 +184,13 @@ pub async fn run(
         pool.start(driver);
     }
     let notifier = Arc::new(crate::systemd::Notifier::from_env());
+    let shards = match config.server.scheduler {
+        crate::config::Scheduler::PerThread => {
+            let n = serving_threads(config);
+            Some(Shards::start(n).map_err(StartupError::ServingThreads)?)
+        }
+        crate::config::Scheduler::WorkStealing => None,
+    };
     let mut serving = Serving {
         gateway: Arc::clone(&gateway),
         config: config.clone(),
@@ -195,9 +203,11 @@ pub async fn run(
         shutdown: shutdown.clone(),
         worker_nofile,
         notifier: Arc::clone(&notifier),
+        shards,
     };
     for bound in listeners {
-        serving.start_listener(Arc::new(bound.listener), bound.config);
+        let sockets = serving.sockets(bound.listener, &bound.config)?;
+        serving.start_listener(sockets, bound.config);
     }
     if let Some(listener) = status_listener {
         // A table of its own: front connections never use up the status listener's room.
@@ -293,11 +303,35 @@ pub async fn run(
     Ok(())
 }
 
+/// Whether TCP listeners are bound with SO_REUSEPORT: each serving thread of
+/// `scheduler = "per-thread"` then gets a socket of its own on the port.
+fn reuse_port(config: &Config) -> bool {
+    config.server.scheduler == crate::config::Scheduler::PerThread && serving_threads(config) > 1
+}
+
+/// How many threads serve the front listeners: `[server] threads`, else one per CPU corral
+/// may run on.
+pub fn serving_threads(config: &Config) -> usize {
+    config.server.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n as usize,
+    )
+}
+
+/// A front listener's socket as it is served.
+#[derive(Debug)]
+enum Sockets {
+    /// Registered with the one multi-threaded runtime (`scheduler = "work-stealing"`).
+    Shared(Arc<Listener>),
+    /// Out of every runtime; each serving thread accepts on a duplicate of its own.
+    Parked(Arc<Parked>),
+}
+
 /// One front listener being served.
 #[derive(Debug)]
 struct RunningListener {
     config: ListenerConfig,
-    listener: Arc<Listener>,
+    listener: Sockets,
     /// Stops its accept loop and drains its connections (a child of the shutdown token).
     stop: CancellationToken,
 }
@@ -317,22 +351,72 @@ struct Serving {
     shutdown: CancellationToken,
     worker_nofile: Option<u64>,
     notifier: Arc<crate::systemd::Notifier>,
+    /// The serving threads (`scheduler = "per-thread"`); dropped last, after the pools.
+    shards: Option<Shards>,
 }
 
 impl Serving {
-    fn start_listener(&mut self, listener: Arc<Listener>, config: ListenerConfig) {
+    /// `listener` as this scheduler serves it.
+    fn sockets(
+        &self,
+        listener: Listener,
+        config: &ListenerConfig,
+    ) -> Result<Sockets, StartupError> {
+        match self.shards {
+            None => Ok(Sockets::Shared(Arc::new(listener))),
+            Some(ref shards) => listener
+                .park(shards.len(), config.backlog)
+                .map(|p| Sockets::Parked(Arc::new(p)))
+                .map_err(|source| StartupError::Listen {
+                    address: config.bind.address().to_string(),
+                    source,
+                }),
+        }
+    }
+
+    fn start_listener(&mut self, listener: Sockets, config: ListenerConfig) {
         let stop = self.shutdown.child_token();
         let index = self.next_listener;
         self.next_listener += 1;
-        self.accepting.spawn(accept_loop(
-            Arc::clone(&listener),
-            config.clone(),
-            index,
-            Arc::clone(&self.admission),
-            Arc::clone(&self.gateway),
-            self.connections.clone(),
-            stop.clone(),
-        ));
+        let accept = |listener: Arc<Listener>, announce: bool| {
+            accept_loop(
+                listener,
+                config.clone(),
+                index,
+                Arc::clone(&self.admission),
+                Arc::clone(&self.gateway),
+                self.connections.clone(),
+                stop.clone(),
+                announce,
+            )
+        };
+        match (&listener, &self.shards) {
+            (Sockets::Shared(l), _) => {
+                self.accepting.spawn(accept(Arc::clone(l), true));
+            }
+            (Sockets::Parked(parked), Some(shards)) => {
+                for (i, handle) in shards.handles().iter().enumerate() {
+                    // The duplicate is registered with that thread's runtime.
+                    let registered = {
+                        let _entered = handle.enter();
+                        parked.register(i)
+                    };
+                    match registered {
+                        Ok(l) => {
+                            handle.spawn(self.accepting.track_future(accept(Arc::new(l), i == 0)));
+                        }
+                        Err(e) => tracing::error!(
+                            listener = %config.bind.address(),
+                            thread = i,
+                            error = %e,
+                            "a serving thread cannot accept on this listener; the others do"
+                        ),
+                    }
+                }
+            }
+            // `sockets` parks a listener only when there are serving threads.
+            (Sockets::Parked(_), None) => {}
+        }
         self.listeners.push(RunningListener {
             config,
             listener,
@@ -387,12 +471,13 @@ impl Serving {
             {
                 continue;
             }
-            let listener =
-                Listener::bind(&l.bind, l.backlog).map_err(|source| StartupError::Listen {
+            let listener = Listener::bind_with(&l.bind, l.backlog, self.shards.is_some()).map_err(
+                |source| StartupError::Listen {
                     address: address.to_string(),
                     source,
-                })?;
-            added.push((Arc::new(listener), l.clone()));
+                },
+            )?;
+            added.push((self.sockets(listener, l)?, l.clone()));
         }
         // New before old: the new pools' workers start, and the switch waits for each
         // pool's `min` to be ready (bounded by its start_timeout).
@@ -593,6 +678,10 @@ async fn notify_loop(
     }
 }
 
+/// Accepts on `listener` until `shutdown`, serving each client in a task of the runtime it
+/// runs in. `announce`: log the "listening" line (once per listener, whatever the number of
+/// serving threads accepting on it).
+#[allow(clippy::too_many_arguments)]
 async fn accept_loop(
     listener: Arc<Listener>,
     config: ListenerConfig,
@@ -601,6 +690,7 @@ async fn accept_loop(
     gateway: Arc<Gateway>,
     connections: TaskTracker,
     shutdown: CancellationToken,
+    announce: bool,
 ) {
     let address = config.bind.address();
     let local = match &*listener {
@@ -612,7 +702,9 @@ async fn accept_loop(
     let bound_address = listener
         .local_address()
         .map_or_else(|_| address.to_string(), |a| a.to_string());
-    tracing::info!(listener = %bound_address, protocol = ?config.protocol, "listening");
+    if announce {
+        tracing::info!(listener = %bound_address, protocol = ?config.protocol, "listening");
+    }
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

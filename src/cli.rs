@@ -280,16 +280,23 @@ fn serve(config: &Config, path: Option<PathBuf>) -> Result<(), Error> {
     // could open descriptors or the runtime starts.
     let inherited = crate::systemd::listen_fds();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = config.server.threads {
-        builder.worker_threads(n as usize);
+    let threads = crate::app::serving_threads(config);
+    match config.server.scheduler {
+        // The serving threads are started by `app::run`; this runtime only carries the
+        // control plane (drivers, reloads, signals, status).
+        config::Scheduler::PerThread => {
+            builder.worker_threads(1);
+            tracing::info!(threads, scheduler = "per-thread", "serving threads");
+        }
+        config::Scheduler::WorkStealing => {
+            builder.worker_threads(threads);
+            tracing::info!(
+                threads,
+                scheduler = "work-stealing",
+                "runtime worker threads"
+            );
+        }
     }
-    tracing::info!(
-        threads = config.server.threads.map_or_else(
-            || std::thread::available_parallelism().map_or(1, |n| n.get()),
-            |n| n as usize
-        ),
-        "runtime worker threads"
-    );
     let runtime = builder.enable_all().build().map_err(|source| Error::Io {
         what: "start the runtime".to_owned(),
         source,

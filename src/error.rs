@@ -95,6 +95,9 @@ pub enum StartupError {
         /// The operating system's reason.
         source: io::Error,
     },
+    /// The serving threads (`scheduler = "per-thread"`) could not be started.
+    #[error("cannot start the serving threads: {0}")]
+    ServingThreads(io::Error),
     /// The status listener could not be bound.
     #[error("cannot listen for status on {address}: {source}")]
     StatusListen {

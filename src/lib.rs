@@ -22,6 +22,7 @@ pub mod pool;
 pub mod process;
 pub mod router;
 pub mod runtime_dir;
+pub mod shards;
 pub mod signals;
 pub mod status;
 pub mod systemd;

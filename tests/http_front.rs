@@ -677,34 +677,138 @@ fn an_early_error_answer_reaches_a_client_still_uploading() {
     }
 }
 
-/// `[server] threads` sets how many runtime worker threads serve: counted in /proc while one
-/// thread serves a PHP request, and the log says the number.
+/// Threads of process `pid` whose name is `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == name)
+        })
+        .count()
+}
+
+/// Sockets listening on 127.0.0.1:`port`, from /proc/net/tcp (state 0A).
+fn listening_sockets(port: u16) -> usize {
+    let local = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")
+        })
+        .count()
+}
+
+/// `[server] threads` and `scheduler`: with `work-stealing` the number is the runtime's worker
+/// threads; with `per-thread` it is the serving threads, each with a TCP socket of
+/// its own on the port (SO_REUSEPORT), beside one runtime thread for the control plane.
+/// Counted in /proc while corral serves a PHP request; the log says the number.
 #[test]
-fn the_threads_setting_sets_the_runtime_worker_threads() {
+fn the_threads_setting_sets_the_serving_threads() {
     let dir = peers::shared_dir();
     php_site(dir.path());
     let php = peers::php_cgi(dir.path());
-    for threads in [1usize, 3] {
+    for (scheduler, threads) in [
+        ("work-stealing", 1usize),
+        ("work-stealing", 3),
+        ("per-thread", 1),
+        ("per-thread", 3),
+    ] {
         let text = config(
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
         )
-        .replacen("[server]\n", &format!("[server]\nthreads = {threads}\n"), 1);
+        .replacen(
+            "[server]\n",
+            &format!("[server]\nthreads = {threads}\nscheduler = \"{scheduler}\"\n"),
+            1,
+        );
         let corral = Corral::start(&text, 1);
-        let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
-        assert_eq!(r.status, 200, "{}", corral.log());
-        let workers = std::fs::read_dir(format!("/proc/{}/task", corral.pid()))
-            .unwrap()
-            .filter(|t| {
-                let comm = t.as_ref().unwrap().path().join("comm");
-                std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "tokio-rt-worker")
-            })
-            .count();
-        assert_eq!(workers, threads, "{}", corral.log());
+        // Several connections, so that every serving thread's socket may get some.
+        for _ in 0..8 {
+            let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
+            assert_eq!(r.status, 200, "{}", corral.log());
+            assert_eq!(r.body, b"Hello t via CGI/1.1", "{}", corral.log());
+        }
+        let (rt, serving, sockets) = match scheduler {
+            "work-stealing" => (threads, 0, 1),
+            _ => (1, threads, threads),
+        };
+        let what = format!("{scheduler}, threads = {threads}");
+        assert_eq!(
+            threads_named(corral.pid(), "tokio-rt-worker"),
+            rt,
+            "{what}: {}",
+            corral.log()
+        );
+        let named = (0..threads)
+            .map(|i| threads_named(corral.pid(), &format!("corral-serve-{i}")))
+            .sum::<usize>();
+        assert_eq!(named, serving, "{what}: {}", corral.log());
+        assert_eq!(
+            listening_sockets(corral.http_addr().port()),
+            sockets,
+            "{what}: {}",
+            corral.log()
+        );
         assert!(
-            corral.wait_log(&format!("threads={threads}")),
-            "{}",
+            corral.wait_log(&format!("threads={threads} scheduler=\"{scheduler}\"")),
+            "{what}: {}",
             corral.log()
         );
     }
+}
+
+/// With `per-thread` the TCP sockets share their port by SO_REUSEPORT, which would let a second
+/// corral (same user) bind the same port and silently take half of its connections. It must
+/// fail to start instead, as it does without SO_REUSEPORT.
+#[test]
+fn a_second_corral_on_a_taken_port_refuses_to_start() {
+    let text = |port: u16| {
+        config("servers = [\"127.0.0.1:9\"]", "")
+            .replacen(
+                "[server]\n",
+                "[server]\nthreads = 2\nscheduler = \"per-thread\"\n",
+                1,
+            )
+            .replacen("127.0.0.1:0", &format!("127.0.0.1:{port}"), 1)
+    };
+    let first = Corral::start(&text(0), 1);
+    let port = first.http_addr().port();
+    let file = support::config_file(&text(port));
+    let mut second = std::process::Command::new(support::CORRAL)
+        .args(["run", "-c"])
+        .arg(file.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut tries = 0;
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        tries += 1;
+        if tries > 400 {
+            let _ = second.kill();
+            panic!("a second corral started on port {port}, which the first one holds");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert_eq!(
+        listening_sockets(port),
+        2,
+        "the first corral's sockets are all there"
+    );
 }

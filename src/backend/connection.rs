@@ -26,6 +26,8 @@ pub struct BackendConnection {
     address: BackendAddress,
     served: u64,
     home: Option<Connections>,
+    /// The serving thread whose runtime the stream is registered with (`crate::shards`).
+    shard: Option<usize>,
 }
 
 impl BackendConnection {
@@ -47,6 +49,7 @@ impl BackendConnection {
             address: address.clone(),
             served: 0,
             home: None,
+            shard: crate::shards::current(),
         })
     }
 
@@ -57,6 +60,7 @@ impl BackendConnection {
             address,
             served: 0,
             home: None,
+            shard: crate::shards::current(),
         }
     }
 
@@ -201,7 +205,17 @@ impl Connections {
         }
     }
 
+    /// The newest idle connection to `address` made on the caller's serving thread, else the
+    /// newest of any thread's: one made on another thread still works (its readiness comes
+    /// through that thread's runtime), and a worker that takes one connection at a time
+    /// (php-cgi) could not accept a new one while it waits on the idle one.
     fn pop(&self, address: &BackendAddress) -> Option<BackendConnection> {
-        self.inner.lock().ok()?.stack(address)?.pop()
+        let mut idle = self.inner.lock().ok()?;
+        let stack = idle.stack(address)?;
+        let here = crate::shards::current();
+        match stack.iter().rposition(|c| c.shard == here) {
+            Some(i) => Some(stack.remove(i)),
+            None => stack.pop(),
+        }
     }
 }

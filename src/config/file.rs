@@ -15,7 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::diagnostic::ConfigError;
-use super::{AccessFormat, BackendProtocol, ForwardedHeader, FrontProtocol, LogLevel};
+use super::{AccessFormat, BackendProtocol, ForwardedHeader, FrontProtocol, LogLevel, Scheduler};
 
 /// A list whose items each keep their span, and which keeps its own.
 pub type SpannedList = Spanned<Vec<Spanned<String>>>;
@@ -67,6 +67,7 @@ pub struct FileServer {
     pub spool_budget: Option<Spanned<SizeText>>,
     pub max_connections: Option<Spanned<u32>>,
     pub threads: Option<Spanned<u32>>,
+    pub scheduler: Option<Scheduler>,
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,

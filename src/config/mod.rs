@@ -102,6 +102,8 @@ pub struct ServerConfig {
     /// Runtime worker threads (`threads`); none = one per CPU corral may run on. Read at
     /// start only.
     pub threads: Option<u32>,
+    /// How the serving threads share the work (`scheduler`). Read at start only.
+    pub scheduler: Scheduler,
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
     /// `idle_timeout`, `body_timeout`, `send_timeout`).
     pub front_timeouts: FrontTimeouts,
@@ -167,6 +169,19 @@ impl Default for FrontTimeouts {
 
 /// `spool_budget` when `[server]` sets none: 4 GiB.
 pub const DEFAULT_SPOOL_BUDGET: u64 = 4 << 30;
+
+/// `server.scheduler`: how front connections are spread over the serving threads
+/// (ARCHITECTURE.md, "Serving threads").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheduler {
+    /// Each serving thread runs its own single-threaded runtime and accepts on its own copy
+    /// of every listener; a connection stays on the thread that accepted it.
+    PerThread,
+    /// One multi-threaded runtime whose threads steal each other's tasks.
+    #[default]
+    WorkStealing,
+}
 
 /// `server.log_level`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

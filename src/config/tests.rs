@@ -725,6 +725,12 @@ command = ["php-cgi"]
     expect_error(threads, "0\n", "threads must be from 1 to 1024");
     let two = ok(&format!("[server]\nthreads = 2\n{MINIMAL}"));
     assert_eq!(two.server.threads, Some(2));
+    let per = ok(&format!("[server]\nscheduler = \"per-thread\"\n{MINIMAL}"));
+    assert_eq!(per.server.scheduler, crate::config::Scheduler::PerThread);
+    let stealing = ok(&format!("[server]\nscheduler = \"work-stealing\"\n{MINIMAL}"));
+    assert_eq!(stealing.server.scheduler, crate::config::Scheduler::WorkStealing);
+    let bad = format!("[server]\nscheduler = \"fibers\"\n{MINIMAL}");
+    expect_error(&bad, "\"fibers\"", "unknown variant");
     expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");
     expect_error(src, "\"soon\"", "is not valid");
     expect_error(src, "\"0ms\"", "body_timeout must be greater than zero");

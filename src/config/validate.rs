@@ -254,6 +254,7 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
             }
             t => t.map(|t| *t.get_ref()),
         },
+        scheduler: s.and_then(|s| s.scheduler).unwrap_or_default(),
         front_timeouts: front_timeouts(
             e,
             FrontTimeouts::default(),

@@ -34,10 +34,85 @@ pub enum Listener {
         listener: UnixListener,
         /// Its path.
         path: PathBuf,
-        /// Whether corral made the socket file (and so removes it); an inherited socket's
-        /// file belongs to whoever bound it (systemd keeps it across corral's restarts).
-        owned: bool,
+        /// Removes the socket file when dropped, if corral made it; an inherited socket's
+        /// file belongs to whoever bound it (systemd keeps it across corral's restarts), and
+        /// a serving thread's copy leaves it to the original.
+        file: SocketFile,
     },
+}
+
+/// A Unix socket's file, removed when this is dropped if corral made it.
+#[derive(Debug)]
+pub struct SocketFile(Option<PathBuf>);
+
+impl SocketFile {
+    fn owned(path: &Path) -> SocketFile {
+        SocketFile(Some(path.to_path_buf()))
+    }
+
+    fn not_owned() -> SocketFile {
+        SocketFile(None)
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A bound listener taken out of every runtime (per-thread serving, `crate::shards`): it
+/// keeps the socket (and, for Unix, the file's removal) while each serving thread accepts on
+/// a duplicate registered with its own runtime ([`Parked::register`]). Not registered
+/// anywhere itself, so no thread is woken for it when a client connects.
+#[derive(Debug)]
+pub enum Parked {
+    /// TCP, with its allow-list.
+    Tcp {
+        /// The sockets: one per serving thread when they share the port by SO_REUSEPORT
+        /// (the kernel spreads connections over their queues), else the one socket.
+        listeners: Vec<std::net::TcpListener>,
+        /// Allowed client networks; empty allows every client.
+        allow: Vec<Cidr>,
+    },
+    /// Unix.
+    Unix {
+        /// The socket.
+        listener: std::os::unix::net::UnixListener,
+        /// Its path.
+        path: PathBuf,
+        /// As [`Listener::Unix`]'s.
+        file: SocketFile,
+    },
+}
+
+impl Parked {
+    /// For serving thread `thread`, a duplicate of its socket as a listener of the runtime
+    /// the caller runs in (that thread's). Threads without a socket of their own share one
+    /// queue. Must be called inside a runtime.
+    pub fn register(&self, thread: usize) -> io::Result<Listener> {
+        match self {
+            Parked::Tcp { listeners, allow } => Ok(Listener::Tcp {
+                listener: TcpListener::from_std(listeners[thread % listeners.len()].try_clone()?)?,
+                allow: allow.clone(),
+            }),
+            Parked::Unix { listener, path, .. } => Ok(Listener::Unix {
+                listener: UnixListener::from_std(listener.try_clone()?)?,
+                path: path.clone(),
+                file: SocketFile::not_owned(),
+            }),
+        }
+    }
+
+    /// As [`Listener::local_address`].
+    pub fn local_address(&self) -> io::Result<ListenAddress> {
+        match self {
+            Parked::Tcp { listeners, .. } => Ok(ListenAddress::Tcp(listeners[0].local_addr()?)),
+            Parked::Unix { path, .. } => Ok(ListenAddress::Unix(path.clone())),
+        }
+    }
 }
 
 /// The client's address as a front listener sees it, for REMOTE_ADDR and REMOTE_PORT.
@@ -53,6 +128,14 @@ impl Listener {
     /// Binds a configured listener with its backlog. Unix sockets get their mode and
     /// owner; TCP sockets keep their allow-list.
     pub fn bind(bind: &Bind, backlog: u32) -> io::Result<Listener> {
+        Listener::bind_with(bind, backlog, false)
+    }
+
+    /// As [`Listener::bind`]; `reuse_port` binds a TCP socket with SO_REUSEPORT, so that
+    /// [`Listener::park`] can give each serving thread a socket of its own on the same port.
+    /// The port must still be free: another process listening there (even one with
+    /// SO_REUSEPORT, which would otherwise share it silently) is an error, as without it.
+    pub fn bind_with(bind: &Bind, backlog: u32, reuse_port: bool) -> io::Result<Listener> {
         match bind {
             Bind::Tcp { addr: a, allow } => {
                 let socket = match a {
@@ -60,6 +143,18 @@ impl Listener {
                     SocketAddr::V6(_) => TcpSocket::new_v6()?,
                 };
                 socket.set_reuseaddr(true)?;
+                if reuse_port {
+                    if a.port() != 0 {
+                        // A plain bind fails on a port anyone holds, SO_REUSEPORT or not.
+                        let probe = match a {
+                            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+                        };
+                        probe.set_reuseaddr(true)?;
+                        probe.bind(*a)?;
+                    }
+                    socket.set_reuseport(true)?;
+                }
                 socket.bind(*a)?;
                 Ok(Listener::Tcp {
                     listener: socket.listen(backlog)?,
@@ -73,7 +168,7 @@ impl Listener {
                 Ok(Listener::Unix {
                     listener,
                     path: path.clone(),
-                    owned: true,
+                    file: SocketFile::owned(path),
                 })
             }
         }
@@ -104,7 +199,43 @@ impl Listener {
                 Ok(Listener::Unix {
                     listener: UnixListener::from_std(l)?,
                     path,
-                    owned: false,
+                    file: SocketFile::not_owned(),
+                })
+            }
+        }
+    }
+
+    /// The socket out of the runtime it was registered with, for `threads` serving threads
+    /// to accept on duplicates of ([`Parked`]). A TCP socket bound with SO_REUSEPORT
+    /// ([`Listener::bind_with`]) gets a sibling per further thread, listening with `backlog`.
+    pub fn park(self, threads: usize, backlog: u32) -> io::Result<Parked> {
+        match self {
+            Listener::Tcp { listener, allow } => {
+                let first = listener.into_std()?;
+                first.set_nonblocking(true)?;
+                let shared =
+                    nix::sys::socket::getsockopt(&first, nix::sys::socket::sockopt::ReusePort)
+                        .map_err(io::Error::from)?;
+                let mut listeners = vec![first];
+                if shared {
+                    let addr = listeners[0].local_addr()?;
+                    for _ in 1..threads {
+                        listeners.push(reuse_port_sibling(addr, backlog)?);
+                    }
+                }
+                Ok(Parked::Tcp { listeners, allow })
+            }
+            Listener::Unix {
+                listener,
+                path,
+                file,
+            } => {
+                let listener = listener.into_std()?;
+                listener.set_nonblocking(true)?;
+                Ok(Parked::Unix {
+                    listener,
+                    path,
+                    file,
                 })
             }
         }
@@ -143,15 +274,19 @@ impl Listener {
     }
 }
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix {
-            path, owned: true, ..
-        } = self
-        {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+/// Another listening socket on `addr`, bound with SO_REUSEPORT as the first one was, taken
+/// out of the runtime the caller runs in at once.
+fn reuse_port_sibling(addr: SocketAddr, backlog: u32) -> io::Result<std::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(backlog)?.into_std()?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 /// Gives a Unix socket file its configured mode, owner and group (names are looked up in the
