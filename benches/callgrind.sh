@@ -8,7 +8,7 @@
 #          keep   nginx fastcgi_keep_conn -> corral fastcgi listener
 #          http   ab -k -> corral http listener
 # Usage: bash benches/callgrind.sh [PATH] [N1] [N2]   (defaults: plain 1000 3000; ACCESS=1
-# turns the access log on; CORRAL names the binary, default the release build; the last
+# turns the access log on; SCHED sets `[server] scheduler`; CORRAL names the binary, default the release build; the last
 # run's profile is left in $OUT_DIR (default /tmp) as callgrind.out.corral for
 # callgrind_annotate). Needs valgrind, nginx and ab.
 set -euo pipefail
@@ -28,6 +28,8 @@ total() { # N -> Ir of one callgrind run serving N requests
   s=$(mktemp -d /tmp/corral-cg.XXXXXX)
   chmod 755 "$s"
   [ -n "${ACCESS:-}" ] && log_line="access_log = \"$s/access.log\""
+  [ -n "${SCHED:-}" ] && log_line="$log_line
+scheduler = \"$SCHED\""
   "$CORRAL" null-backend --protocol fastcgi --listen "unix:$s/null.sock" > /dev/null & pids+=($!)
   for _ in $(seq 100); do [ -S "$s/null.sock" ] && break; sleep 0.05; done
   chmod 666 "$s/null.sock"

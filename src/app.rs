@@ -204,6 +204,7 @@ pub async fn run(
         worker_nofile,
         notifier: Arc::clone(&notifier),
         shards,
+        next_queue: 0,
     };
     for bound in listeners {
         let sockets = serving.sockets(bound.listener, &bound.config)?;
@@ -323,8 +324,14 @@ pub fn serving_threads(config: &Config) -> usize {
 enum Sockets {
     /// Registered with the one multi-threaded runtime (`scheduler = "work-stealing"`).
     Shared(Arc<Listener>),
-    /// Out of every runtime; each serving thread accepts on a duplicate of its own.
-    Parked(Arc<Parked>),
+    /// Out of every runtime (`parked`, which keeps the sockets); each accept queue is served
+    /// by one serving thread, through a duplicate registered with that thread's runtime.
+    Parked {
+        /// Held for its sockets (and a Unix socket file's removal); never read.
+        _parked: Arc<Parked>,
+        /// (serving thread, its listener), one per accept queue.
+        queues: Vec<(usize, Arc<Listener>)>,
+    },
 }
 
 /// One front listener being served.
@@ -353,25 +360,46 @@ struct Serving {
     notifier: Arc<crate::systemd::Notifier>,
     /// The serving threads (`scheduler = "per-thread"`); dropped last, after the pools.
     shards: Option<Shards>,
+    /// Where the next listener's first accept queue goes (`sockets`).
+    next_queue: usize,
 }
 
 impl Serving {
-    /// `listener` as this scheduler serves it.
+    /// `listener` as this scheduler serves it. With serving threads each accept queue is
+    /// given to one of them: a queue two threads waited on would wake both for every
+    /// connection (one of them for nothing), which on a Unix socket that a front server opens
+    /// per request costs more than the second thread gains. Listeners with one queue are
+    /// spread over the threads in turn.
     fn sockets(
-        &self,
+        &mut self,
         listener: Listener,
         config: &ListenerConfig,
     ) -> Result<Sockets, StartupError> {
-        match self.shards {
-            None => Ok(Sockets::Shared(Arc::new(listener))),
-            Some(ref shards) => listener
-                .park(shards.len(), config.backlog)
-                .map(|p| Sockets::Parked(Arc::new(p)))
-                .map_err(|source| StartupError::Listen {
-                    address: config.bind.address().to_string(),
-                    source,
-                }),
+        let Some(shards) = &self.shards else {
+            return Ok(Sockets::Shared(Arc::new(listener)));
+        };
+        let failed = |source| StartupError::Listen {
+            address: config.bind.address().to_string(),
+            source,
+        };
+        let parked = listener
+            .park(shards.len(), config.backlog)
+            .map_err(failed)?;
+        let handles = shards.handles();
+        let mut queues = Vec::with_capacity(parked.queues());
+        for queue in 0..parked.queues() {
+            let thread = (self.next_queue + queue) % handles.len();
+            let Some(handle) = handles.get(thread) else {
+                continue;
+            };
+            let _entered = handle.enter();
+            queues.push((thread, Arc::new(parked.register(queue).map_err(failed)?)));
         }
+        self.next_queue += 1;
+        Ok(Sockets::Parked {
+            _parked: Arc::new(parked),
+            queues,
+        })
     }
 
     fn start_listener(&mut self, listener: Sockets, config: ListenerConfig) {
@@ -394,28 +422,15 @@ impl Serving {
             (Sockets::Shared(l), _) => {
                 self.accepting.spawn(accept(Arc::clone(l), true));
             }
-            (Sockets::Parked(parked), Some(shards)) => {
-                for (i, handle) in shards.handles().iter().enumerate() {
-                    // The duplicate is registered with that thread's runtime.
-                    let registered = {
-                        let _entered = handle.enter();
-                        parked.register(i)
-                    };
-                    match registered {
-                        Ok(l) => {
-                            handle.spawn(self.accepting.track_future(accept(Arc::new(l), i == 0)));
-                        }
-                        Err(e) => tracing::error!(
-                            listener = %config.bind.address(),
-                            thread = i,
-                            error = %e,
-                            "a serving thread cannot accept on this listener; the others do"
-                        ),
+            (Sockets::Parked { queues, .. }, Some(shards)) => {
+                for (n, (thread, l)) in queues.iter().enumerate() {
+                    if let Some(handle) = shards.handles().get(*thread) {
+                        handle.spawn(self.accepting.track_future(accept(Arc::clone(l), n == 0)));
                     }
                 }
             }
             // `sockets` parks a listener only when there are serving threads.
-            (Sockets::Parked(_), None) => {}
+            (Sockets::Parked { .. }, None) => {}
         }
         self.listeners.push(RunningListener {
             config,
@@ -548,6 +563,9 @@ fn warn_restart_only(old: &Config, new: &Config) {
     }
     if o.threads != n.threads {
         differ.push("server.threads");
+    }
+    if o.scheduler != n.scheduler {
+        differ.push("server.scheduler");
     }
     if o.spool_budget != n.spool_budget {
         differ.push("server.spool_budget");

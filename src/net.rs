@@ -46,6 +46,19 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// The same connection registered with the runtime the caller runs in instead of the one
+    /// it was made in: a backend connection one serving thread made and another one reuses
+    /// (`crate::shards`) would otherwise have its every readiness event delivered by the
+    /// first thread, which then has to wake the second. Two `epoll_ctl` calls, once per move.
+    pub fn reregister(self) -> io::Result<Stream> {
+        match self {
+            Stream::Tcp(s) => Ok(Stream::Tcp(TcpStream::from_std(s.into_std()?)?)),
+            Stream::Unix(s) => Ok(Stream::Unix(UnixStream::from_std(s.into_std()?)?)),
+        }
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,

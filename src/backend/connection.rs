@@ -154,13 +154,32 @@ impl Connections {
         connect_timeout: Duration,
     ) -> Result<BackendConnection, BackendError> {
         while let Some(conn) = self.pop(address) {
-            if conn.is_quiet() {
+            if !conn.is_quiet() {
+                tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed");
+                continue;
+            }
+            let here = crate::shards::current();
+            if conn.shard == here {
                 return Ok(BackendConnection {
                     home: Some(self.clone()),
                     ..conn
                 });
             }
-            tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed");
+            // Made on another serving thread: moved to this one's runtime.
+            match conn.stream.reregister() {
+                Ok(stream) => {
+                    return Ok(BackendConnection {
+                        stream,
+                        home: Some(self.clone()),
+                        shard: here,
+                        address: conn.address,
+                        served: conn.served,
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(backend = %address, error = %e, "dropping an idle backend connection that cannot move to this thread");
+                }
+            }
         }
         let mut conn = BackendConnection::connect(address, connect_timeout).await?;
         conn.home = Some(self.clone());

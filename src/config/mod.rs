@@ -177,9 +177,9 @@ pub const DEFAULT_SPOOL_BUDGET: u64 = 4 << 30;
 pub enum Scheduler {
     /// Each serving thread runs its own single-threaded runtime and accepts on its own copy
     /// of every listener; a connection stays on the thread that accepted it.
+    #[default]
     PerThread,
     /// One multi-threaded runtime whose threads steal each other's tasks.
-    #[default]
     WorkStealing,
 }
 

@@ -727,8 +727,13 @@ command = ["php-cgi"]
     assert_eq!(two.server.threads, Some(2));
     let per = ok(&format!("[server]\nscheduler = \"per-thread\"\n{MINIMAL}"));
     assert_eq!(per.server.scheduler, crate::config::Scheduler::PerThread);
-    let stealing = ok(&format!("[server]\nscheduler = \"work-stealing\"\n{MINIMAL}"));
-    assert_eq!(stealing.server.scheduler, crate::config::Scheduler::WorkStealing);
+    let stealing = ok(&format!(
+        "[server]\nscheduler = \"work-stealing\"\n{MINIMAL}"
+    ));
+    assert_eq!(
+        stealing.server.scheduler,
+        crate::config::Scheduler::WorkStealing
+    );
     let bad = format!("[server]\nscheduler = \"fibers\"\n{MINIMAL}");
     expect_error(&bad, "\"fibers\"", "unknown variant");
     expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");

@@ -89,15 +89,28 @@ pub enum Parked {
 }
 
 impl Parked {
-    /// For serving thread `thread`, a duplicate of its socket as a listener of the runtime
-    /// the caller runs in (that thread's). Threads without a socket of their own share one
-    /// queue. Must be called inside a runtime.
-    pub fn register(&self, thread: usize) -> io::Result<Listener> {
+    /// How many accept queues the listener has: one per serving thread for a TCP listener
+    /// bound with SO_REUSEPORT, else one.
+    pub fn queues(&self) -> usize {
         match self {
-            Parked::Tcp { listeners, allow } => Ok(Listener::Tcp {
-                listener: TcpListener::from_std(listeners[thread % listeners.len()].try_clone()?)?,
-                allow: allow.clone(),
-            }),
+            Parked::Tcp { listeners, .. } => listeners.len(),
+            Parked::Unix { .. } => 1,
+        }
+    }
+
+    /// Queue `queue` (below [`Parked::queues`]) as a listener of the runtime the caller runs
+    /// in: a duplicate of its socket. Must be called inside a runtime.
+    pub fn register(&self, queue: usize) -> io::Result<Listener> {
+        match self {
+            Parked::Tcp { listeners, allow } => {
+                let socket = listeners
+                    .get(queue)
+                    .ok_or_else(|| io::Error::other(format!("no accept queue {queue}")))?;
+                Ok(Listener::Tcp {
+                    listener: TcpListener::from_std(socket.try_clone()?)?,
+                    allow: allow.clone(),
+                })
+            }
             Parked::Unix { listener, path, .. } => Ok(Listener::Unix {
                 listener: UnixListener::from_std(listener.try_clone()?)?,
                 path: path.clone(),
