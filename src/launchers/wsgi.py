@@ -295,32 +295,10 @@ def read_request(conn):
     # holds in the text too, and PEP 3333 wants latin-1 native strings.
     text = p.decode("latin-1")
     environ = {}
-    at = REQ_HEADER_LEN
     # The special env (PHP ini settings, suEXEC control) means nothing here: checked, then
     # dropped; the env pairs are the CGI variables.
-    for count, target, what in ((special_count, None, "special env"),
-                                (env_count, environ, "env")):
-        for i in range(count):
-            if at + 4 > length:
-                raise BadRequest("%s pair %d runs past the %d-byte packet" % (what, i, length))
-            klen, vlen = PAIR_LENGTHS(p, at)
-            if not klen or not vlen:
-                raise BadRequest("%s pair %d has a zero length (lengths count the NUL)"
-                                 % (what, i))
-            key_end = at + 3 + klen
-            value_end = key_end + vlen
-            if value_end >= length:
-                raise BadRequest("%s pair %d runs past the %d-byte packet" % (what, i, length))
-            if text[key_end] != "\0" or text[value_end] != "\0":
-                raise BadRequest("%s pair %d is not NUL-terminated" % (what, i))
-            if klen == 1:
-                raise BadRequest("%s pair %d has an empty name" % (what, i))
-            if target is not None:
-                target[text[at + 4:key_end]] = text[key_end + 1:value_end]
-            at = value_end + 1
-        if p[at:at + 4] != b"\0\0\0\0":
-            raise BadRequest("%s list is not ended by four zero bytes" % what)
-        at += 4
+    at = read_pairs(p, text, REQ_HEADER_LEN, special_count, {}, "special env")
+    at = read_pairs(p, text, at, env_count, environ, "env")
     index_at = (at + 7) & ~7
     if p[at:index_at].strip(b"\0"):
         raise BadRequest("padding before the header index is not zero")
@@ -331,14 +309,16 @@ def read_request(conn):
                          % (head_at + header_len, length))
 
     index = order.index.unpack_from(p, index_at)
-    for i in range(N_KNOWN):
-        off = index[N_KNOWN + i]
+    for name, size, off in zip(KNOWN_HEADERS, index, index[N_KNOWN:]):
         if off:
-            size = index[i]
             if off < 0 or off + size > header_len:
-                raise BadRequest("known header %d value at %d, %d bytes, is outside the "
-                                 "%d-byte header block" % (i, off, size, header_len))
-            add_header(environ, KNOWN_HEADERS[i], text[head_at + off:head_at + off + size])
+                raise BadRequest("known header %s value at %d, %d bytes, is outside the "
+                                 "%d-byte header block" % (name, off, size, header_len))
+            at = head_at + off
+            if name in environ:
+                add_header(environ, name, text[at:at + size])
+            else:
+                environ[name] = text[at:at + size]
     if unknown:
         table = struct.unpack_from("%s%di" % (order.e, 4 * unknown), p, table_at)
         for i in range(unknown):
@@ -363,6 +343,42 @@ def read_request(conn):
                              % declared)
         body_len = int(declared)
     return order, environ, body_len
+
+
+def read_pairs(p, text, at, count, into, what):
+    """`count` env pairs from `at` into `into`, then the four-zero-byte terminator; returns
+    the offset after it. Pair lengths are big-endian and count the NUL."""
+    length = len(p)
+    lengths = PAIR_LENGTHS
+    for i in range(count):
+        if at + 4 <= length:
+            klen, vlen = lengths(p, at)
+            key_end = at + 3 + klen
+            value_end = key_end + vlen
+            # One test for the usual pair; pair_fault says what is wrong with another.
+            if (klen > 1 and vlen and value_end < length
+                    and text[key_end] == "\0" and text[value_end] == "\0"):
+                into[text[at + 4:key_end]] = text[key_end + 1:value_end]
+                at = value_end + 1
+                continue
+        raise BadRequest(pair_fault(p, text, at, what, i))
+    if p[at:at + 4] != b"\0\0\0\0":
+        raise BadRequest("%s list is not ended by four zero bytes" % what)
+    return at + 4
+
+
+def pair_fault(p, text, at, what, i):
+    length = len(p)
+    if at + 4 > length:
+        return "%s pair %d runs past the %d-byte packet" % (what, i, length)
+    klen, vlen = PAIR_LENGTHS(p, at)
+    if not klen or not vlen:
+        return "%s pair %d has a zero length (lengths count the NUL)" % (what, i)
+    if at + 3 + klen + vlen >= length:
+        return "%s pair %d runs past the %d-byte packet" % (what, i, length)
+    if klen == 1:
+        return "%s pair %d has an empty name" % (what, i)
+    return "%s pair %d is not NUL-terminated" % (what, i)
 
 
 def add_header(environ, name, value):
