@@ -277,10 +277,10 @@ def read_request(conn):
         p, conn.buf = buf[:length], buf[length:]
     (header_len, body_len, off0, off1, off2, off3, unknown, env_count,
      special_count) = order.fields.unpack_from(p, PACKET_HEADER_LEN)
-    for off in (off0, off1, off2, off3):
-        if not 0 <= off < length:
-            raise BadRequest("a string offset (%d) is outside the %d-byte packet"
-                             % (off, length))
+    if not (0 <= off0 < length and 0 <= off1 < length and 0 <= off2 < length
+            and 0 <= off3 < length):
+        raise BadRequest("a string offset (%d, %d, %d, %d) is outside the %d-byte packet"
+                         % (off0, off1, off2, off3, length))
     if header_len < 0:
         raise BadRequest("m_httpHeaderLen %d is negative" % header_len)
     if body_len < 0 and body_len != BODY_LEN_FROM_CONTENT_LENGTH:
@@ -297,7 +297,10 @@ def read_request(conn):
     environ = {}
     # The special env (PHP ini settings, suEXEC control) means nothing here: checked, then
     # dropped; the env pairs are the CGI variables.
-    at = read_pairs(p, text, REQ_HEADER_LEN, special_count, {}, "special env")
+    if special_count or p[REQ_HEADER_LEN:REQ_HEADER_LEN + 4] != b"\0\0\0\0":
+        at = read_pairs(p, text, REQ_HEADER_LEN, special_count, {}, "special env")
+    else:
+        at = REQ_HEADER_LEN + 4
     at = read_pairs(p, text, at, env_count, environ, "env")
     index_at = (at + 7) & ~7
     if p[at:index_at].strip(b"\0"):
