@@ -489,8 +489,10 @@ class Response:
         self.status = None
         self.code = 0
         self.headers = None
-        # REQ_RECEIVED leads the first write: corral acts on nothing before the response
-        # head, so a separate write would only wake it once more.
+        # REQ_RECEIVED leads the first write rather than going alone: corral takes from it
+        # only that a byte came, so alone it would wake corral once more per request and
+        # end its first_byte_timeout before the app has answered. (A kept connection closed
+        # before any byte then reads to corral as stale, not as a suspect worker.)
         self.out = [order.received]
         self.queued = 0
         # Whether any of RESP_HEADER has been written: until then an error can still be a
