@@ -94,11 +94,17 @@ def write(environ, start_response):
     out(b"written;")
     return [b"returned"]
 
+def sleep(environ, start_response):
+    time.sleep(3)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"slept"]
+
 def boom(environ, start_response):
     raise RuntimeError("kaboom from the test app")
 
 ROUTES = {"/echo": validator(echo), "/stream": validator(stream),
-          "/write": validator(write), "/boom": boom, "/conn": validator(conn)}
+          "/write": validator(write), "/boom": boom, "/conn": validator(conn),
+          "/sleep": sleep}
 
 def application(environ, start_response):
     app = ROUTES.get(environ["PATH_INFO"], validator(show))
@@ -108,6 +114,11 @@ def application(environ, start_response):
 /// A corral with one http listener in front of a one-worker pool running `app` from `dir`,
 /// mounted at `/app` and at the root.
 fn start(dir: &Path, app: &str) -> Corral {
+    start_with(dir, app, "")
+}
+
+/// `start` with `keys` added to the pool.
+fn start_with(dir: &Path, app: &str, keys: &str) -> Corral {
     let config = format!(
         r#"
 [server]
@@ -125,6 +136,7 @@ cwd = "{dir}"
 mode = "static"
 min = 1
 max = 1
+{keys}
 
 [[contexts]]
 prefix = "/app"
@@ -412,6 +424,20 @@ fn sequential_requests_share_one_worker_and_one_kept_connection() {
     );
     assert!(answers.iter().all(|(_, _, c)| *c == 1), "{answers:?}");
     assert!(!corral.log().contains("bad LSAPI"), "{}", corral.log());
+}
+
+#[test]
+fn first_byte_timeout_covers_the_app_until_its_answer() {
+    // The launcher acknowledges a request with the answer's first write, so corral's
+    // first-byte deadline runs while the app does (sent alone, REQ_RECEIVED would end it).
+    let dir = app_dir();
+    let corral = start_with(
+        dir.path(),
+        "wsgi:app:application",
+        "first_byte_timeout = \"1s\"",
+    );
+    let r = http(corral.http_addr(), "GET", "/sleep", &[], b"");
+    assert_eq!(r.status, 504, "{}", corral.log());
 }
 
 /// Polls `check` every 20 ms for up to 5 s.
