@@ -3,8 +3,11 @@
 # the servers people would otherwise deploy (issue 12's targets: Rack >= 1.0x Passenger
 # standalone, WSGI >= 0.8x nginx -> uWSGI), and what does each cost in CPU per request?
 # Prints a Markdown table (req/s, p50, p99, CPU us per request summed over every process of
-# the target) to stdout; with OUT=benches/RESULTS.md it also replaces (or appends) the
-# section between `<!-- launchers.sh -->` markers there, which benches/compare.sh keeps.
+# the target, and that sum split between the server's processes and the app's: corral or
+# nginx or gunicorn's master against the workers, preloader and uWSGI; Passenger's core and
+# watchdog against its RubyApp and AppPreloader) to stdout; with OUT=benches/RESULTS.md it
+# also replaces (or appends) the section between `<!-- launchers.sh -->` markers there,
+# which benches/compare.sh keeps.
 #
 #   rack   P  passenger start --engine builtin, 2 app processes (smart spawning)
 #          C  corral(http) -> Rack launcher, 2 workers (preload = true)
@@ -154,7 +157,7 @@ targets=(
 
 report=$scratch/report.md
 exec 3>&1 1>"$report"
-declare -A reqs secs cpu p50 p99
+declare -A reqs secs cpu appcpu p50 p99
 for round in $(seq "$ROUNDS"); do
   for t in "${targets[@]}"; do
     IFS='|' read -r _ _ key roots <<< "$t"
@@ -165,9 +168,16 @@ for round in $(seq "$ROUNDS"); do
     # Passenger's watchdog daemonizes its core away from `passenger start`: add every
     # process named Passenger* (its watchdog, core, preloader and app processes).
     [ "$key" != passenger ] || mapfile -t -O "${#all[@]}" all < <(pgrep -f '^Passenger' || true)
-    before=$(ticks "${all[@]}")
+    # The app's processes: the workers (and preloader) under corral or gunicorn's master,
+    # uWSGI's whole tree behind nginx, Passenger's app and preloader processes.
+    case $key in
+      passenger) mapfile -t app < <(pgrep -f '^Passenger (RubyApp|AppPreloader)' || true) ;;
+      uwsgi) mapfile -t app < <(descendants "$root_uwsgi") ;;
+      *) mapfile -t app < <(descendants "${roots%% *}" | tail -n +2) ;;
+    esac
+    before=$(ticks "${all[@]}"); app_before=$(ticks "${app[@]}")
     out=$(wrk -t1 -c"$CONNS" -d"$DUR" --latency "$url")
-    after=$(ticks "${all[@]}")
+    after=$(ticks "${all[@]}"); app_after=$(ticks "${app[@]}")
     n=$(awk '/requests in/ {print $1}' <<< "$out")
     s=$(awk '/requests in/ {sub(/s,$/, "", $4); print $4}' <<< "$out")
     errors=$(awk '/Non-2xx|Socket errors/' <<< "$out")
@@ -175,19 +185,22 @@ for round in $(seq "$ROUNDS"); do
     reqs[$key]=$(( ${reqs[$key]:-0} + n ))
     secs[$key]=$(awk -v a="${secs[$key]:-0}" -v b="$s" 'BEGIN {print a + b}')
     cpu[$key]=$(( ${cpu[$key]:-0} + after - before ))
+    appcpu[$key]=$(( ${appcpu[$key]:-0} + app_after - app_before ))
     p50[$key]="${p50[$key]:-} $(awk '$1 == "50%" {print $2}' <<< "$out")"
     p99[$key]="${p99[$key]:-} $(awk '$1 == "99%" {print $2}' <<< "$out")"
     echo "round $round $key: $n requests in ${s}s" >&2
   done
 done
 
-echo "| app | target | req/s | p50 (each round) | p99 (each round) | CPU µs/request (all its processes) |"
-echo "| --- | --- | ---: | --- | --- | ---: |"
+echo "| app | target | req/s | p50 (each round) | p99 (each round) | CPU µs/request (all its processes) | server's processes | app's processes |"
+echo "| --- | --- | ---: | --- | --- | ---: | ---: | ---: |"
 for t in "${targets[@]}"; do
   IFS='|' read -r app name key _ <<< "$t"
   rps=$(awk -v n="${reqs[$key]}" -v s="${secs[$key]}" 'BEGIN {printf "%.0f", n / s}')
   us=$(awk -v c="${cpu[$key]}" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
-  echo "| $app | $name | $rps |${p50[$key]} |${p99[$key]} | $us |"
+  app_us=$(awk -v c="${appcpu[$key]}" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
+  server_us=$(awk -v c="$((cpu[$key] - appcpu[$key]))" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
+  echo "| $app | $name | $rps |${p50[$key]} |${p99[$key]} | $us | $server_us | $app_us |"
 done
 ratio() { awk -v a="${reqs[$1]}" -v sa="${secs[$1]}" -v b="${reqs[$2]}" -v sb="${secs[$2]}" 'BEGIN {printf "%.2f", (a / sa) / (b / sb)}'; }
 target() { # $1 ratio, $2 target

@@ -1,17 +1,18 @@
 //! The embedded WSGI launcher behind the real corral binary: a pool with
 //! `app = "wsgi:app:application"` serves a test app (wrapped in `wsgiref.validate` where the
-//! case allows) over SCGI, and the built-in `corral_demo` app answers through
-//! `app = "wsgi:corral_demo:application"`. The recipe conf/wsgi.toml serves
-//! examples/wsgi/hello.py with only its paths and port moved. The launcher alone, on a Unix
-//! listener passed as fd 0 with SCGI bytes written by hand: malformed heads close only their
-//! connection, the CGI answer is exact, PEP 3333's corner cases (exc_info, bad headers, an
-//! error after the head, wsgi.input lines) hold, and SIGTERM or SIGINT finish the request in
-//! progress, then exit 0.
+//! case allows) over LSAPI, one worker answering sequential requests on one kept connection,
+//! and the built-in `corral_demo` app answers through `app = "wsgi:corral_demo:application"`.
+//! The recipe conf/wsgi.toml serves examples/wsgi/hello.py with only its paths and port moved.
+//! The launcher alone, on a Unix listener passed as fd 0, driven with corral's LSAPI codec:
+//! malformed or garbage packets close only their connection, the answer is exact and in each
+//! request's byte order, PEP 3333's corner cases (exc_info, bad headers, an error after the
+//! head, wsgi.input lines, wsgi.file_wrapper) hold, and SIGTERM or SIGINT finish the request
+//! in progress, then exit 0, at once when idle between requests.
 
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -19,6 +20,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::BytesMut;
+use corral::protocols::lsapi::{
+    ByteOrder, FlagRule, RequestBuilder, ResponseDecoder, ResponseEvent,
+};
+use corral::protocols::Limits;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use support::peers::{shared_dir, write_file};
 use support::server::{http, parse_response, Corral};
 
@@ -46,10 +54,20 @@ def echo(environ, start_response):
         digest.update(part)
         parts.append(part)
     body = b"".join(parts)
+    try:
+        getattr(stream, "input", stream).fileno()  # under the validator's wrapper
+        spooled = "file"
+    except (AttributeError, OSError):
+        spooled = "memory"
     start_response("200 OK", [("Content-Type", "application/octet-stream"),
                               ("X-Body-Md5", digest.hexdigest()),
-                              ("X-Content-Length", environ.get("CONTENT_LENGTH", ""))])
+                              ("X-Content-Length", environ.get("CONTENT_LENGTH", "")),
+                              ("X-Body-In", spooled)])
     return [body]
+
+def conn(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"%d %d" % (os.getpid(), environ["corral.connection_requests"])]
 
 class Stream:
     """Yields a chunk, waits until the test creates `go`, yields the rest; close() leaves
@@ -76,11 +94,17 @@ def write(environ, start_response):
     out(b"written;")
     return [b"returned"]
 
+def sleep(environ, start_response):
+    time.sleep(3)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"slept"]
+
 def boom(environ, start_response):
     raise RuntimeError("kaboom from the test app")
 
 ROUTES = {"/echo": validator(echo), "/stream": validator(stream),
-          "/write": validator(write), "/boom": boom}
+          "/write": validator(write), "/boom": boom, "/conn": validator(conn),
+          "/sleep": sleep}
 
 def application(environ, start_response):
     app = ROUTES.get(environ["PATH_INFO"], validator(show))
@@ -90,6 +114,11 @@ def application(environ, start_response):
 /// A corral with one http listener in front of a one-worker pool running `app` from `dir`,
 /// mounted at `/app` and at the root.
 fn start(dir: &Path, app: &str) -> Corral {
+    start_with(dir, app, "")
+}
+
+/// `start` with `keys` added to the pool.
+fn start_with(dir: &Path, app: &str, keys: &str) -> Corral {
     let config = format!(
         r#"
 [server]
@@ -107,6 +136,7 @@ cwd = "{dir}"
 mode = "static"
 min = 1
 max = 1
+{keys}
 
 [[contexts]]
 prefix = "/app"
@@ -191,10 +221,22 @@ fn posted_bodies_arrive_whole_through_wsgi_input() {
     assert_eq!(r.body.len(), big.len());
     assert!(r.body == big, "the echoed 1 MiB body differs");
     assert_eq!(r.header("x-body-md5"), Some(md5sum(&big).as_str()));
+    assert_eq!(r.header("x-body-in"), Some("memory"));
+
+    // 5 MiB: spooled to a temporary file before the app runs, read back whole.
+    let huge: Vec<u8> = (0u32..5 << 20)
+        .map(|i| (i.wrapping_mul(2_246_822_519) >> 24) as u8)
+        .collect();
+    let r = http(addr, "POST", "/echo", &[], &huge);
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.header("x-body-in"), Some("file"));
+    assert_eq!(r.header("x-content-length"), Some("5242880"));
+    assert_eq!(r.header("x-body-md5"), Some(md5sum(&huge).as_str()));
+    assert!(r.body == huge, "the echoed 5 MiB body differs");
 
     // An app that never reads the body still answers whole, and the worker goes on.
-    for _ in 0..3 {
-        let r = http(addr, "POST", "/ignored", &[], &big);
+    for body in [&big, &huge, &big] {
+        let r = http(addr, "POST", "/ignored", &[], body);
         assert_eq!(r.status, 200, "{}", corral.log());
         assert!(r.text().starts_with("method=POST "), "{}", r.text());
     }
@@ -334,6 +376,70 @@ fn the_wsgi_recipe_serves_the_example_app() {
     assert_eq!((r.status, r.text().as_str()), (200, "some text"));
 }
 
+/// Connections to the workers' sockets under `run`, counted from the accepting side
+/// (/proc/net/unix names an accepted socket by its listener's path; state 03 is
+/// connected), so neither corral's nor the launcher's own bookkeeping is trusted.
+fn worker_connections(run: &Path) -> usize {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    let run = run.display().to_string();
+    table
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() == 8 && fields[5] == "03" && fields[7].starts_with(&run)
+        })
+        .count()
+}
+
+#[test]
+fn sequential_requests_share_one_worker_and_one_kept_connection() {
+    let dir = app_dir();
+    let corral = start(dir.path(), "wsgi:app:application");
+    let addr = corral.http_addr();
+    let run = dir.path().join("run");
+    let answers: Vec<(String, u32, usize)> = (0..8)
+        .map(|i| {
+            // Some with a body, so the body's framing is kept too.
+            let r = if i % 2 == 0 {
+                http(addr, "GET", "/conn", &[], b"")
+            } else {
+                http(addr, "POST", "/conn", &[], b"a body the app never reads")
+            };
+            assert_eq!(r.status, 200, "{}", corral.log());
+            let text = r.text();
+            let (pid, n) = text.split_once(' ').unwrap();
+            (pid.to_owned(), n.parse().unwrap(), worker_connections(&run))
+        })
+        .collect();
+    let pid = &answers[0].0;
+    assert!(answers.iter().all(|(p, _, _)| p == pid), "{answers:?}");
+    // Each request is the next one on the same kept LSAPI connection, and that connection
+    // is the only one to the worker once each answer is in.
+    let first = answers[0].1;
+    let counts: Vec<u32> = answers.iter().map(|(_, n, _)| *n).collect();
+    assert_eq!(
+        counts,
+        (first..first + 8).collect::<Vec<_>>(),
+        "{answers:?}"
+    );
+    assert!(answers.iter().all(|(_, _, c)| *c == 1), "{answers:?}");
+    assert!(!corral.log().contains("bad LSAPI"), "{}", corral.log());
+}
+
+#[test]
+fn first_byte_timeout_covers_the_app_until_its_answer() {
+    // The launcher acknowledges a request with the answer's first write, so corral's
+    // first-byte deadline runs while the app does (sent alone, REQ_RECEIVED would end it).
+    let dir = app_dir();
+    let corral = start_with(
+        dir.path(),
+        "wsgi:app:application",
+        "first_byte_timeout = \"1s\"",
+    );
+    let r = http(corral.http_addr(), "GET", "/sleep", &[], b"");
+    assert_eq!(r.status, 504, "{}", corral.log());
+}
+
 /// Polls `check` every 20 ms for up to 5 s.
 fn eventually(mut check: impl FnMut() -> bool) -> bool {
     for _ in 0..250 {
@@ -346,7 +452,7 @@ fn eventually(mut check: impl FnMut() -> bool) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------
-// The launcher alone
+// The launcher alone, with corral's LSAPI codec as the client
 
 /// The app for the direct cases: each path shows one corner of PEP 3333.
 const DIRECT_APP: &str = r#"import os, sys, time
@@ -360,9 +466,12 @@ def text(start_response, body, status="200 OK"):
 def application(environ, start_response):
     path = environ["PATH_INFO"]
     if path == "/env":
-        return text(start_response, "scheme=%s script=%r path=%r length=%r type=%r" % (
+        return text(start_response, "scheme=%s script=%r path=%r length=%r type=%r custom=%r" % (
             environ["wsgi.url_scheme"], environ["SCRIPT_NAME"], environ["PATH_INFO"],
-            environ.get("CONTENT_LENGTH"), environ.get("CONTENT_TYPE")))
+            environ.get("CONTENT_LENGTH"), environ.get("CONTENT_TYPE"),
+            environ.get("HTTP_X_CUSTOM_THING")))
+    if path == "/echo":
+        return text(start_response, environ["wsgi.input"].read().decode("latin-1"))
     if path == "/lines":
         body = environ["wsgi.input"]
         first = body.readline()
@@ -377,6 +486,9 @@ def application(environ, start_response):
             start_response("503 Service Unavailable", [("Content-Type", "text/plain"),
                                                        ("Retry-After", "1")], sys.exc_info())
         return [b"later"]
+    if path == "/reason":
+        start_response("299 Custom Reason", [])
+        return [b"custom"]
     if path == "/bad-header":
         start_response("200 OK", [("X-Bad", "one\r\nX-Injected: two")])
         return [b"never"]
@@ -396,6 +508,9 @@ def application(environ, start_response):
             raise RuntimeError("failed after the head")
         start_response("200 OK", [("Content-Type", "text/plain")])
         return gen()
+    if path == "/file":
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return environ["wsgi.file_wrapper"](open(os.path.join(HERE, "data.bin"), "rb"), 10000)
     if path == "/slow":
         open(os.path.join(HERE, "started"), "w").close()
         for _ in range(1000):
@@ -466,31 +581,25 @@ impl Launcher {
         );
     }
 
-    /// Sends `raw` on a new connection and reads until the launcher closes it.
-    fn exchange(&self, raw: &[u8]) -> String {
-        let mut s = UnixStream::connect(&self.socket).unwrap();
+    fn connect(&self) -> UnixStream {
+        let s = UnixStream::connect(&self.socket).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(raw).unwrap();
-        let mut out = Vec::new();
-        // A reset (the launcher closed with our bytes unread) also ends the answer.
-        let _ = s.read_to_end(&mut out);
-        String::from_utf8(out).unwrap()
+        s
     }
 
-    fn get(&self, path: &str) -> String {
-        self.exchange(&scgi(&[("PATH_INFO", path)], b""))
+    fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
     }
 
-    /// Sends `signal` and waits (10 s at most) for the exit code.
-    fn stop(&mut self, signal: nix::sys::signal::Signal) -> Option<i32> {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    /// Waits (5 s at most) for the exit code.
+    fn exit_code(&mut self) -> Option<i32> {
         let mut status = None;
         assert!(
             eventually(|| {
                 status = self.child.try_wait().unwrap();
                 status.is_some()
             }),
-            "the launcher did not exit on {signal}:\n{}",
+            "the launcher did not exit:\n{}",
             self.stderr()
         );
         status.and_then(|s| s.code())
@@ -504,98 +613,302 @@ impl Drop for Launcher {
     }
 }
 
-/// An SCGI request written the way the SCGI specification lays it out: a netstring whose
-/// payload is NUL-terminated name/value pairs, CONTENT_LENGTH first, SCGI=1, then the body.
-fn scgi(vars: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let length = body.len().to_string();
-    let mut head: Vec<(&str, &str)> = vec![
-        ("CONTENT_LENGTH", &length),
-        ("SCGI", "1"),
-        ("REQUEST_METHOD", "POST"),
+/// A BEGIN_REQUEST as corral writes it for `path` (a POST when there is a body), with
+/// `vars` as further env pairs and `headers` as HTTP headers, integers in `order`, the body
+/// behind it.
+fn request(
+    path: &str,
+    vars: &[(&str, &str)],
+    headers: &[(&str, &str)],
+    body: &[u8],
+    order: ByteOrder,
+) -> Vec<u8> {
+    let method = if body.is_empty() { "GET" } else { "POST" };
+    let line = format!("{method} {path} HTTP/1.1");
+    let mut b = RequestBuilder::new(&Limits::DEFAULT, line.as_bytes())
+        .unwrap()
+        .with_byte_order(order, FlagRule::HOST);
+    let mut env: Vec<(&str, &str)> = vec![
+        ("REQUEST_METHOD", method),
+        ("SCRIPT_NAME", ""),
+        ("SCRIPT_FILENAME", ""),
+        ("PATH_INFO", path),
+        ("QUERY_STRING", ""),
         ("SERVER_NAME", "localhost"),
         ("SERVER_PORT", "80"),
         ("SERVER_PROTOCOL", "HTTP/1.1"),
-        ("SCRIPT_NAME", ""),
-        ("QUERY_STRING", ""),
     ];
-    // A variable in `vars` replaces the default of the same name (SCGI forbids repeats).
-    head.retain(|(name, _)| !vars.iter().any(|(n, _)| n == name));
-    head.extend_from_slice(vars);
-    let mut payload = Vec::new();
-    for (name, value) in head {
-        payload.extend_from_slice(name.as_bytes());
-        payload.push(0);
-        payload.extend_from_slice(value.as_bytes());
-        payload.push(0);
+    // A variable in `vars` replaces the default of the same name.
+    env.retain(|(name, _)| !vars.iter().any(|(n, _)| n == name));
+    env.extend_from_slice(vars);
+    for (name, value) in env {
+        b.env(name.as_bytes(), value.as_bytes()).unwrap();
     }
-    let mut raw = format!("{}:", payload.len()).into_bytes();
-    raw.extend_from_slice(&payload);
-    raw.push(b',');
-    raw.extend_from_slice(body);
-    raw
+    b.header(b"Host", b"localhost").unwrap();
+    for (name, value) in headers {
+        b.header(name.as_bytes(), value.as_bytes()).unwrap();
+    }
+    if !body.is_empty() {
+        b.header(b"Content-Length", body.len().to_string().as_bytes())
+            .unwrap();
+        b.body_len(body.len() as u64);
+    }
+    let mut out = BytesMut::new();
+    b.encode(&mut out).unwrap();
+    out.extend_from_slice(body);
+    out.to_vec()
+}
+
+fn get(path: &str) -> Vec<u8> {
+    request(path, &[], &[], b"", ByteOrder::NATIVE)
+}
+
+/// What one response carried.
+#[derive(Debug)]
+struct Answer {
+    /// The flag byte of every packet.
+    flags: Vec<u8>,
+    events: Vec<ResponseEvent>,
+    status: u16,
+    lines: Vec<String>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads packets until RESP_END, from `buf` first, leaving what follows it there; false when
+/// the connection ends first (with the packets read until then in `partial`).
+fn read_answer_from(s: &mut UnixStream, buf: &mut BytesMut, partial: &mut Answer) -> bool {
+    let mut decoder = ResponseDecoder::new(&Limits::DEFAULT);
+    let mut chunk = [0u8; 65536];
+    loop {
+        if buf.len() >= 4 {
+            let flag = buf[3];
+            if let Some(event) = decoder.decode(buf).unwrap() {
+                partial.flags.push(flag);
+                match &event {
+                    ResponseEvent::Header(head) => {
+                        partial.status = head.status;
+                        partial.lines = head
+                            .lines
+                            .iter()
+                            .map(|l| String::from_utf8_lossy(l).into_owned())
+                            .collect();
+                    }
+                    ResponseEvent::Stream(data) => partial.body.extend_from_slice(data),
+                    _ => {}
+                }
+                let end = event == ResponseEvent::End;
+                partial.events.push(event);
+                if end {
+                    return true;
+                }
+                continue;
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn empty_answer() -> Answer {
+    Answer {
+        flags: Vec::new(),
+        events: Vec::new(),
+        status: 0,
+        lines: Vec::new(),
+        body: Vec::new(),
+    }
+}
+
+/// Reads packets until RESP_END, `partial` holding those read when the connection ends
+/// first; nothing may follow RESP_END, since one request was sent.
+fn try_read_answer(s: &mut UnixStream, partial: &mut Answer) -> bool {
+    let mut buf = BytesMut::new();
+    let ended = read_answer_from(s, &mut buf, partial);
+    assert!(buf.is_empty(), "bytes after RESP_END: {buf:?}");
+    ended
+}
+
+fn read_answer(s: &mut UnixStream) -> Answer {
+    let mut answer = empty_answer();
+    assert!(
+        try_read_answer(s, &mut answer),
+        "connection closed before RESP_END: {answer:?}"
+    );
+    answer
+}
+
+/// One request on a new connection.
+fn exchange(launcher: &Launcher, raw: &[u8]) -> Answer {
+    let mut s = launcher.connect();
+    s.write_all(raw).unwrap();
+    read_answer(&mut s)
+}
+
+/// The connection ends with no answer at all (a close with unread input is a reset).
+fn assert_closed_without_answer(s: &mut UnixStream) {
+    let mut rest = Vec::new();
+    match s.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("reading the answer to a bad request: {e}"),
+    }
+    assert!(rest.is_empty(), "answered a bad request: {rest:?}");
 }
 
 #[test]
-fn the_cgi_answer_is_exact_and_the_environ_follows_the_scgi_variables() {
+fn the_answer_is_exact_and_the_environ_follows_the_lsapi_request() {
     let dir = shared_dir();
     let launcher = Launcher::start(dir.path());
-    assert_eq!(
-        launcher.get("/"),
-        "Status: 201 Created\r\nContent-Type: text/plain\r\n\r\nhello"
-    );
-    // HTTPS=on means https; a SCRIPT_NAME of "/" is the root app, PEP 3333's "".
-    let r = launcher.exchange(&scgi(
-        &[
-            ("HTTPS", "on"),
-            ("SCRIPT_NAME", "/"),
-            ("PATH_INFO", "env"),
-            ("CONTENT_TYPE", "text/plain"),
-        ],
+    // Every answer on one kept connection, each in the byte order of its request.
+    let mut s = launcher.connect();
+    for order in [ByteOrder::NATIVE, ByteOrder::Big, ByteOrder::Little] {
+        s.write_all(&request("/", &[], &[], b"", order)).unwrap();
+        let a = read_answer(&mut s);
+        let flag = FlagRule::HOST.flag_for(order);
+        assert!(a.flags.iter().all(|&f| f == flag), "{order:?}: {a:?}");
+        assert_eq!(a.events[0], ResponseEvent::ReqReceived, "{a:?}");
+        assert_eq!(a.events.last(), Some(&ResponseEvent::End), "{a:?}");
+        assert_eq!((a.status, a.text().as_str()), (201, "hello"));
+        assert_eq!(a.lines, ["Content-Type: text/plain"]);
+    }
+    // HTTPS=on means https; a SCRIPT_NAME of "/" is the root app, PEP 3333's "";
+    // Content-Type and Content-Length come from the known-header index, X-Custom-Thing from
+    // the unknown-header table.
+    s.write_all(&request(
+        "env",
+        &[("HTTPS", "on"), ("SCRIPT_NAME", "/")],
+        &[("Content-Type", "text/plain"), ("X-Custom-Thing", "yes")],
         b"12345",
-    ));
-    assert!(
-        r.ends_with("scheme=https script='' path='/env' length='5' type='text/plain'"),
-        "{r}"
+        ByteOrder::NATIVE,
+    ))
+    .unwrap();
+    assert_eq!(
+        read_answer(&mut s).text(),
+        "scheme=https script='' path='/env' length='5' type='text/plain' custom='yes'"
     );
     // Hop-by-hop headers are the gateway's: dropped with a log line.
+    s.write_all(&get("/hop")).unwrap();
+    let a = read_answer(&mut s);
     assert_eq!(
-        launcher.get("/hop"),
-        "Status: 200 OK\r\nX-Kept: yes\r\n\r\nhop"
+        (a.status, a.lines.as_slice()),
+        (200, &["X-Kept: yes".to_owned()][..])
     );
     launcher.wait_log("dropped hop-by-hop header Connection");
+    // A reason phrase of the app's own also goes as a Status: line, so a CGI front can
+    // relay it.
+    s.write_all(&get("/reason")).unwrap();
+    let a = read_answer(&mut s);
+    assert_eq!(
+        (a.status, a.lines.as_slice()),
+        (299, &["Status: 299 Custom Reason".to_owned()][..])
+    );
 }
 
 #[test]
-fn wsgi_input_gives_lines_and_ends_at_content_length() {
+fn wsgi_input_gives_lines_and_ends_at_the_announced_length() {
     let dir = shared_dir();
     let launcher = Launcher::start(dir.path());
-    // Bytes after CONTENT_LENGTH are not the app's: it must never see "EXTRA".
-    let mut raw = scgi(&[("PATH_INFO", "/lines")], b"one\ntwo\nthree\nfour");
-    raw.extend_from_slice(b"EXTRA");
-    let r = launcher.exchange(&raw);
-    assert!(
-        r.ends_with(r#"(b'one\n', b'two', [b'\n', b'three\n', b'four'], b'', b'')"#),
-        "{r}"
+    // The bytes after the body are the next request on the connection: the app never sees
+    // them, and that request is answered.
+    let mut raw = request(
+        "/lines",
+        &[],
+        &[],
+        b"one\ntwo\nthree\nfour",
+        ByteOrder::NATIVE,
     );
+    let mut s = launcher.connect();
+    raw.extend_from_slice(&get("/"));
+    s.write_all(&raw).unwrap();
+    // Both answers may come in one read.
+    let mut buf = BytesMut::new();
+    let (mut first, mut second) = (empty_answer(), empty_answer());
+    assert!(read_answer_from(&mut s, &mut buf, &mut first), "{first:?}");
+    assert!(
+        read_answer_from(&mut s, &mut buf, &mut second),
+        "{second:?}"
+    );
+    assert_eq!(
+        first.text(),
+        r#"(b'one\n', b'two', [b'\n', b'three\n', b'four'], b'', b'')"#
+    );
+    assert_eq!((second.text().as_str(), buf.len()), ("hello", 0));
+}
+
+#[test]
+fn a_request_written_byte_by_byte_is_read_whole() {
+    let dir = shared_dir();
+    let launcher = Launcher::start(dir.path());
+    let mut s = launcher.connect();
+    let body: Vec<u8> = (0..40_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for b in request("/echo", &[], &[], &body, ByteOrder::NATIVE) {
+        s.write_all(&[b]).unwrap();
+    }
+    let a = read_answer(&mut s);
+    assert_eq!(a.body, body);
+    // 40000 bytes come back in packets of at most 16 KiB.
+    let streams = a
+        .events
+        .iter()
+        .filter(|e| matches!(e, ResponseEvent::Stream(_)))
+        .count();
+    assert_eq!(streams, 3, "{:?}", a.flags);
+}
+
+#[test]
+fn a_file_wrapper_answer_arrives_whole_in_packets_of_at_most_16_kib() {
+    let dir = shared_dir();
+    let data: Vec<u8> = (0..100_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(dir.path().join("data.bin"), &data).unwrap();
+    let launcher = Launcher::start(dir.path());
+    let a = exchange(&launcher, &get("/file"));
+    assert_eq!(a.status, 200);
+    assert!(a.body == data, "the file arrived changed");
+    // The app's 10000-byte blocks are sent as they come, each a packet.
+    for e in &a.events {
+        if let ResponseEvent::Stream(d) = e {
+            assert!(d.len() <= 16384, "{}", d.len());
+        }
+    }
 }
 
 #[test]
 fn pep_3333_corner_cases() {
     let dir = shared_dir();
     let launcher = Launcher::start(dir.path());
-    const ERROR: &str = "Status: 500 Internal Server Error\r\n\
-                         Content-Type: text/plain; charset=utf-8\r\n\
-                         Content-Length: 22\r\n\r\nInternal Server Error\n";
+    let error_lines = [
+        "Content-Type: text/plain; charset=utf-8",
+        "Content-Length: 22",
+    ];
     // start_response again with exc_info before the head went out replaces the answer.
-    assert_eq!(
-        launcher.get("/exc-info"),
-        "Status: 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n\r\nlater"
-    );
+    let a = exchange(&launcher, &get("/exc-info"));
+    assert_eq!((a.status, a.text().as_str()), (503, "later"));
+    assert_eq!(a.lines, ["Content-Type: text/plain", "Retry-After: 1"]);
     // A header value with CR LF, a malformed status, no start_response (with an empty body
-    // or with a chunk): 500s.
+    // or with a chunk): 500s, each on the same connection, which stays usable.
+    let mut s = launcher.connect();
     for path in ["/bad-header", "/bad-status", "/no-start", "/chunk-no-start"] {
-        assert_eq!(launcher.get(path), ERROR, "{path}");
+        s.write_all(&get(path)).unwrap();
+        let a = read_answer(&mut s);
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (500, "Internal Server Error\n"),
+            "{path}"
+        );
+        assert_eq!(a.lines, error_lines, "{path}");
     }
+    s.write_all(&get("/")).unwrap();
+    assert_eq!(read_answer(&mut s).text(), "hello");
     for line in [
         "ValueError: header X-Bad has a value with a control character",
         "ValueError: status 'OK' is not '<3 digits> <reason>'",
@@ -604,118 +917,175 @@ fn pep_3333_corner_cases() {
     ] {
         launcher.wait_log(line);
     }
-    // An error after the head cuts the answer short; the traceback is logged.
-    assert_eq!(
-        launcher.get("/late-error"),
-        "Status: 200 OK\r\nContent-Type: text/plain\r\n\r\npartial;"
-    );
+    // An error after the head cuts the answer short: no RESP_END, the connection closed.
+    // (The launcher serves one connection at a time: the kept one must go first.)
+    drop(s);
+    let mut s = launcher.connect();
+    s.write_all(&get("/late-error")).unwrap();
+    let mut a = empty_answer();
+    assert!(!try_read_answer(&mut s, &mut a), "{a:?}");
+    assert_eq!((a.status, a.text().as_str()), (200, "partial;"));
     launcher.wait_log("RuntimeError: failed after the head");
+    assert_eq!(exchange(&launcher, &get("/")).text(), "hello");
 }
 
 #[test]
-fn malformed_scgi_heads_close_their_connection_and_the_launcher_keeps_serving() {
+fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
     let dir = shared_dir();
     let launcher = Launcher::start(dir.path());
-    let cases: &[(&[u8], &str)] = &[
-        // netstring length with a leading zero
-        (b"024:CONTENT_LENGTH\x000\x00SCGI\x001\x00,", "leading zero"),
-        // a length that is not a number
-        (b"x4:CONTENT_LENGTH\x000\x00SCGI\x001\x00,", "not a digit"),
-        // a 65 537-byte head announced: over the 64 KiB bound, refused before reading it
-        (b"65537:CONTENT_LENGTH\x00", "over the 65536 byte limit"),
-        // six digits: refused before the ':'
-        (b"100000", "more than 5 digits"),
-        // the netstring's closing ',' is a ';'
+    let good = request("/", &[], &[], b"", ByteOrder::Little);
+    let with = |at: usize, bytes: &[u8]| {
+        let mut p = good.clone();
+        p[at..at + bytes.len()].copy_from_slice(bytes);
+        p
+    };
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("bad magic", with(0, b"XS"), "packet magic"),
         (
-            b"24:CONTENT_LENGTH\x000\x00SCGI\x001\x00;",
-            "does not end with ','",
+            "a response packet type",
+            with(2, &[3]),
+            "is not BEGIN_REQUEST",
         ),
-        // the payload does not end with NUL
+        // Packet length (little-endian) 65536: over the limit; and one shorter than a
+        // request header.
         (
-            b"23:CONTENT_LENGTH\x000\x00SCGI\x001,",
-            "does not end with NUL",
+            "too long",
+            with(4, &[0x00, 0x00, 0x01, 0x00]),
+            "length 65536 is outside",
         ),
-        // a name with no value
         (
-            b"28:CONTENT_LENGTH\x000\x00SCGI\x001\x00ODD\x00,",
-            "name without a value",
+            "too short",
+            with(4, &[100, 0, 0, 0]),
+            "length 100 is outside",
         ),
-        // CONTENT_LENGTH not first
+        // The first env pair's key length (big-endian, after the 44-byte header and the
+        // empty special env list) runs past the packet.
         (
-            b"24:SCGI\x001\x00CONTENT_LENGTH\x000\x00,",
-            "does not start with CONTENT_LENGTH",
+            "pair past the end",
+            with(48, &[0xff, 0xff]),
+            "runs past the",
         ),
-        // CONTENT_LENGTH not a number
+        ("zero pair length", with(48, &[0x00, 0x00]), "zero length"),
+        // A body length of -1.
         (
-            b"25:CONTENT_LENGTH\x00-1\x00SCGI\x001\x00,",
-            "is not a decimal number",
+            "negative body",
+            with(12, &[0xff, 0xff, 0xff, 0xff]),
+            "m_reqBodyLen -1",
         ),
-        // SCGI=1 missing
-        (b"17:CONTENT_LENGTH\x000\x00,", "does not carry SCGI=1"),
-        // a variable twice
+        // m_cntEnv one too many: the terminator is read as a pair; a count over 8192.
+        ("env count", with(36, &[9, 0, 0, 0]), "zero length"),
         (
-            b"31:CONTENT_LENGTH\x000\x00SCGI\x001\x00SCGI\x001\x00,",
-            "repeats the variable SCGI",
+            "huge env count",
+            with(36, &[0xff, 0xff, 0, 0]),
+            "pair counts",
         ),
-        // the peer closes in the middle of the head
+        // A string offset outside the packet; a header block length that does not end
+        // the packet; an unknown-header count that runs past it.
         (
-            b"24:CONTENT_LENGTH\x00",
-            "connection closed inside the SCGI head",
+            "offset outside",
+            with(16, &[0xff, 0xff, 0, 0]),
+            "string offset",
         ),
+        (
+            "header block length",
+            with(8, &[0xff, 0, 0, 0]),
+            "sections end at",
+        ),
+        (
+            "unknown header count",
+            with(32, &[0xff, 0xff, 0xff, 0x7f]),
+            "sections end at",
+        ),
+        // The peer closes in the middle of the packet, or of its header.
+        (
+            "truncated",
+            good[..good.len() - 3].to_vec(),
+            "connection closed inside the BEGIN_REQUEST",
+        ),
+        (
+            "truncated header",
+            good[..5].to_vec(),
+            "connection closed inside the packet header",
+        ),
+        // Random bytes.
+        ("garbage", garbage, "packet magic"),
     ];
-    for (raw, message) in cases {
-        let mut s = UnixStream::connect(&launcher.socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(raw).unwrap();
-        s.shutdown(std::net::Shutdown::Write).unwrap();
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        assert!(out.is_empty(), "{message}: answered {out:?}");
+    let n = cases.len();
+    let complaints = || launcher.stderr().matches("bad LSAPI request").count();
+    for (i, (name, bytes, message)) in cases.into_iter().enumerate() {
+        let mut s = launcher.connect();
+        // The launcher may close before reading everything: a failed write is fine.
+        let _ = s
+            .write_all(&bytes)
+            .and_then(|()| s.shutdown(Shutdown::Write));
+        assert_closed_without_answer(&mut s);
+        assert!(
+            eventually(|| complaints() == i + 1),
+            "{name}: {}",
+            launcher.stderr()
+        );
         launcher.wait_log(message);
-        assert!(launcher.get("/").ends_with("hello"), "after {message}");
+        // The next connection is served.
+        assert_eq!(
+            exchange(&launcher, &get("/")).text(),
+            "hello",
+            "after {name}"
+        );
     }
-    // A connection closed before any byte is no error at all.
-    drop(UnixStream::connect(&launcher.socket).unwrap());
-    assert!(launcher.get("/").ends_with("hello"));
-    let bad = launcher.stderr().matches("bad SCGI request").count();
-    assert_eq!(bad, cases.len(), "{}", launcher.stderr());
+    // A bad packet after a good request on the same connection: the answer to the first
+    // arrives, then the connection closes.
+    let mut s = launcher.connect();
+    s.write_all(&get("/")).unwrap();
+    assert_eq!(read_answer(&mut s).text(), "hello");
+    s.write_all(&with(0, b"XS")).unwrap();
+    assert_closed_without_answer(&mut s);
+    // A connection that only opens and closes (a readiness probe) is not an error.
+    drop(launcher.connect());
+    assert_eq!(exchange(&launcher, &get("/")).text(), "hello");
+    assert_eq!(complaints(), n + 1, "{}", launcher.stderr());
+    assert!(
+        !launcher.stderr().contains("Traceback"),
+        "{}",
+        launcher.stderr()
+    );
 }
 
 #[test]
 fn sigterm_and_sigint_finish_the_request_in_progress_then_exit_0() {
-    use nix::sys::signal::Signal;
     for signal in [Signal::SIGTERM, Signal::SIGINT] {
         let dir = shared_dir();
         let mut launcher = Launcher::start(dir.path());
-        let socket = launcher.socket.clone();
-        let request = std::thread::spawn(move || {
-            let mut s = UnixStream::connect(socket).unwrap();
-            s.write_all(&scgi(&[("PATH_INFO", "/slow")], b"")).unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        });
+        let mut s = launcher.connect();
+        s.write_all(&get("/slow")).unwrap();
         assert!(eventually(|| dir.path().join("started").exists()));
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(launcher.child.id() as i32),
-            signal,
-        )
-        .unwrap();
+        launcher.signal(signal);
         // Still running: the request is not done.
         std::thread::sleep(Duration::from_millis(100));
         assert!(launcher.child.try_wait().unwrap().is_none(), "{signal}");
         std::fs::write(dir.path().join("go"), "").unwrap();
-        assert!(request.join().unwrap().ends_with("finished"), "{signal}");
-        let mut status = None;
-        assert!(eventually(|| {
-            status = launcher.child.try_wait().unwrap();
-            status.is_some()
-        }));
-        assert_eq!(status.unwrap().code(), Some(0), "{}", launcher.stderr());
+        assert_eq!(read_answer(&mut s).text(), "finished", "{signal}");
+        // Then the connection closes and the launcher exits.
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        assert_eq!(launcher.exit_code(), Some(0), "{}", launcher.stderr());
 
-        // An idle launcher stops at once.
+        // An idle launcher, waiting for a connection, stops at once.
         let dir = shared_dir();
         let mut launcher = Launcher::start(dir.path());
-        assert_eq!(launcher.stop(signal), Some(0), "{}", launcher.stderr());
+        launcher.signal(signal);
+        assert_eq!(launcher.exit_code(), Some(0), "{}", launcher.stderr());
+
+        // So does one waiting for the next request on a kept connection.
+        let dir = shared_dir();
+        let mut launcher = Launcher::start(dir.path());
+        let mut s = launcher.connect();
+        s.write_all(&get("/")).unwrap();
+        assert_eq!(read_answer(&mut s).text(), "hello");
+        launcher.signal(signal);
+        assert_eq!(launcher.exit_code(), Some(0), "{}", launcher.stderr());
     }
 }

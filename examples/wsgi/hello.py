@@ -5,7 +5,7 @@
     cwd = "/path/to/examples/wsgi"
 
 corral starts `python3 corral-wsgi.py hello:application` in `cwd` with the pool's socket on
-fd 0 and speaks SCGI to it; `curl http://127.0.0.1:8080/` then answers from here, and
+fd 0 and speaks LSAPI to it; `curl http://127.0.0.1:8080/` then answers from here, and
 `curl -d 'some text' http://127.0.0.1:8080/echo` sends the request body back.
 Standard library only, like the launcher.
 """

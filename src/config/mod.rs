@@ -311,9 +311,9 @@ pub struct StatusConfig {
 pub enum BackendProtocol {
     /// FastCGI 1.0 (php-cgi, flup, ruby-fcgi).
     Fastcgi,
-    /// SCGI (Python `scgi`, the embedded launchers).
+    /// SCGI (Python `scgi`).
     Scgi,
-    /// LiteSpeed SAPI (lsphp).
+    /// LiteSpeed SAPI (lsphp, the embedded WSGI and Rack launchers).
     Lsapi,
 }
 
@@ -322,7 +322,7 @@ pub enum BackendProtocol {
 pub struct PoolConfig {
     /// The table name: ASCII letters, digits, `_` and `-`.
     pub name: String,
-    /// Backend protocol (`protocol`, default `fastcgi`; `scgi` for wsgi apps, `lsapi` for rack).
+    /// Backend protocol (`protocol`, default `fastcgi`; `lsapi` for wsgi and rack apps).
     pub protocol: BackendProtocol,
     /// Where the workers come from.
     pub backend: Backend,

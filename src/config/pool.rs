@@ -169,12 +169,11 @@ pub(super) fn pool(
     name_ok.then_some(config)
 }
 
-/// The protocol of a pool that names none: the embedded Rack launcher speaks LSAPI, the WSGI
-/// launcher SCGI, and a `command` or `servers` pool FastCGI (php-cgi, php-fpm).
+/// The protocol of a pool that names none: the embedded Rack and WSGI launchers speak LSAPI,
+/// and a `command` or `servers` pool FastCGI (php-cgi, php-fpm).
 fn default_protocol(app: Option<&str>) -> BackendProtocol {
     match app {
-        Some(a) if a.starts_with("rack:") => BackendProtocol::Lsapi,
-        Some(_) => BackendProtocol::Scgi,
+        Some(_) => BackendProtocol::Lsapi,
         None => BackendProtocol::Fastcgi,
     }
 }
@@ -294,6 +293,9 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
     }
     let cwd = p.cwd.as_ref().and_then(|c| e.absolute_path(c, "cwd"));
     let is_app = p.app.is_some();
+    if let Some(app) = p.app.as_ref() {
+        launcher_rules(e, p, app.span());
+    }
     let preload = match &p.preload {
         Some(v) if !is_app => {
             e.at(
@@ -323,6 +325,33 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         preload,
         php_children,
     })))
+}
+
+/// An embedded launcher speaks LSAPI only, and serves one request at a time on one
+/// connection: another protocol would never reach it, and a second request sent while its
+/// kept connection is open would wait until that connection closes.
+fn launcher_rules(e: &mut Errors, p: &FilePool, app: std::ops::Range<usize>) {
+    let other = match p.protocol {
+        Some(BackendProtocol::Fastcgi) => Some("fastcgi"),
+        Some(BackendProtocol::Scgi) => Some("scgi"),
+        Some(BackendProtocol::Lsapi) | None => None,
+    };
+    if let Some(protocol) = other {
+        e.at(
+            app,
+            format!(
+                "protocol = \"{protocol}\" cannot reach an app = ... pool: the embedded \
+                 launchers speak lsapi (leave protocol out)"
+            ),
+        );
+    }
+    if let Some(c) = p.concurrency.as_ref().filter(|c| *c.get_ref() > 1) {
+        e.at(
+            c.span(),
+            "an app = ... pool's workers serve one request at a time: concurrency must be 1 \
+             (raise max for more workers)",
+        );
+    }
 }
 
 fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
@@ -626,7 +655,7 @@ mod tests {
         );
         assert_eq!(
             default_protocol(Some("wsgi:app:application")),
-            BackendProtocol::Scgi
+            BackendProtocol::Lsapi
         );
         assert_eq!(default_protocol(None), BackendProtocol::Fastcgi);
     }

@@ -184,7 +184,7 @@ max_conns = 8
 #[test]
 fn embedded_default_is_valid() {
     let c = parse(EMBEDDED, EMBEDDED_ORIGIN).unwrap();
-    assert_eq!(c.pools[0].protocol, BackendProtocol::Scgi);
+    assert_eq!(c.pools[0].protocol, BackendProtocol::Lsapi);
     assert!(matches!(
         spawn(&c.pools[0]).program,
         Program::Wsgi { ref module, ref callable, ref python }
@@ -238,7 +238,7 @@ concurrency = 8
 
 [pools.rack]
 app = "rack:config.ru"
-protocol = "fastcgi"
+protocol = "lsapi"
 
 [[contexts]]
 prefix = "/api"
@@ -251,7 +251,7 @@ pool = "rack"
     assert_eq!(ext.max_conns, 16);
     assert!(matches!(&ext.backend, Backend::External { servers } if servers.len() == 2));
     let rack = c.pool("rack").unwrap();
-    assert_eq!(rack.protocol, BackendProtocol::Fastcgi);
+    assert_eq!(rack.protocol, BackendProtocol::Lsapi);
     assert_eq!(
         spawn(rack).program,
         Program::Rack {
@@ -843,6 +843,33 @@ fn interpreter_keys_are_checked_where_written() {
     );
     let src = format!("{APP_POOL}servers = [\"127.0.0.1:9000\"]\nruby = \"ruby\"\n");
     expect_error(&src, "\"ruby\"\n", "pool \"app\" uses external servers");
+}
+
+#[test]
+fn an_app_pool_speaks_lsapi_one_request_at_a_time() {
+    for app in ["wsgi:app", "rack:config.ru"] {
+        let pool = &ok(&format!("{APP_POOL}app = \"{app}\"\n")).pools[0];
+        assert_eq!(pool.protocol, BackendProtocol::Lsapi, "{app}");
+        let pool = &ok(&format!(
+            "{APP_POOL}app = \"{app}\"\nprotocol = \"lsapi\"\nconcurrency = 1\n"
+        ))
+        .pools[0];
+        assert_eq!(
+            (pool.protocol, pool.concurrency),
+            (BackendProtocol::Lsapi, 1)
+        );
+        for other in ["scgi", "fastcgi"] {
+            let src = format!("{APP_POOL}app = \"{app}\"\nprotocol = \"{other}\"\n");
+            expect_error(
+                &src,
+                &format!("\"{app}\""),
+                &format!("protocol = \"{other}\" cannot reach an app = ... pool"),
+            );
+        }
+        // A second request would wait behind the kept connection the worker is serving.
+        let src = format!("{APP_POOL}app = \"{app}\"\nconcurrency = 2\n");
+        expect_error(&src, "2\n", "concurrency must be 1");
+    }
 }
 
 #[test]

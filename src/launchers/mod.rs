@@ -1,7 +1,7 @@
 //! The launchers corral embeds for the apps people deploy (ARCHITECTURE.md decision 14): a Python
-//! WSGI launcher speaking SCGI and a Ruby Rack launcher speaking LSAPI, each written with only its
-//! language's standard library, each taking its listening socket on fd 0 and serving one request at
-//! a time. A pool that says `app = "wsgi:module:callable"` or `app = "rack:config.ru"` runs them;
+//! WSGI launcher and a Ruby Rack launcher, both speaking LSAPI over persistent connections, each
+//! written with only its language's standard library, each taking its listening socket on fd 0 and
+//! serving one request at a time. A pool that says `app = "wsgi:module:callable"` or `app = "rack:config.ru"` runs them;
 //! they are written into the runtime directory when the pool is built, so the binary is all a
 //! deployment needs. That directory is corral's own (its owner and mode are checked before anything
 //! is written there), and the files are written so that nothing planted in it is ever followed.
@@ -14,7 +14,7 @@ use nix::fcntl::OFlag;
 
 use crate::config::Program;
 
-/// The Python WSGI launcher (SCGI on fd 0).
+/// The Python WSGI launcher (LSAPI on fd 0).
 pub const WSGI: &str = include_str!("wsgi.py");
 /// The Ruby Rack launcher (LSAPI on fd 0).
 pub const RACK: &str = include_str!("rack.rb");

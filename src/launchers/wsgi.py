@@ -1,15 +1,21 @@
-"""corral's WSGI launcher: serves one PEP 3333 application over SCGI on the listening socket
-corral hands over as fd 0, one request at a time, with only Python's standard library.
+"""corral's WSGI launcher: serves one PEP 3333 application over LSAPI on the listening socket
+corral hands over as fd 0, one connection at a time and on it any number of sequential
+requests, with only Python's standard library.
 
     python3 corral-wsgi.py module:callable
     python3 corral-wsgi.py module:callable --preload
 
-The module is imported with the worker's working directory first on sys.path. corral opens
-one SCGI connection per request: a netstring head (CONTENT_LENGTH first, SCGI=1, then the CGI
-variables), exactly CONTENT_LENGTH body bytes, and it reads a CGI response (`Status:` line,
-headers, blank line, body) until this side closes. SIGTERM and SIGINT finish the request in
-progress and exit 0. Bad SCGI input closes that connection and is logged on stderr (which
-corral copies into its own log); the launcher keeps serving.
+The module is imported with the worker's working directory first on sys.path. corral keeps
+its connection open between requests (protocols/LSAPI.md, the same framing the Rack
+launcher speaks). Per request corral sends one BEGIN_REQUEST packet (the CGI variables as
+env pairs, the HTTP headers through the known-header index and the unknown-header table)
+followed by exactly the announced number of raw body bytes, which are read whole before the
+app is called (in memory up to MEMORY_BODY, in an unlinked temporary file above), so the
+connection is in step for the next request whatever the app reads. This side answers
+REQ_RECEIVED, RESP_HEADER, RESP_STREAM packets of at most 16 KiB and RESP_END, with every
+integer in the byte order the request used; a small answer is one write. SIGTERM and SIGINT
+finish the request in progress and exit 0. Bad LSAPI input closes that connection and is
+logged on stderr (which corral copies into its own log); the launcher keeps serving.
 
 With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
 the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
@@ -21,7 +27,9 @@ corral closes the control socket or on SIGTERM.
 
 import gc
 import html
+import http
 import importlib
+import io
 import os
 import platform
 import random
@@ -31,21 +39,56 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import traceback
 import types
 
-# Bounds on what corral may send; corral's own limits are lower, so only a broken peer
-# reaches them.
-MAX_HEADER = 64 * 1024
-MAX_HEADER_DIGITS = len(str(MAX_HEADER))
-HEADER_TIMEOUT = 60.0
-# Read size for wsgi.input and for draining an unread body before closing.
+# Packet types (lsapidef.h).
+BEGIN_REQUEST = 1
+ABORT_REQUEST = 2
+RESP_HEADER = 3
+RESP_STREAM = 4
+RESP_END = 5
+REQ_RECEIVED = 7
+
+PACKET_HEADER_LEN = 8
+REQ_HEADER_LEN = 44
+HEADER_INDEX_LEN = 152
+UNKNOWN_ENTRY_LEN = 16
+# The smallest BEGIN_REQUEST: the request header, two empty env lists, the index.
+MIN_BEGIN_REQUEST = REQ_HEADER_LEN + 8 + HEADER_INDEX_LEN
+# lsphp refuses a BEGIN_REQUEST or RESP_HEADER over this size.
+MAX_HEADER_PACKET = 65535
+# Largest RESP_STREAM payload (LSAPI_MAX_DATA_PACKET_LEN).
+MAX_DATA = 16384
+MAX_ENV_PAIRS = 8192
+MAX_RESP_HEADERS = 1000
+# Longest response header line; its length travels as an int16.
+MAX_HEADER_LINE = 32766
+# m_reqBodyLen value meaning "2 GiB or more, read Content-Length".
+BODY_LEN_FROM_CONTENT_LENGTH = -2
+MAX_BODY_DIGITS = 18
+# Bodies above this go to an unlinked temporary file instead of memory.
+MEMORY_BODY = 1 << 20
+# A packet (or body) not complete this long after it started is given up, and the
+# connection closed: SO_RCVTIMEO on the listener, which accepted sockets inherit.
+READ_TIMEOUT = 60
+# Read size; one recv usually holds the whole BEGIN_REQUEST and a small body.
 CHUNK = 64 * 1024
-# A body the app left unread is discarded up to this much, so corral is not reset while it
-# still writes; beyond it the connection is simply closed.
-MAX_DRAIN = 64 * 1024 * 1024
-# A slow uploader must not hold the worker after its answer went out.
-DRAIN_TIMEOUT = 5.0
+# Response bytes queued before they are written: an answer up to this size is one write.
+FLUSH_AT = 64 * 1024
+
+# The known-header index, slot by slot, as CGI variables. Slot 24 (Transfer-Encoding) is
+# skipped, as lsphp does: the body always arrives with its length.
+KNOWN_HEADERS = (
+    "HTTP_ACCEPT", "HTTP_ACCEPT_CHARSET", "HTTP_ACCEPT_ENCODING", "HTTP_ACCEPT_LANGUAGE",
+    "HTTP_AUTHORIZATION", "HTTP_CONNECTION", "CONTENT_TYPE", "CONTENT_LENGTH", "HTTP_COOKIE",
+    "HTTP_COOKIE2", "HTTP_HOST", "HTTP_PRAGMA", "HTTP_REFERER", "HTTP_USER_AGENT",
+    "HTTP_CACHE_CONTROL", "HTTP_IF_MODIFIED_SINCE", "HTTP_IF_MATCH", "HTTP_IF_NONE_MATCH",
+    "HTTP_IF_RANGE", "HTTP_IF_UNMODIFIED_SINCE", "HTTP_KEEP_ALIVE", "HTTP_RANGE",
+    "HTTP_X_FORWARDED_FOR", "HTTP_VIA",
+)
+N_KNOWN = len(KNOWN_HEADERS)
 
 STATUS_RE = re.compile(r"[1-9][0-9][0-9] [^\x00-\x1f\x7f]*\Z")
 TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
@@ -54,8 +97,17 @@ HOP_BY_HOP = frozenset(
     "connection keep-alive proxy-authenticate proxy-authorization te trailer "
     "transfer-encoding upgrade".split()
 )
+# "200 OK" and the like: valid without the regular expression, and sent as the status
+# field alone. Any other reason phrase also goes as a `Status:` line, which corral keeps
+# for a CGI front when the codes agree.
+CANONICAL_STATUS = frozenset("%d %s" % (s.value, s.phrase) for s in http.HTTPStatus)
 
 ERROR_BODY = b"Internal Server Error\n"
+
+# Whether the LiteSpeed library built for this machine reads flag 0 as little-endian (x86
+# and big-endian CPUs) or, on other little-endian CPUs, as big-endian (protocols/LSAPI.md §1).
+LITERAL_FLAG = sys.byteorder == "big" or platform.machine().lower() in (
+    "x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
 
 
 def log(message):
@@ -68,7 +120,7 @@ def log(message):
 
 
 class BadRequest(Exception):
-    """The SCGI head broke a rule; the connection is closed without an answer."""
+    """The peer broke an LSAPI rule; the connection is closed without an answer."""
 
 
 class ClientGone(Exception):
@@ -76,216 +128,278 @@ class ClientGone(Exception):
 
 
 # ---------------------------------------------------------------------------------------
-# SCGI request head
+# Byte orders
 
 
-class Reader:
-    """Buffered reads straight from the connection: the head usually arrives in one recv,
-    and what follows it in that recv is the start of the body. (socket.makefile costs a
-    Python-level SocketIO call per read on top of the buffer; this is one recv.)"""
+class Order:
+    """The integer formats of one byte order, compiled once."""
 
-    __slots__ = ("conn", "buf")
+    __slots__ = ("flag", "e", "fields", "index", "packet", "received", "end", "heads")
 
-    def __init__(self, conn):
-        self.conn = conn
-        self.buf = b""
+    def __init__(self, big, flag):
+        e = ">" if big else "<"
+        self.flag = flag
+        self.e = e
+        # The nine int32 of the request header after the packet header.
+        self.fields = struct.Struct(e + "9i")
+        # The known-header index in one unpack: 24 lengths, slot 24's length and the
+        # padding skipped, 24 offsets (slot 24's offset is never read).
+        self.index = struct.Struct("%s%dH4x%di" % (e, N_KNOWN, N_KNOWN))
+        # A packet header: magic, type, flag, whole length.
+        self.packet = struct.Struct(e + "2sBBi")
+        self.received = self.packet.pack(b"LS", REQ_RECEIVED, flag, PACKET_HEADER_LEN)
+        self.end = self.packet.pack(b"LS", RESP_END, flag, PACKET_HEADER_LEN)
+        # RESP_HEADER's packet header, count, status and line lengths, by line count.
+        self.heads = {}
 
-    def fill(self):
-        data = self.conn.recv(CHUNK)
-        if data:
-            self.buf += data
-        return data
-
-    def read(self, n):
-        """Up to n bytes: n unless the connection ends first."""
-        while len(self.buf) < n:
-            if not self.fill():
-                break
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
-
-    def readline(self, limit):
-        """Up to and including the next b"\\n", at most limit bytes."""
-        while True:
-            i = self.buf.find(b"\n", 0, limit)
-            if i >= 0:
-                return self.read(i + 1)
-            if len(self.buf) >= limit or not self.fill():
-                return self.read(limit)
+    def head_struct(self, n):
+        s = self.heads.get(n)
+        if s is None:
+            s = self.heads[n] = struct.Struct("%s2sBBiii%dH" % (self.e, n))
+        return s
 
 
+ORDERS = {}
+for _flag in (0, 1):
+    ORDERS[_flag] = Order((_flag == 1) == LITERAL_FLAG, _flag)
+del _flag
 
-def read_exact(rfile, n, what):
-    data = rfile.read(n)
-    if data is None or len(data) != n:
-        raise BadRequest("connection closed inside the %s" % what)
-    return data
-
-
-def read_head(rfile):
-    """Reads the netstring head and returns the variables as a dict of str (latin-1, as
-    PEP 3333 wants native strings), strictly checked."""
-    limit = MAX_HEADER_DIGITS + 1
-    while True:
-        buf = rfile.buf
-        colon = buf.find(b":", 0, limit)
-        lead = buf[:colon] if colon >= 0 else buf[:limit]
-        if lead and not lead.isdigit():
-            bad = [c for c in lead if not 48 <= c <= 57]
-            raise BadRequest("netstring length holds %r, not a digit" % bytes(bad[:1]))
-        if colon >= 0:
-            break
-        if len(buf) >= limit:
-            raise BadRequest("netstring length has more than %d digits" % MAX_HEADER_DIGITS)
-        if not rfile.fill():
-            if not buf:
-                return None  # connected and closed without a request: not an error
-            raise BadRequest("connection closed inside the netstring length")
-    digits = rfile.read(colon)
-    rfile.read(1)
-    if not digits:
-        raise BadRequest("netstring length is empty")
-    if len(digits) > 1 and digits.startswith(b"0"):
-        raise BadRequest("netstring length %s has a leading zero" % digits.decode())
-    size = int(digits)
-    if size > MAX_HEADER:
-        raise BadRequest("SCGI head of %d bytes is over the %d byte limit" % (size, MAX_HEADER))
-    payload = read_exact(rfile, size, "SCGI head")
-    if read_exact(rfile, 1, "netstring end") != b",":
-        raise BadRequest("netstring does not end with ','")
-    if not payload.endswith(b"\0"):
-        raise BadRequest("SCGI head does not end with NUL")
-    # One decode and one split for the whole head; names and values alternate.
-    fields = payload[:-1].decode("latin-1").split("\0")
-    if len(fields) % 2:
-        raise BadRequest("SCGI head has a name without a value")
-    names = fields[0::2]
-    environ = dict(zip(names, fields[1::2]))
-    if len(environ) != len(names):
-        seen = set()
-        repeated = next(n for n in names if n in seen or seen.add(n))
-        raise BadRequest("SCGI head repeats the variable %s" % repeated)
-    if "" in environ:
-        raise BadRequest("SCGI head has an empty variable name")
-    if names[0] != "CONTENT_LENGTH":
-        raise BadRequest("SCGI head does not start with CONTENT_LENGTH")
-    length = fields[1]
-    if not length.isdigit() or not length.isascii():
-        raise BadRequest("CONTENT_LENGTH %r is not a decimal number" % length)
-    if environ.get("SCGI") != "1":
-        raise BadRequest("SCGI head does not carry SCGI=1")
-    return environ
+# Env pair lengths are always big-endian, whatever the flag says.
+PAIR_LENGTHS = struct.Struct(">HH").unpack_from
 
 
 # ---------------------------------------------------------------------------------------
-# wsgi.input
+# Reading a request
 
 
-class Input:
-    """wsgi.input: the request body, exactly CONTENT_LENGTH bytes streamed from the socket;
-    reads past the end give b"" (so wsgi.input_terminated holds)."""
+class Connection:
+    """One kept LSAPI connection: its receive buffer, and how many requests it carried."""
 
-    def __init__(self, rfile, length):
-        self._rfile = rfile
-        self._left = length
+    __slots__ = ("sock", "buf", "served")
 
-    def _take(self, data):
-        self._left -= len(data)
-        if not data and self._left:
-            self._left = 0  # corral closed early; the app sees a short body, then EOF
-        return data
+    def __init__(self, sock):
+        self.sock = sock
+        # Bytes received and not yet consumed; usually empty between requests.
+        self.buf = b""
+        self.served = 0
 
-    def read(self, size=-1):
-        if size is None or size < 0:
-            parts = []
-            while self._left:
-                part = self._take(self._rfile.read(min(self._left, CHUNK)))
-                if not part:
-                    break
-                parts.append(part)
-            return b"".join(parts)
-        if not self._left or size == 0:
-            return b""
-        return self._take(self._rfile.read(min(size, self._left)) or b"")
+    def need(self, n, what):
+        """Receives until at least n bytes are buffered."""
+        buf = self.buf
+        while len(buf) < n:
+            try:
+                data = self.sock.recv(CHUNK)
+            except BlockingIOError:
+                raise BadRequest("%s not complete after %d s (%d of %d bytes)"
+                                 % (what, READ_TIMEOUT, len(buf), n)) from None
+            if not data:
+                raise BadRequest("connection closed inside the %s (%d of %d bytes)"
+                                 % (what, len(buf), n))
+            buf = buf + data if buf else data
+        self.buf = buf
+        return buf
 
-    def readline(self, size=-1):
-        if not self._left:
-            return b""
-        limit = self._left if size is None or size < 0 else min(size, self._left)
-        return self._take(self._rfile.readline(limit))
+    def body(self, length):
+        """wsgi.input for `length` raw body bytes, read whole now."""
+        buf = self.buf
+        if length <= len(buf):
+            # The usual small body: it came in the same recv as its BEGIN_REQUEST.
+            self.buf = buf[length:]
+            return io.BytesIO(buf[:length])
+        if length <= MEMORY_BODY:
+            return io.BytesIO(self.take_exact(length))
+        spool = tempfile.TemporaryFile(prefix="corral-wsgi-body-")
+        try:
+            left = length - len(buf)
+            spool.write(buf)
+            self.buf = b""
+            sock = self.sock
+            while left:
+                try:
+                    data = sock.recv(min(left, CHUNK))
+                except BlockingIOError:
+                    raise BadRequest("body not complete after %d s (%d of %d bytes)"
+                                     % (READ_TIMEOUT, length - left, length)) from None
+                if not data:
+                    raise BadRequest("connection closed inside the body (%d of %d bytes)"
+                                     % (length - left, length))
+                spool.write(data)
+                left -= len(data)
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            raise
+        return spool
 
-    def readlines(self, hint=-1):
-        lines = []
-        total = 0
-        while True:
-            line = self.readline()
-            if not line:
-                return lines
-            lines.append(line)
-            total += len(line)
-            if hint is not None and 0 < hint <= total:
-                return lines
+    def take_exact(self, length):
+        buf = self.buf
+        into = bytearray(length)
+        into[:len(buf)] = buf
+        got = len(buf)
+        self.buf = b""
+        view = memoryview(into)
+        sock = self.sock
+        while got < length:
+            try:
+                n = sock.recv_into(view[got:])
+            except BlockingIOError:
+                raise BadRequest("body not complete after %d s (%d of %d bytes)"
+                                 % (READ_TIMEOUT, got, length)) from None
+            if not n:
+                raise BadRequest("connection closed inside the body (%d of %d bytes)"
+                                 % (got, length))
+            got += n
+        return bytes(into)
 
-    def __iter__(self):
-        while True:
-            line = self.readline()
-            if not line:
-                return
-            yield line
 
-    def drain(self):
-        """Discards what the app left unread, up to MAX_DRAIN."""
-        budget = MAX_DRAIN
-        while self._left and budget > 0:
-            part = self._take(self._rfile.read(min(self._left, CHUNK, budget)) or b"")
-            if not part:
-                break
-            budget -= len(part)
+def read_request(conn):
+    """Reads and checks one BEGIN_REQUEST from `conn.buf` (at least its first byte is
+    there). Returns (order, environ without the wsgi.* keys, body length), or None for an
+    ABORT_REQUEST. Every length and offset is checked against the packet before it is
+    used; nothing a peer sends can raise anything but BadRequest."""
+    buf = conn.need(PACKET_HEADER_LEN, "packet header")
+    if buf[:2] != b"LS":
+        raise BadRequest("packet magic is %r, not b'LS'" % buf[:2])
+    kind = buf[2]
+    order = ORDERS[buf[3] & 1]
+    _, _, _, length = order.packet.unpack_from(buf)
+    if kind == ABORT_REQUEST and length == PACKET_HEADER_LEN:
+        return None  # corral gives up on the connection: close it
+    if kind != BEGIN_REQUEST:
+        raise BadRequest("packet type %d is not BEGIN_REQUEST (1)" % kind)
+    if not MIN_BEGIN_REQUEST <= length <= MAX_HEADER_PACKET:
+        raise BadRequest("BEGIN_REQUEST length %d is outside %d..%d"
+                         % (length, MIN_BEGIN_REQUEST, MAX_HEADER_PACKET))
+    buf = conn.need(length, "BEGIN_REQUEST")
+    if len(buf) == length:
+        p, conn.buf = buf, b""
+    else:
+        p, conn.buf = buf[:length], buf[length:]
+    (header_len, body_len, off0, off1, off2, off3, unknown, env_count,
+     special_count) = order.fields.unpack_from(p, PACKET_HEADER_LEN)
+    if not (0 <= off0 < length and 0 <= off1 < length and 0 <= off2 < length
+            and 0 <= off3 < length):
+        raise BadRequest("a string offset (%d, %d, %d, %d) is outside the %d-byte packet"
+                         % (off0, off1, off2, off3, length))
+    if header_len < 0:
+        raise BadRequest("m_httpHeaderLen %d is negative" % header_len)
+    if body_len < 0 and body_len != BODY_LEN_FROM_CONTENT_LENGTH:
+        raise BadRequest("m_reqBodyLen %d is negative" % body_len)
+    if not (0 <= env_count <= MAX_ENV_PAIRS and 0 <= special_count <= MAX_ENV_PAIRS):
+        raise BadRequest("env pair counts %d and %d are outside 0..%d"
+                         % (special_count, env_count, MAX_ENV_PAIRS))
+    if unknown < 0:
+        raise BadRequest("unknown header count %d is negative" % unknown)
+
+    # One decode for the whole packet: latin-1 maps byte i to character i, so every offset
+    # holds in the text too, and PEP 3333 wants latin-1 native strings.
+    text = p.decode("latin-1")
+    environ = {}
+    # The special env (PHP ini settings, suEXEC control) means nothing here: checked, then
+    # dropped; the env pairs are the CGI variables.
+    if special_count or p[REQ_HEADER_LEN:REQ_HEADER_LEN + 4] != b"\0\0\0\0":
+        at = read_pairs(p, text, REQ_HEADER_LEN, special_count, {}, "special env")
+    else:
+        at = REQ_HEADER_LEN + 4
+    at = read_pairs(p, text, at, env_count, environ, "env")
+    index_at = (at + 7) & ~7
+    if p[at:index_at].strip(b"\0"):
+        raise BadRequest("padding before the header index is not zero")
+    table_at = index_at + HEADER_INDEX_LEN
+    head_at = table_at + unknown * UNKNOWN_ENTRY_LEN
+    if head_at + header_len != length:
+        raise BadRequest("BEGIN_REQUEST sections end at %d, packet length is %d"
+                         % (head_at + header_len, length))
+
+    index = order.index.unpack_from(p, index_at)
+    for name, size, off in zip(KNOWN_HEADERS, index, index[N_KNOWN:]):
+        if off:
+            if off < 0 or off + size > header_len:
+                raise BadRequest("known header %s value at %d, %d bytes, is outside the "
+                                 "%d-byte header block" % (name, off, size, header_len))
+            at = head_at + off
+            if name in environ:
+                add_header(environ, name, text[at:at + size])
+            else:
+                environ[name] = text[at:at + size]
+    if unknown:
+        table = struct.unpack_from("%s%di" % (order.e, 4 * unknown), p, table_at)
+        for i in range(unknown):
+            name_off, name_len, value_off, value_len = table[4 * i:4 * i + 4]
+            if (name_off < 0 or name_len <= 0 or name_off + name_len > header_len
+                    or value_off < 0 or value_len < 0 or value_off + value_len > header_len):
+                raise BadRequest("unknown header %d (name %d+%d, value %d+%d) is outside "
+                                 "the %d-byte header block" % (
+                                     i, name_off, name_len, value_off, value_len, header_len))
+            name = "HTTP_" + text[head_at + name_off:head_at + name_off + name_len] \
+                .upper().replace("-", "_")
+            # Never let a header pose as the entity variables CGI reserves.
+            if name != "HTTP_CONTENT_TYPE" and name != "HTTP_CONTENT_LENGTH":
+                add_header(environ, name,
+                           text[head_at + value_off:head_at + value_off + value_len])
+
+    if body_len == BODY_LEN_FROM_CONTENT_LENGTH:
+        declared = environ.get("CONTENT_LENGTH", "")
+        if not (declared.isdigit() and declared.isascii()
+                and len(declared) <= MAX_BODY_DIGITS):
+            raise BadRequest("m_reqBodyLen is -2 but Content-Length %r is not a number"
+                             % declared)
+        body_len = int(declared)
+    return order, environ, body_len
+
+
+def read_pairs(p, text, at, count, into, what):
+    """`count` env pairs from `at` into `into`, then the four-zero-byte terminator; returns
+    the offset after it. Pair lengths are big-endian and count the NUL."""
+    length = len(p)
+    lengths = PAIR_LENGTHS
+    for i in range(count):
+        if at + 4 <= length:
+            klen, vlen = lengths(p, at)
+            key_end = at + 3 + klen
+            value_end = key_end + vlen
+            # One test for the usual pair; pair_fault says what is wrong with another.
+            if (klen > 1 and vlen and value_end < length
+                    and text[key_end] == "\0" and text[value_end] == "\0"):
+                into[text[at + 4:key_end]] = text[key_end + 1:value_end]
+                at = value_end + 1
+                continue
+        raise BadRequest(pair_fault(p, text, at, what, i))
+    if p[at:at + 4] != b"\0\0\0\0":
+        raise BadRequest("%s list is not ended by four zero bytes" % what)
+    return at + 4
+
+
+def pair_fault(p, text, at, what, i):
+    length = len(p)
+    if at + 4 > length:
+        return "%s pair %d runs past the %d-byte packet" % (what, i, length)
+    klen, vlen = PAIR_LENGTHS(p, at)
+    if not klen or not vlen:
+        return "%s pair %d has a zero length (lengths count the NUL)" % (what, i)
+    if at + 3 + klen + vlen >= length:
+        return "%s pair %d runs past the %d-byte packet" % (what, i, length)
+    if klen == 1:
+        return "%s pair %d has an empty name" % (what, i)
+    return "%s pair %d is not NUL-terminated" % (what, i)
+
+
+def add_header(environ, name, value):
+    old = environ.get(name)
+    if old is None:
+        environ[name] = value
+    else:
+        environ[name] = old + ("; " if name == "HTTP_COOKIE" else ", ") + value
 
 
 # ---------------------------------------------------------------------------------------
 # One request
 
 
-def build_environ(environ, rfile):
-    del environ["SCGI"]
-    length = int(environ["CONTENT_LENGTH"])
-    if not environ.get("CONTENT_TYPE", "x"):
-        del environ["CONTENT_TYPE"]
-    environ.setdefault("REQUEST_METHOD", "GET")
-    environ.setdefault("SERVER_NAME", "localhost")
-    environ.setdefault("SERVER_PORT", "80")
-    environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
-    environ.setdefault("QUERY_STRING", "")
-    script = environ.get("SCRIPT_NAME", "")
-    path = environ.get("PATH_INFO", "")
-    # PEP 3333: SCRIPT_NAME is "" for an app at the root, never "/" or "/x/".
-    if script.endswith("/"):
-        script = script.rstrip("/")
-        path = "/" + path.lstrip("/")
-    environ["SCRIPT_NAME"] = script
-    environ["PATH_INFO"] = path
-    https = environ.get("HTTPS", "").lower() in ("on", "1", "yes")
-    body = Input(rfile, length)
-    environ.update(
-        {
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https" if https else "http",
-            "wsgi.input": body,
-            "wsgi.input_terminated": True,
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": False,
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-            "wsgi.file_wrapper": FileWrapper,
-        }
-    )
-    return environ, body
-
-
 class FileWrapper:
     """wsgi.file_wrapper: a file-like object sent in blocks (PEP 3333's optional
-    platform-specific file handling; here it only saves the app writing the loop)."""
+    platform-specific file handling). Its blocks are queued like a list's rather than each
+    written as it is read, since the whole file is there to be read."""
 
     def __init__(self, filelike, blksize=8192):
         self.filelike = filelike
@@ -301,99 +415,228 @@ class FileWrapper:
             yield block
 
 
-class Response:
-    """start_response and write() for one request, and the CGI head they produce."""
+# What every environ holds before the request's own variables.
+ENVIRON_BASE = {
+    "wsgi.version": (1, 0),
+    "wsgi.input_terminated": True,
+    "wsgi.errors": sys.stderr,
+    "wsgi.multithread": False,
+    "wsgi.multiprocess": True,
+    "wsgi.run_once": False,
+    "wsgi.file_wrapper": FileWrapper,
+}
 
-    def __init__(self, conn):
-        self.conn = conn
+
+def build_environ(environ, conn, body_len):
+    """The request's variables plus what PEP 3333 adds; returns the environ."""
+    environ.update(ENVIRON_BASE)
+    # The body's real length, whatever a header said (corral always sends one for a body).
+    environ["CONTENT_LENGTH"] = str(body_len)
+    if not environ.get("CONTENT_TYPE", "x"):
+        del environ["CONTENT_TYPE"]
+    if "REQUEST_METHOD" not in environ or not environ["REQUEST_METHOD"]:
+        environ["REQUEST_METHOD"] = "GET"
+    environ.setdefault("SERVER_NAME", "localhost")
+    environ.setdefault("SERVER_PORT", "80")
+    environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
+    environ.setdefault("QUERY_STRING", "")
+    script = environ.get("SCRIPT_NAME", "")
+    # PEP 3333: SCRIPT_NAME is "" for an app at the root, never "/" or "/x/".
+    if script.endswith("/"):
+        environ["SCRIPT_NAME"] = script.rstrip("/")
+        environ["PATH_INFO"] = "/" + environ.get("PATH_INFO", "").lstrip("/")
+    else:
+        environ["SCRIPT_NAME"] = script
+        environ.setdefault("PATH_INFO", "")
+    https = environ.get("HTTPS")
+    environ["wsgi.url_scheme"] = (
+        "https" if https and https.lower() in ("on", "1", "yes") else "http")
+    # How many requests this connection has carried, this one included: above 1 when
+    # corral reuses its kept connection.
+    environ["corral.connection_requests"] = conn.served
+    environ["wsgi.input"] = conn.body(body_len) if body_len else io.BytesIO()
+    return environ
+
+
+# Header names seen before: name -> its lower-case form, or None for a hop-by-hop header.
+# Bounded, so an app inventing names cannot grow it without end.
+NAMES = {}
+MAX_NAMES = 512
+
+
+def check_name(name):
+    if type(name) is not str or not TOKEN_RE.match(name):
+        raise ValueError("header name %r is not an HTTP token" % (name,))
+    lower = name.lower()
+    if lower == "status":
+        raise ValueError("a header named Status would be read as the CGI status")
+    verdict = None if lower in HOP_BY_HOP else lower
+    if len(NAMES) < MAX_NAMES:
+        NAMES[name] = verdict
+    return verdict
+
+
+class Response:
+    """start_response and write() for one request, and the packets they produce. Packets
+    are queued and written together: the head leaves with the first body chunk, a list
+    body with RESP_END."""
+
+    __slots__ = ("sock", "order", "status", "code", "headers", "out", "queued", "sent")
+
+    def __init__(self, sock, order):
+        self.sock = sock
+        self.order = order
         self.status = None
+        self.code = 0
         self.headers = None
-        self.head_sent = False
+        # REQ_RECEIVED leads the first write rather than going alone: corral takes from it
+        # only that a byte came, so alone it would wake corral once more per request and
+        # end its first_byte_timeout before the app has answered. (A kept connection closed
+        # before any byte then reads to corral as stale, not as a suspect worker.)
+        self.out = [order.received]
+        self.queued = 0
+        # Whether any of RESP_HEADER has been written: until then an error can still be a
+        # 500 on a connection that stays usable.
+        self.sent = False
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
             try:
-                if self.head_sent:
+                if self.sent:
                     # Too late to change the answer: PEP 3333 says re-raise.
                     raise exc_info[1].with_traceback(exc_info[2])
             finally:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response() called twice without exc_info")
-        if type(status) is not str or not STATUS_RE.match(status):
+        if type(status) is not str or (status not in CANONICAL_STATUS
+                                       and not STATUS_RE.match(status)):
             raise ValueError("status %r is not '<3 digits> <reason>'" % (status,))
         if type(headers) is not list:
             raise TypeError("headers must be a list, not %s" % type(headers).__name__)
         checked = []
+        names = NAMES
         for item in headers:
             if type(item) is not tuple or len(item) != 2:
                 raise TypeError("header %r is not a (name, value) tuple" % (item,))
             name, value = item
-            if type(name) is not str or not TOKEN_RE.match(name):
-                raise ValueError("header name %r is not an HTTP token" % (name,))
-            if type(value) is not str or not VALUE_RE.match(value):
+            verdict = names.get(name, False) if type(name) is str else False
+            if verdict is False:
+                verdict = check_name(name)
+            if type(value) is not str or not (value.isascii() and value.isprintable()
+                                              or VALUE_RE.match(value)):
                 raise ValueError("header %s has a value with a control character" % name)
-            if name.lower() == "status":
-                raise ValueError("a header named Status would be read as the CGI status")
-            if name.lower() in HOP_BY_HOP:
+            if verdict is None:
                 log("dropped hop-by-hop header %s: %s (the gateway owns the connection)"
                     % (name, value))
                 continue
-            checked.append((name, value))
-        try:
-            (status + "".join(n + v for n, v in checked)).encode("latin-1")
-        except UnicodeEncodeError:
-            raise ValueError("status or header is not latin-1 text") from None
+            checked.append(name + ": " + value)
+        if status not in CANONICAL_STATUS:
+            checked.append("Status: " + status)
+        if len(checked) > MAX_RESP_HEADERS:
+            raise ValueError("%d response headers, over %d" % (len(checked), MAX_RESP_HEADERS))
         self.status = status
+        self.code = int(status[:3])
         self.headers = checked
         return self.write
 
     def write(self, data):
+        """PEP 3333's write(): sent at once."""
         if self.status is None:
             raise AssertionError("write() before start_response()")
         if type(data) is not bytes:
             raise TypeError("response data must be bytes, not %s" % type(data).__name__)
         if data:
-            self._send(data)
+            self.chunk(data)
+            self.flush()
 
-    def finish(self):
-        """Sends the head if no body chunk carried it (an empty body)."""
-        if self.status is None:
-            raise AssertionError("the application returned without calling start_response()")
-        if not self.head_sent:
-            self._send(b"")
-
-    def _send(self, data):
-        if not self.head_sent:
-            lines = ["Status: %s\r\n" % self.status]
-            lines.extend("%s: %s\r\n" % h for h in self.headers)
-            lines.append("\r\n")
-            data = "".join(lines).encode("latin-1") + data
-            self.head_sent = True
+    def head(self):
+        """Queues RESP_HEADER: count, status, each line's length (its NUL included), the
+        NUL-terminated lines."""
+        lines = self.headers
+        self.headers = None
         try:
-            self.conn.sendall(data)
+            text = ("\0".join(lines) + "\0").encode("latin-1") if lines else b""
+        except UnicodeEncodeError:
+            raise ValueError("a response header is not latin-1 text") from None
+        n = len(lines)
+        total = PACKET_HEADER_LEN + 8 + 2 * n + len(text)
+        if total > MAX_HEADER_PACKET:
+            raise ValueError("response headers take %d bytes, over %d"
+                             % (total, MAX_HEADER_PACKET))
+        lengths = [len(line) + 1 for line in lines]
+        if max(lengths, default=0) > MAX_HEADER_LINE:
+            raise ValueError("a response header line is longer than %d bytes" % MAX_HEADER_LINE)
+        self.out.append(self.order.head_struct(n).pack(
+            b"LS", RESP_HEADER, self.order.flag, total, n, self.code, *lengths))
+        self.out.append(text)
+        self.queued += total
+
+    def chunk(self, data):
+        """Queues `data` as RESP_STREAM packets of at most 16 KiB (the head first, once)."""
+        if self.headers is not None:
+            self.head()
+        out = self.out
+        pack = self.order.packet.pack
+        flag = self.order.flag
+        size = len(data)
+        if size <= MAX_DATA:
+            out.append(pack(b"LS", RESP_STREAM, flag, PACKET_HEADER_LEN + size))
+            out.append(data)
+        else:
+            view = memoryview(data)
+            for at in range(0, size, MAX_DATA):
+                part = view[at:at + MAX_DATA]
+                out.append(pack(b"LS", RESP_STREAM, flag, PACKET_HEADER_LEN + len(part)))
+                out.append(part)
+        self.queued += size + 8
+
+    def flush(self):
+        out = self.out
+        if not out:
+            return
+        self.out = []
+        self.queued = 0
+        self.sent = self.sent or self.headers is None
+        try:
+            self.sock.sendall(out[0] if len(out) == 1 else b"".join(out))
         except OSError as e:
             raise ClientGone(e) from None
 
+    def finish(self):
+        """Queues the head if no body chunk carried it (an empty body), then RESP_END, and
+        writes what is queued."""
+        if self.status is None:
+            raise AssertionError("the application returned without calling start_response()")
+        if self.headers is not None:
+            self.head()
+        self.out.append(self.order.end)
+        self.flush()
 
-def error_response(conn):
-    head = (
-        b"Status: 500 Internal Server Error\r\n"
-        b"Content-Type: text/plain; charset=utf-8\r\n"
-        b"Content-Length: %d\r\n\r\n" % len(ERROR_BODY)
-    )
-    try:
-        conn.sendall(head + ERROR_BODY)
-    except OSError:
-        pass
+    def error(self):
+        """Replaces what is queued (nothing of it written yet) with a 500."""
+        self.out = [self.order.received] if not self.sent else []
+        self.queued = 0
+        self.status = "500 Internal Server Error"
+        self.code = 500
+        self.headers = ["Content-Type: text/plain; charset=utf-8",
+                        "Content-Length: %d" % len(ERROR_BODY)]
+        self.chunk(ERROR_BODY)
+        self.finish()
 
 
-def run_app(app, environ, conn):
-    """Calls the app and streams its answer; an error before the head becomes a 500."""
-    response = Response(conn)
+def run_app(app, environ, sock, order):
+    """Calls the app and writes its answer; True when the connection may carry another
+    request (the answer ended with RESP_END)."""
+    response = Response(sock, order)
+    body = environ["wsgi.input"]
     result = None
     try:
         result = app(environ, response.start_response)
+        # A list or tuple is complete already and leaves whole with RESP_END (up to
+        # FLUSH_AT per write), as does a file; any other iterable is written chunk by
+        # chunk as it yields, since PEP 3333 forbids holding a block back.
+        whole = type(result) in (list, tuple) or type(result) is FileWrapper
         for chunk in result:
             if type(chunk) is not bytes:
                 raise TypeError("the app yielded %s, not bytes" % type(chunk).__name__)
@@ -401,17 +644,27 @@ def run_app(app, environ, conn):
                 if response.status is None:
                     raise AssertionError(
                         "the application gave a body chunk before calling start_response()")
-                response.write(chunk)
+                response.chunk(chunk)
+                if not whole or response.queued >= FLUSH_AT:
+                    response.flush()
         response.finish()
+        return True
     except ClientGone as e:
         log("%s %s: connection closed while answering (%s)"
             % (environ["REQUEST_METHOD"], request_uri(environ), e))
+        return False
     except Exception:
         log("%s %s: the application raised an error:\n%s"
             % (environ["REQUEST_METHOD"], request_uri(environ), traceback.format_exc()))
-        if not response.head_sent:
-            error_response(conn)
-        # Otherwise the answer is cut short: closing the connection is all there is left.
+        if response.sent:
+            # The answer is cut short: closing the connection without RESP_END is all
+            # there is left to say.
+            return False
+        try:
+            response.error()
+        except ClientGone:
+            return False
+        return True
     finally:
         close = getattr(result, "close", None)
         if close is not None:
@@ -419,6 +672,7 @@ def run_app(app, environ, conn):
                 close()
             except Exception:
                 log("the response iterable's close() raised:\n%s" % traceback.format_exc())
+        body.close()
 
 
 def request_uri(environ):
@@ -428,36 +682,56 @@ def request_uri(environ):
     return uri
 
 
-def serve_connection(app, conn):
-    # Reads time out after HEADER_TIMEOUT through SO_RCVTIMEO, which the connection took
-    # over from the listener (see serve): no per-connection timeout calls, and the socket
-    # stays blocking, so a recv is one system call rather than a poll and a recv.
-    rfile = Reader(conn)
+def serve_connection(app, sock, stopper, listener):
+    """Serves requests on one connection until corral closes it, a request breaks a rule,
+    an answer cannot end cleanly, or a stop signal came."""
+    # Reads time out after READ_TIMEOUT through SO_RCVTIMEO, which the connection took over
+    # from the listener (see serve): no per-connection timeout calls, and the socket stays
+    # blocking, so a recv is one system call rather than a poll and a recv.
+    conn = Connection(sock)
     try:
-        try:
-            head = read_head(rfile)
-        except BadRequest as e:
-            log("bad SCGI request, connection closed: %s" % e)
-            return
-        except OSError as e:
-            log("could not read the SCGI request head: %s" % e)
-            return
-        if head is None:
-            return
-        environ, body = build_environ(head, rfile)
-        run_app(app, environ, conn)
-        if body._left:
+        while not stopper.stopping:
+            if not conn.buf:
+                # Between requests: a stop signal ends the wait at once.
+                stopper.idle = True
+                try:
+                    if stopper.stopping:
+                        return
+                    data = sock.recv(CHUNK)
+                except BlockingIOError:
+                    # Idle for READ_TIMEOUT: keep waiting, unless corral is connecting
+                    # anew, meaning it no longer holds this connection for reuse.
+                    if select.select([listener], [], [], 0)[0]:
+                        return
+                    continue
+                finally:
+                    stopper.idle = False
+                if not data:
+                    return  # corral closed the connection (or only probed the socket)
+                conn.buf = data
             try:
-                # EOF ends the answer for corral at once; the body the app left unread is
-                # then read and discarded, so closing does not reset a connection corral
-                # still writes.
-                conn.shutdown(socket.SHUT_WR)
-                conn.settimeout(DRAIN_TIMEOUT)
-                body.drain()
-            except OSError:
-                pass
+                request = read_request(conn)
+            except BadRequest as e:
+                log("bad LSAPI request, connection closed: %s" % e)
+                return
+            except (struct.error, IndexError, ValueError, TypeError) as e:
+                log("bad LSAPI request, connection closed: %s: %s" % (type(e).__name__, e))
+                return
+            if request is None:
+                return
+            order, environ, body_len = request
+            conn.served += 1
+            try:
+                environ = build_environ(environ, conn, body_len)
+            except BadRequest as e:
+                log("bad LSAPI request, connection closed: %s" % e)
+                return
+            if not run_app(app, environ, sock, order):
+                return
+    except OSError as e:
+        log("connection failed: %s" % e)
     finally:
-        conn.close()
+        sock.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,8 +744,9 @@ class Stop(Exception):
 
 class Stopper:
     """SIGTERM and SIGINT raise a flag; a request in progress is finished first (Python
-    retries interrupted system calls), and a worker waiting in accept() stops at once (the
-    handler raises out of it). The wakeup fd interrupts the preloader's select()."""
+    retries interrupted system calls), and a worker waiting in accept() or for the next
+    request on a kept connection stops at once (the handler raises out of the wait). The
+    wakeup fd interrupts the preloader's select()."""
 
     def __init__(self):
         self.stopping = False
@@ -490,9 +765,10 @@ class Stopper:
 
 
 def serve(app, listener, stopper):
-    # Inherited by every accepted connection (Linux copies SO_RCVTIMEO to it).
+    # Inherited by every accepted connection (Linux copies SO_RCVTIMEO to it); on the
+    # listener it bounds accept() as well, which then simply waits again.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                        struct.pack("ll", int(HEADER_TIMEOUT), 0))
+                        struct.pack("ll", READ_TIMEOUT, 0))
     while not stopper.stopping:
         stopper.idle = True
         try:
@@ -501,12 +777,21 @@ def serve(app, listener, stopper):
             conn, _ = listener.accept()
         except Stop:
             return
+        except BlockingIOError:
+            continue
         except OSError as e:
-            stopper.idle = False
             log("accept failed: %s" % e)
             continue
-        stopper.idle = False
-        serve_connection(app, conn)
+        finally:
+            stopper.idle = False
+        try:
+            serve_connection(app, conn, stopper, listener)
+        except Stop:
+            return
+        except Exception:
+            # Whatever went wrong belongs to that connection, which is closed: the worker
+            # goes on with the next.
+            log("connection failed:\n%s" % traceback.format_exc())
 
 
 # ---------------------------------------------------------------------------------------
@@ -519,7 +804,7 @@ DEMO_PAGE = """<!doctype html>
 <body>
 <h1>corral is running</h1>
 <p>This page comes from <code>corral_demo</code>, a WSGI app served through corral's
-embedded WSGI launcher (SCGI on fd 0), one request at a time per worker.</p>
+embedded WSGI launcher (LSAPI on fd 0), one request at a time per worker.</p>
 <ul>
 <li>Request path: <code>{path}</code></li>
 <li>Python: <code>{python}</code></li>
