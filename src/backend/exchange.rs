@@ -144,6 +144,17 @@ pub(super) async fn known_length(
         })?
 }
 
+/// Whether a socket error says the peer closed the connection under us (a reset, an abort, a
+/// write to a closed socket) rather than some other failure.
+fn is_reset(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
 /// What one round of I/O achieved.
 enum Progress {
     /// Bytes were read, or the backend closed its side.
@@ -416,6 +427,14 @@ impl Exchange {
                 }
                 Poll::Ready(Ok(Progress::Read))
             }
+            // A kept connection the backend closed with our request unread in its buffer
+            // (a worker that exited after its last request) is reset, not closed.
+            Poll::Ready(Err(source)) if self.reused && !self.got_byte && is_reset(&source) => {
+                Poll::Ready(Err(BackendError::StaleReset {
+                    protocol: self.codec.protocol(),
+                    source,
+                }))
+            }
             Poll::Ready(Err(source)) => Poll::Ready(Err(BackendError::Read {
                 protocol: self.codec.protocol(),
                 source,
@@ -432,6 +451,11 @@ impl Exchange {
         } = closed
         {
             if self.reused && !self.got_byte {
+                // The write met a closed socket (a broken pipe, a reset): the backend had
+                // closed it before reading all of this request.
+                if let Some(source) = self.write_error.take_if(|e| is_reset(e)) {
+                    return BackendError::StaleReset { protocol, source };
+                }
                 return BackendError::ClosedEarly {
                     protocol,
                     stage,
