@@ -4,7 +4,9 @@
 //! then either reset the connection with the next request unread (a worker exiting after
 //! its last request) or read the next request and close without answering. corral sends
 //! the request again on a fresh connection when that is safe (a body it still has, and a
-//! reset, or an idempotent method), and answers 502 otherwise.
+//! reset, or an idempotent method), and answers 502 otherwise. And a real php-cgi worker
+//! killed while it runs a request that came on a kept connection: the worker is taken out
+//! of rotation at once (its process is exiting) and the request goes to its replacement.
 
 #![allow(
     clippy::unwrap_used,
@@ -23,6 +25,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use corral::protocols::fastcgi::{
@@ -33,7 +36,10 @@ use corral::protocols::lsapi::{
     FlagRule, RequestDecoder as LsapiDecoder, RequestEvent as LsapiEvent, ResponseEncoder,
 };
 use corral::protocols::Limits;
+use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{recv, MsgFlags};
+use nix::unistd::Pid;
+use support::peers;
 use support::server::{http, Corral};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,4 +352,69 @@ fn after_a_clean_close_only_an_idempotent_request_is_sent_again() {
     let (status, _) = get(&corral, "POST", b"once only");
     assert_eq!(status, 502, "{}", corral.log());
     assert_eq!(seen.answered.load(Ordering::SeqCst), 2);
+}
+
+/// php-cgi killed while it runs a GET that came on a kept connection: corral sees the kept
+/// connection closed before any answer, finds the worker's process exiting, takes it out of
+/// rotation and sends the request to the replacement, instead of a 502 and a dead worker
+/// left routable until its exit is reaped.
+#[test]
+fn a_worker_killed_under_a_kept_connection_is_out_of_rotation_and_the_get_goes_on() {
+    let dir = peers::shared_dir();
+    peers::write_file(dir.path(), "pid.php", "<?php echo getmypid();");
+    peers::write_file(
+        dir.path(),
+        "slow.php",
+        "<?php file_put_contents(__DIR__ . '/started', getmypid()); usleep(1500000); \
+         echo getmypid();",
+    );
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{run}"
+log_level = "debug"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+min = 1
+max = 1
+queue_timeout = "20s"
+
+[[contexts]]
+pool = "php"
+root = "{root}"
+"#,
+        run = dir.path().join("run").display(),
+        root = dir.path().display()
+    );
+    let corral = Corral::start(&config, 1);
+    let addr = corral.http_addr();
+    let first = http(addr, "GET", "/pid.php", &[], b"");
+    assert_eq!(first.status, 200, "{}", corral.log());
+    let victim: i32 = first.text().trim().parse().unwrap();
+    // The next request goes out on the connection the first one left kept.
+    let slow = thread::spawn(move || http(addr, "GET", "/slow.php", &[], b""));
+    let started = dir.path().join("started");
+    assert!(
+        support::eventually(Duration::from_secs(10), || started.exists()),
+        "slow.php never started: {}",
+        corral.log()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&started).unwrap(),
+        victim.to_string()
+    );
+    kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
+    let r = slow.join().unwrap();
+    assert_eq!(r.status, 200, "{}", corral.log());
+    let served: i32 = r.text().trim().parse().unwrap();
+    assert_ne!(served, victim, "the killed worker answered?");
+    let log = corral.log();
+    assert!(log.contains("marked suspect"), "{log}");
+    assert!(log.contains("sending the request again"), "{log}");
 }
