@@ -309,18 +309,10 @@ fn misbehaving_backends_get_clear_statuses_and_good_requests_still_pass() {
                 !r.text().contains("not a response"),
                 "{protocol} {case}: backend bytes leaked to the client"
             );
-            // A kept connection (FastCGI, LSAPI) closed before any answer may have been
-            // closed while idle: an idempotent request is sent once more on a new connection
-            // (ARCHITECTURE.md invariant 6), which this backend closes too.
-            let asked = if case == "close" && *protocol != "scgi" {
-                2
-            } else {
-                1
-            };
             assert_eq!(
                 contacts.load(Ordering::SeqCst),
-                before + asked,
-                "{protocol} {case}: the backend was asked {asked} times"
+                before + 1,
+                "{protocol} {case}: the backend was asked once"
             );
             good(case);
         }

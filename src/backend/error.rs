@@ -89,13 +89,12 @@ pub enum BackendError {
         /// sent (LSAPI's idle timeout, a restarted worker). See [`BackendError::retryable`].
         stale: bool,
     },
-    /// A kept connection was reset, or refused the request's bytes (a broken pipe), before
-    /// one byte of the response arrived: the backend closed it with this request, or part of
-    /// it, unread, as a worker exiting after its last request does, or one killed before it
-    /// had read it. See [`BackendError::retryable`].
-    #[error(
-        "the backend reset the kept {protocol} connection before answering anything: {source}"
-    )]
+    /// A kept connection refused the first byte of the request (a broken pipe or a reset on
+    /// the first write): the backend had closed its end before, as a worker exiting after its
+    /// last request or closing an idle connection does, and has none of this request. See
+    /// [`BackendError::retryable`]. (A reset or close after some bytes were written says
+    /// nothing so sure: php-cgi, for one, runs a script before reading the end of STDIN.)
+    #[error("the backend had closed the kept {protocol} connection before the request: {source}")]
     StaleReset {
         /// The protocol spoken.
         protocol: Protocol,
@@ -198,8 +197,8 @@ impl BackendError {
     /// Whether the request may be sent again on a fresh connection, if the caller still has
     /// its body: when the connection could not be made, or when a kept connection failed
     /// before any response byte ([`BackendError::is_stale`]). In the second case a backend
-    /// that read the whole request and then crashed looks like a clean close, so callers
-    /// resend a non-idempotent request only after a reset
+    /// that read the whole request and then crashed looks like a clean close, so
+    /// `Gateway::dispatch` resends only when not one byte was written
     /// ([`BackendError::request_left_unread`]).
     pub fn retryable(&self) -> bool {
         matches!(self, BackendError::Connect { .. }) || self.is_stale()
@@ -215,8 +214,8 @@ impl BackendError {
         )
     }
 
-    /// A kept connection was reset with request bytes unread in the backend's socket, which
-    /// a backend that had read the request and begun to run it would not have left.
+    /// Not one byte of the request reached the backend (its end of a kept connection was
+    /// closed before the first write).
     pub fn request_left_unread(&self) -> bool {
         matches!(self, BackendError::StaleReset { .. })
     }

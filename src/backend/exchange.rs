@@ -144,8 +144,8 @@ pub(super) async fn known_length(
         })?
 }
 
-/// Whether a socket error says the peer closed the connection under us (a reset, an abort, a
-/// write to a closed socket) rather than some other failure.
+/// Whether a write error says the peer's end was closed (a broken pipe, a reset, an abort)
+/// rather than some other failure.
 fn is_reset(error: &io::Error) -> bool {
     matches!(
         error.kind(),
@@ -173,6 +173,8 @@ pub(super) struct Exchange {
     body: Option<RequestBody>,
     declared: Option<u64>,
     sent: u64,
+    /// Request bytes the socket accepted.
+    written: u64,
     eof: bool,
     /// Writing failed; reading goes on, as the backend may have answered already.
     write_error: Option<io::Error>,
@@ -209,6 +211,7 @@ impl Exchange {
             body: Some(body),
             declared,
             sent: 0,
+            written: 0,
             eof: false,
             write_error: None,
             options: options.clone(),
@@ -405,7 +408,22 @@ impl Exchange {
                 Poll::Ready(Ok(0)) => {
                     self.write_error = Some(io::ErrorKind::WriteZero.into());
                 }
-                Poll::Ready(Ok(n)) => self.outbuf.advance(n),
+                Poll::Ready(Ok(n)) => {
+                    self.written += n as u64;
+                    self.outbuf.advance(n);
+                }
+                // A kept connection whose backend end was gone before the first byte of this
+                // request (a worker that closed it while idle, as the request went out): the
+                // backend has none of it, so there is nothing to wait for, and the request
+                // may be sent again.
+                Poll::Ready(Err(source))
+                    if self.reused && self.written == 0 && is_reset(&source) =>
+                {
+                    return Poll::Ready(Err(BackendError::StaleReset {
+                        protocol: self.codec.protocol(),
+                        source,
+                    }));
+                }
                 Poll::Ready(Err(e)) => self.write_error = Some(e),
                 Poll::Pending => break,
             }
@@ -427,14 +445,6 @@ impl Exchange {
                 }
                 Poll::Ready(Ok(Progress::Read))
             }
-            // A kept connection the backend closed with our request unread in its buffer
-            // (a worker that exited after its last request) is reset, not closed.
-            Poll::Ready(Err(source)) if self.reused && !self.got_byte && is_reset(&source) => {
-                Poll::Ready(Err(BackendError::StaleReset {
-                    protocol: self.codec.protocol(),
-                    source,
-                }))
-            }
             Poll::Ready(Err(source)) => Poll::Ready(Err(BackendError::Read {
                 protocol: self.codec.protocol(),
                 source,
@@ -451,11 +461,6 @@ impl Exchange {
         } = closed
         {
             if self.reused && !self.got_byte {
-                // The write met a closed socket (a broken pipe, a reset): the backend had
-                // closed it before reading all of this request.
-                if let Some(source) = self.write_error.take_if(|e| is_reset(e)) {
-                    return BackendError::StaleReset { protocol, source };
-                }
                 return BackendError::ClosedEarly {
                     protocol,
                     stage,

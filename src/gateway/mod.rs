@@ -717,14 +717,11 @@ impl Gateway {
                 };
             // The kept connection failed before one response byte (ARCHITECTURE.md invariant
             // 6): the request goes out once more on a new connection when its body can be
-            // replayed and it cannot have run. A reset says the worker left the request
-            // unread; a clean close does not (a worker that read it and then died looks the
-            // same), so then only an idempotent method is resent, as nginx does. Either way
-            // `fault` asks whether the worker died, and takes a dying one out of rotation:
-            // the request then goes to another worker, and the rest to its replacement.
-            let again = replay.filter(|_| {
-                error.is_stale() && (error.request_left_unread() || idempotent(&params))
-            });
+            // replayed and it cannot have run: the first write met a closed socket. A close
+            // or reset after bytes went out may follow a worker that began to run it
+            // (decision 8: a 502). Either way `fault` asks whether the worker died and takes
+            // a dying one out of rotation: a resent request then goes to another worker.
+            let again = replay.filter(|_| error.request_left_unread());
             let out = pool.fault(&slot, &error);
             let Some(again) = again else {
                 pool.report(slot.worker(), &error);
@@ -748,15 +745,4 @@ impl Gateway {
             }
         }
     }
-}
-
-/// Whether a request's method is idempotent, so that running it twice does what running it
-/// once does: every method but POST, PATCH and LOCK, the three nginx never resends once a
-/// request may have reached the upstream (`proxy_next_upstream`'s `non_idempotent`).
-fn idempotent(params: &[(Bytes, Bytes)]) -> bool {
-    let method = params
-        .iter()
-        .find(|(name, _)| name.as_ref() == b"REQUEST_METHOD")
-        .map(|(_, value)| value.as_ref());
-    !matches!(method, Some(b"POST" | b"PATCH" | b"LOCK") | None)
 }
