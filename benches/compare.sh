@@ -24,6 +24,10 @@ if [ -z "${CORRAL:-}" ]; then
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
 fi
 LSPHP=${LSPHP:-/var/cache/corral/lsphp-8.2/lsphp}
+LSPHP_OPCACHE=${LSPHP_OPCACHE:-$(dirname "$LSPHP")/opcache.so}
+[ -f "$LSPHP_OPCACHE" ] || { echo "no $LSPHP_OPCACHE: run scripts/build-lsphp.sh" >&2; exit 1; }
+# lsphp takes no -d options in LSAPI mode; its php.ini (written into the scratch dir below)
+# loads and enables OPcache.
 NULL_DUR=${NULL_DUR:-3s}   # per run, null backends (a)
 PHP_DUR=${PHP_DUR:-4s}     # per run, PHP (b)
 WARM=${WARM:-1s}           # unrecorded warm-up before every run
@@ -46,6 +50,7 @@ cleanup() {
 trap cleanup EXIT
 ulimit -n 16384 2>/dev/null || true
 mkdir -p "$scratch/www" "$scratch/run" "$scratch/log" "$scratch/data" "$RES"
+printf 'zend_extension=%s\nopcache.enable=1\n' "$LSPHP_OPCACHE" > "$scratch/lsphp.ini"
 chmod 755 "$scratch/www" "$scratch/run"
 echo '<?php echo "Hello World";' > "$scratch/www/hello.php"
 echo '<?php phpinfo();' > "$scratch/www/info.php"
@@ -202,7 +207,7 @@ address = \"127.0.0.1:$port_d\"
 protocol = \"http\"
 [pools.php]
 protocol = \"lsapi\"
-command = [\"$LSPHP\"]
+command = [\"$LSPHP\", \"-c\", \"$scratch/lsphp.ini\"]
 mode = \"static\"
 min = 2
 max = 2
@@ -396,7 +401,7 @@ P("## Machine and method")
 P()
 P(f"- {facts['uname']}, {facts['nproc']} CPUs ({facts['cpu']}), {facts['mem']} at the end.")
 P(f"- corral commit `{facts['commit']}` at the start of the run; binary `{rel(facts['binary'])}` (release build); {facts['nginx']}; {facts['php']} (php-fpm8.2 / php-cgi, "
-  f"Debian php.ini, opcache on); {facts['lsphp']} (no php.ini, opcache loaded with its defaults).")
+  f"Debian php.ini, opcache on); {facts['lsphp']} (a php.ini of two lines, `-c`: its own opcache.so as zend_extension and opcache.enable=1; one cache per lsphp process).")
 P(f"- Load average (1/5/15 min, running/total, last pid): when the script started `{facts['load_start']}`, "
   f"when measuring began (after waiting up to 3 min for the 1-minute load to drop below 1) `{facts['load_begin']}`, "
   f"at the end `{facts['load_end']}`. The load average counts the benchmark's own processes while it runs.")

@@ -18,7 +18,9 @@
 #   nxco-cgi     nginx plain fastcgi_pass -> corral fastcgi -> php-cgi (2, spawned by corral)
 #   nxkco-cgi    nginx keep_conn -> corral fastcgi -> php-cgi
 #   co-cgi       corral http -> php-cgi
-#   co-lsphp     corral http -> lsphp (2, scripts/build-lsphp.sh)
+#   co-lsphp-opc corral http -> lsphp (2, scripts/build-lsphp.sh) with its OPcache on
+#                (-c php.ini: zend_extension=opcache.so, opcache.enable=1; php-fpm and php-cgi
+#                have Debian's OPcache on, so every PHP row compiles hello.php once per process)
 #
 # Every process's CPU (utime+stime from /proc/PID/stat, summed over its live process tree) is
 # sampled around each run and divided by the requests wrk completed: "front" is nginx/HAProxy/
@@ -29,7 +31,9 @@
 #   bash benches/hop.sh                       # all rows, c = 1 25 100, 5 s, 2 rounds
 #   ROWS='nx-fpm|nxco-cgi' LEVELS=25 bash benches/hop.sh
 # Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
-# LSPHP (/var/cache/corral/lsphp-8.2/lsphp), OUT (a file for the markdown table; stdout too).
+# LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT (a
+# file for the markdown table; stdout too). Before measuring it checks through each PHP front
+# that OPcache is really on (opcache_get_status() !== false) and stops if not.
 # Needs root (nginx and PHP run as www-data), nginx, haproxy, php-fpm8.2, php-cgi, wrk.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,6 +42,8 @@ ROUNDS=${ROUNDS:-2}
 LEVELS=${LEVELS:-1 25 100}
 ROWS=${ROWS:-.*}
 LSPHP=${LSPHP:-/var/cache/corral/lsphp-8.2/lsphp}
+LSPHP_OPCACHE=${LSPHP_OPCACHE:-$(dirname "$LSPHP")/opcache.so}
+[ -f "$LSPHP_OPCACHE" ] || { echo "no $LSPHP_OPCACHE: run scripts/build-lsphp.sh" >&2; exit 1; }
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=target/release/corral
@@ -56,6 +62,7 @@ trap cleanup EXIT
 ulimit -n 16384 2>/dev/null || true
 mkdir -p "$s/www" "$s/run" "$s/log"
 echo '<?php echo "Hello, world\n";' > "$s/www/hello.php"
+echo '<?php var_export(function_exists("opcache_get_status") && opcache_get_status(false) !== false);' > "$s/www/opcache.php"
 echo 'x' > "$s/www/null"
 chown -R www-data:www-data "$s/www" "$s/run"
 wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
@@ -65,6 +72,8 @@ for p in fastcgi scgi lsapi; do
   "$CORRAL" null-backend --protocol "$p" --listen "unix:$s/run/null-$p.sock" & pids+=($!)
   eval "null_$p=$!"
 done
+# lsphp takes no -d options in LSAPI mode: its OPcache comes from a php.ini of its own.
+printf 'zend_extension=%s\nopcache.enable=1\n' "$LSPHP_OPCACHE" > "$s/lsphp.ini"
 cat > "$s/fpm.conf" <<CONF
 [global]
 pid = $s/run/fpm.pid
@@ -135,7 +144,7 @@ pool = "lsapi"
 [[contexts]]
 pool = "fcgi"
 CONF
-php_corral() { # NAME PORT COMMAND PROTOCOL
+php_corral() { # NAME PORT COMMAND(the TOML array's items) PROTOCOL
   cat > "$s/$1.toml" <<CONF
 [server]
 runtime_dir = "$s/run/$1.d"
@@ -150,7 +159,7 @@ address = "unix:$s/run/corral-$1.sock"
 protocol = "fastcgi"
 mode = "0666"
 [pools.php]
-command = ["$3"]
+command = [$3]
 protocol = "$4"
 mode = "static"
 min = 2
@@ -160,8 +169,8 @@ pool = "php"
 root = "$s/www"
 CONF
 }
-php_corral cgi 18611 php-cgi fastcgi
-php_corral lsphp 18612 "$LSPHP" lsapi
+php_corral cgi 18611 '"php-cgi"' fastcgi
+php_corral lsphp 18612 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
 declare -A corral_pid
 for c in null cgi lsphp; do
   "$CORRAL" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
@@ -236,7 +245,7 @@ rows=(
   "nxco-cgi|http://127.0.0.1:18513/hello.php|nginx co_cgi|co_cgi_kids"
   "nxkco-cgi|http://127.0.0.1:18514/hello.php|nginx co_cgi|co_cgi_kids"
   "co-cgi|http://127.0.0.1:18611/hello.php|co_cgi|co_cgi_kids"
-  "co-lsphp|http://127.0.0.1:18612/hello.php|co_lsphp|co_lsphp_kids"
+  "co-lsphp-opc|http://127.0.0.1:18612/hello.php|co_lsphp|co_lsphp_kids"
 )
 selected=()
 for r in "${rows[@]}"; do [[ ${r%%|*} =~ ^($ROWS)$ ]] && selected+=("$r"); done
@@ -285,6 +294,11 @@ for r in "${rows[@]}"; do
     sleep 0.05
   done
   [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; tail -5 "$s"/log/*.log >&2; exit 1; }
+done
+# Every PHP row runs with OPcache on, or the comparison says nothing.
+for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18611 http://127.0.0.1:18612; do
+  on=$(curl -s "$url/opcache.php" || true)
+  [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done
 
 res=$s/results.tsv
@@ -357,7 +371,7 @@ for c in levels:
     ratio(c, "nxco-cgi", "nx-fpm", goal=0.95)
     ratio(c, "nxkco-cgi", "nxk-fpm", goal=1.05)
     ratio(c, "co-cgi", "nx-fpm", goal=1.2)
-    ratio(c, "co-lsphp", "nx-fpm", goal=1.4)
+    ratio(c, "co-lsphp-opc", "nx-fpm", goal=1.4)
     ratio(c, "co-null", "nxk-null", goal=1.2 if c >= 100 else 1.0)
     ratio(c, "co-null", "hap-null", goal=1.2 if c >= 100 else 1.0)
     best = min((cpu(c, x), x) for x in ("nx-null", "nxk-null", "hap-null") if cpu(c, x) is not None) if any(cpu(c, x) for x in ("nx-null", "nxk-null", "hap-null")) else None

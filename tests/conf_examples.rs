@@ -128,6 +128,9 @@ fn the_lsphp_recipe_serves() {
     assert_eq!(r.text(), "Hello, world\n");
     let r = http(corral.http_addr(), "GET", "/phpinfo.php", &[], b"");
     assert!(r.text().contains("LiteSpeed"), "{}", r.text());
+    // The recipe loads the OPcache built beside lsphp, and it runs ("Opcode Caching: Up and
+    // Running" in phpinfo's OPcache section).
+    assert!(r.text().contains("Up and Running"), "{}", r.text());
 }
 
 /// (conf/wsgi.toml is run the same way by tests/launcher_wsgi.rs.)

@@ -125,6 +125,19 @@ impl RequestBody {
         }
     }
 
+    /// A second copy of this body to send again, when that is possible without the client:
+    /// an empty body, or one wholly in memory (shared, not copied). A streamed or spooled
+    /// body cannot be replayed once the exchange has begun to read it: `None`.
+    pub fn replayable(&self) -> Option<RequestBody> {
+        match &self.kind {
+            Kind::Empty => Some(RequestBody::empty()),
+            Kind::Full(Some(bytes)) => Some(RequestBody::full(bytes.clone())),
+            // A source announced as empty (a FastCGI front's GET) has nothing to replay.
+            Kind::Source(_) if self.len == Some(0) => Some(RequestBody::empty()),
+            Kind::Full(None) | Kind::Source(_) => None,
+        }
+    }
+
     /// The body length, when known before reading it.
     pub fn len(&self) -> Option<u64> {
         self.len

@@ -186,6 +186,18 @@ impl Connections {
         Ok(conn)
     }
 
+    /// A new connection to `address`, never an idle one (after a kept one turned out
+    /// closed, its siblings may be too); a clean exchange puts it back here.
+    pub async fn fresh(
+        &self,
+        address: &BackendAddress,
+        connect_timeout: Duration,
+    ) -> Result<BackendConnection, BackendError> {
+        let mut conn = BackendConnection::connect(address, connect_timeout).await?;
+        conn.home = Some(self.clone());
+        Ok(conn)
+    }
+
     /// Keeps `conn` for reuse, unless the stack for its address is full.
     pub fn put(&self, mut conn: BackendConnection) {
         conn.home = None;

@@ -89,6 +89,18 @@ pub enum BackendError {
         /// sent (LSAPI's idle timeout, a restarted worker). See [`BackendError::retryable`].
         stale: bool,
     },
+    /// A kept connection refused the first byte of the request (a broken pipe or a reset on
+    /// the first write): the backend had closed its end before, as a worker exiting after its
+    /// last request or closing an idle connection does, and has none of this request. See
+    /// [`BackendError::retryable`]. (A reset or close after some bytes were written says
+    /// nothing so sure: php-cgi, for one, runs a script before reading the end of STDIN.)
+    #[error("the backend had closed the kept {protocol} connection before the request: {source}")]
+    StaleReset {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The socket error (a reset or a broken pipe).
+        source: io::Error,
+    },
     /// The request head cannot be encoded: a name or value is too long, too many
     /// parameters, bytes the protocol cannot carry.
     #[error("the request cannot be sent over {protocol}: {reason}")]
@@ -144,7 +156,8 @@ impl BackendError {
             | BackendError::Write { .. }
             | BackendError::Read { .. }
             | BackendError::Protocol { .. }
-            | BackendError::ClosedEarly { .. } => 502,
+            | BackendError::ClosedEarly { .. }
+            | BackendError::StaleReset { .. } => 502,
             BackendError::Refused { overloaded, .. } => {
                 if *overloaded {
                     503
@@ -182,14 +195,29 @@ impl BackendError {
     }
 
     /// Whether the request may be sent again on a fresh connection, if the caller still has
-    /// its body: when the connection could not be made, or when a kept connection turned
-    /// out closed before any response byte. In the second case a backend that crashed while
-    /// running the request looks the same, so callers resend only idempotent requests.
+    /// its body: when the connection could not be made, or when a kept connection failed
+    /// before any response byte ([`BackendError::is_stale`]). In the second case a backend
+    /// that read the whole request and then crashed looks like a clean close, so
+    /// `Gateway::dispatch` resends only when not one byte was written
+    /// ([`BackendError::request_left_unread`]).
     pub fn retryable(&self) -> bool {
+        matches!(self, BackendError::Connect { .. }) || self.is_stale()
+    }
+
+    /// A kept connection closed or reset before one byte of the response arrived: the
+    /// backend dropped the connection, not necessarily the request. Whether the worker died
+    /// is for the caller to find out (`Pool::fault` asks the process).
+    pub fn is_stale(&self) -> bool {
         matches!(
             self,
-            BackendError::Connect { .. } | BackendError::ClosedEarly { stale: true, .. }
+            BackendError::ClosedEarly { stale: true, .. } | BackendError::StaleReset { .. }
         )
+    }
+
+    /// Not one byte of the request reached the backend (its end of a kept connection was
+    /// closed before the first write).
+    pub fn request_left_unread(&self) -> bool {
+        matches!(self, BackendError::StaleReset { .. })
     }
 
     /// Whether the failure is a timeout.

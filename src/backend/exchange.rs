@@ -144,6 +144,17 @@ pub(super) async fn known_length(
         })?
 }
 
+/// Whether a write error says the peer's end was closed (a broken pipe, a reset, an abort)
+/// rather than some other failure.
+fn is_reset(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
 /// What one round of I/O achieved.
 enum Progress {
     /// Bytes were read, or the backend closed its side.
@@ -162,6 +173,8 @@ pub(super) struct Exchange {
     body: Option<RequestBody>,
     declared: Option<u64>,
     sent: u64,
+    /// Request bytes the socket accepted.
+    written: u64,
     eof: bool,
     /// Writing failed; reading goes on, as the backend may have answered already.
     write_error: Option<io::Error>,
@@ -198,6 +211,7 @@ impl Exchange {
             body: Some(body),
             declared,
             sent: 0,
+            written: 0,
             eof: false,
             write_error: None,
             options: options.clone(),
@@ -394,7 +408,22 @@ impl Exchange {
                 Poll::Ready(Ok(0)) => {
                     self.write_error = Some(io::ErrorKind::WriteZero.into());
                 }
-                Poll::Ready(Ok(n)) => self.outbuf.advance(n),
+                Poll::Ready(Ok(n)) => {
+                    self.written += n as u64;
+                    self.outbuf.advance(n);
+                }
+                // A kept connection whose backend end was gone before the first byte of this
+                // request (a worker that closed it while idle, as the request went out): the
+                // backend has none of it, so there is nothing to wait for, and the request
+                // may be sent again.
+                Poll::Ready(Err(source))
+                    if self.reused && self.written == 0 && is_reset(&source) =>
+                {
+                    return Poll::Ready(Err(BackendError::StaleReset {
+                        protocol: self.codec.protocol(),
+                        source,
+                    }));
+                }
                 Poll::Ready(Err(e)) => self.write_error = Some(e),
                 Poll::Pending => break,
             }

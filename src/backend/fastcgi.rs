@@ -10,7 +10,9 @@ use tokio::time::Instant;
 
 use super::exchange::{start, Codec as AnyCodec, Step};
 use super::Protocol;
-use super::{BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions};
+use super::{
+    BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, RequestBody,
+};
 use crate::protocols::cgi_response::CgiResponseDecoder;
 use crate::protocols::fastcgi::{
     encode_abort_request, encode_begin_request, encode_params, encode_stdin, encode_stdin_end,
@@ -29,18 +31,26 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
+    send_params(conn, &request.params, request.body, options).await
+}
+
+/// [`send`] with the parameters borrowed.
+pub async fn send_params(
+    conn: BackendConnection,
+    params: &[(Bytes, Bytes)],
+    body: RequestBody,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
     let mut head = BytesMut::with_capacity(1024);
     encode_begin_request(REQUEST_ID, Role::Responder, true, &mut head);
-    encode_params(REQUEST_ID, &request.params, &mut head).map_err(|e| {
-        BackendError::RequestHead {
-            protocol: Protocol::FastCgi,
-            reason: e.to_string(),
-        }
+    encode_params(REQUEST_ID, params, &mut head).map_err(|e| BackendError::RequestHead {
+        protocol: Protocol::FastCgi,
+        reason: e.to_string(),
     })?;
-    let declared = request.body.len();
+    let declared = body.len();
     let codec = AnyCodec::FastCgi(Codec::new(&options.limits));
-    start(conn, codec, head, request.body, declared, options, started).await
+    start(conn, codec, head, body, declared, options, started).await
 }
 
 /// Turns the backend's records into exchange steps.

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::exchange::{known_length, start, Codec as AnyCodec, Step};
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
+    RequestBody,
 };
 use crate::protocols::cgi_response::{CgiResponseDecoder, CgiResponseHead, CgiStatus};
 use crate::protocols::lsapi::{
@@ -24,12 +25,21 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
+    send_params(conn, &request.params, request.body, options).await
+}
+
+/// [`send`] with the parameters borrowed.
+pub async fn send_params(
+    conn: BackendConnection,
+    params: &[(Bytes, Bytes)],
+    body: RequestBody,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
-    let BackendRequest { params, body } = request;
     let body = known_length(body, options, started).await?;
     let len = body.len().unwrap_or(0);
     let mut head = BytesMut::with_capacity(2048);
-    begin_request(&params, len, &options.limits)
+    begin_request(params, len, &options.limits)
         .and_then(|builder| builder.encode(&mut head))
         .map_err(|e| BackendError::RequestHead {
             protocol: Protocol::Lsapi,

@@ -251,9 +251,21 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
+    send_params(protocol, conn, &request.params, request.body, options).await
+}
+
+/// [`send`] with the parameters borrowed, so that the caller still has them to send the
+/// request again when a kept connection turns out closed ([`BackendError::is_stale`]).
+pub async fn send_params(
+    protocol: Protocol,
+    conn: BackendConnection,
+    params: &[(Bytes, Bytes)],
+    body: RequestBody,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
     match protocol {
-        Protocol::FastCgi => fastcgi::send(conn, request, options).await,
-        Protocol::Scgi => scgi::send(conn, request, options).await,
-        Protocol::Lsapi => lsapi::send(conn, request, options).await,
+        Protocol::FastCgi => fastcgi::send_params(conn, params, body, options).await,
+        Protocol::Scgi => scgi::send_params(conn, params, body, options).await,
+        Protocol::Lsapi => lsapi::send_params(conn, params, body, options).await,
     }
 }

@@ -2,12 +2,13 @@
 //! per request; the netstring head (CONTENT_LENGTH first, `SCGI` = `1`), the body, then a
 //! CGI response read until the backend closes the connection.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use super::exchange::{known_length, start, Codec as AnyCodec, Step};
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
+    RequestBody,
 };
 use crate::protocols::cgi_response::CgiResponseDecoder;
 use crate::protocols::scgi::encode_request_head;
@@ -21,11 +22,20 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
+    send_params(conn, &request.params, request.body, options).await
+}
+
+/// [`send`] with the parameters borrowed.
+pub async fn send_params(
+    conn: BackendConnection,
+    params: &[(Bytes, Bytes)],
+    body: RequestBody,
+    options: &ExchangeOptions,
+) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
-    let body = known_length(request.body, options, started).await?;
+    let body = known_length(body, options, started).await?;
     let len = body.len().unwrap_or(0);
-    let params: Vec<(&[u8], &[u8])> = request
-        .params
+    let params: Vec<(&[u8], &[u8])> = params
         .iter()
         .filter(|(name, _)| name.as_ref() != b"CONTENT_LENGTH" && name.as_ref() != b"SCGI")
         .map(|(n, v)| (n.as_ref(), v.as_ref()))

@@ -18,8 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::access::{AccessLog, LogSettings, Record};
 use crate::backend::{
-    self, BackendError, BackendRequest, ExchangeOptions, RequestBody, ResponseBody, SpoolBudget,
-    SpoolConfig,
+    self, BackendError, ExchangeOptions, RequestBody, ResponseBody, SpoolBudget, SpoolConfig,
 };
 use crate::config::{Config, ListenAddress};
 use crate::error::StartupError;
@@ -647,42 +646,7 @@ impl Gateway {
         // A connection that cannot be made means nothing of the request reached the worker:
         // the request moves to another worker at once (a worker killed under load would
         // otherwise fail every request routed to it until its exit is noticed). Once a
-        // byte may have been sent, it is never sent again.
-        let mut slot = slot;
-        let mut tries = 0;
-        let conn = loop {
-            let address = slot.address();
-            let connected = match pool.protocol {
-                // SCGI is one connection per request by definition.
-                backend::Protocol::Scgi => {
-                    backend::BackendConnection::connect(address, pool.timeouts.connect).await
-                }
-                _ => pool.connections.get(address, pool.timeouts.connect).await,
-            };
-            match connected {
-                Ok(conn) => break conn,
-                Err(e) => {
-                    pool.fault(&slot, &e);
-                    if tries >= pool.retries {
-                        return Err(backend_err(e));
-                    }
-                    tries += 1;
-                    tracing::debug!(pool = %pool.name, request_id, error = %e, "request not sent; trying another worker");
-                    slot = pool
-                        .slots
-                        .reroute(slot)
-                        .await
-                        .map_err(|source| GatewayError::Slot {
-                            pool: Arc::clone(&pool.name),
-                            source,
-                        })?;
-                }
-            }
-        };
-        timer.connected();
-        if routed.logs.is_some() {
-            *pid = slot.pid();
-        }
+        // byte may have been sent, it is sent again only in the one case below.
         let options = ExchangeOptions {
             pool: Arc::clone(&pool.name),
             request_id,
@@ -691,17 +655,94 @@ impl Gateway {
             spool: self.spool_for(routed),
             stderr: None,
         };
-        let request = BackendRequest { params, body };
-        let response = match backend::send(pool.protocol, conn, request, &options).await {
-            Ok(r) => r,
-            Err(e) => {
-                pool.report(slot.worker(), &e);
-                pool.fault(&slot, &e);
-                return Err(backend_err(e));
+        let mut slot = slot;
+        let mut tries = 0;
+        let mut body = body;
+        // Whether the request was sent again after a kept connection failed; the next
+        // connection is then a new one (`fresh`), unless the worker changed.
+        let mut replayed = false;
+        let mut fresh = false;
+        loop {
+            let conn = loop {
+                let address = slot.address();
+                let connected = match pool.protocol {
+                    // SCGI is one connection per request by definition.
+                    backend::Protocol::Scgi => {
+                        backend::BackendConnection::connect(address, pool.timeouts.connect).await
+                    }
+                    _ if fresh => pool.connections.fresh(address, pool.timeouts.connect).await,
+                    _ => pool.connections.get(address, pool.timeouts.connect).await,
+                };
+                match connected {
+                    Ok(conn) => break conn,
+                    Err(e) => {
+                        pool.fault(&slot, &e);
+                        if tries >= pool.retries {
+                            return Err(backend_err(e));
+                        }
+                        tries += 1;
+                        fresh = false;
+                        tracing::debug!(pool = %pool.name, request_id, error = %e, "request not sent; trying another worker");
+                        slot = pool.slots.reroute(slot).await.map_err(|source| {
+                            GatewayError::Slot {
+                                pool: Arc::clone(&pool.name),
+                                source,
+                            }
+                        })?;
+                    }
+                }
+            };
+            if !replayed {
+                timer.connected();
             }
-        };
-        pool.healthy(&slot);
-        timer.head();
-        Ok((response.head, response.body, slot))
+            if routed.logs.is_some() {
+                *pid = slot.pid();
+            }
+            // A kept connection may have been closed by the worker while idle, just as the
+            // request went out (a worker exiting after its last request): keep what it takes
+            // to send the request once more. An in-memory body is shared, not copied.
+            let replay = if replayed || conn.requests_served() == 0 {
+                None
+            } else {
+                body.replayable()
+            };
+            let error =
+                match backend::send_params(pool.protocol, conn, &params, body, &options).await {
+                    Ok(response) => {
+                        pool.healthy(&slot);
+                        timer.head();
+                        return Ok((response.head, response.body, slot));
+                    }
+                    Err(e) => e,
+                };
+            // The kept connection failed before one response byte (ARCHITECTURE.md invariant
+            // 6): the request goes out once more on a new connection when its body can be
+            // replayed and it cannot have run: the first write met a closed socket. A close
+            // or reset after bytes went out may follow a worker that began to run it
+            // (decision 8: a 502). Either way `fault` asks whether the worker died and takes
+            // a dying one out of rotation: a resent request then goes to another worker.
+            let again = replay.filter(|_| error.request_left_unread());
+            let out = pool.fault(&slot, &error);
+            let Some(again) = again else {
+                pool.report(slot.worker(), &error);
+                return Err(backend_err(error));
+            };
+            tracing::debug!(pool = %pool.name, request_id, error = %error, worker_gone = out, "kept connection lost before the answer; sending the request again");
+            body = again;
+            replayed = true;
+            if out {
+                fresh = false;
+                slot = pool
+                    .slots
+                    .reroute(slot)
+                    .await
+                    .map_err(|source| GatewayError::Slot {
+                        pool: Arc::clone(&pool.name),
+                        source,
+                    })?;
+            } else {
+                fresh = true;
+            }
+        }
     }
 }

@@ -89,7 +89,13 @@ impl Pool {
     /// once and its driver replaces it (kills a refusing one, recycles a suspect one); a
     /// server of a pool of servers counts a failure toward `max_fails` (connect failures and
     /// timeouts only, as nginx counts them by default).
-    pub(crate) fn fault(&self, slot: &Slot, error: &BackendError) {
+    ///
+    /// A kept connection closed or reset before any response byte
+    /// ([`BackendError::is_stale`]) says only that the worker dropped that connection; it is
+    /// marked suspect when its process is dying or gone (a killed worker is flagged before
+    /// its sockets close), which is asked of the kernel here. Returns whether the worker left
+    /// rotation.
+    pub(crate) fn fault(&self, slot: &Slot, error: &BackendError) -> bool {
         let refused = matches!(error, BackendError::Connect { .. });
         // A connection reset or closed before the response head (not a kept connection that
         // went stale while idle) means the worker died or dropped the request: another
@@ -101,9 +107,11 @@ impl Pool {
                 | BackendError::Read { .. }
                 | BackendError::Write { .. }
                 | BackendError::ClosedEarly { stale: false, .. }
-        );
+        ) || (error.is_stale()
+            && self.supervisor.is_some()
+            && slot.pid().is_some_and(crate::process::is_exiting));
         if !refused && !suspect {
-            return;
+            return false;
         }
         let worker = slot.worker();
         match &self.supervisor {
@@ -123,6 +131,7 @@ impl Pool {
                     if refused { "it refused a connection" } else { "marked suspect" }
                 );
                 let _ = tx.send(command);
+                true
             }
             None if refused || matches!(error, BackendError::FirstByteTimeout { .. }) => {
                 let server = slot.address();
@@ -130,16 +139,19 @@ impl Pool {
                     Failed::Down(out) => {
                         self.connections.forget(server);
                         tracing::warn!(pool = %self.name, %server, error = %error, "server down: out of rotation for {out:?}, then probed");
+                        true
                     }
                     Failed::StillDown(out) => {
                         tracing::info!(pool = %self.name, %server, error = %error, "server still down: out of rotation for another {out:?}");
+                        true
                     }
-                    Failed::Counted | Failed::OutOfRotation => {
+                    failed @ (Failed::Counted | Failed::OutOfRotation) => {
                         tracing::info!(pool = %self.name, %server, error = %error, "server failure counted toward max_fails");
+                        failed == Failed::OutOfRotation
                     }
                 }
             }
-            None => {}
+            None => false,
         }
     }
 

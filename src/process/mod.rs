@@ -77,3 +77,64 @@ pub fn signal_group(pid: u32, signal: StopSignal) -> io::Result<bool> {
         Err(errno) => Err(io::Error::from(errno)),
     }
 }
+
+/// The kernel's `PF_EXITING` task flag (`include/linux/sched.h`): set as a process starts to
+/// exit, before its descriptors are closed.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether the process `pid` is gone or on its way out: no `/proc/PID/stat`, a zombie, or
+/// past the start of its exit (`PF_EXITING`). A worker killed with SIGKILL is flagged before
+/// the kernel closes its sockets, so a peer that sees one of them closed or reset can tell
+/// whether the process behind it died or only dropped that connection.
+///
+/// A pid that was reaped and reused reads as the new process, alive: callers ask only about
+/// workers their pool has not yet seen end.
+pub fn is_exiting(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat_says_exiting(&stat),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
+}
+
+/// [`is_exiting`] on the text of `/proc/PID/stat`: after the command name (in parentheses,
+/// and able to hold anything, so found from the last `)`), the state, then six fields on,
+/// the flags. Text that does not parse says "not exiting": the caller then keeps the worker.
+fn stat_says_exiting(stat: &str) -> bool {
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next().unwrap_or("");
+    if matches!(state, "Z" | "X" | "x") {
+        return true;
+    }
+    // ppid, pgrp, session, tty_nr, tpgid, then flags.
+    fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+#[cfg(test)]
+mod exiting_tests {
+    use super::*;
+
+    #[test]
+    fn the_stat_line_tells_a_running_process_from_a_dying_one() {
+        let running = "42 (php-cgi) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0";
+        assert!(!stat_says_exiting(running));
+        // PF_EXITING (0x4) set in 4194564.
+        let dying = "42 (a) b) R 1 42 42 0 -1 4194564 1 0 0 0 0 0 0 0 20 0 1 0";
+        assert!(stat_says_exiting(dying));
+        assert!(stat_says_exiting("42 (php-cgi) Z 1 42 42 0 -1 4194560"));
+        assert!(!stat_says_exiting("garbage"));
+        assert!(!stat_says_exiting("42 (x) S 1"));
+    }
+
+    #[test]
+    fn corral_itself_is_not_exiting_and_a_missing_pid_is() {
+        assert!(!is_exiting(std::process::id()));
+        // Above the kernel's pid_max ceiling (2^22): never a process.
+        assert!(is_exiting(5_000_000));
+    }
+}

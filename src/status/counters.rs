@@ -126,7 +126,8 @@ impl BackendErrorKind {
             BackendError::Connect { .. } => BackendErrorKind::Connect,
             BackendError::Write { .. }
             | BackendError::Read { .. }
-            | BackendError::ClosedEarly { .. } => BackendErrorKind::Io,
+            | BackendError::ClosedEarly { .. }
+            | BackendError::StaleReset { .. } => BackendErrorKind::Io,
             BackendError::Protocol { .. } => BackendErrorKind::Protocol,
             BackendError::Refused { .. } => BackendErrorKind::Refused,
             BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => {

@@ -20,6 +20,8 @@ pub const START: Duration = Duration::from_secs(20);
 pub const PHP_CGI: &str = "/usr/bin/php-cgi";
 /// lsphp as the setup script builds and caches it.
 pub const LSPHP: &str = "/var/cache/corral/lsphp-8.2/lsphp";
+/// The OPcache zend_extension built with that lsphp and installed beside it.
+pub const LSPHP_OPCACHE: &str = "/var/cache/corral/lsphp-8.2/opcache.so";
 
 /// A started peer: killed with its whole process group, then reaped, when dropped.
 pub struct Peer {
