@@ -31,6 +31,7 @@
 #   bash benches/hop.sh                       # all rows, c = 1 25 100, 5 s, 2 rounds
 #   ROWS='nx-fpm|nxco-cgi' LEVELS=25 bash benches/hop.sh
 # Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
+# SCHED (every corral's `[server] scheduler`; default corral's own),
 # LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT (a
 # file for the markdown table; stdout too). Before measuring it checks through each PHP front
 # that OPcache is really on (opcache_get_status() !== false) and stops if not.
@@ -41,6 +42,7 @@ SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-2}
 LEVELS=${LEVELS:-1 25 100}
 ROWS=${ROWS:-.*}
+sched_line=${SCHED:+scheduler = \"$SCHED\"}
 LSPHP=${LSPHP:-/var/cache/corral/lsphp-8.2/lsphp}
 LSPHP_OPCACHE=${LSPHP_OPCACHE:-$(dirname "$LSPHP")/opcache.so}
 [ -f "$LSPHP_OPCACHE" ] || { echo "no $LSPHP_OPCACHE: run scripts/build-lsphp.sh" >&2; exit 1; }
@@ -107,6 +109,7 @@ cat > "$s/null.toml" <<CONF
 [server]
 runtime_dir = "$s/run/null.d"
 log_level = "warn"
+$sched_line
 [[listen]]
 address = "127.0.0.1:18601"
 protocol = "http"
@@ -151,6 +154,7 @@ runtime_dir = "$s/run/$1.d"
 user = "www-data"
 group = "www-data"
 log_level = "warn"
+$sched_line
 [[listen]]
 address = "127.0.0.1:$2"
 protocol = "http"

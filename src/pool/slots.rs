@@ -4,7 +4,9 @@
 //! Each pool has its own small mutex (never a global one) held only for a few comparisons: the
 //! request path takes it once to check a slot out and once to give it back. A returned slot is
 //! handed straight to the oldest waiter that may use it, so a queued request never races a new
-//! arrival for a slot it has waited for. Waiting is bounded in length (`queue_size`) and time
+//! arrival for a slot it has waited for. On serving threads (`crate::shards`) the oldest waiter
+//! on the thread that freed the slot goes first, passing each older one over at most
+//! `MAX_PASSED` times: that hand-off wakes no other thread. Waiting is bounded in length (`queue_size`) and time
 //! (`queue_timeout`); a request that finds the queue full is refused at once, which the front
 //! listener answers with 503 and Retry-After.
 //!
@@ -209,7 +211,17 @@ struct Waiter {
     id: u64,
     context: usize,
     tx: oneshot::Sender<Grant>,
+    /// The serving thread it waits on (`crate::shards`).
+    shard: Option<usize>,
+    /// How many times a younger waiter was served before it ([`MAX_PASSED`]).
+    passed: u32,
 }
+
+/// How many times a waiter may be passed over for a younger one on the thread that freed the
+/// slot. Handing a slot to a request on that thread spares a wake-up of another thread (and
+/// keeps the worker's kept connection on the thread that holds it), which on 2 cores cost
+/// more than the request itself; the bound keeps the queue nearly FIFO.
+const MAX_PASSED: u32 = 2;
 
 #[derive(Debug)]
 struct State {
@@ -518,7 +530,13 @@ impl SlotTable {
             let (tx, rx) = oneshot::channel();
             let id = st.next_waiter;
             st.next_waiter = st.next_waiter.wrapping_add(1);
-            st.waiters.push_back(Waiter { id, context, tx });
+            st.waiters.push_back(Waiter {
+                id,
+                context,
+                tx,
+                shard: crate::shards::current(),
+                passed: 0,
+            });
             self.demand.notify_one();
             (Wait::new(self, id, context, rx), st.limits.queue_timeout)
         };
@@ -786,6 +804,7 @@ impl SlotTable {
     /// Hands free slots to waiters, oldest first. A waiter whose context is at its cap keeps
     /// its place and is skipped, so one busy context cannot block the others.
     fn grant_waiters(st: &mut State) {
+        Self::grant_local_waiter(st);
         let mut i = 0;
         while i < st.waiters.len() && st.in_flight < st.limits.max_conns {
             let Some((context, gone)) = st.waiters.get(i).map(|w| (w.context, w.tx.is_closed()))
@@ -812,6 +831,61 @@ impl SlotTable {
                     if let Some(w) = Self::entry(st, worker) {
                         w.finished = w.finished.saturating_sub(1);
                     }
+                }
+            }
+        }
+    }
+}
+
+impl SlotTable {
+    /// On a serving thread, grants capacity to the oldest waiter on the same thread, if no
+    /// older waiter has been passed over [`MAX_PASSED`] times already; the rest is granted in
+    /// queue order by `grant_waiters`.
+    fn grant_local_waiter(st: &mut State) {
+        let Some(here) = crate::shards::current() else {
+            return;
+        };
+        if st.in_flight >= st.limits.max_conns {
+            return;
+        }
+        let mut pick = None;
+        for (i, w) in st.waiters.iter().enumerate() {
+            if w.shard == Some(here) && !w.tx.is_closed() {
+                pick = Some((i, w.context));
+                break;
+            }
+            if w.passed >= MAX_PASSED {
+                return;
+            }
+        }
+        let Some((i, context)) = pick else {
+            return;
+        };
+        if i == 0 {
+            // The oldest one: the queue-order pass grants it anyway.
+            return;
+        }
+        let Some((worker, address, probe)) = Self::try_take(st, context) else {
+            return;
+        };
+        let Some(waiter) = st.waiters.remove(i) else {
+            return;
+        };
+        match waiter.tx.send((worker, address, probe)) {
+            Ok(()) => {
+                for w in st.waiters.iter_mut().take(i) {
+                    w.passed += 1;
+                }
+            }
+            Err(_) => {
+                // Gone between the check and the send: undo, as `grant_waiters` does.
+                if let Some(w) = Self::entry(st, worker) {
+                    w.started = w.started.saturating_sub(1);
+                    w.check_in = w.check_in.map(|n| n + 1);
+                }
+                Self::give_back(st, worker, context);
+                if let Some(w) = Self::entry(st, worker) {
+                    w.finished = w.finished.saturating_sub(1);
                 }
             }
         }
@@ -1162,6 +1236,57 @@ mod tests {
         assert_eq!(t.stats().queued, 1, "a worker being checked took a request");
         t.memory_checked(w, Some(2));
         assert_eq!(waiting.await.unwrap().unwrap(), w);
+    }
+
+    /// On serving threads, a freed slot goes to the oldest waiter on the thread that freed it,
+    /// passing older waiters on other threads over at most MAX_PASSED times each.
+    #[test]
+    fn a_freed_slot_prefers_a_waiter_on_its_own_thread_within_a_bound() {
+        let shards = crate::shards::Shards::start(2).unwrap();
+        let t = table(1, 100, &[None]);
+        ready_worker(&t, 1);
+        let on = |shard: usize| shards.handles()[shard].clone();
+        // The one slot, held on thread 0.
+        let (slot_tx, slot_rx) = std::sync::mpsc::channel();
+        let t0 = Arc::clone(&t);
+        on(0).spawn(async move { slot_tx.send(t0.acquire(0).await.unwrap()).unwrap() });
+        let mut held = slot_rx.recv().unwrap();
+        // Waiters in this order: A on thread 1, then B, C, D on thread 0.
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(&str, Slot)>();
+        let queue = |name: &'static str, shard: usize| {
+            let table = Arc::clone(&t);
+            let done = done_tx.clone();
+            let before = t.stats().queued;
+            on(shard).spawn(async move {
+                let slot = table.acquire(0).await.unwrap();
+                done.send((name, slot)).unwrap();
+            });
+            while t.stats().queued == before {
+                std::thread::yield_now();
+            }
+        };
+        queue("A", 1);
+        queue("B", 0);
+        queue("C", 0);
+        queue("D", 0);
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            // Freed on thread 0, as a request ending there frees it.
+            let (freed_tx, freed_rx) = std::sync::mpsc::channel();
+            on(0).spawn(async move {
+                drop(held);
+                freed_tx.send(()).unwrap();
+            });
+            freed_rx.recv().unwrap();
+            let (name, slot) = done_rx.recv().unwrap();
+            order.push(name);
+            held = slot;
+        }
+        // B and C go first (thread 0's own), then A has been passed over twice and goes
+        // before D.
+        assert_eq!(order, ["B", "C", "A", "D"]);
+        drop(held);
+        assert_eq!(t.stats().in_flight, 0);
     }
 
     /// Many tasks hammer a small table; the caps hold at every instant and every slot comes
