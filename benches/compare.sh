@@ -605,9 +605,9 @@ cp "$scratch/nginx.conf" "$data/nginx.conf"; sed -i "s#$scratch#\$SCRATCH#g" "$d
 for f in null-fastcgi php-cgi-fcgi lsphp-http; do sed "s#$scratch#\$SCRATCH#g" "$scratch/$f.toml" > "$data/$f.toml"; done
 write_report > "$scratch/report.py"
 # benches/hop.sh and benches/launchers.sh keep their own sections of the report, between
-# their markers: carried over.
+# their markers, as does the benches/ab.sh scheduler comparison: carried over.
 kept=""
-for script in hop.sh launchers.sh; do
+for script in ab.sh hop.sh launchers.sh; do
   section=$(sed -n "/^<!-- $script -->\$/,/^<!-- \/$script -->\$/p" "$OUT" 2>/dev/null || true)
   [ -z "$section" ] || kept+=$'\n'"$section"$'\n'
 done
