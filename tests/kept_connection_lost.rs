@@ -185,6 +185,7 @@ fn serve(mut s: UnixStream, proto: Proto, then: Then, seen: &Seen) {
             encode_stdout_end(id, &mut out);
             encode_end_request(id, 0, ProtocolStatus::RequestComplete, &mut out);
             seen.answered.fetch_add(1, Ordering::SeqCst);
+            gone_before_answer(&s, then);
             s.write_all(&out).unwrap();
             dec.finish(id);
             if then == Then::Close {
@@ -201,6 +202,7 @@ fn serve(mut s: UnixStream, proto: Proto, then: Then, seen: &Seen) {
             enc.stream(&answer_text(connection, &request), &mut out);
             enc.end(&mut out);
             seen.answered.fetch_add(1, Ordering::SeqCst);
+            gone_before_answer(&s, then);
             s.write_all(&out).unwrap();
             if then == Then::Close {
                 let _ = read_lsapi(&mut s, &mut dec, &mut buf);
@@ -208,10 +210,18 @@ fn serve(mut s: UnixStream, proto: Proto, then: Then, seen: &Seen) {
         }
     }
     if then == Then::Gone {
-        // The connection still looks open from corral's side (no EOF to read), but its next
-        // write is refused; held until corral has moved on.
-        s.shutdown(Shutdown::Read).unwrap();
+        // Held until corral has moved on.
         thread::sleep(Duration::from_secs(3));
+    }
+}
+
+/// With `Then::Gone`, shuts the reading end before the answer goes out: the connection still
+/// looks open from corral's side (no EOF to read), but its next write is refused. Done after
+/// the answer, it could race the next request, which corral may write as soon as it has the
+/// answer.
+fn gone_before_answer(s: &UnixStream, then: Then) {
+    if then == Then::Gone {
+        s.shutdown(Shutdown::Read).unwrap();
     }
 }
 
