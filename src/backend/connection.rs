@@ -237,9 +237,9 @@ impl Connections {
     }
 
     /// The newest idle connection to `address` made on the caller's serving thread, else the
-    /// newest of any thread's: one made on another thread still works (its readiness comes
-    /// through that thread's runtime), and a worker that takes one connection at a time
-    /// (php-cgi) could not accept a new one while it waits on the idle one.
+    /// newest of any thread's (which `get` moves to this thread's runtime): a worker that
+    /// takes one connection at a time (php-cgi) could not accept a new one while it waits on
+    /// the idle one.
     fn pop(&self, address: &BackendAddress) -> Option<BackendConnection> {
         let mut idle = self.inner.lock().ok()?;
         let stack = idle.stack(address)?;
