@@ -821,16 +821,7 @@ impl SlotTable {
             };
             if let Some(waiter) = st.waiters.remove(i) {
                 if waiter.tx.send((worker, address, probe)).is_err() {
-                    // The waiter gave up between the check and the send. Its request never
-                    // ran, so the worker's request count and memory check stay as they were.
-                    if let Some(w) = Self::entry(st, worker) {
-                        w.started = w.started.saturating_sub(1);
-                        w.check_in = w.check_in.map(|n| n + 1);
-                    }
-                    Self::give_back(st, worker, context);
-                    if let Some(w) = Self::entry(st, worker) {
-                        w.finished = w.finished.saturating_sub(1);
-                    }
+                    Self::ungrant(st, worker, context);
                 }
             }
         }
@@ -838,6 +829,19 @@ impl SlotTable {
 }
 
 impl SlotTable {
+    /// Undoes a grant whose waiter gave up between the check and the send. Its request never
+    /// ran, so the worker's request count and memory check stay as they were.
+    fn ungrant(st: &mut State, worker: WorkerId, context: usize) {
+        if let Some(w) = Self::entry(st, worker) {
+            w.started = w.started.saturating_sub(1);
+            w.check_in = w.check_in.map(|n| n + 1);
+        }
+        Self::give_back(st, worker, context);
+        if let Some(w) = Self::entry(st, worker) {
+            w.finished = w.finished.saturating_sub(1);
+        }
+    }
+
     /// On a serving thread, grants capacity to the oldest waiter on the same thread, if no
     /// older waiter has been passed over [`MAX_PASSED`] times already; the rest is granted in
     /// queue order by `grant_waiters`.
@@ -877,17 +881,7 @@ impl SlotTable {
                     w.passed += 1;
                 }
             }
-            Err(_) => {
-                // Gone between the check and the send: undo, as `grant_waiters` does.
-                if let Some(w) = Self::entry(st, worker) {
-                    w.started = w.started.saturating_sub(1);
-                    w.check_in = w.check_in.map(|n| n + 1);
-                }
-                Self::give_back(st, worker, context);
-                if let Some(w) = Self::entry(st, worker) {
-                    w.finished = w.finished.saturating_sub(1);
-                }
-            }
+            Err(_) => Self::ungrant(st, worker, context),
         }
     }
 }
