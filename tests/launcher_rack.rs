@@ -22,6 +22,7 @@ use corral::protocols::lsapi::{
 use corral::protocols::Limits;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use support::lsapi::{assert_closed_without_answer, read_answer_from, Answer};
 use support::peers::{md5_hex, shared_dir, write_file};
 use support::server::{http, parse_response, Corral};
 
@@ -484,69 +485,15 @@ fn begin_request(method: &str, path: &str, query: &str, body: &[u8], order: Byte
     out.to_vec()
 }
 
-/// What one response carried.
-#[derive(Debug)]
-struct Answer {
-    /// The flag byte of every packet.
-    flags: Vec<u8>,
-    events: Vec<ResponseEvent>,
-    status: u16,
-    lines: Vec<String>,
-    body: Vec<u8>,
-}
-
 /// Reads packets until RESP_END.
 fn read_answer(s: &mut UnixStream) -> Answer {
-    let mut decoder = ResponseDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::new();
-    let mut answer = Answer {
-        flags: Vec::new(),
-        events: Vec::new(),
-        status: 0,
-        lines: Vec::new(),
-        body: Vec::new(),
-    };
-    let mut chunk = [0u8; 65536];
-    loop {
-        if buf.len() >= 4 {
-            let flag = buf[3];
-            if let Some(event) = decoder.decode(&mut buf).unwrap() {
-                answer.flags.push(flag);
-                match &event {
-                    ResponseEvent::Header(head) => {
-                        answer.status = head.status;
-                        answer.lines = head
-                            .lines
-                            .iter()
-                            .map(|l| String::from_utf8_lossy(l).into_owned())
-                            .collect();
-                    }
-                    ResponseEvent::Stream(data) => answer.body.extend_from_slice(data),
-                    _ => {}
-                }
-                let end = event == ResponseEvent::End;
-                answer.events.push(event);
-                if end {
-                    return answer;
-                }
-                continue;
-            }
-        }
-        let n = s.read(&mut chunk).unwrap();
-        assert!(n > 0, "connection closed before RESP_END: {answer:?}");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// The connection ends with no answer at all (a close with unread input is a reset).
-fn assert_closed_without_answer(s: &mut UnixStream) {
-    let mut rest = Vec::new();
-    match s.read_to_end(&mut rest) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        Err(e) => panic!("reading the answer to a bad request: {e}"),
-    }
-    assert!(rest.is_empty(), "answered a bad request: {rest:?}");
+    let mut answer = Answer::default();
+    assert!(
+        read_answer_from(s, &mut buf, &mut answer),
+        "connection closed before RESP_END: {answer:?}"
+    );
+    answer
 }
 
 #[test]

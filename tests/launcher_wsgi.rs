@@ -21,12 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use corral::protocols::lsapi::{
-    ByteOrder, FlagRule, RequestBuilder, ResponseDecoder, ResponseEvent,
-};
+use corral::protocols::lsapi::{ByteOrder, FlagRule, RequestBuilder, ResponseEvent};
 use corral::protocols::Limits;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use support::lsapi::{assert_closed_without_answer, read_answer_from, Answer};
 use support::peers::{shared_dir, write_file};
 use support::server::{http, parse_response, Corral};
 
@@ -663,70 +662,6 @@ fn get(path: &str) -> Vec<u8> {
     request(path, &[], &[], b"", ByteOrder::NATIVE)
 }
 
-/// What one response carried.
-#[derive(Debug)]
-struct Answer {
-    /// The flag byte of every packet.
-    flags: Vec<u8>,
-    events: Vec<ResponseEvent>,
-    status: u16,
-    lines: Vec<String>,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// Reads packets until RESP_END, from `buf` first, leaving what follows it there; false when
-/// the connection ends first (with the packets read until then in `partial`).
-fn read_answer_from(s: &mut UnixStream, buf: &mut BytesMut, partial: &mut Answer) -> bool {
-    let mut decoder = ResponseDecoder::new(&Limits::DEFAULT);
-    let mut chunk = [0u8; 65536];
-    loop {
-        if buf.len() >= 4 {
-            let flag = buf[3];
-            if let Some(event) = decoder.decode(buf).unwrap() {
-                partial.flags.push(flag);
-                match &event {
-                    ResponseEvent::Header(head) => {
-                        partial.status = head.status;
-                        partial.lines = head
-                            .lines
-                            .iter()
-                            .map(|l| String::from_utf8_lossy(l).into_owned())
-                            .collect();
-                    }
-                    ResponseEvent::Stream(data) => partial.body.extend_from_slice(data),
-                    _ => {}
-                }
-                let end = event == ResponseEvent::End;
-                partial.events.push(event);
-                if end {
-                    return true;
-                }
-                continue;
-            }
-        }
-        match s.read(&mut chunk) {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-fn empty_answer() -> Answer {
-    Answer {
-        flags: Vec::new(),
-        events: Vec::new(),
-        status: 0,
-        lines: Vec::new(),
-        body: Vec::new(),
-    }
-}
-
 /// Reads packets until RESP_END, `partial` holding those read when the connection ends
 /// first; nothing may follow RESP_END, since one request was sent.
 fn try_read_answer(s: &mut UnixStream, partial: &mut Answer) -> bool {
@@ -737,7 +672,7 @@ fn try_read_answer(s: &mut UnixStream, partial: &mut Answer) -> bool {
 }
 
 fn read_answer(s: &mut UnixStream) -> Answer {
-    let mut answer = empty_answer();
+    let mut answer = Answer::default();
     assert!(
         try_read_answer(s, &mut answer),
         "connection closed before RESP_END: {answer:?}"
@@ -750,17 +685,6 @@ fn exchange(launcher: &Launcher, raw: &[u8]) -> Answer {
     let mut s = launcher.connect();
     s.write_all(raw).unwrap();
     read_answer(&mut s)
-}
-
-/// The connection ends with no answer at all (a close with unread input is a reset).
-fn assert_closed_without_answer(s: &mut UnixStream) {
-    let mut rest = Vec::new();
-    match s.read_to_end(&mut rest) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-        Err(e) => panic!("reading the answer to a bad request: {e}"),
-    }
-    assert!(rest.is_empty(), "answered a bad request: {rest:?}");
 }
 
 #[test]
@@ -830,7 +754,7 @@ fn wsgi_input_gives_lines_and_ends_at_the_announced_length() {
     s.write_all(&raw).unwrap();
     // Both answers may come in one read.
     let mut buf = BytesMut::new();
-    let (mut first, mut second) = (empty_answer(), empty_answer());
+    let (mut first, mut second) = (Answer::default(), Answer::default());
     assert!(read_answer_from(&mut s, &mut buf, &mut first), "{first:?}");
     assert!(
         read_answer_from(&mut s, &mut buf, &mut second),
@@ -922,7 +846,7 @@ fn pep_3333_corner_cases() {
     drop(s);
     let mut s = launcher.connect();
     s.write_all(&get("/late-error")).unwrap();
-    let mut a = empty_answer();
+    let mut a = Answer::default();
     assert!(!try_read_answer(&mut s, &mut a), "{a:?}");
     assert_eq!((a.status, a.text().as_str()), (200, "partial;"));
     launcher.wait_log("RuntimeError: failed after the head");

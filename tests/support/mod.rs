@@ -9,6 +9,7 @@
 
 pub mod apps;
 pub mod front;
+pub mod lsapi;
 pub mod matrix;
 pub mod peers;
 pub mod server;
