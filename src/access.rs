@@ -18,6 +18,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::config::{AccessFormat, LogTarget, ServerConfig};
+use crate::protocols::cgi::CgiParams;
 
 /// What the request logs are set to, as a generation serves them (a reload may change them).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,15 +88,15 @@ pub struct Record {
 impl Record {
     /// The fields of a request from its CGI variables.
     pub fn from_params(
-        params: &[(Bytes, Bytes)],
+        params: &CgiParams,
         pool: std::sync::Arc<str>,
         generation: u64,
         request_id: u64,
     ) -> Record {
         // One pass over the variables (some thirty) rather than one per field.
         let mut fields: [Bytes; 7] = Default::default();
-        for (name, value) in params {
-            let slot = match &name[..] {
+        for (name, value) in params.iter() {
+            let slot = match name {
                 b"REMOTE_ADDR" => 0,
                 b"REQUEST_METHOD" => 1,
                 b"REQUEST_URI" => 2,
@@ -106,7 +107,7 @@ impl Record {
                 _ => continue,
             };
             if let Some(f) = fields.get_mut(slot) {
-                *f = value.clone();
+                *f = Bytes::copy_from_slice(value);
             }
         }
         let [client, method, uri, protocol, host, referer, user_agent] = fields;
@@ -558,6 +559,7 @@ mod tests {
                 Bytes::from_static(b"HTTP/1.1"),
             ),
         ];
+        let params = CgiParams::from_pairs(&params).unwrap();
         let mut r = Record::from_params(&params, "php".into(), 2, 9);
         r.status = 200;
         r.bytes = 12;

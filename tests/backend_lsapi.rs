@@ -170,7 +170,7 @@ async fn lsphp_chunked_body_is_spooled() {
     let spool_dir = tempfile::tempdir().unwrap();
     let mut options = ExchangeOptions::new("lsphp", 4);
     options.spool = SpoolConfig {
-        dir: spool_dir.path().to_path_buf(),
+        dir: spool_dir.path().into(),
         max_bytes: 4 << 20,
         memory_bytes: 64 * 1024,
         ..SpoolConfig::default()

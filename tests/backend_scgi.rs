@@ -142,7 +142,7 @@ async fn scgi_post_of_unknown_length_is_spooled() {
     let spool_dir = tempfile::tempdir().unwrap();
     let mut options = ExchangeOptions::new("wsgi", 3);
     options.spool = SpoolConfig {
-        dir: spool_dir.path().to_path_buf(),
+        dir: spool_dir.path().into(),
         max_bytes: 1 << 20,
         memory_bytes: 16,
         ..SpoolConfig::default()

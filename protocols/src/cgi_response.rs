@@ -336,9 +336,7 @@ fn trim_ows(value: &[u8]) -> Range<usize> {
 }
 
 fn is_token(b: &[u8]) -> bool {
-    !b.is_empty()
-        && b.iter()
-            .all(|&c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
+    crate::cgi::is_token(b)
 }
 
 /// Whether every byte is allowed in a field value (RFC 9110 §5.5: no controls but HTAB).

@@ -1193,3 +1193,26 @@ fn feed_lenient<T>(
     }
     Ok(n)
 }
+
+/// The PARAMS stream made from pairs encoded once is byte for byte the one made pair by
+/// pair: one record for a usual request, pairs kept whole across records for a large one,
+/// and a pair longer than a record split as `encode_params` splits it.
+#[test]
+fn a_params_block_encodes_as_the_pairs_would() {
+    let big = vec![b'v'; 70_000];
+    let mid = vec![b'm'; 40_000];
+    let cases: Vec<Vec<(&[u8], &[u8])>> = vec![
+        vec![],
+        vec![(b"SCRIPT_NAME", b"/i.php"), (b"QUERY_STRING", b"")],
+        vec![(b"A", &mid), (b"B", &mid), (b"C", b"3")],
+        vec![(b"A", b"1"), (b"BIG", &big), (b"Z", b"26")],
+    ];
+    for pairs in cases {
+        let mut want = BytesMut::new();
+        encode_params(3, &pairs, &mut want).unwrap();
+        let block = corral_protocols::cgi::CgiParams::from_pairs(&pairs).unwrap();
+        let mut got = BytesMut::new();
+        corral_protocols::fastcgi::encode_params_block(3, &block, &mut got);
+        assert_eq!(got, want, "{} pairs", pairs.len());
+    }
+}

@@ -13,9 +13,10 @@ use super::Protocol;
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, RequestBody,
 };
+use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::CgiResponseDecoder;
 use crate::protocols::fastcgi::{
-    encode_abort_request, encode_begin_request, encode_params, encode_stdin, encode_stdin_end,
+    encode_abort_request, encode_begin_request, encode_params_block, encode_stdin, encode_stdin_end,
     ProtocolStatus, ResponseDecoder, ResponseEvent, Role,
 };
 use crate::protocols::Limits;
@@ -31,23 +32,25 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
-    send_params(conn, &request.params, request.body, options).await
+    let params = CgiParams::from_pairs(&request.params).map_err(|e| BackendError::RequestHead {
+        protocol: Protocol::FastCgi,
+        reason: e.to_string(),
+    })?;
+    send_params(conn, &params, request.body, options).await
 }
 
 /// [`send`] with the parameters borrowed.
 pub async fn send_params(
     conn: BackendConnection,
-    params: &[(Bytes, Bytes)],
+    params: &CgiParams,
     body: RequestBody,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
-    let mut head = BytesMut::with_capacity(1024);
+    // BEGIN_REQUEST, the PARAMS records and (for an empty body) the end of STDIN.
+    let mut head = BytesMut::with_capacity(params.encoded().len() + 48);
     encode_begin_request(REQUEST_ID, Role::Responder, true, &mut head);
-    encode_params(REQUEST_ID, params, &mut head).map_err(|e| BackendError::RequestHead {
-        protocol: Protocol::FastCgi,
-        reason: e.to_string(),
-    })?;
+    encode_params_block(REQUEST_ID, params, &mut head);
     let declared = body.len();
     let codec = AnyCodec::FastCgi(Codec::new(&options.limits));
     start(conn, codec, head, body, declared, options, started).await

@@ -13,6 +13,7 @@ use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
     RequestBody,
 };
+use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::{CgiResponseDecoder, CgiResponseHead, CgiStatus};
 use crate::protocols::lsapi::{
     LsapiError, RequestBuilder, ResponseDecoder, ResponseEvent, ResponseHead, POINTED_ENV,
@@ -25,13 +26,17 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
-    send_params(conn, &request.params, request.body, options).await
+    let params = CgiParams::from_pairs(&request.params).map_err(|e| BackendError::RequestHead {
+        protocol: Protocol::Lsapi,
+        reason: e.to_string(),
+    })?;
+    send_params(conn, &params, request.body, options).await
 }
 
 /// [`send`] with the parameters borrowed.
 pub async fn send_params(
     conn: BackendConnection,
-    params: &[(Bytes, Bytes)],
+    params: &CgiParams,
     body: RequestBody,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
@@ -49,16 +54,13 @@ pub async fn send_params(
     start(conn, codec, head, body, Some(len), options, started).await
 }
 
-fn param<'a>(params: &'a [(Bytes, Bytes)], name: &str) -> Option<&'a [u8]> {
-    params
-        .iter()
-        .find(|(n, _)| n.as_ref() == name.as_bytes())
-        .map(|(_, v)| v.as_ref())
+fn param<'a>(params: &'a CgiParams, name: &str) -> Option<&'a [u8]> {
+    params.get(name.as_bytes())
 }
 
 /// The request line of the synthesised HTTP head: lsphp never parses it, but header
 /// offsets count from it.
-fn request_line(params: &[(Bytes, Bytes)]) -> Vec<u8> {
+fn request_line(params: &CgiParams) -> Vec<u8> {
     let method = param(params, "REQUEST_METHOD").unwrap_or(b"GET");
     let protocol = param(params, "SERVER_PROTOCOL").unwrap_or(b"HTTP/1.1");
     let mut line = method.to_vec();
@@ -100,14 +102,14 @@ fn header_name(cgi: &[u8]) -> Vec<u8> {
 /// Builds BEGIN_REQUEST: `HTTP_*` parameters and `CONTENT_TYPE` become request headers,
 /// `Content-Length` carries the real body length, every other parameter is an env pair.
 fn begin_request(
-    params: &[(Bytes, Bytes)],
+    params: &CgiParams,
     body_len: u64,
     limits: &Limits,
 ) -> Result<RequestBuilder, LsapiError> {
     let mut builder = RequestBuilder::new(limits, &request_line(params))?;
     let mut had_length = false;
-    for (name, value) in params {
-        match name.as_ref() {
+    for (name, value) in params.iter() {
+        match name {
             // The body goes raw with its real length; copies of the entity headers that
             // some fronts send as HTTP_* would repeat a known header.
             b"HTTP_CONTENT_LENGTH" | b"HTTP_CONTENT_TYPE" | b"HTTP_TRANSFER_ENCODING" => {}

@@ -23,13 +23,14 @@ pub mod scgi;
 mod spool;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::config::{BackendProtocol, PoolConfig};
+use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
 
@@ -111,7 +112,8 @@ impl Default for Timeouts {
 #[derive(Debug, Clone)]
 pub struct SpoolConfig {
     /// Directory of the temporary files (the runtime or temp dir); each is unlinked at once.
-    pub dir: PathBuf,
+    /// Shared, so that the copy each request takes costs no allocation.
+    pub dir: Arc<Path>,
     /// Largest body spooled; a longer one fails with 413.
     pub max_bytes: u64,
     /// Bodies up to this size stay in memory instead of a file.
@@ -124,7 +126,7 @@ impl Default for SpoolConfig {
     /// The system temp dir, at most 1 GiB, 64 KiB in memory, a 4 GiB budget.
     fn default() -> SpoolConfig {
         SpoolConfig {
-            dir: std::env::temp_dir(),
+            dir: std::env::temp_dir().into(),
             max_bytes: 1 << 30,
             memory_bytes: 64 * 1024,
             budget: Arc::new(SpoolBudget::new(crate::config::DEFAULT_SPOOL_BUDGET)),
@@ -251,7 +253,11 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
-    send_params(protocol, conn, &request.params, request.body, options).await
+    let params = CgiParams::from_pairs(&request.params).map_err(|e| BackendError::RequestHead {
+        protocol,
+        reason: e.to_string(),
+    })?;
+    send_params(protocol, conn, &params, request.body, options).await
 }
 
 /// [`send`] with the parameters borrowed, so that the caller still has them to send the
@@ -259,7 +265,7 @@ pub async fn send(
 pub async fn send_params(
     protocol: Protocol,
     conn: BackendConnection,
-    params: &[(Bytes, Bytes)],
+    params: &CgiParams,
     body: RequestBody,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {

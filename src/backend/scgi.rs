@@ -2,7 +2,7 @@
 //! per request; the netstring head (CONTENT_LENGTH first, `SCGI` = `1`), the body, then a
 //! CGI response read until the backend closes the connection.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::exchange::{known_length, start, Codec as AnyCodec, Step};
@@ -10,6 +10,7 @@ use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
     RequestBody,
 };
+use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::CgiResponseDecoder;
 use crate::protocols::scgi::encode_request_head;
 use crate::protocols::Limits;
@@ -22,13 +23,17 @@ pub async fn send(
     request: BackendRequest,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
-    send_params(conn, &request.params, request.body, options).await
+    let params = CgiParams::from_pairs(&request.params).map_err(|e| BackendError::RequestHead {
+        protocol: Protocol::Scgi,
+        reason: e.to_string(),
+    })?;
+    send_params(conn, &params, request.body, options).await
 }
 
 /// [`send`] with the parameters borrowed.
 pub async fn send_params(
     conn: BackendConnection,
-    params: &[(Bytes, Bytes)],
+    params: &CgiParams,
     body: RequestBody,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
@@ -37,8 +42,7 @@ pub async fn send_params(
     let len = body.len().unwrap_or(0);
     let params: Vec<(&[u8], &[u8])> = params
         .iter()
-        .filter(|(name, _)| name.as_ref() != b"CONTENT_LENGTH" && name.as_ref() != b"SCGI")
-        .map(|(n, v)| (n.as_ref(), v.as_ref()))
+        .filter(|(name, _)| *name != b"CONTENT_LENGTH" && *name != b"SCGI")
         .collect();
     let mut head = BytesMut::with_capacity(1024);
     encode_request_head(len, &params, &options.limits, &mut head).map_err(|e| {

@@ -11,7 +11,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
-use crate::protocols::cgi::{normalize_decoded_path, normalize_front_params, parse_request_path};
+use crate::protocols::cgi::{
+    normalize_decoded_path, normalize_front_params, parse_request_path, CgiParams,
+};
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
 /// Bytes read at a time while lingering (into a buffer the caller already has, or one of this
@@ -27,7 +29,7 @@ pub(crate) fn prepare(
     listener: &ListenAddress,
     params: Vec<(Bytes, Bytes)>,
     request_id: u64,
-) -> Result<(Routed, Vec<(Bytes, Bytes)>), GatewayError> {
+) -> Result<(Routed, CgiParams), GatewayError> {
     let get = |name: &[u8]| params.iter().find(|(n, _)| n == name).map(|(_, v)| v);
     let host = get(b"HTTP_HOST")
         .filter(|h| !h.is_empty())
@@ -54,7 +56,7 @@ pub(crate) fn prepare(
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
-    Ok((routed, vars.vars))
+    Ok((routed, CgiParams::from_pairs(&vars.vars)?))
 }
 
 /// Where a CGI front writes a response: FCGI_STDOUT records on a FastCGI connection, the

@@ -43,8 +43,8 @@ use crate::front::sendfile;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    build_cgi_vars_for, has_allowed_ext, has_hidden_segment, parse_request_path, CgiRequest,
-    RequestPath, ScriptMode,
+    encode_cgi_vars, has_allowed_ext, has_hidden_segment, parse_request_path, CgiParams,
+    CgiRequest, RequestPath, ScriptMode,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -288,10 +288,9 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                 Err(source) => return error_response(request_id, &GatewayError::Body(source)),
             };
             if chunked {
-                if let Some((_, value)) =
-                    params.iter_mut().find(|(n, _)| n == &b"CONTENT_LENGTH"[..])
-                {
-                    *value = Bytes::from(body_now.len().unwrap_or(0).to_string());
+                let length = body_now.len().unwrap_or(0).to_string();
+                if let Err(e) = params.set(b"CONTENT_LENGTH", length.as_bytes()) {
+                    return error_response(request_id, &GatewayError::Cgi(e));
                 }
             }
         }
@@ -770,15 +769,22 @@ fn cgi_params(
     path: &RequestPath<'_>,
     host: &str,
     body: &RequestBody,
-) -> Result<Vec<(Bytes, Bytes)>, GatewayError> {
+) -> Result<CgiParams, GatewayError> {
     // A client's X-Sendfile-Type and X-Accel-Mapping are the proxy's word, not the
     // client's: corral sends its own (front::sendfile).
-    let headers: Vec<(&[u8], &[u8])> = parts
+    // On the stack: hyper lets no more than MAX_HEADERS fields through.
+    let mut fields: [(&[u8], &[u8]); MAX_HEADERS] = [(&[], &[]); MAX_HEADERS];
+    let mut count = 0;
+    let client_fields = parts
         .headers
         .iter()
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-        .filter(|(n, _)| !sendfile::is_proxy_request_header(n))
-        .collect();
+        .filter(|(n, _)| !sendfile::is_proxy_request_header(n));
+    for (slot, field) in fields.iter_mut().zip(client_fields) {
+        *slot = field;
+        count += 1;
+    }
+    let headers = fields.get(..count).unwrap_or_default();
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
     // out rather than filled with a loopback placeholder that an app would trust.
@@ -797,7 +803,7 @@ fn cgi_params(
         method,
         target,
         protocol,
-        headers: &headers,
+        headers,
         body_length: body.len(),
         remote_addr: remote_addr.as_bytes(),
         remote_port,
@@ -806,12 +812,13 @@ fn cgi_params(
         server_name: host.as_bytes(),
         https: forwarded_https(info, &parts.headers),
     };
-    let vars = build_cgi_vars_for(&req, path, &routed.context.cgi, &gateway.limits)?;
-    for d in &vars.dropped {
+    let (mut vars, dropped) = encode_cgi_vars(&req, path, &routed.context.cgi, &gateway.limits)?;
+    for d in &dropped {
         tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
     }
-    let mut vars = vars.vars;
-    vars.extend(sendfile::backend_vars(&routed.context.config));
+    for (name, value) in sendfile::backend_vars(&routed.context.config) {
+        vars.push(&name, &value)?;
+    }
     Ok(vars)
 }
 

@@ -19,6 +19,7 @@ use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::cgi::{self, error_answer, linger, prepare, CgiSink, Relayed};
 use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, Routed};
+use crate::protocols::cgi::CgiParams;
 use crate::net::Stream;
 use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
 
@@ -160,7 +161,7 @@ pub async fn serve_connection(
 async fn respond(
     gateway: &Gateway,
     routed: &Routed,
-    params: Vec<(Bytes, Bytes)>,
+    params: CgiParams,
     body: RequestBody,
     request_id: u64,
     writer: &mut WriteHalf<Stream>,

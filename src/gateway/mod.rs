@@ -24,7 +24,7 @@ use crate::config::{Config, ListenAddress};
 use crate::error::StartupError;
 use crate::pool::driver::Command as DriverCommand;
 use crate::pool::slots::{Slot, SlotError};
-use crate::protocols::cgi::CgiError;
+use crate::protocols::cgi::{CgiError, CgiParams};
 use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
 pub use crate::router::RouteKey;
@@ -298,7 +298,7 @@ impl Routed {
     /// missing script is then answered 404 without spooling a byte of it.
     pub fn precheck(
         &self,
-        params: &[(Bytes, Bytes)],
+        params: &CgiParams,
         body_len: Option<u64>,
     ) -> Result<(), GatewayError> {
         script::check(&self.context.cgi, params)?;
@@ -409,7 +409,7 @@ impl Gateway {
             limits: Limits::DEFAULT,
             // Spool files live in the private runtime directory, not a shared /tmp.
             spool: SpoolConfig {
-                dir: config.server.runtime_dir.clone(),
+                dir: config.server.runtime_dir.as_path().into(),
                 budget: Arc::new(SpoolBudget::new(config.server.spool_budget)),
                 ..SpoolConfig::default()
             },
@@ -541,7 +541,7 @@ impl Gateway {
     pub async fn dispatch(
         &self,
         routed: &Routed,
-        params: Vec<(Bytes, Bytes)>,
+        params: CgiParams,
         body: RequestBody,
         request_id: u64,
     ) -> Result<GatewayResponse, GatewayError> {
@@ -620,7 +620,7 @@ impl Gateway {
     async fn exchange(
         &self,
         routed: &Routed,
-        params: Vec<(Bytes, Bytes)>,
+        params: CgiParams,
         body: RequestBody,
         request_id: u64,
         timer: &mut RequestTimer,

@@ -21,9 +21,9 @@
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
-
-use crate::protocols::cgi::{has_allowed_ext, has_hidden_segment, CgiContext, ScriptMode};
+use crate::protocols::cgi::{
+    has_allowed_ext, has_hidden_segment, CgiContext, CgiParams, ScriptMode,
+};
 
 /// Why a script request was refused before any backend was contacted.
 #[derive(Debug, thiserror::Error)]
@@ -103,14 +103,12 @@ thread_local! {
 
 /// Checks the script a request of context `cgi` would run; `Ok` for contexts that run an
 /// application rather than files.
-pub fn check(cgi: &CgiContext, params: &[(Bytes, Bytes)]) -> Result<(), ScriptFileError> {
+pub fn check(cgi: &CgiContext, params: &CgiParams) -> Result<(), ScriptFileError> {
     let ScriptMode::Files { .. } = &cgi.mode else {
         return Ok(());
     };
     let raw = params
-        .iter()
-        .find(|(n, _)| n == &b"SCRIPT_FILENAME"[..])
-        .map(|(_, v)| v)
+        .get(b"SCRIPT_FILENAME")
         .ok_or(ScriptFileError::NoFilename)?;
     let now = tokio::time::Instant::now();
     let fresh = PASSED.with(|passed| {
@@ -182,6 +180,7 @@ fn check_now(cgi: &CgiContext, filename: &Path) -> Result<(), ScriptFileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn ctx(root: &Path) -> CgiContext {
         CgiContext {
@@ -196,11 +195,8 @@ mod tests {
         }
     }
 
-    fn params(file: &Path) -> Vec<(Bytes, Bytes)> {
-        vec![(
-            Bytes::from_static(b"SCRIPT_FILENAME"),
-            Bytes::copy_from_slice(file.as_os_str().as_bytes()),
-        )]
+    fn params(file: &Path) -> CgiParams {
+        CgiParams::from_pairs(&[(&b"SCRIPT_FILENAME"[..], file.as_os_str().as_bytes())]).unwrap()
     }
 
     #[test]
@@ -245,7 +241,7 @@ mod tests {
             ScriptFileError::NotAFile { .. }
         ));
         assert!(matches!(
-            check(&c, &[]).unwrap_err(),
+            check(&c, &CgiParams::default()).unwrap_err(),
             ScriptFileError::NoFilename
         ));
         // A root reached through a symlink (a `current -> releases/42` deploy) is fine.
@@ -279,6 +275,6 @@ mod tests {
     fn application_contexts_are_not_checked() {
         let mut c = ctx(Path::new("/nonexistent"));
         c.mode = ScriptMode::App { mount: Vec::new() };
-        assert!(check(&c, &[]).is_ok());
+        assert!(check(&c, &CgiParams::default()).is_ok());
     }
 }

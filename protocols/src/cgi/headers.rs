@@ -12,6 +12,7 @@
 
 use bytes::Bytes;
 
+use super::params::CgiParams;
 use super::{is_token, snippet, CgiError, DropReason, Dropped};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), lower case.
@@ -24,28 +25,57 @@ const HOP_BY_HOP: [&[u8]; 6] = [
     b"upgrade",
 ];
 
-/// Headers turned into CGI variables.
-pub(super) struct MappedHeaders {
-    /// CONTENT_TYPE, empty when absent.
-    pub content_type: Bytes,
-    /// CONTENT_LENGTH, empty when there is no body length.
-    pub content_length: Bytes,
-    /// HTTP_* variables in first-arrival order, repeats merged.
-    pub http: Vec<(Bytes, Bytes)>,
+/// What one request header becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Left out, for this reason.
+    Dropped(DropReason),
+    /// CONTENT_TYPE.
+    ContentType,
+    /// CONTENT_LENGTH.
+    ContentLength,
+    /// An `HTTP_*` variable.
+    Http,
+}
+
+/// Where a header goes, by its name alone (the name is a token: [`check_headers`] ran).
+fn class_of(name: &[u8]) -> Class {
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    if is(b"proxy") {
+        Class::Dropped(DropReason::Httpoxy)
+    } else if HOP_BY_HOP.iter().any(|h| is(h)) {
+        Class::Dropped(DropReason::HopByHop)
+    } else if name.contains(&b'_') {
+        Class::Dropped(DropReason::Underscore)
+    } else if !name.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-') {
+        Class::Dropped(DropReason::NameChars)
+    } else if is(b"content-type") {
+        Class::ContentType
+    } else if is(b"content-length") {
+        Class::ContentLength
+    } else {
+        Class::Http
+    }
+}
+
+/// What the headers say about the body, found before any variable is written.
+pub(super) struct BodyHeaders<'a> {
+    /// CONTENT_TYPE, when given.
+    pub content_type: Option<&'a [u8]>,
+    /// CONTENT_LENGTH: `body_length` when known, else the Content-Length header's.
+    pub content_length: Option<u64>,
     /// Headers left out.
     pub dropped: Vec<Dropped>,
 }
 
-/// Maps `headers` to CGI variables. `body_length`, when known, is CONTENT_LENGTH and the
-/// Content-Length header is ignored.
-pub(super) fn map_headers(
-    headers: &[(&[u8], &[u8])],
+/// Checks every header (names are tokens, values free of control bytes, one Content-Type,
+/// agreeing Content-Lengths) and finds CONTENT_TYPE and CONTENT_LENGTH. `body_length`, when
+/// known, is CONTENT_LENGTH and the Content-Length header is ignored. Allocates only to
+/// report a header left out.
+pub(super) fn check_headers<'a>(
+    headers: &[(&'a [u8], &'a [u8])],
     body_length: Option<u64>,
-) -> Result<MappedHeaders, CgiError> {
-    // Every request of the HTTP front comes through here, so nothing is allocated per header
-    // but the variable itself: names are compared without case instead of lowered first, and
-    // a repeat (rare) is found by a scan of the few variables made so far.
-    let mut http: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(headers.len());
+) -> Result<BodyHeaders<'a>, CgiError> {
     let mut dropped = Vec::new();
     let mut content_type: Option<&[u8]> = None;
     let mut content_length: Option<u64> = None;
@@ -60,88 +90,72 @@ pub(super) fn map_headers(
                 name: snippet(name),
             });
         }
-        let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
-        let reason = if is(b"proxy") {
-            Some(DropReason::Httpoxy)
-        } else if HOP_BY_HOP.iter().any(|h| is(h)) {
-            Some(DropReason::HopByHop)
-        } else if name.contains(&b'_') {
-            Some(DropReason::Underscore)
-        } else if !name.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-') {
-            Some(DropReason::NameChars)
-        } else {
-            None
-        };
-        if let Some(reason) = reason {
-            dropped.push(Dropped {
+        match class_of(name) {
+            Class::Dropped(reason) => dropped.push(Dropped {
                 name: Bytes::copy_from_slice(name),
                 reason,
-            });
-            continue;
-        }
-        if is(b"content-type") {
-            if content_type.replace(value).is_some() {
-                return Err(CgiError::RepeatedContentType);
-            }
-        } else if is(b"content-length") {
-            if body_length.is_none() {
-                let n = parse_content_length(value)?;
-                if content_length.replace(n).is_some_and(|prev| prev != n) {
-                    return Err(CgiError::ConflictingContentLength);
+            }),
+            Class::ContentType => {
+                if content_type.replace(value).is_some() {
+                    return Err(CgiError::RepeatedContentType);
                 }
             }
-        } else {
-            // HTTP_ + the name upper-cased with '-' as '_'; the checks above leave only
-            // [A-Za-z0-9-] in it, so two names map to one variable only if equal but for case.
-            let existing = http
-                .iter_mut()
-                .find(|(n, _)| variable_of(n.get(5..).unwrap_or_default(), name));
-            match existing {
-                Some((_, merged)) => {
-                    merged.extend_from_slice(if is(b"cookie") { b"; " } else { b", " });
-                    merged.extend_from_slice(value);
-                }
-                None => {
-                    let mut cgi_name = Vec::with_capacity(name.len() + 5);
-                    cgi_name.extend_from_slice(b"HTTP_");
-                    cgi_name.extend(name.iter().map(|&c| {
-                        if c == b'-' {
-                            b'_'
-                        } else {
-                            c.to_ascii_uppercase()
-                        }
-                    }));
-                    http.push((cgi_name, value.to_vec()));
+            Class::ContentLength => {
+                if body_length.is_none() {
+                    let n = parse_content_length(value)?;
+                    if content_length.replace(n).is_some_and(|prev| prev != n) {
+                        return Err(CgiError::ConflictingContentLength);
+                    }
                 }
             }
+            Class::Http => {}
         }
     }
-    let content_length = body_length
-        .or(content_length)
-        .map(|n| Bytes::from(n.to_string()))
-        .unwrap_or_default();
-    Ok(MappedHeaders {
-        content_type: content_type.map(Bytes::copy_from_slice).unwrap_or_default(),
-        content_length,
-        http: http
-            .into_iter()
-            .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
-            .collect(),
+    Ok(BodyHeaders {
+        content_type,
+        content_length: body_length.or(content_length),
         dropped,
     })
 }
 
-/// Whether the tail of a CGI variable name (`X_FORWARDED_FOR`) is what header `name`
-/// (`x-forwarded-for`) maps to.
-fn variable_of(tail: &[u8], name: &[u8]) -> bool {
-    tail.len() == name.len()
-        && tail.iter().zip(name).all(|(&v, &h)| {
-            v == if h == b'-' {
-                b'_'
-            } else {
-                h.to_ascii_uppercase()
-            }
-        })
+/// Appends the `HTTP_*` variables of `headers` (already passed by [`check_headers`]) in
+/// first-arrival order: `HTTP_` and the name upper-cased with `-` as `_`, repeats merged into
+/// the first (`; ` between cookies, `, ` otherwise). The names left are `[A-Za-z0-9-]`, so
+/// two map to one variable only if equal but for case. Nothing is allocated unless a header
+/// repeats.
+pub(super) fn push_http_vars(
+    headers: &[(&[u8], &[u8])],
+    out: &mut CgiParams,
+) -> Result<(), CgiError> {
+    let upper = |c: u8| if c == b'-' { b'_' } else { c.to_ascii_uppercase() };
+    for (i, &(name, value)) in headers.iter().enumerate() {
+        if class_of(name) != Class::Http {
+            continue;
+        }
+        let same = |other: &(&[u8], &[u8])| other.0.eq_ignore_ascii_case(name);
+        if headers.get(..i).unwrap_or_default().iter().any(same) {
+            // Merged into its first occurrence.
+            continue;
+        }
+        let later = headers.get(i + 1..).unwrap_or_default();
+        if !later.iter().any(same) {
+            out.push_mapped_name(b"HTTP_", name, upper, value)?;
+            continue;
+        }
+        let mut joined = Vec::new();
+        joined.extend_from_slice(value);
+        let sep: &[u8] = if name.eq_ignore_ascii_case(b"cookie") {
+            b"; "
+        } else {
+            b", "
+        };
+        for &(_, v) in later.iter().filter(|h| same(h)) {
+            joined.extend_from_slice(sep);
+            joined.extend_from_slice(v);
+        }
+        out.push_mapped_name(b"HTTP_", name, upper, &joined)?;
+    }
+    Ok(())
 }
 
 /// A Content-Length value: one or more ASCII digits that fit in a u64.

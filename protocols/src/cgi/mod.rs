@@ -14,6 +14,7 @@
 
 mod front;
 mod headers;
+mod params;
 mod path;
 
 use bytes::Bytes;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use front::normalize_front_params;
+pub use params::{CgiParams, Pairs};
 pub use path::{
     has_allowed_ext, has_hidden_segment, normalize_decoded_path, parse_request_path,
     split_request_path, split_script_path, static_file_path, RequestPath, ScriptPath,
@@ -328,8 +330,24 @@ pub(crate) fn is_token(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|&c| is_tchar(c))
 }
 
-fn is_tchar(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+/// The token characters, one entry per byte: every header name of every request is checked
+/// against it, and a table costs one load where the list of symbols cost a scan.
+#[allow(clippy::indexing_slicing)] // `c` runs over 0..256, the table's own length.
+const TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        table[c] = b.is_ascii_alphanumeric() || matches!(b, b'!' | b'#' | b'$' | b'%' | b'&'
+            | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~');
+        c += 1;
+    }
+    table
+};
+
+/// Whether `c` may stand in an HTTP token.
+pub(crate) fn is_tchar(c: u8) -> bool {
+    TCHAR.get(usize::from(c)).copied().unwrap_or(false)
 }
 
 /// Whether `b` holds NUL, CR or LF.
@@ -391,6 +409,22 @@ pub fn build_cgi_vars_for(
     ctx: &CgiContext,
     limits: &Limits,
 ) -> Result<CgiVars, CgiError> {
+    let (params, dropped) = encode_cgi_vars(req, path, ctx, limits)?;
+    Ok(CgiVars {
+        vars: params.to_pairs(),
+        dropped,
+    })
+}
+
+/// The variables of [`build_cgi_vars_for`], encoded once into a [`CgiParams`] (what the
+/// request path sends), with the headers left out. The one place the rules live: the owned
+/// form above is a view of this one.
+pub fn encode_cgi_vars(
+    req: &CgiRequest<'_>,
+    path: &RequestPath<'_>,
+    ctx: &CgiContext,
+    limits: &Limits,
+) -> Result<(CgiParams, Vec<Dropped>), CgiError> {
     if !is_token(req.method) {
         return Err(CgiError::InvalidMethod {
             method: snippet(req.method),
@@ -401,88 +435,118 @@ pub fn build_cgi_vars_for(
     check_field("server address", req.server_addr)?;
     check_field("server name", req.server_name)?;
     let script = split_request_path(path, ctx)?;
-    let mapped = headers::map_headers(req.headers, req.body_length)?;
+    let body = headers::check_headers(req.headers, req.body_length)?;
 
-    let mut out = CgiVars {
-        vars: Vec::with_capacity(24 + mapped.http.len()),
-        dropped: mapped.dropped,
-    };
-    let mut put =
-        |name: &'static [u8], value: Bytes| out.vars.push((Bytes::from_static(name), value));
-    let port = |p: Option<u16>| p.map(|p| Bytes::from(p.to_string())).unwrap_or_default();
-    put(b"GATEWAY_INTERFACE", Bytes::from_static(GATEWAY_INTERFACE));
-    put(b"SERVER_SOFTWARE", ctx.server_software.clone());
-    put(b"QUERY_STRING", Bytes::copy_from_slice(path.query));
-    put(b"REQUEST_METHOD", Bytes::copy_from_slice(req.method));
-    put(b"CONTENT_TYPE", mapped.content_type);
-    put(b"CONTENT_LENGTH", mapped.content_length);
-    let document_uri = Bytes::from(script.document_uri());
+    let header_bytes: usize = req.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
+    let mut out = CgiParams::with_capacity(
+        512 + header_bytes
+            + 2 * path.path_and_query.len()
+            + 2 * ctx.document_root.len()
+            + ctx.server_software.len(),
+    );
+    let mut port_text = [0u8; 20];
+    let mut length_text = [0u8; 20];
+    out.push(b"GATEWAY_INTERFACE", GATEWAY_INTERFACE)?;
+    out.push(b"SERVER_SOFTWARE", &ctx.server_software)?;
+    out.push(b"QUERY_STRING", path.query)?;
+    out.push(b"REQUEST_METHOD", req.method)?;
+    out.push(b"CONTENT_TYPE", body.content_type.unwrap_or_default())?;
+    out.push(
+        b"CONTENT_LENGTH",
+        body.content_length
+            .map(|n| decimal(n, &mut length_text))
+            .unwrap_or_default(),
+    )?;
     let ScriptPath {
         script_name,
         path_info,
         script_filename,
-    } = script;
-    // PATH_TRANSLATED maps PATH_INFO under the document root (RFC 3875 §4.1.6); an app has
-    // no document tree to map it into.
-    let path_translated = (script_filename.is_some() && !path_info.is_empty()).then(|| {
-        let mut translated = path::root_prefix(&ctx.document_root).to_vec();
-        translated.extend_from_slice(&path_info);
-        Bytes::from(translated)
-    });
+    } = &script;
     let is_script = script_filename.is_some();
-    put(b"SCRIPT_NAME", Bytes::from(script_name));
+    out.push(b"SCRIPT_NAME", script_name)?;
     if let Some(filename) = script_filename {
-        put(b"SCRIPT_FILENAME", Bytes::from(filename));
+        out.push(b"SCRIPT_FILENAME", filename)?;
     }
     // A script's empty PATH_INFO is left out (as nginx's fastcgi_params does): an empty one
     // is what feeds php-cgi's PATH_INFO arithmetic (CVE-2019-11043). An application mount
     // keeps it, empty or not (PEP 3333, Rack).
     if !path_info.is_empty() || !is_script {
-        put(b"PATH_INFO", Bytes::from(path_info));
+        out.push(b"PATH_INFO", path_info)?;
     }
-    if let Some(translated) = path_translated {
-        put(b"PATH_TRANSLATED", translated);
+    // PATH_TRANSLATED maps PATH_INFO under the document root (RFC 3875 §4.1.6); an app has
+    // no document tree to map it into.
+    if is_script && !path_info.is_empty() {
+        out.push_joined(
+            b"PATH_TRANSLATED",
+            &[path::root_prefix(&ctx.document_root), path_info],
+            b"",
+        )?;
     }
-    put(b"REQUEST_URI", Bytes::copy_from_slice(path.path_and_query));
-    put(b"DOCUMENT_URI", document_uri);
-    put(
-        b"DOCUMENT_ROOT",
-        Bytes::from(path::root_display(&ctx.document_root)),
-    );
-    put(b"SERVER_PROTOCOL", Bytes::copy_from_slice(req.protocol));
-    put(
+    out.push(b"REQUEST_URI", path.path_and_query)?;
+    // DOCUMENT_URI: SCRIPT_NAME then PATH_INFO (the normalised path, with the index file
+    // when one was chosen), `/` when both are empty.
+    if script_name.is_empty() && path_info.is_empty() {
+        out.push(b"DOCUMENT_URI", b"/")?;
+    } else {
+        out.push_joined(b"DOCUMENT_URI", &[script_name, path_info], b"")?;
+    }
+    out.push(b"DOCUMENT_ROOT", path::root_shown(&ctx.document_root))?;
+    out.push(b"SERVER_PROTOCOL", req.protocol)?;
+    out.push(
         b"REQUEST_SCHEME",
-        Bytes::from_static(if req.https { b"https" } else { b"http" }),
-    );
+        if req.https { b"https" } else { b"http" },
+    )?;
     if req.https {
-        put(b"HTTPS", Bytes::from_static(b"on"));
+        out.push(b"HTTPS", b"on")?;
     }
     // An empty address means the front listener does not know the client (a Unix socket
     // with no trusted forwarded header): the variable is left out, not made up.
     if !req.remote_addr.is_empty() {
-        put(b"REMOTE_ADDR", Bytes::copy_from_slice(req.remote_addr));
+        out.push(b"REMOTE_ADDR", req.remote_addr)?;
     }
-    put(b"REMOTE_PORT", port(req.remote_port));
-    put(b"SERVER_ADDR", Bytes::copy_from_slice(req.server_addr));
-    put(b"SERVER_PORT", port(req.server_port));
-    put(b"SERVER_NAME", Bytes::copy_from_slice(req.server_name));
-    put(b"REDIRECT_STATUS", Bytes::from_static(b"200"));
-    out.vars.extend(mapped.http);
+    match req.remote_port {
+        Some(p) => out.push(b"REMOTE_PORT", decimal(u64::from(p), &mut port_text))?,
+        None => out.push(b"REMOTE_PORT", b"")?,
+    }
+    out.push(b"SERVER_ADDR", req.server_addr)?;
+    match req.server_port {
+        Some(p) => out.push(b"SERVER_PORT", decimal(u64::from(p), &mut port_text))?,
+        None => out.push(b"SERVER_PORT", b"")?,
+    }
+    out.push(b"SERVER_NAME", req.server_name)?;
+    out.push(b"REDIRECT_STATUS", b"200")?;
+    headers::push_http_vars(req.headers, &mut out)?;
     for (name, value) in &ctx.extra_env {
         if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(name) || has_nul_cr_lf(value) {
             return Err(CgiError::InvalidContext(
                 "an extra variable has an empty name, '=', NUL, CR or LF",
             ));
         }
-        out.set(name, value.clone());
+        out.set(name, value)?;
     }
-    check_limits(&out.vars, limits)?;
-    Ok(out)
+    check_limits(&out, limits)?;
+    Ok((out, body.dropped))
+}
+
+/// `n` in decimal, written into `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        if let Some(d) = buf.get_mut(at) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    buf.get(at..).unwrap_or_default()
 }
 
 /// Checks `vars` against the parameter-block limits a responder will apply to them; the byte
 /// total is the sum of name and value lengths (framing overhead is the encoder's to check).
-fn check_limits(vars: &[(Bytes, Bytes)], limits: &Limits) -> Result<(), CgiError> {
+fn check_limits(vars: &CgiParams, limits: &Limits) -> Result<(), CgiError> {
     if vars.len() > limits.max_params_count {
         return Err(CgiError::TooManyVars {
             count: vars.len(),
@@ -490,7 +554,7 @@ fn check_limits(vars: &[(Bytes, Bytes)], limits: &Limits) -> Result<(), CgiError
         });
     }
     let mut total = 0usize;
-    for (name, value) in vars {
+    for (name, value) in vars.iter() {
         if name.len() > limits.max_name_len {
             return Err(CgiError::NameTooLong {
                 name: snippet(name),
@@ -518,6 +582,14 @@ fn check_limits(vars: &[(Bytes, Bytes)], limits: &Limits) -> Result<(), CgiError
 #[cfg(test)]
 mod tests {
     use super::has_nul_cr_lf;
+
+    #[test]
+    fn decimal_writes_every_width() {
+        for n in [0u64, 7, 10, 65535, 1234567890, u64::MAX] {
+            let mut buf = [0u8; 20];
+            assert_eq!(super::decimal(n, &mut buf), n.to_string().as_bytes());
+        }
+    }
 
     #[test]
     fn the_word_at_a_time_scan_finds_every_forbidden_byte_anywhere() {

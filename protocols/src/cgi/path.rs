@@ -384,6 +384,14 @@ pub(super) fn root_display(root: &[u8]) -> Vec<u8> {
     }
 }
 
+/// [`root_display`] borrowed from the root itself.
+pub(super) fn root_shown(root: &[u8]) -> &[u8] {
+    match root_prefix(root) {
+        b"" => b"/",
+        r => r,
+    }
+}
+
 /// A mount point as a SCRIPT_NAME prefix: `""` for the site root, no trailing `/`.
 fn mount_prefix(mount: &[u8]) -> &[u8] {
     mount.strip_suffix(b"/").unwrap_or(mount)

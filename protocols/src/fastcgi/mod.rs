@@ -33,7 +33,7 @@ pub use management::{
     MAX_REQS, MPXS_CONNS,
 };
 pub use params::{
-    encode_pair, encode_params, encoded_pair_len, ParamsDecoder, ParamsWriter, MAX_PAIR_FIELD_LEN,
+    encode_pair, encode_params, encode_params_block, encoded_pair_len, ParamsDecoder, ParamsWriter, MAX_PAIR_FIELD_LEN,
     MAX_SHORT_LEN,
 };
 pub use record::{

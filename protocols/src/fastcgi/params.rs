@@ -4,8 +4,9 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::record::{padding_for, StreamWriter, HEADER_LEN, STREAM_CHUNK_LEN};
+use super::record::{padding_for, RecordHeader, StreamWriter, HEADER_LEN, STREAM_CHUNK_LEN};
 use super::{FastCgiError, RecordType};
+use crate::cgi::CgiParams;
 use crate::Limits;
 
 /// Longest name or value a pair can carry: the 4-byte length form holds 31 bits.
@@ -137,6 +138,34 @@ pub fn encode_params<N: AsRef<[u8]>, V: AsRef<[u8]>>(
         "Layout disagrees with ParamsWriter"
     );
     Ok(())
+}
+
+/// Appends the PARAMS stream of `params`, already encoded as pairs: when they fit one record
+/// (nearly every request: 65,528 bytes), its header, the block copied whole, the padding and
+/// the empty end record; otherwise pair by pair as [`encode_params`] lays them out, so no
+/// pair straddles two records.
+pub fn encode_params_block(request_id: u16, params: &CgiParams, dst: &mut BytesMut) {
+    let block = params.encoded();
+    if block.is_empty() {
+        dst.put_slice(&RecordHeader::new(RecordType::Params, request_id, 0).to_bytes());
+        return;
+    }
+    if block.len() <= STREAM_CHUNK_LEN {
+        // At most STREAM_CHUNK_LEN bytes, so the cast cannot truncate.
+        let header = RecordHeader::new(RecordType::Params, request_id, block.len() as u16);
+        dst.reserve(2 * HEADER_LEN + block.len() + usize::from(header.padding_len));
+        dst.put_slice(&header.to_bytes());
+        dst.put_slice(block);
+        dst.put_bytes(0, usize::from(header.padding_len));
+        dst.put_slice(&RecordHeader::new(RecordType::Params, request_id, 0).to_bytes());
+        return;
+    }
+    let mut writer = ParamsWriter::new(request_id, dst);
+    for (name, value) in params.iter() {
+        // CgiParams holds only fields its 31-bit length form could encode.
+        let _ = writer.push(name, value);
+    }
+    writer.finish();
 }
 
 /// Replays [`ParamsWriter`]'s record layout on pair lengths alone, to size the one reserve.
