@@ -28,6 +28,9 @@ pub struct BackendConnection {
     home: Option<Connections>,
     /// The serving thread whose runtime the stream is registered with (`crate::shards`).
     shard: Option<usize>,
+    /// The read buffer, kept between the exchanges of a kept connection so that each one
+    /// does not allocate (and free) its own.
+    pub(super) inbuf: bytes::BytesMut,
 }
 
 impl BackendConnection {
@@ -50,6 +53,7 @@ impl BackendConnection {
             served: 0,
             home: None,
             shard: crate::shards::current(),
+            inbuf: bytes::BytesMut::new(),
         })
     }
 
@@ -61,6 +65,7 @@ impl BackendConnection {
             served: 0,
             home: None,
             shard: crate::shards::current(),
+            inbuf: bytes::BytesMut::new(),
         }
     }
 
@@ -174,6 +179,7 @@ impl Connections {
                         shard: here,
                         address: conn.address,
                         served: conn.served,
+                        inbuf: conn.inbuf,
                     })
                 }
                 Err(e) => {

@@ -121,7 +121,12 @@ pub(super) async fn start(
     options: &ExchangeOptions,
     started: Instant,
 ) -> Result<super::BackendResponse, BackendError> {
-    let mut exchange = Exchange::new(conn, codec, head, body, declared, options, started);
+    // On the heap once: the exchange (codec, buffers, options) then travels inside the
+    // response body through the gateway and the front as a pointer, not as a kilobyte copied
+    // at every move.
+    let mut exchange = Box::new(Exchange::new(
+        conn, codec, head, body, declared, options, started,
+    ));
     let head = exchange.read_head().await?;
     Ok(super::BackendResponse {
         head,
@@ -202,11 +207,12 @@ impl Exchange {
         options: &ExchangeOptions,
         started: Instant,
     ) -> Exchange {
+        let mut conn = conn;
         Exchange {
             reused: conn.requests_served() > 0,
+            inbuf: std::mem::take(&mut conn.inbuf),
             conn: Some(conn),
             codec,
-            inbuf: BytesMut::new(),
             outbuf: head,
             body: Some(body),
             declared,
@@ -481,13 +487,16 @@ impl Exchange {
     /// when the protocol and the state of the exchange allow it.
     fn finish(&mut self, reusable: bool) -> Option<BackendConnection> {
         self.clean = true;
-        let conn = self.conn.take()?;
+        let mut conn = self.conn.take()?;
         let reusable = reusable
             && self.inbuf.is_empty()
             && self.write_error.is_none()
             && self.request_sent()
             && !self.eof;
         if reusable {
+            // Empty, and usually the only owner of its allocation again once the body's
+            // last chunk is dropped: the next exchange reads into it without allocating.
+            conn.inbuf = std::mem::take(&mut self.inbuf);
             conn.finish()
         } else {
             None
@@ -524,7 +533,7 @@ impl Drop for Exchange {
 /// The body of a backend response, pulled chunk by chunk. Dropping it before the end
 /// aborts the backend request (FastCGI ABORT_REQUEST, then close; SCGI and LSAPI: close).
 pub struct ResponseBody {
-    exchange: Exchange,
+    exchange: Box<Exchange>,
     state: BodyState,
     /// The connection, after a clean end, when it has no idle stack to go back to.
     kept: Option<BackendConnection>,
@@ -549,7 +558,7 @@ impl std::fmt::Debug for ResponseBody {
 }
 
 impl ResponseBody {
-    pub(super) fn new(exchange: Exchange) -> ResponseBody {
+    pub(super) fn new(exchange: Box<Exchange>) -> ResponseBody {
         ResponseBody {
             exchange,
             state: BodyState::Streaming,
