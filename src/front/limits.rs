@@ -128,8 +128,16 @@ pub struct ConnState {
     /// When the first byte of a head not yet handled arrived ([`NONE`] = none); a new
     /// connection counts from accept.
     head_since: AtomicU64,
-    /// Woken on the transitions the deadline depends on.
+    /// Woken when the deadline moves earlier than the one the watch sleeps until.
     changed: Notify,
+    /// The deadline (ms) the watch sleeps until, [`NONE`] while it waits without one (or
+    /// reads the state). A change that leaves the deadline later than this one needs no
+    /// wake-up: the watch finds it when it wakes, so a kept-alive connection costs one
+    /// timer per timeout period rather than two wake-ups per request.
+    armed: AtomicU64,
+    /// The watch's `header_timeout` and `idle_timeout` in ms (0 before it starts).
+    header_ms: AtomicU64,
+    idle_ms: AtomicU64,
     /// Cancelled when the cap table closes this connection.
     evicted: CancellationToken,
 }
@@ -142,6 +150,9 @@ impl ConnState {
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
             changed: Notify::new(),
+            armed: AtomicU64::new(NONE),
+            header_ms: AtomicU64::new(0),
+            idle_ms: AtomicU64::new(0),
             evicted: CancellationToken::new(),
         };
         let now = state.now_ms();
@@ -168,7 +179,15 @@ impl ConnState {
     pub fn on_read(&self) {
         if self.busy.load(Ordering::Relaxed) == 0 && self.head_since.load(Ordering::Relaxed) == NONE
         {
-            self.head_since.store(self.now_ms(), Ordering::Relaxed);
+            let now = self.now_ms();
+            self.head_since.store(now, Ordering::Relaxed);
+            self.wake_if_before(now.saturating_add(self.header_ms.load(Ordering::Relaxed)));
+        }
+    }
+
+    /// Wakes the watch when `deadline` (ms) comes before the one it sleeps until.
+    fn wake_if_before(&self, deadline: u64) {
+        if deadline < self.armed.load(Ordering::SeqCst) {
             self.changed.notify_one();
         }
     }
@@ -178,7 +197,8 @@ impl ConnState {
     pub fn begin(self: &Arc<Self>) -> BusyGuard {
         self.busy.fetch_add(1, Ordering::Relaxed);
         self.head_since.store(NONE, Ordering::Relaxed);
-        self.changed.notify_one();
+        // No deadline while busy, which is later than any: the watch, when its timer fires,
+        // finds the connection busy and waits for its end.
         BusyGuard(Arc::clone(self))
     }
 
@@ -212,17 +232,27 @@ impl ConnState {
     /// evicts idle connections, and one whose next request began just as it was picked is
     /// closed when that request ends.
     pub async fn watch(&self, t: FrontTimeouts) -> Expired {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(NONE - 1);
+        self.header_ms.store(ms(t.header), Ordering::Relaxed);
+        self.idle_ms.store(ms(t.idle), Ordering::Relaxed);
         loop {
             // `notify_one` keeps a permit when nobody waits, so a change between reading
-            // the state and waiting is not lost.
+            // the state and waiting is not lost; while the state is read, `armed` is NONE,
+            // so every change wakes.
             let changed = self.changed.notified();
+            self.armed.store(NONE, Ordering::SeqCst);
             let evicted = self.evicted.is_cancelled();
             if evicted && self.is_idle() {
                 return Expired::Evicted;
             }
+            let deadline = self.deadline(&t).map(|(at, _)| at);
+            if let Some(at) = deadline {
+                let at_ms = ms(at.saturating_duration_since(self.epoch));
+                self.armed.store(at_ms, Ordering::SeqCst);
+            }
             let expiry = async {
-                match self.deadline(&t) {
-                    Some((at, _)) => tokio::time::sleep_until(at).await,
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
@@ -249,8 +279,9 @@ impl Drop for BusyGuard {
     fn drop(&mut self) {
         let state = &self.0;
         if state.busy.fetch_sub(1, Ordering::Relaxed) == 1 {
-            state.idle_since.store(state.now_ms(), Ordering::Relaxed);
-            state.changed.notify_one();
+            let now = state.now_ms();
+            state.idle_since.store(now, Ordering::Relaxed);
+            state.wake_if_before(now.saturating_add(state.idle_ms.load(Ordering::Relaxed)));
         }
     }
 }
