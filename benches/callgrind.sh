@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Question: how many instructions does corral execute per request on a path, repeatably (no
-# timing noise)? corral runs under `valgrind --tool=callgrind` in front of corral's null
-# FastCGI backend; `ab` sends N1 then, in a second run, N2 requests; the difference of the
-# two totals over N2 - N1 is corral's user-space instructions per request (start-up and
-# shutdown cancel out). Kernel time is not counted: pair it with `strace -c -f -p PID`.
-#   paths: plain  nginx plain fastcgi_pass -> corral fastcgi listener (a connection per request)
-#          keep   nginx fastcgi_keep_conn -> corral fastcgi listener
-#          http   ab -k -> corral http listener
-# Usage: bash benches/callgrind.sh [PATH] [N1] [N2]   (defaults: plain 1000 3000; ACCESS=1
-# turns the access log on; SCHED sets `[server] scheduler`; CORRAL names the binary, default the release build; the last
-# run's profile is left in $OUT_DIR (default /tmp) as callgrind.out.corral for
-# callgrind_annotate). Needs valgrind, nginx and ab.
+# Question: how many user-space instructions and system calls does corral spend per request
+# on a path, repeatably (no timing noise), beside nginx and HAProxy measured the same way in
+# the same run? Each server runs under `valgrind --tool=callgrind` (or `strace -c -f`) in
+# front of corral's null FastCGI backend (`corral null-backend`, a process of its own, not
+# measured); `ab -k -c4` sends N1 then, in a second run, N2 requests; the difference of the
+# two totals over N2 - N1 is the server's count per request (start-up, warm-up and shutdown
+# cancel out).
+#   paths: http   ab -k -> SERVER's http listener -> null FastCGI over kept connections
+#                 (SERVER = corral's http listener, nginx `fastcgi_keep_conn` + upstream
+#                 keepalive, HAProxy `use-fcgi-app` with nbthread 1)
+#          plain  nginx plain fastcgi_pass -> corral's fastcgi listener: corral's hop alone,
+#                 beside nginx's whole request on the same path (nginx measured alone)
+#          keep   nginx fastcgi_keep_conn -> corral's fastcgi listener: corral's hop alone
+# Usage: bash benches/callgrind.sh [PATH] [N1] [N2]   (defaults: http 1000 3000)
+# Env: SERVERS (which to measure, default "corral nginx haproxy" for http and "corral nginx"
+# for plain/keep), ACCESS=1 (corral's access log on), SCHED (`[server] scheduler`),
+# CORRAL (the binary, default the release build), OUT_DIR (where corral's last profile is
+# left as callgrind.out.corral for callgrind_annotate, default /tmp), STRACE=0 skips the
+# system-call counts. Needs valgrind, strace, nginx, haproxy and ab.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-mode=${1:-plain}
+mode=${1:-http}
 n1=${2:-1000}
 n2=${3:-3000}
+case $mode in
+  http) default_servers="corral nginx haproxy" ;;
+  plain | keep) default_servers="corral nginx" ;;
+  *) echo "unknown path $mode (http, plain or keep)" >&2; exit 2 ;;
+esac
+SERVERS=${SERVERS:-$default_servers}
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=target/release/corral
@@ -23,21 +36,18 @@ fi
 CORRAL=$(realpath "$CORRAL")
 out_dir=${OUT_DIR:-/tmp}
 
-total() { # N -> Ir of one callgrind run serving N requests
-  local n=$1 s pids=() url log_line=""
-  s=$(mktemp -d /tmp/corral-cg.XXXXXX)
-  chmod 755 "$s"
-  [ -n "${ACCESS:-}" ] && log_line="access_log = \"$s/access.log\""
-  [ -n "${SCHED:-}" ] && log_line="$log_line
+# Writes corral's, nginx's and HAProxy's configurations into $1.
+configs() {
+  local s=$1 extra=""
+  [ -n "${ACCESS:-}" ] && extra="access_log = \"$s/access.log\""
+  [ -n "${SCHED:-}" ] && extra="$extra
 scheduler = \"$SCHED\""
-  "$CORRAL" null-backend --protocol fastcgi --listen "unix:$s/null.sock" > /dev/null & pids+=($!)
-  for _ in $(seq 100); do [ -S "$s/null.sock" ] && break; sleep 0.05; done
-  chmod 666 "$s/null.sock"
   cat > "$s/corral.toml" <<EOF
 [server]
 runtime_dir = "$s/run"
 log_level = "warn"
-$log_line
+threads = 1
+$extra
 [[listen]]
 address = "unix:$s/fcgi.sock"
 protocol = "fastcgi"
@@ -51,10 +61,9 @@ concurrency = 64
 [[contexts]]
 pool = "null"
 EOF
-  valgrind --tool=callgrind --callgrind-out-file="$s/cg.out" "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 &
-  local corral=$!
   cat > "$s/nginx.conf" <<EOF
 worker_processes 1;
+master_process off;
 daemon off;
 pid $s/nginx.pid;
 error_log $s/nginx.log;
@@ -62,30 +71,112 @@ events { worker_connections 1024; }
 http {
   access_log off;
   client_body_temp_path $s; fastcgi_temp_path $s; proxy_temp_path $s; scgi_temp_path $s; uwsgi_temp_path $s;
-  upstream kept { server unix:$s/fcgi.sock; keepalive 8; }
+  upstream corral_kept { server unix:$s/fcgi.sock; keepalive 8; }
+  upstream null_kept { server unix:$s/null.sock; keepalive 8; }
   server { listen 127.0.0.1:18902; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/fcgi.sock; } }
-  server { listen 127.0.0.1:18903; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass kept; } }
+  server { listen 127.0.0.1:18903; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass corral_kept; } }
+  server { listen 127.0.0.1:18904; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass null_kept; } }
 }
 EOF
-  nginx -c "$s/nginx.conf" > /dev/null & pids+=($!)
-  case $mode in
-    plain) url=http://127.0.0.1:18902/x ;;
-    keep) url=http://127.0.0.1:18903/x ;;
-    http) url=http://127.0.0.1:18901/x ;;
-    *) echo "unknown path $mode (plain, keep or http)" >&2; exit 2 ;;
+  cat > "$s/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+fcgi-app null
+  docroot /var/www/html
+frontend f
+  bind 127.0.0.1:18905
+  default_backend b
+backend b
+  use-fcgi-app null
+  server s1 unix@$s/null.sock proto fcgi
+EOF
+}
+
+# measure TOOL SERVER N -> the tool's total (Ir, or system calls) for SERVER serving N requests.
+measure() {
+  local tool=$1 server=$2 n=$3 s url wrap=() pids=() measured
+  s=$(mktemp -d /tmp/corral-cg.XXXXXX)
+  chmod 755 "$s"
+  configs "$s"
+  "$CORRAL" null-backend --protocol fastcgi --threads 1 --listen "unix:$s/null.sock" > /dev/null & pids+=($!)
+  for _ in $(seq 100); do [ -S "$s/null.sock" ] && break; sleep 0.05; done
+  chmod 666 "$s/null.sock"
+  case $tool in
+    callgrind) wrap=(valgrind --tool=callgrind --callgrind-out-file="$s/cg.out") ;;
+    strace) wrap=(strace -c -f -o "$s/strace.out") ;;
   esac
+  # The measured server; on the plain/keep paths nginx runs too, unmeasured, in front of corral.
+  case $server in
+    corral)
+      "${wrap[@]}" "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 &
+      measured=$!
+      if [ "$mode" != http ]; then nginx -c "$s/nginx.conf" > /dev/null 2>&1 & pids+=($!); fi
+      ;;
+    nginx)
+      "${wrap[@]}" nginx -c "$s/nginx.conf" > /dev/null 2>&1 &
+      measured=$!
+      ;;
+    haproxy)
+      "${wrap[@]}" haproxy -f "$s/haproxy.cfg" -db > "$s/haproxy.log" 2>&1 &
+      measured=$!
+      ;;
+  esac
+  case $server/$mode in
+    corral/http) url=http://127.0.0.1:18901/x ;;
+    nginx/http) url=http://127.0.0.1:18904/x ;;
+    haproxy/http) url=http://127.0.0.1:18905/x ;;
+    */plain) url=http://127.0.0.1:18902/x ;;
+    */keep) url=http://127.0.0.1:18903/x ;;
+  esac
+  if [ "$server" = nginx ] && [ "$mode" != http ]; then
+    # nginx's whole request on the same path, with corral (unmeasured) behind it.
+    "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 & pids+=($!)
+  fi
   for _ in $(seq 300); do curl -sf -o /dev/null "$url" && break; sleep 0.1; done
   ab -q -k -n 200 -c 4 "$url" > /dev/null   # warm-up
   ab -q -k -n "$n" -c 4 "$url" > "$s/ab.txt"
-  grep -q '^Failed requests: *0$' "$s/ab.txt" || { cat "$s/ab.txt" >&2; exit 1; }
-  kill -TERM "$corral"; wait "$corral" || true
+  grep -q '^Failed requests: *0$' "$s/ab.txt" || { echo "$server: failed requests" >&2; cat "$s/ab.txt" >&2; exit 1; }
+  grep -q '^Non-2xx responses' "$s/ab.txt" && { echo "$server: non-2xx answers" >&2; cat "$s/ab.txt" >&2; exit 1; }
+  # strace's tracee is its child; valgrind runs the program in its own process.
+  local target=$measured
+  [ "$tool" = strace ] && target=$(pgrep -P "$measured" | head -n 1)
+  kill -TERM "$target"; wait "$measured" || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  awk '/^summary:/ {print $2}' "$s/cg.out"
-  cp "$s/cg.out" "$out_dir/callgrind.out.corral"
+  case $tool in
+    callgrind)
+      awk '/^summary:/ {print $2}' "$s/cg.out"
+      [ "$server" = corral ] && cp "$s/cg.out" "$out_dir/callgrind.out.corral"
+      ;;
+    strace) awk '$NF == "total" {print $(NF-2)}' "$s/strace.out" ;;
+  esac
   rm -rf "$s"
 }
-a=$(total "$n1")
-b=$(total "$n2")
-awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" -v m="$mode" -v note="${ACCESS:+ (access log on)}" \
-  'BEGIN { printf "%s%s: %.1fk instructions per request in corral (Ir %d at %d requests, %d at %d)\n", m, note, (b - a) / (n2 - n1) / 1000, a, n1, b, n2 }'
+
+per_request() { # TOOL SERVER -> count per request
+  local a b
+  a=$(measure "$1" "$2" "$n1")
+  b=$(measure "$1" "$2" "$n2")
+  awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.2f", (b - a) / (n2 - n1) }'
+}
+
+note=""; [ -n "${ACCESS:-}" ] && note=" (corral's access log on)"
+echo "path $mode$note, ab -k -c4, $n2 - $n1 requests, $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo
+echo "| server | user-space instructions per request | system calls per request |"
+echo "| --- | ---: | ---: |"
+for server in $SERVERS; do
+  ir=$(per_request callgrind "$server")
+  sys="-"
+  [ "${STRACE:-1}" != 0 ] && sys=$(per_request strace "$server")
+  awk -v s="$server" -v ir="$ir" -v sys="$sys" -v m="$mode" 'BEGIN {
+    who = s; if (m != "http" && s == "corral") who = "corral (its hop alone)";
+    if (m != "http" && s == "nginx") who = "nginx (its whole request, corral behind it)";
+    printf "| %s | %.1fk | %s |\n", who, ir / 1000, sys }'
+done
