@@ -54,6 +54,20 @@ pub enum BackendError {
         /// The rule, as a sentence.
         rule: String,
     },
+    /// The application wrote a response head that breaks a rule of the CGI head (RFC 3875
+    /// §6): a header name that is not a token, a control byte in a value (PHP's `header()`
+    /// passes 0x01 to 0x1f through), a line without a colon. This is the application's
+    /// output, not the worker's framing: the client gets a 502, the worker stays in rotation
+    /// (ARCHITECTURE.md, "The backend exchange"). Over FastCGI and LSAPI every CGI head error
+    /// is this one, since the records around it were sound; over SCGI only a bad field in a
+    /// well-formed head is (`CgiResponseError::is_field_error`).
+    #[error("the application sent an invalid response head over {protocol}: {rule}")]
+    InvalidHead {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The rule, as a sentence.
+        rule: String,
+    },
     /// The backend refused the request (FastCGI END_REQUEST with a status other than
     /// REQUEST_COMPLETE).
     #[error("the backend refused the {protocol} request: {reason}")]
@@ -156,6 +170,7 @@ impl BackendError {
             | BackendError::Write { .. }
             | BackendError::Read { .. }
             | BackendError::Protocol { .. }
+            | BackendError::InvalidHead { .. }
             | BackendError::ClosedEarly { .. }
             | BackendError::StaleReset { .. } => 502,
             BackendError::Refused { overloaded, .. } => {

@@ -209,11 +209,18 @@ impl Codec {
 
 /// RESP_HEADER as a CGI head: the lines go through the same strict parser as a CGI
 /// response, and a non-zero `m_status` wins over a `Status:` line (protocols/LSAPI.md §3.2).
+///
+/// A line the parser refuses is the application's error ([`BackendError::InvalidHead`]), not
+/// a broken packet: the packet itself was well framed.
 fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, BackendError> {
+    let invalid = |rule: String| BackendError::InvalidHead {
+        protocol: Protocol::Lsapi,
+        rule,
+    };
     let mut text = BytesMut::new();
     for (index, line) in head.lines.iter().enumerate() {
         if line.iter().any(|&b| b == b'\r' || b == b'\n') {
-            return Err(violation(format!(
+            return Err(invalid(format!(
                 "RESP_HEADER line {index} holds a CR or LF byte"
             )));
         }
@@ -223,7 +230,7 @@ fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, Bac
     text.extend_from_slice(b"\r\n");
     let mut parsed = CgiResponseDecoder::new(limits)
         .decode(&mut text)
-        .map_err(violation)?
+        .map_err(|e| invalid(e.to_string()))?
         .ok_or_else(|| violation("RESP_HEADER lines do not form a complete head"))?;
     if head.status != 0 {
         let reason = match &parsed.status {
