@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use super::body::{BodyError, BodyOverLimit, BodyTimeout};
+use super::body::{BodyDeadline, BodyError, BodyOverLimit, BodyTimeout};
 use super::Protocol;
 
 /// Who caused a failed exchange (ARCHITECTURE.md decision 22): the front maps it to a status and a
@@ -182,7 +182,11 @@ impl BackendError {
             }
             BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => 504,
             BackendError::RequestHead { .. } => 431,
-            BackendError::ClientBody { source } if source.is::<BodyTimeout>() => 408,
+            BackendError::ClientBody { source }
+                if source.is::<BodyTimeout>() || source.is::<BodyDeadline>() =>
+            {
+                408
+            }
             BackendError::ClientBody { source } if source.is::<BodyOverLimit>() => 413,
             BackendError::ClientBody { .. } | BackendError::BodyLength { .. } => 400,
             BackendError::BodyTooLarge { .. } => 413,

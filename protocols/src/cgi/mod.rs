@@ -14,6 +14,7 @@
 
 mod front;
 mod headers;
+mod host;
 mod path;
 
 use bytes::Bytes;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use front::normalize_front_params;
+pub use host::check_host;
 pub use path::{
     has_allowed_ext, has_hidden_segment, normalize_decoded_path, parse_request_path,
     split_request_path, split_script_path, static_file_path, RequestPath, ScriptPath,
@@ -247,6 +249,14 @@ pub enum CgiError {
     InvalidContentLength {
         /// The start of the value.
         value: Vec<u8>,
+    },
+    /// A Host (or a front server's HTTP_HOST) that no host name looks like.
+    #[error("{reason}: \"{}\"", .value.escape_ascii())]
+    InvalidHost {
+        /// The start of the value.
+        value: Vec<u8>,
+        /// What is wrong with it, e.g. "Host holds a '/'".
+        reason: &'static str,
     },
     /// Two Content-Length headers with different values.
     #[error("Content-Length is given twice with different values")]
