@@ -244,3 +244,25 @@ fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, Bac
     }
     Ok(parsed)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn a_bad_header_line_is_the_applications_error() {
+        let head = |line: &'static [u8]| ResponseHead {
+            status: 200,
+            lines: vec![Bytes::from_static(line)],
+        };
+        for line in [&b"X-A: a\x01b"[..], b"X A: b", b"X-A: a\rb"] {
+            match cgi_head(&head(line), &Limits::default()) {
+                Err(BackendError::InvalidHead { .. }) => {}
+                other => panic!("{}: {other:?}", line.escape_ascii()),
+            }
+        }
+        assert!(cgi_head(&head(b"X-A: ab"), &Limits::default()).is_ok());
+    }
+}
