@@ -640,6 +640,36 @@ fn scgi_head(content_length: usize) -> Vec<u8> {
 }
 
 #[test]
+fn an_scgi_body_trickled_within_each_body_timeout_is_cut_off_at_body_deadline() {
+    let dir = shared_dir();
+    let null = null_backend(dir.path());
+    let corral = Corral::start(
+        &config(
+            &null,
+            "",
+            &[("scgi", "body_timeout = \"2s\"\nbody_deadline = \"4s\"")],
+        ),
+        1,
+    );
+    let mut s = connect(corral.addr_of("Scgi"));
+    s.write_all(&scgi_head(1000)).unwrap();
+    // A byte a second, within body_timeout: only body_deadline ends it.
+    let cut = trickle(
+        &mut s,
+        &[b'x'; 1000],
+        Duration::from_secs(1),
+        Duration::from_secs(20),
+    )
+    .expect("the trickled body is cut off");
+    assert!(
+        cut >= Duration::from_millis(3500) && cut < Duration::from_secs(10),
+        "cut after {cut:?}\n{}",
+        corral.log()
+    );
+    assert!(corral.wait_log("within body_deadline"), "{}", corral.log());
+}
+
+#[test]
 fn scgi_front_times_its_head_and_its_body() {
     let dir = shared_dir();
     let null = null_backend(dir.path());
