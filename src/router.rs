@@ -184,10 +184,17 @@ fn cgi_context(c: &ContextConfig) -> CgiContext {
         ),
         mode,
         server_software: Bytes::from(concat!("corral/", env!("CARGO_PKG_VERSION"))),
+        // A pinned server_name goes last of the context's variables, which replace the
+        // built ones on every front.
         extra_env: c
             .params
             .iter()
             .map(|(k, v)| (Bytes::from(k.clone()), Bytes::from(v.clone())))
+            .chain(
+                c.server_name
+                    .iter()
+                    .map(|n| (Bytes::from_static(b"SERVER_NAME"), Bytes::from(n.clone()))),
+            )
             .collect(),
         allow_php_ini_params: c.allow_php_value,
     }

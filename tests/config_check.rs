@@ -143,6 +143,26 @@ fn context_naming_an_unknown_pool() {
 }
 
 #[test]
+fn server_name_is_one_host_name() {
+    let with = |name: &str| {
+        VALID.replace(
+            "pool = \"php\"\n",
+            &format!("pool = \"php\"\nserver_name = \"{name}\"\n"),
+        )
+    };
+    let (_, out) = check(&with("www.example.com"));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_errors(
+        &with("a/b"),
+        &["15:15: server_name: host \"a/b\" is not a host name"],
+    );
+    assert_errors(
+        &with("*.example.com"),
+        &["15:15: server_name \"*.example.com\" must be one host name, not a wildcard"],
+    );
+}
+
+#[test]
 fn min_greater_than_max() {
     assert_errors(
         &VALID.replace("min = 2", "min = 6"),

@@ -366,6 +366,7 @@ runtime_dir = "{run}"
 grace = "1s"
 kill_timeout = "2s"
 body_timeout = "2s"
+body_deadline = "5s"
 
 [[listen]]
 address = "127.0.0.1:0"
@@ -437,6 +438,81 @@ fn a_stalled_http_body_gets_408_and_the_worker_lives_on() {
     assert_eq!(http(addr, "GET", "/pid.php", &[], b"").text(), pid.text());
     assert_eq!(backend_errors(status), "0");
     assert!(!corral.log().contains("killed"), "{}", corral.log());
+}
+
+#[test]
+fn a_body_trickled_a_byte_within_each_body_timeout_is_cut_off_at_body_deadline() {
+    let dir = shared_dir();
+    write_file(
+        dir.path(),
+        "len.php",
+        "<?php echo strlen(file_get_contents('php://input'));",
+    );
+    let corral = Corral::start(&php_config(dir.path()), 1);
+    let addr = corral.http_addr();
+    let mut s = connect(addr);
+    s.write_all(b"POST /len.php HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n")
+        .unwrap();
+    // A byte every second, well within body_timeout (2s): only body_deadline (5s) ends it.
+    let started = Instant::now();
+    let answer = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still reading the trickled body after {:?}\n{}",
+            started.elapsed(),
+            corral.log()
+        );
+        if s.write_all(b"x").is_err() {
+            break closed_within(&mut s, Duration::from_secs(1)).unwrap_or_default();
+        }
+        if let Some(answer) = closed_within(&mut s, Duration::from_secs(1)) {
+            break answer;
+        }
+    };
+    let cut = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "{answer:?}\n{}",
+        corral.log()
+    );
+    assert!(
+        cut >= Duration::from_millis(4500) && cut < Duration::from_secs(12),
+        "cut after {cut:?}"
+    );
+    assert!(corral.wait_log("body_deadline"), "{}", corral.log());
+}
+
+#[test]
+fn the_per_client_cap_counts_ipv6_clients_too() {
+    let dir = shared_dir();
+    let null = null_backend(dir.path());
+    let text = config(&null, "", &[("http", "max_connections_per_client = 2")]).replacen(
+        "address = \"127.0.0.1:0\"",
+        "address = \"[::1]:0\"",
+        1,
+    );
+    let corral = Corral::start(&text, 1);
+    let addr = corral.http_addr();
+    assert!(addr.is_ipv6(), "{addr}");
+    let mut conns: Vec<TcpStream> = Vec::new();
+    for _ in 0..2 {
+        conns.push(connect(addr));
+        assert!(still_open(conns.last_mut().unwrap()));
+    }
+    // The third from ::1 makes room by closing the first.
+    conns.push(connect(addr));
+    assert!(
+        closed_within(&mut conns[0], Duration::from_secs(3)).is_some(),
+        "{}",
+        corral.log()
+    );
+    assert!(still_open(&mut conns[1]) && still_open(&mut conns[2]));
+    assert!(
+        corral.wait_log("evicted_at_client_cap=1"),
+        "{}",
+        corral.log()
+    );
 }
 
 /// FastCGI params for a request to the null backend.
@@ -561,6 +637,36 @@ fn scgi_head(content_length: usize) -> Vec<u8> {
     out.extend_from_slice(&head);
     out.push(b',');
     out
+}
+
+#[test]
+fn an_scgi_body_trickled_within_each_body_timeout_is_cut_off_at_body_deadline() {
+    let dir = shared_dir();
+    let null = null_backend(dir.path());
+    let corral = Corral::start(
+        &config(
+            &null,
+            "",
+            &[("scgi", "body_timeout = \"2s\"\nbody_deadline = \"4s\"")],
+        ),
+        1,
+    );
+    let mut s = connect(corral.addr_of("Scgi"));
+    s.write_all(&scgi_head(1000)).unwrap();
+    // A byte a second, within body_timeout: only body_deadline ends it.
+    let cut = trickle(
+        &mut s,
+        &[b'x'; 1000],
+        Duration::from_secs(1),
+        Duration::from_secs(20),
+    )
+    .expect("the trickled body is cut off");
+    assert!(
+        cut >= Duration::from_millis(3500) && cut < Duration::from_secs(10),
+        "cut after {cut:?}\n{}",
+        corral.log()
+    );
+    assert!(corral.wait_log("within body_deadline"), "{}", corral.log());
 }
 
 #[test]

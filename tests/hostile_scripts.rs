@@ -23,10 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use corral::protocols::fastcgi::{
-    encode_begin_request, encode_params, encode_stdin_end, RecordDecoder, RecordType, Role,
-};
+use support::fastcgi::{cgi_status, fastcgi_status};
 use support::peers::{shared_dir, write_file};
 use support::server::{http, Corral, HttpResponse};
 
@@ -282,49 +279,6 @@ fn php_source_and_hidden_files_are_never_served() {
     assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
     let r = site.get("/.well-known/acme.txt");
     assert_eq!((r.status, r.text().as_str()), (200, "token"));
-}
-
-/// One FastCGI request on a new connection; the CGI response's status.
-fn fastcgi_status(socket: &Path, params: &[(&str, String)]) -> (u16, Vec<u8>) {
-    let mut stream = UnixStream::connect(socket).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let params: Vec<(Bytes, Bytes)> = params
-        .iter()
-        .map(|(n, v)| (Bytes::from(n.to_string()), Bytes::from(v.clone())))
-        .collect();
-    let mut out = BytesMut::new();
-    encode_begin_request(1, Role::Responder, false, &mut out);
-    encode_params(1, &params, &mut out).unwrap();
-    encode_stdin_end(1, &mut out);
-    stream.write_all(&out).unwrap();
-    let mut decoder = RecordDecoder::new();
-    let mut buf = BytesMut::new();
-    let mut stdout = Vec::new();
-    loop {
-        while let Some(r) = decoder.decode(&mut buf).unwrap() {
-            match r.kind {
-                RecordType::Stdout => stdout.extend_from_slice(&r.content),
-                RecordType::EndRequest => return (cgi_status(&stdout), stdout),
-                _ => {}
-            }
-        }
-        let mut chunk = [0u8; 16384];
-        let n = stream.read(&mut chunk).expect("corral answers in time");
-        assert!(n > 0, "closed before END_REQUEST");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// The status of a CGI response (`Status:` line, 200 without one).
-fn cgi_status(response: &[u8]) -> u16 {
-    String::from_utf8_lossy(response)
-        .lines()
-        .take_while(|l| !l.trim().is_empty())
-        .find_map(|l| l.strip_prefix("Status: "))
-        .and_then(|s| s.split(' ').next()?.parse().ok())
-        .unwrap_or(200)
 }
 
 /// What nginx's `fastcgi_pass` with Debian's fastcgi_params sends for `uri`, with

@@ -155,6 +155,25 @@ pub enum CgiResponseError {
     },
 }
 
+impl CgiResponseError {
+    /// Whether the head was well formed (lines with a colon, a blank line within the limits)
+    /// and only a field in it broke a rule: a name that is not a token, a control byte in a
+    /// value, a bad `Status:` or `Location:`. Such an error is the application's (a script
+    /// that reflects input into a header), not a sign that the stream is out of step; the
+    /// others may be either, where the head is all the framing there is (SCGI).
+    pub fn is_field_error(&self) -> bool {
+        matches!(
+            self,
+            CgiResponseError::InvalidName { .. }
+                | CgiResponseError::InvalidValue { .. }
+                | CgiResponseError::InvalidStatus { .. }
+                | CgiResponseError::DuplicateStatus
+                | CgiResponseError::DuplicateLocation
+                | CgiResponseError::InvalidLocation { .. }
+        )
+    }
+}
+
 /// How many bytes of an offending value an error quotes.
 const SNIPPET_LEN: usize = 64;
 

@@ -26,6 +26,15 @@ pub struct BodyTimeout {
     pub after: std::time::Duration,
 }
 
+/// The client took longer than `body_deadline`, all waits for it together, to send its
+/// request body: a client trickling a byte per `body_timeout` is cut off too (408).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the client did not send its request body within body_deadline ({after:?} of waiting)")]
+pub struct BodyDeadline {
+    /// The deadline.
+    pub after: std::time::Duration,
+}
+
 /// A request body of unknown length ran past the context's `max_body` while it streamed:
 /// the client's doing (413).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

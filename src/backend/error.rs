@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use super::body::{BodyError, BodyOverLimit, BodyTimeout};
+use super::body::{BodyDeadline, BodyError, BodyOverLimit, BodyTimeout};
 use super::Protocol;
 
 /// Who caused a failed exchange (ARCHITECTURE.md decision 22): the front maps it to a status and a
@@ -49,6 +49,20 @@ pub enum BackendError {
     /// The backend sent bytes that break a rule of the protocol; `rule` names it.
     #[error("the backend broke the {protocol} protocol: {rule}")]
     Protocol {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The rule, as a sentence.
+        rule: String,
+    },
+    /// The application wrote a response head that breaks a rule of the CGI head (RFC 3875
+    /// §6): a header name that is not a token, a control byte in a value (PHP's `header()`
+    /// passes 0x01 to 0x1f through), a line without a colon. This is the application's
+    /// output, not the worker's framing: the client gets a 502, the worker stays in rotation
+    /// (ARCHITECTURE.md, "The backend exchange"). Over FastCGI and LSAPI every CGI head error
+    /// is this one, since the records around it were sound; over SCGI only a bad field in a
+    /// well-formed head is (`CgiResponseError::is_field_error`).
+    #[error("the application sent an invalid response head over {protocol}: {rule}")]
+    InvalidHead {
         /// The protocol spoken.
         protocol: Protocol,
         /// The rule, as a sentence.
@@ -156,6 +170,7 @@ impl BackendError {
             | BackendError::Write { .. }
             | BackendError::Read { .. }
             | BackendError::Protocol { .. }
+            | BackendError::InvalidHead { .. }
             | BackendError::ClosedEarly { .. }
             | BackendError::StaleReset { .. } => 502,
             BackendError::Refused { overloaded, .. } => {
@@ -167,7 +182,11 @@ impl BackendError {
             }
             BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => 504,
             BackendError::RequestHead { .. } => 431,
-            BackendError::ClientBody { source } if source.is::<BodyTimeout>() => 408,
+            BackendError::ClientBody { source }
+                if source.is::<BodyTimeout>() || source.is::<BodyDeadline>() =>
+            {
+                408
+            }
             BackendError::ClientBody { source } if source.is::<BodyOverLimit>() => 413,
             BackendError::ClientBody { .. } | BackendError::BodyLength { .. } => 400,
             BackendError::BodyTooLarge { .. } => 413,

@@ -132,7 +132,14 @@ impl Codec {
             return Ok(Step::Data(bytes));
         };
         self.head_bytes.extend_from_slice(&bytes);
-        match parser.decode(&mut self.head_bytes).map_err(violation)? {
+        let parsed =
+            parser
+                .decode(&mut self.head_bytes)
+                .map_err(|e| BackendError::InvalidHead {
+                    protocol: Protocol::FastCgi,
+                    rule: e.to_string(),
+                })?;
+        match parsed {
             None => Ok(Step::Nothing),
             Some(head) => {
                 self.head = None;

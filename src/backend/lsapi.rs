@@ -211,11 +211,18 @@ impl Codec {
 
 /// RESP_HEADER as a CGI head: the lines go through the same strict parser as a CGI
 /// response, and a non-zero `m_status` wins over a `Status:` line (protocols/LSAPI.md §3.2).
+///
+/// A line the parser refuses is the application's error ([`BackendError::InvalidHead`]), not
+/// a broken packet: the packet itself was well framed.
 fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, BackendError> {
+    let invalid = |rule: String| BackendError::InvalidHead {
+        protocol: Protocol::Lsapi,
+        rule,
+    };
     let mut text = BytesMut::new();
     for (index, line) in head.lines.iter().enumerate() {
         if line.iter().any(|&b| b == b'\r' || b == b'\n') {
-            return Err(violation(format!(
+            return Err(invalid(format!(
                 "RESP_HEADER line {index} holds a CR or LF byte"
             )));
         }
@@ -225,7 +232,7 @@ fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, Bac
     text.extend_from_slice(b"\r\n");
     let mut parsed = CgiResponseDecoder::new(limits)
         .decode(&mut text)
-        .map_err(violation)?
+        .map_err(|e| invalid(e.to_string()))?
         .ok_or_else(|| violation("RESP_HEADER lines do not form a complete head"))?;
     if head.status != 0 {
         let reason = match &parsed.status {
@@ -238,4 +245,26 @@ fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, Bac
         });
     }
     Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn a_bad_header_line_is_the_applications_error() {
+        let head = |line: &'static [u8]| ResponseHead {
+            status: 200,
+            lines: vec![Bytes::from_static(line)],
+        };
+        for line in [&b"X-A: a\x01b"[..], b"X A: b", b"X-A: a\rb"] {
+            match cgi_head(&head(line), &Limits::default()) {
+                Err(BackendError::InvalidHead { .. }) => {}
+                other => panic!("{}: {other:?}", line.escape_ascii()),
+            }
+        }
+        assert!(cgi_head(&head(b"X-A: ab"), &Limits::default()).is_ok());
+    }
 }

@@ -35,7 +35,8 @@ use crate::protocols::cgi_response::CgiResponseHead;
 use crate::protocols::Limits;
 
 pub use body::{
-    BodyClosed, BodyError, BodyOverLimit, BodySender, BodySource, BodyTimeout, RequestBody,
+    BodyClosed, BodyDeadline, BodyError, BodyOverLimit, BodySender, BodySource, BodyTimeout,
+    RequestBody,
 };
 pub use connection::{BackendConnection, Connections};
 pub use error::{BackendError, Origin};

@@ -82,6 +82,13 @@ impl Codec {
                 Ok(Some(Step::Head(head)))
             }
             Ok(None) => Ok(None),
+            // The head is all the framing SCGI has: a head that is no head (no colon, a
+            // bare CR, past the limits) may be a worker out of step and stays a protocol
+            // violation; a well-formed head with a bad field is the application's error.
+            Err(e) if e.is_field_error() => Err(BackendError::InvalidHead {
+                protocol: Protocol::Scgi,
+                rule: e.to_string(),
+            }),
             Err(e) => Err(BackendError::Protocol {
                 protocol: Protocol::Scgi,
                 rule: e.to_string(),
@@ -98,5 +105,29 @@ impl Codec {
             });
         }
         Ok(Step::End { reusable: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    fn decode(head: &[u8]) -> BackendError {
+        let mut codec = Codec::new(&Limits::default());
+        let mut src = BytesMut::from(head);
+        match codec.decode(&mut src) {
+            Err(e) => e,
+            Ok(step) => panic!("{head:?} decoded to {step:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_field_is_the_applications_error_and_garbage_a_protocol_violation() {
+        let e = decode(b"Status: 200 OK\r\nX-A: a\x01b\r\n\r\n");
+        assert!(matches!(e, BackendError::InvalidHead { .. }), "{e}");
+        let e = decode(b"\x00\x01\x02 this is no CGI head\r\n\r\n");
+        assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
     }
 }

@@ -75,6 +75,19 @@ pub(super) fn context(
         }
         host
     });
+    // SERVER_NAME pinned, so a script never sees the client's Host there.
+    let server_name = c.server_name.as_ref().map(|h| {
+        let name = h.get_ref().to_ascii_lowercase();
+        match check_host(&name) {
+            Err(m) => e.at(h.span(), format!("server_name: {m}")),
+            Ok(()) if name.starts_with("*.") => e.at(
+                h.span(),
+                format!("server_name \"{name}\" must be one host name, not a wildcard"),
+            ),
+            Ok(()) => {}
+        }
+        name
+    });
     let root = c.root.as_ref().and_then(|r| e.absolute_path(r, "root"));
 
     let index = match &c.index {
@@ -221,6 +234,7 @@ pub(super) fn context(
         prefix,
         extension,
         host,
+        server_name,
         root,
         index,
         pool: pool_name.clone(),

@@ -71,6 +71,7 @@ pub struct FileServer {
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,
+    pub body_deadline: Option<Spanned<DurationText>>,
     pub send_timeout: Option<Spanned<DurationText>>,
     pub access_log: Option<Spanned<String>>,
     pub access_log_format: Option<AccessFormat>,
@@ -97,6 +98,7 @@ pub struct FileListen {
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,
+    pub body_deadline: Option<Spanned<DurationText>>,
     pub send_timeout: Option<Spanned<DurationText>>,
 }
 
@@ -167,6 +169,7 @@ pub struct FileContext {
     pub prefix: Option<Spanned<String>>,
     pub extension: Option<Spanned<String>>,
     pub host: Option<Spanned<String>>,
+    pub server_name: Option<Spanned<String>>,
     pub root: Option<Spanned<String>>,
     pub index: Option<SpannedList>,
     pub pool: Spanned<String>,

@@ -105,7 +105,7 @@ pub struct ServerConfig {
     /// How the serving threads share the work (`scheduler`). Read at start only.
     pub scheduler: Scheduler,
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
-    /// `idle_timeout`, `body_timeout`, `send_timeout`).
+    /// `idle_timeout`, `body_timeout`, `send_timeout`, `body_deadline`).
     pub front_timeouts: FrontTimeouts,
     /// Where the access log goes (`access_log`: `"stderr"` or an absolute path; default
     /// none) and in which format (`access_log_format`, default `text`).
@@ -154,6 +154,12 @@ pub struct FrontTimeouts {
     /// default 60s, as nginx's): then the connection is dropped and the backend request
     /// aborted, without blaming the worker.
     pub send: Duration,
+    /// Longest time, all waits together, the HTTP and SCGI fronts wait for a client to send a
+    /// request body (`body_deadline`, default 1h): `body_timeout` alone lets a client that
+    /// sends a byte just within it hold a connection and a spool file for ever. Only waiting
+    /// for the client counts, not time spent on a slow backend; HTTP answers 408 when it
+    /// passes, SCGI closes the connection. The FastCGI front does not apply it yet.
+    pub body_total: Duration,
 }
 
 impl Default for FrontTimeouts {
@@ -163,6 +169,7 @@ impl Default for FrontTimeouts {
             idle: Duration::from_secs(60),
             body: Duration::from_secs(30),
             send: Duration::from_secs(60),
+            body_total: Duration::from_secs(3600),
         }
     }
 }
@@ -490,6 +497,11 @@ pub struct ContextConfig {
     pub extension: Option<String>,
     /// Host name, lowercase, exact or `*.suffix` (`host`; none = any host).
     pub host: Option<String>,
+    /// SERVER_NAME for every request of this context, on every front (`server_name`, a host
+    /// name; none = the Host the client sent, or on the FastCGI and SCGI fronts the front
+    /// server's SERVER_NAME), so a script that builds links from it cannot be handed the
+    /// client's choice.
+    pub server_name: Option<String>,
     /// Document root for SCRIPT_FILENAME (`root`; none = the app routes by path).
     pub root: Option<PathBuf>,
     /// Files tried for a directory (`index`, default `["index.php"]` when `root` is set).

@@ -664,6 +664,7 @@ root = "/var/www/html"
             idle: Duration::from_secs(5),
             body: Duration::from_secs(60),
             send: Duration::from_secs(60),
+            body_total: Duration::from_secs(3600),
         }
     );
     assert_eq!(b.max_connections_per_client, Some(16));

@@ -263,6 +263,7 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
                 s.and_then(|s| s.idle_timeout.as_ref()),
                 s.and_then(|s| s.body_timeout.as_ref()),
                 s.and_then(|s| s.send_timeout.as_ref()),
+                s.and_then(|s| s.body_deadline.as_ref()),
             ],
         ),
         access_log: s
@@ -297,18 +298,19 @@ fn log_target(e: &mut Errors, v: &Spanned<String>, key: &str) -> Option<LogTarge
     e.absolute_path(v, key).map(LogTarget::File)
 }
 
-/// `header_timeout`, `idle_timeout`, `body_timeout` and `send_timeout` (in that order) over
-/// `defaults`.
+/// `header_timeout`, `idle_timeout`, `body_timeout`, `send_timeout` and `body_deadline` (in
+/// that order) over `defaults`.
 fn front_timeouts(
     e: &mut Errors,
     defaults: FrontTimeouts,
-    [header, idle, body, send]: [Option<&Spanned<DurationText>>; 4],
+    [header, idle, body, send, body_total]: [Option<&Spanned<DurationText>>; 5],
 ) -> FrontTimeouts {
     FrontTimeouts {
         header: e.timeout(header, "header_timeout", defaults.header),
         idle: e.timeout(idle, "idle_timeout", defaults.idle),
         body: e.timeout(body, "body_timeout", defaults.body),
         send: e.timeout(send, "send_timeout", defaults.send),
+        body_total: e.timeout(body_total, "body_deadline", defaults.body_total),
     }
 }
 
@@ -414,6 +416,7 @@ fn listener(e: &mut Errors, l: &FileListen, server: &ServerConfig) -> Option<Lis
             l.idle_timeout.as_ref(),
             l.body_timeout.as_ref(),
             l.send_timeout.as_ref(),
+            l.body_deadline.as_ref(),
         ],
     );
     let max_connections_per_client =
@@ -627,6 +630,7 @@ fn contexts(
                 prefix: "/".to_owned(),
                 extension: None,
                 host: None,
+                server_name: None,
                 root: None,
                 index: Vec::new(),
                 pool: only.name.clone(),

@@ -12,7 +12,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
 use crate::protocols::cgi::{
-    normalize_decoded_path, normalize_front_params, parse_request_path, CgiParams,
+    check_host, normalize_decoded_path, normalize_front_params, parse_request_path, CgiError,
+    CgiParams,
 };
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
@@ -31,8 +32,13 @@ pub(crate) fn prepare(
     request_id: u64,
 ) -> Result<(Routed, CgiParams), GatewayError> {
     let get = |name: &[u8]| params.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-    let host = get(b"HTTP_HOST")
-        .filter(|h| !h.is_empty())
+    // The client's Host, as the front server passed it on, is checked as the HTTP front
+    // checks it (nginx does too, but not every front server does); an empty one means none.
+    let client_host = get(b"HTTP_HOST").filter(|h| !h.is_empty());
+    if let Some(h) = client_host {
+        check_host(h)?;
+    }
+    let host = client_host
         .or_else(|| get(b"SERVER_NAME"))
         .map(|h| host_name(h))
         .unwrap_or_default();
@@ -141,10 +147,29 @@ fn host_name(raw: &[u8]) -> String {
 }
 
 /// The body length a front server declared in CONTENT_LENGTH; `None` when it sent none (or
-/// an empty one, as nginx does for a body it streams without knowing its length).
-pub(crate) fn content_length(params: &[(Bytes, Bytes)]) -> Option<u64> {
-    let (_, value) = params.iter().find(|(n, _)| n == &b"CONTENT_LENGTH"[..])?;
-    std::str::from_utf8(value).ok()?.trim().parse().ok()
+/// an empty one, as nginx does for a body it streams without knowing its length). Anything
+/// but decimal digits that fit in a `u64` (`-1`, `+5`, `0x10`, `1e3`, 2^64) is refused:
+/// taken for "unknown" it would reach the backend as it was, and a backend reads a body of
+/// `-1` bytes in its own way.
+pub(crate) fn content_length(params: &[(Bytes, Bytes)]) -> Result<Option<u64>, CgiError> {
+    let Some((_, value)) = params.iter().find(|(n, _)| n == &b"CONTENT_LENGTH"[..]) else {
+        return Ok(None);
+    };
+    let digits = value.trim_ascii();
+    if digits.is_empty() {
+        return Ok(None);
+    }
+    let invalid = || CgiError::InvalidContentLength {
+        value: value.get(..64).unwrap_or(value).to_vec(),
+    };
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return Err(invalid());
+    }
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .map(Some)
+        .ok_or_else(invalid)
 }
 
 /// A whole CGI response (head and short body) with `status`, and Retry-After when given.
@@ -213,9 +238,35 @@ mod tests {
     #[test]
     fn content_length_is_unknown_when_empty() {
         let p = |v: &'static str| vec![(Bytes::from_static(b"CONTENT_LENGTH"), Bytes::from(v))];
-        assert_eq!(content_length(&p("12")), Some(12));
-        assert_eq!(content_length(&p("")), None);
-        assert_eq!(content_length(&[]), None);
+        assert_eq!(content_length(&p("12")), Ok(Some(12)));
+        assert_eq!(content_length(&p("")), Ok(None));
+        assert_eq!(content_length(&[]), Ok(None));
+    }
+
+    #[test]
+    fn content_length_that_is_no_length_is_refused() {
+        let p = |v: &'static str| vec![(Bytes::from_static(b"CONTENT_LENGTH"), Bytes::from(v))];
+        for bad in [
+            "-1",
+            "+5",
+            "0x10",
+            "1e3",
+            "1 2",
+            "18446744073709551616",
+            "١٢",
+        ] {
+            assert!(
+                matches!(
+                    content_length(&p(bad)),
+                    Err(CgiError::InvalidContentLength { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            content_length(&p("18446744073709551615")),
+            Ok(Some(u64::MAX))
+        );
     }
 
     #[test]

@@ -649,7 +649,13 @@ impl Connection {
             let ending = responder.send_cgi(&cgi).await;
             return self.answered(id, responder.seq, ending).await;
         }
-        let len = content_length(&params);
+        let len = match content_length(&params) {
+            Ok(len) => len,
+            Err(e) => {
+                let ending = responder.error(&GatewayError::from(e)).await;
+                return self.answered(id, responder.seq, ending).await;
+            }
+        };
         let prepared = prepare(&self.gateway, &self.listener, params, request_id);
         let (routed, params) = match prepared {
             Ok(prepared) => prepared,

@@ -33,7 +33,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
-    buffer_body, spool_body, BackendError, BodyError, BodySource, BodyTimeout, RequestBody,
+    buffer_body, spool_body, BackendError, BodyDeadline, BodyError, BodySource, BodyTimeout,
+    RequestBody,
 };
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
 use crate::front::file;
@@ -43,8 +44,8 @@ use crate::front::sendfile;
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    encode_cgi_vars, has_allowed_ext, has_hidden_segment, parse_request_path, CgiParams,
-    CgiRequest, RequestPath, ScriptMode,
+    check_host, encode_cgi_vars, has_allowed_ext, has_hidden_segment, parse_request_path,
+    CgiError, CgiParams, CgiRequest, RequestPath, ScriptMode,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -205,7 +206,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
     };
     let mut method = parts.method.as_str().as_bytes().to_vec();
     let mut target = target;
-    let mut body = Some(request_body(&parts, incoming, info.timeouts.body));
+    let mut body = Some(request_body(&parts, incoming, &info.timeouts));
     for _ in 0..=MAX_LOCAL_REDIRECTS {
         // The target is decoded and normalised once; routing, the static-file test and every
         // CGI variable come from this one result (a second spelling is how `/index.ph%70`
@@ -461,8 +462,9 @@ fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -
 ///   Transfer-Encoding and Content-Length come together it frames by the former, drops the
 ///   latter and closes the connection after the answer, so bytes smuggled after the chunked
 ///   body are never read as a request;
-/// - more than one Host, none in an HTTP/1.1 request, or an absolute-form target whose
-///   authority is not the Host (400, RFC 9112 §3.2).
+/// - more than one Host, none in an HTTP/1.1 request, one that is no host name
+///   (`check_host`), or an absolute-form target whose authority is not the Host (400, RFC
+///   9112 §3.2).
 fn check_head(parts: &http::request::Parts) -> Result<(), (StatusCode, &'static str)> {
     if parts.method == http::Method::CONNECT {
         return Err((StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not served"));
@@ -487,6 +489,14 @@ fn check_head(parts: &http::request::Parts) -> Result<(), (StatusCode, &'static 
     let host = hosts.next();
     if hosts.next().is_some() {
         return Err((StatusCode::BAD_REQUEST, "more than one Host header"));
+    }
+    // What names the host routes the request and may become SERVER_NAME: it must look like
+    // a host name (no `/`, `\`, control, empty or `..` label), as nginx requires.
+    let named = host
+        .map(HeaderValue::as_bytes)
+        .or_else(|| parts.uri.authority().map(|a| a.as_str().as_bytes()));
+    if let Some(Err(CgiError::InvalidHost { reason, .. })) = named.map(check_host) {
+        return Err((StatusCode::BAD_REQUEST, reason));
     }
     match (host, parts.uri.authority()) {
         (None, _) if parts.version == http::Version::HTTP_11 => {
@@ -927,7 +937,7 @@ fn host_of(parts: &http::request::Parts) -> String {
 fn request_body(
     parts: &http::request::Parts,
     incoming: Incoming,
-    timeout: std::time::Duration,
+    timeouts: &FrontTimeouts,
 ) -> RequestBody {
     let chunked = parts.headers.get(http::header::TRANSFER_ENCODING).is_some();
     let len = if chunked {
@@ -942,28 +952,35 @@ fn request_body(
     if len == Some(0) {
         return RequestBody::empty();
     }
-    RequestBody::from_source(IncomingSource::new(incoming, timeout), len)
+    RequestBody::from_source(IncomingSource::new(incoming, timeouts), len)
 }
 
 /// hyper's request body as a backend body source, failing with [`BodyTimeout`] when the
-/// client sends nothing for `timeout` while the body is being read.
+/// client sends nothing for `timeout` while the body is being read, and with
+/// [`BodyDeadline`] once the waits for it add up to `total` (`body_deadline`).
 struct IncomingSource {
     body: Incoming,
     timeout: std::time::Duration,
+    total: std::time::Duration,
     /// Armed while a poll is waiting for the client. Only that time counts: while the
     /// exchange is busy writing to a slow backend it does not poll, and the client is not
     /// to blame for that.
     timer: Pin<Box<Sleep>>,
-    waiting: bool,
+    /// When the current wait began, while a poll is waiting for the client.
+    waiting: Option<Instant>,
+    /// The earlier waits for the client, added up.
+    waited: std::time::Duration,
 }
 
 impl IncomingSource {
-    fn new(body: Incoming, timeout: std::time::Duration) -> IncomingSource {
+    fn new(body: Incoming, timeouts: &FrontTimeouts) -> IncomingSource {
         IncomingSource {
             body,
-            timeout,
-            timer: Box::pin(tokio::time::sleep(timeout)),
-            waiting: false,
+            timeout: timeouts.body,
+            total: timeouts.body_total,
+            timer: Box::pin(tokio::time::sleep(timeouts.body)),
+            waiting: None,
+            waited: std::time::Duration::ZERO,
         }
     }
 }
@@ -986,15 +1003,28 @@ impl BodySource for IncomingSource {
                 Poll::Ready(Some(Err(e))) => Some(Poll::Ready(Some(Err(BodyError::from(e))))),
             };
             if let Some(ready) = polled {
-                this.waiting = false;
+                if let Some(since) = this.waiting.take() {
+                    this.waited += since.elapsed();
+                }
                 return ready;
             }
-            if !this.waiting {
-                this.waiting = true;
-                this.timer.as_mut().reset(Instant::now() + this.timeout);
-            }
+            let since = match this.waiting {
+                Some(since) => since,
+                None => {
+                    let now = Instant::now();
+                    this.waiting = Some(now);
+                    // Whichever comes first: this wait's body_timeout, or what is left of
+                    // body_deadline.
+                    let left = this.total.saturating_sub(this.waited);
+                    this.timer.as_mut().reset(now + this.timeout.min(left));
+                    now
+                }
+            };
             if this.timer.as_mut().poll(cx).is_ready() {
                 // Logged once, with the request, where the 408 is answered.
+                if this.waited + since.elapsed() >= this.total {
+                    return Poll::Ready(Some(Err(Box::new(BodyDeadline { after: this.total }))));
+                }
                 return Poll::Ready(Some(Err(Box::new(BodyTimeout {
                     after: this.timeout,
                 }))));

@@ -12,7 +12,10 @@
 //! refused (accepted and closed at once). Refusals and evictions are logged at most once a
 //! second, with counts, so a flood does not become a flood of log lines.
 //!
-//! Per-client caps count TCP peers by IP address, per listener. Unix-socket peers have no
+//! Per-client caps count TCP peers by IP address, per listener: an IPv4 address (also when
+//! it arrives IPv4-mapped on a dual-stack socket), or an IPv6 address's /64 prefix, since one
+//! host is usually given a whole /64 and could otherwise open the cap's worth of connections
+//! from each of its 2^64 addresses ([`client_key`]). Unix-socket peers have no
 //! address and are exempt: they are front servers on this host (nginx, Apache), whose socket
 //! permissions already decide who may connect, and only the server-wide cap counts them.
 //!
@@ -49,6 +52,7 @@ pub const STATUS_TIMEOUTS: FrontTimeouts = FrontTimeouts {
     idle: Duration::from_secs(10),
     body: Duration::from_secs(5),
     send: Duration::from_secs(10),
+    body_total: Duration::from_secs(10),
 };
 
 /// Descriptors kept out of the front cap whatever the configuration: standard streams, the
@@ -400,6 +404,22 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 }
 
+/// What the per-client cap counts a peer address as: an IPv4 address as it is (also one
+/// that arrived IPv4-mapped, `::ffff:a.b.c.d`), an IPv6 address as its /64 prefix (the rest
+/// zeroed), the block one host or one customer is normally given.
+pub fn client_key(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !(u128::from(u64::MAX));
+                IpAddr::V6(std::net::Ipv6Addr::from(prefix))
+            }
+        },
+    }
+}
+
 /// Who a new connection comes from, for the per-client cap.
 #[derive(Debug, Clone, Copy)]
 pub struct Client {
@@ -521,7 +541,7 @@ impl Admission {
     /// a cap is reached; `None` when every counted connection is busy (refuse it).
     pub fn admit(self: &Arc<Self>, client: Client) -> Option<Ticket> {
         let mut t = self.lock();
-        let key = client.addr.map(|a| (client.listener, a));
+        let key = client.addr.map(|a| (client.listener, client_key(a)));
         if let (Some(key), Some(cap)) = (key, client.cap) {
             let ids = t.clients.get(&key).map_or(&[][..], Vec::as_slice);
             if ids.len() >= cap as usize {
@@ -743,6 +763,41 @@ mod tests {
         assert!(a.admit(tcp(0, 1, Some(2))).is_none());
     }
 
+    #[test]
+    fn ipv6_clients_are_counted_by_their_64_prefix() {
+        let key = |s: &str| client_key(s.parse().unwrap());
+        assert_eq!(
+            key("2001:db8:1:2:aaaa::1"),
+            key("2001:db8:1:2:ffff:ee:dd:cc")
+        );
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2::"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        assert_eq!(key("::1"), key("::2"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_64_shares_one_cap() {
+        let a = Admission::new("front", 100);
+        let from = |s: &str| Client {
+            listener: 0,
+            addr: Some(s.parse().unwrap()),
+            cap: Some(2),
+        };
+        let one = a.admit(from("2001:db8::1")).unwrap();
+        let two = a.admit(from("2001:db8::2")).unwrap();
+        let _busy = (one.state().begin(), two.state().begin());
+        assert!(
+            a.admit(from("2001:db8::3")).is_none(),
+            "a third address of the same /64 is over the cap"
+        );
+        assert!(
+            a.admit(from("2001:db8:0:1::1")).is_some(),
+            "another /64 is not"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn deadlines_follow_the_phase() {
         let t = FrontTimeouts {
@@ -750,6 +805,7 @@ mod tests {
             idle: Duration::from_secs(20),
             body: Duration::from_secs(5),
             send: Duration::from_secs(5),
+            body_total: Duration::from_secs(60),
         };
         let s = ConnState::detached();
         let start = Instant::now();

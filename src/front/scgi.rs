@@ -53,6 +53,8 @@ enum Fed {
     Stopped,
     /// The client sent nothing for `body_timeout`.
     Stalled,
+    /// The waits for the client's body added up to `body_deadline`.
+    Deadline,
 }
 
 /// Serves the one request of an SCGI connection; `ticket` counts it in the cap table.
@@ -132,7 +134,7 @@ pub async fn serve_connection(
     let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
     let fed = {
         let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
-        let feed = feed(&mut decoder, buf, &mut reader, tx, declared, timeouts.body);
+        let feed = feed(&mut decoder, buf, &mut reader, tx, declared, &timeouts);
         tokio::pin!(respond, feed);
         let mut fed = None;
         loop {
@@ -140,10 +142,14 @@ pub async fn serve_connection(
                 () = &mut respond => break,
                 end = &mut feed, if fed.is_none() => {
                     fed = Some(end);
+                    // Abort: dropping the exchange aborts the backend request; the
+                    // backend did nothing wrong and is not blamed.
                     if end == Fed::Stalled {
-                        // Abort: dropping the exchange aborts the backend request; the
-                        // backend did nothing wrong and is not blamed.
                         tracing::info!(request_id, after = ?timeouts.body, "scgi client sent no body bytes within body_timeout; closing");
+                        break;
+                    }
+                    if end == Fed::Deadline {
+                        tracing::info!(request_id, after = ?timeouts.body_total, "scgi client did not send its body within body_deadline; closing");
                         break;
                     }
                 }
@@ -190,17 +196,19 @@ impl CgiSink for Conn<'_> {
 
 /// Feeds the body from the connection to the exchange until CONTENT_LENGTH bytes have gone;
 /// a connection that ends early or breaks the protocol fails the body (and so the exchange).
-/// Each read may wait `timeout` for the client; time spent waiting for the exchange to take
-/// a chunk (a slow backend) does not count.
+/// Each read may wait `body_timeout` for the client, and all of them together
+/// `body_deadline`; time spent waiting for the exchange to take a chunk (a slow backend) does
+/// not count.
 async fn feed(
     decoder: &mut ScgiRequestDecoder,
     mut buf: BytesMut,
     reader: &mut ReadHalf<Stream>,
     tx: BodySender,
     declared: u64,
-    timeout: std::time::Duration,
+    timeouts: &FrontTimeouts,
 ) -> Fed {
     let mut received = 0u64;
+    let mut waited = std::time::Duration::ZERO;
     let failure = loop {
         match decoder.decode(&mut buf) {
             Ok(Some(ScgiRequestEvent::Body(data))) => {
@@ -216,9 +224,14 @@ async fn feed(
             Err(e) => break FeedError::from(e),
         }
         buf.reserve(READ_CHUNK);
-        match tokio::time::timeout(timeout, reader.read_buf(&mut buf)).await {
+        let left = timeouts.body_total.saturating_sub(waited);
+        let since = tokio::time::Instant::now();
+        let read = tokio::time::timeout(timeouts.body.min(left), reader.read_buf(&mut buf)).await;
+        waited += since.elapsed();
+        match read {
             Ok(Ok(n)) if n > 0 => {}
             Ok(_) => break FeedError::Gone { received, declared },
+            Err(_) if waited >= timeouts.body_total => return Fed::Deadline,
             Err(_) => return Fed::Stalled,
         }
     };

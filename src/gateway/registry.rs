@@ -85,7 +85,10 @@ impl Pool {
 
     /// Takes the worker of `slot` out of rotation after `error`, when the error says the
     /// worker is broken: it could not be reached (refused, reset, timed out), it dropped the
-    /// request before answering, it missed its first-byte deadline, or it broke the protocol. A spawned worker leaves rotation at
+    /// request before answering, it missed its first-byte deadline, or it broke the protocol's
+    /// framing. A response head the application wrote wrong ([`BackendError::InvalidHead`]: a
+    /// control byte PHP's `header()` let through) is the script's error, not the worker's:
+    /// a client could otherwise recycle a worker per request. A spawned worker leaves rotation at
     /// once and its driver replaces it (kills a refusing one, recycles a suspect one); a
     /// server of a pool of servers counts a failure toward `max_fails` (connect failures and
     /// timeouts only, as nginx counts them by default).

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod apps;
+pub mod fastcgi;
 pub mod front;
 pub mod lsapi;
 pub mod matrix;

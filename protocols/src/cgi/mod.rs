@@ -14,6 +14,7 @@
 
 mod front;
 mod headers;
+mod host;
 mod params;
 mod path;
 
@@ -22,6 +23,7 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use front::normalize_front_params;
+pub use host::check_host;
 pub use params::{CgiParams, Pairs};
 pub use path::{
     has_allowed_ext, has_hidden_segment, normalize_decoded_path, parse_request_path,
@@ -249,6 +251,14 @@ pub enum CgiError {
     InvalidContentLength {
         /// The start of the value.
         value: Vec<u8>,
+    },
+    /// A Host (or a front server's HTTP_HOST) that no host name looks like.
+    #[error("{reason}: \"{}\"", .value.escape_ascii())]
+    InvalidHost {
+        /// The start of the value.
+        value: Vec<u8>,
+        /// What is wrong with it, e.g. "Host holds a '/'".
+        reason: &'static str,
     },
     /// Two Content-Length headers with different values.
     #[error("Content-Length is given twice with different values")]

@@ -1,0 +1,154 @@
+//! The Host a client names (RFC 9110 §7.2), checked before it routes a request or becomes
+//! SERVER_NAME, as nginx checks it: a host that could name a path or hide a second value is
+//! refused (400), never passed on.
+
+use super::{snippet, CgiError};
+
+/// Checks a Host value (`example.com`, `example.com:8080`, `[2001:db8::1]:443`): refused are
+/// an empty host, a byte that is a control, a space, DEL, `/` or `\` (a path separator in
+/// what a script may use as a directory name or cache key), an empty label (`a..b`, `.a`: one
+/// final dot, `example.com.`, is the absolute form and kept), a bracketed literal that is not
+/// closed or holds anything but hex digits, `:` and `.`, and a port that is not 1 to 5
+/// digits. Bytes from 0x80 up pass, as nginx lets raw UTF-8 names through.
+pub fn check_host(raw: &[u8]) -> Result<(), CgiError> {
+    let refuse = |reason: &'static str| CgiError::InvalidHost {
+        value: snippet(raw),
+        reason,
+    };
+    if let Some(&byte) = raw
+        .iter()
+        .find(|&&b| b <= b' ' || b == 0x7f || b == b'/' || b == b'\\')
+    {
+        return Err(refuse(match byte {
+            b'/' => "Host holds a '/'",
+            b'\\' => "Host holds a '\\'",
+            0 => "Host holds a NUL byte",
+            b' ' => "Host holds a space",
+            _ => "Host holds a control byte",
+        }));
+    }
+    let (name, port) = if let Some(literal) = raw.strip_prefix(b"[") {
+        let close = literal
+            .iter()
+            .position(|&b| b == b']')
+            .ok_or_else(|| refuse("Host has a '[' that is not closed"))?;
+        let (inside, rest) = literal.split_at(close);
+        if inside.is_empty()
+            || !inside
+                .iter()
+                .all(|b| b.is_ascii_hexdigit() || *b == b':' || *b == b'.')
+        {
+            return Err(refuse("Host has an IP literal that is not an address"));
+        }
+        match rest.get(1..).unwrap_or_default() {
+            [] => (None, None),
+            [b':', port @ ..] => (None, Some(port)),
+            _ => return Err(refuse("Host has bytes after its IP literal")),
+        }
+    } else {
+        match raw.iter().position(|&b| b == b':') {
+            Some(colon) => (
+                raw.get(..colon),
+                Some(raw.get(colon + 1..).unwrap_or_default()),
+            ),
+            None => (Some(raw), None),
+        }
+    };
+    if let Some(port) = port {
+        if port.is_empty() || port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
+            return Err(refuse("Host has a port that is not 1 to 5 digits"));
+        }
+    }
+    if let Some(name) = name {
+        if name.is_empty() {
+            return Err(refuse("Host has no host name"));
+        }
+        let name = name.strip_suffix(b".").unwrap_or(name);
+        if name.split(|&b| b == b'.').any(<[u8]>::is_empty) {
+            return Err(refuse("Host has an empty label (a leading dot or '..')"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    fn reason(raw: &[u8]) -> &'static str {
+        match check_host(raw) {
+            Err(CgiError::InvalidHost { reason, .. }) => reason,
+            other => panic!("{:?}: {other:?}", raw.escape_ascii().to_string()),
+        }
+    }
+
+    #[test]
+    fn ordinary_hosts_pass() {
+        for ok in [
+            &b"example.com"[..],
+            b"example.com:8080",
+            b"example.com.",
+            b"localhost",
+            b"127.0.0.1:80",
+            b"[::1]",
+            b"[2001:db8::1]:443",
+            b"xn--bcher-kva.example",
+            "bücher.example".as_bytes(),
+            b"under_score.example",
+        ] {
+            assert!(check_host(ok).is_ok(), "{}", ok.escape_ascii());
+        }
+    }
+
+    #[test]
+    fn what_nginx_refuses_is_refused() {
+        assert_eq!(reason(b""), "Host has no host name");
+        assert_eq!(reason(b":80"), "Host has no host name");
+        assert_eq!(reason(b"a/b"), "Host holds a '/'");
+        assert_eq!(reason(b"a\\b"), "Host holds a '\\'");
+        assert_eq!(reason(b"a\0b"), "Host holds a NUL byte");
+        assert_eq!(reason(b"a\x01b"), "Host holds a control byte");
+        assert_eq!(reason(b"a\x7fb"), "Host holds a control byte");
+        assert_eq!(reason(b"a b"), "Host holds a space");
+        assert_eq!(
+            reason(b"a..b"),
+            "Host has an empty label (a leading dot or '..')"
+        );
+        assert_eq!(
+            reason(b".."),
+            "Host has an empty label (a leading dot or '..')"
+        );
+        assert_eq!(
+            reason(b".example.com"),
+            "Host has an empty label (a leading dot or '..')"
+        );
+        assert_eq!(
+            reason(b"example.com.."),
+            "Host has an empty label (a leading dot or '..')"
+        );
+        assert_eq!(
+            reason(b"."),
+            "Host has an empty label (a leading dot or '..')"
+        );
+        assert_eq!(
+            reason(b"example.com:"),
+            "Host has a port that is not 1 to 5 digits"
+        );
+        assert_eq!(
+            reason(b"example.com:8x"),
+            "Host has a port that is not 1 to 5 digits"
+        );
+        assert_eq!(
+            reason(b"a:1:2"),
+            "Host has a port that is not 1 to 5 digits"
+        );
+        assert_eq!(reason(b"[::1"), "Host has a '[' that is not closed");
+        assert_eq!(reason(b"[::1]x"), "Host has bytes after its IP literal");
+        assert_eq!(
+            reason(b"[evil.com]"),
+            "Host has an IP literal that is not an address"
+        );
+    }
+}
