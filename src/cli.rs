@@ -422,7 +422,11 @@ pub fn summary(c: &Config) -> String {
     let listeners: Vec<String> = c
         .listeners
         .iter()
-        .map(|l| format!("{:?} on {}", l.protocol, l.bind.address()).to_lowercase())
+        // Only the protocol's name is lowercased: a Unix socket path is printed as it is.
+        .map(|l| {
+            let protocol = format!("{:?}", l.protocol).to_lowercase();
+            format!("{protocol} on {}", l.bind.address())
+        })
         .collect();
     let pools: Vec<String> = c.pools.iter().map(pool_summary).collect();
     let status = c.status.as_ref().map_or_else(
@@ -491,6 +495,19 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("status on 127.0.0.1:9180"), "{out}");
+    }
+
+    #[test]
+    fn the_summary_prints_socket_paths_as_they_are() {
+        let text = "[server]\nruntime_dir = \"/run/Corral\"\n[[listen]]\n\
+                    address = \"unix:/run/Corral/Front.sock\"\nprotocol = \"fastcgi\"\n\
+                    [pools.p]\ncommand = [\"php-cgi\"]\n[[contexts]]\npool = \"p\"\n\
+                    root = \"/srv\"\n";
+        let out = summary(&config::parse(text, "t.toml").unwrap());
+        assert!(
+            out.contains("listeners [fastcgi on unix:/run/Corral/Front.sock]"),
+            "{out}"
+        );
     }
 
     #[test]
