@@ -227,6 +227,11 @@ pub async fn run(
             admission,
             Arc::clone(&gateway),
             source,
+            config
+                .status
+                .as_ref()
+                .map(|s| Arc::from(s.allowed_hosts.as_slice()))
+                .unwrap_or_else(|| Arc::from(Vec::new())),
             shutdown.clone(),
         ));
     }

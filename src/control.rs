@@ -156,7 +156,8 @@ pub fn fetch_status(config: &Config, path_and_query: &str) -> io::Result<String>
             "the configuration has no [status] listener to ask",
         ));
     };
-    let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: corral\r\n\r\n");
+    // A loopback name, which the status listener always answers (`status::host`).
+    let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: localhost\r\n\r\n");
     let mut raw = Vec::new();
     match &status.bind {
         Bind::Tcp { addr, .. } => {
