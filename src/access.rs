@@ -435,6 +435,7 @@ impl Sink {
                 let file = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
+                    .mode(0o600)
                     .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
                     .open(path);
                 match file {
