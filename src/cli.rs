@@ -256,8 +256,12 @@ fn serve(config: &Config, path: Option<PathBuf>) -> Result<(), Error> {
     )?;
     // Held for as long as corral serves: `corral stop`, `restart-workers` and `status` find
     // this process through it.
-    let _pid_file = crate::control::PidFile::create(&crate::control::pid_path(config))
-        .map_err(unavailable("the pid file"))?;
+    let pid_path = crate::control::pid_path(config);
+    let _pid_file =
+        crate::control::PidFile::create(&pid_path).map_err(|source| Error::Unavailable {
+            what: format!("the pid file {}", pid_path.display()),
+            source,
+        })?;
     // Before anything is bound or spawned: each front connection is a descriptor, and a
     // 1,024 soft limit is a few hundred idle sockets away from refusing everything.
     // Workers get the limit corral was started with back.

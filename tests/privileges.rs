@@ -255,6 +255,44 @@ fn an_unsafe_runtime_dir_is_refused() {
 }
 
 #[test]
+fn a_runtime_dir_under_a_directory_others_may_write_in_is_refused_and_tmp_gets_advice() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    // Anyone could rename open/run away and put their own in its place.
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = php_config(&open, "", "").replace("\"static\"", "\"ondemand\"");
+    refused(
+        &config,
+        &format!(
+            "is inside {}, which has mode 0777: writable by its group or by everyone",
+            open.display()
+        ),
+    );
+    assert!(!open.join("run").exists(), "nothing was created");
+    // Sticky and root's, as /tmp: accepted.
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let corral = Corral::start(&config, 1);
+    drop(corral);
+
+    // runtime_dir = "/tmp": a directory of its own is the advice, never `chmod go-w /tmp`.
+    let config = php_config(dir.path(), "", "")
+        .replace(&format!("{}/run", dir.path().display()), "/tmp")
+        .replace("\"static\"", "\"ondemand\"");
+    assert!(config.contains("runtime_dir = \"/tmp\""), "{config}");
+    refused(
+        &config,
+        "set server.runtime_dir to a directory of corral's own, such as /run/corral",
+    );
+    let file = support::config_file(&config);
+    let mut cmd = Command::new(support::CORRAL);
+    cmd.args(["run", "-c"]).arg(file.path());
+    let out = support::run(cmd, Duration::from_secs(15));
+    assert!(!out.stderr.contains("chmod go-w /tmp"), "{}", out.stderr);
+}
+
+#[test]
 fn links_planted_where_the_launcher_is_written_are_not_followed() {
     require_root();
     let dir = shared_dir();
