@@ -528,6 +528,14 @@ impl ChildLimits {
 /// A new session (so the worker is its own process group, and a terminal's ^C reaches
 /// corral alone); SIGKILL when the forking thread dies; a check that the parent did not die
 /// before that was armed (the signal would then never come); no core dumps; the file limit.
+///
+/// `PR_SET_DUMPABLE 0` is not set here: execve makes the new program dumpable again
+/// whenever its real and effective ids agree, which they do after the uid change std makes
+/// (seen on Linux 6.18: a process that set it and then exec'd was readable through
+/// /proc/PID/environ by its own user again). Between the fork and the exec the child is
+/// protected anyway: a root corral's child changed credentials, which clears the flag. The
+/// embedded launchers set it themselves once running (`src/launchers/`); php-cgi, lsphp and
+/// other commands stay dumpable, which is why pools sharing a user are warned about.
 fn child_setup(parent: Pid, limits: ChildLimits) -> io::Result<()> {
     setsid()?;
     set_pdeathsig(Signal::SIGKILL)?;
