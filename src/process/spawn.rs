@@ -448,13 +448,17 @@ fn prepare_socket(
                 })?;
             }
             let listener = if corral_binds {
-                let bound = UnixListener::bind(path).map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
-                })?;
                 // Only corral connects to it: the worker has the socket itself as fd 0 and
                 // never needs the path, and nobody else may talk to an interpreter that
-                // trusts every parameter it is sent. Set explicitly rather than left to the
-                // umask, which the operator may have loosened.
+                // trusts every parameter it is sent. Bound with that mode as its umask
+                // (under the lock a front socket's bind takes too, so a looser umask set for
+                // one never applies to this one), and set again explicitly.
+                let bound = super::own::with_umask(!WORKER_SOCKET_MODE & 0o777, || {
+                    UnixListener::bind(path)
+                })
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
+                })?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(WORKER_SOCKET_MODE))
                     .map_err(|e| {
                         io::Error::new(e.kind(), format!("cannot chmod {}: {e}", path.display()))
