@@ -32,7 +32,9 @@ pub fn allowed(host: Option<&[u8]>, local: Option<IpAddr>, allowed_hosts: &[Stri
         return true;
     }
     if let Ok(ip) = name.parse::<IpAddr>() {
-        if ip.is_loopback() || Some(ip) == local {
+        // A dual-stack listener sees an IPv4 client's address as ::ffff:a.b.c.d.
+        let local = local.map(|l| l.to_canonical());
+        if ip.is_loopback() || Some(ip.to_canonical()) == local {
             return true;
         }
     }
@@ -81,6 +83,8 @@ mod tests {
             assert!(allowed(Some(host.as_bytes()), local, none), "{host}");
         }
         assert!(allowed(None, local, none), "no Host: not a browser");
+        let mapped: Option<IpAddr> = Some("::ffff:192.0.2.7".parse().unwrap());
+        assert!(allowed(Some(b"192.0.2.7:9180"), mapped, none));
         for host in [
             "evil.example",
             "evil.example:9180",
