@@ -12,6 +12,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -206,7 +207,7 @@ impl Record {
         out.push('{');
         let field = |out: &mut String, name: &str, value: &[u8]| {
             let _ = write!(out, "\"{name}\":\"");
-            json_escape(out, value);
+            crate::logs::json_escape(out, value);
             out.push_str("\",");
         };
         field(&mut out, "time", iso_time(at).as_bytes());
@@ -288,26 +289,6 @@ fn push_seconds(out: &mut String, d: Duration) {
     while div > 0 {
         out.push(char::from(b'0' + (micros / div % 10) as u8));
         div /= 10;
-    }
-}
-
-/// Peer bytes as the inside of a JSON string: valid UTF-8 kept, control characters and
-/// invalid bytes escaped (`\u00XX`), so the line stays one valid JSON object.
-fn json_escape(out: &mut String, bytes: &[u8]) {
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                    let _ = write!(out, "\\u{:04x}", c as u32);
-                }
-                c => out.push(c),
-            }
-        }
-        for &b in chunk.invalid() {
-            let _ = write!(out, "\\u00{b:02x}");
-        }
     }
 }
 
@@ -449,9 +430,14 @@ impl Sink {
         match target {
             LogTarget::Stderr => Sink::Stderr,
             LogTarget::File(path) => {
+                // A root corral writes where the path points: a symbolic link planted at
+                // the log's name (by whoever can write in its directory) must not make it
+                // append to /etc/shadow, so the last component is never followed.
                 let file = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
+                    .mode(0o600)
+                    .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
                     .open(path);
                 match file {
                     Ok(f) => Sink::File(
@@ -459,7 +445,12 @@ impl Sink {
                         path.clone(),
                     ),
                     Err(e) => {
-                        tracing::error!(path = %path.display(), error = %e, "cannot open a request log; its lines are dropped until it can be reopened (SIGUSR1)");
+                        let why = if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                            " (it is a symbolic link, which corral does not follow: name the real file)"
+                        } else {
+                            ""
+                        };
+                        tracing::error!(path = %path.display(), error = %e, "cannot open a request log{why}; its lines are dropped until it can be reopened (SIGUSR1)");
                         Sink::Broken
                     }
                 }
@@ -608,10 +599,30 @@ mod tests {
     }
 
     #[test]
+    fn a_log_path_that_is_a_symbolic_link_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("shadow");
+        std::fs::write(&target, "root:secret\n").unwrap();
+        let link = dir.path().join("access.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let mut sink = Sink::open(&LogTarget::File(link.clone()));
+        assert!(matches!(sink, Sink::Broken), "a symlinked log was opened");
+        sink.write("GET / 200\n");
+        sink.flush();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:secret\n");
+        // The real file is opened and appended to.
+        let real = dir.path().join("real.log");
+        let mut sink = Sink::open(&LogTarget::File(real.clone()));
+        sink.write("GET / 200\n");
+        sink.flush();
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "GET / 200\n");
+    }
+
+    #[test]
     fn json_lines_escape_what_json_cannot_hold() {
         let line = record().line(AccessFormat::Json, SystemTime::UNIX_EPOCH);
         assert_eq!(line.matches('\n').count(), 1);
-        assert!(line.contains(r#""uri":"/a\"b\u000a\u00ff""#), "{line}");
+        assert!(line.contains(r#""uri":"/a\"b\u000a\\xff""#), "{line}");
         assert!(
             line.contains(r#""status":200,"bytes":12,"worker_pid":77"#),
             "{line}"

@@ -86,25 +86,6 @@ pub fn bind_all(
     listeners
 }
 
-/// Says, once per pool, when a root corral runs a pool's workers as
-/// [`process::spawn::DEFAULT_USER`] because no user is configured.
-fn warn_default_users(config: &Config) {
-    for pool in &config.pools {
-        let Backend::Spawned(spawn) = &pool.backend else {
-            continue;
-        };
-        if process::spawn::default_identity_applies(spawn.user.as_deref()) {
-            tracing::warn!(
-                pool = %pool.name,
-                user = process::spawn::DEFAULT_USER,
-                "corral runs as root and neither the pool nor [server] sets `user`: the \
-                 workers run as {}, never as root; set `user` to choose",
-                process::spawn::DEFAULT_USER
-            );
-        }
-    }
-}
-
 /// The table every front listener counts its connections in, with `max_connections` or the
 /// cap derived from the file limit.
 fn front_admission(config: &Config) -> Arc<Admission> {
@@ -177,7 +158,7 @@ pub async fn run(
         })?),
         None => None,
     };
-    warn_default_users(config);
+    process::users::warn(config);
     // Drivers spawn workers from runtime worker threads, which live as long as corral:
     // the workers' parent-death signal is tied to the forking thread.
     for (pool, driver) in drivers {
@@ -227,6 +208,11 @@ pub async fn run(
             admission,
             Arc::clone(&gateway),
             source,
+            config
+                .status
+                .as_ref()
+                .map(|s| Arc::from(s.allowed_hosts.as_slice()))
+                .unwrap_or_else(|| Arc::from(Vec::new())),
             shutdown.clone(),
         ));
     }

@@ -256,8 +256,12 @@ fn serve(config: &Config, path: Option<PathBuf>) -> Result<(), Error> {
     )?;
     // Held for as long as corral serves: `corral stop`, `restart-workers` and `status` find
     // this process through it.
-    let _pid_file = crate::control::PidFile::create(&crate::control::pid_path(config))
-        .map_err(unavailable("the pid file"))?;
+    let pid_path = crate::control::pid_path(config);
+    let _pid_file =
+        crate::control::PidFile::create(&pid_path).map_err(|source| Error::Unavailable {
+            what: format!("the pid file {}", pid_path.display()),
+            source,
+        })?;
     // Before anything is bound or spawned: each front connection is a descriptor, and a
     // 1,024 soft limit is a few hundred idle sockets away from refusing everything.
     // Workers get the limit corral was started with back.
@@ -422,7 +426,11 @@ pub fn summary(c: &Config) -> String {
     let listeners: Vec<String> = c
         .listeners
         .iter()
-        .map(|l| format!("{:?} on {}", l.protocol, l.bind.address()).to_lowercase())
+        // Only the protocol's name is lowercased: a Unix socket path is printed as it is.
+        .map(|l| {
+            let protocol = format!("{:?}", l.protocol).to_lowercase();
+            format!("{protocol} on {}", l.bind.address())
+        })
         .collect();
     let pools: Vec<String> = c.pools.iter().map(pool_summary).collect();
     let status = c.status.as_ref().map_or_else(
@@ -491,6 +499,19 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("status on 127.0.0.1:9180"), "{out}");
+    }
+
+    #[test]
+    fn the_summary_prints_socket_paths_as_they_are() {
+        let text = "[server]\nruntime_dir = \"/run/Corral\"\n[[listen]]\n\
+                    address = \"unix:/run/Corral/Front.sock\"\nprotocol = \"fastcgi\"\n\
+                    [pools.p]\ncommand = [\"php-cgi\"]\n[[contexts]]\npool = \"p\"\n\
+                    root = \"/srv\"\n";
+        let out = summary(&config::parse(text, "t.toml").unwrap());
+        assert!(
+            out.contains("listeners [fastcgi on unix:/run/Corral/Front.sock]"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -1,9 +1,18 @@
 //! Finding and steering a running corral through its configuration file, the way
 //! `php-fpm`'s and nginx's `-s` users expect: `corral run` writes its pid to
-//! `RUNTIME_DIR/corral.pid` (mode 0600, in the private runtime directory), and
-//! `corral stop [--fast]`, `corral restart-workers` and `corral status` read it back from the
-//! same file's `runtime_dir` and signal the process (or, for `status`, ask its status
-//! listener).
+//! `RUNTIME_DIR/corral.pid` (mode 0600, in the private runtime directory) and holds a write
+//! lock on it for as long as it runs, and `corral stop [--fast]`, `corral reload` and
+//! `corral restart-workers` read it back from the same file's `runtime_dir` and signal the
+//! process (`corral status` asks its status listener instead).
+//!
+//! A pid file is only a number someone wrote, and a root `corral stop` would send SIGTERM to
+//! whatever process it names. So before signalling, the commands check the runtime directory
+//! and its parents as `corral run` does (`runtime_dir::check_existing`), open the pid file
+//! without following a link and check that it is a regular file of root or of the caller
+//! that neither group nor others may write; and then ask the kernel who holds its lock
+//! (`F_GETLK`, a POSIX record lock, whose holder's pid the kernel reports, unlike `flock`'s
+//! or an OFD lock's): only when the process holding it is the one named is it signalled. A
+//! stale file, a forged one, or one naming a process that is not that corral is refused.
 
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -24,6 +33,9 @@ pub fn pid_path(config: &Config) -> PathBuf {
 #[derive(Debug)]
 pub struct PidFile {
     path: PathBuf,
+    /// The open file, whose write lock says this process is the corral named (closing any
+    /// descriptor of the file would drop it, so nothing else in corral opens it).
+    _locked: std::fs::File,
 }
 
 impl PidFile {
@@ -62,9 +74,13 @@ impl PidFile {
                 other => break other?,
             }
         };
+        lock(&file).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot lock {}: {e}", path.display()))
+        })?;
         writeln!(file, "{}", std::process::id())?;
         Ok(PidFile {
             path: path.to_path_buf(),
+            _locked: file,
         })
     }
 }
@@ -103,22 +119,153 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// The pid of the corral serving `config`, running now.
+/// A whole-file write lock (`F_SETLK`) on `file`, held until it is closed.
+fn lock(file: &std::fs::File) -> io::Result<()> {
+    let l = whole_file(nix::libc::F_WRLCK);
+    nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_SETLK(&l)).map_err(io::Error::from)?;
+    Ok(())
+}
+
+/// A `struct flock` covering the whole file.
+fn whole_file(kind: i32) -> nix::libc::flock {
+    nix::libc::flock {
+        l_type: kind as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    }
+}
+
+/// The pid of the process holding a write lock on `file`, if one does.
+fn lock_holder(file: &std::fs::File) -> io::Result<Option<u32>> {
+    let mut l = whole_file(nix::libc::F_WRLCK);
+    nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_GETLK(&mut l)).map_err(io::Error::from)?;
+    if l.l_type == nix::libc::F_UNLCK as i16 {
+        return Ok(None);
+    }
+    Ok(u32::try_from(l.l_pid).ok())
+}
+
+/// Opens the pid file `path` of the runtime directory `dir` for a command that will signal
+/// the process it names: the directory checked as `corral run` checks it, the file opened
+/// without following a link and checked to be a regular file that only root or the caller
+/// owns and may write. `None` when there is no such file.
+fn open_checked(dir: &Path, path: &Path) -> io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::MetadataExt;
+    crate::runtime_dir::check_existing(dir).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("refusing to trust the pid file {}: {e}", path.display()),
+        )
+    })?;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "refusing the pid file {}: it is a symbolic link, and corral never writes \
+                     one; remove it",
+                    path.display()
+                ),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot read the pid file {}: {e}; it belongs to the user corral runs as, \
+                     so run this command as that user (or with sudo)",
+                    path.display()
+                ),
+            ))
+        }
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot open the pid file {}: {e}", path.display()),
+            ))
+        }
+    };
+    let meta = file.metadata()?;
+    let uid = nix::unistd::Uid::effective().as_raw();
+    let refuse = |why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("refusing the pid file {}: {why}", path.display()),
+        ))
+    };
+    if !meta.file_type().is_file() {
+        return refuse("it is not a regular file".to_owned());
+    }
+    if meta.uid() != uid && meta.uid() != 0 {
+        return refuse(format!(
+            "it belongs to uid {}, neither you (uid {uid}) nor root; run this command as the \
+             user corral runs as",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "it has mode {:04o}, writable by its group or by everyone, and corral writes it 0600",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(Some(file))
+}
+
+/// The pid of the corral serving `config`, running now: named in its pid file, and holding
+/// that file's lock (see the module documentation).
 pub fn running_pid(config: &Config) -> io::Result<u32> {
     let path = pid_path(config);
-    match read_pid(&path)? {
-        Some(pid) if alive(pid) => Ok(pid),
-        Some(pid) => Err(io::Error::new(
+    let Some(mut file) = open_checked(&config.server.runtime_dir, &path)? else {
+        return Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!(
-                "{} names process {pid}, which is gone: corral is not running",
+                "no {}: corral is not running with this configuration",
                 path.display()
+            ),
+        ));
+    };
+    let mut text = String::new();
+    // A pid is a few bytes; anything longer is not a pid file corral wrote.
+    (&mut file).take(64).read_to_string(&mut text)?;
+    let named: u32 = text.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} does not hold a pid", path.display()),
+        )
+    })?;
+    match lock_holder(&file)? {
+        Some(holder) if holder == named => Ok(named),
+        Some(holder) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "refusing to signal process {named}: {} names it, but its lock is held by \
+                 process {holder}, so it is not the corral of this runtime directory",
+                path.display()
+            ),
+        )),
+        None if alive(named) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "refusing to signal process {named}: {} names it, but no corral holds the \
+                 file's lock, so it is not the corral of {} (a stale or forged pid file); \
+                 corral is not running with this configuration",
+                path.display(),
+                config.server.runtime_dir.display()
             ),
         )),
         None => Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!(
-                "no {}: corral is not running with this configuration",
+                "{} names process {named}, which is gone: corral is not running",
                 path.display()
             ),
         )),
@@ -156,7 +303,8 @@ pub fn fetch_status(config: &Config, path_and_query: &str) -> io::Result<String>
             "the configuration has no [status] listener to ask",
         ));
     };
-    let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: corral\r\n\r\n");
+    // A loopback name, which the status listener always answers (`status::host`).
+    let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: localhost\r\n\r\n");
     let mut raw = Vec::new();
     match &status.bind {
         Bind::Tcp { addr, .. } => {

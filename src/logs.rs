@@ -3,12 +3,13 @@
 //!
 //! A log line is one line: a request path, a header name or a backend's stderr text with a
 //! raw LF, CR or ESC in it would forge lines or terminal escapes in an operator's log, so
-//! [`escaped`] writes every control character as an escape. And a client that reconnects in
+//! [`escaped`] writes every control character as an escape ([`json_escape`] does the same
+//! inside a JSON string, the JSON access log's). And a client that reconnects in
 //! a loop, or a script that writes to stderr in a loop, must not flood the log: a [`LineLimit`]
 //! lets a kind of line through at a bounded rate and counts what it held back, so the next
 //! line that goes out can say how many were suppressed.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -50,6 +51,50 @@ impl fmt::Display for Escaped<'_> {
         }
         Ok(())
     }
+}
+
+/// Peer bytes as the inside of a JSON string (the JSON access log's fields), so the line stays one valid JSON object that
+/// no log viewer can be fooled by, and every byte can be told apart once decoded:
+///
+/// - valid UTF-8 is kept, except what JSON or a viewer reads as something else: `"`, C0
+///   controls, DEL and the C1 controls (U+0080–U+009F, NEL among them) as `\u00XX`; U+2028
+///   and U+2029 (line breaks to JavaScript and many viewers) and the invisible bidirectional
+///   and zero-width format characters (U+200B–U+200F, U+202A–U+202E, U+2060–U+2069, U+FEFF),
+///   which reorder or hide the text around them, as `\uXXXX`;
+/// - in the decoded string a backslash is an escape of corral's own: a backslash the peer
+///   sent is `\\` (two backslashes, `\\\\` in the raw JSON) and a byte that is not
+///   UTF-8 is `\xNN` (`\\xNN` raw). A JSON `\u00NN` would decode to the character U+00NN,
+///   which a peer can send as well, so it cannot stand for an invalid byte.
+pub fn json_escape(out: &mut String, bytes: &[u8]) {
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\\\\\"),
+                c if c.is_control() || hides_text(c) => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        for &b in chunk.invalid() {
+            let _ = write!(out, "\\\\x{b:02x}");
+        }
+    }
+}
+
+/// Line separators and invisible format characters a log viewer would act on (see
+/// [`json_escape`]).
+fn hides_text(c: char) -> bool {
+    matches!(
+        c,
+        '\u{2028}'
+            | '\u{2029}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// Lets at most `lines` lines and `bytes` bytes through per `period`, and counts the lines it
@@ -150,6 +195,31 @@ mod tests {
         );
         let s = text.to_string();
         assert!(!s.bytes().any(|b| b.is_ascii_control()), "{s:?}");
+    }
+
+    #[test]
+    fn json_escapes_c1_line_separators_and_marks_invalid_bytes_apart() {
+        let mut out = String::new();
+        json_escape(
+            &mut out,
+            "a\u{85}b\u{9f}c\u{2028}d\u{2029}e\u{202e}f\u{feff}g\u{e9}\\xff".as_bytes(),
+        );
+        out.push('|');
+        json_escape(&mut out, b"\xff\xc3");
+        assert_eq!(
+            out,
+            r#"a\u0085b\u009fc\u2028d\u2029e\u202ef\ufeffgé\\\\xff|\\xff\\xc3"#
+        );
+        // A literal "\xff" typed by a client and an invalid byte 0xff differ once decoded,
+        // and so do the character U+00FF and the byte 0xff.
+        let field = |bytes: &[u8]| {
+            let mut s = String::new();
+            json_escape(&mut s, bytes);
+            s
+        };
+        assert_ne!(field(b"\\xff"), field(b"\xff"));
+        assert_ne!(field("\u{ff}".as_bytes()), field(b"\xff"));
+        assert!(!out.contains('\u{85}') && !out.contains('\u{2028}'));
     }
 
     #[test]

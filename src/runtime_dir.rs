@@ -72,14 +72,63 @@ pub enum RuntimeDirError {
     /// Its group or everyone may write in it.
     #[error(
         "the runtime directory {path} has mode {mode:04o}: writable by its group or by \
-         everyone, so another user could replace corral's sockets and launchers; run \
-         `chmod go-w {path}`, or remove it and let corral create it"
+         everyone, so another user could replace corral's sockets and launchers; {advice}"
     )]
     Writable {
         /// The runtime directory.
         path: PathBuf,
         /// Its permission bits.
         mode: u32,
+        /// What to do about it ([`advice`]).
+        advice: String,
+    },
+    /// A directory above it may be written by others, who could rename the runtime
+    /// directory away and put their own in its place (OpenSSH's StrictModes rule).
+    #[error(
+        "the runtime directory {dir} is inside {path}, which has mode {mode:04o}: writable by \
+         its group or by everyone{sticky}, so another user could rename {dir} away and put \
+         their own in its place; {advice}"
+    )]
+    AncestorWritable {
+        /// The runtime directory.
+        dir: PathBuf,
+        /// The ancestor.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Why the sticky bit does not save it, when it has one.
+        sticky: &'static str,
+        /// What to do about it ([`advice`]).
+        advice: String,
+    },
+    /// A directory above it belongs to another unprivileged user.
+    #[error(
+        "the runtime directory {dir} is inside {path}, which belongs to uid {owner}, neither \
+         corral's user (uid {uid}) nor root, so that user could replace {dir}; choose a \
+         runtime_dir whose every parent directory belongs to root or to corral's user"
+    )]
+    AncestorOwner {
+        /// The runtime directory.
+        dir: PathBuf,
+        /// The ancestor.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// corral's effective uid.
+        uid: u32,
+    },
+    /// It is root's and corral, not root, cannot create its files in it.
+    #[error(
+        "the runtime directory {path} belongs to root and corral runs as {user}, who cannot \
+         create its pid file and sockets in it; {advice}"
+    )]
+    NotWritable {
+        /// The runtime directory.
+        path: PathBuf,
+        /// corral's user, by name and uid.
+        user: String,
+        /// What to do about it.
+        advice: String,
     },
     /// A system call failed.
     #[error("cannot {what} {path}: {source}")]
@@ -102,6 +151,153 @@ fn io_error<'p>(
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// Directories shared by the whole system, whose mode is not the runtime directory's to
+/// change even when they are not sticky.
+const SYSTEM_DIRS: &[&str] = &[
+    "/",
+    "/tmp",
+    "/var/tmp",
+    "/dev/shm",
+    "/run",
+    "/var/run",
+    "/run/lock",
+    "/var/lock",
+    "/run/user",
+    "/home",
+    "/var",
+    "/usr",
+    "/opt",
+    "/srv",
+    "/etc",
+    "/mnt",
+    "/media",
+];
+
+/// What to do about `path`, a directory others may write in: `chmod go-w` for a directory
+/// of corral's own, but a directory of its own instead of a shared one (sticky, such as
+/// /tmp, or a system directory), whose mode other programs rely on.
+pub fn advice(path: &Path, mode: u32) -> String {
+    let shared = mode & 0o1000 != 0 || SYSTEM_DIRS.iter().any(|d| Path::new(d) == path);
+    if !shared {
+        return format!(
+            "run `chmod go-w {}`, or choose another runtime_dir",
+            path.display()
+        );
+    }
+    let own = own_dir();
+    format!(
+        "{} is shared by every user of the system and must keep its mode (do not chmod it): \
+         set server.runtime_dir to a directory of corral's own, such as {own}, which corral \
+         creates",
+        path.display()
+    )
+}
+
+/// A runtime directory to suggest: /run/corral for root, else the user's own runtime
+/// directory's `corral`.
+fn own_dir() -> String {
+    if Uid::effective().is_root() {
+        return "/run/corral".to_owned();
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(x) => format!("{}/corral", Path::new(&x).display()),
+        None => "~/.cache/corral".to_owned(),
+    }
+}
+
+/// Refuses the runtime directory `dir` when a directory above it could be written by
+/// another user than root and corral's own: each existing ancestor, as written and as
+/// resolved (a symbolic link among them is checked where it leads too), must belong to root
+/// or to corral's user and be writable by neither its group nor others, unless it is
+/// sticky and root's (as /tmp: then nobody else may rename what is in it).
+pub fn check_ancestors(dir: &Path) -> Result<(), RuntimeDirError> {
+    let absolute = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(io_error("inspect", dir))?
+            .join(dir)
+    };
+    let existing = absolute
+        .ancestors()
+        .skip(1)
+        .find(|a| std::fs::metadata(a).is_ok())
+        .map(Path::to_path_buf);
+    let Some(existing) = existing else {
+        return Ok(());
+    };
+    let real = std::fs::canonicalize(&existing).map_err(io_error("inspect", &existing))?;
+    let uid = Uid::effective().as_raw();
+    let lexical = existing.ancestors().map(Path::to_path_buf);
+    for path in lexical.chain(real.ancestors().map(Path::to_path_buf)) {
+        if path.as_os_str().is_empty() {
+            continue;
+        }
+        let meta = std::fs::metadata(&path).map_err(io_error("inspect", &path))?;
+        let mode = meta.mode() & 0o7777;
+        if meta.uid() != 0 && meta.uid() != uid {
+            return Err(RuntimeDirError::AncestorOwner {
+                dir: dir.to_path_buf(),
+                path,
+                owner: meta.uid(),
+                uid,
+            });
+        }
+        let sticky = mode & 0o1000 != 0;
+        if mode & 0o022 != 0 && !(sticky && meta.uid() == 0) {
+            return Err(RuntimeDirError::AncestorWritable {
+                dir: dir.to_path_buf(),
+                advice: advice(&path, mode),
+                path,
+                mode,
+                sticky: if sticky {
+                    " (sticky, but not root's: its owner may still rename what is in it)"
+                } else {
+                    ""
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks an existing runtime directory as `corral run` does, without changing it: for the
+/// commands that find a running corral through it (`crate::control`).
+pub fn check_existing(dir: &Path) -> Result<(), RuntimeDirError> {
+    check_ancestors(dir)?;
+    let meta = std::fs::symlink_metadata(dir).map_err(io_error("inspect", dir))?;
+    check_meta(dir, &meta)
+}
+
+/// The rules [`prepare`] applies to the directory itself: a real directory, corral's own or
+/// root's, that neither its group nor others may write in.
+fn check_meta(dir: &Path, meta: &std::fs::Metadata) -> Result<(), RuntimeDirError> {
+    let path = dir.to_path_buf();
+    if meta.file_type().is_symlink() {
+        return Err(RuntimeDirError::Symlink { path });
+    }
+    if !meta.is_dir() {
+        return Err(RuntimeDirError::NotADirectory { path });
+    }
+    let uid = Uid::effective().as_raw();
+    if meta.uid() != uid && meta.uid() != 0 {
+        return Err(RuntimeDirError::Owner {
+            path,
+            owner: meta.uid(),
+            uid,
+        });
+    }
+    let current = meta.mode() & 0o7777;
+    if current & 0o022 != 0 {
+        return Err(RuntimeDirError::Writable {
+            advice: advice(&path, current),
+            path,
+            mode: current,
+        });
+    }
+    Ok(())
 }
 
 /// The mode `config`'s runtime directory needs, for a corral that is root or not.
@@ -137,6 +333,7 @@ pub fn mode_for(config: &Config, corral_is_root: bool) -> u32 {
 /// Creates `dir` with `mode`, or checks the existing one and gives it `mode` (see the
 /// module documentation for what is refused).
 pub fn prepare(dir: &Path, mode: u32) -> Result<(), RuntimeDirError> {
+    check_ancestors(dir)?;
     let meta = match std::fs::symlink_metadata(dir) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -151,27 +348,29 @@ pub fn prepare(dir: &Path, mode: u32) -> Result<(), RuntimeDirError> {
         }
         Err(e) => return Err(io_error("inspect", dir)(e)),
     };
-    let path = dir.to_path_buf();
-    if meta.file_type().is_symlink() {
-        return Err(RuntimeDirError::Symlink { path });
-    }
-    if !meta.is_dir() {
-        return Err(RuntimeDirError::NotADirectory { path });
-    }
+    check_meta(dir, &meta)?;
     let uid = Uid::effective().as_raw();
-    if meta.uid() != uid && meta.uid() != 0 {
-        return Err(RuntimeDirError::Owner {
-            path,
-            owner: meta.uid(),
-            uid,
-        });
-    }
     let current = meta.mode() & 0o7777;
-    if current & 0o022 != 0 {
-        return Err(RuntimeDirError::Writable {
-            path,
-            mode: current,
-        });
+    if meta.uid() != uid {
+        let access = nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK;
+        if nix::unistd::access(dir, access).is_err() {
+            let user = nix::unistd::User::from_uid(Uid::effective())
+                .ok()
+                .flatten()
+                .map_or_else(
+                    || format!("uid {uid}"),
+                    |u| format!("{} (uid {uid})", u.name),
+                );
+            return Err(RuntimeDirError::NotWritable {
+                path: dir.to_path_buf(),
+                user,
+                advice: format!(
+                    "run corral as root, or set server.runtime_dir to a directory of corral's \
+                     own, such as {}, which corral creates",
+                    own_dir()
+                ),
+            });
+        }
     }
     // A root-owned directory a non-root corral uses is root's to set up.
     if meta.uid() == uid && current != mode {
@@ -302,5 +501,54 @@ mod tests {
             matches!(err, RuntimeDirError::NotADirectory { .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_ancestor_others_may_write_in_is_refused_unless_sticky_and_roots() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir = open.join("a/run");
+        let err = prepare(&dir, PRIVATE_MODE).unwrap_err();
+        assert!(
+            matches!(&err, RuntimeDirError::AncestorWritable { path, mode: 0o777, .. } if *path == open),
+            "{err}"
+        );
+        assert!(!dir.exists() && !open.join("a").exists(), "nothing created");
+        assert!(
+            err.to_string()
+                .contains(&format!("chmod go-w {}", open.display())),
+            "{err}"
+        );
+        // Reached through a symbolic link, the directory it leads to is checked.
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        let err = check_ancestors(&link.join("run")).unwrap_err();
+        assert!(
+            matches!(err, RuntimeDirError::AncestorWritable { .. }),
+            "{err}"
+        );
+
+        // Sticky, as /tmp: nobody else may rename what is in it.
+        if Uid::effective().is_root() {
+            std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+            prepare(&dir, PRIVATE_MODE).unwrap();
+            check_existing(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_shared_directory_gets_a_directory_of_its_own_as_advice_not_chmod() {
+        let err = check_existing(Path::new("/tmp")).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, RuntimeDirError::Writable { .. }), "{text}");
+        assert!(!text.contains("chmod go-w"), "{text}");
+        assert!(text.contains("a directory of corral's own"), "{text}");
+        assert!(advice(Path::new("/var/tmp"), 0o1777).contains("do not chmod it"));
+        assert!(advice(Path::new("/run"), 0o775).contains("do not chmod it"));
+        let mine = advice(Path::new("/srv/app/run"), 0o775);
+        assert!(mine.starts_with("run `chmod go-w /srv/app/run`"), "{mine}");
     }
 }

@@ -138,11 +138,33 @@ fn json_lines_parse_and_carry_the_timing_split() {
             b"",
         );
     }
-    let lines = lines_when(&log, 5);
-    assert_eq!(lines.len(), 5, "{lines:#?}");
+    // A user agent with a C1 control (NEL), U+2028, an invalid byte and the literal text
+    // `\xff`: escaped, and the invalid byte told apart from the text once decoded.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(corral.http_addr()).unwrap();
+        s.write_all(
+            b"GET /pid.php?q=ua HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+              User-Agent: a\xc2\x85b\xe2\x80\xa8c\xffd\\xffe\r\n\r\n",
+        )
+        .unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+    }
+    let lines = lines_when(&log, 6);
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    let last = lines.last().unwrap();
+    assert!(
+        !last.contains('\u{85}') && !last.contains('\u{2028}'),
+        "{last:?}"
+    );
     // Parsed by a JSON parser we did not write.
     let check = "import json, sys\n\
-                 for line in sys.stdin:\n\
+                 lines = sys.stdin.read().splitlines()\n\
+                 ua = json.loads(lines[-1])['user_agent']\n\
+                 assert ua == 'a\\x85b\\u2028c\\\\xffd\\\\\\\\xffe', repr(ua)\n\
+                 for line in lines:\n\
                  \x20   r = json.loads(line)\n\
                  \x20   assert r['status'] == 200 and r['pool'] == 'php', r\n\
                  \x20   assert r['worker_pid'] > 0 and r['bytes'] > 0, r\n\

@@ -105,6 +105,18 @@ pool = "www"
         r.text()
     );
 
+    // The page for people carries the status listener's security headers, from the same
+    // constant (src/status/html.rs).
+    let r = curl(&url("/status?html"), &[]);
+    assert_eq!(r.status, 200);
+    let csp = r.header("content-security-policy").unwrap_or_default();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"),
+        "{csp:?}"
+    );
+    assert_eq!(r.header("x-frame-options"), Some("DENY"));
+    assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+
     let r = curl(&url("/status?full"), &[]);
     assert!(r.text().contains("pid:"), "{}", r.text());
     // Answered by corral, not by a worker: the status requests were not accepted by the pool.

@@ -508,3 +508,66 @@ time.sleep(60)
     let starts = std::fs::read_to_string(state.join("starts")).unwrap().len();
     assert!(starts >= 3, "{starts}");
 }
+
+/// Whether a process running as `nobody`, the workers' own user, may read `pid`'s
+/// environment: the same ptrace access check (PTRACE_MODE_READ) that attaching with a
+/// debugger or reading /proc/PID/mem passes or fails.
+fn readable_by_its_own_user(pid: u32) -> bool {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .args(["cat", &format!("/proc/{pid}/environ")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// The launcher makes itself non-dumpable before it loads the app (execve undoes what
+/// corral could set before it), so a compromised worker of another pool running as the
+/// same user cannot trace the preloader or a worker, or read their memory.
+fn launchers_cannot_be_traced_by_their_own_user(lang: Lang) {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "run as root, as CI does"
+    );
+    let p = start(lang, "mode = \"static\"\nmin = 1\nmax = 1");
+    let (worker, preloader, _) = served(&p, "/");
+    assert_eq!(parent_of(preloader), p.corral.pid());
+    // The check itself works: an ordinary nobody process is readable by nobody.
+    let mut plain = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .args(["sleep", "30"])
+        .spawn()
+        .unwrap();
+    // Once setpriv has become nobody and exec'd sleep.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let comm = format!("/proc/{}/comm", plain.id());
+    while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
+        assert!(Instant::now() < deadline, "sleep never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let readable = readable_by_its_own_user(plain.id());
+    let _ = plain.kill();
+    let _ = plain.wait();
+    assert!(readable, "setpriv cat cannot read a plain nobody process");
+    assert!(
+        !readable_by_its_own_user(preloader),
+        "the preloader is dumpable"
+    );
+    assert!(
+        !readable_by_its_own_user(worker),
+        "a forked worker is dumpable"
+    );
+    drop(p);
+
+    let p = start(lang, "mode = \"static\"\nmin = 1\nmax = 1\npreload = false");
+    let (worker, _, _) = served(&p, "/");
+    assert_eq!(parent_of(worker), p.corral.pid());
+    assert!(
+        !readable_by_its_own_user(worker),
+        "a launcher worker is dumpable"
+    );
+}
+
+both!(launchers_cannot_be_traced_by_their_own_user: wsgi_launchers_are_not_dumpable, rack_launchers_are_not_dumpable);

@@ -255,6 +255,44 @@ fn an_unsafe_runtime_dir_is_refused() {
 }
 
 #[test]
+fn a_runtime_dir_under_a_directory_others_may_write_in_is_refused_and_tmp_gets_advice() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    // Anyone could rename open/run away and put their own in its place.
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = php_config(&open, "", "").replace("\"static\"", "\"ondemand\"");
+    refused(
+        &config,
+        &format!(
+            "is inside {}, which has mode 0777: writable by its group or by everyone",
+            open.display()
+        ),
+    );
+    assert!(!open.join("run").exists(), "nothing was created");
+    // Sticky and root's, as /tmp: accepted.
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let corral = Corral::start(&config, 1);
+    drop(corral);
+
+    // runtime_dir = "/tmp": a directory of its own is the advice, never `chmod go-w /tmp`.
+    let config = php_config(dir.path(), "", "")
+        .replace(&format!("{}/run", dir.path().display()), "/tmp")
+        .replace("\"static\"", "\"ondemand\"");
+    assert!(config.contains("runtime_dir = \"/tmp\""), "{config}");
+    refused(
+        &config,
+        "set server.runtime_dir to a directory of corral's own, such as /run/corral",
+    );
+    let file = support::config_file(&config);
+    let mut cmd = Command::new(support::CORRAL);
+    cmd.args(["run", "-c"]).arg(file.path());
+    let out = support::run(cmd, Duration::from_secs(15));
+    assert!(!out.stderr.contains("chmod go-w /tmp"), "{}", out.stderr);
+}
+
+#[test]
 fn links_planted_where_the_launcher_is_written_are_not_followed() {
     require_root();
     let dir = shared_dir();
@@ -355,4 +393,101 @@ fn a_worker_gets_fds_0_1_2_only_and_no_corral_environment() {
         .map(String::from)
         .collect();
     assert_eq!(names, expected);
+}
+
+/// `corral run -c FILE` as `nobody` (the file made readable first), through setpriv.
+fn as_nobody(config: &str) -> support::Outcome {
+    let file = support::config_file(config);
+    std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(support::CORRAL)
+        .args(["run", "-c"])
+        .arg(file.path());
+    support::run(cmd, Duration::from_secs(15))
+}
+
+#[test]
+fn a_corral_that_is_not_root_names_the_path_the_cause_and_the_fix() {
+    require_root();
+    let dir = shared_dir();
+    // A runtime directory root made, which nobody cannot write in.
+    let rootrun = dir.path().join("rootrun");
+    std::fs::create_dir(&rootrun).unwrap();
+    std::fs::set_permissions(&rootrun, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = php_config(dir.path(), "", "").replace(
+        &format!("{}/run", dir.path().display()),
+        &rootrun.display().to_string(),
+    );
+    let out = as_nobody(&config);
+    assert_ne!(out.code, Some(0), "{out:?}");
+    for needed in [
+        format!(
+            "the runtime directory {} belongs to root",
+            rootrun.display()
+        ),
+        "corral runs as nobody (uid 65534)".to_owned(),
+        "run corral as root, or set server.runtime_dir to a directory of corral's own".to_owned(),
+    ] {
+        assert!(out.stderr.contains(&needed), "{needed:?} in {}", out.stderr);
+    }
+
+    // A socket owner only root may give.
+    let front = dir.path().join("front.sock");
+    let config = php_config(dir.path(), "", "").replace(
+        "[pools.php]",
+        &format!(
+            "[[listen]]\naddress = \"unix:{}\"\nprotocol = \"fastcgi\"\nowner = \"www-data\"\n\n\
+             [pools.php]",
+            front.display()
+        ),
+    );
+    let out = as_nobody(&config);
+    assert_ne!(out.code, Some(0), "{out:?}");
+    let needed = format!(
+        "cannot give {} the owner `www-data`: only root may give a file to another user, and \
+         corral runs as nobody (uid 65534); run corral as root, or remove `owner`",
+        front.display()
+    );
+    assert!(out.stderr.contains(&needed), "{needed:?} in {}", out.stderr);
+
+    // A pool's user that cannot be applied is said, not ignored.
+    let config = php_config(dir.path(), "", "user = \"www-data\"");
+    let setup = "chmod 644 \"$1\"\n\
+                 exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- \"$0\" run -c \"$1\"";
+    let corral = Corral::start_after(&config, 1, setup, &[]);
+    assert!(
+        corral.wait_log(
+            "corral is not root (it runs as nobody), so pool php's `user = \"www-data\"` cannot \
+             be applied: its workers run as nobody; start corral as root to run them as \
+             www-data, or remove `user`"
+        ),
+        "{}",
+        corral.log()
+    );
+}
+
+#[test]
+fn each_pool_sharing_its_workers_user_with_another_is_warned() {
+    require_root();
+    let dir = shared_dir();
+    let config = php_config(dir.path(), "", "")
+        + "\n[pools.two]\ncommand = [\"php-cgi\", \"-n\"]\nmode = \"static\"\nmax = 1\n\
+           \n[[contexts]]\npool = \"two\"\nprefix = \"/two\"\nroot = \"/tmp\"\n";
+    let corral = Corral::start(&config, 1);
+    for line in [
+        "pool php's workers run as nobody, as do pool(s) two",
+        "pool two's workers run as nobody, as do pool(s) php",
+    ] {
+        assert!(corral.wait_log(line), "{line:?} in {}", corral.log());
+    }
+    drop(corral);
+    // Each under a user of its own: no such warning.
+    let config = php_config(dir.path(), "", "user = \"nobody\"")
+        + "\n[pools.two]\ncommand = [\"php-cgi\", \"-n\"]\nmode = \"static\"\nmax = 1\n\
+           user = \"www-data\"\n\n[[contexts]]\npool = \"two\"\nprefix = \"/two\"\n\
+           root = \"/tmp\"\n";
+    let corral = Corral::start(&config, 1);
+    assert!(corral.wait_log("worker started"));
+    assert!(!corral.log().contains("as do pool(s)"), "{}", corral.log());
 }

@@ -470,3 +470,50 @@ fn a_unix_status_socket_answers_and_the_tcp_allow_list_refuses_other_clients() {
     assert!(raw.is_empty(), "{}", String::from_utf8_lossy(&raw));
     assert!(corral.wait_log("refused a client outside the listener's allow list"));
 }
+
+#[test]
+fn only_loopback_its_own_address_and_allowed_hosts_are_answered_with_the_security_headers() {
+    let s = start();
+    let get = |host: &str, target: &str| http(s.status, "GET", target, &[("Host", host)], b"");
+    // A browser led here by DNS rebinding sends the attacker's name.
+    let r = get("evil.example", "/status?json");
+    assert_eq!(r.status, 421, "{}", r.text());
+    assert!(r.text().contains("allowed_hosts"), "{}", r.text());
+    assert!(!r.text().contains("\"pool\""), "{}", r.text());
+    assert!(s
+        .corral
+        .wait_log("refused a request for a Host it does not answer"));
+    assert_eq!(get("evil.example:9180", "/metrics").status, 421);
+    // /ping tells nothing and answers every name.
+    assert_eq!(get("evil.example", "/ping").status, 200);
+    for host in [
+        "localhost",
+        "LocalHost:9180",
+        "127.0.0.1",
+        &s.status.to_string(),
+    ] {
+        assert_eq!(get(host, "/status").status, 200, "{host}");
+    }
+    // The page for people, with its security headers (src/status/html.rs).
+    let r = get("localhost", "/status?html");
+    assert_eq!(r.status, 200);
+    let csp = r.header("content-security-policy").unwrap();
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(r.header("x-frame-options"), Some("DENY"));
+    assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(r.header("referrer-policy"), Some("no-referrer"));
+    drop(s);
+
+    let dir = peers::shared_dir();
+    let text = config(&dir.path().join("run"), dir.path()).replace(
+        "[status]\naddress = \"127.0.0.1:0\"",
+        "[status]\naddress = \"127.0.0.1:0\"\nallowed_hosts = [\"Status.Example\"]",
+    );
+    let corral = Corral::start(&text, 1);
+    let addr = status_addr(&corral);
+    let get = |host: &str| http(addr, "GET", "/status", &[("Host", host)], b"").status;
+    assert_eq!(get("status.example:8443"), 200);
+    assert_eq!(get("status.example."), 200);
+    assert_eq!(get("other.example"), 421);
+    assert_eq!(get("localhost"), 200);
+}

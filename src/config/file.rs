@@ -111,6 +111,7 @@ pub struct FileStatus {
     pub owner: Option<Spanned<String>>,
     pub group: Option<Spanned<String>>,
     pub allow: Option<SpannedList>,
+    pub allowed_hosts: Option<SpannedList>,
 }
 
 /// `[pools.NAME]`.

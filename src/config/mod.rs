@@ -310,6 +310,10 @@ pub struct ForwardedTrust {
 pub struct StatusConfig {
     /// Address and access rules.
     pub bind: Bind,
+    /// `allowed_hosts`: the Host names (lowercase, without a port) the status listener
+    /// answers besides loopback names and addresses and the address it was reached on;
+    /// `*` answers every Host (see `status::server::host_allowed`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Wire protocol between corral and a pool's workers.

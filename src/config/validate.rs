@@ -531,7 +531,36 @@ fn status(e: &mut Errors, s: &FileStatus) -> Option<StatusConfig> {
         &s.address,
         "the status pages show every pool, worker and request in progress",
     );
-    Some(StatusConfig { bind })
+    let allowed_hosts = s
+        .allowed_hosts
+        .as_ref()
+        .map(|l| l.get_ref().as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|h| {
+            let name = h.get_ref().trim().to_ascii_lowercase();
+            let fine = name == "*"
+                || (!name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b)));
+            if !fine {
+                e.at(
+                    h.span(),
+                    format!(
+                        "allowed_hosts: {:?} is not a host name or address (or \"*\" for every \
+                         Host)",
+                        h.get_ref()
+                    ),
+                );
+            }
+            fine.then_some(name)
+        })
+        .collect();
+    Some(StatusConfig {
+        bind,
+        allowed_hosts,
+    })
 }
 
 /// A TCP socket that other hosts can reach must say who may connect: `allow` naming the

@@ -8,7 +8,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
@@ -176,8 +175,8 @@ impl Listener {
             }
             Bind::Unix { path, perms } => {
                 remove_stale_socket(path)?;
-                let listener = UnixListener::bind(path)?;
-                apply_permissions(path, perms)?;
+                let listener = bind_socket(path, perms.mode)?;
+                give_owner(path, perms)?;
                 Ok(Listener::Unix {
                     listener,
                     path: path.clone(),
@@ -302,10 +301,18 @@ fn reuse_port_sibling(addr: SocketAddr, backlog: u32) -> io::Result<std::net::Tc
     Ok(listener)
 }
 
-/// Gives a Unix socket file its configured mode, owner and group (names are looked up in the
-/// system's user and group databases).
-fn apply_permissions(path: &Path, perms: &UnixPermissions) -> io::Result<()> {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(perms.mode))?;
+/// Binds a Unix socket at `path` that has `mode` from the moment it exists: the umask
+/// around `bind` sets it, so no `chmod` by path follows, which a symbolic link swapped in at
+/// the path would redirect to another file (a root corral would chmod it).
+fn bind_socket(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    crate::process::own::with_umask(!mode & 0o777, || UnixListener::bind(path))
+}
+
+/// Gives a Unix socket file its configured owner and group (names are looked up in the
+/// system's user and group databases), without following a symbolic link at the path
+/// (`lchown`, that is `fchownat` with `AT_SYMLINK_NOFOLLOW`): a link swapped in after the
+/// bind gets the owner itself, and what it points to keeps its own.
+fn give_owner(path: &Path, perms: &UnixPermissions) -> io::Result<()> {
     let lookup_err = |what: &str, name: &str| {
         io::Error::new(
             io::ErrorKind::NotFound,
@@ -332,10 +339,40 @@ fn apply_permissions(path: &Path, perms: &UnixPermissions) -> io::Result<()> {
         ),
         None => None,
     };
-    if uid.is_some() || gid.is_some() {
-        std::os::unix::fs::chown(path, uid, gid)?;
+    if uid.is_none() && gid.is_none() {
+        return Ok(());
     }
-    Ok(())
+    std::os::unix::fs::lchown(path, uid, gid).map_err(|e| {
+        if e.raw_os_error() == Some(nix::libc::EPERM) {
+            owner_refused(path, perms, e)
+        } else {
+            e
+        }
+    })
+}
+
+/// Why a non-root corral cannot give its socket `perms`' owner or group, and what to do.
+fn owner_refused(path: &Path, perms: &UnixPermissions, e: io::Error) -> io::Error {
+    let me = nix::unistd::Uid::effective();
+    let name = nix::unistd::User::from_uid(me)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {me}"), |u| format!("{} (uid {me})", u.name));
+    let text = match (&perms.owner, &perms.group) {
+        (Some(owner), _) => format!(
+            "cannot give {} the owner `{owner}`: only root may give a file to another user, and \
+             corral runs as {name}; run corral as root, or remove `owner` (with `group` set to \
+             a group {name} is in and mode = \"0660\", that group's front server can connect)",
+            path.display()
+        ),
+        (None, group) => format!(
+            "cannot give {} the group `{}`: corral runs as {name}, who is not in that group; \
+             add {name} to it, run corral as root, or remove `group`",
+            path.display(),
+            group.as_deref().unwrap_or_default()
+        ),
+    };
+    io::Error::new(e.kind(), format!("{text} ({e})"))
 }
 
 /// Removes a socket file left by a process that is gone. A path that is not a socket, or a
@@ -365,6 +402,51 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[tokio::test]
+    async fn a_socket_has_its_mode_from_the_bind_and_its_owner_without_following_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        for mode in [0o660, 0o600, 0o666] {
+            let _l = bind_socket(&path, mode).unwrap();
+            let got = std::fs::symlink_metadata(&path).unwrap().mode() & 0o777;
+            assert_eq!(got, mode, "{mode:o}");
+            std::fs::remove_file(&path).unwrap();
+        }
+        // The umask is put back.
+        use nix::sys::stat::{umask, Mode};
+        let outer = umask(Mode::from_bits_truncate(0o027));
+        let _l = bind_socket(&path, 0o666).unwrap();
+        let after = umask(outer);
+        assert_eq!(after.bits() & 0o777, 0o027);
+
+        // A symbolic link swapped in at the socket's path after the bind: the link is given
+        // the owner, not what it points to. Needs root to give a file away (CI runs as root).
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let target = dir.path().join("shadow");
+        std::fs::write(&target, "").unwrap();
+        let link = dir.path().join("swapped.sock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let perms = UnixPermissions {
+            mode: 0o660,
+            owner: Some("nobody".into()),
+            group: None,
+        };
+        give_owner(&link, &perms).unwrap();
+        assert_eq!(
+            std::fs::metadata(&target).unwrap().uid(),
+            0,
+            "followed the link"
+        );
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        assert_eq!(
+            std::fs::symlink_metadata(&link).unwrap().uid(),
+            nobody.uid.as_raw()
+        );
+    }
 
     #[tokio::test]
     async fn unix_listener_gets_its_mode_and_clears_a_stale_socket() {

@@ -511,28 +511,7 @@ impl Gateway {
             .map(|q| String::from_utf8_lossy(q).into_owned())
             .unwrap_or_default();
         let response = crate::status::server::answer(self, &self.fpm_status, &method, path, &query);
-        let code = response.status();
-        let content_type = response
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .map(|v| v.as_bytes().to_vec())
-            .unwrap_or_else(|| b"text/plain".to_vec());
-        let body = response.into_body().into_bytes();
-        let mut out = bytes::BytesMut::with_capacity(body.len() + 96);
-        out.extend_from_slice(
-            format!(
-                "Status: {} {}\r\nContent-Type: ",
-                code.as_u16(),
-                code.canonical_reason().unwrap_or("")
-            )
-            .as_bytes(),
-        );
-        out.extend_from_slice(&content_type);
-        out.extend_from_slice(b"\r\nCache-Control: no-cache\r\n\r\n");
-        if method != http::Method::HEAD {
-            out.extend_from_slice(&body);
-        }
-        Some(out)
+        Some(crate::status::server::cgi_answer(response, &method))
     }
 
     /// Sends a request routed to `routed` to a worker of its pool: takes a slot (waiting in

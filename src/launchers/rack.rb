@@ -923,7 +923,21 @@ module CorralRack
     end
   end
 
+  # No core dumps, and no ptrace or /proc/PID/mem by other processes of the same user
+  # (PR_SET_DUMPABLE 0): another pool's compromised worker running as this user must not
+  # read this one's memory or steer it. corral cannot set this for the launcher, since
+  # execve makes a process dumpable again; set before the app is loaded, it holds for the
+  # preloader and every worker it forks.
+  def self.make_undumpable
+    require 'fiddle'
+    prctl = Fiddle::Function.new(Fiddle::Handle::DEFAULT['prctl'], [Fiddle::TYPE_INT] * 5, Fiddle::TYPE_INT)
+    log('cannot make the process non-dumpable') unless prctl.call(4, 0, 0, 0, 0).zero? # PR_SET_DUMPABLE
+  rescue LoadError, StandardError => e
+    log("cannot make the process non-dumpable: #{e.class}: #{e.message}")
+  end
+
   def self.main(argv)
+    make_undumpable
     preloading = argv.size == 2 && argv[1] == '--preload'
     if argv.size != 1 && !preloading
       warn 'usage: corral-rack.rb path/to/config.ru [--preload] (listening or control socket on fd 0)'

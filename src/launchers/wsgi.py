@@ -1005,7 +1005,23 @@ def preload(app, control, stopper):
         control.send(b"forked %s %d" % (words[1], pid))
 
 
+def make_undumpable():
+    """No core dumps, and no ptrace or /proc/PID/mem by other processes of the same user
+    (PR_SET_DUMPABLE 0): another pool's compromised worker running as this user must not
+    read this one's memory or steer it. corral cannot set this for the launcher, since
+    execve makes a process dumpable again; set before the app is loaded, it holds for the
+    preloader and every worker it forks."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+            log("cannot make the process non-dumpable: %s" % os.strerror(ctypes.get_errno()))
+    except (ImportError, OSError, AttributeError) as e:
+        log("cannot make the process non-dumpable: %s" % e)
+
+
 def main(argv):
+    make_undumpable()
     preloading = len(argv) == 3 and argv[2] == "--preload"
     if len(argv) != 2 and not preloading:
         raise SystemExit("usage: corral-wsgi.py module:callable [--preload] (listening or control socket on fd 0)")

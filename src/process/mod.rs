@@ -3,7 +3,7 @@
 //! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
 //! [`memory`] measures a worker's process tree; [`signal_group`] stops one; [`own`] sets up
 //! corral's own process (umask, inherited descriptors) before any of that, and [`rlimit`] raises
-//! its file limit. [`preload`] talks to a pool's preloader, which forks workers for
+//! its file limit; [`users`] warns about the users pools run as. [`preload`] talks to a pool's preloader, which forks workers for
 //! `preload = true` app pools (ARCHITECTURE.md, "Preload and fork").
 //!
 //! # No orphaned interpreters
@@ -28,6 +28,7 @@ pub mod preload;
 pub mod ready;
 pub mod rlimit;
 pub mod spawn;
+pub mod users;
 
 use std::io;
 

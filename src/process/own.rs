@@ -18,6 +18,23 @@ pub fn restrict_umask() {
     umask(Mode::from_bits_truncate(UMASK));
 }
 
+/// Runs `f` (one system call that creates a file, such as a Unix socket's `bind`) with the
+/// umask `mask`, and puts the previous umask back: a socket gets its mode as it is made
+/// instead of from a `chmod` by path afterwards, which a symbolic link swapped in at that
+/// path would redirect. The umask is the process's, so callers are serialised by a lock;
+/// another thread creating a file meanwhile gets `mask` too, which is why everything
+/// corral creates elsewhere is given its mode explicitly (module documentation).
+pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = umask(Mode::from_bits_truncate(mask & 0o777));
+    let out = f();
+    umask(before);
+    out
+}
+
 /// Marks close-on-exec every descriptor above 2 that is open now; returns how many lacked
 /// the flag. Call it while the process has one thread, before the runtime starts.
 ///

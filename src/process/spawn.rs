@@ -448,13 +448,17 @@ fn prepare_socket(
                 })?;
             }
             let listener = if corral_binds {
-                let bound = UnixListener::bind(path).map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
-                })?;
                 // Only corral connects to it: the worker has the socket itself as fd 0 and
                 // never needs the path, and nobody else may talk to an interpreter that
-                // trusts every parameter it is sent. Set explicitly rather than left to the
-                // umask, which the operator may have loosened.
+                // trusts every parameter it is sent. Bound with that mode as its umask
+                // (under the lock a front socket's bind takes too, so a looser umask set for
+                // one never applies to this one), and set again explicitly.
+                let bound = super::own::with_umask(!WORKER_SOCKET_MODE & 0o777, || {
+                    UnixListener::bind(path)
+                })
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
+                })?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(WORKER_SOCKET_MODE))
                     .map_err(|e| {
                         io::Error::new(e.kind(), format!("cannot chmod {}: {e}", path.display()))
@@ -528,6 +532,14 @@ impl ChildLimits {
 /// A new session (so the worker is its own process group, and a terminal's ^C reaches
 /// corral alone); SIGKILL when the forking thread dies; a check that the parent did not die
 /// before that was armed (the signal would then never come); no core dumps; the file limit.
+///
+/// `PR_SET_DUMPABLE 0` is not set here: execve makes the new program dumpable again
+/// whenever its real and effective ids agree, which they do after the uid change std makes
+/// (seen on Linux 6.18: a process that set it and then exec'd was readable through
+/// /proc/PID/environ by its own user again). Between the fork and the exec the child is
+/// protected anyway: a root corral's child changed credentials, which clears the flag. The
+/// embedded launchers set it themselves once running (`src/launchers/`); php-cgi, lsphp and
+/// other commands stay dumpable, which is why pools sharing a user are warned about.
 fn child_setup(parent: Pid, limits: ChildLimits) -> io::Result<()> {
     setsid()?;
     set_pdeathsig(Signal::SIGKILL)?;

@@ -15,6 +15,18 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'unsaf
      style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
+/// The headers every status answer carries, on the status listener and on a FastCGI
+/// listener's `status_path` alike (`server::reply` adds them, and `server::cgi_answer` passes
+/// every header of that answer on): the page may load nothing from elsewhere and may not be
+/// framed by another site (the CSP's `frame-ancestors`, and `X-Frame-Options` for browsers
+/// that predate it), no answer is sniffed as another type, and no referrer leaves the page.
+pub const SECURITY_HEADERS: [(&str, &str); 4] = [
+    ("content-security-policy", CONTENT_SECURITY_POLICY),
+    ("x-frame-options", "DENY"),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

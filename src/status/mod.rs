@@ -5,12 +5,13 @@
 //! `counters` holds what the request path counts (lock-free), `collect` joins it with the
 //! configured limits and the drivers' published state, `render` and `metrics` write the
 //! formats, `history` keeps the last minutes per pool, `html` is the page for people,
-//! `server` answers `/status`, `/metrics` and `/ping`, and `watch` is the terminal view of
+//! `server` answers `/status`, `/metrics` and `/ping` (to the Hosts `host` allows), and `watch` is the terminal view of
 //! `corral status --watch`.
 
 pub mod collect;
 pub mod counters;
 pub mod history;
+pub mod host;
 pub mod html;
 pub mod metrics;
 pub mod render;

@@ -26,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 use crate::front::limits::{Admission, Client, Watched, STATUS_TIMEOUTS};
 use crate::front::listener::{Listener, Peer};
 use crate::gateway::Gateway;
+use crate::logs::{escaped, LineLimit, Verdict};
 use crate::status::collect::{collect, StatusSource};
-use crate::status::{history, html, metrics, render};
+use crate::status::{history, host, html, metrics, render};
 
 /// A whole response body in one piece.
 #[derive(Debug)]
@@ -126,12 +127,7 @@ pub fn answer(
     }
     if path == "/status" && q.html {
         // The page holds no numbers: its script asks for them.
-        let mut r = reply(StatusCode::OK, html::CONTENT_TYPE, html::PAGE.to_owned());
-        r.headers_mut().insert(
-            header::CONTENT_SECURITY_POLICY,
-            header::HeaderValue::from_static(html::CONTENT_SECURITY_POLICY),
-        );
-        return r;
+        return reply(StatusCode::OK, html::CONTENT_TYPE, html::PAGE.to_owned());
     }
     if path != "/status" && path != "/metrics" {
         return reply(
@@ -197,16 +193,70 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
         header::CACHE_CONTROL,
         header::HeaderValue::from_static("no-cache, no-store, must-revalidate"),
     );
+    for (name, value) in html::SECURITY_HEADERS {
+        h.insert(name, header::HeaderValue::from_static(value));
+    }
     r
 }
 
+/// The answer to a request whose Host the listener does not answer (`status::host`).
+fn misdirected(host: &[u8]) -> Response<Whole> {
+    static REFUSED: LineLimit = LineLimit::per_second();
+    if let Verdict::Log { suppressed } = REFUSED.check(tokio::time::Instant::now(), 0) {
+        tracing::warn!(
+            host = %escaped(host),
+            suppressed,
+            "status listener: refused a request for a Host it does not answer (a browser \
+             led there by DNS rebinding, or a name missing from [status] allowed_hosts)"
+        );
+    }
+    reply(
+        StatusCode::MISDIRECTED_REQUEST,
+        "text/plain; charset=utf-8",
+        "this status listener does not answer this Host: use localhost or its address, or \
+         add the name to [status] allowed_hosts\n"
+            .to_owned(),
+    )
+}
+
+/// `response` as the whole CGI answer of a FastCGI request (a listener's php-fpm
+/// `status_path` or `ping_path`): its status, every header it has (so the security headers
+/// are the status listener's), and its body unless the request was a HEAD.
+pub fn cgi_answer(response: Response<Whole>, method: &Method) -> bytes::BytesMut {
+    let code = response.status();
+    let (parts, body) = response.into_parts();
+    let body = body.into_bytes();
+    let mut out = bytes::BytesMut::with_capacity(body.len() + 512);
+    out.extend_from_slice(
+        format!(
+            "Status: {} {}\r\n",
+            code.as_u16(),
+            code.canonical_reason().unwrap_or("")
+        )
+        .as_bytes(),
+    );
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if method != Method::HEAD {
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
 /// Serves the status listener until `shutdown` is cancelled, counting its connections in
-/// `admission`.
+/// `admission`, and answering only the Hosts `status::host` allows (`allowed_hosts` being
+/// the configured ones).
 pub async fn serve(
     listener: Listener,
     admission: Arc<Admission>,
     gateway: Arc<Gateway>,
     source: Arc<StatusSource>,
+    allowed_hosts: Arc<[String]>,
     shutdown: CancellationToken,
 ) {
     let address = listener
@@ -242,8 +292,14 @@ pub async fn serve(
         let Some(ticket) = admission.admit(client) else {
             continue;
         };
+        // The address the client reached: a Host naming it is no rebinding.
+        let local = match &stream {
+            crate::net::Stream::Tcp(s) => s.local_addr().ok().map(|a| a.ip()),
+            crate::net::Stream::Unix(_) => None,
+        };
         let gateway = Arc::clone(&gateway);
         let source = Arc::clone(&source);
+        let allowed_hosts = Arc::clone(&allowed_hosts);
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let state = Arc::clone(ticket.state());
@@ -251,13 +307,20 @@ pub async fn serve(
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                 // Answers are built at once and written whole; busy only while building.
                 let _busy = busy.begin();
-                let r = answer(
-                    &gateway,
-                    &source,
-                    req.method(),
-                    req.uri().path(),
-                    req.uri().query().unwrap_or(""),
-                );
+                let host = req.headers().get(header::HOST).map(|h| h.as_bytes());
+                // `/ping` tells nothing, and load balancers check it under any name.
+                let r = if req.uri().path() == "/ping" || host::allowed(host, local, &allowed_hosts)
+                {
+                    answer(
+                        &gateway,
+                        &source,
+                        req.method(),
+                        req.uri().path(),
+                        req.uri().query().unwrap_or(""),
+                    )
+                } else {
+                    misdirected(host.unwrap_or_default())
+                };
                 async move { Ok::<_, Infallible>(r) }
             });
             // The same timing as the http front (see `front::http`): the watch times the
@@ -294,6 +357,26 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_answer_and_its_cgi_form_carry_the_security_headers() {
+        let r = reply(StatusCode::OK, html::CONTENT_TYPE, "page".to_owned());
+        for (name, value) in html::SECURITY_HEADERS {
+            assert_eq!(r.headers().get(name).unwrap(), value, "{name}");
+        }
+        let cgi = cgi_answer(r, &Method::GET);
+        let text = std::str::from_utf8(&cgi).unwrap();
+        assert!(text.starts_with("Status: 200 OK\r\n"), "{text}");
+        for (name, value) in html::SECURITY_HEADERS {
+            assert!(text.contains(&format!("\r\n{name}: {value}\r\n")), "{text}");
+        }
+        assert!(text.ends_with("\r\n\r\npage"), "{text}");
+        let head = cgi_answer(
+            reply(StatusCode::OK, "text/plain", "x".into()),
+            &Method::HEAD,
+        );
+        assert!(head.ends_with(b"\r\n\r\n"));
+    }
 
     #[test]
     fn queries_are_read_like_php_fpm() {

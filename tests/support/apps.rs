@@ -155,7 +155,8 @@ pub fn write_tree(dir: &Path, files: &[(&str, &str)]) {
 /// A directory the workers (`nobody` under a root corral) may write to.
 pub fn writable_dir(path: &Path) -> PathBuf {
     std::fs::create_dir_all(path).unwrap();
-    chmod(path, 0o777);
+    // Sticky, as /tmp: a runtime directory in it passes corral's check of its parents.
+    chmod(path, 0o1777);
     path.to_path_buf()
 }
 

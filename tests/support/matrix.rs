@@ -195,7 +195,7 @@ impl Site {
     pub fn subdir(&self, name: &str) -> PathBuf {
         let path = self.dir().join(name);
         std::fs::create_dir(&path).unwrap();
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
             .unwrap();
         path
     }

@@ -103,13 +103,15 @@ impl Drop for Peer {
     }
 }
 
-/// A temp dir that unprivileged peers (lsphp runs as `nobody`) can read and write.
+/// A temp dir that unprivileged peers (lsphp runs as `nobody`) can read and write: sticky,
+/// as /tmp is, so that a runtime directory inside it passes corral's check of its parents
+/// (nobody else may rename it away).
 pub fn shared_dir() -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("corral-backend-")
         .tempdir()
         .expect("create temp dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))
         .expect("chmod temp dir");
     dir
 }
