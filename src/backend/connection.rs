@@ -31,6 +31,8 @@ pub struct BackendConnection {
     /// The read buffer, kept between the exchanges of a kept connection so that each one
     /// does not allocate (and free) its own.
     pub(super) inbuf: bytes::BytesMut,
+    /// The write buffer, kept the same way: a request's head is encoded into it.
+    pub(super) outbuf: bytes::BytesMut,
 }
 
 impl BackendConnection {
@@ -54,6 +56,7 @@ impl BackendConnection {
             home: None,
             shard: crate::shards::current(),
             inbuf: bytes::BytesMut::new(),
+            outbuf: bytes::BytesMut::new(),
         })
     }
 
@@ -66,7 +69,17 @@ impl BackendConnection {
             home: None,
             shard: crate::shards::current(),
             inbuf: bytes::BytesMut::new(),
+            outbuf: bytes::BytesMut::new(),
         }
+    }
+
+    /// The connection's write buffer, empty, with room for `len` bytes; the exchange gives
+    /// it back when the connection is kept.
+    pub(super) fn take_outbuf(&mut self, len: usize) -> bytes::BytesMut {
+        let mut buf = std::mem::take(&mut self.outbuf);
+        buf.clear();
+        buf.reserve(len);
+        buf
     }
 
     /// The backend address.
@@ -180,6 +193,7 @@ impl Connections {
                         address: conn.address,
                         served: conn.served,
                         inbuf: conn.inbuf,
+                        outbuf: conn.outbuf,
                     })
                 }
                 Err(e) => {

@@ -497,6 +497,7 @@ impl Exchange {
             // Empty, and usually the only owner of its allocation again once the body's
             // last chunk is dropped: the next exchange reads into it without allocating.
             conn.inbuf = std::mem::take(&mut self.inbuf);
+            conn.outbuf = std::mem::take(&mut self.outbuf);
             conn.finish()
         } else {
             None

@@ -48,7 +48,8 @@ pub async fn send_params(
 ) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
     // BEGIN_REQUEST, the PARAMS records and (for an empty body) the end of STDIN.
-    let mut head = BytesMut::with_capacity(params.encoded().len() + 48);
+    let mut conn = conn;
+    let mut head = conn.take_outbuf(params.encoded().len() + 48);
     encode_begin_request(REQUEST_ID, Role::Responder, true, &mut head);
     encode_params_block(REQUEST_ID, params, &mut head);
     let declared = body.len();

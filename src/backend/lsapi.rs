@@ -43,7 +43,8 @@ pub async fn send_params(
     let started = Instant::now();
     let body = known_length(body, options, started).await?;
     let len = body.len().unwrap_or(0);
-    let mut head = BytesMut::with_capacity(2048);
+    let mut conn = conn;
+    let mut head = conn.take_outbuf(2048);
     begin_request(params, len, &options.limits)
         .and_then(|builder| builder.encode(&mut head))
         .map_err(|e| BackendError::RequestHead {
