@@ -7,8 +7,20 @@
 //! too, since corral sends no validator the condition could match. HEAD needs nothing here:
 //! hyper sends the head of the GET answer without its body.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::Frame;
+use tokio::io::AsyncSeekExt;
+
+use crate::backend::BodyError;
+use crate::front::http::{plain, FrontBody, HttpBody};
+
+/// Bytes read from a file at a time.
+const FILE_CHUNK: usize = 64 * 1024;
 
 /// The part of a file to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +172,86 @@ pub(super) fn known_content_type(path: &std::path::Path) -> Option<&'static str>
 /// unknown one).
 pub(super) fn content_type(path: &std::path::Path) -> &'static str {
     known_content_type(path).unwrap_or("application/octet-stream")
+}
+
+/// `file` (`len` bytes long) as the answer, with `status` and `headers` (which get
+/// Content-Length, Accept-Ranges and, for one byte range of a 200, Content-Range and 206).
+pub(super) async fn file_answer(
+    mut file: tokio::fs::File,
+    len: u64,
+    status: StatusCode,
+    request: &HeaderMap,
+    mut headers: HeaderMap,
+) -> Response<HttpBody> {
+    let part = requested_part(request, len);
+    let (status, slice) = part_head(status, part, len, &mut headers);
+    let body = match slice {
+        None => FrontBody::file(FileBody {
+            file,
+            remaining: len,
+        }),
+        Some((_, 0)) => FrontBody::full(Bytes::new()),
+        Some((start, count)) => {
+            if let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
+                tracing::warn!(error = %e, "cannot seek in a file to send a range of it");
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "500 Internal Server Error\n",
+                );
+            }
+            FrontBody::file(FileBody {
+                file,
+                remaining: count,
+            })
+        }
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp
+}
+
+/// The bytes of an open file still to send, read [`FILE_CHUNK`] at a time.
+pub(super) struct FileBody {
+    file: tokio::fs::File,
+    remaining: u64,
+}
+
+impl FileBody {
+    /// Bytes still to send.
+    pub(super) fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// The next chunk; `None` once every byte went out.
+    pub(super) fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let want = usize::try_from(self.remaining)
+            .unwrap_or(FILE_CHUNK)
+            .min(FILE_CHUNK);
+        let mut buf = BytesMut::with_capacity(want);
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.file), cx, &mut buf) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(n)) => {
+                if n == 0 {
+                    // The file shrank under us: end early rather than hang.
+                    self.remaining = 0;
+                    return Poll::Ready(Some(Err("static file shrank while it was sent".into())));
+                }
+                self.remaining = self.remaining.saturating_sub(n as u64);
+                Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+            }
+            Poll::Ready(Err(e)) => {
+                self.remaining = 0;
+                Poll::Ready(Some(Err(e.into())))
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,3 +8,4 @@ pub mod limits;
 pub mod listener;
 pub mod scgi;
 mod sendfile;
+mod static_files;

@@ -32,8 +32,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Response, StatusCode};
 
 use crate::config::ContextConfig;
+use crate::front::file;
+use crate::front::http::{plain, FrontBody, HttpBody};
 use crate::protocols::cgi::parse_request_path;
 
 /// The response header names corral acts on.
@@ -233,6 +237,53 @@ pub(super) fn backend_vars(config: &ContextConfig) -> Vec<(Bytes, Bytes)> {
             Bytes::from(mapping),
         ),
     ]
+}
+
+/// The answer for a backend response that names a file with `ask`: the file, with the
+/// backend's `status` and `headers` (already without those that described its body), or a
+/// refusal. `request` is the client's request head (for Range).
+pub(super) async fn answer(
+    context: &ContextConfig,
+    ask: Ask<'_>,
+    status: StatusCode,
+    request: &http::HeaderMap,
+    mut headers: http::HeaderMap,
+    request_id: u64,
+) -> Response<HttpBody> {
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        // An answer without a body (a conditional GET the app answered 304):
+        // nothing to send, whatever file the header names.
+        let mut resp = Response::new(FrontBody::full(Bytes::new()));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        return resp;
+    }
+    match open(context, ask).await {
+        Ok((opened, len, real)) => {
+            // PHP sends `text/html` unless told otherwise, so the file's own
+            // type wins; the backend's only for an extension corral does not know.
+            let known = file::known_content_type(&real);
+            if let Some(t) = known {
+                headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(t));
+            } else if !headers.contains_key(http::header::CONTENT_TYPE) {
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+            }
+            tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
+            file::file_answer(opened, len, status, request, headers).await
+        }
+        Err(e) => refused(request_id, &e),
+    }
+}
+
+/// The answer when the file a backend named is not sent, with its log line.
+pub(super) fn refused(request_id: u64, e: &SendfileError) -> Response<HttpBody> {
+    let status = e.status();
+    tracing::warn!(request_id, status = status.as_u16(), error = %crate::logs::clean(e), "refused to send the file the backend named");
+    let reason = status.canonical_reason().unwrap_or("Error");
+    plain(status, &format!("{} {reason}\n", status.as_u16()))
 }
 
 /// The file the backend named, opened, with its length and real path.
