@@ -35,8 +35,9 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
+use crate::beneath::{open_beneath, Access, Dir, OpenError};
 use crate::config::ContextConfig;
-use crate::front::file;
+use crate::front::file::{self, FileData};
 use crate::front::http::{plain, FrontBody, HttpBody};
 use crate::protocols::cgi::parse_request_path;
 
@@ -155,16 +156,28 @@ pub(super) enum SendfileError {
         /// The file.
         path: PathBuf,
     },
+    /// The file system did not answer in time.
+    #[error("{header} names {}, which could not be opened: {source}", .path.display())]
+    Stalled {
+        /// The header.
+        header: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The timeout.
+        source: std::io::Error,
+    },
 }
 
 impl SendfileError {
-    /// 404 when the file is not there, 500 when the backend asked for what the configuration
-    /// does not allow (the client did nothing wrong, and learns nothing of the rule).
+    /// 404 when the file is not there, 503 when the file system did not answer, 500 when the
+    /// backend asked for what the configuration does not allow (the client did nothing wrong,
+    /// and learns nothing of the rule).
     pub(super) fn status(&self) -> http::StatusCode {
         match self {
             SendfileError::Missing { .. } | SendfileError::NotAFile { .. } => {
                 http::StatusCode::NOT_FOUND
             }
+            SendfileError::Stalled { .. } => http::StatusCode::SERVICE_UNAVAILABLE,
             _ => http::StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -272,7 +285,7 @@ pub(super) async fn answer(
                 );
             }
             tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
-            file::file_answer(opened, len, status, request, headers).await
+            file::file_answer(opened, len, status, request, headers)
         }
         Err(e) => refused(request_id, &e),
     }
@@ -286,11 +299,12 @@ pub(super) fn refused(request_id: u64, e: &SendfileError) -> Response<HttpBody> 
     plain(status, &format!("{} {reason}\n", status.as_u16()))
 }
 
-/// The file the backend named, opened, with its length and real path.
+/// The file the backend named, opened, with its length and real path (the allowed
+/// directory as configured, joined with the file's real path beneath it).
 pub(super) async fn open(
     config: &ContextConfig,
     ask: Ask<'_>,
-) -> Result<(tokio::fs::File, u64, PathBuf), SendfileError> {
+) -> Result<(FileData, u64, PathBuf), SendfileError> {
     let header = ask.header();
     let (path, dir, key) = match ask {
         Ask::Sendfile(value) => {
@@ -334,37 +348,65 @@ pub(super) async fn open(
             (dir.join(OsStr::from_bytes(rest)), dir, "accel_redirect")
         }
     };
-    let real_dir = tokio::fs::canonicalize(dir)
-        .await
-        .map_err(|source| SendfileError::Dir {
-            key,
-            dir: dir.clone(),
-            source,
-        })?;
-    let missing = |path: &Path, source| SendfileError::Missing {
-        header,
-        path: path.to_path_buf(),
-        source,
-    };
-    let real = tokio::fs::canonicalize(&path)
-        .await
-        .map_err(|e| missing(&path, e))?;
-    if !real.starts_with(&real_dir) {
-        return Err(SendfileError::Escapes {
+    // `rel` is clean (no `.`, `..` or empty segment): opened beneath the allowed directory,
+    // and judged by the descriptor that was opened (ARCHITECTURE.md invariant 17).
+    let rel =
+        path.strip_prefix(dir)
+            .map(Path::to_path_buf)
+            .map_err(|_| SendfileError::NotAllowed {
+                header,
+                value: ask.value().to_vec(),
+                key,
+            })?;
+    let walked = file::off_thread({
+        let (dir, path) = (dir.clone(), path.clone());
+        move || {
+            let opened_dir = Dir::open(&dir).map_err(|source| SendfileError::Dir {
+                key,
+                dir: dir.clone(),
+                source,
+            })?;
+            let opened = match open_beneath(&opened_dir, &rel, Access::Read) {
+                Ok(o) => o,
+                Err(OpenError::Outside { real, dir }) => {
+                    return Err(SendfileError::Escapes {
+                        header,
+                        path,
+                        real,
+                        dir,
+                    })
+                }
+                Err(OpenError::Io(source)) => {
+                    return Err(SendfileError::Missing {
+                        header,
+                        path,
+                        source,
+                    })
+                }
+            };
+            if !opened.meta.is_file() {
+                return Err(SendfileError::NotAFile { header, path });
+            }
+            let real = dir.join(opened.real_rel(&rel));
+            let (data, len) =
+                file::load(opened.file, opened.meta.len(), true).map_err(|source| {
+                    SendfileError::Missing {
+                        header,
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+            Ok((data, len, real))
+        }
+    })
+    .await;
+    walked.unwrap_or_else(|source| {
+        Err(SendfileError::Stalled {
             header,
             path,
-            real,
-            dir: real_dir,
-        });
-    }
-    let file = tokio::fs::File::open(&real)
-        .await
-        .map_err(|e| missing(&path, e))?;
-    match file.metadata().await {
-        Ok(meta) if meta.is_file() => Ok((file, meta.len(), real)),
-        Ok(_) => Err(SendfileError::NotAFile { header, path }),
-        Err(e) => Err(missing(&path, e)),
-    }
+            source,
+        })
+    })
 }
 
 fn not_enabled(ask: Ask<'_>, key: &'static str) -> SendfileError {

@@ -4,12 +4,15 @@
 //! the root (nginx's `try_files $uri $uri/ /index.php?$args`). ARCHITECTURE.md, "The
 //! request path", step 4.
 
-use std::os::unix::ffi::OsStringExt;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
-use crate::front::file;
+use crate::beneath::{open_beneath, Access, Dir, OpenError};
+use crate::front::file::{self, FileData};
 use crate::front::http::{plain, HttpBody};
 use crate::gateway::Routed;
 use crate::protocols::cgi::{has_allowed_ext, has_hidden_segment, RequestPath, ScriptMode};
@@ -19,8 +22,9 @@ use crate::protocols::cgi::{has_allowed_ext, has_hidden_segment, RequestPath, Sc
 ///
 /// Never served: anything that looks like a script in any letter case (`x.PHP` is not run,
 /// but it is PHP source all the same), PHP's other source extensions in a PHP context, hidden
-/// files (`.env`, `.git/config`, `.user.ini`; those are answered 404 here, not passed on), and
-/// anything whose real path leaves the real root.
+/// files (`.env`, `.git/config`, `.user.ini`; those are answered 404 here, not passed on),
+/// anything whose real path leaves the real root, and anything not a regular file (a
+/// directory, a named pipe, a socket: never read, passed on).
 pub(super) async fn static_file(
     routed: &Routed,
     method: &http::Method,
@@ -43,20 +47,25 @@ pub(super) async fn static_file(
         // Not passed on either: the backend would refuse it anyway (not a script).
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
-    // The real file must be a regular file still under the real root (no symlink out), and
-    // its real name must not be a script or hidden either (`a.txt -> index.php`).
-    let (real, real_root) = real_under_root(root, norm).await?;
-    let rel = real.strip_prefix(&real_root).ok()?;
-    let mut rel_path = b"/".to_vec();
-    rel_path.extend_from_slice(rel.as_os_str().as_encoded_bytes());
-    if looks_like_source(&rel_path, extensions) || has_hidden_segment(&rel_path) {
+    // Opened once, beneath the real root, and judged by what was opened (ARCHITECTURE.md
+    // invariant 17): a regular file, not a symlink out, and a real name that is no script
+    // and not hidden either (`a.txt -> index.php`).
+    let read = method == http::Method::GET;
+    let found = match look_up(root, norm, Access::Read, read).await {
+        Ok(Ok(found)) => found,
+        // Missing, or resolving outside the root: the backend may know the path.
+        Ok(Err(_)) => return None,
+        Err(e) => return Some(stalled(&e)),
+    };
+    let mut real = b"/".to_vec();
+    match &found.real {
+        Some(rel) => real.extend_from_slice(rel.as_os_str().as_bytes()),
+        None => real = norm.to_vec(),
+    }
+    if looks_like_source(&real, extensions) || has_hidden_segment(&real) {
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
-    let file = tokio::fs::File::open(&real).await.ok()?;
-    let meta = file.metadata().await.ok()?;
-    if !meta.is_file() {
-        return None;
-    }
+    let (data, len) = found.data?;
     if method != http::Method::GET && method != http::Method::HEAD {
         let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
         resp.headers_mut()
@@ -66,9 +75,61 @@ pub(super) async fn static_file(
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,
-        HeaderValue::from_static(file::content_type(&real)),
+        HeaderValue::from_static(file::content_type(Path::new(OsStr::from_bytes(&real)))),
     );
-    Some(file::file_answer(file, meta.len(), StatusCode::OK, request, headers).await)
+    Some(file::file_answer(
+        data,
+        len,
+        StatusCode::OK,
+        request,
+        headers,
+    ))
+}
+
+/// What [`look_up`] found under a root.
+struct Found {
+    /// A regular file's contents and length; `None` for anything else (a directory, a named
+    /// pipe, a socket, a device), which is never read.
+    data: Option<(FileData, u64)>,
+    /// Whether it is a directory.
+    is_dir: bool,
+    /// Its real path relative to the real root, when a symlink led to it.
+    real: Option<PathBuf>,
+}
+
+/// Opens what the normalised `norm` names beneath `root` on the blocking pool, bounded by
+/// `FS_TIMEOUT` (the outer error), and reads it whole when it is a small regular file and
+/// `read` asks for its contents.
+async fn look_up(
+    root: &Path,
+    norm: &[u8],
+    access: Access,
+    read: bool,
+) -> std::io::Result<Result<Found, OpenError>> {
+    let root = root.to_path_buf();
+    let rel = PathBuf::from(OsStr::from_bytes(norm.strip_prefix(b"/").unwrap_or(norm)));
+    file::off_thread(move || {
+        let dir = Dir::open(&root)?;
+        let opened = open_beneath(&dir, &rel, access)?;
+        let is_dir = opened.meta.is_dir();
+        let data = if access == Access::Read && opened.meta.is_file() {
+            Some(file::load(opened.file, opened.meta.len(), read)?)
+        } else {
+            None
+        };
+        Ok(Found {
+            data,
+            is_dir,
+            real: opened.real,
+        })
+    })
+    .await
+}
+
+/// The answer when the file system did not answer in time, with its log line.
+fn stalled(e: &std::io::Error) -> Response<HttpBody> {
+    tracing::warn!(error = %e, "gave up on a static file");
+    plain(StatusCode::SERVICE_UNAVAILABLE, "503 Service Unavailable\n")
 }
 
 /// What the context's front controller makes of a request `static_file` did not answer.
@@ -110,39 +171,25 @@ pub(super) async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFil
     if names_script || has_hidden_segment(norm) {
         return TryFiles::Keep;
     }
-    let Some((real, _)) = real_under_root(root, norm).await else {
-        return TryFiles::Controller(controller.as_bytes().to_vec());
-    };
-    match tokio::fs::metadata(&real).await {
-        Ok(meta) if meta.is_dir() && !norm.ends_with(b"/") => {
-            let mut location = percent_encode_path(norm);
-            location.push(b'/');
-            if !path.query.is_empty() {
-                location.push(b'?');
-                location.extend_from_slice(path.query);
-            }
-            TryFiles::AddSlash(location)
+    // Existence is judged beneath the real root: a name that resolves outside is missing.
+    let is_dir = match look_up(root, norm, Access::Look, false).await {
+        Ok(Ok(found)) => found.is_dir,
+        Ok(Err(_)) => return TryFiles::Controller(controller.as_bytes().to_vec()),
+        Err(e) => {
+            tracing::warn!(error = %e, "kept a path as it is: its file could not be looked at");
+            return TryFiles::Keep;
         }
-        Ok(_) => TryFiles::Keep,
-        Err(_) => TryFiles::Controller(controller.as_bytes().to_vec()),
+    };
+    if is_dir && !norm.ends_with(b"/") {
+        let mut location = percent_encode_path(norm);
+        location.push(b'/');
+        if !path.query.is_empty() {
+            location.push(b'?');
+            location.extend_from_slice(path.query);
+        }
+        return TryFiles::AddSlash(location);
     }
-}
-
-/// The real path of the normalised `norm` under `root`, with the real root, when it exists
-/// and its real path lies under the real root.
-async fn real_under_root(
-    root: &std::path::Path,
-    norm: &[u8],
-) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
-    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
-    if lexical.last() == Some(&b'/') {
-        lexical.pop();
-    }
-    lexical.extend_from_slice(norm);
-    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
-    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
-    let real_root = tokio::fs::canonicalize(root).await.ok()?;
-    real.starts_with(&real_root).then_some((real, real_root))
+    TryFiles::Keep
 }
 
 /// A decoded, normalised path written back as a URI path: unreserved characters, sub-delims,
