@@ -154,7 +154,7 @@ pub(super) fn part_head(
 
 /// The media type of a file, from its extension; `None` for an extension corral does not
 /// know.
-pub(super) fn known_content_type(path: &std::path::Path) -> Option<&'static str> {
+fn known_content_type(path: &std::path::Path) -> Option<&'static str> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())

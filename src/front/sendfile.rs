@@ -13,6 +13,9 @@
 //!   query ignored, and the longest prefix it starts with replaced by its directory; the file
 //!   must then lie under that directory once symlinks are resolved.
 //!
+//! The backend's status and headers are kept, its Content-Type included (the file's
+//! extension decides only when the backend sent none), less those that described its body.
+//!
 //! A refusal is a 500 (the backend asked for something the configuration does not allow,
 //! or wrote a bad value) or a 404 (the file is missing or not a regular file), each with a
 //! log line naming the header, the value and the rule. These headers, and every `X-Accel-*`
@@ -273,15 +276,15 @@ pub(super) async fn answer(
     }
     match open(context, ask).await {
         Ok((opened, len, real)) => {
-            // PHP sends `text/html` unless told otherwise, so the file's own
-            // type wins; the backend's only for an extension corral does not know.
-            let known = file::known_content_type(&real);
-            if let Some(t) = known {
-                headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(t));
-            } else if !headers.contains_key(http::header::CONTENT_TYPE) {
+            // The backend's type stands, as nginx keeps the upstream's for X-Accel-Redirect:
+            // an app that serves an upload as `text/plain` with `nosniff` must not see it go
+            // out as `text/html` (stored XSS on its origin). The extension decides only
+            // when the backend sent no type at all. (PHP sends `text/html` unless the
+            // script names a type: the app names its file's type, as it must for nginx.)
+            if !headers.contains_key(http::header::CONTENT_TYPE) {
                 headers.insert(
                     http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/octet-stream"),
+                    HeaderValue::from_static(file::content_type(&real)),
                 );
             }
             tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
