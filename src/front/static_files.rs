@@ -229,27 +229,84 @@ const PHP_SOURCE_EXTENSIONS: [&str; 10] = [
     "php", "phtml", "phar", "phps", "php3", "php4", "php5", "php7", "php8", "inc",
 ];
 
-/// Whether some segment of a normalised path ends with a script extension in any letter case
-/// (or, when the context runs PHP, with one of PHP's other source extensions).
+/// Whether some segment of a normalised path names source: a script extension in any letter
+/// case (or, when the context runs PHP, one of PHP's other source extensions), at the end of
+/// the name or followed by anything but a letter or a digit. The latter are the backups an
+/// editor, a deploy or an admin leaves beside a script (`config.php.bak`, `config.php~`,
+/// `.orig`, `.save`, `.swp`, `config.php.` with its trailing dot, `config.php#`): the
+/// source, which must never go out as text. `x.phpnotes.txt` is another name.
 fn looks_like_source(norm: &[u8], extensions: &[Vec<u8>]) -> bool {
     let php = extensions.iter().any(|e| {
         e.strip_prefix(b".")
             .unwrap_or(e)
             .eq_ignore_ascii_case(b"php")
     });
-    let ends_with_ext = |segment: &[u8], ext: &[u8]| {
-        let ext = ext.strip_prefix(b".").unwrap_or(ext);
-        segment.len() > ext.len() + 1
-            && segment.get(segment.len() - ext.len() - 1) == Some(&b'.')
-            && segment
-                .get(segment.len() - ext.len()..)
-                .is_some_and(|tail| tail.eq_ignore_ascii_case(ext))
-    };
     norm.split(|&c| c == b'/').any(|segment| {
-        extensions.iter().any(|ext| ends_with_ext(segment, ext))
+        extensions.iter().any(|ext| names_source(segment, ext))
             || (php
                 && PHP_SOURCE_EXTENSIONS
                     .iter()
-                    .any(|ext| ends_with_ext(segment, ext.as_bytes())))
+                    .any(|ext| names_source(segment, ext.as_bytes())))
     })
+}
+
+/// Whether `segment` holds `.EXT` after at least one byte of name, at its end or followed by
+/// a byte that is not ASCII alphanumeric.
+fn names_source(segment: &[u8], ext: &[u8]) -> bool {
+    let ext = ext.strip_prefix(b".").unwrap_or(ext);
+    if ext.is_empty() {
+        return false;
+    }
+    (1..segment.len()).any(|dot| {
+        segment.get(dot) == Some(&b'.')
+            && segment
+                .get(dot + 1..dot + 1 + ext.len())
+                .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+            && segment
+                .get(dot + 1 + ext.len())
+                .is_none_or(|c| !c.is_ascii_alphanumeric())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_and_their_backups_look_like_source() {
+        let php = [b"php".to_vec()];
+        for source in [
+            &b"/index.php"[..],
+            b"/a/INDEX.PHP",
+            b"/lib.inc",
+            b"/old.phps",
+            b"/config.php.bak",
+            b"/config.php~",
+            b"/config.php.orig",
+            b"/config.php.save",
+            b"/config.php.swp",
+            b"/config.php.",
+            b"/config.php#",
+            b"/config.php-1",
+            b"/Config.PHP.Bak",
+            b"/lib.inc.old",
+            b"/x.php/y.txt",
+        ] {
+            assert!(looks_like_source(source, &php), "{}", source.escape_ascii());
+        }
+        for other in [
+            &b"/style.css"[..],
+            b"/about.phpnotes.txt",
+            b"/php.txt",
+            b"/php",
+            b"/a.include",
+            b"/.php",
+        ] {
+            assert!(!looks_like_source(other, &php), "{}", other.escape_ascii());
+        }
+        // PHP's other extensions only in a PHP context; a context's own in any.
+        let py = [b".py".to_vec()];
+        assert!(!looks_like_source(b"/lib.inc.bak", &py));
+        assert!(looks_like_source(b"/app.py~", &py));
+    }
 }
