@@ -226,21 +226,46 @@ pub(super) enum FileData {
     Open(Arc<File>),
 }
 
-/// `file`, opened and found to be a regular file of `len` bytes, as [`FileData`]: read whole
-/// when it is small and `read` (a GET), left open otherwise. Blocking: call it off the
-/// serving thread. Returns the data and its length (shorter than `len` if the file shrank
-/// meanwhile).
-pub(super) fn load(file: File, len: u64, read: bool) -> std::io::Result<(FileData, u64)> {
-    if !read || len > SMALL_FILE {
-        return Ok((FileData::Open(Arc::new(file)), len));
+/// A regular file opened for an answer: its descriptor, its length, and its contents when
+/// they were read whole already.
+pub(super) struct Loaded {
+    /// The descriptor.
+    pub(super) file: Arc<File>,
+    /// Its length (the bytes read, when read whole).
+    pub(super) len: u64,
+    /// Its contents, for a small file read whole.
+    pub(super) whole: Option<Bytes>,
+}
+
+impl Loaded {
+    /// The contents as the answer takes them, with their length.
+    pub(super) fn into_data(self) -> (FileData, u64) {
+        match self.whole {
+            Some(bytes) => (FileData::Whole(bytes), self.len),
+            None => (FileData::Open(self.file), self.len),
+        }
     }
-    let bytes = read_at(&file, 0, len)?;
-    let got = bytes.len() as u64;
-    Ok((FileData::Whole(bytes), got))
+}
+
+/// `file`, opened and found to be a regular file of `len` bytes, read whole when it is small
+/// and `read` (a GET), left open otherwise. Blocking: call it off the serving thread. The
+/// length is the bytes read when read whole (shorter than `len` if the file shrank).
+pub(super) fn load(file: File, len: u64, read: bool) -> std::io::Result<Loaded> {
+    let whole = if read && len <= SMALL_FILE {
+        Some(read_at(&file, 0, len)?)
+    } else {
+        None
+    };
+    let len = whole.as_ref().map_or(len, |b| b.len() as u64);
+    Ok(Loaded {
+        file: Arc::new(file),
+        len,
+        whole,
+    })
 }
 
 /// Up to `count` bytes of `file` from `offset`, fewer only at its end.
-fn read_at(file: &File, offset: u64, count: u64) -> std::io::Result<Bytes> {
+pub(super) fn read_at(file: &File, offset: u64, count: u64) -> std::io::Result<Bytes> {
     let want = usize::try_from(count).unwrap_or(usize::MAX);
     let mut buf = BytesMut::zeroed(want);
     let mut got = 0;
@@ -448,7 +473,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.txt");
         std::fs::write(&path, "0123456789").unwrap();
-        let (data, len) = load(File::open(&path).unwrap(), 10, true).unwrap();
+        let (data, len) = load(File::open(&path).unwrap(), 10, true)
+            .unwrap()
+            .into_data();
         assert!(matches!(&data, FileData::Whole(b) if &b[..] == b"0123456789"));
         let mut h = HeaderMap::new();
         h.insert(http::header::RANGE, HeaderValue::from_static("bytes=2-4"));
@@ -456,7 +483,9 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
         assert_eq!(resp.headers()[http::header::CONTENT_LENGTH], "3");
         // A HEAD leaves it unread; a large one too.
-        let (data, _) = load(File::open(&path).unwrap(), 10, false).unwrap();
+        let (data, _) = load(File::open(&path).unwrap(), 10, false)
+            .unwrap()
+            .into_data();
         assert!(matches!(data, FileData::Open(_)));
     }
 }

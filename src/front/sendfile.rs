@@ -391,14 +391,13 @@ pub(super) async fn open(
                 return Err(SendfileError::NotAFile { header, path });
             }
             let real = dir.join(opened.real_rel(&rel));
-            let (data, len) =
-                file::load(opened.file, opened.meta.len(), true).map_err(|source| {
-                    SendfileError::Missing {
-                        header,
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
+            let (data, len) = file::load(opened.file, opened.meta.len(), true)
+                .map_err(|source| SendfileError::Missing {
+                    header,
+                    path: path.clone(),
+                    source,
+                })?
+                .into_data();
             Ok((data, len, real))
         }
     })

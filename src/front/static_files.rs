@@ -4,16 +4,19 @@
 //! the root (nginx's `try_files $uri $uri/ /index.php?$args`). ARCHITECTURE.md, "The
 //! request path", step 4.
 
+use std::borrow::Cow;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
 use crate::beneath::{open_beneath, Access, Dir, OpenError};
-use crate::front::file::{self, FileData};
+use crate::front::file::{self, Loaded};
 use crate::front::http::{plain, HttpBody};
+use crate::front::open_files::{self, Cached};
 use crate::gateway::Routed;
 use crate::protocols::cgi::{has_allowed_ext, has_hidden_segment, RequestPath, ScriptMode};
 
@@ -49,23 +52,40 @@ pub(super) async fn static_file(
     }
     // Opened once, beneath the real root, and judged by what was opened (ARCHITECTURE.md
     // invariant 17): a regular file, not a symlink out, and a real name that is no script
-    // and not hidden either (`a.txt -> index.php`).
+    // and not hidden either (`a.txt -> index.php`). A descriptor this thread opened so
+    // within `open_files::VALID_FOR` serves again without a blocking-pool hop.
     let read = method == http::Method::GET;
-    let found = match look_up(root, norm, Access::Read, read).await {
-        Ok(Ok(found)) => found,
-        // Missing, or resolving outside the root: the backend may know the path.
-        Ok(Err(_)) => return None,
-        Err(e) => return Some(stalled(&e)),
+    let now = tokio::time::Instant::now();
+    let key = root.as_os_str().as_bytes();
+    let (loaded, real, fresh) = match open_files::get(key, norm, now, read) {
+        Some((loaded, cached)) => (Some(loaded), cached.real, false),
+        None => match look_up(root, norm, Access::Read, read).await {
+            Ok(Ok(found)) => (found.data, found.real.map(Arc::from), true),
+            // Missing, or resolving outside the root: the backend may know the path.
+            Ok(Err(_)) => return None,
+            Err(e) => return Some(stalled(&e)),
+        },
     };
-    let mut real = b"/".to_vec();
-    match &found.real {
-        Some(rel) => real.extend_from_slice(rel.as_os_str().as_bytes()),
-        None => real = norm.to_vec(),
-    }
-    if looks_like_source(&real, extensions) || has_hidden_segment(&real) {
+    let real_name: Cow<'_, [u8]> = match &real {
+        Some(rel) => {
+            let mut name = b"/".to_vec();
+            name.extend_from_slice(rel.as_os_str().as_bytes());
+            Cow::Owned(name)
+        }
+        None => Cow::Borrowed(norm),
+    };
+    if looks_like_source(&real_name, extensions) || has_hidden_segment(&real_name) {
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
-    let (data, len) = found.data?;
+    let loaded = loaded?;
+    if fresh {
+        let cached = Cached {
+            file: Arc::clone(&loaded.file),
+            len: loaded.len,
+            real,
+        };
+        open_files::put(key, norm, cached, now);
+    }
     if method != http::Method::GET && method != http::Method::HEAD {
         let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
         resp.headers_mut()
@@ -75,8 +95,9 @@ pub(super) async fn static_file(
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,
-        HeaderValue::from_static(file::content_type(Path::new(OsStr::from_bytes(&real)))),
+        HeaderValue::from_static(file::content_type(Path::new(OsStr::from_bytes(&real_name)))),
     );
+    let (data, len) = loaded.into_data();
     Some(file::file_answer(
         data,
         len,
@@ -88,9 +109,9 @@ pub(super) async fn static_file(
 
 /// What [`look_up`] found under a root.
 struct Found {
-    /// A regular file's contents and length; `None` for anything else (a directory, a named
-    /// pipe, a socket, a device), which is never read.
-    data: Option<(FileData, u64)>,
+    /// A regular file, opened; `None` for anything else (a directory, a named pipe, a
+    /// socket, a device), which is never read.
+    data: Option<Loaded>,
     /// Whether it is a directory.
     is_dir: bool,
     /// Its real path relative to the real root, when a symlink led to it.
