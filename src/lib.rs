@@ -9,6 +9,7 @@ pub mod access;
 pub mod app;
 pub mod backend;
 pub mod bench;
+pub mod beneath;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -281,6 +281,50 @@ fn php_source_and_hidden_files_are_never_served() {
     assert_eq!((r.status, r.text().as_str()), (200, "token"));
 }
 
+/// PHP source backups an editor, a deploy or an admin leaves beside the script, in any
+/// letter case: each holds the source (and the secret) and must get a 404, not the text.
+const BACKUPS: &[&str] = &[
+    "config.php.bak",
+    "config.php~",
+    "config.php.orig",
+    "config.php.save",
+    "config.php.swp",
+    "config.php.",
+    "config.php.old.1",
+    "config.php#",
+    "config.php-2024-01-01",
+    "config.php_",
+    "WP-CONFIG.PHP.BAK",
+    "lib.inc.bak",
+    "page.phtml~",
+];
+
+#[test]
+fn php_source_backups_are_never_served() {
+    let site = site();
+    let root = site.dir.path().join("www");
+    for name in BACKUPS {
+        write_file(&root, name, &format!("<?php /* {SECRET} */"));
+    }
+    // A text name for a backup is judged by its real name.
+    std::os::unix::fs::symlink(root.join("config.php.bak"), root.join("notes.txt")).unwrap();
+    write_file(&root, "about.phpnotes.txt", "not a backup");
+    let before = site.accepted();
+    let mut targets: Vec<String> = BACKUPS.iter().map(|n| format!("/{n}")).collect();
+    targets.push("/config.php%7e".into());
+    targets.push("/notes.txt".into());
+    for target in &targets {
+        let r = site.get(target);
+        assert_eq!(r.status, 404, "{target}: {}", r.text());
+        site.assert_nothing_ran(target, &r.body);
+        site.good();
+    }
+    assert_eq!(site.accepted() - before, targets.len() as u64);
+    // `.php` followed by a letter is another name, served as it is.
+    let r = site.get("/about.phpnotes.txt");
+    assert_eq!((r.status, r.text().as_str()), (200, "not a backup"));
+}
+
 /// What nginx's `fastcgi_pass` with Debian's fastcgi_params sends for `uri`, with
 /// SCRIPT_FILENAME = root + `script`.
 fn nginx_params(root: &Path, uri: &str, script: &str) -> Vec<(&'static str, String)> {

@@ -34,6 +34,13 @@ const SCRIPTS: &[(&str, &str)] = &[
         "<?php header('X-Accel-Buffering: no'); header('X-Sendfile-Temporary: x'); echo 'plain';",
     ),
     (
+        "typed.php",
+        "<?php if (isset($_GET['t'])) { header('Content-Type: ' . $_GET['t']); \
+         header('X-Content-Type-Options: nosniff'); } else { ini_set('default_mimetype', ''); } \
+         if (isset($_GET['f'])) { header('X-Sendfile: ' . $_GET['f']); } \
+         else { header('X-Accel-Redirect: ' . $_GET['u']); }",
+    ),
+    (
         "env.php",
         "<?php echo $_SERVER['HTTP_X_SENDFILE_TYPE'] ?? '-', '|', $_SERVER['HTTP_X_ACCEL_MAPPING'] ?? '-';",
     ),
@@ -118,6 +125,14 @@ fn site() -> Site {
     write_file(&d.join("outside"), "secret.txt", "the secret");
     write_file(&d.join("files"), "a b.txt", "accel file");
     write_file(&d.join("files"), "a.txt", "a");
+    for dir in ["private", "files"] {
+        write_file(
+            &d.join(dir),
+            "upload.html",
+            "<script>alert(document.domain)</script>",
+        );
+        write_file(&d.join(dir), "upload.svg", "<svg onload=\"alert(1)\"/>");
+    }
     symlink(d.join("outside/secret.txt"), d.join("private/link.txt")).unwrap();
     symlink(d.join("private/report.pdf"), d.join("private/inner.pdf")).unwrap();
     symlink(d.join("outside/secret.txt"), d.join("files/link.txt")).unwrap();
@@ -199,7 +214,9 @@ fn x_sendfile_sends_the_file_with_the_backends_headers() {
     let r = s.send(&s.private().join("report.pdf"));
     assert_eq!(r.status, 200, "{}\n{}", r.text(), s.corral.log());
     assert_eq!(r.body, pdf);
-    assert_eq!(r.header("content-type"), Some("application/pdf"));
+    // The backend's type stands, here PHP's default: an app names its file's type, as it
+    // must behind nginx (the_backends_content_type_is_kept_and_guessed_only_when_it_sent_none).
+    assert_eq!(r.header("content-type"), Some("text/html; charset=UTF-8"));
     assert_eq!(r.header("content-length"), Some(&*pdf.len().to_string()));
     assert_eq!(
         r.header("content-disposition"),
@@ -237,7 +254,7 @@ fn x_sendfile_sends_the_file_with_the_backends_headers() {
     assert!(r.body.is_empty());
     assert_eq!(r.header("x-sendfile"), None);
 
-    // An extension corral does not know keeps the backend's type (php's default here).
+    // So does an extension corral does not know.
     let r = s.send(&s.private().join("data.unknownext"));
     assert_eq!(r.text(), "opaque");
     assert_eq!(r.header("content-type"), Some("text/html; charset=UTF-8"));
@@ -319,7 +336,7 @@ fn x_accel_redirect_maps_its_prefix_to_the_directory() {
     let r = s.get("on.test", "/accel.php?u=/protected/a%2520b.txt", &[]);
     assert_eq!(r.status, 200, "{}\n{}", r.text(), s.corral.log());
     assert_eq!(r.text(), "accel file");
-    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.header("content-type"), Some("text/html; charset=UTF-8"));
     assert_eq!(r.header("x-accel-redirect"), None);
 
     // Dot segments resolve first; the result must still be under a prefix.
@@ -520,4 +537,46 @@ pool = "rb"
     let r = get("off.test", &[("X-Accel-Mapping", &forged)]);
     assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
     assert_eq!(r.body, data);
+}
+
+#[test]
+fn the_backends_content_type_is_kept_and_guessed_only_when_it_sent_none() {
+    let s = site();
+    // An app that serves uploads as text/plain with nosniff keeps its word, whatever the
+    // file's extension says: no stored XSS on the site's origin.
+    for name in ["upload.html", "upload.svg"] {
+        let f = s.private().join(name);
+        let ways = [
+            format!("/typed.php?t=text/plain&f={}", f.display()),
+            format!("/typed.php?t=text/plain&u=/protected/{name}"),
+        ];
+        for target in &ways {
+            let r = s.get("on.test", target, &[]);
+            assert_eq!(r.status, 200, "{target}: {}\n{}", r.text(), s.corral.log());
+            assert!(r.text().contains("alert"), "{target}: the file itself");
+            // PHP adds its charset to the type the script named.
+            assert_eq!(
+                r.header("content-type"),
+                Some("text/plain;charset=UTF-8"),
+                "{target}"
+            );
+            assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+        }
+    }
+    // A backend that sent no type at all: the file's extension decides.
+    let f = s.private().join("report.pdf");
+    let r = s.get("on.test", &format!("/typed.php?f={}", f.display()), &[]);
+    assert_eq!(r.status, 200, "{}", s.corral.log());
+    assert_eq!(r.header("content-type"), Some("application/pdf"));
+    let r = s.get("on.test", "/typed.php?u=/protected/upload.svg", &[]);
+    assert_eq!(r.header("content-type"), Some("image/svg+xml"));
+    let r = s.get(
+        "on.test",
+        &format!(
+            "/typed.php?f={}",
+            s.private().join("data.unknownext").display()
+        ),
+        &[],
+    );
+    assert_eq!(r.header("content-type"), Some("application/octet-stream"));
 }

@@ -16,19 +16,17 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::unix::ffi::OsStringExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncSeekExt;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -37,15 +35,15 @@ use crate::backend::{
     RequestBody,
 };
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
-use crate::front::file;
+use crate::front::file::FileBody;
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
 use crate::front::sendfile;
+use crate::front::static_files::{add_slash, static_file, try_files, TryFiles};
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    check_host, encode_cgi_vars, has_allowed_ext, has_hidden_segment, parse_request_path,
-    CgiError, CgiParams, CgiRequest, RequestPath, ScriptMode,
+    check_host, encode_cgi_vars, parse_request_path, CgiError, CgiParams, CgiRequest, RequestPath,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -53,8 +51,6 @@ use crate::protocols::cgi_response::ResponseKind;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields in one request head.
 const MAX_HEADERS: usize = 100;
-/// Bytes read from a static file at a time.
-const FILE_CHUNK: usize = 64 * 1024;
 /// Local redirects followed for one request before giving up with 502 (a loop).
 const MAX_LOCAL_REDIRECTS: usize = 5;
 
@@ -325,39 +321,14 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             Ok(None) => {}
             Ok(Some(ask)) => {
                 let headers = client_headers(&response.head.headers, request_id, true);
-                let context = &routed.context.config;
                 drain(response.body).await;
-                if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-                    // An answer without a body (a conditional GET the app answered 304):
-                    // nothing to send, whatever file the header names.
-                    let mut resp = Response::new(FrontBody::full(Bytes::new()));
-                    *resp.status_mut() = status;
-                    *resp.headers_mut() = headers;
-                    return resp;
-                }
-                return match sendfile::open(context, ask).await {
-                    Ok((opened, len, real)) => {
-                        let mut headers = headers;
-                        // PHP sends `text/html` unless told otherwise, so the file's own
-                        // type wins; the backend's only for an extension corral does not know.
-                        let known = file::known_content_type(&real);
-                        if let Some(t) = known {
-                            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(t));
-                        } else if !headers.contains_key(http::header::CONTENT_TYPE) {
-                            headers.insert(
-                                http::header::CONTENT_TYPE,
-                                HeaderValue::from_static("application/octet-stream"),
-                            );
-                        }
-                        tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
-                        file_answer(opened, len, status, &parts.headers, headers).await
-                    }
-                    Err(e) => sendfile_refused(request_id, &e),
-                };
+                let context = &routed.context.config;
+                return sendfile::answer(context, ask, status, &parts.headers, headers, request_id)
+                    .await;
             }
             Err(e) => {
                 drain(response.body).await;
-                return sendfile_refused(request_id, &e);
+                return sendfile::refused(request_id, &e);
             }
         }
         let mut builder = Response::builder().status(status);
@@ -391,13 +362,6 @@ async fn drain(mut body: GatewayBody) {
             break;
         }
     }
-}
-
-fn sendfile_refused(request_id: u64, e: &sendfile::SendfileError) -> Response<HttpBody> {
-    let status = e.status();
-    tracing::warn!(request_id, status = status.as_u16(), error = %crate::logs::clean(e), "refused to send the file the backend named");
-    let reason = status.canonical_reason().unwrap_or("Error");
-    plain(status, &format!("{} {reason}\n", status.as_u16()))
 }
 
 /// The backend's response headers that may reach the client: without `Status:`, the
@@ -540,230 +504,6 @@ fn connection_tokens(headers: &[(Bytes, Bytes)]) -> Vec<Vec<u8>> {
         .map(|t| t.trim_ascii().to_vec())
         .filter(|t| !t.is_empty())
         .collect()
-}
-
-/// Serves an existing non-script file under the context's root when the context asks for
-/// static files (`static_files = true`); `None` sends the request on to the backend.
-///
-/// Never served: anything that looks like a script in any letter case (`x.PHP` is not run,
-/// but it is PHP source all the same), PHP's other source extensions in a PHP context, hidden
-/// files (`.env`, `.git/config`, `.user.ini`; those are answered 404 here, not passed on), and
-/// anything whose real path leaves the real root.
-async fn static_file(
-    routed: &Routed,
-    method: &http::Method,
-    request: &http::HeaderMap,
-    path: &RequestPath<'_>,
-) -> Option<Response<HttpBody>> {
-    let context = &routed.context;
-    let root = context.config.root.as_ref()?;
-    if !context.config.static_files {
-        return None;
-    }
-    let ScriptMode::Files { extensions, .. } = &context.cgi.mode else {
-        return None;
-    };
-    let norm = &path.normalized[..];
-    if looks_like_source(norm, extensions) {
-        return None;
-    }
-    if has_hidden_segment(norm) {
-        // Not passed on either: the backend would refuse it anyway (not a script).
-        return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
-    }
-    // The real file must be a regular file still under the real root (no symlink out), and
-    // its real name must not be a script or hidden either (`a.txt -> index.php`).
-    let (real, real_root) = real_under_root(root, norm).await?;
-    let rel = real.strip_prefix(&real_root).ok()?;
-    let mut rel_path = b"/".to_vec();
-    rel_path.extend_from_slice(rel.as_os_str().as_encoded_bytes());
-    if looks_like_source(&rel_path, extensions) || has_hidden_segment(&rel_path) {
-        return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
-    }
-    let file = tokio::fs::File::open(&real).await.ok()?;
-    let meta = file.metadata().await.ok()?;
-    if !meta.is_file() {
-        return None;
-    }
-    if method != http::Method::GET && method != http::Method::HEAD {
-        let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
-        resp.headers_mut()
-            .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return Some(resp);
-    }
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static(file::content_type(&real)),
-    );
-    Some(file_answer(file, meta.len(), StatusCode::OK, request, headers).await)
-}
-
-/// `file` (`len` bytes long) as the answer, with `status` and `headers` (which get
-/// Content-Length, Accept-Ranges and, for one byte range of a 200, Content-Range and 206).
-async fn file_answer(
-    mut file: tokio::fs::File,
-    len: u64,
-    status: StatusCode,
-    request: &http::HeaderMap,
-    mut headers: http::HeaderMap,
-) -> Response<HttpBody> {
-    let part = file::requested_part(request, len);
-    let (status, slice) = file::part_head(status, part, len, &mut headers);
-    let body = match slice {
-        None => FrontBody::file(file, len),
-        Some((_, 0)) => FrontBody::full(Bytes::new()),
-        Some((start, count)) => {
-            if let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
-                tracing::warn!(error = %e, "cannot seek in a file to send a range of it");
-                return plain(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "500 Internal Server Error\n",
-                );
-            }
-            FrontBody::file(file, count)
-        }
-    };
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    *resp.headers_mut() = headers;
-    resp
-}
-
-/// What the context's front controller makes of a request `static_file` did not answer.
-enum TryFiles {
-    /// Served as the path says: the context has no front controller, or the path names a
-    /// script, a hidden segment, an existing file or an existing directory with its `/`.
-    Keep,
-    /// Nothing under the root has that name: the front controller (its normalised path)
-    /// runs instead, with the request's own REQUEST_URI and QUERY_STRING.
-    Controller(Vec<u8>),
-    /// An existing directory named without its trailing `/`: a 301 to the path with it
-    /// (the value is the Location), as nginx answers, so relative links in its index work.
-    AddSlash(Vec<u8>),
-}
-
-/// `try_files $uri $uri/ CONTROLLER?$args` for a context with `front_controller`.
-///
-/// Script paths are kept, existing or not (the script guard answers 404 for a missing one,
-/// as nginx's `try_files $uri =404` in its PHP location does): a missing `/x.php` must not
-/// turn into the controller, nor a path choose which script runs. Hidden paths are kept (and
-/// refused later) without touching the file system, so the answer says nothing about
-/// whether `/.git/HEAD` exists. Existence is judged on the real path: a name whose real path
-/// leaves the real root counts as missing, so the answer is the same whatever exists outside.
-/// The controller itself is checked by the script guard in `Gateway::dispatch` like any
-/// other script (ARCHITECTURE.md invariant 2).
-async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFiles {
-    let context = &routed.context;
-    let (Some(controller), Some(root)) = (&context.config.front_controller, &context.config.root)
-    else {
-        return TryFiles::Keep;
-    };
-    let ScriptMode::Files { extensions, .. } = &context.cgi.mode else {
-        return TryFiles::Keep;
-    };
-    let norm = &path.normalized[..];
-    let names_script = norm
-        .split(|&c| c == b'/')
-        .any(|segment| has_allowed_ext(segment, extensions));
-    if names_script || has_hidden_segment(norm) {
-        return TryFiles::Keep;
-    }
-    let Some((real, _)) = real_under_root(root, norm).await else {
-        return TryFiles::Controller(controller.as_bytes().to_vec());
-    };
-    match tokio::fs::metadata(&real).await {
-        Ok(meta) if meta.is_dir() && !norm.ends_with(b"/") => {
-            let mut location = percent_encode_path(norm);
-            location.push(b'/');
-            if !path.query.is_empty() {
-                location.push(b'?');
-                location.extend_from_slice(path.query);
-            }
-            TryFiles::AddSlash(location)
-        }
-        Ok(_) => TryFiles::Keep,
-        Err(_) => TryFiles::Controller(controller.as_bytes().to_vec()),
-    }
-}
-
-/// The real path of the normalised `norm` under `root`, with the real root, when it exists
-/// and its real path lies under the real root.
-async fn real_under_root(
-    root: &std::path::Path,
-    norm: &[u8],
-) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
-    let mut lexical = root.as_os_str().as_encoded_bytes().to_vec();
-    if lexical.last() == Some(&b'/') {
-        lexical.pop();
-    }
-    lexical.extend_from_slice(norm);
-    let lexical = std::path::PathBuf::from(std::ffi::OsString::from_vec(lexical));
-    let real = tokio::fs::canonicalize(&lexical).await.ok()?;
-    let real_root = tokio::fs::canonicalize(root).await.ok()?;
-    real.starts_with(&real_root).then_some((real, real_root))
-}
-
-/// A decoded, normalised path written back as a URI path: unreserved characters, sub-delims,
-/// `:`, `@` and `/` as they are, every other byte as `%XX`. Built from the normalised path,
-/// never the raw one, so a Location cannot start with `//` (another host).
-fn percent_encode_path(norm: &[u8]) -> Vec<u8> {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = Vec::with_capacity(norm.len());
-    for &c in norm {
-        if c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&c) {
-            out.push(c);
-        } else {
-            out.push(b'%');
-            out.push(HEX[usize::from(c >> 4)]);
-            out.push(HEX[usize::from(c & 0x0f)]);
-        }
-    }
-    out
-}
-
-/// 301 to `location`, a directory's path with its trailing `/`.
-fn add_slash(location: Vec<u8>) -> Response<HttpBody> {
-    let mut resp = plain(StatusCode::MOVED_PERMANENTLY, "301 Moved Permanently\n");
-    match HeaderValue::from_bytes(&location) {
-        Ok(v) => {
-            resp.headers_mut().insert(http::header::LOCATION, v);
-            resp
-        }
-        // The query came from the request target, whose bytes are all visible ASCII.
-        Err(_) => plain(StatusCode::NOT_FOUND, "404 Not Found\n"),
-    }
-}
-
-/// PHP's other source extensions: never sent as static files from a PHP context, though only
-/// the context's own extensions are run.
-const PHP_SOURCE_EXTENSIONS: [&str; 10] = [
-    "php", "phtml", "phar", "phps", "php3", "php4", "php5", "php7", "php8", "inc",
-];
-
-/// Whether some segment of a normalised path ends with a script extension in any letter case
-/// (or, when the context runs PHP, with one of PHP's other source extensions).
-fn looks_like_source(norm: &[u8], extensions: &[Vec<u8>]) -> bool {
-    let php = extensions.iter().any(|e| {
-        e.strip_prefix(b".")
-            .unwrap_or(e)
-            .eq_ignore_ascii_case(b"php")
-    });
-    let ends_with_ext = |segment: &[u8], ext: &[u8]| {
-        let ext = ext.strip_prefix(b".").unwrap_or(ext);
-        segment.len() > ext.len() + 1
-            && segment.get(segment.len() - ext.len() - 1) == Some(&b'.')
-            && segment
-                .get(segment.len() - ext.len()..)
-                .is_some_and(|tail| tail.eq_ignore_ascii_case(ext))
-    };
-    norm.split(|&c| c == b'/').any(|segment| {
-        extensions.iter().any(|ext| ends_with_ext(segment, ext))
-            || (php
-                && PHP_SOURCE_EXTENSIONS
-                    .iter()
-                    .any(|ext| ends_with_ext(segment, ext.as_bytes())))
-    })
 }
 
 /// The CGI variables of one request for the context it was routed to.
@@ -1052,7 +792,7 @@ fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
     resp
 }
 
-fn plain(code: StatusCode, text: &str) -> Response<HttpBody> {
+pub(super) fn plain(code: StatusCode, text: &str) -> Response<HttpBody> {
     let mut resp = Response::new(FrontBody::full(Bytes::copy_from_slice(text.as_bytes())));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
@@ -1079,10 +819,7 @@ pub struct FrontBody {
 #[allow(clippy::large_enum_variant)]
 enum BodyKind {
     Full(Option<Bytes>),
-    File {
-        file: tokio::fs::File,
-        remaining: u64,
-    },
+    File(FileBody),
     Backend {
         idle: Option<GatewayBody>,
         pending: Option<ChunkFuture>,
@@ -1091,19 +828,16 @@ enum BodyKind {
 }
 
 impl FrontBody {
-    fn full(bytes: Bytes) -> FrontBody {
+    pub(super) fn full(bytes: Bytes) -> FrontBody {
         FrontBody {
             kind: BodyKind::Full(Some(bytes)),
             busy: None,
         }
     }
 
-    fn file(file: tokio::fs::File, len: u64) -> FrontBody {
+    pub(super) fn file(file: FileBody) -> FrontBody {
         FrontBody {
-            kind: BodyKind::File {
-                file,
-                remaining: len,
-            },
+            kind: BodyKind::File(file),
             busy: None,
         }
     }
@@ -1136,33 +870,7 @@ impl Body for FrontBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match &mut self.get_mut().kind {
             BodyKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            BodyKind::File { file, remaining } => {
-                if *remaining == 0 {
-                    return Poll::Ready(None);
-                }
-                let want = usize::try_from(*remaining)
-                    .unwrap_or(FILE_CHUNK)
-                    .min(FILE_CHUNK);
-                let mut buf = BytesMut::with_capacity(want);
-                match tokio_util::io::poll_read_buf(Pin::new(file), cx, &mut buf) {
-                    Poll::Pending => Poll::Pending,
-                    Poll::Ready(Ok(n)) => {
-                        if n == 0 {
-                            // The file shrank under us: end early rather than hang.
-                            *remaining = 0;
-                            return Poll::Ready(Some(Err(
-                                "static file shrank while it was sent".into()
-                            )));
-                        }
-                        *remaining = remaining.saturating_sub(n as u64);
-                        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
-                    }
-                    Poll::Ready(Err(e)) => {
-                        *remaining = 0;
-                        Poll::Ready(Some(Err(e.into())))
-                    }
-                }
-            }
+            BodyKind::File(file) => file.poll_chunk(cx),
             BodyKind::Backend {
                 idle,
                 pending,
@@ -1205,7 +913,7 @@ impl Body for FrontBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
-            BodyKind::File { remaining, .. } => *remaining == 0,
+            BodyKind::File(file) => file.remaining() == 0,
             BodyKind::Backend { idle, pending, .. } => {
                 pending.is_none() && idle.as_ref().is_none_or(GatewayBody::is_ended)
             }
@@ -1216,7 +924,7 @@ impl Body for FrontBody {
         match &self.kind {
             BodyKind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             BodyKind::Full(None) => SizeHint::with_exact(0),
-            BodyKind::File { remaining, .. } => SizeHint::with_exact(*remaining),
+            BodyKind::File(file) => SizeHint::with_exact(file.remaining()),
             BodyKind::Backend { .. } => SizeHint::default(),
         }
     }

@@ -6,5 +6,7 @@ mod file;
 pub mod http;
 pub mod limits;
 pub mod listener;
+mod open_files;
 pub mod scgi;
 mod sendfile;
+mod static_files;

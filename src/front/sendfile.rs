@@ -13,6 +13,9 @@
 //!   query ignored, and the longest prefix it starts with replaced by its directory; the file
 //!   must then lie under that directory once symlinks are resolved.
 //!
+//! The backend's status and headers are kept, its Content-Type included (the file's
+//! extension decides only when the backend sent none), less those that described its body.
+//!
 //! A refusal is a 500 (the backend asked for something the configuration does not allow,
 //! or wrote a bad value) or a 404 (the file is missing or not a regular file), each with a
 //! log line naming the header, the value and the rule. These headers, and every `X-Accel-*`
@@ -32,8 +35,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Response, StatusCode};
 
+use crate::beneath::{open_beneath, Access, Dir, OpenError};
 use crate::config::ContextConfig;
+use crate::front::file::{self, FileData};
+use crate::front::http::{plain, FrontBody, HttpBody};
 use crate::protocols::cgi::parse_request_path;
 
 /// The response header names corral acts on.
@@ -151,16 +159,28 @@ pub(super) enum SendfileError {
         /// The file.
         path: PathBuf,
     },
+    /// The file system did not answer in time.
+    #[error("{header} names {}, which could not be opened: {source}", .path.display())]
+    Stalled {
+        /// The header.
+        header: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The timeout.
+        source: std::io::Error,
+    },
 }
 
 impl SendfileError {
-    /// 404 when the file is not there, 500 when the backend asked for what the configuration
-    /// does not allow (the client did nothing wrong, and learns nothing of the rule).
+    /// 404 when the file is not there, 503 when the file system did not answer, 500 when the
+    /// backend asked for what the configuration does not allow (the client did nothing wrong,
+    /// and learns nothing of the rule).
     pub(super) fn status(&self) -> http::StatusCode {
         match self {
             SendfileError::Missing { .. } | SendfileError::NotAFile { .. } => {
                 http::StatusCode::NOT_FOUND
             }
+            SendfileError::Stalled { .. } => http::StatusCode::SERVICE_UNAVAILABLE,
             _ => http::StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -235,11 +255,59 @@ pub(super) fn backend_vars(config: &ContextConfig) -> Vec<(Bytes, Bytes)> {
     ]
 }
 
-/// The file the backend named, opened, with its length and real path.
+/// The answer for a backend response that names a file with `ask`: the file, with the
+/// backend's `status` and `headers` (already without those that described its body), or a
+/// refusal. `request` is the client's request head (for Range).
+pub(super) async fn answer(
+    context: &ContextConfig,
+    ask: Ask<'_>,
+    status: StatusCode,
+    request: &http::HeaderMap,
+    mut headers: http::HeaderMap,
+    request_id: u64,
+) -> Response<HttpBody> {
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        // An answer without a body (a conditional GET the app answered 304):
+        // nothing to send, whatever file the header names.
+        let mut resp = Response::new(FrontBody::full(Bytes::new()));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        return resp;
+    }
+    match open(context, ask).await {
+        Ok((opened, len, real)) => {
+            // The backend's type stands, as nginx keeps the upstream's for X-Accel-Redirect:
+            // an app that serves an upload as `text/plain` with `nosniff` must not see it go
+            // out as `text/html` (stored XSS on its origin). The extension decides only
+            // when the backend sent no type at all. (PHP sends `text/html` unless the
+            // script names a type: the app names its file's type, as it must for nginx.)
+            if !headers.contains_key(http::header::CONTENT_TYPE) {
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static(file::content_type(&real)),
+                );
+            }
+            tracing::debug!(request_id, file = %real.display(), "sending the file the backend named");
+            file::file_answer(opened, len, status, request, headers)
+        }
+        Err(e) => refused(request_id, &e),
+    }
+}
+
+/// The answer when the file a backend named is not sent, with its log line.
+pub(super) fn refused(request_id: u64, e: &SendfileError) -> Response<HttpBody> {
+    let status = e.status();
+    tracing::warn!(request_id, status = status.as_u16(), error = %crate::logs::clean(e), "refused to send the file the backend named");
+    let reason = status.canonical_reason().unwrap_or("Error");
+    plain(status, &format!("{} {reason}\n", status.as_u16()))
+}
+
+/// The file the backend named, opened, with its length and real path (the allowed
+/// directory as configured, joined with the file's real path beneath it).
 pub(super) async fn open(
     config: &ContextConfig,
     ask: Ask<'_>,
-) -> Result<(tokio::fs::File, u64, PathBuf), SendfileError> {
+) -> Result<(FileData, u64, PathBuf), SendfileError> {
     let header = ask.header();
     let (path, dir, key) = match ask {
         Ask::Sendfile(value) => {
@@ -283,37 +351,64 @@ pub(super) async fn open(
             (dir.join(OsStr::from_bytes(rest)), dir, "accel_redirect")
         }
     };
-    let real_dir = tokio::fs::canonicalize(dir)
-        .await
-        .map_err(|source| SendfileError::Dir {
-            key,
-            dir: dir.clone(),
-            source,
-        })?;
-    let missing = |path: &Path, source| SendfileError::Missing {
-        header,
-        path: path.to_path_buf(),
-        source,
-    };
-    let real = tokio::fs::canonicalize(&path)
-        .await
-        .map_err(|e| missing(&path, e))?;
-    if !real.starts_with(&real_dir) {
-        return Err(SendfileError::Escapes {
+    // `rel` is clean (no `.`, `..` or empty segment): opened beneath the allowed directory,
+    // and judged by the descriptor that was opened (ARCHITECTURE.md invariant 17).
+    let rel =
+        path.strip_prefix(dir)
+            .map(Path::to_path_buf)
+            .map_err(|_| SendfileError::NotAllowed {
+                header,
+                value: ask.value().to_vec(),
+                key,
+            })?;
+    let walked = file::off_thread({
+        let (dir, path) = (dir.clone(), path.clone());
+        move || {
+            let opened_dir = Dir::open(&dir).map_err(|source| SendfileError::Dir {
+                key,
+                dir: dir.clone(),
+                source,
+            })?;
+            let opened = match open_beneath(&opened_dir, &rel, Access::Read) {
+                Ok(o) => o,
+                Err(OpenError::Outside { real, dir }) => {
+                    return Err(SendfileError::Escapes {
+                        header,
+                        path,
+                        real,
+                        dir,
+                    })
+                }
+                Err(OpenError::Io(source)) => {
+                    return Err(SendfileError::Missing {
+                        header,
+                        path,
+                        source,
+                    })
+                }
+            };
+            if !opened.meta.is_file() {
+                return Err(SendfileError::NotAFile { header, path });
+            }
+            let real = dir.join(opened.real_rel(&rel));
+            let (data, len) = file::load(opened.file, opened.meta.len(), true)
+                .map_err(|source| SendfileError::Missing {
+                    header,
+                    path: path.clone(),
+                    source,
+                })?
+                .into_data();
+            Ok((data, len, real))
+        }
+    })
+    .await;
+    walked.unwrap_or_else(|source| {
+        Err(SendfileError::Stalled {
             header,
             path,
-            real,
-            dir: real_dir,
-        });
-    }
-    let file = tokio::fs::File::open(&real)
-        .await
-        .map_err(|e| missing(&path, e))?;
-    match file.metadata().await {
-        Ok(meta) if meta.is_file() => Ok((file, meta.len(), real)),
-        Ok(_) => Err(SendfileError::NotAFile { header, path }),
-        Err(e) => Err(missing(&path, e)),
-    }
+            source,
+        })
+    })
 }
 
 fn not_enabled(ask: Ask<'_>, key: &'static str) -> SendfileError {

@@ -9,11 +9,14 @@
 //! the file itself, on every front (HTTP, FastCGI, SCGI), the way nginx's `try_files $uri =404`
 //! does, and a refused request never takes a slot or touches a worker.
 //!
-//! The checks are plain system calls on the runtime thread (realpath and stat of a file the
-//! page cache already holds; moving them to the blocking pool would cost more in thread
-//! hand-offs). realpath is one readlink per path component, eight system calls for a short
-//! path, which measured as a fifth of a hello-world request's cost; so a script that passed
-//! is remembered by its thread for [`PASSED_FOR`], as php's own realpath cache and nginx's
+//! The script is opened once beneath a descriptor of the document root and judged by that
+//! descriptor (`crate::beneath`): its type by `fstat`, its real name by the walk (no symlink
+//! followed) or read back from `/proc/self/fd` (a symlink followed). The calls are plain
+//! system calls on the runtime thread (an `O_PATH` open, never a read, of a file the page
+//! cache already holds: five calls for a script reached without symlinks; moving them to
+//! the blocking pool would cost more in thread hand-offs). The realpath walks this replaced
+//! measured as a fifth of a hello-world request's cost; a script that passed is still
+//! remembered by its thread for [`PASSED_FOR`], as php's own realpath cache and nginx's
 //! open_file_cache remember theirs. Only passes are remembered: a path never checked, or one
 //! that failed, is checked in full every time. What a remembered pass can miss is a script
 //! deleted or replaced within that window, which takes write access to the document root.
@@ -21,6 +24,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::beneath::{open_beneath, Access, Dir, OpenError};
 use crate::protocols::cgi::{
     has_allowed_ext, has_hidden_segment, CgiContext, CgiParams, ScriptMode,
 };
@@ -133,48 +137,57 @@ pub fn check(cgi: &CgiContext, params: &CgiParams) -> Result<(), ScriptFileError
     Ok(())
 }
 
-/// The whole check, against the file system as it is now.
+/// The whole check, against the file system as it is now: the script is opened once
+/// (`O_PATH`: looked at, never read) beneath a descriptor of the document root, and its
+/// type and real name are those of the descriptor that was opened (ARCHITECTURE.md
+/// invariant 17), so no swap between two path walks can pass a file the checks never saw.
 fn check_now(cgi: &CgiContext, filename: &Path) -> Result<(), ScriptFileError> {
     let ScriptMode::Files { extensions, .. } = &cgi.mode else {
         return Ok(());
     };
     let root = Path::new(std::ffi::OsStr::from_bytes(&cgi.document_root));
-    let real_root = std::fs::canonicalize(root).map_err(|source| ScriptFileError::Root {
+    let dir = Dir::open(root).map_err(|source| ScriptFileError::Root {
         root: root.to_path_buf(),
         source,
     })?;
-    let real = std::fs::canonicalize(filename).map_err(|source| ScriptFileError::Missing {
-        path: filename.to_path_buf(),
-        source,
-    })?;
-    let Ok(rel) = real.strip_prefix(&real_root) else {
-        return Err(ScriptFileError::OutsideRoot {
-            path: filename.to_path_buf(),
-            real,
-            root: real_root,
-        });
+    // SCRIPT_FILENAME is the document root and the script's path on every front; one that
+    // is not (a front server that resolved the root's symlink itself) is walked whole, and
+    // must still land beneath the root.
+    let rel = filename.strip_prefix(root).unwrap_or(filename);
+    let opened = match open_beneath(&dir, rel, Access::Look) {
+        Ok(o) => o,
+        Err(OpenError::Io(source)) => {
+            return Err(ScriptFileError::Missing {
+                path: filename.to_path_buf(),
+                source,
+            })
+        }
+        Err(OpenError::Outside { real, dir }) => {
+            return Err(ScriptFileError::OutsideRoot {
+                path: filename.to_path_buf(),
+                real,
+                root: dir,
+            })
+        }
     };
+    let real = opened.real_rel(rel);
     let name_ok = real
         .file_name()
         .is_some_and(|n| has_allowed_ext(n.as_bytes(), extensions));
     let mut rel_path = b"/".to_vec();
-    rel_path.extend_from_slice(rel.as_os_str().as_bytes());
+    rel_path.extend_from_slice(real.as_os_str().as_bytes());
     if !name_ok || has_hidden_segment(&rel_path) {
         return Err(ScriptFileError::NotAScript {
             path: filename.to_path_buf(),
-            real,
+            real: root.join(real),
         });
     }
-    match std::fs::metadata(&real) {
-        Ok(meta) if meta.is_file() => Ok(()),
-        Ok(_) => Err(ScriptFileError::NotAFile {
+    if !opened.meta.is_file() {
+        return Err(ScriptFileError::NotAFile {
             path: filename.to_path_buf(),
-        }),
-        Err(source) => Err(ScriptFileError::Missing {
-            path: filename.to_path_buf(),
-            source,
-        }),
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]
