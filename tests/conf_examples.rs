@@ -154,3 +154,44 @@ fn the_rack_recipe_serves_its_example() {
         r.text()
     );
 }
+
+/// Both embedded launchers speak LSAPI (the configuration refuses another protocol for an
+/// `app = ...` pool): no page a user reads says the WSGI launcher speaks SCGI.
+#[test]
+fn the_docs_name_the_protocol_the_launchers_speak() {
+    let mut pages = vec![
+        "README.md".to_owned(),
+        "ARCHITECTURE.md".to_owned(),
+        "examples/wsgi/README.md".to_owned(),
+    ];
+    for entry in std::fs::read_dir(repo("conf")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            pages.push(format!("conf/{}", path.file_name().unwrap().to_string_lossy()));
+        }
+    }
+    let mut wrong = Vec::new();
+    for page in &pages {
+        // A paragraph at a time: a sentence may break its line anywhere.
+        for paragraph in read(page).split("\n\n") {
+            let lower = paragraph.to_ascii_lowercase();
+            // A table's rows are read one by one.
+            let units: Vec<&str> = if lower.starts_with('|') {
+                lower.lines().collect()
+            } else {
+                lower.split(". ").collect()
+            };
+            for sentence in units {
+                let says_scgi = sentence.contains("launcher")
+                    && sentence.contains("wsgi")
+                    && sentence.contains("scgi")
+                    && !sentence.contains("lsapi");
+                // As the status table said it: "WSGI (SCGI) and Rack (LSAPI)".
+                if says_scgi || sentence.contains("wsgi (scgi)") {
+                    wrong.push(format!("{page}: {}", sentence.trim()));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
