@@ -167,7 +167,10 @@ fn the_docs_name_the_protocol_the_launchers_speak() {
     for entry in std::fs::read_dir(repo("conf")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            pages.push(format!("conf/{}", path.file_name().unwrap().to_string_lossy()));
+            pages.push(format!(
+                "conf/{}",
+                path.file_name().unwrap().to_string_lossy()
+            ));
         }
     }
     let mut wrong = Vec::new();

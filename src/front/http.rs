@@ -37,6 +37,7 @@ use crate::backend::{
 };
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
 use crate::front::file;
+use crate::front::http10;
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
 use crate::front::sendfile;
@@ -360,9 +361,13 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                 return sendfile_refused(request_id, &e);
             }
         }
+        let headers = client_headers(&response.head.headers, request_id, false);
+        if http10::needs_length(&parts, status, &headers) {
+            return http10::answer(&routed, status, headers, response.body, request_id).await;
+        }
         let mut builder = Response::builder().status(status);
-        if let Some(headers) = builder.headers_mut() {
-            *headers = client_headers(&response.head.headers, request_id, false);
+        if let Some(h) = builder.headers_mut() {
+            *h = headers;
         }
         return builder
             .body(FrontBody::backend(response.body, request_id))
@@ -453,6 +458,14 @@ fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -
         }
     }
     out
+}
+
+/// The next chunk of `body`, as the future [`FrontBody`] polls.
+pub(super) fn next_chunk(mut body: GatewayBody) -> ChunkFuture {
+    Box::pin(async move {
+        let chunk = body.next_chunk().await;
+        (body, chunk)
+    })
 }
 
 /// Refusals decided by the request head alone, before routing:
@@ -997,7 +1010,7 @@ impl BodySource for IncomingSource {
     }
 }
 
-fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
+pub(super) fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
     e.log(request_id);
     let status = e.status();
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -1025,7 +1038,7 @@ fn plain(code: StatusCode, text: &str) -> Response<HttpBody> {
     resp
 }
 
-type ChunkFuture =
+pub(super) type ChunkFuture =
     Pin<Box<dyn Future<Output = (GatewayBody, Option<Result<Bytes, BackendError>>)> + Send>>;
 
 /// A response body for hyper: fixed bytes (corral's own answers) or a backend body pulled
@@ -1047,6 +1060,8 @@ enum BodyKind {
         remaining: u64,
     },
     Backend {
+        /// Bytes already read from the backend, sent first (an HTTP/1.0 answer).
+        first: Option<Bytes>,
         idle: Option<GatewayBody>,
         pending: Option<ChunkFuture>,
         request_id: u64,
@@ -1054,7 +1069,7 @@ enum BodyKind {
 }
 
 impl FrontBody {
-    fn full(bytes: Bytes) -> FrontBody {
+    pub(super) fn full(bytes: Bytes) -> FrontBody {
         FrontBody {
             kind: BodyKind::Full(Some(bytes)),
             busy: None,
@@ -1072,10 +1087,21 @@ impl FrontBody {
     }
 
     fn backend(body: GatewayBody, request_id: u64) -> FrontBody {
+        FrontBody::backend_after(Bytes::new(), Some(body), None, request_id)
+    }
+
+    /// `first`, then the rest of the backend body: from `idle`, or from the read `pending`.
+    pub(super) fn backend_after(
+        first: Bytes,
+        idle: Option<GatewayBody>,
+        pending: Option<ChunkFuture>,
+        request_id: u64,
+    ) -> FrontBody {
         FrontBody {
             kind: BodyKind::Backend {
-                idle: Some(body),
-                pending: None,
+                first: (!first.is_empty()).then_some(first),
+                idle,
+                pending,
                 request_id,
             },
             busy: None,
@@ -1127,18 +1153,19 @@ impl Body for FrontBody {
                 }
             }
             BodyKind::Backend {
+                first,
                 idle,
                 pending,
                 request_id,
             } => {
+                if let Some(data) = first.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
                 if pending.is_none() {
-                    let Some(mut body) = idle.take() else {
+                    let Some(body) = idle.take() else {
                         return Poll::Ready(None);
                     };
-                    *pending = Some(Box::pin(async move {
-                        let chunk = body.next_chunk().await;
-                        (body, chunk)
-                    }));
+                    *pending = Some(next_chunk(body));
                 }
                 let Some(fut) = pending.as_mut() else {
                     return Poll::Ready(None);
@@ -1169,8 +1196,15 @@ impl Body for FrontBody {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
             BodyKind::File { remaining, .. } => *remaining == 0,
-            BodyKind::Backend { idle, pending, .. } => {
-                pending.is_none() && idle.as_ref().is_none_or(GatewayBody::is_ended)
+            BodyKind::Backend {
+                first,
+                idle,
+                pending,
+                ..
+            } => {
+                first.is_none()
+                    && pending.is_none()
+                    && idle.as_ref().is_none_or(GatewayBody::is_ended)
             }
         }
     }
