@@ -14,6 +14,7 @@ mod support;
 
 use std::path::Path;
 use std::thread;
+use std::time::Duration;
 
 use support::peers;
 use support::server::{http, Corral};
@@ -98,4 +99,69 @@ fn max_children_reached_counts_only_waits_at_the_limit() {
         .parse()
         .unwrap();
     assert_eq!(reached, 1, "{text}");
+}
+
+/// A pool whose interpreter is missing never starts a worker: spawns are retried with
+/// backoff while its clients get 503s. The status page (text and JSON) and systemd's
+/// STATUS= line say so with the reason, and no failed spawn leaves its socket behind.
+#[test]
+fn a_pool_whose_interpreter_is_missing_says_it_never_started() {
+    let dir = peers::shared_dir();
+    let missing = dir.path().join("bin/php-cgi9");
+    let pool = format!(
+        "command = [\"{}\"]\nmode = \"static\"\nmax = 2\nstart_timeout = \"2s\"",
+        missing.display()
+    );
+    let notify = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    let run = dir.path().join("run");
+    let corral = Corral::start_after(
+        &config(&run, dir.path(), &pool),
+        1,
+        "",
+        &[("NOTIFY_SOCKET", notify.display().to_string().as_str())],
+    );
+    let status = corral.status_ready_addr();
+    let page = |target: &str| http(status, "GET", target, &[], b"").text();
+    assert!(
+        support::eventually(Duration::from_secs(10), || field(
+            &page("/status"),
+            "never started"
+        )
+        .as_deref()
+            == Some("yes")),
+        "{}\n{}",
+        page("/status"),
+        corral.log()
+    );
+    let text = page("/status");
+    assert_eq!(
+        field(&text, "workers started").as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    let failure = field(&text, "start failure").unwrap();
+    assert!(
+        failure.contains("php-cgi9") && failure.contains("No such file"),
+        "{text}"
+    );
+    let json = page("/status?json");
+    assert!(json.contains("\"never started\":true"), "{json}");
+    assert!(json.contains("php-cgi9"), "{json}");
+    // READY=1 comes once the wait for the pool's workers is over, with the pool named.
+    let seen = support::notify_until(&socket, "never started a worker", Duration::from_secs(20));
+    let line = seen.last().unwrap();
+    assert!(
+        line.contains("pool php never started a worker") && line.contains("php-cgi9"),
+        "{line}"
+    );
+    // Several spawns failed by now; none left its socket.
+    let spawns: u64 = field(&text, "spawn failures").unwrap().parse().unwrap();
+    assert!(spawns >= 2, "{text}");
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "sockets left in the runtime dir: {left:?}");
 }
