@@ -20,6 +20,7 @@ mod diagnostic;
 mod file;
 mod php_children;
 mod pool;
+mod programs;
 mod units;
 mod validate;
 
@@ -32,6 +33,7 @@ use serde::Deserialize;
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
 pub use php_children::PhpChildren;
+pub use programs::check_programs;
 pub use units::{parse_duration, parse_size};
 
 /// The configuration `corral` runs when no file is given: an HTTP listener on
