@@ -314,3 +314,21 @@ fn a_missing_or_unrunnable_interpreter_fails_the_check() {
         &["7:14: pool \"app\": \"/opt/nowhere/bin/python\" does not exist"],
     );
 }
+
+#[test]
+fn three_typos_are_three_errors_each_with_the_key_meant() {
+    let text = VALID
+        .replace("[[listen]]", "[server]\ngrce = \"30s\"\n\n[[listen]]")
+        .replace("protocol = \"http\"", "protocol = \"sgci\"")
+        .replace("max = 4", "max = 4\nspare_mim = 1");
+    let stderr = assert_errors(
+        &text,
+        &[
+            "2:1: unknown field `grce`; did you mean `grace`?",
+            "6:12: unknown variant `sgci`, expected one of `http`, `fastcgi`, `scgi`; did you mean `scgi`?",
+            "12:1: unknown field `spare_mim`; did you mean `spare_min`?",
+        ],
+    );
+    // A required key whose value was wrong is not reported missing as well.
+    assert!(!stderr.contains("missing field"), "{stderr}");
+}
