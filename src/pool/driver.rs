@@ -636,11 +636,14 @@ impl Driver {
             }
         };
         let reports = self.reports_tx.clone();
-        let start_timeout = self.state.spec().start_timeout;
+        let timeouts = (
+            self.state.spec().start_timeout,
+            self.state.spec().kill_timeout,
+        );
         let Some(preload) = self.preload.as_mut() else {
             return;
         };
-        let started = preload.current_or_start(&self.template, start_timeout, move |n, ev| {
+        let started = preload.current_or_start(&self.template, timeouts, move |n, ev| {
             let _ = reports.send(Report::Preloader(n, ev));
         });
         let n = match started {
