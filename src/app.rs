@@ -629,18 +629,33 @@ fn ready_wait(config: &Config) -> (HashMap<String, usize>, std::time::Duration) 
     (floors, wait)
 }
 
-/// One line for systemd's `STATUS=`: what `systemctl status` shows.
+/// One line for systemd's `STATUS=`: what `systemctl status` shows. A pool that has never
+/// had a worker ready although it tried is named with its latest failure, since its clients
+/// get 503s while spawns are retried.
 fn status_line(gateway: &Gateway) -> String {
     let (mut workers, mut busy, mut queued, mut served) = (0, 0, 0, 0);
+    let mut failing = String::new();
     for pool in gateway.current().pools.iter() {
         let slots = pool.slots.stats();
         workers += slots.accepting_workers;
         busy += slots.in_flight;
         queued += slots.queued;
         served += pool.requests.snapshot().accepted;
+        if let Some(rx) = &pool.status {
+            let published = rx.borrow();
+            if let Some(why) =
+                crate::pool::driver::never_started(&published.status, &published.recent)
+            {
+                failing.push_str(&format!(
+                    "; pool {} never started a worker: {}",
+                    pool.name,
+                    why.replace('\n', " ")
+                ));
+            }
+        }
     }
     format!(
-        "{workers} workers accepting, {busy} requests in flight, {queued} queued, {served} served"
+        "{workers} workers accepting, {busy} requests in flight, {queued} queued, {served} served{failing}"
     )
 }
 

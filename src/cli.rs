@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Backend, Config, Program, Sizing};
+use crate::config::{self, Backend, Config, ConfigError, Program, Sizing};
 use crate::error::{Error, EX_OK};
 use crate::signals::Control;
 
@@ -129,14 +129,24 @@ fn report(err: &mut dyn Write, e: &Error) -> u8 {
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
     match cli.command.unwrap_or(Command::Run { config: None }) {
         Command::Check { config } => {
-            load(Some(&config))?;
+            let (parsed, text) = load_with_text(Some(&config))?;
+            // The file is valid; now what it would run: each pool's program must exist and
+            // be executable, or `run` could only retry spawns while clients get 503.
+            let origin = parsed.origin.clone();
+            let errors = missing_programs(&parsed, &text);
+            if !errors.is_empty() {
+                return Err(Error::Config { origin, errors });
+            }
             writeln!(out, "{}: ok", config.display()).map_err(stdout_error)
         }
         Command::Run { config: path } => {
-            let config = load(path.as_deref())?;
+            let (config, text) = load_with_text(path.as_deref())?;
             writeln!(out, "{}", summary(&config)).map_err(stdout_error)?;
             out.flush().map_err(stdout_error)?;
-            serve(&config, path)
+            // Said once logging is up; corral starts anyway (the program may yet appear),
+            // and the pool's status says it never started a worker.
+            let missing = missing_programs(&config, &text);
+            serve(&config, path, &missing)
         }
         Command::Reload { config: path } => {
             // Checked here first, so a broken file is reported to whoever typed the command;
@@ -235,8 +245,13 @@ fn unavailable(what: &'static str) -> impl Fn(std::io::Error) -> Error {
 
 /// Serves `config` until a stop signal: logging to stderr, a multi-threaded runtime, the
 /// listeners bound, signals translated into the shutdown token.
-fn serve(config: &Config, path: Option<PathBuf>) -> Result<(), Error> {
+fn serve(config: &Config, path: Option<PathBuf>, missing: &[ConfigError]) -> Result<(), Error> {
     init_logging(config.server.log_level);
+    for e in missing {
+        for line in e.to_string().trim_end().lines() {
+            tracing::error!("{line}");
+        }
+    }
     // Before the runtime starts its threads and before anything is created.
     crate::process::own::restrict_umask();
     let inherited = crate::process::own::cloexec_inherited().map_err(|source| Error::Io {
@@ -395,8 +410,20 @@ fn init_logging(level: config::LogLevel) {
         .try_init();
 }
 
+/// The configuration's pool programs that do not exist or cannot be executed, looked up
+/// as the workers' spawn will (`config::check_programs`).
+fn missing_programs(config: &Config, text: &str) -> Vec<ConfigError> {
+    let path = std::env::var("PATH").ok();
+    config::check_programs(config, text, &config.origin, path.as_deref())
+}
+
 /// Reads and validates the configuration at `path`, or the embedded default.
 pub fn load(path: Option<&Path>) -> Result<Config, Error> {
+    load_with_text(path).map(|(config, _)| config)
+}
+
+/// [`load`], with the text the configuration was read from.
+fn load_with_text(path: Option<&Path>) -> Result<(Config, String), Error> {
     let (text, origin) = match path {
         None => (
             config::EMBEDDED.to_owned(),
@@ -411,7 +438,9 @@ pub fn load(path: Option<&Path>) -> Result<Config, Error> {
             (text, origin)
         }
     };
-    config::parse(&text, &origin).map_err(|errors| Error::Config { origin, errors })
+    let config =
+        config::parse(&text, &origin).map_err(|errors| Error::Config { origin, errors })?;
+    Ok((config, text))
 }
 
 fn stdout_error(source: std::io::Error) -> Error {

@@ -154,3 +154,171 @@ fn the_rack_recipe_serves_its_example() {
         r.text()
     );
 }
+
+/// Both embedded launchers speak LSAPI (the configuration refuses another protocol for an
+/// `app = ...` pool): no page a user reads says the WSGI launcher speaks SCGI.
+#[test]
+fn the_docs_name_the_protocol_the_launchers_speak() {
+    let mut pages = vec![
+        "README.md".to_owned(),
+        "ARCHITECTURE.md".to_owned(),
+        "examples/wsgi/README.md".to_owned(),
+    ];
+    for entry in std::fs::read_dir(repo("conf")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            pages.push(format!(
+                "conf/{}",
+                path.file_name().unwrap().to_string_lossy()
+            ));
+        }
+    }
+    let mut wrong = Vec::new();
+    for page in &pages {
+        // A paragraph at a time: a sentence may break its line anywhere.
+        for paragraph in read(page).split("\n\n") {
+            let lower = paragraph.to_ascii_lowercase();
+            // A table's rows are read one by one.
+            let units: Vec<&str> = if lower.starts_with('|') {
+                lower.lines().collect()
+            } else {
+                lower.split(". ").collect()
+            };
+            for sentence in units {
+                let says_scgi = sentence.contains("launcher")
+                    && sentence.contains("wsgi")
+                    && sentence.contains("scgi")
+                    && !sentence.contains("lsapi");
+                // As the status table said it: "WSGI (SCGI) and Rack (LSAPI)".
+                if says_scgi || sentence.contains("wsgi (scgi)") {
+                    wrong.push(format!("{page}: {}", sentence.trim()));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// corral on `config` (`listeners` to wait for) and nginx on conf/nginx/wordpress.conf as
+/// written, with its socket moved into `dir`'s runtime directory and wp-content into `lib`.
+fn wordpress_nginx(dir: &Path, config: &str, listeners: usize, lib: &Path) -> (Corral, Nginx) {
+    let run = dir.join("run");
+    let corral = Corral::start(config, listeners);
+    let snippet = read("conf/nginx/wordpress.conf")
+        .replace(
+            "/run/corral/php.sock",
+            &run.join("php.sock").display().to_string(),
+        )
+        .replace("/var/lib/wordpress", &lib.display().to_string())
+        .replace("listen 80;", "")
+        .replace(
+            "include fastcgi_params;",
+            "include /etc/nginx/fastcgi_params;",
+        );
+    let servers: Vec<String> = nginx_blocks(&snippet, "server")
+        .into_iter()
+        .map(|(_, body)| body)
+        .collect();
+    let nginx_dir = dir.join("nginx");
+    std::fs::create_dir_all(&nginx_dir).unwrap();
+    let nginx = Nginx::start(&nginx_dir, "  include /etc/nginx/mime.types;", &servers);
+    (corral, nginx)
+}
+
+/// The WordPress snippet in front of conf/php.toml, whose root is not WordPress's: every
+/// script is refused with 403, and corral's log line names both roots.
+#[test]
+fn a_root_that_differs_from_nginxs_is_a_403_naming_both_roots() {
+    let dir = peers::shared_dir();
+    let root = php_site(dir.path());
+    // fastcgi, scgi and http.
+    let (corral, nginx) = wordpress_nginx(
+        dir.path(),
+        &adapt("conf/php.toml", dir.path(), &root),
+        3,
+        &dir.path().join("wp"),
+    );
+    let r = curl(&format!("{}/wp-includes/version.php", nginx.url(0)), &[]);
+    assert_eq!(r.status, 403, "{r:?}\n{}", corral.log());
+    let log = corral.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("request refused") && l.contains("SCRIPT_FILENAME"))
+        .unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    assert!(
+        line.contains(&format!("the context's root \"{}\"", root.display()))
+            && line.contains("DOCUMENT_ROOT is \"/usr/share/wordpress\""),
+        "{line}"
+    );
+}
+
+/// conf/wordpress.toml with conf/nginx/wordpress.conf, both as written with only their
+/// paths and ports moved: nginx's PHP requests run (with conf/php.toml's root they were all
+/// 403), and nginx serves neither dotfiles nor PHP source (a `.htaccess` of WordPress's own,
+/// and files planted in wp-content). No database is needed: wp-includes/version.php only
+/// sets variables.
+#[test]
+fn the_wordpress_recipe_pair_serves_through_nginx() {
+    let dir = peers::shared_dir();
+    let run = dir.path().join("run");
+    // Debian's /var/lib/wordpress, with a wp-content of the test's own.
+    let lib = dir.path().join("wp");
+    let content = lib.join("wp-content");
+    std::fs::create_dir_all(content.join(".git")).unwrap();
+    let planted = [
+        ("style.css", "body { color: black }"),
+        (".env", "DB_PASSWORD=SECRET"),
+        (".git/config", "[remote] SECRET"),
+        ("X.PHP", "<?php // SECRET"),
+        ("x.php.bak", "<?php // SECRET backup"),
+        ("x.php~", "<?php // SECRET editor copy"),
+    ];
+    for (name, text) in planted {
+        std::fs::write(content.join(name), text).unwrap();
+    }
+    for d in [dir.path(), &lib, &content, &content.join(".git")] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let config = read("conf/wordpress.toml")
+        .replace("/run/corral", &run.display().to_string())
+        .replace("/var/lib/wordpress", &lib.display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:9180", "127.0.0.1:0");
+    // fastcgi and http (the status listener logs its own line).
+    let (corral, nginx) = wordpress_nginx(dir.path(), &config, 2, &lib);
+
+    let r = curl(&format!("{}/wp-includes/version.php", nginx.url(0)), &[]);
+    assert_eq!(
+        r.status,
+        200,
+        "{r:?}\n{}\n{}",
+        nginx.error_log(),
+        corral.log()
+    );
+    let r = curl(&format!("{}/wp-content/style.css", nginx.url(0)), &[]);
+    assert_eq!(r.text(), "body { color: black }", "{r:?}");
+    for path in [
+        "/.htaccess",
+        "/wp-content/.env",
+        "/wp-content/.git/config",
+        "/wp-content/X.PHP",
+        "/wp-content/x.php.bak",
+        "/wp-content/x.php~",
+    ] {
+        let r = curl(&format!("{}{path}", nginx.url(0)), &[]);
+        assert!(
+            r.status == 403 || r.status == 404,
+            "{path} was served: {r:?}"
+        );
+        assert!(!r.text().contains("SECRET"), "{path}: {r:?}");
+    }
+    // corral's own listener serves the same code and wp-content.
+    let addr = corral.http_addr();
+    assert_eq!(
+        http(addr, "GET", "/wp-includes/version.php", &[], b"").status,
+        200
+    );
+    let r = http(addr, "GET", "/wp-content/style.css", &[], b"");
+    assert_eq!(r.text(), "body { color: black }", "{}", corral.log());
+    assert_eq!(http(addr, "GET", "/wp-content/.env", &[], b"").status, 404);
+}

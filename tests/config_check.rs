@@ -298,3 +298,57 @@ fn a_status_listener_on_other_hosts_needs_an_allow_list() {
     let (_, out) = check(&open.replace("0.0.0.0:9180", "127.0.0.1:9180"));
     assert_eq!(out.code, Some(0), "{out:?}");
 }
+
+#[test]
+fn a_missing_or_unrunnable_interpreter_fails_the_check() {
+    // The issue's case: a php-cgi that is not installed.
+    assert_errors(
+        &VALID.replace("[\"php-cgi\"]", "[\"/usr/bin/php-cgi9\"]"),
+        &["6:12: pool \"php\": \"/usr/bin/php-cgi9\" does not exist: its workers could not start"],
+    );
+    // A name is looked up in PATH, as the spawn does.
+    assert_errors(
+        &VALID.replace("[\"php-cgi\"]", "[\"php-cgi9\"]"),
+        &["6:12: pool \"php\": \"php-cgi9\" is not found in PATH ("],
+    );
+    // A file that exists but cannot be executed.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("php-cgi");
+    std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    let text = VALID.replace("[\"php-cgi\"]", &format!("[\"{}\"]", script.display()));
+    let stderr = assert_errors(&text, &["6:12: pool \"php\": "]);
+    assert!(stderr.contains("is not executable (mode 0"), "{stderr}");
+    // The interpreter of a WSGI app, named or the default one.
+    let wsgi = "[[listen]]\naddress = \"127.0.0.1:8080\"\nprotocol = \"http\"\n\n\
+                [pools.app]\napp = \"wsgi:hello\"\npython = \"/opt/nowhere/bin/python\"\n";
+    assert_errors(
+        wsgi,
+        &["7:10: pool \"app\": \"/opt/nowhere/bin/python\" does not exist"],
+    );
+    let venv = wsgi.replace(
+        "python = \"/opt/nowhere/bin/python\"",
+        "virtualenv = \"/opt/nowhere\"",
+    );
+    assert_errors(
+        &venv,
+        &["7:14: pool \"app\": \"/opt/nowhere/bin/python\" does not exist"],
+    );
+}
+
+#[test]
+fn three_typos_are_three_errors_each_with_the_key_meant() {
+    let text = VALID
+        .replace("[[listen]]", "[server]\ngrce = \"30s\"\n\n[[listen]]")
+        .replace("protocol = \"http\"", "protocol = \"sgci\"")
+        .replace("max = 4", "max = 4\nspare_mim = 1");
+    let stderr = assert_errors(
+        &text,
+        &[
+            "2:1: unknown field `grce`; did you mean `grace`?",
+            "6:12: unknown variant `sgci`, expected one of `http`, `fastcgi`, `scgi`; did you mean `scgi`?",
+            "12:1: unknown field `spare_mim`; did you mean `spare_min`?",
+        ],
+    );
+    // A required key whose value was wrong is not reported missing as well.
+    assert!(!stderr.contains("missing field"), "{stderr}");
+}

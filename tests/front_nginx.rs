@@ -66,3 +66,45 @@ fn build() -> Matrix {
 }
 
 front_matrix!(build; fastcgi_pass, scgi_pass, proxy_pass);
+
+/// What corral's own listener never serves, nginx does not serve either through the drop-in
+/// and scgi_pass snippets, which serve the root's other files themselves: dotfiles (but
+/// /.well-known/) and PHP source in any letter case or as a backup copy. A script still
+/// runs.
+#[test]
+fn no_dotfile_or_php_source_is_served_through_the_snippets() {
+    let m = matrix();
+    let root = &m.site.root;
+    for dir in [".git", ".well-known/acme-challenge"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    let secrets = [
+        ("/.env", "DB_PASSWORD=SECRET"),
+        ("/.git/config", "[remote] SECRET"),
+        ("/.htaccess", "SECRET rules"),
+        ("/X.PHP", "<?php echo 'ran'; // SECRET"),
+        ("/x.php.bak", "<?php // SECRET backup"),
+        ("/x.php~", "<?php // SECRET editor copy"),
+        ("/x.php.orig", "<?php // SECRET original"),
+        ("/x.phtml", "<?php // SECRET template"),
+    ];
+    for (path, text) in secrets {
+        std::fs::write(root.join(&path[1..]), text).unwrap();
+    }
+    std::fs::write(root.join(".well-known/acme-challenge/token"), "token-body").unwrap();
+    for cell in ["fastcgi_pass", "scgi_pass"] {
+        for (path, _) in secrets {
+            let r = support::front::curl(&m.url(cell, path), &[]);
+            assert!(
+                !r.text().contains("SECRET"),
+                "{cell}: {path} was served: {r:?}"
+            );
+            assert!(r.status == 403 || r.status == 404, "{cell}: {path}: {r:?}");
+        }
+        let r = support::front::curl(&m.url(cell, "/.well-known/acme-challenge/token"), &[]);
+        assert_eq!((r.status, r.text().as_str()), (200, "token-body"), "{cell}");
+        let r = support::front::curl(&m.url(cell, "/query.php?q=still"), &[]);
+        assert_eq!(r.status, 200, "{cell}: {r:?}");
+        assert!(r.text().starts_with("q=still "), "{cell}: {r:?}");
+    }
+}

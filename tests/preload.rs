@@ -571,3 +571,26 @@ fn launchers_cannot_be_traced_by_their_own_user(lang: Lang) {
 }
 
 both!(launchers_cannot_be_traced_by_their_own_user: wsgi_launchers_are_not_dumpable, rack_launchers_are_not_dumpable);
+
+/// A graceful stop ends the preloader as it ends workers: SIGTERM, and it exits by itself
+/// (code 0) once its workers are gone, with no SIGKILL.
+fn a_graceful_stop_ends_the_preloader_without_sigkill(lang: Lang) {
+    let p = start(lang, "mode = \"static\"\nmin = 2\nmax = 2");
+    workers(&p, 2);
+    p.corral.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        p.corral.wait_log("pool stopped: every worker reaped"),
+        "{}",
+        p.corral.log()
+    );
+    let log = p.corral.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("preloader stopped") || l.contains("preloader exited"))
+        .unwrap_or_else(|| panic!("no preloader exit in:\n{log}"));
+    assert!(line.contains("preloader stopped"), "{line}");
+    assert!(line.contains("exited with code 0"), "{line}\n{log}");
+    assert!(!log.contains("SIGKILL"), "{log}");
+}
+
+both!(a_graceful_stop_ends_the_preloader_without_sigkill: wsgi_a_graceful_stop_ends_the_preloader_without_sigkill, rack_a_graceful_stop_ends_the_preloader_without_sigkill);

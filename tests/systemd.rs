@@ -20,6 +20,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
 
+use support::notify_until;
 use support::peers::{shared_dir, write_file};
 use support::server::{http, Corral};
 
@@ -52,33 +53,6 @@ pool = "php"
     )
 }
 
-/// The next datagram on `socket`, as text; `None` after `within`.
-fn next(socket: &UnixDatagram, within: Duration) -> Option<String> {
-    socket.set_read_timeout(Some(within)).unwrap();
-    let mut buf = [0u8; 4096];
-    let n = socket.recv(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
-}
-
-/// Reads datagrams until one contains `needle`; all of them, in order.
-fn until(socket: &UnixDatagram, needle: &str, within: Duration) -> Vec<String> {
-    let mut seen = Vec::new();
-    let deadline = tokio::time::Instant::now() + within;
-    while let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now()) {
-        match next(socket, left) {
-            Some(m) => {
-                let done = m.contains(needle);
-                seen.push(m);
-                if done {
-                    return seen;
-                }
-            }
-            None => break,
-        }
-    }
-    panic!("no {needle:?} within {within:?}; got {seen:?}");
-}
-
 #[test]
 fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
     let dir = shared_dir();
@@ -95,7 +69,7 @@ fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
             ("WATCHDOG_USEC", "400000"),
         ],
     );
-    let ready = until(&socket, "READY=1", Duration::from_secs(20));
+    let ready = notify_until(&socket, "READY=1", Duration::from_secs(20));
     let last = ready.last().unwrap();
     assert!(last.contains("STATUS="), "{last}");
     // Ready means the pool's two workers accept requests.
@@ -109,22 +83,22 @@ fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
         200
     );
     // The watchdog is fed at half of WATCHDOG_USEC, and STATUS= comes with live counts.
-    let seen = until(&socket, "WATCHDOG=1", Duration::from_secs(3));
-    let seen2 = until(&socket, "served", Duration::from_secs(8));
+    let seen = notify_until(&socket, "WATCHDOG=1", Duration::from_secs(3));
+    let seen2 = notify_until(&socket, "served", Duration::from_secs(8));
     assert!(
         seen.iter().chain(&seen2).any(|m| m.starts_with("STATUS=")),
         "{seen:?} {seen2:?}"
     );
     // A reload says RELOADING=1 with the monotonic time, then READY=1 once it is applied.
     corral.signal(nix::sys::signal::Signal::SIGHUP);
-    let reloading = until(&socket, "RELOADING=1", Duration::from_secs(10));
+    let reloading = notify_until(&socket, "RELOADING=1", Duration::from_secs(10));
     let message = reloading.last().unwrap();
     let usec = message
         .lines()
         .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
         .and_then(|v| v.parse::<u64>().ok());
     assert!(usec.is_some_and(|u| u > 0), "{message}");
-    let ready = until(&socket, "READY=1", Duration::from_secs(20));
+    let ready = notify_until(&socket, "READY=1", Duration::from_secs(20));
     assert!(
         ready.last().is_some_and(|m| m.contains("STATUS=")),
         "{ready:?}\n{}",
@@ -136,7 +110,7 @@ fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    until(&socket, "STOPPING=1", Duration::from_secs(5));
+    notify_until(&socket, "STOPPING=1", Duration::from_secs(5));
 }
 
 #[test]

@@ -38,19 +38,10 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    /// Reads the TOML; syntax errors and key or type errors come back located.
-    pub fn from_toml(src: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(src).map_err(|e| {
-            // serde names Rust types; a person writing TOML wants to hear what fits.
-            let message = e
-                .message()
-                .replace(
-                    "expected u32",
-                    "expected a whole number from 0 to 4294967295",
-                )
-                .replace("expected u64", "expected a whole number of 0 or more");
-            ConfigError::new(src, origin, e.span(), message)
-        })
+    /// Reads the TOML; a syntax error comes back alone, every key and type error together,
+    /// each located (`super::keys`).
+    pub fn from_toml(src: &str, origin: &str) -> Result<Self, Vec<ConfigError>> {
+        super::keys::read(src, origin)
     }
 }
 

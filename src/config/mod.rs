@@ -18,8 +18,10 @@ mod address;
 mod context;
 mod diagnostic;
 mod file;
+mod keys;
 mod php_children;
 mod pool;
+mod programs;
 mod units;
 mod validate;
 
@@ -32,6 +34,7 @@ use serde::Deserialize;
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
 pub use php_children::PhpChildren;
+pub use programs::check_programs;
 pub use units::{parse_duration, parse_size};
 
 /// The configuration `corral` runs when no file is given: an HTTP listener on
@@ -44,10 +47,11 @@ pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
 /// Parses and validates a configuration.
 ///
 /// `origin` names the text in error messages (usually the file path). On failure every error
-/// found is returned, in source order where the TOML itself was readable; a TOML syntax error
-/// or a key of the wrong type or name stops the first stage, so it is reported alone.
+/// found is returned, in source order where the TOML itself was readable. A TOML syntax error
+/// is reported alone; unknown keys and values of the wrong type are all reported together,
+/// and stop the first stage (the rules are checked on a file whose every key was read).
 pub fn parse(src: &str, origin: &str) -> Result<Config, Vec<ConfigError>> {
-    let file = file::FileConfig::from_toml(src, origin).map_err(|e| vec![e])?;
+    let file = file::FileConfig::from_toml(src, origin)?;
     validate::validate(file, src, origin)
 }
 

@@ -36,6 +36,7 @@ use crate::backend::{
 };
 use crate::config::{ForwardedHeader, ForwardedTrust, FrontTimeouts, ListenAddress};
 use crate::front::file::FileBody;
+use crate::front::http10;
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
 use crate::front::sendfile;
@@ -331,9 +332,13 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                 return sendfile::refused(request_id, &e);
             }
         }
+        let headers = client_headers(&response.head.headers, request_id, false);
+        if http10::needs_length(&parts, status, &headers) {
+            return http10::answer(&routed, status, headers, response.body, request_id).await;
+        }
         let mut builder = Response::builder().status(status);
-        if let Some(headers) = builder.headers_mut() {
-            *headers = client_headers(&response.head.headers, request_id, false);
+        if let Some(h) = builder.headers_mut() {
+            *h = headers;
         }
         return builder
             .body(FrontBody::backend(response.body, request_id))
@@ -417,6 +422,14 @@ fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -
         }
     }
     out
+}
+
+/// The next chunk of `body`, as the future [`FrontBody`] polls.
+pub(super) fn next_chunk(mut body: GatewayBody) -> ChunkFuture {
+    Box::pin(async move {
+        let chunk = body.next_chunk().await;
+        (body, chunk)
+    })
 }
 
 /// Refusals decided by the request head alone, before routing:
@@ -774,7 +787,7 @@ impl BodySource for IncomingSource {
     }
 }
 
-fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
+pub(super) fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
     e.log(request_id);
     let status = e.status();
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -802,7 +815,7 @@ pub(super) fn plain(code: StatusCode, text: &str) -> Response<HttpBody> {
     resp
 }
 
-type ChunkFuture =
+pub(super) type ChunkFuture =
     Pin<Box<dyn Future<Output = (GatewayBody, Option<Result<Bytes, BackendError>>)> + Send>>;
 
 /// A response body for hyper: fixed bytes (corral's own answers) or a backend body pulled
@@ -821,6 +834,8 @@ enum BodyKind {
     Full(Option<Bytes>),
     File(FileBody),
     Backend {
+        /// Bytes already read from the backend, sent first (an HTTP/1.0 answer).
+        first: Option<Bytes>,
         idle: Option<GatewayBody>,
         pending: Option<ChunkFuture>,
         request_id: u64,
@@ -843,10 +858,21 @@ impl FrontBody {
     }
 
     fn backend(body: GatewayBody, request_id: u64) -> FrontBody {
+        FrontBody::backend_after(Bytes::new(), Some(body), None, request_id)
+    }
+
+    /// `first`, then the rest of the backend body: from `idle`, or from the read `pending`.
+    pub(super) fn backend_after(
+        first: Bytes,
+        idle: Option<GatewayBody>,
+        pending: Option<ChunkFuture>,
+        request_id: u64,
+    ) -> FrontBody {
         FrontBody {
             kind: BodyKind::Backend {
-                idle: Some(body),
-                pending: None,
+                first: (!first.is_empty()).then_some(first),
+                idle,
+                pending,
                 request_id,
             },
             busy: None,
@@ -872,18 +898,19 @@ impl Body for FrontBody {
             BodyKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             BodyKind::File(file) => file.poll_chunk(cx),
             BodyKind::Backend {
+                first,
                 idle,
                 pending,
                 request_id,
             } => {
+                if let Some(data) = first.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
                 if pending.is_none() {
-                    let Some(mut body) = idle.take() else {
+                    let Some(body) = idle.take() else {
                         return Poll::Ready(None);
                     };
-                    *pending = Some(Box::pin(async move {
-                        let chunk = body.next_chunk().await;
-                        (body, chunk)
-                    }));
+                    *pending = Some(next_chunk(body));
                 }
                 let Some(fut) = pending.as_mut() else {
                     return Poll::Ready(None);
@@ -914,8 +941,15 @@ impl Body for FrontBody {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
             BodyKind::File(file) => file.remaining() == 0,
-            BodyKind::Backend { idle, pending, .. } => {
-                pending.is_none() && idle.as_ref().is_none_or(GatewayBody::is_ended)
+            BodyKind::Backend {
+                first,
+                idle,
+                pending,
+                ..
+            } => {
+                first.is_none()
+                    && pending.is_none()
+                    && idle.as_ref().is_none_or(GatewayBody::is_ended)
             }
         }
     }

@@ -4,6 +4,7 @@ pub mod cgi;
 pub mod fastcgi;
 mod file;
 pub mod http;
+mod http10;
 pub mod limits;
 pub mod listener;
 mod open_files;

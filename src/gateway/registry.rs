@@ -425,6 +425,10 @@ fn build_pool(
             Some(tx)
         }
     };
+    let info = PoolInfo::of(p);
+    let capacity = info
+        .max_conns
+        .min(info.max_workers.saturating_mul(info.concurrency));
     let pool = Pool {
         name,
         protocol: p.protocol.into(),
@@ -432,10 +436,10 @@ fn build_pool(
         connections,
         timeouts: Timeouts::from_pool(p),
         supervisor,
-        requests: RequestStats::new(),
+        requests: RequestStats::new(capacity as usize),
         status,
         retries: retries(&p.backend),
-        info: PoolInfo::of(p),
+        info,
         identity,
         generation: settings.generation,
         task: std::sync::Mutex::new(None),

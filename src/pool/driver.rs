@@ -148,6 +148,27 @@ pub struct Recent {
     pub notice: Notice,
 }
 
+/// Why a pool has never had a worker ready although it tried: the latest failed start as it
+/// was logged (a spawn that failed, a worker that died or timed out before it was ready).
+/// `None` once a worker has been ready, or before any start has failed (a pool still
+/// booting, an on-demand pool not yet asked).
+pub fn never_started(
+    status: &PoolStatus,
+    recent: &std::collections::VecDeque<Recent>,
+) -> Option<String> {
+    let c = &status.counters;
+    if c.ready > 0 || c.spawn_failed + c.crashed + c.start_timeouts == 0 {
+        return None;
+    }
+    let latest = recent.iter().rev().find(|r| {
+        matches!(
+            r.notice,
+            Notice::SpawnFailed { .. } | Notice::Crashed { .. } | Notice::StartTimedOut { .. }
+        )
+    });
+    Some(latest.map_or_else(|| "every start failed".to_owned(), |r| r.notice.to_string()))
+}
+
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver")
@@ -615,11 +636,14 @@ impl Driver {
             }
         };
         let reports = self.reports_tx.clone();
-        let start_timeout = self.state.spec().start_timeout;
+        let timeouts = (
+            self.state.spec().start_timeout,
+            self.state.spec().kill_timeout,
+        );
         let Some(preload) = self.preload.as_mut() else {
             return;
         };
-        let started = preload.current_or_start(&self.template, start_timeout, move |n, ev| {
+        let started = preload.current_or_start(&self.template, timeouts, move |n, ev| {
             let _ = reports.send(Report::Preloader(n, ev));
         });
         let n = match started {

@@ -120,7 +120,7 @@ impl Preloaders {
     pub fn current_or_start(
         &mut self,
         template: &WorkerSpawn,
-        start_timeout: Duration,
+        (start_timeout, kill_timeout): (Duration, Duration),
         send: impl Fn(u64, PreloaderEvent) + Send + 'static,
     ) -> std::io::Result<u64> {
         if let Some(n) = self.current {
@@ -140,7 +140,7 @@ impl Preloaders {
             spawned.child,
             pid,
             Arc::clone(&control),
-            start_timeout,
+            (start_timeout, kill_timeout),
             send,
         ));
         self.all.insert(
@@ -161,18 +161,21 @@ impl Preloaders {
 }
 
 /// Owns preloader `n`'s child: reads its control socket until it breaks, kills it when it
-/// misbehaves or does not load the app within `start_timeout`, and reports its exit.
+/// misbehaves or does not load the app within `start_timeout`, or when it has closed its
+/// control socket and not exited within `kill_timeout`, and reports its exit.
 async fn watch(
     n: u64,
     mut child: Child,
     pid: u32,
     control: Arc<Control>,
-    start_timeout: Duration,
+    (start_timeout, kill_timeout): (Duration, Duration),
     send: impl Fn(u64, PreloaderEvent) + Send + 'static,
 ) {
     let deadline = Instant::now() + start_timeout;
     let mut ready = false;
     let mut broken = false;
+    // Once the control socket is closed: when the preloader must be gone by.
+    let mut exit_by: Option<Instant> = None;
     let kill = || {
         let _ = process::signal_group(pid, StopSignal::Kill);
     };
@@ -197,17 +200,26 @@ async fn watch(
                 },
                 Ok(Message::Exited { pid, exit }) => PreloaderEvent::Exited { pid, exit },
                 Ok(other) => PreloaderEvent::Broken(format!("unexpected message {other:?}")),
-                // It is exiting (or killed): its exit is the news, reported below. Killed
-                // to make sure it does not live on without a control socket.
+                // It is exiting (told to stop, or killed): its exit is the news, reported
+                // above. An interpreter closes its sockets before it is done exiting
+                // (Python's teardown, after the SIGTERM that stops it), so it has
+                // `kill_timeout` to finish, as a worker has after its stop signal; then it
+                // is killed, so it cannot live on without a control socket.
                 Err(ControlError::Closed) => {
                     broken = true;
-                    kill();
+                    exit_by = Some(Instant::now() + kill_timeout);
                     continue;
                 }
                 Err(e) => PreloaderEvent::Broken(e.to_string()),
             },
             () = tokio::time::sleep_until(deadline), if !ready && !broken => {
                 PreloaderEvent::Broken(format!("it did not load the app within {start_timeout:?}"))
+            }
+            () = tokio::time::sleep_until(exit_by.unwrap_or(deadline)), if exit_by.is_some() => {
+                exit_by = None;
+                tracing::warn!(pid, ?kill_timeout, "the preloader closed its control socket but did not exit; killing it");
+                kill();
+                continue;
             }
         };
         if matches!(event, PreloaderEvent::Broken(_)) {

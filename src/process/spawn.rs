@@ -23,7 +23,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use nix::errno::Errno;
@@ -250,14 +250,28 @@ pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
     }
     let identity = spec.identity()?;
     let (address, listener) = prepare_socket(&spec.socket, spec.handoff)?;
-    let argv = substitute(&spec.argv, &address)?;
-    let (child, pid) = start(
-        spec,
-        &argv,
-        identity.as_ref(),
-        listener,
-        &address.to_string(),
-    )?;
+    let bound = listener.is_some();
+    let started = substitute(&spec.argv, &address).and_then(|argv| {
+        start(
+            spec,
+            &argv,
+            identity.as_ref(),
+            listener,
+            &address.to_string(),
+        )
+    });
+    let (child, pid) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            // Nobody will listen on the socket corral bound for this worker: remove its
+            // file, or every failed spawn (a missing interpreter, retried with backoff)
+            // would leave one more in the runtime directory.
+            if let (true, WorkerSocket::Unix(path)) = (bound, &spec.socket) {
+                remove_socket_file(path);
+            }
+            return Err(e);
+        }
+    };
     Ok(SpawnedWorker {
         child,
         pid,
@@ -481,6 +495,13 @@ fn prepare_socket(
             // For a placeholder the probe binding is closed again: the child binds.
             Ok((address, corral_binds.then(|| OwnedFd::from(bound))))
         }
+    }
+}
+
+/// Removes `path` if it is a socket (never another file that came to be there).
+fn remove_socket_file(path: &Path) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
     }
 }
 

@@ -6,7 +6,10 @@
 //! `acquire` once, and a request that is not served by that first poll has joined the queue.
 //! That gives the live queue length, its maximum and the number of saturation episodes
 //! (php-fpm's "max children reached" counts episodes, not queued requests) without any change
-//! to the table's own locking.
+//! to the table's own locking. An episode is counted only when the pool is at its limit as
+//! the request starts to wait (every slot its `max` workers or `max_conns` allow is taken):
+//! a request waiting for an on-demand pool's first worker, or for a dynamic pool to grow,
+//! met no limit, as php-fpm only counts when it would spawn but may not.
 
 use std::future::Future;
 use std::pin::pin;
@@ -146,6 +149,9 @@ pub struct RequestStats {
     queued_now: AtomicUsize,
     max_queued: AtomicUsize,
     saturated: AtomicU64,
+    /// Slots the pool can ever have at once: `max_conns`, or fewer when `max` workers of
+    /// their concurrency give fewer. In-flight requests at this are "max children reached".
+    capacity: usize,
     max_in_flight: AtomicUsize,
     rejected_queue_full: AtomicU64,
     queue_timeouts: AtomicU64,
@@ -244,8 +250,8 @@ pub struct RequestSnapshot {
     pub queued_now: usize,
     /// Most requests ever waiting at once (php-fpm's "max listen queue").
     pub max_queued: usize,
-    /// Times the queue went from empty to non-empty: every slot was busy (php-fpm's "max
-    /// children reached", which also counts episodes).
+    /// Times the queue went from empty to non-empty while every slot the pool may ever
+    /// have was busy (php-fpm's "max children reached", which also counts episodes).
     pub saturated: u64,
     /// Most requests ever holding a slot at once (php-fpm's "max active processes" when
     /// each worker serves one request at a time).
@@ -278,9 +284,13 @@ impl Drop for Queued<'_> {
 }
 
 impl RequestStats {
-    /// New counters, shared between the gateway and the status page.
-    pub fn new() -> Arc<RequestStats> {
-        Arc::new(RequestStats::default())
+    /// New counters for a pool that can have `capacity` requests in flight at most, shared
+    /// between the gateway and the status page.
+    pub fn new(capacity: usize) -> Arc<RequestStats> {
+        Arc::new(RequestStats {
+            capacity,
+            ..RequestStats::default()
+        })
     }
 
     /// Checks a slot out of `slots` for `context` as [`SlotTable::acquire`] does, counting
@@ -296,7 +306,11 @@ impl RequestStats {
                 self.queued_total.fetch_add(1, Ordering::Relaxed);
                 let before = self.queued_now.fetch_add(1, Ordering::Relaxed);
                 let _queued = Queued(&self.queued_now);
-                if before == 0 {
+                // The requests ahead of this one (in flight and waiting) already take every
+                // slot the pool may ever have: its limit is reached. One episode per queue
+                // that forms at the limit or per crossing of it, however many then wait.
+                let ahead = slots.stats().in_flight + before;
+                if ahead >= self.capacity && (before == 0 || ahead == self.capacity) {
                     self.saturated.fetch_add(1, Ordering::Relaxed);
                 }
                 self.max_queued.fetch_max(before + 1, Ordering::Relaxed);
@@ -392,7 +406,7 @@ mod tests {
         );
         let w = slots.add_worker(1, BackendAddress::Unix("/tmp/x.sock".into()), None);
         slots.set_accepting(w, true);
-        let stats = RequestStats::new();
+        let stats = RequestStats::new(1);
         let held = stats.acquire(&slots, 0).await.unwrap();
         let waiting = {
             let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
@@ -419,5 +433,48 @@ mod tests {
         assert_eq!(s.max_in_flight, 1);
         assert_eq!(s.rejected_queue_full, 1);
         assert_eq!(s.queue_timeouts, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_below_the_limit_is_not_max_children_reached() {
+        // An on-demand pool of up to 2 workers: the first request waits for a worker to be
+        // started, which is no limit reached.
+        let slots = SlotTable::new(
+            SlotLimits {
+                max_conns: 2,
+                queue_size: 4,
+                queue_timeout: Duration::from_secs(5),
+            },
+            &[None],
+        );
+        let stats = RequestStats::new(2);
+        let first = {
+            let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
+            tokio::spawn(async move { stats.acquire(&slots, 0).await })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(stats.snapshot().queued_now, 1);
+        let a = slots.add_worker(1, BackendAddress::Unix("/tmp/a.sock".into()), None);
+        slots.set_accepting(a, true);
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(
+            stats.snapshot().saturated,
+            0,
+            "waited for a spawn, not a limit"
+        );
+        // Both workers busy at max: the third request meets the limit.
+        let b = slots.add_worker(1, BackendAddress::Unix("/tmp/b.sock".into()), None);
+        slots.set_accepting(b, true);
+        let second = stats.acquire(&slots, 0).await.unwrap();
+        let third = {
+            let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
+            tokio::spawn(async move { stats.acquire(&slots, 0).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(stats.snapshot().saturated, 1);
+        drop(first);
+        third.await.unwrap().unwrap();
+        drop(second);
+        assert_eq!(stats.snapshot().queued_total, 2);
     }
 }

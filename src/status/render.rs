@@ -95,8 +95,12 @@ pub fn pool_fields(
             f.push((state_label(state), int(p.workers_in(state))));
         }
         let c = &s.counters;
+        let failure = crate::pool::driver::never_started(s, &p.recent);
         f.extend([
             ("spawned", Value::Int(c.spawned)),
+            ("workers started", Value::Int(c.ready)),
+            ("never started", Value::Bool(failure.is_some())),
+            ("start failure", failure.map_or(Value::None, Value::Str)),
             ("spawn failures", Value::Int(c.spawn_failed)),
             ("crashes", Value::Int(c.crashed)),
             ("consecutive crashes", Value::Int(s.crashes.into())),

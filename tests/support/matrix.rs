@@ -371,6 +371,11 @@ impl Matrix {
         });
     }
 
+    /// `http://127.0.0.1:PORT{path}` of cell `name`.
+    pub fn url(&self, name: &str, path: &str) -> String {
+        self.get(name).url(path)
+    }
+
     fn get(&self, name: &str) -> &Cell {
         self.cells
             .iter()

@@ -122,3 +122,35 @@ pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
+
+/// The next datagram on `socket`, as text; `None` after `within`.
+fn next_datagram(socket: &std::os::unix::net::UnixDatagram, within: Duration) -> Option<String> {
+    socket.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Reads datagrams from a NOTIFY_SOCKET the test bound until one contains `needle`; all of
+/// them, in order. Panics after `within`.
+pub fn notify_until(
+    socket: &std::os::unix::net::UnixDatagram,
+    needle: &str,
+    within: Duration,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now()) {
+        match next_datagram(socket, left) {
+            Some(m) => {
+                let done = m.contains(needle);
+                seen.push(m);
+                if done {
+                    return seen;
+                }
+            }
+            None => break,
+        }
+    }
+    panic!("no {needle:?} within {within:?}; got {seen:?}");
+}

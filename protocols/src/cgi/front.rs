@@ -149,6 +149,8 @@ fn fix_script_filename(
     let path = strip_apache_prefix(filename);
     let outside = || CgiError::OutsideRoot {
         path: snippet(path),
+        root: snippet(&root_display(root)),
+        front_root: out.get(b"DOCUMENT_ROOT").map(|r| snippet(r)),
     };
     if path.first() != Some(&b'/') {
         return Err(outside());

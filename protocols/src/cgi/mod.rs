@@ -280,11 +280,23 @@ pub enum CgiError {
         /// The start of the name.
         name: Vec<u8>,
     },
-    /// SCRIPT_FILENAME from a front server is not inside the context's document root.
-    #[error("SCRIPT_FILENAME \"{}\" is not inside the document root", .path.escape_ascii())]
+    /// SCRIPT_FILENAME from a front server is not inside the context's document root. Most
+    /// often the front server's root and the context's `root` name different directories,
+    /// so both are named.
+    #[error(
+        "SCRIPT_FILENAME \"{}\" is not inside the context's root \"{}\"{}: the front server's \
+         root and the context's root must name the same directory",
+        .path.escape_ascii(),
+        .root.escape_ascii(),
+        .front_root.as_ref().map(|r| format!(" (the front server's DOCUMENT_ROOT is \"{}\")", r.escape_ascii())).unwrap_or_default()
+    )]
     OutsideRoot {
         /// The start of the path.
         path: Vec<u8>,
+        /// The context's document root.
+        root: Vec<u8>,
+        /// The DOCUMENT_ROOT the front server sent, if any (its start).
+        front_root: Option<Vec<u8>>,
     },
     /// The front server sent nothing to derive the script from.
     #[error(

@@ -82,6 +82,37 @@ fn apache_proxy_fcgi_prefix_is_stripped() {
 }
 
 #[test]
+fn a_script_outside_the_root_names_both_roots() {
+    // nginx's root is /usr/share/wordpress, the context's /var/www/html (the WordPress
+    // recipe run with conf/php.toml): the message says which two directories differ.
+    let e = normalize_front_params(
+        params(&[
+            ("SCRIPT_FILENAME", "/usr/share/wordpress/index.php"),
+            ("DOCUMENT_ROOT", "/usr/share/wordpress"),
+        ]),
+        &php_ctx(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "SCRIPT_FILENAME \"/usr/share/wordpress/index.php\" is not inside the context's root \
+         \"/var/www/html\" (the front server's DOCUMENT_ROOT is \"/usr/share/wordpress\"): the \
+         front server's root and the context's root must name the same directory"
+    );
+    // Without a DOCUMENT_ROOT from the front server, the context's root is still named.
+    let e = normalize_front_params(
+        params(&[("SCRIPT_FILENAME", "/srv/other/a.php")]),
+        &php_ctx(),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the context's root \"/var/www/html\": "),
+        "{e}"
+    );
+}
+
+#[test]
 fn front_script_filename_rules() {
     let cases: &[(&str, ErrCheck)] = &[
         ("/etc/passwd", |e| matches!(e, CgiError::OutsideRoot { .. })),

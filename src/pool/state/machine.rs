@@ -242,6 +242,7 @@ impl PoolState {
         }
         w.phase = Phase::Ready;
         w.idle_since = now;
+        self.counters.ready += 1;
         let replaces = w.replaces.take();
         self.set_accepting(key, true);
         if let Some(old) = replaces {

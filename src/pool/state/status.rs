@@ -93,6 +93,8 @@ impl RecycleCounts {
 pub struct PoolCounters {
     /// Spawns issued.
     pub spawned: u64,
+    /// Workers that became ready (accepted a connection on their socket).
+    pub ready: u64,
     /// Spawns that failed to start a process.
     pub spawn_failed: u64,
     /// Workers reaped.
