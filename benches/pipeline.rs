@@ -293,17 +293,27 @@ fn main() {
 /// A null backend of `protocol` as a process of its own, listening on `socket`.
 fn null_process(protocol: &str, socket: &Path) -> std::process::Child {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_corral"))
-        .args(["null-backend", "--protocol", protocol, "--threads", "1", "--listen"])
+        .args([
+            "null-backend",
+            "--protocol",
+            protocol,
+            "--threads",
+            "1",
+            "--listen",
+        ])
         .arg(format!("unix:{}", socket.display()))
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start corral null-backend");
+    let mut child = child;
     for _ in 0..1000 {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
             return child;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the null {protocol} backend never listened");
 }
 
@@ -440,7 +450,10 @@ pool = "lsapi"
             server.await.unwrap();
         })
     };
-    rows.push(("fastcgi front -> fastcgi (nginx plain fastcgi_pass)", per_request(&mut once)));
+    rows.push((
+        "fastcgi front -> fastcgi (nginx plain fastcgi_pass)",
+        per_request(&mut once),
+    ));
 
     // nginx's scgi_pass: a connection per request.
     let request = scgi_request();
@@ -463,7 +476,10 @@ pool = "lsapi"
             server.await.unwrap();
         })
     };
-    rows.push(("scgi front -> fastcgi (nginx scgi_pass)", per_request(&mut once)));
+    rows.push((
+        "scgi front -> fastcgi (nginx scgi_pass)",
+        per_request(&mut once),
+    ));
 
     for c in &mut children {
         let _ = c.kill();

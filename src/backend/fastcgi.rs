@@ -16,8 +16,8 @@ use super::{
 use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::CgiResponseDecoder;
 use crate::protocols::fastcgi::{
-    encode_abort_request, encode_begin_request, encode_params_block, encode_stdin, encode_stdin_end,
-    ProtocolStatus, ResponseDecoder, ResponseEvent, Role,
+    encode_abort_request, encode_begin_request, encode_params_block, encode_stdin,
+    encode_stdin_end, ProtocolStatus, ResponseDecoder, ResponseEvent, Role,
 };
 use crate::protocols::Limits;
 

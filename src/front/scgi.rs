@@ -19,8 +19,8 @@ use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::cgi::{self, error_answer, linger, prepare, CgiSink, Relayed};
 use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, Routed};
-use crate::protocols::cgi::CgiParams;
 use crate::net::Stream;
+use crate::protocols::cgi::CgiParams;
 use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
 
 /// Request-body chunks in flight between the connection and the backend exchange.

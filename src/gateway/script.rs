@@ -119,7 +119,7 @@ pub fn check(cgi: &CgiContext, params: &CgiParams) -> Result<(), ScriptFileError
         passed
             .borrow()
             .get(cgi.document_root.as_slice())
-            .and_then(|scripts| scripts.get(&raw[..]))
+            .and_then(|scripts| scripts.get(raw))
             .is_some_and(|&at| now.duration_since(at) < PASSED_FOR)
     });
     if fresh {

@@ -127,7 +127,13 @@ pub(super) fn push_http_vars(
     headers: &[(&[u8], &[u8])],
     out: &mut CgiParams,
 ) -> Result<(), CgiError> {
-    let upper = |c: u8| if c == b'-' { b'_' } else { c.to_ascii_uppercase() };
+    let upper = |c: u8| {
+        if c == b'-' {
+            b'_'
+        } else {
+            c.to_ascii_uppercase()
+        }
+    };
     for (i, &(name, value)) in headers.iter().enumerate() {
         if class_of(name) != Class::Http {
             continue;

@@ -108,7 +108,12 @@ impl CgiParams {
     }
 
     /// Appends a variable whose value is `parts` joined by `sep`, without joining them first.
-    pub fn push_joined(&mut self, name: &[u8], parts: &[&[u8]], sep: &[u8]) -> Result<(), CgiError> {
+    pub fn push_joined(
+        &mut self,
+        name: &[u8],
+        parts: &[&[u8]],
+        sep: &[u8],
+    ) -> Result<(), CgiError> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>()
             + sep.len() * parts.len().saturating_sub(1);
         check_lens(name, len)?;

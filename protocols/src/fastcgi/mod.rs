@@ -33,8 +33,8 @@ pub use management::{
     MAX_REQS, MPXS_CONNS,
 };
 pub use params::{
-    encode_pair, encode_params, encode_params_block, encoded_pair_len, ParamsDecoder, ParamsWriter, MAX_PAIR_FIELD_LEN,
-    MAX_SHORT_LEN,
+    encode_pair, encode_params, encode_params_block, encoded_pair_len, ParamsDecoder, ParamsWriter,
+    MAX_PAIR_FIELD_LEN, MAX_SHORT_LEN,
 };
 pub use record::{
     encode_record, encode_stream, encode_stream_end, padding_for, stream_encoded_len, Record,
