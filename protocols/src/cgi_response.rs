@@ -231,14 +231,41 @@ impl CgiResponseDecoder {
         &mut self,
         src: &mut BytesMut,
     ) -> Result<Option<CgiResponseHead>, CgiResponseError> {
-        let result = self.scan(src);
+        let result = self.scan(src).map(|end| {
+            end.map(|next| {
+                let head = src.split_to(next).freeze();
+                self.build(&head)
+            })
+        });
         if !matches!(result, Ok(None)) {
             self.reset();
         }
         result
     }
 
-    fn scan(&mut self, src: &mut BytesMut) -> Result<Option<CgiResponseHead>, CgiResponseError> {
+    /// [`decode`](Self::decode) for a head that may be whole in `src` already (one FastCGI
+    /// STDOUT record, one LSAPI packet): the head is split off `src` without a copy. On
+    /// `Ok(None)` nothing is consumed, and the caller goes on with a buffer that starts
+    /// with the same bytes (a copy of `src`, then appended to) and [`decode`](Self::decode).
+    pub fn decode_bytes(
+        &mut self,
+        src: &mut Bytes,
+    ) -> Result<Option<CgiResponseHead>, CgiResponseError> {
+        let result = self.scan(src).map(|end| {
+            end.map(|next| {
+                let head = src.split_to(next);
+                self.build(&head)
+            })
+        });
+        if !matches!(result, Ok(None)) {
+            self.reset();
+        }
+        result
+    }
+
+    /// Scans the lines not yet scanned; the length of the head (up to and including its
+    /// blank line) once it is complete.
+    fn scan(&mut self, src: &[u8]) -> Result<Option<usize>, CgiResponseError> {
         loop {
             let rest = src.get(self.scanned..).unwrap_or_default();
             let Some(lf) = rest.iter().position(|&c| c == b'\n') else {
@@ -263,8 +290,7 @@ impl CgiResponseDecoder {
                 end
             };
             if end == start {
-                let head = src.split_to(next).freeze();
-                return Ok(Some(self.build(&head)));
+                return Ok(Some(next));
             }
             self.lines += 1;
             if self.lines > self.max_headers {

@@ -534,3 +534,39 @@ proptest! {
         prop_assert_eq!(decode_chunked(&input, &cuts), whole);
     }
 }
+
+/// A head parsed where it lies (`decode_bytes`) is the head `decode` makes of the same
+/// bytes, with the same body left over; an incomplete one consumes nothing and the scan
+/// goes on in a buffer that starts with the same bytes.
+#[test]
+fn a_head_parsed_in_place_matches_the_buffered_parse() {
+    let inputs: [&[u8]; 4] = [
+        b"Status: 404 Not Found\r\nContent-Type: text/plain\r\n\r\nbody",
+        b"Content-Type: text/html\n\n",
+        b"Location: /x\r\nX-A: 1\r\nX-A: 2\r\n\r\n<html>",
+        b"X-Bad\x01: 1\r\n\r\n",
+    ];
+    for input in inputs {
+        let mut bytes = Bytes::copy_from_slice(input);
+        let in_place = CgiResponseDecoder::new(&Limits::DEFAULT).decode_bytes(&mut bytes);
+        let buffered = decode(input);
+        match (in_place, buffered) {
+            (Ok(Some(a)), Ok((b, rest))) => {
+                assert_eq!(a, b);
+                assert_eq!(&bytes[..], &rest[..]);
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            (a, b) => panic!("{input:?}: {a:?} against {b:?}"),
+        }
+    }
+    let whole = b"Content-Type: text/plain\r\nX-Long: 1\r\n\r\nrest";
+    let mut decoder = CgiResponseDecoder::new(&Limits::DEFAULT);
+    let mut first = Bytes::copy_from_slice(&whole[..30]);
+    assert_eq!(decoder.decode_bytes(&mut first).unwrap(), None);
+    assert_eq!(first.len(), 30, "nothing consumed");
+    let mut buf = BytesMut::from(&first[..]);
+    buf.extend_from_slice(&whole[30..]);
+    let head = decoder.decode(&mut buf).unwrap().expect("the head");
+    assert_eq!(head, decode(whole).unwrap().0);
+    assert_eq!(&buf[..], b"rest");
+}

@@ -132,14 +132,28 @@ impl Codec {
         let Some(parser) = self.head.as_mut() else {
             return Ok(Step::Data(bytes));
         };
+        let bad_head = |e: crate::protocols::cgi_response::CgiResponseError| {
+            BackendError::InvalidHead {
+                protocol: Protocol::FastCgi,
+                rule: e.to_string(),
+            }
+        };
+        if self.head_bytes.is_empty() {
+            // The usual case: the whole head is in the first STDOUT record, and is parsed
+            // where it lies, with no copy.
+            let mut bytes = bytes;
+            if let Some(head) = parser.decode_bytes(&mut bytes).map_err(bad_head)? {
+                self.head = None;
+                if !bytes.is_empty() {
+                    self.pending = Some(bytes);
+                }
+                return Ok(Step::Head(head));
+            }
+            self.head_bytes.extend_from_slice(&bytes);
+            return Ok(Step::Nothing);
+        }
         self.head_bytes.extend_from_slice(&bytes);
-        let parsed =
-            parser
-                .decode(&mut self.head_bytes)
-                .map_err(|e| BackendError::InvalidHead {
-                    protocol: Protocol::FastCgi,
-                    rule: e.to_string(),
-                })?;
+        let parsed = parser.decode(&mut self.head_bytes).map_err(bad_head)?;
         match parsed {
             None => Ok(Step::Nothing),
             Some(head) => {

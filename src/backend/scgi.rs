@@ -1,4 +1,4 @@
-//! SCGI towards a backend (Python's `scgi` package, the embedded launchers): one connection
+//! SCGI towards a backend (Python's `scgi` package, any SCGI server): one connection
 //! per request; the netstring head (CONTENT_LENGTH first, `SCGI` = `1`), the body, then a
 //! CGI response read until the backend closes the connection.
 

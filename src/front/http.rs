@@ -197,18 +197,22 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         return resp;
     }
     let host = host_of(&parts);
-    let target: Bytes = match parts.uri.path_and_query() {
-        Some(pq) => Bytes::copy_from_slice(pq.as_str().as_bytes()),
-        None => Bytes::from_static(b"/"),
-    };
-    let mut method = parts.method.as_str().as_bytes().to_vec();
-    let mut target = target;
+    // Borrowed from the head; a local redirect (rare) owns its new target.
+    let original: &[u8] = parts
+        .uri
+        .path_and_query()
+        .map_or(b"/", |pq| pq.as_str().as_bytes());
+    let mut redirected: Option<Bytes> = None;
     let mut body = Some(request_body(&parts, incoming, &info.timeouts));
     for _ in 0..=MAX_LOCAL_REDIRECTS {
+        let (method, target): (&[u8], &[u8]) = match &redirected {
+            None => (parts.method.as_str().as_bytes(), original),
+            Some(location) => (b"GET", location),
+        };
         // The target is decoded and normalised once; routing, the static-file test and every
         // CGI variable come from this one result (a second spelling is how `/index.ph%70`
         // got served as text).
-        let path = match parse_request_path(&target) {
+        let path = match parse_request_path(target) {
             Ok(p) => p,
             Err(e) => return error_response(request_id, &GatewayError::Cgi(e)),
         };
@@ -248,8 +252,8 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             info,
             &served.addrs,
             &parts,
-            &method,
-            &target,
+            method,
+            target,
             &path,
             &host,
             &body_now,
@@ -301,8 +305,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         };
         if let ResponseKind::LocalRedirect { location } = response.head.kind() {
             // RFC 3875 §6.2.2: serve the new path as a GET, send nothing of this response.
-            target = Bytes::copy_from_slice(location);
-            method = b"GET".to_vec();
+            redirected = Some(Bytes::copy_from_slice(location));
             continue;
         }
         let code = response.head.status_code();
@@ -672,7 +675,7 @@ fn forwarded_https(info: &ConnInfo, headers: &http::HeaderMap) -> bool {
 }
 
 /// The host name the client asked for, lowercase and without its port.
-fn host_of(parts: &http::request::Parts) -> String {
+fn host_of(parts: &http::request::Parts) -> std::borrow::Cow<'_, str> {
     let raw = parts
         .uri
         .host()
@@ -683,7 +686,11 @@ fn host_of(parts: &http::request::Parts) -> String {
     } else {
         raw.split(':').next().unwrap_or(raw)
     };
-    host.to_ascii_lowercase()
+    if host.bytes().any(|c| c.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    }
 }
 
 /// The request body as a backend body source; its length when the client declared one.
