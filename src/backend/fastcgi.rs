@@ -132,12 +132,11 @@ impl Codec {
         let Some(parser) = self.head.as_mut() else {
             return Ok(Step::Data(bytes));
         };
-        let bad_head = |e: crate::protocols::cgi_response::CgiResponseError| {
-            BackendError::InvalidHead {
+        let bad_head =
+            |e: crate::protocols::cgi_response::CgiResponseError| BackendError::InvalidHead {
                 protocol: Protocol::FastCgi,
                 rule: e.to_string(),
-            }
-        };
+            };
         if self.head_bytes.is_empty() {
             // The usual case: the whole head is in the first STDOUT record, and is parsed
             // where it lies, with no copy.
