@@ -82,9 +82,10 @@ fn request_line(params: &CgiParams) -> Vec<u8> {
     line
 }
 
-/// `HTTP_X_CUSTOM_THING` → `X-Custom-Thing` (lsphp turns it back into the same variable).
-fn header_name(cgi: &[u8]) -> Vec<u8> {
-    let mut name = Vec::with_capacity(cgi.len());
+/// `HTTP_X_CUSTOM_THING` → `X-Custom-Thing` (lsphp turns it back into the same variable),
+/// written into `name` (cleared first), which the caller reuses for every header.
+fn header_name<'n>(cgi: &[u8], name: &'n mut Vec<u8>) -> &'n [u8] {
+    name.clear();
     for (i, word) in cgi.split(|&b| b == b'_').enumerate() {
         if i > 0 {
             name.push(b'-');
@@ -109,6 +110,7 @@ fn begin_request(
 ) -> Result<RequestBuilder, LsapiError> {
     let mut builder = RequestBuilder::new(limits, &request_line(params))?;
     let mut had_length = false;
+    let mut name_buf = Vec::with_capacity(64);
     for (name, value) in params.iter() {
         match name {
             // The body goes raw with its real length; copies of the entity headers that
@@ -122,7 +124,7 @@ fn begin_request(
             }
             n if n.starts_with(b"HTTP_") => {
                 let cgi = n.get(5..).unwrap_or_default();
-                builder.header(&header_name(cgi), value)?;
+                builder.header(header_name(cgi, &mut name_buf), value)?;
             }
             n => builder.env(n, value)?,
         }

@@ -44,7 +44,8 @@ use crate::front::static_files::{add_slash, static_file, try_files, TryFiles};
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    check_host, encode_cgi_vars, parse_request_path, CgiError, CgiParams, CgiRequest, RequestPath,
+    check_host, dropped_headers, encode_cgi_vars, parse_request_path, CgiError, CgiParams,
+    CgiRequest, RequestPath,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -538,19 +539,27 @@ fn cgi_params(
 ) -> Result<CgiParams, GatewayError> {
     // A client's X-Sendfile-Type and X-Accel-Mapping are the proxy's word, not the
     // client's: corral sends its own (front::sendfile).
-    // On the stack: hyper lets no more than MAX_HEADERS fields through.
-    let mut fields: [(&[u8], &[u8]); MAX_HEADERS] = [(&[], &[]); MAX_HEADERS];
-    let mut count = 0;
+    // On the stack for the usual request; more fields than that (up to hyper's MAX_HEADERS)
+    // in a vector.
+    const ON_STACK: usize = 32;
+    let mut fields: [(&[u8], &[u8]); ON_STACK] = [(&[], &[]); ON_STACK];
+    let many: Vec<(&[u8], &[u8])>;
     let client_fields = parts
         .headers
         .iter()
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
         .filter(|(n, _)| !sendfile::is_proxy_request_header(n));
-    for (slot, field) in fields.iter_mut().zip(client_fields) {
-        *slot = field;
-        count += 1;
-    }
-    let headers = fields.get(..count).unwrap_or_default();
+    let headers: &[(&[u8], &[u8])] = if parts.headers.len() <= ON_STACK {
+        let mut count = 0;
+        for (slot, field) in fields.iter_mut().zip(client_fields) {
+            *slot = field;
+            count += 1;
+        }
+        fields.get(..count).unwrap_or_default()
+    } else {
+        many = client_fields.collect();
+        &many
+    };
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
     // out rather than filled with a loopback placeholder that an app would trust.
@@ -578,9 +587,11 @@ fn cgi_params(
         server_name: host.as_bytes(),
         https: forwarded_https(info, &parts.headers),
     };
-    let (mut vars, dropped) = encode_cgi_vars(&req, path, &routed.context.cgi, &gateway.limits)?;
-    for d in &dropped {
-        tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
+    let mut vars = encode_cgi_vars(&req, path, &routed.context.cgi, &gateway.limits)?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for d in dropped_headers(headers) {
+            tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
+        }
     }
     for (name, value) in sendfile::backend_vars(&routed.context.config) {
         vars.push(&name, &value)?;

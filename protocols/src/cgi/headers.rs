@@ -66,14 +66,29 @@ fn class_of(name: &[u8]) -> Class {
     }
 }
 
+/// The headers [`check_headers`] passed that are left out of the variables, and why: for
+/// a log, made only when one is wanted (a kept-alive client's `Connection` is one on every
+/// request, and reporting it cost two allocations each time).
+pub fn dropped_headers<'a>(
+    headers: &'a [(&'a [u8], &'a [u8])],
+) -> impl Iterator<Item = Dropped> + 'a {
+    headers
+        .iter()
+        .filter_map(|&(name, _)| match class_of(name) {
+            Class::Dropped(reason) => Some(Dropped {
+                name: Bytes::copy_from_slice(name),
+                reason,
+            }),
+            _ => None,
+        })
+}
+
 /// What the headers say about the body, found before any variable is written.
 pub(super) struct BodyHeaders<'a> {
     /// CONTENT_TYPE, when given.
     pub content_type: Option<&'a [u8]>,
     /// CONTENT_LENGTH: `body_length` when known, else the Content-Length header's.
     pub content_length: Option<u64>,
-    /// Headers left out.
-    pub dropped: Vec<Dropped>,
 }
 
 /// Checks every header (names are tokens, values free of control bytes, one Content-Type,
@@ -84,7 +99,6 @@ pub(super) fn check_headers<'a>(
     headers: &[(&'a [u8], &'a [u8])],
     body_length: Option<u64>,
 ) -> Result<BodyHeaders<'a>, CgiError> {
-    let mut dropped = Vec::new();
     let mut content_type: Option<&[u8]> = None;
     let mut content_length: Option<u64> = None;
     for &(name, value) in headers {
@@ -99,10 +113,7 @@ pub(super) fn check_headers<'a>(
             });
         }
         match class_of(name) {
-            Class::Dropped(reason) => dropped.push(Dropped {
-                name: Bytes::copy_from_slice(name),
-                reason,
-            }),
+            Class::Dropped(_) => {}
             Class::ContentType => {
                 if content_type.replace(value).is_some() {
                     return Err(CgiError::RepeatedContentType);
@@ -122,7 +133,6 @@ pub(super) fn check_headers<'a>(
     Ok(BodyHeaders {
         content_type,
         content_length: body_length.or(content_length),
-        dropped,
     })
 }
 

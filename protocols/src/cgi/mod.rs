@@ -23,6 +23,7 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use front::normalize_front_params;
+pub use headers::dropped_headers;
 pub use host::check_host;
 pub use params::{CgiParams, Pairs};
 pub use path::{
@@ -447,7 +448,8 @@ pub fn build_cgi_vars_for(
     ctx: &CgiContext,
     limits: &Limits,
 ) -> Result<CgiVars, CgiError> {
-    let (params, dropped) = encode_cgi_vars(req, path, ctx, limits)?;
+    let params = encode_cgi_vars(req, path, ctx, limits)?;
+    let dropped = dropped_headers(req.headers).collect();
     Ok(CgiVars {
         vars: params.to_pairs(),
         dropped,
@@ -455,14 +457,14 @@ pub fn build_cgi_vars_for(
 }
 
 /// The variables of [`build_cgi_vars_for`], encoded once into a [`CgiParams`] (what the
-/// request path sends), with the headers left out. The one place the rules live: the owned
-/// form above is a view of this one.
+/// request path sends); [`dropped_headers`] names the headers left out, for a log. The one
+/// place the rules live: the owned form above is a view of this one.
 pub fn encode_cgi_vars(
     req: &CgiRequest<'_>,
     path: &RequestPath<'_>,
     ctx: &CgiContext,
     limits: &Limits,
-) -> Result<(CgiParams, Vec<Dropped>), CgiError> {
+) -> Result<CgiParams, CgiError> {
     if !is_token(req.method) {
         return Err(CgiError::InvalidMethod {
             method: snippet(req.method),
@@ -563,7 +565,7 @@ pub fn encode_cgi_vars(
         out.set(name, value)?;
     }
     check_limits(&out, limits)?;
-    Ok((out, body.dropped))
+    Ok(out)
 }
 
 /// `n` in decimal, written into `buf`.
