@@ -30,7 +30,8 @@ use corral::protocols::fastcgi::{
 };
 use tokio::time::Instant;
 
-use support::peers::{shared_dir, write_file, Peer};
+use support::fastcgi::{cgi_status, Answers};
+use support::peers::{cgi_params, shared_dir, write_file, Peer};
 use support::server::{http, Corral};
 use support::CORRAL;
 
@@ -667,6 +668,94 @@ fn an_scgi_body_trickled_within_each_body_timeout_is_cut_off_at_body_deadline() 
         corral.log()
     );
     assert!(corral.wait_log("within body_deadline"), "{}", corral.log());
+}
+
+#[test]
+fn a_fastcgi_stdin_trickled_within_each_body_timeout_is_cut_off_at_body_deadline() {
+    let dir = shared_dir();
+    write_file(dir.path(), "pid.php", "<?php echo getmypid();");
+    write_file(
+        dir.path(),
+        "len.php",
+        "<?php echo strlen(file_get_contents('php://input'));",
+    );
+    let text = php_config(dir.path())
+        .replace(
+            "protocol = \"http\"",
+            "protocol = \"fastcgi\"\nbody_timeout = \"1s\"\nbody_deadline = \"3s\"",
+        )
+        .replace("max = 1", "max = 1\nqueue_timeout = \"20s\"");
+    let corral = Corral::start(&text, 1);
+    let addr = corral.addr_of("Fastcgi");
+    let status = corral.status_ready_addr();
+    let script = |name: &str| dir.path().join(name);
+
+    // Request 1 declares 1000 body bytes and takes the only worker; request 2, multiplexed
+    // beside it with its whole (empty) body sent, waits in the queue for that worker.
+    let mut s = connect(addr);
+    let mut out = BytesMut::new();
+    encode_begin_request(1, Role::Responder, true, &mut out);
+    let post = cgi_params(
+        "POST",
+        &script("len.php"),
+        "",
+        &[("CONTENT_LENGTH", "1000")],
+    );
+    encode_params(1, &post, &mut out).unwrap();
+    encode_begin_request(2, Role::Responder, true, &mut out);
+    encode_params(2, &cgi_params("GET", &script("pid.php"), "", &[]), &mut out).unwrap();
+    encode_stdin_end(2, &mut out);
+    s.write_all(&out).unwrap();
+
+    // A byte of request 1's body every half second, within body_timeout (1 s): only
+    // body_deadline (3 s) ends it.
+    let mut answers = Answers::default();
+    let started = Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "still reading the trickled STDIN after {:?}\n{}",
+            started.elapsed(),
+            corral.log()
+        );
+        let mut byte = BytesMut::new();
+        encode_stdin(1, b"x", &mut byte);
+        s.write_all(&byte).unwrap();
+        if answers.read_until_end(&mut s, 1, Duration::from_millis(500)) {
+            break;
+        }
+        assert!(!answers.closed, "closed unanswered\n{}", corral.log());
+    }
+    let cut = started.elapsed();
+    assert!(
+        cut >= Duration::from_millis(2500) && cut < Duration::from_secs(8),
+        "cut after {cut:?}\n{}",
+        corral.log()
+    );
+    assert_eq!(
+        cgi_status(&answers.stdout[&1]),
+        408,
+        "{:?}\n{}",
+        answers.text(1),
+        corral.log()
+    );
+    assert!(corral.wait_log("within body_deadline"), "{}", corral.log());
+
+    // Only request 1 was ended: the worker it held is free, and request 2, on the same
+    // connection, gets it and is answered.
+    assert!(
+        answers.read_until_end(&mut s, 2, Duration::from_secs(10)),
+        "request 2 unanswered ({:?})\n{}",
+        answers,
+        corral.log()
+    );
+    let pid = answers.text(2);
+    assert!(
+        pid.lines().last().is_some_and(|p| p.parse::<u32>().is_ok()),
+        "{pid:?}"
+    );
+    assert_eq!(backend_errors(status), "0");
+    assert!(!corral.log().contains("killed"), "{}", corral.log());
 }
 
 #[test]

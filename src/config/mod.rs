@@ -158,11 +158,12 @@ pub struct FrontTimeouts {
     /// default 60s, as nginx's): then the connection is dropped and the backend request
     /// aborted, without blaming the worker.
     pub send: Duration,
-    /// Longest time, all waits together, the HTTP and SCGI fronts wait for a client to send a
-    /// request body (`body_deadline`, default 1h): `body_timeout` alone lets a client that
-    /// sends a byte just within it hold a connection and a spool file for ever. Only waiting
-    /// for the client counts, not time spent on a slow backend; HTTP answers 408 when it
-    /// passes, SCGI closes the connection. The FastCGI front does not apply it yet.
+    /// Longest time, all waits together, a front waits for a client to send a request body
+    /// (`body_deadline`, default 1h): `body_timeout` alone lets a client that sends a byte
+    /// just within it hold a connection and a spool file for ever. Only waiting for the
+    /// client counts, not time spent on a slow backend; HTTP answers 408 when it passes, SCGI
+    /// closes the connection, FastCGI answers that request 408 (per request, the connection
+    /// goes on).
     pub body_total: Duration,
 }
 

@@ -26,6 +26,8 @@
 //! an FCGI_KEEP_CONN connection with no request waits at most `idle_timeout` for the next,
 //! and while FCGI_STDIN is open the front server must send something within `body_timeout`.
 //! A connection past any of them is closed, aborting its requests' backend exchanges.
+//! `body_deadline` is per request (`stdin`): once its exchange has waited that long in all for
+//! its FCGI_STDIN, the request alone is answered 408 and its backend exchange aborted.
 //!
 //! The part shared with the SCGI front (routing a front server's parameters, the CGI answer
 //! for a request that got no backend response, the lingering close) is in `crate::front::cgi`.
@@ -38,12 +40,11 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::backend::{BodyError, BodySource, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::limits::{BusyGuard, ConnState, Expired, Ticket};
 use crate::gateway::{Gateway, GatewayError, GatewayResponse};
@@ -57,13 +58,14 @@ use crate::protocols::fastcgi::{
 
 use crate::front::cgi::{self, content_length, error_answer, linger, prepare, CgiSink, Relayed};
 
+mod stdin;
+use stdin::{StdinSender, STDIN_BUDGET_PER_REQUEST};
+
 /// Frames queued for the writer of one connection; with the body channel below, this bounds
 /// what one connection holds in memory.
 const OUT_FRAMES: usize = 16;
 /// FCGI_STDIN bytes one connection holds for backends that have not read them yet.
 const STDIN_BUDGET: usize = 1024 * 1024;
-/// Of those, the bytes one request may hold (a few of the largest records, 64 KiB each).
-const STDIN_BUDGET_PER_REQUEST: usize = 256 * 1024;
 /// Retry-After of the 503 that refuses a request whose body outran its budget.
 const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
@@ -664,12 +666,7 @@ impl Connection {
                 return self.answered(id, responder.seq, ending).await;
             }
         };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let body = RequestBody::from_source(StdinSource { rx }, len);
-        let tx = StdinSender {
-            tx,
-            own: Arc::new(Semaphore::new(STDIN_BUDGET_PER_REQUEST)),
-        };
+        let (tx, body) = stdin::channel(len, self.timeouts.body_total);
         let gateway = Arc::clone(&self.gateway);
         let seq = responder.seq;
         let answer = async move {
@@ -732,14 +729,7 @@ impl Connection {
             }
             None => return self.overflow(id).await,
         };
-        if body
-            .tx
-            .send(Chunk {
-                data,
-                _permits: permits,
-            })
-            .is_err()
-        {
+        if !body.send(data, permits) {
             // The exchange no longer reads the body (it failed or answered early): the rest
             // of FCGI_STDIN is read and dropped.
             if let Some(r) = self.requests.get_mut(&id) {
@@ -797,62 +787,6 @@ impl Connection {
             close: !r.keep_conn,
         })
         .await
-    }
-}
-
-/// One FCGI_STDIN chunk on its way to the backend exchange, with the budget it holds until
-/// the exchange takes it.
-struct Chunk {
-    data: Bytes,
-    /// Held, never read: dropping them gives the bytes back to the budgets.
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-}
-
-/// The reader's end of one request's body. The channel itself is unbounded; what bounds it is
-/// the permits every chunk carries, one per byte, from the request's own budget (`own`) and
-/// the connection's.
-#[derive(Debug, Clone)]
-struct StdinSender {
-    tx: mpsc::UnboundedSender<Chunk>,
-    own: Arc<Semaphore>,
-}
-
-impl StdinSender {
-    /// Both budgets' permits for `n` bytes if they are free now.
-    fn try_reserve(
-        &self,
-        connection: &Arc<Semaphore>,
-        n: u32,
-    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let own = Arc::clone(&self.own).try_acquire_many_owned(n).ok()?;
-        let conn = Arc::clone(connection).try_acquire_many_owned(n).ok()?;
-        Some((own, conn))
-    }
-
-    /// Both budgets' permits for `n` bytes, waiting for the exchange to take earlier chunks.
-    async fn reserve(
-        &self,
-        connection: &Arc<Semaphore>,
-        n: u32,
-    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let own = Arc::clone(&self.own).acquire_many_owned(n).await.ok()?;
-        let conn = Arc::clone(connection).acquire_many_owned(n).await.ok()?;
-        Some((own, conn))
-    }
-}
-
-/// The exchange's end of one request's body: taking a chunk gives its bytes back to the
-/// budgets (the exchange then holds that one chunk while it writes it to the backend).
-struct StdinSource {
-    rx: mpsc::UnboundedReceiver<Chunk>,
-}
-
-impl BodySource for StdinSource {
-    fn poll_chunk(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, BodyError>>> {
-        self.rx.poll_recv(cx).map(|chunk| chunk.map(|c| Ok(c.data)))
     }
 }
 

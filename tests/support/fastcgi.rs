@@ -1,7 +1,9 @@
 //! A FastCGI client for the tests of corral's FastCGI front: one request per connection,
-//! its CGI response and status.
+//! its CGI response and status; and the answers read off a connection that carries several.
 
-use std::io::{Read, Write};
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -52,4 +54,58 @@ pub fn cgi_status(response: &[u8]) -> u16 {
         .find_map(|l| l.strip_prefix("Status: "))
         .and_then(|s| s.split(' ').next()?.parse().ok())
         .unwrap_or(200)
+}
+
+/// What corral sent on a FastCGI front connection, read a little at a time: each request's
+/// FCGI_STDOUT, the ids whose FCGI_END_REQUEST came (in order), and whether it closed.
+#[derive(Debug, Default)]
+pub struct Answers {
+    decoder: RecordDecoder,
+    buf: BytesMut,
+    /// FCGI_STDOUT per request id.
+    pub stdout: HashMap<u16, Vec<u8>>,
+    /// The ids answered with FCGI_END_REQUEST.
+    pub ended: Vec<u16>,
+    /// corral closed (or reset) the connection.
+    pub closed: bool,
+}
+
+impl Answers {
+    /// Reads what `s` sends for at most `wait`, returning early once the connection closed or
+    /// request `id` has its FCGI_END_REQUEST; whether it has.
+    pub fn read_until_end(&mut self, s: &mut TcpStream, id: u16, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut chunk = [0u8; 16384];
+        loop {
+            while let Some(r) = self.decoder.decode(&mut self.buf).unwrap() {
+                match r.kind {
+                    RecordType::Stdout => self
+                        .stdout
+                        .entry(r.request_id)
+                        .or_default()
+                        .extend_from_slice(&r.content),
+                    RecordType::EndRequest => self.ended.push(r.request_id),
+                    _ => {}
+                }
+            }
+            if self.ended.contains(&id) {
+                return true;
+            }
+            if self.closed || tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            match s.read(&mut chunk) {
+                Ok(0) => self.closed = true,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => self.closed = true,
+            }
+        }
+    }
+
+    /// Request `id`'s FCGI_STDOUT as text.
+    pub fn text(&self, id: u16) -> String {
+        String::from_utf8_lossy(self.stdout.get(&id).map_or(&[][..], |v| v)).into_owned()
+    }
 }
