@@ -59,7 +59,7 @@ error_log $s/nginx.log;
 events { worker_connections 4096; }
 http {
   access_log off;
-  client_body_temp_path $s; fastcgi_temp_path $s; proxy_temp_path $s; scgi_temp_path $s; uwsgi_temp_path $s;
+  client_body_temp_path $s/nginx; fastcgi_temp_path $s/nginx; proxy_temp_path $s/nginx; scgi_temp_path $s/nginx; uwsgi_temp_path $s/nginx;
   upstream a_k { server unix:$s/a.sock; keepalive 16; }
   upstream b_k { server unix:$s/b.sock; keepalive 16; }
   server { listen 127.0.0.1:18811; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/a.sock; } }

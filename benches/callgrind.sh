@@ -70,7 +70,7 @@ error_log $s/nginx.log;
 events { worker_connections 1024; }
 http {
   access_log off;
-  client_body_temp_path $s; fastcgi_temp_path $s; proxy_temp_path $s; scgi_temp_path $s; uwsgi_temp_path $s;
+  client_body_temp_path $s/nginx; fastcgi_temp_path $s/nginx; proxy_temp_path $s/nginx; scgi_temp_path $s/nginx; uwsgi_temp_path $s/nginx;
   upstream corral_kept { server unix:$s/fcgi.sock; keepalive 8; }
   upstream null_kept { server unix:$s/null.sock; keepalive 8; }
   server { listen 127.0.0.1:18902; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/fcgi.sock; } }

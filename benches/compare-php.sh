@@ -59,8 +59,8 @@ error_log $scratch/log/nginx.log;
 events { worker_connections 4096; }
 http {
   access_log off;
-  client_body_temp_path $scratch/run; fastcgi_temp_path $scratch/run;
-  proxy_temp_path $scratch/run; scgi_temp_path $scratch/run; uwsgi_temp_path $scratch/run;
+  client_body_temp_path $scratch/nginx-tmp; fastcgi_temp_path $scratch/nginx-tmp;
+  proxy_temp_path $scratch/nginx-tmp; scgi_temp_path $scratch/nginx-tmp; uwsgi_temp_path $scratch/nginx-tmp;
   root $scratch/www;
   server { listen 127.0.0.1:$port_a;
     location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$scratch/run/fpm.sock; } }

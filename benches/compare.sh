@@ -233,8 +233,8 @@ http {
   sendfile on;
   tcp_nopush on;
   keepalive_timeout 65;
-  client_body_temp_path $scratch/run; fastcgi_temp_path $scratch/run;
-  proxy_temp_path $scratch/run; scgi_temp_path $scratch/run; uwsgi_temp_path $scratch/run;
+  client_body_temp_path $scratch/nginx-tmp; fastcgi_temp_path $scratch/nginx-tmp;
+  proxy_temp_path $scratch/nginx-tmp; scgi_temp_path $scratch/nginx-tmp; uwsgi_temp_path $scratch/nginx-tmp;
   root $scratch/www;
   upstream nullka { server unix:$scratch/run/null-fastcgi.sock; keepalive 16; }
   server { listen 127.0.0.1:$port_nx_null;

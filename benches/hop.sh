@@ -190,8 +190,8 @@ error_log $s/log/nginx.log;
 events { worker_connections 4096; }
 http {
   access_log off;
-  client_body_temp_path $s/run; fastcgi_temp_path $s/run;
-  proxy_temp_path $s/run; scgi_temp_path $s/run; uwsgi_temp_path $s/run;
+  client_body_temp_path $s/nginx-tmp; fastcgi_temp_path $s/nginx-tmp;
+  proxy_temp_path $s/nginx-tmp; scgi_temp_path $s/nginx-tmp; uwsgi_temp_path $s/nginx-tmp;
   root $s/www;
   upstream null_k { server unix:$s/run/null-fastcgi.sock; keepalive 16; }
   # No more kept connections than php-fpm has children: each child serves one connection
