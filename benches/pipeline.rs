@@ -429,56 +429,32 @@ pool = "lsapi"
         server.abort();
     }
 
-    // nginx's plain fastcgi_pass: a connection per request.
-    let request = nginx_request();
-    let listener = config.listeners[0].bind.address();
-    let mut once = || {
-        runtime.block_on(async {
-            let (ours, theirs) = UnixStream::pair().unwrap();
-            let server = tokio::spawn(fastcgi::serve_connection(
-                Stream::Unix(ours),
-                listener.clone(),
-                ticket(),
-                timeouts,
-                Arc::clone(&gateway),
-                CancellationToken::new(),
-            ));
-            let (mut rx, mut tx) = theirs.into_split();
-            tx.write_all(&request).await.unwrap();
-            read_to_close(&mut rx, &mut buf).await;
-            drop(tx);
-            server.await.unwrap();
-        })
+    // nginx's plain fastcgi_pass and its scgi_pass: a connection per request.
+    let front = CgiFront {
+        runtime: &runtime,
+        gateway: &gateway,
+        timeouts,
+        ticket: &ticket,
     };
+    let listener = config.listeners[0].bind.address();
     rows.push((
         "fastcgi front -> fastcgi (nginx plain fastcgi_pass)",
-        per_request(&mut once),
+        front.per_request(
+            fastcgi::serve_connection,
+            &listener,
+            &nginx_request(),
+            &mut buf,
+        ),
     ));
-
-    // nginx's scgi_pass: a connection per request.
-    let request = scgi_request();
     let listener = config.listeners[1].bind.address();
-    let mut once = || {
-        runtime.block_on(async {
-            let (ours, theirs) = UnixStream::pair().unwrap();
-            let server = tokio::spawn(corral::front::scgi::serve_connection(
-                Stream::Unix(ours),
-                listener.clone(),
-                ticket(),
-                timeouts,
-                Arc::clone(&gateway),
-                CancellationToken::new(),
-            ));
-            let (mut rx, mut tx) = theirs.into_split();
-            tx.write_all(&request).await.unwrap();
-            read_to_close(&mut rx, &mut buf).await;
-            drop(tx);
-            server.await.unwrap();
-        })
-    };
     rows.push((
         "scgi front -> fastcgi (nginx scgi_pass)",
-        per_request(&mut once),
+        front.per_request(
+            corral::front::scgi::serve_connection,
+            &listener,
+            &scgi_request(),
+            &mut buf,
+        ),
     ));
 
     for c in &mut children {
@@ -499,6 +475,57 @@ pool = "lsapi"
     }
     println!("ok: {http:.1} allocations per request on http -> fastcgi, within the budget of {ALLOC_BUDGET}");
     0
+}
+
+/// What a CGI front's connection needs, for [`CgiFront::per_request`].
+struct CgiFront<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    gateway: &'a Arc<Gateway>,
+    timeouts: FrontTimeouts,
+    ticket: &'a dyn Fn() -> corral::front::limits::Ticket,
+}
+
+impl CgiFront<'_> {
+    /// Allocations per request of `serve` (a CGI front's `serve_connection`), one request
+    /// per connection: the request written, the answer read to the close.
+    fn per_request<S, F>(
+        &self,
+        serve: S,
+        listener: &ListenAddress,
+        request: &[u8],
+        buf: &mut [u8],
+    ) -> (f64, f64)
+    where
+        S: Fn(
+            Stream,
+            ListenAddress,
+            corral::front::limits::Ticket,
+            FrontTimeouts,
+            Arc<Gateway>,
+            CancellationToken,
+        ) -> F,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let mut once = || {
+            self.runtime.block_on(async {
+                let (ours, theirs) = UnixStream::pair().unwrap();
+                let server = tokio::spawn(serve(
+                    Stream::Unix(ours),
+                    listener.clone(),
+                    (self.ticket)(),
+                    self.timeouts,
+                    Arc::clone(self.gateway),
+                    CancellationToken::new(),
+                ));
+                let (mut rx, mut tx) = theirs.into_split();
+                tx.write_all(request).await.unwrap();
+                read_to_close(&mut rx, buf).await;
+                drop(tx);
+                server.await.unwrap();
+            })
+        };
+        per_request(&mut once)
+    }
 }
 
 /// Allocations and bytes per call of `once`, over [`COUNTED`] calls after as many to warm up.
