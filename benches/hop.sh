@@ -62,7 +62,7 @@ cleanup() {
 }
 trap cleanup EXIT
 ulimit -n 16384 2>/dev/null || true
-mkdir -p "$s/www" "$s/run" "$s/log"
+mkdir -p "$s/www" "$s/run" "$s/log" "$s/corral"  # corral's runtime dirs: not under the www-data run dir
 echo '<?php echo "Hello, world\n";' > "$s/www/hello.php"
 echo '<?php var_export(function_exists("opcache_get_status") && opcache_get_status(false) !== false);' > "$s/www/opcache.php"
 echo 'x' > "$s/www/null"
@@ -107,7 +107,7 @@ for p in fastcgi scgi lsapi; do wait_sock "$s/run/null-$p.sock"; chmod 666 "$s/r
 # ---- corrals: one for the null backends, one per PHP pool ----
 cat > "$s/null.toml" <<CONF
 [server]
-runtime_dir = "$s/run/null.d"
+runtime_dir = "$s/corral/null.d"
 log_level = "warn"
 $sched_line
 [[listen]]
@@ -150,7 +150,7 @@ CONF
 php_corral() { # NAME PORT COMMAND(the TOML array's items) PROTOCOL
   cat > "$s/$1.toml" <<CONF
 [server]
-runtime_dir = "$s/run/$1.d"
+runtime_dir = "$s/corral/$1.d"
 user = "www-data"
 group = "www-data"
 log_level = "warn"
@@ -297,7 +297,7 @@ for r in "${rows[@]}"; do
     [ "$code" = 200 ] && { ok=1; break; }
     sleep 0.05
   done
-  [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; tail -5 "$s"/log/*.log >&2; exit 1; }
+  [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; for f in "$s"/log/*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done; exit 1; }
 done
 # Every PHP row runs with OPcache on, or the comparison says nothing.
 for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18611 http://127.0.0.1:18612; do

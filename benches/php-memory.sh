@@ -92,7 +92,7 @@ concurrency = $2" ;;
   esac
   cat <<CONF
 [server]
-runtime_dir = "$scratch/run/corral"
+runtime_dir = "$scratch/corral-run"  # not under the 0777 run dir, which corral refuses as a parent
 user = "nobody"
 log_level = "warn"
 [[listen]]

@@ -1,5 +1,6 @@
 //! HTTP request headers to CGI variables (RFC 3875 §4.1.18): CONTENT_TYPE, CONTENT_LENGTH
-//! and `HTTP_NAME`, with the headers that must not reach a backend left out and reported.
+//! and `HTTP_NAME`, with the headers that must not reach a backend left out (and named by
+//! [`dropped_headers`] for a log).
 //!
 //! Left out: `Proxy` (httpoxy: it would become HTTP_PROXY, which HTTP client libraries read as
 //! their outbound proxy), hop-by-hop headers (corral terminated that connection; a forwarded
@@ -93,8 +94,8 @@ pub(super) struct BodyHeaders<'a> {
 
 /// Checks every header (names are tokens, values free of control bytes, one Content-Type,
 /// agreeing Content-Lengths) and finds CONTENT_TYPE and CONTENT_LENGTH. `body_length`, when
-/// known, is CONTENT_LENGTH and the Content-Length header is ignored. Allocates only to
-/// report a header left out.
+/// known, is CONTENT_LENGTH and the Content-Length header is ignored. Allocates nothing: the
+/// headers left out are named by [`dropped_headers`] when a log wants them.
 pub(super) fn check_headers<'a>(
     headers: &[(&'a [u8], &'a [u8])],
     body_length: Option<u64>,
@@ -113,7 +114,7 @@ pub(super) fn check_headers<'a>(
             });
         }
         match class_of(name) {
-            Class::Dropped(_) => {}
+            Class::Dropped(_) | Class::Http => {}
             Class::ContentType => {
                 if content_type.replace(value).is_some() {
                     return Err(CgiError::RepeatedContentType);
@@ -127,7 +128,6 @@ pub(super) fn check_headers<'a>(
                     }
                 }
             }
-            Class::Http => {}
         }
     }
     Ok(BodyHeaders {
