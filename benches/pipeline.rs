@@ -122,7 +122,29 @@ pool = "null"
         dir = dir.path().display(),
         null = null.display(),
     );
-    let config = corral::config::parse(&config, "pipeline.toml").expect("a valid config");
+    let (config, runtime, gateway) = gateway_for(&config, "pipeline.toml");
+    Harness {
+        fastcgi: config.listeners[0].bind.address(),
+        http: config.listeners[1].bind.address(),
+        timeouts: config.listeners[0].timeouts,
+        admission: Admission::new("front", 1024),
+        runtime,
+        gateway,
+        _dir: dir,
+    }
+}
+
+/// `text` parsed, a current-thread runtime, and the gateway of the configuration (external
+/// pools only, so no driver to run).
+fn gateway_for(
+    text: &str,
+    name: &str,
+) -> (
+    corral::config::Config,
+    tokio::runtime::Runtime,
+    Arc<Gateway>,
+) {
+    let config = corral::config::parse(text, name).expect("a valid config");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -134,15 +156,7 @@ pool = "null"
         assert!(drivers.is_empty(), "an external pool has no driver");
         Arc::new(gateway)
     };
-    Harness {
-        fastcgi: config.listeners[0].bind.address(),
-        http: config.listeners[1].bind.address(),
-        timeouts: config.listeners[0].timeouts,
-        admission: Admission::new("front", 1024),
-        runtime,
-        gateway,
-        _dir: dir,
-    }
+    (config, runtime, gateway)
 }
 
 fn start_null_backend(socket: PathBuf) {
@@ -368,17 +382,7 @@ pool = "lsapi"
         fcgi = fcgi_sock.display(),
         lsapi = lsapi_sock.display(),
     );
-    let config = corral::config::parse(&config, "allocs.toml").expect("a valid config");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let gateway = {
-        let _entered = runtime.enter();
-        let settings = corral::gateway::BuildSettings::default();
-        let (gateway, _) = Gateway::build(&config, &settings).expect("build the gateway");
-        Arc::new(gateway)
-    };
+    let (config, runtime, gateway) = gateway_for(&config, "allocs.toml");
     let timeouts = config.listeners[0].timeouts;
     let admission = Admission::new("front", 1024);
     let ticket = || {
