@@ -94,8 +94,9 @@ impl Record {
         generation: u64,
         request_id: u64,
     ) -> Record {
-        // One pass over the variables (some thirty) rather than one per field.
-        let mut fields: [Bytes; 7] = Default::default();
+        // One pass over the variables (some thirty) rather than one per field, and one
+        // copy of the seven values, which the fields then share.
+        let mut found: [&[u8]; 7] = [&[]; 7];
         for (name, value) in params.iter() {
             let slot = match name {
                 b"REMOTE_ADDR" => 0,
@@ -107,10 +108,17 @@ impl Record {
                 b"HTTP_USER_AGENT" => 6,
                 _ => continue,
             };
-            if let Some(f) = fields.get_mut(slot) {
-                *f = Bytes::copy_from_slice(value);
+            if let Some(f) = found.get_mut(slot) {
+                *f = value;
             }
         }
+        let all = Bytes::from(found.concat());
+        let mut at = 0;
+        let fields = found.map(|value| {
+            let field = all.slice(at..at + value.len());
+            at += value.len();
+            field
+        });
         let [client, method, uri, protocol, host, referer, user_agent] = fields;
         Record {
             client,
