@@ -226,11 +226,14 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             Ok(r) => r,
             Err(e) => return error_response(request_id, &e),
         };
-        if let Some(resp) = static_file(&routed, &parts.method, &parts.headers, &path).await {
+        let mut seen = None;
+        if let Some(resp) =
+            static_file(&routed, &parts.method, &parts.headers, &path, &mut seen).await
+        {
             return resp;
         }
         let controller_path;
-        let path = match try_files(&routed, &path).await {
+        let path = match try_files(&routed, &path, seen).await {
             TryFiles::Keep => path,
             TryFiles::Controller(script) => {
                 tracing::debug!(

@@ -20,8 +20,22 @@ use crate::front::open_files::{self, Cached};
 use crate::gateway::Routed;
 use crate::protocols::cgi::{has_allowed_ext, has_hidden_segment, RequestPath, ScriptMode};
 
+/// What [`static_file`] learnt of a path it passed on, so that [`try_files`] does not look
+/// it up a second time (every pretty permalink of a WordPress site is such a path).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Seen {
+    /// Nothing beneath the root has that name (or it resolves outside the root).
+    Missing,
+    /// Something that is not served exists there.
+    Found {
+        /// Whether it is a directory.
+        is_dir: bool,
+    },
+}
+
 /// Serves an existing non-script file under the context's root when the context asks for
-/// static files (`static_files = true`); `None` sends the request on to the backend.
+/// static files (`static_files = true`); `None` sends the request on to the backend, with
+/// what the lookup found in `seen` when one was made.
 ///
 /// Never served: anything that looks like a script in any letter case (`x.PHP` is not run,
 /// but it is PHP source all the same), PHP's other source extensions in a PHP context, hidden
@@ -33,6 +47,7 @@ pub(super) async fn static_file(
     method: &http::Method,
     request: &http::HeaderMap,
     path: &RequestPath<'_>,
+    seen: &mut Option<Seen>,
 ) -> Option<Response<HttpBody>> {
     let context = &routed.context;
     let root = context.config.root.as_ref()?;
@@ -60,9 +75,17 @@ pub(super) async fn static_file(
     let (loaded, real, fresh) = match open_files::get(key, norm, now, read) {
         Some((loaded, cached)) => (Some(loaded), cached.real, false),
         None => match look_up(root, norm, Access::Read, read).await {
-            Ok(Ok(found)) => (found.data, found.real.map(Arc::from), true),
+            Ok(Ok(found)) => {
+                *seen = Some(Seen::Found {
+                    is_dir: found.is_dir,
+                });
+                (found.data, found.real.map(Arc::from), true)
+            }
             // Missing, or resolving outside the root: the backend may know the path.
-            Ok(Err(_)) => return None,
+            Ok(Err(_)) => {
+                *seen = Some(Seen::Missing);
+                return None;
+            }
             Err(e) => return Some(stalled(&e)),
         },
     };
@@ -176,7 +199,11 @@ pub(super) enum TryFiles {
 /// leaves the real root counts as missing, so the answer is the same whatever exists outside.
 /// The controller itself is checked by the script guard in `Gateway::dispatch` like any
 /// other script (ARCHITECTURE.md invariant 2).
-pub(super) async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFiles {
+pub(super) async fn try_files(
+    routed: &Routed,
+    path: &RequestPath<'_>,
+    seen: Option<Seen>,
+) -> TryFiles {
     let context = &routed.context;
     let (Some(controller), Some(root)) = (&context.config.front_controller, &context.config.root)
     else {
@@ -193,13 +220,23 @@ pub(super) async fn try_files(routed: &Routed, path: &RequestPath<'_>) -> TryFil
         return TryFiles::Keep;
     }
     // Existence is judged beneath the real root: a name that resolves outside is missing.
-    let is_dir = match look_up(root, norm, Access::Look, false).await {
-        Ok(Ok(found)) => found.is_dir,
-        Ok(Err(_)) => return TryFiles::Controller(controller.as_bytes().to_vec()),
-        Err(e) => {
-            tracing::warn!(error = %e, "kept a path as it is: its file could not be looked at");
-            return TryFiles::Keep;
-        }
+    // `static_file` may have looked already.
+    let seen = match seen {
+        Some(seen) => seen,
+        None => match look_up(root, norm, Access::Look, false).await {
+            Ok(Ok(found)) => Seen::Found {
+                is_dir: found.is_dir,
+            },
+            Ok(Err(_)) => Seen::Missing,
+            Err(e) => {
+                tracing::warn!(error = %e, "kept a path as it is: its file could not be looked at");
+                return TryFiles::Keep;
+            }
+        },
+    };
+    let is_dir = match seen {
+        Seen::Missing => return TryFiles::Controller(controller.as_bytes().to_vec()),
+        Seen::Found { is_dir } => is_dir,
     };
     if is_dir && !norm.ends_with(b"/") {
         let mut location = percent_encode_path(norm);
