@@ -223,8 +223,9 @@ fn uploads_and_missing_scripts_never_run_over_http() {
         good_requests,
         "only the good requests reached a worker"
     );
+    // The log is read on another thread: the line may trail the answer.
     assert!(
-        site.corral.log().contains("does not exist"),
+        site.corral.wait_log("does not exist"),
         "the refusal is logged with its reason:\n{}",
         site.corral.log()
     );

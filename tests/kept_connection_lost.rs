@@ -303,8 +303,9 @@ fn closed_kept_connection_is_retried(proto: Proto) {
     );
     assert_eq!(seen.answered.load(Ordering::SeqCst), 3);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 3);
+    // The log is read on another thread: the line may trail the answer.
     assert!(
-        corral.log().contains("sending the request again"),
+        corral.wait_log("sending the request again"),
         "{}",
         corral.log()
     );

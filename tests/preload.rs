@@ -424,11 +424,8 @@ fn a_preloader_that_cannot_load_the_app_is_a_failed_spawn() {
         "{}",
         corral.log()
     );
-    assert!(
-        corral.log().contains("broken at import"),
-        "{}",
-        corral.log()
-    );
+    // The log is read on another thread: the line may trail the answer.
+    assert!(corral.wait_log("broken at import"), "{}", corral.log());
     // Backed off, not hot-looped: a handful of loads in two seconds, and still trying.
     std::thread::sleep(Duration::from_secs(2));
     let n = std::fs::read_to_string(loads_dir.join("loads"))

@@ -143,11 +143,8 @@ fn a_socket_handed_over_with_listen_fds_serves_requests() {
     let corral = Corral::start_command(cmd, file, 1);
     // The test's own copy goes: only corral's inherited one is left listening.
     drop(listener);
-    assert!(
-        corral.log().contains("socket activation"),
-        "{}",
-        corral.log()
-    );
+    // The log is read on another thread: the line may trail the answer.
+    assert!(corral.wait_log("socket activation"), "{}", corral.log());
     let r = http(addr, "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
 }
