@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::memory_checks::MemoryWatch;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
 use crate::pool::preloader::{PreloaderEvent, Preloaders};
@@ -32,9 +33,6 @@ use crate::process::{
 const TICK: Duration = Duration::from_millis(100);
 /// Memory is sampled every this many ticks (reading /proc costs a few syscalls per process).
 const MEMORY_EVERY: u32 = 10;
-/// Most requests a worker finishes between two memory checks after a request, however far
-/// below `max_memory` it is: bounds the cost to two small /proc reads per this many requests.
-const MEMORY_CHECK_MAX_GAP: u64 = 64;
 /// Most notices kept in [`Published::recent`] for the status page.
 pub const RECENT_NOTICES: usize = 32;
 
@@ -81,9 +79,8 @@ struct Worker {
     /// The worker and its descendants as the last full memory sample found them; a check
     /// after a request reads only these.
     tree: Vec<u32>,
-    /// The last memory reading after a request, and the requests asked to pass before the
-    /// next one: together they give the growth per request.
-    checked: Option<(u64, u64)>,
+    /// What the memory checks after its requests have learned (when the next is due).
+    memory: MemoryWatch,
     /// The preloader that forks (or forked) it, by number; `None` for a spawned worker.
     preloader: Option<u64>,
     /// Where the status its preloader reports goes, until the worker's task has it.
@@ -417,13 +414,9 @@ impl Driver {
                 continue;
             };
             stopped |= self.handle(PoolEvent::Memory { key, bytes });
-            let next = limit.map(|limit| {
-                let previous = self.workers.get(&key).and_then(|w| w.checked);
-                requests_until_next_check(limit, bytes, previous)
-            });
-            if let (Some(w), Some(n)) = (self.workers.get_mut(&key), next) {
-                w.checked = Some((bytes, n));
-            }
+            let next = limit
+                .zip(self.workers.get_mut(&key))
+                .map(|(limit, w)| w.memory.next_gap(limit, bytes));
             self.slots.memory_checked(id, next);
         }
         stopped
@@ -561,7 +554,7 @@ impl Driver {
                         address: spawned.address.clone(),
                         socket_file: Some(path),
                         tree: vec![pid],
-                        checked: None,
+                        memory: MemoryWatch::default(),
                         preloader: None,
                         exit_status: None,
                         asked: Instant::now(),
@@ -668,7 +661,7 @@ impl Driver {
                 address,
                 socket_file: Some(path),
                 tree: Vec::new(),
-                checked: None,
+                memory: MemoryWatch::default(),
                 preloader: Some(n),
                 exit_status: None,
                 asked: Instant::now(),
@@ -931,29 +924,6 @@ impl Driver {
     }
 }
 
-/// How many requests a worker may finish before its memory is checked again, given the
-/// `limit`, this reading, and the previous reading with the requests between the two.
-///
-/// Close to the limit (from 80% of it) every request is checked, as uWSGI's reload-on-rss
-/// does; below that, the growth per request seen between the last two readings says how many
-/// requests fit in what is left up to 80%, so a worker that grows fast is checked often and
-/// one that does not costs a check per [`MEMORY_CHECK_MAX_GAP`] requests. Without a previous
-/// reading the next request is checked, to learn the growth.
-fn requests_until_next_check(limit: u64, bytes: u64, previous: Option<(u64, u64)>) -> u64 {
-    let near = limit / 5 * 4;
-    if bytes >= near {
-        return 1;
-    }
-    let Some((before, requests)) = previous else {
-        return 1;
-    };
-    let growth = bytes.saturating_sub(before) / requests.max(1);
-    if growth == 0 {
-        return MEMORY_CHECK_MAX_GAP;
-    }
-    ((near - bytes) / growth).clamp(1, MEMORY_CHECK_MAX_GAP)
-}
-
 fn libc_sigkill() -> i32 {
     nix::sys::signal::Signal::SIGKILL as i32
 }
@@ -963,35 +933,5 @@ fn log_notice(pool: &str, notice: &Notice) {
         Severity::Info => tracing::info!(pool, "{notice}"),
         Severity::Warn => tracing::warn!(pool, "{notice}"),
         Severity::Error => tracing::error!(pool, "{notice}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn memory_checks_come_closer_as_the_limit_nears() {
-        let limit = 64 * MIB;
-        // First reading: learn the growth at the next request.
-        assert_eq!(requests_until_next_check(limit, 20 * MIB, None), 1);
-        // 8 MiB per request, 24 MiB below 80%: three requests.
-        assert_eq!(
-            requests_until_next_check(limit, 27 * MIB, Some((19 * MIB, 1))),
-            (limit / 5 * 4 - 27 * MIB) / (8 * MIB)
-        );
-        // No growth: the widest gap.
-        assert_eq!(
-            requests_until_next_check(limit, 20 * MIB, Some((20 * MIB, 5))),
-            MEMORY_CHECK_MAX_GAP
-        );
-        // Near or over the limit: every request.
-        assert_eq!(
-            requests_until_next_check(limit, 52 * MIB, Some((10 * MIB, 64))),
-            1
-        );
-        assert_eq!(requests_until_next_check(limit, 70 * MIB, None), 1);
     }
 }
