@@ -28,16 +28,23 @@
 # the load tool. The null backends are `corral null-backend` (13 bytes). 2 PHP processes
 # everywhere. Loopback TCP from wrk, unix sockets behind. Every process it starts it stops.
 #
+# wrk's socket errors and non-2xx answers are counted per row (errors: connect, read, write,
+# non-2xx; timeouts apart); a row with either is marked invalid and no ratio is computed from it.
+#
 #   bash benches/hop.sh                       # all rows, c = 1 25 100, 5 s, 2 rounds
 #   ROWS='nx-fpm|nxco-cgi' LEVELS=25 bash benches/hop.sh
 # Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
 # SCHED (every corral's `[server] scheduler`; default corral's own),
-# LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT (a
-# file for the markdown table; stdout too). Before measuring it checks through each PHP front
-# that OPcache is really on (opcache_get_status() !== false) and stops if not.
+# LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT
+# (default benches/RESULTS.md, whose `hop` section the table replaces; OUT= prints it only;
+# benches/lib/results.sh). Before measuring it checks through each PHP front that OPcache is
+# really on (opcache_get_status() !== false) and stops if not.
 # Needs root (nginx and PHP run as www-data), nginx, haproxy, php-fpm8.2, php-cgi, wrk.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL SCHED LSPHP LSPHP_OPCACHE"
+results_start "$@"
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-2}
 LEVELS=${LEVELS:-1 25 100}
@@ -51,6 +58,7 @@ if [ -z "${CORRAL:-}" ]; then
   CORRAL=target/release/corral
 fi
 CORRAL=$(realpath "$CORRAL")
+RESULTS_BINARY=$CORRAL
 hz=$(getconf CLK_TCK)
 s=$(mktemp -d /tmp/corral-hop.XXXXXX)
 chmod 755 "$s"
@@ -305,6 +313,13 @@ for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 
   [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done
 
+# wrk's output -> "ERRORS TIMEOUTS": socket connect/read/write errors plus non-2xx/3xx answers,
+# and socket timeouts.
+wrk_errors() {
+  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
+       /Non-2xx or 3xx/ { e += $NF }
+       END { print e + 0, t + 0 }'
+}
 res=$s/results.tsv
 : > "$res"
 for c in $LEVELS; do
@@ -324,83 +339,84 @@ for c in $LEVELS; do
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p50=$(awk '$1 == "50%" {print $2}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
-      errs=$(awk '/Non-2xx|Socket errors/ {printf "%s ", $0}' <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "$reqs" \
-        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "${errs:-0}" >> "$res"
-      printf '%s c=%s round %s: %s requests, p50 %s p99 %s %s\n' "$name" "$c" "$round" "$reqs" "$p50" "$p99" "$errs" >&2
+      read -r errs touts < <(wrk_errors <<< "$out")
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
+        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" >> "$res"
+      printf '%s c=%s round %s: %s requests, p50 %s p99 %s, %s errors, %s timeouts\n' "$name" "$c" "$round" "$reqs" "$p50" "$p99" "$errs" "$touts" >&2
     done
   done
 done
 
+# The table and issue 10's ratios, from the runs in $res, in Markdown.
 report() {
-  echo "wrk -t1 -d${SECS}s, $ROUNDS rounds interleaved per level, rounds pooled; corral $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src protocols 2>/dev/null || echo '+changes'); $(date -u '+%Y-%m-%d %H:%M UTC')."
-  echo "CPU in µs per request (utime+stime from /proc over the runs / requests)."
-  echo
-  echo "| row | c | req/s | p50 | p99 | front µs | backend µs | wrk µs | errors |"
-  echo "|---|---|---|---|---|---|---|---|---|"
-  awk -F'\t' -v secs="$SECS" -v hz="$hz" '
-    { k = $1 "\t" $2; if (!(k in n)) order[++m] = k
-      n[k] += $4; runs[k]++; f[k] += $5; b[k] += $6; w[k] += $7; p50[k] = $8; p99[k] = $9
-      if ($10 != "0") e[k] = e[k] $10 }
-    END { for (i = 1; i <= m; i++) { k = order[i]; split(k, kk, "\t")
-      us = 1e6 / hz / n[k]
-      printf "| %s | %s | %.0f | %s | %s | %.1f | %.1f | %.1f | %s |\n", kk[2], kk[1],
-        n[k] / (runs[k] * secs), p50[k], p99[k], f[k] * us, b[k] * us, w[k] * us, (k in e) ? e[k] : "0" } }' "$res"
-  echo
-  echo "Issue 10's targets, as ratios of this run (req/s unless it says CPU):"
+  echo "wrk -t1 -d${SECS}s, $ROUNDS rounds interleaved per level after a 1 s warm-up, requests of the rounds pooled."
+  echo "CPU in µs per request (utime+stime from /proc over the runs / requests). p50 and p99 are wrk's, one per round."
+  echo "errors: wrk's socket connect, read and write errors and non-2xx/3xx answers; timeouts: its socket timeouts."
+  echo "A row with either is **invalid**: its figures are printed, no ratio uses them."
   echo
   python3 - "$res" "$SECS" "$hz" <<'PY'
 import sys
-from collections import defaultdict
 res, secs, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-n = defaultdict(int); runs = defaultdict(int); front = defaultdict(int)
+rows = {}  # (c, name) -> sums over the rounds
 for line in open(res):
-    c, name, _round, reqs, f, _b, _w = line.split("\t")[:7]
-    k = (int(c), name); n[k] += int(reqs); runs[k] += 1; front[k] += int(f)
-def rps(c, name):
-    k = (c, name)
-    return n[k] / (runs[k] * secs) if runs[k] and n[k] else None
-def cpu(c, name):
-    k = (c, name)
-    return front[k] / hz * 1e6 / n[k] if n[k] else None
-def ratio(c, a, b, f=rps, goal=None, stretch=None, lower=False):
-    x, y = f(c, a), f(c, b)
-    if x is None or y is None:
+    c, name, _round, reqs, f, b, w, p50, p99, errs, touts = line.rstrip("\n").split("\t")
+    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, p50=[], p99=[], e=0, t=0))
+    r["n"] += int(reqs); r["runs"] += 1; r["f"] += int(f); r["b"] += int(b); r["w"] += int(w)
+    r["p50"].append(p50 or "-"); r["p99"].append(p99 or "-"); r["e"] += int(errs); r["t"] += int(touts)
+def valid(k):
+    r = rows.get(k)
+    return r is not None and r["n"] > 0 and r["e"] == 0 and r["t"] == 0
+def us(r, x):
+    return r[x] / hz * 1e6 / r["n"] if r["n"] else float("nan")
+print("| row | c | req/s | p50 | p99 | front µs | backend µs | wrk µs | errors | timeouts | valid |")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---|")
+for (c, name), r in rows.items():
+    print(f"| {name} | {c} | {r['n'] / (r['runs'] * secs):.0f} | {' '.join(r['p50'])} | {' '.join(r['p99'])} | "
+          f"{us(r, 'f'):.1f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
+          f"{'ok' if valid((c, name)) else '**invalid**'} |")
+print()
+print("Issue 10's targets, as ratios of this run (req/s unless it says CPU); — where a row is invalid:")
+print()
+def rps(k):
+    r = rows[k]
+    return r["n"] / (r["runs"] * secs)
+def cpu(k):
+    return us(rows[k], "f")
+def why(k):
+    if k not in rows:
+        return None
+    if valid(k):
+        return ""
+    r = rows[k]
+    return f"{k[1]} invalid: {r['e']} errors, {r['t']} timeouts"
+def ratio(c, a, b, goal):
+    ka, kb = (c, a), (c, b)
+    if ka not in rows or kb not in rows:
         return
-    r = x / y
-    ok = "" if goal is None else (" (target %s %.2f: %s)" % ("≤" if lower else "≥", goal, "met" if (r <= goal if lower else r >= goal) else "missed"))
-    print("- c=%d: %s / %s = **%.2f**%s" % (c, a, b, r, ok))
-levels = sorted({c for c, _ in n})
-for c in levels:
-    ratio(c, "nxco-cgi", "nx-fpm", goal=0.95)
-    ratio(c, "nxkco-cgi", "nxk-fpm", goal=1.05)
-    ratio(c, "co-cgi", "nx-fpm", goal=1.2)
-    ratio(c, "co-lsphp-opc", "nx-fpm", goal=1.4)
-    ratio(c, "co-null", "nxk-null", goal=1.2 if c >= 100 else 1.0)
-    ratio(c, "co-null", "hap-null", goal=1.2 if c >= 100 else 1.0)
-    best = min((cpu(c, x), x) for x in ("nx-null", "nxk-null", "hap-null") if cpu(c, x) is not None) if any(cpu(c, x) for x in ("nx-null", "nxk-null", "hap-null")) else None
-    if best and cpu(c, "co-null"):
-        r = cpu(c, "co-null") / best[0]
-        print("- c=%d: CPU µs/request of corral (co-null) / the cheapest of nginx and HAProxy (%s) = **%.2f** (target ≤ 1.0: %s; stretch 0.8)" % (c, best[1], r, "met" if r <= 1.0 else "missed"))
+    bad = "; ".join(w for w in (why(ka), why(kb)) if w)
+    if bad:
+        print(f"- c={c}: {a} / {b} = — ({bad})")
+        return
+    r = rps(ka) / rps(kb)
+    print(f"- c={c}: {a} / {b} = **{r:.2f}** (target ≥ {goal:.2f}: {'met' if r >= goal else 'missed'})")
+for c in sorted({c for c, _ in rows}):
+    ratio(c, "nxco-cgi", "nx-fpm", 0.95)
+    ratio(c, "nxkco-cgi", "nxk-fpm", 1.05)
+    ratio(c, "co-cgi", "nx-fpm", 1.2)
+    ratio(c, "co-lsphp-opc", "nx-fpm", 1.4)
+    ratio(c, "co-null", "nxk-null", 1.2 if c >= 100 else 1.0)
+    ratio(c, "co-null", "hap-null", 1.2 if c >= 100 else 1.0)
+    peers = [(cpu((c, x)), x) for x in ("nx-null", "nxk-null", "hap-null") if valid((c, x))]
+    if (c, "co-null") in rows and peers:
+        best = min(peers)
+        if valid((c, "co-null")):
+            r = cpu((c, "co-null")) / best[0]
+            print(f"- c={c}: CPU µs/request of corral (co-null) / the cheapest valid row of nginx and HAProxy "
+                  f"({best[1]}) = **{r:.2f}** (target ≤ 1.0: {'met' if r <= 1.0 else 'missed'}; stretch 0.8)")
+        else:
+            print(f"- c={c}: CPU µs/request of corral (co-null) / the cheapest of nginx and HAProxy = — ({why((c, 'co-null'))})")
 PY
 }
 report > "$s/report.md"
 cat "$s/report.md"
-# With OUT=benches/RESULTS.md the table replaces (or is appended as) the section between the
-# `<!-- hop.sh -->` markers there, which benches/compare.sh keeps.
-if [ -n "${OUT:-}" ]; then
-  python3 - "$OUT" "$s/report.md" <<'PY'
-import re, sys
-out, report = sys.argv[1], sys.argv[2]
-block = ("<!-- hop.sh -->\n## One hop through corral, under wrk -t1, CPU per request of every process\n\n"
-         "Generated by `benches/hop.sh`; kept by `benches/compare.sh`.\n\n"
-         + open(report).read().strip() + "\n<!-- /hop.sh -->")
-try:
-    text = open(out).read()
-except FileNotFoundError:
-    text = ""
-pattern = re.compile(r"<!-- hop.sh -->.*?<!-- /hop.sh -->", re.S)
-text = pattern.sub(lambda m: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
-open(out, "w").write(text)
-PY
-fi
+results_write hop "One hop through corral, under wrk -t1, CPU per request of every process" "$s/report.md"

@@ -1,0 +1,67 @@
+# Sourced by the bench scripts (bash). Each script writes what it measured into one section of
+# benches/RESULTS.md, between `<!-- begin: NAME -->` and `<!-- end: NAME -->`, and leaves the
+# rest of the file alone; a section it does not find yet is appended. Every section says what
+# it was measured at: the date, the commit (and whether the tree had uncommitted changes), the
+# exact command, the binary and the machine.
+#
+#   source benches/lib/results.sh
+#   results_start "$@"                # first thing: the command as typed, the load, the time
+#   ... measure, write the section's body (Markdown) to a file ...
+#   results_write NAME "TITLE" BODY_FILE
+#
+# The command is `bash benches/SCRIPT ARGS` with, in front, every variable of RESULTS_VARS
+# (the script's settings, space-separated, set before results_start) that was set in the
+# environment. RESULTS_BINARY, if set, is the corral binary measured.
+# OUT names the file (default benches/RESULTS.md); OUT= (set and empty) writes no section.
+
+results_start() {
+  local v cmd=""
+  for v in ${RESULTS_VARS:-}; do
+    if [ -n "${!v+x}" ]; then cmd+="$v=$(printf '%q' "${!v}") "; fi
+  done
+  cmd+="bash benches/$(basename "$0")"
+  for v in "$@"; do cmd+=" $(printf '%q' "$v")"; done
+  results_cmd=$cmd
+  results_load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+  results_started=$(date -u '+%Y-%m-%d %H:%M UTC')
+}
+
+# The commit, with "+ uncommitted changes" when tracked files other than the results differ.
+results_commit() {
+  local c dirty
+  c=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  dirty=$(git status --porcelain --untracked-files=no -- . ':(exclude)benches/RESULTS.md' \
+    ':(exclude)benches/results' 2>/dev/null | head -n 1)
+  if [ -n "$dirty" ]; then echo "$c + uncommitted changes"; else echo "$c"; fi
+}
+
+results_write() { # NAME TITLE BODY_FILE
+  local out=${OUT-benches/RESULTS.md} meta binary=""
+  [ -n "$out" ] || return 0
+  if [ -n "${RESULTS_BINARY:-}" ]; then
+    binary=", binary \`${RESULTS_BINARY/#$PWD\//}\` built $(date -u -r "$RESULTS_BINARY" '+%Y-%m-%d %H:%M UTC')"
+  fi
+  meta="corral \`$(results_commit)\`$binary; started ${results_started:-?}, ended $(date -u '+%Y-%m-%d %H:%M UTC')"
+  meta+="; $(nproc) CPUs ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo))"
+  meta+="; load average ${results_load_start:-?} at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+  python3 - "$out" "$1" "$2" "${results_cmd:-bash benches/$(basename "$0")}" "$meta" "$3" <<'PY'
+import sys
+out, name, title, command, meta, body_file = sys.argv[1:7]
+begin, end = f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
+body = open(body_file).read().strip("\n")
+block = f"{begin}\n## {title}\n\n`{command}`\n\n{meta}\n\n{body}\n{end}"
+try:
+    text = open(out).read()
+except FileNotFoundError:
+    text = ""
+i, j = text.find(begin), text.find(end)
+if (i < 0) != (j < 0) or j < i:
+    sys.exit(f"{out}: the markers of section {name} are broken; not written")
+if i >= 0:
+    text = text[:i] + block + text[j + len(end):]
+else:
+    text = text.rstrip("\n") + "\n\n" + block + "\n"
+open(out, "w").write(text)
+print(f"wrote section {name} of {out}", file=sys.stderr)
+PY
+}
