@@ -5,9 +5,11 @@
 # Prints a Markdown table (req/s, p50, p99, CPU us per request summed over every process of
 # the target, and that sum split between the server's processes and the app's: corral or
 # nginx or gunicorn's master against the workers, preloader and uWSGI; Passenger's core and
-# watchdog against its RubyApp and AppPreloader) to stdout; with OUT=benches/RESULTS.md it
-# also replaces (or appends) the section between `<!-- launchers.sh -->` markers there,
-# which benches/compare.sh keeps.
+# watchdog against its RubyApp and AppPreloader), and the summed PSS of those processes after
+# the runs, to stdout, and writes it as the `launchers` section of OUT (default
+# benches/RESULTS.md; OUT= prints only; benches/lib/results.sh). wrk's socket errors, non-2xx
+# answers and timeouts are counted per target; a target with any is marked invalid and no
+# ratio is computed from it.
 #
 #   rack   P  passenger start --engine builtin, 2 app processes (smart spawning)
 #          C  corral(http) -> Rack launcher, 2 workers (preload = true)
@@ -20,11 +22,15 @@
 # Needs: passenger, uwsgi + uwsgi-plugin-python3, gunicorn, nginx, wrk, ruby, python3, root.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="DUR WARM ROUNDS CONNS CORRAL"
+results_start "$@"
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
 fi
 CORRAL=$(realpath "$CORRAL")
+RESULTS_BINARY=$CORRAL
 DUR=${DUR:-10s}
 WARM=${WARM:-2s}
 ROUNDS=${ROUNDS:-2}
@@ -81,6 +87,21 @@ ticks() { # summed utime+stime (clock ticks) of the given pids
   echo "$total"
 }
 hz=$(getconf CLK_TCK)
+pss_kib() { # summed Pss (KiB) of the given pids
+  local total=0 v p
+  for p in "$@"; do
+    v=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || true)
+    total=$((total + ${v:-0}))
+  done
+  echo "$total"
+}
+# wrk's output -> "ERRORS TIMEOUTS": socket connect/read/write errors plus non-2xx/3xx
+# answers, and socket timeouts.
+wrk_errors() {
+  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
+       /Non-2xx or 3xx/ { e += $NF }
+       END { print e + 0, t + 0 }'
+}
 
 # ---- the targets ----
 start_corral() { # $1 name, $2 pool text; sets port
@@ -157,7 +178,7 @@ targets=(
 
 report=$scratch/report.md
 exec 3>&1 1>"$report"
-declare -A reqs secs cpu appcpu p50 p99
+declare -A reqs secs cpu appcpu p50 p99 errs touts pss
 for round in $(seq "$ROUNDS"); do
   for t in "${targets[@]}"; do
     IFS='|' read -r _ _ key roots <<< "$t"
@@ -168,6 +189,7 @@ for round in $(seq "$ROUNDS"); do
     # Passenger's watchdog daemonizes its core away from `passenger start`: add every
     # process named Passenger* (its watchdog, core, preloader and app processes).
     [ "$key" != passenger ] || mapfile -t -O "${#all[@]}" all < <(pgrep -f '^Passenger' || true)
+    mapfile -t all < <(printf '%s\n' "${all[@]}" | sort -un)   # each process counted once
     # The app's processes: the workers (and preloader) under corral or gunicorn's master,
     # uWSGI's whole tree behind nginx, Passenger's app and preloader processes.
     case $key in
@@ -180,53 +202,52 @@ for round in $(seq "$ROUNDS"); do
     after=$(ticks "${all[@]}"); app_after=$(ticks "${app[@]}")
     n=$(awk '/requests in/ {print $1}' <<< "$out")
     s=$(awk '/requests in/ {sub(/s,$/, "", $4); print $4}' <<< "$out")
-    errors=$(awk '/Non-2xx|Socket errors/' <<< "$out")
-    [ -z "$errors" ] || echo "$key round $round: $errors" >&2
+    read -r we wt < <(wrk_errors <<< "$out")
+    errs[$key]=$(( ${errs[$key]:-0} + we )); touts[$key]=$(( ${touts[$key]:-0} + wt ))
+    pss[$key]=$(pss_kib "${all[@]}")
     reqs[$key]=$(( ${reqs[$key]:-0} + n ))
     secs[$key]=$(awk -v a="${secs[$key]:-0}" -v b="$s" 'BEGIN {print a + b}')
     cpu[$key]=$(( ${cpu[$key]:-0} + after - before ))
     appcpu[$key]=$(( ${appcpu[$key]:-0} + app_after - app_before ))
     p50[$key]="${p50[$key]:-} $(awk '$1 == "50%" {print $2}' <<< "$out")"
     p99[$key]="${p99[$key]:-} $(awk '$1 == "99%" {print $2}' <<< "$out")"
-    echo "round $round $key: $n requests in ${s}s" >&2
+    echo "round $round $key: $n requests in ${s}s, $we errors, $wt timeouts" >&2
   done
 done
 
-echo "| app | target | req/s | p50 (each round) | p99 (each round) | CPU µs/request (all its processes) | server's processes | app's processes |"
-echo "| --- | --- | ---: | --- | --- | ---: | ---: | ---: |"
+echo "wrk -t1 -c$CONNS -d$DUR, $ROUNDS rounds interleaved after ${WARM} warm-ups. CPU from /proc (utime+stime) over the runs;"
+echo "PSS: summed \`Pss:\` of /proc/PID/smaps_rollup of the same processes after the last round."
+echo "errors: wrk's socket connect, read and write errors and non-2xx/3xx answers; timeouts: its socket timeouts. A target with either is **invalid** and no ratio uses it."
+echo
+echo "| app | target | req/s | p50 (each round) | p99 (each round) | CPU µs/request (all its processes) | server's processes | app's processes | PSS MiB | errors | timeouts | valid |"
+echo "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+valid() { [ "${errs[$1]}" = 0 ] && [ "${touts[$1]}" = 0 ] && [ "${reqs[$1]}" -gt 0 ]; }
 for t in "${targets[@]}"; do
   IFS='|' read -r app name key _ <<< "$t"
-  rps=$(awk -v n="${reqs[$key]}" -v s="${secs[$key]}" 'BEGIN {printf "%.0f", n / s}')
-  us=$(awk -v c="${cpu[$key]}" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
-  app_us=$(awk -v c="${appcpu[$key]}" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
-  server_us=$(awk -v c="$((cpu[$key] - appcpu[$key]))" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {printf "%.0f", c / hz * 1e6 / n}')
-  echo "| $app | $name | $rps |${p50[$key]} |${p99[$key]} | $us | $server_us | $app_us |"
+  rps=$(awk -v n="${reqs[$key]}" -v s="${secs[$key]}" 'BEGIN {printf "%.0f", (s > 0) ? n / s : 0}')
+  per() { awk -v c="$1" -v n="${reqs[$key]}" -v hz="$hz" 'BEGIN {if (n > 0) printf "%.0f", c / hz * 1e6 / n; else print "-"}'; }
+  us=$(per "${cpu[$key]}"); app_us=$(per "${appcpu[$key]}"); server_us=$(per "$((cpu[$key] - appcpu[$key]))")
+  mib=$(awk -v k="${pss[$key]}" 'BEGIN {printf "%.1f", k / 1024}')
+  v=ok; valid "$key" || v="**invalid**"
+  echo "| $app | $name | $rps |${p50[$key]} |${p99[$key]} | $us | $server_us | $app_us | $mib | ${errs[$key]} | ${touts[$key]} | $v |"
 done
-ratio() { awk -v a="${reqs[$1]}" -v sa="${secs[$1]}" -v b="${reqs[$2]}" -v sb="${secs[$2]}" 'BEGIN {printf "%.2f", (a / sa) / (b / sb)}'; }
+ratio() { # $1 / $2 in req/s, or — naming the invalid one
+  local k bad=""
+  for k in "$1" "$2"; do valid "$k" || bad+="${bad:+; }$k invalid: ${errs[$k]} errors, ${touts[$k]} timeouts"; done
+  if [ -n "$bad" ]; then echo "— ($bad)"; return; fi
+  awk -v a="${reqs[$1]}" -v sa="${secs[$1]}" -v b="${reqs[$2]}" -v sb="${secs[$2]}" 'BEGIN {printf "%.2f", (a / sa) / (b / sb)}'
+}
 target() { # $1 ratio, $2 target
+  case $1 in —*) echo "not judged"; return ;; esac
   awk -v r="$1" -v t="$2" 'BEGIN { if (r >= t) print "met"; else printf "missed: %.0f %% short of it", (1 - r / t) * 100 }'
 }
+bold() { case $1 in —*) echo "$1" ;; *) echo "**$1×**" ;; esac; }
 echo
 r=$(ratio corral_rack passenger)
-echo "- Rack: corral / Passenger standalone = **${r}×** (issue 12's target ≥ 1.0×: $(target "$r" 1.0))."
+echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 12's target ≥ 1.0×: $(target "$r" 1.0))."
 r=$(ratio corral_wsgi uwsgi)
-echo "- WSGI: corral / nginx → uWSGI = **${r}×** (target ≥ 0.8×: $(target "$r" 0.8)); corral / gunicorn = $(ratio corral_wsgi gunicorn)×."
-echo
-echo "wrk -t1 -c$CONNS -d$DUR, $ROUNDS rounds interleaved after ${WARM} warm-ups; corral $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src 2>/dev/null || echo ' + uncommitted changes'); $(nproc) CPUs, $(date -u '+%Y-%m-%d %H:%M UTC')"
+g=$(ratio corral_wsgi gunicorn)
+echo "- WSGI: corral / nginx → uWSGI = $(bold "$r") (target ≥ 0.8×: $(target "$r" 0.8)); corral / gunicorn = $(bold "$g")."
 exec 1>&3
 cat "$report"
-if [ -n "${OUT:-}" ]; then
-  python3 - "$OUT" "$report" <<'PY'
-import re, sys
-out, report = sys.argv[1], sys.argv[2]
-table = open(report).read().strip()
-block = "<!-- launchers.sh -->\n## Launchers: Rack and WSGI hello world beside Passenger, uWSGI, gunicorn\n\nGenerated by `benches/launchers.sh`; kept by `benches/compare.sh`.\n\n" + table + "\n<!-- /launchers.sh -->"
-try:
-    text = open(out).read()
-except FileNotFoundError:
-    text = ""
-pattern = re.compile(r"<!-- launchers.sh -->.*?<!-- /launchers.sh -->", re.S)
-text = pattern.sub(lambda m: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
-open(out, "w").write(text)
-PY
-fi
+results_write launchers "Launchers: Rack and WSGI hello world beside Passenger, uWSGI, gunicorn" "$report"
