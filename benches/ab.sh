@@ -9,8 +9,15 @@
 # THREADS_A / THREADS_B set `[server] threads` of each (default: unset, one per CPU), so the
 # same binary can be measured against itself with 1 and 2 runtime threads; SCHED_A / SCHED_B
 # set `[server] scheduler` ("per-thread" or "work-stealing"; default: unset, corral's default).
+# wrk's errors and timeouts are counted per path and binary; a path with any prints — for
+# B/A. The table goes to stdout and to the `ab` section of OUT (default benches/RESULTS.md;
+# OUT= prints only; RESULTS_SECTION=ab-NAME keeps another comparison beside it;
+# benches/lib/results.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="SECS ROUNDS CONC THREADS_A THREADS_B SCHED_A SCHED_B"
+results_start "$@"
 a_bin=$(realpath "$1")
 b_bin=$(realpath "$2")
 SECS=${SECS:-5}
@@ -77,13 +84,18 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/ {n += $2} END {print n + 0}'; }
 nginx_ticks() { local t=0 p; for p in $(pgrep -P "$nginx") "$nginx"; do t=$((t + $(ticks "$p"))); done; echo $t; }
 hz=$(getconf CLK_TCK)
-declare -A reqs cpu ncpu csw
+declare -A reqs cpu ncpu csw errs
+# wrk's output -> the number of socket errors (timeouts included) and non-2xx/3xx answers.
+wrk_errors() {
+  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8 + $10 } /Non-2xx or 3xx/ { e += $NF } END { print e + 0 }'
+}
 run() { # KEY PID URL
   local b nb out n
   b=$(ticks "$2"); nb=$(nginx_ticks); local sw; sw=$(switches "$2")
   out=$(wrk -t1 -c"$CONC" -d"${SECS}s" "$3" 2>&1)
   n=$(awk '/requests in/ {print $1}' <<< "$out")
-  reqs[$1]=$(( ${reqs[$1]:-0} + n ))
+  reqs[$1]=$(( ${reqs[$1]:-0} + ${n:-0} ))
+  errs[$1]=$(( ${errs[$1]:-0} + $(wrk_errors <<< "$out") ))
   cpu[$1]=$(( ${cpu[$1]:-0} + $(ticks "$2") - b ))
   ncpu[$1]=$(( ${ncpu[$1]:-0} + $(nginx_ticks) - nb ))
   csw[$1]=$(( ${csw[$1]:-0} + $(switches "$2") - sw ))
@@ -93,15 +105,25 @@ for _ in $(seq "$ROUNDS"); do
   run keep-a "$a_pid" http://127.0.0.1:18821/x; run keep-b "$b_pid" http://127.0.0.1:18822/x
   run http-a "$a_pid" http://127.0.0.1:18801/x; run http-b "$b_pid" http://127.0.0.1:18802/x
 done
+report=$s/report.txt
+exec 3>&1 1>"$report"
 echo "wrk -t1 -c$CONC, ${SECS}s x $ROUNDS rounds interleaved; A = $1${THREADS_A:+ (threads $THREADS_A)}${SCHED_A:+ ($SCHED_A)}, B = $2${THREADS_B:+ (threads $THREADS_B)}${SCHED_B:+ ($SCHED_B)}"
 printf '%-22s %10s %10s %12s %12s %12s\n' path "A req/s" "B req/s" "A corral µs" "B corral µs" "B/A CPU"
 for p in plain keep http; do
   awk -v p="$p" -v ra="${reqs[$p-a]}" -v rb="${reqs[$p-b]}" -v ca="${cpu[$p-a]}" -v cb="${cpu[$p-b]}" \
-      -v na="${ncpu[$p-a]}" -v nb="${ncpu[$p-b]}" -v sa="${csw[$p-a]}" -v sb="${csw[$p-b]}" -v t="$((SECS * ROUNDS))" -v hz="$hz" 'BEGIN {
-    ua = ca / hz * 1e6 / ra; ub = cb / hz * 1e6 / rb
+      -v na="${ncpu[$p-a]}" -v nb="${ncpu[$p-b]}" -v sa="${csw[$p-a]}" -v sb="${csw[$p-b]}" -v t="$((SECS * ROUNDS))" -v hz="$hz" \
+      -v ea="${errs[$p-a]}" -v eb="${errs[$p-b]}" 'BEGIN {
     name = (p == "http") ? "wrk -> corral http" : "nginx " p " -> corral"
+    if (ea + eb > 0 || ra == 0 || rb == 0) {
+      printf "%-22s %10.0f %10.0f %12s %12s %12s   (invalid: wrk errors and timeouts A %d, B %d)\n", name, ra / t, rb / t, "-", "-", "—", ea, eb
+      exit }
+    ua = ca / hz * 1e6 / ra; ub = cb / hz * 1e6 / rb
     printf "%-22s %10.0f %10.0f %12.1f %12.1f %12.2f", name, ra / t, rb / t, ua, ub, ub / ua
     printf "   (sleeps/req: A %.2f, B %.2f)", sa / ra, sb / rb
     if (p != "http") printf "   (nginx µs: A %.1f, B %.1f)", na / hz * 1e6 / ra, nb / hz * 1e6 / rb
     printf "\n" }'
 done
+exec 1>&3
+{ echo '```'; cat "$report"; echo '```'; } > "$s/report.md"
+cat "$report"
+results_write ab "Two corral binaries or settings side by side (benches/ab.sh)" "$s/report.md"

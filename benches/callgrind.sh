@@ -17,9 +17,14 @@
 # for plain/keep), ACCESS=1 (corral's access log on), SCHED (`[server] scheduler`),
 # CORRAL (the binary, default the release build), OUT_DIR (where corral's last profile is
 # left as callgrind.out.corral for callgrind_annotate, default /tmp), STRACE=0 skips the
-# system-call counts. Needs valgrind, strace, nginx, haproxy and ab.
+# system-call counts, OUT (default benches/RESULTS.md, whose `callgrind-PATH` section, or
+# `callgrind-PATH-access` with ACCESS=1, the table replaces; OUT= prints only;
+# benches/lib/results.sh). Needs valgrind, strace, nginx, haproxy and ab.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="SERVERS ACCESS SCHED CORRAL OUT_DIR STRACE"
+results_start "$@"
 mode=${1:-http}
 n1=${2:-1000}
 n2=${3:-3000}
@@ -34,6 +39,7 @@ if [ -z "${CORRAL:-}" ]; then
   CORRAL=target/release/corral
 fi
 CORRAL=$(realpath "$CORRAL")
+RESULTS_BINARY=$CORRAL
 out_dir=${OUT_DIR:-/tmp}
 
 # Writes corral's, nginx's and HAProxy's configurations into $1.
@@ -167,7 +173,9 @@ per_request() { # TOOL SERVER -> count per request
 }
 
 note=""; [ -n "${ACCESS:-}" ] && note=" (corral's access log on)"
-echo "path $mode$note, ab -k -c4, $n2 - $n1 requests, $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+report=$(mktemp /tmp/corral-cg-report.XXXXXX)
+exec 3>&1 1>"$report"
+echo "path $mode$note, ab -k -c4; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), under valgrind --tool=callgrind and strace -c -f."
 echo
 echo "| server | user-space instructions per request | system calls per request |"
 echo "| --- | ---: | ---: |"
@@ -180,3 +188,8 @@ for server in $SERVERS; do
     if (m != "http" && s == "nginx") who = "nginx (its whole request, corral behind it)";
     printf "| %s | %.1fk | %s |\n", who, ir / 1000, sys }'
 done
+exec 1>&3
+cat "$report"
+title="Instructions and system calls per request, path $mode$note"
+results_write "callgrind-$mode${ACCESS:+-access}" "$title" "$report"
+rm -f "$report"

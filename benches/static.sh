@@ -4,15 +4,21 @@
 # wrk -t1 -c20, nginx 1.22 (one worker, `sendfile on`) and each corral binary given (one
 # serving thread), rounds interleaved; CPU per request of the server from /proc/PID/stat.
 # Usage: bash benches/static.sh [CORRAL...]   (default: the release build)
-# Env: ROUNDS (3), DUR (5s). Needs nginx, wrk, curl and python3.
+# Env: ROUNDS (3), DUR (5s), OUT (default benches/RESULTS.md, whose `static` section the table
+# replaces; OUT= prints only; benches/lib/results.sh). wrk's errors and timeouts are counted
+# per run; a run with either is marked invalid. Needs nginx, wrk, curl and python3.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="ROUNDS DUR"
+results_start "$@"
 ROUNDS=${ROUNDS:-3}
 DUR=${DUR:-5s}
 if [ "$#" -eq 0 ]; then
   cargo build --release --quiet
   set -- target/release/corral
 fi
+[ "$#" -ne 1 ] || RESULTS_BINARY=$1
 s=$(mktemp -d /tmp/corral-static.XXXXXX)
 chmod 755 "$s"
 pids=()
@@ -74,10 +80,20 @@ CF
 done
 hz=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-echo "1,741-byte file, wrk -t1 -c20 -d$DUR, $ROUNDS rounds interleaved, $(date -u '+%Y-%m-%d %H:%M UTC')"
+# wrk's output -> "ERRORS TIMEOUTS": socket connect/read/write errors plus non-2xx/3xx answers,
+# and socket timeouts.
+wrk_errors() {
+  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
+       /Non-2xx or 3xx/ { e += $NF }
+       END { print e + 0, t + 0 }'
+}
+report=$s/report.md
+exec 3>&1 1>"$report"
+echo "1,741-byte file, wrk -t1 -c20 -d$DUR after a 1 s warm-up, $ROUNDS rounds interleaved; CPU of the serving process from /proc."
+echo "errors: wrk's socket connect, read and write errors and non-2xx/3xx answers; timeouts: its socket timeouts; a run with either is **invalid**."
 echo
-echo "| round | server | req/s | CPU µs per request | errors |"
-echo "| --- | --- | ---: | ---: | --- |"
+echo "| round | server | req/s | CPU µs per request | errors | timeouts | valid |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 for r in $(seq "$ROUNDS"); do
   for j in "${!names[@]}"; do
     wrk -t1 -c20 -d1s "${urls[$j]}" > /dev/null
@@ -86,8 +102,12 @@ for r in $(seq "$ROUNDS"); do
     c1=$(cpu "${procs[$j]}")
     rps=$(awk '/Requests\/sec/ {print $2}' <<< "$out")
     reqs=$(awk '/requests in/ {print $1}' <<< "$out")
-    errors=$(grep -E 'Socket errors|Non-2xx' <<< "$out" | tr -s ' ' | tr '\n' ' ' || true)
-    us=$(awk -v a="$c0" -v b="$c1" -v n="$reqs" -v hz="$hz" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }')
-    echo "| $r | ${names[$j]} | $rps | $us | ${errors:-0} |"
+    read -r errs touts < <(wrk_errors <<< "$out")
+    us=$(awk -v a="$c0" -v b="$c1" -v n="${reqs:-0}" -v hz="$hz" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / hz / n; else print "-" }')
+    v=ok; [ "$errs" = 0 ] && [ "$touts" = 0 ] && [ "${reqs:-0}" -gt 0 ] || v="**invalid**"
+    echo "| $r | ${names[$j]} | $rps | $us | $errs | $touts | $v |"
   done
 done
+exec 1>&3
+cat "$report"
+results_write static "Static files: corral's HTTP listener beside nginx" "$report"

@@ -9,8 +9,13 @@
 # SCGI launcher of $SCGI_REV on the same variables.
 #
 #   bash benches/wsgi-path.sh        (CORRAL=path/to/corral to skip the build; N=3000)
+# The table goes to stdout and to the `wsgi-path` section of OUT (default benches/RESULTS.md;
+# OUT= prints only; benches/lib/results.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="N SCGI_REV PYTHON CORRAL"
+results_start "$@"
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
@@ -18,6 +23,9 @@ fi
 N=${N:-3000}
 SCGI_REV=${SCGI_REV:-2c19060}
 PYTHON=${PYTHON:-python3}
+# The interpreter itself, not a wrapper that execs it (pyenv's shims are shell scripts, and
+# callgrind would count the wrapper).
+PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')
 s=$(mktemp -d /tmp/corral-wsgi-path.XXXXXX)
 pids=()
 cleanup() {
@@ -134,8 +142,16 @@ for _ in range(n):
 if stage == "info":
     print("%d-byte BEGIN_REQUEST, %d env pairs; %d-byte SCGI head" % (len(packet), fields[7], len(head)))
 EOF
+report=$s/report.md
+exec 3>&1 1>"$report"
 "$PYTHON" "$s/drive.py" info 0 "$s"
-ir() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$PYTHON" "$s/drive.py" "$1" "$2" "$s" 2>&1 | awk '/Collected/ {print $4}'; }
+echo
+ir() {
+  local n
+  n=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$PYTHON" "$s/drive.py" "$1" "$2" "$s" 2>&1 | awk '/Collected/ {print $4}')
+  [ -n "$n" ] || { echo "callgrind counted nothing for stage $1" >&2; exit 1; }
+  echo "$n"
+}
 echo "| stage | instructions per request |"
 echo "| --- | ---: |"
 for stage in lsapi parse pairs environ respond scgi; do
@@ -144,4 +160,7 @@ for stage in lsapi parse pairs environ respond scgi; do
   echo "| $stage | $(( (full - zero) / N )) |"
 done
 echo
-echo "lsapi: the whole path (parse, environ, app, framing); parse: BEGIN_REQUEST alone; pairs: its env pairs; environ; respond: app, start_response and framing; scgi: the whole path of the SCGI launcher at $SCGI_REV. callgrind, N=$N, $("$PYTHON" -V 2>&1), corral $(git rev-parse --short HEAD)"
+echo "lsapi: the whole path (parse, environ, app, framing); parse: BEGIN_REQUEST alone; pairs: its env pairs; environ; respond: app, start_response and framing; scgi: the whole path of the SCGI launcher at $SCGI_REV. callgrind, (N requests - none) / N, N=$N, $("$PYTHON" -V 2>&1)."
+exec 1>&3
+cat "$report"
+results_write wsgi-path "The WSGI launcher's pure-Python request path, instructions per request" "$report"

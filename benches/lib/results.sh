@@ -13,10 +13,12 @@
 # (the script's settings, space-separated, set before results_start) that was set in the
 # environment. RESULTS_BINARY, if set, is the corral binary measured.
 # OUT names the file (default benches/RESULTS.md); OUT= (set and empty) writes no section.
+# RESULTS_SECTION, if set, replaces NAME: a second run kept beside the first (a baseline
+# build, another setting), e.g. RESULTS_SECTION=callgrind-http-before CORRAL=old/corral.
 
 results_start() {
   local v cmd=""
-  for v in ${RESULTS_VARS:-}; do
+  for v in ${RESULTS_VARS:-} RESULTS_SECTION; do
     if [ -n "${!v+x}" ]; then cmd+="$v=$(printf '%q' "${!v}") "; fi
   done
   cmd+="bash benches/$(basename "$0")"
@@ -44,7 +46,7 @@ results_write() { # NAME TITLE BODY_FILE
   meta="corral \`$(results_commit)\`$binary; started ${results_started:-?}, ended $(date -u '+%Y-%m-%d %H:%M UTC')"
   meta+="; $(nproc) CPUs ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo))"
   meta+="; load average ${results_load_start:-?} at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end."
-  python3 - "$out" "$1" "$2" "${results_cmd:-bash benches/$(basename "$0")}" "$meta" "$3" <<'PY'
+  python3 - "$out" "${RESULTS_SECTION:-$1}" "$2" "${results_cmd:-bash benches/$(basename "$0")}" "$meta" "$3" <<'PY'
 import sys
 out, name, title, command, meta, body_file = sys.argv[1:7]
 begin, end = f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
