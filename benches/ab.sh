@@ -126,4 +126,4 @@ done
 exec 1>&3
 { echo '```'; cat "$report"; echo '```'; } > "$s/report.md"
 cat "$report"
-results_write ab "Two corral binaries or settings side by side (benches/ab.sh)" "$s/report.md"
+results_write ab "Side by side at c=$CONC: A = $1${THREADS_A:+ (threads $THREADS_A)}${SCHED_A:+ ($SCHED_A)}, B = $2${THREADS_B:+ (threads $THREADS_B)}${SCHED_B:+ ($SCHED_B)}" "$s/report.md"
