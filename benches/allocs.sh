@@ -22,7 +22,9 @@ grep -q '^| path |' "$out" || { echo "the bench printed no table (exit $status)"
 {
   echo "Counted over 2,000 requests per path after as many to warm up; the bench's output as it printed it:"
   echo
-  grep -E '^\||^(ok|FAIL):' "$out"
+  grep '^|' "$out"
+  echo
+  grep -E '^(ok|FAIL):' "$out" || echo "the bench exited with $status and no verdict"
 } > "$out.md"
 results_write pipeline-allocs "Heap allocations per request (benches/pipeline.rs --allocs)" "$out.md"
 rm -f "$out.md"
