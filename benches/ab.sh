@@ -85,17 +85,15 @@ switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_sw
 nginx_ticks() { local t=0 p; for p in $(pgrep -P "$nginx") "$nginx"; do t=$((t + $(ticks "$p"))); done; echo $t; }
 hz=$(getconf CLK_TCK)
 declare -A reqs cpu ncpu csw errs
-# wrk's output -> the number of socket errors (timeouts included) and non-2xx/3xx answers.
-wrk_errors() {
-  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8 + $10 } /Non-2xx or 3xx/ { e += $NF } END { print e + 0 }'
-}
+
 run() { # KEY PID URL
   local b nb out n
   b=$(ticks "$2"); nb=$(nginx_ticks); local sw; sw=$(switches "$2")
   out=$(wrk -t1 -c"$CONC" -d"${SECS}s" "$3" 2>&1)
   n=$(awk '/requests in/ {print $1}' <<< "$out")
   reqs[$1]=$(( ${reqs[$1]:-0} + ${n:-0} ))
-  errs[$1]=$(( ${errs[$1]:-0} + $(wrk_errors <<< "$out") ))
+  local e to; read -r e to < <(wrk_errors <<< "$out")
+  errs[$1]=$(( ${errs[$1]:-0} + e + to ))
   cpu[$1]=$(( ${cpu[$1]:-0} + $(ticks "$2") - b ))
   ncpu[$1]=$(( ${ncpu[$1]:-0} + $(nginx_ticks) - nb ))
   csw[$1]=$(( ${csw[$1]:-0} + $(switches "$2") - sw ))

@@ -313,13 +313,6 @@ for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 
   [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done
 
-# wrk's output -> "ERRORS TIMEOUTS": socket connect/read/write errors plus non-2xx/3xx answers,
-# and socket timeouts.
-wrk_errors() {
-  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
-       /Non-2xx or 3xx/ { e += $NF }
-       END { print e + 0, t + 0 }'
-}
 res=$s/results.tsv
 : > "$res"
 for c in $LEVELS; do

@@ -95,13 +95,6 @@ pss_kib() { # summed Pss (KiB) of the given pids
   done
   echo "$total"
 }
-# wrk's output -> "ERRORS TIMEOUTS": socket connect/read/write errors plus non-2xx/3xx
-# answers, and socket timeouts.
-wrk_errors() {
-  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
-       /Non-2xx or 3xx/ { e += $NF }
-       END { print e + 0, t + 0 }'
-}
 
 # ---- the targets ----
 start_corral() { # $1 name, $2 pool text; sets port

@@ -80,13 +80,6 @@ CF
 done
 hz=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# wrk's output -> "ERRORS TIMEOUTS": socket connect/read/write errors plus non-2xx/3xx answers,
-# and socket timeouts.
-wrk_errors() {
-  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
-       /Non-2xx or 3xx/ { e += $NF }
-       END { print e + 0, t + 0 }'
-}
 report=$s/report.md
 exec 3>&1 1>"$report"
 echo "1,741-byte file, wrk -t1 -c20 -d$DUR after a 1 s warm-up, $ROUNDS rounds interleaved; CPU of the serving process from /proc."

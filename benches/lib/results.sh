@@ -8,6 +8,7 @@
 #   results_start "$@"                # first thing: the command as typed, the load, the time
 #   ... measure, write the section's body (Markdown) to a file ...
 #   results_write NAME "TITLE" BODY_FILE
+#   read -r errors timeouts < <(wrk_errors <<< "$wrk_output")
 #
 # The command is `bash benches/SCRIPT ARGS` with, in front, every variable of RESULTS_VARS
 # (the script's settings, space-separated, set before results_start) that was set in the
@@ -66,4 +67,12 @@ else:
 open(out, "w").write(text)
 print(f"wrote section {name} of {out}", file=sys.stderr)
 PY
+}
+
+# wrk's output on stdin -> "ERRORS TIMEOUTS": its socket connect, read and write errors plus
+# its non-2xx/3xx answers, and its socket timeouts. A run with either is invalid.
+wrk_errors() {
+  awk '/Socket errors/ { gsub(/,/, ""); e += $4 + $6 + $8; t += $10 }
+       /Non-2xx or 3xx/ { e += $NF }
+       END { print e + 0, t + 0 }'
 }
