@@ -63,7 +63,7 @@ if (i < 0) != (j < 0) or j < i:
 if i >= 0:
     text = text[:i] + block + text[j + len(end):]
 else:
-    text = text.rstrip("\n") + "\n\n" + block + "\n"
+    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
 open(out, "w").write(text)
 print(f"wrote section {name} of {out}", file=sys.stderr)
 PY
