@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one test command: installs the real peers (scripts/setup-peers.sh),
 # then runs every test of the workspace, clippy with warnings denied, the
-# rustfmt check, and a bounded fuzzing run of every fuzz target
+# rustfmt check, the check of the results writer (benches/lib/check.sh), and a bounded fuzzing run of every fuzz target
 # (scripts/fuzz.sh). Exits non-zero on the first failure.
 set -euo pipefail
 
@@ -24,6 +24,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 section "cargo fmt --all --check"
 cargo fmt --all --check
+
+section "benches/lib/check.sh (the writer of benches/RESULTS.md's sections)"
+bash benches/lib/check.sh
 
 # Fuzzing, last: FUZZ_SECONDS per target (10 targets). Measured on 2 cores:
 # installing cargo-fuzz 1 min (once per ~/.cargo cache), building the targets
