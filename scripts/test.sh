@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one test command: installs the real peers (scripts/setup-peers.sh),
 # then runs every test of the workspace, clippy with warnings denied, the
-# rustfmt check, the check of the results writer (benches/lib/check.sh), and a bounded fuzzing run of every fuzz target
-# (scripts/fuzz.sh). Exits non-zero on the first failure.
+# rustfmt check, the check of the results writer (benches/lib/check.sh),
+# and a bounded fuzzing run of every fuzz target (scripts/fuzz.sh). Exits
+# non-zero on the first failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
