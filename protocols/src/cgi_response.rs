@@ -181,6 +181,46 @@ fn snippet(b: &[u8]) -> Vec<u8> {
     b.get(..SNIPPET_LEN).unwrap_or(b).to_vec()
 }
 
+/// Header lines a head holds without the parser allocating: more than most applications send.
+const INLINE_FIELDS: usize = 16;
+
+/// The name and value ranges of a head's header lines, the first [`INLINE_FIELDS`] inline, so
+/// that parsing a head allocates only the list it returns.
+#[derive(Debug, Clone, Default)]
+struct Fields {
+    inline: [[u32; 4]; INLINE_FIELDS],
+    len: usize,
+    more: Vec<[u32; 4]>,
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        self.len = 0;
+        self.more.clear();
+    }
+
+    /// Offsets past `u32::MAX` (never, under any head limit) are clamped, and then clamped
+    /// again to the head when sliced.
+    fn push(&mut self, name: Range<usize>, value: Range<usize>) {
+        let field = [name.start, name.end, value.start, value.end]
+            .map(|at| u32::try_from(at).unwrap_or(u32::MAX));
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = field,
+            None => self.more.push(field),
+        }
+        self.len += 1;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
+        let at = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        self.inline
+            .iter()
+            .take(self.len)
+            .chain(&self.more)
+            .map(move |&[a, b, c, d]| (at(a)..at(b), at(c)..at(d)))
+    }
+}
+
 /// Incremental parser of one CGI response head.
 ///
 /// Call [`decode`](Self::decode) each time bytes are appended to the same buffer. It returns
@@ -199,7 +239,7 @@ pub struct CgiResponseDecoder {
     /// Status code and reason range, once seen.
     status: Option<(u16, Range<usize>)>,
     /// Name and value ranges of the other header lines.
-    fields: Vec<(Range<usize>, Range<usize>)>,
+    fields: Fields,
     location_seen: bool,
 }
 
@@ -213,7 +253,7 @@ impl CgiResponseDecoder {
             scanned: 0,
             lines: 0,
             status: None,
-            fields: Vec::new(),
+            fields: Fields::default(),
             location_seen: false,
         }
     }
@@ -347,7 +387,7 @@ impl CgiResponseDecoder {
             }
             check_location(value_bytes)?;
         }
-        self.fields.push((at..at + colon, shift(value)));
+        self.fields.push(at..at + colon, shift(value));
         Ok(())
     }
 
@@ -361,7 +401,7 @@ impl CgiResponseDecoder {
             headers: self
                 .fields
                 .iter()
-                .map(|(n, v)| (slice(n), slice(v)))
+                .map(|(n, v)| (slice(&n), slice(&v)))
                 .collect(),
         }
     }

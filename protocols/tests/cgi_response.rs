@@ -570,3 +570,29 @@ fn a_head_parsed_in_place_matches_the_buffered_parse() {
     assert_eq!(head, decode(whole).unwrap().0);
     assert_eq!(&buf[..], b"rest");
 }
+
+/// The parser keeps the first header lines inline and the rest in a list: a head with more
+/// lines than fit inline keeps every one, in order, and a decoder reused after it starts
+/// from none.
+#[test]
+fn a_head_with_many_header_lines_keeps_them_all_in_order() {
+    let mut text = String::from("Status: 201 Created\r\n");
+    for i in 0..40 {
+        text.push_str(&format!("X-Field-{i}: value {i}\r\n"));
+    }
+    text.push_str("\r\nbody");
+    let mut decoder = CgiResponseDecoder::new(&Limits::DEFAULT);
+    let mut buf = BytesMut::from(text.as_bytes());
+    let head = decoder.decode(&mut buf).unwrap().expect("a complete head");
+    assert_eq!(head.status.as_ref().map(|s| s.code), Some(201));
+    assert_eq!(head.headers.len(), 40);
+    for (i, (name, value)) in head.headers.iter().enumerate() {
+        assert_eq!(&name[..], format!("X-Field-{i}").as_bytes());
+        assert_eq!(&value[..], format!("value {i}").as_bytes());
+    }
+    assert_eq!(&buf[..], b"body");
+    let mut next = BytesMut::from(&b"A: 1\r\n\r\n"[..]);
+    let head = decoder.decode(&mut next).unwrap().expect("the second head");
+    assert_eq!(head.headers.len(), 1);
+    assert_eq!(&head.headers[0].0[..], b"A");
+}

@@ -33,6 +33,10 @@ pub struct BackendConnection {
     pub(super) inbuf: bytes::BytesMut,
     /// The write buffer, kept the same way: a request's head is encoded into it.
     pub(super) outbuf: bytes::BytesMut,
+    /// The timer an exchange waits on for its deadlines, made by the first exchange that
+    /// waits and reset by the next ones, so a kept connection allocates it once. Bound to
+    /// the runtime (serving thread) it was made on: dropped when the stream moves.
+    pub(super) timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl BackendConnection {
@@ -57,6 +61,7 @@ impl BackendConnection {
             shard: crate::shards::current(),
             inbuf: bytes::BytesMut::new(),
             outbuf: bytes::BytesMut::new(),
+            timer: None,
         })
     }
 
@@ -70,6 +75,7 @@ impl BackendConnection {
             shard: crate::shards::current(),
             inbuf: bytes::BytesMut::new(),
             outbuf: bytes::BytesMut::new(),
+            timer: None,
         }
     }
 
@@ -194,6 +200,7 @@ impl Connections {
                         served: conn.served,
                         inbuf: conn.inbuf,
                         outbuf: conn.outbuf,
+                        timer: None,
                     })
                 }
                 Err(e) => {

@@ -9,7 +9,7 @@
 //! be written, and bytes are read only when the codec needs more to make progress, so the
 //! input buffer never holds more than one record, packet or head plus one read.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -240,7 +240,7 @@ impl Exchange {
     /// Reads until the response head has arrived.
     pub(super) async fn read_head(&mut self) -> Result<CgiResponseHead, BackendError> {
         loop {
-            match self.next_step().await? {
+            match poll_fn(|cx| self.poll_step(cx)).await? {
                 Step::Head(head) => return Ok(head),
                 Step::Data(_) | Step::End { .. } => {
                     return Err(BackendError::Protocol {
@@ -265,25 +265,29 @@ impl Exchange {
         }
     }
 
-    /// The next step that matters to the front; stderr is logged here.
-    async fn next_step(&mut self) -> Result<Step, BackendError> {
+    /// The next step that matters to the front; stderr is logged here. Every state lives in
+    /// the exchange, so a caller may stop polling and come back (cancel-safe).
+    fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step, BackendError>> {
         loop {
             let step = match self.codec.decode(&mut self.inbuf)? {
                 Some(step) => step,
                 None if self.eof => match self.codec.eof(&mut self.inbuf) {
                     Ok(step) => step,
-                    Err(e @ BackendError::ClosedEarly { .. }) => return Err(self.closed_error(e)),
-                    Err(e) => return Err(e),
+                    Err(e @ BackendError::ClosedEarly { .. }) => {
+                        return Poll::Ready(Err(self.closed_error(e)))
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
                 },
-                None => {
-                    self.fill().await?;
-                    continue;
-                }
+                None => match self.poll_fill(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
             };
             match step {
                 Step::Stderr(text) => self.log_stderr(&text),
                 Step::Nothing => {}
-                step => return Ok(step),
+                step => return Poll::Ready(Ok(step)),
             }
         }
     }
@@ -323,33 +327,48 @@ impl Exchange {
         }
     }
 
-    /// Does I/O until some bytes (or the end of the stream) have been read.
-    async fn fill(&mut self) -> Result<(), BackendError> {
+    /// Does I/O until some bytes (or the end of the stream) have been read, within the
+    /// first-byte and request deadlines. As `tokio::time::timeout` would, the I/O is polled
+    /// before the deadline, so bytes that are there win over a deadline that just passed.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BackendError>> {
         loop {
+            match self.poll_io(cx) {
+                Poll::Ready(Ok(Progress::Read)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(Progress::RequestSent)) => {
+                    self.first_byte_deadline =
+                        Some(Instant::now() + self.options.timeouts.first_byte);
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
             let first_byte = self.first_byte_deadline.filter(|_| !self.got_byte);
             let deadline = match first_byte {
                 Some(fb) if fb < self.request_deadline => fb,
                 _ => self.request_deadline,
             };
-            let io = poll_fn(|cx| self.poll_io(cx));
-            match tokio::time::timeout_at(deadline, io).await {
-                Ok(Ok(Progress::Read)) => return Ok(()),
-                Ok(Ok(Progress::RequestSent)) => {
-                    self.first_byte_deadline =
-                        Some(Instant::now() + self.options.timeouts.first_byte);
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) if deadline < self.request_deadline => {
-                    return Err(BackendError::FirstByteTimeout {
-                        after: self.options.timeouts.first_byte,
-                    })
-                }
-                Err(_) => {
-                    return Err(BackendError::RequestTimeout {
-                        after: self.options.timeouts.request,
-                    })
-                }
+            // `poll_io` answered Pending, so the connection is there.
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Pending;
+            };
+            let timer = conn
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
             }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            return Poll::Ready(Err(if deadline < self.request_deadline {
+                BackendError::FirstByteTimeout {
+                    after: self.options.timeouts.first_byte,
+                }
+            } else {
+                BackendError::RequestTimeout {
+                    after: self.options.timeouts.request,
+                }
+            }));
         }
     }
 
@@ -571,31 +590,44 @@ impl ResponseBody {
     /// The next body chunk; `None` at the clean end of the response. After an error the
     /// connection is gone and every later call gives `None`.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
+        poll_fn(|cx| self.poll_chunk(cx)).await
+    }
+
+    /// [`next_chunk`](Self::next_chunk) as a poll function (cancel-safe: the state is in
+    /// the exchange), so a front can pull the body without a future per chunk.
+    pub fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BackendError>>> {
         if let Some(ahead) = self.ahead.take() {
-            return Some(ahead);
+            return Poll::Ready(Some(ahead));
         }
         if self.state != BodyState::Streaming {
-            return None;
+            return Poll::Ready(None);
         }
         loop {
-            match self.exchange.next_step().await {
+            let step = match self.exchange.poll_step(cx) {
+                Poll::Ready(step) => step,
+                Poll::Pending => return Poll::Pending,
+            };
+            match step {
                 Ok(Step::Data(chunk)) => {
                     self.look_ahead();
-                    return Some(Ok(chunk));
+                    return Poll::Ready(Some(Ok(chunk)));
                 }
                 Ok(Step::End { reusable }) => {
                     self.state = BodyState::Ended;
                     self.kept = self.exchange.finish(reusable);
-                    return None;
+                    return Poll::Ready(None);
                 }
                 Ok(Step::Head(_)) => {
-                    return Some(Err(self.fail(BackendError::Protocol {
+                    return Poll::Ready(Some(Err(self.fail(BackendError::Protocol {
                         protocol: self.exchange.protocol(),
                         rule: "the response carried a second head".into(),
-                    })))
+                    }))))
                 }
                 Ok(Step::Stderr(_) | Step::Nothing) => {}
-                Err(e) => return Some(Err(self.fail(e))),
+                Err(e) => return Poll::Ready(Some(Err(self.fail(e)))),
             }
         }
     }

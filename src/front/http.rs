@@ -26,7 +26,7 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -103,16 +103,13 @@ pub async fn serve_connection(
         .keep_alive(true)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS)
-        // hyper's own header timer is only a backstop. In hyper 1.12 it is armed whenever
-        // hyper waits for a head, and that includes a kept-alive connection waiting for its
-        // next request (`State::idle` sets `notify_read`, and the next `poll_read_head`
-        // arms the timer): one value would be both the head limit and the keep-alive limit,
-        // and a 10 s head limit would end every keep-alive connection after 10 s. The watch
-        // below times the two phases apart; hyper's timer, at their sum, can never fire
-        // earlier. Setting a timer at all also matters: without one hyper silently skips
-        // its default 30 s header timeout, with one that default would apply.
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header + timeouts.idle)
+        // No hyper header timer: the watch below times the head and the keep-alive wait
+        // apart (one hyper value would be both: in hyper 1.12 it is armed whenever hyper
+        // waits for a head, kept-alive waits included), and hyper's timer, dropped after
+        // every head, cost a boxed `Sleep` and a timer-wheel entry per request. Configured
+        // as `None`, not left unset: without a timer hyper's 30 s default is skipped with a
+        // warning, and `None` says it on purpose.
+        .header_read_timeout(None)
         // Not `pipeline_flush`: it lets hyper buffer response bodies without bound (its
         // write buffer then always accepts more), which a 1 GiB download turned into
         // hundreds of MiB. Pipelined requests are still answered in order without it.
@@ -382,7 +379,9 @@ async fn drain(mut body: GatewayBody) {
 /// backend's body, which a file corral sends replaces.
 fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -> http::HeaderMap {
     let mut out = http::HeaderMap::new();
-    let connection_named = connection_tokens(backend);
+    let has_connection = backend
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case(b"connection"));
     for (name, value) in backend {
         if name.eq_ignore_ascii_case(b"status") || sendfile::is_proxy_instruction(name) {
             continue;
@@ -398,11 +397,7 @@ fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -
         {
             continue;
         }
-        if is_hop_by_hop(name)
-            || connection_named
-                .iter()
-                .any(|t| name.eq_ignore_ascii_case(t))
-        {
+        if is_hop_by_hop(name) || (has_connection && named_by_connection(backend, name)) {
             // They described the backend's hop, which corral terminated; hyper frames
             // the client's side itself.
             tracing::debug!(
@@ -429,14 +424,6 @@ fn client_headers(backend: &[(Bytes, Bytes)], request_id: u64, for_file: bool) -
         }
     }
     out
-}
-
-/// The next chunk of `body`, as the future [`FrontBody`] polls.
-pub(super) fn next_chunk(mut body: GatewayBody) -> ChunkFuture {
-    Box::pin(async move {
-        let chunk = body.next_chunk().await;
-        (body, chunk)
-    })
 }
 
 /// Refusals decided by the request head alone, before routing:
@@ -515,15 +502,13 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
     .any(|h| name.eq_ignore_ascii_case(h))
 }
 
-/// The header names a backend's `Connection` header lists (hop-by-hop as well).
-fn connection_tokens(headers: &[(Bytes, Bytes)]) -> Vec<Vec<u8>> {
+/// Whether a `Connection` header of the backend lists `name` (which is then hop-by-hop too).
+fn named_by_connection(headers: &[(Bytes, Bytes)], name: &[u8]) -> bool {
     headers
         .iter()
         .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
         .flat_map(|(_, v)| v.split(|&c| c == b','))
-        .map(|t| t.trim_ascii().to_vec())
-        .filter(|t| !t.is_empty())
-        .collect()
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
 }
 
 /// The CGI variables of one request for the context it was routed to.
@@ -836,9 +821,6 @@ pub(super) fn plain(code: StatusCode, text: &str) -> Response<HttpBody> {
     resp
 }
 
-pub(super) type ChunkFuture =
-    Pin<Box<dyn Future<Output = (GatewayBody, Option<Result<Bytes, BackendError>>)> + Send>>;
-
 /// A response body for hyper: fixed bytes (corral's own answers) or a backend body pulled
 /// chunk by chunk. Dropping it mid-way (the client went away) drops the backend body, which
 /// aborts the backend request and gives the slot back.
@@ -857,8 +839,8 @@ enum BodyKind {
     Backend {
         /// Bytes already read from the backend, sent first (an HTTP/1.0 answer).
         first: Option<Bytes>,
-        idle: Option<GatewayBody>,
-        pending: Option<ChunkFuture>,
+        /// The rest, pulled from hyper's poll (no future per chunk); `None` once it ended.
+        body: Option<GatewayBody>,
         request_id: u64,
     },
 }
@@ -879,21 +861,15 @@ impl FrontBody {
     }
 
     fn backend(body: GatewayBody, request_id: u64) -> FrontBody {
-        FrontBody::backend_after(Bytes::new(), Some(body), None, request_id)
+        FrontBody::backend_after(Bytes::new(), body, request_id)
     }
 
-    /// `first`, then the rest of the backend body: from `idle`, or from the read `pending`.
-    pub(super) fn backend_after(
-        first: Bytes,
-        idle: Option<GatewayBody>,
-        pending: Option<ChunkFuture>,
-        request_id: u64,
-    ) -> FrontBody {
+    /// `first`, then the rest of the backend body.
+    pub(super) fn backend_after(first: Bytes, body: GatewayBody, request_id: u64) -> FrontBody {
         FrontBody {
             kind: BodyKind::Backend {
                 first: (!first.is_empty()).then_some(first),
-                idle,
-                pending,
+                body: Some(body),
                 request_id,
             },
             busy: None,
@@ -920,39 +896,29 @@ impl Body for FrontBody {
             BodyKind::File(file) => file.poll_chunk(cx),
             BodyKind::Backend {
                 first,
-                idle,
-                pending,
+                body,
                 request_id,
             } => {
                 if let Some(data) = first.take() {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                if pending.is_none() {
-                    let Some(body) = idle.take() else {
-                        return Poll::Ready(None);
-                    };
-                    *pending = Some(next_chunk(body));
-                }
-                let Some(fut) = pending.as_mut() else {
+                let Some(backend) = body.as_mut() else {
                     return Poll::Ready(None);
                 };
-                let (body, chunk) = match fut.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(done) => done,
-                };
-                *pending = None;
-                match chunk {
-                    Some(Ok(data)) => {
-                        *idle = Some(body);
-                        Poll::Ready(Some(Ok(Frame::data(data))))
-                    }
-                    Some(Err(e)) => {
+                match backend.poll_chunk(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Some(Ok(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Poll::Ready(Some(Err(e))) => {
+                        *body = None;
                         tracing::warn!(request_id = *request_id, error = %e, "backend response broke off");
                         Poll::Ready(Some(Err(e.into())))
                     }
-                    // The end: dropping `body` gives the slot back now, not when hyper drops
-                    // this body.
-                    None => Poll::Ready(None),
+                    // The end: dropping the body gives the slot back now, not when hyper
+                    // drops this one.
+                    Poll::Ready(None) => {
+                        *body = None;
+                        Poll::Ready(None)
+                    }
                 }
             }
         }
@@ -962,15 +928,8 @@ impl Body for FrontBody {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
             BodyKind::File(file) => file.remaining() == 0,
-            BodyKind::Backend {
-                first,
-                idle,
-                pending,
-                ..
-            } => {
-                first.is_none()
-                    && pending.is_none()
-                    && idle.as_ref().is_none_or(GatewayBody::is_ended)
+            BodyKind::Backend { first, body, .. } => {
+                first.is_none() && body.as_ref().is_none_or(GatewayBody::is_ended)
             }
         }
     }

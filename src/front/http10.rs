@@ -10,7 +10,7 @@ use http::header::HeaderValue;
 use http::{Response, StatusCode};
 use tokio::time::Instant;
 
-use crate::front::http::{error_response, next_chunk, FrontBody, HttpBody};
+use crate::front::http::{error_response, FrontBody, HttpBody};
 use crate::gateway::{GatewayBody, Routed};
 
 /// Most of a backend body read into memory to give an HTTP/1.0 keep-alive client a
@@ -50,17 +50,18 @@ pub(super) async fn answer(
     routed: &Routed,
     status: StatusCode,
     mut headers: http::HeaderMap,
-    body: GatewayBody,
+    mut body: GatewayBody,
     request_id: u64,
 ) -> Response<HttpBody> {
     let deadline = Instant::now() + HTTP10_BUFFER_FOR;
     let mut read = BytesMut::new();
-    let mut next = next_chunk(body);
     let (kind, complete) = loop {
-        let Ok((body, chunk)) = tokio::time::timeout_at(deadline, next.as_mut()).await else {
-            // Still pending: the body goes on from that same read.
+        // The body's poll is cancel-safe: a read cut by the deadline goes on from the same
+        // state when the front body polls it.
+        let next = std::future::poll_fn(|cx| body.poll_chunk(cx));
+        let Ok(chunk) = tokio::time::timeout_at(deadline, next).await else {
             break (
-                FrontBody::backend_after(read.freeze(), None, Some(next), request_id),
+                FrontBody::backend_after(read.freeze(), body, request_id),
                 false,
             );
         };
@@ -69,11 +70,10 @@ pub(super) async fn answer(
                 read.extend_from_slice(&data);
                 if read.len() > HTTP10_BUFFER_MAX {
                     break (
-                        FrontBody::backend_after(read.freeze(), Some(body), None, request_id),
+                        FrontBody::backend_after(read.freeze(), body, request_id),
                         false,
                     );
                 }
-                next = next_chunk(body);
             }
             None => break (FrontBody::full(read.freeze()), true),
             Some(Err(e)) => {

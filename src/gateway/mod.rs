@@ -195,7 +195,16 @@ impl GatewayBody {
 
     /// The next chunk; `None` at the clean end.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
-        let chunk = self.body.next_chunk().await;
+        std::future::poll_fn(|cx| self.poll_chunk(cx)).await
+    }
+
+    /// [`next_chunk`](Self::next_chunk) as a poll function (cancel-safe), for a front that
+    /// pulls the body from its own `poll` without a future per chunk.
+    pub fn poll_chunk(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Bytes, BackendError>>> {
+        let chunk = std::task::ready!(self.body.poll_chunk(cx));
         let ended = match &chunk {
             Some(Err(e)) => {
                 self.timer.stats().backend_error(e);
@@ -219,7 +228,7 @@ impl GatewayBody {
         {
             let _ = tx.send(DriverCommand::RequestTimedOut(self.slot.worker()));
         }
-        chunk
+        std::task::Poll::Ready(chunk)
     }
 }
 

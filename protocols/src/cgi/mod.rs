@@ -474,7 +474,9 @@ pub fn encode_cgi_vars(
     check_field("remote address", req.remote_addr)?;
     check_field("server address", req.server_addr)?;
     check_field("server name", req.server_name)?;
-    let script = split_request_path(path, ctx)?;
+    path::check_context(ctx)?;
+    let norm = path::normal_form(&path.normalized)?;
+    let script = path::split_normalized(&norm, ctx)?;
     let body = headers::check_headers(req.headers, req.body_length)?;
 
     let header_bytes: usize = req.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
@@ -497,15 +499,16 @@ pub fn encode_cgi_vars(
             .map(|n| decimal(n, &mut length_text))
             .unwrap_or_default(),
     )?;
-    let ScriptPath {
-        script_name,
-        path_info,
-        script_filename,
-    } = &script;
-    let is_script = script_filename.is_some();
-    out.push(b"SCRIPT_NAME", script_name)?;
-    if let Some(filename) = script_filename {
-        out.push(b"SCRIPT_FILENAME", filename)?;
+    let path::Split {
+        name,
+        index,
+        info: path_info,
+        root,
+    } = script;
+    let is_script = root.is_some();
+    out.push_joined(b"SCRIPT_NAME", &[name, index], b"")?;
+    if let Some(root) = root {
+        out.push_joined(b"SCRIPT_FILENAME", &[root, name, index], b"")?;
     }
     // A script's empty PATH_INFO is left out (as nginx's fastcgi_params does): an empty one
     // is what feeds php-cgi's PATH_INFO arithmetic (CVE-2019-11043). An application mount
@@ -515,20 +518,16 @@ pub fn encode_cgi_vars(
     }
     // PATH_TRANSLATED maps PATH_INFO under the document root (RFC 3875 §4.1.6); an app has
     // no document tree to map it into.
-    if is_script && !path_info.is_empty() {
-        out.push_joined(
-            b"PATH_TRANSLATED",
-            &[path::root_prefix(&ctx.document_root), path_info],
-            b"",
-        )?;
+    if let Some(root) = root.filter(|_| !path_info.is_empty()) {
+        out.push_joined(b"PATH_TRANSLATED", &[root, path_info], b"")?;
     }
     out.push(b"REQUEST_URI", path.path_and_query)?;
     // DOCUMENT_URI: SCRIPT_NAME then PATH_INFO (the normalised path, with the index file
     // when one was chosen), `/` when both are empty.
-    if script_name.is_empty() && path_info.is_empty() {
+    if name.is_empty() && index.is_empty() && path_info.is_empty() {
         out.push(b"DOCUMENT_URI", b"/")?;
     } else {
-        out.push_joined(b"DOCUMENT_URI", &[script_name, path_info], b"")?;
+        out.push_joined(b"DOCUMENT_URI", &[name, index, path_info], b"")?;
     }
     out.push(b"DOCUMENT_ROOT", path::root_shown(&ctx.document_root))?;
     out.push(b"SERVER_PROTOCOL", req.protocol)?;

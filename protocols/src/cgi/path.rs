@@ -124,12 +124,17 @@ pub fn parse_request_path(target: &[u8]) -> Result<RequestPath<'_>, CgiError> {
             target: snippet(target),
         });
     }
-    let decoded = percent_decode(t.path)?;
-    check_decoded(&decoded)?;
+    let mut normalized = percent_decode(t.path)?;
+    check_decoded(&normalized)?;
+    if !is_normal(&normalized) {
+        normalize_in_place(&mut normalized, true).map_err(|()| CgiError::EscapesRoot {
+            path: snippet(t.path),
+        })?;
+    }
     Ok(RequestPath {
         path_and_query: t.path_and_query,
         query: t.query,
-        normalized: normalize(&decoded, true)?,
+        normalized,
     })
 }
 
@@ -152,7 +157,19 @@ pub fn split_request_path(
     ctx: &CgiContext,
 ) -> Result<ScriptPath, CgiError> {
     check_context(ctx)?;
-    split_decoded(&path.normalized, ctx)
+    let norm = normal_form(&path.normalized)?;
+    Ok(split_normalized(&norm, ctx)?.to_owned())
+}
+
+/// `path` checked ([`check_decoded`]) and in normal form: borrowed when it already is (what
+/// [`parse_request_path`] made), normalised anew otherwise (a path set by hand).
+pub(super) fn normal_form(path: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, CgiError> {
+    check_decoded(path)?;
+    if is_normal(path) {
+        Ok(std::borrow::Cow::Borrowed(path))
+    } else {
+        normalize(path, true).map(std::borrow::Cow::Owned)
+    }
 }
 
 /// Whether a normalised path has a hidden segment (one starting with `.`: `.env`, `.git/`,
@@ -202,29 +219,63 @@ pub fn static_file_path(raw_path: &[u8], root: &[u8]) -> Result<Vec<u8>, CgiErro
 pub(super) fn split_decoded(decoded: &[u8], ctx: &CgiContext) -> Result<ScriptPath, CgiError> {
     check_decoded(decoded)?;
     let norm = normalize(decoded, true)?;
-    match &ctx.mode {
-        ScriptMode::Files { extensions, index } => {
-            split_files(&norm, &ctx.document_root, extensions, index)
+    Ok(split_normalized(&norm, ctx)?.to_owned())
+}
+
+/// Where a normalised path leads under a context, borrowed from the two: what the encoder
+/// writes out without building [`ScriptPath`]'s three buffers.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Split<'a> {
+    /// SCRIPT_NAME is `name` followed by `index`.
+    pub name: &'a [u8],
+    /// The index file chosen for a directory, or empty.
+    pub index: &'a [u8],
+    /// PATH_INFO.
+    pub info: &'a [u8],
+    /// Files mode: the root SCRIPT_FILENAME starts with (without its trailing `/`); `None`
+    /// for an application mount.
+    pub root: Option<&'a [u8]>,
+}
+
+impl Split<'_> {
+    fn to_owned(self) -> ScriptPath {
+        let script_name = [self.name, self.index].concat();
+        ScriptPath {
+            script_filename: self.root.map(|root| [root, &script_name].concat()),
+            script_name,
+            path_info: self.info.to_vec(),
         }
-        ScriptMode::App { mount } => split_app(&norm, mount),
     }
 }
 
-fn split_files(
-    norm: &[u8],
-    root: &[u8],
+/// Splits a path in normal form (see [`normal_form`]) under `ctx`.
+pub(super) fn split_normalized<'a>(
+    norm: &'a [u8],
+    ctx: &'a CgiContext,
+) -> Result<Split<'a>, CgiError> {
+    match &ctx.mode {
+        ScriptMode::Files { extensions, index } => {
+            split_files(norm, &ctx.document_root, extensions, index)
+        }
+        ScriptMode::App { mount } => split_app(norm, mount),
+    }
+}
+
+fn split_files<'a>(
+    norm: &'a [u8],
+    root: &'a [u8],
     extensions: &[Vec<u8>],
-    index: &[Vec<u8>],
-) -> Result<ScriptPath, CgiError> {
+    index: &'a [Vec<u8>],
+) -> Result<Split<'a>, CgiError> {
     if has_hidden_segment(norm) {
         return Err(CgiError::Hidden {
             path: snippet(norm),
         });
     }
-    let (script_name, path_info) = match script_end(norm, extensions) {
+    let (name, index, info) = match script_end(norm, extensions) {
         Some(end) => {
             let (name, info) = norm.split_at(end.min(norm.len()));
-            (name.to_vec(), info.to_vec())
+            (name, &b""[..], info)
         }
         None if norm.ends_with(b"/") => {
             let file = index
@@ -233,9 +284,7 @@ fn split_files(
                 .ok_or_else(|| CgiError::NoIndex {
                     path: snippet(norm),
                 })?;
-            let mut name = norm.to_vec();
-            name.extend_from_slice(file);
-            (name, Vec::new())
+            (norm, &file[..], &b""[..])
         }
         None => {
             return Err(CgiError::NotAScript {
@@ -243,12 +292,11 @@ fn split_files(
             })
         }
     };
-    let mut filename = root_prefix(root).to_vec();
-    filename.extend_from_slice(&script_name);
-    Ok(ScriptPath {
-        script_name,
-        path_info,
-        script_filename: Some(filename),
+    Ok(Split {
+        name,
+        index,
+        info,
+        root: Some(root_prefix(root)),
     })
 }
 
@@ -266,7 +314,7 @@ pub(super) fn script_end(norm: &[u8], extensions: &[Vec<u8>]) -> Option<usize> {
     None
 }
 
-fn split_app(norm: &[u8], mount: &[u8]) -> Result<ScriptPath, CgiError> {
+fn split_app<'a>(norm: &'a [u8], mount: &'a [u8]) -> Result<Split<'a>, CgiError> {
     let mount = mount_prefix(mount);
     let rest = norm
         .strip_prefix(mount)
@@ -274,10 +322,11 @@ fn split_app(norm: &[u8], mount: &[u8]) -> Result<ScriptPath, CgiError> {
     let rest = rest.ok_or_else(|| CgiError::OutsideMount {
         path: snippet(norm),
     })?;
-    Ok(ScriptPath {
-        script_name: mount.to_vec(),
-        path_info: rest.to_vec(),
-        script_filename: None,
+    Ok(Split {
+        name: mount,
+        index: b"",
+        info: rest,
+        root: None,
     })
 }
 
@@ -293,6 +342,9 @@ pub fn has_allowed_ext(segment: &[u8], extensions: &[Vec<u8>]) -> bool {
 
 /// Decodes `%XX` escapes; refuses bad escapes and an encoded `/`.
 pub(super) fn percent_decode(raw: &[u8]) -> Result<Vec<u8>, CgiError> {
+    if !raw.contains(&b'%') {
+        return Ok(raw.to_vec());
+    }
     let mut out = Vec::with_capacity(raw.len());
     let mut rest = raw;
     while let Some((&c, tail)) = rest.split_first() {
@@ -344,31 +396,77 @@ pub(super) fn check_decoded(decoded: &[u8]) -> Result<(), CgiError> {
 /// The result starts with `/` and keeps a trailing `/` (a path ending in `.` or `..` names
 /// a directory too).
 pub(super) fn normalize(path: &[u8], allow_dotdot: bool) -> Result<Vec<u8>, CgiError> {
-    let escapes = || CgiError::EscapesRoot {
+    let mut out = Vec::with_capacity(path.len() + 2);
+    if path.first() != Some(&b'/') {
+        out.push(b'/');
+    }
+    out.extend_from_slice(path);
+    normalize_in_place(&mut out, allow_dotdot).map_err(|()| CgiError::EscapesRoot {
         path: snippet(path),
-    };
-    let mut segments: Vec<&[u8]> = Vec::new();
+    })?;
+    Ok(out)
+}
+
+/// [`normalize`] of a path that starts with `/`, rewritten where it lies; `Err` when a `..`
+/// would climb above the root (or any `..` with `allow_dotdot == false`).
+///
+/// Segments are read at `r` and written back at `w`, each after one `/`. The `/` before the
+/// segment at `r` lies at `r - 1`, and `w` never passes it (what is written is never longer
+/// than what was read), so nothing is overwritten before it is read.
+fn normalize_in_place(buf: &mut Vec<u8>, allow_dotdot: bool) -> Result<(), ()> {
+    debug_assert_eq!(buf.first(), Some(&b'/'));
+    let len = buf.len();
+    let (mut r, mut w) = (1, 0);
     let mut dir = true;
-    for segment in path.split(|&c| c == b'/') {
-        dir = matches!(segment, b"" | b"." | b"..");
-        match segment {
-            b"" | b"." => {}
+    while r <= len {
+        let end = buf
+            .get(r..)
+            .and_then(|rest| rest.iter().position(|&c| c == b'/'))
+            .map_or(len, |i| r + i);
+        match buf.get(r..end).unwrap_or_default() {
+            b"" | b"." => dir = true,
             b".." if allow_dotdot => {
-                segments.pop().ok_or_else(escapes)?;
+                w = buf
+                    .get(..w)
+                    .and_then(|kept| kept.iter().rposition(|&c| c == b'/'))
+                    .ok_or(())?;
+                dir = true;
             }
-            b".." => return Err(escapes()),
-            _ => segments.push(segment),
+            b".." => return Err(()),
+            _ => {
+                if let Some(slash) = buf.get_mut(w) {
+                    *slash = b'/';
+                }
+                buf.copy_within(r..end, w + 1);
+                w += 1 + (end - r);
+                dir = false;
+            }
+        }
+        r = end + 1;
+    }
+    buf.truncate(w);
+    if dir || buf.is_empty() {
+        buf.push(b'/');
+    }
+    Ok(())
+}
+
+/// Whether `path` is what [`normalize`] would make of it: it starts with `/`, and no segment
+/// is empty, `.` or `..` (the last may be empty: a trailing `/`).
+pub(super) fn is_normal(path: &[u8]) -> bool {
+    let Some(rest) = path.strip_prefix(b"/") else {
+        return false;
+    };
+    let mut segments = rest.split(|&c| c == b'/').peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        match segment {
+            b"" if last => {}
+            b"" | b"." | b".." => return false,
+            _ => {}
         }
     }
-    let mut out = Vec::with_capacity(path.len() + 1);
-    for segment in &segments {
-        out.push(b'/');
-        out.extend_from_slice(segment);
-    }
-    if dir || out.is_empty() {
-        out.push(b'/');
-    }
-    Ok(out)
+    true
 }
 
 /// The root without its trailing `/`, ready to have an absolute path appended.
@@ -432,8 +530,7 @@ pub(super) fn check_context(ctx: &CgiContext) -> Result<(), CgiError> {
             }
         }
         ScriptMode::App { mount } => {
-            let norm = mount.is_empty()
-                || normalize(mount, false).is_ok_and(|n| mount_prefix(&n) == mount_prefix(mount));
+            let norm = mount.is_empty() || is_normal(mount);
             if !norm || mount.first().is_some_and(|&c| c != b'/') || has_nul_cr_lf(mount) {
                 return Err(CgiError::InvalidContext(
                     "the mount point must be a normalised absolute path",
@@ -443,3 +540,7 @@ pub(super) fn check_context(ctx: &CgiContext) -> Result<(), CgiError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "path_tests.rs"]
+mod tests;
