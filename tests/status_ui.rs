@@ -360,12 +360,13 @@ fn watch_prints_plain_frames_when_not_on_a_terminal() {
         out.stdout
     );
 
-    // Nothing to watch: an error, not an empty view.
-    let stopped = support::config_file(
-        &std::fs::read_to_string(s.file.path())
-            .unwrap()
-            .replace(&s.status.to_string(), "127.0.0.1:1"),
-    );
+    // Nothing to watch: an error, not an empty view. The address is a socket path in a
+    // fresh temp dir, where nothing listens.
+    let nowhere = tempfile::tempdir().unwrap();
+    let stopped = support::config_file(&std::fs::read_to_string(s.file.path()).unwrap().replace(
+        &s.status.to_string(),
+        &format!("unix:{}", nowhere.path().join("status.sock").display()),
+    ));
     let out = support::corral(&["status", "--watch", "-c", stopped.path().to_str().unwrap()]);
     assert_eq!(out.code, Some(69), "{out:?}");
     assert!(out.stderr.contains("status listener"), "{}", out.stderr);
