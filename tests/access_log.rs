@@ -53,15 +53,21 @@ fn site(dir: &Path) {
     );
 }
 
-/// The lines of `path` once it has `n` of them (the writer flushes when it is idle).
-fn lines_when(path: &Path, n: usize) -> Vec<String> {
+/// The lines of `path` before the first that contains `marker`, once that one is written:
+/// a request sent after the others, so that every line they would cause is in by then.
+fn lines_before(path: &Path, marker: &str) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        if lines.len() >= n || Instant::now() > deadline {
-            return lines;
+        if let Some(at) = lines.iter().position(|l| l.contains(marker)) {
+            return lines[..at].to_vec();
         }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {marker:?} in {}:\n{text}",
+            path.display()
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -96,7 +102,9 @@ fn every_request_has_one_text_line_with_its_status_worker_and_timings() {
     // Refused by the script guard before any worker: still one line, with no worker pid.
     assert_eq!(http(addr, "GET", "/missing.php", &[], b"").status, 404);
     expected.push((404, "/missing.php".to_owned()));
-    let lines = lines_when(&log, expected.len());
+    // Sent last: a line too many or a doubled one would be in before its line.
+    assert_eq!(http(addr, "GET", "/pid.php?marker", &[], b"").status, 200);
+    let lines = lines_before(&log, "/pid.php?marker ");
     assert_eq!(lines.len(), expected.len(), "{lines:#?}");
     for (line, (status, target)) in lines.iter().zip(&expected) {
         assert!(
@@ -152,7 +160,9 @@ fn json_lines_parse_and_carry_the_timing_split() {
         s.read_to_end(&mut answer).unwrap();
         assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
     }
-    let lines = lines_when(&log, 6);
+    // Sent last: a line too many or a doubled one would be in before its line.
+    http(corral.http_addr(), "GET", "/pid.php?q=marker", &[], b"");
+    let lines = lines_before(&log, "/pid.php?q=marker\"");
     assert_eq!(lines.len(), 6, "{lines:#?}");
     let last = lines.last().unwrap();
     assert!(
@@ -183,7 +193,7 @@ fn json_lines_parse_and_carry_the_timing_split() {
         .stdin
         .take()
         .unwrap()
-        .write_all(std::fs::read(&log).unwrap().as_slice())
+        .write_all(lines.join("\n").as_bytes())
         .unwrap();
     let out = python.wait_with_output().unwrap();
     assert!(
@@ -218,31 +228,51 @@ fn a_rename_and_sigusr1_move_new_lines_to_a_new_file_and_lose_none() {
             }
         })
     };
-    thread::sleep(Duration::from_millis(400));
+    // Each step waits for requests answered since the last one, not for time: some before
+    // the rename, some between it and the reopen (still written to the renamed file), some
+    // after the reopen.
+    let answered = |more: usize| {
+        let from = sent.load(Ordering::Relaxed);
+        assert!(
+            support::eventually(Duration::from_secs(20), || sent.load(Ordering::Relaxed)
+                >= from + more),
+            "the load stalled at {from}:\n{}",
+            corral.log()
+        );
+    };
+    answered(20);
     std::fs::rename(&log, &rotated).unwrap();
-    thread::sleep(Duration::from_millis(100));
+    answered(10);
     corral.signal(Signal::SIGUSR1);
     assert!(corral.wait_log("request logs reopened"), "{}", corral.log());
-    thread::sleep(Duration::from_millis(400));
+    answered(20);
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
     let sent = sent.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(10);
     let count = |p: &Path| {
         std::fs::read_to_string(p)
             .unwrap_or_default()
             .lines()
             .count()
     };
-    while count(&rotated) + count(&log) < sent && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
-    let (old, new) = (count(&rotated), count(&log));
-    assert!(old > 0 && new > 0, "old {old}, new {new}");
-    assert_eq!(old + new, sent, "a line lost or doubled");
-    // The old file stopped growing once reopened.
-    thread::sleep(Duration::from_millis(200));
-    assert_eq!(count(&rotated), old);
+    // One more request after the load: once its line is in the new file, every line of the
+    // load is written somewhere, and a line still going to the old file would be there.
+    assert_eq!(
+        http(corral.http_addr(), "GET", "/pid.php?marker", &[], b"").status,
+        200
+    );
+    let after = lines_before(&log, "/pid.php?marker ").len();
+    let old = count(&rotated);
+    assert!(old > 0 && after > 0, "old {old}, new {after}");
+    assert_eq!(old + after, sent, "a line lost or doubled");
+    // The old file stopped growing once reopened: the marker went to the new one only.
+    assert!(
+        !std::fs::read_to_string(&rotated)
+            .unwrap()
+            .contains("/pid.php?marker"),
+        "a line after the reopen went to the old file"
+    );
+    assert_eq!(count(&log), after + 1);
 }
 
 #[test]
@@ -262,11 +292,15 @@ fn the_slow_log_gets_only_requests_over_its_threshold() {
     for _ in 0..2 {
         assert_eq!(http(addr, "GET", "/sleep.php?ms=400", &[], b"").status, 200);
     }
-    let lines = lines_when(&slow, 2);
-    thread::sleep(Duration::from_millis(300));
-    let lines = std::fs::read_to_string(&slow)
-        .map(|t| t.lines().map(str::to_owned).collect::<Vec<_>>())
-        .unwrap_or(lines);
+    for _ in 0..5 {
+        http(addr, "GET", "/sleep.php?ms=1", &[], b"");
+    }
+    // A slow one last: once its line is in, a fast one logged by mistake would be too.
+    assert_eq!(
+        http(addr, "GET", "/sleep.php?ms=400&marker", &[], b"").status,
+        200
+    );
+    let lines = lines_before(&slow, "/sleep.php?ms=400&marker ");
     assert_eq!(lines.len(), 2, "{lines:#?}");
     for line in &lines {
         assert!(line.contains("/sleep.php?ms=400"), "{line}");

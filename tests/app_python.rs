@@ -47,13 +47,14 @@ const VENV_PACKAGE: &str = "humanize";
 /// The Django admin user the fixture creates.
 const ADMIN: (&str, &str) = ("admin", "corral-test-Pa55word");
 
-/// Waits up to 5 s for the gate file named by `?gate=` (in `$GATES`), then says whether it
-/// appeared; shared by the Django and Flask streams.
+/// Waits for the gate file named by `?gate=` (in `$GATES`), looked for every 10 ms for up
+/// to 20 s (within the test's 30 s read timeout), then says whether it appeared; shared by
+/// the Django and Flask streams.
 const GATE_PY: &str = r#"import os, time
 
 def wait(name):
     path = os.path.join(os.environ["GATES"], os.path.basename(name))
-    for _ in range(500):
+    for _ in range(2000):
         if os.path.exists(path):
             return True
         time.sleep(0.01)

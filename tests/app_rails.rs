@@ -155,7 +155,9 @@ end
 
   # Writes a chunk, waits until the test creates the gate file (which it does once it has
   # read that chunk), writes the rest: "late;" instead of "second;" when the gate stayed
-  # shut, as it does when the first chunk was held back.
+  # shut, as it does when the first chunk was held back. The wait is on the file, looked
+  # for every 10 ms for up to 20 s (within the test's 30 s read timeout), so that a loaded
+  # machine's slow read is no "late;".
   def show
     response.headers["Content-Type"] = "text/plain"
     # Rack 2.2's Rack::ETag (in Rails' default stack) reads a whole body to digest it
@@ -164,7 +166,7 @@ end
     response.headers["Last-Modified"] = Time.now.httpdate
     response.stream.write("first;")
     gate = File.join(ENV.fetch("GATES"), File.basename(params.require(:gate)))
-    opened = 500.times.any? do
+    opened = 2000.times.any? do
       File.exist?(gate) || (sleep(0.01) && false)
     end
     response.stream.write(opened ? "second;" : "late;")

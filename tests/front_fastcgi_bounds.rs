@@ -89,7 +89,8 @@ fn setup() -> Setup {
     write_file(
         &root,
         "sleep.php",
-        "<?php usleep((int)($_GET['ms'] ?? 0) * 1000); echo 'slept ', $_GET['ms'] ?? 0;",
+        "<?php if (isset($_GET['mark'])) { file_put_contents(__DIR__ . '/' . basename($_GET['mark']), getmypid()); } \
+         usleep((int)($_GET['ms'] ?? 0) * 1000); echo 'slept ', $_GET['ms'] ?? 0;",
     );
     write_file(
         &root,
@@ -232,16 +233,21 @@ impl Raw {
     }
 }
 
-/// Starts the slow request as id 1 and waits until php-cgi runs it (the slot is taken).
+/// Starts the slow request as id 1 and waits until php-cgi runs it (the slot is taken):
+/// `sleep.php` writes the marker file `running` before it starts its `SLOW_MS` sleep, so
+/// from then on id 1 holds the one slot for `SLOW_MS` (the slow backend is the fixture).
 fn hold_the_slot(s: &Setup, raw: &mut Raw) -> Instant {
+    let marker = s.www().join("running");
     let started = Instant::now();
     raw.get(
         1,
-        &s.params("GET", "sleep.php", &format!("ms={SLOW_MS}"), 0),
+        &s.params("GET", "sleep.php", &format!("ms={SLOW_MS}&mark=running"), 0),
     );
-    // php-cgi serves one request at a time: once corral has connected to it for id 1, id 1
-    // holds the one slot. A short pause is enough and keeps the test simple.
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        support::eventually(Duration::from_secs(10), || marker.exists()),
+        "php-cgi never started id 1:\n{}",
+        s.corral.log()
+    );
     started
 }
 

@@ -1,10 +1,11 @@
-//! Front connection limits against the real binary and real sockets: the raised file limit
-//! and the connection caps (1,200 idle sockets under a soft limit of 1,024, the server-wide
-//! and the per-client cap closing the connection idle longest, the status listener's own
-//! cap), and the phase timeouts of every listener (a head sent a byte at a time, a kept-alive
-//! connection left idle, a body that stalls) on HTTP, FastCGI, SCGI and the status listener.
-//! Backends are `corral null-backend --protocol fastcgi` and, where a worker must survive,
-//! php-cgi.
+//! Front phase timeouts against the real binary and real sockets, on every listener: a head
+//! sent a byte at a time, a kept-alive connection left idle, a body that stalls and one
+//! trickled within each `body_timeout` until `body_deadline`, on HTTP, FastCGI and SCGI. The
+//! connection caps are in tests/front_limits_eviction.rs. Backends are
+//! `corral null-backend --protocol fastcgi` and, where a worker must survive, php-cgi.
+//!
+//! The client's pace (a byte every second) and the waits it causes are what these tests
+//! measure, so they are timed; everything else waits on an event (tests/support/sync2.rs).
 
 #![allow(
     clippy::unwrap_used,
@@ -16,10 +17,8 @@
 
 mod support;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::thread;
 use std::time::Duration;
 
@@ -31,234 +30,12 @@ use corral::protocols::fastcgi::{
 use tokio::time::Instant;
 
 use support::fastcgi::{cgi_status, Answers};
-use support::peers::{cgi_params, shared_dir, write_file, Peer};
+use support::peers::{cgi_params, shared_dir, write_file};
 use support::server::{http, Corral};
-use support::CORRAL;
-
-/// `corral null-backend --protocol fastcgi` on `dir/fastcgi.sock`, ready to accept.
-fn null_backend(dir: &Path) -> Peer {
-    let socket = dir.join("fastcgi.sock");
-    let mut cmd = Command::new(CORRAL);
-    cmd.args(["null-backend", "--protocol", "fastcgi", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    Peer::spawn(cmd, &socket).wait_connectable()
-}
-
-/// A configuration with `server` keys, one TCP listener per `(protocol, extra keys)`, a
-/// status listener, and the null backend as the only pool.
-fn config(null: &Peer, server: &str, listeners: &[(&str, &str)]) -> String {
-    let mut text = format!("[server]\ngrace = \"1s\"\nlog_level = \"debug\"\n{server}\n");
-    for (protocol, extra) in listeners {
-        text.push_str(&format!(
-            "[[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"{protocol}\"\n{extra}\n"
-        ));
-    }
-    text.push_str(&format!(
-        "[status]\naddress = \"127.0.0.1:0\"\n\n[pools.null]\nservers = [\"unix:{}\"]\n\
-         concurrency = 8\n\n[[contexts]]\npool = \"null\"\n",
-        null.socket.display()
-    ));
-    text
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).expect("connect to corral");
-    s.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    s
-}
-
-/// Reads what `s` still has until corral closes it, for at most `limit`: what was read, or
-/// `None` if it is still open then.
-fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let deadline = Instant::now() + limit;
-    let mut got = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while Instant::now() < deadline {
-        match s.read(&mut chunk) {
-            Ok(0) => return Some(got),
-            Ok(n) => got.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return Some(got), // reset: closed too
-        }
-    }
-    None
-}
-
-/// Whether corral still holds `s` open (nothing to read, no end of stream).
-fn still_open(s: &mut TcpStream) -> bool {
-    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-    let mut byte = [0u8; 1];
-    matches!(s.read(&mut byte), Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut))
-}
-
-/// Sends `bytes` one at a time, `every` apart, until corral closes the connection: the time
-/// from the first byte to the close and what corral sent, or `None` if all bytes went out
-/// and it was still open `every` after the last (or after `limit` in all).
-fn trickle(s: &mut TcpStream, bytes: &[u8], every: Duration, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    for b in bytes {
-        if s.write_all(&[*b]).is_err() {
-            return Some(start.elapsed());
-        }
-        if closed_within(s, every).is_some() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-    }
-    None
-}
-
-/// The descriptors process `pid` holds.
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-/// Waits (at most 10 s) until corral holds at least `n` descriptors; how many it holds.
-fn wait_fds(pid: u32, n: usize) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let open = fds(pid);
-        if open >= n || Instant::now() > deadline {
-            return open;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-#[test]
-fn a_thousand_idle_sockets_do_not_take_it_down() {
-    let dir = shared_dir();
-    let null = null_backend(dir.path());
-    let corral = Corral::start_via(
-        &["prlimit", "--nofile=1024:4096", "--"],
-        &config(
-            &null,
-            "header_timeout = \"60s\"",
-            &[("http", "max_connections_per_client = 0")],
-        ),
-        1,
-    );
-    assert!(
-        corral.wait_log("raised the soft file-descriptor limit (RLIMIT_NOFILE) old=1024 new=4096"),
-        "{}",
-        corral.log()
-    );
-    let addr = corral.http_addr();
-    let status = corral.status_ready_addr();
-    let before = rss_kib(corral.pid());
-    let base = fds(corral.pid());
-    let idle: Vec<TcpStream> = (0..1200).map(|_| connect(addr)).collect();
-    let open = wait_fds(corral.pid(), base + 1200);
-    assert!(
-        open >= base + 1200,
-        "corral holds {open} descriptors:\n{}",
-        corral.log()
-    );
-    let after = rss_kib(corral.pid());
-    eprintln!(
-        "corral RSS: {before} KiB before, {after} KiB with 1,200 idle connections \
-         ({} bytes each)",
-        (after.saturating_sub(before)) * 1024 / 1200
-    );
-
-    let started = Instant::now();
-    let r = http(addr, "GET", "/fresh", &[], b"");
-    assert_eq!(r.status, 200, "{}", corral.log());
-    assert!(started.elapsed() < Duration::from_secs(5));
-    let started = Instant::now();
-    let r = http(status, "GET", "/ping", &[], b"");
-    assert_eq!(r.text(), "pong\n");
-    assert!(started.elapsed() < Duration::from_secs(5));
-    drop(idle);
-}
-
-#[test]
-fn beyond_max_connections_the_connection_idle_longest_is_closed() {
-    let dir = shared_dir();
-    let null = null_backend(dir.path());
-    let corral = Corral::start(
-        &config(
-            &null,
-            "max_connections = 20",
-            &[("http", "max_connections_per_client = 0")],
-        ),
-        1,
-    );
-    let addr = corral.http_addr();
-    let base = fds(corral.pid());
-    let mut conns: Vec<TcpStream> = Vec::new();
-    for _ in 0..20 {
-        conns.push(connect(addr));
-        // Accepted in order, so that "idle longest" is the first opened.
-        thread::sleep(Duration::from_millis(5));
-    }
-    assert!(wait_fds(corral.pid(), base + 20) >= base + 20);
-    let r = http(addr, "GET", "/over-the-cap", &[], b"");
-    assert_eq!(r.status, 200, "{}", corral.log());
-    assert!(
-        closed_within(&mut conns[0], Duration::from_secs(3)).is_some(),
-        "the oldest idle connection is closed"
-    );
-    assert!(still_open(&mut conns[19]), "the newest stays open");
-    assert!(
-        corral.wait_log("connection cap reached"),
-        "{}",
-        corral.log()
-    );
-}
-
-#[test]
-fn the_per_client_cap_closes_that_clients_oldest_idle_connection() {
-    let dir = shared_dir();
-    let null = null_backend(dir.path());
-    let corral = Corral::start(
-        &config(&null, "", &[("http", "max_connections_per_client = 4")]),
-        1,
-    );
-    let addr = corral.http_addr();
-    let mut conns: Vec<TcpStream> = Vec::new();
-    for _ in 0..4 {
-        conns.push(connect(addr));
-        thread::sleep(Duration::from_millis(20));
-    }
-    // The fifth from 127.0.0.1 makes room by closing the first.
-    conns.push(connect(addr));
-    assert!(
-        closed_within(&mut conns[0], Duration::from_secs(3)).is_some(),
-        "{}",
-        corral.log()
-    );
-    for c in &mut conns[1..] {
-        assert!(still_open(c));
-    }
-    // A request (a sixth connection) still gets through, closing the second.
-    let r = http(addr, "GET", "/within-the-cap", &[], b"");
-    assert_eq!(r.status, 200, "{}", corral.log());
-    assert!(closed_within(&mut conns[1], Duration::from_secs(3)).is_some());
-    assert!(still_open(&mut conns[4]));
-    assert!(
-        corral.wait_log("evicted_at_client_cap=1"),
-        "{}",
-        corral.log()
-    );
-}
+use support::sync2::{
+    backend_errors, closed_within, config, connect, fastcgi_log_marker, fds, http_log_marker,
+    null_backend, php_config, trickle, wait_fds,
+};
 
 #[test]
 fn an_http_head_sent_a_byte_every_two_seconds_is_cut_off() {
@@ -269,9 +46,16 @@ fn an_http_head_sent_a_byte_every_two_seconds_is_cut_off() {
         1,
     );
     let addr = corral.http_addr();
+    let pid = corral.pid();
+    let base = fds(pid);
     let mut slow = connect(addr);
+    // Another request, once corral holds the slow connection: answered while that head is
+    // still coming in.
     let beside = thread::spawn(move || {
-        thread::sleep(Duration::from_millis(500));
+        assert!(
+            wait_fds(pid, base + 1) > base,
+            "the slow connection was never accepted"
+        );
         http(addr, "GET", "/beside", &[], b"").status
     });
     let cut = trickle(
@@ -358,46 +142,6 @@ fn a_kept_alive_http_connection_gets_idle_timeout_not_header_timeout() {
     );
 }
 
-/// A php-cgi site (a static pool of one worker): `pid.php` and `len.php`.
-fn php_config(dir: &Path) -> String {
-    format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "1s"
-kill_timeout = "2s"
-body_timeout = "2s"
-body_deadline = "5s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[status]
-address = "127.0.0.1:0"
-
-[pools.php]
-command = ["php-cgi"]
-mode = "static"
-max = 1
-
-[[contexts]]
-pool = "php"
-root = "{root}"
-"#,
-        run = dir.join("run").display(),
-        root = dir.display()
-    )
-}
-
-fn backend_errors(status: SocketAddr) -> String {
-    let page = http(status, "GET", "/status", &[], b"").text();
-    page.lines()
-        .find(|l| l.starts_with("backend errors:"))
-        .map(|l| l.trim_start_matches("backend errors:").trim().to_owned())
-        .unwrap_or_else(|| panic!("no backend errors line in {page}"))
-}
-
 #[test]
 fn a_stalled_http_body_gets_408_and_the_worker_lives_on() {
     let dir = shared_dir();
@@ -438,6 +182,8 @@ fn a_stalled_http_body_gets_408_and_the_worker_lives_on() {
     assert_eq!(r.text(), "10");
     assert_eq!(http(addr, "GET", "/pid.php", &[], b"").text(), pid.text());
     assert_eq!(backend_errors(status), "0");
+    // No worker was killed: a line about it would be in the log before this marker's.
+    http_log_marker(&corral, addr, "after-the-408");
     assert!(!corral.log().contains("killed"), "{}", corral.log());
 }
 
@@ -482,38 +228,6 @@ fn a_body_trickled_a_byte_within_each_body_timeout_is_cut_off_at_body_deadline()
         "cut after {cut:?}"
     );
     assert!(corral.wait_log("body_deadline"), "{}", corral.log());
-}
-
-#[test]
-fn the_per_client_cap_counts_ipv6_clients_too() {
-    let dir = shared_dir();
-    let null = null_backend(dir.path());
-    let text = config(&null, "", &[("http", "max_connections_per_client = 2")]).replacen(
-        "address = \"127.0.0.1:0\"",
-        "address = \"[::1]:0\"",
-        1,
-    );
-    let corral = Corral::start(&text, 1);
-    let addr = corral.http_addr();
-    assert!(addr.is_ipv6(), "{addr}");
-    let mut conns: Vec<TcpStream> = Vec::new();
-    for _ in 0..2 {
-        conns.push(connect(addr));
-        assert!(still_open(conns.last_mut().unwrap()));
-    }
-    // The third from ::1 makes room by closing the first.
-    conns.push(connect(addr));
-    assert!(
-        closed_within(&mut conns[0], Duration::from_secs(3)).is_some(),
-        "{}",
-        corral.log()
-    );
-    assert!(still_open(&mut conns[1]) && still_open(&mut conns[2]));
-    assert!(
-        corral.wait_log("evicted_at_client_cap=1"),
-        "{}",
-        corral.log()
-    );
 }
 
 /// FastCGI params for a request to the null backend.
@@ -755,6 +469,8 @@ fn a_fastcgi_stdin_trickled_within_each_body_timeout_is_cut_off_at_body_deadline
         "{pid:?}"
     );
     assert_eq!(backend_errors(status), "0");
+    // No worker was killed: a line about it would be in the log before this marker's.
+    fastcgi_log_marker(&corral, addr, dir.path(), "after-the-deadline");
     assert!(!corral.log().contains("killed"), "{}", corral.log());
 }
 
@@ -812,78 +528,4 @@ fn scgi_front_times_its_head_and_its_body() {
         corral.log()
     );
     assert_eq!(backend_errors(status), "0");
-}
-
-#[test]
-fn the_status_listener_has_its_own_cap_and_timeouts() {
-    let dir = shared_dir();
-    let null = null_backend(dir.path());
-    let corral = Corral::start(&config(&null, "", &[("http", "")]), 1);
-    let status = corral.status_ready_addr();
-
-    // A slow head is cut off after the status listener's 5 s.
-    let mut s = connect(status);
-    let cut = trickle(
-        &mut s,
-        b"GET /ping HTTP/1.1\r\nHost: localhost\r\n\r\n",
-        Duration::from_secs(2),
-        Duration::from_secs(20),
-    )
-    .expect("a slow status head is cut off");
-    assert!(
-        cut >= Duration::from_millis(4500) && cut < Duration::from_secs(10),
-        "{cut:?}"
-    );
-
-    // More idle connections than its cap: the idle longest makes room, /ping answers.
-    let mut idle: Vec<TcpStream> = Vec::new();
-    for _ in 0..40 {
-        idle.push(connect(status));
-        thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(http(status, "GET", "/ping", &[], b"").text(), "pong\n");
-    assert!(closed_within(&mut idle[0], Duration::from_secs(3)).is_some());
-    assert!(still_open(&mut idle[39]));
-    // /metrics counts them: 40 idle connections and the /ping's are 9 beyond the cap of 32.
-    let metrics = http(status, "GET", "/metrics", &[], b"").text();
-    let evicted = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("corral_connections_evicted_total{listeners=\"status\"} "))
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("{metrics}"));
-    assert_eq!(evicted, 9, "{metrics}");
-    assert!(
-        metrics.contains("corral_max_connections{listeners=\"status\"} 32"),
-        "{metrics}"
-    );
-}
-
-/// The soft and hard "Max open files" of process `pid`.
-fn nofile_of(pid: &str) -> (String, String) {
-    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-    let line = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .unwrap();
-    let mut fields = line["Max open files".len()..].split_whitespace();
-    (
-        fields.next().unwrap().to_owned(),
-        fields.next().unwrap().to_owned(),
-    )
-}
-
-#[test]
-fn workers_get_back_the_file_limit_corral_started_with() {
-    let dir = shared_dir();
-    write_file(dir.path(), "pid.php", "<?php echo getmypid();");
-    let corral = Corral::start_via(
-        &["prlimit", "--nofile=1024:4096", "--"],
-        &php_config(dir.path()),
-        1,
-    );
-    let corral_pid = corral.pid().to_string();
-    assert_eq!(nofile_of(&corral_pid), ("4096".into(), "4096".into()));
-    let worker = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
-    assert_eq!(worker.status, 200, "{}", corral.log());
-    assert_eq!(nofile_of(&worker.text()), ("1024".into(), "4096".into()));
 }

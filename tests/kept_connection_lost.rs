@@ -210,8 +210,11 @@ fn serve(mut s: UnixStream, proto: Proto, then: Then, seen: &Seen) {
         }
     }
     if then == Then::Gone {
-        // Held until corral has moved on.
-        thread::sleep(Duration::from_secs(3));
+        // Held (closing it would let corral see an EOF) until corral has moved on: it opened
+        // a later connection, for the request sent again or for the next one.
+        support::eventually(Duration::from_secs(20), || {
+            seen.connections.load(Ordering::SeqCst) > connection
+        });
     }
 }
 
@@ -378,11 +381,13 @@ fn after_a_clean_close_the_request_is_not_sent_again() {
 fn a_worker_killed_under_a_kept_connection_is_out_of_rotation_at_once() {
     let dir = peers::shared_dir();
     peers::write_file(dir.path(), "pid.php", "<?php echo getmypid();");
+    // Says it started, then holds its worker until it is killed (the test opens no gate).
     peers::write_file(
         dir.path(),
         "slow.php",
         "<?php file_get_contents('php://input'); file_put_contents(__DIR__ . '/started', \
-         getmypid()); usleep(1500000); echo getmypid();",
+         getmypid()); for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/gate'); $i++) \
+         { usleep(10000); } echo getmypid();",
     );
     let config = format!(
         r#"
@@ -430,7 +435,7 @@ root = "{root}"
     assert_eq!(r.status, 502, "{}", corral.log());
     // Out of rotation by the failed request itself ("marked suspect" is Pool::fault's), not
     // only once the driver reaps the exit.
-    assert!(corral.log().contains("marked suspect"), "{}", corral.log());
+    assert!(corral.wait_log("marked suspect"), "{}", corral.log());
     let next = http(addr, "GET", "/pid.php", &[], b"");
     assert_eq!(next.status, 200, "{}", corral.log());
     assert_ne!(next.text().trim(), victim.to_string());

@@ -67,6 +67,13 @@ pool = "php"
     (config, dir)
 }
 
+/// Asks for the missing script `/{tag}.php` and waits for the line naming it.
+fn marker(corral: &Corral, tag: &str) {
+    let r = http(corral.http_addr(), "GET", &format!("/{tag}.php"), &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(corral.wait_log(tag), "no marker line:\n{}", corral.log());
+}
+
 /// The counts in the "suppressed N lines" lines that contain `marker`.
 fn suppressed(log: &str, marker: &str) -> u64 {
     log.lines()
@@ -94,8 +101,21 @@ fn a_stderr_flood_leaves_a_bounded_log_with_the_suppressed_count() {
         "no report of suppressed stderr records:\n{}",
         corral.log()
     );
-    // Let the last reports arrive (the worker's is due one quiet second after the flood).
-    std::thread::sleep(Duration::from_millis(1500));
+    // The worker's last report is due one quiet second after the flood: wait until every
+    // raw line is logged or counted...
+    let accounted = || {
+        let log = corral.log();
+        log.lines().filter(|l| l.contains("flood-raw")).count() as u64
+            + suppressed(&log, "worker output over")
+    };
+    assert!(
+        support::eventually(Duration::from_secs(10), || accounted() >= FLOOD as u64),
+        "{} of {FLOOD} raw lines logged or counted:\n{}",
+        accounted(),
+        corral.log()
+    );
+    // ...then for a line caused after the flood, so that a line too many would be in.
+    marker(&corral, "after-the-flood");
     let log = corral.log();
     let raw = log.lines().filter(|l| l.contains("flood-raw")).count();
     let records = log.lines().filter(|l| l.contains("flood-log")).count();
@@ -133,6 +153,8 @@ fn a_request_path_with_control_bytes_is_logged_escaped() {
         "the path was not logged:\n{}",
         corral.log()
     );
+    // Whatever else that request logs is in before a later request's line.
+    marker(&corral, "after-the-path");
     let log = corral.log();
     assert!(
         !log.contains('\u{1b}'),

@@ -55,12 +55,14 @@ struct Site {
 fn site(pool: &str) -> Site {
     let dir = peers::shared_dir();
     peers::write_file(dir.path(), "pid.php", "<?php echo getmypid();");
-    // Holds its process for `ms`, so that a concurrent request goes to another one.
+    // Says it holds its process (the marker file `held`), then holds it until the test
+    // creates `gate`, so that a concurrent request goes to another one.
     peers::write_file(
         dir.path(),
         "hold.php",
         "<?php file_put_contents(__DIR__ . '/held', getmypid()); \
-         usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
+         for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/gate'); $i++) { usleep(10000); } \
+         echo getmypid();",
     );
     // Which scripts this process's OPcache holds, by base name.
     peers::write_file(
@@ -106,16 +108,19 @@ fn parent(corral: &Corral) -> u32 {
     parents[0]
 }
 
-/// Runs `hold.php` for `ms` on one process while `then` runs; returns the holder's pid and
-/// what `then` returned.
-fn while_held<T: Send>(site: &Site, ms: u32, then: impl FnOnce() -> T + Send) -> (String, T) {
+/// Runs `hold.php` on one process until `then` has run; returns the holder's pid and what
+/// `then` returned.
+fn while_held<T: Send>(site: &Site, then: impl FnOnce() -> T + Send) -> (String, T) {
     let addr = site.corral.http_addr();
     let held = site.dir.path().join("held");
+    let gate = site.dir.path().join("gate");
     let _ = std::fs::remove_file(&held);
+    let _ = std::fs::remove_file(&gate);
     thread::scope(|s| {
-        let holder = s.spawn(move || http(addr, "GET", &format!("/hold.php?ms={ms}"), &[], b""));
-        assert!(eventually(Duration::from_secs(5), || held.exists()));
+        let holder = s.spawn(move || http(addr, "GET", "/hold.php", &[], b""));
+        assert!(eventually(Duration::from_secs(10), || held.exists()));
         let out = then();
+        std::fs::write(&gate, "").unwrap();
         let r = holder.join().unwrap();
         assert_eq!(r.status, 200, "{}", site.corral.log());
         (r.text(), out)
@@ -164,7 +169,7 @@ fn a_script_one_child_compiled_is_cached_for_another_and_status_lists_the_childr
     assert_eq!(status_children(&shared), kids);
     // hold.php is compiled by the child that runs it; cached.php, sent meanwhile, runs in
     // another child, whose OPcache already lists hold.php.
-    let (holder, (other, scripts)) = while_held(&shared, 1000, || cached(&shared));
+    let (holder, (other, scripts)) = while_held(&shared, || cached(&shared));
     assert_ne!(holder, other, "the second request needs another child");
     for pid in [&holder, &other] {
         let pid: u32 = pid.parse().unwrap();
@@ -178,7 +183,7 @@ fn a_script_one_child_compiled_is_cached_for_another_and_status_lists_the_childr
     // The same two requests to separate workers: the second one's cache does not hold the
     // first one's script.
     let separate = site("mode = \"static\"\nmax = 3");
-    let (holder, (other, scripts)) = while_held(&separate, 1000, || cached(&separate));
+    let (holder, (other, scripts)) = while_held(&separate, || cached(&separate));
     assert_ne!(holder, other);
     assert!(
         !scripts.contains("hold.php"),
@@ -233,7 +238,7 @@ fn a_killed_child_is_replaced_by_its_parent_and_no_request_fails_after() {
     let addr = site.corral.http_addr();
     let parent = parent(&site.corral);
     // Both children serve; the one that held a request is killed once idle.
-    let (holder, other) = while_held(&site, 500, || http(addr, "GET", "/pid.php", &[], b""));
+    let (holder, other) = while_held(&site, || http(addr, "GET", "/pid.php", &[], b""));
     assert_ne!(holder, other.text());
     let before = children(parent);
     let victim: u32 = holder.parse().unwrap();
@@ -278,17 +283,20 @@ fn max_memory_recycles_the_group_when_a_child_passes_it() {
     );
     let addr = site.corral.http_addr();
     let first = parent(&site.corral);
-    let mut replaced = false;
-    for n in 0..80 {
+    // Requests back to back until the group is replaced: each leaks into its child, and the
+    // driver checks memory on its own schedule (after requests, and on its ticks).
+    let mut n = 0;
+    let replaced = support::eventually(Duration::from_secs(60), || {
+        n += 1;
         let r = http(addr, "GET", &format!("/leak.php?n={n}"), &[], b"");
         assert_eq!(r.status, 200, "request {n}: {}", site.corral.log());
-        if !children(site.corral.pid()).contains(&first) {
-            replaced = true;
-            break;
-        }
-        thread::sleep(Duration::from_millis(60));
-    }
-    assert!(replaced, "never recycled:\n{}", site.corral.log());
+        !children(site.corral.pid()).contains(&first)
+    });
+    assert!(
+        replaced,
+        "never recycled after {n} requests:\n{}",
+        site.corral.log()
+    );
     assert!(site.corral.wait_log("exceeded max_memory"));
     let r = http(addr, "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 200, "{}", site.corral.log());

@@ -59,10 +59,14 @@ fn field(text: &str, label: &str) -> Option<String> {
 fn max_children_reached_counts_only_waits_at_the_limit() {
     let dir = peers::shared_dir();
     peers::write_file(dir.path(), "pid.php", "<?php echo getmypid();");
+    // Says it started (a marker file named by `?tag=`), then holds its worker until the
+    // test creates `gate`.
     peers::write_file(
         dir.path(),
-        "sleep.php",
-        "<?php usleep(500000); echo getmypid();",
+        "hold.php",
+        "<?php file_put_contents(__DIR__ . '/started-' . basename($_GET['tag']), getmypid()); \
+         for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/gate'); $i++) { usleep(10000); } \
+         echo getmypid();",
     );
     let pool = "command = [\"php-cgi\"]\nmode = \"ondemand\"\nmax = 2";
     let corral = Corral::start(&config(&dir.path().join("run"), dir.path(), pool), 1);
@@ -85,11 +89,31 @@ fn max_children_reached_counts_only_waits_at_the_limit() {
         "{text}"
     );
 
-    // Three at once for two workers: the third waits at the limit, which counts.
+    // Three at once for two workers: the third waits at the limit, which counts. Both
+    // workers are held (each request said it started) before the third is sent, and until
+    // the status page shows it queued.
     let addr = corral.http_addr();
-    let all: Vec<_> = (0..3)
-        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php", &[], b"").status))
-        .collect();
+    let hold = |tag: &'static str| {
+        thread::spawn(move || http(addr, "GET", &format!("/hold.php?tag={tag}"), &[], b"").status)
+    };
+    let mut all = vec![hold("a"), hold("b")];
+    let started = |tag: &str| dir.path().join(format!("started-{tag}")).exists();
+    assert!(
+        support::eventually(Duration::from_secs(20), || started("a") && started("b")),
+        "two workers never ran hold.php:\n{}",
+        corral.log()
+    );
+    all.push(hold("c"));
+    assert!(
+        support::eventually(Duration::from_secs(10), || field(&page(), "listen queue")
+            .as_deref()
+            == Some("1")),
+        "the third request never queued:\n{}\n{}",
+        page(),
+        corral.log()
+    );
+    assert!(!started("c"));
+    std::fs::write(dir.path().join("gate"), "").unwrap();
     for t in all {
         assert_eq!(t.join().unwrap(), 200, "{}", corral.log());
     }

@@ -56,6 +56,9 @@ send_timeout = "2s"
 address = "127.0.0.1:0"
 protocol = "http"
 
+[status]
+address = "127.0.0.1:0"
+
 [pools.php]
 command = ["php-cgi"]
 mode = "static"
@@ -94,6 +97,54 @@ fn finish(mut s: TcpStream, rest: usize) -> (u16, String) {
     (r.status, r.text())
 }
 
+/// A number on the status page (`label:`), the pool's live counters.
+fn status_value(corral: &Corral, label: &str) -> u64 {
+    let page = http(corral.status_ready_addr(), "GET", "/status", &[], b"").text();
+    page.lines()
+        .find_map(|l| l.strip_prefix(&format!("{label}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {label:?} in {page}"))
+}
+
+/// Waits (10 s at most) until the status page shows `label: n`.
+fn wait_status(corral: &Corral, label: &str, n: u64) {
+    assert!(
+        support::eventually(Duration::from_secs(10), || status_value(corral, label) == n),
+        "{label} never became {n} (it is {})\n{}",
+        status_value(corral, label),
+        corral.log()
+    );
+}
+
+/// Sizes of the spool files corral holds open.
+fn spool_sizes(corral: &Corral) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{}/fd", corral.pid()))
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let target = std::fs::read_link(&path).ok()?;
+            target
+                .display()
+                .to_string()
+                .contains("corral-spool-")
+                .then(|| std::fs::metadata(&path).ok().map(|m| m.len()))?
+        })
+        .collect()
+}
+
+/// Waits (10 s at most) until corral has written at least `bytes` to one spool file: it
+/// reads the stalled body and holds that much of the spool budget.
+fn wait_spooled(corral: &Corral, bytes: u64) {
+    assert!(
+        support::eventually(Duration::from_secs(10), || spool_sizes(corral)
+            .iter()
+            .any(|&n| n >= bytes)),
+        "no spool file of {bytes} bytes: {:?}\n{}",
+        spool_sizes(corral),
+        corral.log()
+    );
+}
+
 /// Spool files corral holds open (they are unlinked at once), by where they were.
 fn open_spool_files(corral: &Corral) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{}/fd", corral.pid()))
@@ -108,7 +159,9 @@ fn open_spool_files(corral: &Corral) -> Vec<String> {
 fn a_slow_upload_does_not_hold_the_only_worker() {
     let (corral, dir) = start(true);
     let slow = stalled_upload(&corral, 100_000, 90_000);
-    std::thread::sleep(Duration::from_millis(300));
+    // Past its first 64 KiB in memory, the body goes to a spool file, and no worker has it.
+    wait_spooled(&corral, 64 * 1024);
+    assert_eq!(status_value(&corral, "active processes"), 0);
     // The one worker is free: another request is answered at once.
     let t = Instant::now();
     let r = http(corral.http_addr(), "GET", "/len.php", &[], b"");
@@ -133,18 +186,25 @@ fn without_buffering_the_slow_upload_holds_the_worker() {
     // The behaviour buffering exists to prevent, shown once so the test above means something.
     let (corral, _dir) = start(false);
     let slow = stalled_upload(&corral, 100_000, 90_000);
-    std::thread::sleep(Duration::from_millis(300));
+    // The slow upload holds the one worker while its body trickles in...
+    wait_status(&corral, "active processes", 1);
     let addr = corral.http_addr();
     let waiter = std::thread::spawn(move || {
-        let t = Instant::now();
         let r = http(addr, "GET", "/len.php", &[], b"");
-        (r.status, t.elapsed())
+        (r.status, Instant::now())
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // ...so the next request waits in the queue...
+    wait_status(&corral, "listen queue", 1);
+    assert_eq!(status_value(&corral, "active processes"), 1);
+    // ...and is answered only after the upload ends.
+    let released = Instant::now();
     assert_eq!(finish(slow, 10_000), (200, "100000".to_owned()));
-    let (status, waited) = waiter.join().unwrap();
+    let (status, answered) = waiter.join().unwrap();
     assert_eq!(status, 200);
-    assert!(waited >= Duration::from_millis(1400), "{waited:?}");
+    assert!(
+        answered > released,
+        "answered while the upload held the worker"
+    );
 }
 
 #[test]
@@ -152,7 +212,9 @@ fn spool_files_together_stay_within_the_budget() {
     let (corral, _dir) = start(true);
     // 150 KiB held in a spool file by a stalled upload; the budget is 200 KiB.
     let first = stalled_upload(&corral, 160 * 1024, 150 * 1024);
-    std::thread::sleep(Duration::from_millis(300));
+    // A spool file of 64 KiB holds at least that much of the budget: with the second's
+    // 160 KiB, more than 200 KiB.
+    wait_spooled(&corral, 64 * 1024);
     let second = stalled_upload(&corral, 160 * 1024, 160 * 1024);
     let (status, _) = finish(second, 0);
     assert_eq!(status, 503, "over the budget:\n{}", corral.log());
@@ -160,7 +222,7 @@ fn spool_files_together_stay_within_the_budget() {
     // Given back: the same upload fits now.
     let third = stalled_upload(&corral, 160 * 1024, 160 * 1024);
     assert_eq!(finish(third, 0), (200, (160 * 1024).to_string()));
-    assert!(corral.log().contains("spool budget"), "{}", corral.log());
+    assert!(corral.wait_log("spool budget"), "{}", corral.log());
 }
 
 #[test]
@@ -171,7 +233,9 @@ fn a_client_that_stops_reading_is_cut_off_and_the_worker_is_not_blamed() {
     let mut s = TcpStream::connect(corral.http_addr()).unwrap();
     s.write_all(b"GET /big.php HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // The answer has begun: the worker runs big.php.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(s.peek(&mut [0u8; 1]).unwrap() > 0, "no answer began");
     let t = Instant::now();
     // The only worker is held until send_timeout cuts the client off; then it answers again,
     // the same process (aborted, not killed).

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use support::peers;
 use support::server::{http, Corral};
+use support::{eventually, peers};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -119,12 +119,10 @@ impl Setup {
         self.file.path().to_str().unwrap()
     }
 
-    /// `n` requests from two threads in the background; `done` is set when they are.
-    fn load(&self, n: usize) -> (thread::JoinHandle<usize>, Arc<AtomicBool>) {
+    /// `n` requests from two threads in the background; how many were answered 200.
+    fn load(&self, n: usize) -> thread::JoinHandle<usize> {
         let addr = self.corral.http_addr();
-        let done = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&done);
-        let handle = thread::spawn(move || {
+        thread::spawn(move || {
             let workers: Vec<_> = (0..2)
                 .map(|_| {
                     thread::spawn(move || {
@@ -134,23 +132,36 @@ impl Setup {
                     })
                 })
                 .collect();
-            let ok = workers.into_iter().map(|w| w.join().unwrap()).sum();
-            flag.store(true, Ordering::SeqCst);
-            ok
-        });
-        (handle, done)
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        })
     }
-}
 
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(50));
+    /// Requests from two threads in the background until `stop` is set; how many there
+    /// were, and how many of them were answered 200.
+    fn load_until(&self, stop: &Arc<AtomicBool>) -> thread::JoinHandle<(usize, usize)> {
+        let addr = self.corral.http_addr();
+        let stop = Arc::clone(stop);
+        thread::spawn(move || {
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    let stop = Arc::clone(&stop);
+                    thread::spawn(move || {
+                        let (mut sent, mut ok) = (0, 0);
+                        while !stop.load(Ordering::SeqCst) {
+                            sent += 1;
+                            ok +=
+                                usize::from(http(addr, "GET", "/work.php", &[], b"").status == 200);
+                        }
+                        (sent, ok)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap())
+                .fold((0, 0), |(s, o), (s2, o2)| (s + s2, o + o2))
+        })
     }
-    check()
 }
 
 /// A tmux server of our own (its own socket), killed with everything in it when dropped.
@@ -228,7 +239,8 @@ fn rate_in(frame: &str) -> Option<f64> {
 fn watch_in_tmux_shows_the_pool_and_changes_under_load() {
     let s = start();
     let tmux = Tmux::new();
-    // The shell traps SIGINT so that it outlives corral's Ctrl-C and shows what was left.
+    // The shell traps SIGINT so that it outlives corral's Ctrl-C and shows what was left; its
+    // `sleep 60` only keeps the pane open for the captures (tmux is killed on drop).
     let script = format!(
         "trap 'true' INT; '{}' status --watch --interval 300ms -c '{}'; echo \"watch exited $?\"; sleep 60",
         support::CORRAL,
@@ -273,23 +285,21 @@ fn watch_in_tmux_shows_the_pool_and_changes_under_load() {
     assert_eq!(tmux.format("#{alternate_on} #{cursor_flag}"), "1 0");
     let before = accepted_in(&frame).unwrap();
 
-    let (load, done) = s.load(400);
+    // Load runs until the pane has shown both changes (or 20 s passed): every frame sampled
+    // here is one taken under load.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = s.load_until(&stop);
     let mut grew_while_loading = false;
     let mut saw_rate = false;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline && !(grew_while_loading && saw_rate) {
-        let loading = !done.load(Ordering::SeqCst);
+    eventually(Duration::from_secs(20), || {
         frame = tmux.capture();
-        if loading && accepted_in(&frame).is_some_and(|n| n > before) {
-            grew_while_loading = true;
-        }
-        if loading && rate_in(&frame).is_some_and(|r| r > 0.0) {
-            saw_rate = true;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    let served = load.join().unwrap();
-    assert_eq!(served, 400, "{}", s.corral.log());
+        grew_while_loading |= accepted_in(&frame).is_some_and(|n| n > before);
+        saw_rate |= rate_in(&frame).is_some_and(|r| r > 0.0);
+        grew_while_loading && saw_rate
+    });
+    stop.store(true, Ordering::SeqCst);
+    let (sent, served) = load.join().unwrap();
+    assert_eq!(served, sent, "{}", s.corral.log());
     assert!(
         grew_while_loading,
         "the pane never changed while load ran (accepted {before}):\n{frame}"
@@ -299,7 +309,7 @@ fn watch_in_tmux_shows_the_pool_and_changes_under_load() {
     assert!(
         eventually(Duration::from_secs(5), || {
             frame = tmux.capture();
-            accepted_in(&frame) == Some(before + 400)
+            accepted_in(&frame) == Some(before + sent as u64)
         }),
         "{frame}"
     );
@@ -350,12 +360,13 @@ fn watch_prints_plain_frames_when_not_on_a_terminal() {
         out.stdout
     );
 
-    // Nothing to watch: an error, not an empty view.
-    let stopped = support::config_file(
-        &std::fs::read_to_string(s.file.path())
-            .unwrap()
-            .replace(&s.status.to_string(), "127.0.0.1:1"),
-    );
+    // Nothing to watch: an error, not an empty view. The address is a socket path in a
+    // fresh temp dir, where nothing listens.
+    let nowhere = tempfile::tempdir().unwrap();
+    let stopped = support::config_file(&std::fs::read_to_string(s.file.path()).unwrap().replace(
+        &s.status.to_string(),
+        &format!("unix:{}", nowhere.path().join("status.sock").display()),
+    ));
     let out = support::corral(&["status", "--watch", "-c", stopped.path().to_str().unwrap()]);
     assert_eq!(out.code, Some(69), "{out:?}");
     assert!(out.stderr.contains("status listener"), "{}", out.stderr);
@@ -454,7 +465,7 @@ fn the_html_page_in_chromium_shows_pools_and_counts_that_grow() {
     assert!(before >= 5, "{before}");
     assert_eq!(before, s.accepted());
 
-    let (load, _) = s.load(200);
+    let load = s.load(200);
     assert_eq!(load.join().unwrap(), 200);
     let dom = chromium(&url, &["--dump-dom"]);
     let after = number_by_id(&dom, "accepted-php").unwrap_or_else(|| panic!("{dom}"));
