@@ -200,7 +200,11 @@ fn refused_requests_take_no_slot_while_the_only_one_is_held() {
             took < AT_ONCE,
             "{what}: answered after {took:?}, as if it had waited for the held slot"
         );
-        assert_eq!(site.counter("queued total"), queued, "{what}: it was queued");
+        assert_eq!(
+            site.counter("queued total"),
+            queued,
+            "{what}: it was queued"
+        );
         assert_eq!(site.counter("in flight"), 1, "{what}: it took a slot");
     }
     assert_eq!(
@@ -216,7 +220,8 @@ fn refused_requests_take_no_slot_while_the_only_one_is_held() {
         timed(|| http(addr, "GET", "/index.php", &[("Host", "site.test")], b""))
     });
     assert!(
-        support::eventually(Duration::from_secs(10), || site.counter("listen queue") == 1),
+        support::eventually(Duration::from_secs(10), || site.counter("listen queue")
+            == 1),
         "the good request did not queue behind the held slot"
     );
     std::fs::write(site.release(), "").unwrap();
@@ -307,7 +312,11 @@ pool = "php"
     for round in 0..5 {
         let name = format!("/page{round}.php");
         let file = real_root.join(&name[1..]);
-        write_file(&root, &name[1..], &format!("<?php echo 'page {round} ran';"));
+        write_file(
+            &root,
+            &name[1..],
+            &format!("<?php echo 'page {round} ran';"),
+        );
         let (status_a, body) = fastcgi_status(&a, &nginx_params(&root, &name));
         assert_eq!(
             (status_a, String::from_utf8_lossy(&body).contains("ran")),
@@ -424,8 +433,14 @@ pool = "php"
         let r = get(target);
         let body = r.text();
         assert_eq!(r.status, expected, "{target}: {body}");
-        assert!(!body.contains("outside the root"), "{target}: traversal: {body}");
-        assert!(!body.contains("secret"), "{target}: hidden file served: {body}");
+        assert!(
+            !body.contains("outside the root"),
+            "{target}: traversal: {body}"
+        );
+        assert!(
+            !body.contains("secret"),
+            "{target}: hidden file served: {body}"
+        );
         assert!(!body.contains("PWNED"), "{target}: the upload ran: {body}");
         assert!(!marker.exists(), "{target}: the upload ran as PHP");
     }
@@ -436,13 +451,19 @@ pool = "php"
     );
     // Decoded once, the same spellings name exactly what they say.
     let r = get("/%252e%252e/name.txt");
-    assert_eq!((r.status, r.text().as_str()), (200, "a directory named %2e%2e"));
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "a directory named %2e%2e")
+    );
     let r = get("/pct%2541.php");
     assert_eq!(r.status, 200, "{}", corral.log());
     assert_eq!(r.text(), "literal /pct%41.php /pct%2541.php");
     assert!(!marker.exists(), "pctA.php ran: %2541 was decoded twice");
     // And the once-encoded forms are what is refused as a traversal or a bad segment.
-    for (target, refused) in [("/%2e%2e/outside.txt", 403), ("/uploads/avatar.gif%2fx.php", 400)] {
+    for (target, refused) in [
+        ("/%2e%2e/outside.txt", 403),
+        ("/uploads/avatar.gif%2fx.php", 400),
+    ] {
         assert_eq!(get(target).status, refused, "{target}");
     }
 }

@@ -85,10 +85,7 @@ fn lsapi_conn(mut s: UnixStream, index: usize, served: &Served) {
         let mut out = BytesMut::new();
         enc.header(200, &[("Content-Type", "text/plain")], &mut out)
             .unwrap();
-        enc.stream(
-            format!("connection {index}").as_bytes(),
-            &mut out,
-        );
+        enc.stream(format!("connection {index}").as_bytes(), &mut out);
         enc.end(&mut out);
         if close {
             enc.conn_close(&mut out);
@@ -405,10 +402,7 @@ pool = "lsphp"
         s.write_all(b"GET /scgi/page HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .unwrap();
         let head = read_head(&mut s);
-        assert!(
-            head.starts_with("HTTP/1.1 203"),
-            "round {round}: {head}"
-        );
+        assert!(head.starts_with("HTTP/1.1 203"), "round {round}: {head}");
         assert!(!head.to_ascii_lowercase().contains("x-hop"), "{head}");
     }
 }
@@ -422,7 +416,12 @@ fn read_head(s: &mut std::net::TcpStream) -> String {
         raw.push(byte[0]);
     }
     let head = String::from_utf8_lossy(&raw).into_owned();
-    assert!(head.to_ascii_lowercase().contains("transfer-encoding: chunked") || head.to_ascii_lowercase().contains("content-length"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+            || head.to_ascii_lowercase().contains("content-length"),
+        "{head}"
+    );
     // Read the body to its last chunk (or its length).
     let lower = head.to_ascii_lowercase();
     if let Some(len) = lower

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use corral::protocols::fastcgi::{
-    encode_begin_request, encode_params, encode_stdin, encode_stdin_end, RecordDecoder,
-    RecordType, Role,
+    encode_begin_request, encode_params, encode_stdin, encode_stdin_end, RecordDecoder, RecordType,
+    Role,
 };
 use support::invariants::{proc_kib, reset_peak};
 use support::peers::{self, shared_dir, write_file};
@@ -229,7 +229,10 @@ fn a_large_upload_does_not_grow_corrals_memory() {
         let (r, grew) = site.growth_over(|| upload(site.corral.http_addr(), path, len));
         assert_eq!(r.status, 200, "{path}: {}\n{}", r.text(), site.corral.log());
         assert_eq!(r.text(), expected, "{path}");
-        eprintln!("{path}: a {} MiB body grew corral's peak RSS by {grew} KiB", len >> 20);
+        eprintln!(
+            "{path}: a {} MiB body grew corral's peak RSS by {grew} KiB",
+            len >> 20
+        );
         assert!(
             grew < GROWTH_KIB,
             "{path}: a {} MiB body grew corral's peak RSS by {grew} KiB",
@@ -291,7 +294,11 @@ fn fastcgi_unknown_length(socket: &Path, uri: &str, len: usize) -> String {
         }
         let mut chunk = [0u8; 16384];
         let n = s.read(&mut chunk).expect("corral answers in time");
-        assert!(n > 0, "closed before END_REQUEST: {:?}", String::from_utf8_lossy(&stdout));
+        assert!(
+            n > 0,
+            "closed before END_REQUEST: {:?}",
+            String::from_utf8_lossy(&stdout)
+        );
         buf.extend_from_slice(&chunk[..n]);
     }
 }
@@ -312,7 +319,10 @@ fn an_unknown_length_fastcgi_body_reaches_scgi_and_lsapi_whole_and_bounded() {
         let (body, grew) =
             site.growth_over(|| fastcgi_unknown_length(&site.fastcgi_socket(), uri, len));
         assert_eq!(body, expected, "{uri}:\n{}", site.corral.log());
-        eprintln!("{uri}: a {} MiB body of unknown length grew corral's peak RSS by {grew} KiB", len >> 20);
+        eprintln!(
+            "{uri}: a {} MiB body of unknown length grew corral's peak RSS by {grew} KiB",
+            len >> 20
+        );
         assert!(
             grew < GROWTH_KIB,
             "{uri}: a {} MiB body of unknown length grew corral's peak RSS by {grew} KiB",
