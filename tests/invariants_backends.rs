@@ -176,13 +176,19 @@ fn connect_retries_on_refusing_servers_are_bounded_and_answered_at_once() {
         refusing_in("few", 5),
         refusing_in("many", 20),
     );
+    // A TCP server whose accept queue is full: its SYNs are dropped, so every connect
+    // waits for `connect_timeout`.
+    let (full, _filler) = full_listener();
     let config = format!(
-        "{}\n[pools.one]\nservers = [{}]\n\n[pools.few]\nservers = [{}]\n\n\
+        "{}\n[pools.slow]\nservers = [\"{full}\"]\nconnect_timeout = \"{}ms\"\n\n\
+         [[contexts]]\nprefix = \"/slow\"\npool = \"slow\"\n\n\
+         [pools.one]\nservers = [{}]\n\n[pools.few]\nservers = [{}]\n\n\
          [pools.many]\nservers = [{}]\n\n\
          [[contexts]]\nprefix = \"/one\"\npool = \"one\"\n\n\
          [[contexts]]\nprefix = \"/few\"\npool = \"few\"\n\n\
          [[contexts]]\nprefix = \"/many\"\npool = \"many\"\n",
         header_config(dir.path()),
+        CONNECT_TIMEOUT.as_millis(),
         one.join(", "),
         few.join(", "),
         many.join(", "),
@@ -222,6 +228,34 @@ fn connect_retries_on_refusing_servers_are_bounded_and_answered_at_once() {
         );
         assert_eq!(counter(status, pool, "backend errors"), 1, "{pool}");
     }
+    // Connects that time out: the same bound, so the answer comes after 4 timeouts, not
+    // more (one try and at least 3 retries on a pool of one server).
+    let (r, took) = timed_http(addr, "GET", "/slow/x", &[], b"");
+    assert_eq!(r.status, 502, "slow: {}\n{}", r.text(), corral.log());
+    let tried: u64 = row_counters(status, "slow", "requests").iter().sum();
+    assert_eq!(tried, 4, "slow: connect attempts for one request");
+    assert!(
+        took >= CONNECT_TIMEOUT * 4 && took < CONNECT_TIMEOUT * 4 + Duration::from_secs(2),
+        "slow: four connect timeouts of {CONNECT_TIMEOUT:?} answered after {took:?}"
+    );
+}
+
+/// The `connect_timeout` of the pool whose server never accepts.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// A TCP listener with a backlog of 0 and one connection waiting in it, so the kernel drops
+/// the SYN of every further connect; its address, and what keeps it so.
+fn full_listener() -> (
+    std::net::SocketAddr,
+    (std::net::TcpListener, std::net::TcpStream),
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let filler = std::net::TcpStream::connect(addr).unwrap();
+    let probe = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+    assert!(probe.is_err(), "the listener's queue is not full");
+    (addr, (listener, filler))
 }
 
 // ---------------------------------------------------------------------------------------
