@@ -38,11 +38,24 @@ use support::server::{http, parse_response, Corral};
 /// read buffer); the slack is for allocator arenas of the serving threads.
 const GROWTH_KIB: u64 = 8 * 1024;
 
-/// The body: a repeating pattern, generated as it is sent.
+/// The period of [`pattern`], a prime number of bytes, so no chunk boundary lines up with it.
+const PERIOD: usize = 65_521;
+
+/// The body: `len` bytes from `offset` of a fixed sequence repeating every [`PERIOD`] bytes.
 fn pattern(offset: usize, len: usize) -> Vec<u8> {
-    (offset..offset + len)
-        .map(|i| u8::try_from((i * 7 + i / 4096) % 251).unwrap())
-        .collect()
+    static BLOCK: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+        (0..PERIOD)
+            .map(|i| u8::try_from((i * 7 + i / 4096) % 251).unwrap())
+            .collect()
+    });
+    let mut out = Vec::with_capacity(len);
+    let mut at = offset % PERIOD;
+    while out.len() < len {
+        let n = (len - out.len()).min(PERIOD - at);
+        out.extend_from_slice(&BLOCK[at..at + n]);
+        at = 0;
+    }
+    out
 }
 
 /// The md5 of `len` bytes of [`pattern`], computed in pieces.
@@ -199,21 +212,41 @@ max_body = "1GiB"
     }
 }
 
-/// POSTs `len` bytes of [`pattern`] with a Content-Length, generated as they are written.
-fn upload(addr: std::net::SocketAddr, path: &str, len: usize) -> support::server::HttpResponse {
+/// POSTs `len` bytes of [`pattern`], generated as they are written: with a Content-Length,
+/// or with `chunked` in chunks of 256 KiB.
+fn upload(
+    addr: std::net::SocketAddr,
+    path: &str,
+    len: usize,
+    chunked: bool,
+) -> support::server::HttpResponse {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let framing = if chunked {
+        "Transfer-Encoding: chunked".to_owned()
+    } else {
+        format!("Content-Length: {len}")
+    };
     write!(
         s,
         "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n"
+         Content-Type: application/octet-stream\r\n{framing}\r\n\r\n"
     )
     .unwrap();
     let mut at = 0;
     while at < len {
         let n = (len - at).min(256 * 1024);
+        if chunked {
+            write!(s, "{n:x}\r\n").unwrap();
+        }
         s.write_all(&pattern(at, n)).unwrap();
+        if chunked {
+            s.write_all(b"\r\n").unwrap();
+        }
         at += n;
+    }
+    if chunked {
+        s.write_all(b"0\r\n\r\n").unwrap();
     }
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
@@ -223,10 +256,15 @@ fn upload(addr: std::net::SocketAddr, path: &str, len: usize) -> support::server
 #[test]
 fn a_large_upload_does_not_grow_corrals_memory() {
     let site = site();
-    let len = 256 << 20;
+    let len = 128 << 20;
     let expected = format!("len={len} md5={}", pattern_md5(site.dir.path(), len));
-    for path in ["/stream/upload", "/spool/upload"] {
-        let (r, grew) = site.growth_over(|| upload(site.corral.http_addr(), path, len));
+    // Streamed to the worker; spooled first (buffering); spooled to learn its length.
+    for (path, chunked) in [
+        ("/stream/upload", false),
+        ("/spool/upload", false),
+        ("/stream/chunked", true),
+    ] {
+        let (r, grew) = site.growth_over(|| upload(site.corral.http_addr(), path, len, chunked));
         assert_eq!(r.status, 200, "{path}: {}\n{}", r.text(), site.corral.log());
         assert_eq!(r.text(), expected, "{path}");
         eprintln!(
@@ -241,12 +279,13 @@ fn a_large_upload_does_not_grow_corrals_memory() {
     }
 }
 
-/// One FastCGI request without CONTENT_LENGTH carrying `len` bytes of [`pattern`] as
-/// FCGI_STDIN; the CGI response's body as text.
-fn fastcgi_unknown_length(socket: &Path, uri: &str, len: usize) -> String {
+/// One FastCGI request without CONTENT_LENGTH (or, with `empty`, with an empty one, which
+/// means the same) carrying `len` bytes of [`pattern`] as FCGI_STDIN; the CGI response's
+/// body as text.
+fn fastcgi_unknown_length(socket: &Path, uri: &str, len: usize, empty: bool) -> String {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let params: Vec<(Bytes, Bytes)> = [
+    let mut params: Vec<(&str, &str)> = vec![
         ("REQUEST_METHOD", "POST"),
         ("REQUEST_URI", uri),
         ("DOCUMENT_URI", uri),
@@ -257,10 +296,14 @@ fn fastcgi_unknown_length(socket: &Path, uri: &str, len: usize) -> String {
         ("SERVER_NAME", "localhost"),
         ("HTTP_HOST", "localhost"),
         ("CONTENT_TYPE", "application/octet-stream"),
-    ]
-    .iter()
-    .map(|(n, v)| (Bytes::from(*n), Bytes::from(v.to_string())))
-    .collect();
+    ];
+    if empty {
+        params.push(("CONTENT_LENGTH", ""));
+    }
+    let params: Vec<(Bytes, Bytes)> = params
+        .iter()
+        .map(|(n, v)| (Bytes::from(n.to_string()), Bytes::from(v.to_string())))
+        .collect();
     let mut out = BytesMut::new();
     encode_begin_request(1, Role::Responder, false, &mut out);
     encode_params(1, &params, &mut out).unwrap();
@@ -309,15 +352,22 @@ fn an_unknown_length_fastcgi_body_reaches_scgi_and_lsapi_whole_and_bounded() {
     for len in [0, 100, 3 << 20] {
         let expected = format!("len={len} md5={}", pattern_md5(site.dir.path(), len));
         for uri in ["/stream/unknown", "/wsgi/unknown"] {
-            let body = fastcgi_unknown_length(&site.fastcgi_socket(), uri, len);
-            assert_eq!(body, expected, "{uri}, {len} bytes:\n{}", site.corral.log());
+            for empty in [false, true] {
+                let body = fastcgi_unknown_length(&site.fastcgi_socket(), uri, len, empty);
+                assert_eq!(
+                    body,
+                    expected,
+                    "{uri}, {len} bytes, empty CONTENT_LENGTH {empty}:\n{}",
+                    site.corral.log()
+                );
+            }
         }
     }
-    let len = 64 << 20;
+    let len = 32 << 20;
     let expected = format!("len={len} md5={}", pattern_md5(site.dir.path(), len));
     for uri in ["/stream/unknown", "/wsgi/unknown"] {
         let (body, grew) =
-            site.growth_over(|| fastcgi_unknown_length(&site.fastcgi_socket(), uri, len));
+            site.growth_over(|| fastcgi_unknown_length(&site.fastcgi_socket(), uri, len, false));
         assert_eq!(body, expected, "{uri}:\n{}", site.corral.log());
         eprintln!(
             "{uri}: a {} MiB body of unknown length grew corral's peak RSS by {grew} KiB",
