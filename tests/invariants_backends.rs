@@ -54,9 +54,12 @@ fn header_config(dir: &Path) -> String {
 type Served = Arc<Mutex<Vec<usize>>>;
 
 /// One connection of the scripted LSAPI backend: answers every request; after one for a path
-/// ending in `/close` it sends CONN_CLOSE right behind RESP_END (as lsphp does) and still
-/// keeps the connection open, so a corral that reused it would be served.
-fn lsapi_conn(mut s: UnixStream, index: usize, served: &Served) {
+/// ending in `/close` it sends CONN_CLOSE right behind RESP_END (as lsphp does), and after
+/// one ending in `/late` it sends CONN_CLOSE on its own once the test creates `dir/send-close`
+/// (then creates `dir/close-sent`), when corral has put the connection back on its idle
+/// stack. Either way it keeps the connection open, so a corral that reused it would be
+/// served.
+fn lsapi_conn(mut s: UnixStream, index: usize, served: &Served, dir: &Path) {
     let mut dec = LsapiDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::new();
     let mut chunk = [0u8; 65536];
@@ -81,6 +84,7 @@ fn lsapi_conn(mut s: UnixStream, index: usize, served: &Served) {
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
         let close = uri.ends_with(b"/close");
+        let late = uri.ends_with(b"/late");
         let enc = ResponseEncoder::new(begin.order, FlagRule::HOST);
         let mut out = BytesMut::new();
         enc.header(200, &[("Content-Type", "text/plain")], &mut out)
@@ -93,11 +97,23 @@ fn lsapi_conn(mut s: UnixStream, index: usize, served: &Served) {
         if s.write_all(&out).is_err() {
             return;
         }
+        if late {
+            if !support::invariants::wait_file(&dir.join("send-close"), Duration::from_secs(30)) {
+                return;
+            }
+            let mut close = BytesMut::new();
+            enc.conn_close(&mut close);
+            if s.write_all(&close).is_err() {
+                return;
+            }
+            std::fs::write(dir.join("close-sent"), "").unwrap();
+        }
     }
 }
 
 fn lsapi_fake(path: &Path) -> Served {
     let listener = UnixListener::bind(path).unwrap();
+    let dir = path.parent().unwrap().to_path_buf();
     let served: Served = Arc::default();
     let record = Arc::clone(&served);
     thread::spawn(move || {
@@ -107,8 +123,8 @@ fn lsapi_fake(path: &Path) -> Served {
                 s.push(0);
                 s.len() - 1
             };
-            let record = Arc::clone(&record);
-            thread::spawn(move || lsapi_conn(stream, index, &record));
+            let (record, dir) = (Arc::clone(&record), dir.clone());
+            thread::spawn(move || lsapi_conn(stream, index, &record, &dir));
         }
     });
     served
@@ -145,6 +161,16 @@ fn an_lsapi_conn_close_is_the_kept_connections_last_request() {
     assert_eq!(get("/y/close"), "connection 1");
     assert_eq!(get("/e"), "connection 2");
     assert_eq!(*served.lock().unwrap(), vec![3, 3, 1]);
+    // A CONN_CLOSE that comes while the connection is idle on corral's stack: checkout finds
+    // it, and the request goes out on a new connection.
+    assert_eq!(get("/z/late"), "connection 2");
+    std::fs::write(dir.path().join("send-close"), "").unwrap();
+    assert!(support::invariants::wait_file(
+        &dir.path().join("close-sent"),
+        Duration::from_secs(30)
+    ));
+    assert_eq!(get("/f"), "connection 3", "{:?}", served.lock().unwrap());
+    assert_eq!(*served.lock().unwrap(), vec![3, 3, 2, 1]);
 }
 
 // ---------------------------------------------------------------------------------------
