@@ -4,9 +4,11 @@
 //!   injection: lsphp sends CONN_CLOSE only from `litespeed_finish_request()`) that sends
 //!   RESP_END and CONN_CLOSE and then keeps the connection open, ready for more, sees the
 //!   next request on a new connection.
-//! - 6: a request whose worker refuses the connection is tried on other workers a bounded
-//!   number of times (one per other worker, at least 3, at most 16, `retries` in
-//!   `src/gateway/registry.rs`), and the client has its 502 at once.
+//! - 6: a request whose server refuses the connection, or lets it time out, is tried on
+//!   other servers a bounded number of times (one per other server, at least 3, at most 16:
+//!   `retries` in `src/gateway/registry.rs`), counted by the servers' `requests` on the
+//!   status page and by the retry log lines; the client has its 502 at once after refusals,
+//!   and after exactly four `connect_timeout`s on a pool of one server that never accepts.
 //! - 13: `Status:` and every hop-by-hop header a backend writes stay on corral's side:
 //!   a Python SCGI app (the `scgi` package), lsphp over LSAPI, and the WSGI launcher over
 //!   LSAPI (a reason phrase of its own goes as a `Status:` line).
@@ -190,7 +192,7 @@ fn refusing(dir: &Path, n: usize) -> Vec<String> {
 }
 
 #[test]
-fn connect_retries_on_refusing_servers_are_bounded_and_answered_at_once() {
+fn connect_retries_are_bounded_and_answered_within_their_timeouts() {
     let dir = tempfile::tempdir().unwrap();
     let refusing_in = |name: &str, n: usize| {
         let sub = dir.path().join(name);
