@@ -10,6 +10,7 @@
 pub mod apps;
 pub mod fastcgi;
 pub mod front;
+pub mod invariants;
 pub mod lsapi;
 pub mod matrix;
 pub mod peers;
