@@ -148,7 +148,15 @@ fn refused_requests_take_no_slot_while_the_only_one_is_held() {
     let accepted = site.counter("accepted conn");
     let queued = site.counter("queued total");
 
+    // hyper's limit of 100 header fields, which corral relies on (src/front/http.rs).
+    let many_fields = format!(
+        "GET /index.php HTTP/1.1\r\nHost: site.test\r\n{}\r\n",
+        (0..100)
+            .map(|i| format!("X-F{i}: {i}\r\n"))
+            .collect::<String>()
+    );
     let refusals: &[(&str, &str, u16)] = &[
+        ("101 header fields", &many_fields, 431),
         (
             "a declared body over max_body (buffering context)",
             "POST /index.php HTTP/1.1\r\nHost: site.test\r\nContent-Length: 5000\r\n\
