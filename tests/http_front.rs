@@ -6,10 +6,11 @@ mod support;
 
 use std::path::Path;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::peers::{self, Peer};
 use support::server::{http, Corral};
+use support::weak::{read_until_closed, AT_ONCE};
 
 /// A config with one TCP http listener on a free port and one pool of running servers.
 fn config(pool: &str, context: &str) -> String {
@@ -174,10 +175,13 @@ fn lsphp_through_the_http_listener() {
 }
 
 /// A threaded flup WSGI app on a Unix socket: `/slow` sleeps 300 ms while counting how many
-/// requests are inside at once; `/max` reports the most seen; anything else echoes the path.
+/// requests are inside at once; `/max` reports the most seen; `/hold` appends a byte to
+/// `entered` beside the socket and answers once a `gate` file is there; anything else echoes
+/// the path.
 const FLUP_APP: &str = r#"
-import sys, threading, time
+import os, sys, threading, time
 from flup.server.fcgi import WSGIServer
+here = os.path.dirname(sys.argv[1])
 lock = threading.Lock()
 inside = 0
 most = 0
@@ -192,6 +196,13 @@ def app(environ, start_response):
         with lock:
             inside -= 1
         body = b'slow done'
+    elif path == '/hold':
+        with lock:
+            with open(os.path.join(here, 'entered'), 'a') as f:
+                f.write('x')
+        while not os.path.exists(os.path.join(here, 'gate')):
+            time.sleep(0.01)
+        body = b'held'
     elif path == '/max':
         body = str(most).encode()
     else:
@@ -270,21 +281,55 @@ fn a_full_queue_answers_503_with_retry_after_at_once() {
                 "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 1\nqueue_timeout = \"10s\"",
                 app.socket.display()
             ),
-            "",
+            "\n[status]\naddress = \"127.0.0.1:0\"",
         ),
         1,
     );
-    let mut statuses = burst(corral.http_addr(), "/slow", 4);
-    statuses.sort();
-    let ok = statuses.iter().filter(|(s, _)| *s == 200).count();
-    let refused: Vec<_> = statuses.iter().filter(|(s, _)| *s == 503).collect();
-    // One is served, one waits and is served, the rest find the queue full.
-    assert!(ok >= 2, "{statuses:?}");
-    assert_eq!(ok + refused.len(), 4, "{statuses:?}");
-    assert!(!refused.is_empty(), "{statuses:?}");
-    assert!(refused.iter().all(|(_, ra)| ra.as_deref() == Some("1")));
-    // The log is read on another thread: the line may trail the answer.
+    let (addr, status) = (corral.http_addr(), corral.status_ready_addr());
+    let entered = dir.path().join("entered");
+    let queued = || {
+        let text = http(status, "GET", "/status", &[], b"").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("listen queue:"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no listen queue in:\n{text}"))
+    };
+    let hold = move || thread::spawn(move || http(addr, "GET", "/hold", &[], b""));
+    // One request holds the only slot (it is inside the app), one waits in the queue.
+    let first = hold();
+    assert!(
+        support::eventually(Duration::from_secs(10), || entered.exists()),
+        "the first request never reached the app\n{}",
+        corral.log()
+    );
+    let second = hold();
+    assert!(
+        support::eventually(Duration::from_secs(10), || queued() == "1"),
+        "the second request never queued\n{}",
+        corral.log()
+    );
+    // The queue is full and stays full (the slot is held until the gate opens): the next ones
+    // are refused at once, long before the 10 s queue_timeout that would refuse them anyway.
+    for _ in 0..2 {
+        let started = Instant::now();
+        let r = http(addr, "GET", "/hold", &[], b"");
+        let took = started.elapsed();
+        assert_eq!(r.status, 503, "{}", corral.log());
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert!(took < AT_ONCE, "a 503 for a full queue took {took:?}");
+    }
     assert!(corral.wait_log("the queue is full"), "{}", corral.log());
+    assert_eq!(queued(), "1", "a refused request stayed in the queue");
+    std::fs::write(dir.path().join("gate"), b"").unwrap();
+    for held in [first, second] {
+        let r = held.join().unwrap();
+        assert_eq!((r.status, r.text().as_str()), (200, "held"));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&entered).unwrap(),
+        "xx",
+        "only the two admitted requests reached the app"
+    );
 }
 
 #[test]
@@ -327,12 +372,12 @@ fn a_hanging_backend_is_answered_504() {
     // Accepts connections and never answers.
     let socket = dir.path().join("hang.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let keep = thread::spawn(move || {
+    // Every connection is held open until the test process ends.
+    thread::spawn(move || {
         let mut held = Vec::new();
-        for s in listener.incoming().take(2) {
+        for s in listener.incoming() {
             held.push(s);
         }
-        thread::sleep(Duration::from_secs(5));
     });
     let corral = Corral::start(
         &config(
@@ -346,7 +391,6 @@ fn a_hanging_backend_is_answered_504() {
     );
     let r = http(corral.http_addr(), "GET", "/anything", &[], b"");
     assert_eq!(r.status, 504, "{}", corral.log());
-    drop(keep);
 }
 
 #[test]
@@ -433,11 +477,10 @@ static_files = true
         .parse()
         .unwrap();
     let mut s = std::net::TcpStream::connect(second).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    use std::io::{Read, Write};
+    use std::io::Write;
+    // The write may fail: the connection may already be closed.
     let _ = s.write_all(b"GET /style.css HTTP/1.1\r\nHost: x\r\n\r\n");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
+    let buf = read_until_closed(&mut s, AT_ONCE);
     assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
     assert!(corral.wait_log("outside the listener's allow list"));
 }
@@ -784,18 +827,9 @@ fn a_second_corral_on_a_taken_port_refuses_to_start() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut tries = 0;
-    let status = loop {
-        if let Some(status) = second.try_wait().unwrap() {
-            break status;
-        }
-        tries += 1;
-        if tries > 400 {
-            let _ = second.kill();
-            panic!("a second corral started on port {port}, which the first one holds");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = support::wait(&mut second, Duration::from_secs(20)).unwrap_or_else(|| {
+        panic!("a second corral started on port {port}, which the first one holds")
+    });
     let mut err = String::new();
     std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut err).unwrap();
     assert!(!status.success(), "{err}");
