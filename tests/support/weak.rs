@@ -59,3 +59,31 @@ pub fn read_until_closed<S: Timed>(s: &mut S, within: Duration) -> Vec<u8> {
         }
     }
 }
+
+/// Polls `check` every 10 ms without blocking the runtime (other tasks go on) until it
+/// holds, for up to `within`; whether it held.
+pub async fn until(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    check()
+}
+
+/// Open descriptors of this process on spool files in `dir`: corral unlinks each spool file
+/// at once and keeps only its descriptor, so these are the spooled bodies in flight.
+pub fn spool_files_open(dir: &std::path::Path) -> usize {
+    let prefix = dir.join("corral-spool-");
+    let prefix = prefix.to_string_lossy();
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| {
+            let target = target.to_string_lossy();
+            target.starts_with(&*prefix) && target.ends_with(" (deleted)")
+        })
+        .count()
+}
