@@ -707,8 +707,15 @@ mode = "static"
         // The tree is what the pool asked for: four php-cgi workers under corral, or one
         // php-cgi parent under corral with its four children.
         let tree = corral::process::process_tree(corral.pid()).unwrap();
-        let php: Vec<u32> = tree.iter().copied().filter(|&p| p != corral.pid()).collect();
-        let direct = php.iter().filter(|&&p| parent_of(p) == corral.pid()).count();
+        let php: Vec<u32> = tree
+            .iter()
+            .copied()
+            .filter(|&p| p != corral.pid())
+            .collect();
+        let direct = php
+            .iter()
+            .filter(|&&p| parent_of(p) == corral.pid())
+            .count();
         let (want_direct, want_all) = if pool.contains("php_children") {
             (1, 5)
         } else {

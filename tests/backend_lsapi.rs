@@ -218,7 +218,11 @@ async fn lsphp_chunked_body_is_spooled() {
         spool_files_open(spool_dir.path()),
         budget.used()
     );
-    assert_eq!(std::fs::read_dir(spool_dir.path()).unwrap().count(), 0, "unlinked");
+    assert_eq!(
+        std::fs::read_dir(spool_dir.path()).unwrap().count(),
+        0,
+        "unlinked"
+    );
     feeder.await.unwrap();
     std::fs::write(&gate, b"").unwrap();
     assert_eq!(exchange.await.unwrap(), expected);

@@ -456,11 +456,16 @@ fn multiplexed_requests_share_one_connection() {
 
 /// The pool's `in flight` count on corral's status page: requests holding a slot.
 fn in_flight(c: &Chain) -> String {
-    let log = c.corral.wait_log("status listener ready", Duration::from_secs(10));
+    let log = c
+        .corral
+        .wait_log("status listener ready", Duration::from_secs(10));
     let addr: std::net::SocketAddr = log
         .lines()
         .find(|l| l.contains("status listener ready"))
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("listener=")))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("listener="))
+        })
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no status listener address in:\n{log}"));
     let text = support::server::http(addr, "GET", "/status", &[], b"").text();

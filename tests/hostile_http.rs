@@ -265,7 +265,11 @@ fn backend_hop_by_hop_headers_and_1xx_finals_do_not_pass() {
         assert_eq!(r.header("upgrade"), None);
         site.good();
     }
-    assert!(site.corral.wait_log("not a final status"), "{}", site.corral.log());
+    assert!(
+        site.corral.wait_log("not a final status"),
+        "{}",
+        site.corral.log()
+    );
 }
 
 #[test]
@@ -311,7 +315,11 @@ fn bodies_over_max_body_get_413_before_any_worker() {
     let before = site.accepted();
     let r = http(site.addr(), "POST", "/env.php", &[], &big);
     assert_eq!(r.status, 413, "{}", r.text());
-    assert_eq!(site.accepted(), before, "a 413 by Content-Length reached a worker");
+    assert_eq!(
+        site.accepted(),
+        before,
+        "a 413 by Content-Length reached a worker"
+    );
     site.good();
     let before = site.accepted();
     // Chunked: refused once the spool passes the limit.
@@ -345,5 +353,9 @@ fn bodies_over_max_body_get_413_before_any_worker() {
         before + 2,
         "the two bodies under the limit reached a worker"
     );
-    assert!(site.corral.wait_log("exceeds max_body"), "{}", site.corral.log());
+    assert!(
+        site.corral.wait_log("exceeds max_body"),
+        "{}",
+        site.corral.log()
+    );
 }

@@ -162,9 +162,24 @@ fn workers_run_as_nobody_by_default_and_as_the_configured_user() {
         ("user = \"nobody\"", "", uid(&nobody), gid(&nobody)),
         ("", "user = \"daemon\"", uid(&daemon), gid(&daemon)),
         ("user = \"www-data\"", "", uid(&www), gid(&www)),
-        ("user = \"www-data\"", "user = \"daemon\"", uid(&daemon), gid(&daemon)),
-        ("", "user = \"daemon\"\ngroup = \"www-data\"", uid(&daemon), group("www-data")),
-        ("group = \"www-data\"", "user = \"daemon\"", uid(&daemon), group("www-data")),
+        (
+            "user = \"www-data\"",
+            "user = \"daemon\"",
+            uid(&daemon),
+            gid(&daemon),
+        ),
+        (
+            "",
+            "user = \"daemon\"\ngroup = \"www-data\"",
+            uid(&daemon),
+            group("www-data"),
+        ),
+        (
+            "group = \"www-data\"",
+            "user = \"daemon\"",
+            uid(&daemon),
+            group("www-data"),
+        ),
         ("", "group = \"www-data\"", uid(&nobody), group("www-data")),
         ("", "user = \"root\"", 0, 0),
     ];

@@ -257,7 +257,11 @@ async fn placeholder_port_is_substituted() {
     assert_eq!(said, port.to_string(), "the worker's argv[1]");
     let argv = std::fs::read(format!("/proc/{}/cmdline", worker.pid)).unwrap();
     let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
-    assert_eq!(argv[3], port.to_string().as_bytes(), "argv as the kernel holds it");
+    assert_eq!(
+        argv[3],
+        port.to_string().as_bytes(),
+        "argv as the kernel holds it"
+    );
 }
 
 #[tokio::test]

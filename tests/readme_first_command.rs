@@ -122,7 +122,16 @@ fn corral_with_no_arguments_serves_the_demo_page_from_a_fresh_clone() {
 fn fetch_inside(pid: u32, url: &str) -> (String, String) {
     let out = Command::new("nsenter")
         .arg(format!("--net=/proc/{pid}/ns/net"))
-        .args(["--", "curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}", url])
+        .args([
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+            "-w",
+            "\n%{http_code}",
+            url,
+        ])
         .output()
         .expect("run nsenter curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -139,7 +148,15 @@ fn fetch_inside(pid: u32, url: &str) -> (String, String) {
 /// with `run` mounted on /run/corral, collecting its log.
 fn start(dir: &Path, run: &Path, notify: &Path) -> Running {
     let mut child = Command::new("unshare")
-        .args(["--net", "--mount", "--propagation", "private", "--", "sh", "-c"])
+        .args([
+            "--net",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+        ])
         .arg(
             "python3 -c \"$3\" || exit 71\n\
              mkdir -p /run/corral && mount --bind \"$1\" /run/corral || exit 72\n\
