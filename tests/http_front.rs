@@ -6,17 +6,20 @@ mod support;
 
 use std::path::Path;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::peers::{self, Peer};
 use support::server::{http, Corral};
 use support::weak::{read_until_closed, AT_ONCE};
+use tokio::time::Instant;
 
-/// A config with one TCP http listener on a free port and one pool of running servers.
-fn config(pool: &str, context: &str) -> String {
+/// A config with one TCP http listener on a free port and one pool of running servers; the
+/// runtime directory is `dir/run`, the test's own (not the default /run/corral).
+fn config(dir: &Path, pool: &str, context: &str) -> String {
     format!(
         r#"
 [server]
+runtime_dir = "{run}"
 grace = "2s"
 log_level = "debug"
 
@@ -30,7 +33,8 @@ protocol = "http"
 [[contexts]]
 pool = "main"
 {context}
-"#
+"#,
+        run = dir.join("run").display(),
     )
 }
 
@@ -66,6 +70,7 @@ fn php_cgi_through_the_http_listener() {
     let php = peers::php_cgi(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
         ),
@@ -147,6 +152,7 @@ fn lsphp_through_the_http_listener() {
     let lsphp = peers::lsphp(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!(
                 "protocol = \"lsapi\"\nservers = [\"unix:{}\"]",
                 lsphp.socket.display()
@@ -236,6 +242,7 @@ fn flup_app_mounted_at_a_prefix() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", app.socket.display()),
             "prefix = \"/app\"",
         ),
@@ -252,6 +259,7 @@ fn max_conns_holds_exactly_at_the_backend() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nconcurrency = 8\nmax_conns = 3\nqueue_size = 64",
                 app.socket.display()
@@ -277,6 +285,7 @@ fn a_full_queue_answers_503_with_retry_after_at_once() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+ dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 1\nqueue_timeout = \"10s\"",
                 app.socket.display()
@@ -338,6 +347,7 @@ fn queue_timeout_answers_503() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+ dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 8\nqueue_timeout = \"100ms\"",
                 app.socket.display()
@@ -358,9 +368,7 @@ fn queue_timeout_answers_503() {
         "{statuses:?}"
     );
     assert!(
-        corral
-            .log()
-            .contains("no slot came free within the queue timeout"),
+        corral.wait_log("no slot came free within the queue timeout"),
         "{}",
         corral.log()
     );
@@ -381,6 +389,7 @@ fn a_hanging_backend_is_answered_504() {
     });
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nfirst_byte_timeout = \"300ms\"\nrequest_timeout = \"2s\"",
                 socket.display()
@@ -414,6 +423,9 @@ fn static_files_trusted_https_and_the_allow_list() {
     let corral = Corral::start(
         &format!(
             r#"
+[server]
+runtime_dir = "{}/run"
+
 [[listen]]
 address = "127.0.0.1:0"
 protocol = "http"
@@ -433,6 +445,7 @@ pool = "main"
 root = "{}"
 static_files = true
 "#,
+            dir.path().display(),
             php.socket.display(),
             dir.path().display()
         ),
@@ -493,6 +506,7 @@ fn pipelined_requests_on_one_connection_are_answered_in_order() {
     let php = peers::php_cgi(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"", dir.path().display()),
         ),
@@ -562,6 +576,9 @@ fn local_redirects_index_files_expect_continue_and_a_refused_backend() {
     let corral = Corral::start(
         &format!(
             r#"
+[server]
+runtime_dir = "{root}/run"
+
 [[listen]]
 address = "127.0.0.1:0"
 protocol = "http"
@@ -647,6 +664,7 @@ fn backend_connections_are_reused_when_the_response_has_a_content_length() {
     let php = peers::php_cgi(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"", dir.path().display()),
         ),
@@ -685,6 +703,7 @@ fn an_early_error_answer_reaches_a_client_still_uploading() {
     // request would be read whole before the backend is asked).
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", socket.display()),
             "request_buffering = false",
         ),
@@ -758,6 +777,7 @@ fn the_threads_setting_sets_the_serving_threads() {
         ("per-thread", 3),
     ] {
         let text = config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
         )
@@ -807,8 +827,9 @@ fn the_threads_setting_sets_the_serving_threads() {
 /// fail to start instead, as it does without SO_REUSEPORT.
 #[test]
 fn a_second_corral_on_a_taken_port_refuses_to_start() {
+    let dir = peers::shared_dir();
     let text = |port: u16| {
-        config("servers = [\"127.0.0.1:9\"]", "")
+        config(dir.path(), "servers = [\"127.0.0.1:9\"]", "")
             .replacen(
                 "[server]\n",
                 "[server]\nthreads = 2\nscheduler = \"per-thread\"\n",
