@@ -4,7 +4,9 @@
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// How soon a connection corral means to close "at once" must be closed: far below the
 /// shortest timeout that would close a held one anyway (the front's 10 s `header_timeout`,
@@ -19,13 +21,15 @@ pub trait Timed: Read {
 
 impl Timed for TcpStream {
     fn bound_reads(&self, within: Duration) {
-        self.set_read_timeout(Some(within)).expect("set_read_timeout");
+        self.set_read_timeout(Some(within))
+            .expect("set_read_timeout");
     }
 }
 
 impl Timed for UnixStream {
     fn bound_reads(&self, within: Duration) {
-        self.set_read_timeout(Some(within)).expect("set_read_timeout");
+        self.set_read_timeout(Some(within))
+            .expect("set_read_timeout");
     }
 }
 
