@@ -7,7 +7,8 @@
 # cargo-fuzz is installed from crates.io when missing (into ~/.cargo/bin, which a CI cache
 # keeps; the targets' build lands in protocols/fuzz/target, also worth caching). It needs
 # nightly-only flags (-Zsanitizer, -Cpasses=sancov-module, ...): RUSTC_BOOTSTRAP=1 lets the
-# stable compiler accept them, so no nightly toolchain is needed.
+# stable compiler accept them, so no nightly toolchain is needed. Every target is built and
+# run with the address sanitizer, checked in each binary; a host that cannot fails the run.
 #
 # Each target starts from its committed corpus (protocols/fuzz/corpus/TARGET, read only: new
 # inputs go to a scratch directory, so a run never dirties the tree). A crash input is kept
@@ -37,18 +38,36 @@ log "$(cargo fuzz --version), $(rustc --version)"
 cargo fmt --check
 
 triple="$(rustc -vV | sed -n 's/^host: //p')"
-# The address sanitizer first: rustc ships its runtime for x86_64-unknown-linux-gnu, so
-# `-Zsanitizer=address` works on stable with RUSTC_BOOTSTRAP=1, and it turns out-of-bounds
-# reads in dependencies into crashes instead of silent reads. If a host lacks the runtime
-# (another target triple, a stripped toolchain), the targets are built without a sanitizer:
-# panics, hangs and aborts are still found, only memory errors in unsafe code go unseen.
+# Only with the address sanitizer: `-Zsanitizer=address` works on stable with
+# RUSTC_BOOTSTRAP=1 because rustc ships the ASan runtime for x86_64-unknown-linux-gnu, and it
+# turns out-of-bounds reads and use-after-free in unsafe code (ours: none; our dependencies':
+# some) into crashes instead of silent reads. A run without it would stay green while
+# checking less than it says, so there is no fallback: a host that cannot build with ASan
+# fails here, naming what is missing.
+fail() { log "FAILED: $*"; exit 1; }
+case "$triple" in
+    x86_64-unknown-linux-gnu | aarch64-unknown-linux-gnu) ;;
+    *) fail "rustc ships no address-sanitizer runtime for $triple: fuzz on x86_64 or aarch64 Linux" ;;
+esac
+sysroot_lib="$(rustc --print sysroot)/lib/rustlib/$triple/lib"
+compgen -G "$sysroot_lib/librustc-*_rt.asan.a" >/dev/null ||
+    fail "no address-sanitizer runtime (librustc-*_rt.asan.a) in $sysroot_lib: a minimal rustup profile or a distribution rustc without it cannot fuzz with ASan"
+# libfuzzer-sys compiles libFuzzer itself, which is C++.
+if ! command -v c++ >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing g++ (libfuzzer-sys compiles libFuzzer)"
+        apt-get install -y -qq --no-install-recommends g++ >/tmp/corral-fuzz-apt.log 2>&1 ||
+            { apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ \
+                >/tmp/corral-fuzz-apt.log 2>&1; } ||
+            { tail -n 40 /tmp/corral-fuzz-apt.log >&2; fail "cannot install g++"; }
+    else
+        fail "no C++ compiler (c++): libfuzzer-sys compiles libFuzzer; install g++"
+    fi
+fi
 sanitizer=address
 build_start=$SECONDS
-if ! cargo fuzz build --release --sanitizer address; then
-    log "the build with the address sanitizer failed on $triple; building with --sanitizer none"
-    sanitizer=none
-    cargo fuzz build --release --sanitizer none
-fi
+cargo fuzz build --release --sanitizer address ||
+    fail "the build with the address sanitizer failed on $triple (see above)"
 log "built with sanitizer=$sanitizer in $((SECONDS - build_start)) s"
 
 targets="${FUZZ_TARGETS:-$(cargo fuzz list)}"
@@ -59,6 +78,8 @@ bins="target/$triple/release"
 failed=0
 rows=()
 for t in $targets; do
+    # The instrumentation is in the binary, or this run checks less than it says.
+    grep -qa __asan_init "$bins/$t" || fail "$bins/$t was built without the address sanitizer"
     mkdir -p "artifacts/$t" "corpus/$t" "$scratch/$t"
     out="$scratch/$t.log"
     log "fuzzing $t for $FUZZ_SECONDS s"

@@ -335,8 +335,36 @@ pub fn fetch_status(config: &Config, path_and_query: &str) -> io::Result<String>
 mod tests {
     use super::*;
 
+    /// What `f` logs at warn level and above, as text.
+    fn warnings_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = captured.0.lock().unwrap().clone();
+        String::from_utf8(text).unwrap()
+    }
+
+    /// As nginx and php-fpm do, the newest corral takes the pid file over, whether the pid
+    /// there is gone or live; only a live one is warned of (two corrals in one runtime_dir).
+    /// On drop the file is removed only while it still names this process.
     #[test]
-    fn a_pid_file_is_ours_until_dropped_and_a_live_one_is_not_taken() {
+    fn a_pid_file_is_ours_until_dropped_replacing_a_stale_or_live_one_and_a_live_one_is_warned() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(PID_FILE);
         {
@@ -344,16 +372,24 @@ mod tests {
             assert_eq!(read_pid(&path).unwrap(), Some(std::process::id()));
         }
         assert!(!path.exists(), "removed on drop");
-        // A file naming a process that is gone is replaced.
+        // A file naming a process that is gone is replaced, quietly.
         std::fs::write(&path, "999999999\n").unwrap();
-        let ours = PidFile::create(&path).unwrap();
+        let mut ours = None;
+        let warned = warnings_of(|| ours = Some(PidFile::create(&path).unwrap()));
         assert_eq!(read_pid(&path).unwrap(), Some(std::process::id()));
+        assert_eq!(warned, "", "a stale pid is not worth a warning");
         drop(ours);
-        // One naming a live process (pid 1) is replaced too (with a warning), and kept when
-        // that other process's file is no longer ours to remove.
+        // One naming a live process (pid 1) is replaced too, with a warning naming it.
         std::fs::write(&path, "1\n").unwrap();
-        let ours = PidFile::create(&path).unwrap();
+        let mut ours = None;
+        let warned = warnings_of(|| ours = Some(PidFile::create(&path).unwrap()));
         assert_eq!(read_pid(&path).unwrap(), Some(std::process::id()));
+        assert!(
+            warned.contains("another running process is named in the pid file")
+                && warned.contains("pid=1"),
+            "{warned}"
+        );
+        // Once another process has written the file, it is not ours to remove.
         std::fs::write(&path, "1\n").unwrap();
         drop(ours);
         assert_eq!(

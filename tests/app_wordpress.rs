@@ -623,6 +623,17 @@ fn php_pss(pid: u32) -> u64 {
         .sum()
 }
 
+/// The parent pid of `pid`, from `/proc/PID/stat` (0 if it is gone).
+fn parent_of(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let (_, rest) = s.rsplit_once(')')?;
+            rest.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// `php_children` on WordPress (issue 10): four PHP processes as one php-cgi parent with
 /// four children take less memory than four separate php-cgi workers, summed over the
 /// whole process tree after the same pages, because the children share one OPcache.
@@ -693,10 +704,37 @@ mode = "static"
                 });
             }
         });
-        let processes = corral::process::process_tree(corral.pid()).unwrap().len() - 1;
+        // The tree is what the pool asked for: four php-cgi workers under corral, or one
+        // php-cgi parent under corral with its four children.
+        let tree = corral::process::process_tree(corral.pid()).unwrap();
+        let php: Vec<u32> = tree
+            .iter()
+            .copied()
+            .filter(|&p| p != corral.pid())
+            .collect();
+        let direct = php
+            .iter()
+            .filter(|&&p| parent_of(p) == corral.pid())
+            .count();
+        let (want_direct, want_all) = if pool.contains("php_children") {
+            (1, 5)
+        } else {
+            (4, 4)
+        };
+        assert_eq!(
+            (direct, php.len()),
+            (want_direct, want_all),
+            "{name}: (workers under corral, PHP processes in all) in {php:?}\n{}",
+            corral.log()
+        );
+        for &p in &php {
+            let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+            assert_eq!(comm.trim(), "php-cgi", "{name}: process {p} of the tree");
+        }
         let bytes = php_pss(corral.pid());
         println!(
-            "{name}: {processes} PHP processes, {:.1} MiB PSS in all",
+            "{name}: {} PHP processes, {:.1} MiB PSS in all",
+            php.len(),
             bytes as f64 / f64::from(1 << 20)
         );
         pss.push((name, bytes));

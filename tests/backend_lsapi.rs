@@ -23,6 +23,7 @@ use corral::backend::{
 use corral::config::BackendAddress;
 
 use support::peers::{cgi_params, lsphp, md5_hex, shared_dir, write_file, Peer};
+use support::weak::{spool_files_open, until};
 
 fn address(peer: &Peer) -> BackendAddress {
     BackendAddress::Unix(peer.socket.clone())
@@ -159,13 +160,20 @@ async fn lsphp_post_with_body() {
 #[tokio::test]
 async fn lsphp_chunked_body_is_spooled() {
     let dir = shared_dir();
+    // The script reads its body only once the gate file is there: until then the body,
+    // larger than the socket buffers, is in flight, and its spool file open.
+    let gate = dir.path().join("gate");
     let script = write_file(
         dir.path(),
         "md5.php",
-        "<?php $d = file_get_contents('php://input'); echo strlen($d), ' ', md5($d);",
+        &format!(
+            "<?php while (!file_exists('{}')) usleep(10000); \
+             $d = file_get_contents('php://input'); echo strlen($d), ' ', md5($d);",
+            gate.display()
+        ),
     );
     let php = lsphp(dir.path());
-    let data: Vec<u8> = (0..1_000_000usize).map(|i| (i * 13 % 253) as u8).collect();
+    let data: Vec<u8> = (0..3_000_000usize).map(|i| (i * 13 % 253) as u8).collect();
     let expected = format!("{} {}", data.len(), md5_hex(dir.path(), &data));
     let spool_dir = tempfile::tempdir().unwrap();
     let mut options = ExchangeOptions::new("lsphp", 4);
@@ -175,7 +183,9 @@ async fn lsphp_chunked_body_is_spooled() {
         memory_bytes: 64 * 1024,
         ..SpoolConfig::default()
     };
+    let budget = Arc::clone(&options.spool.budget);
     let (sender, body) = RequestBody::channel(None, 2);
+    let length = data.len() as u64;
     let feeder = tokio::spawn(async move {
         for chunk in data.chunks(33_333) {
             sender.send(Bytes::copy_from_slice(chunk)).await.unwrap();
@@ -193,12 +203,36 @@ async fn lsphp_chunked_body_is_spooled() {
         ),
         body,
     };
-    let mut response = lsapi::send(connect(&php).await, request, &options)
-        .await
-        .unwrap();
+    let conn = connect(&php).await;
+    let exchange = tokio::spawn(async move {
+        let mut response = lsapi::send(conn, request, &options).await.unwrap();
+        body_text(&mut response).await
+    });
+    // In flight: the whole body sits in one unlinked spool file, counted in the budget.
+    assert!(
+        until(Duration::from_secs(20), || {
+            spool_files_open(spool_dir.path()) == 1 && budget.used() == length
+        })
+        .await,
+        "no spool file of {length} bytes while the request was in flight: {} open, {} bytes held",
+        spool_files_open(spool_dir.path()),
+        budget.used()
+    );
+    assert_eq!(
+        std::fs::read_dir(spool_dir.path()).unwrap().count(),
+        0,
+        "unlinked"
+    );
     feeder.await.unwrap();
-    assert_eq!(body_text(&mut response).await, expected);
-    assert_eq!(std::fs::read_dir(spool_dir.path()).unwrap().count(), 0);
+    std::fs::write(&gate, b"").unwrap();
+    assert_eq!(exchange.await.unwrap(), expected);
+    assert!(
+        until(Duration::from_secs(5), || {
+            spool_files_open(spool_dir.path()) == 0 && budget.used() == 0
+        })
+        .await,
+        "the spool file outlived its request"
+    );
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@
 mod support;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,20 +22,29 @@ use corral::backend::{
 };
 use corral::config::BackendAddress;
 
-use support::peers::{cgi_params, python, shared_dir, write_file, Peer};
+use support::peers::{cgi_params, md5_hex, python, shared_dir, write_file, Peer};
+use support::weak::{spool_files_open, until};
 
 /// An SCGI app on the Unix socket named by argv[1]: answers with the method, the body
 /// length it was told, the body, and a header; says "ready" once it listens.
-const APP: &str = r#"import socket, sys
+/// Asked with the query `wait`, it reads the body only once a `gate` file is beside its socket,
+/// and answers with the body's MD5 in place of the body.
+const APP: &str = r#"import hashlib, os, socket, sys, time
 from scgi.scgi_server import SCGIServer
 from scgi.util import SCGIHandler
 
 class Handler(SCGIHandler):
     def produce(self, env, bodysize, input, output):
+        wait = env.get('QUERY_STRING') == 'wait'
+        if wait:
+            gate = os.path.join(os.path.dirname(sys.argv[1]), 'gate')
+            while not os.path.exists(gate):
+                time.sleep(0.01)
         body = input.read(bodysize) if bodysize else b''
+        shown = hashlib.md5(body).hexdigest() if wait else body.decode('latin-1')
         text = '%s %s len=%d scgi=%s body=%s' % (
             env['REQUEST_METHOD'], env.get('QUERY_STRING', ''), bodysize,
-            env.get('SCGI'), body.decode('latin-1'))
+            env.get('SCGI'), shown)
         output.write(b'Status: 201 Created\r\nContent-Type: text/plain\r\n'
                      b'X-Seen-Length: ' + env['CONTENT_LENGTH'].encode() + b'\r\n\r\n'
                      + text.encode('latin-1'))
@@ -143,31 +153,56 @@ async fn scgi_post_of_unknown_length_is_spooled() {
     let mut options = ExchangeOptions::new("wsgi", 3);
     options.spool = SpoolConfig {
         dir: spool_dir.path().into(),
-        max_bytes: 1 << 20,
+        max_bytes: 4 << 20,
         memory_bytes: 16,
         ..SpoolConfig::default()
     };
+    let budget = Arc::clone(&options.spool.budget);
+    // Larger than the socket buffers: while the app waits for its gate, the body is in
+    // flight and its spool file open.
+    let data: Vec<u8> = (0..2_000_000usize).map(|i| (i * 7 % 251) as u8).collect();
+    let length = data.len() as u64;
+    let md5 = md5_hex(dir.path(), &data);
     let (sender, body) = RequestBody::channel(None, 1);
     let feeder = tokio::spawn(async move {
-        for part in ["chunked ", "body ", "in ", "five ", "parts"] {
-            sender.send(Bytes::from(part)).await.unwrap();
+        for part in data.chunks(100_000) {
+            sender.send(Bytes::copy_from_slice(part)).await.unwrap();
         }
     });
     let request = BackendRequest {
-        params: cgi_params("PUT", &dir.path().join("app"), "", &[]),
+        params: cgi_params("PUT", &dir.path().join("app"), "wait", &[]),
         body,
     };
-    let mut response = scgi::send(connect(&app).await, request, &options)
-        .await
-        .unwrap();
-    feeder.await.unwrap();
-    assert_eq!(
-        body_text(&mut response).await,
-        "PUT  len=26 scgi=1 body=chunked body in five parts"
+    let conn = connect(&app).await;
+    let exchange = tokio::spawn(async move {
+        let mut response = scgi::send(conn, request, &options).await.unwrap();
+        body_text(&mut response).await
+    });
+    assert!(
+        until(Duration::from_secs(20), || {
+            spool_files_open(spool_dir.path()) == 1 && budget.used() == length
+        })
+        .await,
+        "no spool file of {length} bytes while the request was in flight: {} open, {} bytes held",
+        spool_files_open(spool_dir.path()),
+        budget.used()
     );
     assert_eq!(
         std::fs::read_dir(spool_dir.path()).unwrap().count(),
         0,
         "the spool file is unlinked"
+    );
+    feeder.await.unwrap();
+    std::fs::write(dir.path().join("gate"), b"").unwrap();
+    assert_eq!(
+        exchange.await.unwrap(),
+        format!("PUT wait len={length} scgi=1 body={md5}")
+    );
+    assert!(
+        until(Duration::from_secs(5), || {
+            spool_files_open(spool_dir.path()) == 0 && budget.used() == 0
+        })
+        .await,
+        "the spool file outlived its request"
     );
 }

@@ -13,12 +13,17 @@
 
 mod support;
 
+use std::net::Shutdown;
 use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
 use std::time::Duration;
 
-use support::front::{curl, free_port, Corral, Nginx};
+use support::front::{curl, spawn_on_free_port, Corral, Nginx};
 use support::peers::{php_cgi, shared_dir, write_file, Peer};
 use support::{run, Outcome, CORRAL};
 
@@ -124,16 +129,17 @@ fn curl_reaches_the_http_null_backend_on_unix_tcp_and_fd0() {
     );
     assert_eq!((r.status, r.text().as_str()), (200, "Hello, world\n"));
 
-    let port = free_port();
-    let mut cmd = Command::new(CORRAL);
-    cmd.args(["null-backend", "--protocol", "http", "--body-size", "0"])
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let tcp = Guard(cmd.spawn().unwrap());
+    let (child, port) = spawn_on_free_port(|port| {
+        let mut cmd = Command::new(CORRAL);
+        cmd.args(["null-backend", "--protocol", "http", "--body-size", "0"])
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    });
+    let tcp = Guard(child);
     let url = format!("http://127.0.0.1:{port}/");
-    wait_for(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
     let r = curl(&url, &[]);
     assert_eq!((r.status, r.body.len()), (200, 0));
     drop(tcp);
@@ -164,14 +170,44 @@ impl Drop for Guard {
     }
 }
 
-fn wait_for(ready: impl Fn() -> bool) {
-    for _ in 0..2000 {
-        if ready() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+/// A Unix socket in front of `upstream` that counts the connections made to it and relays
+/// each to a connection of its own to `upstream`, so a test sees how many connections a
+/// client opened.
+struct CountingProxy {
+    socket: PathBuf,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl CountingProxy {
+    fn start(socket: PathBuf, upstream: PathBuf) -> CountingProxy {
+        let listener = UnixListener::bind(&socket).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                count.fetch_add(1, Ordering::SeqCst);
+                let Ok(server) = UnixStream::connect(&upstream) else {
+                    continue;
+                };
+                relay(client.try_clone().unwrap(), server.try_clone().unwrap());
+                relay(server, client);
+            }
+        });
+        CountingProxy { socket, accepted }
     }
-    panic!("not ready within 20 s");
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` on a thread of its own, passing the end of stream on.
+fn relay(mut from: UnixStream, mut to: UnixStream) {
+    thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    });
 }
 
 #[test]
@@ -278,38 +314,52 @@ fn assert_balanced_json(json: &str) {
     assert!(depth.is_empty() && !in_string, "{json}");
 }
 
+/// `--keepalive on` sends every request of a connection over it; `off` opens one per
+/// request. Counted at a proxy in front of the null backend, not read from the header.
 #[test]
 fn bench_keeps_or_drops_connections_as_asked() {
     let dir = shared_dir();
     for protocol in ["fastcgi", "lsapi", "http"] {
         let null = null_backend(dir.path(), protocol, &[]);
-        let out = bench(&[
-            "--protocol",
-            protocol,
-            "--target",
-            &target(&null),
-            "--requests",
-            "50",
-            "--concurrency",
-            "2",
-            "--warmup",
-            "0s",
-            "--keepalive",
-            "off",
-        ]);
-        assert!(
-            out.stdout.contains("a connection per request"),
-            "{}",
-            out.stdout
-        );
-        let row: Vec<&str> = out
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("unix:"))
-            .unwrap()
-            .split_whitespace()
-            .collect();
-        assert_eq!((row[2], row[9]), ("50", "0"), "{}", out.stdout);
+        for (keepalive, connections, phrase) in [
+            ("on", 2, "kept connections"),
+            ("off", 50, "a connection per request"),
+        ] {
+            let what = format!("{protocol} --keepalive {keepalive}");
+            let proxy = CountingProxy::start(
+                dir.path().join(format!("{protocol}-{keepalive}.sock")),
+                null.socket.clone(),
+            );
+            let out = bench(&[
+                "--protocol",
+                protocol,
+                "--target",
+                &format!("unix:{}", proxy.socket.display()),
+                "--requests",
+                "50",
+                "--concurrency",
+                "2",
+                "--warmup",
+                "0s",
+                "--keepalive",
+                keepalive,
+            ]);
+            let row: Vec<&str> = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("unix:"))
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            assert_eq!((row[2], row[9]), ("50", "0"), "{what}: {}", out.stdout);
+            assert_eq!(
+                proxy.accepted(),
+                connections,
+                "{what}: connections opened for 50 requests at concurrency 2\n{}",
+                out.stdout
+            );
+            assert!(out.stdout.contains(phrase), "{what}: {}", out.stdout);
+        }
     }
 }
 
@@ -655,16 +705,17 @@ fn bench_sends_large_bodies_to_every_protocol() {
 fn bench_reconnects_to_an_http_server_that_closes_after_each_answer() {
     let dir = shared_dir();
     write_file(dir.path(), "hello.txt", "Hello, world\n");
-    let port = free_port();
     // Python's http.server answers HTTP/1.0 and closes every connection.
-    let mut cmd = Command::new("python3");
-    cmd.args(["-m", "http.server", "--bind", "127.0.0.1", "--directory"])
-        .arg(dir.path())
-        .arg(port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _server = Guard(cmd.spawn().unwrap());
-    wait_for(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let (child, port) = spawn_on_free_port(|port| {
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "http.server", "--bind", "127.0.0.1", "--directory"])
+            .arg(dir.path())
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    });
+    let _server = Guard(child);
     let out = bench(&[
         "--protocol",
         "http",

@@ -251,21 +251,22 @@ fn fastcgi_and_scgi_fronts_on_other_hosts_need_an_allow_list() {
         let err = assert_errors(&open, &[&format!("{line}:11: 0.0.0.0:9000 is reachable")]);
         assert!(err.contains("SCRIPT_FILENAME"), "{err}");
         assert!(err.contains("allow = [\"0.0.0.0/0\"]"), "{err}");
+        // The exposed listener with `allow = LIST` added (and nothing else changed).
+        let with_allow = |allow: &str| {
+            let listener = format!("protocol = \"{protocol}\"\n\n");
+            assert_eq!(open.matches(&listener).count(), 1, "{protocol}: {open}");
+            open.replace(
+                &listener,
+                &format!("protocol = \"{protocol}\"\nallow = {allow}\n\n"),
+            )
+        };
         // An empty list is no answer either.
-        let empty = open.replace(
-            "protocol = \"fastcgi\"\n\n",
-            "protocol = \"fastcgi\"\nallow = []\n\n",
-        );
-        if protocol == "fastcgi" {
-            assert_ne!(empty, open);
-            assert_errors(&empty, &[&format!("{line}:11: 0.0.0.0:9000 is reachable")]);
-        }
+        let empty = with_allow("[]");
+        assert!(empty.contains("allow = []"), "{protocol}: {empty}");
+        assert_errors(&empty, &[&format!("{line}:11: 0.0.0.0:9000 is reachable")]);
 
         for allow in ["[\"0.0.0.0/0\"]", "[\"10.0.0.0/8\"]"] {
-            let (path, out) = check(&open.replace(
-                &format!("protocol = \"{protocol}\"\n\n"),
-                &format!("protocol = \"{protocol}\"\nallow = {allow}\n\n"),
-            ));
+            let (path, out) = check(&with_allow(allow));
             assert_eq!(
                 out.code,
                 Some(0),

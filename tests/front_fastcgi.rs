@@ -27,6 +27,7 @@ use corral::protocols::fastcgi::{
 };
 use support::front::{connected_unix_sockets, curl, php_cgi_with, Corral, Nginx};
 use support::peers::{cgi_params, md5_hex, shared_dir, write_file, Peer};
+use support::weak::AT_ONCE;
 use tokio::time::Instant;
 
 /// Size of the upload and download tests.
@@ -114,6 +115,9 @@ runtime_dir = "{dir}/run"
 [[listen]]
 address = "unix:{socket}"
 protocol = "fastcgi"
+
+[status]
+address = "127.0.0.1:0"
 
 [pools.php]
 servers = ["unix:{php}"]
@@ -450,31 +454,64 @@ fn multiplexed_requests_share_one_connection() {
     );
 }
 
+/// The pool's `in flight` count on corral's status page: requests holding a slot.
+fn in_flight(c: &Chain) -> String {
+    let log = c
+        .corral
+        .wait_log("status listener ready", Duration::from_secs(10));
+    let addr: std::net::SocketAddr = log
+        .lines()
+        .find(|l| l.contains("status listener ready"))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("listener="))
+        })
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no status listener address in:\n{log}"));
+    let text = support::server::http(addr, "GET", "/status", &[], b"").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("in flight:"))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("no in flight in:\n{text}"))
+}
+
 #[test]
 fn an_aborted_request_ends_at_once_and_frees_its_slot() {
+    // The script sleeps 8 s; the abort must be answered, and its slot freed, in under 3 s.
+    const SCRIPT_MS: u64 = 8000;
     let c = chain();
     let mut raw = Raw::connect(&c);
-    raw.get(&c, 1, true, "sleep.php", "ms=3000");
-    // Once corral is connected to php-cgi (the request has reached it), abort it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while connected_unix_sockets(&c.php.socket) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the request never reached php-cgi"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    raw.get(&c, 1, true, "sleep.php", &format!("ms={SCRIPT_MS}"));
+    // Once the request holds a slot and has reached php-cgi, abort it.
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            connected_unix_sockets(&c.php.socket) > 0 && in_flight(&c) == "1"
+        }),
+        "the request never reached php-cgi"
+    );
     let started = Instant::now();
     let mut out = BytesMut::new();
     encode_abort_request(1, &mut out);
     raw.send(&out);
     let answers = raw.answers(&[1]);
+    let took = started.elapsed();
     assert!(
-        started.elapsed() < Duration::from_millis(2500),
-        "answered without waiting for the script"
+        took < AT_ONCE,
+        "the abort was answered after {took:?}, against a {SCRIPT_MS} ms script"
     );
     assert_eq!(answers[&1].1, end_body(0));
-    // The slot is free: a new request is served (once php-cgi is done sleeping).
+    // The slot is free while php-cgi still sleeps.
+    assert!(
+        support::eventually(AT_ONCE, || in_flight(&c) == "0"),
+        "the aborted request still holds its slot\n{}",
+        c.corral.log()
+    );
+    let freed = started.elapsed();
+    assert!(
+        freed < Duration::from_millis(SCRIPT_MS) / 2,
+        "the slot came free after {freed:?}, against a {SCRIPT_MS} ms script"
+    );
+    // And a new request is served (once php-cgi, one request at a time, is done sleeping).
     raw.get(&c, 1, true, "query.php", "q=next");
     assert!(raw.answers(&[1])[&1].0.ends_with("q=next method=GET"));
 }

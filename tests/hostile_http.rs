@@ -22,10 +22,12 @@ use std::time::Duration;
 
 use support::peers::{shared_dir, write_file};
 use support::server::{http, parse_response, Corral, HttpResponse};
+use support::weak::{read_until_closed, AT_ONCE};
 
 struct Site {
     corral: Corral,
     dir: tempfile::TempDir,
+    status: SocketAddr,
 }
 
 impl Site {
@@ -37,14 +39,21 @@ impl Site {
         self.dir.path().join(name)
     }
 
-    /// Sends `raw` as is and reads the answer to EOF.
+    /// Sends `raw` as is and reads the answer up to the close, which must come at once:
+    /// every case here either asks for the close or is refused with one.
     fn raw(&self, raw: &str) -> HttpResponse {
         let mut s = TcpStream::connect(self.addr()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.write_all(raw.as_bytes()).unwrap();
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        parse_response(&out)
+        parse_response(&read_until_closed(&mut s, AT_ONCE))
+    }
+
+    /// `accepted conn` of the pool, from the status page: requests that reached a worker.
+    fn accepted(&self) -> u64 {
+        let text = http(self.status, "GET", "/status", &[], b"").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("accepted conn:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no accepted conn in:\n{text}"))
     }
 
     fn good(&self) {
@@ -106,6 +115,9 @@ address = "unix:{rfc}"
 protocol = "http"
 forwarded = "forwarded"
 
+[status]
+address = "127.0.0.1:0"
+
 [pools.php]
 command = ["php-cgi"]
 mode = "static"
@@ -123,7 +135,12 @@ max_body = "64KiB"
         root = root.display(),
     );
     let corral = Corral::start(&config, 4);
-    let site = Site { corral, dir };
+    let status = corral.status_ready_addr();
+    let site = Site {
+        corral,
+        dir,
+        status,
+    };
     site.good();
     site
 }
@@ -173,14 +190,12 @@ fn smuggling_heads_connect_and_hosts_are_refused() {
     // Content-Length beside chunked: framed by chunked, and the connection closes after the
     // answer, so what was smuggled after the body is never served as a second request.
     let mut s = TcpStream::connect(site.addr()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(
         b"POST /env.php HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\
           Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /hop.php HTTP/1.1\r\nHost: x\r\n\r\n",
     )
     .unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
+    let out = read_until_closed(&mut s, AT_ONCE);
     let out = String::from_utf8_lossy(&out);
     assert_eq!(out.matches("HTTP/1.1 ").count(), 1, "{out}");
     assert!(!out.contains("hop"), "{out}");
@@ -196,9 +211,7 @@ fn smuggling_heads_connect_and_hosts_are_refused() {
     );
     assert_eq!(r.status, 200);
     assert!(
-        site.corral
-            .log()
-            .contains("only Transfer-Encoding: chunked"),
+        site.corral.wait_log("only Transfer-Encoding: chunked"),
         "refusals are logged with their reason"
     );
 }
@@ -252,7 +265,11 @@ fn backend_hop_by_hop_headers_and_1xx_finals_do_not_pass() {
         assert_eq!(r.header("upgrade"), None);
         site.good();
     }
-    assert!(site.corral.log().contains("not a final status"));
+    assert!(
+        site.corral.wait_log("not a final status"),
+        "{}",
+        site.corral.log()
+    );
 }
 
 #[test]
@@ -295,9 +312,16 @@ fn remote_addr_on_unix_listeners_comes_from_a_trusted_header_or_is_left_out() {
 fn bodies_over_max_body_get_413_before_any_worker() {
     let site = site();
     let big = vec![b'x'; 100 * 1024];
+    let before = site.accepted();
     let r = http(site.addr(), "POST", "/env.php", &[], &big);
     assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(
+        site.accepted(),
+        before,
+        "a 413 by Content-Length reached a worker"
+    );
     site.good();
+    let before = site.accepted();
     // Chunked: refused once the spool passes the limit.
     let mut raw = String::from(
         "POST /env.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -308,12 +332,14 @@ fn bodies_over_max_body_get_413_before_any_worker() {
     raw.push_str("0\r\n\r\n");
     let r = site.raw(&raw);
     assert_eq!(r.status, 413);
+    assert_eq!(site.accepted(), before, "a chunked 413 reached a worker");
     // A chunked upload to a missing script is a 404, not spooled first.
     let r = site.raw(
         "POST /missing.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
          Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     );
     assert_eq!(r.status, 404);
+    assert_eq!(site.accepted(), before, "a 404 reached a worker");
     // Under the limit, both ways.
     let r = http(site.addr(), "POST", "/env.php", &[], &big[..60 * 1024]);
     assert_eq!(r.status, 200);
@@ -322,5 +348,14 @@ fn bodies_over_max_body_get_413_before_any_worker() {
          Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     );
     assert_eq!(r.status, 200);
-    assert!(site.corral.log().contains("exceeds max_body"));
+    assert_eq!(
+        site.accepted(),
+        before + 2,
+        "the two bodies under the limit reached a worker"
+    );
+    assert!(
+        site.corral.wait_log("exceeds max_body"),
+        "{}",
+        site.corral.log()
+    );
 }

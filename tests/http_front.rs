@@ -10,12 +10,16 @@ use std::time::Duration;
 
 use support::peers::{self, Peer};
 use support::server::{http, Corral};
+use support::weak::{read_until_closed, AT_ONCE};
+use tokio::time::Instant;
 
-/// A config with one TCP http listener on a free port and one pool of running servers.
-fn config(pool: &str, context: &str) -> String {
+/// A config with one TCP http listener on a free port and one pool of running servers; the
+/// runtime directory is `dir/run`, the test's own (not the default /run/corral).
+fn config(dir: &Path, pool: &str, context: &str) -> String {
     format!(
         r#"
 [server]
+runtime_dir = "{run}"
 grace = "2s"
 log_level = "debug"
 
@@ -29,7 +33,8 @@ protocol = "http"
 [[contexts]]
 pool = "main"
 {context}
-"#
+"#,
+        run = dir.join("run").display(),
     )
 }
 
@@ -65,6 +70,7 @@ fn php_cgi_through_the_http_listener() {
     let php = peers::php_cgi(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
         ),
@@ -146,6 +152,7 @@ fn lsphp_through_the_http_listener() {
     let lsphp = peers::lsphp(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!(
                 "protocol = \"lsapi\"\nservers = [\"unix:{}\"]",
                 lsphp.socket.display()
@@ -174,10 +181,13 @@ fn lsphp_through_the_http_listener() {
 }
 
 /// A threaded flup WSGI app on a Unix socket: `/slow` sleeps 300 ms while counting how many
-/// requests are inside at once; `/max` reports the most seen; anything else echoes the path.
+/// requests are inside at once; `/max` reports the most seen; `/hold` appends a byte to
+/// `entered` beside the socket and answers once a `gate` file is there; anything else echoes
+/// the path.
 const FLUP_APP: &str = r#"
-import sys, threading, time
+import os, sys, threading, time
 from flup.server.fcgi import WSGIServer
+here = os.path.dirname(sys.argv[1])
 lock = threading.Lock()
 inside = 0
 most = 0
@@ -192,6 +202,13 @@ def app(environ, start_response):
         with lock:
             inside -= 1
         body = b'slow done'
+    elif path == '/hold':
+        with lock:
+            with open(os.path.join(here, 'entered'), 'a') as f:
+                f.write('x')
+        while not os.path.exists(os.path.join(here, 'gate')):
+            time.sleep(0.01)
+        body = b'held'
     elif path == '/max':
         body = str(most).encode()
     else:
@@ -225,6 +242,7 @@ fn flup_app_mounted_at_a_prefix() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", app.socket.display()),
             "prefix = \"/app\"",
         ),
@@ -241,6 +259,7 @@ fn max_conns_holds_exactly_at_the_backend() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nconcurrency = 8\nmax_conns = 3\nqueue_size = 64",
                 app.socket.display()
@@ -266,25 +285,60 @@ fn a_full_queue_answers_503_with_retry_after_at_once() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+ dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 1\nqueue_timeout = \"10s\"",
                 app.socket.display()
             ),
-            "",
+            "\n[status]\naddress = \"127.0.0.1:0\"",
         ),
         1,
     );
-    let mut statuses = burst(corral.http_addr(), "/slow", 4);
-    statuses.sort();
-    let ok = statuses.iter().filter(|(s, _)| *s == 200).count();
-    let refused: Vec<_> = statuses.iter().filter(|(s, _)| *s == 503).collect();
-    // One is served, one waits and is served, the rest find the queue full.
-    assert!(ok >= 2, "{statuses:?}");
-    assert_eq!(ok + refused.len(), 4, "{statuses:?}");
-    assert!(!refused.is_empty(), "{statuses:?}");
-    assert!(refused.iter().all(|(_, ra)| ra.as_deref() == Some("1")));
-    // The log is read on another thread: the line may trail the answer.
+    let (addr, status) = (corral.http_addr(), corral.status_ready_addr());
+    let entered = dir.path().join("entered");
+    let queued = || {
+        let text = http(status, "GET", "/status", &[], b"").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("listen queue:"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no listen queue in:\n{text}"))
+    };
+    let hold = move || thread::spawn(move || http(addr, "GET", "/hold", &[], b""));
+    // One request holds the only slot (it is inside the app), one waits in the queue.
+    let first = hold();
+    assert!(
+        support::eventually(Duration::from_secs(10), || entered.exists()),
+        "the first request never reached the app\n{}",
+        corral.log()
+    );
+    let second = hold();
+    assert!(
+        support::eventually(Duration::from_secs(10), || queued() == "1"),
+        "the second request never queued\n{}",
+        corral.log()
+    );
+    // The queue is full and stays full (the slot is held until the gate opens): the next ones
+    // are refused at once, long before the 10 s queue_timeout that would refuse them anyway.
+    for _ in 0..2 {
+        let started = Instant::now();
+        let r = http(addr, "GET", "/hold", &[], b"");
+        let took = started.elapsed();
+        assert_eq!(r.status, 503, "{}", corral.log());
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert!(took < AT_ONCE, "a 503 for a full queue took {took:?}");
+    }
     assert!(corral.wait_log("the queue is full"), "{}", corral.log());
+    assert_eq!(queued(), "1", "a refused request stayed in the queue");
+    std::fs::write(dir.path().join("gate"), b"").unwrap();
+    for held in [first, second] {
+        let r = held.join().unwrap();
+        assert_eq!((r.status, r.text().as_str()), (200, "held"));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&entered).unwrap(),
+        "xx",
+        "only the two admitted requests reached the app"
+    );
 }
 
 #[test]
@@ -293,6 +347,7 @@ fn queue_timeout_answers_503() {
     let app = flup(dir.path());
     let corral = Corral::start(
         &config(
+ dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nconcurrency = 1\nmax_conns = 1\nqueue_size = 8\nqueue_timeout = \"100ms\"",
                 app.socket.display()
@@ -313,9 +368,7 @@ fn queue_timeout_answers_503() {
         "{statuses:?}"
     );
     assert!(
-        corral
-            .log()
-            .contains("no slot came free within the queue timeout"),
+        corral.wait_log("no slot came free within the queue timeout"),
         "{}",
         corral.log()
     );
@@ -327,15 +380,16 @@ fn a_hanging_backend_is_answered_504() {
     // Accepts connections and never answers.
     let socket = dir.path().join("hang.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let keep = thread::spawn(move || {
+    // Every connection is held open until the test process ends.
+    thread::spawn(move || {
         let mut held = Vec::new();
-        for s in listener.incoming().take(2) {
+        for s in listener.incoming() {
             held.push(s);
         }
-        thread::sleep(Duration::from_secs(5));
     });
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!(
                 "servers = [\"unix:{}\"]\nfirst_byte_timeout = \"300ms\"\nrequest_timeout = \"2s\"",
                 socket.display()
@@ -346,7 +400,6 @@ fn a_hanging_backend_is_answered_504() {
     );
     let r = http(corral.http_addr(), "GET", "/anything", &[], b"");
     assert_eq!(r.status, 504, "{}", corral.log());
-    drop(keep);
 }
 
 #[test]
@@ -370,6 +423,9 @@ fn static_files_trusted_https_and_the_allow_list() {
     let corral = Corral::start(
         &format!(
             r#"
+[server]
+runtime_dir = "{}/run"
+
 [[listen]]
 address = "127.0.0.1:0"
 protocol = "http"
@@ -389,6 +445,7 @@ pool = "main"
 root = "{}"
 static_files = true
 "#,
+            dir.path().display(),
             php.socket.display(),
             dir.path().display()
         ),
@@ -433,11 +490,10 @@ static_files = true
         .parse()
         .unwrap();
     let mut s = std::net::TcpStream::connect(second).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    use std::io::{Read, Write};
+    use std::io::Write;
+    // The write may fail: the connection may already be closed.
     let _ = s.write_all(b"GET /style.css HTTP/1.1\r\nHost: x\r\n\r\n");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
+    let buf = read_until_closed(&mut s, AT_ONCE);
     assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
     assert!(corral.wait_log("outside the listener's allow list"));
 }
@@ -450,6 +506,7 @@ fn pipelined_requests_on_one_connection_are_answered_in_order() {
     let php = peers::php_cgi(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"", dir.path().display()),
         ),
@@ -519,6 +576,9 @@ fn local_redirects_index_files_expect_continue_and_a_refused_backend() {
     let corral = Corral::start(
         &format!(
             r#"
+[server]
+runtime_dir = "{root}/run"
+
 [[listen]]
 address = "127.0.0.1:0"
 protocol = "http"
@@ -604,6 +664,7 @@ fn backend_connections_are_reused_when_the_response_has_a_content_length() {
     let php = peers::php_cgi(dir.path());
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"", dir.path().display()),
         ),
@@ -642,6 +703,7 @@ fn an_early_error_answer_reaches_a_client_still_uploading() {
     // request would be read whole before the backend is asked).
     let corral = Corral::start(
         &config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", socket.display()),
             "request_buffering = false",
         ),
@@ -715,6 +777,7 @@ fn the_threads_setting_sets_the_serving_threads() {
         ("per-thread", 3),
     ] {
         let text = config(
+            dir.path(),
             &format!("servers = [\"unix:{}\"]", php.socket.display()),
             &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
         )
@@ -764,8 +827,9 @@ fn the_threads_setting_sets_the_serving_threads() {
 /// fail to start instead, as it does without SO_REUSEPORT.
 #[test]
 fn a_second_corral_on_a_taken_port_refuses_to_start() {
+    let dir = peers::shared_dir();
     let text = |port: u16| {
-        config("servers = [\"127.0.0.1:9\"]", "")
+        config(dir.path(), "servers = [\"127.0.0.1:9\"]", "")
             .replacen(
                 "[server]\n",
                 "[server]\nthreads = 2\nscheduler = \"per-thread\"\n",
@@ -784,18 +848,9 @@ fn a_second_corral_on_a_taken_port_refuses_to_start() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut tries = 0;
-    let status = loop {
-        if let Some(status) = second.try_wait().unwrap() {
-            break status;
-        }
-        tries += 1;
-        if tries > 400 {
-            let _ = second.kill();
-            panic!("a second corral started on port {port}, which the first one holds");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = support::wait(&mut second, Duration::from_secs(20)).unwrap_or_else(|| {
+        panic!("a second corral started on port {port}, which the first one holds")
+    });
     let mut err = String::new();
     std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut err).unwrap();
     assert!(!status.success(), "{err}");

@@ -31,6 +31,11 @@ const WHO_PHP: &str =
     "<?php preg_match('/^Uid:\\s+(\\d+)/m', file_get_contents('/proc/self/status'), $m); \
      echo $m[1];";
 
+/// Prints `uid gid [groups]` of the script's process (real ids), from the kernel's view.
+const IDS_PHP: &str = "<?php $s = file_get_contents('/proc/self/status'); \
+     preg_match('/^Uid:\\s+(\\d+)/m', $s, $u); preg_match('/^Gid:\\s+(\\d+)/m', $s, $g); \
+     preg_match('/^Groups:(.*)$/m', $s, $x); echo $u[1], ' ', $g[1], ' [', trim($x[1]), ']';";
+
 fn require_root() {
     assert!(
         nix::unistd::Uid::effective().is_root(),
@@ -97,13 +102,6 @@ fn child_named(parent: u32, comm: &str) -> Option<u32> {
         })
 }
 
-/// The real uid in `/proc/PID/status`.
-fn uid_of(pid: u32) -> u32 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// The open descriptor numbers of `pid`.
 fn fd_names(pid: u32) -> BTreeSet<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -121,34 +119,89 @@ fn mode(path: &Path) -> u32 {
         & 0o7777
 }
 
+/// The real uid and gid in `/proc/PID/status`.
+fn ids_of(pid: u32) -> (u32, u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let id = |key: &str| -> u32 {
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    (id("Uid:"), id("Gid:"))
+}
+
+/// A Debian system user other than nobody, and its primary group: `daemon` (1:1) and
+/// `www-data` (33:33) are in every Debian base image.
+fn user(name: &str) -> nix::unistd::User {
+    nix::unistd::User::from_name(name)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no user {name} on this system"))
+}
+
+fn group(name: &str) -> u32 {
+    nix::unistd::Group::from_name(name)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no group {name} on this system"))
+        .gid
+        .as_raw()
+}
+
+/// ARCHITECTURE.md invariant 9, end to end: a root corral runs workers as nobody (group
+/// nogroup) when no user is set, else as the pool's user or `[server]`'s (the pool's wins),
+/// in the configured group or else that user's primary group, with no supplementary group;
+/// only `user = "root"` gives root.
 #[test]
 fn workers_run_as_nobody_by_default_and_as_the_configured_user() {
     require_root();
-    for (server, pool) in [
-        ("", ""),
-        ("", "user = \"nobody\""),
-        ("user = \"nobody\"", ""),
-    ] {
+    let (daemon, www) = (user("daemon"), user("www-data"));
+    let uid = |u: &nix::unistd::User| u.uid.as_raw();
+    let gid = |u: &nix::unistd::User| u.gid.as_raw();
+    let nobody = nobody();
+    let cases: &[(&str, &str, u32, u32)] = &[
+        ("", "", uid(&nobody), group("nogroup")),
+        ("", "user = \"nobody\"", uid(&nobody), gid(&nobody)),
+        ("user = \"nobody\"", "", uid(&nobody), gid(&nobody)),
+        ("", "user = \"daemon\"", uid(&daemon), gid(&daemon)),
+        ("user = \"www-data\"", "", uid(&www), gid(&www)),
+        (
+            "user = \"www-data\"",
+            "user = \"daemon\"",
+            uid(&daemon),
+            gid(&daemon),
+        ),
+        (
+            "",
+            "user = \"daemon\"\ngroup = \"www-data\"",
+            uid(&daemon),
+            group("www-data"),
+        ),
+        (
+            "group = \"www-data\"",
+            "user = \"daemon\"",
+            uid(&daemon),
+            group("www-data"),
+        ),
+        ("", "group = \"www-data\"", uid(&nobody), group("www-data")),
+        ("", "user = \"root\"", 0, 0),
+    ];
+    for &(server, pool, uid, gid) in cases {
+        let what = format!("[server] {server:?}, pool {pool:?}");
         let dir = shared_dir();
-        write_file(dir.path(), "who.php", WHO_PHP);
+        write_file(dir.path(), "ids.php", IDS_PHP);
         let corral = Corral::start(&php_config(dir.path(), server, pool), 1);
-        let r = http(corral.http_addr(), "GET", "/who.php", &[], b"");
-        assert_eq!(r.status, 200, "{}", corral.log());
-        let uid = nobody().uid.as_raw();
-        assert_eq!(r.text(), uid.to_string(), "{server} {pool}");
+        let r = http(corral.http_addr(), "GET", "/ids.php", &[], b"");
+        assert_eq!(r.status, 200, "{what}: {}", corral.log());
+        assert_eq!(r.text(), format!("{uid} {gid} []"), "{what}");
         let worker = eventually("the php-cgi worker", || {
             child_named(corral.pid(), "php-cgi")
         });
-        assert_eq!(uid_of(worker), uid, "{server} {pool}");
-        let warned = corral
-            .log()
-            .contains("neither the pool nor [server] sets `user`");
-        assert_eq!(
-            warned,
-            server.is_empty() && pool.is_empty(),
-            "{}",
-            corral.log()
-        );
+        assert_eq!(ids_of(worker), (uid, gid), "{what}");
+        // Logged before the pool starts, so before the answer: its absence is final.
+        let warning = "neither the pool nor [server] sets `user`";
+        if !server.contains("user") && !pool.contains("user") {
+            assert!(corral.wait_log(warning), "{what}: {}", corral.log());
+        } else {
+            assert!(!corral.log().contains(warning), "{what}: {}", corral.log());
+        }
     }
 }
 

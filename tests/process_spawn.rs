@@ -224,14 +224,16 @@ async fn placeholder_command_becomes_ready() {
 
 #[tokio::test]
 async fn placeholder_port_is_substituted() {
+    // The worker binds the port its argv names and tells every caller what argv said: the
+    // answer on the port corral chose proves `{port}` became that port, not a literal.
     let mut spec = spec(
         "py",
         &[
             PYTHON,
             "-c",
-            "import socket, sys, time\n\
+            "import socket, sys\n\
              s = socket.socket()\ns.bind(('127.0.0.1', int(sys.argv[1])))\ns.listen()\n\
-             time.sleep(100)",
+             while True:\n    c, _ = s.accept()\n    c.sendall(sys.argv[1].encode())\n    c.close()",
             "{port}",
         ],
         BackendProtocol::Scgi,
@@ -242,6 +244,24 @@ async fn placeholder_port_is_substituted() {
     wait_ready(&worker.address, &mut worker.child, START)
         .await
         .unwrap();
+    let BackendAddress::Tcp { host, port } = &worker.address else {
+        panic!("a TCP worker socket gave {:?}", worker.address);
+    };
+    assert_ne!(*port, 0, "corral chose no port");
+    let mut stream = std::net::TcpStream::connect((host.as_str(), *port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut said).unwrap();
+    assert_eq!(said, port.to_string(), "the worker's argv[1]");
+    let argv = std::fs::read(format!("/proc/{}/cmdline", worker.pid)).unwrap();
+    let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+    assert_eq!(
+        argv[3],
+        port.to_string().as_bytes(),
+        "argv as the kernel holds it"
+    );
 }
 
 #[tokio::test]

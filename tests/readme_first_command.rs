@@ -9,20 +9,23 @@
 //! needs lives outside the committed tree or depends on the directory corral starts in.
 //!
 //! The embedded default listens on the fixed ports 127.0.0.1:8080 (http) and 127.0.0.1:9180
-//! (status) and keeps worker sockets in /run/corral, so the test needs those ports free and
-//! /run/corral creatable (CI runs the tests as root); it fails with a message saying which.
+//! (status) and keeps worker sockets in /run/corral, which other tests and other runs on the
+//! same machine may use at the same time. So corral runs in network and mount namespaces of
+//! its own (`unshare`, as root, as CI runs the tests): a loopback where those ports are its
+//! alone, and a fresh temporary directory mounted on /run/corral. The command stays the
+//! README's, with no arguments; readiness is its `READY=1` on a NOTIFY_SOCKET the test
+//! binds, and the page is fetched inside its namespace with `nsenter`.
 
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use support::server::http;
 use support::CORRAL;
 
 /// How long the default may take to answer its first request (it spawns the worker then).
@@ -51,23 +54,15 @@ impl Drop for Running {
     }
 }
 
+/// Brings up the loopback of the network namespace it runs in (a new one has it down):
+/// SIOCSIFFLAGS with IFF_UP | IFF_LOOPBACK | IFF_RUNNING, from Python, which the demo needs
+/// anyway (iproute2 is not on every image).
+const LOOPBACK_UP: &str = "import fcntl, socket, struct\n\
+    s = socket.socket()\n\
+    fcntl.ioctl(s, 0x8914, struct.pack('16sH14s', b'lo', 0x1 | 0x8 | 0x40, b''))";
+
 #[test]
 fn corral_with_no_arguments_serves_the_demo_page_from_a_fresh_clone() {
-    for (addr, what) in [("127.0.0.1:8080", "http"), ("127.0.0.1:9180", "status")] {
-        if let Err(e) = TcpListener::bind(addr) {
-            panic!(
-                "cannot test the embedded default: {addr} (its {what} address, fixed by the \
-                 default configuration) is not free ({e}); stop whatever listens there"
-            );
-        }
-    }
-    if let Err(e) = std::fs::create_dir_all("/run/corral") {
-        panic!(
-            "cannot test the embedded default: its runtime_dir /run/corral cannot be created \
-             ({e}); run the tests as root as CI does"
-        );
-    }
-
     let tmp = tempfile::Builder::new()
         .prefix("corral-clone-")
         .tempdir()
@@ -85,29 +80,27 @@ fn corral_with_no_arguments_serves_the_demo_page_from_a_fresh_clone() {
         "git clone failed: {}",
         String::from_utf8_lossy(&git.stderr)
     );
+    // What /run/corral is inside corral's mount namespace (0700, root's, as corral wants).
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let notify_path = tmp.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
 
-    let mut corral = start(&clone);
-    let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-    // Waits are counted in steps: clippy.toml keeps std's clock out of the code.
-    let step = Duration::from_millis(100);
-    let mut waited = Duration::ZERO;
-    let page = loop {
-        if TcpStream::connect(addr).is_ok() {
-            let r = http(addr, "GET", "/", &[], b"");
-            if r.status == 200 {
-                break r.text();
-            }
-        }
-        assert!(
-            waited < FIRST_ANSWER,
-            "http://{addr}/ did not answer 200 within {FIRST_ANSWER:?}:\n{}",
-            corral.log()
-        );
-        thread::sleep(step);
-        waited += step;
-    };
+    let mut corral = start(&clone, &run, &notify_path);
+    let pid = corral.child.as_ref().unwrap().id();
+    let ready = std::panic::catch_unwind(|| {
+        support::notify_until(&notify, "READY=1", FIRST_ANSWER);
+    });
+    assert!(ready.is_ok(), "no READY=1:\n{}", corral.log());
+    let (status, page) = fetch_inside(pid, "http://127.0.0.1:8080/");
+    assert_eq!(status, "200", "{page}\n{}", corral.log());
     assert!(page.contains("corral is running"), "{page}");
     assert!(page.contains("WSGI"), "{page}");
+    assert!(
+        run.join("corral.pid").exists(),
+        "the pid file is not in the /run/corral given to corral:\n{}",
+        corral.log()
+    );
 
     let mut child = corral.child.take().unwrap();
     nix::sys::signal::kill(
@@ -115,34 +108,71 @@ fn corral_with_no_arguments_serves_the_demo_page_from_a_fresh_clone() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let mut waited = Duration::ZERO;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if waited > STOP {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "corral did not stop within {STOP:?} of SIGTERM:\n{}",
-                corral.log()
-            );
-        }
-        thread::sleep(step);
-        waited += step;
+    let Some(status) = support::wait(&mut child, STOP) else {
+        panic!(
+            "corral did not stop within {STOP:?} of SIGTERM:\n{}",
+            corral.log()
+        );
     };
     assert_eq!(status.code(), Some(0), "{status}:\n{}", corral.log());
 }
 
-/// Runs the binary with no arguments from `dir`, collecting its log.
-fn start(dir: &Path) -> Running {
-    let mut child = Command::new(CORRAL)
+/// GETs `url` with curl inside the network namespace of process `pid`; the status code and
+/// the body.
+fn fetch_inside(pid: u32, url: &str) -> (String, String) {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args([
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+            "-w",
+            "\n%{http_code}",
+            url,
+        ])
+        .output()
+        .expect("run nsenter curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    assert!(
+        out.status.success(),
+        "curl {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (status.to_owned(), body.to_owned())
+}
+
+/// Runs the binary with no arguments from `dir`, in network and mount namespaces of its own
+/// with `run` mounted on /run/corral, collecting its log.
+fn start(dir: &Path, run: &Path, notify: &Path) -> Running {
+    let mut child = Command::new("unshare")
+        .args([
+            "--net",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(
+            "python3 -c \"$3\" || exit 71\n\
+             mkdir -p /run/corral && mount --bind \"$1\" /run/corral || exit 72\n\
+             exec \"$0\"",
+        )
+        .arg(CORRAL)
+        .arg(run)
+        .arg("unused")
+        .arg(LOOPBACK_UP)
+        .env("NOTIFY_SOCKET", notify)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start corral");
+        .expect("start unshare (util-linux) to run corral in namespaces of its own");
     let stderr = child.stderr.take().unwrap();
     let log = Arc::new(Mutex::new(String::new()));
     let sink = Arc::clone(&log);

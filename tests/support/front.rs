@@ -111,12 +111,73 @@ impl Drop for Corral {
     }
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago. Another test may take it before the caller binds it:
+/// start servers with [`spawn_on_free_port`], which notices and tries another.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
         .port()
+}
+
+/// Whether process `pid` itself holds the socket listening on 127.0.0.1:`port` (matched by
+/// inode between /proc/net/tcp and /proc/PID/fd), so a server of another test that took the
+/// port is never mistaken for this one.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let inode = f.get(9)?;
+            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A"))
+                .then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
+        })
+    })
+}
+
+/// Starts the server `command(port)` makes for a port that was free, and waits until that
+/// very process listens on it ([`listens_on`]). If the port was taken between the choice
+/// and the server's bind, the server exits: that is said on stderr and another port is
+/// tried, five times at most. The child and its port.
+pub fn spawn_on_free_port(mut command: impl FnMut(u16) -> Command) -> (Child, u16) {
+    for attempt in 1..=5 {
+        let port = free_port();
+        let mut cmd = command(port);
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let deadline = Instant::now() + START;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                eprintln!(
+                    "{cmd:?} exited ({status}) before listening on port {port}, taken \
+                     meanwhile by another test? (attempt {attempt} of 5; trying another port)"
+                );
+                break;
+            }
+            if listens_on(child.id(), port) {
+                return (child, port);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{cmd:?} did not listen on port {port} within {START:?}");
+            }
+            thread::sleep(POLL);
+        }
+    }
+    panic!("no server could bind a free port in five attempts");
 }
 
 /// A running nginx (`daemon off; master_process off;`, everything in its temp dir): killed

@@ -16,6 +16,7 @@ pub mod matrix;
 pub mod peers;
 pub mod server;
 pub mod sync2;
+pub mod weak;
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
