@@ -39,6 +39,7 @@ use crate::front::file::FileBody;
 use crate::front::http10;
 use crate::front::limits::{BusyGuard, Ticket, Watched};
 use crate::front::listener::Peer;
+use crate::front::quiet::Quiet;
 use crate::front::sendfile;
 use crate::front::static_files::{add_slash, static_file, try_files, TryFiles};
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
@@ -119,18 +120,33 @@ pub async fn serve_connection(
             service,
         );
     tokio::pin!(conn);
-    tokio::select! {
-        result = conn.as_mut() => {
+    // The deadlines, an eviction and the shutdown, polled only when one of them woke the
+    // task, not at every wake of the connection (front::quiet).
+    let mut side = Quiet::new(async {
+        tokio::select! {
+            why = state.watch(timeouts) => Some(why),
+            () = shutdown.cancelled() => None,
+        }
+    });
+    let ended = std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Ok(result));
+        }
+        Pin::new(&mut side).poll(cx).map(Err)
+    })
+    .await;
+    match ended {
+        Ok(result) => {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "http connection ended with an error");
             }
         }
-        why = state.watch(timeouts) => {
+        Err(Some(why)) => {
             // Dropping the connection closes the socket; no request is in progress (the
             // watch only ends on an idle connection).
             tracing::debug!(reason = %why, "closing an http connection");
         }
-        () = shutdown.cancelled() => {
+        Err(None) => {
             conn.as_mut().graceful_shutdown();
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "http connection ended with an error while draining");

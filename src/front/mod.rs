@@ -8,6 +8,7 @@ mod http10;
 pub mod limits;
 pub mod listener;
 mod open_files;
+mod quiet;
 pub mod scgi;
 mod sendfile;
 mod static_files;
