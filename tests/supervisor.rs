@@ -141,7 +141,13 @@ fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
         r.status == 200
     }));
     assert_ne!(new_pid.unwrap(), pid.to_string());
-    assert!(corral.wait_log("killed by signal") || corral.wait_log("was killed by signal"));
+    // corral saw the kill for what it was (by then the failed request is no longer
+    // counted in flight: its failure came first and marked the worker broken).
+    assert!(
+        corral.wait_log("worker 0 killed by signal SIGKILL unexpectedly"),
+        "{}",
+        corral.log()
+    );
 }
 
 #[test]
@@ -189,16 +195,17 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
     let load: Vec<_> = (0..8)
         .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=400", &[], b"").status))
         .collect();
+    // Sampled until the pool has grown (8 requests of 400 ms against one worker).
     let mut most = 0;
     let mut peak_pss = 0;
-    for _ in 0..20 {
+    let grew = eventually(Duration::from_secs(10), || {
         let workers = children(corral.pid());
         most = most.max(workers.len());
         peak_pss = peak_pss.max(pss_of(&workers));
-        thread::sleep(Duration::from_millis(50));
-    }
+        most >= 2
+    });
     assert!(load.into_iter().all(|h| h.join().unwrap() == 200));
-    assert!(most >= 2, "the pool never grew: {most}\n{}", corral.log());
+    assert!(grew, "the pool never grew: {most}\n{}", corral.log());
     assert!(
         eventually(Duration::from_secs(6), || children(corral.pid()).len() == 1),
         "{:?}\n{}",
@@ -215,15 +222,26 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
 
 #[test]
 fn sigterm_under_load_completes_every_accepted_request() {
-    let (dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| c);
+    let (_dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| {
+        c.replace(
+            "[[listen]]",
+            "[status]\naddress = \"127.0.0.1:0\"\n\n[[listen]]",
+        )
+    });
     let addr = corral.http_addr();
+    let status = corral.status_ready_addr();
     let load: Vec<_> = (0..6)
         .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=500", &[], b"").status))
         .collect();
-    let started = dir.path().join("started");
-    assert!(eventually(Duration::from_secs(5), || started.exists()));
-    // Every client has connected and sent its request by now (they started together).
-    thread::sleep(Duration::from_millis(100));
+    // All six are corral's: two in flight on the two workers, four in the queue.
+    let counter = |name| support::server::pool_counter(status, "php", name);
+    assert!(
+        eventually(Duration::from_secs(10), || counter("in flight")
+            + counter("listen queue")
+            == 6),
+        "{}",
+        corral.log()
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(corral.pid() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -292,14 +310,14 @@ fn a_leaking_worker_is_recycled_by_max_memory_while_requests_succeed() {
     );
     let addr = corral.http_addr();
     let mut pids = std::collections::BTreeSet::new();
-    for n in 0..60 {
+    // Back to back until another worker answers (each request grows the first by 1 MB).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut n = 0;
+    while pids.len() < 2 && std::time::Instant::now() < deadline {
         let r = http(addr, "GET", &format!("/leak.php?n={n}"), &[], b"");
         assert_eq!(r.status, 200, "request {n}: {}", corral.log());
         pids.insert(r.text());
-        if pids.len() > 1 {
-            break;
-        }
-        thread::sleep(Duration::from_millis(60));
+        n += 1;
     }
     assert!(pids.len() > 1, "never recycled: {pids:?}\n{}", corral.log());
     assert!(corral.wait_log("exceeded max_memory"), "{}", corral.log());
@@ -327,6 +345,19 @@ fn lsphp_workers_are_spawned_on_their_socket_and_serve() {
     assert_eq!(pids.len(), 1, "{pids:?}");
 }
 
+/// Seconds since midnight (UTC) of a corral log line's timestamp
+/// (`2026-12-01T22:49:17.962294Z ...`).
+fn logged_at(line: &str) -> f64 {
+    let time = line
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.split_once('T'))
+        .map(|(_, t)| t.trim_end_matches('Z'))
+        .unwrap_or_else(|| panic!("no timestamp in {line:?}"));
+    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
+}
+
 #[test]
 fn a_crashing_command_is_throttled_not_hot_looped() {
     let (_dir, corral) = spawned(
@@ -339,12 +370,50 @@ fn a_crashing_command_is_throttled_not_hot_looped() {
         },
     );
     assert!(corral.wait_log("spawns are throttled"), "{}", corral.log());
-    let spawns = corral.log().matches("worker started").count();
-    // Backoff doubles from 100 ms: five crashes take about 1.5 s, not thousands of spawns.
-    assert!(spawns < 40, "{spawns} spawns");
     // Requests meanwhile get a clear 503, not a hang.
     let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 503);
+    // Six crashes: the five gaps from a crash to the next spawn are the backoff, doubling
+    // from 100 ms (100, 200, 400, 800, 1600 ms; a gap may only be longer, by up to the
+    // periodic check's step, or by a loaded machine).
+    assert!(
+        corral.wait_count("exited with code 3", 6, Duration::from_secs(20)),
+        "{}",
+        corral.log()
+    );
+    let log = corral.log();
+    let mut gaps = Vec::new();
+    for n in 0..5 {
+        let find = |needle: &str| {
+            log.lines()
+                .find(|l| l.contains(&needle))
+                .unwrap_or_else(|| panic!("no {needle:?} in:\n{log}"))
+        };
+        let crashed = logged_at(find(&format!("worker {n} exited with code 3")));
+        let next = logged_at(find(&format!(
+            "worker started pool=php key=worker {}",
+            n + 1
+        )));
+        // Across midnight the clock starts again at 0.
+        gaps.push((next - crashed).rem_euclid(86_400.0));
+    }
+    eprintln!("crash-to-spawn gaps (s): {gaps:?}");
+    for (n, gap) in gaps.iter().enumerate() {
+        let backoff = 0.1 * f64::from(1u32 << n);
+        assert!(
+            *gap >= backoff * 0.95,
+            "spawn {} came {gap:.3} s after crash {n}, before its {backoff} s backoff: \
+             {gaps:?}\n{log}",
+            n + 1
+        );
+    }
+    // Not thousands of spawns either: one per crash, none between.
+    let spawns = corral.count_log("worker started pool=php key=");
+    let crashes = corral.count_log("exited with code 3");
+    assert!(
+        spawns <= crashes + 1,
+        "{spawns} spawns for {crashes} crashes"
+    );
 }
 
 #[test]
@@ -385,15 +454,18 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
         == 3));
     let before: std::collections::BTreeSet<u32> = children(corral.pid()).into_iter().collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let load: Vec<_> = (0..4)
         .map(|_| {
             let stop = std::sync::Arc::clone(&stop);
+            let served = std::sync::Arc::clone(&served);
             thread::spawn(move || {
                 let (mut ok, mut failed) = (0u32, Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let r = http(addr, "GET", "/sleep.php?ms=10", &[], b"");
                     if r.status == 200 {
                         ok += 1;
+                        served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     } else {
                         failed.push(r.status);
                     }
@@ -402,7 +474,14 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(500));
+    let served_now = || served.load(std::sync::atomic::Ordering::Relaxed);
+    // The load runs before the signal, and goes on after the last worker was replaced.
+    assert!(
+        eventually(Duration::from_secs(10), || served_now() >= 20),
+        "{}",
+        corral.log()
+    );
+    let at_signal = served_now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(corral.pid() as i32),
         nix::sys::signal::Signal::SIGUSR2,
@@ -413,7 +492,8 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
         let now = children(corral.pid());
         now.len() == 3 && now.iter().all(|p| !before.contains(p))
     });
-    thread::sleep(Duration::from_millis(300));
+    let at_replaced = served_now();
+    let went_on = eventually(Duration::from_secs(10), || served_now() >= at_replaced + 20);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (mut ok, mut failed) = (0, Vec::new());
     for t in load {
@@ -428,7 +508,10 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
         corral.log()
     );
     assert!(failed.is_empty(), "failed: {failed:?}\n{}", corral.log());
-    assert!(ok > 50, "only {ok} requests served");
+    assert!(
+        went_on && at_replaced > at_signal,
+        "served {at_signal} before the signal, {at_replaced} by the replacement, {ok} in all"
+    );
     assert!(corral.wait_log("rolling restart"));
 }
 
