@@ -132,10 +132,13 @@ struct Load {
     ok: AtomicU64,
     failed: AtomicU64,
     errors: std::sync::Mutex<Vec<String>>,
+    /// The target of every failed request, as sent (each is unique).
+    failed_targets: std::sync::Mutex<Vec<String>>,
 }
 
-/// `threads` clients request `target` back to back until `stop` is set; each answer that
-/// is not a 200 (or no answer) counts as failed.
+/// `threads` clients request `target` back to back until `stop` is set, each request with
+/// a query of its own (`?c=CLIENT&n=SEQ`), so the access log tells them apart; each answer
+/// that is not a 200 (or no answer) counts as failed.
 fn run_load(
     addr: SocketAddr,
     target: &'static str,
@@ -144,17 +147,21 @@ fn run_load(
     load: &Arc<Load>,
 ) -> Vec<thread::JoinHandle<()>> {
     (0..threads)
-        .map(|_| {
+        .map(|client| {
             let stop = Arc::clone(stop);
             let load = Arc::clone(load);
             thread::spawn(move || {
+                let mut seq = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    match try_get(addr, target, Duration::from_secs(20)) {
+                    seq += 1;
+                    let target = format!("{target}?c={client}&n={seq}");
+                    match try_get(addr, &target, Duration::from_secs(20)) {
                         Ok((200, _)) => {
                             load.ok.fetch_add(1, Ordering::Relaxed);
                         }
                         other => {
                             load.failed.fetch_add(1, Ordering::Relaxed);
+                            load.failed_targets.lock().unwrap().push(target);
                             let mut errors = load.errors.lock().unwrap();
                             if errors.len() < 20 {
                                 errors.push(format!("{other:?}"));
@@ -178,11 +185,20 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
         "work.php",
         "<?php usleep(5000); echo getmypid();",
     );
+    // The access log names the worker that served (or failed) each request.
+    let access = dir.path().join("access.log");
     let corral = Corral::start(
         &config(
             &dir.path().join("run"),
             "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 4\nqueue_timeout = \"10s\"",
             &format!("root = \"{}\"", dir.path().display()),
+        )
+        .replace(
+            "log_level = \"debug\"",
+            &format!(
+                "log_level = \"debug\"\naccess_log = \"{}\"\naccess_log_format = \"json\"",
+                access.display()
+            ),
         ),
         1,
     );
@@ -200,9 +216,11 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
     let clients = run_load(addr, "/work.php", 6, &stop, &load);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut kills = 0u64;
+    let mut victims = Vec::new();
     let start = Instant::now();
     for tick in 1..=50u32 {
-        // On a fixed 100 ms beat, however long the last round took.
+        // On a fixed 100 ms beat, however long the last round took: the kill rate is what
+        // the test is about, not an ordering.
         if let Some(wait) =
             (start + Duration::from_millis(100) * tick).checked_duration_since(Instant::now())
         {
@@ -215,6 +233,7 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
         let victim = workers[rng.below(workers.len())];
         if kill(Pid::from_raw(victim as i32), Signal::SIGKILL).is_ok() {
             kills += 1;
+            victims.push(victim);
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -231,6 +250,45 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
     {
         eprintln!("{line}");
     }
+    // Each failed request was one in flight on a worker the test killed: its access log
+    // line names that worker; and a php-cgi worker has one request in flight at a time, so
+    // no killed worker failed two. Every other request got its 200 (counted above).
+    let failed_targets = load.failed_targets.lock().unwrap().clone();
+    let mut records = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let log = std::fs::read_to_string(&access).unwrap_or_default();
+            records = failed_targets
+                .iter()
+                .map(|t| {
+                    let uri = format!("\"uri\":\"{t}\"");
+                    log.lines().find(|l| l.contains(&uri)).map(str::to_owned)
+                })
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default();
+            records.len() == failed_targets.len()
+        }),
+        "a failed request has no access log line: {failed_targets:?}\n{}",
+        std::fs::read_to_string(&access).unwrap_or_default()
+    );
+    let mut failed_on = std::collections::BTreeMap::<u32, usize>::new();
+    for line in &records {
+        let pid = line
+            .split("\"worker_pid\":")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let pid = pid.unwrap_or_else(|| panic!("a failed request reached no worker: {line}"));
+        assert!(
+            victims.contains(&pid),
+            "a request failed on worker {pid}, which was not killed ({victims:?}): {line}"
+        );
+        *failed_on.entry(pid).or_default() += 1;
+    }
+    assert!(
+        failed_on.values().all(|&n| n == 1),
+        "a killed worker failed more than its one request: {failed_on:?}\n{records:#?}"
+    );
     // Fewer than 50 when the pool's crash throttle leaves nothing to kill for a while (five
     // crashes in a row before a replacement has served: spawns wait out the backoff).
     assert!(kills >= 5, "only {kills} kills: {}", corral.log());
@@ -345,10 +403,13 @@ fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
 #[test]
 fn queued_requests_that_gave_up_free_their_place() {
     let dir = peers::shared_dir();
+    // `?hold` writes `held` and keeps the only worker until the test writes `go`.
     peers::write_file(
         dir.path(),
         "sleep.php",
-        "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
+        "<?php if (isset($_GET['hold'])) { touch(__DIR__ . '/held'); \
+         for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/go'); $i++) { usleep(10000); \
+         clearstatcache(); } } echo getmypid();",
     );
     let corral = Corral::start(
         &config(
@@ -360,29 +421,42 @@ fn queued_requests_that_gave_up_free_their_place() {
         1,
     );
     let addr = corral.http_addr();
+    let status = status_addr(&corral);
+    let counter = |name| support::server::pool_counter(status, "app", name);
+    let queued = || counter("listen queue");
     assert_eq!(
-        try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))
+        try_get(addr, "/sleep.php", Duration::from_secs(20))
             .unwrap()
             .0,
         200
     );
-    // The slow request ends after the two below time out (at about 1.5 s) and soon enough
-    // that the last two, queued at about 1.5 s, are served within their 1 s queue timeout
-    // even on a loaded machine.
-    let slow = thread::spawn(move || try_get(addr, "/sleep.php?ms=1800", Duration::from_secs(20)));
-    thread::sleep(Duration::from_millis(200));
+    let slow = thread::spawn(move || try_get(addr, "/sleep.php?hold", Duration::from_secs(30)));
+    assert!(
+        eventually(Duration::from_secs(10), || dir.path().join("held").exists()),
+        "{}",
+        corral.log()
+    );
 
-    // Two clients queue and go away; two more queue and time out (at 1 s).
+    // Two clients queue and go away: each leaves the queue as it closes.
     for _ in 0..2 {
         let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /sleep.php?ms=1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        s.write_all(b"GET /sleep.php HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .unwrap();
-        thread::sleep(Duration::from_millis(100));
+        assert!(
+            eventually(Duration::from_secs(10), || queued() == 1),
+            "the request never queued\n{}",
+            corral.log()
+        );
         drop(s);
+        assert!(
+            eventually(Duration::from_secs(5), || queued() == 0),
+            "a client that went away kept its place in the queue\n{}",
+            corral.log()
+        );
     }
-    thread::sleep(Duration::from_millis(100));
+    // Two more take both places and time out (at 1 s).
     let timed_out: Vec<_> = (0..2)
-        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))))
+        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php", Duration::from_secs(20))))
         .collect();
     for t in timed_out {
         let (status, text) = t.join().unwrap().unwrap();
@@ -394,16 +468,20 @@ fn queued_requests_that_gave_up_free_their_place() {
         "{}",
         corral.log()
     );
+    assert_eq!(counter("queue timeouts"), 2, "{}", corral.log());
+    assert_eq!(counter("rejected queue full"), 0, "{}", corral.log());
+    assert_eq!(queued(), 0);
+    // The slow request still holds the worker; both places are free again.
+    let waiting: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php", Duration::from_secs(20))))
+        .collect();
     assert!(
-        !corral.log().contains("the queue is full"),
-        "{}",
+        eventually(Duration::from_secs(10), || queued() == 2),
+        "the new requests did not both get a place\n{}",
         corral.log()
     );
-    // The slow request still runs (until about 1.8 s); two places are free again.
-    let queued: Vec<_> = (0..2)
-        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))))
-        .collect();
-    for t in queued {
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    for t in waiting {
         let (status, text) = t.join().unwrap().unwrap();
         assert_eq!(
             status,
@@ -412,12 +490,9 @@ fn queued_requests_that_gave_up_free_their_place() {
             corral.log()
         );
     }
-    assert!(
-        !corral.log().contains("the queue is full"),
-        "{}",
-        corral.log()
-    );
     assert_eq!(slow.join().unwrap().unwrap().0, 200);
+    assert_eq!(counter("rejected queue full"), 0, "{}", corral.log());
+    corral.assert_absent("the queue is full");
 }
 
 /// Each request compiles a new script of about 8 MiB of string literals, which OPcache keeps
@@ -564,7 +639,9 @@ fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
     let stop = Arc::new(AtomicBool::new(false));
     let load = Arc::new(Load::default());
     let clients = run_load(addr, "/", 4, &stop, &load);
-    thread::sleep(Duration::from_millis(500));
+    let ok_now = || load.ok.load(Ordering::Relaxed);
+    // The load runs on three servers before one is killed.
+    assert!(eventually(Duration::from_secs(10), || ok_now() >= 50));
     let victim = format!("unix:{}", sockets[1].display());
     drop(servers[1].take());
     let _ = std::fs::remove_file(&sockets[1]);
@@ -574,12 +651,17 @@ fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
             .any(|(a, up)| *a == victim && !*up)
     });
     let page = http(status, "GET", "/status?full", &[], b"").text();
-    thread::sleep(Duration::from_millis(1500));
+    // Once its fail_timeout (1 s) is over the down server is probed again, under the load,
+    // and found still down.
+    let probed = corral.wait_log("server still down");
+    let at_probe = ok_now();
     servers[1] = Some(null_backend(&sockets[1]));
     let back = eventually(Duration::from_secs(8), || {
         server_states(status).iter().all(|(_, up)| *up)
     });
-    thread::sleep(Duration::from_millis(300));
+    // The load goes on with all three back.
+    let at_back = ok_now();
+    let went_on = eventually(Duration::from_secs(10), || ok_now() >= at_back + 50);
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().unwrap();
@@ -595,6 +677,15 @@ fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
     assert!(
         page.contains("state:") && page.contains("Down") && page.contains("down since:"),
         "{page}"
+    );
+    assert!(
+        probed,
+        "the down server was not probed again:\n{}",
+        corral.log()
+    );
+    assert!(
+        at_back > at_probe && went_on,
+        "served {at_probe} by the probe, {at_back} by the restart, {ok} in all"
     );
     assert!(
         back,
