@@ -23,6 +23,7 @@ use nix::unistd::Pid;
 
 use support::peers::{self, Peer};
 use support::server::{http, parse_response, Corral};
+use support::{alive, eventually};
 
 /// A config with one http listener, a status listener, a spawned pool `app` described by
 /// `pool`, and one context for it (`context` adds keys such as `root`).
@@ -96,22 +97,6 @@ fn children(parent: u32) -> Vec<u32> {
         }
     }
     out
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-}
-
-/// Polls `check` every 20 ms for up to `limit`.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if check() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    check()
 }
 
 /// Tiny xorshift so the killer picks workers without a dependency.
@@ -342,7 +327,7 @@ while True:
     if uri.startswith(b"/garbage"):
         c.sendall(b"\x00\x01\x02 this is no CGI head \xff\xfe\r\n\r\n")
     elif uri.startswith(b"/hang"):
-        time.sleep(120)
+        time.sleep(120)  # never answers: the fault under test
     else:
         c.sendall(b"Status: 200 OK\r\nContent-Type: text/plain\r\n\r\n" + str(os.getpid()).encode())
     c.close()
@@ -395,7 +380,7 @@ fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
         eventually(Duration::from_secs(8), || !alive(second)),
         "the hung worker {second} was not stopped"
     );
-    assert!(corral.log().contains("marked suspect"), "{}", corral.log());
+    assert!(corral.wait_log("marked suspect"), "{}", corral.log());
 }
 
 /// Queued requests whose client went away or whose queue_timeout fired leave the queue at

@@ -534,7 +534,7 @@ if start == 1:
     control.send(b"forked 0 %d" % os.getppid())
 elif start == 2:
     control.send(b"\xff" * 300)
-time.sleep(60)
+time.sleep(60)  # from the third start on, silence: the fault under test
 "#,
                 state = state.display()
             ),

@@ -173,8 +173,24 @@ fn request_timeout_answers_504_and_replaces_the_worker() {
 
 #[test]
 fn an_ondemand_pool_starts_on_the_first_request_and_goes_back_to_zero() {
-    let (_dir, corral) = spawned("mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"", |c| c);
-    assert!(children(corral.pid()).is_empty());
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let notify = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    let notify = notify.display().to_string();
+    let corral = Corral::start_after(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"",
+        ),
+        1,
+        "",
+        &[("NOTIFY_SOCKET", notify.as_str())],
+    );
+    // Ready (the pool has started, with its `min` of 0 workers), and none spawned.
+    support::notify_until(&socket, "READY=1", Duration::from_secs(20));
+    assert!(children(corral.pid()).is_empty(), "{}", corral.log());
     let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
     assert!(!children(corral.pid()).is_empty());
