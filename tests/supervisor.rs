@@ -327,9 +327,9 @@ fn a_leaking_worker_is_recycled_by_max_memory_while_requests_succeed() {
     let addr = corral.http_addr();
     let mut pids = std::collections::BTreeSet::new();
     // Back to back until another worker answers (each request grows the first by 1 MB).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut n = 0;
-    while pids.len() < 2 && std::time::Instant::now() < deadline {
+    while pids.len() < 2 && tokio::time::Instant::now() < deadline {
         let r = http(addr, "GET", &format!("/leak.php?n={n}"), &[], b"");
         assert_eq!(r.status, 200, "request {n}: {}", corral.log());
         pids.insert(r.text());
@@ -402,7 +402,7 @@ fn a_crashing_command_is_throttled_not_hot_looped() {
     for n in 0..5 {
         let find = |needle: &str| {
             log.lines()
-                .find(|l| l.contains(&needle))
+                .find(|l| l.contains(needle))
                 .unwrap_or_else(|| panic!("no {needle:?} in:\n{log}"))
         };
         let crashed = logged_at(find(&format!("worker {n} exited with code 3")));
