@@ -211,17 +211,18 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
     let load: Vec<_> = (0..8)
         .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=400", &[], b"").status))
         .collect();
-    // Sampled until the pool has grown (8 requests of 400 ms against one worker).
+    // Sampled until the last of the 8 requests (400 ms each, against one worker) is done.
     let mut most = 0;
     let mut peak_pss = 0;
-    let grew = eventually(Duration::from_secs(10), || {
+    let done = eventually(Duration::from_secs(20), || {
         let workers = children(corral.pid());
         most = most.max(workers.len());
         peak_pss = peak_pss.max(pss_of(&workers));
-        most >= 2
+        load.iter().all(thread::JoinHandle::is_finished)
     });
+    assert!(done, "the load did not finish\n{}", corral.log());
     assert!(load.into_iter().all(|h| h.join().unwrap() == 200));
-    assert!(grew, "the pool never grew: {most}\n{}", corral.log());
+    assert!(most >= 2, "the pool never grew: {most}\n{}", corral.log());
     assert!(
         eventually(Duration::from_secs(6), || children(corral.pid()).len() == 1),
         "{:?}\n{}",
