@@ -657,8 +657,14 @@ fn sigterm_finishes_the_request_in_progress_then_exits_zero() {
         .expect("the launcher exits after its request");
     assert_eq!(status.code(), Some(0), "{}", launcher.stderr());
 
-    // Idle, waiting for a connection: it exits at once.
+    // Idle, waiting for a connection: it exits at once. One request first: the launcher
+    // logs "serving" before it sets its traps, and an answer shows they are set.
     let mut idle = Launcher::start();
+    let mut s = idle.connect();
+    s.write_all(&begin_request("GET", "/x", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(read_answer(&mut s).body, b"ok /x");
+    drop(s);
     idle.signal(Signal::SIGTERM);
     let status = idle.exit().expect("an idle launcher exits on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", idle.stderr());
