@@ -7,11 +7,11 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -22,7 +22,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use support::peers::{self, Peer};
-use support::server::{http, parse_response, Corral};
+use support::server::{http, Corral};
+use support::sync1::{children, run_load, try_get, Load, Rng};
 use support::{alive, eventually};
 
 /// A config with one http listener, a status listener, a spawned pool `app` described by
@@ -52,111 +53,6 @@ pool = "app"
 "#,
         run = run.display(),
     )
-}
-
-/// One GET with `Connection: close`: the status code, or why there was none. Never panics,
-/// so load threads can count failures.
-fn try_get(addr: SocketAddr, target: &str, timeout: Duration) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    let head = format!("GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(head.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
-    if !raw.starts_with(b"HTTP/1.1 ") {
-        return Err(format!("no response: {:?}", String::from_utf8_lossy(&raw)));
-    }
-    let r = parse_response(&raw);
-    Ok((r.status, r.text()))
-}
-
-/// Pids of the live (not zombie) processes whose parent is `parent`.
-fn children(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The fields after the command name (which may hold spaces) start at the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() != Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// Tiny xorshift so the killer picks workers without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n.max(1) as u64) as usize
-    }
-}
-
-/// What a load run saw.
-#[derive(Debug, Default)]
-struct Load {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    errors: std::sync::Mutex<Vec<String>>,
-    /// The target of every failed request, as sent (each is unique).
-    failed_targets: std::sync::Mutex<Vec<String>>,
-}
-
-/// `threads` clients request `target` back to back until `stop` is set, each request with
-/// a query of its own (`?c=CLIENT&n=SEQ`), so the access log tells them apart; each answer
-/// that is not a 200 (or no answer) counts as failed.
-fn run_load(
-    addr: SocketAddr,
-    target: &'static str,
-    threads: usize,
-    stop: &Arc<AtomicBool>,
-    load: &Arc<Load>,
-) -> Vec<thread::JoinHandle<()>> {
-    (0..threads)
-        .map(|client| {
-            let stop = Arc::clone(stop);
-            let load = Arc::clone(load);
-            thread::spawn(move || {
-                let mut seq = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    seq += 1;
-                    let target = format!("{target}?c={client}&n={seq}");
-                    match try_get(addr, &target, Duration::from_secs(20)) {
-                        Ok((200, _)) => {
-                            load.ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        other => {
-                            load.failed.fetch_add(1, Ordering::Relaxed);
-                            load.failed_targets.lock().unwrap().push(target);
-                            let mut errors = load.errors.lock().unwrap();
-                            if errors.len() < 20 {
-                                errors.push(format!("{other:?}"));
-                            }
-                        }
-                    }
-                }
-            })
-        })
-        .collect()
 }
 
 /// Workers SIGKILLed every 100 ms under a bounded load: a request that never reached a

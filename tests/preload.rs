@@ -228,16 +228,6 @@ fn kill(pid: u32) {
     .unwrap();
 }
 
-fn is_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit_once(')')
-                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(true)
-}
-
 /// The app is loaded once, by corral's child the preloader; the workers are its children,
 /// each a process group of its own.
 fn forked_workers_serve(lang: Lang) {
@@ -289,7 +279,7 @@ fn forked_workers_serve(lang: Lang) {
         }
     }
     for &(pid, _, _) in &again {
-        assert!(!is_alive(pid), "worker {pid} outlived its preloader");
+        assert!(!support::alive(pid), "worker {pid} outlived its preloader");
     }
     assert_eq!(parent_of(second), p.corral.pid());
 }
@@ -319,7 +309,9 @@ fn recycling_is_per_worker(lang: Lang) {
     );
     let before = workers(&p, 2);
     let (grown, _, _) = served(&p, "/grow");
-    wait_until(&p, "the grown worker was not recycled", || !is_alive(grown));
+    wait_until(&p, "the grown worker was not recycled", || {
+        !support::alive(grown)
+    });
     let after = workers(&p, 2);
     let before_pids: BTreeSet<u32> = before.iter().map(|w| w.0).collect();
     let after_pids: BTreeSet<u32> = after.iter().map(|w| w.0).collect();
@@ -407,25 +399,12 @@ fn rolling_restart_reloads_the_app(lang: Lang) {
         }
     }
     wait_until(&p, &format!("old preloader {first} still runs"), || {
-        !is_alive(first)
+        !support::alive(first)
     });
     assert_eq!(loads(&p).len(), 2, "{}", p.corral.log());
 }
 
 both!(rolling_restart_reloads_the_app: wsgi_rolling_restart_forks_from_a_fresh_preloader, rack_rolling_restart_forks_from_a_fresh_preloader);
-
-/// Seconds since midnight (UTC) of a corral log line's timestamp
-/// (`2026-12-01T22:49:17.962294Z ...`).
-fn logged_at(line: &str) -> f64 {
-    let time = line
-        .split_whitespace()
-        .next()
-        .and_then(|t| t.split_once('T'))
-        .map(|(_, t)| t.trim_end_matches('Z'))
-        .unwrap_or_else(|| panic!("no timestamp in {line:?}"));
-    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
-    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
-}
 
 /// An app that fails while loading: the preloader exits, every worker it was asked for is a
 /// failed spawn (logged, backed off), requests get a gateway error, and corral keeps running
@@ -468,41 +447,27 @@ fn a_preloader_that_cannot_load_the_app_is_a_failed_spawn() {
         corral.log()
     );
     let log = corral.log();
-    let at = |needle: &str| {
-        let line = log
-            .lines()
-            .find(|l| l.contains(needle))
-            .unwrap_or_else(|| panic!("no {needle:?} in:\n{log}"));
-        logged_at(line)
-    };
     let pids: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("preloader started"))
         .filter_map(|l| l.split(" pid=").nth(1)?.split_whitespace().next())
         .collect();
-    let mut gaps = Vec::new();
-    for k in 0..4 {
-        let exited = at(&format!("preloader exited pool=app pid={} ", pids[k]));
-        let next = at(&format!("preloader started pool=app pid={} ", pids[k + 1]));
-        gaps.push((next - exited).rem_euclid(86_400.0));
-    }
-    eprintln!("preloader exit-to-start gaps (s): {gaps:?}");
-    for (k, gap) in gaps.iter().enumerate() {
-        let backoff = 0.1 * f64::from(1u32 << k);
-        assert!(
-            *gap >= backoff * 0.95,
-            "preloader {} started {gap:.3} s after the last exited, within {backoff} s: \
-             {gaps:?}\n{log}",
-            k + 1
-        );
-    }
+    let pairs: Vec<(String, String)> = (0..4)
+        .map(|k| {
+            (
+                format!("preloader exited pool=app pid={} ", pids[k]),
+                format!("preloader started pool=app pid={} ", pids[k + 1]),
+            )
+        })
+        .collect();
+    support::sync1::assert_backoff_doubles(&support::sync1::gaps(&log, &pairs), 0.1, &log);
     let n = std::fs::read_to_string(loads_dir.join("loads"))
         .unwrap()
         .lines()
         .count();
     // The four that exited had loaded; the fifth may still be loading.
     assert!((4..=12).contains(&n), "{n} loads\n{}", corral.log());
-    assert!(is_alive(corral.pid()));
+    assert!(support::alive(corral.pid()));
 }
 
 /// A preloader that breaks the control protocol is killed and replaced, never believed:
@@ -570,7 +535,7 @@ time.sleep(60)  # from the third start on, silence: the fault under test
     );
     let r = http(corral.http_addr(), "GET", "/", &[], b"");
     assert!(r.status >= 500, "{} {}", r.status, r.text());
-    assert!(is_alive(corral.pid()));
+    assert!(support::alive(corral.pid()));
     let starts = std::fs::read_to_string(state.join("starts")).unwrap().len();
     assert!(starts >= 3, "{starts}");
 }

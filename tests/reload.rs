@@ -91,18 +91,7 @@ fn generation(corral: &Corral) -> Result<u32, String> {
 
 /// php-cgi workers whose parent is corral.
 fn workers(corral: &Corral) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit_once(") ")
-                    .and_then(|(_, rest)| rest.split(' ').nth(1))
-                    .and_then(|ppid| ppid.parse::<u32>().ok())
-                    == Some(corral.pid())
-            })
-        })
-        .count()
+    support::sync1::children(corral.pid()).len()
 }
 
 /// Requests served between two reloads, at least: the load goes on across every one.

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::server::{http, Corral};
+use support::sync1::{assert_backoff_doubles, children, gaps};
 use support::{alive, eventually, peers};
 
 /// A config with one http listener and one spawned php-cgi pool described by `pool`.
@@ -55,28 +56,6 @@ fn spawned(pool: &str, edit: impl FnOnce(String) -> String) -> (tempfile::TempDi
     site(dir.path());
     let corral = Corral::start(&edit(config(&dir.path().join("run"), dir.path(), pool)), 1);
     (dir, corral)
-}
-
-/// Pids of the live processes whose parent is `parent`.
-fn children(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The fields after the command name (which may hold spaces) start at the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() != Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 /// The summed PSS of the process trees of `pids`.
@@ -362,19 +341,6 @@ fn lsphp_workers_are_spawned_on_their_socket_and_serve() {
     assert_eq!(pids.len(), 1, "{pids:?}");
 }
 
-/// Seconds since midnight (UTC) of a corral log line's timestamp
-/// (`2026-12-01T22:49:17.962294Z ...`).
-fn logged_at(line: &str) -> f64 {
-    let time = line
-        .split_whitespace()
-        .next()
-        .and_then(|t| t.split_once('T'))
-        .map(|(_, t)| t.trim_end_matches('Z'))
-        .unwrap_or_else(|| panic!("no timestamp in {line:?}"));
-    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
-    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
-}
-
 #[test]
 fn a_crashing_command_is_throttled_not_hot_looped() {
     let (_dir, corral) = spawned(
@@ -399,31 +365,15 @@ fn a_crashing_command_is_throttled_not_hot_looped() {
         corral.log()
     );
     let log = corral.log();
-    let mut gaps = Vec::new();
-    for n in 0..5 {
-        let find = |needle: &str| {
-            log.lines()
-                .find(|l| l.contains(needle))
-                .unwrap_or_else(|| panic!("no {needle:?} in:\n{log}"))
-        };
-        let crashed = logged_at(find(&format!("worker {n} exited with code 3")));
-        let next = logged_at(find(&format!(
-            "worker started pool=php key=worker {}",
-            n + 1
-        )));
-        // Across midnight the clock starts again at 0.
-        gaps.push((next - crashed).rem_euclid(86_400.0));
-    }
-    eprintln!("crash-to-spawn gaps (s): {gaps:?}");
-    for (n, gap) in gaps.iter().enumerate() {
-        let backoff = 0.1 * f64::from(1u32 << n);
-        assert!(
-            *gap >= backoff * 0.95,
-            "spawn {} came {gap:.3} s after crash {n}, before its {backoff} s backoff: \
-             {gaps:?}\n{log}",
-            n + 1
-        );
-    }
+    let pairs: Vec<(String, String)> = (0..5)
+        .map(|n| {
+            (
+                format!("worker {n} exited with code 3"),
+                format!("worker started pool=php key=worker {}", n + 1),
+            )
+        })
+        .collect();
+    assert_backoff_doubles(&gaps(&log, &pairs), 0.1, &log);
     // Not thousands of spawns either: one per crash, none between.
     let spawns = corral.count_log("worker started pool=php key=");
     let crashes = corral.count_log("exited with code 3");

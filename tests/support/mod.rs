@@ -14,6 +14,7 @@ pub mod lsapi;
 pub mod matrix;
 pub mod peers;
 pub mod server;
+pub mod sync1;
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
