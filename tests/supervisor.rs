@@ -45,6 +45,8 @@ fn site(dir: &Path) {
         dir,
         "sleep.php",
         "<?php file_put_contents(__DIR__ . '/started', getmypid()); \
+         if (isset($_GET['hold'])) { for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/go'); \
+         $i++) { usleep(10000); clearstatcache(); } } \
          usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
     );
 }
@@ -218,7 +220,7 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
 
 #[test]
 fn sigterm_under_load_completes_every_accepted_request() {
-    let (_dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| {
+    let (dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| {
         c.replace(
             "[[listen]]",
             "[status]\naddress = \"127.0.0.1:0\"\n\n[[listen]]",
@@ -226,8 +228,9 @@ fn sigterm_under_load_completes_every_accepted_request() {
     });
     let addr = corral.http_addr();
     let status = corral.status_ready_addr();
+    // Each holds its worker until the test writes `go`.
     let load: Vec<_> = (0..6)
-        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=500", &[], b"").status))
+        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?hold&ms=0", &[], b"").status))
         .collect();
     // All six are corral's: two in flight on the two workers, four in the queue.
     let counter = |name| support::server::pool_counter(status, "php", name);
@@ -243,6 +246,13 @@ fn sigterm_under_load_completes_every_accepted_request() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
+    // The stop has begun with all six still in flight or queued; then they may finish.
+    assert!(
+        corral.wait_log("stopping: no longer accepting"),
+        "{}",
+        corral.log()
+    );
+    std::fs::write(dir.path().join("go"), "").unwrap();
     let statuses: Vec<u16> = load.into_iter().map(|h| h.join().unwrap()).collect();
     assert!(
         statuses.iter().all(|&s| s == 200),

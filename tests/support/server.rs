@@ -233,6 +233,7 @@ impl Corral {
 impl Corral {
     /// Makes corral log [`MARK`] now (SIGUSR1) and waits (5 s at most) until that line is
     /// read; gives the log up to it. Every line corral wrote before the signal is in it.
+    /// The line is at `info`: a configuration with `log_level = "warn"` cannot be marked.
     pub fn mark(&self) -> String {
         let n = self.count_log(MARK);
         self.signal(nix::sys::signal::Signal::SIGUSR1);
