@@ -57,7 +57,10 @@ fn site(dir: &Path) {
     peers::write_file(
         dir,
         "sleep.php",
-        "<?php if (isset($_GET['tag'])) { touch(__DIR__ . '/started-' . basename($_GET['tag'])); } \
+        "<?php if (isset($_GET['tag'])) { $tag = basename($_GET['tag']); \
+         touch(__DIR__ . '/started-' . $tag); \
+         for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/go-' . $tag); $i++) { \
+         usleep(10000); clearstatcache(); } } \
          usleep((int)($_GET['ms'] ?? 100) * 1000); echo getenv('GEN'), ' done';",
     );
 }
@@ -138,7 +141,8 @@ fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
             "the load stalled before reload {gen}\n{}",
             corral.log()
         );
-        // And one request is in flight on the old generation when the signal goes.
+        // And one request is in flight on the old generation when the signal goes, held
+        // (by a file) until the new generation serves.
         let tag = format!("g{gen}");
         let marker = dir.path().join(format!("started-{tag}"));
         let straddling = {
@@ -147,7 +151,7 @@ fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
                 http(
                     corral.http_addr(),
                     "GET",
-                    &format!("/sleep.php?ms=300&tag={tag}"),
+                    &format!("/sleep.php?ms=0&tag={tag}"),
                     &[],
                     b"",
                 )
@@ -165,6 +169,7 @@ fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
             &config(&run, dir.path(), workers, gen, ""),
             gen as usize,
         ));
+        std::fs::write(dir.path().join(format!("go-g{gen}")), "").unwrap();
         let r = straddling.join().unwrap();
         assert_eq!(
             (r.status, r.text()),
@@ -352,7 +357,7 @@ root = "{root}"
             let corral = Arc::clone(&corral);
             thread::spawn(move || {
                 let host = [("Host", "other.test")];
-                let target = format!("/sleep.php?ms=1500&tag=other{n}");
+                let target = format!("/sleep.php?ms=0&tag=other{n}");
                 http(corral.http_addr(), "GET", &target, &host, b"")
             })
         })
@@ -371,6 +376,10 @@ root = "{root}"
         corral.log()
     );
     reload(&corral, &config(&run, dir.path(), 1, 0, ""), 1);
+    // Both are let go once the pool is retired (each holds until its file exists).
+    for n in 0..2 {
+        std::fs::write(dir.path().join(format!("go-other{n}")), "").unwrap();
+    }
     for t in slow {
         let r = t.join().unwrap();
         assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());

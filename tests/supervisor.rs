@@ -101,7 +101,7 @@ fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
         .text()
         .parse()
         .unwrap();
-    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=3000", &[], b""));
+    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?hold&ms=0", &[], b""));
     // The script writes this file when it starts, so the kill lands mid-request.
     let started = dir.path().join("started");
     assert!(eventually(Duration::from_secs(5), || started.exists()));
@@ -136,7 +136,7 @@ fn request_timeout_answers_504_and_replaces_the_worker() {
     let (_dir, corral) = spawned("mode = \"static\"\nmin = 1\nmax = 1\nrequest_timeout = \"500ms\"\nfirst_byte_timeout = \"500ms\"", |c| c);
     let addr = corral.http_addr();
     let before = http(addr, "GET", "/pid.php", &[], b"").text();
-    let r = http(addr, "GET", "/sleep.php?ms=5000", &[], b"");
+    let r = http(addr, "GET", "/sleep.php?hold&ms=0", &[], b"");
     assert_eq!(r.status, 504, "{}", corral.log());
     let mut after = String::new();
     assert!(
@@ -399,7 +399,7 @@ fn sigint_stops_at_once_and_takes_the_workers_along() {
         c.replace(r#"grace = "5s""#, r#"grace = "30s""#)
     });
     let addr = corral.http_addr();
-    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=20000", &[], b"").status);
+    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?hold&ms=0", &[], b"").status);
     let started = dir.path().join("started");
     assert!(eventually(Duration::from_secs(5), || started.exists()));
     let workers = children(corral.pid());
@@ -408,7 +408,8 @@ fn sigint_stops_at_once_and_takes_the_workers_along() {
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
-    // Well before the 30 s grace and the 20 s request: the fast stop does not wait.
+    // Well before the 30 s grace and the end of the held request: the fast stop does not
+    // wait.
     assert!(
         corral.wait_log("pool stopped: every worker reaped"),
         "{}",
