@@ -7,11 +7,11 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -22,7 +22,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use support::peers::{self, Peer};
-use support::server::{http, parse_response, Corral};
+use support::server::{http, Corral};
+use support::sync1::{children, run_load, try_get, Load, Rng};
+use support::{alive, eventually};
 
 /// A config with one http listener, a status listener, a spawned pool `app` described by
 /// `pool`, and one context for it (`context` adds keys such as `root`).
@@ -53,120 +55,6 @@ pool = "app"
     )
 }
 
-/// One GET with `Connection: close`: the status code, or why there was none. Never panics,
-/// so load threads can count failures.
-fn try_get(addr: SocketAddr, target: &str, timeout: Duration) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    let head = format!("GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(head.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
-    if !raw.starts_with(b"HTTP/1.1 ") {
-        return Err(format!("no response: {:?}", String::from_utf8_lossy(&raw)));
-    }
-    let r = parse_response(&raw);
-    Ok((r.status, r.text()))
-}
-
-/// Pids of the live (not zombie) processes whose parent is `parent`.
-fn children(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The fields after the command name (which may hold spaces) start at the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() != Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-}
-
-/// Polls `check` every 20 ms for up to `limit`.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if check() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    check()
-}
-
-/// Tiny xorshift so the killer picks workers without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n.max(1) as u64) as usize
-    }
-}
-
-/// What a load run saw.
-#[derive(Debug, Default)]
-struct Load {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    errors: std::sync::Mutex<Vec<String>>,
-}
-
-/// `threads` clients request `target` back to back until `stop` is set; each answer that
-/// is not a 200 (or no answer) counts as failed.
-fn run_load(
-    addr: SocketAddr,
-    target: &'static str,
-    threads: usize,
-    stop: &Arc<AtomicBool>,
-    load: &Arc<Load>,
-) -> Vec<thread::JoinHandle<()>> {
-    (0..threads)
-        .map(|_| {
-            let stop = Arc::clone(stop);
-            let load = Arc::clone(load);
-            thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match try_get(addr, target, Duration::from_secs(20)) {
-                        Ok((200, _)) => {
-                            load.ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        other => {
-                            load.failed.fetch_add(1, Ordering::Relaxed);
-                            let mut errors = load.errors.lock().unwrap();
-                            if errors.len() < 20 {
-                                errors.push(format!("{other:?}"));
-                            }
-                        }
-                    }
-                }
-            })
-        })
-        .collect()
-}
-
 /// Workers SIGKILLed every 100 ms under a bounded load: a request that never reached a
 /// worker (its socket refused) is retried on another at once, and the refusing worker is out
 /// of rotation, so only a request in flight on a killed worker may fail.
@@ -178,11 +66,20 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
         "work.php",
         "<?php usleep(5000); echo getmypid();",
     );
+    // The access log names the worker that served (or failed) each request.
+    let access = dir.path().join("access.log");
     let corral = Corral::start(
         &config(
             &dir.path().join("run"),
             "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 4\nqueue_timeout = \"10s\"",
             &format!("root = \"{}\"", dir.path().display()),
+        )
+        .replace(
+            "log_level = \"debug\"",
+            &format!(
+                "log_level = \"debug\"\naccess_log = \"{}\"\naccess_log_format = \"json\"",
+                access.display()
+            ),
         ),
         1,
     );
@@ -200,9 +97,11 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
     let clients = run_load(addr, "/work.php", 6, &stop, &load);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut kills = 0u64;
+    let mut victims = Vec::new();
     let start = Instant::now();
     for tick in 1..=50u32 {
-        // On a fixed 100 ms beat, however long the last round took.
+        // On a fixed 100 ms beat, however long the last round took: the kill rate is what
+        // the test is about, not an ordering.
         if let Some(wait) =
             (start + Duration::from_millis(100) * tick).checked_duration_since(Instant::now())
         {
@@ -215,6 +114,7 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
         let victim = workers[rng.below(workers.len())];
         if kill(Pid::from_raw(victim as i32), Signal::SIGKILL).is_ok() {
             kills += 1;
+            victims.push(victim);
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -231,6 +131,45 @@ fn workers_killed_every_100ms_fail_only_their_own_requests() {
     {
         eprintln!("{line}");
     }
+    // Each failed request was one in flight on a worker the test killed: its access log
+    // line names that worker; and a php-cgi worker has one request in flight at a time, so
+    // no killed worker failed two. Every other request got its 200 (counted above).
+    let failed_targets = load.failed_targets.lock().unwrap().clone();
+    let mut records = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let log = std::fs::read_to_string(&access).unwrap_or_default();
+            records = failed_targets
+                .iter()
+                .map(|t| {
+                    let uri = format!("\"uri\":\"{t}\"");
+                    log.lines().find(|l| l.contains(&uri)).map(str::to_owned)
+                })
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default();
+            records.len() == failed_targets.len()
+        }),
+        "a failed request has no access log line: {failed_targets:?}\n{}",
+        std::fs::read_to_string(&access).unwrap_or_default()
+    );
+    let mut failed_on = std::collections::BTreeMap::<u32, usize>::new();
+    for line in &records {
+        let pid = line
+            .split("\"worker_pid\":")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let pid = pid.unwrap_or_else(|| panic!("a failed request reached no worker: {line}"));
+        assert!(
+            victims.contains(&pid),
+            "a request failed on worker {pid}, which was not killed ({victims:?}): {line}"
+        );
+        *failed_on.entry(pid).or_default() += 1;
+    }
+    assert!(
+        failed_on.values().all(|&n| n == 1),
+        "a killed worker failed more than its one request: {failed_on:?}\n{records:#?}"
+    );
     // Fewer than 50 when the pool's crash throttle leaves nothing to kill for a while (five
     // crashes in a row before a replacement has served: spawns wait out the backoff).
     assert!(kills >= 5, "only {kills} kills: {}", corral.log());
@@ -284,7 +223,7 @@ while True:
     if uri.startswith(b"/garbage"):
         c.sendall(b"\x00\x01\x02 this is no CGI head \xff\xfe\r\n\r\n")
     elif uri.startswith(b"/hang"):
-        time.sleep(120)
+        time.sleep(120)  # never answers: the fault under test
     else:
         c.sendall(b"Status: 200 OK\r\nContent-Type: text/plain\r\n\r\n" + str(os.getpid()).encode())
     c.close()
@@ -337,7 +276,7 @@ fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
         eventually(Duration::from_secs(8), || !alive(second)),
         "the hung worker {second} was not stopped"
     );
-    assert!(corral.log().contains("marked suspect"), "{}", corral.log());
+    assert!(corral.wait_log("marked suspect"), "{}", corral.log());
 }
 
 /// Queued requests whose client went away or whose queue_timeout fired leave the queue at
@@ -345,10 +284,13 @@ fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
 #[test]
 fn queued_requests_that_gave_up_free_their_place() {
     let dir = peers::shared_dir();
+    // `?hold` writes `held` and keeps the only worker until the test writes `go`.
     peers::write_file(
         dir.path(),
         "sleep.php",
-        "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
+        "<?php if (isset($_GET['hold'])) { touch(__DIR__ . '/held'); \
+         for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/go'); $i++) { usleep(10000); \
+         clearstatcache(); } } echo getmypid();",
     );
     let corral = Corral::start(
         &config(
@@ -360,29 +302,42 @@ fn queued_requests_that_gave_up_free_their_place() {
         1,
     );
     let addr = corral.http_addr();
+    let status = status_addr(&corral);
+    let counter = |name| support::server::pool_counter(status, "app", name);
+    let queued = || counter("listen queue");
     assert_eq!(
-        try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))
+        try_get(addr, "/sleep.php", Duration::from_secs(20))
             .unwrap()
             .0,
         200
     );
-    // The slow request ends after the two below time out (at about 1.5 s) and soon enough
-    // that the last two, queued at about 1.5 s, are served within their 1 s queue timeout
-    // even on a loaded machine.
-    let slow = thread::spawn(move || try_get(addr, "/sleep.php?ms=1800", Duration::from_secs(20)));
-    thread::sleep(Duration::from_millis(200));
+    let slow = thread::spawn(move || try_get(addr, "/sleep.php?hold", Duration::from_secs(30)));
+    assert!(
+        eventually(Duration::from_secs(10), || dir.path().join("held").exists()),
+        "{}",
+        corral.log()
+    );
 
-    // Two clients queue and go away; two more queue and time out (at 1 s).
+    // Two clients queue and go away: each leaves the queue as it closes.
     for _ in 0..2 {
         let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /sleep.php?ms=1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        s.write_all(b"GET /sleep.php HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .unwrap();
-        thread::sleep(Duration::from_millis(100));
+        assert!(
+            eventually(Duration::from_secs(10), || queued() == 1),
+            "the request never queued\n{}",
+            corral.log()
+        );
         drop(s);
+        assert!(
+            eventually(Duration::from_secs(5), || queued() == 0),
+            "a client that went away kept its place in the queue\n{}",
+            corral.log()
+        );
     }
-    thread::sleep(Duration::from_millis(100));
+    // Two more take both places and time out (at 1 s).
     let timed_out: Vec<_> = (0..2)
-        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))))
+        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php", Duration::from_secs(20))))
         .collect();
     for t in timed_out {
         let (status, text) = t.join().unwrap().unwrap();
@@ -394,16 +349,20 @@ fn queued_requests_that_gave_up_free_their_place() {
         "{}",
         corral.log()
     );
+    assert_eq!(counter("queue timeouts"), 2, "{}", corral.log());
+    assert_eq!(counter("rejected queue full"), 0, "{}", corral.log());
+    assert_eq!(queued(), 0);
+    // The slow request still holds the worker; both places are free again.
+    let waiting: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php", Duration::from_secs(20))))
+        .collect();
     assert!(
-        !corral.log().contains("the queue is full"),
-        "{}",
+        eventually(Duration::from_secs(10), || queued() == 2),
+        "the new requests did not both get a place\n{}",
         corral.log()
     );
-    // The slow request still runs (until about 1.8 s); two places are free again.
-    let queued: Vec<_> = (0..2)
-        .map(|_| thread::spawn(move || try_get(addr, "/sleep.php?ms=1", Duration::from_secs(20))))
-        .collect();
-    for t in queued {
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    for t in waiting {
         let (status, text) = t.join().unwrap().unwrap();
         assert_eq!(
             status,
@@ -412,12 +371,9 @@ fn queued_requests_that_gave_up_free_their_place() {
             corral.log()
         );
     }
-    assert!(
-        !corral.log().contains("the queue is full"),
-        "{}",
-        corral.log()
-    );
     assert_eq!(slow.join().unwrap().unwrap().0, 200);
+    assert_eq!(counter("rejected queue full"), 0, "{}", corral.log());
+    corral.assert_absent("the queue is full");
 }
 
 /// Each request compiles a new script of about 8 MiB of string literals, which OPcache keeps
@@ -564,7 +520,9 @@ fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
     let stop = Arc::new(AtomicBool::new(false));
     let load = Arc::new(Load::default());
     let clients = run_load(addr, "/", 4, &stop, &load);
-    thread::sleep(Duration::from_millis(500));
+    let ok_now = || load.ok.load(Ordering::Relaxed);
+    // The load runs on three servers before one is killed.
+    assert!(eventually(Duration::from_secs(10), || ok_now() >= 50));
     let victim = format!("unix:{}", sockets[1].display());
     drop(servers[1].take());
     let _ = std::fs::remove_file(&sockets[1]);
@@ -574,12 +532,17 @@ fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
             .any(|(a, up)| *a == victim && !*up)
     });
     let page = http(status, "GET", "/status?full", &[], b"").text();
-    thread::sleep(Duration::from_millis(1500));
+    // Once its fail_timeout (1 s) is over the down server is probed again, under the load,
+    // and found still down.
+    let probed = corral.wait_log("server still down");
+    let at_probe = ok_now();
     servers[1] = Some(null_backend(&sockets[1]));
     let back = eventually(Duration::from_secs(8), || {
         server_states(status).iter().all(|(_, up)| *up)
     });
-    thread::sleep(Duration::from_millis(300));
+    // The load goes on with all three back.
+    let at_back = ok_now();
+    let went_on = eventually(Duration::from_secs(10), || ok_now() >= at_back + 50);
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().unwrap();
@@ -595,6 +558,15 @@ fn a_pool_of_servers_rides_out_a_server_killed_and_restarted() {
     assert!(
         page.contains("state:") && page.contains("Down") && page.contains("down since:"),
         "{page}"
+    );
+    assert!(
+        probed,
+        "the down server was not probed again:\n{}",
+        corral.log()
+    );
+    assert!(
+        at_back > at_probe && went_on,
+        "served {at_probe} by the probe, {at_back} by the restart, {ok} in all"
     );
     assert!(
         back,

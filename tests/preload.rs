@@ -39,7 +39,16 @@ def application(environ, start_response):
     if environ["PATH_INFO"] == "/grow":
         HELD.append(bytearray(b"\x01") * (48 << 20))
     if environ["PATH_INFO"] == "/slow":
-        time.sleep(0.3)
+        # A barrier: each request of round R leaves its pid and waits (5 s at most) until
+        # the N requests of the round are all in, each on a worker of its own.
+        query = dict(p.split("=") for p in environ["QUERY_STRING"].split("&"))
+        here = os.path.join(HERE, "slow-" + query["round"])
+        os.makedirs(here, exist_ok=True)
+        open(os.path.join(here, str(os.getpid())), "w").close()
+        for _ in range(500):
+            if len(os.listdir(here)) >= int(query["n"]):
+                break
+            time.sleep(0.01)
     body = ("pid=%d ppid=%d pgid=%d" % (os.getpid(), os.getppid(), os.getpgid(0))).encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
@@ -50,7 +59,16 @@ const RACK_APP: &str = r#"File.open(File.join(ENV.fetch("LOADS_DIR"), "loads"), 
 HELD = []
 run lambda { |env|
   HELD << ("x" * (48 << 20)) if env["PATH_INFO"] == "/grow"
-  sleep 0.3 if env["PATH_INFO"] == "/slow"
+  if env["PATH_INFO"] == "/slow"
+    query = env["QUERY_STRING"].split("&").to_h { |p| p.split("=", 2) }
+    here = File.join(ENV.fetch("LOADS_DIR"), "slow-#{query["round"]}")
+    Dir.mkdir(here) rescue Errno::EEXIST
+    File.write(File.join(here, Process.pid.to_s), "")
+    500.times do
+      break if Dir.children(here).size >= query["n"].to_i
+      sleep 0.01
+    end
+  end
   [200, { "content-type" => "text/plain" },
    ["pid=#{Process.pid} ppid=#{Process.ppid} pgid=#{Process.getpgid(0)}"]]
 }
@@ -170,9 +188,11 @@ fn parent_of(pid: u32) -> u32 {
     corral::process::memory::parse_stat_ppid(&stat).unwrap()
 }
 
-/// Sends `n` slow requests at once, again until `n` distinct workers answered (30 s at
-/// most): workers are picked by fewest requests in flight, so `n` at once reach `n` workers.
+/// Sends `n` requests to `/slow` at once, again until `n` distinct workers answered (30 s
+/// at most). `/slow` is a barrier: each request waits until all `n` of its round have
+/// reached the app, so they are in flight together, each on a worker of its own.
 fn workers(p: &Pool, n: usize) -> BTreeSet<(u32, u32, u32)> {
+    static ROUND: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let mut seen = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while seen.len() < n {
@@ -181,12 +201,23 @@ fn workers(p: &Pool, n: usize) -> BTreeSet<(u32, u32, u32)> {
             "only {seen:?} answered\n{}",
             p.corral.log()
         );
+        let round = ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let target = format!("/slow?n={n}&round={round}");
         seen = std::thread::scope(|s| {
-            let all: Vec<_> = (0..n).map(|_| s.spawn(|| served(p, "/slow"))).collect();
+            let all: Vec<_> = (0..n).map(|_| s.spawn(|| served(p, &target))).collect();
             all.into_iter().map(|h| h.join().unwrap()).collect()
         });
     }
     seen
+}
+
+/// Waits (30 s at most) until `check` holds.
+fn wait_until(p: &Pool, what: &str, check: impl FnMut() -> bool) {
+    assert!(
+        support::eventually(Duration::from_secs(30), check),
+        "{what}\n{}",
+        p.corral.log()
+    );
 }
 
 fn kill(pid: u32) {
@@ -195,16 +226,6 @@ fn kill(pid: u32) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-}
-
-fn is_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit_once(')')
-                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(true)
 }
 
 /// The app is loaded once, by corral's child the preloader; the workers are its children,
@@ -246,11 +267,10 @@ fn forked_workers_serve(lang: Lang) {
     // Killing the preloader: its workers die with it, a new preloader loads the app again
     // and the pool serves from it.
     kill(preloader);
+    wait_until(&p, "no new preloader loaded the app", || {
+        loads(&p).len() >= 2
+    });
     let deadline = Instant::now() + Duration::from_secs(30);
-    while loads(&p).len() < 2 {
-        assert!(Instant::now() < deadline, "{}", p.corral.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let second = loads(&p)[1];
     loop {
         assert!(Instant::now() < deadline, "{}", p.corral.log());
@@ -259,7 +279,7 @@ fn forked_workers_serve(lang: Lang) {
         }
     }
     for &(pid, _, _) in &again {
-        assert!(!is_alive(pid), "worker {pid} outlived its preloader");
+        assert!(!support::alive(pid), "worker {pid} outlived its preloader");
     }
     assert_eq!(parent_of(second), p.corral.pid());
 }
@@ -289,11 +309,9 @@ fn recycling_is_per_worker(lang: Lang) {
     );
     let before = workers(&p, 2);
     let (grown, _, _) = served(&p, "/grow");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while is_alive(grown) {
-        assert!(Instant::now() < deadline, "{}", p.corral.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&p, "the grown worker was not recycled", || {
+        !support::alive(grown)
+    });
     let after = workers(&p, 2);
     let before_pids: BTreeSet<u32> = before.iter().map(|w| w.0).collect();
     let after_pids: BTreeSet<u32> = after.iter().map(|w| w.0).collect();
@@ -321,7 +339,7 @@ fn without_preload_each_worker_loads(lang: Lang) {
         assert!(loads(&p).contains(&pid), "{:?} {seen:?}", loads(&p));
     }
     assert_eq!(loads(&p).len(), 2);
-    assert!(!p.corral.log().contains("preloader"), "{}", p.corral.log());
+    p.corral.assert_absent("preloader");
 }
 
 both!(without_preload_each_worker_loads: wsgi_without_preload_each_worker_loads_the_app, rack_without_preload_each_worker_loads_the_app);
@@ -367,11 +385,10 @@ fn rolling_restart_reloads_the_app(lang: Lang) {
     let before = workers(&p, 2);
     let first = loads(&p)[0];
     p.corral.signal(nix::sys::signal::Signal::SIGUSR2);
+    wait_until(&p, "no new preloader loaded the app", || {
+        loads(&p).len() >= 2
+    });
     let deadline = Instant::now() + Duration::from_secs(30);
-    while loads(&p).len() < 2 {
-        assert!(Instant::now() < deadline, "{}", p.corral.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let second = loads(&p)[1];
     loop {
         assert!(Instant::now() < deadline, "{}", p.corral.log());
@@ -381,14 +398,9 @@ fn rolling_restart_reloads_the_app(lang: Lang) {
             break;
         }
     }
-    while is_alive(first) {
-        assert!(
-            Instant::now() < deadline,
-            "old preloader {first} still runs\n{}",
-            p.corral.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&p, &format!("old preloader {first} still runs"), || {
+        !support::alive(first)
+    });
     assert_eq!(loads(&p).len(), 2, "{}", p.corral.log());
 }
 
@@ -426,14 +438,36 @@ fn a_preloader_that_cannot_load_the_app_is_a_failed_spawn() {
     );
     // The log is read on another thread: the line may trail the answer.
     assert!(corral.wait_log("broken at import"), "{}", corral.log());
-    // Backed off, not hot-looped: a handful of loads in two seconds, and still trying.
-    std::thread::sleep(Duration::from_secs(2));
+    // Backed off, not hot-looped, and still trying: five preloaders, each started at least
+    // its backoff (100 ms doubling per failed spawn; the first failure is two) after the last
+    // one exited.
+    assert!(
+        corral.wait_count("preloader started", 5, Duration::from_secs(30)),
+        "{}",
+        corral.log()
+    );
+    let log = corral.log();
+    let pids: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("preloader started"))
+        .filter_map(|l| l.split(" pid=").nth(1)?.split_whitespace().next())
+        .collect();
+    let pairs: Vec<(String, String)> = (0..4)
+        .map(|k| {
+            (
+                format!("preloader exited pool=app pid={} ", pids[k]),
+                format!("preloader started pool=app pid={} ", pids[k + 1]),
+            )
+        })
+        .collect();
+    support::sync1::assert_backoff_doubles(&support::sync1::gaps(&log, &pairs), 0.1, &log);
     let n = std::fs::read_to_string(loads_dir.join("loads"))
         .unwrap()
         .lines()
         .count();
-    assert!((1..=12).contains(&n), "{n} loads\n{}", corral.log());
-    assert!(is_alive(corral.pid()));
+    // The four that exited had loaded; the fifth may still be loading.
+    assert!((4..=12).contains(&n), "{n} loads\n{}", corral.log());
+    assert!(support::alive(corral.pid()));
 }
 
 /// A preloader that breaks the control protocol is killed and replaced, never believed:
@@ -465,7 +499,7 @@ if start == 1:
     control.send(b"forked 0 %d" % os.getppid())
 elif start == 2:
     control.send(b"\xff" * 300)
-time.sleep(60)
+time.sleep(60)  # from the third start on, silence: the fault under test
 "#,
                 state = state.display()
             ),
@@ -501,7 +535,7 @@ time.sleep(60)
     );
     let r = http(corral.http_addr(), "GET", "/", &[], b"");
     assert!(r.status >= 500, "{} {}", r.status, r.text());
-    assert!(is_alive(corral.pid()));
+    assert!(support::alive(corral.pid()));
     let starts = std::fs::read_to_string(state.join("starts")).unwrap().len();
     assert!(starts >= 3, "{starts}");
 }
@@ -538,12 +572,14 @@ fn launchers_cannot_be_traced_by_their_own_user(lang: Lang) {
         .spawn()
         .unwrap();
     // Once setpriv has become nobody and exec'd sleep.
-    let deadline = Instant::now() + Duration::from_secs(10);
     let comm = format!("/proc/{}/comm", plain.id());
-    while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
-        assert!(Instant::now() < deadline, "sleep never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        support::eventually(Duration::from_secs(10), || std::fs::read_to_string(&comm)
+            .unwrap_or_default()
+            .trim()
+            == "sleep"),
+        "sleep never started"
+    );
     let readable = readable_by_its_own_user(plain.id());
     let _ = plain.kill();
     let _ = plain.wait();
@@ -572,11 +608,17 @@ both!(launchers_cannot_be_traced_by_their_own_user: wsgi_launchers_are_not_dumpa
 /// A graceful stop ends the preloader as it ends workers: SIGTERM, and it exits by itself
 /// (code 0) once its workers are gone, with no SIGKILL.
 fn a_graceful_stop_ends_the_preloader_without_sigkill(lang: Lang) {
-    let p = start(lang, "mode = \"static\"\nmin = 2\nmax = 2");
+    let mut p = start(lang, "mode = \"static\"\nmin = 2\nmax = 2");
     workers(&p, 2);
     p.corral.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(
         p.corral.wait_log("pool stopped: every worker reaped"),
+        "{}",
+        p.corral.log()
+    );
+    // The whole log, to corral's exit: no SIGKILL came later either.
+    assert!(
+        p.corral.wait_exited(Duration::from_secs(10)),
         "{}",
         p.corral.log()
     );

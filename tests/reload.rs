@@ -8,7 +8,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -57,7 +57,11 @@ fn site(dir: &Path) {
     peers::write_file(
         dir,
         "sleep.php",
-        "<?php usleep((int)($_GET['ms'] ?? 100) * 1000); echo getenv('GEN'), ' done';",
+        "<?php if (isset($_GET['tag'])) { $tag = basename($_GET['tag']); \
+         touch(__DIR__ . '/started-' . $tag); \
+         for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/go-' . $tag); $i++) { \
+         usleep(10000); clearstatcache(); } } \
+         usleep((int)($_GET['ms'] ?? 100) * 1000); echo getenv('GEN'), ' done';",
     );
 }
 
@@ -88,6 +92,14 @@ fn generation(corral: &Corral) -> Result<u32, String> {
         .ok_or_else(|| format!("unexpected body {:?}", r.text()))
 }
 
+/// php-cgi workers whose parent is corral.
+fn workers(corral: &Corral) -> usize {
+    support::sync1::children(corral.pid()).len()
+}
+
+/// Requests served between two reloads, at least: the load goes on across every one.
+const PER_RELOAD: u64 = 10;
+
 #[test]
 fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
     let dir = peers::shared_dir();
@@ -97,23 +109,59 @@ fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
     assert_eq!(generation(&corral), Ok(0));
     let corral = Arc::new(corral);
     let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    // Three clients request back to back from before the first reload to after the last.
     let load: Vec<_> = (0..3)
         .map(|_| {
-            let (corral, stop) = (Arc::clone(&corral), Arc::clone(&stop));
+            let (corral, stop, served) =
+                (Arc::clone(&corral), Arc::clone(&stop), Arc::clone(&served));
             thread::spawn(move || {
-                let (mut ok, mut failed) = (0u32, Vec::new());
+                let mut failed = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     match generation(&corral) {
-                        Ok(_) => ok += 1,
+                        Ok(_) => {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(e) => failed.push(e),
                     }
                 }
-                (ok, failed)
+                failed
             })
         })
         .collect();
+    let served_now = || served.load(Ordering::Relaxed);
     let mut took = Vec::new();
+    let mut per_reload = Vec::new();
     for gen in 1..=10u32 {
+        // The load has served its share since the last reload.
+        let since = served_now();
+        assert!(
+            support::eventually(Duration::from_secs(20), || served_now()
+                >= since + PER_RELOAD),
+            "the load stalled before reload {gen}\n{}",
+            corral.log()
+        );
+        // And one request is in flight on the old generation when the signal goes, held
+        // (by a file) until the new generation serves.
+        let tag = format!("g{gen}");
+        let marker = dir.path().join(format!("started-{tag}"));
+        let straddling = {
+            let corral = Arc::clone(&corral);
+            thread::spawn(move || {
+                http(
+                    corral.http_addr(),
+                    "GET",
+                    &format!("/sleep.php?ms=0&tag={tag}"),
+                    &[],
+                    b"",
+                )
+            })
+        };
+        assert!(
+            support::eventually(Duration::from_secs(10), || marker.exists()),
+            "{}",
+            corral.log()
+        );
         // Each reload changes the pool's environment, and every other one its size too.
         let workers = if gen % 2 == 0 { 4 } else { 3 };
         took.push(reload(
@@ -121,6 +169,15 @@ fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
             &config(&run, dir.path(), workers, gen, ""),
             gen as usize,
         ));
+        std::fs::write(dir.path().join(format!("go-g{gen}")), "").unwrap();
+        let r = straddling.join().unwrap();
+        assert_eq!(
+            (r.status, r.text()),
+            (200, format!("{} done", gen - 1)),
+            "the request in flight across reload {gen}\n{}",
+            corral.log()
+        );
+        per_reload.push(served_now() - since);
     }
     // Within a few seconds of the last reload every answer comes from generation 10.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -131,42 +188,32 @@ fn ten_reloads_under_load_fail_nothing_and_end_on_the_newest_generation() {
             _ => newest_in_a_row = 0,
         }
     }
+    // The load goes on after the last reload, too.
+    let last = served_now();
+    let went_on = support::eventually(Duration::from_secs(20), || {
+        served_now() >= last + PER_RELOAD
+    });
     stop.store(true, Ordering::Relaxed);
-    let (mut ok, mut failed) = (0, Vec::new());
+    let mut failed = Vec::new();
     for t in load {
-        let (o, f) = t.join().unwrap();
-        ok += o;
-        failed.extend(f);
+        failed.extend(t.join().unwrap());
     }
+    let ok = served_now();
     assert!(failed.is_empty(), "failed: {failed:?}\n{}", corral.log());
-    // The load overlapped the reloads (each takes some 20-100 ms, so a busy machine serves
-    // a few dozen requests meanwhile; the point is that some were in flight, not how many).
-    assert!(ok > 20, "only {ok} requests served");
+    assert!(went_on, "the load stalled after the last reload");
     assert_eq!(newest_in_a_row, 20, "answers still from older generations");
     // The old generations' workers are gone: 4 php-cgi workers are left.
-    let workers = || {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                    s.rsplit_once(") ")
-                        .and_then(|(_, rest)| rest.split(' ').nth(1))
-                        .and_then(|ppid| ppid.parse::<u32>().ok())
-                        == Some(corral.pid())
-                })
-            })
-            .count()
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while workers() != 4 && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(workers(), 4, "old workers left behind\n{}", corral.log());
+    assert!(
+        support::eventually(Duration::from_secs(10), || workers(&corral) == 4),
+        "old workers left behind: {}\n{}",
+        workers(&corral),
+        corral.log()
+    );
     took.sort();
     eprintln!(
         "reload latency (SIGHUP to the new generation serving, php-cgi pool of 3-4): \
-         min {:?}, median {:?}, max {:?}; {ok} requests served during 10 reloads",
+         min {:?}, median {:?}, max {:?}; {ok} requests served by the load, per reload \
+         interval {per_reload:?}",
         took[0],
         took[took.len() / 2],
         took[took.len() - 1]
@@ -194,10 +241,12 @@ fn a_broken_configuration_keeps_the_running_one_and_is_reported_with_its_positio
     assert!(corral.log().contains(&at), "no {at} in\n{}", corral.log());
     // Still serving, from the running configuration.
     assert_eq!(generation(&corral), Ok(0));
-    assert_eq!(corral.count_log(RELOADED), 0);
-    // And a good file afterwards is taken.
+    // And a good file afterwards is taken, as the first reload applied: the broken one
+    // never was.
     reload(&corral, &config(&run, dir.path(), 1, 2, ""), 1);
     assert_eq!(generation(&corral), Ok(2));
+    let log = corral.mark();
+    assert_eq!(log.matches(RELOADED).count(), 1, "{log}");
     // A configuration that validates but cannot be set up (a listener that cannot be bound)
     // is refused whole: nothing of it serves.
     let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -257,11 +306,11 @@ fn a_reload_adds_one_listener_and_removes_another() {
     assert!(corral.log().contains("pools_kept=1"), "{}", corral.log());
     assert_eq!(get_unix(&b, "/gen.php").unwrap(), 200, "{}", corral.log());
     // The removed listener closed, and its socket file is gone.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while a.exists() && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!a.exists(), "{}", corral.log());
+    assert!(
+        support::eventually(Duration::from_secs(5), || !a.exists()),
+        "{}",
+        corral.log()
+    );
     assert!(get_unix(&a, "/gen.php").is_err());
     // The TCP listener, unchanged, kept serving throughout.
     assert_eq!(generation(&corral), Ok(0));
@@ -290,8 +339,10 @@ root = "{root}"
             root = dir.path().display()
         )
     };
-    let with_other = format!("{}{}", config(&run, dir.path(), 1, 0, ""), second(7));
+    let status = "[status]\naddress = \"127.0.0.1:0\"\n";
+    let with_other = format!("{}{}", config(&run, dir.path(), 1, 0, status), second(7));
     let corral = Arc::new(Corral::start(&with_other, 1));
+    let status = corral.status_ready_addr();
     let host = [("Host", "other.test")];
     assert_eq!(
         http(corral.http_addr(), "GET", "/gen.php", &host, b"")
@@ -302,16 +353,33 @@ root = "{root}"
     );
     // A slow request to the pool that is about to go, and one queued behind it.
     let slow: Vec<_> = (0..2)
-        .map(|_| {
+        .map(|n| {
             let corral = Arc::clone(&corral);
             thread::spawn(move || {
                 let host = [("Host", "other.test")];
-                http(corral.http_addr(), "GET", "/sleep.php?ms=1500", &host, b"")
+                let target = format!("/sleep.php?ms=0&tag=other{n}");
+                http(corral.http_addr(), "GET", &target, &host, b"")
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(300));
+    let queued = || support::server::pool_counter(status, "other", "listen queue");
+    let started = || {
+        (0..2)
+            .filter(|n| dir.path().join(format!("started-other{n}")).exists())
+            .count()
+    };
+    assert!(
+        support::eventually(Duration::from_secs(10), || started() == 1 && queued() == 1),
+        "started {}, queued {}\n{}",
+        started(),
+        queued(),
+        corral.log()
+    );
     reload(&corral, &config(&run, dir.path(), 1, 0, ""), 1);
+    // Both are let go once the pool is retired (each holds until its file exists).
+    for n in 0..2 {
+        std::fs::write(dir.path().join(format!("go-other{n}")), "").unwrap();
+    }
     for t in slow {
         let r = t.join().unwrap();
         assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
@@ -345,6 +413,18 @@ fn corral_reload_validates_then_signals_the_running_corral() {
     let out = support::corral(&["reload", "-c", &path]);
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains(&format!("{path}:1:")), "{out:?}");
-    thread::sleep(Duration::from_millis(300));
-    assert_eq!(corral.count_log("reload requested"), 1);
+    // A good file afterwards is the second reload corral hears of: the broken one reached
+    // it neither as a reload nor as a refused one.
+    std::fs::write(corral.config_path(), config(&run, dir.path(), 1, 6, "")).unwrap();
+    let out = support::corral(&["reload", "-c", &path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        corral.wait_count(RELOADED, 2, Duration::from_secs(30)),
+        "{}",
+        corral.log()
+    );
+    assert_eq!(generation(&corral), Ok(6));
+    assert_eq!(corral.count_log("reload requested"), 2, "{}", corral.log());
+    corral.assert_absent_before("reload refused", "reloaded: the new configuration serves");
+    assert_eq!(corral.count_log("reload refused"), 0, "{}", corral.log());
 }

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::server::{http, Corral};
+use support::sync1::{assert_backoff_doubles, children, gaps};
 use support::{alive, eventually, peers};
 
 /// A config with one http listener and one spawned php-cgi pool described by `pool`.
@@ -44,6 +45,8 @@ fn site(dir: &Path) {
         dir,
         "sleep.php",
         "<?php file_put_contents(__DIR__ . '/started', getmypid()); \
+         if (isset($_GET['hold'])) { for ($i = 0; $i < 3000 && !file_exists(__DIR__ . '/go'); \
+         $i++) { usleep(10000); clearstatcache(); } } \
          usleep((int)($_GET['ms'] ?? 100) * 1000); echo getmypid();",
     );
 }
@@ -55,28 +58,6 @@ fn spawned(pool: &str, edit: impl FnOnce(String) -> String) -> (tempfile::TempDi
     site(dir.path());
     let corral = Corral::start(&edit(config(&dir.path().join("run"), dir.path(), pool)), 1);
     (dir, corral)
-}
-
-/// Pids of the live processes whose parent is `parent`.
-fn children(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The fields after the command name (which may hold spaces) start at the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() != Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 /// The summed PSS of the process trees of `pids`.
@@ -120,7 +101,7 @@ fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
         .text()
         .parse()
         .unwrap();
-    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=3000", &[], b""));
+    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?hold&ms=0", &[], b""));
     // The script writes this file when it starts, so the kill lands mid-request.
     let started = dir.path().join("started");
     assert!(eventually(Duration::from_secs(5), || started.exists()));
@@ -141,7 +122,13 @@ fn a_worker_killed_mid_request_fails_that_request_only_and_is_replaced() {
         r.status == 200
     }));
     assert_ne!(new_pid.unwrap(), pid.to_string());
-    assert!(corral.wait_log("killed by signal") || corral.wait_log("was killed by signal"));
+    // corral saw the kill for what it was (by then the failed request is no longer
+    // counted in flight: its failure came first and marked the worker broken).
+    assert!(
+        corral.wait_log("worker 0 killed by signal SIGKILL unexpectedly"),
+        "{}",
+        corral.log()
+    );
 }
 
 #[test]
@@ -149,7 +136,7 @@ fn request_timeout_answers_504_and_replaces_the_worker() {
     let (_dir, corral) = spawned("mode = \"static\"\nmin = 1\nmax = 1\nrequest_timeout = \"500ms\"\nfirst_byte_timeout = \"500ms\"", |c| c);
     let addr = corral.http_addr();
     let before = http(addr, "GET", "/pid.php", &[], b"").text();
-    let r = http(addr, "GET", "/sleep.php?ms=5000", &[], b"");
+    let r = http(addr, "GET", "/sleep.php?hold&ms=0", &[], b"");
     assert_eq!(r.status, 504, "{}", corral.log());
     let mut after = String::new();
     assert!(
@@ -167,8 +154,24 @@ fn request_timeout_answers_504_and_replaces_the_worker() {
 
 #[test]
 fn an_ondemand_pool_starts_on_the_first_request_and_goes_back_to_zero() {
-    let (_dir, corral) = spawned("mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"", |c| c);
-    assert!(children(corral.pid()).is_empty());
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let notify = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    let notify = notify.display().to_string();
+    let corral = Corral::start_after(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "mode = \"ondemand\"\nmax = 2\nidle_timeout = \"1s\"",
+        ),
+        1,
+        "",
+        &[("NOTIFY_SOCKET", notify.as_str())],
+    );
+    // Ready (the pool has started, with its `min` of 0 workers), and none spawned.
+    support::notify_until(&socket, "READY=1", Duration::from_secs(20));
+    assert!(children(corral.pid()).is_empty(), "{}", corral.log());
     let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
     assert!(!children(corral.pid()).is_empty());
@@ -189,14 +192,16 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
     let load: Vec<_> = (0..8)
         .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=400", &[], b"").status))
         .collect();
+    // Sampled until the last of the 8 requests (400 ms each, against one worker) is done.
     let mut most = 0;
     let mut peak_pss = 0;
-    for _ in 0..20 {
+    let done = eventually(Duration::from_secs(20), || {
         let workers = children(corral.pid());
         most = most.max(workers.len());
         peak_pss = peak_pss.max(pss_of(&workers));
-        thread::sleep(Duration::from_millis(50));
-    }
+        load.iter().all(thread::JoinHandle::is_finished)
+    });
+    assert!(done, "the load did not finish\n{}", corral.log());
     assert!(load.into_iter().all(|h| h.join().unwrap() == 200));
     assert!(most >= 2, "the pool never grew: {most}\n{}", corral.log());
     assert!(
@@ -215,20 +220,39 @@ fn a_dynamic_pool_grows_under_load_and_shrinks_to_min_when_idle() {
 
 #[test]
 fn sigterm_under_load_completes_every_accepted_request() {
-    let (dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| c);
+    let (dir, corral) = spawned("mode = \"static\"\nmin = 2\nmax = 2", |c| {
+        c.replace(
+            "[[listen]]",
+            "[status]\naddress = \"127.0.0.1:0\"\n\n[[listen]]",
+        )
+    });
     let addr = corral.http_addr();
+    let status = corral.status_ready_addr();
+    // Each holds its worker until the test writes `go`.
     let load: Vec<_> = (0..6)
-        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?ms=500", &[], b"").status))
+        .map(|_| thread::spawn(move || http(addr, "GET", "/sleep.php?hold&ms=0", &[], b"").status))
         .collect();
-    let started = dir.path().join("started");
-    assert!(eventually(Duration::from_secs(5), || started.exists()));
-    // Every client has connected and sent its request by now (they started together).
-    thread::sleep(Duration::from_millis(100));
+    // All six are corral's: two in flight on the two workers, four in the queue.
+    let counter = |name| support::server::pool_counter(status, "php", name);
+    assert!(
+        eventually(Duration::from_secs(10), || counter("in flight")
+            + counter("listen queue")
+            == 6),
+        "{}",
+        corral.log()
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(corral.pid() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
+    // The stop has begun with all six still in flight or queued; then they may finish.
+    assert!(
+        corral.wait_log("stopping: no longer accepting"),
+        "{}",
+        corral.log()
+    );
+    std::fs::write(dir.path().join("go"), "").unwrap();
     let statuses: Vec<u16> = load.into_iter().map(|h| h.join().unwrap()).collect();
     assert!(
         statuses.iter().all(|&s| s == 200),
@@ -292,14 +316,14 @@ fn a_leaking_worker_is_recycled_by_max_memory_while_requests_succeed() {
     );
     let addr = corral.http_addr();
     let mut pids = std::collections::BTreeSet::new();
-    for n in 0..60 {
+    // Back to back until another worker answers (each request grows the first by 1 MB).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut n = 0;
+    while pids.len() < 2 && tokio::time::Instant::now() < deadline {
         let r = http(addr, "GET", &format!("/leak.php?n={n}"), &[], b"");
         assert_eq!(r.status, 200, "request {n}: {}", corral.log());
         pids.insert(r.text());
-        if pids.len() > 1 {
-            break;
-        }
-        thread::sleep(Duration::from_millis(60));
+        n += 1;
     }
     assert!(pids.len() > 1, "never recycled: {pids:?}\n{}", corral.log());
     assert!(corral.wait_log("exceeded max_memory"), "{}", corral.log());
@@ -339,12 +363,34 @@ fn a_crashing_command_is_throttled_not_hot_looped() {
         },
     );
     assert!(corral.wait_log("spawns are throttled"), "{}", corral.log());
-    let spawns = corral.log().matches("worker started").count();
-    // Backoff doubles from 100 ms: five crashes take about 1.5 s, not thousands of spawns.
-    assert!(spawns < 40, "{spawns} spawns");
     // Requests meanwhile get a clear 503, not a hang.
     let r = http(corral.http_addr(), "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 503);
+    // Six crashes: the five gaps from a crash to the next spawn are the backoff, doubling
+    // from 100 ms (100, 200, 400, 800, 1600 ms; a gap may only be longer, by up to the
+    // periodic check's step, or by a loaded machine).
+    assert!(
+        corral.wait_count("exited with code 3", 6, Duration::from_secs(20)),
+        "{}",
+        corral.log()
+    );
+    let log = corral.log();
+    let pairs: Vec<(String, String)> = (0..5)
+        .map(|n| {
+            (
+                format!("worker {n} exited with code 3"),
+                format!("worker started pool=php key=worker {}", n + 1),
+            )
+        })
+        .collect();
+    assert_backoff_doubles(&gaps(&log, &pairs), 0.1, &log);
+    // Not thousands of spawns either: one per crash, none between.
+    let spawns = corral.count_log("worker started pool=php key=");
+    let crashes = corral.count_log("exited with code 3");
+    assert!(
+        spawns <= crashes + 1,
+        "{spawns} spawns for {crashes} crashes"
+    );
 }
 
 #[test]
@@ -353,7 +399,7 @@ fn sigint_stops_at_once_and_takes_the_workers_along() {
         c.replace(r#"grace = "5s""#, r#"grace = "30s""#)
     });
     let addr = corral.http_addr();
-    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?ms=20000", &[], b"").status);
+    let slow = thread::spawn(move || http(addr, "GET", "/sleep.php?hold&ms=0", &[], b"").status);
     let started = dir.path().join("started");
     assert!(eventually(Duration::from_secs(5), || started.exists()));
     let workers = children(corral.pid());
@@ -362,7 +408,8 @@ fn sigint_stops_at_once_and_takes_the_workers_along() {
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
-    // Well before the 30 s grace and the 20 s request: the fast stop does not wait.
+    // Well before the 30 s grace and the end of the held request: the fast stop does not
+    // wait.
     assert!(
         corral.wait_log("pool stopped: every worker reaped"),
         "{}",
@@ -385,15 +432,18 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
         == 3));
     let before: std::collections::BTreeSet<u32> = children(corral.pid()).into_iter().collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let load: Vec<_> = (0..4)
         .map(|_| {
             let stop = std::sync::Arc::clone(&stop);
+            let served = std::sync::Arc::clone(&served);
             thread::spawn(move || {
                 let (mut ok, mut failed) = (0u32, Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let r = http(addr, "GET", "/sleep.php?ms=10", &[], b"");
                     if r.status == 200 {
                         ok += 1;
+                        served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     } else {
                         failed.push(r.status);
                     }
@@ -402,7 +452,14 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(500));
+    let served_now = || served.load(std::sync::atomic::Ordering::Relaxed);
+    // The load runs before the signal, and goes on after the last worker was replaced.
+    assert!(
+        eventually(Duration::from_secs(10), || served_now() >= 20),
+        "{}",
+        corral.log()
+    );
+    let at_signal = served_now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(corral.pid() as i32),
         nix::sys::signal::Signal::SIGUSR2,
@@ -413,7 +470,8 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
         let now = children(corral.pid());
         now.len() == 3 && now.iter().all(|p| !before.contains(p))
     });
-    thread::sleep(Duration::from_millis(300));
+    let at_replaced = served_now();
+    let went_on = eventually(Duration::from_secs(10), || served_now() >= at_replaced + 20);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (mut ok, mut failed) = (0, Vec::new());
     for t in load {
@@ -428,7 +486,10 @@ fn sigusr2_under_load_replaces_every_worker_without_a_failed_request() {
         corral.log()
     );
     assert!(failed.is_empty(), "failed: {failed:?}\n{}", corral.log());
-    assert!(ok > 50, "only {ok} requests served");
+    assert!(
+        went_on && at_replaced > at_signal,
+        "served {at_signal} before the signal, {at_replaced} by the replacement, {ok} in all"
+    );
     assert!(corral.wait_log("rolling restart"));
 }
 

@@ -15,6 +15,7 @@ pub mod lsapi;
 pub mod matrix;
 pub mod peers;
 pub mod server;
+pub mod sync1;
 pub mod sync2;
 pub mod weak;
 

@@ -7,6 +7,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -15,6 +16,10 @@ use super::CORRAL;
 
 /// How long corral may take to bind its listeners.
 const START: Duration = Duration::from_secs(20);
+
+/// What corral logs when SIGUSR1 reaches it: it reopens the access and slow-request logs
+/// (src/signals.rs) and changes nothing else, so a test can have it log a line at will.
+pub const MARK: &str = "reopening the request logs";
 
 /// A running corral: killed and reaped when dropped.
 pub struct Corral {
@@ -25,6 +30,8 @@ pub struct Corral {
     pub listeners: Vec<String>,
     /// Their protocols as logged (`Http`, `Fastcgi`, `Scgi`, `status`), in the same order.
     pub protocols: Vec<String>,
+    /// Set once corral's stderr reached its end: every line it will ever log is in `log`.
+    closed: Arc<AtomicBool>,
     _config: tempfile::NamedTempFile,
 }
 
@@ -89,7 +96,10 @@ impl Corral {
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = Arc::clone(&log);
+        let closed = Arc::new(AtomicBool::new(false));
+        let eof = Arc::clone(&closed);
         thread::spawn(move || {
+            let _eof = SetOnDrop(eof);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains(" listening ") {
                     if let Some(addr) = field(&line, "listener=") {
@@ -127,6 +137,7 @@ impl Corral {
             log,
             listeners,
             protocols,
+            closed,
             _config: file,
         }
     }
@@ -214,6 +225,95 @@ impl Corral {
         }
         false
     }
+}
+
+/// Negative checks: a line that is absent may only not have been read yet (the log is read
+/// on another thread), or its event may still be coming. These look at the log only up to a
+/// line corral wrote later, so what they do not find was not logged before it.
+impl Corral {
+    /// Makes corral log [`MARK`] now (SIGUSR1) and waits (5 s at most) until that line is
+    /// read; gives the log up to it. Every line corral wrote before the signal is in it.
+    /// The line is at `info`: a configuration with `log_level = "warn"` cannot be marked.
+    pub fn mark(&self) -> String {
+        let n = self.count_log(MARK);
+        self.signal(nix::sys::signal::Signal::SIGUSR1);
+        assert!(
+            self.wait_count(MARK, n + 1, Duration::from_secs(5)),
+            "corral did not log {MARK:?} on SIGUSR1:\n{}",
+            self.log()
+        );
+        let log = self.log();
+        let end = log
+            .match_indices(MARK)
+            .nth(n)
+            .map_or(log.len(), |(at, _)| at);
+        log[..end].to_owned()
+    }
+
+    /// Asserts that corral logged no line containing `needle` before now: checked on the
+    /// log up to a [`Corral::mark`] made after the call.
+    pub fn assert_absent(&self, needle: &str) {
+        let log = self.mark();
+        assert!(!log.contains(needle), "{needle:?} in the log:\n{log}");
+    }
+
+    /// Asserts that no line before the first one containing `marker` contains `needle`;
+    /// waits (5 s at most) for `marker`, a line the test made corral log after the event
+    /// that would have logged `needle`.
+    pub fn assert_absent_before(&self, needle: &str, marker: &str) {
+        assert!(self.wait_log(marker), "no {marker:?} in:\n{}", self.log());
+        let log = self.log();
+        let end = log.find(marker).unwrap_or(log.len());
+        assert!(
+            !log[..end].contains(needle),
+            "{needle:?} before {marker:?} in the log:\n{log}"
+        );
+    }
+
+    /// Waits (`within` at most) until corral has exited and its log is complete (its
+    /// standard error closed, in every process that shared it); whether it was.
+    pub fn wait_exited(&mut self, within: Duration) -> bool {
+        let step = Duration::from_millis(10);
+        let mut waited = Duration::ZERO;
+        loop {
+            let exited = matches!(self.child.try_wait(), Ok(Some(_)));
+            if exited && self.closed.load(Ordering::Acquire) {
+                return true;
+            }
+            if waited >= within {
+                return false;
+            }
+            thread::sleep(step);
+            waited += step;
+        }
+    }
+}
+
+/// Sets its flag when dropped: when the log reader ends, also by a panic.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// One counter of the first pool named `pool` on the status listener at `status`, from its
+/// JSON page (`/status?json`, php-fpm's names: "listen queue", "in flight", "accepted conn").
+pub fn pool_counter(status: SocketAddr, pool: &str, name: &str) -> u64 {
+    let page = http(status, "GET", "/status?json", &[], b"").text();
+    let row = page
+        .split("{\"pool\":")
+        .find(|row| row.starts_with(&format!("\"{pool}\"")))
+        .unwrap_or_else(|| panic!("no pool {pool} on the status page: {page}"));
+    let key = format!("\"{name}\":");
+    row.split(&key)
+        .nth(1)
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no counter {name:?} for pool {pool}: {page}"))
 }
 
 impl Drop for Corral {
