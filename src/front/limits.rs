@@ -71,6 +71,9 @@ const FALLBACK_NOFILE: u64 = 1024;
 
 /// Sentinel for "no time" in the atomics below.
 const NONE: u64 = u64::MAX;
+/// Shortest sleep of the watch while a request is handled (with tiny configured timeouts it
+/// would otherwise wake over and over for nothing).
+const BUSY_RECHECK_MIN: Duration = Duration::from_millis(100);
 /// At most one refused/evicted log line per this interval.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -249,17 +252,19 @@ impl ConnState {
             if evicted && self.is_idle() {
                 return Expired::Evicted;
             }
-            let deadline = self.deadline(&t).map(|(at, _)| at);
-            if let Some(at) = deadline {
-                let at_ms = ms(at.saturating_duration_since(self.epoch));
-                self.armed.store(at_ms, Ordering::SeqCst);
-            }
-            let expiry = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
+            // While a request is handled there is no deadline, but the watch still sleeps
+            // until a time no later than any deadline the connection can get next (a head's
+            // or an idle wait's, both counted from a moment after now): sleeping "until woken"
+            // instead made every request wake it twice, at its first byte and at its end.
+            let at = match self.deadline(&t) {
+                Some((at, _)) => at,
+                None => Instant::now() + t.header.min(t.idle).max(BUSY_RECHECK_MIN),
             };
+            self.armed.store(
+                ms(at.saturating_duration_since(self.epoch)),
+                Ordering::SeqCst,
+            );
+            let expiry = tokio::time::sleep_until(at);
             tokio::select! {
                 () = changed => {}
                 () = self.evicted.cancelled(), if !evicted => {}
