@@ -586,6 +586,16 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 /// Checks `vars` against the parameter-block limits a responder will apply to them; the byte
 /// total is the sum of name and value lengths (framing overhead is the encoder's to check).
 fn check_limits(vars: &CgiParams, limits: &Limits) -> Result<(), CgiError> {
+    if vars.len() <= limits.max_params_count
+        && vars.within(
+            limits.max_name_len,
+            limits.max_value_len,
+            limits.max_params_bytes,
+        )
+    {
+        return Ok(());
+    }
+    // Over some limit: find which, to name it.
     if vars.len() > limits.max_params_count {
         return Err(CgiError::TooManyVars {
             count: vars.len(),

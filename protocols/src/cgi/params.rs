@@ -20,6 +20,11 @@ const MAX_FIELD_LEN: usize = 0x7fff_ffff;
 pub struct CgiParams {
     buf: Vec<u8>,
     count: usize,
+    /// The longest name and value, and the sum of all name and value lengths, kept as pairs
+    /// are appended, so the limits are checked without walking the pairs again.
+    longest_name: usize,
+    longest_value: usize,
+    total: usize,
 }
 
 impl std::fmt::Debug for CgiParams {
@@ -33,6 +38,7 @@ impl std::fmt::Debug for CgiParams {
     }
 }
 
+#[inline]
 fn put_len(buf: &mut Vec<u8>, len: usize) {
     if len < 0x80 {
         buf.push(len as u8);
@@ -76,7 +82,7 @@ impl CgiParams {
     pub fn with_capacity(bytes: usize) -> CgiParams {
         CgiParams {
             buf: Vec::with_capacity(bytes),
-            count: 0,
+            ..CgiParams::default()
         }
     }
 
@@ -95,7 +101,23 @@ impl CgiParams {
         &self.buf
     }
 
+    /// Counts one appended pair.
+    #[inline]
+    fn note(&mut self, name_len: usize, value_len: usize) {
+        self.count += 1;
+        self.longest_name = self.longest_name.max(name_len);
+        self.longest_value = self.longest_value.max(value_len);
+        self.total = self.total.saturating_add(name_len + value_len);
+    }
+
+    /// Whether every name, every value and all of them together are within `names`,
+    /// `values` and `total` bytes, without walking the pairs.
+    pub(crate) fn within(&self, names: usize, values: usize, total: usize) -> bool {
+        self.longest_name <= names && self.longest_value <= values && self.total <= total
+    }
+
     /// Appends a variable.
+    #[inline]
     pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), CgiError> {
         check_lens(name, value.len())?;
         self.buf.reserve(name.len() + value.len() + 8);
@@ -103,7 +125,7 @@ impl CgiParams {
         put_len(&mut self.buf, value.len());
         self.buf.extend_from_slice(name);
         self.buf.extend_from_slice(value);
-        self.count += 1;
+        self.note(name.len(), value.len());
         Ok(())
     }
 
@@ -126,7 +148,7 @@ impl CgiParams {
             }
             self.buf.extend_from_slice(part);
         }
-        self.count += 1;
+        self.note(name.len(), len);
         Ok(())
     }
 
@@ -153,7 +175,7 @@ impl CgiParams {
         self.buf.extend_from_slice(prefix);
         self.buf.extend(tail.iter().map(|&c| map(c)));
         self.buf.extend_from_slice(value);
-        self.count += 1;
+        self.note(name_len, value.len());
         Ok(())
     }
 
@@ -276,12 +298,29 @@ mod tests {
     }
 
     #[test]
+    fn the_running_lengths_are_those_of_the_pairs() {
+        let mut p = CgiParams::from_pairs(&[("NAME", "value"), ("LONGER_NAME", "v")]).unwrap();
+        p.push_joined(b"J", &[b"ab", b"cd"], b"/").unwrap();
+        p.push_mapped_name(b"HTTP_", b"x-y", |c| c.to_ascii_uppercase(), b"1234567")
+            .unwrap();
+        p.set(b"NAME", b"a much longer value").unwrap();
+        let longest_name = p.iter().map(|(n, _)| n.len()).max().unwrap();
+        let longest_value = p.iter().map(|(_, v)| v.len()).max().unwrap();
+        let total: usize = p.iter().map(|(n, v)| n.len() + v.len()).sum();
+        assert!(p.within(longest_name, longest_value, total));
+        assert!(!p.within(longest_name - 1, longest_value, total));
+        assert!(!p.within(longest_name, longest_value - 1, total));
+        assert!(!p.within(longest_name, longest_value, total - 1));
+    }
+
+    #[test]
     fn a_truncated_buffer_ends_the_walk_without_panicking() {
         let p = CgiParams::from_pairs(&[("NAME", "value")]).unwrap();
         for cut in 0..p.encoded().len() {
             let q = CgiParams {
                 buf: p.encoded()[..cut].to_vec(),
                 count: 1,
+                ..CgiParams::default()
             };
             assert_eq!(q.iter().count(), 0, "cut at {cut}");
         }
