@@ -345,6 +345,38 @@ impl CgiResponseDecoder {
 
     /// Checks one header line (without its line ending) found at offset `at`.
     fn line(&mut self, line: &[u8], at: usize) -> Result<(), CgiResponseError> {
+        let (colon, value) = match well_formed(line) {
+            Some(parts) => parts,
+            None => self.line_error(line)?,
+        };
+        let name = line.get(..colon).unwrap_or_default();
+        let raw_value = line.get(colon + 1..).unwrap_or_default();
+        let value_bytes = raw_value.get(value.clone()).unwrap_or_default();
+        // Ranges relative to the value are moved to offsets in the whole head.
+        let shift = |r: Range<usize>| r.start + at + colon + 1..r.end + at + colon + 1;
+        if name.eq_ignore_ascii_case(b"status") {
+            if self.status.is_some() {
+                return Err(CgiResponseError::DuplicateStatus);
+            }
+            let (code, reason) = parse_status(value_bytes)?;
+            let base = value.start;
+            self.status = Some((code, shift(reason.start + base..reason.end + base)));
+            return Ok(());
+        }
+        if name.eq_ignore_ascii_case(b"location") {
+            if std::mem::replace(&mut self.location_seen, true) {
+                return Err(CgiResponseError::DuplicateLocation);
+            }
+            check_location(value_bytes)?;
+        }
+        self.fields.push(at..at + colon, shift(value));
+        Ok(())
+    }
+
+    /// The checks of a header line one by one, in the order their errors take precedence,
+    /// for a line [`well_formed`] refused: the error that names what is wrong. (Returns the
+    /// parts should the line pass them all, which `well_formed` rules out.)
+    fn line_error(&self, line: &[u8]) -> Result<(usize, Range<usize>), CgiResponseError> {
         let n = self.lines;
         if line.contains(&b'\r') {
             return Err(CgiResponseError::BareCr { line: n });
@@ -370,25 +402,7 @@ impl CgiResponseDecoder {
                 name: snippet(name),
             });
         }
-        // Ranges relative to the value are moved to offsets in the whole head.
-        let shift = |r: Range<usize>| r.start + at + colon + 1..r.end + at + colon + 1;
-        if name.eq_ignore_ascii_case(b"status") {
-            if self.status.is_some() {
-                return Err(CgiResponseError::DuplicateStatus);
-            }
-            let (code, reason) = parse_status(value_bytes)?;
-            let base = value.start;
-            self.status = Some((code, shift(reason.start + base..reason.end + base)));
-            return Ok(());
-        }
-        if name.eq_ignore_ascii_case(b"location") {
-            if std::mem::replace(&mut self.location_seen, true) {
-                return Err(CgiResponseError::DuplicateLocation);
-            }
-            check_location(value_bytes)?;
-        }
-        self.fields.push(at..at + colon, shift(value));
-        Ok(())
+        Ok((colon, value))
     }
 
     fn build(&self, head: &Bytes) -> CgiResponseHead {
@@ -422,6 +436,30 @@ fn trim_ows(value: &[u8]) -> Range<usize> {
 
 fn is_token(b: &[u8]) -> bool {
     crate::cgi::is_token(b)
+}
+
+/// A header line in one pass, for the usual line that breaks no rule: a non-empty token,
+/// `:`, then field-value bytes. The colon's offset and the value's range (relative to what
+/// follows the colon, without surrounding spaces and tabs, as [`trim_ows`] gives it);
+/// `None` when any rule is broken, and [`CgiResponseDecoder::line_error`] says which.
+fn well_formed(line: &[u8]) -> Option<(usize, Range<usize>)> {
+    let colon = line.iter().position(|&c| !crate::cgi::is_tchar(c))?;
+    if colon == 0 || line.get(colon) != Some(&b':') {
+        return None;
+    }
+    let raw_value = line.get(colon + 1..)?;
+    let (mut start, mut end) = (raw_value.len(), 0);
+    for (i, &c) in raw_value.iter().enumerate() {
+        if c == b' ' || c == b'\t' {
+            continue;
+        }
+        if c < b' ' || c == 0x7f {
+            return None;
+        }
+        start = start.min(i);
+        end = i + 1;
+    }
+    Some((colon, start..end.max(start)))
 }
 
 /// Whether every byte is allowed in a field value (RFC 9110 §5.5: no controls but HTAB).
@@ -524,3 +562,7 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
     dst.put_slice(b"\r\n");
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "cgi_response_tests.rs"]
+mod tests;
