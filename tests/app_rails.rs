@@ -534,8 +534,9 @@ fn a_gemfile_naming_a_missing_gem_is_reported_and_answered_with_a_gateway_error(
 
 /// Summed PSS of a Rails pool's processes (the workers, and with preload the preloader),
 /// for 2, 4 and 8 workers with `preload` on and off, each pool in a corral of its own on the
-/// fixture's app. Printed for the record (issue 12's targets are Passenger's figures on the
-/// same app: benches/RESULTS.md); asserted lower with preload on.
+/// fixture's app. Printed for the record (the comparison with Passenger on a real app is
+/// benches/launchers.sh's, which writes its own section of benches/RESULTS.md); asserted
+/// lower with preload on.
 #[test]
 fn preloading_rails_shares_memory_between_workers() {
     let f = fixture();
