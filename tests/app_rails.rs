@@ -534,9 +534,9 @@ fn a_gemfile_naming_a_missing_gem_is_reported_and_answered_with_a_gateway_error(
 
 /// Summed PSS of a Rails pool's processes (the workers, and with preload the preloader),
 /// for 2, 4 and 8 workers with `preload` on and off, each pool in a corral of its own on the
-/// fixture's app. Printed for the record (the comparison with Passenger on a real app is
-/// benches/launchers.sh's, which writes its own section of benches/RESULTS.md); asserted
-/// lower with preload on.
+/// fixture's app. Printed for the record (benches/launchers.sh measures PSS beside
+/// Passenger's, on hello world, in its own section of benches/RESULTS.md); asserted lower
+/// with preload on.
 #[test]
 fn preloading_rails_shares_memory_between_workers() {
     let f = fixture();
