@@ -960,13 +960,16 @@ module CorralRack
     end
     rack = defined?(Rack.release) ? "rack #{Rack.release}" : 'no rack gem'
     bundled = gemfile ? ", bundle #{gemfile}" : ''
+    unless preloading
+      # Traps first: a SIGTERM sent as soon as the log says "serving" finds them set.
+      server = Server.new(app, version)
+      server.trap_signals
+    end
     log("#{preloading ? 'preloaded' : 'serving'} #{argv[0]} (Ruby #{RUBY_VERSION} at #{RbConfig.ruby}, #{rack}#{bundled}, pid #{Process.pid})")
     if preloading
       Preloader.run(app, version, socket)
       return 0
     end
-    server = Server.new(app, version)
-    server.trap_signals
     server.run(socket)
     0
   end
