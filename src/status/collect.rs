@@ -82,6 +82,10 @@ pub struct StatusSource {
     /// [`crate::status::history::sample`] where that runs (beside the status listener),
     /// empty otherwise.
     pub history: std::sync::Arc<crate::status::history::History>,
+    /// Cancelled when a graceful stop begins: `/ready` answers 503 from then on, while
+    /// `/ping` keeps answering (readiness, not liveness). Never cancelled where nothing
+    /// stops the listener (a FastCGI listener's `status_path`).
+    pub stopping: tokio_util::sync::CancellationToken,
     /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
     /// reading walks /proc for the worker's process tree, and a scraper asking every second
     /// for sixteen workers would otherwise pay that walk each time.
@@ -101,6 +105,7 @@ impl StatusSource {
             started: SystemTime::now(),
             connections: Vec::new(),
             history: std::sync::Arc::default(),
+            stopping: tokio_util::sync::CancellationToken::new(),
             pss_cache: std::sync::Arc::default(),
         }
     }
