@@ -195,6 +195,7 @@ pub async fn run(
         notifier: Arc::clone(&notifier),
         shards,
         next_queue: 0,
+        backlogs: Arc::default(),
     };
     for bound in listeners {
         let sockets = serving.sockets(bound.listener, &bound.config)?;
@@ -206,6 +207,7 @@ pub async fn run(
         let mut source = status::collect::StatusSource::new();
         source.connections = vec![Arc::clone(&serving.admission), Arc::clone(&admission)];
         source.stopping = stopping.clone();
+        source.backlogs = Arc::clone(&serving.backlogs);
         let source = Arc::new(source);
         // The sparklines' history, sampled beside the listener that serves it.
         status_tasks.spawn(status::history::sample(
@@ -378,6 +380,8 @@ struct Serving {
     shards: Option<Shards>,
     /// Where the next listener's first accept queue goes (`sockets`).
     next_queue: usize,
+    /// The listeners' kernel accept queues, for status.
+    backlogs: Arc<crate::front::backlog::Backlogs>,
 }
 
 impl Serving {
@@ -434,6 +438,13 @@ impl Serving {
                 announce,
             )
         };
+        match &listener {
+            Sockets::Shared(l) => self.backlogs.add(config.protocol, std::slice::from_ref(l)),
+            Sockets::Parked { queues, .. } => {
+                let queues: Vec<_> = queues.iter().map(|(_, l)| Arc::clone(l)).collect();
+                self.backlogs.add(config.protocol, &queues);
+            }
+        }
         match (&listener, &self.shards) {
             (Sockets::Shared(l), _) => {
                 self.accepting.spawn(accept(Arc::clone(l), true));

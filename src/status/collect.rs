@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{Backend, PoolConfig, Sizing};
 use crate::gateway::Gateway;
-use crate::pool::slots::{SlotStats, WorkerCounts, WorkerId};
+use crate::pool::slots::{SlotAges, SlotStats, WorkerCounts, WorkerId};
 use crate::pool::state::{PoolStatus, WorkerKey, WorkerState};
 use crate::process;
 use crate::status::counters::{HistogramSnapshot, RequestSnapshot};
@@ -86,6 +86,8 @@ pub struct StatusSource {
     /// `/ping` keeps answering (readiness, not liveness). Never cancelled where nothing
     /// stops the listener (a FastCGI listener's `status_path`).
     pub stopping: tokio_util::sync::CancellationToken,
+    /// The front listeners, whose kernel accept queues status reports.
+    pub backlogs: std::sync::Arc<crate::front::backlog::Backlogs>,
     /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
     /// reading walks /proc for the worker's process tree, and a scraper asking every second
     /// for sixteen workers would otherwise pay that walk each time.
@@ -106,6 +108,7 @@ impl StatusSource {
             connections: Vec::new(),
             history: std::sync::Arc::default(),
             stopping: tokio_util::sync::CancellationToken::new(),
+            backlogs: std::sync::Arc::default(),
             pss_cache: std::sync::Arc::default(),
         }
     }
@@ -148,6 +151,8 @@ pub struct PoolReport {
     pub info: PoolInfo,
     /// The slot table now.
     pub slots: SlotStats,
+    /// How long the oldest request in flight and the oldest waiting one have been so.
+    pub ages: SlotAges,
     /// The gateway's request counters now.
     pub requests: RequestSnapshot,
     /// Time waited for a slot.
@@ -277,6 +282,7 @@ pub fn collect(
             PoolReport {
                 info,
                 slots: p.slots.stats(),
+                ages: p.slots.ages(),
                 requests: p.requests.snapshot(),
                 queue_wait: p.requests.queue_wait.snapshot(),
                 connect: p.requests.connect.snapshot(),

@@ -167,6 +167,12 @@ pub fn answer(
         );
     }
     let now = SystemTime::now();
+    // The front listeners' accept queues, on pages about every pool.
+    let listeners = if q.pool.is_none() && !q.history {
+        source.backlogs.read()
+    } else {
+        Vec::new()
+    };
     if path == "/metrics" || q.openmetrics {
         return reply(
             StatusCode::OK,
@@ -179,6 +185,7 @@ pub fn answer(
                     .iter()
                     .map(|a| a.snapshot())
                     .collect::<Vec<_>>(),
+                &listeners,
             ),
         );
     }
@@ -187,14 +194,19 @@ pub fn answer(
         return reply(StatusCode::OK, "application/json", body);
     }
     if q.json {
-        let body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
+        let body = render::json(
+            &pools,
+            &listeners,
+            source.started,
+            now,
+            q.full,
+            q.pool.is_some(),
+        );
         return reply(StatusCode::OK, "application/json", body);
     }
-    reply(
-        StatusCode::OK,
-        "text/plain; charset=utf-8",
-        render::text(&pools, source.started, now, q.full),
-    )
+    let mut body = render::text(&pools, source.started, now, q.full);
+    body.push_str(&render::listeners_text(&listeners));
+    reply(StatusCode::OK, "text/plain; charset=utf-8", body)
 }
 
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Whole> {
