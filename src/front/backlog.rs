@@ -121,7 +121,7 @@ impl Backlogs {
             e.sockets.retain(|(_, _, l)| l.strong_count() > 0);
         }
         entries.retain(|e| !e.sockets.is_empty());
-        let mut dumps: HashMap<Family, Option<HashMap<u64, (u64, u64)>>> = HashMap::new();
+        let mut dumps: HashMap<Family, Option<Queues>> = HashMap::new();
         for e in entries.iter() {
             for (family, _, _) in &e.sockets {
                 dumps
@@ -161,6 +161,9 @@ impl Backlogs {
     }
 }
 
+/// The listening sockets of one family: inode → (accept queue length, its maximum).
+type Queues = HashMap<u64, (u64, u64)>;
+
 /// `SOCK_DIAG_BY_FAMILY` (linux/sock_diag.h).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `NLM_F_REQUEST | NLM_F_DUMP` (linux/netlink.h).
@@ -187,7 +190,7 @@ const INET_INODE_AT: usize = 68;
 const MAX_DUMP: usize = 4 << 20;
 
 /// The listening sockets of `family`: inode → (accept queue length, its maximum).
-fn listening(family: Family) -> std::io::Result<HashMap<u64, (u64, u64)>> {
+fn listening(family: Family) -> std::io::Result<Queues> {
     let fd = socket::socket(
         AddressFamily::Netlink,
         SockType::Datagram,
@@ -247,7 +250,7 @@ fn request_body(family: Family) -> Vec<u8> {
     }
 }
 
-fn read_dump(fd: &OwnedFd, family: Family) -> std::io::Result<HashMap<u64, (u64, u64)>> {
+fn read_dump(fd: &OwnedFd, family: Family) -> std::io::Result<Queues> {
     let mut out = HashMap::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0usize;

@@ -178,7 +178,8 @@ fn connections(out: &mut String, tables: &[AdmissionSnapshot]) {
 /// The front listeners' kernel accept queues: one sample per listener, labelled by its
 /// address and protocol (none where the kernel could not be asked).
 fn accept_queues(out: &mut String, listeners: &[Backlog]) {
-    let families: [(&str, &str, fn(&Backlog) -> Option<u64>); 2] = [
+    type Family = (&'static str, &'static str, fn(&Backlog) -> Option<u64>);
+    let families: [Family; 2] = [
         (
             "listener_accept_queue",
             "Connections the kernel completed that corral has not accepted yet.",
