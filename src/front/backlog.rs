@@ -395,5 +395,11 @@ mod tests {
         // A listener that is gone drops out.
         drop(unix);
         assert_eq!(backlogs.read().len(), 1);
+        // One started again on the same socket (a reload changed its settings) is listed
+        // once, as it is now.
+        backlogs.add(FrontProtocol::Scgi, &[Arc::clone(&tcp)]);
+        let again = backlogs.read();
+        assert_eq!(again.len(), 1, "{again:?}");
+        assert_eq!(again[0].protocol, "scgi");
     }
 }
