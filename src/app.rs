@@ -2,8 +2,10 @@
 //! and runs the shutdown phases.
 //!
 //! The caller binds the listeners (tests bind port 0) and owns the shutdown token (ARCHITECTURE.md
-//! decision 18), so `run` does no signal handling of its own. Shutdown order: stop accepting, let
-//! the connections finish what they are doing for up to `grace`, then drop what is left.
+//! decision 18), so `run` does no signal handling of its own. Shutdown order: `/ready` answers
+//! 503, serving goes on for `shutdown_delay`, then stop accepting, let the connections finish
+//! what they are doing for up to `grace`, then drop what is left; the status listener answers
+//! until the workers are stopped.
 
 use std::sync::Arc;
 
@@ -140,6 +142,13 @@ pub async fn run(
     worker_nofile: Option<u64>,
     mut controls: tokio::sync::mpsc::Receiver<AppControl>,
 ) -> Result<(), StartupError> {
+    // `shutdown` begins a graceful stop (and `/ready` answers 503 from then on); serving
+    // ends with `stop_serving`, `shutdown_delay` later, and the status listener with
+    // `stop_status`, once the workers are stopped.
+    let stopping = shutdown;
+    let shutdown = CancellationToken::new();
+    let stop_status = CancellationToken::new();
+    let status_tasks = TaskTracker::new();
     let settings = BuildSettings {
         worker_nofile,
         launchers: launchers::install(config)?,
@@ -186,6 +195,7 @@ pub async fn run(
         notifier: Arc::clone(&notifier),
         shards,
         next_queue: 0,
+        backlogs: Arc::default(),
     };
     for bound in listeners {
         let sockets = serving.sockets(bound.listener, &bound.config)?;
@@ -196,14 +206,16 @@ pub async fn run(
         let admission = Admission::new("status", limits::STATUS_MAX_CONNECTIONS);
         let mut source = status::collect::StatusSource::new();
         source.connections = vec![Arc::clone(&serving.admission), Arc::clone(&admission)];
+        source.stopping = stopping.clone();
+        source.backlogs = Arc::clone(&serving.backlogs);
         let source = Arc::new(source);
         // The sparklines' history, sampled beside the listener that serves it.
-        serving.accepting.spawn(status::history::sample(
+        status_tasks.spawn(status::history::sample(
             Arc::clone(&gateway),
             Arc::clone(&source),
-            shutdown.clone(),
+            stop_status.clone(),
         ));
-        serving.accepting.spawn(status::server::serve(
+        status_tasks.spawn(status::server::serve(
             listener,
             admission,
             Arc::clone(&gateway),
@@ -213,7 +225,7 @@ pub async fn run(
                 .as_ref()
                 .map(|s| Arc::from(s.allowed_hosts.as_slice()))
                 .unwrap_or_else(|| Arc::from(Vec::new())),
-            shutdown.clone(),
+            stop_status.clone(),
         ));
     }
     // systemd Type=notify: READY=1 once every pool has its `min` workers, then live counts.
@@ -226,7 +238,7 @@ pub async fn run(
     });
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = stopping.cancelled() => break,
             control = controls.recv() => match control {
                 Some(AppControl::Reload(new)) => serving.reload(*new).await,
                 Some(AppControl::RestartWorkers) => {
@@ -240,16 +252,33 @@ pub async fn run(
                 Some(AppControl::ReopenLogs) => gateway.access.reopen(),
                 // Nobody can send any more: serve until stopped.
                 None => {
-                    shutdown.cancelled().await;
+                    stopping.cancelled().await;
                     break;
                 }
             },
         }
     }
     notifier.notify("STOPPING=1");
+    // Serving goes on while load balancers see `/ready` fail and take corral out; a fast
+    // stop cuts the delay short.
+    let delay = serving.config.server.shutdown_delay;
+    if !delay.is_zero() && !fast.is_cancelled() {
+        tracing::info!(
+            ?delay,
+            "stopping: /ready answers 503; still accepting for shutdown_delay"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = fast.cancelled() => {}
+        }
+    }
+    shutdown.cancel();
     tracing::info!("stopping: no longer accepting; finishing requests in progress");
     serving.accepting.close();
     serving.accepting.wait().await;
+    // Close the sockets too (parked ones are held here): the kernel would otherwise go on
+    // completing connections that nobody accepts.
+    serving.listeners.clear();
     serving.connections.close();
     let grace = serving.config.server.grace;
     let drained = tokio::select! {
@@ -286,6 +315,9 @@ pub async fn run(
             "a pool retired by a reload did not stop within kill_timeout; exiting anyway"
         );
     }
+    stop_status.cancel();
+    status_tasks.close();
+    status_tasks.wait().await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -348,6 +380,8 @@ struct Serving {
     shards: Option<Shards>,
     /// Where the next listener's first accept queue goes (`sockets`).
     next_queue: usize,
+    /// The listeners' kernel accept queues, for status.
+    backlogs: Arc<crate::front::backlog::Backlogs>,
 }
 
 impl Serving {
@@ -404,6 +438,13 @@ impl Serving {
                 announce,
             )
         };
+        match &listener {
+            Sockets::Shared(l) => self.backlogs.add(config.protocol, std::slice::from_ref(l)),
+            Sockets::Parked { queues, .. } => {
+                let queues: Vec<_> = queues.iter().map(|(_, l)| Arc::clone(l)).collect();
+                self.backlogs.add(config.protocol, &queues);
+            }
+        }
         match (&listener, &self.shards) {
             (Sockets::Shared(l), _) => {
                 self.accepting.spawn(accept(Arc::clone(l), true));

@@ -322,9 +322,12 @@ fn check_openmetrics(text: &str) {
         let (name, value) = match line.split_once('{') {
             Some((name, rest)) => {
                 let (labels, value) = rest.rsplit_once("} ").unwrap_or_else(|| panic!("{line}"));
-                // Pool families carry the pool; connection families the listeners.
+                // Pool families carry the pool; connection families the listeners; accept
+                // queue families the listener.
                 assert!(
-                    labels.starts_with("pool=\"") || labels.starts_with("listeners=\""),
+                    labels.starts_with("pool=\"")
+                        || labels.starts_with("listeners=\"")
+                        || labels.starts_with("listener=\""),
                     "{line}"
                 );
                 (name, value)

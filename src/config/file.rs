@@ -53,6 +53,7 @@ pub struct FileServer {
     pub user: Option<Spanned<String>>,
     pub group: Option<Spanned<String>>,
     pub grace: Option<Spanned<DurationText>>,
+    pub shutdown_delay: Option<Spanned<DurationText>>,
     pub kill_timeout: Option<Spanned<DurationText>>,
     pub log_level: Option<LogLevel>,
     pub spool_budget: Option<Spanned<SizeText>>,

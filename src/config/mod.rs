@@ -91,6 +91,10 @@ pub struct ServerConfig {
     pub group: Option<String>,
     /// Bound on graceful stop and reload drains (`grace`, default 30s).
     pub grace: Duration,
+    /// How long a graceful stop keeps accepting before it drains (`shutdown_delay`, default
+    /// 0): `/ready` answers 503 from the stop on, so a load balancer takes corral out of
+    /// rotation before its listeners close.
+    pub shutdown_delay: Duration,
     /// How long a worker may take to exit after its stop signal before SIGKILL
     /// (`kill_timeout`, default 10s).
     pub kill_timeout: Duration,

@@ -221,6 +221,10 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
             "grace",
             Duration::from_secs(30),
         ),
+        shutdown_delay: s
+            .and_then(|s| s.shutdown_delay.as_ref())
+            .and_then(|d| e.check(d.span(), parse_duration(&d.get_ref().0)))
+            .unwrap_or(Duration::ZERO),
         kill_timeout: e.timeout(
             s.and_then(|s| s.kill_timeout.as_ref()),
             "kill_timeout",

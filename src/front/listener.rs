@@ -176,6 +176,14 @@ impl Listener {
             Bind::Unix { path, perms } => {
                 remove_stale_socket(path)?;
                 let listener = bind_socket(path, perms.mode)?;
+                // The bind listened with the system's own backlog: listening again sets the
+                // configured one (the kernel caps both at net.core.somaxconn).
+                let queue = i32::try_from(backlog)
+                    .unwrap_or(i32::MAX)
+                    .min(libc::SOMAXCONN);
+                nix::sys::socket::Backlog::new(queue)
+                    .and_then(|b| nix::sys::socket::listen(&listener, b))
+                    .map_err(io::Error::from)?;
                 give_owner(path, perms)?;
                 Ok(Listener::Unix {
                     listener,

@@ -1,5 +1,6 @@
 //! Front listeners: the sockets corral accepts front servers and clients on.
 
+pub mod backlog;
 pub mod cgi;
 pub mod fastcgi;
 mod file;

@@ -13,6 +13,12 @@
 //! Workers are chosen by least outstanding requests (ties go to the lowest index, so a lightly
 //! loaded pool keeps its hot workers hot). A worker that is retiring or not yet ready takes no
 //! new slot.
+//!
+//! For status, each slot in use keeps the instant it was taken in one of its worker's lanes
+//! (one per unit of concurrency, allocated with the worker) and each waiter the instant it
+//! asked, so the ages of the oldest request in flight and of the oldest waiting are computed
+//! when status is read ([`SlotTable::ages`]); the request path only stores an instant it
+//! already had under the lock it already holds.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,6 +79,8 @@ pub struct Slot {
     probe: bool,
     /// False once the slot was given back by hand ([`SlotTable::reroute`]).
     armed: bool,
+    /// The worker's lane holding the instant the slot was taken.
+    lane: u32,
 }
 
 impl Slot {
@@ -100,7 +108,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if self.armed {
-            self.table.release(self.worker, self.context);
+            self.table.release(self.worker, self.context, self.lane);
         }
     }
 }
@@ -166,16 +174,24 @@ struct WorkerEntry {
     pid: Option<u32>,
     /// Requests to finish before the next memory check; `None` = no checks.
     check_in: Option<u64>,
+    /// When each slot in use on it was taken, one lane per unit of concurrency, and the
+    /// lanes free now (for status: [`SlotTable::ages`]).
+    lanes: Vec<Option<Instant>>,
+    free_lanes: Vec<u32>,
 }
 
 impl WorkerEntry {
     fn fresh(concurrency: usize, address: BackendAddress, budget: Option<u64>) -> WorkerEntry {
+        let concurrency = concurrency.max(1);
+        let lanes = u32::try_from(concurrency).unwrap_or(u32::MAX);
         WorkerEntry {
+            lanes: vec![None; concurrency],
+            free_lanes: (0..lanes).rev().collect(),
             generation: 0,
             address: Arc::new(address),
             started: 0,
             budget,
-            concurrency: concurrency.max(1),
+            concurrency,
             in_flight: 0,
             accepting: false,
             removed: false,
@@ -203,8 +219,13 @@ impl WorkerEntry {
     }
 }
 
-/// What a waiter is handed: the worker, its address, and whether the slot is a probe.
-type Grant = (WorkerId, Arc<BackendAddress>, bool);
+/// What a waiter is handed: the worker, its address, whether the slot is a probe, and the
+/// worker's lane that holds when the slot was taken.
+type Grant = (WorkerId, Arc<BackendAddress>, bool, u32);
+
+/// The lane of a slot taken with every lane in use, which cannot happen while `in_flight`
+/// stays below the concurrency; such a slot is simply not timed.
+const NO_LANE: u32 = u32::MAX;
 
 #[derive(Debug)]
 struct Waiter {
@@ -215,6 +236,8 @@ struct Waiter {
     shard: Option<usize>,
     /// How many times a younger waiter was served before it ([`MAX_PASSED`]).
     passed: u32,
+    /// When it asked for a slot.
+    since: Instant,
 }
 
 /// How many times a waiter may be passed over for a younger one on the thread that freed the
@@ -252,6 +275,15 @@ pub struct SlotStats {
     pub queued: usize,
     /// Workers that accept requests now.
     pub accepting_workers: usize,
+}
+
+/// How long the oldest requests have been at their stage, as status reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotAges {
+    /// Since the oldest slot in use was taken (`None`: nothing in flight).
+    pub oldest_in_flight: Option<Duration>,
+    /// Since the oldest waiting request asked for a slot (`None`: nobody waits).
+    pub oldest_queued: Option<Duration>,
 }
 
 /// One worker as the supervisor sees it in the table.
@@ -509,8 +541,41 @@ impl SlotTable {
         }
     }
 
+    /// How long the oldest request in flight has held its slot and the oldest waiting one
+    /// has waited, now. For status only: it walks every worker's lanes and the queue.
+    pub fn ages(&self) -> SlotAges {
+        let now = Instant::now();
+        let st = self.lock();
+        let age = |t: Instant| now.saturating_duration_since(t);
+        SlotAges {
+            oldest_in_flight: st
+                .workers
+                .iter()
+                .flat_map(|w| w.lanes.iter().flatten())
+                .min()
+                .map(|t| age(*t)),
+            oldest_queued: st
+                .waiters
+                .iter()
+                .filter(|w| !w.tx.is_closed())
+                .map(|w| w.since)
+                .min()
+                .map(age),
+        }
+    }
+
     /// Checks a slot out for a request of `context`, waiting in the queue if none is free.
     pub async fn acquire(self: &Arc<Self>, context: usize) -> Result<Slot, SlotError> {
+        self.acquire_at(context, Instant::now()).await
+    }
+
+    /// As [`SlotTable::acquire`], for a request that asked at `asked` (the caller's clock
+    /// reading, kept as the start of its wait or of its slot).
+    pub async fn acquire_at(
+        self: &Arc<Self>,
+        context: usize,
+        asked: Instant,
+    ) -> Result<Slot, SlotError> {
         let (rx, timeout) = {
             let mut st = self.lock();
             if st.closed {
@@ -519,8 +584,8 @@ impl SlotTable {
             // Every change that frees capacity grants it to waiters at once, so the waiters
             // left are ones the current state cannot serve; a newcomer that can be served
             // therefore jumps nobody who could have used its slot, and the queue stays FIFO.
-            if let Some((worker, address, probe)) = Self::try_take(&mut st, context) {
-                return Ok(self.slot(worker, address, context, probe));
+            if let Some(grant) = Self::try_take(&mut st, context, Some(asked)) {
+                return Ok(self.slot(grant, context));
             }
             if st.waiters.len() >= st.limits.queue_size {
                 return Err(SlotError::QueueFull {
@@ -536,15 +601,16 @@ impl SlotTable {
                 tx,
                 shard: crate::shards::current(),
                 passed: 0,
+                since: asked,
             });
             self.demand.notify_one();
             (Wait::new(self, id, context, rx), st.limits.queue_timeout)
         };
         let mut wait = rx;
         match tokio::time::timeout(timeout, &mut wait.rx).await {
-            Ok(Ok((worker, address, probe))) => {
+            Ok(Ok(grant)) => {
                 wait.granted = true;
-                Ok(self.slot(worker, address, context, probe))
+                Ok(self.slot(grant, context))
             }
             Ok(Err(_)) => Err(SlotError::Closed),
             // Dropping `wait` gives back a grant that raced the timer.
@@ -552,13 +618,8 @@ impl SlotTable {
         }
     }
 
-    fn slot(
-        self: &Arc<Self>,
-        worker: WorkerId,
-        address: Arc<BackendAddress>,
-        context: usize,
-        probe: bool,
-    ) -> Slot {
+    fn slot(self: &Arc<Self>, grant: Grant, context: usize) -> Slot {
+        let (worker, address, probe, lane) = grant;
         Slot {
             table: Arc::clone(self),
             worker,
@@ -566,6 +627,7 @@ impl SlotTable {
             context,
             probe,
             armed: true,
+            lane,
         }
     }
 
@@ -578,13 +640,16 @@ impl SlotTable {
         {
             let mut st = self.lock();
             slot.armed = false;
-            Self::give_back(&mut st, slot.worker, context);
+            // The request keeps its age on the next worker.
+            let since = Self::entry(&mut st, slot.worker)
+                .and_then(|w| w.lanes.get(slot.lane as usize).copied().flatten());
+            Self::give_back(&mut st, slot.worker, context, slot.lane);
             drop(slot);
             if st.closed {
                 return Err(SlotError::Closed);
             }
-            if let Some((worker, address, probe)) = Self::try_take(&mut st, context) {
-                return Ok(self.slot(worker, address, context, probe));
+            if let Some(grant) = Self::try_take(&mut st, context, since) {
+                return Ok(self.slot(grant, context));
             }
             // The slot given back may serve another context's waiter.
             Self::grant_waiters(&mut st);
@@ -690,7 +755,9 @@ impl SlotTable {
     /// rotation is skipped; when every server with room is out, the one due back first is
     /// used anyway (as a probe) when no server is up at all, so a request fails fast with
     /// the server's own error rather than waiting for a slot that nothing would free.
-    fn try_take(st: &mut State, context: usize) -> Option<(WorkerId, Arc<BackendAddress>, bool)> {
+    /// The slot's lane records `since`, or the time now when that is `None` (read only
+    /// when a slot is taken).
+    fn try_take(st: &mut State, context: usize, since: Option<Instant>) -> Option<Grant> {
         if st.in_flight >= st.limits.max_conns {
             return None;
         }
@@ -745,19 +812,28 @@ impl SlotTable {
             generation: w.generation,
         };
         let address = Arc::clone(&w.address);
+        let lane = w.free_lanes.pop().unwrap_or(NO_LANE);
+        if let Some(l) = w.lanes.get_mut(lane as usize) {
+            *l = Some(since.or(now).unwrap_or_else(Instant::now));
+        }
         if let Some(c) = st.context_in_flight.get_mut(context) {
             *c += 1;
         }
         st.in_flight += 1;
-        Some((id, address, probe))
+        Some((id, address, probe, lane))
     }
 
     /// Gives a slot back; true when the supervisor must hear of it (a memory check is due,
     /// or a watched worker drained).
-    fn give_back(st: &mut State, worker: WorkerId, context: usize) -> bool {
+    fn give_back(st: &mut State, worker: WorkerId, context: usize, lane: u32) -> bool {
         let mut check = false;
         let mut drained = false;
         if let Some(w) = Self::entry(st, worker) {
+            if let Some(l) = w.lanes.get_mut(lane as usize) {
+                if l.take().is_some() {
+                    w.free_lanes.push(lane);
+                }
+            }
             w.in_flight = w.in_flight.saturating_sub(1);
             w.finished += 1;
             if w.in_flight == 0 && w.watch_drain {
@@ -788,9 +864,9 @@ impl SlotTable {
         check || drained
     }
 
-    fn release(&self, worker: WorkerId, context: usize) {
+    fn release(&self, worker: WorkerId, context: usize, lane: u32) {
         let mut st = self.lock();
-        if Self::give_back(&mut st, worker, context) {
+        if Self::give_back(&mut st, worker, context, lane) {
             if !st.checks.is_empty() {
                 self.checks.notify_one();
             }
@@ -815,13 +891,14 @@ impl SlotTable {
                 st.waiters.remove(i);
                 continue;
             }
-            let Some((worker, address, probe)) = Self::try_take(st, context) else {
+            let Some(grant) = Self::try_take(st, context, None) else {
                 i += 1;
                 continue;
             };
+            let (worker, lane) = (grant.0, grant.3);
             if let Some(waiter) = st.waiters.remove(i) {
-                if waiter.tx.send((worker, address, probe)).is_err() {
-                    Self::ungrant(st, worker, context);
+                if waiter.tx.send(grant).is_err() {
+                    Self::ungrant(st, worker, context, lane);
                 }
             }
         }
@@ -831,12 +908,12 @@ impl SlotTable {
 impl SlotTable {
     /// Undoes a grant whose waiter gave up between the check and the send. Its request never
     /// ran, so the worker's request count and memory check stay as they were.
-    fn ungrant(st: &mut State, worker: WorkerId, context: usize) {
+    fn ungrant(st: &mut State, worker: WorkerId, context: usize, lane: u32) {
         if let Some(w) = Self::entry(st, worker) {
             w.started = w.started.saturating_sub(1);
             w.check_in = w.check_in.map(|n| n + 1);
         }
-        Self::give_back(st, worker, context);
+        Self::give_back(st, worker, context, lane);
         if let Some(w) = Self::entry(st, worker) {
             w.finished = w.finished.saturating_sub(1);
         }
@@ -869,19 +946,20 @@ impl SlotTable {
             // The oldest one: the queue-order pass grants it anyway.
             return;
         }
-        let Some((worker, address, probe)) = Self::try_take(st, context) else {
+        let Some(grant) = Self::try_take(st, context, None) else {
             return;
         };
+        let (worker, lane) = (grant.0, grant.3);
         let Some(waiter) = st.waiters.remove(i) else {
             return;
         };
-        match waiter.tx.send((worker, address, probe)) {
+        match waiter.tx.send(grant) {
             Ok(()) => {
                 for w in st.waiters.iter_mut().take(i) {
                     w.passed += 1;
                 }
             }
-            Err(_) => Self::ungrant(st, worker, context),
+            Err(_) => Self::ungrant(st, worker, context, lane),
         }
     }
 }
@@ -921,7 +999,7 @@ impl Drop for Wait<'_> {
         }
         self.rx.close();
         match self.rx.try_recv() {
-            Ok((worker, _, _)) => self.table.release(worker, self.context),
+            Ok((worker, _, _, lane)) => self.table.release(worker, self.context, lane),
             Err(_) => self.table.leave_queue(self.id),
         }
     }

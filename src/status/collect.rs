@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{Backend, PoolConfig, Sizing};
 use crate::gateway::Gateway;
-use crate::pool::slots::{SlotStats, WorkerCounts, WorkerId};
+use crate::pool::slots::{SlotAges, SlotStats, WorkerCounts, WorkerId};
 use crate::pool::state::{PoolStatus, WorkerKey, WorkerState};
 use crate::process;
 use crate::status::counters::{HistogramSnapshot, RequestSnapshot};
@@ -82,6 +82,12 @@ pub struct StatusSource {
     /// [`crate::status::history::sample`] where that runs (beside the status listener),
     /// empty otherwise.
     pub history: std::sync::Arc<crate::status::history::History>,
+    /// Cancelled when a graceful stop begins: `/ready` answers 503 from then on, while
+    /// `/ping` keeps answering (readiness, not liveness). Never cancelled where nothing
+    /// stops the listener (a FastCGI listener's `status_path`).
+    pub stopping: tokio_util::sync::CancellationToken,
+    /// The front listeners, whose kernel accept queues status reports.
+    pub backlogs: std::sync::Arc<crate::front::backlog::Backlogs>,
     /// Recent PSS readings by pid, for workers the supervisor does not sample itself: a
     /// reading walks /proc for the worker's process tree, and a scraper asking every second
     /// for sixteen workers would otherwise pay that walk each time.
@@ -101,6 +107,8 @@ impl StatusSource {
             started: SystemTime::now(),
             connections: Vec::new(),
             history: std::sync::Arc::default(),
+            stopping: tokio_util::sync::CancellationToken::new(),
+            backlogs: std::sync::Arc::default(),
             pss_cache: std::sync::Arc::default(),
         }
     }
@@ -143,6 +151,8 @@ pub struct PoolReport {
     pub info: PoolInfo,
     /// The slot table now.
     pub slots: SlotStats,
+    /// How long the oldest request in flight and the oldest waiting one have been so.
+    pub ages: SlotAges,
     /// The gateway's request counters now.
     pub requests: RequestSnapshot,
     /// Time waited for a slot.
@@ -272,6 +282,7 @@ pub fn collect(
             PoolReport {
                 info,
                 slots: p.slots.stats(),
+                ages: p.slots.ages(),
                 requests: p.requests.snapshot(),
                 queue_wait: p.requests.queue_wait.snapshot(),
                 connect: p.requests.connect.snapshot(),

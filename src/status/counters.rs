@@ -297,7 +297,7 @@ impl RequestStats {
     /// the outcome and the wait.
     pub async fn acquire(&self, slots: &Arc<SlotTable>, context: usize) -> Result<Slot, SlotError> {
         let asked = Instant::now();
-        let mut acquiring = pin!(slots.acquire(context));
+        let mut acquiring = pin!(slots.acquire_at(context, asked));
         // The first poll either serves the request, refuses it, or leaves it in the queue.
         let first = std::future::poll_fn(|cx| Poll::Ready(acquiring.as_mut().poll(cx))).await;
         let result = match first {
@@ -433,6 +433,47 @@ mod tests {
         assert_eq!(s.max_in_flight, 1);
         assert_eq!(s.rejected_queue_full, 1);
         assert_eq!(s.queue_timeouts, 1);
+    }
+
+    /// The ages status shows come from the instants the table keeps per slot and per
+    /// waiter: the oldest slot in use, whichever finishes first, and the oldest waiter.
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_request_in_flight_and_in_the_queue_are_aged() {
+        let slots = SlotTable::new(
+            SlotLimits {
+                max_conns: 2,
+                queue_size: 4,
+                queue_timeout: Duration::from_secs(60),
+            },
+            &[None],
+        );
+        let w = slots.add_worker(2, BackendAddress::Unix("/tmp/x.sock".into()), None);
+        slots.set_accepting(w, true);
+        let stats = RequestStats::new(2);
+        assert_eq!(slots.ages(), crate::pool::slots::SlotAges::default());
+        let old = stats.acquire(&slots, 0).await.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let young = stats.acquire(&slots, 0).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let waiting = {
+            let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
+            tokio::spawn(async move { stats.acquire(&slots, 0).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let ages = slots.ages();
+        assert_eq!(ages.oldest_in_flight, Some(Duration::from_secs(6)));
+        assert_eq!(ages.oldest_queued, Some(Duration::from_secs(2)));
+        // The oldest finishes: the waiter gets its slot, timed from its grant, and the
+        // younger one is now the oldest.
+        drop(old);
+        waiting.await.unwrap().unwrap();
+        let ages = slots.ages();
+        assert_eq!(ages.oldest_in_flight, Some(Duration::from_secs(3)));
+        assert_eq!(ages.oldest_queued, None);
+        drop(young);
+        assert_eq!(slots.ages().oldest_in_flight, None);
+        assert!(stats.queue_wait.snapshot().sum >= 2.0);
     }
 
     #[tokio::test(start_paused = true)]

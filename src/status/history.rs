@@ -392,6 +392,7 @@ mod tests {
                 queued: 2,
                 accepting_workers: 1,
             },
+            ages: crate::pool::slots::SlotAges::default(),
             requests: crate::status::counters::RequestSnapshot {
                 accepted,
                 queue_timeouts: 1,

@@ -1,7 +1,8 @@
 //! The status page in the OpenMetrics text format (which Prometheus also reads): every name
-//! starts with `corral_`, every sample but the start time and the connection families carries
-//! `pool="NAME"` (connections carry `listeners="front"` or `"status"`), counters end in
-//! `_total`, and the exposition ends with `# EOF`.
+//! starts with `corral_`, every sample but the start time, the connection and the accept
+//! queue families carries `pool="NAME"` (connections carry `listeners="front"` or `"status"`,
+//! accept queues `listener="ADDRESS"` and `protocol`), counters end in `_total`, and the
+//! exposition ends with `# EOF`.
 //!
 //! Families are written one at a time across all pools, because OpenMetrics requires each
 //! family's samples to be together.
@@ -9,6 +10,7 @@
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::front::backlog::Backlog;
 use crate::front::limits::AdmissionSnapshot;
 use crate::status::collect::PoolReport;
 use crate::status::counters::{BackendErrorKind, HistogramSnapshot, RequestSnapshot, BUCKETS};
@@ -173,8 +175,43 @@ fn connections(out: &mut String, tables: &[AdmissionSnapshot]) {
     }
 }
 
-/// The exposition for `pools` and the connection tables.
-pub fn render(pools: &[PoolReport], started: SystemTime, tables: &[AdmissionSnapshot]) -> String {
+/// The front listeners' kernel accept queues: one sample per listener, labelled by its
+/// address and protocol (none where the kernel could not be asked).
+fn accept_queues(out: &mut String, listeners: &[Backlog]) {
+    type Family = (&'static str, &'static str, fn(&Backlog) -> Option<u64>);
+    let families: [Family; 2] = [
+        (
+            "listener_accept_queue",
+            "Connections the kernel completed that corral has not accepted yet.",
+            |l| l.queued,
+        ),
+        (
+            "listener_accept_queue_max",
+            "The most connections the listener's accept queues hold (its backlog).",
+            |l| l.max,
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# TYPE corral_{name} gauge");
+        let _ = writeln!(out, "# HELP corral_{name} {help}");
+        for l in listeners {
+            let Some(v) = value(l) else { continue };
+            let _ = write!(out, "corral_{name}{{listener=");
+            label_value(out, &l.address);
+            let _ = write!(out, ",protocol=");
+            label_value(out, l.protocol);
+            let _ = writeln!(out, "}} {v}");
+        }
+    }
+}
+
+/// The exposition for `pools`, the connection tables and the front listeners.
+pub fn render(
+    pools: &[PoolReport],
+    started: SystemTime,
+    tables: &[AdmissionSnapshot],
+    listeners: &[Backlog],
+) -> String {
     let mut w = Writer { out: String::new() };
     let start = started
         .duration_since(UNIX_EPOCH)
@@ -234,6 +271,18 @@ pub fn render(pools: &[PoolReport], started: SystemTime, tables: &[AdmissionSnap
         "queue_length",
         "Requests waiting for a slot now (php-fpm's listen queue).",
         |p| p.slots.queued as f64,
+    );
+    w.gauge(
+        pools,
+        "oldest_in_flight_seconds",
+        "How long the oldest request in flight has held its slot (0 when none is).",
+        |p| p.ages.oldest_in_flight.map_or(0.0, |d| d.as_secs_f64()),
+    );
+    w.gauge(
+        pools,
+        "oldest_queued_seconds",
+        "How long the oldest waiting request has waited for a slot (0 when none waits).",
+        |p| p.ages.oldest_queued.map_or(0.0, |d| d.as_secs_f64()),
     );
     w.gauge(
         pools,
@@ -428,6 +477,7 @@ pub fn render(pools: &[PoolReport], started: SystemTime, tables: &[AdmissionSnap
         |p| &p.total,
     );
     connections(&mut w.out, tables);
+    accept_queues(&mut w.out, listeners);
     w.out.push_str("# EOF\n");
     w.out
 }

@@ -10,10 +10,11 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::front::backlog::Backlog;
 use crate::pool::slots::WorkerCounts;
 use crate::pool::state::{RecycleReason, WorkerState, WorkerStatus};
 use crate::status::collect::PoolReport;
-use crate::status::counters::BackendErrorKind;
+use crate::status::counters::{BackendErrorKind, HistogramSnapshot, BUCKETS};
 
 /// One field value.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +30,9 @@ pub enum Value {
     /// A wall-clock time, in seconds since the epoch: text shows it as php-fpm does
     /// (`30/Nov/2026:08:00:00 +0000`), JSON as the number.
     Time(u64),
+    /// A histogram's cumulative counts at each finite bound, in seconds (its `+Inf` bucket
+    /// is its count): text `0.001:3 0.005:4 ...`, JSON `[[0.001,3],[0.005,4],...]`.
+    Buckets(Vec<(f64, u64)>),
     /// Absent (text `-`, JSON `null`).
     None,
 }
@@ -39,6 +43,20 @@ fn int(n: usize) -> Value {
 
 fn secs(d: Duration) -> Value {
     Value::Float(d.as_secs_f64())
+}
+
+fn age(d: Option<Duration>) -> Value {
+    d.map_or(Value::None, secs)
+}
+
+fn buckets(h: &HistogramSnapshot) -> Value {
+    Value::Buckets(
+        BUCKETS
+            .iter()
+            .copied()
+            .zip(h.cumulative.iter().copied())
+            .collect(),
+    )
 }
 
 /// A pool's fields, in the order the page lists them.
@@ -80,11 +98,18 @@ pub fn pool_fields(
         ("concurrency", Value::Int(p.info.concurrency.into())),
         ("max conns", Value::Int(p.info.max_conns.into())),
         ("in flight", int(p.slots.in_flight)),
+        // Saturation: how long the oldest request has held its slot, and waited for one.
+        ("oldest in flight", age(p.ages.oldest_in_flight)),
+        ("oldest queued", age(p.ages.oldest_queued)),
         ("queue timeout", secs(p.info.queue_timeout)),
         ("queued total", Value::Int(r.queued_total)),
         ("rejected queue full", Value::Int(r.rejected_queue_full)),
         ("queue timeouts", Value::Int(r.queue_timeouts)),
         ("rejected stopping", Value::Int(r.rejected_closed)),
+        // Time from asking for a slot to having one, every request that got one.
+        ("queue wait count", Value::Int(p.queue_wait.count())),
+        ("queue wait sum", Value::Float(p.queue_wait.sum)),
+        ("queue wait buckets", buckets(&p.queue_wait)),
         ("backend errors", Value::Int(r.backend_errors_total())),
     ];
     for (kind, n) in BackendErrorKind::ALL.iter().zip(r.backend_errors) {
@@ -279,16 +304,47 @@ fn text_fields(out: &mut String, fields: &[(&'static str, Value)]) {
             Value::Str(s) => out.push_str(s),
             Value::Bool(b) => out.push_str(if *b { "yes" } else { "no" }),
             Value::Time(t) => out.push_str(&http_log_time(*t)),
+            Value::Buckets(b) => {
+                for (i, (le, n)) in b.iter().enumerate() {
+                    let sep = if i > 0 { " " } else { "" };
+                    let _ = write!(out, "{sep}{le}:{n}");
+                }
+            }
             Value::None => out.push('-'),
         }
         out.push('\n');
     }
 }
 
+/// A front listener's fields: its kernel accept queues (`front::backlog`).
+pub fn listener_fields(l: &Backlog) -> Vec<(&'static str, Value)> {
+    let opt = |n: Option<u64>| n.map_or(Value::None, Value::Int);
+    vec![
+        ("listener", Value::Str(l.address.clone())),
+        ("protocol", Value::Str(l.protocol.to_owned())),
+        ("accept queues", int(l.queues)),
+        ("accept queue", opt(l.queued)),
+        ("accept queue len", opt(l.max)),
+    ]
+}
+
+/// The front listeners' blocks of the text page, after the pools (each opened by a blank
+/// line).
+pub fn listeners_text(listeners: &[Backlog]) -> String {
+    let mut out = String::new();
+    for l in listeners {
+        out.push('\n');
+        text_fields(&mut out, &listener_fields(l));
+    }
+    out
+}
+
 /// The JSON page: with `single` (the request named one pool) php-fpm's shape, one object
-/// with a `processes` array under `full`; otherwise `{"pools": [...]}` of such objects.
+/// with a `processes` array under `full`; otherwise `{"pools": [...], "listeners": [...]}`
+/// of such objects, with each front listener's accept queues.
 pub fn json(
     pools: &[PoolReport],
+    listeners: &[Backlog],
     started: SystemTime,
     now: SystemTime,
     full: bool,
@@ -319,6 +375,15 @@ pub fn json(
         out.push('}');
     }
     if !single {
+        out.push_str("],\"listeners\":[");
+        for (i, l) in listeners.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('{');
+            json_fields(&mut out, &listener_fields(l));
+            out.push('}');
+        }
         out.push_str("]}");
     }
     out.push('\n');
@@ -340,6 +405,14 @@ fn json_fields(out: &mut String, fields: &[(&'static str, Value)]) {
                 let _ = write!(out, "{x}");
             }
             Value::Float(_) | Value::None => out.push_str("null"),
+            Value::Buckets(b) => {
+                out.push('[');
+                for (i, (le, n)) in b.iter().enumerate() {
+                    let sep = if i > 0 { "," } else { "" };
+                    let _ = write!(out, "{sep}[{le},{n}]");
+                }
+                out.push(']');
+            }
             Value::Str(s) => json_string(out, s),
             Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         }

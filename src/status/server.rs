@@ -1,6 +1,8 @@
 //! The status listener: a small HTTP/1.1 server answered by corral itself, never by a worker.
 //!
-//! Routes: `/ping` answers `pong` (php-fpm's `ping.path`); `/status` the status page, as text,
+//! Routes: `/ping` answers `pong` (php-fpm's `ping.path`) for as long as corral runs;
+//! `/ready` answers `ready`, and 503 `stopping` from the moment a graceful stop begins
+//! (through `shutdown_delay` and the drain), for a load balancer's readiness check; `/status` the status page, as text,
 //! `?json`, or `?openmetrics`, with `?full` adding a row per worker and `?pool=NAME` keeping
 //! one pool, `?html` the page for people and `?history` the samples its sparklines draw;
 //! `/metrics` the OpenMetrics exposition (also with `?pool=NAME`). Each answer reads
@@ -125,6 +127,21 @@ pub fn answer(
             "pong\n".to_owned(),
         );
     }
+    if path == "/ready" {
+        return if source.stopping.is_cancelled() {
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                "stopping\n".to_owned(),
+            )
+        } else {
+            reply(
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                "ready\n".to_owned(),
+            )
+        };
+    }
     if path == "/status" && q.html {
         // The page holds no numbers: its script asks for them.
         return reply(StatusCode::OK, html::CONTENT_TYPE, html::PAGE.to_owned());
@@ -133,7 +150,7 @@ pub fn answer(
         return reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "not found: try /status, /metrics or /ping\n".to_owned(),
+            "not found: try /status, /metrics, /ping or /ready\n".to_owned(),
         );
     }
     let pools = collect(
@@ -150,6 +167,12 @@ pub fn answer(
         );
     }
     let now = SystemTime::now();
+    // The front listeners' accept queues, on pages about every pool.
+    let listeners = if q.pool.is_none() && !q.history {
+        source.backlogs.read()
+    } else {
+        Vec::new()
+    };
     if path == "/metrics" || q.openmetrics {
         return reply(
             StatusCode::OK,
@@ -162,6 +185,7 @@ pub fn answer(
                     .iter()
                     .map(|a| a.snapshot())
                     .collect::<Vec<_>>(),
+                &listeners,
             ),
         );
     }
@@ -170,14 +194,19 @@ pub fn answer(
         return reply(StatusCode::OK, "application/json", body);
     }
     if q.json {
-        let body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
+        let body = render::json(
+            &pools,
+            &listeners,
+            source.started,
+            now,
+            q.full,
+            q.pool.is_some(),
+        );
         return reply(StatusCode::OK, "application/json", body);
     }
-    reply(
-        StatusCode::OK,
-        "text/plain; charset=utf-8",
-        render::text(&pools, source.started, now, q.full),
-    )
+    let mut body = render::text(&pools, source.started, now, q.full);
+    body.push_str(&render::listeners_text(&listeners));
+    reply(StatusCode::OK, "text/plain; charset=utf-8", body)
 }
 
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Whole> {
@@ -308,9 +337,10 @@ pub async fn serve(
                 // Answers are built at once and written whole; busy only while building.
                 let _busy = busy.begin();
                 let host = req.headers().get(header::HOST).map(|h| h.as_bytes());
-                // `/ping` tells nothing, and load balancers check it under any name.
-                let r = if req.uri().path() == "/ping" || host::allowed(host, local, &allowed_hosts)
-                {
+                // `/ping` and `/ready` tell nothing, and load balancers check them under
+                // any name.
+                let probe = matches!(req.uri().path(), "/ping" | "/ready");
+                let r = if probe || host::allowed(host, local, &allowed_hosts) {
                     answer(
                         &gateway,
                         &source,

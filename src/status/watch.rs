@@ -80,7 +80,8 @@ fn field<'a>(fields: &'a [(String, String)], label: &str) -> Option<&'a str> {
 }
 
 /// Reads the text page (`/status?full`): a `pool:` line opens a pool block, a line of `*`
-/// opens a worker block of the current pool, other lines are `label: value`.
+/// opens a worker block of the current pool, other lines are `label: value`; the front
+/// listeners' blocks (`listener:`) come after every pool and are not read.
 pub fn parse_text(page: &str) -> Vec<PoolView> {
     let mut pools: Vec<PoolView> = Vec::new();
     let mut in_row = false;
@@ -100,6 +101,9 @@ pub fn parse_text(page: &str) -> Vec<PoolView> {
             continue;
         };
         let (label, value) = (label.trim().to_owned(), value.trim().to_owned());
+        if label == "listener" {
+            break;
+        }
         if label == "pool" {
             pools.push(PoolView::default());
             in_row = false;
