@@ -170,14 +170,17 @@ pub fn answer(
         return reply(StatusCode::OK, "application/json", body);
     }
     if q.json {
-        let body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
+        let mut body = render::json(&pools, source.started, now, q.full, q.pool.is_some());
+        if let (None, Some(last)) = (&q.pool, gateway.reloads.get()) {
+            body = super::reload::with_json_member(body, &last);
+        }
         return reply(StatusCode::OK, "application/json", body);
     }
-    reply(
-        StatusCode::OK,
-        "text/plain; charset=utf-8",
-        render::text(&pools, source.started, now, q.full),
-    )
+    let mut body = render::text(&pools, source.started, now, q.full);
+    if let (None, Some(last)) = (&q.pool, gateway.reloads.get()) {
+        body.push_str(&super::reload::text(&last));
+    }
+    reply(StatusCode::OK, "text/plain; charset=utf-8", body)
 }
 
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Whole> {
