@@ -456,7 +456,10 @@ impl Serving {
                 let pool = refusal.pool.clone();
                 self.refused(refusal.to_string(), Some(pool));
             }
-            Err(ReloadError::Startup(e)) => self.refused(e.to_string(), None),
+            Err(ReloadError::Startup(e)) => {
+                tracing::error!(error = %e, "reload failed; the running configuration keeps serving");
+                self.refused(e.to_string(), None);
+            }
         }
     }
 

@@ -164,7 +164,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             match crate::control::wait_reload(dir, before, pid, bound) {
                 Ok(generation) => writeln!(
                     out,
-                    "corral (pid {pid}) reloaded its configuration: generation {generation} serves"
+                    "asked corral (pid {pid}) to reload its configuration: generation {generation} serves now"
                 )
                 .map_err(stdout_error),
                 Err(reason) => Err(Error::Serve(format!(
