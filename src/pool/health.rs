@@ -53,8 +53,6 @@ impl Probe {
             ("SERVER_SOFTWARE", "corral".to_owned()),
             ("REQUEST_METHOD", "GET".to_owned()),
             ("REQUEST_URI", self.check.path.clone()),
-            ("SCRIPT_NAME", path.to_owned()),
-            ("PATH_INFO", String::new()),
             ("QUERY_STRING", query.to_owned()),
             ("SERVER_NAME", "localhost".to_owned()),
             ("SERVER_ADDR", "127.0.0.1".to_owned()),
@@ -65,6 +63,18 @@ impl Probe {
             ("HTTP_HOST", "localhost".to_owned()),
             ("HTTP_USER_AGENT", USER_AGENT.to_owned()),
         ];
+        // With a document root the path names a script there (php-cgi); without one it is
+        // the app's own path (PATH_INFO under an empty SCRIPT_NAME, as at a root mount).
+        match &self.root {
+            Some(_) => {
+                params.push(("SCRIPT_NAME", path.to_owned()));
+                params.push(("PATH_INFO", String::new()));
+            }
+            None => {
+                params.push(("SCRIPT_NAME", String::new()));
+                params.push(("PATH_INFO", path.to_owned()));
+            }
+        }
         if let Some(root) = &self.root {
             let root = root.to_string_lossy();
             params.push(("DOCUMENT_ROOT", root.to_string()));
