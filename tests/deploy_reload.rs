@@ -2,8 +2,8 @@
 //! to a configuration whose WSGI app raises on import, or whose Rack app exits while it
 //! boots, does not switch. The running generation answers every request sent before,
 //! during and after it; `corral reload` exits non-zero naming the pool and the app's error;
-//! `/status` (text and JSON) says which pool refused and why; a good reload afterwards
-//! applies.
+//! `/status` (text and JSON) says which pool refused and why; systemd hears `READY=1` with
+//! a `STATUS=` saying the reload was refused; a good reload afterwards applies.
 
 mod support;
 
@@ -143,7 +143,16 @@ fn refused_reload(app_name: &str, good: (&str, &str), broken: &str, error: &str)
     let (file, text) = good;
     write_file(dir.path(), file, text);
     let run = dir.path().join("run");
-    let corral = Corral::start(&config(&run, dir.path(), app_name, "1"), 1);
+    // systemd's side: a notify socket corral reports to.
+    let notify = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    let notify_env = notify.display().to_string();
+    let corral = Corral::start_after(
+        &config(&run, dir.path(), app_name, "1"),
+        1,
+        "",
+        &[("NOTIFY_SOCKET", notify_env.as_str())],
+    );
     let r = http(corral.http_addr(), "GET", "/", &[], b"");
     assert_eq!(r.text(), "release good", "{}", corral.log());
     let load = Load::start(corral.http_addr());
@@ -170,6 +179,13 @@ fn refused_reload(app_name: &str, good: (&str, &str), broken: &str, error: &str)
         corral.log()
     );
     assert!(corral.wait_log("reload refused"), "{}", corral.log());
+    // systemd hears that corral is ready again, and that the reload was refused.
+    let heard = support::notify_until(&socket, "reload refused", Duration::from_secs(10));
+    let last = heard.last().unwrap();
+    assert!(
+        last.contains("READY=1") && last.contains("STATUS=reload refused: pool site") && last.contains(error),
+        "{last}"
+    );
     // /status says which pool refused and why, in JSON and in text.
     let json = status_page(&corral, "/status?json");
     let member = json

@@ -139,13 +139,13 @@ fn a_worker_gets_no_user_request_before_its_health_check_passes() {
         let r = c.join().unwrap();
         assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
     }
+    assert_no_cold_request(dir.path(), 2.0);
     let log = served(dir.path());
     assert!(
         log.iter().any(|s| s.health && s.age < 2.0),
         "the worker was checked while warming up: {log:#?}"
     );
     assert_eq!(log.iter().filter(|s| !s.health).count(), 3, "{log:#?}");
-    assert_no_cold_request(dir.path(), 2.0);
     assert!(
         corral.wait_log("worker passed its health check"),
         "{}",
