@@ -277,7 +277,8 @@ impl Driver {
             | Notice::RequestTimedOut { key }
             | Notice::Refused { key }
             | Notice::KillTimedOut { key, .. }
-            | Notice::Recycling { key, .. } => Some(*key),
+            | Notice::Recycling { key, .. }
+            | Notice::RollingRestartStopped { key, .. } => Some(*key),
             Notice::CrashLoop { .. } | Notice::CrashLoopOver => None,
         };
         let pid = worker

@@ -131,6 +131,7 @@ impl PoolState {
             PoolEvent::Tick => self.tick(now),
             PoolEvent::Spawned { key, pid } => self.spawned(key, pid, now),
             PoolEvent::SpawnFailed { key, reason } => {
+                self.rolling_failed(key);
                 if self.workers.remove(&key).is_some() {
                     self.unlink(key);
                     self.counters.spawn_failed += 1;
@@ -257,6 +258,7 @@ impl PoolState {
         let Some(w) = self.workers.remove(&key) else {
             return;
         };
+        // Its partner links are read below (a failed replacement stops a rolling restart).
         self.unlink(key);
         self.counters.exited += 1;
         // A suspect worker asked to stop may have died on its own first (that is often why
@@ -278,9 +280,44 @@ impl PoolState {
                     in_flight: w.in_flight,
                 });
                 self.crash(now);
+                if w.phase == Phase::Booting {
+                    self.rolling_failed_replacing(key, w.replaces);
+                }
             }
         }
         self.out.push(PoolAction::Forget { key });
+    }
+
+    /// Worker `failed` never came up: when it was replacing a worker of a rolling restart,
+    /// the restart stops (see [`PoolState::rolling_failed_replacing`]).
+    fn rolling_failed(&mut self, failed: WorkerKey) {
+        let replaces = self.workers.get(&failed).and_then(|w| w.replaces);
+        self.rolling_failed_replacing(failed, replaces);
+    }
+
+    /// Worker `failed`, the replacement of `replaces`, never came up. When that is a rolling
+    /// restart's, the restart stops: every worker still due for it keeps serving as it was,
+    /// rather than being replaced by workers that cannot start (ARCHITECTURE.md,
+    /// "Generations and reload").
+    pub(super) fn rolling_failed_replacing(
+        &mut self,
+        failed: WorkerKey,
+        replaces: Option<WorkerKey>,
+    ) {
+        let rolling = replaces
+            .and_then(|old| self.workers.get(&old))
+            .is_some_and(|o| o.doomed == Some(RecycleReason::Rolling));
+        if !rolling {
+            return;
+        }
+        let mut kept = 0;
+        for w in self.workers.values_mut() {
+            if w.doomed == Some(RecycleReason::Rolling) && w.active() {
+                w.doomed = None;
+                kept += 1;
+            }
+        }
+        self.notice(Notice::RollingRestartStopped { key: failed, kept });
     }
 
     /// Drops the replacement link between `key` (just removed) and its partner.
@@ -492,6 +529,7 @@ impl PoolState {
                     let after = self.spec.start_timeout;
                     self.notice(Notice::StartTimedOut { key, after });
                     self.crash(now);
+                    self.rolling_failed(key);
                     self.kill(key, now);
                 }
                 Phase::Signalled(at) if now.saturating_sub(at) >= self.spec.kill_timeout => {
