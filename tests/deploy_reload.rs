@@ -238,3 +238,57 @@ fn a_reload_to_a_rack_app_that_exits_keeps_the_old_generation() {
         "the database is unreachable",
     );
 }
+
+/// Answers with its pid, so the test can tell which workers serve.
+const PID_PY: &str = r#"
+import os
+
+def application(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [str(os.getpid()).encode()]
+"#;
+
+#[test]
+fn a_rolling_restart_whose_replacement_cannot_import_the_app_stops_and_the_old_workers_serve() {
+    let dir = shared_dir();
+    write_file(dir.path(), "app.py", PID_PY);
+    let run = dir.path().join("run");
+    // Each worker imports the app itself (no preloader), and has no health_check: its
+    // readiness is its launcher answering, once the import is done.
+    let text = config(&run, dir.path(), "wsgi:app:application", "1")
+        .replace("min = 1\nmax = 1", "min = 2\nmax = 2\npreload = false");
+    let corral = Corral::start(&text, 1);
+    let addr = corral.http_addr();
+    let pids = |n: usize| -> std::collections::BTreeSet<String> {
+        (0..n)
+            .map(|_| {
+                let r = http(addr, "GET", "/", &[], b"");
+                assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
+                r.text()
+            })
+            .collect()
+    };
+    assert!(
+        support::eventually(Duration::from_secs(10), || pids(4).len() == 2),
+        "two workers serve:\n{}",
+        corral.log()
+    );
+    let before = pids(8);
+    write_file(dir.path(), "app.py", BROKEN_PY);
+    let path = corral.config_path().display().to_string();
+    let out = support::corral(&["restart-workers", "-c", &path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        corral.wait_log("rolling restart stopped"),
+        "{}",
+        corral.log()
+    );
+    // The workers it did not replace serve on, every one of them, and nothing failed.
+    let after = pids(20);
+    assert_eq!(after, before, "{}", corral.log());
+    assert!(
+        corral.log().contains("the settings module is missing"),
+        "the replacement's error is in the log:\n{}",
+        corral.log()
+    );
+}

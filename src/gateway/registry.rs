@@ -431,7 +431,14 @@ fn build_pool(
                         .filter(|c| c.pool == p.name)
                         .find_map(|c| c.root.clone()),
                     last_failure: Arc::default(),
+                    launcher: false,
                 });
+            } else if !matches!(spawn.program, crate::config::Program::Command(_)) {
+                d.set_health(crate::pool::health::Probe::launcher(
+                    Arc::clone(&name),
+                    p.protocol.into(),
+                    spawn.start_timeout,
+                ));
             }
             status = Some(d.status());
             driver = Some(d);

@@ -37,6 +37,30 @@ pub struct Probe {
     pub root: Option<PathBuf>,
     /// The latest failed check of the pool, for the reload's refusal and the status page.
     pub last_failure: Arc<Mutex<Option<String>>>,
+    /// The check is the embedded launcher's own (an app pool without `health_check`): the
+    /// request carries `CORRAL_READY_PROBE=1`, which the launcher answers with a 204
+    /// without calling the app, once the app is loaded.
+    pub launcher: bool,
+}
+
+impl Probe {
+    /// The implicit check of an `app = ...` pool without `health_check`: its worker is ready
+    /// once its launcher answers, that is once the app is imported (a worker whose socket
+    /// corral bound accepts connections before it runs at all). One check waits up to
+    /// `start_timeout`, since the launcher answers only once its import is done.
+    pub fn launcher(pool: Arc<str>, protocol: Protocol, start_timeout: Duration) -> Probe {
+        Probe {
+            pool,
+            protocol,
+            check: HealthCheck {
+                path: "/".to_owned(),
+                timeout: start_timeout,
+            },
+            root: None,
+            last_failure: Arc::default(),
+            launcher: true,
+        }
+    }
 }
 
 impl Probe {
@@ -63,6 +87,9 @@ impl Probe {
             ("HTTP_HOST", "localhost".to_owned()),
             ("HTTP_USER_AGENT", USER_AGENT.to_owned()),
         ];
+        if self.launcher {
+            params.push(("CORRAL_READY_PROBE", "1".to_owned()));
+        }
         // With a document root the path names a script there (php-cgi); without one it is
         // the app's own path (PATH_INFO under an empty SCRIPT_NAME, as at a root mount).
         match &self.root {
@@ -150,19 +177,27 @@ impl Probe {
             checks += 1;
             let why = match self.check_once(address).await {
                 Ok(()) => {
-                    tracing::info!(pool = %self.pool, %address, checks, path = %self.check.path, "worker passed its health check");
+                    if self.launcher {
+                        tracing::debug!(pool = %self.pool, %address, checks, "worker's launcher answered: its app is loaded");
+                    } else {
+                        tracing::info!(pool = %self.pool, %address, checks, path = %self.check.path, "worker passed its health check");
+                    }
                     return Ok(());
                 }
                 Err(why) => why,
             };
             tracing::debug!(pool = %self.pool, %address, reason = %why, "health check failed; trying again");
-            let failure = format!("health check GET {} {why}", self.check.path);
+            let failure = if self.launcher {
+                format!("its launcher did not answer: {why}")
+            } else {
+                format!("health check GET {} {why}", self.check.path)
+            };
             if let Ok(mut last) = self.last_failure.lock() {
                 *last = Some(failure.clone());
             }
             let now = Instant::now();
             if now + RETRY_EVERY >= deadline {
-                tracing::warn!(pool = %self.pool, %address, checks, reason = %failure, "worker never passed its health check within start_timeout");
+                tracing::warn!(pool = %self.pool, %address, checks, reason = %failure, "worker never passed its check within start_timeout");
                 return Err(failure);
             }
             tokio::time::sleep(RETRY_EVERY).await;
