@@ -211,7 +211,11 @@ pub fn write_result(runtime_dir: &Path, record: &Record) -> io::Result<()> {
     let text = match &record.outcome {
         Outcome::Applied { generation } => format!("{}\napplied {generation}\n", record.number),
         Outcome::Failed { reason, .. } => {
-            format!("{}\nrefused\n{}\n", record.number, reason.replace('\n', " "))
+            format!(
+                "{}\nrefused\n{}\n",
+                record.number,
+                reason.replace('\n', " ")
+            )
         }
     };
     file.write_all(text.as_bytes())?;

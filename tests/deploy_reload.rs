@@ -161,7 +161,11 @@ fn refused_reload(app_name: &str, good: (&str, &str), broken: &str, error: &str)
     // The deploy: the app file is replaced by the broken one, and the pool's settings
     // change, so the reload builds a new pool that imports it.
     write_file(dir.path(), file, broken);
-    std::fs::write(corral.config_path(), config(&run, dir.path(), app_name, "2")).unwrap();
+    std::fs::write(
+        corral.config_path(),
+        config(&run, dir.path(), app_name, "2"),
+    )
+    .unwrap();
     let path = corral.config_path().display().to_string();
     let out = support::corral(&["reload", "-c", &path]);
     assert_ne!(out.code, Some(0), "{out:?}\n{}", corral.log());
@@ -184,7 +188,9 @@ fn refused_reload(app_name: &str, good: (&str, &str), broken: &str, error: &str)
     let heard = support::notify_until(&socket, "reload refused", Duration::from_secs(10));
     let last = heard.last().unwrap();
     assert!(
-        last.contains("READY=1") && last.contains("STATUS=reload refused: pool site") && last.contains(error),
+        last.contains("READY=1")
+            && last.contains("STATUS=reload refused: pool site")
+            && last.contains(error),
         "{last}"
     );
     // /status says which pool refused and why, in JSON and in text.
@@ -206,7 +212,11 @@ fn refused_reload(app_name: &str, good: (&str, &str), broken: &str, error: &str)
     );
     // The refused pool's workers are gone; a good release afterwards applies.
     write_file(dir.path(), file, text_of(good));
-    std::fs::write(corral.config_path(), config(&run, dir.path(), app_name, "3")).unwrap();
+    std::fs::write(
+        corral.config_path(),
+        config(&run, dir.path(), app_name, "3"),
+    )
+    .unwrap();
     let out = support::corral(&["reload", "-c", &path]);
     assert_eq!(out.code, Some(0), "{out:?}\n{}", corral.log());
     assert!(out.stdout.contains("serves now"), "{out:?}");
@@ -269,7 +279,8 @@ fn a_rolling_restart_whose_replacement_cannot_import_the_app_stops_and_the_old_w
             })
             .collect()
     };
-    let workers = || -> BTreeSet<u32> { support::sync1::children(corral.pid()).into_iter().collect() };
+    let workers =
+        || -> BTreeSet<u32> { support::sync1::children(corral.pid()).into_iter().collect() };
     // Both workers up (answering through their launchers).
     assert!(
         support::eventually(Duration::from_secs(10), || {
@@ -291,8 +302,16 @@ fn a_rolling_restart_whose_replacement_cannot_import_the_app_stops_and_the_old_w
     );
     // The workers it did not replace serve on, both of them, and nothing failed.
     let after = served(20);
-    assert!(after.is_subset(&before), "{after:?} not of {before:?}\n{}", corral.log());
-    assert!(before.iter().all(|&p| support::alive(p)), "{}", corral.log());
+    assert!(
+        after.is_subset(&before),
+        "{after:?} not of {before:?}\n{}",
+        corral.log()
+    );
+    assert!(
+        before.iter().all(|&p| support::alive(p)),
+        "{}",
+        corral.log()
+    );
     assert!(
         corral.log().contains("the settings module is missing"),
         "the replacement's error is in the log:\n{}",

@@ -172,10 +172,14 @@ fn a_worker_gets_no_user_request_before_its_health_check_passes() {
     let r = http(addr, "GET", "/", &[], b"");
     assert!(r.text().starts_with("2 "), "{}", r.text());
     // Release 1 answered until release 2 had passed its checks, then release 2 alone.
-    let switched = releases.iter().position(|r| r == "2").unwrap_or(releases.len());
+    let switched = releases
+        .iter()
+        .position(|r| r == "2")
+        .unwrap_or(releases.len());
     assert!(switched > 0, "release 2 answered at once");
     assert!(
-        releases[switched..].iter().all(|r| r == "2") && releases[..switched].iter().all(|r| r == "1"),
+        releases[switched..].iter().all(|r| r == "2")
+            && releases[..switched].iter().all(|r| r == "1"),
         "answers during the reload, in order: {} of release 1, then {:?}",
         switched,
         &releases[switched..]

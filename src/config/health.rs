@@ -31,8 +31,13 @@ pub(super) fn health_check(e: &mut Errors, p: &FilePool) -> Option<HealthCheck> 
         Some("must start with '/' (a path on the worker, such as \"/healthz\")".to_owned())
     } else if text.len() > MAX_PATH {
         Some(format!("must be at most {MAX_PATH} bytes"))
-    } else if text.bytes().any(|b| !(0x21..0x7f).contains(&b) || b == b'#') {
-        Some("must be printable ASCII without spaces or '#' (percent-encode other bytes)".to_owned())
+    } else if text
+        .bytes()
+        .any(|b| !(0x21..0x7f).contains(&b) || b == b'#')
+    {
+        Some(
+            "must be printable ASCII without spaces or '#' (percent-encode other bytes)".to_owned(),
+        )
     } else {
         None
     };
@@ -82,7 +87,11 @@ command = ["php-cgi"]
     fn a_health_check_is_a_path_with_a_timeout_of_2s_by_default() {
         let c = parse(BASE, "t.toml").unwrap();
         assert_eq!(check_of(&c), None);
-        let c = parse(&format!("{BASE}health_check = \"/healthz?deep=1\"\n"), "t.toml").unwrap();
+        let c = parse(
+            &format!("{BASE}health_check = \"/healthz?deep=1\"\n"),
+            "t.toml",
+        )
+        .unwrap();
         let check = check_of(&c).unwrap();
         assert_eq!(check.path, "/healthz?deep=1");
         assert_eq!(check.timeout, Duration::from_secs(2));
@@ -99,14 +108,28 @@ command = ["php-cgi"]
             ("/a#b", "printable ASCII without spaces"),
         ] {
             let got = errors(&format!("{BASE}health_check = \"{value}\"\n"));
-            assert!(got.contains("t.toml:12:") && got.contains(message), "{value}: {got}");
+            assert!(
+                got.contains("t.toml:12:") && got.contains(message),
+                "{value}: {got}"
+            );
         }
         let got = errors(&format!("{BASE}health_timeout = \"1s\"\n"));
-        assert!(got.contains("t.toml:12:") && got.contains("health_timeout needs health_check"), "{got}");
-        let got = errors(&format!("{BASE}health_check = \"/up\"\nhealth_timeout = \"0s\"\n"));
-        assert!(got.contains("health_timeout must be greater than zero"), "{got}");
+        assert!(
+            got.contains("t.toml:12:") && got.contains("health_timeout needs health_check"),
+            "{got}"
+        );
+        let got = errors(&format!(
+            "{BASE}health_check = \"/up\"\nhealth_timeout = \"0s\"\n"
+        ));
+        assert!(
+            got.contains("health_timeout must be greater than zero"),
+            "{got}"
+        );
         let external = BASE.replace("command = [\"php-cgi\"]", "servers = [\"127.0.0.1:9000\"]");
         let got = errors(&format!("{external}health_check = \"/up\"\n"));
-        assert!(got.contains("health_check applies to pools corral spawns"), "{got}");
+        assert!(
+            got.contains("health_check applies to pools corral spawns"),
+            "{got}"
+        );
     }
 }

@@ -212,7 +212,10 @@ fn external(e: &mut Errors, n: &str, p: &FilePool, servers: &SpannedList) -> Opt
         ("idle_timeout", p.idle_timeout.as_ref().map(Spanned::span)),
         ("start_timeout", p.start_timeout.as_ref().map(Spanned::span)),
         ("health_check", p.health_check.as_ref().map(Spanned::span)),
-        ("health_timeout", p.health_timeout.as_ref().map(Spanned::span)),
+        (
+            "health_timeout",
+            p.health_timeout.as_ref().map(Spanned::span),
+        ),
         ("env", p.env.as_ref().map(Spanned::span)),
         ("cwd", p.cwd.as_ref().map(Spanned::span)),
         ("user", p.user.as_ref().map(Spanned::span)),

@@ -811,7 +811,10 @@ impl Driver {
                     wait_listening(&address, start_timeout).await.is_ok()
                         && match &health {
                             // Its exit ends the select below, which drops this check.
-                            Some(probe) => probe.until_healthy(&address, deadline, || false).await.is_ok(),
+                            Some(probe) => probe
+                                .until_healthy(&address, deadline, || false)
+                                .await
+                                .is_ok(),
                             None => true,
                         }
                 };

@@ -203,11 +203,23 @@ mod tests {
             text.push_str(&format!("line {i}\n"));
         }
         text.push_str("\n   \nlast \x1b[31mred\x1b[0m");
-        log_lines(text.as_bytes(), "p".into(), 1, "stderr", Some(Arc::clone(&tail))).await;
+        log_lines(
+            text.as_bytes(),
+            "p".into(),
+            1,
+            "stderr",
+            Some(Arc::clone(&tail)),
+        )
+        .await;
         let lines = tail.lines();
         assert_eq!(lines.len(), TAIL_LINES);
         assert_eq!(lines.first().map(String::as_str), Some("line 9"));
-        assert!(lines.last().is_some_and(|l| l.starts_with("last ") && !l.contains('\x1b')), "{lines:?}");
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.starts_with("last ") && !l.contains('\x1b')),
+            "{lines:?}"
+        );
         assert_eq!(tail.closed(), 1);
     }
 }

@@ -25,7 +25,11 @@ pub fn text(record: &Record) -> String {
 /// The JSON page's `"last_reload"` member, to go after its `"pools"` array: `,"last_reload":{...}`.
 pub fn json_member(record: &Record) -> String {
     let mut out = String::from(",\"last_reload\":{");
-    out.push_str(&format!("\"number\":{},\"at\":{}", record.number, secs(record)));
+    out.push_str(&format!(
+        "\"number\":{},\"at\":{}",
+        record.number,
+        secs(record)
+    ));
     match &record.outcome {
         Outcome::Applied { generation } => {
             out.push_str(&format!(",\"applied\":true,\"generation\":{generation}"));

@@ -17,7 +17,10 @@ fn a_replacement_that_crashes_while_booting_stops_the_rolling_restart() {
     t.start();
     t.at(1_000, PoolEvent::RollingRestart);
     assert_eq!(t.spawns(), vec![k(3)]);
-    t.ev(PoolEvent::Spawned { key: k(3), pid: 103 });
+    t.ev(PoolEvent::Spawned {
+        key: k(3),
+        pid: 103,
+    });
     t.ev(exited(3, ExitKind::Code(1)));
     assert_eq!(stopped_notice(&t), Some(3), "{:?}", t.last);
     // Every old worker is idle and taking requests again, and no replacement follows,
