@@ -8,6 +8,7 @@ mod support;
 
 use std::path::Path;
 use std::thread;
+use std::time::Duration;
 
 use support::peers::{shared_dir, write_file};
 use support::server::{http, Corral};
@@ -232,4 +233,77 @@ fn a_reload_to_workers_that_never_pass_their_health_check_is_refused() {
         status.contains("\"applied\":false") && status.contains("answered 503"),
         "{status}"
     );
+}
+
+/// A php-cgi pool over FastCGI: the check runs the script the path names under the
+/// context's root, and a user request sent while the checks fail waits in the queue until
+/// one passes.
+#[test]
+fn a_php_cgi_worker_is_checked_over_fastcgi_and_serves_once_its_script_passes() {
+    let dir = shared_dir();
+    write_file(
+        dir.path(),
+        "health.php",
+        "<?php $ok = file_exists(__DIR__ . '/healthy'); if (!$ok) { http_response_code(503); } \
+         file_put_contents(__DIR__ . '/served.txt', ($ok ? 'health-ok' : 'health-fail') . \
+         ' ' . $_SERVER['HTTP_USER_AGENT'] . \"\\n\", FILE_APPEND); echo $ok ? 'ok' : 'no';",
+    );
+    write_file(
+        dir.path(),
+        "index.php",
+        "<?php file_put_contents(__DIR__ . '/served.txt', \"user\\n\", FILE_APPEND); echo 'hello';",
+    );
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{run}"
+grace = "5s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+min = 1
+max = 1
+queue_timeout = "20s"
+start_timeout = "20s"
+health_check = "/health.php?from=corral"
+
+[[contexts]]
+pool = "php"
+root = "{root}"
+"#,
+        run = dir.path().join("run").display(),
+        root = dir.path().display(),
+    );
+    let corral = Corral::start(&config, 1);
+    let log = || std::fs::read_to_string(dir.path().join("served.txt")).unwrap_or_default();
+    let fails = || log().matches("health-fail").count();
+    assert!(
+        support::eventually(Duration::from_secs(10), || fails() >= 1),
+        "the check ran the script:\n{}",
+        corral.log()
+    );
+    assert!(log().contains("health-fail corral-health-check"), "{}", log());
+    let addr = corral.http_addr();
+    let user = thread::spawn(move || http(addr, "GET", "/index.php", &[], b""));
+    // The worker is checked again after the request was sent, and still has not served it.
+    let seen = fails();
+    assert!(
+        support::eventually(Duration::from_secs(10), || fails() > seen + 1),
+        "{}",
+        corral.log()
+    );
+    assert!(!log().contains("user"), "served before it passed: {}", log());
+    std::fs::write(dir.path().join("healthy"), "").unwrap();
+    let r = user.join().unwrap();
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
+    assert_eq!(r.text(), "hello");
+    let text = log();
+    let passed = text.find("health-ok").expect("a check passed");
+    assert!(text.find("user").is_some_and(|u| u > passed), "{text}");
 }
