@@ -288,7 +288,11 @@ root = "{root}"
         "the check ran the script:\n{}",
         corral.log()
     );
-    assert!(log().contains("health-fail corral-health-check"), "{}", log());
+    assert!(
+        log().contains("health-fail corral-health-check"),
+        "{}",
+        log()
+    );
     let addr = corral.http_addr();
     let user = thread::spawn(move || http(addr, "GET", "/index.php", &[], b""));
     // The worker is checked again after the request was sent, and still has not served it.
@@ -298,7 +302,11 @@ root = "{root}"
         "{}",
         corral.log()
     );
-    assert!(!log().contains("user"), "served before it passed: {}", log());
+    assert!(
+        !log().contains("user"),
+        "served before it passed: {}",
+        log()
+    );
     std::fs::write(dir.path().join("healthy"), "").unwrap();
     let r = user.join().unwrap();
     assert_eq!(r.status, 200, "{}\n{}", r.text(), corral.log());
