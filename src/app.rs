@@ -151,6 +151,7 @@ pub async fn run(
     };
     let (gateway, drivers) = Gateway::build(config, &settings)?;
     let gateway = Arc::new(gateway);
+    crate::deploy::clear_result(&config.server.runtime_dir);
     // The status listener is bound here rather than by the caller: it carries no requests
     // for the pools, so nothing else needs it before serving starts.
     let status_listener = match &config.status {

@@ -222,6 +222,18 @@ pub fn write_result(runtime_dir: &Path, record: &Record) -> io::Result<()> {
     std::fs::rename(&temporary, &path)
 }
 
+/// Removes a `reload.result` left by an earlier corral of this runtime directory: this one
+/// numbers its reloads from 1 again, and `corral reload` must not take an old number for
+/// the answer to its signal.
+pub fn clear_result(runtime_dir: &Path) {
+    match std::fs::remove_file(runtime_dir.join(RESULT_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!(error = %e, "cannot remove the previous run's reload result");
+        }
+        _ => {}
+    }
+}
+
 /// What `RUNTIME_DIR/reload.result` says: the reload number, and `Ok(generation)` or
 /// `Err(reason)`. `None` when there is no such file (no reload finished yet).
 pub fn read_result(runtime_dir: &Path) -> io::Result<Option<(u64, Result<u64, String>)>> {
@@ -271,5 +283,7 @@ mod tests {
         );
         std::fs::write(dir.path().join(RESULT_FILE), "x\n").unwrap();
         assert!(read_result(dir.path()).is_err());
+        clear_result(dir.path());
+        assert_eq!(read_result(dir.path()).unwrap(), None);
     }
 }

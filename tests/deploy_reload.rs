@@ -318,3 +318,40 @@ fn a_rolling_restart_whose_replacement_cannot_import_the_app_stops_and_the_old_w
         corral.log()
     );
 }
+
+#[test]
+fn corral_reload_is_answered_by_the_running_corral_not_by_an_earlier_ones_result() {
+    let dir = shared_dir();
+    write_file(dir.path(), "app.py", GOOD_PY);
+    let run = dir.path().join("run");
+    let text = |release: &str| {
+        config(&run, dir.path(), "wsgi:app:application", release)
+            .replace("start_timeout = \"10s\"", "start_timeout = \"60s\"")
+    };
+    // A first corral applies one reload (reload.result says number 1) and stops.
+    let mut first = Corral::start(&text("1"), 1);
+    let path = first.config_path().display().to_string();
+    std::fs::write(first.config_path(), text("2")).unwrap();
+    let out = support::corral(&["reload", "-c", &path]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        first.wait_exited(Duration::from_secs(20)),
+        "{}",
+        first.log()
+    );
+    // The next corral in the same runtime directory numbers its reloads from 1 again: its
+    // first reload is answered at once, not taken for the old one nor waited on for 70 s.
+    let second = Corral::start(&text("1"), 1);
+    let path = second.config_path().display().to_string();
+    std::fs::write(second.config_path(), text("3")).unwrap();
+    let started = tokio::time::Instant::now();
+    let out = support::corral(&["reload", "-c", &path]);
+    assert_eq!(out.code, Some(0), "{out:?}\n{}", second.log());
+    assert!(out.stdout.contains("generation 1 serves now"), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -16,6 +16,7 @@
 //! request. No spawn is ever issued after `Stop`.
 
 mod machine;
+mod rolling;
 mod sizing;
 mod spec;
 mod status;
