@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 use std::collections::HashMap;
 
 use crate::config::{Backend, Config, FrontProtocol, ListenerConfig};
+use crate::deploy::{Outcome, ReloadError};
 use crate::error::StartupError;
 use crate::front::http::{self, ConnInfo};
 use crate::front::limits::{self, Admission, Client};
@@ -126,6 +127,9 @@ pub enum AppControl {
     RestartWorkers,
     /// Reopen the request log files (logrotate's `postrotate`).
     ReopenLogs,
+    /// A reload was asked for but its configuration could not be read or has errors (the
+    /// command line logged them): recorded as the reload's outcome.
+    ReloadRefused(String),
 }
 
 /// Serves until `shutdown` is cancelled, then drains for up to the configured grace; `fast`
@@ -156,6 +160,7 @@ pub async fn run(
     };
     let (gateway, drivers) = Gateway::build(config, &settings)?;
     let gateway = Arc::new(gateway);
+    crate::deploy::clear_result(&config.server.runtime_dir);
     // The status listener is bound here rather than by the caller: it carries no requests
     // for the pools, so nothing else needs it before serving starts.
     let status_listener = match &config.status {
@@ -196,6 +201,7 @@ pub async fn run(
         shards,
         next_queue: 0,
         backlogs: Arc::default(),
+        next_generation: 1,
     };
     for bound in listeners {
         let sockets = serving.sockets(bound.listener, &bound.config)?;
@@ -250,6 +256,7 @@ pub async fn run(
                     }
                 }
                 Some(AppControl::ReopenLogs) => gateway.access.reopen(),
+                Some(AppControl::ReloadRefused(reason)) => serving.refused(reason, None),
                 // Nobody can send any more: serve until stopped.
                 None => {
                     stopping.cancelled().await;
@@ -382,6 +389,8 @@ struct Serving {
     next_queue: usize,
     /// The listeners' kernel accept queues, for status.
     backlogs: Arc<crate::front::backlog::Backlogs>,
+    /// The generation number the next reload tries.
+    next_generation: u64,
 }
 
 impl Serving {
@@ -475,24 +484,56 @@ impl Serving {
             crate::systemd::monotonic_usec()
         ));
         match self.try_reload(new).await {
-            Ok(number) => tracing::info!(
-                generation = number,
-                took = ?started.elapsed(),
-                "reloaded: the new configuration serves"
-            ),
-            Err(e) => tracing::error!(
-                error = %e,
-                "reload failed; the running configuration keeps serving"
-            ),
+            Ok(number) => {
+                tracing::info!(
+                    generation = number,
+                    took = ?started.elapsed(),
+                    "reloaded: the new configuration serves"
+                );
+                self.finished(Outcome::Applied { generation: number });
+                self.notifier
+                    .notify(&format!("READY=1\nSTATUS={}", status_line(&self.gateway)));
+            }
+            Err(ReloadError::Refused(refusal)) => {
+                let pool = refusal.pool.clone();
+                self.refused(refusal.to_string(), Some(pool));
+            }
+            Err(ReloadError::Startup(e)) => {
+                tracing::error!(error = %e, "reload failed; the running configuration keeps serving");
+                self.refused(e.to_string(), None);
+            }
         }
-        self.notifier
-            .notify(&format!("READY=1\nSTATUS={}", status_line(&self.gateway)));
     }
 
-    async fn try_reload(&mut self, new: Config) -> Result<u64, StartupError> {
+    /// Records a reload that did not apply (the running configuration keeps serving), and
+    /// tells systemd it is ready again, with the reason in `STATUS=`.
+    fn refused(&mut self, reason: String, pool: Option<String>) {
+        tracing::error!(
+            pool = pool.as_deref().unwrap_or("-"),
+            reason = %reason,
+            "reload refused; the running configuration keeps serving"
+        );
+        let status = format!("reload refused: {reason}; {}", status_line(&self.gateway));
+        self.finished(Outcome::Failed { reason, pool });
+        self.notifier
+            .notify(&format!("READY=1\nSTATUS={}", status.replace('\n', " ")));
+    }
+
+    /// Keeps a reload's outcome for the status page and `corral reload`.
+    fn finished(&self, outcome: Outcome) {
+        let record = self.gateway.reloads.record(outcome);
+        if let Err(e) = crate::deploy::write_result(&self.config.server.runtime_dir, &record) {
+            tracing::warn!(error = %e, "cannot write the reload's result for `corral reload`");
+        }
+    }
+
+    async fn try_reload(&mut self, new: Config) -> Result<u64, ReloadError> {
         warn_restart_only(&self.config, &new);
         let current = self.gateway.current();
-        let number = current.number + 1;
+        // Numbers are not reused, even by a refused reload, whose pools' sockets (tagged with
+        // it) may still be going away.
+        let number = self.next_generation.max(current.number + 1);
+        self.next_generation = number + 1;
         let settings = BuildSettings {
             worker_nofile: self.worker_nofile,
             launchers: launchers::install(&new)?,
@@ -522,12 +563,25 @@ impl Serving {
             added.push((self.sockets(listener, l)?, l.clone()));
         }
         // New before old: the new pools' workers start, and the switch waits for each
-        // pool's `min` to be ready (bounded by its start_timeout).
+        // pool's `min` to be ready (and healthy), bounded by its start_timeout. A pool that
+        // cannot get there refuses the reload: its workers stop, the old ones serve on.
         let new_pools: Vec<Arc<Pool>> = built.drivers.iter().map(|(p, _)| Arc::clone(p)).collect();
         for (pool, driver) in built.drivers {
             pool.start(driver);
         }
-        wait_ready(&new_pools, &new).await;
+        let (floors, wait) = ready_wait(&new);
+        if let Err(refusal) = crate::deploy::gate(&new_pools, &floors, wait).await {
+            let kill = new.server.kill_timeout;
+            for pool in new_pools {
+                self.retiring.spawn(async move {
+                    pool.stop(false);
+                    if !pool.stopped(kill + std::time::Duration::from_secs(1)).await {
+                        tracing::error!(pool = %pool.name, generation = pool.generation, "a refused reload's pool did not stop within kill_timeout");
+                    }
+                });
+            }
+            return Err(ReloadError::Refused(refusal));
+        }
         let logs = crate::access::LogSettings::of(&new.server);
         if logs != crate::access::LogSettings::of(&self.config.server) {
             self.gateway.access.reconfigure(logs);
@@ -608,27 +662,6 @@ fn warn_restart_only(old: &Config, new: &Config) {
             setting = what,
             "changed by the reload, but it takes effect only at restart"
         );
-    }
-}
-
-/// Waits until each of `pools` has its `min` workers ready, or each one's start_timeout
-/// has passed (a pool that cannot start must not hold a reload forever; its requests then
-/// queue as they would at start).
-async fn wait_ready(pools: &[Arc<Pool>], config: &Config) {
-    let (floors, wait) = ready_wait(config);
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        let short = pools
-            .iter()
-            .find(|p| p.ready_workers() < floors.get(&*p.name).copied().unwrap_or(0));
-        match short {
-            None => return,
-            Some(p) if tokio::time::Instant::now() >= deadline => {
-                tracing::warn!(pool = %p.name, "its min workers are not ready; switching to it anyway");
-                return;
-            }
-            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-        }
     }
 }
 

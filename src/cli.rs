@@ -152,13 +152,25 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             // Checked here first, so a broken file is reported to whoever typed the command;
             // the running corral checks it again, against what it finds on disk then.
             let config = load(path.as_deref())?;
+            let dir = &config.server.runtime_dir;
+            let before = crate::deploy::read_result(dir)
+                .ok()
+                .flatten()
+                .map_or(0, |(n, _)| n);
             let pid = crate::control::signal(&config, nix::sys::signal::Signal::SIGHUP)
                 .map_err(unavailable("corral"))?;
-            writeln!(
-                out,
-                "asked corral (pid {pid}) to reload its configuration; its log says when the new one serves"
-            )
-            .map_err(stdout_error)
+            // The new pools get their start_timeout to come up; a little more for the rest.
+            let bound = reload_bound(&config);
+            match crate::control::wait_reload(dir, before, pid, bound) {
+                Ok(generation) => writeln!(
+                    out,
+                    "asked corral (pid {pid}) to reload its configuration: generation {generation} serves now"
+                )
+                .map_err(stdout_error),
+                Err(reason) => Err(Error::Serve(format!(
+                    "corral (pid {pid}) refused the reload; the running configuration keeps serving: {reason}"
+                ))),
+            }
         }
         Command::Stop { config, fast } => {
             let config = load(config.as_deref())?;
@@ -368,9 +380,15 @@ fn serve(config: &Config, path: Option<PathBuf>, missing: &[ConfigError]) -> Res
                                 for line in e.to_string().trim_end().lines() {
                                     tracing::error!("{line}");
                                 }
-                                tracing::error!("reload refused: the configuration has errors; the running one keeps serving");
+                                let first = e.to_string().lines().next().unwrap_or_default().to_owned();
+                                let reason = format!("the configuration has errors: {first}");
+                                let _ = app.send(crate::app::AppControl::ReloadRefused(reason)).await;
                             }
-                            Err(e) => tracing::error!(error = %e, "reload: reading the configuration failed"),
+                            Err(e) => {
+                                tracing::error!(error = %e, "reload: reading the configuration failed");
+                                let reason = format!("reading the configuration failed: {e}");
+                                let _ = app.send(crate::app::AppControl::ReloadRefused(reason)).await;
+                            }
                         }
                     }
                 }
@@ -387,6 +405,21 @@ fn serve(config: &Config, path: Option<PathBuf>, missing: &[ConfigError]) -> Res
         .await
         .map_err(Error::Startup)
     })
+}
+
+/// How long `corral reload` waits for the outcome: the longest `start_timeout` of the new
+/// pools (the reload's gate waits that long, plus a second), and some margin.
+fn reload_bound(config: &Config) -> std::time::Duration {
+    let longest = config
+        .pools
+        .iter()
+        .filter_map(|p| match &p.backend {
+            config::Backend::Spawned(s) => Some(s.start_timeout),
+            config::Backend::External { .. } => None,
+        })
+        .max()
+        .unwrap_or_default();
+    longest + std::time::Duration::from_secs(10)
 }
 
 fn init_logging(level: config::LogLevel) {

@@ -280,6 +280,31 @@ pub fn signal(config: &Config, signal: nix::sys::signal::Signal) -> io::Result<u
     Ok(pid)
 }
 
+/// Waits up to `bound` for the corral `pid` to finish the reload it was just asked for:
+/// until `RUNTIME_DIR/reload.result` holds a reload other than number `before`
+/// (`src/deploy.rs`). The new generation's number, or why the reload did not apply.
+pub fn wait_reload(dir: &Path, before: u64, pid: u32, bound: Duration) -> Result<u64, String> {
+    let step = Duration::from_millis(20);
+    let mut waited = Duration::ZERO;
+    loop {
+        match crate::deploy::read_result(dir) {
+            Ok(Some((number, result))) if number != before => return result,
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        if !alive(pid) {
+            return Err("corral exited before the reload finished; see its log".to_owned());
+        }
+        if waited >= bound {
+            return Err(format!(
+                "no outcome within {bound:?}; corral may still be starting the new workers, see its log"
+            ));
+        }
+        std::thread::sleep(step);
+        waited += step;
+    }
+}
+
 /// Waits up to `bound` for process `pid` to exit; whether it did.
 pub fn wait_exit(pid: u32, bound: Duration) -> bool {
     let step = Duration::from_millis(50);

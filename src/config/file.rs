@@ -134,6 +134,8 @@ pub struct FilePool {
     pub max_fails: Option<Spanned<u32>>,
     pub fail_timeout: Option<Spanned<DurationText>>,
     pub start_timeout: Option<Spanned<DurationText>>,
+    pub health_check: Option<Spanned<String>>,
+    pub health_timeout: Option<Spanned<DurationText>>,
     pub max_requests: Option<Spanned<u64>>,
     pub max_requests_jitter: Option<Spanned<u64>>,
     pub max_memory: Option<Spanned<SizeText>>,

@@ -18,6 +18,7 @@ mod address;
 mod context;
 mod diagnostic;
 mod file;
+mod health;
 mod keys;
 mod php_children;
 mod pool;
@@ -393,6 +394,10 @@ pub struct SpawnConfig {
     /// Longest time a new worker may take to accept connections (`start_timeout`,
     /// default 30s).
     pub start_timeout: Duration,
+    /// `health_check` (with `health_timeout`): a new worker takes requests, and a reload
+    /// switches to it, only once it answers 2xx to a GET of this path (none = once its
+    /// socket accepts). ARCHITECTURE.md, "Generations and reload".
+    pub health_check: Option<HealthCheck>,
     /// Extra environment variables (`env`).
     pub env: BTreeMap<String, String>,
     /// Working directory (`cwd`; none = corral's).
@@ -408,6 +413,16 @@ pub struct SpawnConfig {
     /// `php_children`: each worker is a php-cgi parent forking this many children that
     /// share its OPcache (none = one php-cgi process per worker).
     pub php_children: Option<PhpChildren>,
+}
+
+/// A pool's health check: the GET corral sends a new worker before it gets traffic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// The path (and query) asked for, starting with `/`.
+    pub path: String,
+    /// Longest wait for one answer (`health_timeout`, default 2 s); a check that takes
+    /// longer failed, and the next is tried until `start_timeout`.
+    pub timeout: Duration,
 }
 
 /// What a spawned worker runs.

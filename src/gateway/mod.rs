@@ -404,6 +404,8 @@ pub struct Gateway {
     fpm_status: crate::status::collect::StatusSource,
     /// The request logs' writer.
     pub access: AccessLog,
+    /// What the latest reload came to (`src/deploy.rs`), for the status page.
+    pub reloads: crate::deploy::LastReload,
 }
 
 impl Gateway {
@@ -421,6 +423,7 @@ impl Gateway {
             next_request_id: AtomicU64::new(1),
             fpm_status: crate::status::collect::StatusSource::new(),
             access: AccessLog::start(LogSettings::of(&config.server)),
+            reloads: crate::deploy::LastReload::default(),
         }
     }
 

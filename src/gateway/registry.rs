@@ -420,6 +420,26 @@ fn build_pool(
                 rx,
             );
             d.set_generation(settings.generation);
+            if let Some(check) = &spawn.health_check {
+                d.set_health(crate::pool::health::Probe {
+                    pool: Arc::clone(&name),
+                    protocol: p.protocol.into(),
+                    check: check.clone(),
+                    root: config
+                        .contexts
+                        .iter()
+                        .filter(|c| c.pool == p.name)
+                        .find_map(|c| c.root.clone()),
+                    last_failure: Arc::default(),
+                    launcher: false,
+                });
+            } else if !matches!(spawn.program, crate::config::Program::Command(_)) {
+                d.set_health(crate::pool::health::Probe::launcher(
+                    Arc::clone(&name),
+                    p.protocol.into(),
+                    spawn.start_timeout,
+                ));
+            }
             status = Some(d.status());
             driver = Some(d);
             Some(tx)

@@ -575,7 +575,13 @@ module CorralRack
       env = rack_env(request, input)
       status, headers, body = nil
       begin
-        status, headers, body = @app.call(env)
+        # corral asking whether the app is loaded (it is: requests are served only once it
+        # is), before the worker gets traffic. The app is not called.
+        status, headers, body = if env['CORRAL_READY_PROBE'] == '1'
+                                  [204, {}, []]
+                                else
+                                  @app.call(env)
+                                end
         code, lines = CorralRack.response_lines(status, headers)
       rescue StandardError, ScriptError, SystemStackError => e
         report(env, e)

@@ -631,6 +631,12 @@ def run_app(app, environ, sock, order):
     response = Response(sock, order)
     body = environ["wsgi.input"]
     result = None
+    if environ.get("CORRAL_READY_PROBE") == "1":
+        # corral asking whether the app is loaded (it is: this loop runs only once it is),
+        # before the worker gets traffic. The app is not called.
+        response.start_response("204 No Content", [])
+        response.finish()
+        return True
     try:
         result = app(environ, response.start_response)
         # A list or tuple is complete already and leaves whole with RESP_END (up to

@@ -18,11 +18,13 @@ use tokio::time::Instant;
 use super::memory_checks::MemoryWatch;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
+use crate::pool::health::Probe;
 use crate::pool::preloader::{PreloaderEvent, Preloaders};
 use crate::pool::slots::{SlotTable, WorkerId};
 use crate::pool::state::{
     ExitKind, Notice, PoolAction, PoolEvent, PoolState, PoolStatus, Severity, WorkerKey,
 };
+use crate::process::output::{Tail, TailHandle};
 use crate::process::preload::{parent_of, PidFd};
 use crate::process::{
     self, bind_worker_socket, spawn_worker, wait_listening, wait_ready, StopSignal, WorkerSocket,
@@ -117,6 +119,11 @@ pub struct Driver {
     /// The pool's preloaders when it preloads (`preload = true`): workers are forked from
     /// one instead of spawned (ARCHITECTURE.md, "Preload and fork").
     preload: Option<Preloaders>,
+    /// The pool's health check (`health_check`): a worker is reported ready only once it
+    /// passes (`src/pool/health.rs`).
+    health: Option<Arc<Probe>>,
+    /// The last stderr lines of the pool's processes.
+    tail: Arc<Tail>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -130,6 +137,11 @@ pub struct Published {
     /// [`RECENT_NOTICES`]: what the status page shows as recent events. Shared, so
     /// publishing does not copy them.
     pub recent: Arc<std::collections::VecDeque<Recent>>,
+    /// The last stderr lines of the pool's processes (a worker that could not start is
+    /// reported with them).
+    pub tail: Arc<Tail>,
+    /// The latest failed health check, when the pool has a health check and one failed.
+    pub health_failure: Option<String>,
 }
 
 /// A notice the driver logged, kept for the status page.
@@ -191,11 +203,16 @@ impl Driver {
     ) -> Driver {
         let (reports_tx, reports) = mpsc::unbounded_channel();
         let recent = Arc::new(std::collections::VecDeque::new());
+        let tail = Arc::new(Tail::default());
+        let mut template = template;
+        template.stderr_tail = TailHandle(Some(Arc::clone(&tail)));
         let preload = template.preload.then(|| Preloaders::new(&template.argv));
         let (published, _) = tokio::sync::watch::channel(Published {
             status: state.status(Duration::ZERO),
             ids: Vec::new(),
             recent: Arc::clone(&recent),
+            tail: Arc::clone(&tail),
+            health_failure: None,
         });
         Driver {
             socket_tag: name.to_string(),
@@ -216,7 +233,14 @@ impl Driver {
             published,
             recent,
             preload,
+            health: None,
+            tail,
         }
+    }
+
+    /// Gates this pool's new workers on `probe` (`health_check`).
+    pub fn set_health(&mut self, probe: Probe) {
+        self.health = Some(Arc::new(probe));
     }
 
     /// Tags the worker sockets of this pool with `generation` (see `socket_tag`).
@@ -235,6 +259,11 @@ impl Driver {
             status: self.state.status(self.now()),
             ids: self.workers.iter().map(|(k, w)| (*k, w.id)).collect(),
             recent: Arc::clone(&self.recent),
+            tail: Arc::clone(&self.tail),
+            health_failure: self
+                .health
+                .as_ref()
+                .and_then(|h| h.last_failure.lock().ok().and_then(|f| f.clone())),
         });
     }
 
@@ -248,7 +277,8 @@ impl Driver {
             | Notice::RequestTimedOut { key }
             | Notice::Refused { key }
             | Notice::KillTimedOut { key, .. }
-            | Notice::Recycling { key, .. } => Some(*key),
+            | Notice::Recycling { key, .. }
+            | Notice::RollingRestartStopped { key, .. } => Some(*key),
             Notice::CrashLoop { .. } | Notice::CrashLoopOver => None,
         };
         let pid = worker
@@ -567,13 +597,20 @@ impl Driver {
                 let reports = self.reports_tx.clone();
                 let start_timeout = self.state.spec().start_timeout;
                 let address = spawned.address.clone();
+                let health = self.health.clone();
                 tokio::spawn(async move {
+                    let deadline = Instant::now() + start_timeout;
                     // Not ready in time is the state machine's to judge (it kills the
                     // worker); an early exit is reported by the wait below.
-                    if wait_ready(&address, &mut spawned.child, start_timeout)
+                    let mut ready = wait_ready(&address, &mut spawned.child, start_timeout)
                         .await
-                        .is_ok()
-                    {
+                        .is_ok();
+                    if let (true, Some(probe)) = (ready, health) {
+                        let child = &mut spawned.child;
+                        let gone = || !matches!(child.try_wait(), Ok(None));
+                        ready = probe.until_healthy(&address, deadline, gone).await.is_ok();
+                    }
+                    if ready {
                         let _ = reports.send(Report::Ready(key));
                     }
                     let status = match spawned.child.wait().await {
@@ -764,13 +801,26 @@ impl Driver {
         let pidfd = PidFd::open(pid);
         let reports = self.reports_tx.clone();
         let start_timeout = self.state.spec().start_timeout;
+        let health = self.health.clone();
         tokio::spawn(async move {
+            let deadline = Instant::now() + start_timeout;
             // No pidfd: the worker is gone already (ESRCH) or cannot be watched; either
             // way it is reported as ended rather than waited on forever.
             if let Ok(pidfd) = pidfd {
+                let ready = async {
+                    wait_listening(&address, start_timeout).await.is_ok()
+                        && match &health {
+                            // Its exit ends the select below, which drops this check.
+                            Some(probe) => probe
+                                .until_healthy(&address, deadline, || false)
+                                .await
+                                .is_ok(),
+                            None => true,
+                        }
+                };
                 tokio::select! {
-                    ready = wait_listening(&address, start_timeout) => {
-                        if ready.is_ok() {
+                    ready = ready => {
+                        if ready {
                             let _ = reports.send(Report::Ready(key));
                         }
                         pidfd.exited().await;

@@ -16,12 +16,15 @@
 //! request. No spawn is ever issued after `Stop`.
 
 mod machine;
+mod rolling;
 mod sizing;
 mod spec;
 mod status;
 
 #[cfg(test)]
 mod recycle_tests;
+#[cfg(test)]
+mod rolling_tests;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -283,6 +286,15 @@ pub enum Notice {
     },
     /// A worker served again after a crash loop: spawns are no longer throttled.
     CrashLoopOver,
+    /// A rolling restart's replacement could not come up (it failed to spawn, exited or
+    /// missed `start_timeout`): the restart stopped, and the workers it had not yet
+    /// replaced serve on.
+    RollingRestartStopped {
+        /// The replacement that failed.
+        key: WorkerKey,
+        /// Workers left serving that the restart would have replaced.
+        kept: usize,
+    },
 }
 
 impl Notice {
@@ -290,7 +302,7 @@ impl Notice {
     pub fn severity(&self) -> Severity {
         match self {
             Notice::Recycling { .. } | Notice::CrashLoopOver => Severity::Info,
-            Notice::CrashLoop { .. } => Severity::Error,
+            Notice::CrashLoop { .. } | Notice::RollingRestartStopped { .. } => Severity::Error,
             _ => Severity::Warn,
         }
     }
@@ -330,6 +342,11 @@ impl fmt::Display for Notice {
             Notice::CrashLoopOver => {
                 f.write_str("a worker served again: spawns are no longer throttled")
             }
+            Notice::RollingRestartStopped { key, kept } => write!(
+                f,
+                "rolling restart stopped: its replacement {key} could not come up; {kept} \
+                 workers it had not replaced serve on"
+            ),
         }
     }
 }

@@ -21,7 +21,7 @@
 
 pub mod exit;
 pub mod memory;
-mod output;
+pub mod output;
 pub mod own;
 pub mod php_children;
 pub mod preload;

@@ -4,7 +4,14 @@
 //! are escaped (a line is one log line), and each stream of each worker is held to
 //! [`LINES_PER_SECOND`] and [`BYTES_PER_SECOND`]: past them lines are dropped and counted, and
 //! the next line logged is preceded by one saying how many were suppressed.
+//!
+//! A pool keeps the last few stderr lines of all its processes (workers and preloader) in a
+//! [`Tail`], so a worker that cannot come up is reported with what it said last (the
+//! Python traceback, Ruby's LoadError): ARCHITECTURE.md, "Generations and reload".
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -21,12 +28,65 @@ const BYTES_PER_SECOND: u64 = 64 * 1024;
 /// After this long without output, the lines suppressed so far are reported.
 const QUIET: Duration = Duration::from_secs(1);
 
-/// Logs each line read from a worker's pipe until it closes.
+/// Lines a [`Tail`] keeps.
+pub const TAIL_LINES: usize = 12;
+/// Longest line a [`Tail`] keeps (longer ones are cut, with "...").
+const TAIL_LINE: usize = 300;
+
+/// The last [`TAIL_LINES`] stderr lines a pool's processes wrote, escaped as logged, and how
+/// many of its stderr pipes have closed (a process that exited has closed its own: waiting
+/// for that count to move tells when a failed process's last words are in).
+#[derive(Debug, Default)]
+pub struct Tail {
+    lines: Mutex<VecDeque<String>>,
+    closed: AtomicU64,
+}
+
+impl Tail {
+    /// The lines kept, oldest first.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many stderr pipes of the pool have closed so far.
+    pub fn closed(&self) -> u64 {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn push(&self, line: String) {
+        if let Ok(mut lines) = self.lines.lock() {
+            if lines.len() >= TAIL_LINES {
+                lines.pop_front();
+            }
+            lines.push_back(line);
+        }
+    }
+}
+
+/// Where a pool's stderr lines are kept: compares equal to any other (it is where output
+/// goes, not a setting, so it never makes two spawns differ).
+#[derive(Debug, Clone, Default)]
+pub struct TailHandle(pub Option<Arc<Tail>>);
+
+impl PartialEq for TailHandle {
+    fn eq(&self, _: &TailHandle) -> bool {
+        true
+    }
+}
+
+impl Eq for TailHandle {}
+
+/// Logs each line read from a worker's pipe until it closes, keeping the lines in `tail`
+/// too when there is one.
 pub(super) async fn log_lines(
     mut pipe: impl AsyncRead + Unpin,
     pool: String,
     pid: u32,
     stream: &str,
+    tail: Option<Arc<Tail>>,
 ) {
     let limit = LineLimit::new(Duration::from_secs(1), LINES_PER_SECOND, BYTES_PER_SECOND);
     let mut pending: Vec<u8> = Vec::new();
@@ -44,13 +104,38 @@ pub(super) async fn log_lines(
         };
         pending.extend_from_slice(chunk.get(..read).unwrap_or_default());
         for line in take_lines(&mut pending) {
+            keep(tail.as_deref(), &line);
             limited(&limit, &line, &pool, pid, stream);
         }
     }
     if !pending.is_empty() {
+        keep(tail.as_deref(), &pending);
         limited(&limit, &pending, &pool, pid, stream);
     }
     report_suppressed(limit.take_suppressed(), &pool, pid, stream);
+    if let Some(tail) = tail {
+        tail.closed.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Keeps `line` (as logged, bounded) in `tail`; blank lines are not worth a place.
+fn keep(tail: Option<&Tail>, line: &[u8]) {
+    let Some(tail) = tail else { return };
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return;
+    }
+    let mut text = escaped(line).to_string();
+    if text.len() > TAIL_LINE {
+        let mut cut = TAIL_LINE;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    tail.push(text);
 }
 
 fn limited(limit: &LineLimit, line: &[u8], pool: &str, pid: u32, stream: &str) {
@@ -108,5 +193,33 @@ mod tests {
         let mut long = vec![b'x'; MAX_LINE + 10];
         assert_eq!(take_lines(&mut long), vec![vec![b'x'; MAX_LINE + 10]]);
         assert!(long.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_tail_keeps_the_last_lines_escaped_and_counts_closed_pipes() {
+        let tail = Arc::new(Tail::default());
+        let mut text = String::new();
+        for i in 0..20 {
+            text.push_str(&format!("line {i}\n"));
+        }
+        text.push_str("\n   \nlast \x1b[31mred\x1b[0m");
+        log_lines(
+            text.as_bytes(),
+            "p".into(),
+            1,
+            "stderr",
+            Some(Arc::clone(&tail)),
+        )
+        .await;
+        let lines = tail.lines();
+        assert_eq!(lines.len(), TAIL_LINES);
+        assert_eq!(lines.first().map(String::as_str), Some("line 9"));
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.starts_with("last ") && !l.contains('\x1b')),
+            "{lines:?}"
+        );
+        assert_eq!(tail.closed(), 1);
     }
 }

@@ -33,7 +33,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{getppid, setsid, Gid, Group, Pid, Uid, User};
 use tokio::process::Child;
 
-use super::output::log_lines;
+use super::output::{log_lines, TailHandle};
 use crate::config::{BackendAddress, BackendProtocol, PoolConfig, Program, SpawnConfig};
 
 /// Mode of a worker socket corral binds: read and write for corral's user alone.
@@ -116,6 +116,8 @@ pub struct WorkerSpawn {
     /// A php-cgi parent forking children (`php_children`, see
     /// [`super::php_children::pin_environment`]); its jitter already resolved per worker.
     pub php_children: Option<crate::config::PhpChildren>,
+    /// Where the pool keeps its processes' last stderr lines (none = logged only).
+    pub stderr_tail: TailHandle,
 }
 
 impl WorkerSpawn {
@@ -140,6 +142,7 @@ impl WorkerSpawn {
             nofile: None,
             preload: false,
             php_children: None,
+            stderr_tail: TailHandle::default(),
         }
     }
 
@@ -167,6 +170,7 @@ impl WorkerSpawn {
             nofile: None,
             preload: false,
             php_children: spawn.php_children,
+            stderr_tail: TailHandle::default(),
         })
     }
 
@@ -376,10 +380,16 @@ fn start(
         .id()
         .ok_or_else(|| io::Error::other(format!("{program} exited before its pid was read")))?;
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(log_lines(out, spec.pool.clone(), pid, "stdout"));
+        tokio::spawn(log_lines(out, spec.pool.clone(), pid, "stdout", None));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(log_lines(err, spec.pool.clone(), pid, "stderr"));
+        tokio::spawn(log_lines(
+            err,
+            spec.pool.clone(),
+            pid,
+            "stderr",
+            spec.stderr_tail.0.clone(),
+        ));
     }
     tracing::info!(
         pool = %spec.pool, pid, address = %address,

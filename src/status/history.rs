@@ -212,6 +212,7 @@ fn notice_kind(n: &Notice) -> &'static str {
         Notice::Recycling { .. } => "recycled",
         Notice::CrashLoop { .. } => "crash loop",
         Notice::CrashLoopOver => "crash loop over",
+        Notice::RollingRestartStopped { .. } => "rolling restart stopped",
     }
 }
 
@@ -236,6 +237,9 @@ fn notice_reason(n: &Notice) -> String {
             format!("{crashes} crashes in a row; one spawn every {retry_in:?}")
         }
         Notice::CrashLoopOver => "a worker served again".to_owned(),
+        Notice::RollingRestartStopped { kept, .. } => {
+            format!("its replacement could not come up; {kept} workers serve on")
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub mod history;
 pub mod host;
 pub mod html;
 pub mod metrics;
+pub mod reload;
 pub mod render;
 pub mod server;
 pub mod watch;

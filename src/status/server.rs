@@ -194,7 +194,7 @@ pub fn answer(
         return reply(StatusCode::OK, "application/json", body);
     }
     if q.json {
-        let body = render::json(
+        let mut body = render::json(
             &pools,
             &listeners,
             source.started,
@@ -202,10 +202,16 @@ pub fn answer(
             q.full,
             q.pool.is_some(),
         );
+        if let (None, Some(last)) = (&q.pool, gateway.reloads.get()) {
+            body = super::reload::with_json_member(body, &last);
+        }
         return reply(StatusCode::OK, "application/json", body);
     }
     let mut body = render::text(&pools, source.started, now, q.full);
     body.push_str(&render::listeners_text(&listeners));
+    if let (None, Some(last)) = (&q.pool, gateway.reloads.get()) {
+        body.push_str(&super::reload::text(&last));
+    }
     reply(StatusCode::OK, "text/plain; charset=utf-8", body)
 }
 

@@ -131,6 +131,7 @@ impl PoolState {
             PoolEvent::Tick => self.tick(now),
             PoolEvent::Spawned { key, pid } => self.spawned(key, pid, now),
             PoolEvent::SpawnFailed { key, reason } => {
+                self.rolling_failed(key);
                 if self.workers.remove(&key).is_some() {
                     self.unlink(key);
                     self.counters.spawn_failed += 1;
@@ -257,6 +258,7 @@ impl PoolState {
         let Some(w) = self.workers.remove(&key) else {
             return;
         };
+        // Its partner links are read below (a failed replacement stops a rolling restart).
         self.unlink(key);
         self.counters.exited += 1;
         // A suspect worker asked to stop may have died on its own first (that is often why
@@ -278,6 +280,9 @@ impl PoolState {
                     in_flight: w.in_flight,
                 });
                 self.crash(now);
+                if w.phase == Phase::Booting {
+                    self.rolling_failed_replacing(key, w.replaces);
+                }
             }
         }
         self.out.push(PoolAction::Forget { key });
@@ -492,6 +497,7 @@ impl PoolState {
                     let after = self.spec.start_timeout;
                     self.notice(Notice::StartTimedOut { key, after });
                     self.crash(now);
+                    self.rolling_failed(key);
                     self.kill(key, now);
                 }
                 Phase::Signalled(at) if now.saturating_sub(at) >= self.spec.kill_timeout => {
