@@ -23,7 +23,7 @@ use corral::backend::{
 use corral::config::BackendAddress;
 
 use support::peers::{cgi_params, lsphp, md5_hex, shared_dir, write_file, Peer};
-use support::weak::{spool_files_open, until};
+use support::weak::{assert_spooled_in_flight, spool_files_open, until};
 
 fn address(peer: &Peer) -> BackendAddress {
     BackendAddress::Unix(peer.socket.clone())
@@ -209,20 +209,7 @@ async fn lsphp_chunked_body_is_spooled() {
         body_text(&mut response).await
     });
     // In flight: the whole body sits in one unlinked spool file, counted in the budget.
-    assert!(
-        until(Duration::from_secs(20), || {
-            spool_files_open(spool_dir.path()) == 1 && budget.used() == length
-        })
-        .await,
-        "no spool file of {length} bytes while the request was in flight: {} open, {} bytes held",
-        spool_files_open(spool_dir.path()),
-        budget.used()
-    );
-    assert_eq!(
-        std::fs::read_dir(spool_dir.path()).unwrap().count(),
-        0,
-        "unlinked"
-    );
+    assert_spooled_in_flight(spool_dir.path(), length, || budget.used()).await;
     feeder.await.unwrap();
     std::fs::write(&gate, b"").unwrap();
     assert_eq!(exchange.await.unwrap(), expected);

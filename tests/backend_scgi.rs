@@ -23,7 +23,7 @@ use corral::backend::{
 use corral::config::BackendAddress;
 
 use support::peers::{cgi_params, md5_hex, python, shared_dir, write_file, Peer};
-use support::weak::{spool_files_open, until};
+use support::weak::{assert_spooled_in_flight, spool_files_open, until};
 
 /// An SCGI app on the Unix socket named by argv[1]: answers with the method, the body
 /// length it was told, the body, and a header; says "ready" once it listens.
@@ -178,20 +178,7 @@ async fn scgi_post_of_unknown_length_is_spooled() {
         let mut response = scgi::send(conn, request, &options).await.unwrap();
         body_text(&mut response).await
     });
-    assert!(
-        until(Duration::from_secs(20), || {
-            spool_files_open(spool_dir.path()) == 1 && budget.used() == length
-        })
-        .await,
-        "no spool file of {length} bytes while the request was in flight: {} open, {} bytes held",
-        spool_files_open(spool_dir.path()),
-        budget.used()
-    );
-    assert_eq!(
-        std::fs::read_dir(spool_dir.path()).unwrap().count(),
-        0,
-        "the spool file is unlinked"
-    );
+    assert_spooled_in_flight(spool_dir.path(), length, || budget.used()).await;
     feeder.await.unwrap();
     std::fs::write(dir.path().join("gate"), b"").unwrap();
     assert_eq!(

@@ -281,10 +281,12 @@ fn a_rolling_restart_whose_replacement_cannot_import_the_app_stops_and_the_old_w
     };
     let workers =
         || -> BTreeSet<u32> { support::sync1::children(corral.pid()).into_iter().collect() };
-    // Both workers up (answering through their launchers).
+    // Both workers up, their app loaded ("worker started" is logged at spawn, before the
+    // launcher imports the app: the broken app.py written below must not reach a worker
+    // still loading).
     assert!(
         support::eventually(Duration::from_secs(10), || {
-            corral.count_log("worker started") >= 2 && workers().len() == 2
+            corral.count_log("corral-wsgi: serving") >= 2 && workers().len() == 2
         }),
         "two workers:\n{}",
         corral.log()

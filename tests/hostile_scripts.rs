@@ -23,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::fastcgi::{cgi_status, fastcgi_status};
+use support::fastcgi::{cgi_status, fastcgi_status, nginx_params};
 use support::peers::{shared_dir, write_file};
 use support::server::{http, Corral, HttpResponse};
 
@@ -324,28 +324,6 @@ fn php_source_backups_are_never_served() {
     // `.php` followed by a letter is another name, served as it is.
     let r = site.get("/about.phpnotes.txt");
     assert_eq!((r.status, r.text().as_str()), (200, "not a backup"));
-}
-
-/// What nginx's `fastcgi_pass` with Debian's fastcgi_params sends for `uri`, with
-/// SCRIPT_FILENAME = root + `script`.
-fn nginx_params(root: &Path, uri: &str, script: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("QUERY_STRING", String::new()),
-        ("REQUEST_METHOD", "GET".into()),
-        ("CONTENT_TYPE", String::new()),
-        ("CONTENT_LENGTH", String::new()),
-        ("SCRIPT_NAME", script.into()),
-        ("REQUEST_URI", uri.into()),
-        ("DOCUMENT_URI", script.into()),
-        ("DOCUMENT_ROOT", root.display().to_string()),
-        ("SERVER_PROTOCOL", "HTTP/1.1".into()),
-        ("GATEWAY_INTERFACE", "CGI/1.1".into()),
-        ("REMOTE_ADDR", "127.0.0.1".into()),
-        ("SERVER_NAME", "localhost".into()),
-        ("REDIRECT_STATUS", "200".into()),
-        ("SCRIPT_FILENAME", format!("{}{script}", root.display())),
-        ("HTTP_HOST", "localhost".into()),
-    ]
 }
 
 #[test]

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Duration;
 
-use support::fastcgi::fastcgi_status;
+use support::fastcgi::{fastcgi_status, nginx_params};
 use support::invariants::{counter, raw_http, timed, wait_file};
 use support::peers::{shared_dir, write_file};
 use support::server::{http, Corral};
@@ -245,27 +245,6 @@ fn refused_requests_take_no_slot_while_the_only_one_is_held() {
 // Invariant 2
 // ---------------------------------------------------------------------------------------
 
-/// nginx's parameters for `script` under `root`.
-fn nginx_params(root: &Path, script: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("QUERY_STRING", String::new()),
-        ("REQUEST_METHOD", "GET".into()),
-        ("CONTENT_TYPE", String::new()),
-        ("CONTENT_LENGTH", String::new()),
-        ("SCRIPT_NAME", script.into()),
-        ("REQUEST_URI", script.into()),
-        ("DOCUMENT_URI", script.into()),
-        ("DOCUMENT_ROOT", root.display().to_string()),
-        ("SERVER_PROTOCOL", "HTTP/1.1".into()),
-        ("GATEWAY_INTERFACE", "CGI/1.1".into()),
-        ("REMOTE_ADDR", "127.0.0.1".into()),
-        ("SERVER_NAME", "localhost".into()),
-        ("REDIRECT_STATUS", "200".into()),
-        ("SCRIPT_FILENAME", format!("{}{script}", root.display())),
-        ("HTTP_HOST", "localhost".into()),
-    ]
-}
-
 #[test]
 fn a_remembered_script_pass_is_not_used_by_another_thread() {
     let dir = shared_dir();
@@ -325,7 +304,7 @@ pool = "php"
             &name[1..],
             &format!("<?php echo 'page {round} ran';"),
         );
-        let (status_a, body) = fastcgi_status(&a, &nginx_params(&root, &name));
+        let (status_a, body) = fastcgi_status(&a, &nginx_params(&root, &name, &name));
         assert_eq!(
             (status_a, String::from_utf8_lossy(&body).contains("ran")),
             (200, true),
@@ -338,7 +317,7 @@ pool = "php"
             std::os::unix::fs::symlink(root.join("uploads/avatar.gif"), &link).unwrap();
             std::fs::rename(&link, &file).unwrap();
             let accepted = counter(status, "php", "accepted conn");
-            let (status_b, body) = fastcgi_status(&b, &nginx_params(&root, &name));
+            let (status_b, body) = fastcgi_status(&b, &nginx_params(&root, &name, &name));
             let body = String::from_utf8_lossy(&body);
             assert_eq!(
                 status_b,

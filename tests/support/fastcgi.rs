@@ -109,3 +109,25 @@ impl Answers {
         String::from_utf8_lossy(self.stdout.get(&id).map_or(&[][..], |v| v)).into_owned()
     }
 }
+
+/// What nginx's `fastcgi_pass` with Debian's fastcgi_params sends for `uri`, with
+/// SCRIPT_FILENAME = root + `script`.
+pub fn nginx_params(root: &Path, uri: &str, script: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("QUERY_STRING", String::new()),
+        ("REQUEST_METHOD", "GET".into()),
+        ("CONTENT_TYPE", String::new()),
+        ("CONTENT_LENGTH", String::new()),
+        ("SCRIPT_NAME", script.into()),
+        ("REQUEST_URI", uri.into()),
+        ("DOCUMENT_URI", script.into()),
+        ("DOCUMENT_ROOT", root.display().to_string()),
+        ("SERVER_PROTOCOL", "HTTP/1.1".into()),
+        ("GATEWAY_INTERFACE", "CGI/1.1".into()),
+        ("REMOTE_ADDR", "127.0.0.1".into()),
+        ("SERVER_NAME", "localhost".into()),
+        ("REDIRECT_STATUS", "200".into()),
+        ("SCRIPT_FILENAME", format!("{}{script}", root.display())),
+        ("HTTP_HOST", "localhost".into()),
+    ]
+}

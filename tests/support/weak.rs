@@ -91,3 +91,23 @@ pub fn spool_files_open(dir: &std::path::Path) -> usize {
         })
         .count()
 }
+
+/// Waits (up to 20 s) for a request body of `length` bytes to sit whole in one unlinked spool
+/// file in `dir` while its request is in flight, with `used()` (the spool budget) holding
+/// it all; panics naming what it saw instead.
+pub async fn assert_spooled_in_flight(dir: &std::path::Path, length: u64, used: impl Fn() -> u64) {
+    assert!(
+        until(Duration::from_secs(20), || {
+            spool_files_open(dir) == 1 && used() == length
+        })
+        .await,
+        "no spool file of {length} bytes while the request was in flight: {} open, {} bytes held",
+        spool_files_open(dir),
+        used()
+    );
+    assert_eq!(
+        std::fs::read_dir(dir).unwrap().count(),
+        0,
+        "the spool file is unlinked"
+    );
+}
