@@ -25,7 +25,8 @@ const APACHE_PREFIXES: [&[u8]; 3] = [b"proxy:fcgi://", b"proxy:scgi://", b"proxy
 
 /// Filters and completes the parameters a front server sent, in their order.
 ///
-/// - HTTP_PROXY is dropped; PHP_VALUE and PHP_ADMIN_VALUE are dropped unless
+/// - HTTP_PROXY and CORRAL_READY_PROBE (corral's own probe of its launchers) are dropped;
+///   PHP_VALUE and PHP_ADMIN_VALUE are dropped unless
 ///   [`CgiContext::allow_php_ini_params`]; a repeated name keeps its last value (as php-fpm
 ///   does) and is reported. Every drop is listed in [`CgiVars::dropped`].
 /// - A name that is empty or holds NUL, CR, LF or `=`, or a value with NUL, CR or LF, is an
@@ -72,6 +73,7 @@ pub fn normalize_front_params(
         }
         let reason = match &name[..] {
             b"HTTP_PROXY" => DropReason::Httpoxy,
+            b"CORRAL_READY_PROBE" => DropReason::Reserved,
             b"PHP_VALUE" | b"PHP_ADMIN_VALUE" if !ctx.allow_php_ini_params => DropReason::PhpIni,
             _ if seen & class(&name) != 0 && out.get(&name).is_some() => {
                 out.set(&name, value);

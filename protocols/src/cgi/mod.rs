@@ -125,6 +125,9 @@ pub enum DropReason {
     /// A front-server parameter repeated later with a new value (the last one is kept, as
     /// php-fpm does).
     Duplicate,
+    /// A name corral itself sends its workers (`CORRAL_READY_PROBE`, the launchers' readiness
+    /// probe, answered without calling the app): never taken from a front server.
+    Reserved,
 }
 
 /// A header or parameter that was left out, for the caller to log.

@@ -217,9 +217,12 @@ fn front_params_filtering() {
         ("PHP_VALUE", "auto_prepend_file=php://input"),
         ("PHP_ADMIN_VALUE", "allow_url_include=On"),
         ("SCRIPT_FILENAME", "/var/www/html/new.php"),
+        ("CORRAL_READY_PROBE", "1"),
     ]);
     let out = normalize_front_params(sent.clone(), &php_ctx()).unwrap();
     assert_eq!(get(&out, "HTTP_PROXY"), None);
+    // The launchers answer this one without calling the app: corral's own, never a front's.
+    assert_eq!(get(&out, "CORRAL_READY_PROBE"), None);
     assert_eq!(get(&out, "PHP_VALUE"), None);
     assert_eq!(get(&out, "PHP_ADMIN_VALUE"), None);
     assert_eq!(
@@ -233,7 +236,8 @@ fn front_params_filtering() {
             DropReason::Httpoxy,
             DropReason::PhpIni,
             DropReason::PhpIni,
-            DropReason::Duplicate
+            DropReason::Duplicate,
+            DropReason::Reserved
         ]
     );
     let trusting = CgiContext {
