@@ -124,18 +124,24 @@ pub fn parse_request_path(target: &[u8]) -> Result<RequestPath<'_>, CgiError> {
             target: snippet(target),
         });
     }
-    let mut normalized = percent_decode(t.path)?;
-    check_decoded(&normalized)?;
-    if !is_normal(&normalized) {
-        normalize_in_place(&mut normalized, true).map_err(|()| CgiError::EscapesRoot {
-            path: snippet(t.path),
-        })?;
-    }
     Ok(RequestPath {
         path_and_query: t.path_and_query,
         query: t.query,
-        normalized,
+        normalized: decoded_normal(t.path)?,
     })
+}
+
+/// A raw path that starts with `/`, percent-decoded once, checked ([`check_decoded`]) and
+/// normalised, all in the one buffer the decoding made.
+fn decoded_normal(raw_path: &[u8]) -> Result<Vec<u8>, CgiError> {
+    let mut normalized = percent_decode(raw_path)?;
+    check_decoded(&normalized)?;
+    if !is_normal(&normalized) {
+        normalize_in_place(&mut normalized, true).map_err(|()| CgiError::EscapesRoot {
+            path: snippet(raw_path),
+        })?;
+    }
+    Ok(normalized)
 }
 
 /// Normalises a path a front server sent already decoded (nginx's DOCUMENT_URI): the same
@@ -202,9 +208,7 @@ pub fn static_file_path(raw_path: &[u8], root: &[u8]) -> Result<Vec<u8>, CgiErro
             target: snippet(raw_path),
         });
     }
-    let decoded = percent_decode(raw_path)?;
-    check_decoded(&decoded)?;
-    let norm = normalize(&decoded, true)?;
+    let norm = decoded_normal(raw_path)?;
     if has_hidden_segment(&norm) {
         return Err(CgiError::Hidden {
             path: snippet(&norm),
