@@ -43,35 +43,13 @@ exit 3
 /// corral with an http and a status listener in front of one app pool from `dir` whose
 /// environment has `RELEASE = release` (a reload to another release replaces the pool).
 fn config(run: &Path, dir: &Path, app: &str, release: &str) -> String {
-    format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "5s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[status]
-address = "127.0.0.1:0"
-
-[pools.site]
-app = "{app}"
-cwd = "{dir}"
-mode = "static"
-min = 1
-max = 1
-start_timeout = "10s"
-env = {{ RELEASE = "{release}" }}
-
-[[contexts]]
-prefix = "/"
-pool = "site"
-"#,
-        run = run.display(),
-        dir = dir.display(),
+    support::site_config(
+        run,
+        &format!(
+            "app = \"{app}\"\ncwd = \"{}\"\nmode = \"static\"\nmin = 1\nmax = 1\n\
+             start_timeout = \"10s\"\nenv = {{ RELEASE = \"{release}\" }}",
+            dir.display()
+        ),
     )
 }
 

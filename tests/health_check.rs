@@ -38,39 +38,16 @@ def application(environ, start_response):
 "#;
 
 fn config(run: &Path, dir: &Path, release: &str, warmup: &str, start_timeout: &str) -> String {
-    format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "5s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[status]
-address = "127.0.0.1:0"
-
-[pools.site]
-app = "wsgi:app:application"
-cwd = "{dir}"
-preload = false
-mode = "static"
-min = 1
-max = 1
-queue_timeout = "10s"
-start_timeout = "{start_timeout}"
-health_check = "/healthz"
-health_timeout = "1s"
-env = {{ RELEASE = "{release}", WARMUP = "{warmup}" }}
-
-[[contexts]]
-prefix = "/"
-pool = "site"
-"#,
-        run = run.display(),
-        dir = dir.display(),
+    support::site_config(
+        run,
+        &format!(
+            "app = \"wsgi:app:application\"\ncwd = \"{}\"\npreload = false\n\
+             mode = \"static\"\nmin = 1\nmax = 1\nqueue_timeout = \"10s\"\n\
+             start_timeout = \"{start_timeout}\"\nhealth_check = \"/healthz\"\n\
+             health_timeout = \"1s\"\n\
+             env = {{ RELEASE = \"{release}\", WARMUP = \"{warmup}\" }}",
+            dir.display()
+        ),
     )
 }
 

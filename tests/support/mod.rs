@@ -96,6 +96,18 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String>
     })
 }
 
+/// A corral with an http and a status listener (both on port 0), its runtime dir at `run`,
+/// a 5 s grace, and one pool `site` (with `pool` as its keys) serving every path.
+pub fn site_config(run: &std::path::Path, pool: &str) -> String {
+    format!(
+        "[server]\nruntime_dir = \"{}\"\ngrace = \"5s\"\nkill_timeout = \"2s\"\n\n\
+         [[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\n\
+         [status]\naddress = \"127.0.0.1:0\"\n\n[pools.site]\n{pool}\n\n\
+         [[contexts]]\nprefix = \"/\"\npool = \"site\"\n",
+        run.display()
+    )
+}
+
 /// A configuration file that is deleted when dropped.
 pub fn config_file(text: &str) -> tempfile::NamedTempFile {
     let mut file = tempfile::Builder::new()
