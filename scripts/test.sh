@@ -3,7 +3,8 @@
 # then runs every test of the workspace, clippy with warnings denied, the
 # rustfmt check, the check of the results writer (benches/lib/check.sh),
 # and a bounded fuzzing run of every fuzz target (scripts/fuzz.sh). Exits
-# non-zero on the first failure.
+# non-zero on the first failing section; the tests run to the end
+# (--no-fail-fast) so that one run names every failing test.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,8 +18,8 @@ start=$SECONDS
 section "peers (scripts/setup-peers.sh)"
 bash scripts/setup-peers.sh
 
-section "cargo test --workspace --locked"
-cargo test --workspace --locked
+section "cargo test --workspace --locked --no-fail-fast"
+cargo test --workspace --locked --no-fail-fast
 
 section "cargo clippy --workspace --all-targets --locked -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
