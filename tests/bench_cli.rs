@@ -517,7 +517,7 @@ fn a_backend_that_never_answers_is_a_timeout_and_a_stale_socket_is_reused() {
 
     // A socket file nobody listens on any more (a killed null backend leaves one).
     let stale = dir.path().join("http.sock");
-    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    support::invariants::refusing_socket(&stale);
     assert!(stale.exists());
     let http = null_backend(dir.path(), "http", &[]);
     let r = curl(

@@ -179,25 +179,12 @@ fn an_lsapi_conn_close_is_the_kept_connections_last_request() {
 // Invariant 6
 // ---------------------------------------------------------------------------------------
 
-/// `n` Unix socket paths that refuse connections: bound, never listened on, then closed (the
-/// file stays). A listener bound and closed would not do: a child another test forks inherits
-/// it until its exec, and a connect made in that window is accepted into its queue.
+/// `n` Unix socket paths that refuse connections (a killed server's files).
 fn refusing(dir: &Path, n: usize) -> Vec<String> {
-    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, UnixAddr};
-    use std::os::fd::AsRawFd;
     (0..n)
         .map(|i| {
             let path = dir.join(format!("gone{i}.sock"));
-            let fd = socket(
-                AddressFamily::Unix,
-                SockType::Stream,
-                SockFlag::SOCK_CLOEXEC,
-                None,
-            )
-            .unwrap();
-            bind(fd.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
-            drop(fd);
-            assert!(UnixStream::connect(&path).is_err());
+            support::invariants::refusing_socket(&path);
             format!("\"unix:{}\"", path.display())
         })
         .collect()

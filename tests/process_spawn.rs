@@ -645,7 +645,7 @@ async fn a_configured_pool_spawns_and_answers() {
 async fn a_stale_socket_is_replaced_but_a_regular_file_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let stale = dir.path().join("stale.sock");
-    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    support::invariants::refusing_socket(&stale);
     assert!(stale.exists(), "a closed listener leaves its file behind");
     let (mut worker, _group) = start(&spec(
         "php",

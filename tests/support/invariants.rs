@@ -103,3 +103,26 @@ pub fn raw_http(addr: SocketAddr, raw: &str) -> (HttpResponse, Duration) {
 pub fn wait_file(path: &std::path::Path, within: Duration) -> bool {
     super::eventually(within, || path.exists())
 }
+
+/// Leaves a Unix socket file at `path` that refuses every connection, as a killed server's
+/// does: bound, never listened on, closed. A listener bound and closed would not do: a child
+/// another test thread forks holds a copy until its exec, and a connect made in that window is
+/// accepted into its queue.
+pub fn refusing_socket(path: &std::path::Path) {
+    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("a Unix socket");
+    bind(fd.as_raw_fd(), &UnixAddr::new(path).expect("a socket path")).expect("bind");
+    drop(fd);
+    assert!(
+        std::os::unix::net::UnixStream::connect(path).is_err(),
+        "{} refuses connections",
+        path.display()
+    );
+}
