@@ -72,6 +72,9 @@ pub struct Pool {
     /// Requests routed here that have not yet ended (whether or not they hold a slot): a
     /// pool retired by a reload stops only once none is left.
     pub(crate) routed: std::sync::atomic::AtomicUsize,
+    /// Where the stacks of the pool's workers are asked for, when they run corral's
+    /// launchers (the slow-request log carries them: `src/gateway/slow_stacks.rs`).
+    pub(crate) stacks: Option<Arc<crate::process::output::Tail>>,
 }
 
 impl Pool {
@@ -370,6 +373,7 @@ fn build_pool(
     let connections = Connections::new(keep);
     let mut status = None;
     let mut driver = None;
+    let mut stacks = None;
     let supervisor = match &p.backend {
         Backend::External { servers } => {
             slots.set_fail_policy(FailPolicy {
@@ -440,6 +444,10 @@ fn build_pool(
                     spawn.start_timeout,
                 ));
             }
+            if !matches!(spawn.program, crate::config::Program::Command(_)) {
+                d.set_stack_dumps();
+                stacks = Some(Arc::clone(&d.status().borrow().tail));
+            }
             status = Some(d.status());
             driver = Some(d);
             Some(tx)
@@ -464,6 +472,7 @@ fn build_pool(
         generation: settings.generation,
         task: std::sync::Mutex::new(None),
         routed: std::sync::atomic::AtomicUsize::new(0),
+        stacks,
     };
     Ok((pool, driver))
 }

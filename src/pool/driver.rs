@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+mod timeout_stacks;
+
 use super::memory_checks::MemoryWatch;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
@@ -65,6 +67,8 @@ enum Report {
     Exited(WorkerKey, ExitKind),
     /// From preloader number `.0`'s task.
     Preloader(u64, PreloaderEvent),
+    /// A worker past `request_timeout` has been asked for its stacks: kill it now.
+    StacksTaken(WorkerKey),
 }
 
 /// How long a forked worker's exit status may lag its pidfd: the preloader reaps it and
@@ -122,8 +126,10 @@ pub struct Driver {
     /// The pool's health check (`health_check`): a worker is reported ready only once it
     /// passes (`src/pool/health.rs`).
     health: Option<Arc<Probe>>,
-    /// The last stderr lines of the pool's processes.
+    /// The last stderr lines of the pool's processes (and the stack dumps asked of them).
     tail: Arc<Tail>,
+    /// Workers run corral's launchers: asked for their stacks before a timeout kill.
+    stack_dumps: bool,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -235,6 +241,7 @@ impl Driver {
             preload,
             health: None,
             tail,
+            stack_dumps: false,
         }
     }
 
@@ -322,6 +329,7 @@ impl Driver {
                         self.handle(PoolEvent::Exited { key, status })
                     }
                     Some(Report::Preloader(n, event)) => self.on_preloader(n, event),
+                    Some(Report::StacksTaken(key)) => self.handle(PoolEvent::RequestTimedOut { key }),
                     None => false,
                 },
                 command = self.commands.recv() => match command {
@@ -329,10 +337,7 @@ impl Driver {
                         self.slots.close();
                         self.handle(PoolEvent::Stop { graceful })
                     }
-                    Some(Command::RequestTimedOut(id)) => match self.by_id.get(&id).copied() {
-                        Some(key) => self.handle(PoolEvent::RequestTimedOut { key }),
-                        None => false,
-                    },
+                    Some(Command::RequestTimedOut(id)) => self.request_timed_out(id),
                     Some(Command::RollingRestart) => {
                         self.renew_preloader();
                         self.handle(PoolEvent::RollingRestart)
