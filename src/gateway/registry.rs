@@ -75,6 +75,24 @@ pub struct Pool {
     /// Where the stacks of the pool's workers are asked for, when they run corral's
     /// launchers (the slow-request log carries them: `src/gateway/slow_stacks.rs`).
     pub(crate) stacks: Option<Arc<crate::process::output::Tail>>,
+    /// The DNS names among a pool of servers' `servers`, followed once the pool serves
+    /// ([`Pool::follow_names`]).
+    names: Option<crate::backend::resolve::ServerNames>,
+}
+
+impl crate::backend::resolve::Followed for Pool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn slots(&self) -> &Arc<SlotTable> {
+        &self.slots
+    }
+    fn connections(&self) -> &Connections {
+        &self.connections
+    }
+    fn names(&self) -> Option<&crate::backend::resolve::ServerNames> {
+        self.names.as_ref()
+    }
 }
 
 impl Pool {
@@ -168,6 +186,12 @@ impl Pool {
                 tracing::info!(pool = %self.name, server = %slot.address(), "server up again after {down:?} out of rotation");
             }
         }
+    }
+
+    /// Starts re-resolving the DNS names of a pool of servers (`src/backend/resolve.rs`);
+    /// nothing for other pools, or when already started (a pool a reload carried over).
+    pub fn follow_names(self: &Arc<Self>) {
+        crate::backend::resolve::follow(self);
     }
 
     /// Runs `driver` (this pool's) and keeps its task, to be awaited by [`Pool::stopped`].
@@ -374,16 +398,28 @@ fn build_pool(
     let mut status = None;
     let mut driver = None;
     let mut stacks = None;
+    let mut names = None;
     let supervisor = match &p.backend {
         Backend::External { servers } => {
             slots.set_fail_policy(FailPolicy {
                 max_fails: p.max_fails,
                 fail_timeout: p.fail_timeout,
             });
-            for server in servers {
-                let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
-                slots.set_accepting(id, true);
-            }
+            let ids: Vec<_> = servers
+                .iter()
+                .map(|server| {
+                    let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
+                    slots.set_accepting(id, true);
+                    id
+                })
+                .collect();
+            names = crate::backend::resolve::ServerNames::of(
+                servers,
+                &ids,
+                p.resolve_every,
+                p.concurrency as usize,
+                p.max_conns as usize,
+            );
             None
         }
         Backend::Spawned(spawn) => {
@@ -473,6 +509,7 @@ fn build_pool(
         task: std::sync::Mutex::new(None),
         routed: std::sync::atomic::AtomicUsize::new(0),
         stacks,
+        names,
     };
     Ok((pool, driver))
 }
