@@ -288,7 +288,9 @@ mod tests {
 
     #[test]
     fn only_names_are_followed() {
-        assert!(pool(&["127.0.0.1:9000", "unix:/run/a.sock"]).names.is_none());
+        assert!(pool(&["127.0.0.1:9000", "unix:/run/a.sock"])
+            .names
+            .is_none());
         let p = pool(&["127.0.0.1:9000", "app.internal:9000"]);
         let names = p.names.as_ref().unwrap();
         assert_eq!(names.fixed, 1);
@@ -333,9 +335,14 @@ mod tests {
         resolve_all(&p).await;
         let found = addresses(&p);
         assert!(
-            found.iter().any(|a| a == "127.0.0.1:9000" || a == "[::1]:9000"),
+            found
+                .iter()
+                .any(|a| a == "127.0.0.1:9000" || a == "[::1]:9000"),
             "{found:?}"
         );
-        assert!(!found.iter().any(|a| a.starts_with("localhost")), "{found:?}");
+        assert!(
+            !found.iter().any(|a| a.starts_with("localhost")),
+            "{found:?}"
+        );
     }
 }
