@@ -178,7 +178,11 @@ fn a_rack_handler_blocked_in_sleep_is_dumped_then_killed() {
     );
     // Rack names the rackup file as the pool's `app` gives it, relative to `cwd`.
     let site = format!("config.ru:{}:in `sleep'", line_of(RACK_APP, "BLOCK-SLEEP"));
-    timed_out_with_stack(&corral, "/sleep", &site);
+    let log = timed_out_with_stack(&corral, "/sleep", &site);
+    // The interrupted thread's stack starts where the app was, not in the launcher's trap.
+    let mut lines = log.lines().skip_while(|l| !l.contains("(main):"));
+    let first = lines.nth(1).unwrap_or_default();
+    assert!(first.contains(&site), "{first}\n{log}");
 }
 
 #[test]

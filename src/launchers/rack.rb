@@ -100,10 +100,15 @@ module CorralRack
   # asked too; forked workers inherit it and name their own pid.
   def self.install_stack_dump
     Signal.trap(STACK_SIGNAL) do
+      # The frames below this block are the interrupted code's: the current thread's
+      # backtrace is cut to them, so its first line is where the app was.
+      interrupted = caller(0).size - 1
       text = +''
       Thread.list.each do |t|
+        frames = Array(t.backtrace)
+        frames = frames.last(interrupted) if t == Thread.current
         text << "Thread #{t.inspect}#{t == Thread.main ? ' (main)' : ''}:\n"
-        Array(t.backtrace).each { |frame| text << "  #{frame}\n" }
+        frames.each { |frame| text << "  #{frame}\n" }
       end
       text << "corral-stacks: end of pid #{Process.pid}\n"
       $stderr.write(text)
