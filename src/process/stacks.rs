@@ -6,7 +6,9 @@
 //! output rate limit, so a dump is never cut by it) until the end line or a deadline.
 //!
 //! A forked worker (`preload = true`) writes on its preloader's stderr, so the lines are
-//! collected from the stream of the worker's own pid or of its parent's. ARCHITECTURE.md,
+//! collected from the stream of the worker's own pid or of its parent's (where what another
+//! worker of the same preloader writes during that second is collected too; the end line
+//! names the pid that wrote it, so the dump's end is never taken from another worker). ARCHITECTURE.md,
 //! "Stacks of a stuck worker".
 
 use std::collections::HashMap;
