@@ -35,6 +35,9 @@ struct Name {
     servers: Vec<(BackendAddress, WorkerId)>,
     /// Whether the last lookup failed (its recovery is logged once).
     failing: bool,
+    /// Servers taken out, until their last request is done: a connection a request in
+    /// flight gives back to the idle stack afterwards is forgotten at the next round.
+    draining: Vec<(BackendAddress, WorkerId)>,
 }
 
 /// The names of one pool of servers, and what they resolved to.
@@ -82,6 +85,7 @@ impl ServerNames {
                         port: *port,
                         servers: vec![(address.clone(), *id)],
                         failing: false,
+                        draining: Vec::new(),
                     })
                 }
                 _ => None,
@@ -133,6 +137,9 @@ async fn resolve_all<P: Followed>(pool: &P) {
         answers.push(lookup(host, *port).await);
     }
     let mut list = lock(names);
+    for name in list.iter_mut() {
+        forget_drained(pool, name);
+    }
     for (name, answer) in list.iter_mut().zip(answers) {
         match answer {
             Ok(found) => {
@@ -207,7 +214,23 @@ fn update<P: Followed>(pool: &P, concurrency: usize, name: &mut Name, found: &[S
         slots.remove_worker(*id);
         pool.connections().forget(address);
         tracing::info!(pool = pool.name(), name = %name.host, server = %address, "server removed (draining): the name no longer resolves to it");
+        name.draining.push((address.clone(), *id));
         false
+    });
+}
+
+/// Forgets the idle connections of `name`'s drained servers (unless the address is a server
+/// again), and stops watching those whose last request is done.
+fn forget_drained<P: Followed>(pool: &P, name: &mut Name) {
+    let Name {
+        servers, draining, ..
+    } = name;
+    draining.retain(|(address, id)| {
+        let done = pool.slots().worker_in_flight(*id) == 0;
+        if !servers.iter().any(|(a, _)| a == address) {
+            pool.connections().forget(address);
+        }
+        !done
     });
 }
 
@@ -317,6 +340,10 @@ mod tests {
         let before = p.slots.workers().len();
         update(&p, 1, name, &[sock("10.0.0.3:9000"), sock("10.0.0.4:9000")]);
         assert_eq!(p.slots.workers().len(), before);
+        // The drained servers had nothing in flight: the next round stops watching them.
+        assert_eq!(name.draining.len(), 2);
+        forget_drained(&p, name);
+        assert!(name.draining.is_empty());
     }
 
     #[tokio::test]
