@@ -1,7 +1,8 @@
 //! A hard timeout that tells why: a real WSGI or Rack worker past `request_timeout` is asked
 //! for its thread stacks (SIGUSR2 to corral's launcher, no ptrace) before it is killed, so
 //! the log shows the stack naming the blocking line of the app before the kill line, and the
-//! client still gets its 504 within `request_timeout` plus the one-second bound on the dump.
+//! client still gets its 504 within `request_timeout` plus the one-second bound on the dump;
+//! a worker whose app ignores the signal is killed once that bound has passed.
 //! A request over `slow_threshold` has its stack in the slow log and completes normally.
 
 mod support;
@@ -183,6 +184,57 @@ fn a_rack_handler_blocked_in_sleep_is_dumped_then_killed() {
     let mut lines = log.lines().skip_while(|l| !l.contains("(main):"));
     let first = lines.nth(1).unwrap_or_default();
     assert!(first.contains(&site), "{first}\n{log}");
+}
+
+#[test]
+fn a_worker_whose_app_ignores_the_stack_signal_is_killed_within_the_bound() {
+    let dir = shared_dir();
+    let app = WSGI_APP.replacen(
+        "import os, socket, time\n",
+        "import os, signal, socket, time\nsignal.signal(signal.SIGUSR2, signal.SIG_IGN)\n",
+        1,
+    );
+    write_file(dir.path(), "app.py", &app);
+    let corral = Corral::start(
+        &config(
+            &dir.path().join("run"),
+            dir.path(),
+            "wsgi:app:application",
+            "",
+            "",
+        ),
+        1,
+    );
+    let addr = corral.http_addr();
+    let old = http(addr, "GET", "/pid", &[], b"").text();
+    let started = Instant::now();
+    assert_eq!(http(addr, "GET", "/sleep", &[], b"").status, 504);
+    assert!(
+        corral.wait_log("exceeded request_timeout and was killed"),
+        "{}",
+        corral.log()
+    );
+    let killed = started.elapsed();
+    assert!(
+        killed < REQUEST_TIMEOUT + DUMP_BOUND + Duration::from_secs(2),
+        "killed after {killed:?}:\n{}",
+        corral.log()
+    );
+    let log = corral.log();
+    let kill = log.find("exceeded request_timeout and was killed").unwrap();
+    let gave_up = log
+        .find("the worker did not finish its stack dump within 1s")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(gave_up < kill, "{log}");
+    // Replaced: a new worker answers.
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            let r = http(addr, "GET", "/pid", &[], b"");
+            r.status == 200 && r.text() != old
+        }),
+        "{}",
+        corral.log()
+    );
 }
 
 #[test]
