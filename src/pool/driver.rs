@@ -107,6 +107,8 @@ pub struct Driver {
     template: WorkerSpawn,
     runtime_dir: PathBuf,
     concurrency: usize,
+    /// Workers run corral's launchers: asked for their stacks before a timeout kill.
+    stack_dumps: bool,
     workers: HashMap<WorkerKey, Worker>,
     by_id: HashMap<WorkerId, WorkerKey>,
     /// Stop signals held back until the worker's last request finishes (the slot table
@@ -128,8 +130,6 @@ pub struct Driver {
     health: Option<Arc<Probe>>,
     /// The last stderr lines of the pool's processes (and the stack dumps asked of them).
     tail: Arc<Tail>,
-    /// Workers run corral's launchers: asked for their stacks before a timeout kill.
-    stack_dumps: bool,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -229,6 +229,7 @@ impl Driver {
             template,
             runtime_dir,
             concurrency,
+            stack_dumps: false,
             workers: HashMap::new(),
             by_id: HashMap::new(),
             deferred: Vec::new(),
@@ -241,7 +242,6 @@ impl Driver {
             preload,
             health: None,
             tail,
-            stack_dumps: false,
         }
     }
 
@@ -337,7 +337,10 @@ impl Driver {
                         self.slots.close();
                         self.handle(PoolEvent::Stop { graceful })
                     }
-                    Some(Command::RequestTimedOut(id)) => self.request_timed_out(id),
+                    Some(Command::RequestTimedOut(id)) => match self.by_id.get(&id).copied() {
+                        Some(key) => self.request_timed_out(key),
+                        None => false,
+                    },
                     Some(Command::RollingRestart) => {
                         self.renew_preloader();
                         self.handle(PoolEvent::RollingRestart)

@@ -8,8 +8,7 @@
 use std::sync::Arc;
 
 use super::{Driver, Report};
-use crate::pool::slots::WorkerId;
-use crate::pool::state::PoolEvent;
+use crate::pool::state::{PoolEvent, WorkerKey};
 use crate::process::stacks::{NoStacks, ASK_BOUND as STACKS_BOUND};
 
 impl Driver {
@@ -18,13 +17,12 @@ impl Driver {
         self.stack_dumps = true;
     }
 
-    /// A request on worker `id` ran past `request_timeout`: kill it, asking for its stacks
+    /// A request on worker `key` ran past `request_timeout`: kill it, asking for its stacks
     /// first when it can tell them (the kill then follows as [`Report::StacksTaken`]).
-    pub(super) fn request_timed_out(&mut self, id: WorkerId) -> bool {
-        let Some(key) = self.by_id.get(&id).copied() else {
+    pub(super) fn request_timed_out(&mut self, key: WorkerKey) -> bool {
+        let Some((id, pid)) = self.workers.get(&key).map(|w| (w.id, w.pid)) else {
             return false;
         };
-        let pid = self.workers.get(&key).map_or(0, |w| w.pid);
         if !self.stack_dumps || pid == 0 {
             return self.handle(PoolEvent::RequestTimedOut { key });
         }
