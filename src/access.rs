@@ -10,6 +10,8 @@
 //! decides which file a line lands in, so none is lost across a logrotate rename. Both logs
 //! are off by default (`[server] access_log`, `slow_log`, `slow_threshold`).
 
+mod stack;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -20,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{AccessFormat, LogTarget, ServerConfig};
 use crate::protocols::cgi::CgiParams;
+pub use stack::SlowStack;
 
 /// What the request logs are set to, as a generation serves them (a reload may change them).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +45,11 @@ impl LogSettings {
     /// Whether any request log is on (a request's fields are then kept for its line).
     pub fn enabled(&self) -> bool {
         self.access.is_some() || self.slow.is_some()
+    }
+
+    /// `slow_threshold`, when the slow-request log is on.
+    pub fn slow_threshold(&self) -> Option<Duration> {
+        self.slow.as_ref().map(|(_, threshold)| *threshold)
     }
 }
 
@@ -84,6 +92,8 @@ pub struct Record {
     pub total: Duration,
     /// The client went away (or the backend broke off) before the response ended.
     pub aborted: bool,
+    /// The worker's stacks when the request passed `slow_threshold` (slow log only).
+    pub stack: Option<std::sync::Arc<SlowStack>>,
 }
 
 impl Record {
@@ -139,6 +149,7 @@ impl Record {
             head: Duration::ZERO,
             total: Duration::ZERO,
             aborted: false,
+            stack: None,
         }
     }
 
@@ -411,7 +422,26 @@ impl AccessLog {
             return;
         }
         let text = record.line(settings.format, SystemTime::now());
-        let _ = self.tx.send(Message::Line { text, access, slow });
+        match record.stack.as_deref().filter(|_| slow) {
+            Some(stack) => {
+                if access {
+                    let _ = self.tx.send(Message::Line {
+                        text: text.clone(),
+                        access,
+                        slow: false,
+                    });
+                }
+                let text = stack::append(text, settings.format, stack);
+                let _ = self.tx.send(Message::Line {
+                    text,
+                    access: false,
+                    slow,
+                });
+            }
+            None => {
+                let _ = self.tx.send(Message::Line { text, access, slow });
+            }
+        }
     }
 
     /// Flushes and reopens the log files (SIGUSR1, logrotate's `postrotate`).

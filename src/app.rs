@@ -178,6 +178,9 @@ pub async fn run(
     for (pool, driver) in drivers {
         pool.start(driver);
     }
+    for pool in gateway.current().pools.iter() {
+        pool.follow_names();
+    }
     let notifier = Arc::new(crate::systemd::Notifier::from_env());
     let shards = match config.server.scheduler {
         crate::config::Scheduler::PerThread => {
@@ -568,6 +571,9 @@ impl Serving {
         let new_pools: Vec<Arc<Pool>> = built.drivers.iter().map(|(p, _)| Arc::clone(p)).collect();
         for (pool, driver) in built.drivers {
             pool.start(driver);
+        }
+        for pool in built.registry.iter() {
+            pool.follow_names();
         }
         let (floors, wait) = ready_wait(&new);
         if let Err(refusal) = crate::deploy::gate(&new_pools, &floors, wait).await {

@@ -11,7 +11,8 @@
 //!
 //! Files: `body` (request body sources), `connection` (connections and the idle stack),
 //! `exchange` (the I/O driver and the response body, shared by the three protocols),
-//! `fastcgi`, `scgi`, `lsapi` (one codec each), `spool` (bodies of unknown length), `error`.
+//! `fastcgi`, `scgi`, `lsapi` (one codec each), `spool` (bodies of unknown length), `error`,
+//! `resolve` (DNS names in `servers`, followed while corral runs).
 
 pub mod body;
 pub mod connection;
@@ -19,6 +20,7 @@ mod error;
 mod exchange;
 pub mod fastcgi;
 pub mod lsapi;
+pub mod resolve;
 pub mod scgi;
 mod spool;
 

@@ -133,6 +133,7 @@ pub struct FilePool {
     pub request_timeout: Option<Spanned<DurationText>>,
     pub max_fails: Option<Spanned<u32>>,
     pub fail_timeout: Option<Spanned<DurationText>>,
+    pub resolve_every: Option<Spanned<DurationText>>,
     pub start_timeout: Option<Spanned<DurationText>>,
     pub health_check: Option<Spanned<String>>,
     pub health_timeout: Option<Spanned<DurationText>>,

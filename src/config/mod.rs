@@ -368,6 +368,9 @@ pub struct PoolConfig {
     /// Pools of servers: how long a failed server stays out before it is probed, and the
     /// window in which its failures add up (`fail_timeout`, default 10s).
     pub fail_timeout: Duration,
+    /// Pools of servers: how often the DNS names in `servers` are resolved again, every
+    /// address of a name being a server (`resolve_every`, default 5s; `src/backend/resolve.rs`).
+    pub resolve_every: Duration,
 }
 
 /// How a pool gets its workers.

@@ -165,6 +165,11 @@ pub(super) fn pool(
             "fail_timeout",
             Duration::from_secs(10),
         ),
+        resolve_every: e.timeout(
+            p.resolve_every.as_ref(),
+            "resolve_every",
+            Duration::from_secs(5),
+        ),
     };
     name_ok.then_some(config)
 }
@@ -251,6 +256,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
     let servers_only = [
         ("max_fails", p.max_fails.as_ref().map(Spanned::span)),
         ("fail_timeout", p.fail_timeout.as_ref().map(Spanned::span)),
+        ("resolve_every", p.resolve_every.as_ref().map(Spanned::span)),
     ];
     for (key, span) in servers_only.into_iter().filter_map(|(k, s)| Some((k, s?))) {
         e.at(

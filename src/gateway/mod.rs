@@ -9,6 +9,7 @@
 
 pub mod registry;
 pub mod script;
+mod slow_stacks;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -162,16 +163,26 @@ struct Logged {
     record: Record,
     settings: Arc<LogSettings>,
     writer: AccessLog,
+    /// Asks the worker for its stacks if the request passes `slow_threshold` (app pools
+    /// with a slow log: `slow_stacks.rs`).
+    slow: Option<slow_stacks::SlowWatch>,
 }
 
 impl Logged {
-    /// Fills in the timings and writes the line.
-    fn finish(mut self, timer: &RequestTimer) {
+    /// Fills in the timings and writes the line (once the stacks asked for are in).
+    fn finish(mut self: Box<Self>, timer: &RequestTimer) {
         let [queue, connect, head, total] = timer.split();
         self.record.queue = queue;
         self.record.connect = connect;
         self.record.head = head;
         self.record.total = total;
+        match self.slow.take() {
+            Some(watch) => watch.finish(self),
+            None => self.write(),
+        }
+    }
+
+    fn write(&self) {
         self.writer.write(&self.settings, &self.record);
     }
 }
@@ -534,7 +545,15 @@ impl Gateway {
     ) -> Result<GatewayResponse, GatewayError> {
         let (context, pool) = (&*routed.context, &routed.pool);
         let mut timer = RequestTimer::start(&pool.requests);
+        let started = tokio::time::Instant::now();
         let log = routed.logs.as_ref().map(|settings| {
+            let slow =
+                settings
+                    .slow_threshold()
+                    .zip(pool.stacks.as_ref())
+                    .map(|(threshold, tail)| {
+                        slow_stacks::SlowWatch::arm(Arc::clone(tail), started, threshold)
+                    });
             Box::new(Logged {
                 record: Record::from_params(
                     &params,
@@ -544,6 +563,7 @@ impl Gateway {
                 ),
                 settings: Arc::clone(settings),
                 writer: self.access.clone(),
+                slow,
             })
         });
         let mut pid = None;
@@ -563,7 +583,9 @@ impl Gateway {
             });
         let sent = match checked {
             Ok(body) => {
-                self.exchange(routed, params, body, request_id, &mut timer, &mut pid)
+                let watch = log.as_ref().and_then(|l| l.slow.as_ref());
+                let pid = (&mut pid, watch);
+                self.exchange(routed, params, body, request_id, &mut timer, pid)
                     .await
             }
             Err(e) => Err(e),
@@ -603,7 +625,8 @@ impl Gateway {
     }
 
     /// The part of [`Gateway::dispatch`] between asking for a slot and the response head:
-    /// `pid` learns the worker's process id when a request log wants it.
+    /// `pid` learns the worker's process id when a request log wants it (and so does the
+    /// request's slow-threshold watch, if it has one).
     async fn exchange(
         &self,
         routed: &Routed,
@@ -611,7 +634,7 @@ impl Gateway {
         body: RequestBody,
         request_id: u64,
         timer: &mut RequestTimer,
-        pid: &mut Option<u32>,
+        (pid, watch): (&mut Option<u32>, Option<&slow_stacks::SlowWatch>),
     ) -> Result<(CgiResponseHead, ResponseBody, Slot), GatewayError> {
         let pool = &routed.pool;
         let slot = pool
@@ -684,6 +707,9 @@ impl Gateway {
             }
             if routed.logs.is_some() {
                 *pid = slot.pid();
+                if let Some(watch) = watch {
+                    watch.serving(*pid);
+                }
             }
             // A kept connection may have been closed by the worker while idle, just as the
             // request went out (a worker exiting after its last request): keep what it takes

@@ -72,6 +72,27 @@ pub struct Pool {
     /// Requests routed here that have not yet ended (whether or not they hold a slot): a
     /// pool retired by a reload stops only once none is left.
     pub(crate) routed: std::sync::atomic::AtomicUsize,
+    /// Where the stacks of the pool's workers are asked for, when they run corral's
+    /// launchers (the slow-request log carries them: `src/gateway/slow_stacks.rs`).
+    pub(crate) stacks: Option<Arc<crate::process::output::Tail>>,
+    /// The DNS names among a pool of servers' `servers`, followed once the pool serves
+    /// ([`Pool::follow_names`]).
+    names: Option<crate::backend::resolve::ServerNames>,
+}
+
+impl crate::backend::resolve::Followed for Pool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn slots(&self) -> &Arc<SlotTable> {
+        &self.slots
+    }
+    fn connections(&self) -> &Connections {
+        &self.connections
+    }
+    fn names(&self) -> Option<&crate::backend::resolve::ServerNames> {
+        self.names.as_ref()
+    }
 }
 
 impl Pool {
@@ -165,6 +186,12 @@ impl Pool {
                 tracing::info!(pool = %self.name, server = %slot.address(), "server up again after {down:?} out of rotation");
             }
         }
+    }
+
+    /// Starts re-resolving the DNS names of a pool of servers (`src/backend/resolve.rs`);
+    /// nothing for other pools, or when already started (a pool a reload carried over).
+    pub fn follow_names(self: &Arc<Self>) {
+        crate::backend::resolve::follow(self);
     }
 
     /// Runs `driver` (this pool's) and keeps its task, to be awaited by [`Pool::stopped`].
@@ -370,16 +397,29 @@ fn build_pool(
     let connections = Connections::new(keep);
     let mut status = None;
     let mut driver = None;
+    let mut stacks = None;
+    let mut names = None;
     let supervisor = match &p.backend {
         Backend::External { servers } => {
             slots.set_fail_policy(FailPolicy {
                 max_fails: p.max_fails,
                 fail_timeout: p.fail_timeout,
             });
-            for server in servers {
-                let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
-                slots.set_accepting(id, true);
-            }
+            let ids: Vec<_> = servers
+                .iter()
+                .map(|server| {
+                    let id = slots.add_worker(p.concurrency as usize, server.clone(), None);
+                    slots.set_accepting(id, true);
+                    id
+                })
+                .collect();
+            names = crate::backend::resolve::ServerNames::of(
+                servers,
+                &ids,
+                p.resolve_every,
+                p.concurrency as usize,
+                p.max_conns as usize,
+            );
             None
         }
         Backend::Spawned(spawn) => {
@@ -440,6 +480,10 @@ fn build_pool(
                     spawn.start_timeout,
                 ));
             }
+            if !matches!(spawn.program, crate::config::Program::Command(_)) {
+                d.set_stack_dumps();
+                stacks = Some(Arc::clone(&d.status().borrow().tail));
+            }
             status = Some(d.status());
             driver = Some(d);
             Some(tx)
@@ -464,6 +508,8 @@ fn build_pool(
         generation: settings.generation,
         task: std::sync::Mutex::new(None),
         routed: std::sync::atomic::AtomicUsize::new(0),
+        stacks,
+        names,
     };
     Ok((pool, driver))
 }

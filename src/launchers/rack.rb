@@ -14,7 +14,10 @@
 # parsed, then RESP_HEADER, RESP_STREAM packets of at most 16 KiB and RESP_END, with every
 # integer in the byte order the request used. SIGTERM and SIGINT finish the request in
 # progress and exit 0. Bad LSAPI input closes that connection and is logged on stderr (which
-# corral copies into its own log); the launcher keeps serving.
+# corral copies into its own log); the launcher keeps serving. SIGUSR2 writes every thread's
+# backtrace to stderr, then the line `corral-stacks: end of pid PID`: corral asks for it before
+# it kills a worker past request_timeout and when a request passes slow_threshold
+# (ARCHITECTURE.md, "Stacks of a stuck worker").
 #
 # With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
 # the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
@@ -85,6 +88,35 @@ module CorralRack
     $stderr.write("corral-rack: #{message}\n")
   rescue IOError, SystemCallError
     nil
+  end
+
+  # corral asks for a worker's stacks with this signal (src/process/stacks.rs) and reads them
+  # from stderr up to the end line.
+  STACK_SIGNAL = 'USR2'
+
+  # Makes STACK_SIGNAL write every thread's backtrace on stderr, then the end line. The trap
+  # runs on the main thread between Ruby operations: a `sleep` or a blocking read is
+  # interrupted for it and then resumed. Set before the app is loaded, so a hung load can be
+  # asked too; forked workers inherit it and name their own pid.
+  def self.install_stack_dump
+    Signal.trap(STACK_SIGNAL) do
+      # The frames below this block are the interrupted code's: the current thread's
+      # backtrace is cut to them, so its first line is where the app was.
+      interrupted = caller(0).size - 1
+      text = +''
+      Thread.list.each do |t|
+        frames = Array(t.backtrace)
+        frames = frames.last(interrupted) if t == Thread.current
+        text << "Thread #{t.inspect}#{t == Thread.main ? ' (main)' : ''}:\n"
+        frames.each { |frame| text << "  #{frame}\n" }
+      end
+      text << "corral-stacks: end of pid #{Process.pid}\n"
+      $stderr.write(text)
+    rescue IOError, SystemCallError
+      nil
+    end
+  rescue ArgumentError => e
+    log("cannot install the stack dump on SIGUSR2: #{e.message}")
   end
 
   # The peer broke an LSAPI rule: the connection is closed without an answer.
@@ -944,6 +976,7 @@ module CorralRack
 
   def self.main(argv)
     make_undumpable
+    install_stack_dump
     preloading = argv.size == 2 && argv[1] == '--preload'
     if argv.size != 1 && !preloading
       warn 'usage: corral-rack.rb path/to/config.ru [--preload] (listening or control socket on fd 0)'

@@ -16,6 +16,9 @@ REQ_RECEIVED, RESP_HEADER, RESP_STREAM packets of at most 16 KiB and RESP_END, w
 integer in the byte order the request used; a small answer is one write. SIGTERM and SIGINT
 finish the request in progress and exit 0. Bad LSAPI input closes that connection and is
 logged on stderr (which corral copies into its own log); the launcher keeps serving.
+SIGUSR2 writes every thread's stack to stderr, then the line `corral-stacks: end of pid PID`:
+corral asks for it before it kills a worker past request_timeout and when a request passes
+slow_threshold (ARCHITECTURE.md, "Stacks of a stuck worker").
 
 With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
 the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
@@ -25,6 +28,7 @@ reaps its workers and reports `exited PID code N` or `exited PID signal N`. It e
 corral closes the control socket or on SIGTERM.
 """
 
+import faulthandler
 import gc
 import html
 import http
@@ -117,6 +121,32 @@ def log(message):
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+# corral asks for a worker's stacks with this signal (src/process/stacks.rs) and reads them
+# from stderr up to the end line.
+STACK_SIGNAL = signal.SIGUSR2
+STACK_END = "corral-stacks: end of pid %d\n"
+
+
+def install_stack_dump():
+    """Makes STACK_SIGNAL dump every thread's stack on stderr. faulthandler writes the stacks
+    from the C signal handler itself, so a worker stuck in C code holding the GIL (a
+    runaway regular expression) still answers; it then chains to the Python handler, which
+    writes the end line once the interpreter runs Python code again (a sleep or a blocking
+    read is interrupted for it and then resumed). Set before the app is imported, so a hung
+    import can be asked too; forked workers inherit it and name their own pid."""
+    def end_of_stacks(signum, frame):
+        try:
+            sys.stderr.write(STACK_END % os.getpid())
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        signal.signal(STACK_SIGNAL, end_of_stacks)
+        faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=True)
+    except (OSError, ValueError, RuntimeError, AttributeError) as e:
+        log("cannot install the stack dump on SIGUSR2: %s" % e)
 
 
 class BadRequest(Exception):
@@ -1028,6 +1058,7 @@ def make_undumpable():
 
 def main(argv):
     make_undumpable()
+    install_stack_dump()
     preloading = len(argv) == 3 and argv[2] == "--preload"
     if len(argv) != 2 and not preloading:
         raise SystemExit("usage: corral-wsgi.py module:callable [--preload] (listening or control socket on fd 0)")

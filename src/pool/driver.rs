@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+mod timeout_stacks;
+
 use super::memory_checks::MemoryWatch;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
@@ -65,6 +67,8 @@ enum Report {
     Exited(WorkerKey, ExitKind),
     /// From preloader number `.0`'s task.
     Preloader(u64, PreloaderEvent),
+    /// A worker past `request_timeout` has been asked for its stacks: kill it now.
+    StacksTaken(WorkerKey),
 }
 
 /// How long a forked worker's exit status may lag its pidfd: the preloader reaps it and
@@ -103,6 +107,8 @@ pub struct Driver {
     template: WorkerSpawn,
     runtime_dir: PathBuf,
     concurrency: usize,
+    /// Workers run corral's launchers: asked for their stacks before a timeout kill.
+    stack_dumps: bool,
     workers: HashMap<WorkerKey, Worker>,
     by_id: HashMap<WorkerId, WorkerKey>,
     /// Stop signals held back until the worker's last request finishes (the slot table
@@ -122,7 +128,7 @@ pub struct Driver {
     /// The pool's health check (`health_check`): a worker is reported ready only once it
     /// passes (`src/pool/health.rs`).
     health: Option<Arc<Probe>>,
-    /// The last stderr lines of the pool's processes.
+    /// The last stderr lines of the pool's processes (and the stack dumps asked of them).
     tail: Arc<Tail>,
 }
 
@@ -223,6 +229,7 @@ impl Driver {
             template,
             runtime_dir,
             concurrency,
+            stack_dumps: false,
             workers: HashMap::new(),
             by_id: HashMap::new(),
             deferred: Vec::new(),
@@ -322,6 +329,7 @@ impl Driver {
                         self.handle(PoolEvent::Exited { key, status })
                     }
                     Some(Report::Preloader(n, event)) => self.on_preloader(n, event),
+                    Some(Report::StacksTaken(key)) => self.handle(PoolEvent::RequestTimedOut { key }),
                     None => false,
                 },
                 command = self.commands.recv() => match command {
@@ -330,7 +338,7 @@ impl Driver {
                         self.handle(PoolEvent::Stop { graceful })
                     }
                     Some(Command::RequestTimedOut(id)) => match self.by_id.get(&id).copied() {
-                        Some(key) => self.handle(PoolEvent::RequestTimedOut { key }),
+                        Some(key) => self.request_timed_out(key),
                         None => false,
                     },
                     Some(Command::RollingRestart) => {

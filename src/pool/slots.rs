@@ -354,6 +354,14 @@ impl SlotTable {
         })
     }
 
+    /// Changes the pool's cap on requests in flight (a pool of servers whose names resolve
+    /// to more or fewer addresses: `src/backend/resolve.rs`); a higher cap serves waiters.
+    pub fn set_max_conns(&self, max_conns: usize) {
+        let mut st = self.lock();
+        st.limits.max_conns = max_conns.max(1);
+        Self::grant_waiters(&mut st);
+    }
+
     /// Takes servers that fail out of rotation by `policy` (pools of servers).
     pub fn set_fail_policy(&self, policy: FailPolicy) {
         self.lock().fail_policy = Some(policy);

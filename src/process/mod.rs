@@ -28,6 +28,7 @@ pub mod preload;
 pub mod ready;
 pub mod rlimit;
 pub mod spawn;
+pub mod stacks;
 pub mod users;
 
 use std::io;

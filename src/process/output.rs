@@ -40,6 +40,8 @@ const TAIL_LINE: usize = 300;
 pub struct Tail {
     lines: Mutex<VecDeque<String>>,
     closed: AtomicU64,
+    /// Stack dumps asked of the pool's workers, collected from the same streams.
+    pub stacks: super::stacks::StackDumps,
 }
 
 impl Tail {
@@ -105,7 +107,12 @@ pub(super) async fn log_lines(
         pending.extend_from_slice(chunk.get(..read).unwrap_or_default());
         for line in take_lines(&mut pending) {
             keep(tail.as_deref(), &line);
-            limited(&limit, &line, &pool, pid, stream);
+            if dumping(tail.as_deref(), pid, &line) {
+                // A dump asked for is logged whole: it is bounded where it is kept.
+                log_line(&line, &pool, pid, stream);
+            } else {
+                limited(&limit, &line, &pool, pid, stream);
+            }
         }
     }
     if !pending.is_empty() {
@@ -116,6 +123,16 @@ pub(super) async fn log_lines(
     if let Some(tail) = tail {
         tail.closed.fetch_add(1, Ordering::Release);
     }
+}
+
+/// Hands `line` to the stack dumps being collected from this stream, if any; true when one is.
+fn dumping(tail: Option<&Tail>, pid: u32, line: &[u8]) -> bool {
+    let Some(tail) = tail.filter(|t| t.stacks.collecting()) else {
+        return false;
+    };
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    tail.stacks.line(pid, &escaped(line).to_string())
 }
 
 /// Keeps `line` (as logged, bounded) in `tail`; blank lines are not worth a place.
