@@ -545,14 +545,17 @@ impl Gateway {
     ) -> Result<GatewayResponse, GatewayError> {
         let (context, pool) = (&*routed.context, &routed.pool);
         let mut timer = RequestTimer::start(&pool.requests);
-        let started = tokio::time::Instant::now();
         let log = routed.logs.as_ref().map(|settings| {
             let slow =
                 settings
                     .slow_threshold()
                     .zip(pool.stacks.as_ref())
                     .map(|(threshold, tail)| {
-                        slow_stacks::SlowWatch::arm(Arc::clone(tail), started, threshold)
+                        slow_stacks::SlowWatch::arm(
+                            Arc::clone(tail),
+                            tokio::time::Instant::now(),
+                            threshold,
+                        )
                     });
             Box::new(Logged {
                 record: Record::from_params(
