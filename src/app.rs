@@ -153,10 +153,14 @@ pub async fn run(
     let shutdown = CancellationToken::new();
     let stop_status = CancellationToken::new();
     let status_tasks = TaskTracker::new();
+    // Context roots and pool cwds serve the release their symlinks name now.
+    let (resolved, cwd_links) = crate::deploy::links::resolve(config);
+    let config = &resolved;
     let settings = BuildSettings {
         worker_nofile,
         launchers: launchers::install(config)?,
         generation: 0,
+        cwd_links,
     };
     let (gateway, drivers) = Gateway::build(config, &settings)?;
     let gateway = Arc::new(gateway);
@@ -534,10 +538,14 @@ impl Serving {
         // it) may still be going away.
         let number = self.next_generation.max(current.number + 1);
         self.next_generation = number + 1;
+        // The release each symlinked root and cwd names now (a `current` symlink swapped
+        // since the last generation makes its pools new ones).
+        let (new, cwd_links) = crate::deploy::links::resolve(&new);
         let settings = BuildSettings {
             worker_nofile: self.worker_nofile,
             launchers: launchers::install(&new)?,
             generation: number,
+            cwd_links,
         };
         let router = Router::new(&new);
         let built = PoolRegistry::build(&new, &router, Some(&current.pools), &settings)?;

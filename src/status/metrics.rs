@@ -397,6 +397,7 @@ pub fn render(
             [
                 ("max_requests", r.max_requests),
                 ("max_memory", r.max_memory),
+                ("max_pool_memory", r.max_pool_memory),
                 ("max_lifetime", r.max_lifetime),
                 ("rolling", r.rolling),
                 ("suspect", r.suspect),
