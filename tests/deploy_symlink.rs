@@ -352,3 +352,34 @@ fn a_rolling_restart_starts_a_wsgi_pools_workers_in_the_new_release() {
     load.wait_more(true, 40);
     load.finish(&old, &corral.log());
 }
+
+#[test]
+fn a_link_to_a_release_that_is_not_there_refuses_the_reload() {
+    let dir = shared_dir();
+    let base = dir.path();
+    let markers = markers_dir(base);
+    php_release(base, 1, &markers);
+    point_current(base, 1);
+    let text = config(
+        &base.join("run"),
+        "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 1",
+        &format!("root = \"{}\"", base.join("current").display()),
+    );
+    let corral = Corral::start(&text, 1);
+    let addr = corral.http_addr();
+    let load = Load::start(addr, &["/index.php"]);
+    load.wait_more(false, 10);
+    // Release 2 was never copied: the reload must not switch to a root that names nothing.
+    point_current(base, 2);
+    let path = corral.config_path().display().to_string();
+    let out = support::corral(&["reload", "-c", &path]);
+    assert_ne!(out.code, Some(0), "{out:?}\n{}", corral.log());
+    assert!(
+        out.stderr.contains("pool site") && out.stderr.contains("cannot be resolved"),
+        "{out:?}"
+    );
+    load.wait_more(false, 20);
+    let (first, second) = load.finish(&BTreeSet::new(), &corral.log());
+    assert_eq!(second, 0);
+    assert!(first >= 30);
+}

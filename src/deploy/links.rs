@@ -17,44 +17,80 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{Backend, Config};
 
-/// `config` with every context `root` and every pool `cwd` replaced by its real path, and
-/// the configured `cwd` of each pool whose real one differs (so a rolling restart can
-/// resolve it again), by pool name. A path that cannot be resolved stays as written, with a
-/// warning: the request path or the spawn then reports what is wrong with it.
-pub fn resolve(config: &Config) -> (Config, HashMap<String, PathBuf>) {
+/// A configuration with its symlinks resolved ([`resolve`]).
+#[derive(Debug)]
+pub struct Resolved {
+    /// The configuration, every context `root` and pool `cwd` replaced by its real path.
+    pub config: Config,
+    /// The configured `cwd` of each pool whose real one differs (so a rolling restart can
+    /// resolve it again), by pool name.
+    pub cwd_links: HashMap<String, PathBuf>,
+    /// The paths that could not be resolved (left as written), with the pool they serve and
+    /// why: at start they are only logged, a reload is refused for them
+    /// ([`Resolved::refusal`]).
+    pub broken: Vec<(String, String)>,
+}
+
+impl Resolved {
+    /// Why a reload must not switch to this configuration: a root or cwd names nothing (a
+    /// `current` link pointed at a release that is not there), with the pool it serves.
+    pub fn refusal(&self) -> Option<super::Refusal> {
+        self.broken.first().map(|(pool, reason)| super::Refusal {
+            pool: pool.clone(),
+            reason: reason.clone(),
+            stderr: Vec::new(),
+        })
+    }
+}
+
+/// `config` with its context roots and pool cwds resolved to their real paths. A path that
+/// cannot be resolved stays as written, with a warning, and is listed in
+/// [`Resolved::broken`].
+pub fn resolve(config: &Config) -> Resolved {
     let mut resolved = config.clone();
+    let mut broken = Vec::new();
     for context in &mut resolved.contexts {
         if let Some(root) = &mut context.root {
-            *root = real_or_configured(root, "context root");
+            match real_path(root, "context root") {
+                Ok(real) => *root = real,
+                Err(why) => broken.push((context.pool.clone(), why)),
+            }
         }
     }
-    let mut links = HashMap::new();
+    let mut cwd_links = HashMap::new();
     for pool in &mut resolved.pools {
         let Backend::Spawned(spawn) = &mut pool.backend else {
             continue;
         };
         if let Some(cwd) = &mut spawn.cwd {
-            let real = real_or_configured(cwd, "pool cwd");
-            if real != *cwd {
-                links.insert(pool.name.clone(), std::mem::replace(cwd, real));
+            match real_path(cwd, "pool cwd") {
+                Ok(real) if real != *cwd => {
+                    cwd_links.insert(pool.name.clone(), std::mem::replace(cwd, real));
+                }
+                Ok(_) => {}
+                Err(why) => broken.push((pool.name.clone(), why)),
             }
         }
     }
-    (resolved, links)
+    Resolved {
+        config: resolved,
+        cwd_links,
+        broken,
+    }
 }
 
-/// The real path of `path`, or `path` itself (with a warning) when it cannot be resolved.
-pub fn real_or_configured(path: &Path, what: &str) -> PathBuf {
+/// The real path of `path` (logged when it differs), or why there is none (logged too).
+fn real_path(path: &Path, what: &str) -> Result<PathBuf, String> {
     match std::fs::canonicalize(path) {
         Ok(real) => {
             if real != path {
                 tracing::info!(path = %path.display(), real = %real.display(), "{what} resolves through a symlink");
             }
-            real
+            Ok(real)
         }
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "{what} cannot be resolved; used as written");
-            path.to_path_buf()
+            Err(format!("{what} {} cannot be resolved: {e}", path.display()))
         }
     }
 }
@@ -106,17 +142,25 @@ pool = "remote"
             Backend::Spawned(s) => s.cwd.clone(),
             Backend::External { .. } => None,
         };
-        let (one, links) = resolve(&config);
+        let one = resolve(&config);
+        assert_eq!(one.cwd_links.get("php"), Some(&current));
+        // A path that names nothing stays as written, and would refuse a reload.
+        let refusal = one.refusal().unwrap();
+        assert_eq!(refusal.pool, "remote");
+        assert!(
+            refusal.reason.contains("missing cannot be resolved"),
+            "{refusal}"
+        );
+        let one = one.config;
         assert_eq!(
             roots(&one),
             [base.join("releases/1/public"), base.join("missing")]
         );
         assert_eq!(cwd(&one), Some(base.join("releases/1")));
-        assert_eq!(links.get("php"), Some(&current));
         // The swap: the same configuration now resolves to release 2.
         std::fs::remove_file(&current).unwrap();
         std::os::unix::fs::symlink("releases/2", &current).unwrap();
-        let (two, _) = resolve(&config);
+        let two = resolve(&config).config;
         assert_eq!(roots(&two)[0], base.join("releases/2/public"));
         assert_eq!(cwd(&two), Some(base.join("releases/2")));
         // What is configured is left as written.
