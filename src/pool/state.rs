@@ -13,7 +13,8 @@
 //! number more than `max`; every worker not yet reaped, leaving ones included, never numbers
 //! more than `max + 1`. The one extra is the replacement started before the worker it
 //! replaces is retired, or a replacement for a worker that is still finishing its last
-//! request. No spawn is ever issued after `Stop`.
+//! request; during a rolling restart with `max_surge` N above 1, up to N extra
+//! (`rolling.rs`). No spawn is ever issued after `Stop`.
 
 mod machine;
 mod pool_memory;

@@ -4,15 +4,17 @@
 //! after every event it delivers, over thousands of steps and many seeds.
 //!
 //! Invariants checked after every event:
-//! - live (not yet reaped) workers ≤ `max + 1`; workers that may take requests (starting,
-//!   booting, ready, draining) ≤ `max + 1`, and ≤ `max` leaving out those whose replacement
-//!   is starting; workers accepting requests ≤ `max`;
+//! - live (not yet reaped) workers ≤ `max + 1` (`max + max_surge` when that is larger);
+//!   workers that may take requests (starting, booting, ready, draining) within the same
+//!   bound, and ≤ `max` leaving out those whose replacement is starting; workers accepting
+//!   requests ≤ `max`;
 //! - the state machine's workers are exactly the ones the world spawned and has not been told
 //!   to forget, so every exit is handled once and no worker is lost;
 //! - accepting flags and in-flight counts agree between the world and the state machine, and
 //!   a worker accepts only while ready and not retiring, stopping or killed;
 //! - a request only starts on an accepting worker, and never beyond its concurrency;
-//! - recycling replaces one worker at a time.
+//! - recycling replaces one worker at a time (up to `max_surge` at once in a rolling
+//!   restart).
 //!
 //! Checked when actions are executed: no `Spawn` after `Stop`; `Accept(on)` only after
 //! `Ready`; `Signal` only for a worker with nothing in flight; `Kill`/`Signal` carry the
