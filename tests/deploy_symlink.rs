@@ -105,12 +105,16 @@ fn parse(text: &str) -> Option<(u32, u32)> {
     Some((release, pid))
 }
 
+/// What one request of the loop got: whether it was sent after the deploy returned, its
+/// target, and its answer.
+type Seen = (bool, String, Result<(u16, String), String>);
+
 /// A client loop over `targets` until stopped; each answer with whether it was sent after
 /// the deploy returned (`after` set).
 struct Load {
     stop: Arc<AtomicBool>,
     after: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<(bool, String, Result<(u16, String), String>)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
