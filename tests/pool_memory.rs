@@ -86,6 +86,13 @@ fn max_pool_memory_replaces_the_leaking_worker_and_no_other() {
         "four idle workers already use {start_total} bytes"
     );
     assert_eq!(status_number(&corral, "max pool memory"), Some(BUDGET));
+    let (_, metrics) = try_get(corral.status_ready_addr(), "/status?openmetrics", TIMEOUT).unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "corral_max_pool_memory_bytes{{pool=\"site\"}} {BUDGET}"
+        )) && metrics.contains("corral_pool_memory_bytes{pool=\"site\"} "),
+        "{metrics}"
+    );
     // A client loop throughout.
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicUsize::new(0));
