@@ -114,9 +114,17 @@ fn max_pool_memory_replaces_the_leaking_worker_and_no_other() {
         })
     };
     // One worker leaks 4 × 40 MiB: the pool passes its budget through that worker alone.
-    // Not the first one: the slot table's favourite (the lowest index) would also be the
-    // pick of a policy that replaced the first worker rather than the largest.
-    let leaker = *before.iter().nth(1).unwrap();
+    // Not the first worker (lowest pid, the slot table's favourite): a policy that replaced
+    // the first worker rather than the largest would pick that one. The leaker is one the
+    // client loop's own traffic leaves reachable.
+    let lowest = *before.iter().next().unwrap();
+    let reachable = |_: usize| -> Option<u32> {
+        let (_, text) = try_get(addr, "/", TIMEOUT).ok()?;
+        answer(&text).map(|(pid, _)| pid).filter(|&p| p != lowest)
+    };
+    let leaker = (0..1000)
+        .find_map(reachable)
+        .expect("every answer came from one worker");
     let target = format!("/?leak={leaker}");
     let mut leaked = 0;
     for _ in 0..1000 {
