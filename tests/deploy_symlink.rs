@@ -266,6 +266,16 @@ fn swap_and(corral: &Corral, base: &Path, held: &'static str, args: &[&str]) -> 
 
 #[test]
 fn a_php_root_through_a_symlink_serves_the_new_release_after_reload() {
+    php_swap("command = [\"php-cgi\"]\nmode = \"static\"\nmax = 2");
+}
+
+#[test]
+fn a_php_children_pool_gets_new_groups_for_the_new_release() {
+    php_swap("command = [\"php-cgi\"]\nmode = \"static\"\nmax = 1\nphp_children = 2");
+}
+
+/// The php deploy with a pool of `pool` (its keys).
+fn php_swap(pool: &str) {
     let dir = shared_dir();
     let base = dir.path();
     let markers = markers_dir(base);
@@ -274,7 +284,7 @@ fn a_php_root_through_a_symlink_serves_the_new_release_after_reload() {
     point_current(base, 1);
     let text = config(
         &base.join("run"),
-        "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 2",
+        pool,
         &format!(
             "root = \"{}\"\nstatic_files = true",
             base.join("current").display()
