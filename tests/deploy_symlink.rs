@@ -3,7 +3,8 @@
 //! `corral restart-workers`) serves release 2 while a client loop runs. Every answer is from
 //! release 1 or 2 and none fails, a request in flight at the swap finishes on release 1, and
 //! every request sent after `corral reload` returned is answered by release 2 (a php script,
-//! a static file, a WSGI app whose `cwd` is the link), by workers started for it.
+//! a static file, a `php_children` pool, a WSGI app whose `cwd` is the link), by workers
+//! started for it; a link to a release that is not there refuses the reload.
 
 mod support;
 
