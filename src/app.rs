@@ -153,10 +153,15 @@ pub async fn run(
     let shutdown = CancellationToken::new();
     let stop_status = CancellationToken::new();
     let status_tasks = TaskTracker::new();
+    // Context roots and pool cwds serve the release their symlinks name now.
+    // At start a path that does not resolve is only logged (and used as written).
+    let resolved = crate::deploy::links::resolve(config);
+    let config = &resolved.config;
     let settings = BuildSettings {
         worker_nofile,
         launchers: launchers::install(config)?,
         generation: 0,
+        cwd_links: resolved.cwd_links.clone(),
     };
     let (gateway, drivers) = Gateway::build(config, &settings)?;
     let gateway = Arc::new(gateway);
@@ -537,10 +542,20 @@ impl Serving {
         // it) may still be going away.
         let number = self.next_generation.max(current.number + 1);
         self.next_generation = number + 1;
+        // The release each symlinked root and cwd names now (a `current` symlink swapped
+        // since the last generation makes its pools new ones).
+        // since the last generation makes its pools new ones). One that names nothing (a
+        // link to a release that is not there) refuses the reload.
+        let resolved = crate::deploy::links::resolve(&new);
+        if let Some(refusal) = resolved.refusal() {
+            return Err(ReloadError::Refused(refusal));
+        }
+        let new = resolved.config;
         let settings = BuildSettings {
             worker_nofile: self.worker_nofile,
             launchers: launchers::install(&new)?,
             generation: number,
+            cwd_links: resolved.cwd_links,
         };
         let router = Router::new(&new);
         let built = PoolRegistry::build(&new, &router, Some(&current.pools), &settings)?;

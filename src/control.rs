@@ -282,7 +282,7 @@ pub fn signal(config: &Config, signal: nix::sys::signal::Signal) -> io::Result<u
 
 /// Waits up to `bound` for the corral `pid` to finish the reload it was just asked for:
 /// until `RUNTIME_DIR/reload.result` holds a reload other than number `before`
-/// (`src/deploy.rs`). The new generation's number, or why the reload did not apply.
+/// (`src/deploy/mod.rs`). The new generation's number, or why the reload did not apply.
 pub fn wait_reload(dir: &Path, before: u64, pid: u32, bound: Duration) -> Result<u64, String> {
     let step = Duration::from_millis(20);
     let mut waited = Duration::ZERO;

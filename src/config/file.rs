@@ -140,6 +140,8 @@ pub struct FilePool {
     pub max_requests: Option<Spanned<u64>>,
     pub max_requests_jitter: Option<Spanned<u64>>,
     pub max_memory: Option<Spanned<SizeText>>,
+    pub max_pool_memory: Option<Spanned<SizeText>>,
+    pub max_surge: Option<Spanned<u32>>,
     pub max_lifetime: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub env: Option<SpannedTable>,

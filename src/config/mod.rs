@@ -15,6 +15,7 @@
 //! `conf/corral.toml`.
 
 mod address;
+mod budget;
 mod context;
 mod diagnostic;
 mod file;
@@ -515,6 +516,16 @@ pub struct Recycle {
     pub max_memory: Option<u64>,
     /// Retire after this age (`max_lifetime`; absent = never).
     pub max_lifetime: Option<Duration>,
+    /// When the PSS summed over the pool's workers exceeds this many bytes, the worker with
+    /// the most private memory (USS) is replaced, new before old, one at a time
+    /// (`max_pool_memory`; absent = never).
+    pub max_pool_memory: Option<u64>,
+    /// Most workers a rolling restart keeps above the pool's size, counting old workers
+    /// until they are reaped (`max_surge`; 0 = retire each old worker before its
+    /// replacement starts). Absent: one replacement booting at a time, the next started once
+    /// the previous is ready, old workers still finishing a request not counted (within
+    /// `max + 1` live workers).
+    pub max_surge: Option<u32>,
 }
 
 /// `[[contexts]]`: a routing rule from requests to a pool.

@@ -213,6 +213,11 @@ fn external(e: &mut Errors, n: &str, p: &FilePool, servers: &SpannedList) -> Opt
             p.max_requests_jitter.as_ref().map(Spanned::span),
         ),
         ("max_memory", p.max_memory.as_ref().map(Spanned::span)),
+        (
+            "max_pool_memory",
+            p.max_pool_memory.as_ref().map(Spanned::span),
+        ),
+        ("max_surge", p.max_surge.as_ref().map(Spanned::span)),
         ("max_lifetime", p.max_lifetime.as_ref().map(Spanned::span)),
         ("idle_timeout", p.idle_timeout.as_ref().map(Spanned::span)),
         ("start_timeout", p.start_timeout.as_ref().map(Spanned::span)),
@@ -270,6 +275,8 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
     let program = program(e, p);
     let sizing = sizing(e, n, p);
     let mut recycle = recycle(e, p);
+    recycle.max_pool_memory = super::budget::max_pool_memory(e, p);
+    recycle.max_surge = super::budget::max_surge(e, p, &sizing);
     let protocol = p
         .protocol
         .unwrap_or_else(|| default_protocol(p.app.as_ref().map(|a| a.get_ref().as_str())));
@@ -652,6 +659,8 @@ fn recycle(e: &mut Errors, p: &FilePool) -> Recycle {
         max_requests_jitter,
         max_memory,
         max_lifetime,
+        max_pool_memory: None,
+        max_surge: None,
     }
 }
 

@@ -98,7 +98,9 @@ fn minimal_file_gets_php_fpm_like_defaults() {
             max_requests: None,
             max_requests_jitter: 0,
             max_memory: None,
-            max_lifetime: None
+            max_lifetime: None,
+            max_pool_memory: None,
+            max_surge: None,
         }
     );
     assert_eq!(s.start_timeout, Duration::from_secs(30));

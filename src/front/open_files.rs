@@ -98,6 +98,11 @@ pub(super) fn get(root: &[u8], norm: &[u8], now: Instant, read: bool) -> Option<
 pub(super) fn put(root: &[u8], norm: &[u8], cached: Cached, now: Instant) {
     OPEN.with(|open| {
         let mut open = open.borrow_mut();
+        // A root no longer served (a symlink deploy moved the generation to the next
+        // release's real root, src/deploy/links.rs) keeps no descriptor past its validity.
+        open.retain(|r, files| {
+            r.as_slice() == root || files.values().any(|e| now.duration_since(e.at) < VALID_FOR)
+        });
         let files = match open.get_mut(root) {
             Some(files) => files,
             None => open.entry(root.to_vec()).or_default(),
@@ -160,5 +165,26 @@ mod tests {
         tokio::time::advance(VALID_FOR).await;
         assert!(get(b"/r", b"/a.txt", Instant::now(), true).is_none());
         assert!(get(b"/other", b"/a.txt", Instant::now(), true).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_root_no_longer_served_keeps_no_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.txt");
+        std::fs::write(&path, "one").unwrap();
+        cache(&path, Instant::now());
+        let roots = || OPEN.with(|open| open.borrow().len());
+        assert_eq!(roots(), 1);
+        tokio::time::advance(VALID_FOR).await;
+        // The next release's root caches its first file: the old root's descriptors go.
+        let file = Arc::new(File::open(&path).unwrap());
+        let cached = Cached {
+            file,
+            len: 3,
+            real: None,
+        };
+        put(b"/releases/2", b"/a.txt", cached, Instant::now());
+        assert_eq!(roots(), 1);
+        assert!(OPEN.with(|open| open.borrow().contains_key(&b"/releases/2"[..])));
     }
 }

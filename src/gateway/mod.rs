@@ -415,7 +415,7 @@ pub struct Gateway {
     fpm_status: crate::status::collect::StatusSource,
     /// The request logs' writer.
     pub access: AccessLog,
-    /// What the latest reload came to (`src/deploy.rs`), for the status page.
+    /// What the latest reload came to (`src/deploy/mod.rs`), for the status page.
     pub reloads: crate::deploy::LastReload,
 }
 

@@ -36,6 +36,9 @@ pub(crate) struct PoolIdentity {
     kill_timeout: Duration,
     runtime_dir: PathBuf,
     worker_nofile: Option<u64>,
+    /// The real roots of the contexts using the pool: a deploy that points `root`'s symlink
+    /// at a new release replaces the pool's workers (`crate::deploy::links`).
+    roots: Vec<PathBuf>,
 }
 
 /// One pool at run time.
@@ -269,6 +272,10 @@ pub struct BuildSettings {
     pub launchers: HashMap<String, Vec<String>>,
     /// The number of the generation being built.
     pub generation: u64,
+    /// The configured `cwd` of each pool whose real one differs (a symlink), by pool name,
+    /// resolved again by the pool's driver at every rolling restart
+    /// (`crate::deploy::links::resolve`).
+    pub cwd_links: HashMap<String, PathBuf>,
 }
 
 /// A pool new in a registry, with the driver to run for it.
@@ -311,6 +318,12 @@ impl PoolRegistry {
                 kill_timeout: config.server.kill_timeout,
                 runtime_dir: config.server.runtime_dir.clone(),
                 worker_nofile: settings.worker_nofile,
+                roots: config
+                    .contexts
+                    .iter()
+                    .filter(|c| c.pool == p.name)
+                    .filter_map(|c| c.root.clone())
+                    .collect(),
             };
             let kept = previous
                 .and_then(|r| r.by_name(&p.name))
@@ -460,6 +473,9 @@ fn build_pool(
                 rx,
             );
             d.set_generation(settings.generation);
+            if let Some(link) = settings.cwd_links.get(&p.name) {
+                d.follow_cwd(link.clone());
+            }
             if let Some(check) = &spawn.health_check {
                 d.set_health(crate::pool::health::Probe {
                     pool: Arc::clone(&name),

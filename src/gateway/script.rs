@@ -128,6 +128,14 @@ pub fn check(cgi: &CgiContext, params: &CgiParams) -> Result<(), ScriptFileError
     check_now(cgi, Path::new(std::ffi::OsStr::from_bytes(raw)))?;
     PASSED.with(|passed| {
         let mut passed = passed.borrow_mut();
+        // A root no longer served (a symlink deploy moved the generation to the next
+        // release's real root, src/deploy/links.rs) is not remembered past PASSED_FOR.
+        passed.retain(|root, scripts| {
+            *root == cgi.document_root
+                || scripts
+                    .values()
+                    .any(|&at| now.duration_since(at) < PASSED_FOR)
+        });
         let scripts = passed.entry(cgi.document_root.clone()).or_default();
         if scripts.len() >= PASSED_MAX {
             scripts.clear();
@@ -282,6 +290,23 @@ mod tests {
         // A failure is not remembered: the file appearing is seen at once.
         std::fs::write(&script, "<?php").unwrap();
         assert!(check(&c, &params(&script)).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_root_no_longer_served_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        for release in ["1", "2"] {
+            std::fs::create_dir_all(dir.path().join(release)).unwrap();
+            std::fs::write(dir.path().join(release).join("a.php"), "<?php").unwrap();
+        }
+        let one = ctx(&dir.path().join("1"));
+        assert!(check(&one, &params(&dir.path().join("1/a.php"))).is_ok());
+        let roots = || PASSED.with(|p| p.borrow().len());
+        assert_eq!(roots(), 1);
+        tokio::time::advance(PASSED_FOR).await;
+        let two = ctx(&dir.path().join("2"));
+        assert!(check(&two, &params(&dir.path().join("2/a.php"))).is_ok());
+        assert_eq!(roots(), 1);
     }
 
     #[test]

@@ -18,6 +18,9 @@ use tokio::time::Instant;
 mod timeout_stacks;
 
 use super::memory_checks::MemoryWatch;
+
+mod links;
+mod memory;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
 use crate::pool::health::Probe;
@@ -130,6 +133,9 @@ pub struct Driver {
     health: Option<Arc<Probe>>,
     /// The last stderr lines of the pool's processes (and the stack dumps asked of them).
     tail: Arc<Tail>,
+    /// The pool's `cwd` as configured when it is a symlink, resolved again at every rolling
+    /// restart (`links.rs`).
+    cwd_link: Option<PathBuf>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -242,6 +248,7 @@ impl Driver {
             preload,
             health: None,
             tail,
+            cwd_link: None,
         }
     }
 
@@ -341,10 +348,7 @@ impl Driver {
                         Some(key) => self.request_timed_out(key),
                         None => false,
                     },
-                    Some(Command::RollingRestart) => {
-                        self.renew_preloader();
-                        self.handle(PoolEvent::RollingRestart)
-                    }
+                    Some(Command::RollingRestart) => self.rolling_restart(),
                     Some(Command::Refused(id)) => match self.by_id.get(&id).copied() {
                         Some(key) => self.handle(PoolEvent::Refused { key }),
                         None => false,
@@ -399,65 +403,6 @@ impl Driver {
                 self.feed(PoolEvent::RequestFinished { key });
             }
         }
-    }
-
-    fn sample_memory(&mut self) -> bool {
-        if self.state.spec().recycle.max_memory.is_none() {
-            return false;
-        }
-        let php_children = self.template.php_children.is_some();
-        let samples: Vec<(WorkerKey, u64)> = self
-            .workers
-            .iter_mut()
-            .filter(|(_, w)| w.pid != 0)
-            .filter_map(|(key, w)| {
-                let tree = process::process_tree(w.pid).ok()?;
-                let usage = process::memory_of(w.pid, &tree).ok()?;
-                w.tree = tree;
-                Some((
-                    *key,
-                    php_children
-                        .then(|| process::php_children::largest_child(w.pid))
-                        .flatten()
-                        .unwrap_or(usage.bytes()),
-                ))
-            })
-            .collect();
-        let mut stopped = false;
-        for (key, bytes) in samples {
-            stopped |= self.handle(PoolEvent::Memory { key, bytes });
-        }
-        stopped
-    }
-
-    /// Measures the workers the slot table holds after a request (see
-    /// [`SlotTable::check_memory_in`]), lets the state machine recycle those over
-    /// `max_memory` (they then take no new request), and releases the others with the
-    /// number of requests until their next check.
-    fn check_memory(&mut self, due: &[WorkerId]) -> bool {
-        let limit = self.state.spec().recycle.max_memory;
-        let mut stopped = false;
-        for &id in due {
-            let reading = self.by_id.get(&id).copied().and_then(|key| {
-                let w = self.workers.get(&key).filter(|w| w.pid != 0)?;
-                let bytes = match self.template.php_children {
-                    Some(_) => process::php_children::largest_child(w.pid)?,
-                    None => process::memory_of(w.pid, &w.tree).ok()?.bytes(),
-                };
-                Some((key, bytes))
-            });
-            let Some((key, bytes)) = reading else {
-                // Gone meanwhile: nothing to hold it for.
-                self.slots.memory_checked(id, None);
-                continue;
-            };
-            stopped |= self.handle(PoolEvent::Memory { key, bytes });
-            let next = limit
-                .zip(self.workers.get_mut(&key))
-                .map(|(limit, w)| w.memory.next_gap(limit, bytes));
-            self.slots.memory_checked(id, next);
-        }
-        stopped
     }
 
     /// Brings the state machine up to date with the slot table, then feeds one event and

@@ -13,9 +13,11 @@
 //! number more than `max`; every worker not yet reaped, leaving ones included, never numbers
 //! more than `max + 1`. The one extra is the replacement started before the worker it
 //! replaces is retired, or a replacement for a worker that is still finishing its last
-//! request. No spawn is ever issued after `Stop`.
+//! request; during a rolling restart with `max_surge` N above 1, up to N extra
+//! (`rolling.rs`). No spawn is ever issued after `Stop`.
 
 mod machine;
+mod pool_memory;
 mod rolling;
 mod sizing;
 mod spec;
@@ -105,6 +107,12 @@ pub enum PoolEvent {
         /// Bytes.
         bytes: u64,
     },
+    /// A memory sample of every worker of the pool (`max_pool_memory`): when their PSS
+    /// sums to more than the budget, the one with the most private memory is replaced.
+    PoolMemory {
+        /// One sample per worker measured.
+        workers: Vec<WorkerMemory>,
+    },
     /// A request on the worker exceeded `request_timeout`: kill the worker and replace it.
     RequestTimedOut {
         /// The worker.
@@ -132,6 +140,18 @@ pub enum PoolEvent {
         /// The worker.
         key: WorkerKey,
     },
+}
+
+/// One worker's memory, as [`PoolEvent::PoolMemory`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerMemory {
+    /// The worker.
+    pub key: WorkerKey,
+    /// PSS of its process tree, in bytes: what the pool's total sums.
+    pub pss: u64,
+    /// Private memory (USS: `Private_Clean` + `Private_Dirty`) of its process tree, in
+    /// bytes: what replacing it would give back.
+    pub uss: u64,
 }
 
 /// The polite stop request sent to a worker.
@@ -202,6 +222,8 @@ pub enum RecycleReason {
     MaxRequests,
     /// Its memory exceeded `max_memory`.
     MaxMemory,
+    /// The pool's memory exceeded `max_pool_memory`, and it held the most private memory.
+    MaxPoolMemory,
     /// It lived `max_lifetime`.
     MaxLifetime,
     /// A rolling restart was asked for.
@@ -216,6 +238,10 @@ impl fmt::Display for RecycleReason {
         f.write_str(match self {
             RecycleReason::MaxRequests => "it reached max_requests",
             RecycleReason::MaxMemory => "its memory exceeded max_memory",
+            RecycleReason::MaxPoolMemory => {
+                "the pool's memory (PSS summed over its workers) exceeded max_pool_memory and it \
+                 held the most private memory"
+            }
             RecycleReason::MaxLifetime => "it reached max_lifetime",
             RecycleReason::Rolling => "of a rolling restart",
             RecycleReason::Suspect => {

@@ -22,6 +22,10 @@ pub struct MemoryUsage {
     pub rss_bytes: u64,
     /// How many processes the tree held (the worker itself included).
     pub processes: usize,
+    /// Sum of private memory (USS: `Private_Clean` + `Private_Dirty` in smaps_rollup) over
+    /// the tree: what ending the tree would give back; `None` when any process's could not
+    /// be read.
+    pub uss_bytes: Option<u64>,
 }
 
 impl MemoryUsage {
@@ -53,6 +57,7 @@ pub fn memory_of(pid: u32, tree: &[u32]) -> io::Result<MemoryUsage> {
         pss_bytes: Some(0),
         rss_bytes: 0,
         processes: 0,
+        uss_bytes: Some(0),
     };
     for &member in tree {
         let dir = Path::new("/proc").join(member.to_string());
@@ -63,11 +68,15 @@ pub fn memory_of(pid: u32, tree: &[u32]) -> io::Result<MemoryUsage> {
         };
         usage.processes += 1;
         usage.rss_bytes += parse_status_rss(&status).unwrap_or(0);
-        let pss = std::fs::read_to_string(dir.join("smaps_rollup"))
-            .ok()
-            .map(|text| parse_smaps_rollup_pss(&text));
+        let rollup = std::fs::read_to_string(dir.join("smaps_rollup")).ok();
+        let pss = rollup.as_deref().map(parse_smaps_rollup_pss);
         usage.pss_bytes = match (usage.pss_bytes, pss) {
             (Some(sum), Some(pss)) => Some(sum + pss),
+            _ => None,
+        };
+        let uss = rollup.as_deref().map(parse_smaps_rollup_uss);
+        usage.uss_bytes = match (usage.uss_bytes, uss) {
+            (Some(sum), Some(uss)) => Some(sum + uss),
             _ => None,
         };
     }
@@ -132,6 +141,14 @@ pub fn parse_smaps_rollup_pss(text: &str) -> u64 {
     kib_field(text, "Pss:").unwrap_or(0)
 }
 
+/// Private memory (USS) from the text of `/proc/PID/smaps_rollup`, in bytes:
+/// `Private_Clean` + `Private_Dirty` (either missing counts as zero).
+pub fn parse_smaps_rollup_uss(text: &str) -> u64 {
+    let clean = kib_field(text, "Private_Clean:").unwrap_or(0);
+    let dirty = kib_field(text, "Private_Dirty:").unwrap_or(0);
+    clean.saturating_add(dirty)
+}
+
 /// `VmRSS` from the text of `/proc/PID/status`, in bytes (absent for kernel threads and
 /// zombies).
 pub fn parse_status_rss(text: &str) -> Option<u64> {
@@ -161,6 +178,7 @@ Pss_Anon:          51236 kB
 Pss_File:            201 kB
 Pss_Shmem:             0 kB
 Shared_Clean:       2340 kB
+Private_Clean:       16 kB
 Private_Dirty:     51260 kB
 Swap:                  0 kB
 SwapPss:               0 kB
@@ -182,6 +200,13 @@ Threads:\t1
     fn pss_is_the_pss_line_not_its_breakdown() {
         assert_eq!(parse_smaps_rollup_pss(SMAPS_ROLLUP), 51437 * 1024);
         assert_eq!(parse_smaps_rollup_pss(""), 0);
+    }
+
+    #[test]
+    fn uss_is_private_clean_plus_private_dirty() {
+        assert_eq!(parse_smaps_rollup_uss(SMAPS_ROLLUP), (16 + 51260) * 1024);
+        assert_eq!(parse_smaps_rollup_uss("Private_Dirty:  4 kB\n"), 4096);
+        assert_eq!(parse_smaps_rollup_uss(""), 0);
     }
 
     #[test]

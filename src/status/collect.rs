@@ -34,6 +34,11 @@ pub struct PoolInfo {
     pub queue_size: u32,
     /// Longest wait for a slot.
     pub queue_timeout: Duration,
+    /// Budget of the PSS summed over the workers (`max_pool_memory`; none = no budget).
+    pub max_pool_memory: Option<u64>,
+    /// Most workers a rolling restart keeps above the pool's size (`max_surge`; none = one
+    /// replacement at a time).
+    pub max_surge: Option<u32>,
 }
 
 impl PoolInfo {
@@ -51,6 +56,10 @@ impl PoolInfo {
                 Sizing::OnDemand { max, .. } => ("ondemand", Some(0), max),
             },
         };
+        let recycle = match &p.backend {
+            Backend::Spawned(s) => Some(s.recycle),
+            Backend::External { .. } => None,
+        };
         PoolInfo {
             name: p.name.clone(),
             protocol: match p.protocol {
@@ -65,6 +74,8 @@ impl PoolInfo {
             max_conns: p.max_conns,
             queue_size: p.queue_size,
             queue_timeout: p.queue_timeout,
+            max_pool_memory: recycle.and_then(|r| r.max_pool_memory),
+            max_surge: recycle.and_then(|r| r.max_surge),
         }
     }
 }

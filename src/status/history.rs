@@ -228,6 +228,7 @@ fn notice_reason(n: &Notice) -> String {
         Notice::Recycling { reason, .. } => match reason {
             RecycleReason::MaxRequests => "max_requests",
             RecycleReason::MaxMemory => "max_memory",
+            RecycleReason::MaxPoolMemory => "max_pool_memory (largest private memory)",
             RecycleReason::MaxLifetime => "max_lifetime",
             RecycleReason::Rolling => "rolling restart",
             RecycleReason::Suspect => "suspect (reset, no first byte in time, or bad bytes)",

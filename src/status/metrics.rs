@@ -397,6 +397,7 @@ pub fn render(
             [
                 ("max_requests", r.max_requests),
                 ("max_memory", r.max_memory),
+                ("max_pool_memory", r.max_pool_memory),
                 ("max_lifetime", r.max_lifetime),
                 ("rolling", r.rolling),
                 ("suspect", r.suspect),
@@ -439,6 +440,34 @@ pub fn render(
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64))
             .collect()
+        },
+    );
+    // The pool's memory budget (`max_pool_memory`): the sampled sum beside its limit.
+    let budgeted: Vec<PoolReport> = spawned
+        .iter()
+        .filter(|p| p.info.max_pool_memory.is_some())
+        .cloned()
+        .collect();
+    w.family(
+        &budgeted,
+        "pool_memory_bytes",
+        "gauge",
+        "PSS summed over the pool's workers at the last sample.",
+        "",
+        |p| {
+            let total = p.supervisor.as_ref().and_then(|s| s.memory_total);
+            total.map_or_else(Vec::new, |b| vec![(Vec::new(), b as f64)])
+        },
+    );
+    w.family(
+        &budgeted,
+        "max_pool_memory_bytes",
+        "gauge",
+        "The pool's memory budget (max_pool_memory).",
+        "",
+        |p| {
+            let budget = p.info.max_pool_memory.unwrap_or(0);
+            vec![(Vec::new(), budget as f64)]
         },
     );
     w.family(

@@ -1,6 +1,6 @@
 //! The latest reload's outcome on `/status` (text and JSON, not the single-pool shape that
 //! php-fpm tools read): whether it applied, and when it was refused, which pool refused
-//! and why (`src/deploy.rs`).
+//! and why (`src/deploy/mod.rs`).
 
 use std::time::UNIX_EPOCH;
 

@@ -139,9 +139,28 @@ pub fn pool_fields(
             ("recycled", Value::Int(c.recycled.total())),
             ("recycled max requests", Value::Int(c.recycled.max_requests)),
             ("recycled max memory", Value::Int(c.recycled.max_memory)),
+            (
+                "recycled max pool memory",
+                Value::Int(c.recycled.max_pool_memory),
+            ),
             ("recycled max lifetime", Value::Int(c.recycled.max_lifetime)),
             ("recycled rolling", Value::Int(c.recycled.rolling)),
             ("recycled suspect", Value::Int(c.recycled.suspect)),
+            // The pool's memory beside its budget, and the rolling restart's bound.
+            (
+                "pool memory",
+                s.memory_total.map_or(Value::None, Value::Int),
+            ),
+            (
+                "max pool memory",
+                p.info.max_pool_memory.map_or(Value::None, Value::Int),
+            ),
+            (
+                "max surge",
+                p.info
+                    .max_surge
+                    .map_or(Value::None, |n| Value::Int(n.into())),
+            ),
             ("stopping", Value::Bool(s.stopping)),
         ]);
     }
@@ -201,6 +220,7 @@ fn recycle_name(reason: RecycleReason) -> &'static str {
     match reason {
         RecycleReason::MaxRequests => "max requests",
         RecycleReason::MaxMemory => "max memory",
+        RecycleReason::MaxPoolMemory => "max pool memory",
         RecycleReason::MaxLifetime => "max lifetime",
         RecycleReason::Rolling => "rolling restart",
         RecycleReason::Suspect => "suspect",

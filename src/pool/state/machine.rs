@@ -87,6 +87,8 @@ pub struct PoolState {
     stopped_sent: bool,
     pub(super) rate: SpawnRate,
     pub(super) counters: PoolCounters,
+    /// PSS summed over the workers at the last pool-wide sample (`max_pool_memory`).
+    pub(super) memory_total: Option<u64>,
     out: Vec<PoolAction>,
 }
 
@@ -108,6 +110,7 @@ impl PoolState {
             stopped_sent: false,
             rate: SpawnRate::default(),
             counters: PoolCounters::default(),
+            memory_total: None,
             out: Vec::new(),
         }
     }
@@ -145,6 +148,7 @@ impl PoolState {
             PoolEvent::RequestStarted { key } => self.request_started(key, now),
             PoolEvent::RequestFinished { key } => self.request_finished(key, now),
             PoolEvent::Demand { waiting } => self.demand = waiting,
+            PoolEvent::PoolMemory { workers } => self.pool_memory(&workers),
             PoolEvent::Memory { key, bytes } => {
                 let over = self.spec.recycle.max_memory.is_some_and(|m| bytes > m);
                 if let Some(w) = self.workers.get_mut(&key) {
@@ -361,9 +365,14 @@ impl PoolState {
     /// Whether a spawn may be issued now: not stopping, below the hard bound of `max + 1`
     /// live workers, and outside any crash backoff.
     pub(super) fn may_spawn(&self, now: Duration) -> bool {
+        self.may_spawn_within(now, self.spec.max() + 1)
+    }
+
+    /// Like [`PoolState::may_spawn`], with `bound` live workers at most once it is issued.
+    pub(super) fn may_spawn_within(&self, now: Duration, bound: usize) -> bool {
         self.started
             && self.stopping.is_none()
-            && self.live() <= self.spec.max()
+            && self.live() < bound
             && (self.crashes == 0 || now >= self.backoff_until)
     }
 
@@ -415,7 +424,7 @@ impl PoolState {
     }
 
     /// Marks a worker due for recycling; it keeps serving until replaced.
-    fn doom(&mut self, key: WorkerKey, reason: RecycleReason) {
+    pub(super) fn doom(&mut self, key: WorkerKey, reason: RecycleReason) {
         if let Some(w) = self.workers.get_mut(&key) {
             if w.active() && w.doomed.is_none() {
                 w.doomed = Some(reason);
@@ -553,13 +562,16 @@ impl PoolState {
     /// Handles the oldest worker due for recycling, one at a time: start its replacement if
     /// the pool needs one (it is retired when the replacement is ready), else retire it now.
     fn recycle_step(&mut self, now: Duration) {
+        if self.bounded_rolling_step(now) {
+            return;
+        }
         if self.workers.values().any(|w| w.replaces.is_some()) {
             return;
         }
         let Some(old) = self
             .workers
             .values()
-            .find(|w| w.counted() && w.doomed.is_some())
+            .find(|w| w.counted() && w.doomed.is_some() && !self.surge_bounded(w))
             .map(|w| w.key)
         else {
             return;

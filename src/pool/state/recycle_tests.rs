@@ -170,3 +170,55 @@ fn request_timeout_kills_and_replaces_without_backoff() {
     assert_eq!(t.p.counters().crashed, 0);
     assert_eq!(t.p.counters().request_timeouts, 1);
 }
+
+fn pool_sample(uss: &[(u64, u64)]) -> PoolEvent {
+    PoolEvent::PoolMemory {
+        workers: uss
+            .iter()
+            .map(|&(n, uss)| WorkerMemory {
+                key: k(n),
+                pss: uss + 10,
+                uss,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn max_pool_memory_replaces_the_worker_with_the_most_private_memory_new_before_old() {
+    let mut s = stat(4);
+    s.recycle.max_pool_memory = Some(1_000);
+    let mut t = T::new(s);
+    t.start();
+    // Within the budget (4 × 10 + 600): nothing happens.
+    t.ev(pool_sample(&[(0, 100), (1, 100), (2, 300), (3, 100)]));
+    assert!(t.spawns().is_empty());
+    assert_eq!(t.p.status(t.now).memory_total, Some(640));
+    // Over it: worker 2 holds the most private memory; its replacement starts first and it
+    // serves until that one is ready.
+    t.ev(pool_sample(&[(0, 100), (1, 100), (2, 800), (3, 100)]));
+    assert_eq!(t.spawns(), vec![k(4)]);
+    assert_eq!(t.state(k(2)), Some(WorkerState::Draining));
+    // One at a time: still over, nothing more is judged while worker 2 lives.
+    t.ev(pool_sample(&[(0, 100), (1, 900), (2, 800), (3, 100)]));
+    assert!(t.spawns().is_empty());
+    t.up(k(4));
+    assert!(t.has(&signal(2)));
+    t.ev(pool_sample(&[
+        (0, 100),
+        (1, 900),
+        (2, 800),
+        (3, 100),
+        (4, 50),
+    ]));
+    assert!(t.spawns().is_empty(), "{:?}", t.last);
+    t.ev(exited(2, ExitKind::Code(0)));
+    for old in [0, 1, 3] {
+        assert_eq!(t.state(k(old)), Some(WorkerState::Idle));
+    }
+    // Reaped: the next sample over the budget picks the next largest.
+    t.ev(pool_sample(&[(0, 100), (1, 900), (3, 100), (4, 50)]));
+    assert_eq!(t.spawns(), vec![k(5)]);
+    assert_eq!(t.state(k(1)), Some(WorkerState::Draining));
+    assert_eq!(t.p.counters().recycled.max_pool_memory, 2);
+}

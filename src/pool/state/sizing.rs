@@ -85,8 +85,10 @@ impl PoolState {
     /// backoff; `exclude` is left out of the count (a worker due for recycling).
     pub(super) fn deficit(&self, exclude: Option<WorkerKey>) -> (usize, usize) {
         let c = self.census(exclude);
-        let room = self.spec.max().saturating_sub(c.count);
-        let floor = self.spec.floor().saturating_sub(c.count).min(room);
+        // Slots a `max_surge = 0` rolling restart holds for old workers not yet reaped.
+        let held = c.count + self.rolling_held();
+        let room = self.spec.max().saturating_sub(held);
+        let floor = self.spec.floor().saturating_sub(held).min(room);
         let conc = self.spec.concurrency.max(1);
         let for_demand = self.demand.saturating_sub(c.free).div_ceil(conc);
         let wanted = match self.spec.sizing {

@@ -62,6 +62,8 @@ pub struct RecycleCounts {
     pub max_requests: u64,
     /// `max_memory` exceeded.
     pub max_memory: u64,
+    /// Replaced as the largest worker of a pool over `max_pool_memory`.
+    pub max_pool_memory: u64,
     /// `max_lifetime` reached.
     pub max_lifetime: u64,
     /// Rolling restarts.
@@ -75,6 +77,7 @@ impl RecycleCounts {
         let c = match reason {
             RecycleReason::MaxRequests => &mut self.max_requests,
             RecycleReason::MaxMemory => &mut self.max_memory,
+            RecycleReason::MaxPoolMemory => &mut self.max_pool_memory,
             RecycleReason::MaxLifetime => &mut self.max_lifetime,
             RecycleReason::Rolling => &mut self.rolling,
             RecycleReason::Suspect => &mut self.suspect,
@@ -84,7 +87,12 @@ impl RecycleCounts {
 
     /// All recycles.
     pub fn total(&self) -> u64 {
-        self.max_requests + self.max_memory + self.max_lifetime + self.rolling + self.suspect
+        self.max_requests
+            + self.max_memory
+            + self.max_pool_memory
+            + self.max_lifetime
+            + self.rolling
+            + self.suspect
     }
 }
 
@@ -137,6 +145,8 @@ pub struct PoolStatus {
     pub stopping: bool,
     /// Requests queued without a slot, as last reported.
     pub demand: usize,
+    /// PSS summed over the pool's workers at the last pool-wide sample (`max_pool_memory`).
+    pub memory_total: Option<u64>,
 }
 
 impl PoolState {
@@ -180,6 +190,7 @@ impl PoolState {
             throttled: self.throttled,
             stopping: self.stopping.is_some(),
             demand: self.demand,
+            memory_total: self.memory_total,
         }
     }
 }

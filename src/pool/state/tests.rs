@@ -11,6 +11,8 @@ pub(super) const NO_RECYCLE: Recycle = Recycle {
     max_requests_jitter: 0,
     max_memory: None,
     max_lifetime: None,
+    max_pool_memory: None,
+    max_surge: None,
 };
 
 pub(super) fn ms(n: u64) -> Duration {

@@ -8,6 +8,8 @@
 //! `RUNTIME_DIR/reload.result` ([`RESULT_FILE`]), which `corral reload` waits on to exit
 //! non-zero with the reason.
 
+pub mod links;
+
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
