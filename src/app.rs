@@ -155,6 +155,7 @@ pub async fn run(
     let status_tasks = TaskTracker::new();
     // Context roots and pool cwds serve the release their symlinks name now.
     // At start a path that does not resolve is only logged (and used as written).
+    let written = config.clone();
     let resolved = crate::deploy::links::resolve(config);
     let config = &resolved.config;
     let settings = BuildSettings {
@@ -197,6 +198,7 @@ pub async fn run(
     let mut serving = Serving {
         gateway: Arc::clone(&gateway),
         config: config.clone(),
+        written,
         listeners: Vec::new(),
         next_listener: 0,
         connections: TaskTracker::new(),
@@ -255,14 +257,7 @@ pub async fn run(
             () = stopping.cancelled() => break,
             control = controls.recv() => match control {
                 Some(AppControl::Reload(new)) => serving.reload(*new).await,
-                Some(AppControl::RestartWorkers) => {
-                    // Every spawned pool replaces each worker, the replacement ready before
-                    // the old one stops taking requests, so nothing in flight is lost.
-                    tracing::info!("rolling restart of every pool's workers");
-                    for pool in gateway.current().pools.iter() {
-                        pool.restart_workers();
-                    }
-                }
+                Some(AppControl::RestartWorkers) => serving.restart_workers().await,
                 Some(AppControl::ReopenLogs) => gateway.access.reopen(),
                 Some(AppControl::ReloadRefused(reason)) => serving.refused(reason, None),
                 // Nobody can send any more: serve until stopped.
@@ -379,7 +374,10 @@ struct RunningListener {
 /// What `run` changes on reload.
 struct Serving {
     gateway: Arc<Gateway>,
+    /// The configuration serving now, its symlinked roots and cwds resolved.
     config: Config,
+    /// The same configuration as written (`current` links unresolved).
+    written: Config,
     listeners: Vec<RunningListener>,
     /// Numbers listeners for the per-client caps (never reused).
     next_listener: usize,
@@ -535,6 +533,28 @@ impl Serving {
         }
     }
 
+    /// `corral restart-workers`: every spawned pool replaces each worker, the replacement
+    /// ready before the old one stops taking requests, so nothing in flight is lost. A
+    /// context root whose symlink names another release since this generation was built is
+    /// a deploy: the running configuration is reloaded first (which replaces that root's
+    /// pools, new before old, or is refused as a reload is), and the pools it kept are
+    /// restarted in place.
+    async fn restart_workers(&mut self) {
+        let before: Vec<Arc<Pool>> = self.gateway.current().pools.iter().cloned().collect();
+        if crate::deploy::links::roots_moved(&self.written, &self.config) {
+            tracing::info!(
+                "rolling restart: a context root's symlink names another release; the running configuration is reloaded first"
+            );
+            self.reload(self.written.clone()).await;
+        }
+        tracing::info!("rolling restart of every pool's workers");
+        for pool in self.gateway.current().pools.iter() {
+            if before.iter().any(|p| Arc::ptr_eq(p, pool)) {
+                pool.restart_workers();
+            }
+        }
+    }
+
     async fn try_reload(&mut self, new: Config) -> Result<u64, ReloadError> {
         warn_restart_only(&self.config, &new);
         let current = self.gateway.current();
@@ -543,13 +563,13 @@ impl Serving {
         let number = self.next_generation.max(current.number + 1);
         self.next_generation = number + 1;
         // The release each symlinked root and cwd names now (a `current` symlink swapped
-        // since the last generation makes its pools new ones).
         // since the last generation makes its pools new ones). One that names nothing (a
         // link to a release that is not there) refuses the reload.
         let resolved = crate::deploy::links::resolve(&new);
         if let Some(refusal) = resolved.refusal() {
             return Err(ReloadError::Refused(refusal));
         }
+        let written = new;
         let new = resolved.config;
         let settings = BuildSettings {
             worker_nofile: self.worker_nofile,
@@ -649,6 +669,7 @@ impl Serving {
             "reload applied"
         );
         self.config = new;
+        self.written = written;
         Ok(number)
     }
 }

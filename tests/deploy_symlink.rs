@@ -267,16 +267,32 @@ fn swap_and(corral: &Corral, base: &Path, held: &'static str, args: &[&str]) -> 
 
 #[test]
 fn a_php_root_through_a_symlink_serves_the_new_release_after_reload() {
-    php_swap("command = [\"php-cgi\"]\nmode = \"static\"\nmax = 2");
+    php_swap(
+        "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 2",
+        "reload",
+    );
 }
 
 #[test]
 fn a_php_children_pool_gets_new_groups_for_the_new_release() {
-    php_swap("command = [\"php-cgi\"]\nmode = \"static\"\nmax = 1\nphp_children = 2");
+    php_swap(
+        "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 1\nphp_children = 2",
+        "reload",
+    );
 }
 
-/// The php deploy with a pool of `pool` (its keys).
-fn php_swap(pool: &str) {
+/// `corral restart-workers` after the swap is a deploy too: the running configuration is
+/// reloaded (the root resolved again), so the php pool's new workers serve release 2.
+#[test]
+fn a_rolling_restart_serves_a_php_roots_new_release() {
+    php_swap(
+        "command = [\"php-cgi\"]\nmode = \"static\"\nmax = 2",
+        "restart-workers",
+    );
+}
+
+/// The php deploy with a pool of `pool` (its keys), switched by `corral COMMAND`.
+fn php_swap(pool: &str, command: &str) {
     let dir = shared_dir();
     let base = dir.path();
     let markers = markers_dir(base);
@@ -298,17 +314,19 @@ fn php_swap(pool: &str) {
     let old: BTreeSet<u32> = old.union(&status_pids(&corral)).copied().collect();
     let load = Load::start(addr, &["/index.php", "/version.txt"]);
     load.wait_more(false, 20);
-    swap_and(&corral, base, "/hold.php", &["reload"]);
+    swap_and(&corral, base, "/hold.php", &[command]);
+    // The old php-cgi workers are stopped once their requests are done. `corral reload`
+    // returns once the new generation serves; `restart-workers` returns at once, and every
+    // answer is release 2 once the last old worker is gone.
+    let gone = || support::eventually(TIMEOUT, || old.iter().all(|&p| !support::alive(p)));
+    if command != "reload" {
+        assert!(gone(), "{old:?}\n{}", corral.log());
+    }
     load.after.store(true, Ordering::SeqCst);
     load.wait_more(true, 40);
     let (_, second) = load.finish(&old, &corral.log());
     assert!(second >= 40);
-    // The old php-cgi workers were stopped once their requests were done.
-    assert!(
-        support::eventually(TIMEOUT, || old.iter().all(|&p| !support::alive(p))),
-        "{}",
-        corral.log()
-    );
+    assert!(gone(), "{}", corral.log());
 }
 
 fn wsgi_corral(base: &Path, markers: &Path) -> Corral {

@@ -79,6 +79,20 @@ pub fn resolve(config: &Config) -> Resolved {
     }
 }
 
+/// Whether a context root of `written` names another real directory now than it did when
+/// `serving` (its resolution, [`resolve`]) was built: a `current` link swapped since, or one
+/// that names nothing any more. The contexts of both are the same list, in the same order.
+pub fn roots_moved(written: &Config, serving: &Config) -> bool {
+    written
+        .contexts
+        .iter()
+        .zip(&serving.contexts)
+        .any(|(w, s)| match (&w.root, &s.root) {
+            (Some(w), Some(s)) => std::fs::canonicalize(w).map_or(true, |real| real != *s),
+            _ => false,
+        })
+}
+
 /// The real path of `path` (logged when it differs), or why there is none (logged too).
 fn real_path(path: &Path, what: &str) -> Result<PathBuf, String> {
     match std::fs::canonicalize(path) {
@@ -165,5 +179,28 @@ pool = "remote"
         assert_eq!(cwd(&two), Some(base.join("releases/2")));
         // What is configured is left as written.
         assert_eq!(cwd(&config), Some(current));
+    }
+
+    #[test]
+    fn a_swapped_or_broken_root_link_is_a_moved_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        for n in ["1", "2"] {
+            std::fs::create_dir_all(base.join("releases").join(n).join("public")).unwrap();
+        }
+        let current = base.join("current");
+        std::os::unix::fs::symlink("releases/1", &current).unwrap();
+        let text = CONFIG
+            .replace("CURRENT", &current.display().to_string())
+            .replace("MISSING", &base.join("releases/2").display().to_string());
+        let written = crate::config::parse(&text, "t.toml").unwrap();
+        let serving = resolve(&written).config;
+        assert!(!roots_moved(&written, &serving));
+        std::fs::remove_file(&current).unwrap();
+        std::os::unix::fs::symlink("releases/2", &current).unwrap();
+        assert!(roots_moved(&written, &serving));
+        std::fs::remove_file(&current).unwrap();
+        std::os::unix::fs::symlink("releases/3", &current).unwrap();
+        assert!(roots_moved(&written, &serving), "a link to nothing");
     }
 }
