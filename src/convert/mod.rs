@@ -5,14 +5,17 @@
 //!
 //! The parts: `ini.rs` (one line of PHP's INI syntax), `load.rs` (files, `include` globs,
 //! bounds), `fpm.rs` (sections, directives and their types as php-fpm has them), `pool.rs`
-//! (one pool's mapping), `emit.rs` (the TOML). A line php-fpm would refuse is an error naming
+//! (one pool's mapping, with `listen.rs` and `sizing.rs` for its listener and its process
+//! manager), `emit.rs` (the TOML). A line php-fpm would refuse is an error naming
 //! `FILE:LINE:COL`; the output is validated as `corral check` would before it is printed.
 
 mod emit;
 mod fpm;
 mod ini;
+mod listen;
 mod load;
 mod pool;
+mod sizing;
 
 use std::path::{Path, PathBuf};
 

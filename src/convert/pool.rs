@@ -8,10 +8,11 @@
 //! or as a comment saying why not and what is nearest.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 use super::emit::{array, string, Table};
 use super::fpm::{Directive, FpmError, Pool, Typed};
+use super::listen::{listen_access, listen_address};
+use super::sizing::pm;
 use super::Ctx;
 
 /// What one pool becomes.
@@ -214,6 +215,7 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
         ));
     }
 
+    used.insert("security.limit_extensions");
     for d in pool.directives.iter().filter(|d| d.index.is_none()) {
         let last = get(&d.name).is_some_and(|l| l.at == d.at);
         if !last {
@@ -238,247 +240,6 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
         tables,
         server,
     })
-}
-
-/// A php-fpm `listen` value as a corral address, whether it is TCP, and how it was read.
-fn listen_address(
-    text: &str,
-    full: &dyn Fn(&str) -> String,
-) -> Result<(String, bool, String), String> {
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        let port: u16 = text
-            .parse()
-            .map_err(|_| format!("port {text} is out of range"))?;
-        return Ok((format!("0.0.0.0:{port}"), true, ": every address (php-fpm also takes IPv6 here; add a [[listen]] on \"[::]:PORT\" with its context for it)".to_owned()));
-    }
-    let Some(colon) = text.rfind(':') else {
-        return Ok((format!("unix:{}", full(text)), false, String::new()));
-    };
-    let (host, port) = (&text[..colon], &text[colon + 1..]);
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("listen = {text}: '{port}' is not a port"))?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host == "*" || host.is_empty() {
-        return Ok((
-            format!("0.0.0.0:{port}"),
-            true,
-            ": every address".to_owned(),
-        ));
-    }
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok((SocketAddr::new(ip, port).to_string(), true, String::new()));
-    }
-    let resolved = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("listen = {text}: cannot resolve {host}: {e}"))?
-        .min_by_key(|a| a.is_ipv6())
-        .ok_or_else(|| format!("listen = {text}: {host} has no address"))?;
-    Ok((
-        resolved.to_string(),
-        true,
-        format!(": {host} resolved when converting"),
-    ))
-}
-
-/// `listen.owner/group/mode` (unix) or `listen.allowed_clients` (TCP) on `listen`.
-fn listen_access<'p>(
-    pool: &'p Pool,
-    address: &str,
-    tcp: bool,
-    listen: &mut Table,
-    used: &mut BTreeSet<&str>,
-) -> Result<(), (&'p Directive, String)> {
-    used.extend([
-        "listen.owner",
-        "listen.group",
-        "listen.mode",
-        "listen.allowed_clients",
-    ]);
-    let clients = pool
-        .get("listen.allowed_clients")
-        .filter(|d| !d.text().trim().is_empty());
-    if tcp {
-        for key in ["listen.owner", "listen.group", "listen.mode"] {
-            if let Some(d) = pool.get(key) {
-                listen.note(&format!(
-                    "{}: not mapped: php-fpm uses it for unix sockets only",
-                    d.written()
-                ));
-            }
-        }
-        match clients {
-            Some(d) => {
-                let mut allow = Vec::new();
-                for ip in d.text().split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    let ip: IpAddr = ip.parse().map_err(|_| {
-                        (
-                            d,
-                            format!("'{ip}' in listen.allowed_clients is not an IP address"),
-                        )
-                    })?;
-                    allow.push(format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 }));
-                }
-                listen.set("allow", &array(&allow), "listen.allowed_clients");
-            }
-            None => {
-                let loopback = address
-                    .parse::<SocketAddr>()
-                    .is_ok_and(|a| a.ip().is_loopback());
-                if !loopback {
-                    listen.set("allow", &array(&["0.0.0.0/0".to_owned()]), "listen.allowed_clients not set: php-fpm takes every client here, and corral wants that said; narrow it");
-                }
-            }
-        }
-        return Ok(());
-    }
-    if let Some(d) = clients {
-        listen.note(&format!(
-            "{}: not mapped: php-fpm ignores it on a unix socket (owner, group and mode decide)",
-            d.written()
-        ));
-    }
-    match pool.get("listen.mode").filter(|d| !d.text().is_empty()) {
-        Some(d) => {
-            let text = d.text();
-            let digits = text.trim_start_matches('0');
-            let valid = digits.len() <= 3 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b));
-            if !valid {
-                return Err((
-                    d,
-                    format!("listen.mode '{text}' is not an octal permission like 0660"),
-                ));
-            }
-            listen.set("mode", &string(&format!("0{digits:0>3}")), "listen.mode");
-        }
-        None => listen.set("mode", &string("0660"), "php-fpm's default listen.mode"),
-    }
-    for (key, corral) in [("listen.owner", "owner"), ("listen.group", "group")] {
-        match pool.get(key).filter(|d| !d.text().is_empty()) {
-            Some(d) => listen.set(corral, &string(&d.text()), key),
-            None => listen.note(&format!("{key}: not set; php-fpm's default is its own user and group, corral's is the same (corral's)")),
-        }
-    }
-    Ok(())
-}
-
-/// `pm` and its counts as `mode`, `min`, `max`, `spare_min`, `spare_max`, `idle_timeout`,
-/// `max_requests`, with php-fpm's own checks.
-fn pm<'p>(
-    pool: &'p Pool,
-    table: &mut Table,
-    used: &mut BTreeSet<&str>,
-    ctx: &Ctx,
-) -> Result<(), (Option<&'p Directive>, String)> {
-    used.extend([
-        "pm",
-        "pm.max_children",
-        "pm.min_spare_servers",
-        "pm.max_spare_servers",
-        "pm.start_servers",
-        "pm.max_requests",
-    ]);
-    let Some(pm) = pool.get("pm") else {
-        return Err((
-            None,
-            "the process manager is missing (static, dynamic or ondemand)".to_owned(),
-        ));
-    };
-    let n = |key: &str| pool.get(key).map_or(0, Directive::number);
-    let max = n("pm.max_children");
-    if max < 1 {
-        return Err((
-            pool.get("pm.max_children").or(Some(pm)),
-            "pm.max_children must be a positive value".to_owned(),
-        ));
-    }
-    let kind = pm.text();
-    table.set("mode", &string(&kind), "pm");
-    table.set("max", &max.to_string(), "pm.max_children");
-    match kind.as_str() {
-        "dynamic" => {
-            let (lo, hi, start) = (
-                n("pm.min_spare_servers"),
-                n("pm.max_spare_servers"),
-                n("pm.start_servers"),
-            );
-            let at = |k: &str| pool.get(k).or(Some(pm));
-            if lo <= 0 || hi <= 0 {
-                return Err((at(if lo <= 0 { "pm.min_spare_servers" } else { "pm.max_spare_servers" }), format!("pm.min_spare_servers({lo}) and pm.max_spare_servers({hi}) must be positive values")));
-            }
-            if lo > max || hi > max {
-                return Err((at("pm.max_spare_servers"), format!("pm.min_spare_servers({lo}) and pm.max_spare_servers({hi}) cannot be greater than pm.max_children({max})")));
-            }
-            if hi < lo {
-                return Err((at("pm.max_spare_servers"), format!("pm.max_spare_servers({hi}) must not be less than pm.min_spare_servers({lo})")));
-            }
-            if start > 0 && (start < lo || start > hi) {
-                return Err((at("pm.start_servers"), format!("pm.start_servers({start}) must not be less than pm.min_spare_servers({lo}) and not greater than pm.max_spare_servers({hi})")));
-            }
-            table.set(
-                "min",
-                &lo.to_string(),
-                "pm.min_spare_servers: php-fpm keeps that many idle, so never fewer workers",
-            );
-            table.set("spare_min", &lo.to_string(), "pm.min_spare_servers");
-            table.set("spare_max", &hi.to_string(), "pm.max_spare_servers");
-            let why = "corral starts min workers, then spawns while fewer than spare_min are idle";
-            match pool.get("pm.start_servers") {
-                Some(d) => table.note(&ctx.not_mapped(d, why)),
-                None => table.note(&format!(
-                    "pm.start_servers not set (php-fpm starts {}): {why}",
-                    lo + (hi - lo) / 2
-                )),
-            }
-        }
-        "ondemand" => {
-            used.insert("pm.process_idle_timeout");
-            let idle = pool
-                .get("pm.process_idle_timeout")
-                .map_or(10, Directive::number);
-            if idle < 1 {
-                return Err((
-                    pool.get("pm.process_idle_timeout"),
-                    format!("pm.process_idle_timeout({idle}s) must be greater than 0s"),
-                ));
-            }
-            let why = if pool.get("pm.process_idle_timeout").is_some() {
-                "pm.process_idle_timeout"
-            } else {
-                "php-fpm's default pm.process_idle_timeout"
-            };
-            table.set("idle_timeout", &string(&format!("{idle}s")), why);
-            for key in [
-                "pm.start_servers",
-                "pm.min_spare_servers",
-                "pm.max_spare_servers",
-            ] {
-                if let Some(d) = pool.get(key) {
-                    table.note(&ctx.not_mapped(d, "php-fpm ignores it in an ondemand pool"));
-                }
-            }
-        }
-        _ => {
-            for key in [
-                "pm.start_servers",
-                "pm.min_spare_servers",
-                "pm.max_spare_servers",
-            ] {
-                if let Some(d) = pool.get(key) {
-                    table.note(&ctx.not_mapped(d, "php-fpm ignores it in a static pool"));
-                }
-            }
-        }
-    }
-    match pool.get("pm.max_requests") {
-        Some(d) if d.number() > 0 => table.set("max_requests", &d.number().to_string(), "pm.max_requests (corral adds up to 10% jitter so workers do not all recycle at once; max_requests_jitter = 0 to turn it off)"),
-        Some(d) => table.note(&ctx.not_mapped(d, "0: never recycled, corral's default too")),
-        None => {}
-    }
-    Ok(())
 }
 
 /// `env[...]` as the pool's `env`, and what corral does about `clear_env`.
