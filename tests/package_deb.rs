@@ -66,25 +66,41 @@ fn running_installed_binary() -> Vec<String> {
         .filter_map(|e| {
             let e = e.ok()?;
             let exe = std::fs::read_link(e.path().join("exe")).ok()?;
-            (exe == Path::new("/usr/bin/corral")).then(|| e.file_name().to_string_lossy().into_owned())
+            (exe == Path::new("/usr/bin/corral"))
+                .then(|| e.file_name().to_string_lossy().into_owned())
         })
         .collect()
 }
 
-/// Purges the package when dropped, also when an assertion failed.
+/// Whether dpkg knows a corral package at all (installed, half-installed or config-files).
+fn known_to_dpkg() -> bool {
+    run("dpkg-query", &["-W", "corral"]).code == Some(0)
+}
+
+/// Purges the package when dropped, also when an assertion failed: a purge, the user and
+/// group removed if they are left, a second purge (a postrm that failed on them succeeds
+/// then), and as the last resort a purge without the postrm that keeps failing.
 struct Purge;
 
 impl Drop for Purge {
     fn drop(&mut self) {
-        if run("dpkg-query", &["-W", "corral"]).code == Some(0) {
+        for _ in 0..2 {
+            if known_to_dpkg() {
+                let _ = run("dpkg", &["--purge", "corral"]);
+            }
+            if known("passwd", "corral") {
+                let _ = run("userdel", &["corral"]);
+            }
+            if known("group", "corral") {
+                let _ = run("groupdel", &["corral"]);
+            }
+        }
+        if known_to_dpkg() {
+            let _ = std::fs::remove_file("/var/lib/dpkg/info/corral.postrm");
             let _ = run("dpkg", &["--purge", "corral"]);
         }
-        // A purge that failed half way must not leave the user behind either.
-        if known("passwd", "corral") {
-            let _ = run("userdel", &["corral"]);
-        }
-        if known("group", "corral") {
-            let _ = run("groupdel", &["corral"]);
+        for dir in ["/var/lib/corral", "/var/log/corral", "/etc/corral"] {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -94,19 +110,32 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
     let lock = File::create(LOCK).expect("create the lock file");
     let _lock = Flock::lock(lock, FlockArg::LockExclusive).expect("lock");
     assert!(
-        !installed() && run("dpkg-query", &["-W", "corral"]).code != Some(0),
-        "a corral package is installed on this machine already: not touching it"
+        !known_to_dpkg(),
+        "dpkg knows a corral package on this machine already: not touching it"
     );
-    assert!(!known("passwd", "corral") && !known("group", "corral"), "a corral user or group exists already");
+    assert!(
+        !known("passwd", "corral") && !known("group", "corral"),
+        "a corral user or group exists already"
+    );
     for p in PATHS {
-        assert!(!Path::new(p).exists(), "{p} exists already: not touching it");
+        assert!(
+            !Path::new(p).exists(),
+            "{p} exists already: not touching it"
+        );
     }
 
     let out_dir = tempfile::tempdir().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-deb.sh");
     let built = ok(
         "bash",
-        &[script, "--binary", support::CORRAL, "--out", out_dir.path().to_str().unwrap(), "--fast"],
+        &[
+            script,
+            "--binary",
+            support::CORRAL,
+            "--out",
+            out_dir.path().to_str().unwrap(),
+            "--fast",
+        ],
     );
     let deb = built.lines().last().unwrap().to_owned();
     let version = env!("CARGO_PKG_VERSION");
@@ -133,7 +162,10 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
             "{path} missing from:\n{contents}"
         );
     }
-    assert!(contents.lines().all(|l| l.contains(" root/root ")), "{contents}");
+    assert!(
+        contents.lines().all(|l| l.contains(" root/root ")),
+        "{contents}"
+    );
     let info = ok("dpkg-deb", &["-I", &deb]);
     for field in [
         "Package: corral".to_owned(),
@@ -144,23 +176,37 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
         assert!(info.contains(&field), "{field} missing from:\n{info}");
     }
     for member in ["conffiles", "postinst", "prerm", "postrm"] {
-        assert!(info.contains(&format!(" {member} ")), "{member} missing from:\n{info}");
+        assert!(
+            info.contains(&format!(" {member} ")),
+            "{member} missing from:\n{info}"
+        );
     }
     // The maintainer scripts start and enable nothing.
     let control = tempfile::tempdir().unwrap();
     ok("dpkg-deb", &["-e", &deb, control.path().to_str().unwrap()]);
-    assert_eq!(std::fs::read_to_string(control.path().join("conffiles")).unwrap(), "/etc/corral/corral.toml\n");
+    assert_eq!(
+        std::fs::read_to_string(control.path().join("conffiles")).unwrap(),
+        "/etc/corral/corral.toml\n"
+    );
     for script in ["postinst", "prerm", "postrm"] {
         let text = std::fs::read_to_string(control.path().join(script)).unwrap();
         for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
-            for word in ["systemctl start", "systemctl enable", "systemctl restart", "deb-systemd-invoke", "invoke-rc.d", "corral run"] {
+            for word in [
+                "systemctl start",
+                "systemctl enable",
+                "systemctl restart",
+                "deb-systemd-invoke",
+                "invoke-rc.d",
+                "corral run",
+            ] {
                 assert!(!line.contains(word), "{script} runs {word:?}: {line}");
             }
         }
     }
 
     // Installed.
-    let purge = Purge;
+    // Cleans up at the end of the test, after the checks below saw what the purge left.
+    let _purge = Purge;
     ok("dpkg", &["-i", &deb]);
     assert!(installed());
     let conffiles = ok("dpkg-query", &["-W", "-f=${Conffiles}", "corral"]);
@@ -168,21 +214,46 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
     let passwd = ok("getent", &["passwd", "corral"]);
     let uid: u32 = passwd.split(':').nth(2).unwrap().parse().unwrap();
     assert!(uid < 1000, "corral is no system user: {passwd}");
-    assert!(passwd.trim_end().ends_with(":/var/lib/corral:/usr/sbin/nologin"), "{passwd}");
+    assert!(
+        passwd
+            .trim_end()
+            .ends_with(":/var/lib/corral:/usr/sbin/nologin"),
+        "{passwd}"
+    );
     for dir in ["/var/lib/corral", "/var/log/corral"] {
         let meta = std::fs::metadata(dir).unwrap();
         assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid, "{dir}");
     }
-    let checked = ok("/usr/bin/corral", &["check", "-c", "/etc/corral/corral.toml"]);
+    let checked = ok(
+        "/usr/bin/corral",
+        &["check", "-c", "/etc/corral/corral.toml"],
+    );
     assert_eq!(checked.trim(), "/etc/corral/corral.toml: ok");
     let verify = run(
         "/usr/bin/systemd-analyze",
-        &["verify", "/lib/systemd/system/corral.service", "/lib/systemd/system/corral.socket"],
+        &[
+            "verify",
+            "/lib/systemd/system/corral.service",
+            "/lib/systemd/system/corral.socket",
+        ],
     );
-    assert_eq!(verify.code, Some(0), "systemd-analyze verify:\n{}{}", verify.stdout, verify.stderr);
-    assert!(!verify.stderr.contains("corral"), "systemd-analyze verify warned:\n{}", verify.stderr);
+    assert_eq!(
+        verify.code,
+        Some(0),
+        "systemd-analyze verify:\n{}{}",
+        verify.stdout,
+        verify.stderr
+    );
+    assert!(
+        !verify.stderr.contains("corral"),
+        "systemd-analyze verify warned:\n{}",
+        verify.stderr
+    );
     let unit = std::fs::read_to_string("/lib/systemd/system/corral.service").unwrap();
-    assert!(unit.contains("ExecStart=/usr/bin/corral run -c /etc/corral/corral.toml"), "{unit}");
+    assert!(
+        unit.contains("ExecStart=/usr/bin/corral run -c /etc/corral/corral.toml"),
+        "{unit}"
+    );
     // Nothing enabled, nothing started.
     for link in [
         "/etc/systemd/system/multi-user.target.wants/corral.service",
@@ -190,12 +261,15 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
     ] {
         assert!(!Path::new(link).exists(), "{link} was created");
     }
-    assert_eq!(running_installed_binary(), Vec::<String>::new(), "the package started corral");
+    assert_eq!(
+        running_installed_binary(),
+        Vec::<String>::new(),
+        "the package started corral"
+    );
 
     // Purged: nothing left.
     ok("dpkg", &["--purge", "corral"]);
-    drop(purge);
-    assert!(run("dpkg-query", &["-W", "corral"]).code != Some(0), "dpkg still knows corral");
+    assert!(!known_to_dpkg(), "dpkg still knows corral");
     for p in PATHS {
         assert!(!Path::new(p).exists(), "{p} is left after the purge");
     }
