@@ -332,7 +332,10 @@ fn a_multi_pool_configuration_with_includes_and_pool_maps_every_directive() {
         "{toml}"
     );
     assert_line(&toml, "extension = \"php7\"");
-    assert!(!toml.contains("limit_extensions = .php .php7: not mapped"), "mapped, so not also commented:\n{toml}");
+    assert!(
+        !toml.contains("limit_extensions = .php .php7: not mapped"),
+        "mapped, so not also commented:\n{toml}"
+    );
     // Only pool b, with php-fpm's default .php .phar, has a .phar context.
     assert_eq!(toml.matches("extension = \"phar\"").count(), 1, "{toml}");
     // Pool b: ondemand.

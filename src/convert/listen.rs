@@ -133,3 +133,24 @@ pub fn listen_access<'p>(
     }
     Ok(())
 }
+
+/// What a unix socket's directory needs: corral binds the socket but does not create the
+/// directory it is in; on Debian, /run/php comes from php-fpm's tmpfiles.d entry, and
+/// php-fpm's unit keeps the /run/php/php-fpm.sock symlink only while php-fpm runs.
+pub fn socket_dir_note(path: &str) -> String {
+    let dir = std::path::Path::new(path)
+        .parent()
+        .map_or_else(|| "/".to_owned(), |d| d.display().to_string());
+    let mut note = format!(
+        "corral does not create {dir}: it must exist when corral starts (a php-fpm still \
+         listening here makes corral refuse the address: stop php-fpm first)"
+    );
+    if dir == "/run/php" {
+        note.push_str(
+            "; Debian makes /run/php from php-fpm's tmpfiles.d entry, and php-fpm's unit \
+             removes the /run/php/php-fpm.sock symlink when it stops: point fastcgi_pass \
+             at this path itself",
+        );
+    }
+    note
+}

@@ -66,6 +66,9 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
         &string(&address),
         &format!("listen = {}{how}", l.text()),
     );
+    if let Some(path) = address.strip_prefix("unix:") {
+        listen.note(&super::listen::socket_dir_note(path));
+    }
     listen.set(
         "protocol",
         &string("fastcgi"),
