@@ -9,8 +9,9 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use support::fastcgi::{fastcgi_status, nginx_params};
+use support::front::Nginx;
 use support::peers::{shared_dir, write_file};
-use support::server::Corral;
+use support::server::{http, Corral};
 use support::{corral, Outcome};
 
 const DEBIAN_CONF: &str = "/etc/php/8.2/fpm/php-fpm.conf";
@@ -185,6 +186,30 @@ fn debians_converted_configuration_serves_php_through_corral() {
         &nginx_params(&root, "/missing.php", "/missing.php"),
     );
     assert_eq!(status, 404);
+    // And through real nginx, with the location block Debian's default site has for
+    // php-fpm, only its fastcgi_pass path moved.
+    let nginx_dir = dir.path().join("nginx");
+    std::fs::create_dir(&nginx_dir).unwrap();
+    let server = format!(
+        "root {root};\n\
+         location ~ \\.php$ {{\n\
+           fastcgi_split_path_info ^(.+?\\.php)(/.*)$;\n\
+           try_files $fastcgi_script_name =404;\n\
+           include /etc/nginx/fastcgi.conf;\n\
+           fastcgi_pass unix:{socket};\n\
+         }}\n",
+        root = root.display(),
+        socket = socket.display()
+    );
+    let nginx = Nginx::start(&nginx_dir, "", &[server]);
+    let addr = format!("127.0.0.1:{}", nginx.ports[0]).parse().unwrap();
+    let page = http(addr, "GET", "/hello.php", &[], b"");
+    assert_eq!(page.status, 200, "{}\n{}", page.text(), nginx.error_log());
+    assert!(
+        page.text().contains("hello from www-data"),
+        "{}",
+        page.text()
+    );
 }
 
 /// A php-fpm tree with two files of pools included through a relative glob.
@@ -422,6 +447,17 @@ fn tcp_listeners_get_their_allowed_clients() {
         toml.contains("listen.owner = nobody: not mapped: php-fpm uses it for unix sockets only"),
         "{toml}"
     );
+    // A unix socket with only listen.owner: php-fpm's group is the owner's primary group.
+    let conf = dir.path().join("owner.conf");
+    std::fs::write(
+        &conf,
+        "[o]\nuser = www-data\nlisten = /run/o.sock\nlisten.owner = nobody\npm = static\npm.max_children = 1\n",
+    )
+    .unwrap();
+    let toml = converted(&[conf.to_str().unwrap()]);
+    assert_checks(&toml);
+    assert_line(&toml, "owner = \"nobody\"");
+    assert_line(&toml, "group = \"nogroup\"");
 }
 
 /// Converting `text` fails with exit 64 and a message naming `FILE:LINE`.

@@ -125,11 +125,18 @@ pub fn listen_access<'p>(
         }
         None => listen.set("mode", &string("0660"), "php-fpm's default listen.mode"),
     }
-    for (key, corral) in [("listen.owner", "owner"), ("listen.group", "group")] {
-        match pool.get(key).filter(|d| !d.text().is_empty()) {
-            Some(d) => listen.set(corral, &string(&d.text()), key),
-            None => listen.note(&format!("{key}: not set; php-fpm's default is its own user and group, corral's is the same (corral's)")),
-        }
+    let set = |key: &str| pool.get(key).map(Directive::text).filter(|t| !t.is_empty());
+    match set("listen.owner") {
+        Some(owner) => listen.set("owner", &string(&owner), "listen.owner"),
+        None => listen.note("listen.owner: not set; php-fpm's default is its own user, corral's is the same (its own)"),
+    }
+    match (set("listen.group"), set("listen.owner")) {
+        (Some(group), _) => listen.set("group", &string(&group), "listen.group"),
+        (None, Some(owner)) => match super::pool::primary_group(&owner) {
+            Some(group) => listen.set("group", &string(&group), "php-fpm's default listen.group: the owner's primary group"),
+            None => listen.note("listen.group: php-fpm takes the owner's primary group; that user is not on this machine, so say group = \"...\""),
+        },
+        (None, None) => listen.note("listen.group: not set; php-fpm's default is its own group, corral's is the same (its own)"),
     }
     Ok(())
 }

@@ -407,6 +407,11 @@ mod tests {
         assert!(e.message.contains("longer than"), "{}", e.message);
         assert_eq!(line_of(&e, &huge), 2);
 
+        let mut big = b"[www]\n".to_vec();
+        big.resize(usize::try_from(MAX_FILE).unwrap() + 1, b';');
+        let e = load_error(&big);
+        assert!(e.at.is_none() && e.message.contains("larger than"), "{e:?}");
+
         let e = load_error(b"[www]\n\xff\xfe = 1\n");
         assert!(e.message.contains("line 2 is not UTF-8"), "{}", e.message);
 

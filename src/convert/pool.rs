@@ -404,7 +404,7 @@ fn why_not(d: &Directive, pm: Option<&str>) -> &'static str {
 }
 
 /// The name of `user`'s primary group on this machine.
-fn primary_group(user: &str) -> Option<String> {
+pub fn primary_group(user: &str) -> Option<String> {
     let uid_or_name = nix::unistd::User::from_name(user)
         .ok()
         .flatten()
