@@ -79,6 +79,11 @@ size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@SIZE@/$size/" \
     "$repo/packaging/debian/control.in" >"$stage/DEBIAN/control"
 echo /etc/corral/corral.toml >"$stage/DEBIAN/conffiles"
+# What `dpkg --verify` and debsums check the installed files against (conffiles have their
+# own sums in dpkg's database).
+(cd "$stage" && find . -type f ! -path './DEBIAN/*' ! -path './etc/*' -printf '%P\0' |
+    LC_ALL=C sort -z | xargs -0 md5sum) >"$stage/DEBIAN/md5sums"
+chmod 0644 "$stage/DEBIAN/md5sums"
 for script in postinst prerm postrm; do
     install -m 0755 "$repo/packaging/debian/$script" "$stage/DEBIAN/$script"
 done

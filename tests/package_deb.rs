@@ -175,7 +175,7 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
     ] {
         assert!(info.contains(&field), "{field} missing from:\n{info}");
     }
-    for member in ["conffiles", "postinst", "prerm", "postrm"] {
+    for member in ["conffiles", "md5sums", "postinst", "prerm", "postrm"] {
         assert!(
             info.contains(&format!(" {member} ")),
             "{member} missing from:\n{info}"
@@ -224,6 +224,9 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
         let meta = std::fs::metadata(dir).unwrap();
         assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid, "{dir}");
     }
+    // Every installed file is the packaged one (md5sums), the conffile too.
+    let verified = ok("dpkg", &["--verify", "corral"]);
+    assert_eq!(verified, "", "dpkg --verify corral:\n{verified}");
     let checked = ok(
         "/usr/bin/corral",
         &["check", "-c", "/etc/corral/corral.toml"],
