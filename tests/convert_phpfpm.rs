@@ -85,7 +85,15 @@ fn debians_php_fpm_conf_converts_into_a_configuration_corral_check_accepts() {
     assert_line(&toml, "owner = \"www-data\"");
     assert_line(&toml, "group = \"www-data\"");
     assert_line(&toml, "mode = \"0660\"");
-    assert_line(&toml, "command = [\"php-cgi\"]");
+    // php-fpm's own php.ini and conf.d, which php-cgi would not read otherwise.
+    assert_line(
+        &toml,
+        "command = [\"php-cgi\", \"-c\", \"/etc/php/8.2/fpm/php.ini\"]",
+    );
+    assert_line(
+        &toml,
+        "env = { PHP_INI_SCAN_DIR = \"/etc/php/8.2/fpm/conf.d\" }",
+    );
     assert_line(&toml, "mode = \"dynamic\"");
     assert_line(&toml, "max = 5");
     assert_line(&toml, "min = 1");
@@ -123,10 +131,18 @@ fn debians_php_fpm_conf_converts_into_a_configuration_corral_check_accepts() {
         toml.contains("www.conf:"),
         "comments name the file and line:\n{toml}"
     );
-    // The pool file alone converts the same pool.
+    // The pool file alone converts the same pool, php.ini found beside its pool.d.
     let alone = converted(&[DEBIAN_POOL]);
     assert_checks(&alone);
     assert_line(&alone, "[pools.www]");
+    assert_line(
+        &alone,
+        "command = [\"php-cgi\", \"-c\", \"/etc/php/8.2/fpm/php.ini\"]",
+    );
+    let own = converted(&[DEBIAN_CONF, "--php-ini", "none"]);
+    assert_checks(&own);
+    assert_line(&own, "command = [\"php-cgi\"]");
+    assert!(!own.contains("PHP_INI_SCAN_DIR"), "{own}");
 }
 
 /// Runs `toml` with only its paths moved into `dir`: the socket and the runtime directory.
@@ -155,7 +171,7 @@ fn debians_converted_configuration_serves_php_through_corral() {
     write_file(
         &root,
         "hello.php",
-        "<?php echo 'hello from ', posix_getpwuid(posix_geteuid())['name'], \"\\n\";",
+        "<?php echo 'hello from ', posix_getpwuid(posix_geteuid())['name'], ' with ', php_ini_loaded_file(), \"\\n\";",
     );
     let toml = converted(&[DEBIAN_CONF, "--root", root.to_str().unwrap()]);
     let socket = dir.path().join("php8.2-fpm.sock");
@@ -170,7 +186,7 @@ fn debians_converted_configuration_serves_php_through_corral() {
     assert_eq!(status, 200, "{body}\n{}", corral.log());
     // www.conf's user: the worker runs as www-data.
     assert!(
-        body.contains("hello from www-data"),
+        body.contains("hello from www-data with /etc/php/8.2/fpm/php.ini\n"),
         "{body}\n{}",
         corral.log()
     );

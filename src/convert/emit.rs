@@ -102,10 +102,18 @@ pub fn document(fpm: &Fpm, pools: &[PoolOut], ctx: &Ctx) -> String {
          # a [[contexts]] tying them, whose root corral's script guard checks every\n\
          # SCRIPT_FILENAME against. Lines php-fpm had that corral has no key for are comments\n\
          # saying why, and what is nearest.\n\
-         # php-cgi reads its own php.ini (Debian: /etc/php/VERSION/cgi/php.ini), not php-fpm's:\n\
-         # compare them, or add \"-c\", \"/etc/php/VERSION/fpm/php.ini\" to a pool's command.\n\
          # Check it with `corral check -c FILE`, run it with `corral run -c FILE`.\n\n",
     );
+    match &ctx.php_ini.file {
+        Some(ini) => out.push_str(&format!(
+            "# php-cgi reads php-fpm's php.ini, {} (-c in each command; --php-ini none for its own).\n",
+            one_line(&ini.display().to_string())
+        )),
+        None => out.push_str(
+            "# php-cgi reads its own php.ini (Debian: /etc/php/VERSION/cgi/php.ini), not php-fpm's:\n\
+             # compare them, or convert with --php-ini FILE.\n",
+        ),
+    }
     for (at, pattern, files) in &fpm.includes {
         let line = if files.is_empty() {
             format!(

@@ -46,6 +46,51 @@ pub struct PhpFpmArgs {
     /// The php-cgi program the pools run.
     #[arg(long, value_name = "PROGRAM", default_value = "php-cgi")]
     pub php_cgi: String,
+    /// The php.ini the pools' php-cgi reads (`-c`), or `none` for php-cgi's own; by default
+    /// php-fpm's: the php.ini beside the first FILE (or beside its pool.d), with the conf.d
+    /// there as PHP_INI_SCAN_DIR.
+    #[arg(long, value_name = "FILE|none")]
+    pub php_ini: Option<String>,
+}
+
+/// The php.ini (and its conf.d) the pools' php-cgi is pointed at.
+#[derive(Debug, Default)]
+pub struct PhpIni {
+    file: Option<PathBuf>,
+    scan_dir: Option<PathBuf>,
+}
+
+impl PhpIni {
+    /// What `--php-ini` says, or php-fpm's own php.ini and conf.d next to `first`.
+    fn choose(option: Option<&str>, first: Option<&Path>) -> PhpIni {
+        match option {
+            Some("none") => return PhpIni::default(),
+            Some(file) => {
+                return PhpIni {
+                    file: Some(PathBuf::from(file)),
+                    scan_dir: None,
+                }
+            }
+            None => {}
+        }
+        let Some(dir) = first.and_then(Path::parent) else {
+            return PhpIni::default();
+        };
+        let dir = if dir.file_name().is_some_and(|n| n == "pool.d") {
+            dir.parent().unwrap_or(dir)
+        } else {
+            dir
+        };
+        let ini = dir.join("php.ini");
+        if !ini.is_file() {
+            return PhpIni::default();
+        }
+        let conf_d = dir.join("conf.d");
+        PhpIni {
+            file: Some(ini),
+            scan_dir: conf_d.is_dir().then_some(conf_d),
+        }
+    }
 }
 
 /// What the mapping needs besides the configuration.
@@ -54,6 +99,7 @@ pub struct Ctx<'a> {
     prefix: PathBuf,
     root: String,
     php_cgi: String,
+    php_ini: PhpIni,
     /// The kernel's largest accept backlog (php-fpm's `listen.backlog = -1`).
     somaxconn: u32,
     env: &'a dyn Fn(&str) -> Option<String>,
@@ -129,6 +175,10 @@ pub fn php_fpm(args: &PhpFpmArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
         prefix: args.prefix.clone(),
         root: args.root.clone(),
         php_cgi: args.php_cgi.clone(),
+        php_ini: PhpIni::choose(
+            args.php_ini.as_deref(),
+            args.files.first().map(PathBuf::as_path),
+        ),
         somaxconn: somaxconn(),
         env,
     };

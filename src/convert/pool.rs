@@ -130,6 +130,10 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
 
     // [pools.NAME]
     let mut command = vec![ctx.php_cgi.clone()];
+    if let Some(ini) = &ctx.php_ini.file {
+        command.push("-c".to_owned());
+        command.push(ini.display().to_string());
+    }
     let mut defines = Vec::new();
     for kind in ["php_value", "php_flag", "php_admin_value", "php_admin_flag"] {
         for d in arrays(pool, kind) {
@@ -138,15 +142,18 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
             command.push(php_define(d));
         }
     }
-    let why = if defines.is_empty() {
-        "php-cgi gets its socket on fd 0 (gateway mode: corral queues and dispatches)".to_owned()
-    } else {
-        format!(
-            "each -d is one of: {} (php_admin_* values are last, so they win; php-cgi cannot \
-             lock them against ini_set as php-fpm does)",
+    let mut why =
+        "php-cgi gets its socket on fd 0 (gateway mode: corral queues and dispatches)".to_owned();
+    if ctx.php_ini.file.is_some() {
+        why.push_str("; -c: php-fpm's php.ini, not php-cgi's own");
+    }
+    if !defines.is_empty() {
+        why = format!(
+            "{why}; each -d is one of: {} (php_admin_* values are last, so they win; php-cgi \
+             cannot lock them against ini_set as php-fpm does)",
             defines.join(", ")
-        )
-    };
+        );
+    }
     table.set("command", &array(&command), &why);
     pm(pool, &mut table, &mut used, ctx).map_err(|(d, m)| err_at(d, m))?;
     used.insert("user");
@@ -270,14 +277,26 @@ fn env(pool: &Pool, table: &mut Table, ctx: &Ctx) {
         };
         pairs.push((key, value));
     }
+    if let Some(dir) = &ctx.php_ini.scan_dir {
+        if !pairs.iter().any(|(k, _)| k == "PHP_INI_SCAN_DIR") {
+            pairs.push(("PHP_INI_SCAN_DIR".to_owned(), dir.display().to_string()));
+            why.push("PHP_INI_SCAN_DIR: the conf.d php-fpm reads, not php-cgi's".to_owned());
+        }
+    }
     if !pairs.is_empty() {
         let inline: Vec<String> = pairs
             .iter()
             .map(|(k, v)| format!("{} = {}", super::emit::key(k), string(v)))
             .collect();
-        let mut comment = "env[...]".to_owned();
+        let from_env = arrays(pool, "env").is_empty();
+        let mut comment = if from_env {
+            String::new()
+        } else {
+            "env[...]".to_owned()
+        };
         if !why.is_empty() {
-            comment = format!("env[...]; {}", why.join("; "));
+            let sep = if comment.is_empty() { "" } else { "; " };
+            comment = format!("{comment}{sep}{}", why.join("; "));
         }
         table.set("env", &format!("{{ {} }}", inline.join(", ")), &comment);
     }
