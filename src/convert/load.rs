@@ -20,6 +20,8 @@ pub const MAX_FILE: u64 = 4 << 20;
 pub const MAX_LINE: usize = 64 << 10;
 /// Most files read in all (includes counted).
 pub const MAX_FILES: usize = 512;
+/// Most bytes read in all.
+pub const MAX_TOTAL: usize = 32 << 20;
 /// php-fpm refuses to include more than 5 files recursively.
 pub const MAX_DEPTH: usize = 5;
 
@@ -106,6 +108,12 @@ impl Reader<'_> {
             )));
         }
         let text = read_text(path).map_err(whole)?;
+        let total: usize = out.sources.iter().map(|s| s.text.len()).sum::<usize>() + text.len();
+        if total > MAX_TOTAL {
+            return Err(whole(format!(
+                "the configuration files read come to more than {MAX_TOTAL} bytes: refusing to read more"
+            )));
+        }
         let source = out.sources.len();
         out.sources.push(Source {
             path: path.to_owned(),
@@ -185,10 +193,19 @@ impl Reader<'_> {
 
 /// A whole configuration file as text, within [`MAX_FILE`].
 fn read_text(path: &Path) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking, so a named pipe cannot hold the open; it is refused below.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
     let meta = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
     if meta.is_dir() {
         return Err("is a directory, not a configuration file".to_owned());
+    }
+    if !meta.is_file() {
+        return Err("is not a regular file".to_owned());
     }
     let mut bytes = Vec::new();
     file.take(MAX_FILE + 1)
@@ -432,6 +449,15 @@ mod tests {
             .read_all(&[dir.path().to_owned()])
             .unwrap_err();
         assert!(e.message.contains("directory"), "{e:?}");
+        // A named pipe nobody writes to is refused, not waited on.
+        let fifo = dir.path().join("fifo.conf");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = reader(dir.path()).read_all(&[fifo]).unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{e:?}");
+        let e = reader(dir.path())
+            .read_all(&["/dev/zero".into()])
+            .unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{e:?}");
     }
 
     #[test]
