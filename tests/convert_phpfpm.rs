@@ -264,6 +264,8 @@ fn multi_pool_tree(dir: &Path) -> PathBuf {
              pm.status_path = /fpm-status\n\
              ping.path = /fpm-ping\n\
              ping.response = alive\n\
+             env[GREETING] = first\n\
+             access.suppress_path[] = /fpm-ping\n\
              env[GREETING] = \"hello; world\"\n\
              env[FROM_ENV] = $CORRAL_TEST_FROM_ENV\n\
              php_value[memory_limit] = 64M\n\
@@ -361,6 +363,14 @@ fn a_multi_pool_configuration_with_includes_and_pool_maps_every_directive() {
         "command = [\"php-cgi\", \"-d\", \"memory_limit=64M\", \"-d\", \"display_errors=0\", \"-d\", \"error_reporting=E_ALL & ~E_NOTICE\", \"-d\", 'error_log=\"/var/log/site.a.php.log\"', \"-d\", \"log_errors=1\"]",
     );
     assert_line(&toml, "cwd = \"/\"");
+    assert!(
+        toml.contains("env[GREETING] = first: not mapped: overridden by a later line"),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("access.suppress_path[] = /fpm-ping: not mapped"),
+        "{toml}"
+    );
     assert!(toml.contains("rlimit_files = 4096: not mapped"), "{toml}");
     assert!(
         toml.contains(

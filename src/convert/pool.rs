@@ -234,12 +234,12 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
             table.note(&ctx.not_mapped(d, why_not(d, get("pm").map(Directive::text).as_deref())));
         }
     }
-    if let Some(d) = pool
-        .directives
-        .iter()
-        .find(|d| d.name == "access.suppress_path")
-    {
-        table.note(&ctx.not_mapped(d, "corral logs every request that reached a pool"));
+    for d in pool.directives.iter().filter(|d| d.index.is_some()) {
+        if d.name == "access.suppress_path" {
+            table.note(&ctx.not_mapped(d, "corral logs every request that reached a pool"));
+        } else if !arrays(pool, &d.name).iter().any(|l| l.at == d.at) {
+            table.note(&ctx.not_mapped(d, "overridden by a later line, as in php-fpm"));
+        }
     }
 
     let mut tables = vec![listen, table];
