@@ -232,6 +232,16 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
         &["check", "-c", "/etc/corral/corral.toml"],
     );
     assert_eq!(checked.trim(), "/etc/corral/corral.toml: ok");
+    // The day-one path with the installed binary: php-fpm's own pools converted and checked.
+    let converted = ok(
+        "/usr/bin/corral",
+        &["convert", "php-fpm", "/etc/php/8.2/fpm/php-fpm.conf"],
+    );
+    let file = support::config_file(&converted);
+    ok(
+        "/usr/bin/corral",
+        &["check", "-c", file.path().to_str().unwrap()],
+    );
     let verify = run(
         "/usr/bin/systemd-analyze",
         &[
