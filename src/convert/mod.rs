@@ -286,3 +286,97 @@ fn somaxconn() -> u32 {
         .filter(|&n| n > 0)
         .unwrap_or(4096)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seeded pseudo-random configurations built from php-fpm's own words and INI syntax
+    /// fragments: every one converts or is refused, none panics.
+    #[test]
+    fn random_configurations_never_panic() {
+        const PIECES: &[&str] = &[
+            "[www]",
+            "[global]",
+            "[$pool]",
+            "[",
+            "]",
+            "listen",
+            "listen.mode",
+            "pm",
+            "pm.max_children",
+            "pm.min_spare_servers",
+            "pm.max_spare_servers",
+            "pm.start_servers",
+            "user",
+            "env[X]",
+            "php_value[memory_limit]",
+            "php_admin_flag[log_errors]",
+            "include",
+            "slowlog",
+            "request_slowlog_timeout",
+            "request_terminate_timeout",
+            "security.limit_extensions",
+            "listen.allowed_clients",
+            "=",
+            " = ",
+            ";",
+            "\"",
+            "'",
+            "${HOME}",
+            "${",
+            "$pool",
+            "\\",
+            "static",
+            "dynamic",
+            "ondemand",
+            "0",
+            "1",
+            "5",
+            "-1",
+            "10s",
+            "2m",
+            "yes",
+            "off",
+            "/run/x.sock",
+            "127.0.0.1:9000",
+            "9000",
+            "[::1]:9000",
+            ".php",
+            "é",
+            "\t",
+            "0660",
+            "*.conf",
+            "[]",
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("random.conf");
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let env = |_: &str| Some("/x".to_owned());
+        for _ in 0..2000 {
+            let mut text = String::new();
+            for _ in 0..(next() % 20) {
+                for _ in 0..(next() % 6) {
+                    let piece = PIECES[usize::try_from(next() % PIECES.len() as u64).unwrap()];
+                    text.push_str(piece);
+                }
+                text.push('\n');
+            }
+            std::fs::write(&path, &text).unwrap();
+            let args = PhpFpmArgs {
+                files: vec![path.clone()],
+                prefix: dir.path().to_owned(),
+                root: "/var/www/html".to_owned(),
+                php_cgi: "php-cgi".to_owned(),
+                php_ini: Some("none".to_owned()),
+            };
+            let _ = php_fpm(&args, &env);
+        }
+    }
+}
