@@ -71,8 +71,10 @@ pub struct Loaded {
 pub struct LoadError {
     /// The place, when the error is about one; else about `path` as a whole.
     pub at: Option<At>,
-    /// The file it is about when `at` is `None`.
+    /// The file it is about.
     pub path: PathBuf,
+    /// That file's text when `at` points into it (else empty).
+    pub text: String,
     /// What went wrong.
     pub message: String,
 }
@@ -100,6 +102,7 @@ impl Reader<'_> {
         let whole = |message: String| LoadError {
             at: None,
             path: path.to_owned(),
+            text: String::new(),
             message,
         };
         if out.sources.len() >= MAX_FILES {
@@ -136,6 +139,7 @@ impl Reader<'_> {
                     span: start + column.min(content.len())..start + content.len().max(1),
                 }),
                 path: path.to_owned(),
+                text: text.clone(),
                 message,
             };
             if content.len() > MAX_LINE {

@@ -161,12 +161,7 @@ pub fn php_fpm(args: &PhpFpmArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
         env,
     };
     let loaded = reader.read_all(&args.files).map_err(|e| match e.at {
-        Some(at) => located(
-            &loaded_sources_text(&e.path),
-            &e.path,
-            Some(at.span),
-            e.message,
-        ),
+        Some(at) => located(&e.text, &e.path, Some(at.span), e.message),
         None => located("", &e.path, None, e.message),
     })?;
     let config = fpm::build(&loaded).map_err(|e| at_error(&loaded.sources, &e.at, e.message))?;
@@ -216,14 +211,6 @@ pub fn php_fpm(args: &PhpFpmArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
         errors,
     })?;
     Ok(text)
-}
-
-/// The text of a file an error is about (the loader's sources are gone with its error, so
-/// it is read again; a file that vanished meanwhile gives an error without its line).
-fn loaded_sources_text(path: &Path) -> String {
-    std::fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
 }
 
 fn at_error(sources: &[load::Source], at: &load::At, message: String) -> Error {
