@@ -276,15 +276,20 @@ fn scalar(name: &str, value: &Value, pool: Option<&str>) -> Result<Directive, St
         let other = if pool.is_some() { GLOBAL } else { POOL };
         let hint = if other.iter().any(|(n, _)| *n == lower) {
             if pool.is_some() {
-                " (it belongs in [global])"
+                " (it belongs in [global])".to_owned()
             } else {
-                " (it belongs in a pool's section)"
+                " (it belongs in a pool's section)".to_owned()
             }
         } else {
-            ""
+            table
+                .iter()
+                .map(|(n, _)| (edits(&lower, n), *n))
+                .filter(|(d, _)| *d <= 2)
+                .min()
+                .map_or_else(String::new, |(_, n)| format!("; did you mean '{n}'?"))
         };
         return Err(format!(
-            "unknown entry '{name}' in {section}, as php-fpm would say{hint}"
+            "unknown entry '{name}' in {section} (php-fpm refuses it too){hint}"
         ));
     };
     let text = value.fpm();
@@ -375,6 +380,24 @@ fn array(name: &str, key: &str, value: &Value, pool: Option<&str>) -> Result<Dir
         value: value.clone(),
         typed,
     })
+}
+
+/// The edit distance between two short names (insertions, deletions, substitutions).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// `$pool` replaced by the pool's name; an error outside a pool, as in php-fpm.
@@ -479,7 +502,7 @@ mod tests {
         for (text, needle) in [
             (
                 "[www]\nlisten.ownr = x\n",
-                "unknown entry 'listen.ownr' in pool [www]",
+                "unknown entry 'listen.ownr' in pool [www] (php-fpm refuses it too); did you mean 'listen.owner'?",
             ),
             ("[www]\npid = /run/x.pid\n", "belongs in [global]"),
             ("pm = static\n", "belongs in a pool's section"),
