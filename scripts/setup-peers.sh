@@ -21,6 +21,7 @@ APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front
 APT_PACKAGES+=(chromium tmux)  # status UI tests (tests/status_ui.rs)
 APT_PACKAGES+=(passenger uwsgi uwsgi-plugin-python3 gunicorn)  # launcher peers (benches/launchers.sh)
 APT_PACKAGES+=(haproxy)  # the FastCGI gateway peer of benches/hop.sh
+APT_PACKAGES+=(systemd)  # systemd-analyze verify of the packaged units (tests/package_deb.rs)
 APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler)  # application tests (tests/app_*.rs); their venv's PyPI package is installed by the test itself
 APT_PACKAGES+=(wordpress wordpress-theme-twentytwentyone mariadb-server)  # tests/app_wordpress.rs (it runs its own mariadbd; the theme is only a Recommends)
 APT_PACKAGES+=(python3-yaml)  # tests/kubernetes_example.rs parses conf/kubernetes/ with it

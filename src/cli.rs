@@ -1,6 +1,7 @@
 //! The command line: `corral check -c FILE`, `corral run [-c FILE]`, `corral stop [--fast]`,
 //! `corral restart-workers`, `corral status [--full | --watch]` (these three find the running corral
-//! through the configuration's runtime_dir, `src/control.rs`), `corral --version`.
+//! through the configuration's runtime_dir, `src/control.rs`), `corral convert php-fpm FILE...`
+//! (`src/convert/`), `corral --version`.
 //!
 //! Everything here takes its arguments and output streams as parameters so tests can drive
 //! it without a process; `main.rs` only passes the real ones in and exits with the code.
@@ -92,6 +93,9 @@ pub enum Command {
     /// Answer every request of one protocol with a fixed response (a backend that costs
     /// nothing, for measuring the interface).
     NullBackend(crate::bench::NullArgs),
+    /// Print another server's configuration as a commented corral configuration.
+    #[command(subcommand)]
+    Convert(crate::convert::ConvertFrom),
 }
 
 /// Parses `args` (program name first), runs the command and returns the exit code. Help
@@ -235,6 +239,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
         }
         Command::Bench(args) => crate::bench::run_bench(*args, out),
         Command::NullBackend(args) => crate::bench::run_null(args),
+        Command::Convert(from) => crate::convert::run(from, out),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod beneath;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod convert;
 pub mod deploy;
 pub mod error;
 pub mod front;
