@@ -104,8 +104,10 @@ fn timed_out_with_stack(corral: &Corral, path: &str, site: &str) -> String {
     log
 }
 
-#[test]
-fn a_wsgi_handler_blocked_in_sleep_is_dumped_then_killed() {
+/// The WSGI app in a pool with `pool` (extra keys): the request to `path`, blocked on the
+/// line marked `marker`, times out with that line in the stack logged before the kill. The
+/// directory goes with corral, which serves from it.
+fn wsgi_timed_out(pool: &str, path: &str, marker: &str) -> (Corral, tempfile::TempDir) {
     let dir = shared_dir();
     let app = write_file(dir.path(), "app.py", WSGI_APP);
     let corral = Corral::start(
@@ -113,7 +115,7 @@ fn a_wsgi_handler_blocked_in_sleep_is_dumped_then_killed() {
             &dir.path().join("run"),
             dir.path(),
             "wsgi:app:application",
-            "",
+            pool,
             "",
         ),
         1,
@@ -121,32 +123,21 @@ fn a_wsgi_handler_blocked_in_sleep_is_dumped_then_killed() {
     let site = format!(
         "{}\", line {} in application",
         app.display(),
-        line_of(WSGI_APP, "BLOCK-SLEEP")
+        line_of(WSGI_APP, marker)
     );
-    timed_out_with_stack(&corral, "/sleep", &site);
+    timed_out_with_stack(&corral, path, &site);
+    (corral, dir)
+}
+
+#[test]
+fn a_wsgi_handler_blocked_in_sleep_is_dumped_then_killed() {
+    wsgi_timed_out("", "/sleep", "BLOCK-SLEEP");
 }
 
 #[test]
 fn a_wsgi_handler_blocked_in_a_socket_read_is_dumped_then_killed() {
-    let dir = shared_dir();
-    let app = write_file(dir.path(), "app.py", WSGI_APP);
     // A spawned worker this time (its own stderr), where the default forks from a preloader.
-    let corral = Corral::start(
-        &config(
-            &dir.path().join("run"),
-            dir.path(),
-            "wsgi:app:application",
-            "preload = false",
-            "",
-        ),
-        1,
-    );
-    let site = format!(
-        "{}\", line {} in application",
-        app.display(),
-        line_of(WSGI_APP, "BLOCK-RECV")
-    );
-    timed_out_with_stack(&corral, "/recv", &site);
+    let (corral, _dir) = wsgi_timed_out("preload = false", "/recv", "BLOCK-RECV");
     // The pool carries on with a new worker.
     assert!(
         support::eventually(Duration::from_secs(10), || http(

@@ -138,13 +138,7 @@ pool = "remote"
 
     #[test]
     fn roots_and_cwds_resolve_to_the_release_the_link_names_now() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = std::fs::canonicalize(dir.path()).unwrap();
-        for n in ["1", "2"] {
-            std::fs::create_dir_all(base.join("releases").join(n).join("public")).unwrap();
-        }
-        let current = base.join("current");
-        std::os::unix::fs::symlink("releases/1", &current).unwrap();
+        let (dir, base, current) = releases();
         let text = CONFIG
             .replace("CURRENT", &current.display().to_string())
             .replace("MISSING", &base.join("missing").display().to_string());
@@ -181,8 +175,8 @@ pool = "remote"
         assert_eq!(cwd(&config), Some(current));
     }
 
-    #[test]
-    fn a_swapped_or_broken_root_link_is_a_moved_root() {
+    /// Releases 1 and 2 (each with `public/`) under a new directory, `current` naming 1.
+    fn releases() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let base = std::fs::canonicalize(dir.path()).unwrap();
         for n in ["1", "2"] {
@@ -190,6 +184,12 @@ pool = "remote"
         }
         let current = base.join("current");
         std::os::unix::fs::symlink("releases/1", &current).unwrap();
+        (dir, base, current)
+    }
+
+    #[test]
+    fn a_swapped_or_broken_root_link_is_a_moved_root() {
+        let (dir, base, current) = releases();
         let text = CONFIG
             .replace("CURRENT", &current.display().to_string())
             .replace("MISSING", &base.join("releases/2").display().to_string());
