@@ -138,7 +138,7 @@ pool = "remote"
 
     #[test]
     fn roots_and_cwds_resolve_to_the_release_the_link_names_now() {
-        let (dir, base, current) = releases();
+        let (_dir, base, current) = releases();
         let text = CONFIG
             .replace("CURRENT", &current.display().to_string())
             .replace("MISSING", &base.join("missing").display().to_string());
@@ -189,7 +189,7 @@ pool = "remote"
 
     #[test]
     fn a_swapped_or_broken_root_link_is_a_moved_root() {
-        let (dir, base, current) = releases();
+        let (_dir, base, current) = releases();
         let text = CONFIG
             .replace("CURRENT", &current.display().to_string())
             .replace("MISSING", &base.join("releases/2").display().to_string());
