@@ -52,9 +52,10 @@ use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 use crate::protocols::fastcgi::{
     answer_get_values, encode_end_request, encode_request_complete, encode_stdout,
-    encode_stdout_end, encode_unknown_type, Capabilities, FastCgiError, ProtocolStatus,
-    RequestDecoder, RequestEvent, Role,
+    encode_stdout_end, encode_unknown_type, Capabilities, FastCgiError, FrontParamsDecoder,
+    ProtocolStatus, RequestDecoder, RequestEvent, Role,
 };
+use crate::protocols::cgi::FrontParams;
 
 use crate::front::cgi::{self, content_length, error_answer, linger, prepare, CgiSink, Relayed};
 
@@ -100,7 +101,7 @@ pub async fn serve_connection(
         idle_since: now,
         head_from: Some(now),
         last_read: now,
-        decoder: RequestDecoder::new(&gateway.limits),
+        decoder: RequestDecoder::collecting(&gateway.limits),
         caps: capabilities(&gateway),
         gateway,
         listener,
@@ -271,7 +272,7 @@ struct Connection {
     /// The last time the reader got bytes or finished handling them (time spent blocked on
     /// a full body channel is the backend's, not the front server's).
     last_read: Instant,
-    decoder: RequestDecoder,
+    decoder: RequestDecoder<FrontParamsDecoder>,
     caps: Capabilities,
     gateway: Arc<Gateway>,
     listener: ListenAddress,
@@ -461,7 +462,7 @@ impl Connection {
         .await
     }
 
-    async fn on_event(&mut self, event: RequestEvent) -> Flow {
+    async fn on_event(&mut self, event: RequestEvent<FrontParams>) -> Flow {
         match event {
             RequestEvent::Begin {
                 request_id,
@@ -633,7 +634,7 @@ impl Connection {
     }
 
     /// FCGI_PARAMS ended: route, normalise, and dispatch in a task of its own.
-    async fn start(&mut self, id: u16, params: Vec<(Bytes, Bytes)>) -> Flow {
+    async fn start(&mut self, id: u16, params: FrontParams) -> Flow {
         let Some(r) = self.requests.get(&id) else {
             return Flow::Continue;
         };

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::{snippet, CgiError};
 
 /// Longest name or value a pair can carry: the 4-byte length form holds 31 bits.
-const MAX_FIELD_LEN: usize = 0x7fff_ffff;
+pub(super) const MAX_FIELD_LEN: usize = 0x7fff_ffff;
 
 /// CGI variables in FastCGI pair encoding. Names may repeat only if the builder let them;
 /// [`get`](Self::get) finds the first.
@@ -83,6 +83,24 @@ impl CgiParams {
         CgiParams {
             buf: Vec::with_capacity(bytes),
             ..CgiParams::default()
+        }
+    }
+
+    /// Pairs already encoded in `buf` (whole, each length in its shortest form), with their
+    /// count and the lengths [`within`](Self::within) checks.
+    pub(super) fn from_encoded(
+        buf: Vec<u8>,
+        count: usize,
+        longest_name: usize,
+        longest_value: usize,
+        total: usize,
+    ) -> CgiParams {
+        CgiParams {
+            buf,
+            count,
+            longest_name,
+            longest_value,
+            total,
         }
     }
 
