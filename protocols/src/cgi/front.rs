@@ -357,32 +357,50 @@ impl<'a> Work<'a> {
     }
 
     /// The backend's variables: the pairs in their order with what changed, then what was
-    /// added.
+    /// added. Pairs passed on as they came are copied a run at a time, as they lie in the
+    /// front server's buffer.
     fn write(&self) -> Result<CgiParams, CgiError> {
         let p = self.p;
-        let mut out = CgiParams::with_capacity(p.encoded().len() + 256);
+        let buf = p.encoded();
+        let mut out = CgiParams::with_capacity(buf.len() + 256);
+        let runs = p.is_canonical();
+        let mut run = Run::default();
         for (i, pair) in p.pairs().iter().enumerate() {
             if pair.first != NONE {
                 continue;
             }
             let i = u32::try_from(i).unwrap_or(NONE);
-            let value = match Known::from_index(pair.known) {
+            let (value, as_sent) = match Known::from_index(pair.known) {
                 Some(k) => {
                     if self.place.get(k as usize) != Some(&Place::Pair(i)) {
                         continue;
                     }
-                    match self.get(k) {
-                        Some(v) => v,
-                        None => continue,
-                    }
+                    let Some(v) = self.val.get(k as usize).and_then(Option::as_ref) else {
+                        continue;
+                    };
+                    (self.resolve(v), *v == Val::Pair(i))
                 }
                 None => match self.extra_over.iter().find(|(j, _)| *j == i) {
-                    Some(&(_, e)) => self.resolve_extra(e),
-                    None => p.pair(pair.last).map(|q| p.value(q)).unwrap_or_default(),
+                    Some(&(_, e)) => (self.resolve_extra(e), false),
+                    None => (
+                        p.pair(pair.last).map(|q| p.value(q)).unwrap_or_default(),
+                        pair.last == i,
+                    ),
                 },
             };
+            if as_sent && runs {
+                let start = p.start(pair);
+                if run.count == 0 || run.end != start {
+                    run.flush(buf, &mut out);
+                    run.start = start;
+                }
+                run.add(pair.at as usize, pair.name_len as usize, pair.value_len as usize);
+                continue;
+            }
+            run.flush(buf, &mut out);
             out.push(p.name(pair), value)?;
         }
+        run.flush(buf, &mut out);
         for (n, added) in self.added.iter().enumerate() {
             match *added {
                 Added::Known(k) => {
@@ -407,6 +425,43 @@ impl<'a> Work<'a> {
             .get(e)
             .map(|(_, v)| &v[..])
             .unwrap_or_default()
+    }
+}
+
+/// Contiguous pairs of the front server's buffer passed on as they are.
+#[derive(Debug, Default)]
+struct Run {
+    start: usize,
+    end: usize,
+    count: usize,
+    longest_name: usize,
+    longest_value: usize,
+    total: usize,
+}
+
+impl Run {
+    /// Adds the pair whose name starts at `at` (the run ends where it began).
+    fn add(&mut self, at: usize, name_len: usize, value_len: usize) {
+        self.end = at + name_len + value_len;
+        self.count += 1;
+        self.longest_name = self.longest_name.max(name_len);
+        self.longest_value = self.longest_value.max(value_len);
+        self.total += name_len + value_len;
+    }
+
+    /// Copies the run, if any, and starts an empty one.
+    fn flush(&mut self, buf: &[u8], out: &mut CgiParams) {
+        if self.count > 0 {
+            let pairs = buf.get(self.start..self.end).unwrap_or_default();
+            out.extend_encoded(
+                pairs,
+                self.count,
+                self.longest_name,
+                self.longest_value,
+                self.total,
+            );
+        }
+        *self = Run::default();
     }
 }
 

@@ -11,7 +11,7 @@
 //! backend's parameter block: no pair is copied or encoded again.
 
 use super::params::{CgiParams, MAX_FIELD_LEN};
-use super::{has_nul_cr_lf, snippet, CgiError};
+use super::{has_nul_cr_lf, has_nul_cr_lf_eq, snippet, CgiError};
 
 /// No pair: an index that is not one.
 pub(super) const NONE: u32 = u32::MAX;
@@ -154,7 +154,7 @@ pub struct FrontParams {
     bad: Option<CgiError>,
     /// One bit per class (length, first and last byte) of the other names so far: a name
     /// whose bit is clear was not sent before, which spares the scan for nearly every one.
-    seen: u64,
+    seen: u128,
     longest_name: usize,
     longest_value: usize,
     total: usize,
@@ -182,17 +182,22 @@ impl Default for FrontParams {
     }
 }
 
-/// The duplicate-scan class of a name.
-fn class(name: &[u8]) -> u64 {
-    let (first, last) = (name.first().copied(), name.last().copied());
-    let h = name.len() ^ usize::from(first.unwrap_or(0)) << 2 ^ usize::from(last.unwrap_or(0)) << 4;
-    1u64 << (h % 64)
+/// The duplicate-scan class of a name: one of 128 bits, from its length and its first and
+/// last two bytes, mixed (names sharing a prefix, as HTTP_* ones do, must still spread).
+fn class(name: &[u8]) -> u128 {
+    let n = name.len();
+    let byte = |i: Option<usize>| u64::from(i.and_then(|i| name.get(i)).copied().unwrap_or(0));
+    let key = byte(Some(0))
+        | byte(Some(1)) << 8
+        | byte(n.checked_sub(2)) << 16
+        | byte(n.checked_sub(1)) << 24
+        | (n as u64) << 32;
+    1u128 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57)
 }
 
-/// The bytes a name may not hold besides NUL, CR and LF: `=` (it would end the name in an
-/// environment).
+/// Whether no environment can carry `name`: empty, or holding NUL, CR, LF or `=`.
 fn bad_name(name: &[u8]) -> bool {
-    name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(name)
+    name.is_empty() || has_nul_cr_lf_eq(name)
 }
 
 /// The prefix bytes a length takes in its shortest form.
@@ -342,7 +347,8 @@ impl FrontParams {
                         .pairs
                         .iter()
                         .position(|p| {
-                            p.first == NONE
+                            p.name_len == n32
+                                && p.first == NONE
                                 && usize::from(p.known) == KNOWN
                                 && pair_name(buf, p) == name
                         })
@@ -399,6 +405,18 @@ impl FrontParams {
     /// First and last pair of known name `k`.
     pub(super) fn known(&self, k: Known) -> (u32, u32) {
         self.known.get(k as usize).copied().unwrap_or((NONE, NONE))
+    }
+
+    /// Whether every length took its shortest form.
+    pub(super) fn is_canonical(&self) -> bool {
+        self.canonical
+    }
+
+    /// Where pair `p` begins, length prefixes included, in a canonical buffer.
+    pub(super) fn start(&self, p: &PairAt) -> usize {
+        (p.at as usize).saturating_sub(
+            short_prefix(p.name_len as usize) + short_prefix(p.value_len as usize),
+        )
     }
 
     /// Whether some name was sent more than once.

@@ -417,6 +417,31 @@ pub(crate) fn has_nul_cr_lf(b: &[u8]) -> bool {
         .any(|&c| matches!(c, 0 | b'\r' | b'\n'))
 }
 
+/// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
+/// it in an environment). The word-at-a-time scan of [`has_nul_cr_lf`] with a fourth byte.
+pub(crate) fn has_nul_cr_lf_eq(b: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    let mut chunks = b.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_ne_bytes(word);
+        if zero_byte(w)
+            || zero_byte(w ^ (ONES * u64::from(b'\r')))
+            || zero_byte(w ^ (ONES * u64::from(b'\n')))
+            || zero_byte(w ^ (ONES * u64::from(b'=')))
+        {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='))
+}
+
 fn check_field(field: &str, value: &[u8]) -> Result<(), CgiError> {
     if has_nul_cr_lf(value) {
         return Err(CgiError::ForbiddenByte {
@@ -639,6 +664,26 @@ mod tests {
         for n in [0u64, 7, 10, 65535, 1234567890, u64::MAX] {
             let mut buf = [0u8; 20];
             assert_eq!(super::decimal(n, &mut buf), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn the_name_scan_finds_every_forbidden_byte_anywhere() {
+        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='));
+        for len in 0..40 {
+            let clean: Vec<u8> = (0..len).map(|i| b'A' + (i % 26) as u8).collect();
+            assert!(!super::has_nul_cr_lf_eq(&clean), "len {len}");
+            for at in 0..len {
+                for bad in [0u8, b'\r', b'\n', b'=', 1, 0x3c, 0x3e, 0xbd, 0x80, 0xff] {
+                    let mut v = clean.clone();
+                    v[at] = bad;
+                    assert_eq!(
+                        super::has_nul_cr_lf_eq(&v),
+                        naive(&v),
+                        "len {len} at {at} byte {bad:#x}"
+                    );
+                }
+            }
         }
     }
 

@@ -104,6 +104,23 @@ impl CgiParams {
         }
     }
 
+    /// Appends pairs already encoded (whole, each length in its shortest form), with their
+    /// count and lengths.
+    pub(super) fn extend_encoded(
+        &mut self,
+        pairs: &[u8],
+        count: usize,
+        longest_name: usize,
+        longest_value: usize,
+        total: usize,
+    ) {
+        self.buf.extend_from_slice(pairs);
+        self.count += count;
+        self.longest_name = self.longest_name.max(longest_name);
+        self.longest_value = self.longest_value.max(longest_value);
+        self.total = self.total.saturating_add(total);
+    }
+
     /// Variables in all.
     pub fn len(&self) -> usize {
         self.count
