@@ -335,9 +335,10 @@ impl<'a> Work<'a> {
             return;
         }
         let p = self.p;
-        let sent = p.pairs().iter().position(|q| {
-            q.first == NONE && usize::from(q.known) == KNOWN && p.name(q) == name
-        });
+        let sent = p
+            .pairs()
+            .iter()
+            .position(|q| q.first == NONE && usize::from(q.known) == KNOWN && p.name(q) == name);
         if let Some(i) = sent.and_then(|i| u32::try_from(i).ok()) {
             match self.extra_over.iter_mut().find(|(j, _)| *j == i) {
                 Some(slot) => slot.1 = e,
@@ -394,7 +395,11 @@ impl<'a> Work<'a> {
                     run.flush(buf, &mut out);
                     run.start = start;
                 }
-                run.add(pair.at as usize, pair.name_len as usize, pair.value_len as usize);
+                run.add(
+                    pair.at as usize,
+                    pair.name_len as usize,
+                    pair.value_len as usize,
+                );
                 continue;
             }
             run.flush(buf, &mut out);

@@ -414,9 +414,8 @@ impl FrontParams {
 
     /// Where pair `p` begins, length prefixes included, in a canonical buffer.
     pub(super) fn start(&self, p: &PairAt) -> usize {
-        (p.at as usize).saturating_sub(
-            short_prefix(p.name_len as usize) + short_prefix(p.value_len as usize),
-        )
+        (p.at as usize)
+            .saturating_sub(short_prefix(p.name_len as usize) + short_prefix(p.value_len as usize))
     }
 
     /// Whether some name was sent more than once.

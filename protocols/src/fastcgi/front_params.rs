@@ -70,8 +70,7 @@ impl FrontParamsDecoder {
             if prefix != short_prefix(name_len) + short_prefix(value_len) {
                 self.params.note_long_prefix();
             }
-            self.params
-                .index(self.parsed + prefix, name_len, value_len);
+            self.params.index(self.parsed + prefix, name_len, value_len);
             self.parsed += whole;
         }
     }
