@@ -28,11 +28,22 @@ fn put_len(len: usize, long: bool, out: &mut Vec<u8>) {
     }
 }
 
-/// Every event of `wire` fed in pieces cut at `cuts`, up to the first error.
+/// Every event of `wire` fed in pieces cut at `cuts`, up to the first error; with `peek`,
+/// the end of FCGI_STDIN right after the parameters is taken with `take_stdin_end` (and
+/// counted as the event `decode` would have returned), as the front takes it.
 fn events<C: ParamsCollector>(
     wire: &[u8],
     cuts: &[usize],
     limits: &Limits,
+) -> Result<Vec<RequestEvent<C::Block>>, FastCgiError> {
+    events_peeking::<C>(wire, cuts, limits, false)
+}
+
+fn events_peeking<C: ParamsCollector>(
+    wire: &[u8],
+    cuts: &[usize],
+    limits: &Limits,
+    peek: bool,
 ) -> Result<Vec<RequestEvent<C::Block>>, FastCgiError> {
     let mut decoder = RequestDecoder::<C>::collecting(limits);
     let mut points: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
@@ -43,7 +54,16 @@ fn events<C: ParamsCollector>(
     for w in points.windows(2) {
         buf.extend_from_slice(&wire[w[0]..w[1]]);
         while let Some(event) = decoder.decode(&mut buf)? {
+            let params_of = match &event {
+                RequestEvent::Params { request_id, .. } => Some(*request_id),
+                _ => None,
+            };
             out.push(event);
+            if let Some(request_id) = params_of.filter(|_| peek) {
+                if decoder.take_stdin_end(&mut buf, request_id) {
+                    out.push(RequestEvent::StdinEnd { request_id });
+                }
+            }
         }
     }
     Ok(out)
@@ -76,6 +96,9 @@ proptest! {
         max_bytes in prop::sample::select(vec![64usize, 600, 4096]),
         max_count in prop::sample::select(vec![3usize, 1000]),
         max_len in prop::sample::select(vec![100usize, 1024]),
+        stdin in prop::option::of(prop::collection::vec(any::<u8>(), 1..20)),
+        padded_end in any::<bool>(),
+        peek in any::<bool>(),
     ) {
         let mut body = Vec::new();
         for (name, value, long_name, long_value) in &pairs {
@@ -96,7 +119,15 @@ proptest! {
             encode_record(RecordType::Params, 1, &body[w[0]..w[1]], &mut wire).unwrap();
         }
         encode_stream_end(RecordType::Params, 1, &mut wire);
-        encode_stream_end(RecordType::Stdin, 1, &mut wire);
+        if let Some(data) = &stdin {
+            encode_record(RecordType::Stdin, 1, data, &mut wire).unwrap();
+        }
+        if padded_end {
+            // The end of FCGI_STDIN with padding, which a sender may add.
+            wire.extend_from_slice(&[1, 5, 0, 1, 0, 0, 3, 0, 0, 0, 0]);
+        } else {
+            encode_stream_end(RecordType::Stdin, 1, &mut wire);
+        }
         let limits = Limits {
             max_params_bytes: max_bytes,
             max_params_count: max_count,
@@ -105,7 +136,7 @@ proptest! {
             ..Limits::DEFAULT
         };
         let old = events::<ParamsDecoder>(&wire, &cuts, &limits);
-        let new = events::<FrontParamsDecoder>(&wire, &cuts, &limits);
+        let new = events_peeking::<FrontParamsDecoder>(&wire, &cuts, &limits, peek);
         match (old, new) {
             (Ok(old), Ok(new)) => {
                 prop_assert_eq!(old.len(), new.len());
@@ -118,8 +149,13 @@ proptest! {
                             prop_assert_eq!(a, b);
                             prop_assert_eq!(p, &as_pairs(q));
                         }
-                        (RequestEvent::Begin { .. }, RequestEvent::Begin { .. })
-                        | (RequestEvent::StdinEnd { .. }, RequestEvent::StdinEnd { .. }) => {}
+                        (RequestEvent::Begin { .. }, RequestEvent::Begin { .. }) => {}
+                        (RequestEvent::StdinEnd { request_id: a }, RequestEvent::StdinEnd { request_id: b }) => {
+                            prop_assert_eq!(a, b);
+                        }
+                        (RequestEvent::Stdin { request_id: a, data: p }, RequestEvent::Stdin { request_id: b, data: q }) => {
+                            prop_assert_eq!((a, p), (b, q));
+                        }
                         _ => prop_assert!(false, "{:?} against {:?}", o, n),
                     }
                 }

@@ -33,6 +33,7 @@
 //! for a request that got no backend response, the lingering close) is in `crate::front::cgi`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
@@ -50,7 +51,9 @@ use crate::front::limits::{BusyGuard, ConnState, Expired, Ticket};
 use crate::gateway::Gateway;
 use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
-use crate::protocols::fastcgi::{Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder};
+use crate::protocols::fastcgi::{
+    Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent,
+};
 
 use crate::front::cgi::linger;
 
@@ -70,6 +73,32 @@ const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// A map keyed by request id. Ids are the front server's, but a map holds at most
+/// `Limits::max_concurrent_requests` of them (the writer's, one per id ever ended, at most
+/// 65,535): a multiplicative hash spreads them well enough, without the cost of seeding and
+/// running SipHash for every request.
+type IdMap<V> = HashMap<u16, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`].
+#[derive(Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u16(&mut self, id: u16) {
+        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
 /// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
 /// progress have been answered. `ticket` counts it in the cap table.
@@ -88,8 +117,6 @@ pub async fn serve_connection(
     // task of its own: a front server that opens a connection per request would otherwise
     // pay a task per connection, and every frame a wake-up of another task.
     let writer = write_loop(writer, out_rx, closed.clone());
-    let max = gateway.limits.max_concurrent_requests.max(1);
-    let (done, done_rx) = mpsc::channel(max);
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -101,11 +128,12 @@ pub async fn serve_connection(
         caps: capabilities(&gateway),
         gateway,
         listener,
-        requests: HashMap::new(),
+        requests: IdMap::default(),
         next_seq: 1,
-        stdin_budget: Arc::new(Semaphore::new(STDIN_BUDGET)),
+        stdin_budget: None,
         out,
-        done,
+        done: None,
+        done_rx: None,
         closed,
         input_pending: false,
         inline: None,
@@ -113,7 +141,7 @@ pub async fn serve_connection(
     };
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let reading = async {
-        let closed_by_us = conn.run(&mut reader, &mut buf, done_rx, shutdown).await;
+        let closed_by_us = conn.run(&mut reader, &mut buf, shutdown).await;
         let linger_needed = closed_by_us && conn.input_may_follow(&buf);
         // Whatever is still in progress has lost its client: dropping the tasks aborts their
         // backend requests and gives their slots back. Dropping the connection drops its
@@ -203,12 +231,15 @@ struct Connection {
     caps: Capabilities,
     gateway: Arc<Gateway>,
     listener: ListenAddress,
-    requests: HashMap<u16, Active>,
+    requests: IdMap<Active>,
     next_seq: u64,
-    /// `STDIN_BUDGET` bytes, one permit per byte held.
-    stdin_budget: Arc<Semaphore>,
+    /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.
+    stdin_budget: Option<Arc<Semaphore>>,
     out: mpsc::Sender<Out>,
-    done: mpsc::Sender<Done>,
+    /// Where requests in tasks of their own report their endings, once there is one.
+    done: Option<mpsc::Sender<Done>>,
+    /// Its receiving end, until the reader's loop takes it.
+    done_rx: Option<mpsc::Receiver<Done>>,
     closed: CancellationToken,
     /// A request was ended before the front server had sent all of its records (answered
     /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
@@ -234,12 +265,21 @@ impl Connection {
         &mut self,
         reader: &mut ReadHalf<Stream>,
         buf: &mut BytesMut,
-        mut done_rx: mpsc::Receiver<Done>,
         shutdown: CancellationToken,
     ) -> bool {
         let mut draining = false;
         let mut was_idle = true;
         let mut read_any = false;
+        let mut done_rx: Option<mpsc::Receiver<Done>> = None;
+        // The waits that outlive one turn of the loop are made once, not at every turn (each
+        // would register with its token or the timer wheel anew).
+        let state = Arc::clone(&self.state);
+        let evicted = state.evicted().cancelled();
+        let closed = self.closed.clone();
+        let closed_wait = closed.cancelled();
+        let stopping = shutdown.cancelled();
+        let expiry = tokio::time::sleep_until(Instant::now() + self.timeouts.idle);
+        tokio::pin!(evicted, closed_wait, stopping, expiry);
         loop {
             if let Some(done) = self.inline_done.take() {
                 if let Flow::Stop = self.on_done(done).await {
@@ -255,9 +295,21 @@ impl Connection {
                         return false;
                     }
                 };
-                if let Flow::Stop = self.on_event(event).await {
+                let flow = match event {
+                    // A request without a body usually sends the end of its FCGI_STDIN with
+                    // its parameters: taken with them, it needs no channel.
+                    RequestEvent::Params { request_id, params } => {
+                        let ended = self.decoder.take_stdin_end(buf, request_id);
+                        self.start(request_id, params, ended).await
+                    }
+                    event => self.on_event(event).await,
+                };
+                if let Flow::Stop = flow {
                     return self.closed.is_cancelled();
                 }
+            }
+            if done_rx.is_none() {
+                done_rx = self.done_rx.take();
             }
             if draining && self.requests.is_empty() {
                 return false;
@@ -275,12 +327,14 @@ impl Connection {
             }
             was_idle = idle;
             let deadline = self.deadline();
-            let expiry = async {
-                match deadline {
-                    Some((at, why)) => {
-                        tokio::time::sleep_until(at).await;
-                        why
-                    }
+            if let Some((at, _)) = deadline {
+                if expiry.deadline() != at {
+                    expiry.as_mut().reset(at);
+                }
+            }
+            let reported = async {
+                match done_rx.as_mut() {
+                    Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
                 }
             };
@@ -304,17 +358,18 @@ impl Connection {
                         return false;
                     }
                 },
-                why = expiry => {
+                () = &mut expiry, if deadline.is_some() => {
+                    let why = deadline.map(|(_, why)| why).unwrap_or(Expired::Idle);
                     tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
                     return false;
                 }
                 // The table picks idle connections only; one whose request was dispatched
                 // as it was picked is closed once that request is done.
-                () = self.state.evicted().cancelled(), if self.state.is_idle() => {
+                () = &mut evicted, if self.state.is_idle() => {
                     tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
                     return false;
                 }
-                Some(done) = done_rx.recv() => {
+                Some(done) = reported => {
                     if let Flow::Stop = self.on_done(done).await {
                         return self.closed.is_cancelled();
                     }
@@ -324,8 +379,8 @@ impl Connection {
                         return self.closed.is_cancelled();
                     }
                 }
-                () = self.closed.cancelled() => return true,
-                () = shutdown.cancelled(), if !draining => draining = true,
+                () = &mut closed_wait => return true,
+                () = &mut stopping, if !draining => draining = true,
             }
         }
     }

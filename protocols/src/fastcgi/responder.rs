@@ -2,11 +2,13 @@
 //! corral): the decoder that tracks every active request id on a connection and turns records
 //! into request events, and the encoders of the application's answer.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::body::{encode_end_request, parse_abort_request, parse_begin_request};
 use super::params::{ParamsCollector, ParamsDecoder};
-use super::record::{encode_stream, encode_stream_end, Record, RecordDecoder, HEADER_LEN};
+use super::record::{
+    encode_stream, encode_stream_end, Record, RecordDecoder, HEADER_LEN, VERSION_1,
+};
 use super::{FastCgiError, ProtocolStatus, RecordType, Role, Side};
 use crate::Limits;
 
@@ -88,6 +90,9 @@ pub enum RequestEvent<P = Vec<(Bytes, Bytes)>> {
     },
 }
 
+/// The FCGI_STDIN record type byte.
+const STDIN_TYPE: u8 = RecordType::Stdin.as_u8();
+
 /// Per-request stream state of one active request id.
 #[derive(Debug, Clone)]
 struct Active<C> {
@@ -156,6 +161,30 @@ impl<C: ParamsCollector> RequestDecoder<C> {
             }
             None => false,
         }
+    }
+
+    /// Takes the next record of `src` when it is, wholly in `src`, the empty FCGI_STDIN record
+    /// that ends the body of `request_id`, whose FCGI_PARAMS has ended and whose FCGI_STDIN has
+    /// not: what a front server sends right after the parameters of a request without a body.
+    /// True when it took it; `decode` would have returned
+    /// [`RequestEvent::StdinEnd`] for it. Nothing is consumed otherwise.
+    pub fn take_stdin_end(&mut self, src: &mut BytesMut, request_id: u16) -> bool {
+        let [id_hi, id_lo] = request_id.to_be_bytes();
+        let Some(&[VERSION_1, STDIN_TYPE, hi, lo, 0, 0, padding, 0]) = src.get(..HEADER_LEN) else {
+            return false;
+        };
+        if (hi, lo) != (id_hi, id_lo) || src.len() < HEADER_LEN + usize::from(padding) {
+            return false;
+        }
+        let Some(active) = self.find(request_id) else {
+            return false;
+        };
+        if !active.params_done || active.stdin_done {
+            return false;
+        }
+        active.stdin_done = true;
+        src.advance(HEADER_LEN + usize::from(padding));
+        true
     }
 
     /// Takes the next event from `src`; `Ok(None)` when more bytes are needed. Records that

@@ -2,7 +2,6 @@
 //! one writer (which gathers them into few writes and drops what an aborted request still
 //! sends), and the responder that turns a CGI response into FCGI_STDOUT frames.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -40,7 +39,7 @@ pub(super) async fn write_loop(
     closed: CancellationToken,
 ) {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
-    let mut ended: HashMap<u16, u64> = HashMap::new();
+    let mut ended: super::IdMap<u64> = super::IdMap::default();
     // The frames queued by the time the writer runs go out in one write: a response's head,
     // body and FCGI_END_REQUEST are one system call, not three.
     let mut batch = BytesMut::new();

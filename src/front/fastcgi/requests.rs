@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -15,6 +16,7 @@ use super::stdin::{self, STDIN_BUDGET_PER_REQUEST};
 use super::{
     poll_inline, Active, Connection, Dispatch, Flow, Inline, OVERLOADED_RETRY_AFTER, STDIN_BUDGET,
 };
+use crate::backend::RequestBody;
 use crate::front::cgi::{content_length, error_answer, prepare};
 use crate::gateway::GatewayError;
 use crate::logs::{LineLimit, Verdict};
@@ -25,6 +27,18 @@ use crate::protocols::fastcgi::{
 };
 
 impl Connection {
+    /// The sender through which tasks of their own report their requests' endings, made
+    /// with the first such task (most connections never multiplex).
+    fn done_sender(&mut self) -> mpsc::Sender<Done> {
+        if let Some(tx) = &self.done {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(self.gateway.limits.max_concurrent_requests.max(1));
+        self.done = Some(tx.clone());
+        self.done_rx = Some(rx);
+        tx
+    }
+
     pub(super) async fn on_event(&mut self, event: RequestEvent<FrontParams>) -> Flow {
         match event {
             RequestEvent::Begin {
@@ -76,7 +90,9 @@ impl Connection {
                 let seq = self.seq();
                 self.end(request_id, seq, status, keep_conn).await
             }
-            RequestEvent::Params { request_id, params } => self.start(request_id, params).await,
+            RequestEvent::Params { request_id, params } => {
+                self.start(request_id, params, false).await
+            }
             RequestEvent::Stdin { request_id, data } => self.stdin(request_id, data).await,
             RequestEvent::StdinEnd { request_id } => {
                 // Dropping the sender ends the body.
@@ -197,7 +213,11 @@ impl Connection {
     }
 
     /// FCGI_PARAMS ended: route, normalise, and dispatch in a task of its own.
-    async fn start(&mut self, id: u16, params: FrontParams) -> Flow {
+    ///
+    /// `stdin_ended`: the end of its FCGI_STDIN came with the parameters (taken by
+    /// `RequestDecoder::take_stdin_end`); a request that declared no body then gets an empty
+    /// one, with no channel to feed it.
+    pub(super) async fn start(&mut self, id: u16, params: FrontParams, stdin_ended: bool) -> Flow {
         let Some(r) = self.requests.get(&id) else {
             return Flow::Continue;
         };
@@ -230,7 +250,14 @@ impl Connection {
                 return self.answered(id, responder.seq, ending).await;
             }
         };
-        let (tx, body) = stdin::channel(len, self.timeouts.body_total);
+        let (tx, body) = match len {
+            None | Some(0) if stdin_ended => (None, RequestBody::empty()),
+            _ => {
+                let (tx, body) = stdin::channel(len, self.timeouts.body_total);
+                // A body that ended at once: its sender is dropped, which ends it.
+                (Some(tx).filter(|_| !stdin_ended), body)
+            }
+        };
         let gateway = Arc::clone(&self.gateway);
         let seq = responder.seq;
         let answer = async move {
@@ -245,7 +272,7 @@ impl Connection {
             });
             Dispatch::Inline
         } else {
-            let done = self.done.clone();
+            let done = self.done_sender();
             let task = tokio::spawn(async move {
                 let ending = answer.await;
                 let _ = done.send(Done { id, seq, ending }).await;
@@ -253,7 +280,8 @@ impl Connection {
             Dispatch::Spawned(AbortOnDropHandle::new(task))
         };
         if let Some(r) = self.requests.get_mut(&id) {
-            r.body = Some(tx);
+            r.body = tx;
+            r.stdin_ended |= stdin_ended;
             r.task = Some(dispatch);
             r.busy = Some(self.state.begin());
         }
@@ -268,14 +296,18 @@ impl Connection {
         };
         // One record carries at most 65535 bytes, far below both budgets.
         let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        let permits = match body.try_reserve(&self.stdin_budget, n) {
+        let budget = Arc::clone(
+            self.stdin_budget
+                .get_or_insert_with(|| Arc::new(Semaphore::new(STDIN_BUDGET))),
+        );
+        let permits = match body.try_reserve(&budget, n) {
             Some(permits) => permits,
             None if self.requests.len() == 1 => {
                 // The backend that takes the bytes may be the inline request's, which runs
                 // only while this task polls it: it is polled meanwhile, and should it end, its
                 // ending is kept for the loop (its body is dropped, which gives the permits
                 // back).
-                let reserve = body.reserve(&self.stdin_budget, n);
+                let reserve = body.reserve(&budget, n);
                 tokio::pin!(reserve);
                 loop {
                     tokio::select! {
