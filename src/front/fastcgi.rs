@@ -56,11 +56,12 @@ use crate::protocols::fastcgi::{
 };
 
 use crate::front::cgi::linger;
+use crate::front::quiet::Quiet;
 
 mod answer;
 mod requests;
 mod stdin;
-use answer::{write_loop, Done, Ending, Out};
+use answer::{write_loop, Closed, Done, Ending, Out};
 use stdin::StdinSender;
 
 /// Frames queued for the writer of one connection; with the body channel below, this bounds
@@ -112,11 +113,11 @@ pub async fn serve_connection(
 ) {
     let (mut reader, writer) = tokio::io::split(stream);
     let (out, out_rx) = mpsc::channel(OUT_FRAMES);
-    let closed = CancellationToken::new();
+    let closed = Arc::new(Closed::default());
     // The writer runs beside the reader in this connection's task (joined below), not in a
     // task of its own: a front server that opens a connection per request would otherwise
     // pay a task per connection, and every frame a wake-up of another task.
-    let writer = write_loop(writer, out_rx, closed.clone());
+    let writer = write_loop(writer, out_rx, Arc::clone(&closed));
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -240,7 +241,8 @@ struct Connection {
     done: Option<mpsc::Sender<Done>>,
     /// Its receiving end, until the reader's loop takes it.
     done_rx: Option<mpsc::Receiver<Done>>,
-    closed: CancellationToken,
+    /// The writer has ended.
+    closed: Arc<Closed>,
     /// A request was ended before the front server had sent all of its records (answered
     /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
     /// follow, so closing must linger.
@@ -256,6 +258,13 @@ struct Connection {
 enum Flow {
     Continue,
     Stop,
+}
+
+/// Which of the rare events came first.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Shutdown,
+    Evicted,
 }
 
 impl Connection {
@@ -274,16 +283,30 @@ impl Connection {
         // The waits that outlive one turn of the loop are made once, not at every turn (each
         // would register with its token or the timer wheel anew).
         let state = Arc::clone(&self.state);
-        let evicted = state.evicted().cancelled();
-        let closed = self.closed.clone();
-        let closed_wait = closed.cancelled();
-        let stopping = shutdown.cancelled();
+        let closed = Arc::clone(&self.closed);
+        let closed_wait = closed.wait();
         let expiry = tokio::time::sleep_until(Instant::now() + self.timeouts.idle);
-        tokio::pin!(evicted, closed_wait, stopping, expiry);
+        // The eviction and the shutdown almost never come: watched together, polled only
+        // when one of them woke the task (front::quiet), not at every turn. Once one has
+        // come, the other is watched on its own.
+        let mut side = Quiet::new(async {
+            tokio::select! {
+                () = shutdown.cancelled() => Side::Shutdown,
+                () = state.evicted().cancelled() => Side::Evicted,
+            }
+        });
+        let mut side_came = false;
+        // Evicted: the connection closes once it has no request in progress (the table
+        // picks idle connections only; one whose request was dispatched as it was picked is
+        // closed once that request is done).
+        let mut evicted = false;
+        let evicted_wait = state.evicted().cancelled();
+        let stopping = shutdown.cancelled();
+        tokio::pin!(closed_wait, expiry, evicted_wait, stopping);
         loop {
             if let Some(done) = self.inline_done.take() {
                 if let Flow::Stop = self.on_done(done).await {
-                    return self.closed.is_cancelled();
+                    return self.closed.is_set();
                 }
             }
             loop {
@@ -305,13 +328,17 @@ impl Connection {
                     event => self.on_event(event).await,
                 };
                 if let Flow::Stop = flow {
-                    return self.closed.is_cancelled();
+                    return self.closed.is_set();
                 }
             }
             if done_rx.is_none() {
                 done_rx = self.done_rx.take();
             }
             if draining && self.requests.is_empty() {
+                return false;
+            }
+            if evicted && self.state.is_idle() {
+                tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
                 return false;
             }
             let now = Instant::now();
@@ -363,24 +390,26 @@ impl Connection {
                     tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
                     return false;
                 }
-                // The table picks idle connections only; one whose request was dispatched
-                // as it was picked is closed once that request is done.
-                () = &mut evicted, if self.state.is_idle() => {
-                    tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
-                    return false;
+                came = &mut side, if !side_came => {
+                    side_came = true;
+                    match came {
+                        Side::Shutdown => draining = true,
+                        Side::Evicted => evicted = true,
+                    }
                 }
+                () = &mut evicted_wait, if side_came && !evicted => evicted = true,
+                () = &mut stopping, if side_came && !draining => draining = true,
                 Some(done) = reported => {
                     if let Flow::Stop = self.on_done(done).await {
-                        return self.closed.is_cancelled();
+                        return self.closed.is_set();
                     }
                 }
                 done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
                     if let Flow::Stop = self.on_done(done).await {
-                        return self.closed.is_cancelled();
+                        return self.closed.is_set();
                     }
                 }
                 () = &mut closed_wait => return true,
-                () = &mut stopping, if !draining => draining = true,
             }
         }
     }

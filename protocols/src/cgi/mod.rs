@@ -411,10 +411,16 @@ pub(crate) fn has_nul_cr_lf(b: &[u8]) -> bool {
             return true;
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .any(|&c| matches!(c, 0 | b'\r' | b'\n'))
+    // The last bytes as one more word, padded with a byte that is none of the three.
+    let rest = chunks.remainder();
+    let mut word = [b'a'; 8];
+    if let Some(head) = word.get_mut(..rest.len()) {
+        head.copy_from_slice(rest);
+    }
+    let w = u64::from_ne_bytes(word);
+    zero_byte(w)
+        || zero_byte(w ^ (ONES * u64::from(b'\r')))
+        || zero_byte(w ^ (ONES * u64::from(b'\n')))
 }
 
 /// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
@@ -436,10 +442,16 @@ pub(crate) fn has_nul_cr_lf_eq(b: &[u8]) -> bool {
             return true;
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='))
+    let rest = chunks.remainder();
+    let mut word = [b'a'; 8];
+    if let Some(head) = word.get_mut(..rest.len()) {
+        head.copy_from_slice(rest);
+    }
+    let w = u64::from_ne_bytes(word);
+    zero_byte(w)
+        || zero_byte(w ^ (ONES * u64::from(b'\r')))
+        || zero_byte(w ^ (ONES * u64::from(b'\n')))
+        || zero_byte(w ^ (ONES * u64::from(b'=')))
 }
 
 fn check_field(field: &str, value: &[u8]) -> Result<(), CgiError> {

@@ -2,13 +2,12 @@
 //! one writer (which gathers them into few writes and drops what an aborted request still
 //! sends), and the responder that turns a CGI response into FCGI_STDOUT frames.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncWriteExt, WriteHalf};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use crate::front::cgi::{self, CgiSink, Relayed};
 use crate::gateway::{GatewayError, GatewayResponse};
@@ -36,7 +35,7 @@ pub(super) struct Out {
 pub(super) async fn write_loop(
     mut writer: WriteHalf<Stream>,
     mut frames: mpsc::Receiver<Out>,
-    closed: CancellationToken,
+    closed: Arc<Closed>,
 ) {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
     let mut ended: super::IdMap<u64> = super::IdMap::default();
@@ -77,8 +76,44 @@ pub(super) async fn write_loop(
             break;
         }
     }
-    closed.cancel();
+    closed.set().await;
     let _ = writer.shutdown().await;
+}
+
+/// Set by the writer when it has ended: the connection is closed on corral's side. The
+/// writer runs in the reader's task (joined with it), so it only has to wake that task for
+/// the reader to see it; a flag and a wake-up cost less than a cancellation token's tree and
+/// the lock every poll of its waiting future takes.
+#[derive(Debug, Default)]
+pub(super) struct Closed(AtomicBool);
+
+impl Closed {
+    /// Whether the writer has ended.
+    pub(super) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Sets the flag and wakes the task the writer and the reader share.
+    async fn set(&self) {
+        self.0.store(true, Ordering::Release);
+        std::future::poll_fn(|cx| {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+
+    /// Ready once the writer has ended; to be polled from the writer's own task.
+    pub(super) async fn wait(&self) {
+        std::future::poll_fn(|_| {
+            if self.is_set() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+    }
 }
 
 /// Where a request's answer stands, shared by the reader and the request's task so that

@@ -316,7 +316,7 @@ impl Connection {
                             // The semaphores are never closed; were they, the body is dropped.
                             None => return Flow::Continue,
                         },
-                        () = self.closed.cancelled() => return Flow::Stop,
+                        () = self.closed.wait() => return Flow::Stop,
                         done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
                             self.inline_done = Some(done);
                         }
