@@ -7,6 +7,7 @@
 //! early live here too.
 
 use std::borrow::Cow;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -118,8 +119,26 @@ pub(crate) async fn relay(
         tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
         return answer(sink, &error_answer(502, None)).await;
     }
+    // The body's first bytes, when they came with the head (a short answer), go out with it:
+    // one frame, one write.
+    let first = std::future::poll_fn(|cx| Poll::Ready(response.body.poll_chunk(cx))).await;
+    let mut broke = None;
+    let mut ended = false;
+    match first {
+        Poll::Ready(Some(Ok(data))) => head.extend_from_slice(&data),
+        Poll::Ready(Some(Err(e))) => broke = Some(e),
+        Poll::Ready(None) => ended = true,
+        Poll::Pending => {}
+    }
     if !sink.send(&head).await {
         return Relayed::Gone;
+    }
+    if let Some(e) = broke {
+        tracing::warn!(request_id, error = %e, "backend response broke off");
+        return Relayed::BrokeOff;
+    }
+    if ended {
+        return Relayed::Complete;
     }
     while let Some(chunk) = response.body.next_chunk().await {
         match chunk {

@@ -212,7 +212,10 @@ impl Responder {
 
 impl CgiSink for Responder {
     async fn send(&mut self, bytes: &[u8]) -> bool {
-        let mut frame = BytesMut::with_capacity(bytes.len() + 16);
+        // Room for the record headers and padding, and for the end of the response (empty
+        // FCGI_STDOUT and FCGI_END_REQUEST, 24 bytes), which the writer appends to the last
+        // frame it batches: a short answer goes out of this one buffer.
+        let mut frame = BytesMut::with_capacity(bytes.len() + 16 + 24);
         encode_stdout(self.id, bytes, &mut frame);
         self.queue(frame).await
     }
