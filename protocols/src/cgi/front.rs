@@ -21,8 +21,8 @@ use bytes::Bytes;
 use super::front_params::{FrontParams, Known, KNOWN, NONE};
 use super::params::CgiParams;
 use super::path::{
-    check_context, check_decoded, has_hidden_segment, is_normal, normalize, percent_decode,
-    root_display, root_prefix, root_shown, script_end, split_decoded,
+    check_context, check_decoded, has_hidden_segment, is_normal, normal_form, normalize,
+    percent_decode, root_display, root_prefix, root_shown, script_end, split_normalized,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
@@ -552,16 +552,22 @@ fn derive_script(w: &mut Work<'_>, files: bool) -> Result<(), CgiError> {
             target: snippet(&decoded),
         });
     }
-    let script = split_decoded(&decoded, ctx)?;
-    if let Some(filename) = script.script_filename {
-        w.set_owned(Known::ScriptFilename, filename);
+    // Split where the path lies, normalised in a buffer of its own only when it is not in
+    // normal form already.
+    let norm = normal_form(&decoded)?;
+    let split = split_normalized(&norm, ctx)?;
+    if let Some(root) = split.root {
+        w.set_owned(
+            Known::ScriptFilename,
+            [root, split.name, split.index].concat(),
+        );
     }
-    w.set_owned(Known::ScriptName, script.script_name);
+    w.set_owned(Known::ScriptName, [split.name, split.index].concat());
     if w.get(Known::PathInfo).is_none_or(|p| p.is_empty()) {
-        if files && !script.path_info.is_empty() {
-            set_path_info(w, &script.path_info, &ctx.document_root);
+        if files && !split.info.is_empty() {
+            set_path_info(w, split.info, &ctx.document_root);
         } else {
-            w.set_owned(Known::PathInfo, script.path_info);
+            w.set_owned(Known::PathInfo, split.info.to_vec());
         }
     }
     Ok(())
