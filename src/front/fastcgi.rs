@@ -468,6 +468,7 @@ impl Connection {
             seq: done.seq,
             bytes: done.ending.bytes,
             last: true,
+            cut: false,
             close: done.ending.close,
         })
         .await

@@ -18,15 +18,19 @@ use crate::protocols::fastcgi::{encode_request_complete, encode_stdout};
 const WRITE_BATCH: usize = 64 * 1024;
 
 /// One frame for the writer: bytes of request `id`'s answer (`seq` tells apart requests that
-/// reuse an id). `last` marks the frame that ends the request: later frames of the same
-/// request are dropped, so an aborted request never gets a second FCGI_END_REQUEST. `close`
-/// closes the connection after the frame.
+/// reuse an id). `last` marks the frame that ends the request; when it was `cut` short, later
+/// frames of the same request are dropped, so an aborted request never gets a second
+/// FCGI_END_REQUEST. `close` closes the connection after the frame.
 #[derive(Debug)]
 pub(super) struct Out {
     pub(super) id: u16,
     pub(super) seq: u64,
     pub(super) bytes: BytesMut,
     pub(super) last: bool,
+    /// With `last`: the request was cut short (aborted, refused for its body) while its
+    /// task may still send frames; the writer drops those. A request that ended of itself
+    /// sends nothing after its last frame, and is not remembered.
+    pub(super) cut: bool,
     pub(super) close: bool,
 }
 
@@ -54,7 +58,7 @@ pub(super) async fn write_loop(
                     batch.extend_from_slice(&frame.bytes);
                 }
             }
-            if frame.last {
+            if frame.last && frame.cut {
                 ended.insert(frame.id, frame.seq);
             }
             if frame.close {
@@ -167,6 +171,7 @@ impl Responder {
             seq: self.seq,
             bytes,
             last: false,
+            cut: false,
             close: false,
         };
         self.out.send(out).await.is_ok()

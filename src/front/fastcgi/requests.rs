@@ -50,7 +50,7 @@ impl Connection {
                 if role != Role::Responder {
                     self.decoder.finish(request_id);
                     return self
-                        .end(request_id, seq, ProtocolStatus::UnknownRole, keep_conn)
+                        .end(request_id, seq, ProtocolStatus::UnknownRole, keep_conn, false)
                         .await;
                 }
                 self.head_from = None;
@@ -88,7 +88,7 @@ impl Connection {
                     );
                 }
                 let seq = self.seq();
-                self.end(request_id, seq, status, keep_conn).await
+                self.end(request_id, seq, status, keep_conn, false).await
             }
             RequestEvent::Params { request_id, params } => {
                 self.start(request_id, params, false).await
@@ -120,6 +120,7 @@ impl Connection {
                     r.seq,
                     ProtocolStatus::RequestComplete,
                     r.keep_conn,
+                    true,
                 )
                 .await
             }
@@ -134,6 +135,7 @@ impl Connection {
                     seq: 0,
                     bytes,
                     last: false,
+                    cut: false,
                     close: false,
                 })
                 .await
@@ -147,6 +149,7 @@ impl Connection {
                     seq: 0,
                     bytes,
                     last: false,
+                    cut: false,
                     close: false,
                 })
                 .await
@@ -175,7 +178,16 @@ impl Connection {
     }
 
     /// Answers FCGI_END_REQUEST with `status` and no output.
-    async fn end(&mut self, id: u16, seq: u64, status: ProtocolStatus, keep_conn: bool) -> Flow {
+    /// `cut`: the request's task may still have frames on their way, which the writer then
+    /// drops (an abort).
+    async fn end(
+        &mut self,
+        id: u16,
+        seq: u64,
+        status: ProtocolStatus,
+        keep_conn: bool,
+        cut: bool,
+    ) -> Flow {
         self.input_pending = true;
         let mut bytes = BytesMut::new();
         encode_end_request(id, 0, status, &mut bytes);
@@ -184,6 +196,7 @@ impl Connection {
             seq,
             bytes,
             last: true,
+            cut,
             close: !keep_conn,
         })
         .await
@@ -207,6 +220,7 @@ impl Connection {
             seq,
             bytes: ending.bytes,
             last: true,
+            cut: false,
             close: ending.close,
         })
         .await
@@ -380,6 +394,7 @@ impl Connection {
             seq: r.seq,
             bytes,
             last: true,
+            cut: true,
             close: !r.keep_conn,
         })
         .await
