@@ -61,8 +61,10 @@ use crate::front::quiet::Quiet;
 mod answer;
 mod requests;
 mod stdin;
+mod table;
 use answer::{write_loop, Closed, Done, Ending, Out};
 use stdin::StdinSender;
+use table::Requests;
 
 /// Frames queued for the writer of one connection; with the body channel below, this bounds
 /// what one connection holds in memory.
@@ -129,7 +131,7 @@ pub async fn serve_connection(
         caps: capabilities(&gateway),
         gateway,
         listener,
-        requests: IdMap::default(),
+        requests: Requests::default(),
         next_seq: 1,
         stdin_budget: None,
         out,
@@ -232,7 +234,7 @@ struct Connection {
     caps: Capabilities,
     gateway: Arc<Gateway>,
     listener: ListenAddress,
-    requests: IdMap<Active>,
+    requests: Requests,
     next_seq: u64,
     /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.
     stdin_budget: Option<Arc<Semaphore>>,

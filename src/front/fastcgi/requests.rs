@@ -50,7 +50,13 @@ impl Connection {
                 if role != Role::Responder {
                     self.decoder.finish(request_id);
                     return self
-                        .end(request_id, seq, ProtocolStatus::UnknownRole, keep_conn, false)
+                        .end(
+                            request_id,
+                            seq,
+                            ProtocolStatus::UnknownRole,
+                            keep_conn,
+                            false,
+                        )
                         .await;
                 }
                 self.head_from = None;
