@@ -132,17 +132,8 @@ pub fn normalize_front(params: FrontParams, ctx: &CgiContext) -> Result<FrontVar
     }
     let dropped = std::mem::take(&mut w.dropped);
     drop(w);
-    let params = match params.into_params() {
-        Ok(block) => block,
-        // Lengths in their long form: encoded anew, each pair as it came.
-        Err(params) => {
-            let mut out = CgiParams::with_capacity(params.encoded().len());
-            for (name, value) in params.iter() {
-                out.push(name, value)?;
-            }
-            out
-        }
-    };
+    // Nothing changed: the block is the pairs as sent.
+    let params = params.into_params()?;
     Ok(FrontVars { params, dropped })
 }
 

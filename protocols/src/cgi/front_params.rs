@@ -314,8 +314,10 @@ impl FrontParams {
             });
             return;
         };
+        let known = Known::of(name);
         if self.bad.is_none() {
-            if bad_name(name) {
+            // A known name is a clean one: only the others need the scan.
+            if known.is_none() && bad_name(name) {
                 self.bad = Some(CgiError::InvalidParamName {
                     name: snippet(name),
                 });
@@ -326,7 +328,6 @@ impl FrontParams {
                 });
             }
         }
-        let known = Known::of(name);
         let mut first = NONE;
         match known {
             Some(k) => {
@@ -438,20 +439,24 @@ impl FrontParams {
             .unwrap_or_default()
     }
 
-    /// The buffer as the backend's parameter block, when it holds exactly the pairs a
-    /// backend should get: no repeat and every length in its shortest form (the caller
-    /// knows nothing was dropped or changed).
-    pub(super) fn into_params(self) -> Result<CgiParams, FrontParams> {
-        if !self.canonical || self.repeated {
-            return Err(self);
+    /// The pairs as the backend's parameter block, when they are exactly what a backend
+    /// should get (the caller knows nothing was dropped or changed): the buffer itself when
+    /// no name repeats and every length took its shortest form, else encoded anew.
+    pub(super) fn into_params(self) -> Result<CgiParams, CgiError> {
+        if self.canonical && !self.repeated {
+            return Ok(CgiParams::from_encoded(
+                self.buf,
+                self.pairs.len(),
+                self.longest_name,
+                self.longest_value,
+                self.total,
+            ));
         }
-        Ok(CgiParams::from_encoded(
-            self.buf,
-            self.pairs.len(),
-            self.longest_name,
-            self.longest_value,
-            self.total,
-        ))
+        let mut out = CgiParams::with_capacity(self.buf.len());
+        for (name, value) in self.iter() {
+            out.push(name, value)?;
+        }
+        Ok(out)
     }
 }
 
