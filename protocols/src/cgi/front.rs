@@ -22,7 +22,7 @@ use super::front_params::{FrontParams, Known, KNOWN, NONE};
 use super::params::CgiParams;
 use super::path::{
     check_context, check_decoded, has_hidden_segment, is_normal, normal_form, normalize,
-    percent_decode, root_display, root_prefix, root_shown, script_end, split_normalized,
+    percent_decode, root_display, root_prefix, root_shown, script_end, split_normalized, Split,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
@@ -139,9 +139,11 @@ pub fn normalize_front(params: FrontParams, ctx: &CgiContext) -> Result<FrontVar
 
 /// A variable's value while the front's variables are being normalised.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Val {
+enum Val<'a> {
     /// The value of pair `i` as sent.
     Pair(u32),
+    /// Part of a pair's value, or of the context (a derived SCRIPT_NAME or PATH_INFO).
+    Borrowed(&'a [u8]),
     /// The value of the context's extra variable `i`.
     Extra(usize),
     /// The context's root as DOCUMENT_ROOT shows it.
@@ -177,7 +179,7 @@ struct Work<'a> {
     p: &'a FrontParams,
     ctx: &'a CgiContext,
     /// Per known name, its value now (`None`: absent or dropped).
-    val: [Option<Val>; KNOWN],
+    val: [Option<Val<'a>>; KNOWN],
     place: [Place; KNOWN],
     added: Vec<Added>,
     /// Extra variables replacing the value of a pair whose name is not [`Known`]:
@@ -250,7 +252,7 @@ impl<'a> Work<'a> {
         }
     }
 
-    fn resolve<'v>(&'v self, v: &'v Val) -> &'v [u8] {
+    fn resolve<'v>(&'v self, v: &'v Val<'a>) -> &'v [u8] {
         match v {
             Val::Pair(i) => self.p.pair(*i).map(|q| self.p.value(q)).unwrap_or_default(),
             Val::Extra(e) => self
@@ -260,6 +262,7 @@ impl<'a> Work<'a> {
                 .map(|(_, v)| &v[..])
                 .unwrap_or_default(),
             Val::Root => root_shown(&self.ctx.document_root),
+            Val::Borrowed(b) => b,
             Val::Owned(b) => b,
         }
     }
@@ -281,12 +284,13 @@ impl<'a> Work<'a> {
                     .unwrap_or_default(),
             ),
             Val::Root => Cow::Borrowed(root_shown(&ctx.document_root)),
+            Val::Borrowed(b) => Cow::Borrowed(b),
             Val::Owned(b) => Cow::Owned(b.clone()),
         })
     }
 
     /// Sets `k` to `v`: in its place, or added after the others.
-    fn set(&mut self, k: Known, v: Val) {
+    fn set(&mut self, k: Known, v: Val<'a>) {
         let i = k as usize;
         let Some(slot) = self.val.get_mut(i) else {
             return;
@@ -303,10 +307,22 @@ impl<'a> Work<'a> {
 
     /// Sets `k` to a value made here; nothing changes when it already has that value.
     fn set_owned(&mut self, k: Known, value: Vec<u8>) {
-        if self.get(k).is_some_and(|v| v == value) {
+        self.set_bytes(k, Cow::Owned(value));
+    }
+
+    /// Sets `k` to `value`, borrowed from the pairs or the context when it can be; nothing
+    /// changes when it already has that value.
+    fn set_bytes(&mut self, k: Known, value: Cow<'a, [u8]>) {
+        if self.get(k).is_some_and(|v| v == &*value) {
             return;
         }
-        self.set(k, Val::Owned(value));
+        self.set(
+            k,
+            match value {
+                Cow::Borrowed(b) => Val::Borrowed(b),
+                Cow::Owned(v) => Val::Owned(v),
+            },
+        );
     }
 
     fn remove(&mut self, k: Known) {
@@ -521,7 +537,7 @@ fn fix_script_filename(
 
 /// Derives SCRIPT_NAME, PATH_INFO and (files mode) SCRIPT_FILENAME from the request path the
 /// front server sent.
-fn derive_script(w: &mut Work<'_>, files: bool) -> Result<(), CgiError> {
+fn derive_script<'a>(w: &mut Work<'a>, files: bool) -> Result<(), CgiError> {
     let ctx = w.ctx;
     let decoded = if let Some(name) = w.get_cow(Known::ScriptName).filter(|_| files) {
         name
@@ -544,24 +560,59 @@ fn derive_script(w: &mut Work<'_>, files: bool) -> Result<(), CgiError> {
         });
     }
     // Split where the path lies, normalised in a buffer of its own only when it is not in
-    // normal form already.
-    let norm = normal_form(&decoded)?;
-    let split = split_normalized(&norm, ctx)?;
+    // normal form already; SCRIPT_NAME and PATH_INFO then borrow from the pairs (or the
+    // context's mount), when the path was sent in normal form.
+    match decoded {
+        Cow::Borrowed(sent) => match normal_form(sent)? {
+            Cow::Borrowed(norm) => {
+                apply_split(w, split_normalized(norm, ctx)?, files, Cow::Borrowed)
+            }
+            Cow::Owned(norm) => apply_split(w, split_normalized(&norm, ctx)?, files, |b| {
+                Cow::Owned(b.to_vec())
+            }),
+        },
+        Cow::Owned(decoded) => {
+            let renormalised = match normal_form(&decoded)? {
+                Cow::Owned(norm) => Some(norm),
+                Cow::Borrowed(_) => None,
+            };
+            let norm = renormalised.unwrap_or(decoded);
+            apply_split(w, split_normalized(&norm, ctx)?, files, |b| {
+                Cow::Owned(b.to_vec())
+            })
+        }
+    }
+    Ok(())
+}
+
+/// Sets what a derived split gives: SCRIPT_FILENAME (files mode), SCRIPT_NAME and PATH_INFO;
+/// `lift` makes a value of a part of the split (borrowed when the split borrows from the
+/// pairs or the context).
+fn apply_split<'a, 'b>(
+    w: &mut Work<'a>,
+    split: Split<'b>,
+    files: bool,
+    lift: impl Fn(&'b [u8]) -> Cow<'a, [u8]>,
+) {
     if let Some(root) = split.root {
         w.set_owned(
             Known::ScriptFilename,
             [root, split.name, split.index].concat(),
         );
     }
-    w.set_owned(Known::ScriptName, [split.name, split.index].concat());
+    let script_name = if split.index.is_empty() {
+        lift(split.name)
+    } else {
+        Cow::Owned([split.name, split.index].concat())
+    };
+    w.set_bytes(Known::ScriptName, script_name);
     if w.get(Known::PathInfo).is_none_or(|p| p.is_empty()) {
         if files && !split.info.is_empty() {
-            set_path_info(w, split.info, &ctx.document_root);
+            set_path_info(w, split.info, &w.ctx.document_root);
         } else {
-            w.set_owned(Known::PathInfo, split.info.to_vec());
+            w.set_bytes(Known::PathInfo, lift(split.info));
         }
     }
-    Ok(())
 }
 
 /// Sets PATH_INFO, and PATH_TRANSLATED (root + PATH_INFO) when the front sent none.
