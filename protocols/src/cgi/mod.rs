@@ -391,25 +391,6 @@ pub(crate) fn is_tchar(c: u8) -> bool {
     TCHAR.get(usize::from(c)).copied().unwrap_or(false)
 }
 
-/// The bytes of `b` after its whole words (`rest`) as one more word, for the word-at-a-time
-/// scans: the last eight bytes of `b` when it has that many (bytes already scanned are
-/// scanned again, which cannot change an "any" answer), else `rest` padded with a byte that
-/// is none of those scanned for.
-fn last_word(b: &[u8], rest: &[u8]) -> u64 {
-    if rest.is_empty() {
-        return u64::from_ne_bytes([b'a'; 8]);
-    }
-    let tail = b.len().checked_sub(8).and_then(|at| b.get(at..));
-    if let Some(word) = tail.and_then(|t| <[u8; 8]>::try_from(t).ok()) {
-        return u64::from_ne_bytes(word);
-    }
-    let mut word = [b'a'; 8];
-    for (w, &c) in word.iter_mut().zip(rest) {
-        *w = c;
-    }
-    u64::from_ne_bytes(word)
-}
-
 /// Whether `b` holds NUL, CR or LF.
 pub(crate) fn has_nul_cr_lf(b: &[u8]) -> bool {
     // Eight bytes at a time: every parameter of every request goes through here. A byte of
@@ -430,10 +411,10 @@ pub(crate) fn has_nul_cr_lf(b: &[u8]) -> bool {
             return true;
         }
     }
-    let w = last_word(b, chunks.remainder());
-    zero_byte(w)
-        || zero_byte(w ^ (ONES * u64::from(b'\r')))
-        || zero_byte(w ^ (ONES * u64::from(b'\n')))
+    chunks
+        .remainder()
+        .iter()
+        .any(|&c| matches!(c, 0 | b'\r' | b'\n'))
 }
 
 /// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
