@@ -6,14 +6,17 @@
 //! answer for a request that got no backend response and the lingering close after answering
 //! early live here too.
 
+use std::borrow::Cow;
+use std::task::Poll;
+
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
 use crate::protocols::cgi::{
-    check_host, normalize_decoded_path, normalize_front_params, parse_request_path, CgiError,
-    CgiParams,
+    check_host, normalize_decoded_path, normalize_front, parse_request_path, CgiError, CgiParams,
+    FrontParams, Known,
 };
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
@@ -24,45 +27,60 @@ const LINGER_CHUNK: usize = 16 * 1024;
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Routes a front server's request and normalises its parameters for the chosen context
-/// (ARCHITECTURE.md decisions 11 and 12): the route and the clean parameters.
+/// (ARCHITECTURE.md decisions 11 and 12): the route and the clean parameters, encoded once.
+/// What routing reads (HTTP_HOST, SERVER_NAME, DOCUMENT_URI, REQUEST_URI) was found as the
+/// pairs were decoded; the first value of each is the one read, as a search would find it.
 pub(crate) fn prepare(
     gateway: &Gateway,
     listener: &ListenAddress,
-    params: Vec<(Bytes, Bytes)>,
+    params: FrontParams,
     request_id: u64,
 ) -> Result<(Routed, CgiParams), GatewayError> {
-    let get = |name: &[u8]| params.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-    // The client's Host, as the front server passed it on, is checked as the HTTP front
-    // checks it (nginx does too, but not every front server does); an empty one means none.
-    let client_host = get(b"HTTP_HOST").filter(|h| !h.is_empty());
-    if let Some(h) = client_host {
-        check_host(h)?;
-    }
-    let host = client_host
-        .or_else(|| get(b"SERVER_NAME"))
-        .map(|h| host_name(h))
-        .unwrap_or_default();
-    // Routed on the decoded, normalised path, as the HTTP front routes: DOCUMENT_URI is
-    // already decoded (nginx's $document_uri), REQUEST_URI is the raw target. A path that
-    // cannot be normalised is refused here, before any context is chosen.
-    let path = match get(b"DOCUMENT_URI").filter(|u| !u.is_empty()) {
-        Some(uri) => normalize_decoded_path(uri)?,
-        None => {
-            let uri = get(b"REQUEST_URI").map(|u| &u[..]).unwrap_or(b"/");
-            parse_request_path(uri)?.normalized
+    let routed = {
+        // The client's Host, as the front server passed it on, is checked as the HTTP front
+        // checks it (nginx does too, but not every front server does); an empty one means
+        // none.
+        let client_host = params.first(Known::HttpHost).filter(|h| !h.is_empty());
+        if let Some(h) = client_host {
+            check_host(h)?;
         }
+        let host = client_host
+            .or_else(|| params.first(Known::ServerName))
+            .map(host_name)
+            .unwrap_or_default();
+        // Routed on the decoded, normalised path, as the HTTP front routes: DOCUMENT_URI is
+        // already decoded (nginx's $document_uri), REQUEST_URI is the raw target. A path that
+        // cannot be normalised is refused here, before any context is chosen.
+        let path = match params.first(Known::DocumentUri).filter(|u| !u.is_empty()) {
+            Some(uri) => normalize_decoded_path(uri)?,
+            None => {
+                let uri = params.first(Known::RequestUri).unwrap_or(b"/");
+                Cow::Owned(parse_request_path(uri)?.normalized)
+            }
+        };
+        let path = text(path);
+        gateway.route(RouteKey {
+            listener,
+            host: &host,
+            path: &path,
+        })?
     };
-    let path = String::from_utf8_lossy(&path).into_owned();
-    let routed = gateway.route(RouteKey {
-        listener,
-        host: &host,
-        path: &path,
-    })?;
-    let vars = normalize_front_params(params, &routed.context.cgi)?;
+    let vars = normalize_front(params, &routed.context.cgi)?;
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
-    Ok((routed, CgiParams::from_pairs(&vars.vars)?))
+    Ok((routed, vars.params))
+}
+
+/// Bytes as text for routing, borrowed when they are UTF-8 already.
+fn text(bytes: Cow<'_, [u8]>) -> Cow<'_, str> {
+    match bytes {
+        Cow::Borrowed(b) => String::from_utf8_lossy(b),
+        Cow::Owned(v) => match String::from_utf8(v) {
+            Ok(s) => Cow::Owned(s),
+            Err(e) => Cow::Owned(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        },
+    }
 }
 
 /// Where a CGI front writes a response: FCGI_STDOUT records on a FastCGI connection, the
@@ -101,8 +119,26 @@ pub(crate) async fn relay(
         tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
         return answer(sink, &error_answer(502, None)).await;
     }
+    // The body's first bytes, when they came with the head (a short answer), go out with it:
+    // one frame, one write.
+    let first = std::future::poll_fn(|cx| Poll::Ready(response.body.poll_chunk(cx))).await;
+    let mut broke = None;
+    let mut ended = false;
+    match first {
+        Poll::Ready(Some(Ok(data))) => head.extend_from_slice(&data),
+        Poll::Ready(Some(Err(e))) => broke = Some(e),
+        Poll::Ready(None) => ended = true,
+        Poll::Pending => {}
+    }
     if !sink.send(&head).await {
         return Relayed::Gone;
+    }
+    if let Some(e) = broke {
+        tracing::warn!(request_id, error = %e, "backend response broke off");
+        return Relayed::BrokeOff;
+    }
+    if ended {
+        return Relayed::Complete;
     }
     while let Some(chunk) = response.body.next_chunk().await {
         match chunk {
@@ -135,15 +171,26 @@ pub(crate) async fn answer(sink: &mut impl CgiSink, cgi: &[u8]) -> Relayed {
     }
 }
 
-/// A Host value lowercased, without its port.
-fn host_name(raw: &[u8]) -> String {
-    let raw = String::from_utf8_lossy(raw);
-    let host = if raw.starts_with('[') {
-        raw.split_inclusive(']').next().unwrap_or(&raw)
-    } else {
-        raw.split(':').next().unwrap_or(&raw)
-    };
-    host.to_ascii_lowercase()
+/// A Host value lowercased, without its port; borrowed when it is lowercase already.
+fn host_name(raw: &[u8]) -> Cow<'_, str> {
+    fn cut(raw: &str) -> &str {
+        if raw.starts_with('[') {
+            raw.split_inclusive(']').next().unwrap_or(raw)
+        } else {
+            raw.split(':').next().unwrap_or(raw)
+        }
+    }
+    match String::from_utf8_lossy(raw) {
+        Cow::Borrowed(raw) => {
+            let host = cut(raw);
+            if host.bytes().any(|c| c.is_ascii_uppercase()) {
+                Cow::Owned(host.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(host)
+            }
+        }
+        Cow::Owned(raw) => Cow::Owned(cut(&raw).to_ascii_lowercase()),
+    }
 }
 
 /// The body length a front server declared in CONTENT_LENGTH; `None` when it sent none (or
@@ -151,8 +198,8 @@ fn host_name(raw: &[u8]) -> String {
 /// but decimal digits that fit in a `u64` (`-1`, `+5`, `0x10`, `1e3`, 2^64) is refused:
 /// taken for "unknown" it would reach the backend as it was, and a backend reads a body of
 /// `-1` bytes in its own way.
-pub(crate) fn content_length(params: &[(Bytes, Bytes)]) -> Result<Option<u64>, CgiError> {
-    let Some((_, value)) = params.iter().find(|(n, _)| n == &b"CONTENT_LENGTH"[..]) else {
+pub(crate) fn content_length(params: &FrontParams) -> Result<Option<u64>, CgiError> {
+    let Some(value) = params.first(Known::ContentLength) else {
         return Ok(None);
     };
     let digits = value.trim_ascii();
@@ -235,17 +282,21 @@ mod tests {
         assert_eq!(host_name(b"localhost"), "localhost");
     }
 
+    fn p(v: &str) -> FrontParams {
+        let mut params = FrontParams::new();
+        params.push(b"CONTENT_LENGTH", v.as_bytes()).unwrap();
+        params
+    }
+
     #[test]
     fn content_length_is_unknown_when_empty() {
-        let p = |v: &'static str| vec![(Bytes::from_static(b"CONTENT_LENGTH"), Bytes::from(v))];
         assert_eq!(content_length(&p("12")), Ok(Some(12)));
         assert_eq!(content_length(&p("")), Ok(None));
-        assert_eq!(content_length(&[]), Ok(None));
+        assert_eq!(content_length(&FrontParams::new()), Ok(None));
     }
 
     #[test]
     fn content_length_that_is_no_length_is_refused() {
-        let p = |v: &'static str| vec![(Bytes::from_static(b"CONTENT_LENGTH"), Bytes::from(v))];
         for bad in [
             "-1",
             "+5",

@@ -33,13 +33,14 @@
 //! for a request that got no backend response, the lingering close) is in `crate::front::cgi`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, ReadHalf};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -47,19 +48,23 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::limits::{BusyGuard, ConnState, Expired, Ticket};
-use crate::gateway::{Gateway, GatewayError, GatewayResponse};
+use crate::gateway::Gateway;
 use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 use crate::protocols::fastcgi::{
-    answer_get_values, encode_end_request, encode_request_complete, encode_stdout,
-    encode_stdout_end, encode_unknown_type, Capabilities, FastCgiError, ProtocolStatus,
-    RequestDecoder, RequestEvent, Role,
+    Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent,
 };
 
-use crate::front::cgi::{self, content_length, error_answer, linger, prepare, CgiSink, Relayed};
+use crate::front::cgi::linger;
+use crate::front::quiet::Quiet;
 
+mod answer;
+mod requests;
 mod stdin;
-use stdin::{StdinSender, STDIN_BUDGET_PER_REQUEST};
+mod table;
+use answer::{write_loop, Closed, Done, Ending, Out};
+use stdin::StdinSender;
+use table::Requests;
 
 /// Frames queued for the writer of one connection; with the body channel below, this bounds
 /// what one connection holds in memory.
@@ -70,8 +75,32 @@ const STDIN_BUDGET: usize = 1024 * 1024;
 const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
-/// Queued frames are gathered into one write up to about this many bytes.
-const WRITE_BATCH: usize = 64 * 1024;
+
+/// A map keyed by request id. Ids are the front server's, but a map holds at most
+/// `Limits::max_concurrent_requests` of them (the writer's, one per id ever ended, at most
+/// 65,535): a multiplicative hash spreads them well enough, without the cost of seeding and
+/// running SipHash for every request.
+type IdMap<V> = HashMap<u16, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`].
+#[derive(Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u16(&mut self, id: u16) {
+        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
 /// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
@@ -86,13 +115,11 @@ pub async fn serve_connection(
 ) {
     let (mut reader, writer) = tokio::io::split(stream);
     let (out, out_rx) = mpsc::channel(OUT_FRAMES);
-    let closed = CancellationToken::new();
+    let closed = Arc::new(Closed::default());
     // The writer runs beside the reader in this connection's task (joined below), not in a
     // task of its own: a front server that opens a connection per request would otherwise
     // pay a task per connection, and every frame a wake-up of another task.
-    let writer = write_loop(writer, out_rx, closed.clone());
-    let max = gateway.limits.max_concurrent_requests.max(1);
-    let (done, done_rx) = mpsc::channel(max);
+    let writer = write_loop(writer, out_rx, Arc::clone(&closed));
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -100,15 +127,16 @@ pub async fn serve_connection(
         idle_since: now,
         head_from: Some(now),
         last_read: now,
-        decoder: RequestDecoder::new(&gateway.limits),
+        decoder: RequestDecoder::collecting(&gateway.limits),
         caps: capabilities(&gateway),
         gateway,
         listener,
-        requests: HashMap::new(),
+        requests: Requests::default(),
         next_seq: 1,
-        stdin_budget: Arc::new(Semaphore::new(STDIN_BUDGET)),
+        stdin_budget: None,
         out,
-        done,
+        done: None,
+        done_rx: None,
         closed,
         input_pending: false,
         inline: None,
@@ -116,7 +144,7 @@ pub async fn serve_connection(
     };
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let reading = async {
-        let closed_by_us = conn.run(&mut reader, &mut buf, done_rx, shutdown).await;
+        let closed_by_us = conn.run(&mut reader, &mut buf, shutdown).await;
         let linger_needed = closed_by_us && conn.input_may_follow(&buf);
         // Whatever is still in progress has lost its client: dropping the tasks aborts their
         // backend requests and gives their slots back. Dropping the connection drops its
@@ -142,75 +170,6 @@ fn capabilities(gateway: &Gateway) -> Capabilities {
         mpxs_conns: Some(true),
     }
 }
-
-/// One frame for the writer: bytes of request `id`'s answer (`seq` tells apart requests that
-/// reuse an id). `last` marks the frame that ends the request: later frames of the same
-/// request are dropped, so an aborted request never gets a second FCGI_END_REQUEST. `close`
-/// closes the connection after the frame.
-#[derive(Debug)]
-struct Out {
-    id: u16,
-    seq: u64,
-    bytes: BytesMut,
-    last: bool,
-    close: bool,
-}
-
-/// Writes frames in order until the channel ends, a write fails, or a frame says close; then
-/// tells the reader through `closed`.
-async fn write_loop(
-    mut writer: WriteHalf<Stream>,
-    mut frames: mpsc::Receiver<Out>,
-    closed: CancellationToken,
-) {
-    // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
-    let mut ended: HashMap<u16, u64> = HashMap::new();
-    // The frames queued by the time the writer runs go out in one write: a response's head,
-    // body and FCGI_END_REQUEST are one system call, not three.
-    let mut batch = BytesMut::new();
-    'frames: while let Some(first) = frames.recv().await {
-        let mut next = Some(first);
-        let mut close = false;
-        while let Some(frame) = next.take() {
-            let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
-            if !stale && !frame.bytes.is_empty() {
-                if batch.is_empty() {
-                    batch = frame.bytes;
-                } else {
-                    batch.extend_from_slice(&frame.bytes);
-                }
-            }
-            if frame.last {
-                ended.insert(frame.id, frame.seq);
-            }
-            if frame.close {
-                close = true;
-                break;
-            }
-            if batch.len() < WRITE_BATCH {
-                next = frames.try_recv().ok();
-            }
-        }
-        if !batch.is_empty() {
-            if let Err(e) = writer.write_all(&batch).await {
-                tracing::debug!(error = %e, "fastcgi front server went away while answered");
-                break 'frames;
-            }
-            batch.clear();
-        }
-        if close {
-            break;
-        }
-    }
-    closed.cancel();
-    let _ = writer.shutdown().await;
-}
-
-/// Where a request's answer stands, shared by the reader and the request's task so that
-/// exactly one of them writes the response head.
-const ANSWER_NOT_STARTED: u8 = 0;
-const ANSWER_STARTED: u8 = 1;
-const ANSWER_REFUSED: u8 = 2;
 
 /// One request id in progress.
 #[derive(Debug)]
@@ -271,17 +230,21 @@ struct Connection {
     /// The last time the reader got bytes or finished handling them (time spent blocked on
     /// a full body channel is the backend's, not the front server's).
     last_read: Instant,
-    decoder: RequestDecoder,
+    decoder: RequestDecoder<FrontParamsDecoder>,
     caps: Capabilities,
     gateway: Arc<Gateway>,
     listener: ListenAddress,
-    requests: HashMap<u16, Active>,
+    requests: Requests,
     next_seq: u64,
-    /// `STDIN_BUDGET` bytes, one permit per byte held.
-    stdin_budget: Arc<Semaphore>,
+    /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.
+    stdin_budget: Option<Arc<Semaphore>>,
     out: mpsc::Sender<Out>,
-    done: mpsc::Sender<Done>,
-    closed: CancellationToken,
+    /// Where requests in tasks of their own report their endings, once there is one.
+    done: Option<mpsc::Sender<Done>>,
+    /// Its receiving end, until the reader's loop takes it.
+    done_rx: Option<mpsc::Receiver<Done>>,
+    /// The writer has ended.
+    closed: Arc<Closed>,
     /// A request was ended before the front server had sent all of its records (answered
     /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
     /// follow, so closing must linger.
@@ -299,6 +262,13 @@ enum Flow {
     Stop,
 }
 
+/// Which of the rare events came first.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Shutdown,
+    Evicted,
+}
+
 impl Connection {
     /// Reads and handles events until the connection ends; true when corral closed it (the
     /// writer ended), so the caller lingers.
@@ -306,16 +276,39 @@ impl Connection {
         &mut self,
         reader: &mut ReadHalf<Stream>,
         buf: &mut BytesMut,
-        mut done_rx: mpsc::Receiver<Done>,
         shutdown: CancellationToken,
     ) -> bool {
         let mut draining = false;
         let mut was_idle = true;
         let mut read_any = false;
+        let mut done_rx: Option<mpsc::Receiver<Done>> = None;
+        // The waits that outlive one turn of the loop are made once, not at every turn (each
+        // would register with its token or the timer wheel anew).
+        let state = Arc::clone(&self.state);
+        let closed = Arc::clone(&self.closed);
+        let closed_wait = closed.wait();
+        let expiry = tokio::time::sleep_until(Instant::now() + self.timeouts.idle);
+        // The eviction and the shutdown almost never come: watched together, polled only
+        // when one of them woke the task (front::quiet), not at every turn. Once one has
+        // come, the other is watched on its own.
+        let mut side = Quiet::new(async {
+            tokio::select! {
+                () = shutdown.cancelled() => Side::Shutdown,
+                () = state.evicted().cancelled() => Side::Evicted,
+            }
+        });
+        let mut side_came = false;
+        // Evicted: the connection closes once it has no request in progress (the table
+        // picks idle connections only; one whose request was dispatched as it was picked is
+        // closed once that request is done).
+        let mut evicted = false;
+        let evicted_wait = state.evicted().cancelled();
+        let stopping = shutdown.cancelled();
+        tokio::pin!(closed_wait, expiry, evicted_wait, stopping);
         loop {
             if let Some(done) = self.inline_done.take() {
                 if let Flow::Stop = self.on_done(done).await {
-                    return self.closed.is_cancelled();
+                    return self.closed.is_set();
                 }
             }
             loop {
@@ -327,11 +320,27 @@ impl Connection {
                         return false;
                     }
                 };
-                if let Flow::Stop = self.on_event(event).await {
-                    return self.closed.is_cancelled();
+                let flow = match event {
+                    // A request without a body usually sends the end of its FCGI_STDIN with
+                    // its parameters: taken with them, it needs no channel.
+                    RequestEvent::Params { request_id, params } => {
+                        let ended = self.decoder.take_stdin_end(buf, request_id);
+                        self.start(request_id, params, ended).await
+                    }
+                    event => self.on_event(event).await,
+                };
+                if let Flow::Stop = flow {
+                    return self.closed.is_set();
                 }
             }
+            if done_rx.is_none() {
+                done_rx = self.done_rx.take();
+            }
             if draining && self.requests.is_empty() {
+                return false;
+            }
+            if evicted && self.state.is_idle() {
+                tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
                 return false;
             }
             let now = Instant::now();
@@ -347,12 +356,14 @@ impl Connection {
             }
             was_idle = idle;
             let deadline = self.deadline();
-            let expiry = async {
-                match deadline {
-                    Some((at, why)) => {
-                        tokio::time::sleep_until(at).await;
-                        why
-                    }
+            if let Some((at, _)) = deadline {
+                if expiry.deadline() != at {
+                    expiry.as_mut().reset(at);
+                }
+            }
+            let reported = async {
+                match done_rx.as_mut() {
+                    Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
                 }
             };
@@ -376,28 +387,31 @@ impl Connection {
                         return false;
                     }
                 },
-                why = expiry => {
+                () = &mut expiry, if deadline.is_some() => {
+                    let why = deadline.map(|(_, why)| why).unwrap_or(Expired::Idle);
                     tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
                     return false;
                 }
-                // The table picks idle connections only; one whose request was dispatched
-                // as it was picked is closed once that request is done.
-                () = self.state.evicted().cancelled(), if self.state.is_idle() => {
-                    tracing::debug!(reason = %Expired::Evicted, "closing a fastcgi front connection");
-                    return false;
+                came = &mut side, if !side_came => {
+                    side_came = true;
+                    match came {
+                        Side::Shutdown => draining = true,
+                        Side::Evicted => evicted = true,
+                    }
                 }
-                Some(done) = done_rx.recv() => {
+                () = &mut evicted_wait, if side_came && !evicted => evicted = true,
+                () = &mut stopping, if side_came && !draining => draining = true,
+                Some(done) = reported => {
                     if let Flow::Stop = self.on_done(done).await {
-                        return self.closed.is_cancelled();
+                        return self.closed.is_set();
                     }
                 }
                 done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
                     if let Flow::Stop = self.on_done(done).await {
-                        return self.closed.is_cancelled();
+                        return self.closed.is_set();
                     }
                 }
-                () = self.closed.cancelled() => return true,
-                () = shutdown.cancelled(), if !draining => draining = true,
+                () = &mut closed_wait => return true,
             }
         }
     }
@@ -456,335 +470,8 @@ impl Connection {
             seq: done.seq,
             bytes: done.ending.bytes,
             last: true,
+            cut: false,
             close: done.ending.close,
-        })
-        .await
-    }
-
-    async fn on_event(&mut self, event: RequestEvent) -> Flow {
-        match event {
-            RequestEvent::Begin {
-                request_id,
-                role,
-                keep_conn,
-            } => {
-                let seq = self.seq();
-                if role != Role::Responder {
-                    self.decoder.finish(request_id);
-                    return self
-                        .end(request_id, seq, ProtocolStatus::UnknownRole, keep_conn)
-                        .await;
-                }
-                self.head_from = None;
-                self.requests.insert(
-                    request_id,
-                    Active {
-                        seq,
-                        keep_conn,
-                        body: None,
-                        stdin_ended: false,
-                        answer: Arc::new(AtomicU8::new(ANSWER_NOT_STARTED)),
-                        task: None,
-                        begun: Instant::now(),
-                        busy: None,
-                    },
-                );
-                Flow::Continue
-            }
-            RequestEvent::Rejected {
-                request_id,
-                keep_conn,
-                status,
-            } => {
-                static OVER_LIMIT: LineLimit = LineLimit::per_second();
-                let verdict = OVER_LIMIT.check(tokio::time::Instant::now(), 0);
-                if let (true, Verdict::Log { suppressed }) =
-                    (status != ProtocolStatus::UnknownRole, verdict)
-                {
-                    tracing::warn!(
-                        fcgi_request_id = request_id,
-                        suppressed,
-                        limit = self.gateway.limits.max_concurrent_requests,
-                        %status,
-                        "fastcgi front server began more requests than one connection may carry; refused"
-                    );
-                }
-                let seq = self.seq();
-                self.end(request_id, seq, status, keep_conn).await
-            }
-            RequestEvent::Params { request_id, params } => self.start(request_id, params).await,
-            RequestEvent::Stdin { request_id, data } => self.stdin(request_id, data).await,
-            RequestEvent::StdinEnd { request_id } => {
-                // Dropping the sender ends the body.
-                if let Some(r) = self.requests.get_mut(&request_id) {
-                    r.body = None;
-                    r.stdin_ended = true;
-                }
-                Flow::Continue
-            }
-            // Only the FILTER role has a data stream, and it is refused at FCGI_BEGIN_REQUEST.
-            RequestEvent::Data { .. } | RequestEvent::DataEnd { .. } => Flow::Continue,
-            RequestEvent::Abort { request_id } => {
-                let Some(r) = self.requests.remove(&request_id) else {
-                    return Flow::Continue;
-                };
-                tracing::debug!(
-                    fcgi_request_id = request_id,
-                    "fastcgi front server aborted a request"
-                );
-                self.decoder.finish(request_id);
-                // Dropping the task aborts the backend exchange and frees its slot.
-                self.drop_dispatch(request_id, r.seq, r.task);
-                self.end(
-                    request_id,
-                    r.seq,
-                    ProtocolStatus::RequestComplete,
-                    r.keep_conn,
-                )
-                .await
-            }
-            RequestEvent::GetValues { names } => {
-                let mut bytes = BytesMut::new();
-                if let Err(e) = answer_get_values(&names, &self.caps, &mut bytes) {
-                    tracing::warn!(error = %e, "cannot answer FCGI_GET_VALUES");
-                    return Flow::Continue;
-                }
-                self.send(Out {
-                    id: 0,
-                    seq: 0,
-                    bytes,
-                    last: false,
-                    close: false,
-                })
-                .await
-            }
-            RequestEvent::UnknownType { kind } => {
-                tracing::debug!(kind, "fastcgi front server sent an unknown record type");
-                let mut bytes = BytesMut::new();
-                encode_unknown_type(kind, &mut bytes);
-                self.send(Out {
-                    id: 0,
-                    seq: 0,
-                    bytes,
-                    last: false,
-                    close: false,
-                })
-                .await
-            }
-        }
-    }
-
-    /// Drops how request `id` (`seq`) is dispatched, which aborts its backend exchange.
-    fn drop_dispatch(&mut self, id: u16, seq: u64, task: Option<Dispatch>) {
-        if let Some(Dispatch::Inline) = task {
-            if self
-                .inline
-                .as_ref()
-                .is_some_and(|i| i.id == id && i.seq == seq)
-            {
-                self.inline = None;
-            }
-        }
-        drop(task);
-    }
-
-    fn seq(&mut self) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        seq
-    }
-
-    /// Answers FCGI_END_REQUEST with `status` and no output.
-    async fn end(&mut self, id: u16, seq: u64, status: ProtocolStatus, keep_conn: bool) -> Flow {
-        self.input_pending = true;
-        let mut bytes = BytesMut::new();
-        encode_end_request(id, 0, status, &mut bytes);
-        self.send(Out {
-            id,
-            seq,
-            bytes,
-            last: true,
-            close: !keep_conn,
-        })
-        .await
-    }
-
-    async fn send(&mut self, out: Out) -> Flow {
-        match self.out.send(out).await {
-            Ok(()) => Flow::Continue,
-            Err(_) => Flow::Stop,
-        }
-    }
-
-    /// Ends request `id`, answered without a backend: forgets it and queues the rest of its
-    /// answer (FCGI_END_REQUEST).
-    async fn answered(&mut self, id: u16, seq: u64, ending: Ending) -> Flow {
-        self.input_pending = true;
-        self.requests.remove(&id);
-        self.decoder.finish(id);
-        self.send(Out {
-            id,
-            seq,
-            bytes: ending.bytes,
-            last: true,
-            close: ending.close,
-        })
-        .await
-    }
-
-    /// FCGI_PARAMS ended: route, normalise, and dispatch in a task of its own.
-    async fn start(&mut self, id: u16, params: Vec<(Bytes, Bytes)>) -> Flow {
-        let Some(r) = self.requests.get(&id) else {
-            return Flow::Continue;
-        };
-        let request_id = self.gateway.request_id();
-        let mut responder = Responder {
-            id,
-            seq: r.seq,
-            keep_conn: r.keep_conn,
-            request_id,
-            answer: Arc::clone(&r.answer),
-            out: self.out.clone(),
-        };
-        if let Some(cgi) = self.gateway.fpm_answer(&self.listener, &params) {
-            // php-fpm's status or ping path: answered by corral, never by a worker.
-            let ending = responder.send_cgi(&cgi).await;
-            return self.answered(id, responder.seq, ending).await;
-        }
-        let len = match content_length(&params) {
-            Ok(len) => len,
-            Err(e) => {
-                let ending = responder.error(&GatewayError::from(e)).await;
-                return self.answered(id, responder.seq, ending).await;
-            }
-        };
-        let prepared = prepare(&self.gateway, &self.listener, params, request_id);
-        let (routed, params) = match prepared {
-            Ok(prepared) => prepared,
-            Err(e) => {
-                let ending = responder.error(&e).await;
-                return self.answered(id, responder.seq, ending).await;
-            }
-        };
-        let (tx, body) = stdin::channel(len, self.timeouts.body_total);
-        let gateway = Arc::clone(&self.gateway);
-        let seq = responder.seq;
-        let answer = async move {
-            let response = gateway.dispatch(&routed, params, body, request_id).await;
-            responder.answer(response).await
-        };
-        let dispatch = if self.inline.is_none() {
-            self.inline = Some(Inline {
-                id,
-                seq,
-                answer: Box::pin(answer),
-            });
-            Dispatch::Inline
-        } else {
-            let done = self.done.clone();
-            let task = tokio::spawn(async move {
-                let ending = answer.await;
-                let _ = done.send(Done { id, seq, ending }).await;
-            });
-            Dispatch::Spawned(AbortOnDropHandle::new(task))
-        };
-        if let Some(r) = self.requests.get_mut(&id) {
-            r.body = Some(tx);
-            r.task = Some(dispatch);
-            r.busy = Some(self.state.begin());
-        }
-        Flow::Continue
-    }
-
-    /// Hands FCGI_STDIN bytes to the request's body within the budgets; see the module
-    /// documentation for what happens past them.
-    async fn stdin(&mut self, id: u16, data: Bytes) -> Flow {
-        let Some(body) = self.requests.get(&id).and_then(|r| r.body.clone()) else {
-            return Flow::Continue;
-        };
-        // One record carries at most 65535 bytes, far below both budgets.
-        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        let permits = match body.try_reserve(&self.stdin_budget, n) {
-            Some(permits) => permits,
-            None if self.requests.len() == 1 => {
-                // The backend that takes the bytes may be the inline request's, which runs
-                // only while this task polls it: it is polled meanwhile, and should it end, its
-                // ending is kept for the loop (its body is dropped, which gives the permits
-                // back).
-                let reserve = body.reserve(&self.stdin_budget, n);
-                tokio::pin!(reserve);
-                loop {
-                    tokio::select! {
-                        permits = &mut reserve => match permits {
-                            Some(permits) => break permits,
-                            // The semaphores are never closed; were they, the body is dropped.
-                            None => return Flow::Continue,
-                        },
-                        () = self.closed.cancelled() => return Flow::Stop,
-                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
-                            self.inline_done = Some(done);
-                        }
-                    }
-                }
-            }
-            None => return self.overflow(id).await,
-        };
-        if !body.send(data, permits) {
-            // The exchange no longer reads the body (it failed or answered early): the rest
-            // of FCGI_STDIN is read and dropped.
-            if let Some(r) = self.requests.get_mut(&id) {
-                r.body = None;
-            }
-        }
-        Flow::Continue
-    }
-
-    /// A multiplexed request's body outran its budget: the request is dropped (which aborts
-    /// its backend exchange) and refused with a 503, unless its response has begun, and with
-    /// FCGI_END_REQUEST status FCGI_OVERLOADED; the connection and its other requests go on.
-    async fn overflow(&mut self, id: u16) -> Flow {
-        let Some(r) = self.requests.remove(&id) else {
-            return Flow::Continue;
-        };
-        self.input_pending = true;
-        self.decoder.finish(id);
-        self.drop_dispatch(id, r.seq, r.task);
-        static OVERFLOW: LineLimit = LineLimit::per_second();
-        if let Verdict::Log { suppressed } = OVERFLOW.check(tokio::time::Instant::now(), 0) {
-            tracing::warn!(
-                fcgi_request_id = id,
-                suppressed,
-                per_request = STDIN_BUDGET_PER_REQUEST,
-                per_connection = STDIN_BUDGET,
-                "fastcgi front server sends a request body faster than the backend reads it, on a \
-             connection with other requests in progress; refused the request (FCGI_OVERLOADED)"
-            );
-        }
-        let mut bytes = BytesMut::new();
-        let head_is_ours = r
-            .answer
-            .compare_exchange(
-                ANSWER_NOT_STARTED,
-                ANSWER_REFUSED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
-        if head_is_ours {
-            encode_stdout(
-                id,
-                &error_answer(503, Some(OVERLOADED_RETRY_AFTER)),
-                &mut bytes,
-            );
-            encode_stdout_end(id, &mut bytes);
-        }
-        encode_end_request(id, 0, ProtocolStatus::Overloaded, &mut bytes);
-        self.send(Out {
-            id,
-            seq: r.seq,
-            bytes,
-            last: true,
-            close: !r.keep_conn,
         })
         .await
     }
@@ -797,97 +484,4 @@ fn broken(e: &FastCgiError) {
         return;
     };
     tracing::warn!(rule = %crate::logs::clean(e), suppressed, "fastcgi front server broke the protocol; closing the connection");
-}
-
-/// A request's task has answered: `ending` goes out once the reader has forgotten the id.
-#[derive(Debug)]
-struct Done {
-    id: u16,
-    seq: u64,
-    ending: Ending,
-}
-
-/// The frame that ends a request (the end of FCGI_STDOUT and FCGI_END_REQUEST, or nothing to
-/// cut the response short) and whether the connection closes after it.
-#[derive(Debug)]
-struct Ending {
-    bytes: BytesMut,
-    close: bool,
-}
-
-/// Writes one request's answer as FCGI_STDOUT records.
-struct Responder {
-    id: u16,
-    seq: u64,
-    keep_conn: bool,
-    request_id: u64,
-    /// `ANSWER_*`, shared with the reader.
-    answer: Arc<AtomicU8>,
-    out: mpsc::Sender<Out>,
-}
-
-impl Responder {
-    /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
-    /// the request meanwhile.
-    async fn queue(&self, bytes: BytesMut) -> bool {
-        let state = self.answer.compare_exchange(
-            ANSWER_NOT_STARTED,
-            ANSWER_STARTED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        if state == Err(ANSWER_REFUSED) {
-            return false;
-        }
-        let out = Out {
-            id: self.id,
-            seq: self.seq,
-            bytes,
-            last: false,
-            close: false,
-        };
-        self.out.send(out).await.is_ok()
-    }
-
-    /// The usual end: FCGI_STDOUT's end and FCGI_END_REQUEST with REQUEST_COMPLETE.
-    fn complete(&self) -> Ending {
-        let mut bytes = BytesMut::new();
-        encode_request_complete(self.id, 0, &mut bytes);
-        Ending {
-            bytes,
-            close: !self.keep_conn,
-        }
-    }
-
-    /// Streams the backend's answer, or the CGI answer for the error; returns the ending.
-    async fn answer(&mut self, response: Result<GatewayResponse, GatewayError>) -> Ending {
-        match cgi::relay(self, response, self.request_id).await {
-            Relayed::Complete | Relayed::Gone => self.complete(),
-            // The status has gone out: closing without FCGI_END_REQUEST is the only way to
-            // tell the front server the response is cut short.
-            Relayed::BrokeOff => Ending {
-                bytes: BytesMut::new(),
-                close: true,
-            },
-        }
-    }
-
-    /// Sends the CGI answer for a request that got no backend response; returns the ending.
-    async fn error(&mut self, e: &GatewayError) -> Ending {
-        cgi::refuse(self, e, self.request_id).await;
-        self.complete()
-    }
-
-    async fn send_cgi(&mut self, cgi: &[u8]) -> Ending {
-        cgi::answer(self, cgi).await;
-        self.complete()
-    }
-}
-
-impl CgiSink for Responder {
-    async fn send(&mut self, bytes: &[u8]) -> bool {
-        let mut frame = BytesMut::with_capacity(bytes.len() + 16);
-        encode_stdout(self.id, bytes, &mut frame);
-        self.queue(frame).await
-    }
 }

@@ -20,7 +20,7 @@ use crate::front::cgi::{self, error_answer, linger, prepare, CgiSink, Relayed};
 use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, Routed};
 use crate::net::Stream;
-use crate::protocols::cgi::CgiParams;
+use crate::protocols::cgi::{CgiParams, FrontParams};
 use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
 
 /// Request-body chunks in flight between the connection and the backend exchange.
@@ -114,13 +114,9 @@ pub async fn serve_connection(
     let declared = head.content_length;
     // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
     // backends need it back.
-    let mut params = Vec::with_capacity(head.params.len() + 1);
-    params.push((
-        Bytes::from_static(b"CONTENT_LENGTH"),
-        Bytes::from(declared.to_string()),
-    ));
-    params.extend(head.params);
-    let (routed, params) = match prepare(&gateway, &listener, params, request_id) {
+    let params = front_params(declared, &head.params);
+    let prepared = params.and_then(|params| prepare(&gateway, &listener, params, request_id));
+    let (routed, params) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             cgi::refuse(&mut Conn(&mut writer), &e, request_id).await;
@@ -160,6 +156,34 @@ pub async fn serve_connection(
     if fed == Some(Fed::Stopped) || fed.is_none() {
         linger(&mut reader, BytesMut::new()).await;
     }
+}
+
+/// The head's parameters for the front logic, CONTENT_LENGTH (`declared`) first.
+fn front_params(
+    declared: u64,
+    pairs: &[(Bytes, Bytes)],
+) -> Result<FrontParams, crate::gateway::GatewayError> {
+    let mut params = FrontParams::new();
+    let mut digits = [0u8; 20];
+    params.push(b"CONTENT_LENGTH", decimal(declared, &mut digits))?;
+    for (name, value) in pairs {
+        params.push(name, value)?;
+    }
+    Ok(params)
+}
+
+/// `n` in decimal, written into `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    while let Some(d) = at.checked_sub(1).and_then(|i| buf.get_mut(i)) {
+        *d = b'0' + (n % 10) as u8;
+        at -= 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.get(at..).unwrap_or_default()
 }
 
 /// Dispatches the request and streams the answer; returns when it is written or the client
@@ -238,4 +262,15 @@ async fn feed(
     tracing::debug!(error = %failure, "scgi request body ended early");
     let _ = tx.fail(Box::new(failure)).await;
     Fed::All
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn decimal_writes_every_width() {
+        for n in [0u64, 7, 10, 65535, 1234567890, u64::MAX] {
+            let mut buf = [0u8; 20];
+            assert_eq!(super::decimal(n, &mut buf), n.to_string().as_bytes());
+        }
+    }
 }

@@ -502,19 +502,14 @@ impl Gateway {
     pub fn fpm_answer(
         &self,
         listener: &ListenAddress,
-        params: &[(Bytes, Bytes)],
+        params: &crate::protocols::cgi::FrontParams,
     ) -> Option<bytes::BytesMut> {
+        use crate::protocols::cgi::Known;
         let generation = self.current();
         let (_, status_path, ping_path) =
             generation.fpm_paths.iter().find(|(l, ..)| l == listener)?;
-        let get = |name: &[u8]| {
-            params
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| &v[..])
-                .filter(|v| !v.is_empty())
-        };
-        let script = get(b"SCRIPT_NAME").or_else(|| get(b"DOCUMENT_URI"))?;
+        let get = |k: Known| params.first(k).filter(|v| !v.is_empty());
+        let script = get(Known::ScriptName).or_else(|| get(Known::DocumentUri))?;
         let is = |p: &Option<String>| p.as_ref().is_some_and(|p| p.as_bytes() == script);
         let path = if is(ping_path) {
             "/ping"
@@ -523,10 +518,10 @@ impl Gateway {
         } else {
             return None;
         };
-        let method = get(b"REQUEST_METHOD")
+        let method = get(Known::RequestMethod)
             .and_then(|m| http::Method::from_bytes(m).ok())
             .unwrap_or(http::Method::GET);
-        let query = get(b"QUERY_STRING")
+        let query = get(Known::QueryString)
             .map(|q| String::from_utf8_lossy(q).into_owned())
             .unwrap_or_default();
         let response = crate::status::server::answer(self, &self.fpm_status, &method, path, &query);

@@ -8,12 +8,22 @@
 //! This module drops what must not pass, derives what is missing, and holds SCRIPT_FILENAME to
 //! the same rules as [`super::build_cgi_vars`]: inside the context's root, no `..`, an allowed
 //! extension, no NUL, CR or LF.
+//!
+//! It works on [`FrontParams`], the pairs as they arrived and indexed once: the variables it
+//! reads or rewrites are found by position, what it changes is kept beside the pairs, and the
+//! backend's block is written once at the end: it is the front server's own buffer when
+//! nothing changed.
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
 
+use super::front_params::{FrontParams, Known};
+use super::front_work::{Val, Work};
+use super::params::CgiParams;
 use super::path::{
-    check_context, check_decoded, has_hidden_segment, normalize, percent_decode, root_display,
-    root_prefix, script_end, split_decoded,
+    check_context, check_decoded, has_hidden_segment, is_normal, normal_form, normalize,
+    percent_decode, root_display, root_prefix, script_end, split_normalized, Split,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
@@ -23,12 +33,39 @@ use super::{
 /// mod_proxy_scgi sends `proxy:scgi://host/...` the same way.
 const APACHE_PREFIXES: [&[u8]; 3] = [b"proxy:fcgi://", b"proxy:scgi://", b"proxy:balancer://"];
 
+/// A front server's variables made ready for the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontVars {
+    /// The variables, encoded once, in the order a backend should receive them.
+    pub params: CgiParams,
+    /// What was left out, for logging.
+    pub dropped: Vec<Dropped>,
+}
+
+/// [`normalize_front`] over owned pairs, returned as owned pairs (for callers that hold
+/// the pairs that way, and for tests).
+pub fn normalize_front_params(
+    params: impl IntoIterator<Item = (Bytes, Bytes)>,
+    ctx: &CgiContext,
+) -> Result<CgiVars, CgiError> {
+    let mut front = FrontParams::new();
+    for (name, value) in params {
+        front.push(&name, &value)?;
+    }
+    let out = normalize_front(front, ctx)?;
+    Ok(CgiVars {
+        vars: out.params.to_pairs(),
+        dropped: out.dropped,
+    })
+}
+
 /// Filters and completes the parameters a front server sent, in their order.
 ///
 /// - HTTP_PROXY and CORRAL_READY_PROBE (corral's own probe of its launchers) are dropped;
 ///   PHP_VALUE and PHP_ADMIN_VALUE are dropped unless
 ///   [`CgiContext::allow_php_ini_params`]; a repeated name keeps its last value (as php-fpm
-///   does) and is reported. Every drop is listed in [`CgiVars::dropped`].
+///   does) in the place of its first, and is reported. Every drop is listed in
+///   [`FrontVars::dropped`].
 /// - A name that is empty or holds NUL, CR, LF or `=`, or a value with NUL, CR or LF, is an
 ///   error: no environment can carry it faithfully.
 /// - Files mode: SCRIPT_FILENAME loses an Apache `proxy:fcgi://host[:port]` prefix and any
@@ -39,131 +76,98 @@ const APACHE_PREFIXES: [&[u8]; 3] = [b"proxy:fcgi://", b"proxy:scgi://", b"proxy
 /// - App mode: SCRIPT_NAME and PATH_INFO are derived from DOCUMENT_URI or REQUEST_URI when
 ///   SCRIPT_NAME is missing.
 /// - DOCUMENT_ROOT is set to the context's root when missing.
-pub fn normalize_front_params(
-    params: impl IntoIterator<Item = (Bytes, Bytes)>,
-    ctx: &CgiContext,
-) -> Result<CgiVars, CgiError> {
+pub fn normalize_front(params: FrontParams, ctx: &CgiContext) -> Result<FrontVars, CgiError> {
     check_context(ctx)?;
-    let params = params.into_iter();
-    let mut out = CgiVars {
-        // What the front server sent, and room for what is derived or added below.
-        vars: Vec::with_capacity(params.size_hint().0 + ctx.extra_env.len() + 4),
-        dropped: Vec::new(),
-    };
-    // One bit per (length, first byte, last byte) class of the names kept so far: a name
-    // whose bit is clear cannot be a duplicate, which spares the scan for nearly every one.
-    let mut seen: u64 = 0;
-    let class = |n: &[u8]| {
-        let (first, last) = (n.first().copied(), n.last().copied());
-        let h =
-            n.len() ^ usize::from(first.unwrap_or(0)) << 2 ^ usize::from(last.unwrap_or(0)) << 4;
-        1u64 << (h % 64)
-    };
-    for (name, value) in params {
-        if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(&name) {
-            return Err(CgiError::InvalidParamName {
-                name: snippet(&name),
-            });
-        }
-        if has_nul_cr_lf(&value) {
-            return Err(CgiError::ForbiddenByte {
-                field: String::from_utf8_lossy(&name).into_owned(),
-                value: snippet(&value),
-            });
-        }
-        let reason = match &name[..] {
-            b"HTTP_PROXY" => DropReason::Httpoxy,
-            b"CORRAL_READY_PROBE" => DropReason::Reserved,
-            b"PHP_VALUE" | b"PHP_ADMIN_VALUE" if !ctx.allow_php_ini_params => DropReason::PhpIni,
-            _ if seen & class(&name) != 0 && out.get(&name).is_some() => {
-                out.set(&name, value);
-                DropReason::Duplicate
-            }
-            _ => {
-                seen |= class(&name);
-                out.vars.push((name, value));
-                continue;
-            }
-        };
-        out.dropped.push(Dropped { name, reason });
+    if let Some(e) = params.bad() {
+        return Err(e.clone());
     }
+    let mut w = Work::new(&params, ctx);
     match &ctx.mode {
-        ScriptMode::Files { extensions, .. } => match out.get(b"SCRIPT_FILENAME").cloned() {
-            Some(filename) => {
-                fix_script_filename(&mut out, &filename, &ctx.document_root, extensions)?
-            }
-            None => derive_script(&mut out, ctx, true)?,
+        ScriptMode::Files { extensions, .. } => match w.get_cow(Known::ScriptFilename) {
+            Some(filename) => fix_script_filename(&mut w, &filename, extensions)?,
+            None => derive_script(&mut w, true)?,
         },
         ScriptMode::App { .. } => {
             // An application context has no document root, so nothing can check a script
             // path: a SCRIPT_FILENAME or PATH_TRANSLATED from the front server would reach a
             // PHP backend unchecked (php-cgi runs whatever file it names). They are dropped.
-            for name in [&b"SCRIPT_FILENAME"[..], b"PATH_TRANSLATED"] {
-                if let Some(i) = out.vars.iter().position(|(n, _)| n == name) {
-                    let (name, _) = out.vars.remove(i);
-                    out.dropped.push(Dropped {
-                        name,
+            for k in [Known::ScriptFilename, Known::PathTranslated] {
+                if w.get(k).is_some() {
+                    w.remove(k);
+                    w.dropped.push(Dropped {
+                        name: Bytes::from_static(k.name()),
                         reason: DropReason::NoRoot,
                     });
                 }
             }
-            if out.get(b"SCRIPT_NAME").is_none() {
-                derive_script(&mut out, ctx, false)?
+            if w.get(Known::ScriptName).is_none() {
+                derive_script(&mut w, false)?
             }
         }
     }
-    if matches!(ctx.mode, ScriptMode::Files { .. }) {
+    if matches!(ctx.mode, ScriptMode::Files { .. })
+        && w.get(Known::PathInfo).is_some_and(|v| v.is_empty())
+    {
         // As for an HTTP request: a script's empty PATH_INFO is left out, since an empty one
         // is what php-cgi's PATH_INFO arithmetic trips on (CVE-2019-11043).
-        if let Some(i) = out
-            .vars
-            .iter()
-            .position(|(n, v)| n == &b"PATH_INFO"[..] && v.is_empty())
-        {
-            out.vars.remove(i);
-        }
+        w.remove(Known::PathInfo);
     }
-    if out.get(b"DOCUMENT_ROOT").is_none() {
-        out.set(
-            b"DOCUMENT_ROOT",
-            Bytes::from(root_display(&ctx.document_root)),
-        );
+    if w.get(Known::DocumentRoot).is_none() {
+        w.set(Known::DocumentRoot, Val::Root);
     }
     // The context's own variables come last and win, on every front alike.
-    for (name, value) in &ctx.extra_env {
+    for (e, (name, value)) in ctx.extra_env.iter().enumerate() {
         if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(name) || has_nul_cr_lf(value) {
             return Err(CgiError::InvalidContext(
                 "an extra variable has an empty name, '=', NUL, CR or LF",
             ));
         }
-        out.set(name, value.clone());
+        w.set_extra(e, name);
     }
-    Ok(out)
+    if w.changed {
+        let params = w.write()?;
+        return Ok(FrontVars {
+            params,
+            dropped: w.dropped,
+        });
+    }
+    let dropped = std::mem::take(&mut w.dropped);
+    drop(w);
+    // Nothing changed: the block is the pairs as sent.
+    let params = params.into_params()?;
+    Ok(FrontVars { params, dropped })
 }
 
 /// Checks and rewrites a SCRIPT_FILENAME the front server sent (files mode).
 fn fix_script_filename(
-    out: &mut CgiVars,
+    w: &mut Work<'_>,
     filename: &[u8],
-    root: &[u8],
     extensions: &[Vec<u8>],
 ) -> Result<(), CgiError> {
+    let root = &w.ctx.document_root[..];
     let path = strip_apache_prefix(filename);
-    let outside = || CgiError::OutsideRoot {
+    let outside = |w: &Work<'_>| CgiError::OutsideRoot {
         path: snippet(path),
         root: snippet(&root_display(root)),
-        front_root: out.get(b"DOCUMENT_ROOT").map(|r| snippet(r)),
+        front_root: w.get(Known::DocumentRoot).map(snippet),
     };
     if path.first() != Some(&b'/') {
-        return Err(outside());
+        return Err(outside(w));
     }
     check_decoded(path)?;
-    let norm = normalize(path, false)?;
+    // What `normalize` would make of a path already in normal form is the path itself.
+    let norm = if is_normal(path) {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(normalize(path, false)?)
+    };
     let prefix = root_prefix(root);
-    let rel = norm
+    let Some(rel) = norm
         .strip_prefix(prefix)
         .filter(|r| r.first() == Some(&b'/'))
-        .ok_or_else(outside)?;
+    else {
+        return Err(outside(w));
+    };
     if has_hidden_segment(rel) {
         return Err(CgiError::Hidden {
             path: snippet(&norm),
@@ -173,33 +177,41 @@ fn fix_script_filename(
         path: snippet(&norm),
     })?;
     let (script_name, tail) = rel.split_at(end.min(rel.len()));
-    let mut script_filename = prefix.to_vec();
-    script_filename.extend_from_slice(script_name);
-    out.set(b"SCRIPT_FILENAME", Bytes::from(script_filename));
-    if out.get(b"SCRIPT_NAME").is_none() {
-        out.set(b"SCRIPT_NAME", Bytes::copy_from_slice(script_name));
+    let same = w.get(Known::ScriptFilename).is_some_and(|v| {
+        v.len() == prefix.len() + script_name.len()
+            && v.starts_with(prefix)
+            && v.get(prefix.len()..) == Some(script_name)
+    });
+    if !same {
+        let mut script_filename = prefix.to_vec();
+        script_filename.extend_from_slice(script_name);
+        w.set(Known::ScriptFilename, Val::Owned(script_filename));
     }
-    if !tail.is_empty() && out.get(b"PATH_INFO").is_none_or(|p| p.is_empty()) {
-        set_path_info(out, tail, root);
+    if w.get(Known::ScriptName).is_none() {
+        w.set_owned(Known::ScriptName, script_name.to_vec());
+    }
+    if !tail.is_empty() && w.get(Known::PathInfo).is_none_or(|p| p.is_empty()) {
+        set_path_info(w, tail, root);
     }
     Ok(())
 }
 
 /// Derives SCRIPT_NAME, PATH_INFO and (files mode) SCRIPT_FILENAME from the request path the
 /// front server sent.
-fn derive_script(out: &mut CgiVars, ctx: &CgiContext, files: bool) -> Result<(), CgiError> {
-    let decoded = if let Some(name) = out.get(b"SCRIPT_NAME").filter(|_| files) {
-        name.to_vec()
-    } else if let Some(uri) = out.get(b"DOCUMENT_URI") {
-        uri.to_vec()
-    } else if let Some(uri) = out.get(b"REQUEST_URI") {
+fn derive_script<'a>(w: &mut Work<'a>, files: bool) -> Result<(), CgiError> {
+    let ctx = w.ctx;
+    let decoded = if let Some(name) = w.get_cow(Known::ScriptName).filter(|_| files) {
+        name
+    } else if let Some(uri) = w.get_cow(Known::DocumentUri) {
+        uri
+    } else if let Some(uri) = w.get(Known::RequestUri) {
         let path = uri.split(|&c| c == b'?').next().unwrap_or_default();
         if path.first() != Some(&b'/') {
             return Err(CgiError::TargetForm {
                 target: snippet(uri),
             });
         }
-        percent_decode(path)?
+        Cow::Owned(percent_decode(path)?)
     } else {
         return Err(CgiError::NoScriptInfo);
     };
@@ -208,28 +220,69 @@ fn derive_script(out: &mut CgiVars, ctx: &CgiContext, files: bool) -> Result<(),
             target: snippet(&decoded),
         });
     }
-    let script = split_decoded(&decoded, ctx)?;
-    if let Some(filename) = script.script_filename {
-        out.set(b"SCRIPT_FILENAME", Bytes::from(filename));
-    }
-    out.set(b"SCRIPT_NAME", Bytes::from(script.script_name));
-    if out.get(b"PATH_INFO").is_none_or(|p| p.is_empty()) {
-        if files && !script.path_info.is_empty() {
-            set_path_info(out, &script.path_info, &ctx.document_root);
-        } else {
-            out.set(b"PATH_INFO", Bytes::from(script.path_info));
+    // Split where the path lies, normalised in a buffer of its own only when it is not in
+    // normal form already; SCRIPT_NAME and PATH_INFO then borrow from the pairs (or the
+    // context's mount), when the path was sent in normal form.
+    match decoded {
+        Cow::Borrowed(sent) => match normal_form(sent)? {
+            Cow::Borrowed(norm) => {
+                apply_split(w, split_normalized(norm, ctx)?, files, Cow::Borrowed)
+            }
+            Cow::Owned(norm) => apply_split(w, split_normalized(&norm, ctx)?, files, |b| {
+                Cow::Owned(b.to_vec())
+            }),
+        },
+        Cow::Owned(decoded) => {
+            let renormalised = match normal_form(&decoded)? {
+                Cow::Owned(norm) => Some(norm),
+                Cow::Borrowed(_) => None,
+            };
+            let norm = renormalised.unwrap_or(decoded);
+            apply_split(w, split_normalized(&norm, ctx)?, files, |b| {
+                Cow::Owned(b.to_vec())
+            })
         }
     }
     Ok(())
 }
 
+/// Sets what a derived split gives: SCRIPT_FILENAME (files mode), SCRIPT_NAME and PATH_INFO;
+/// `lift` makes a value of a part of the split (borrowed when the split borrows from the
+/// pairs or the context).
+fn apply_split<'a, 'b>(
+    w: &mut Work<'a>,
+    split: Split<'b>,
+    files: bool,
+    lift: impl Fn(&'b [u8]) -> Cow<'a, [u8]>,
+) {
+    if let Some(root) = split.root {
+        w.set_owned(
+            Known::ScriptFilename,
+            [root, split.name, split.index].concat(),
+        );
+    }
+    let script_name = if split.index.is_empty() {
+        lift(split.name)
+    } else {
+        Cow::Owned([split.name, split.index].concat())
+    };
+    w.set_bytes(Known::ScriptName, script_name);
+    if w.get(Known::PathInfo).is_none_or(|p| p.is_empty()) {
+        if files && !split.info.is_empty() {
+            set_path_info(w, split.info, &w.ctx.document_root);
+        } else {
+            w.set_bytes(Known::PathInfo, lift(split.info));
+        }
+    }
+}
+
 /// Sets PATH_INFO, and PATH_TRANSLATED (root + PATH_INFO) when the front sent none.
-fn set_path_info(out: &mut CgiVars, path_info: &[u8], root: &[u8]) {
-    out.set(b"PATH_INFO", Bytes::copy_from_slice(path_info));
-    if out.get(b"PATH_TRANSLATED").is_none() {
+fn set_path_info(w: &mut Work<'_>, path_info: &[u8], root: &[u8]) {
+    w.set_owned(Known::PathInfo, path_info.to_vec());
+    if w.get(Known::PathTranslated).is_none() {
         let mut translated = root_prefix(root).to_vec();
         translated.extend_from_slice(path_info);
-        out.set(b"PATH_TRANSLATED", Bytes::from(translated));
+        w.set_owned(Known::PathTranslated, translated);
     }
 }
 

@@ -5,14 +5,21 @@
 //! Two entry points produce the same [`CgiVars`]:
 //! - [`build_cgi_vars`] turns a neutral description of an HTTP request ([`CgiRequest`]) into
 //!   the variables nginx's `fastcgi_params` sends and php-cgi/php-fpm expect;
-//! - [`normalize_front_params`] filters and completes the variables a front server (nginx,
-//!   Apache, lighttpd, Caddy) sent over FastCGI or SCGI, the way php-fpm does.
+//! - [`normalize_front`] filters and completes the variables a front server (nginx,
+//!   Apache, lighttpd, Caddy) sent over FastCGI or SCGI, the way php-fpm does, from the
+//!   pairs as they arrived ([`FrontParams`], indexed once as they were decoded).
 //!
 //! Nothing here touches the file system: SCRIPT_FILENAME is built lexically from the context's
 //! document root, and the caller checks the real file (realpath, regular file, still inside the
 //! root) before handing the request to a backend.
 
 mod front;
+#[cfg(test)]
+mod front_oracle;
+mod front_params;
+#[cfg(test)]
+mod front_tests;
+mod front_work;
 mod headers;
 mod host;
 mod params;
@@ -22,7 +29,8 @@ use bytes::Bytes;
 
 use crate::Limits;
 
-pub use front::normalize_front_params;
+pub use front::{normalize_front, normalize_front_params, FrontVars};
+pub use front_params::{FrontParams, Known};
 pub use headers::dropped_headers;
 pub use host::check_host;
 pub use params::{CgiParams, Pairs};
@@ -152,14 +160,6 @@ impl CgiVars {
     /// The value of variable `name`, if present.
     pub fn get(&self, name: &[u8]) -> Option<&Bytes> {
         self.vars.iter().find(|(n, _)| n == name).map(|(_, v)| v)
-    }
-
-    /// Sets `name` to `value`, in place if it exists, appended otherwise.
-    pub(crate) fn set(&mut self, name: &[u8], value: Bytes) {
-        match self.vars.iter_mut().find(|(n, _)| n == name) {
-            Some(slot) => slot.1 = value,
-            None => self.vars.push((Bytes::copy_from_slice(name), value)),
-        }
     }
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::{snippet, CgiError};
 
 /// Longest name or value a pair can carry: the 4-byte length form holds 31 bits.
-const MAX_FIELD_LEN: usize = 0x7fff_ffff;
+pub(super) const MAX_FIELD_LEN: usize = 0x7fff_ffff;
 
 /// CGI variables in FastCGI pair encoding. Names may repeat only if the builder let them;
 /// [`get`](Self::get) finds the first.
@@ -84,6 +84,41 @@ impl CgiParams {
             buf: Vec::with_capacity(bytes),
             ..CgiParams::default()
         }
+    }
+
+    /// Pairs already encoded in `buf` (whole, each length in its shortest form), with their
+    /// count and the lengths [`within`](Self::within) checks.
+    pub(super) fn from_encoded(
+        buf: Vec<u8>,
+        count: usize,
+        longest_name: usize,
+        longest_value: usize,
+        total: usize,
+    ) -> CgiParams {
+        CgiParams {
+            buf,
+            count,
+            longest_name,
+            longest_value,
+            total,
+        }
+    }
+
+    /// Appends pairs already encoded (whole, each length in its shortest form), with their
+    /// count and lengths.
+    pub(super) fn extend_encoded(
+        &mut self,
+        pairs: &[u8],
+        count: usize,
+        longest_name: usize,
+        longest_value: usize,
+        total: usize,
+    ) {
+        self.buf.extend_from_slice(pairs);
+        self.count += count;
+        self.longest_name = self.longest_name.max(longest_name);
+        self.longest_value = self.longest_value.max(longest_value);
+        self.total = self.total.saturating_add(total);
     }
 
     /// Variables in all.

@@ -145,15 +145,15 @@ fn decoded_normal(raw_path: &[u8]) -> Result<Vec<u8>, CgiError> {
 }
 
 /// Normalises a path a front server sent already decoded (nginx's DOCUMENT_URI): the same
-/// checks and dot-segment rules as [`parse_request_path`], without a decoding pass.
-pub fn normalize_decoded_path(decoded: &[u8]) -> Result<Vec<u8>, CgiError> {
+/// checks and dot-segment rules as [`parse_request_path`], without a decoding pass. Borrowed
+/// when the path is already in normal form, as nginx sends it.
+pub fn normalize_decoded_path(decoded: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, CgiError> {
     if decoded.first() != Some(&b'/') {
         return Err(CgiError::TargetForm {
             target: snippet(decoded),
         });
     }
-    check_decoded(decoded)?;
-    normalize(decoded, true)
+    normal_form(decoded)
 }
 
 /// Splits an already parsed request path into SCRIPT_NAME, PATH_INFO and SCRIPT_FILENAME

@@ -14,6 +14,7 @@
 mod body;
 mod client;
 mod error;
+mod front_params;
 mod management;
 mod params;
 mod record;
@@ -28,13 +29,14 @@ pub use client::{
     encode_data, encode_data_end, encode_stdin, encode_stdin_end, ResponseDecoder, ResponseEvent,
 };
 pub use error::{FastCgiError, Side};
+pub use front_params::FrontParamsDecoder;
 pub use management::{
     answer_get_values, encode_get_values, encode_get_values_result, Capabilities, MAX_CONNS,
     MAX_REQS, MPXS_CONNS,
 };
 pub use params::{
-    encode_pair, encode_params, encode_params_block, encoded_pair_len, ParamsDecoder, ParamsWriter,
-    MAX_PAIR_FIELD_LEN, MAX_SHORT_LEN,
+    encode_pair, encode_params, encode_params_block, encoded_pair_len, ParamsCollector,
+    ParamsDecoder, ParamsWriter, MAX_PAIR_FIELD_LEN, MAX_SHORT_LEN,
 };
 pub use record::{
     encode_record, encode_stream, encode_stream_end, padding_for, stream_encoded_len, Record,

@@ -206,12 +206,75 @@ impl Layout {
     }
 }
 
+/// Checks the declared lengths of a pair (`(prefix, name, value)` bytes), the next after
+/// `count` pairs, against `limits` before any of it is buffered.
+pub(super) fn admit_pair(
+    limits: &Limits,
+    count: usize,
+    lens: (usize, usize, usize),
+) -> Result<(), FastCgiError> {
+    let (_, name_len, value_len) = lens;
+    if name_len > limits.max_name_len {
+        return Err(FastCgiError::NameTooLong {
+            len: name_len,
+            limit: limits.max_name_len,
+        });
+    }
+    if value_len > limits.max_value_len {
+        return Err(FastCgiError::ValueTooLong {
+            len: value_len,
+            limit: limits.max_value_len,
+        });
+    }
+    if count >= limits.max_params_count {
+        return Err(FastCgiError::TooManyParams {
+            limit: limits.max_params_count,
+        });
+    }
+    Ok(())
+}
+
+/// What collects the FCGI_PARAMS stream of each request a [`RequestDecoder`] decodes: the
+/// pairs as owned slices ([`ParamsDecoder`], the default), or indexed in one buffer for the
+/// front logic ([`FrontParamsDecoder`](super::FrontParamsDecoder)).
+///
+/// [`RequestDecoder`]: super::RequestDecoder
+pub trait ParamsCollector: std::fmt::Debug + Clone {
+    /// What a whole stream comes to.
+    type Block: std::fmt::Debug + Clone + PartialEq + Eq;
+
+    /// A collector for one stream bounded by `limits`.
+    fn new(limits: &Limits) -> Self;
+
+    /// Feeds the content of the next (non-empty) record of the stream.
+    fn push(&mut self, content: Bytes) -> Result<(), FastCgiError>;
+
+    /// Ends the stream, readying the collector for another.
+    fn finish(&mut self) -> Result<Self::Block, FastCgiError>;
+}
+
+impl ParamsCollector for ParamsDecoder {
+    type Block = Vec<(Bytes, Bytes)>;
+
+    fn new(limits: &Limits) -> Self {
+        ParamsDecoder::new(limits)
+    }
+
+    fn push(&mut self, content: Bytes) -> Result<(), FastCgiError> {
+        ParamsDecoder::push(self, content)
+    }
+
+    fn finish(&mut self) -> Result<Self::Block, FastCgiError> {
+        ParamsDecoder::finish(self)
+    }
+}
+
 /// A guess at the wire size of a typical CGI parameter pair, used to size the pair vector.
 const AVERAGE_PAIR_LEN: usize = 24;
 
 /// The lengths at the start of a pair: (prefix bytes, name length, value length), or `None`
 /// when `buf` does not hold both prefixes yet.
-fn read_lengths(buf: &[u8]) -> Option<(usize, usize, usize)> {
+pub(super) fn read_lengths(buf: &[u8]) -> Option<(usize, usize, usize)> {
     let (name_len, name_prefix) = read_len(buf)?;
     let (value_len, value_prefix) = read_len(buf.get(name_prefix..)?)?;
     Some((name_prefix + value_prefix, name_len, value_len))
@@ -272,25 +335,13 @@ impl ParamsDecoder {
 
     /// Checks a pair's declared lengths against the limits before any of it is buffered.
     fn admit(&self, lens: (usize, usize, usize)) -> Result<(), FastCgiError> {
-        let (_, name_len, value_len) = lens;
-        if name_len > self.max_name_len {
-            return Err(FastCgiError::NameTooLong {
-                len: name_len,
-                limit: self.max_name_len,
-            });
-        }
-        if value_len > self.max_value_len {
-            return Err(FastCgiError::ValueTooLong {
-                len: value_len,
-                limit: self.max_value_len,
-            });
-        }
-        if self.pairs.len() >= self.max_count {
-            return Err(FastCgiError::TooManyParams {
-                limit: self.max_count,
-            });
-        }
-        Ok(())
+        let limits = Limits {
+            max_name_len: self.max_name_len,
+            max_value_len: self.max_value_len,
+            max_params_count: self.max_count,
+            ..Limits::DEFAULT
+        };
+        admit_pair(&limits, self.pairs.len(), lens)
     }
 
     /// Feeds the content of the next record of the block.

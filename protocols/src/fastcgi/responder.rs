@@ -2,17 +2,21 @@
 //! corral): the decoder that tracks every active request id on a connection and turns records
 //! into request events, and the encoders of the application's answer.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::body::{encode_end_request, parse_abort_request, parse_begin_request};
-use super::params::ParamsDecoder;
-use super::record::{encode_stream, encode_stream_end, Record, RecordDecoder, HEADER_LEN};
+use super::params::{ParamsCollector, ParamsDecoder};
+use super::record::{
+    encode_stream, encode_stream_end, Record, RecordDecoder, HEADER_LEN, VERSION_1,
+};
 use super::{FastCgiError, ProtocolStatus, RecordType, Role, Side};
 use crate::Limits;
 
-/// What the web server sent, one event per meaningful record.
+/// What the web server sent, one event per meaningful record. `P` is what a request's
+/// FCGI_PARAMS stream comes to: owned pairs by default, [`FrontParams`](crate::cgi::FrontParams)
+/// for corral's front ([`RequestDecoder::collecting`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestEvent {
+pub enum RequestEvent<P = Vec<(Bytes, Bytes)>> {
     /// FCGI_BEGIN_REQUEST: `request_id` is now active.
     Begin {
         /// The new request's id.
@@ -40,7 +44,7 @@ pub enum RequestEvent {
         /// The request id.
         request_id: u16,
         /// The name-value pairs, in the order sent.
-        params: Vec<(Bytes, Bytes)>,
+        params: P,
     },
     /// Bytes of the FCGI_STDIN stream (the request body).
     Stdin {
@@ -86,12 +90,15 @@ pub enum RequestEvent {
     },
 }
 
+/// The FCGI_STDIN record type byte.
+const STDIN_TYPE: u8 = RecordType::Stdin.as_u8();
+
 /// Per-request stream state of one active request id.
 #[derive(Debug, Clone)]
-struct Active {
+struct Active<C> {
     request_id: u16,
     role: Role,
-    params: ParamsDecoder,
+    params: C,
     params_done: bool,
     stdin_done: bool,
     data_done: bool,
@@ -102,20 +109,32 @@ struct Active {
 /// sending its FCGI_END_REQUEST); records for inactive ids are consumed and ignored, as the
 /// specification says. FCGI_PARAMS must end before FCGI_STDIN or FCGI_DATA begins.
 #[derive(Debug, Clone)]
-pub struct RequestDecoder {
+pub struct RequestDecoder<C: ParamsCollector = ParamsDecoder> {
     records: RecordDecoder,
     limits: Limits,
     /// Few at a time (usually one), so a vector searched linearly beats a map.
-    active: Vec<Active>,
+    active: Vec<Active<C>>,
+    /// The collector of the last request finished, kept for the next (its buffers too).
+    spare: Option<C>,
 }
 
 impl RequestDecoder {
-    /// A decoder at the start of a connection, bounded by `limits`.
+    /// A decoder at the start of a connection, bounded by `limits`, whose FCGI_PARAMS
+    /// streams come as owned pairs.
     pub fn new(limits: &Limits) -> RequestDecoder {
+        RequestDecoder::collecting(limits)
+    }
+}
+
+impl<C: ParamsCollector> RequestDecoder<C> {
+    /// A decoder at the start of a connection, bounded by `limits`, collecting FCGI_PARAMS
+    /// streams with `C`.
+    pub fn collecting(limits: &Limits) -> RequestDecoder<C> {
         RequestDecoder {
             records: RecordDecoder::new(),
             limits: limits.clone(),
             active: Vec::new(),
+            spare: None,
         }
     }
 
@@ -133,17 +152,48 @@ impl RequestDecoder {
     pub fn finish(&mut self, request_id: u16) -> bool {
         match self.active.iter().position(|a| a.request_id == request_id) {
             Some(at) => {
-                self.active.swap_remove(at);
+                let done = self.active.swap_remove(at);
+                if done.params_done {
+                    // A finished stream left the collector empty: the next request reuses it.
+                    self.spare = Some(done.params);
+                }
                 true
             }
             None => false,
         }
     }
 
+    /// Takes the next record of `src` when it is, wholly in `src`, the empty FCGI_STDIN record
+    /// that ends the body of `request_id`, whose FCGI_PARAMS has ended and whose FCGI_STDIN has
+    /// not: what a front server sends right after the parameters of a request without a body.
+    /// True when it took it; `decode` would have returned
+    /// [`RequestEvent::StdinEnd`] for it. Nothing is consumed otherwise.
+    pub fn take_stdin_end(&mut self, src: &mut BytesMut, request_id: u16) -> bool {
+        let [id_hi, id_lo] = request_id.to_be_bytes();
+        let Some(&[VERSION_1, STDIN_TYPE, hi, lo, 0, 0, padding, 0]) = src.get(..HEADER_LEN) else {
+            return false;
+        };
+        if (hi, lo) != (id_hi, id_lo) || src.len() < HEADER_LEN + usize::from(padding) {
+            return false;
+        }
+        let Some(active) = self.find(request_id) else {
+            return false;
+        };
+        if !active.params_done || active.stdin_done {
+            return false;
+        }
+        active.stdin_done = true;
+        src.advance(HEADER_LEN + usize::from(padding));
+        true
+    }
+
     /// Takes the next event from `src`; `Ok(None)` when more bytes are needed. Records that
     /// produce no event (the spec says to ignore them, or a PARAMS record mid-stream) are
     /// consumed along the way.
-    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<RequestEvent>, FastCgiError> {
+    pub fn decode(
+        &mut self,
+        src: &mut BytesMut,
+    ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
         while let Some(record) = self.records.decode(src)? {
             if let Some(event) = self.on_record(record)? {
                 return Ok(Some(event));
@@ -152,7 +202,10 @@ impl RequestDecoder {
         Ok(None)
     }
 
-    fn on_record(&mut self, record: Record) -> Result<Option<RequestEvent>, FastCgiError> {
+    fn on_record(
+        &mut self,
+        record: Record,
+    ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
         let Record {
             kind,
             request_id,
@@ -202,7 +255,11 @@ impl RequestDecoder {
         }
     }
 
-    fn begin(&mut self, request_id: u16, content: &[u8]) -> Result<RequestEvent, FastCgiError> {
+    fn begin(
+        &mut self,
+        request_id: u16,
+        content: &[u8],
+    ) -> Result<RequestEvent<C::Block>, FastCgiError> {
         let (role, keep_conn) = parse_begin_request(content)?;
         if self.is_active(request_id) {
             return Err(FastCgiError::RequestAlreadyActive { request_id });
@@ -230,7 +287,7 @@ impl RequestDecoder {
         self.active.push(Active {
             request_id,
             role,
-            params: ParamsDecoder::new(&self.limits),
+            params: self.spare.take().unwrap_or_else(|| C::new(&self.limits)),
             params_done: false,
             stdin_done: false,
             data_done: false,
@@ -242,7 +299,7 @@ impl RequestDecoder {
         })
     }
 
-    fn find(&mut self, request_id: u16) -> Option<&mut Active> {
+    fn find(&mut self, request_id: u16) -> Option<&mut Active<C>> {
         self.active.iter_mut().find(|a| a.request_id == request_id)
     }
 
@@ -250,7 +307,7 @@ impl RequestDecoder {
         &mut self,
         request_id: u16,
         content: Bytes,
-    ) -> Result<Option<RequestEvent>, FastCgiError> {
+    ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
         let Some(active) = self.find(request_id) else {
             return Ok(None);
         };
@@ -275,7 +332,7 @@ impl RequestDecoder {
         kind: RecordType,
         request_id: u16,
         data: Bytes,
-    ) -> Result<Option<RequestEvent>, FastCgiError> {
+    ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
         let Some(active) = self.find(request_id) else {
             return Ok(None);
         };

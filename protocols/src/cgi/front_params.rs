@@ -1,0 +1,518 @@
+//! The parameters a front server sent (FastCGI's FCGI_PARAMS stream, SCGI's head), held as
+//! it sent them: one buffer in FastCGI pair encoding, [`CgiParams`]'s own form, indexed as
+//! the pairs arrive.
+//!
+//! Each pair is looked at once, on arrival: its name and value are checked against what an
+//! environment can carry (the first failure is kept, and reported where
+//! [`normalize_front`](super::normalize_front) reports it), a repeated name is linked to its
+//! first occurrence, and the few names the front logic reads or rewrites ([`Known`]) are
+//! remembered by position instead of searched for. When normalising changes nothing (nginx's
+//! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
+//! backend's parameter block: no pair is copied or encoded again.
+
+use super::params::{CgiParams, MAX_FIELD_LEN};
+use super::{has_nul_cr_lf, snippet, CgiError};
+
+/// No pair: an index that is not one.
+pub(super) const NONE: u32 = u32::MAX;
+
+/// The names the front logic reads or rewrites, found once as the pairs arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known {
+    /// HTTP_HOST: the client's Host, checked and routed on.
+    HttpHost,
+    /// SERVER_NAME: routed on without a Host.
+    ServerName,
+    /// DOCUMENT_URI: the decoded path, routed on.
+    DocumentUri,
+    /// REQUEST_URI: the raw target, routed on without DOCUMENT_URI.
+    RequestUri,
+    /// CONTENT_LENGTH: the body's length.
+    ContentLength,
+    /// SCRIPT_FILENAME: checked against the context's root.
+    ScriptFilename,
+    /// SCRIPT_NAME.
+    ScriptName,
+    /// PATH_INFO.
+    PathInfo,
+    /// PATH_TRANSLATED.
+    PathTranslated,
+    /// DOCUMENT_ROOT.
+    DocumentRoot,
+    /// REQUEST_METHOD.
+    RequestMethod,
+    /// QUERY_STRING.
+    QueryString,
+    /// HTTP_PROXY: always dropped (httpoxy).
+    HttpProxy,
+    /// CORRAL_READY_PROBE: corral's own, always dropped.
+    CorralReadyProbe,
+    /// PHP_VALUE: dropped unless the context allows it.
+    PhpValue,
+    /// PHP_ADMIN_VALUE: dropped unless the context allows it.
+    PhpAdminValue,
+}
+
+/// How many [`Known`] names there are.
+pub(super) const KNOWN: usize = 16;
+
+/// Every [`Known`] name, in the order of their discriminants.
+const ALL_KNOWN: [Known; KNOWN] = [
+    Known::HttpHost,
+    Known::ServerName,
+    Known::DocumentUri,
+    Known::RequestUri,
+    Known::ContentLength,
+    Known::ScriptFilename,
+    Known::ScriptName,
+    Known::PathInfo,
+    Known::PathTranslated,
+    Known::DocumentRoot,
+    Known::RequestMethod,
+    Known::QueryString,
+    Known::HttpProxy,
+    Known::CorralReadyProbe,
+    Known::PhpValue,
+    Known::PhpAdminValue,
+];
+
+impl Known {
+    /// The known name `name` is, if any.
+    pub fn of(name: &[u8]) -> Option<Known> {
+        Some(match name {
+            b"HTTP_HOST" => Known::HttpHost,
+            b"SERVER_NAME" => Known::ServerName,
+            b"DOCUMENT_URI" => Known::DocumentUri,
+            b"REQUEST_URI" => Known::RequestUri,
+            b"CONTENT_LENGTH" => Known::ContentLength,
+            b"SCRIPT_FILENAME" => Known::ScriptFilename,
+            b"SCRIPT_NAME" => Known::ScriptName,
+            b"PATH_INFO" => Known::PathInfo,
+            b"PATH_TRANSLATED" => Known::PathTranslated,
+            b"DOCUMENT_ROOT" => Known::DocumentRoot,
+            b"REQUEST_METHOD" => Known::RequestMethod,
+            b"QUERY_STRING" => Known::QueryString,
+            b"HTTP_PROXY" => Known::HttpProxy,
+            b"CORRAL_READY_PROBE" => Known::CorralReadyProbe,
+            b"PHP_VALUE" => Known::PhpValue,
+            b"PHP_ADMIN_VALUE" => Known::PhpAdminValue,
+            _ => return None,
+        })
+    }
+
+    /// The variable's name.
+    pub fn name(self) -> &'static [u8] {
+        match self {
+            Known::HttpHost => b"HTTP_HOST",
+            Known::ServerName => b"SERVER_NAME",
+            Known::DocumentUri => b"DOCUMENT_URI",
+            Known::RequestUri => b"REQUEST_URI",
+            Known::ContentLength => b"CONTENT_LENGTH",
+            Known::ScriptFilename => b"SCRIPT_FILENAME",
+            Known::ScriptName => b"SCRIPT_NAME",
+            Known::PathInfo => b"PATH_INFO",
+            Known::PathTranslated => b"PATH_TRANSLATED",
+            Known::DocumentRoot => b"DOCUMENT_ROOT",
+            Known::RequestMethod => b"REQUEST_METHOD",
+            Known::QueryString => b"QUERY_STRING",
+            Known::HttpProxy => b"HTTP_PROXY",
+            Known::CorralReadyProbe => b"CORRAL_READY_PROBE",
+            Known::PhpValue => b"PHP_VALUE",
+            Known::PhpAdminValue => b"PHP_ADMIN_VALUE",
+        }
+    }
+
+    /// The known name with index `i` (its discriminant).
+    pub(super) fn from_index(i: u8) -> Option<Known> {
+        ALL_KNOWN.get(usize::from(i)).copied()
+    }
+}
+
+/// Where one pair lies in the buffer, and how it relates to the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PairAt {
+    /// Offset of the name in the buffer; the value follows it.
+    pub(super) at: u32,
+    pub(super) name_len: u32,
+    pub(super) value_len: u32,
+    /// For a name sent before: the pair that first had it. [`NONE`] for a first occurrence.
+    pub(super) first: u32,
+    /// For a first occurrence: the last pair with its name (itself when it is not repeated).
+    pub(super) last: u32,
+    /// The [`Known`] name's index, or [`KNOWN`] for any other name.
+    pub(super) known: u8,
+}
+
+/// The pairs a front server sent, in its order and its encoding, indexed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FrontParams {
+    buf: Vec<u8>,
+    pairs: Vec<PairAt>,
+    /// Per [`Known`] name: its first and last pair, [`NONE`] when it was not sent.
+    known: [(u32, u32); KNOWN],
+    /// The first pair no environment can carry, as the error it is reported as.
+    bad: Option<CgiError>,
+    /// One bit per class (length, first and last byte) of the other names so far: a name
+    /// whose bit is clear was not sent before, which spares the scan for nearly every one.
+    seen: u128,
+    longest_name: usize,
+    longest_value: usize,
+    total: usize,
+    /// Every length took its shortest form: the buffer is what encoding the pairs anew
+    /// would write, so it can go to a backend as it is.
+    canonical: bool,
+    /// Some name was sent twice.
+    repeated: bool,
+}
+
+impl std::fmt::Debug for FrontParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(
+                self.iter()
+                    .map(|(n, v)| (n.escape_ascii().to_string(), v.escape_ascii().to_string())),
+            )
+            .finish()
+    }
+}
+
+impl Default for FrontParams {
+    fn default() -> Self {
+        FrontParams::new()
+    }
+}
+
+/// The duplicate-scan class of a name: one of 128 bits, from its length and its first and
+/// last two bytes, mixed (names sharing a prefix, as HTTP_* ones do, must still spread).
+fn class(name: &[u8]) -> u128 {
+    let n = name.len();
+    let byte = |i: Option<usize>| u64::from(i.and_then(|i| name.get(i)).copied().unwrap_or(0));
+    let key = byte(Some(0))
+        | byte(Some(1)) << 8
+        | byte(n.checked_sub(2)) << 16
+        | byte(n.checked_sub(1)) << 24
+        | (n as u64) << 32;
+    1u128 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57)
+}
+
+/// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
+/// it in an environment). Names are short: a table lookup per byte, folded without an early
+/// exit, costs less than the word-at-a-time scan's four tests per word and its tail.
+fn has_nul_cr_lf_eq(b: &[u8]) -> bool {
+    b.iter().fold(0u8, |bad, &c| {
+        bad | NAME_BAD.get(usize::from(c)).copied().unwrap_or(1)
+    }) != 0
+}
+
+/// 1 for the bytes no variable name may hold: NUL, CR, LF and `=`.
+#[allow(clippy::indexing_slicing)] // Four constant indexes below 256, the table's length.
+const NAME_BAD: [u8; 256] = {
+    let mut table = [0u8; 256];
+    table[0] = 1;
+    table[b'\r' as usize] = 1;
+    table[b'\n' as usize] = 1;
+    table[b'=' as usize] = 1;
+    table
+};
+
+/// Whether no environment can carry `name`: empty, or holding NUL, CR, LF or `=`.
+fn bad_name(name: &[u8]) -> bool {
+    name.is_empty() || has_nul_cr_lf_eq(name)
+}
+
+/// The prefix bytes a length takes in its shortest form.
+fn short_prefix(len: usize) -> usize {
+    if len < 0x80 {
+        1
+    } else {
+        4
+    }
+}
+
+impl FrontParams {
+    /// No pairs.
+    pub fn new() -> FrontParams {
+        FrontParams {
+            buf: Vec::new(),
+            pairs: Vec::new(),
+            known: [(NONE, NONE); KNOWN],
+            bad: None,
+            seen: 0,
+            longest_name: 0,
+            longest_value: 0,
+            total: 0,
+            canonical: true,
+            repeated: false,
+        }
+    }
+
+    /// Pairs sent, repeats included.
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Whether none were.
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// Appends a pair (a front server that sends pairs in another encoding: SCGI).
+    pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), CgiError> {
+        if name.len() > MAX_FIELD_LEN {
+            return Err(CgiError::NameTooLong {
+                name: snippet(name),
+                limit: MAX_FIELD_LEN,
+            });
+        }
+        if value.len() > MAX_FIELD_LEN {
+            return Err(CgiError::ValueTooLong {
+                name: snippet(name),
+                len: value.len(),
+                limit: MAX_FIELD_LEN,
+            });
+        }
+        let prefix = short_prefix(name.len()) + short_prefix(value.len());
+        let end = self.buf.len() + prefix + name.len() + value.len();
+        if u32::try_from(end).is_err() {
+            return Err(CgiError::VarsTooLarge {
+                total: self.total.saturating_add(name.len() + value.len()),
+                limit: u32::MAX as usize,
+            });
+        }
+        self.buf.reserve(prefix + name.len() + value.len());
+        put_len(&mut self.buf, name.len());
+        put_len(&mut self.buf, value.len());
+        let at = self.buf.len();
+        self.buf.extend_from_slice(name);
+        self.buf.extend_from_slice(value);
+        self.index(at, name.len(), value.len());
+        Ok(())
+    }
+
+    /// The encoded pairs as they arrived, for a decoder to append to; it calls
+    /// [`index`](Self::index) for each pair once it is wholly in.
+    pub(crate) fn buf_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
+    /// The encoded pairs as they arrived.
+    pub(crate) fn encoded(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Makes room for about `bytes` more of encoded pairs, arriving in one piece.
+    pub(crate) fn reserve_for(&mut self, bytes: usize) {
+        self.buf.reserve(bytes);
+        if self.pairs.capacity() == 0 {
+            // Real parameter pairs average some 30 to 60 bytes on the wire; one early guess
+            // saves the index several regrowths on a typical 1-2 KiB block.
+            self.pairs.reserve((bytes / 24).clamp(4, 256));
+        }
+    }
+
+    /// Notes that a pair's length prefixes did not take their shortest form.
+    pub(crate) fn note_long_prefix(&mut self) {
+        self.canonical = false;
+    }
+
+    /// Indexes the pair whose name starts at `at` in the buffer, the value after it; the
+    /// caller has checked that both lie inside it (and that it holds under 4 GiB).
+    pub(crate) fn index(&mut self, at: usize, name_len: usize, value_len: usize) {
+        let end = at + name_len + value_len;
+        let (Some(name), Some(value), Ok(at32), Ok(n32), Ok(v32), Ok(i)) = (
+            self.buf.get(at..at + name_len),
+            self.buf.get(at + name_len..end),
+            u32::try_from(at),
+            u32::try_from(name_len),
+            u32::try_from(value_len),
+            u32::try_from(self.pairs.len()),
+        ) else {
+            // Callers never pass such a pair; dropping it would lose a parameter silently.
+            self.bad.get_or_insert(CgiError::VarsTooLarge {
+                total: end,
+                limit: u32::MAX as usize,
+            });
+            return;
+        };
+        let known = Known::of(name);
+        if self.bad.is_none() {
+            // A known name is a clean one: only the others need the scan.
+            if known.is_none() && bad_name(name) {
+                self.bad = Some(CgiError::InvalidParamName {
+                    name: snippet(name),
+                });
+            } else if has_nul_cr_lf(value) {
+                self.bad = Some(CgiError::ForbiddenByte {
+                    field: String::from_utf8_lossy(name).into_owned(),
+                    value: snippet(value),
+                });
+            }
+        }
+        let mut first = NONE;
+        match known {
+            Some(k) => {
+                if let Some(slot) = self.known.get_mut(k as usize) {
+                    if slot.0 == NONE {
+                        *slot = (i, i);
+                    } else {
+                        first = slot.0;
+                        slot.1 = i;
+                    }
+                }
+            }
+            None => {
+                let c = class(name);
+                if self.seen & c != 0 {
+                    let buf = &self.buf;
+                    first = self
+                        .pairs
+                        .iter()
+                        .position(|p| {
+                            p.name_len == n32
+                                && p.first == NONE
+                                && usize::from(p.known) == KNOWN
+                                && pair_name(buf, p) == name
+                        })
+                        .and_then(|j| u32::try_from(j).ok())
+                        .unwrap_or(NONE);
+                }
+                self.seen |= c;
+            }
+        }
+        if let Some(p) = self.pairs.get_mut(first as usize) {
+            p.last = i;
+            self.repeated = true;
+        }
+        self.pairs.push(PairAt {
+            at: at32,
+            name_len: n32,
+            value_len: v32,
+            first,
+            last: i,
+            known: known.map_or(KNOWN as u8, |k| k as u8),
+        });
+        self.longest_name = self.longest_name.max(name_len);
+        self.longest_value = self.longest_value.max(value_len);
+        self.total = self.total.saturating_add(name_len + value_len);
+    }
+
+    /// The value of the first pair named `k`, as the front server sent it.
+    pub fn first(&self, k: Known) -> Option<&[u8]> {
+        let (first, _) = *self.known.get(k as usize)?;
+        self.pairs.get(first as usize).map(|p| self.value(p))
+    }
+
+    /// The value of the first pair named `name`.
+    pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
+        match Known::of(name) {
+            Some(k) => self.first(k),
+            None => self.iter().find(|(n, _)| *n == name).map(|(_, v)| v),
+        }
+    }
+
+    /// The pairs in the order sent, repeats included.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.pairs.iter().map(|p| (self.name(p), self.value(p)))
+    }
+
+    pub(super) fn pairs(&self) -> &[PairAt] {
+        &self.pairs
+    }
+
+    pub(super) fn pair(&self, i: u32) -> Option<&PairAt> {
+        self.pairs.get(i as usize)
+    }
+
+    /// First and last pair of known name `k`.
+    pub(super) fn known(&self, k: Known) -> (u32, u32) {
+        self.known.get(k as usize).copied().unwrap_or((NONE, NONE))
+    }
+
+    /// Whether every length took its shortest form.
+    pub(super) fn is_canonical(&self) -> bool {
+        self.canonical
+    }
+
+    /// Where pair `p` begins, length prefixes included, in a canonical buffer.
+    pub(super) fn start(&self, p: &PairAt) -> usize {
+        (p.at as usize)
+            .saturating_sub(short_prefix(p.name_len as usize) + short_prefix(p.value_len as usize))
+    }
+
+    /// Whether some name was sent more than once.
+    pub(super) fn repeated(&self) -> bool {
+        self.repeated
+    }
+
+    pub(super) fn bad(&self) -> Option<&CgiError> {
+        self.bad.as_ref()
+    }
+
+    pub(super) fn name(&self, p: &PairAt) -> &[u8] {
+        pair_name(&self.buf, p)
+    }
+
+    pub(super) fn value(&self, p: &PairAt) -> &[u8] {
+        let at = p.at as usize + p.name_len as usize;
+        self.buf
+            .get(at..at + p.value_len as usize)
+            .unwrap_or_default()
+    }
+
+    /// The pairs as the backend's parameter block, when they are exactly what a backend
+    /// should get (the caller knows nothing was dropped or changed): the buffer itself when
+    /// no name repeats and every length took its shortest form, else encoded anew.
+    pub(super) fn into_params(self) -> Result<CgiParams, CgiError> {
+        if self.canonical && !self.repeated {
+            return Ok(CgiParams::from_encoded(
+                self.buf,
+                self.pairs.len(),
+                self.longest_name,
+                self.longest_value,
+                self.total,
+            ));
+        }
+        let mut out = CgiParams::with_capacity(self.buf.len());
+        for (name, value) in self.iter() {
+            out.push(name, value)?;
+        }
+        Ok(out)
+    }
+}
+
+fn pair_name<'a>(buf: &'a [u8], p: &PairAt) -> &'a [u8] {
+    let at = p.at as usize;
+    buf.get(at..at + p.name_len as usize).unwrap_or_default()
+}
+
+fn put_len(buf: &mut Vec<u8>, len: usize) {
+    if len < 0x80 {
+        buf.push(len as u8);
+    } else {
+        // Callers checked len <= MAX_FIELD_LEN, so it fits 31 bits.
+        buf.extend_from_slice(&(len as u32 | 0x8000_0000).to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_name_scan_finds_every_forbidden_byte_anywhere() {
+        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='));
+        for len in 0..40 {
+            let clean: Vec<u8> = (0..len).map(|i| b'A' + (i % 26) as u8).collect();
+            assert!(!super::has_nul_cr_lf_eq(&clean), "len {len}");
+            for at in 0..len {
+                for bad in [0u8, b'\r', b'\n', b'=', 1, 0x3c, 0x3e, 0xbd, 0x80, 0xff] {
+                    let mut v = clean.clone();
+                    v[at] = bad;
+                    assert_eq!(
+                        super::has_nul_cr_lf_eq(&v),
+                        naive(&v),
+                        "len {len} at {at} byte {bad:#x}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The one-pass normalisation (`front.rs` over `FrontParams`) against the two-pass one it
+//! replaced (`front_oracle.rs`): over generated parameter lists and contexts, both accept
+//! the same lists with the same variables, in the same order, with the same drops, and refuse
+//! the others with the same error; the block written is what encoding the oracle's variables
+//! writes; and the values the front logic reads by name are the first ones sent, as a search
+//! of the pairs finds them.
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::front::{normalize_front, normalize_front_params};
+use super::front_oracle;
+use super::front_params::{FrontParams, Known};
+use super::{CgiContext, CgiParams, ScriptMode};
+
+/// Names: the ones the rules treat apart, some others, and some no environment can carry.
+const NAMES: &[&str] = &[
+    "SCRIPT_FILENAME",
+    "SCRIPT_NAME",
+    "PATH_INFO",
+    "PATH_TRANSLATED",
+    "DOCUMENT_ROOT",
+    "DOCUMENT_URI",
+    "REQUEST_URI",
+    "CONTENT_LENGTH",
+    "HTTP_HOST",
+    "SERVER_NAME",
+    "REQUEST_METHOD",
+    "QUERY_STRING",
+    "HTTP_PROXY",
+    "CORRAL_READY_PROBE",
+    "PHP_VALUE",
+    "PHP_ADMIN_VALUE",
+    "HTTPS",
+    "APP_ENV",
+    "HTTP_X_A",
+    "HTTP_X_B",
+    "X",
+    "",
+    "A=B",
+    "N\0",
+    "N\r",
+    "N\n",
+];
+
+/// Pieces values are made of: paths inside and outside the root, dot segments, Apache's
+/// prefixes, queries, escapes and forbidden bytes.
+const PIECES: &[&str] = &[
+    "/var/www/html",
+    "/",
+    "a.php",
+    "b.txt",
+    "index.php",
+    "x",
+    "..",
+    ".",
+    ".git",
+    "/srv",
+    "proxy:fcgi://h:1",
+    "PROXY:SCGI://h",
+    "?q=1",
+    "%2e",
+    "%41",
+    "%",
+    "\\",
+    "\0",
+    "\n",
+    "app",
+    "//",
+    "",
+];
+
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => prop::sample::select(NAMES).prop_map(str::to_owned),
+        1 => "[A-Z_=\\x00]{0,4}",
+    ]
+}
+
+fn value() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(PIECES), 0..6).prop_map(|pieces| {
+        let mut v = String::new();
+        for (i, p) in pieces.iter().enumerate() {
+            // Pieces joined by `/` mostly, as paths are.
+            if i > 0 && !p.starts_with('?') && !p.starts_with('/') && i % 3 != 0 {
+                v.push('/');
+            }
+            v.push_str(p);
+        }
+        v
+    })
+}
+
+fn context() -> impl Strategy<Value = CgiContext> {
+    let extra = prop::sample::select(vec![
+        vec![],
+        vec![("APP_ENV", "prod")],
+        vec![("HTTPS", "on"), ("SCRIPT_NAME", "/x")],
+        vec![("HTTP_PROXY", "y")],
+        vec![("X", "1"), ("X", "2")],
+        vec![("HTTP_X_A", "z"), ("NEW", "n"), ("NEW", "m")],
+        vec![("DOCUMENT_ROOT", "/elsewhere")],
+        vec![("A=B", "")],
+    ]);
+    let mode = prop::sample::select(vec![
+        ScriptMode::Files {
+            extensions: vec![b"php".to_vec(), b".phar".to_vec()],
+            index: vec![b"index.php".to_vec()],
+        },
+        ScriptMode::App {
+            mount: b"".to_vec(),
+        },
+        ScriptMode::App {
+            mount: b"/app".to_vec(),
+        },
+    ]);
+    let root = prop::sample::select(vec!["/var/www/html", "/var/www/html/", "/"]);
+    (mode, root, extra, any::<bool>()).prop_map(|(mode, root, extra, allow)| CgiContext {
+        document_root: root.as_bytes().to_vec(),
+        mode,
+        server_software: Bytes::from_static(b"corral/test"),
+        extra_env: extra
+            .into_iter()
+            .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
+            .collect(),
+        allow_php_ini_params: allow,
+    })
+}
+
+fn pairs() -> impl Strategy<Value = Vec<(Bytes, Bytes)>> {
+    prop::collection::vec((name(), value()), 0..12).prop_map(|list| {
+        list.into_iter()
+            .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn one_pass_normalisation_decides_as_the_two_pass_one_did(
+        sent in pairs(),
+        ctx in context(),
+    ) {
+        let old = front_oracle::normalize_front_params(sent.clone(), &ctx);
+        let new = normalize_front_params(sent.clone(), &ctx);
+        prop_assert_eq!(&new, &old);
+        if let Ok(old) = old {
+            let mut front = FrontParams::new();
+            for (n, v) in &sent {
+                front.push(n, v).unwrap();
+            }
+            let block = normalize_front(front, &ctx).unwrap().params;
+            prop_assert_eq!(block, CgiParams::from_pairs(&old.vars).unwrap());
+        }
+    }
+
+    #[test]
+    fn known_names_read_the_first_value_sent(sent in pairs()) {
+        let mut front = FrontParams::new();
+        for (n, v) in &sent {
+            front.push(n, v).unwrap();
+        }
+        for i in 0..16 {
+            let k = Known::from_index(i).unwrap();
+            let searched = sent.iter().find(|(n, _)| n == k.name()).map(|(_, v)| &v[..]);
+            prop_assert_eq!(front.first(k), searched);
+            prop_assert_eq!(front.get(k.name()), searched);
+        }
+        let got: Vec<(&[u8], &[u8])> = front.iter().collect();
+        let want: Vec<(&[u8], &[u8])> = sent.iter().map(|(n, v)| (&n[..], &v[..])).collect();
+        prop_assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn nginx_parameters_for_a_script_in_the_root_become_the_block_unchanged() {
+    let ctx = CgiContext {
+        document_root: b"/var/www/html".to_vec(),
+        mode: ScriptMode::Files {
+            extensions: vec![b"php".to_vec()],
+            index: vec![b"index.php".to_vec()],
+        },
+        server_software: Bytes::from_static(b"corral/test"),
+        extra_env: Vec::new(),
+        allow_php_ini_params: false,
+    };
+    let mut front = FrontParams::new();
+    for (n, v) in [
+        ("SCRIPT_FILENAME", "/var/www/html/index.php"),
+        ("QUERY_STRING", "x=1"),
+        ("SCRIPT_NAME", "/index.php"),
+        ("DOCUMENT_ROOT", "/var/www/html"),
+    ] {
+        front.push(n.as_bytes(), v.as_bytes()).unwrap();
+    }
+    let sent = front.encoded().to_vec();
+    let out = normalize_front(front, &ctx).unwrap();
+    assert_eq!(out.params.encoded(), &sent[..]);
+    assert!(out.dropped.is_empty());
+}

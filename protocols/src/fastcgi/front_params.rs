@@ -1,0 +1,109 @@
+//! The FCGI_PARAMS stream of a request to corral's FastCGI front, collected for the front
+//! logic: the records' content appended to one buffer in the order it came (pair encoding
+//! needs no translation: it is [`CgiParams`](crate::cgi::CgiParams)'s own form), each pair
+//! bounded by [`Limits`] as soon as its lengths are in and indexed once it is wholly in
+//! ([`FrontParams`]). It refuses exactly what [`ParamsDecoder`](super::ParamsDecoder) refuses,
+//! with the same errors, at the same record.
+
+use bytes::Bytes;
+
+use super::params::{admit_pair, read_lengths, ParamsCollector};
+use super::FastCgiError;
+use crate::cgi::FrontParams;
+use crate::Limits;
+
+/// Bytes a length takes in its shortest form.
+fn short_prefix(len: usize) -> usize {
+    if len < 0x80 {
+        1
+    } else {
+        4
+    }
+}
+
+/// Collects one FCGI_PARAMS stream into [`FrontParams`].
+#[derive(Debug, Clone)]
+pub struct FrontParamsDecoder {
+    limits: Limits,
+    params: FrontParams,
+    /// Bytes of the buffer holding whole pairs, indexed; the rest is a pair not yet whole.
+    parsed: usize,
+    total: usize,
+}
+
+impl FrontParamsDecoder {
+    /// A collector for one stream bounded by `limits`.
+    pub fn new(limits: &Limits) -> FrontParamsDecoder {
+        FrontParamsDecoder {
+            limits: limits.clone(),
+            params: FrontParams::new(),
+            parsed: 0,
+            total: 0,
+        }
+    }
+
+    /// Feeds the content of the next FCGI_PARAMS record.
+    pub fn push(&mut self, content: &[u8]) -> Result<(), FastCgiError> {
+        self.total = self.total.saturating_add(content.len());
+        if self.total > self.limits.max_params_bytes || u32::try_from(self.total).is_err() {
+            return Err(FastCgiError::ParamsTooLarge {
+                len: self.total,
+                limit: self.limits.max_params_bytes,
+            });
+        }
+        self.params.reserve_for(content.len());
+        self.params.buf_mut().extend_from_slice(content);
+        loop {
+            let rest = self.params.encoded().get(self.parsed..).unwrap_or_default();
+            if rest.is_empty() {
+                return Ok(());
+            }
+            let Some(lens) = read_lengths(rest) else {
+                return Ok(());
+            };
+            admit_pair(&self.limits, self.params.len(), lens)?;
+            let (prefix, name_len, value_len) = lens;
+            let whole = prefix + name_len + value_len;
+            if rest.len() < whole {
+                return Ok(());
+            }
+            if prefix != short_prefix(name_len) + short_prefix(value_len) {
+                self.params.note_long_prefix();
+            }
+            self.params.index(self.parsed + prefix, name_len, value_len);
+            self.parsed += whole;
+        }
+    }
+
+    /// Ends the stream: its pairs, and the collector ready for another. Fails if the stream
+    /// stopped inside a pair.
+    pub fn finish(&mut self) -> Result<FrontParams, FastCgiError> {
+        let rest = self.params.encoded().get(self.parsed..).unwrap_or_default();
+        if !rest.is_empty() {
+            let missing = match read_lengths(rest) {
+                Some((prefix, name_len, value_len)) => prefix + name_len + value_len - rest.len(),
+                None => 1,
+            };
+            return Err(FastCgiError::TruncatedPair { missing });
+        }
+        self.parsed = 0;
+        self.total = 0;
+        Ok(std::mem::take(&mut self.params))
+    }
+}
+
+impl ParamsCollector for FrontParamsDecoder {
+    type Block = FrontParams;
+
+    fn new(limits: &Limits) -> Self {
+        FrontParamsDecoder::new(limits)
+    }
+
+    fn push(&mut self, content: Bytes) -> Result<(), FastCgiError> {
+        FrontParamsDecoder::push(self, &content)
+    }
+
+    fn finish(&mut self) -> Result<FrontParams, FastCgiError> {
+        FrontParamsDecoder::finish(self)
+    }
+}

@@ -1,0 +1,227 @@
+//! How a FastCGI front request's answer goes out: the frames queued for the connection's
+//! one writer (which gathers them into few writes and drops what an aborted request still
+//! sends), and the responder that turns a CGI response into FCGI_STDOUT frames.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncWriteExt, WriteHalf};
+use tokio::sync::mpsc;
+
+use crate::front::cgi::{self, CgiSink, Relayed};
+use crate::gateway::{GatewayError, GatewayResponse};
+use crate::net::Stream;
+use crate::protocols::fastcgi::{encode_request_complete, encode_stdout};
+
+/// Queued frames are gathered into one write up to about this many bytes.
+const WRITE_BATCH: usize = 64 * 1024;
+
+/// One frame for the writer: bytes of request `id`'s answer (`seq` tells apart requests that
+/// reuse an id). `last` marks the frame that ends the request; when it was `cut` short, later
+/// frames of the same request are dropped, so an aborted request never gets a second
+/// FCGI_END_REQUEST. `close` closes the connection after the frame.
+#[derive(Debug)]
+pub(super) struct Out {
+    pub(super) id: u16,
+    pub(super) seq: u64,
+    pub(super) bytes: BytesMut,
+    pub(super) last: bool,
+    /// With `last`: the request was cut short (aborted, refused for its body) while its
+    /// task may still send frames; the writer drops those. A request that ended of itself
+    /// sends nothing after its last frame, and is not remembered.
+    pub(super) cut: bool,
+    pub(super) close: bool,
+}
+
+/// Writes frames in order until the channel ends, a write fails, or a frame says close; then
+/// tells the reader through `closed`.
+pub(super) async fn write_loop(
+    mut writer: WriteHalf<Stream>,
+    mut frames: mpsc::Receiver<Out>,
+    closed: Arc<Closed>,
+) {
+    // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
+    let mut ended: super::IdMap<u64> = super::IdMap::default();
+    // The frames queued by the time the writer runs go out in one write: a response's head,
+    // body and FCGI_END_REQUEST are one system call, not three.
+    let mut batch = BytesMut::new();
+    'frames: while let Some(first) = frames.recv().await {
+        let mut next = Some(first);
+        let mut close = false;
+        while let Some(frame) = next.take() {
+            let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
+            if !stale && !frame.bytes.is_empty() {
+                if batch.is_empty() {
+                    batch = frame.bytes;
+                } else {
+                    batch.extend_from_slice(&frame.bytes);
+                }
+            }
+            if frame.last && frame.cut {
+                ended.insert(frame.id, frame.seq);
+            }
+            if frame.close {
+                close = true;
+                break;
+            }
+            if batch.len() < WRITE_BATCH {
+                next = frames.try_recv().ok();
+            }
+        }
+        if !batch.is_empty() {
+            if let Err(e) = writer.write_all(&batch).await {
+                tracing::debug!(error = %e, "fastcgi front server went away while answered");
+                break 'frames;
+            }
+            batch.clear();
+        }
+        if close {
+            break;
+        }
+    }
+    closed.set().await;
+    let _ = writer.shutdown().await;
+}
+
+/// Set by the writer when it has ended: the connection is closed on corral's side. The
+/// writer runs in the reader's task (joined with it), so it only has to wake that task for
+/// the reader to see it; a flag and a wake-up cost less than a cancellation token's tree and
+/// the lock every poll of its waiting future takes.
+#[derive(Debug, Default)]
+pub(super) struct Closed(AtomicBool);
+
+impl Closed {
+    /// Whether the writer has ended.
+    pub(super) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Sets the flag and wakes the task the writer and the reader share.
+    async fn set(&self) {
+        self.0.store(true, Ordering::Release);
+        std::future::poll_fn(|cx| {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+
+    /// Ready once the writer has ended; to be polled from the writer's own task.
+    pub(super) async fn wait(&self) {
+        std::future::poll_fn(|_| {
+            if self.is_set() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+/// Where a request's answer stands, shared by the reader and the request's task so that
+/// exactly one of them writes the response head.
+pub(super) const ANSWER_NOT_STARTED: u8 = 0;
+pub(super) const ANSWER_STARTED: u8 = 1;
+pub(super) const ANSWER_REFUSED: u8 = 2;
+
+/// A request's task has answered: `ending` goes out once the reader has forgotten the id.
+#[derive(Debug)]
+pub(super) struct Done {
+    pub(super) id: u16,
+    pub(super) seq: u64,
+    pub(super) ending: Ending,
+}
+
+/// The frame that ends a request (the end of FCGI_STDOUT and FCGI_END_REQUEST, or nothing to
+/// cut the response short) and whether the connection closes after it.
+#[derive(Debug)]
+pub(super) struct Ending {
+    pub(super) bytes: BytesMut,
+    pub(super) close: bool,
+}
+
+/// Writes one request's answer as FCGI_STDOUT records.
+pub(super) struct Responder {
+    pub(super) id: u16,
+    pub(super) seq: u64,
+    pub(super) keep_conn: bool,
+    pub(super) request_id: u64,
+    /// `ANSWER_*`, shared with the reader.
+    pub(super) answer: Arc<AtomicU8>,
+    pub(super) out: mpsc::Sender<Out>,
+}
+
+impl Responder {
+    /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
+    /// the request meanwhile.
+    pub(super) async fn queue(&self, bytes: BytesMut) -> bool {
+        let state = self.answer.compare_exchange(
+            ANSWER_NOT_STARTED,
+            ANSWER_STARTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if state == Err(ANSWER_REFUSED) {
+            return false;
+        }
+        let out = Out {
+            id: self.id,
+            seq: self.seq,
+            bytes,
+            last: false,
+            cut: false,
+            close: false,
+        };
+        self.out.send(out).await.is_ok()
+    }
+
+    /// The usual end: FCGI_STDOUT's end and FCGI_END_REQUEST with REQUEST_COMPLETE.
+    pub(super) fn complete(&self) -> Ending {
+        let mut bytes = BytesMut::new();
+        encode_request_complete(self.id, 0, &mut bytes);
+        Ending {
+            bytes,
+            close: !self.keep_conn,
+        }
+    }
+
+    /// Streams the backend's answer, or the CGI answer for the error; returns the ending.
+    pub(super) async fn answer(
+        &mut self,
+        response: Result<GatewayResponse, GatewayError>,
+    ) -> Ending {
+        match cgi::relay(self, response, self.request_id).await {
+            Relayed::Complete | Relayed::Gone => self.complete(),
+            // The status has gone out: closing without FCGI_END_REQUEST is the only way to
+            // tell the front server the response is cut short.
+            Relayed::BrokeOff => Ending {
+                bytes: BytesMut::new(),
+                close: true,
+            },
+        }
+    }
+
+    /// Sends the CGI answer for a request that got no backend response; returns the ending.
+    pub(super) async fn error(&mut self, e: &GatewayError) -> Ending {
+        cgi::refuse(self, e, self.request_id).await;
+        self.complete()
+    }
+
+    pub(super) async fn send_cgi(&mut self, cgi: &[u8]) -> Ending {
+        cgi::answer(self, cgi).await;
+        self.complete()
+    }
+}
+
+impl CgiSink for Responder {
+    async fn send(&mut self, bytes: &[u8]) -> bool {
+        // Room for the record headers and padding, and for the end of the response (empty
+        // FCGI_STDOUT and FCGI_END_REQUEST, 24 bytes), which the writer appends to the last
+        // frame it batches: a short answer goes out of this one buffer.
+        let mut frame = BytesMut::with_capacity(bytes.len() + 16 + 24);
+        encode_stdout(self.id, bytes, &mut frame);
+        self.queue(frame).await
+    }
+}
