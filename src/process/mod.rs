@@ -40,7 +40,7 @@ pub use exit::ExitKind;
 pub use memory::{memory_of, process_tree, process_tree_pss, MemoryUsage};
 pub use ready::{wait_listening, wait_ready, ReadyError};
 pub use spawn::{
-    bind_worker_socket, spawn_preloader, spawn_worker, Handoff, Identity, SpawnedWorker,
+    bind_worker_socket, spawn_direct_worker, spawn_preloader, spawn_worker, Handoff, Identity, SpawnedWorker,
     WorkerSocket, WorkerSpawn,
 };
 
