@@ -112,6 +112,24 @@ pub fn in_accept(pid: u32) -> Option<bool> {
     Some(nr == libc::SYS_accept || nr == libc::SYS_accept4)
 }
 
+/// Whether direct worker `pid` has begun serving: it is blocked in accept, or it holds a
+/// socket other than its listener on fd 0 (a connection it accepted; php-cgi opens none
+/// before its first request). Under load a new worker may never be seen in accept: a
+/// connection is always waiting, so each accept returns at once.
+pub fn serving(pid: u32) -> bool {
+    if in_accept(pid) == Some(true) {
+        return true;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|e| {
+        e.file_name() != "0"
+            && std::fs::read_link(e.path())
+                .is_ok_and(|l| l.as_os_str().as_encoded_bytes().starts_with(b"socket:"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

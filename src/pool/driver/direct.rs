@@ -1,6 +1,6 @@
 //! A direct pool's workers (`accept = "direct"`, ARCHITECTURE.md "Direct pools"): spawned
 //! with the pool's shared listening socket as fd 0, ready once the kernel shows them blocked
-//! in accept(2), and sent their stop signal only while they are (a php-cgi worker blocked
+//! in accept(2) or holding a connection they accepted, and sent their stop signal only while they are (a php-cgi worker blocked
 //! there holds no request; one that is not may be running a script, whose own blocking
 //! calls SIGTERM would cut short).
 
@@ -11,13 +11,13 @@ use tokio::time::Instant;
 
 use super::{libc_sigkill, Driver, Report, Worker};
 use crate::config::DirectListener;
-use crate::pool::direct::{in_accept, DirectSocket};
+use crate::pool::direct::{in_accept, serving, DirectSocket};
 use crate::pool::memory_checks::MemoryWatch;
 use crate::pool::state::{ExitKind, PoolEvent, WorkerKey};
 use crate::process::{self, spawn_direct_worker};
 
 /// How often a booting direct worker's /proc/PID/syscall is read until it is in accept.
-const READY_POLL: Duration = Duration::from_millis(5);
+const READY_POLL: Duration = Duration::from_millis(1);
 
 /// A direct pool's listener, and its socket once bound.
 #[derive(Debug)]
@@ -104,7 +104,7 @@ impl Driver {
             let deadline = Instant::now() + start_timeout;
             let child = &mut spawned.child;
             let ready = loop {
-                if in_accept(pid) == Some(true) {
+                if serving(pid) {
                     break true;
                 }
                 if !matches!(child.try_wait(), Ok(None)) || Instant::now() >= deadline {
