@@ -44,7 +44,10 @@ pub(super) fn resolve(
             Some(a) => {
                 e.at(
                     a.span(),
-                    format!("accept must be \"gateway\" or \"direct\", not \"{}\"", a.get_ref()),
+                    format!(
+                        "accept must be \"gateway\" or \"direct\", not \"{}\"",
+                        a.get_ref()
+                    ),
                 );
                 false
             }
@@ -106,9 +109,11 @@ pub(super) fn resolve(
         }
         let Some(i) = listeners.iter().position(|l| l.bind.address() == addr) else {
             // A [[listen]] that failed to validate has been reported already.
-            if !file.listen.iter().any(|l| {
-                ListenAddress::parse(l.address.get_ref()).is_ok_and(|a| a == addr)
-            }) {
+            if !file
+                .listen
+                .iter()
+                .any(|l| ListenAddress::parse(l.address.get_ref()).is_ok_and(|a| a == addr))
+            {
                 e.at(
                     text.span(),
                     format!("listener \"{addr}\" is not the address of any [[listen]] block"),
@@ -119,7 +124,10 @@ pub(super) fn resolve(
         out.addresses.push(addr.clone());
         let l = listeners.remove(i);
         listener_rules(e, text.span(), &addr, &l);
-        let spawned = pools.iter_mut().find(|c| c.name == *n).map(|c| &mut c.backend);
+        let spawned = pools
+            .iter_mut()
+            .find(|c| c.name == *n)
+            .map(|c| &mut c.backend);
         if let Some(Backend::Spawned(s)) = spawned {
             s.direct = Some(DirectListener {
                 bind: l.bind,
@@ -258,20 +266,35 @@ max = 3
         let e = errors(&BASE.replace("mode = \"static\"", "mode = \"dynamic\""));
         assert!(e.contains("a direct pool is static"), "{e}");
         let e = errors(&BASE.replace("accept = \"direct\"\n", ""));
-        assert!(e.contains("listener applies to accept = \"direct\" pools only"), "{e}");
+        assert!(
+            e.contains("listener applies to accept = \"direct\" pools only"),
+            "{e}"
+        );
         let e = errors(&BASE.replace("listener = \"unix:/run/php/www.sock\"\n", ""));
         assert!(e.contains("has accept = \"direct\" but no listener"), "{e}");
         let e = errors(&BASE.replace("accept = \"direct\"", "accept = \"proxy\""));
-        assert!(e.contains("accept must be \"gateway\" or \"direct\""), "{e}");
-        let e = errors(&BASE.replace("unix:/run/php/www.sock\"\nmode", "unix:/run/php/other.sock\"\nmode"));
+        assert!(
+            e.contains("accept must be \"gateway\" or \"direct\""),
+            "{e}"
+        );
+        let e = errors(&BASE.replace(
+            "unix:/run/php/www.sock\"\nmode",
+            "unix:/run/php/other.sock\"\nmode",
+        ));
         assert!(e.contains("is not the address of any [[listen]]"), "{e}");
         let e = errors(&format!("{BASE}[[contexts]]\npool = \"www\"\n"));
         assert!(e.contains("no [[contexts]] may name it"), "{e}");
         let e = errors(&BASE.replace("command = [\"php-cgi\"]", "servers = [\"127.0.0.1:9\"]"));
         assert!(e.contains("applies to a spawned php-cgi pool"), "{e}");
         let e = errors(&BASE.replace("max = 3", "max = 3\nphp_children = 2"));
-        assert!(e.contains("php_children and accept = \"direct\" do not combine"), "{e}");
-        let e = errors(&BASE.replace("protocol = \"fastcgi\"", "protocol = \"fastcgi\"\nstatus_path = \"/s\""));
+        assert!(
+            e.contains("php_children and accept = \"direct\" do not combine"),
+            "{e}"
+        );
+        let e = errors(&BASE.replace(
+            "protocol = \"fastcgi\"",
+            "protocol = \"fastcgi\"\nstatus_path = \"/s\"",
+        ));
         assert!(e.contains("status_path and ping_path"), "{e}");
     }
 }

@@ -18,11 +18,11 @@ mod address;
 mod budget;
 mod context;
 mod diagnostic;
+mod direct;
 mod file;
 mod health;
 mod keys;
 mod php_children;
-mod direct;
 mod pool;
 mod programs;
 mod units;
@@ -36,8 +36,8 @@ use serde::Deserialize;
 
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
-pub use php_children::PhpChildren;
 pub use direct::DirectListener;
+pub use php_children::PhpChildren;
 pub use programs::check_programs;
 pub use units::{parse_duration, parse_size};
 

@@ -652,8 +652,10 @@ fn contexts(
 ) -> Vec<ContextConfig> {
     if file.contexts.is_empty() {
         // Direct pools are reached by no context (`src/config/direct.rs`).
-        let routed: Vec<&PoolConfig> =
-            pools.iter().filter(|p| !direct.pools.contains(&p.name)).collect();
+        let routed: Vec<&PoolConfig> = pools
+            .iter()
+            .filter(|p| !direct.pools.contains(&p.name))
+            .collect();
         let written = file.pools.len() - direct.pools.len();
         return match routed.as_slice() {
             [] if written == 0 => Vec::new(),
@@ -750,9 +752,9 @@ fn reachability(
     for name in file.pools.keys() {
         if !direct.pools.contains(name.get_ref())
             && !file
-            .contexts
-            .iter()
-            .any(|c| c.get_ref().pool.get_ref() == name.get_ref())
+                .contexts
+                .iter()
+                .any(|c| c.get_ref().pool.get_ref() == name.get_ref())
         {
             e.at(
                 name.span(),
@@ -772,8 +774,8 @@ fn reachability(
         };
         if !direct.addresses.contains(&addr)
             && !contexts
-            .iter()
-            .any(|c| c.listen.as_ref().is_none_or(|a| *a == addr))
+                .iter()
+                .any(|c| c.listen.as_ref().is_none_or(|a| *a == addr))
         {
             e.at(
                 l.address.span(),

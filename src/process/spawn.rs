@@ -302,7 +302,11 @@ pub fn spawn_direct_worker(
         return Err(empty_command(spec));
     };
     let identity = spec.identity()?;
-    let mut argv = vec![program.clone(), "-d".to_owned(), "cgi.fix_pathinfo=0".to_owned()];
+    let mut argv = vec![
+        program.clone(),
+        "-d".to_owned(),
+        "cgi.fix_pathinfo=0".to_owned(),
+    ];
     argv.extend(args.iter().cloned());
     let (child, pid) = start(
         spec,
