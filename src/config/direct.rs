@@ -153,6 +153,23 @@ fn rules(e: &mut Errors, n: &str, p: &FilePool) {
             ),
         );
     }
+    // php-cgi's options that print something and exit 0 without serving: in a direct pool,
+    // an exit 0 is taken for php-cgi's own recycling, so these would respawn without pause.
+    let informational = ["-h", "-?", "-i", "-l", "-m", "-s", "-v", "-w"];
+    if let Some(cmd) = &p.command {
+        for arg in cmd.get_ref() {
+            if informational.contains(&arg.get_ref().as_str()) {
+                e.at(
+                    arg.span(),
+                    format!(
+                        "php-cgi {} prints and exits instead of serving; leave it out of a \
+                         direct pool's command",
+                        arg.get_ref()
+                    ),
+                );
+            }
+        }
+    }
     if let Some(c) = &p.php_children {
         e.at(
             c.span(),
@@ -286,6 +303,8 @@ max = 3
         assert!(e.contains("no [[contexts]] may name it"), "{e}");
         let e = errors(&BASE.replace("command = [\"php-cgi\"]", "servers = [\"127.0.0.1:9\"]"));
         assert!(e.contains("applies to a spawned php-cgi pool"), "{e}");
+        let e = errors(&BASE.replace("[\"php-cgi\"]", "[\"php-cgi\", \"-v\"]"));
+        assert!(e.contains("php-cgi -v prints and exits"), "{e}");
         let e = errors(&BASE.replace("max = 3", "max = 3\nphp_children = 2"));
         assert!(
             e.contains("php_children and accept = \"direct\" do not combine"),

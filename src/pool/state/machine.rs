@@ -90,7 +90,7 @@ pub struct PoolState {
     /// PSS summed over the workers at the last pool-wide sample (`max_pool_memory`).
     pub(super) memory_total: Option<u64>,
     /// The workers serve requests corral never sees (a direct pool): an exit with status 0
-    /// of a ready worker is php-cgi stopping after its `PHP_FCGI_MAX_REQUESTS`, not a crash.
+    /// is php-cgi stopping after its `PHP_FCGI_MAX_REQUESTS`, not a crash.
     unseen: bool,
     out: Vec<PoolAction>,
 }
@@ -281,7 +281,11 @@ impl PoolState {
             && status == ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32);
         let asked = matches!(w.phase, Phase::Signalled(_) | Phase::Killed(_)) && !killed_by_other;
         if !asked && !w.crash_counted {
-            let served = w.served > 0 || (self.unseen && w.phase == Phase::Ready);
+            // A direct pool's php-cgi exits 0 only after PHP_FCGI_MAX_REQUESTS (or when asked),
+            // possibly before corral saw it serve: its requests are unseen, and a worker busy
+            // from its first accept to its last may never have been seen ready. Commands that
+            // exit 0 without serving (php-cgi -v, -i, ...) are refused by the configuration.
+            let served = w.served > 0 || self.unseen;
             if status == ExitKind::Code(0) && served {
                 // An interpreter that stops on its own after serving (php-cgi's
                 // PHP_FCGI_MAX_REQUESTS) is replaced like a recycled one, without backoff.
