@@ -142,7 +142,7 @@ fn direct_pool_notes(config: &crate::config::Config) -> Vec<String> {
         .map(|(p, d)| {
             format!(
                 "note: pool \"{}\" accepts directly on {}: corral cannot inspect its requests \
-                 (no script guard, no caps, no queue, no per-request access log or timeout); \
+                 (no script guard, no caps, no queue, no per-request access log); \
                  the front server must choose and check the script: use \
                  conf/nginx/php-fpm-direct.conf (try_files $fastcgi_script_name =404), and \
                  its workers run with cgi.fix_pathinfo=0",

@@ -425,6 +425,40 @@ fn a_busy_worker_is_signalled_only_once_its_request_is_done() {
     }
 }
 
+/// corral sees no request of a direct pool, but a worker that holds the same connection
+/// past `request_timeout` without going back to accept is stuck in one request: it is
+/// killed and replaced, and the request fails (502 from nginx) instead of hanging.
+#[test]
+fn a_request_past_request_timeout_kills_its_worker() {
+    let site = Site::start(1, "request_timeout = \"1s\"");
+    write_file(
+        &site.dir.path().join("root"),
+        "stuck.php",
+        "<?php sleep(30); echo 'late';",
+    );
+    let old = site.workers();
+    let started = Instant::now();
+    let r = curl(&site.url("/stuck.php"), &[]);
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let s = site.wait_status(|s| field(s, "idle processes") == Some(1));
+    assert_eq!(field(&s, "request timeouts"), Some(1), "{s}");
+    assert!(!site.workers().iter().any(|p| old.contains(p)), "replaced");
+    let r = curl(&site.url("/hello.php"), &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    // A worker that serves request after request is never taken for a stuck one.
+    let port = site.nginx.ports[0];
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert_eq!(get(port, "/hello.php").0, 200);
+    }
+    assert_eq!(field(&site.status(), "request timeouts"), Some(1));
+}
+
 #[test]
 fn the_shipped_snippet_runs_no_upload_and_serves_no_dotfile() {
     let site = Site::start(1, "");

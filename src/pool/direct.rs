@@ -112,6 +112,24 @@ pub fn in_accept(pid: u32) -> Option<bool> {
     Some(nr == libc::SYS_accept || nr == libc::SYS_accept4)
 }
 
+/// The sockets process `pid` holds other than its listener on fd 0 (inodes, sorted): the
+/// connection a direct worker accepted, and whatever sockets its script keeps (a database's).
+/// `None` when /proc cannot be read.
+pub fn held_sockets(pid: u32) -> Option<Vec<u64>> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut out: Vec<u64> = fds
+        .flatten()
+        .filter(|e| e.file_name() != "0")
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?;
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect();
+    out.sort_unstable();
+    Some(out)
+}
+
 /// Whether direct worker `pid` has begun serving: it is blocked in accept, or it holds a
 /// socket other than its listener on fd 0 (a connection it accepted; php-cgi opens none
 /// before its first request). Under load a new worker may never be seen in accept: a

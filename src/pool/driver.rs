@@ -384,6 +384,7 @@ impl Driver {
                     self.check_fork_deadlines();
                     if self.is_direct() {
                         self.send_direct_signals();
+                        stopped |= self.check_direct_timeouts();
                     }
                     stopped | self.handle(PoolEvent::Tick)
                 }

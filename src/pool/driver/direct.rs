@@ -4,6 +4,7 @@
 //! there holds no request; one that is not may be running a script, whose own blocking
 //! calls SIGTERM would cut short).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{libc_sigkill, Driver, Report, Worker};
 use crate::config::DirectListener;
-use crate::pool::direct::{in_accept, serving, DirectSocket};
+use crate::pool::direct::{held_sockets, in_accept, serving, DirectSocket};
 use crate::pool::memory_checks::MemoryWatch;
 use crate::pool::state::{ExitKind, PoolEvent, WorkerKey};
 use crate::process::{self, spawn_direct_worker};
@@ -23,6 +24,11 @@ const READY_POLL: Duration = Duration::from_millis(1);
 #[derive(Debug)]
 pub(super) struct Direct {
     listener: DirectListener,
+    /// The pool's `request_timeout`: a worker whose sockets have not changed for this long
+    /// without being seen in accept is stuck in one request, and is killed and replaced.
+    request_timeout: Duration,
+    /// Per worker: the sockets it held when last looked at, and since when unchanged.
+    held: HashMap<WorkerKey, (Vec<u64>, Instant)>,
     /// Held from the first spawn until the driver ends, so a pool built by a reload for the
     /// same address finds it open (`DirectSocket::get`).
     socket: Option<Arc<DirectSocket>>,
@@ -30,12 +36,59 @@ pub(super) struct Direct {
 
 impl Driver {
     /// Makes this a direct pool's driver: its workers accept on `listener` themselves.
-    pub fn set_direct(&mut self, listener: DirectListener) {
+    pub fn set_direct(&mut self, listener: DirectListener, request_timeout: Duration) {
         self.state.serves_unseen();
         self.direct = Some(Direct {
             listener,
+            request_timeout,
+            held: HashMap::new(),
             socket: None,
         });
+    }
+
+    /// The hard request timeout of a direct pool, whose requests corral never sees: a
+    /// worker holds one connection per request (nginx opens a new one for each), so the
+    /// same set of sockets held without a pass through accept for `request_timeout` is one
+    /// request running that long. A worker seen in accept, or whose sockets changed, starts
+    /// again. Returns whether the pool stopped (as [`Driver::handle`]).
+    pub(super) fn check_direct_timeouts(&mut self) -> bool {
+        let Some(direct) = self.direct.as_mut() else {
+            return false;
+        };
+        let now = Instant::now();
+        let limit = direct.request_timeout;
+        direct.held.retain(|k, _| self.workers.contains_key(k));
+        let mut stuck = Vec::new();
+        for (key, w) in &self.workers {
+            if w.pid == 0 {
+                continue;
+            }
+            let idle = in_accept(w.pid) != Some(false);
+            let sockets = if idle { None } else { held_sockets(w.pid) };
+            let Some(sockets) = sockets.filter(|s| !s.is_empty()) else {
+                direct.held.remove(key);
+                continue;
+            };
+            match direct.held.get(key) {
+                Some((same, since)) if *same == sockets => {
+                    if now.duration_since(*since) >= limit {
+                        stuck.push(*key);
+                    }
+                }
+                _ => {
+                    direct.held.insert(*key, (sockets, now));
+                }
+            }
+        }
+        let mut stopped = false;
+        for key in stuck {
+            if let Some(d) = self.direct.as_mut() {
+                d.held.remove(&key);
+            }
+            tracing::warn!(pool = %self.name, %key, "a direct worker has held the same connection past request_timeout: killing it");
+            stopped |= self.handle(PoolEvent::RequestTimedOut { key });
+        }
+        stopped
     }
 
     /// Whether this is a direct pool's driver.
