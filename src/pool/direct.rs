@@ -14,14 +14,16 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use crate::config::{BackendAddress, DirectListener, FrontProtocol, ListenAddress};
 use crate::front::backlog::Backlogs;
-use crate::front::listener::Listener;
+use crate::front::listener::{Listener, Parked};
 
 /// A direct pool's listening socket.
 #[derive(Debug)]
 pub struct DirectSocket {
-    /// The bound listener (a Unix socket's file is removed when it drops). corral never
-    /// accepts on it; its open file is blocking, as php-cgi expects of fd 0.
-    listener: Arc<Listener>,
+    /// The bound listener (a Unix socket's file is removed when it drops), out of every
+    /// runtime: corral never accepts on it, and a registered socket would wake corral's
+    /// reactor for every connection the front server makes. Its open file is blocking, as
+    /// php-cgi expects of fd 0.
+    listener: Parked,
     address: ListenAddress,
 }
 
@@ -52,14 +54,16 @@ impl DirectSocket {
             return Ok(s);
         }
         let listener = Listener::bind(&l.bind, l.backlog)
+            .and_then(|b| b.park(1, l.backlog))
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
-        let listener = Arc::new(listener);
-        set_blocking(fd_of(&listener))?;
-        BACKLOGS.add(FrontProtocol::Fastcgi, std::slice::from_ref(&listener));
+        set_blocking(fd_of(&listener)?)?;
         let socket = Arc::new(DirectSocket {
             listener,
             address: address.clone(),
         });
+        let weak: Weak<DirectSocket> = Arc::downgrade(&socket);
+        let owner: Weak<dyn std::any::Any + Send + Sync> = weak;
+        BACKLOGS.add_parked(FrontProtocol::Fastcgi, &socket.listener, owner);
         sockets.push((address, Arc::downgrade(&socket)));
         tracing::info!(listener = %socket.address, "direct pool socket bound");
         Ok(socket)
@@ -67,7 +71,7 @@ impl DirectSocket {
 
     /// A duplicate of the socket, to become a worker's fd 0.
     pub fn duplicate(&self) -> io::Result<OwnedFd> {
-        fd_of(&self.listener).try_clone_to_owned()
+        fd_of(&self.listener)?.try_clone_to_owned()
     }
 
     /// The address, as a worker's address in logs and status.
@@ -82,10 +86,13 @@ impl DirectSocket {
     }
 }
 
-fn fd_of(l: &Listener) -> BorrowedFd<'_> {
+fn fd_of(l: &Parked) -> io::Result<BorrowedFd<'_>> {
     match l {
-        Listener::Tcp { listener, .. } => listener.as_fd(),
-        Listener::Unix { listener, .. } => listener.as_fd(),
+        Parked::Tcp { listeners, .. } => listeners
+            .first()
+            .map(AsFd::as_fd)
+            .ok_or_else(|| io::Error::other("no socket was bound")),
+        Parked::Unix { listener, .. } => Ok(listener.as_fd()),
     }
 }
 
