@@ -130,6 +130,18 @@ impl Site {
         }
     }
 
+    /// Waits until corral has logged `n` applied reloads.
+    fn corral_reloads(&self, n: usize) -> bool {
+        let deadline = Instant::now() + WAIT;
+        while self.corral.log().matches("reload applied").count() < n {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(POLL);
+        }
+        true
+    }
+
     /// The pids of corral's php-cgi children.
     fn workers(&self) -> Vec<u32> {
         children_of(self.corral.pid())
@@ -339,10 +351,10 @@ fn a_worker_over_max_memory_is_replaced_and_requests_go_on() {
     }
 }
 
-/// A client loop runs through a rolling restart and a reload that changes the pool (a new
-/// pool on the same socket): every request succeeds.
+/// A client loop runs through a rolling restart and three reloads that change the pool (a new
+/// pool each time, on the same socket): every request succeeds.
 #[test]
-fn restart_workers_and_a_reload_lose_no_request() {
+fn restart_workers_and_three_reloads_lose_no_request() {
     let site = Site::start(2, "");
     let port = site.nginx.ports[0];
     let stop = Arc::new(AtomicBool::new(false));
@@ -378,14 +390,22 @@ fn restart_workers_and_a_reload_lose_no_request() {
     kill(Pid::from_raw(site.corral.pid() as i32), Signal::SIGUSR2).unwrap();
     let second = wait_replaced(&first);
     thread::sleep(Duration::from_millis(300));
-    // A changed pool: a new one, on the very socket the old one's workers accept on.
+    // Changed pools, reload after reload: each a new pool on the very socket the old one's
+    // workers accept on.
     let file = site.dir.path().join("corral.toml");
-    std::fs::write(&file, config(site.dir.path(), 3, "")).unwrap();
-    kill(Pid::from_raw(site.corral.pid() as i32), Signal::SIGHUP).unwrap();
-    site.corral.wait_log("reload applied", WAIT);
-    wait_replaced(&second);
-    site.wait_status(|s| field(s, "idle processes") == Some(3));
-    thread::sleep(Duration::from_millis(300));
+    let mut old = second;
+    for (n, max) in [3, 2, 3].into_iter().enumerate() {
+        std::fs::write(&file, config(site.dir.path(), max, "")).unwrap();
+        kill(Pid::from_raw(site.corral.pid() as i32), Signal::SIGHUP).unwrap();
+        assert!(
+            site.corral_reloads(n + 1),
+            "reload {n} not applied:\n{}",
+            site.corral.log()
+        );
+        old = wait_replaced(&old);
+        site.wait_status(|s| field(s, "idle processes") == Some(u64::from(max)));
+        thread::sleep(Duration::from_millis(300));
+    }
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().unwrap();
