@@ -18,6 +18,8 @@
 #   nxco-cgi     nginx plain fastcgi_pass -> corral fastcgi -> php-cgi (2, spawned by corral)
 #   nxkco-cgi    nginx keep_conn -> corral fastcgi -> php-cgi
 #   co-cgi       corral http -> php-cgi
+#   nx-direct    nginx plain fastcgi_pass -> php-cgi (2) of a corral direct pool (accept =
+#                "direct": the workers accept on the pool's listener, corral is off the path)
 #   co-lsphp-opc corral http -> lsphp (2, scripts/build-lsphp.sh) with its OPcache on
 #                (-c php.ini: zend_extension=opcache.so, opcache.enable=1; php-fpm and php-cgi
 #                have Debian's OPcache on, so every PHP row compiles hello.php once per process)
@@ -183,8 +185,26 @@ CONF
 }
 php_corral cgi 18611 '"php-cgi"' fastcgi
 php_corral lsphp 18612 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
+cat > "$s/direct.toml" <<CONF
+[server]
+runtime_dir = "$s/corral/direct.d"
+user = "www-data"
+group = "www-data"
+log_level = "warn"
+$sched_line
+[[listen]]
+address = "unix:$s/run/corral-direct.sock"
+protocol = "fastcgi"
+mode = "0666"
+[pools.php]
+command = ["php-cgi"]
+accept = "direct"
+listener = "unix:$s/run/corral-direct.sock"
+mode = "static"
+max = 2
+CONF
 declare -A corral_pid
-for c in null cgi lsphp; do
+for c in null cgi lsphp direct; do
   "$CORRAL" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
 done
 
@@ -217,6 +237,7 @@ http {
   server { listen 127.0.0.1:18512; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass fpm_k; } }
   server { listen 127.0.0.1:18513; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-cgi.sock; } }
   server { listen 127.0.0.1:18514; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass co_cgi_k; } }
+  server { listen 127.0.0.1:18515; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-direct.sock; } }
 }
 CONF
 nginx -c "$s/nginx.conf" & nginx=$!; pids+=($nginx)
@@ -257,6 +278,7 @@ rows=(
   "nxco-cgi|http://127.0.0.1:18513/hello.php|nginx co_cgi|co_cgi_kids"
   "nxkco-cgi|http://127.0.0.1:18514/hello.php|nginx co_cgi|co_cgi_kids"
   "co-cgi|http://127.0.0.1:18611/hello.php|co_cgi|co_cgi_kids"
+  "nx-direct|http://127.0.0.1:18515/hello.php|nginx co_direct|co_direct_kids"
   "co-lsphp-opc|http://127.0.0.1:18612/hello.php|co_lsphp|co_lsphp_kids"
 )
 selected=()
@@ -282,6 +304,8 @@ pids_of() { # a symbolic name -> pids (whole trees)
     co_null) echo "${corral_pid[null]}" ;;
     co_cgi) echo "${corral_pid[cgi]}" ;;
     co_lsphp) echo "${corral_pid[lsphp]}" ;;
+    co_direct) echo "${corral_pid[direct]}" ;;
+    co_direct_kids) for k in $(children "${corral_pid[direct]}"); do tree "$k"; done ;;
     co_cgi_kids) for k in $(children "${corral_pid[cgi]}"); do tree "$k"; done ;;
     co_lsphp_kids) for k in $(children "${corral_pid[lsphp]}"); do tree "$k"; done ;;
   esac
@@ -308,7 +332,7 @@ for r in "${rows[@]}"; do
   [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; for f in "$s"/log/*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done; exit 1; }
 done
 # Every PHP row runs with OPcache on, or the comparison says nothing.
-for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18611 http://127.0.0.1:18612; do
+for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18611 http://127.0.0.1:18612; do
   on=$(curl -s "$url/opcache.php" || true)
   [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done
@@ -395,6 +419,7 @@ def ratio(c, a, b, goal):
 for c in sorted({c for c, _ in rows}):
     ratio(c, "nxco-cgi", "nx-fpm", 0.95)
     ratio(c, "nxkco-cgi", "nxk-fpm", 1.05)
+    ratio(c, "nx-direct", "nx-fpm", 0.98)
     ratio(c, "co-cgi", "nx-fpm", 1.2)
     ratio(c, "co-lsphp-opc", "nx-fpm", 1.4)
     ratio(c, "co-null", "nxk-null", 1.2 if c >= 100 else 1.0)

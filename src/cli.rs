@@ -129,6 +129,30 @@ fn report(err: &mut dyn Write, e: &Error) -> u8 {
     e.exit_code()
 }
 
+/// What `corral check` says of each direct pool (ARCHITECTURE.md, "Direct pools"): corral
+/// does not see its requests, so the front server must guard scripts.
+fn direct_pool_notes(config: &crate::config::Config) -> Vec<String> {
+    config
+        .pools
+        .iter()
+        .filter_map(|p| match &p.backend {
+            crate::config::Backend::Spawned(s) => Some((p, s.direct.as_ref()?)),
+            crate::config::Backend::External { .. } => None,
+        })
+        .map(|(p, d)| {
+            format!(
+                "note: pool \"{}\" accepts directly on {}: corral cannot inspect its requests \
+                 (no script guard, no caps, no queue, no per-request access log); \
+                 the front server must choose and check the script: use \
+                 conf/nginx/php-fpm-direct.conf (try_files $fastcgi_script_name =404), and \
+                 its workers run with cgi.fix_pathinfo=0",
+                p.name,
+                d.bind.address()
+            )
+        })
+        .collect()
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
     match cli.command.unwrap_or(Command::Run { config: None }) {
@@ -140,6 +164,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             let errors = missing_programs(&parsed, &text);
             if !errors.is_empty() {
                 return Err(Error::Config { origin, errors });
+            }
+            for note in direct_pool_notes(&parsed) {
+                writeln!(out, "{note}").map_err(stdout_error)?;
             }
             writeln!(out, "{}: ok", config.display()).map_err(stdout_error)
         }

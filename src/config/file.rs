@@ -125,6 +125,8 @@ pub struct FilePool {
     pub spare_max: Option<Spanned<u32>>,
     pub concurrency: Option<Spanned<u32>>,
     pub php_children: Option<Spanned<u32>>,
+    pub accept: Option<Spanned<String>>,
+    pub listener: Option<Spanned<String>>,
     pub max_conns: Option<Spanned<u32>>,
     pub queue_size: Option<u32>,
     pub queue_timeout: Option<Spanned<DurationText>>,

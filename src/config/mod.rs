@@ -18,6 +18,7 @@ mod address;
 mod budget;
 mod context;
 mod diagnostic;
+mod direct;
 mod file;
 mod health;
 mod keys;
@@ -35,6 +36,7 @@ use serde::Deserialize;
 
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
+pub use direct::DirectListener;
 pub use php_children::PhpChildren;
 pub use programs::check_programs;
 pub use units::{parse_duration, parse_size};
@@ -417,6 +419,9 @@ pub struct SpawnConfig {
     /// `php_children`: each worker is a php-cgi parent forking this many children that
     /// share its OPcache (none = one php-cgi process per worker).
     pub php_children: Option<PhpChildren>,
+    /// `accept = "direct"`: the workers accept on this FastCGI listener themselves
+    /// (ARCHITECTURE.md, "Direct pools"); none = corral's gateway serves the pool.
+    pub direct: Option<DirectListener>,
 }
 
 /// A pool's health check: the GET corral sends a new worker before it gets traffic.

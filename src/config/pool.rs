@@ -343,6 +343,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         group: group.or_else(|| server.group.clone()),
         preload,
         php_children,
+        direct: None,
     })))
 }
 

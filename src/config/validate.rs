@@ -43,19 +43,20 @@ pub fn validate(file: FileConfig, src: &str, origin: &str) -> Result<Config, Vec
         list: Vec::new(),
     };
     let server = server(&mut e, file.server.as_ref());
-    let listeners: Vec<_> = file
+    let mut listeners: Vec<_> = file
         .listen
         .iter()
         .filter_map(|l| listener(&mut e, l, &server))
         .collect();
     let status = file.status.as_ref().and_then(|s| status(&mut e, s));
     check_distinct_sockets(&mut e, &file);
-    let pools: Vec<_> = file
+    let mut pools: Vec<_> = file
         .pools
         .iter()
         .filter_map(|(name, p)| pool::pool(&mut e, name, p, &server))
         .collect();
-    let contexts = contexts(&mut e, &file, &listeners, &pools);
+    let direct = super::direct::resolve(&mut e, &file, &mut listeners, &mut pools);
+    let contexts = contexts(&mut e, &file, &listeners, &pools, &direct);
 
     if file.listen.is_empty() {
         e.whole("no front listener is configured: add a [[listen]] block");
@@ -647,10 +648,18 @@ fn contexts(
     file: &FileConfig,
     listeners: &[ListenerConfig],
     pools: &[PoolConfig],
+    direct: &super::direct::Direct,
 ) -> Vec<ContextConfig> {
     if file.contexts.is_empty() {
-        return match pools {
-            [only] if file.pools.len() == 1 && context::runs_php(only) => {
+        // Direct pools are reached by no context (`src/config/direct.rs`).
+        let routed: Vec<&PoolConfig> = pools
+            .iter()
+            .filter(|p| !direct.pools.contains(&p.name))
+            .collect();
+        let written = file.pools.len() - direct.pools.len();
+        return match routed.as_slice() {
+            [] if written == 0 => Vec::new(),
+            [only] if written == 1 && context::runs_php(only) => {
                 e.whole(format!(
                     "pool \"{}\" runs PHP: add a [[contexts]] with a root, so that corral can \
                      check which file each request makes the interpreter run",
@@ -658,7 +667,7 @@ fn contexts(
                 ));
                 Vec::new()
             }
-            [only] if file.pools.len() == 1 => vec![ContextConfig {
+            [only] if written == 1 => vec![ContextConfig {
                 listen: None,
                 prefix: "/".to_owned(),
                 extension: None,
@@ -678,11 +687,10 @@ fn contexts(
                 accel_redirect: Vec::new(),
             }],
             _ => {
-                if file.pools.len() > 1 {
+                if written > 1 {
                     e.whole(format!(
-                        "{} pools are configured but no [[contexts]] says which requests go \
-                         to which pool",
-                        file.pools.len()
+                        "{written} pools are configured but no [[contexts]] says which requests go \
+                         to which pool"
                     ));
                 }
                 Vec::new()
@@ -709,7 +717,7 @@ fn contexts(
         matchers.push((key, c.span().start));
         out.push(ctx);
     }
-    reachability(e, file, &out);
+    reachability(e, file, &out, direct);
     out
 }
 
@@ -735,12 +743,18 @@ impl MatchKey {
 
 /// Every pool must be used by a context and every listener served by one: anything else is
 /// workers or a socket nobody can reach, almost always a typo.
-fn reachability(e: &mut Errors, file: &FileConfig, contexts: &[ContextConfig]) {
+fn reachability(
+    e: &mut Errors,
+    file: &FileConfig,
+    contexts: &[ContextConfig],
+    direct: &super::direct::Direct,
+) {
     for name in file.pools.keys() {
-        if !file
-            .contexts
-            .iter()
-            .any(|c| c.get_ref().pool.get_ref() == name.get_ref())
+        if !direct.pools.contains(name.get_ref())
+            && !file
+                .contexts
+                .iter()
+                .any(|c| c.get_ref().pool.get_ref() == name.get_ref())
         {
             e.at(
                 name.span(),
@@ -758,9 +772,10 @@ fn reachability(e: &mut Errors, file: &FileConfig, contexts: &[ContextConfig]) {
         let Ok(addr) = ListenAddress::parse(l.address.get_ref()) else {
             continue;
         };
-        if !contexts
-            .iter()
-            .any(|c| c.listen.as_ref().is_none_or(|a| *a == addr))
+        if !direct.addresses.contains(&addr)
+            && !contexts
+                .iter()
+                .any(|c| c.listen.as_ref().is_none_or(|a| *a == addr))
         {
             e.at(
                 l.address.span(),

@@ -34,8 +34,9 @@ pub struct Backlogs {
 struct Entry {
     address: String,
     protocol: &'static str,
-    /// One per accept queue: its family, its inode, and the listener that owns it.
-    sockets: Vec<(Family, u64, Weak<Listener>)>,
+    /// One per accept queue: its family, its inode, and what owns it (a front listener, or
+    /// a direct pool's socket, `crate::pool::direct`), held weakly.
+    sockets: Vec<(Family, u64, Weak<dyn std::any::Any + Send + Sync>)>,
 }
 
 /// A socket family with listeners corral may have.
@@ -80,7 +81,7 @@ impl Backlogs {
         let address = first
             .local_address()
             .map_or_else(|e| format!("<unknown: {e}>"), |a| a.to_string());
-        let sockets: Vec<(Family, u64, Weak<Listener>)> = queues
+        let sockets: Vec<(Family, u64, Weak<dyn std::any::Any + Send + Sync>)> = queues
             .iter()
             .filter_map(|l| {
                 let (family, fd) = match &**l {
@@ -94,9 +95,50 @@ impl Backlogs {
                     Listener::Unix { listener, .. } => (Family::Unix, listener.as_fd()),
                 };
                 let inode = nix::sys::stat::fstat(fd).ok()?.st_ino;
-                Some((family, inode, Arc::downgrade(l)))
+                let owner: Weak<dyn std::any::Any + Send + Sync> = Arc::downgrade(l) as Weak<_>;
+                Some((family, inode, owner))
             })
             .collect();
+        self.insert(address, protocol, sockets);
+    }
+
+    /// Registers a listener no runtime serves (a direct pool's socket, which its workers
+    /// accept on), reported for as long as `owner` lives.
+    pub fn add_parked(
+        &self,
+        protocol: FrontProtocol,
+        parked: &crate::front::listener::Parked,
+        owner: Weak<dyn std::any::Any + Send + Sync>,
+    ) {
+        use crate::front::listener::Parked;
+        let address = parked
+            .local_address()
+            .map_or_else(|e| format!("<unknown: {e}>"), |a| a.to_string());
+        let (family, fd) = match parked {
+            Parked::Tcp { listeners, .. } => {
+                let Some(first) = listeners.first() else {
+                    return;
+                };
+                let family = match first.local_addr() {
+                    Ok(std::net::SocketAddr::V6(_)) => Family::Inet6,
+                    _ => Family::Inet,
+                };
+                (family, first.as_fd())
+            }
+            Parked::Unix { listener, .. } => (Family::Unix, listener.as_fd()),
+        };
+        let Ok(stat) = nix::sys::stat::fstat(fd) else {
+            return;
+        };
+        self.insert(address, protocol, vec![(family, stat.st_ino, owner)]);
+    }
+
+    fn insert(
+        &self,
+        address: String,
+        protocol: FrontProtocol,
+        sockets: Vec<(Family, u64, Weak<dyn std::any::Any + Send + Sync>)>,
+    ) {
         let mut entries = self.lock();
         for e in entries.iter_mut() {
             e.sockets

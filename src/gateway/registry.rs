@@ -473,6 +473,9 @@ fn build_pool(
                 rx,
             );
             d.set_generation(settings.generation);
+            if let Some(direct) = &spawn.direct {
+                d.set_direct(direct.clone(), p.request_timeout);
+            }
             if let Some(link) = settings.cwd_links.get(&p.name) {
                 d.follow_cwd(link.clone());
             }

@@ -19,6 +19,7 @@ mod timeout_stacks;
 
 use super::memory_checks::MemoryWatch;
 
+mod direct;
 mod links;
 mod memory;
 use crate::backend::Connections;
@@ -136,6 +137,8 @@ pub struct Driver {
     /// The pool's `cwd` as configured when it is a symlink, resolved again at every rolling
     /// restart (`links.rs`).
     cwd_link: Option<PathBuf>,
+    /// A direct pool's listener (`accept = "direct"`, `direct.rs`).
+    direct: Option<direct::Direct>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -249,6 +252,7 @@ impl Driver {
             health: None,
             tail,
             cwd_link: None,
+            direct: None,
         }
     }
 
@@ -378,6 +382,10 @@ impl Driver {
                         stopped |= self.sample_memory();
                     }
                     self.check_fork_deadlines();
+                    if self.is_direct() {
+                        self.send_direct_signals();
+                        stopped |= self.check_direct_timeouts();
+                    }
                     stopped | self.handle(PoolEvent::Tick)
                 }
             };
@@ -464,7 +472,11 @@ impl Driver {
                 // The state machine sees request counts as of the last sync; a request may
                 // have started since. The worker takes no new one now, so wait for the
                 // last to finish rather than cut it off: the slot table reports it.
-                if self.slots.watch_drain(w.id) {
+                if self.is_direct() {
+                    // Sent once the worker is back in accept (`direct.rs`).
+                    self.deferred.push((key, pid));
+                    self.send_direct_signals();
+                } else if self.slots.watch_drain(w.id) {
                     self.terminate(pid);
                 } else {
                     self.deferred.push((key, pid));
@@ -503,6 +515,10 @@ impl Driver {
     }
 
     fn spawn(&mut self, key: WorkerKey) {
+        if self.is_direct() {
+            self.spawn_direct(key);
+            return;
+        }
         if self.preload.is_some() {
             self.fork(key);
             return;

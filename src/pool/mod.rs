@@ -1,5 +1,6 @@
 //! Pools: workers, the slots that bound the requests sent to them, and the queue.
 
+pub mod direct;
 pub mod driver;
 pub mod health;
 mod memory_checks;

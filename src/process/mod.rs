@@ -40,8 +40,8 @@ pub use exit::ExitKind;
 pub use memory::{memory_of, process_tree, process_tree_pss, MemoryUsage};
 pub use ready::{wait_listening, wait_ready, ReadyError};
 pub use spawn::{
-    bind_worker_socket, spawn_preloader, spawn_worker, Handoff, Identity, SpawnedWorker,
-    WorkerSocket, WorkerSpawn,
+    bind_worker_socket, spawn_direct_worker, spawn_preloader, spawn_worker, Handoff, Identity,
+    SpawnedWorker, WorkerSocket, WorkerSpawn,
 };
 
 /// The signals corral stops workers with.

@@ -116,6 +116,10 @@ pub struct WorkerSpawn {
     /// A php-cgi parent forking children (`php_children`, see
     /// [`super::php_children::pin_environment`]); its jitter already resolved per worker.
     pub php_children: Option<crate::config::PhpChildren>,
+    /// A direct pool's worker (`accept = "direct"`, ARCHITECTURE.md "Direct pools"): php-cgi
+    /// counts its own requests and exits after this many (`PHP_FCGI_MAX_REQUESTS`, 0 =
+    /// never), and starts with `-d cgi.fix_pathinfo=0`.
+    pub direct_max_requests: Option<u64>,
     /// Where the pool keeps its processes' last stderr lines (none = logged only).
     pub stderr_tail: TailHandle,
 }
@@ -142,6 +146,7 @@ impl WorkerSpawn {
             nofile: None,
             preload: false,
             php_children: None,
+            direct_max_requests: None,
             stderr_tail: TailHandle::default(),
         }
     }
@@ -170,6 +175,7 @@ impl WorkerSpawn {
             nofile: None,
             preload: false,
             php_children: spawn.php_children,
+            direct_max_requests: None,
             stderr_tail: TailHandle::default(),
         })
     }
@@ -276,6 +282,39 @@ pub fn spawn_worker(spec: &WorkerSpawn) -> io::Result<SpawnedWorker> {
             return Err(e);
         }
     };
+    Ok(SpawnedWorker {
+        child,
+        pid,
+        address,
+    })
+}
+
+/// Starts a direct pool's worker (ARCHITECTURE.md, "Direct pools") with `listener`, the
+/// pool's shared listening socket (a duplicate, blocking), as fd 0; `address` names it.
+/// php-cgi is started with `-d cgi.fix_pathinfo=0` after its program name: corral cannot
+/// check which script a request names, so PATH_INFO guessing stays off.
+pub fn spawn_direct_worker(
+    spec: &WorkerSpawn,
+    listener: OwnedFd,
+    address: BackendAddress,
+) -> io::Result<SpawnedWorker> {
+    let Some((program, args)) = spec.argv.split_first() else {
+        return Err(empty_command(spec));
+    };
+    let identity = spec.identity()?;
+    let mut argv = vec![
+        program.clone(),
+        "-d".to_owned(),
+        "cgi.fix_pathinfo=0".to_owned(),
+    ];
+    argv.extend(args.iter().cloned());
+    let (child, pid) = start(
+        spec,
+        &argv,
+        identity.as_ref(),
+        Some(listener),
+        &address.to_string(),
+    )?;
     Ok(SpawnedWorker {
         child,
         pid,
@@ -449,6 +488,9 @@ pub fn worker_environment(spec: &WorkerSpawn) -> BTreeMap<String, String> {
     }
     if let (BackendProtocol::Fastcgi, Some(group)) = (spec.protocol, &spec.php_children) {
         super::php_children::pin_environment(group, &mut env);
+    }
+    if let (BackendProtocol::Fastcgi, Some(max)) = (spec.protocol, spec.direct_max_requests) {
+        env.insert("PHP_FCGI_MAX_REQUESTS".to_string(), max.to_string());
     }
     env
 }

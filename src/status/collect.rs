@@ -39,6 +39,9 @@ pub struct PoolInfo {
     /// Most workers a rolling restart keeps above the pool's size (`max_surge`; none = one
     /// replacement at a time).
     pub max_surge: Option<u32>,
+    /// A direct pool's listener (`accept = "direct"`), whose workers accept on it
+    /// themselves: their busy and idle states and the listen queue come from the kernel.
+    pub direct: Option<String>,
 }
 
 impl PoolInfo {
@@ -76,6 +79,10 @@ impl PoolInfo {
             queue_timeout: p.queue_timeout,
             max_pool_memory: recycle.and_then(|r| r.max_pool_memory),
             max_surge: recycle.and_then(|r| r.max_surge),
+            direct: match &p.backend {
+                Backend::Spawned(s) => s.direct.as_ref().map(|d| d.bind.address().to_string()),
+                Backend::External { .. } => None,
+            },
         }
     }
 }
@@ -180,6 +187,8 @@ pub struct PoolReport {
     pub servers: Vec<WorkerCounts>,
     /// The supervisor's latest notices, oldest first (spawned pools only).
     pub recent: std::sync::Arc<std::collections::VecDeque<crate::pool::driver::Recent>>,
+    /// A direct pool's listener's accept queue, from the kernel (none for other pools).
+    pub listen: Option<crate::front::backlog::Backlog>,
 }
 
 impl PoolReport {
@@ -274,6 +283,9 @@ pub fn collect(
                         .map(process::php_children::children_of)
                         .unwrap_or_default();
                 }
+                if info.direct.is_some() {
+                    kernel_states(&mut status);
+                }
                 status
             });
             if measure_memory {
@@ -290,6 +302,12 @@ pub fn collect(
             } else {
                 Vec::new()
             };
+            let listen = info.direct.as_ref().and_then(|a| {
+                crate::pool::direct::backlogs()
+                    .read()
+                    .into_iter()
+                    .find(|b| b.address == *a)
+            });
             PoolReport {
                 info,
                 slots: p.slots.stats(),
@@ -299,12 +317,35 @@ pub fn collect(
                 connect: p.requests.connect.snapshot(),
                 first_byte: p.requests.first_byte.snapshot(),
                 total: p.requests.total.snapshot(),
+                listen,
                 supervisor,
                 servers,
                 recent,
             }
         })
         .collect()
+}
+
+/// A direct pool's workers as the kernel sees them: one blocked in accept(2) is idle, one
+/// that is not holds a connection (`crate::pool::direct::in_accept`). corral counts no
+/// request of theirs, so this is the only view of what they do.
+fn kernel_states(status: &mut PoolStatus) {
+    for w in &mut status.workers {
+        if !matches!(w.state, WorkerState::Idle | WorkerState::Busy) {
+            continue;
+        }
+        match w.pid.and_then(crate::pool::direct::in_accept) {
+            Some(true) => {
+                w.state = WorkerState::Idle;
+                w.in_flight = 0;
+            }
+            Some(false) => {
+                w.state = WorkerState::Busy;
+                w.in_flight = 1;
+            }
+            None => {}
+        }
+    }
 }
 
 #[cfg(test)]

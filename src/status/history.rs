@@ -413,6 +413,7 @@ mod tests {
             supervisor: None,
             servers: Vec::new(),
             recent: Arc::default(),
+            listen: None,
         }
     }
 

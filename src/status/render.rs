@@ -60,6 +60,25 @@ fn buckets(h: &HistogramSnapshot) -> Value {
 }
 
 /// A pool's fields, in the order the page lists them.
+/// Requests waiting: corral's queue, or for a direct pool the kernel's accept queue of its
+/// listener (null when the kernel could not be asked).
+fn listen_queue(p: &PoolReport) -> Value {
+    match (&p.info.direct, &p.listen) {
+        (None, _) => int(p.slots.queued),
+        (Some(_), Some(b)) => b.queued.map_or(Value::None, Value::Int),
+        (Some(_), None) => Value::None,
+    }
+}
+
+/// The most that may wait: `queue_size`, or a direct pool's listen backlog.
+fn listen_queue_len(p: &PoolReport) -> Value {
+    match (&p.info.direct, &p.listen) {
+        (None, _) => Value::Int(u64::from(p.info.queue_size)),
+        (Some(_), Some(b)) => b.max.map_or(Value::None, Value::Int),
+        (Some(_), None) => Value::None,
+    }
+}
+
 pub fn pool_fields(
     p: &PoolReport,
     started: SystemTime,
@@ -78,9 +97,9 @@ pub fn pool_fields(
         ("start time", Value::Time(epoch)),
         ("start since", Value::Int(since.as_secs())),
         ("accepted conn", Value::Int(r.accepted)),
-        ("listen queue", int(p.slots.queued)),
+        ("listen queue", listen_queue(p)),
         ("max listen queue", int(r.max_queued)),
-        ("listen queue len", Value::Int(u64::from(p.info.queue_size))),
+        ("listen queue len", listen_queue_len(p)),
         ("idle processes", int(procs.idle)),
         ("active processes", int(procs.active)),
         ("total processes", int(procs.total)),

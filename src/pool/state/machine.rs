@@ -89,6 +89,9 @@ pub struct PoolState {
     pub(super) counters: PoolCounters,
     /// PSS summed over the workers at the last pool-wide sample (`max_pool_memory`).
     pub(super) memory_total: Option<u64>,
+    /// The workers serve requests corral never sees (a direct pool): an exit with status 0
+    /// is php-cgi stopping after its `PHP_FCGI_MAX_REQUESTS`, not a crash.
+    unseen: bool,
     out: Vec<PoolAction>,
 }
 
@@ -111,8 +114,14 @@ impl PoolState {
             rate: SpawnRate::default(),
             counters: PoolCounters::default(),
             memory_total: None,
+            unseen: false,
             out: Vec::new(),
         }
+    }
+
+    /// Marks the pool's requests as unseen by corral (a direct pool; see `unseen`).
+    pub fn serves_unseen(&mut self) {
+        self.unseen = true;
     }
 
     /// The spec the pool runs.
@@ -272,7 +281,12 @@ impl PoolState {
             && status == ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32);
         let asked = matches!(w.phase, Phase::Signalled(_) | Phase::Killed(_)) && !killed_by_other;
         if !asked && !w.crash_counted {
-            if status == ExitKind::Code(0) && w.served > 0 {
+            // A direct pool's php-cgi exits 0 only after PHP_FCGI_MAX_REQUESTS (or when asked),
+            // possibly before corral saw it serve: its requests are unseen, and a worker busy
+            // from its first accept to its last may never have been seen ready. Commands that
+            // exit 0 without serving (php-cgi -v, -i, ...) are refused by the configuration.
+            let served = w.served > 0 || self.unseen;
+            if status == ExitKind::Code(0) && served {
                 // An interpreter that stops on its own after serving (php-cgi's
                 // PHP_FCGI_MAX_REQUESTS) is replaced like a recycled one, without backoff.
                 self.counters.exited_on_own += 1;

@@ -1,0 +1,198 @@
+//! Direct pools (`accept = "direct"`, ARCHITECTURE.md "Direct pools"): the listening socket
+//! every worker of the pool accepts on, shared across generations, and what the kernel says
+//! about a worker (blocked in accept = idle).
+//!
+//! The socket of one address is bound once and kept while any pool holds it: a reload that
+//! builds a new pool for the same address (its settings changed) gets the very socket the
+//! old pool's workers accept on, so the new workers accept beside the old ones and no
+//! connection the front server makes is refused. The registry holds sockets weakly; the last
+//! pool to drop one closes it (and a Unix socket's file goes with it).
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use crate::config::{BackendAddress, DirectListener, FrontProtocol, ListenAddress};
+use crate::front::backlog::Backlogs;
+use crate::front::listener::{Listener, Parked};
+
+/// A direct pool's listening socket.
+#[derive(Debug)]
+pub struct DirectSocket {
+    /// The bound listener (a Unix socket's file is removed when it drops), out of every
+    /// runtime: corral never accepts on it, and a registered socket would wake corral's
+    /// reactor for every connection the front server makes. Its open file is blocking, as
+    /// php-cgi expects of fd 0.
+    listener: Parked,
+    address: ListenAddress,
+}
+
+/// Every live direct socket, by address.
+static SOCKETS: Mutex<Vec<(ListenAddress, Weak<DirectSocket>)>> = Mutex::new(Vec::new());
+
+/// The accept queues of the direct sockets, for status (`front::backlog`).
+static BACKLOGS: LazyLock<Backlogs> = LazyLock::new(Backlogs::default);
+
+/// The direct sockets' accept queues.
+pub fn backlogs() -> &'static Backlogs {
+    &BACKLOGS
+}
+
+impl DirectSocket {
+    /// The socket for `l`: the one already bound at its address if a pool holds it, else a
+    /// new one. Must be called inside a tokio runtime (the listener is registered with it,
+    /// though never polled).
+    pub fn get(l: &DirectListener) -> io::Result<Arc<DirectSocket>> {
+        let address = l.bind.address();
+        let mut sockets = SOCKETS.lock().unwrap_or_else(|p| p.into_inner());
+        sockets.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(s) = sockets
+            .iter()
+            .find(|(a, _)| *a == address)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(s);
+        }
+        let listener = Listener::bind(&l.bind, l.backlog)
+            .and_then(|b| b.park(1, l.backlog))
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+        set_blocking(fd_of(&listener)?)?;
+        let socket = Arc::new(DirectSocket {
+            listener,
+            address: address.clone(),
+        });
+        let weak: Weak<DirectSocket> = Arc::downgrade(&socket);
+        let owner: Weak<dyn std::any::Any + Send + Sync> = weak;
+        BACKLOGS.add_parked(FrontProtocol::Fastcgi, &socket.listener, owner);
+        sockets.push((address, Arc::downgrade(&socket)));
+        tracing::info!(listener = %socket.address, "direct pool socket bound");
+        Ok(socket)
+    }
+
+    /// A duplicate of the socket, to become a worker's fd 0.
+    pub fn duplicate(&self) -> io::Result<OwnedFd> {
+        fd_of(&self.listener)?.try_clone_to_owned()
+    }
+
+    /// The address, as a worker's address in logs and status.
+    pub fn backend_address(&self) -> BackendAddress {
+        match &self.address {
+            ListenAddress::Tcp(a) => BackendAddress::Tcp {
+                host: a.ip().to_string(),
+                port: a.port(),
+            },
+            ListenAddress::Unix(p) => BackendAddress::Unix(p.clone()),
+        }
+    }
+}
+
+fn fd_of(l: &Parked) -> io::Result<BorrowedFd<'_>> {
+    match l {
+        Parked::Tcp { listeners, .. } => listeners
+            .first()
+            .map(AsFd::as_fd)
+            .ok_or_else(|| io::Error::other("no socket was bound")),
+        Parked::Unix { listener, .. } => Ok(listener.as_fd()),
+    }
+}
+
+/// Clears O_NONBLOCK on the open file (shared by every duplicate): php-cgi's accept loop
+/// treats EAGAIN as an error and would exit.
+fn set_blocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+    let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+    Ok(())
+}
+
+/// Whether process `pid` is blocked in accept(2) or accept4(2) now, from the first field
+/// of /proc/PID/syscall (the number of the system call it is blocked in, `running` when it
+/// runs): a direct worker doing so holds no connection, so it is idle. `None` when the file
+/// cannot be read (the process is gone, or belongs to another user and corral is not root).
+pub fn in_accept(pid: u32) -> Option<bool> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+    let first = text.split_ascii_whitespace().next()?;
+    let Ok(nr) = first.parse::<i64>() else {
+        return Some(false); // "running"
+    };
+    Some(nr == libc::SYS_accept || nr == libc::SYS_accept4)
+}
+
+/// The sockets process `pid` holds other than its listener on fd 0 (inodes, sorted): the
+/// connection a direct worker accepted, and whatever sockets its script keeps (a database's).
+/// `None` when /proc cannot be read.
+pub fn held_sockets(pid: u32) -> Option<Vec<u64>> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut out: Vec<u64> = fds
+        .flatten()
+        .filter(|e| e.file_name() != "0")
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?;
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect();
+    out.sort_unstable();
+    Some(out)
+}
+
+/// Whether direct worker `pid` has begun serving: it is blocked in accept, or it holds a
+/// socket other than its listener on fd 0 (a connection it accepted; php-cgi opens none
+/// before its first request). Under load a new worker may never be seen in accept: a
+/// connection is always waiting, so each accept returns at once.
+pub fn serving(pid: u32) -> bool {
+    if in_accept(pid) == Some(true) {
+        return true;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|e| {
+        e.file_name() != "0"
+            && std::fs::read_link(e.path())
+                .is_ok_and(|l| l.as_os_str().as_encoded_bytes().starts_with(b"socket:"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_not_in_accept_is_busy_and_a_gone_one_unknown() {
+        assert_eq!(in_accept(std::process::id()), Some(false));
+        assert_eq!(in_accept(u32::MAX), None);
+    }
+
+    #[test]
+    fn one_address_is_bound_once_while_a_pool_holds_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let l = DirectListener {
+            bind: crate::config::Bind::Unix {
+                path: path.clone(),
+                perms: crate::config::UnixPermissions {
+                    mode: 0o600,
+                    owner: None,
+                    group: None,
+                },
+            },
+            backlog: 16,
+        };
+        rt.block_on(async {
+            let a = DirectSocket::get(&l).unwrap();
+            let b = DirectSocket::get(&l).unwrap();
+            assert!(Arc::ptr_eq(&a, &b));
+            drop((a, b));
+            assert!(!path.exists(), "the last holder closes it");
+            let c = DirectSocket::get(&l).unwrap();
+            assert!(path.exists());
+            drop(c);
+        });
+    }
+}
