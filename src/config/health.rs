@@ -56,18 +56,8 @@ mod tests {
     use super::super::{parse, Backend, Config};
     use std::time::Duration;
 
-    const BASE: &str = r#"
-[[contexts]]
-root = "/var/www/html"
-pool = "php"
-
-[[listen]]
-address = "127.0.0.1:8080"
-protocol = "http"
-
-[pools.php]
-command = ["php-cgi"]
-"#;
+    /// The configuration tests' smallest valid file, whose pool keys come last.
+    const BASE: &str = super::super::tests::MINIMAL;
 
     fn check_of(c: &Config) -> Option<super::HealthCheck> {
         match &c.pools[0].backend {

@@ -7,7 +7,7 @@ use super::*;
 
 /// A listener and a pool: the smallest valid file.
 /// (The context comes first so that tests can append keys to the pool.)
-const MINIMAL: &str = r#"
+pub(super) const MINIMAL: &str = r#"
 [[contexts]]
 root = "/var/www/html"
 pool = "php"
