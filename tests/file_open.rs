@@ -2,7 +2,7 @@
 //! X-Accel-Redirect), tried as an attacker who can write one directory under a root would:
 //! a file swapped for a symlink to a secret between corral's check and its open never leaks
 //! the secret, and a named pipe (or any file that is not a regular file) never blocks a
-//! thread. ARCHITECTURE.md, "The request path", steps 4 and 10.
+//! thread. ARCHITECTURE.md, "HTTP front", steps 4 and 10.
 
 mod support;
 

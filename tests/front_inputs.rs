@@ -1,5 +1,5 @@
 //! What a client names in its request head is checked before it routes the request or reaches
-//! a script (ARCHITECTURE.md, "The request path"): a Host that is no host name is a 400 on the
+//! a script (ARCHITECTURE.md, "The request path in one page"): a Host that is no host name is a 400 on the
 //! HTTP front and on the FastCGI front (as nginx refuses it), a context's `server_name` pins
 //! SERVER_NAME whatever Host said, and a FastCGI front's CONTENT_LENGTH that is no length
 //! (`-1`) is refused. Real php-cgi behind both fronts.

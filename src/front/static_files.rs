@@ -1,8 +1,8 @@
 //! Static files and the front controller of the `http` front listener: `static_file` serves
 //! an existing non-script file under a context's root (`static_files = true`), `try_files`
 //! decides what a context with `front_controller` runs for a path that names nothing under
-//! the root (nginx's `try_files $uri $uri/ /index.php?$args`). ARCHITECTURE.md, "The
-//! request path", step 4.
+//! the root (nginx's `try_files $uri $uri/ /index.php?$args`). ARCHITECTURE.md, "HTTP
+//! front", step 4.
 
 use std::borrow::Cow;
 use std::ffi::OsStr;

@@ -1,5 +1,5 @@
 //! What corral says at start about the users its pools' workers run as (ARCHITECTURE.md,
-//! "Privileges"): one warning per pool that gets `nobody` because no user is configured,
+//! "The supervisor: spawning workers", Privileges): one warning per pool that gets `nobody` because no user is configured,
 //! per pool whose workers share their user with another pool's (workers of one user can
 //! signal, trace and read one another, and php-cgi cannot be made non-dumpable), and per
 //! pool whose `user` or `group` a non-root corral cannot apply.

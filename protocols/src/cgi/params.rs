@@ -5,7 +5,7 @@
 //! That is the form a FastCGI backend receives, so the FastCGI codec copies the block into
 //! its PARAMS record whole instead of encoding pair by pair; the SCGI and LSAPI codecs walk
 //! the pairs ([`CgiParams::iter`]) and encode them their way. Building the variables costs
-//! one buffer, not two allocations per variable (ARCHITECTURE.md, "The request path").
+//! one buffer, not two allocations per variable (ARCHITECTURE.md, "HTTP front", step 5).
 
 use bytes::Bytes;
 
