@@ -74,6 +74,17 @@ impl DirectSocket {
         fd_of(&self.listener)?.try_clone_to_owned()
     }
 
+    /// Connections waiting in the socket's accept queue now (sock_diag, as status reads
+    /// it); `None` when the kernel could not be asked.
+    pub fn queued(&self) -> Option<u64> {
+        let address = self.address.to_string();
+        BACKLOGS
+            .read()
+            .into_iter()
+            .find(|b| b.address == address)
+            .and_then(|b| b.queued)
+    }
+
     /// The address, as a worker's address in logs and status.
     pub fn backend_address(&self) -> BackendAddress {
         match &self.address {
@@ -117,6 +128,15 @@ pub fn in_accept(pid: u32) -> Option<bool> {
         return Some(false); // "running"
     };
     Some(nr == libc::SYS_accept || nr == libc::SYS_accept4)
+}
+
+/// How many times process `pid` has been scheduled to run (the third field of
+/// /proc/PID/schedstat, world-readable): a worker blocked in accept is not scheduled at all,
+/// so a count that moved between two looks means it served something in between, even if
+/// both looks found it in accept. `None` when the file cannot be read.
+pub fn runs(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    text.split_ascii_whitespace().nth(2)?.parse().ok()
 }
 
 /// The sockets process `pid` holds other than its listener on fd 0 (inodes, sorted): the
@@ -163,6 +183,17 @@ mod tests {
     fn a_process_not_in_accept_is_busy_and_a_gone_one_unknown() {
         assert_eq!(in_accept(std::process::id()), Some(false));
         assert_eq!(in_accept(u32::MAX), None);
+    }
+
+    #[test]
+    fn a_process_that_runs_is_counted_and_a_gone_one_unknown() {
+        // This thread (tests do not run on the process's main thread): /proc/TID works too.
+        let link = std::fs::read_link("/proc/thread-self").unwrap();
+        let tid: u32 = link.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        let before = runs(tid).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(runs(tid).unwrap() > before);
+        assert_eq!(runs(u32::MAX), None);
     }
 
     #[test]
