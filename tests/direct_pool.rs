@@ -127,6 +127,37 @@ fn a_killed_worker_is_replaced_and_max_requests_recycles_without_a_crash() {
         "exits after max_requests are no crash:\n{s}\n{}",
         site.corral.log()
     );
+    // Each worker that left wrote its record, with php-cgi's own count: its budget.
+    let counted = |log: &str| -> Vec<u64> {
+        records(log)
+            .iter()
+            .filter_map(|l| {
+                l.split("requests=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    while counted(&site.corral.log()).len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "no records:\n{}",
+            site.corral.log()
+        );
+        thread::sleep(POLL);
+    }
+    let log = site.corral.log();
+    assert!(counted(&log).iter().all(|n| *n >= 5), "{log}");
+    assert!(
+        records(&log)
+            .iter()
+            .all(|l| l.contains("cpu_ms=") && l.contains("busy_percent=")),
+        "{log}"
+    );
 
     let before = site.workers();
     assert_eq!(before.len(), 2, "{before:?}");
@@ -150,6 +181,27 @@ fn a_killed_worker_is_replaced_and_max_requests_recycles_without_a_crash() {
     }
     let s = site.status();
     assert_eq!(field(&s, "crashes"), Some(1), "the SIGKILL is one:\n{s}");
+    // Its record cannot say how many requests it served.
+    let pid = format!("pid={} ", before[0]);
+    let log = site.corral.log();
+    let killed: Vec<_> = records(&log)
+        .into_iter()
+        .filter(|l| l.contains(&pid))
+        .collect();
+    assert_eq!(killed.len(), 1, "{log}");
+    assert!(killed[0].contains("requests=unknown"), "{}", killed[0]);
+    assert!(
+        killed[0].contains("exit=killed by signal SIGKILL"),
+        "{}",
+        killed[0]
+    );
+}
+
+/// The per-worker records in corral's log (a direct pool has no per-request access log).
+fn records(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains("direct worker record"))
+        .collect()
 }
 
 /// A worker over `max_memory` (sampled every second from its PSS) is replaced: the
@@ -246,6 +298,69 @@ fn restart_workers_and_three_reloads_lose_no_request() {
         failed.first(),
         site.nginx.error_log()
     );
+}
+
+/// Under a load that keeps the accept queue full, a worker is never seen blocked in accept
+/// (each accept returns at once). A restart must still not SIGKILL it mid-request at
+/// `kill_timeout`: after half of it the worker gets SIGTERM anyway, finishes the request it
+/// holds and exits 0, and every client request succeeds.
+#[test]
+fn a_worker_never_seen_in_accept_still_leaves_between_requests() {
+    let site = Site::start(1, "");
+    write_file(
+        &site.dir.path().join("root"),
+        "slow.php",
+        "<?php usleep(20000); echo 'slow pid=', getmypid(), \"\\n\";",
+    );
+    let port = site.nginx.ports[0];
+    let stop = Arc::new(AtomicBool::new(false));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let (stop, results) = (Arc::clone(&stop), Arc::clone(&results));
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = get(port, "/slow.php");
+                    results.lock().unwrap().push(r);
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let old = site.workers();
+    kill(Pid::from_raw(site.corral.pid() as i32), Signal::SIGUSR2).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while site.workers().iter().any(|p| old.contains(p)) {
+        assert!(Instant::now() < deadline, "the old worker never left");
+        thread::sleep(POLL);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let results = results.lock().unwrap();
+    let failed: Vec<_> = results.iter().filter(|(c, _)| *c != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}\n{}",
+        failed.len(),
+        results.len(),
+        failed.first(),
+        site.nginx.error_log()
+    );
+    let s = site.status();
+    assert_eq!(field(&s, "kill timeouts"), Some(0), "{s}");
+    let pid = format!("pid={} ", old[0]);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let log = site.corral.log();
+        if let Some(line) = records(&log).into_iter().find(|l| l.contains(&pid)) {
+            assert!(line.contains("exit=exited with code 0"), "{line}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no record for {pid}:\n{log}");
+        thread::sleep(POLL);
+    }
 }
 
 /// A worker is asked to stop only once it is back in accept: php-cgi's SIGTERM handler

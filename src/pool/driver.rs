@@ -340,6 +340,7 @@ impl Driver {
                     Some(Report::Ready(key)) => self.handle(PoolEvent::Ready { key }),
                     Some(Report::Exited(key, status)) => {
                         self.deferred.retain(|(k, _)| *k != key);
+                        self.direct_exited(key, status);
                         self.handle(PoolEvent::Exited { key, status })
                     }
                     Some(Report::Preloader(n, event)) => self.on_preloader(n, event),

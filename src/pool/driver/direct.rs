@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{libc_sigkill, Driver, Report, Worker};
 use crate::config::{DirectListener, Sizing};
-use crate::pool::direct::{held_sockets, in_accept, runs, serving, DirectSocket};
+use crate::pool::direct::{held_sockets, in_accept, sched, serving, DirectSocket, WorkerRecord};
 use crate::pool::memory_checks::MemoryWatch;
 use crate::pool::state::{ExitKind, PoolEvent, WorkerKey};
 use crate::process::{self, spawn_direct_worker};
@@ -44,12 +44,14 @@ pub(super) struct Direct {
     /// Dynamic or ondemand: the state machine is fed the kernel's view of each worker
     /// (`PoolEvent::Seen`) and the accept queue (`Demand`). A static pool needs neither.
     sized: bool,
-    /// Per worker: how often it had been scheduled at the last look (`runs`).
-    runs: HashMap<WorkerKey, u64>,
+    /// Per worker: what the looks saw of it, logged when it leaves.
+    records: HashMap<WorkerKey, WorkerRecord>,
     /// An ondemand pool's watch on its socket for a pending connection.
     watch: Option<Watch>,
     /// The last bind failed (logged once, tried again every tick).
     bind_failed: bool,
+    /// Since when each held stop signal has waited for its worker to be seen in accept.
+    holding: HashMap<WorkerKey, Instant>,
 }
 
 /// The task that watches a direct socket for a pending connection, stopped when dropped.
@@ -97,9 +99,10 @@ impl Driver {
             held: HashMap::new(),
             socket: None,
             sized,
-            runs: HashMap::new(),
+            records: HashMap::new(),
             watch: None,
             bind_failed: false,
+            holding: HashMap::new(),
         });
     }
 
@@ -164,31 +167,27 @@ impl Driver {
         self.look_direct()
     }
 
-    /// Feeds a dynamic or ondemand direct pool's state machine what the kernel shows: each
-    /// worker busy (not blocked in accept) or idle and whether it ran since the last look,
-    /// then the socket's accept queue as the demand the sizing grows for.
+    /// Looks at every worker of a direct pool (busy: not blocked in accept; whether it ran
+    /// since the last look; its CPU time) for the per-worker record, and feeds a dynamic or
+    /// ondemand pool's state machine what it saw, then the socket's accept queue as the
+    /// demand the sizing grows for.
     fn look_direct(&mut self) -> bool {
-        let Some(direct) = self.direct.as_mut().filter(|d| d.sized) else {
+        let Some(direct) = self.direct.as_mut() else {
             return false;
         };
-        direct.runs.retain(|k, _| self.workers.contains_key(k));
         let mut seen = Vec::with_capacity(self.workers.len());
         for (key, w) in &self.workers {
-            if w.pid == 0 {
+            let Some(record) = direct.records.get_mut(key).filter(|_| w.pid != 0) else {
                 continue;
-            }
+            };
             let Some(idle) = in_accept(w.pid) else {
                 continue; // gone: its exit is on the way
             };
-            let count = runs(w.pid);
-            let ran = match (count, direct.runs.get(key)) {
-                (Some(now), Some(before)) => now != *before,
-                _ => true,
-            };
-            if let Some(c) = count {
-                direct.runs.insert(*key, c);
-            }
+            let ran = record.look(!idle, sched(w.pid));
             seen.push((*key, !idle, ran));
+        }
+        if !direct.sized {
+            return false;
         }
         let waiting = direct
             .socket
@@ -199,6 +198,29 @@ impl Driver {
             self.feed(PoolEvent::Seen { key, busy, ran });
         }
         self.apply(PoolEvent::Demand { waiting })
+    }
+
+    /// Worker `key` of a direct pool was reaped: logs its record, the one line corral can
+    /// write about what a direct worker served (ARCHITECTURE.md, "Direct pools").
+    pub(super) fn direct_exited(&mut self, key: WorkerKey, exit: ExitKind) {
+        let Some(record) = self.direct.as_mut().and_then(|d| d.records.remove(&key)) else {
+            return;
+        };
+        let pid = self.workers.get(&key).map_or(0, |w| w.pid);
+        let r = record.summary(exit);
+        let text = |v: Option<u64>| v.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+        tracing::info!(
+            pool = %self.name,
+            %key,
+            pid,
+            lifetime_ms = r.lifetime_ms,
+            cpu_ms = %text(r.cpu_ms),
+            busy_percent = %text(r.busy_percent),
+            looks = r.looks,
+            requests = %text(r.requests),
+            exit = %exit,
+            "direct worker record (per worker: corral sees no request of a direct pool)"
+        );
     }
 
     /// The hard request timeout of a direct pool, whose requests corral never sees: a
@@ -273,7 +295,8 @@ impl Driver {
             }
         };
         let mut spec = self.template.clone();
-        spec.direct_max_requests = Some(self.state.budget(key).unwrap_or(0));
+        let budget = self.state.budget(key).unwrap_or(0);
+        spec.direct_max_requests = Some(budget);
         let address = socket.backend_address();
         let spawned = socket
             .duplicate()
@@ -291,6 +314,9 @@ impl Driver {
         let id = self.slots.add_worker(1, address.clone(), None);
         self.slots.set_pid(id, pid);
         tracing::info!(pool = %self.name, %key, pid, "direct worker started");
+        if let Some(d) = self.direct.as_mut() {
+            d.records.insert(key, WorkerRecord::new(budget));
+        }
         self.by_id.insert(id, key);
         self.workers.insert(
             key,
@@ -332,13 +358,37 @@ impl Driver {
         self.feed(PoolEvent::Spawned { key, pid });
     }
 
-    /// Sends each held stop signal whose worker is blocked in accept now (or gone). The
-    /// state machine's `kill_timeout` still bounds a worker that never gets back there.
+    /// Sends each held stop signal whose worker is blocked in accept now (or gone), or has
+    /// been held for half of `kill_timeout`. Under a load that keeps the accept queue
+    /// full a worker is never seen blocked in accept (each accept returns at once), and
+    /// the state machine would SIGKILL it at `kill_timeout` in the middle of a request;
+    /// SIGTERM then is the lesser harm: php-cgi finishes the request it holds (its FastCGI
+    /// reads and writes retry on EINTR) and exits before the next accept, though the
+    /// script's own blocking calls are cut short. `kill_timeout` still bounds a worker
+    /// whose request outlasts the other half.
     pub(super) fn send_direct_signals(&mut self) {
         let mut held = std::mem::take(&mut self.deferred);
-        held.retain(|&(_, pid)| {
-            if in_accept(pid) == Some(false) {
+        let now = Instant::now();
+        let patience = self.state.spec().kill_timeout / 2;
+        let Some(direct) = self.direct.as_mut() else {
+            self.deferred = held;
+            return;
+        };
+        direct
+            .holding
+            .retain(|k, _| held.iter().any(|(h, _)| h == k));
+        held.retain(|&(key, pid)| {
+            let since = *direct.holding.entry(key).or_insert(now);
+            let waited = now.duration_since(since) >= patience;
+            if in_accept(pid) == Some(false) && !waited {
                 return true;
+            }
+            direct.holding.remove(&key);
+            if let Some(r) = direct.records.get_mut(&key) {
+                r.asked_to_stop();
+            }
+            if waited {
+                tracing::debug!(pool = %self.name, %key, pid, "a direct worker held for its stop signal was never seen in accept: signalling it mid-request");
             }
             if let Err(e) = process::signal_group(pid, process::StopSignal::Term) {
                 tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker");
