@@ -288,8 +288,11 @@ mod tests {
         let link = std::fs::read_link("/proc/thread-self").unwrap();
         let tid: u32 = link.file_name().unwrap().to_str().unwrap().parse().unwrap();
         let before = sched(tid).unwrap();
-        let spin = std::time::Instant::now();
-        while spin.elapsed() < std::time::Duration::from_millis(2) {}
+        // Work for a while (CPU time), then block (one more time scheduled after).
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
         std::thread::sleep(std::time::Duration::from_millis(2));
         let after = sched(tid).unwrap();
         assert!(after.runs > before.runs, "{before:?} {after:?}");
