@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use super::file::{FileConfig, FileMode, FilePool};
+use super::file::{FileConfig, FilePool};
 use super::validate::Errors;
 use super::{Backend, Bind, FrontProtocol, ListenAddress, ListenerConfig, PoolConfig};
 
@@ -138,7 +138,8 @@ pub(super) fn resolve(
     out
 }
 
-/// What a direct pool must be: php-cgi spawned by corral, static.
+/// What a direct pool must be: php-cgi spawned by corral (static, dynamic or ondemand: the
+/// sizing works on the kernel's view of its workers, `pool::state::kernel`).
 fn rules(e: &mut Errors, n: &str, p: &FilePool) {
     let span = p.accept.as_ref().map(|a| a.span()).unwrap_or_default();
     let php_cgi = p.command.is_some()
@@ -175,13 +176,6 @@ fn rules(e: &mut Errors, n: &str, p: &FilePool) {
             c.span(),
             "php_children and accept = \"direct\" do not combine: every direct worker is one \
              php-cgi process accepting on the shared listener",
-        );
-    }
-    if let Some(m) = p.mode.as_ref().filter(|m| *m.get_ref() != FileMode::Static) {
-        e.at(
-            m.span(),
-            "a direct pool is static (mode = \"static\", max workers): dynamic and ondemand \
-             sizing are not built for direct pools yet",
         );
     }
     for (key, set) in [
@@ -277,11 +271,26 @@ max = 3
     }
 
     #[test]
+    fn a_direct_pool_may_be_dynamic_or_ondemand() {
+        let modes = [
+            "mode = \"dynamic\"\nmin = 1\nspare_min = 1\nspare_max = 2",
+            "mode = \"ondemand\"",
+        ];
+        for mode in modes {
+            let src = BASE.replace("mode = \"static\"", mode);
+            let c = parse(&src, "t.toml").unwrap_or_else(|e| panic!("{mode}: {e:?}"));
+            let Backend::Spawned(s) = &c.pools[0].backend else {
+                panic!("spawned");
+            };
+            assert!(s.direct.is_some());
+            assert_eq!(s.sizing.max(), 3);
+        }
+    }
+
+    #[test]
     fn direct_pool_rules() {
         let e = errors(&BASE.replace("protocol = \"fastcgi\"", "protocol = \"http\""));
         assert!(e.contains("must have protocol = \"fastcgi\""), "{e}");
-        let e = errors(&BASE.replace("mode = \"static\"", "mode = \"dynamic\""));
-        assert!(e.contains("a direct pool is static"), "{e}");
         let e = errors(&BASE.replace("accept = \"direct\"\n", ""));
         assert!(
             e.contains("listener applies to accept = \"direct\" pools only"),

@@ -15,6 +15,7 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use crate::config::{BackendAddress, DirectListener, FrontProtocol, ListenAddress};
 use crate::front::backlog::Backlogs;
 use crate::front::listener::{Listener, Parked};
+use crate::process::ExitKind;
 
 /// A direct pool's listening socket.
 #[derive(Debug)]
@@ -74,6 +75,17 @@ impl DirectSocket {
         fd_of(&self.listener)?.try_clone_to_owned()
     }
 
+    /// Connections waiting in the socket's accept queue now (sock_diag, as status reads
+    /// it); `None` when the kernel could not be asked.
+    pub fn queued(&self) -> Option<u64> {
+        let address = self.address.to_string();
+        BACKLOGS
+            .read()
+            .into_iter()
+            .find(|b| b.address == address)
+            .and_then(|b| b.queued)
+    }
+
     /// The address, as a worker's address in logs and status.
     pub fn backend_address(&self) -> BackendAddress {
         match &self.address {
@@ -117,6 +129,111 @@ pub fn in_accept(pid: u32) -> Option<bool> {
         return Some(false); // "running"
     };
     Some(nr == libc::SYS_accept || nr == libc::SYS_accept4)
+}
+
+/// What the scheduler says of process `pid` (/proc/PID/schedstat, world-readable): the
+/// CPU time it has used, in nanoseconds, and how many times it has been scheduled to run.
+/// A worker blocked in accept is not scheduled at all, so a count that moved between two
+/// looks means it served something in between, even if both looks found it in accept.
+/// `None` when the file cannot be read.
+pub fn sched(pid: u32) -> Option<Sched> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    let mut f = text.split_ascii_whitespace();
+    let cpu_ns = f.next()?.parse().ok()?;
+    let runs = f.nth(1)?.parse().ok()?;
+    Some(Sched { cpu_ns, runs })
+}
+
+/// One reading of /proc/PID/schedstat ([`sched`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sched {
+    /// CPU time used, in nanoseconds.
+    pub cpu_ns: u64,
+    /// Times scheduled to run.
+    pub runs: u64,
+}
+
+/// What corral can tell of one direct worker's life without seeing its requests, logged
+/// when the worker leaves (the per-worker record: a direct pool has no per-request access
+/// log). Every figure is the kernel's: the CPU time and the busy share come from the looks
+/// the driver takes every tick (so they are as of the last look, at most 100 ms old), and
+/// the request count is known only when php-cgi stopped on its own after its
+/// `PHP_FCGI_MAX_REQUESTS`.
+#[derive(Debug, Clone)]
+pub struct WorkerRecord {
+    started: tokio::time::Instant,
+    /// `PHP_FCGI_MAX_REQUESTS` it was started with (0: none).
+    budget: u64,
+    looks: u64,
+    busy: u64,
+    last: Option<Sched>,
+    asked: bool,
+}
+
+impl WorkerRecord {
+    /// A worker started now with request budget `budget` (0: none).
+    pub fn new(budget: u64) -> WorkerRecord {
+        WorkerRecord {
+            started: tokio::time::Instant::now(),
+            budget,
+            looks: 0,
+            busy: 0,
+            last: None,
+            asked: false,
+        }
+    }
+
+    /// Takes one look (`busy`: not blocked in accept; `sched`: its schedstat now); true
+    /// when it ran since the previous look (or this is the first, or it cannot be told).
+    pub fn look(&mut self, busy: bool, sched: Option<Sched>) -> bool {
+        self.looks += 1;
+        self.busy += u64::from(busy);
+        let ran = match (sched, self.last) {
+            (Some(now), Some(before)) => now.runs != before.runs,
+            _ => true,
+        };
+        if sched.is_some() {
+            self.last = sched;
+        }
+        ran
+    }
+
+    /// corral sent it its stop signal: an exit 0 after that is not php-cgi's own count.
+    pub fn asked_to_stop(&mut self) {
+        self.asked = true;
+    }
+
+    /// Requests it served, when the kernel can tell: it exited 0 on its own with a budget,
+    /// so php-cgi counted exactly `budget`.
+    pub fn requests(&self, exit: ExitKind) -> Option<u64> {
+        (exit == ExitKind::Code(0) && !self.asked && self.budget > 0).then_some(self.budget)
+    }
+
+    /// The record's fields, for the log line: lifetime, CPU, busy share, requests.
+    pub fn summary(&self, exit: ExitKind) -> RecordSummary {
+        RecordSummary {
+            lifetime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            cpu_ms: self.last.map(|s| s.cpu_ns / 1_000_000),
+            busy_percent: (self.looks > 0).then(|| self.busy * 100 / self.looks),
+            looks: self.looks,
+            requests: self.requests(exit),
+        }
+    }
+}
+
+/// A [`WorkerRecord`]'s figures as logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordSummary {
+    /// From spawn to exit.
+    pub lifetime_ms: u64,
+    /// CPU time at the last look.
+    pub cpu_ms: Option<u64>,
+    /// Share of the looks that found it not in accept.
+    pub busy_percent: Option<u64>,
+    /// How many looks were taken.
+    pub looks: u64,
+    /// Requests served, when known ([`WorkerRecord::requests`]).
+    pub requests: Option<u64>,
 }
 
 /// The sockets process `pid` holds other than its listener on fd 0 (inodes, sorted): the
@@ -163,6 +280,59 @@ mod tests {
     fn a_process_not_in_accept_is_busy_and_a_gone_one_unknown() {
         assert_eq!(in_accept(std::process::id()), Some(false));
         assert_eq!(in_accept(u32::MAX), None);
+    }
+
+    #[test]
+    fn a_process_that_runs_is_counted_and_a_gone_one_unknown() {
+        // This thread (tests do not run on the process's main thread): /proc/TID works too.
+        let link = std::fs::read_link("/proc/thread-self").unwrap();
+        let tid: u32 = link.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        let before = sched(tid).unwrap();
+        // Work for a while (CPU time), then block (one more time scheduled after).
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let after = sched(tid).unwrap();
+        assert!(after.runs > before.runs, "{before:?} {after:?}");
+        assert!(
+            after.cpu_ns >= before.cpu_ns + 1_000_000,
+            "{before:?} {after:?}"
+        );
+        assert_eq!(sched(u32::MAX), None);
+    }
+
+    #[test]
+    fn a_record_counts_requests_only_when_php_cgi_counted_them() {
+        let mut r = WorkerRecord::new(500);
+        let s = |runs| {
+            Some(Sched {
+                cpu_ns: 7_000_000,
+                runs,
+            })
+        };
+        assert!(r.look(true, s(1)), "the first look");
+        assert!(!r.look(false, s(1)), "not scheduled since");
+        assert!(r.look(false, s(2)));
+        assert!(r.look(false, None), "unknown counts as ran");
+        let sum = r.summary(ExitKind::Code(0));
+        assert_eq!(sum.requests, Some(500), "exit 0 on its own: its budget");
+        assert_eq!(
+            (sum.busy_percent, sum.looks, sum.cpu_ms),
+            (Some(25), 4, Some(7))
+        );
+        assert_eq!(r.requests(ExitKind::Signal(9)), None, "killed: unknown");
+        assert_eq!(r.requests(ExitKind::Code(255)), None);
+        r.asked_to_stop();
+        assert_eq!(
+            r.requests(ExitKind::Code(0)),
+            None,
+            "stopped by corral: unknown"
+        );
+        let none = WorkerRecord::new(0);
+        assert_eq!(none.requests(ExitKind::Code(0)), None, "no budget: unknown");
+        assert_eq!(none.summary(ExitKind::Code(0)).busy_percent, None);
     }
 
     #[test]

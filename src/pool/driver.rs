@@ -73,6 +73,8 @@ enum Report {
     Preloader(u64, PreloaderEvent),
     /// A worker past `request_timeout` has been asked for its stacks: kill it now.
     StacksTaken(WorkerKey),
+    /// A connection waits on an ondemand direct pool's socket (`direct.rs`).
+    Pending,
 }
 
 /// How long a forked worker's exit status may lag its pidfd: the preloader reaps it and
@@ -325,6 +327,7 @@ impl Driver {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u32 = 0;
+        self.start_direct();
         let started = self.handle(PoolEvent::Start);
         self.publish();
         if started {
@@ -337,10 +340,12 @@ impl Driver {
                     Some(Report::Ready(key)) => self.handle(PoolEvent::Ready { key }),
                     Some(Report::Exited(key, status)) => {
                         self.deferred.retain(|(k, _)| *k != key);
+                        self.direct_exited(key, status);
                         self.handle(PoolEvent::Exited { key, status })
                     }
                     Some(Report::Preloader(n, event)) => self.on_preloader(n, event),
                     Some(Report::StacksTaken(key)) => self.handle(PoolEvent::RequestTimedOut { key }),
+                    Some(Report::Pending) => self.on_pending(),
                     None => false,
                 },
                 command = self.commands.recv() => match command {
@@ -383,8 +388,7 @@ impl Driver {
                     }
                     self.check_fork_deadlines();
                     if self.is_direct() {
-                        self.send_direct_signals();
-                        stopped |= self.check_direct_timeouts();
+                        stopped |= self.direct_tick();
                     }
                     stopped | self.handle(PoolEvent::Tick)
                 }

@@ -16,6 +16,7 @@
 //! request; during a rolling restart with `max_surge` N above 1, up to N extra
 //! (`rolling.rs`). No spawn is ever issued after `Stop`.
 
+mod kernel;
 mod machine;
 mod pool_memory;
 mod rolling;
@@ -94,6 +95,18 @@ pub enum PoolEvent {
     RequestFinished {
         /// The worker.
         key: WorkerKey,
+    },
+    /// What the kernel shows of a direct pool's worker, whose requests corral never sees
+    /// (`pool::direct`): it stands for the request events a gateway pool's slot table
+    /// sends. Sets the worker's in-flight count to 1 (`busy`) or 0, and `ran` (the process
+    /// was scheduled since the last look) restarts its idle time even if it is idle now.
+    Seen {
+        /// The worker.
+        key: WorkerKey,
+        /// Not blocked in accept(2): holding a connection, or between two.
+        busy: bool,
+        /// It ran since it was last seen.
+        ran: bool,
     },
     /// Requests queued without a slot right now; send it whenever the number changes.
     Demand {

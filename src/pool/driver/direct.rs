@@ -8,17 +8,26 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{libc_sigkill, Driver, Report, Worker};
-use crate::config::DirectListener;
-use crate::pool::direct::{held_sockets, in_accept, serving, DirectSocket};
+use crate::config::{DirectListener, Sizing};
+use crate::pool::direct::{held_sockets, in_accept, sched, serving, DirectSocket, WorkerRecord};
 use crate::pool::memory_checks::MemoryWatch;
 use crate::pool::state::{ExitKind, PoolEvent, WorkerKey};
 use crate::process::{self, spawn_direct_worker};
 
 /// How often a booting direct worker's /proc/PID/syscall is read until it is in accept.
 const READY_POLL: Duration = Duration::from_millis(1);
+
+/// After reporting a pending connection, an ondemand pool's watch waits this long before it
+/// reports the next: under load a connection arrives every few microseconds, and each
+/// report costs a look at every worker and a sock_diag dump. The first connection to an
+/// idle pool is reported at once; the tick (100 ms) catches what the pause leaves queued.
+const WATCH_PAUSE: Duration = Duration::from_millis(20);
 
 /// A direct pool's listener, and its socket once bound.
 #[derive(Debug)]
@@ -32,18 +41,186 @@ pub(super) struct Direct {
     /// Held from the first spawn until the driver ends, so a pool built by a reload for the
     /// same address finds it open (`DirectSocket::get`).
     socket: Option<Arc<DirectSocket>>,
+    /// Dynamic or ondemand: the state machine is fed the kernel's view of each worker
+    /// (`PoolEvent::Seen`) and the accept queue (`Demand`). A static pool needs neither.
+    sized: bool,
+    /// Per worker: what the looks saw of it, logged when it leaves.
+    records: HashMap<WorkerKey, WorkerRecord>,
+    /// An ondemand pool's watch on its socket for a pending connection.
+    watch: Option<Watch>,
+    /// The last bind failed (logged once, tried again every tick).
+    bind_failed: bool,
+    /// Since when each held stop signal has waited for its worker to be seen in accept.
+    holding: HashMap<WorkerKey, Instant>,
+}
+
+/// The task that watches a direct socket for a pending connection, stopped when dropped.
+#[derive(Debug)]
+struct Watch(tokio::task::JoinHandle<()>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Watches `socket` for a connection waiting in its accept queue without accepting it (the
+/// workers do), as php-fpm's master does for `pm = ondemand`: a duplicate of the socket is
+/// registered with the reactor (the socket itself stays parked) and each readiness edge is
+/// reported as [`Report::Pending`], at most one per [`WATCH_PAUSE`].
+fn watch(socket: &DirectSocket, reports: mpsc::UnboundedSender<Report>) -> std::io::Result<Watch> {
+    // SAFETY: the OwnedFd is the AsyncFd's own: the descriptor stays open, on the same
+    // socket, until the AsyncFd drops it, and `as_raw_fd` returns that descriptor.
+    let fd = unsafe { AsyncFd::register_with_interest(socket.duplicate()?, Interest::READABLE) }
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(Watch(tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = fd.readable().await else {
+                return;
+            };
+            if reports.send(Report::Pending).is_err() {
+                return;
+            }
+            tokio::time::sleep(WATCH_PAUSE).await;
+            // Clears only the edge seen above: one that came during the pause stays set.
+            guard.clear_ready();
+        }
+    })))
 }
 
 impl Driver {
     /// Makes this a direct pool's driver: its workers accept on `listener` themselves.
     pub fn set_direct(&mut self, listener: DirectListener, request_timeout: Duration) {
         self.state.serves_unseen();
+        let sized = !matches!(self.state.spec().sizing, Sizing::Static { .. });
         self.direct = Some(Direct {
             listener,
             request_timeout,
             held: HashMap::new(),
             socket: None,
+            sized,
+            records: HashMap::new(),
+            watch: None,
+            bind_failed: false,
+            holding: HashMap::new(),
         });
+    }
+
+    /// Binds a direct pool's socket before any worker starts (an ondemand pool starts
+    /// none until a connection waits) and starts an ondemand pool's watch on it.
+    pub(super) fn start_direct(&mut self) {
+        let Some(direct) = self.direct.as_ref() else {
+            return;
+        };
+        if direct.socket.is_some() && (direct.watch.is_some() || !self.ondemand()) {
+            return;
+        }
+        let socket = match self.direct_socket() {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(d) = self.direct.as_mut().filter(|d| !d.bind_failed) {
+                    d.bind_failed = true;
+                    tracing::error!(pool = %self.name, error = %e, "the direct pool's socket cannot be bound: no worker can start; trying again every tick");
+                }
+                return;
+            }
+        };
+        if self.direct.as_ref().is_some_and(|d| d.bind_failed) {
+            tracing::info!(pool = %self.name, "the direct pool's socket is bound");
+        }
+        let watched = if self.ondemand() {
+            match watch(&socket, self.reports_tx.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::error!(pool = %self.name, error = %e, "cannot watch the direct pool's socket: workers start on the tick instead");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(d) = self.direct.as_mut() {
+            d.bind_failed = false;
+            d.watch = watched;
+        }
+    }
+
+    fn ondemand(&self) -> bool {
+        matches!(self.state.spec().sizing, Sizing::OnDemand { .. })
+    }
+
+    /// Every tick of a direct pool: the held stop signals, the hard request timeout, and
+    /// for a dynamic or ondemand pool the kernel's view. Returns whether the pool stopped.
+    pub(super) fn direct_tick(&mut self) -> bool {
+        self.start_direct();
+        self.send_direct_signals();
+        let stopped = self.check_direct_timeouts();
+        stopped | self.look_direct()
+    }
+
+    /// A connection waits on an ondemand pool's socket: look now rather than at the next
+    /// tick, unless the pool has all the workers it may have.
+    pub(super) fn on_pending(&mut self) -> bool {
+        if self.workers.len() >= self.state.spec().max() {
+            return false;
+        }
+        self.look_direct()
+    }
+
+    /// Looks at every worker of a direct pool (busy: not blocked in accept; whether it ran
+    /// since the last look; its CPU time) for the per-worker record, and feeds a dynamic or
+    /// ondemand pool's state machine what it saw, then the socket's accept queue as the
+    /// demand the sizing grows for.
+    fn look_direct(&mut self) -> bool {
+        let Some(direct) = self.direct.as_mut() else {
+            return false;
+        };
+        let mut seen = Vec::with_capacity(self.workers.len());
+        for (key, w) in &self.workers {
+            let Some(record) = direct.records.get_mut(key).filter(|_| w.pid != 0) else {
+                continue;
+            };
+            let Some(idle) = in_accept(w.pid) else {
+                continue; // gone: its exit is on the way
+            };
+            let ran = record.look(!idle, sched(w.pid));
+            seen.push((*key, !idle, ran));
+        }
+        if !direct.sized {
+            return false;
+        }
+        let waiting = direct
+            .socket
+            .as_ref()
+            .and_then(|s| s.queued())
+            .map_or(0, |q| usize::try_from(q).unwrap_or(usize::MAX));
+        for (key, busy, ran) in seen {
+            self.feed(PoolEvent::Seen { key, busy, ran });
+        }
+        self.apply(PoolEvent::Demand { waiting })
+    }
+
+    /// Worker `key` of a direct pool was reaped: logs its record, the one line corral can
+    /// write about what a direct worker served (ARCHITECTURE.md, "Direct pools").
+    pub(super) fn direct_exited(&mut self, key: WorkerKey, exit: ExitKind) {
+        let Some(record) = self.direct.as_mut().and_then(|d| d.records.remove(&key)) else {
+            return;
+        };
+        let pid = self.workers.get(&key).map_or(0, |w| w.pid);
+        let r = record.summary(exit);
+        let text = |v: Option<u64>| v.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+        tracing::info!(
+            pool = %self.name,
+            %key,
+            pid,
+            lifetime_ms = r.lifetime_ms,
+            cpu_ms = %text(r.cpu_ms),
+            busy_percent = %text(r.busy_percent),
+            looks = r.looks,
+            requests = %text(r.requests),
+            exit = %exit,
+            "direct worker record (per worker: corral sees no request of a direct pool)"
+        );
     }
 
     /// The hard request timeout of a direct pool, whose requests corral never sees: a
@@ -51,7 +228,7 @@ impl Driver {
     /// same set of sockets held without a pass through accept for `request_timeout` is one
     /// request running that long. A worker seen in accept, or whose sockets changed, starts
     /// again. Returns whether the pool stopped (as [`Driver::handle`]).
-    pub(super) fn check_direct_timeouts(&mut self) -> bool {
+    fn check_direct_timeouts(&mut self) -> bool {
         let Some(direct) = self.direct.as_mut() else {
             return false;
         };
@@ -118,7 +295,8 @@ impl Driver {
             }
         };
         let mut spec = self.template.clone();
-        spec.direct_max_requests = Some(self.state.budget(key).unwrap_or(0));
+        let budget = self.state.budget(key).unwrap_or(0);
+        spec.direct_max_requests = Some(budget);
         let address = socket.backend_address();
         let spawned = socket
             .duplicate()
@@ -136,6 +314,9 @@ impl Driver {
         let id = self.slots.add_worker(1, address.clone(), None);
         self.slots.set_pid(id, pid);
         tracing::info!(pool = %self.name, %key, pid, "direct worker started");
+        if let Some(d) = self.direct.as_mut() {
+            d.records.insert(key, WorkerRecord::new(budget));
+        }
         self.by_id.insert(id, key);
         self.workers.insert(
             key,
@@ -177,13 +358,37 @@ impl Driver {
         self.feed(PoolEvent::Spawned { key, pid });
     }
 
-    /// Sends each held stop signal whose worker is blocked in accept now (or gone). The
-    /// state machine's `kill_timeout` still bounds a worker that never gets back there.
+    /// Sends each held stop signal whose worker is blocked in accept now (or gone), or has
+    /// been held for half of `kill_timeout`. Under a load that keeps the accept queue
+    /// full a worker is never seen blocked in accept (each accept returns at once), and
+    /// the state machine would SIGKILL it at `kill_timeout` in the middle of a request;
+    /// SIGTERM then is the lesser harm: php-cgi finishes the request it holds (its FastCGI
+    /// reads and writes retry on EINTR) and exits before the next accept, though the
+    /// script's own blocking calls are cut short. `kill_timeout` still bounds a worker
+    /// whose request outlasts the other half.
     pub(super) fn send_direct_signals(&mut self) {
         let mut held = std::mem::take(&mut self.deferred);
-        held.retain(|&(_, pid)| {
-            if in_accept(pid) == Some(false) {
+        let now = Instant::now();
+        let patience = self.state.spec().kill_timeout / 2;
+        let Some(direct) = self.direct.as_mut() else {
+            self.deferred = held;
+            return;
+        };
+        direct
+            .holding
+            .retain(|k, _| held.iter().any(|(h, _)| h == k));
+        held.retain(|&(key, pid)| {
+            let since = *direct.holding.entry(key).or_insert(now);
+            let waited = now.duration_since(since) >= patience;
+            if in_accept(pid) == Some(false) && !waited {
                 return true;
+            }
+            direct.holding.remove(&key);
+            if let Some(r) = direct.records.get_mut(&key) {
+                r.asked_to_stop();
+            }
+            if waited {
+                tracing::debug!(pool = %self.name, %key, pid, "a direct worker held for its stop signal was never seen in accept: signalling it mid-request");
             }
             if let Err(e) = process::signal_group(pid, process::StopSignal::Term) {
                 tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker");

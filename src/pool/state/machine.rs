@@ -156,6 +156,7 @@ impl PoolState {
             PoolEvent::Exited { key, status } => self.exited(key, status, now),
             PoolEvent::RequestStarted { key } => self.request_started(key, now),
             PoolEvent::RequestFinished { key } => self.request_finished(key, now),
+            PoolEvent::Seen { key, busy, ran } => self.seen(key, busy, ran, now),
             PoolEvent::Demand { waiting } => self.demand = waiting,
             PoolEvent::PoolMemory { workers } => self.pool_memory(&workers),
             PoolEvent::Memory { key, bytes } => {
@@ -473,7 +474,7 @@ impl PoolState {
         self.maybe_signal(key, now);
     }
 
-    fn maybe_signal(&mut self, key: WorkerKey, now: Duration) {
+    pub(super) fn maybe_signal(&mut self, key: WorkerKey, now: Duration) {
         let Some(w) = self.workers.get_mut(&key) else {
             return;
         };
