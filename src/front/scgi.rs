@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
-use crate::front::cgi::{self, error_answer, linger, prepare, CgiSink, Relayed};
+use crate::front::cgi::{self, error_answer, give_back, linger, prepare, read_buffer, CgiSink};
 use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, Routed};
 use crate::net::Stream;
@@ -26,7 +26,7 @@ use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
 /// Request-body chunks in flight between the connection and the backend exchange.
 const BODY_CHUNKS: usize = 4;
 /// Bytes read from the connection at a time.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = cgi::READ_CHUNK;
 
 /// Why the request body stopped before its end.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +68,7 @@ pub async fn serve_connection(
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut decoder = ScgiRequestDecoder::new(&gateway.limits);
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut buf = read_buffer();
     let state = Arc::clone(ticket.state());
     let head_deadline = tokio::time::Instant::now() + timeouts.header;
     let head = loop {
@@ -120,17 +120,18 @@ pub async fn serve_connection(
         Ok(prepared) => prepared,
         Err(e) => {
             cgi::refuse(&mut Conn(&mut writer), &e, request_id).await;
-            let _ = writer.shutdown().await;
             if declared > 0 {
-                linger(&mut reader, BytesMut::new()).await;
+                let _ = writer.shutdown().await;
+                linger(&mut reader, &mut buf).await;
             }
+            give_back(buf);
             return;
         }
     };
     let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
     let fed = {
         let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
-        let feed = feed(&mut decoder, buf, &mut reader, tx, declared, &timeouts);
+        let feed = feed(&mut decoder, &mut buf, &mut reader, tx, declared, &timeouts);
         tokio::pin!(respond, feed);
         let mut fed = None;
         loop {
@@ -154,8 +155,13 @@ pub async fn serve_connection(
         fed
     };
     if fed == Some(Fed::Stopped) || fed.is_none() {
-        linger(&mut reader, BytesMut::new()).await;
+        // The FIN first, so the client sees the answer end while corral reads on.
+        let _ = writer.shutdown().await;
+        linger(&mut reader, &mut buf).await;
     }
+    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // would have sent: one system call fewer per connection.
+    give_back(buf);
 }
 
 /// The head's parameters for the front logic, CONTENT_LENGTH (`declared`) first.
@@ -197,10 +203,9 @@ async fn respond(
     writer: &mut WriteHalf<Stream>,
 ) {
     let response = gateway.dispatch(routed, params, body, request_id).await;
-    // Closing is all SCGI has to say a response was cut short; a complete one closes too.
-    if cgi::relay(&mut Conn(writer), response, request_id).await != Relayed::Gone {
-        let _ = writer.shutdown().await;
-    }
+    // Closing is all SCGI has to say a response was cut short; a complete one closes too
+    // (the caller closes the connection, shutting it down first when it lingers).
+    cgi::relay(&mut Conn(writer), response, request_id).await;
 }
 
 /// The SCGI connection as a CGI sink: the response goes out as it is.
@@ -225,7 +230,7 @@ impl CgiSink for Conn<'_> {
 /// not count.
 async fn feed(
     decoder: &mut ScgiRequestDecoder,
-    mut buf: BytesMut,
+    buf: &mut BytesMut,
     reader: &mut ReadHalf<Stream>,
     tx: BodySender,
     declared: u64,
@@ -234,7 +239,7 @@ async fn feed(
     let mut received = 0u64;
     let mut waited = std::time::Duration::ZERO;
     let failure = loop {
-        match decoder.decode(&mut buf) {
+        match decoder.decode(buf) {
             Ok(Some(ScgiRequestEvent::Body(data))) => {
                 received += data.len() as u64;
                 if tx.send(data).await.is_err() {
@@ -250,7 +255,7 @@ async fn feed(
         buf.reserve(READ_CHUNK);
         let left = timeouts.body_total.saturating_sub(waited);
         let since = tokio::time::Instant::now();
-        let read = tokio::time::timeout(timeouts.body.min(left), reader.read_buf(&mut buf)).await;
+        let read = tokio::time::timeout(timeouts.body.min(left), reader.read_buf(buf)).await;
         waited += since.elapsed();
         match read {
             Ok(Ok(n)) if n > 0 => {}
