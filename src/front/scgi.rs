@@ -8,7 +8,9 @@
 //! is closed), and a body that stalls for `body_timeout` aborts the connection and its
 //! backend request. `idle_timeout` does not apply: an SCGI connection is never kept alive.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -88,23 +90,35 @@ pub async fn serve_connection(
             }
         }
         buf.reserve(READ_CHUNK);
-        tokio::select! {
-            read = reader.read_buf(&mut buf) => match read {
-                Ok(0) => return,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "scgi connection failed before its head");
+        // Bytes already there (nginx writes its request as it connects) are read without
+        // waiting, so without registering the head timer: a timer earlier than the
+        // thread's next wake-up makes tokio wake the thread (an eventfd write).
+        let ready = {
+            let read = reader.read_buf(&mut buf);
+            tokio::pin!(read);
+            std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+        };
+        let read = match ready {
+            Poll::Ready(read) => read,
+            Poll::Pending => tokio::select! {
+                read = reader.read_buf(&mut buf) => read,
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(head_deadline) => {
+                    tracing::debug!(after = ?timeouts.header, "scgi head not complete within header_timeout; closing");
+                    return;
+                }
+                // An incomplete head counts as idle: the cap table may close it for room.
+                () = state.evicted().cancelled() => {
+                    tracing::debug!("closing an scgi connection whose head is not complete, for room under the cap");
                     return;
                 }
             },
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep_until(head_deadline) => {
-                tracing::debug!(after = ?timeouts.header, "scgi head not complete within header_timeout; closing");
-                return;
-            }
-            // An incomplete head counts as idle: the cap table may close it for room.
-            () = state.evicted().cancelled() => {
-                tracing::debug!("closing an scgi connection whose head is not complete, for room under the cap");
+        };
+        match read {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "scgi connection failed before its head");
                 return;
             }
         }
@@ -115,6 +129,9 @@ pub async fn serve_connection(
     // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
     // backends need it back.
     let params = front_params(declared, &head.params);
+    // The head's pairs share the read buffer: dropped now, they leave it reclaimable for
+    // the next connection (`give_back`).
+    drop(head);
     let prepared = params.and_then(|params| prepare(&gateway, &listener, params, request_id));
     let (routed, params) = match prepared {
         Ok(prepared) => prepared,
