@@ -20,11 +20,47 @@ use crate::protocols::cgi::{
 };
 use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
 
-/// Bytes read at a time while lingering (into a buffer the caller already has, or one of this
-/// size allocated when it has none).
-const LINGER_CHUNK: usize = 16 * 1024;
+/// Bytes a CGI front's connection reads at a time (and reads at a time while lingering).
+pub(crate) const READ_CHUNK: usize = 16 * 1024;
 /// How long a connection closed by corral keeps reading what the front server still sends.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+/// Read buffers a serving thread keeps for its next connections ([`read_buffer`]).
+const KEPT_BUFFERS: usize = 8;
+/// A read buffer larger than this (one that grew for a large record) is not kept.
+const KEPT_CAPACITY: usize = 4 * READ_CHUNK;
+
+thread_local! {
+    /// This thread's read buffers of connections that ended, for the next ones.
+    static READ_BUFFERS: std::cell::RefCell<Vec<BytesMut>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A read buffer for a new CGI front connection: one a connection that ended on this thread
+/// gave back, else a new one of [`READ_CHUNK`] bytes. A front server that opens a connection
+/// per request (nginx's plain `fastcgi_pass` and `scgi_pass`) would otherwise have a buffer
+/// allocated and freed for every request, and promoted to shared storage the first time a
+/// record is split off it.
+pub(crate) fn read_buffer() -> BytesMut {
+    READ_BUFFERS
+        .with_borrow_mut(Vec::pop)
+        .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
+}
+
+/// Gives back a connection's read buffer when it ends. Kept only when it is empty and
+/// wholly reclaimable (no body chunk split off it is still alive somewhere), not over
+/// [`KEPT_CAPACITY`], and while the thread keeps fewer than [`KEPT_BUFFERS`]: what a thread
+/// holds this way is bounded, whatever its connections did.
+pub(crate) fn give_back(mut buf: BytesMut) {
+    buf.clear();
+    if !buf.try_reclaim(READ_CHUNK) || buf.capacity() > KEPT_CAPACITY {
+        return;
+    }
+    READ_BUFFERS.with_borrow_mut(|kept| {
+        if kept.len() < KEPT_BUFFERS {
+            kept.push(buf);
+        }
+    });
+}
 
 /// Routes a front server's request and normalises its parameters for the chosen context
 /// (ARCHITECTURE.md decisions 11 and 12): the route and the clean parameters, encoded once.
@@ -255,14 +291,13 @@ pub(crate) fn error_answer(status: u16, retry_after: Option<u32>) -> BytesMut {
 /// After corral closed its side, reads and drops what the peer still sends (a request body
 /// answered early), for at most [`LINGER`]: closing a socket with unread bytes resets the
 /// connection, and a reset can destroy the answer before the peer has read it.
-/// `scratch` is reused for the bytes thrown away (nothing is zeroed: this runs at the end of
-/// every connection a front server does not keep).
-pub(crate) async fn linger(reader: &mut (impl AsyncRead + Unpin), mut scratch: BytesMut) {
+/// `scratch` is reused for the bytes thrown away (nothing is zeroed).
+pub(crate) async fn linger(reader: &mut (impl AsyncRead + Unpin), scratch: &mut BytesMut) {
     let drain = async {
         loop {
             scratch.clear();
-            scratch.reserve(LINGER_CHUNK);
-            match reader.read_buf(&mut scratch).await {
+            scratch.reserve(READ_CHUNK);
+            match reader.read_buf(scratch).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
@@ -318,6 +353,48 @@ mod tests {
             content_length(&p("18446744073709551615")),
             Ok(Some(u64::MAX))
         );
+    }
+
+    fn kept() -> usize {
+        READ_BUFFERS.with_borrow(Vec::len)
+    }
+
+    #[test]
+    fn read_buffers_come_back_empty_and_bounded() {
+        // Each test runs on a thread of its own: nothing is kept yet.
+        assert_eq!(kept(), 0);
+        let mut buf = read_buffer();
+        assert!(buf.is_empty() && buf.capacity() >= READ_CHUNK);
+        buf.extend_from_slice(b"a request from the previous connection");
+        let at = buf.as_ptr();
+        give_back(buf);
+        assert_eq!(kept(), 1);
+        // The same memory, and none of the previous connection's bytes.
+        let again = read_buffer();
+        assert_eq!(again.as_ptr(), at);
+        assert!(again.is_empty());
+        assert_eq!(kept(), 0);
+
+        // A buffer a chunk still shares (a body chunk a backend has not dropped) is not kept.
+        let mut shared = read_buffer();
+        shared.extend_from_slice(b"body bytes");
+        let chunk = shared.split_to(4).freeze();
+        give_back(shared);
+        assert_eq!(kept(), 0);
+        drop(chunk);
+
+        // A buffer that grew past the bound for a large record is not kept.
+        let mut grown = read_buffer();
+        grown.reserve(KEPT_CAPACITY + 1);
+        give_back(grown);
+        assert_eq!(kept(), 0);
+
+        // At most KEPT_BUFFERS are kept, however many connections end at once.
+        let many: Vec<BytesMut> = (0..KEPT_BUFFERS + 3).map(|_| read_buffer()).collect();
+        for buf in many {
+            give_back(buf);
+        }
+        assert_eq!(kept(), KEPT_BUFFERS);
     }
 
     #[test]

@@ -33,6 +33,7 @@
 //! for a request that got no backend response, the lingering close) is in `crate::front::cgi`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::AtomicU8;
@@ -40,7 +41,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, ReadHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +56,7 @@ use crate::protocols::fastcgi::{
     Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent,
 };
 
-use crate::front::cgi::linger;
+use crate::front::cgi::{give_back, linger, read_buffer};
 use crate::front::quiet::Quiet;
 
 mod answer;
@@ -74,7 +75,7 @@ const STDIN_BUDGET: usize = 1024 * 1024;
 /// Retry-After of the 503 that refuses a request whose body outran its budget.
 const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = crate::front::cgi::READ_CHUNK;
 
 /// A map keyed by request id. Ids are the front server's, but a map holds at most
 /// `Limits::max_concurrent_requests` of them (the writer's, one per id ever ended, at most
@@ -115,11 +116,12 @@ pub async fn serve_connection(
 ) {
     let (mut reader, writer) = tokio::io::split(stream);
     let (out, out_rx) = mpsc::channel(OUT_FRAMES);
-    let closed = Arc::new(Closed::default());
+    let closed = Closed::default();
     // The writer runs beside the reader in this connection's task (joined below), not in a
     // task of its own: a front server that opens a connection per request would otherwise
-    // pay a task per connection, and every frame a wake-up of another task.
-    let writer = write_loop(writer, out_rx, Arc::clone(&closed));
+    // pay a task per connection, and every frame a wake-up of another task. Both borrow
+    // `closed` from here.
+    let writer = write_loop(writer, out_rx, &closed);
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -137,12 +139,12 @@ pub async fn serve_connection(
         out,
         done: None,
         done_rx: None,
-        closed,
+        closed: &closed,
         input_pending: false,
         inline: None,
         inline_done: None,
     };
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut buf = read_buffer();
     let reading = async {
         let closed_by_us = conn.run(&mut reader, &mut buf, shutdown).await;
         let linger_needed = closed_by_us && conn.input_may_follow(&buf);
@@ -153,10 +155,15 @@ pub async fn serve_connection(
         drop(conn);
         linger_needed
     };
-    let (linger_needed, ()) = tokio::join!(reading, writer);
+    let (linger_needed, mut writer) = tokio::join!(reading, writer);
     if linger_needed {
-        linger(&mut reader, buf).await;
+        // The FIN first, so the front server sees the answer end while corral reads on.
+        let _ = writer.shutdown().await;
+        linger(&mut reader, &mut buf).await;
     }
+    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // would have sent: one system call fewer per connection.
+    give_back(buf);
 }
 
 /// What this front answers to FCGI_GET_VALUES: it multiplexes, and one connection carries at
@@ -218,8 +225,9 @@ fn poll_inline(inline: &mut Option<Inline>, cx: &mut Context<'_>) -> Poll<Done> 
     Poll::Ready(Done { id, seq, ending })
 }
 
-/// The reader side of one connection.
-struct Connection {
+/// The reader side of one connection; `'c` is the connection's task, where the writer's
+/// flag lives.
+struct Connection<'c> {
     state: Arc<ConnState>,
     timeouts: FrontTimeouts,
     /// When the connection last had no request (accept, or its last request's end).
@@ -244,7 +252,7 @@ struct Connection {
     /// Its receiving end, until the reader's loop takes it.
     done_rx: Option<mpsc::Receiver<Done>>,
     /// The writer has ended.
-    closed: Arc<Closed>,
+    closed: &'c Closed,
     /// A request was ended before the front server had sent all of its records (answered
     /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
     /// follow, so closing must linger.
@@ -269,7 +277,7 @@ enum Side {
     Evicted,
 }
 
-impl Connection {
+impl Connection<'_> {
     /// Reads and handles events until the connection ends; true when corral closed it (the
     /// writer ended), so the caller lingers.
     async fn run(
@@ -285,9 +293,14 @@ impl Connection {
         // The waits that outlive one turn of the loop are made once, not at every turn (each
         // would register with its token or the timer wheel anew).
         let state = Arc::clone(&self.state);
-        let closed = Arc::clone(&self.closed);
+        let closed = self.closed;
         let closed_wait = closed.wait();
-        let expiry = tokio::time::sleep_until(Instant::now() + self.timeouts.idle);
+        // Made, and so registered with the timer wheel, only when the reader first has to
+        // wait for bytes: a front server that writes its request as it connects (nginx's
+        // plain `fastcgi_pass`) is answered without one. A timer registered earlier than the
+        // thread's next wake-up makes tokio wake the thread (an eventfd write and one more
+        // epoll_wait), even when it is running.
+        let expiry: Option<tokio::time::Sleep> = None;
         // The eviction and the shutdown almost never come: watched together, polled only
         // when one of them woke the task (front::quiet), not at every turn. Once one has
         // come, the other is watched on its own.
@@ -355,63 +368,93 @@ impl Connection {
                 self.head_from = (!buf.is_empty()).then_some(now);
             }
             was_idle = idle;
-            let deadline = self.deadline();
-            if let Some((at, _)) = deadline {
-                if expiry.deadline() != at {
-                    expiry.as_mut().reset(at);
-                }
-            }
-            let reported = async {
-                match done_rx.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
+            buf.reserve(READ_CHUNK);
+            // Bytes already there are read without waiting, so without a timer.
+            let ready = {
+                let read = reader.read_buf(buf);
+                tokio::pin!(read);
+                std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+            };
+            let read = match ready {
+                Poll::Ready(read) => read,
+                Poll::Pending => {
+                    let deadline = self.deadline();
+                    if let Some((at, _)) = deadline {
+                        match expiry.as_mut().as_pin_mut() {
+                            Some(sleep) if sleep.deadline() == at => {}
+                            Some(sleep) => sleep.reset(at),
+                            None => expiry.set(Some(tokio::time::sleep_until(at))),
+                        }
+                    }
+                    let expired = std::future::poll_fn(|cx| match expiry.as_mut().as_pin_mut() {
+                        Some(sleep) => sleep.poll(cx),
+                        None => Poll::Pending,
+                    });
+                    let reported = async {
+                        match done_rx.as_mut() {
+                            Some(rx) => rx.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::pin!(expired);
+                    tokio::select! {
+                        read = reader.read_buf(buf) => read,
+                        () = &mut expired, if deadline.is_some() => {
+                            let why = deadline.map(|(_, why)| why).unwrap_or(Expired::Idle);
+                            tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
+                            return false;
+                        }
+                        came = &mut side, if !side_came => {
+                            side_came = true;
+                            match came {
+                                Side::Shutdown => draining = true,
+                                Side::Evicted => evicted = true,
+                            }
+                            continue;
+                        }
+                        () = &mut evicted_wait, if side_came && !evicted => {
+                            evicted = true;
+                            continue;
+                        }
+                        () = &mut stopping, if side_came && !draining => {
+                            draining = true;
+                            continue;
+                        }
+                        Some(done) = reported => {
+                            if let Flow::Stop = self.on_done(done).await {
+                                return self.closed.is_set();
+                            }
+                            continue;
+                        }
+                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
+                            if let Flow::Stop = self.on_done(done).await {
+                                return self.closed.is_set();
+                            }
+                            continue;
+                        }
+                        () = &mut closed_wait => return true,
+                    }
                 }
             };
-            buf.reserve(READ_CHUNK);
-            tokio::select! {
-                read = reader.read_buf(buf) => match read {
-                    Ok(0) => {
-                        if !self.requests.is_empty() {
-                            tracing::debug!("fastcgi front server closed the connection with requests in progress");
-                        }
-                        return false;
+            match read {
+                Ok(0) => {
+                    if !self.requests.is_empty() {
+                        tracing::debug!(
+                            "fastcgi front server closed the connection with requests in progress"
+                        );
                     }
-                    Ok(_) => {
-                        read_any = true;
-                        if self.requests.is_empty() && self.head_from.is_none() {
-                            self.head_from = Some(Instant::now());
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "fastcgi front connection failed");
-                        return false;
-                    }
-                },
-                () = &mut expiry, if deadline.is_some() => {
-                    let why = deadline.map(|(_, why)| why).unwrap_or(Expired::Idle);
-                    tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
                     return false;
                 }
-                came = &mut side, if !side_came => {
-                    side_came = true;
-                    match came {
-                        Side::Shutdown => draining = true,
-                        Side::Evicted => evicted = true,
+                Ok(_) => {
+                    read_any = true;
+                    if self.requests.is_empty() && self.head_from.is_none() {
+                        self.head_from = Some(Instant::now());
                     }
                 }
-                () = &mut evicted_wait, if side_came && !evicted => evicted = true,
-                () = &mut stopping, if side_came && !draining => draining = true,
-                Some(done) = reported => {
-                    if let Flow::Stop = self.on_done(done).await {
-                        return self.closed.is_set();
-                    }
+                Err(e) => {
+                    tracing::debug!(error = %e, "fastcgi front connection failed");
+                    return false;
                 }
-                done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
-                    if let Flow::Stop = self.on_done(done).await {
-                        return self.closed.is_set();
-                    }
-                }
-                () = &mut closed_wait => return true,
             }
         }
     }

@@ -8,7 +8,9 @@
 //! is closed), and a body that stalls for `body_timeout` aborts the connection and its
 //! backend request. `idle_timeout` does not apply: an SCGI connection is never kept alive.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -16,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
-use crate::front::cgi::{self, error_answer, linger, prepare, CgiSink, Relayed};
+use crate::front::cgi::{self, error_answer, give_back, linger, prepare, read_buffer, CgiSink};
 use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, Routed};
 use crate::net::Stream;
@@ -26,7 +28,7 @@ use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
 /// Request-body chunks in flight between the connection and the backend exchange.
 const BODY_CHUNKS: usize = 4;
 /// Bytes read from the connection at a time.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = cgi::READ_CHUNK;
 
 /// Why the request body stopped before its end.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +70,7 @@ pub async fn serve_connection(
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut decoder = ScgiRequestDecoder::new(&gateway.limits);
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut buf = read_buffer();
     let state = Arc::clone(ticket.state());
     let head_deadline = tokio::time::Instant::now() + timeouts.header;
     let head = loop {
@@ -88,23 +90,35 @@ pub async fn serve_connection(
             }
         }
         buf.reserve(READ_CHUNK);
-        tokio::select! {
-            read = reader.read_buf(&mut buf) => match read {
-                Ok(0) => return,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "scgi connection failed before its head");
+        // Bytes already there (nginx writes its request as it connects) are read without
+        // waiting, so without registering the head timer: a timer earlier than the
+        // thread's next wake-up makes tokio wake the thread (an eventfd write).
+        let ready = {
+            let read = reader.read_buf(&mut buf);
+            tokio::pin!(read);
+            std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+        };
+        let read = match ready {
+            Poll::Ready(read) => read,
+            Poll::Pending => tokio::select! {
+                read = reader.read_buf(&mut buf) => read,
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(head_deadline) => {
+                    tracing::debug!(after = ?timeouts.header, "scgi head not complete within header_timeout; closing");
+                    return;
+                }
+                // An incomplete head counts as idle: the cap table may close it for room.
+                () = state.evicted().cancelled() => {
+                    tracing::debug!("closing an scgi connection whose head is not complete, for room under the cap");
                     return;
                 }
             },
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep_until(head_deadline) => {
-                tracing::debug!(after = ?timeouts.header, "scgi head not complete within header_timeout; closing");
-                return;
-            }
-            // An incomplete head counts as idle: the cap table may close it for room.
-            () = state.evicted().cancelled() => {
-                tracing::debug!("closing an scgi connection whose head is not complete, for room under the cap");
+        };
+        match read {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "scgi connection failed before its head");
                 return;
             }
         }
@@ -115,22 +129,26 @@ pub async fn serve_connection(
     // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
     // backends need it back.
     let params = front_params(declared, &head.params);
+    // The head's pairs share the read buffer: dropped now, they leave it reclaimable for
+    // the next connection (`give_back`).
+    drop(head);
     let prepared = params.and_then(|params| prepare(&gateway, &listener, params, request_id));
     let (routed, params) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
             cgi::refuse(&mut Conn(&mut writer), &e, request_id).await;
-            let _ = writer.shutdown().await;
             if declared > 0 {
-                linger(&mut reader, BytesMut::new()).await;
+                let _ = writer.shutdown().await;
+                linger(&mut reader, &mut buf).await;
             }
+            give_back(buf);
             return;
         }
     };
     let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
     let fed = {
         let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
-        let feed = feed(&mut decoder, buf, &mut reader, tx, declared, &timeouts);
+        let feed = feed(&mut decoder, &mut buf, &mut reader, tx, declared, &timeouts);
         tokio::pin!(respond, feed);
         let mut fed = None;
         loop {
@@ -154,8 +172,13 @@ pub async fn serve_connection(
         fed
     };
     if fed == Some(Fed::Stopped) || fed.is_none() {
-        linger(&mut reader, BytesMut::new()).await;
+        // The FIN first, so the client sees the answer end while corral reads on.
+        let _ = writer.shutdown().await;
+        linger(&mut reader, &mut buf).await;
     }
+    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // would have sent: one system call fewer per connection.
+    give_back(buf);
 }
 
 /// The head's parameters for the front logic, CONTENT_LENGTH (`declared`) first.
@@ -197,10 +220,9 @@ async fn respond(
     writer: &mut WriteHalf<Stream>,
 ) {
     let response = gateway.dispatch(routed, params, body, request_id).await;
-    // Closing is all SCGI has to say a response was cut short; a complete one closes too.
-    if cgi::relay(&mut Conn(writer), response, request_id).await != Relayed::Gone {
-        let _ = writer.shutdown().await;
-    }
+    // Closing is all SCGI has to say a response was cut short; a complete one closes too
+    // (the caller closes the connection, shutting it down first when it lingers).
+    cgi::relay(&mut Conn(writer), response, request_id).await;
 }
 
 /// The SCGI connection as a CGI sink: the response goes out as it is.
@@ -225,7 +247,7 @@ impl CgiSink for Conn<'_> {
 /// not count.
 async fn feed(
     decoder: &mut ScgiRequestDecoder,
-    mut buf: BytesMut,
+    buf: &mut BytesMut,
     reader: &mut ReadHalf<Stream>,
     tx: BodySender,
     declared: u64,
@@ -234,7 +256,7 @@ async fn feed(
     let mut received = 0u64;
     let mut waited = std::time::Duration::ZERO;
     let failure = loop {
-        match decoder.decode(&mut buf) {
+        match decoder.decode(buf) {
             Ok(Some(ScgiRequestEvent::Body(data))) => {
                 received += data.len() as u64;
                 if tx.send(data).await.is_err() {
@@ -250,7 +272,7 @@ async fn feed(
         buf.reserve(READ_CHUNK);
         let left = timeouts.body_total.saturating_sub(waited);
         let since = tokio::time::Instant::now();
-        let read = tokio::time::timeout(timeouts.body.min(left), reader.read_buf(&mut buf)).await;
+        let read = tokio::time::timeout(timeouts.body.min(left), reader.read_buf(buf)).await;
         waited += since.elapsed();
         match read {
             Ok(Ok(n)) if n > 0 => {}

@@ -112,8 +112,11 @@ struct Active<C> {
 pub struct RequestDecoder<C: ParamsCollector = ParamsDecoder> {
     records: RecordDecoder,
     limits: Limits,
-    /// Few at a time (usually one), so a vector searched linearly beats a map.
-    active: Vec<Active<C>>,
+    /// The active requests: usually one (a front server that does not multiplex), kept in
+    /// `first` with no allocation; any others in `more`, few at a time, so a vector searched
+    /// linearly beats a map. `first` is searched first; an id is in one of them at most.
+    first: Option<Active<C>>,
+    more: Vec<Active<C>>,
     /// The collector of the last request finished, kept for the next (its buffers too).
     spare: Option<C>,
 }
@@ -133,26 +136,41 @@ impl<C: ParamsCollector> RequestDecoder<C> {
         RequestDecoder {
             records: RecordDecoder::new(),
             limits: limits.clone(),
-            active: Vec::new(),
+            first: None,
+            more: Vec::new(),
             spare: None,
         }
     }
 
     /// Whether `request_id` is active.
     pub fn is_active(&self, request_id: u16) -> bool {
-        self.active.iter().any(|a| a.request_id == request_id)
+        self.first
+            .as_ref()
+            .is_some_and(|a| a.request_id == request_id)
+            || self.more.iter().any(|a| a.request_id == request_id)
     }
 
     /// How many request ids are active.
     pub fn active_count(&self) -> usize {
-        self.active.len()
+        usize::from(self.first.is_some()) + self.more.len()
     }
 
     /// Forgets `request_id` once its FCGI_END_REQUEST is sent; true if it was active.
     pub fn finish(&mut self, request_id: u16) -> bool {
-        match self.active.iter().position(|a| a.request_id == request_id) {
-            Some(at) => {
-                let done = self.active.swap_remove(at);
+        let done = if self
+            .first
+            .as_ref()
+            .is_some_and(|a| a.request_id == request_id)
+        {
+            self.first.take()
+        } else {
+            self.more
+                .iter()
+                .position(|a| a.request_id == request_id)
+                .map(|at| self.more.swap_remove(at))
+        };
+        match done {
+            Some(done) => {
                 if done.params_done {
                     // A finished stream left the collector empty: the next request reuses it.
                     self.spare = Some(done.params);
@@ -272,7 +290,7 @@ impl<C: ParamsCollector> RequestDecoder<C> {
             });
         };
         let max = self.limits.max_concurrent_requests;
-        if self.active.len() >= max {
+        if self.active_count() >= max {
             let status = if max <= 1 {
                 ProtocolStatus::CantMpxConn
             } else {
@@ -284,14 +302,19 @@ impl<C: ParamsCollector> RequestDecoder<C> {
                 status,
             });
         }
-        self.active.push(Active {
+        let active = Active {
             request_id,
             role,
             params: self.spare.take().unwrap_or_else(|| C::new(&self.limits)),
             params_done: false,
             stdin_done: false,
             data_done: false,
-        });
+        };
+        if self.first.is_none() {
+            self.first = Some(active);
+        } else {
+            self.more.push(active);
+        }
         Ok(RequestEvent::Begin {
             request_id,
             role,
@@ -300,7 +323,10 @@ impl<C: ParamsCollector> RequestDecoder<C> {
     }
 
     fn find(&mut self, request_id: u16) -> Option<&mut Active<C>> {
-        self.active.iter_mut().find(|a| a.request_id == request_id)
+        match &mut self.first {
+            Some(a) if a.request_id == request_id => Some(a),
+            _ => self.more.iter_mut().find(|a| a.request_id == request_id),
+        }
     }
 
     fn params(

@@ -25,7 +25,7 @@ const WRITE_BATCH: usize = 64 * 1024;
 pub(super) struct Out {
     pub(super) id: u16,
     pub(super) seq: u64,
-    pub(super) bytes: BytesMut,
+    pub(super) bytes: Frame,
     pub(super) last: bool,
     /// With `last`: the request was cut short (aborted, refused for its body) while its
     /// task may still send frames; the writer drops those. A request that ended of itself
@@ -34,13 +34,31 @@ pub(super) struct Out {
     pub(super) close: bool,
 }
 
+/// What a frame carries.
+#[derive(Debug)]
+pub(super) enum Frame {
+    /// Bytes encoded by the sender (none, to close or cut a request short without a word).
+    Bytes(BytesMut),
+    /// The usual end of the frame's request: an empty FCGI_STDOUT and FCGI_END_REQUEST with
+    /// FCGI_REQUEST_COMPLETE, which the writer encodes into the bytes it is gathering (after
+    /// the response, in the room its frame kept for them), so no buffer is made for them.
+    Complete,
+}
+
+impl From<BytesMut> for Frame {
+    fn from(bytes: BytesMut) -> Frame {
+        Frame::Bytes(bytes)
+    }
+}
+
 /// Writes frames in order until the channel ends, a write fails, or a frame says close; then
-/// tells the reader through `closed`.
+/// tells the reader through `closed` and gives the write half back: the caller shuts it
+/// down only when it lingers, since closing the socket sends the same FIN.
 pub(super) async fn write_loop(
     mut writer: WriteHalf<Stream>,
     mut frames: mpsc::Receiver<Out>,
-    closed: Arc<Closed>,
-) {
+    closed: &Closed,
+) -> WriteHalf<Stream> {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
     let mut ended: super::IdMap<u64> = super::IdMap::default();
     // The frames queued by the time the writer runs go out in one write: a response's head,
@@ -51,11 +69,12 @@ pub(super) async fn write_loop(
         let mut close = false;
         while let Some(frame) = next.take() {
             let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
-            if !stale && !frame.bytes.is_empty() {
-                if batch.is_empty() {
-                    batch = frame.bytes;
-                } else {
-                    batch.extend_from_slice(&frame.bytes);
+            if !stale {
+                match frame.bytes {
+                    Frame::Bytes(bytes) if bytes.is_empty() => {}
+                    Frame::Bytes(bytes) if batch.is_empty() => batch = bytes,
+                    Frame::Bytes(bytes) => batch.extend_from_slice(&bytes),
+                    Frame::Complete => encode_request_complete(frame.id, 0, &mut batch),
                 }
             }
             if frame.last && frame.cut {
@@ -81,7 +100,7 @@ pub(super) async fn write_loop(
         }
     }
     closed.set().await;
-    let _ = writer.shutdown().await;
+    writer
 }
 
 /// Set by the writer when it has ended: the connection is closed on corral's side. The
@@ -138,7 +157,7 @@ pub(super) struct Done {
 /// cut the response short) and whether the connection closes after it.
 #[derive(Debug)]
 pub(super) struct Ending {
-    pub(super) bytes: BytesMut,
+    pub(super) bytes: Frame,
     pub(super) close: bool,
 }
 
@@ -169,7 +188,7 @@ impl Responder {
         let out = Out {
             id: self.id,
             seq: self.seq,
-            bytes,
+            bytes: Frame::Bytes(bytes),
             last: false,
             cut: false,
             close: false,
@@ -179,10 +198,8 @@ impl Responder {
 
     /// The usual end: FCGI_STDOUT's end and FCGI_END_REQUEST with REQUEST_COMPLETE.
     pub(super) fn complete(&self) -> Ending {
-        let mut bytes = BytesMut::new();
-        encode_request_complete(self.id, 0, &mut bytes);
         Ending {
-            bytes,
+            bytes: Frame::Complete,
             close: !self.keep_conn,
         }
     }
@@ -197,7 +214,7 @@ impl Responder {
             // The status has gone out: closing without FCGI_END_REQUEST is the only way to
             // tell the front server the response is cut short.
             Relayed::BrokeOff => Ending {
-                bytes: BytesMut::new(),
+                bytes: Frame::Bytes(BytesMut::new()),
                 close: true,
             },
         }

@@ -26,7 +26,7 @@ use crate::protocols::fastcgi::{
     ProtocolStatus, RequestEvent, Role,
 };
 
-impl Connection {
+impl Connection<'_> {
     /// The sender through which tasks of their own report their requests' endings, made
     /// with the first such task (most connections never multiplex).
     fn done_sender(&mut self) -> mpsc::Sender<Done> {
@@ -139,7 +139,7 @@ impl Connection {
                 self.send(Out {
                     id: 0,
                     seq: 0,
-                    bytes,
+                    bytes: bytes.into(),
                     last: false,
                     cut: false,
                     close: false,
@@ -153,7 +153,7 @@ impl Connection {
                 self.send(Out {
                     id: 0,
                     seq: 0,
-                    bytes,
+                    bytes: bytes.into(),
                     last: false,
                     cut: false,
                     close: false,
@@ -200,7 +200,7 @@ impl Connection {
         self.send(Out {
             id,
             seq,
-            bytes,
+            bytes: bytes.into(),
             last: true,
             cut,
             close: !keep_conn,
@@ -398,7 +398,7 @@ impl Connection {
         self.send(Out {
             id,
             seq: r.seq,
-            bytes,
+            bytes: bytes.into(),
             last: true,
             cut: true,
             close: !r.keep_conn,
