@@ -560,6 +560,10 @@ fn pool_summary(p: &config::PoolConfig) -> String {
                     python,
                 } => format!("wsgi {module}:{callable} on {python}"),
                 Program::Rack { rackup, ruby } => format!("rack {} on {ruby}", rackup.display()),
+                Program::PhpNative { worker_path } => format!(
+                    "native PHP worker {}",
+                    crate::launchers::php_worker(worker_path.as_deref())
+                ),
             };
             let size = match s.sizing {
                 Sizing::Static { workers } => format!("static {workers}"),

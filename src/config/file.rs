@@ -114,6 +114,8 @@ pub struct FilePool {
     pub command: Option<SpannedList>,
     pub servers: Option<SpannedList>,
     pub app: Option<Spanned<String>>,
+    pub worker: Option<Spanned<String>>,
+    pub worker_path: Option<Spanned<String>>,
     pub python: Option<Spanned<String>>,
     pub virtualenv: Option<Spanned<String>>,
     pub ruby: Option<Spanned<String>>,
