@@ -116,6 +116,7 @@ pub struct FilePool {
     pub app: Option<Spanned<String>>,
     pub worker: Option<Spanned<String>>,
     pub worker_path: Option<Spanned<String>>,
+    pub worker_script: Option<Spanned<String>>,
     pub python: Option<Spanned<String>>,
     pub virtualenv: Option<Spanned<String>>,
     pub ruby: Option<Spanned<String>>,

@@ -466,6 +466,10 @@ pub enum Program {
         /// `None`: `corral-php-worker` beside corral's own executable, else in `PATH`
         /// (`crate::launchers::php_worker`).
         worker_path: Option<String>,
+        /// `worker_script`: worker mode, the script that boots once and serves every
+        /// request through `corral_handle_request` (relative to `cwd`); `None`: classic
+        /// mode, each request runs its SCRIPT_FILENAME.
+        worker_script: Option<PathBuf>,
     },
 }
 

@@ -397,11 +397,16 @@ fn launcher_rules(
 }
 
 fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
-    if let (Some(path), None) = (&p.worker_path, &p.worker) {
-        e.at(
-            path.span(),
-            "worker_path names the native worker's program: it needs worker = \"native\"",
-        );
+    for (key, value) in [
+        ("worker_path", &p.worker_path),
+        ("worker_script", &p.worker_script),
+    ] {
+        if let (Some(v), None) = (value, &p.worker) {
+            e.at(
+                v.span(),
+                format!("{key} belongs to the native PHP worker: it needs worker = \"native\""),
+            );
+        }
     }
     if let Some(worker) = &p.worker {
         if worker.get_ref() != "native" {
@@ -421,7 +426,21 @@ fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
             }
             None => None,
         };
-        return Some(Program::PhpNative { worker_path });
+        let worker_script = match &p.worker_script {
+            Some(s) if s.get_ref().trim().is_empty() || s.get_ref().contains('\0') => {
+                e.at(
+                    s.span(),
+                    "worker_script must name a PHP file, e.g. \"public/worker.php\"",
+                );
+                return None;
+            }
+            Some(s) => Some(PathBuf::from(s.get_ref())),
+            None => None,
+        };
+        return Some(Program::PhpNative {
+            worker_path,
+            worker_script,
+        });
     }
     if let Some(cmd) = &p.command {
         let argv: Vec<String> = cmd.get_ref().iter().map(|a| a.get_ref().clone()).collect();

@@ -69,7 +69,7 @@ pub fn check_programs(
                 };
                 (ruby.clone(), key, span)
             }
-            Program::PhpNative { worker_path } => {
+            Program::PhpNative { worker_path, .. } => {
                 let (key, span) = match written {
                     Some(p) if p.worker_path.is_some() => (
                         "worker_path",

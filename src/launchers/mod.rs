@@ -27,7 +27,17 @@ pub const RACK: &str = include_str!("rack.rb");
 pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<String>>> {
     match program {
         Program::Command(_) => Ok(None),
-        Program::PhpNative { worker_path } => Ok(Some(vec![php_worker(worker_path.as_deref())])),
+        Program::PhpNative {
+            worker_path,
+            worker_script,
+        } => {
+            let mut argv = vec![php_worker(worker_path.as_deref())];
+            if let Some(script) = worker_script {
+                argv.push("--worker".to_owned());
+                argv.push(script.display().to_string());
+            }
+            Ok(Some(argv))
+        }
         Program::Wsgi {
             module,
             callable,

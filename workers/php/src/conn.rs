@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
 
 use bytes::BytesMut;
 use corral_protocols::lsapi::{BeginRequest, RequestDecoder, RequestEvent};
@@ -31,8 +32,9 @@ pub enum End {
 
 /// A connection and what was read from it but not yet decoded.
 pub struct Conn {
-    /// The socket (a `File` reads and writes any fd).
-    pub stream: File,
+    /// The socket (a `File` reads and writes any fd), shared with the exchange answering
+    /// on it.
+    pub stream: Rc<File>,
     buf: BytesMut,
     decoder: RequestDecoder,
 }
@@ -41,7 +43,7 @@ impl Conn {
     /// Wraps an accepted socket.
     pub fn new(stream: File) -> Conn {
         Conn {
-            stream,
+            stream: Rc::new(stream),
             buf: BytesMut::with_capacity(CHUNK),
             decoder: RequestDecoder::new(&Limits::DEFAULT),
         }
@@ -124,7 +126,7 @@ impl Conn {
         }
         let mut tmp = [0u8; CHUNK];
         loop {
-            match self.stream.read(&mut tmp) {
+            match (&*self.stream).read(&mut tmp) {
                 Ok(n) => {
                     self.buf.extend_from_slice(tmp.get(..n).unwrap_or_default());
                     return Ok(n);

@@ -2,10 +2,13 @@
 //! body it reads, the headers and output it produces, turned into LSAPI response packets on
 //! the connection. Output is queued and written in blocks of [`FLUSH_AT`] (a small answer
 //! is one write, REQ_RECEIVED and RESP_END included), or at once when the script calls
-//! `flush()`.
+//! `flush()`. The worker script's own output outside any request (worker mode) goes to the
+//! log instead ([`Sink::Log`]).
 
 use std::ffi::CString;
+use std::fs::File;
 use std::io::Write;
+use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use corral_protocols::lsapi::ResponseEncoder;
@@ -16,9 +19,20 @@ use crate::php::Zval;
 /// Response bytes queued before they are written.
 const FLUSH_AT: usize = 64 * 1024;
 
+/// Where an exchange's answer goes.
+pub enum Sink {
+    /// LSAPI packets on corral's connection.
+    Conn(Rc<File>),
+    /// Lines in the log: the worker script's output outside a request (worker mode).
+    Log,
+}
+
+/// Most bytes of the worker script's own output logged at once.
+const MAX_LOGGED: usize = 4096;
+
 /// One request's state while PHP runs it.
-pub struct Exchange<'c> {
-    stream: &'c mut std::fs::File,
+pub struct Exchange {
+    sink: Sink,
     encoder: ResponseEncoder,
     out: BytesMut,
     vars: Vec<(CString, Bytes)>,
@@ -29,22 +43,22 @@ pub struct Exchange<'c> {
     what: String,
 }
 
-impl<'c> Exchange<'c> {
-    /// A request whose `$_SERVER` is `vars`, body `body`, answered on `stream` with
+impl Exchange {
+    /// A request whose `$_SERVER` is `vars`, body `body`, answered to `sink` with
     /// `encoder`; `what` names it in log lines ("GET /x.php").
     pub fn new(
-        stream: &'c mut std::fs::File,
+        sink: Sink,
         encoder: ResponseEncoder,
         vars: Vec<(CString, Bytes)>,
         body: Body,
         what: String,
-    ) -> Exchange<'c> {
+    ) -> Exchange {
         let mut out = BytesMut::with_capacity(16 * 1024);
         // REQ_RECEIVED leads the first write rather than going alone (as the embedded
         // launchers do): corral takes from it only that a byte came.
         encoder.req_received(&mut out);
         Exchange {
-            stream,
+            sink,
             encoder,
             out,
             vars,
@@ -64,6 +78,16 @@ impl<'c> Exchange<'c> {
         }
         if self.broken {
             return 0;
+        }
+        if let Sink::Log = self.sink {
+            let shown = data.get(..MAX_LOGGED).unwrap_or(data);
+            crate::log(&format!(
+                "{} wrote {} bytes outside a request: {}",
+                self.what,
+                data.len(),
+                String::from_utf8_lossy(shown)
+            ));
+            return data.len();
         }
         self.encoder.stream(data, &mut self.out);
         if self.out.len() >= FLUSH_AT {
@@ -117,7 +141,11 @@ impl<'c> Exchange<'c> {
             self.out.clear();
             return;
         }
-        if let Err(e) = self.stream.write_all(&self.out) {
+        let Sink::Conn(stream) = &self.sink else {
+            self.out.clear();
+            return;
+        };
+        if let Err(e) = (&**stream).write_all(&self.out) {
             crate::log(&format!(
                 "{}: connection to corral lost while answering ({e})",
                 self.what
@@ -150,23 +178,38 @@ impl<'c> Exchange<'c> {
 
     /// Ends the answer (the head if PHP sent none, then RESP_END) and writes it. `true` when
     /// the connection may carry another request.
-    pub fn finish(mut self) -> bool {
+    pub fn finish(self) -> bool {
+        self.end(false)
+    }
+
+    /// Ends the answer as [`Exchange::finish`] does, then says CONN_CLOSE in the same write:
+    /// the worker is about to exit, and corral must not send another request on this
+    /// connection (it would meet a closed socket).
+    pub fn finish_closing(self) {
+        self.end(true);
+    }
+
+    fn end(mut self, closing: bool) -> bool {
         if !self.head_sent {
             self.send_head(200);
         }
         self.encoder.end(&mut self.out);
+        if closing {
+            self.encoder.conn_close(&mut self.out);
+        }
         self.flush();
-        !self.broken
+        !self.broken && !closing
     }
 
     /// Answers `status` with a short plain-text `body` and no PHP at all (the readiness
     /// probe, a missing script, a request PHP could not start).
-    pub fn answer(mut self, status: u16, body: &[u8]) -> bool {
+    /// `closing`: the worker exits next (see [`Exchange::finish_closing`]).
+    pub fn answer(mut self, status: u16, body: &[u8], closing: bool) -> bool {
         if !body.is_empty() {
             self.header_line(b"Content-Type: text/plain; charset=utf-8");
         }
         self.send_head(status);
         self.encoder.stream(body, &mut self.out);
-        self.finish()
+        self.end(closing)
     }
 }

@@ -7,6 +7,9 @@
 //!
 //!     corral-php-worker             serve the socket on fd 0
 //!     corral-php-worker --check     start PHP and exit 0 (what `corral check` runs)
+//!     corral-php-worker --worker SCRIPT
+//!                                   worker mode: SCRIPT boots once and serves every
+//!                                   request through corral_handle_request (`worker.rs`)
 //!
 //! SIGTERM and SIGINT finish the request in progress and exit 0. Bad LSAPI input closes that
 //! connection with a log line on stderr (which corral logs with the worker's pool and pid);
@@ -18,19 +21,21 @@ mod conn;
 mod exchange;
 mod php;
 mod request;
+mod worker;
 
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::FromRawFd;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use corral_protocols::lsapi::{BeginRequest, ResponseEncoder};
 
 use conn::{Conn, End};
-use exchange::Exchange;
+use exchange::{Exchange, Sink};
 
 /// The listening socket corral hands over.
-const LISTENER: libc::c_int = 0;
+pub const LISTENER: libc::c_int = 0;
 
 /// php.ini settings the worker always sets on top of the embed SAPI's php.ini. OPcache
 /// caches compiled scripts across requests (`opcache.enable` is php.ini's; the embed
@@ -72,12 +77,19 @@ fn install_signals() {
 }
 
 fn main() {
-    let check = match std::env::args().nth(1).as_deref() {
-        None => false,
-        Some("--check") => true,
-        Some(other) => {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (check, script) = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => (false, None),
+        ["--check"] => (true, None),
+        ["--worker", script] => (false, Some(script.to_string())),
+        _ => {
             log(&format!(
-                "unknown argument {other:?}; usage: corral-php-worker [--check]"
+                "bad arguments {args:?}; usage: corral-php-worker [--check | --worker SCRIPT]"
             ));
             std::process::exit(64);
         }
@@ -91,7 +103,10 @@ fn main() {
         php::shutdown();
         return;
     }
-    let code = serve();
+    let code = match script {
+        Some(script) => worker::serve(&script),
+        None => serve(),
+    };
     php::shutdown();
     std::process::exit(code);
 }
@@ -148,22 +163,26 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
             .or_else(|| request::env(&begin, "SCRIPT_FILENAME").cloned())
             .unwrap_or_default();
         let prepared = request::prepare(&begin, &script);
-        let exchange = Exchange::new(&mut conn.stream, encoder, prepared.vars, body, what);
-        let keep = if request::env(&begin, "CORRAL_READY_PROBE").is_some_and(|v| v.as_ref() == b"1")
-        {
+        let sink = Sink::Conn(Rc::clone(&conn.stream));
+        let exchange = Exchange::new(sink, encoder, prepared.vars, body, what);
+        let keep = if is_probe(&begin) {
             // corral asking whether PHP is up (it is: this loop runs only once it started),
             // before the worker gets traffic. No script runs.
-            exchange.answer(204, b"")
+            exchange.answer(204, b"", stopping())
         } else if script.is_empty() || !is_file(&script) {
             // php-cgi's answer; corral's script guard normally answers before this.
-            exchange.answer(404, b"No input file specified.\n")
+            exchange.answer(404, b"No input file specified.\n", stopping())
         } else {
             let mut exchange = exchange;
             match php::run(&mut exchange, &prepared.info) {
+                Ok(()) if stopping() => {
+                    exchange.finish_closing();
+                    return Err(0);
+                }
                 Ok(()) => exchange.finish(),
                 Err(()) => {
                     log("PHP could not start a request; answering 500 and exiting");
-                    exchange.answer(500, b"Internal Server Error\n");
+                    exchange.answer(500, b"Internal Server Error\n", true);
                     return Err(1);
                 }
             }
@@ -177,13 +196,18 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
     }
 }
 
+/// corral's readiness probe (`CORRAL_READY_PROBE=1`), which the worker answers itself.
+pub fn is_probe(begin: &BeginRequest) -> bool {
+    request::env(begin, "CORRAL_READY_PROBE").is_some_and(|v| v.as_ref() == b"1")
+}
+
 fn is_file(path: &[u8]) -> bool {
     use std::os::unix::ffi::OsStrExt;
     std::fs::metadata(std::ffi::OsStr::from_bytes(path)).is_ok_and(|m| m.is_file())
 }
 
 /// "GET /x.php" for log lines.
-fn describe(begin: &BeginRequest) -> String {
+pub fn describe(begin: &BeginRequest) -> String {
     let method = request::env(begin, "REQUEST_METHOD")
         .or(begin.request_method.as_ref())
         .map(|m| String::from_utf8_lossy(m).into_owned())

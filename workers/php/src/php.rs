@@ -15,7 +15,7 @@ use crate::exchange::Exchange;
 /// The C `struct corral_request` of `sapi.c`: what PHP reads about a request before
 /// `php_request_startup`. Every pointer is NUL-terminated and outlives the `run` call.
 #[repr(C)]
-struct CRequest {
+pub struct CRequest {
     method: *const c_char,
     query_string: *mut c_char,
     request_uri: *mut c_char,
@@ -35,6 +35,7 @@ pub struct Zval {
 extern "C" {
     fn corral_php_startup(ini: *mut c_char) -> c_int;
     fn corral_php_run(ctx: *mut c_void, request: *const CRequest) -> c_int;
+    fn corral_php_worker(ctx: *mut c_void, request: *const CRequest) -> c_int;
     fn corral_php_shutdown();
     fn corral_php_register_variable(
         track_vars: *mut Zval,
@@ -86,11 +87,10 @@ pub fn shutdown() {
     unsafe { corral_php_shutdown() }
 }
 
-/// Runs one request through PHP, which calls back into `exchange` for its output, headers,
-/// body and variables. `Err` when PHP could not start the request (the process should end).
-pub fn run(exchange: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
+/// The C view of `info`; its pointers are valid while `info` lives.
+pub fn c_request(info: &RequestInfo) -> CRequest {
     let opt = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
-    let request = CRequest {
+    CRequest {
         method: info.method.as_ptr(),
         query_string: info.query_string.as_ptr().cast_mut(),
         request_uri: info.request_uri.as_ptr().cast_mut(),
@@ -99,13 +99,34 @@ pub fn run(exchange: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
         script_filename: info.script_filename.as_ptr().cast_mut(),
         cookie: opt(&info.cookie).cast_mut(),
         authorization: opt(&info.authorization),
-    };
+    }
+}
+
+/// Runs one request through PHP, which calls back into `exchange` for its output, headers,
+/// body and variables. `Err` when PHP could not start the request (the process should end).
+pub fn run(exchange: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
+    let request = c_request(info);
     let ctx: *mut Exchange = exchange;
     // SAFETY: PHP is started; `request`'s strings live in `info` for the whole call and PHP
     // only reads them (the `*mut` are the types of PHP's struct fields, which it does not
     // write through); `ctx` is a unique borrow for the whole call, reached only by the
     // callbacks below, which run on this thread during the call.
     let rc = unsafe { corral_php_run(ctx.cast(), &request) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// Runs the worker script `info.script_filename` as one long request whose own context is
+/// `boot` (worker mode, `crate::worker`); returns when the script ends.
+pub fn run_worker(boot: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
+    let request = c_request(info);
+    let ctx: *mut Exchange = boot;
+    // SAFETY: as in `run`; the requests served meanwhile have contexts of their own, boxed
+    // by `crate::worker`, and PHP switches back to `ctx` between them.
+    let rc = unsafe { corral_php_worker(ctx.cast(), &request) };
     if rc == 0 {
         Ok(())
     } else {
@@ -126,7 +147,7 @@ pub fn register_variable(track_vars: *mut Zval, key: &CString, value: &[u8]) {
 ///
 /// # Safety
 /// `ctx` must be the pointer `run` handed PHP, during that call.
-unsafe fn exchange<'a>(ctx: *mut c_void) -> &'a mut Exchange<'a> {
+unsafe fn exchange<'a>(ctx: *mut c_void) -> &'a mut Exchange {
     // SAFETY: per the contract, a unique borrow that `run` holds for the whole call.
     unsafe { &mut *ctx.cast::<Exchange>() }
 }
