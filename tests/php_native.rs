@@ -510,3 +510,32 @@ fn the_configuration_refuses_what_a_native_pool_cannot_do() {
     assert_ne!(out.code, Some(0));
     assert!(out.stderr.contains("needs a root"), "{}", out.stderr);
 }
+
+/// conf/php-native.toml as written (paths and port moved) serves PHP, with corral finding
+/// the worker beside its own executable and the pool's env in `$_SERVER`, as php-cgi has it.
+#[test]
+fn the_native_recipe_serves_php() {
+    worker();
+    let dir = shared_dir();
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    write_file(
+        &root,
+        "index.php",
+        "<?php echo 'index ', PHP_SAPI, ' ', $_SERVER['RECIPE_ENV'] ?? '-';",
+    );
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(repo.join("conf/php-native.toml"))
+        .unwrap()
+        .replace("/run/corral", &dir.path().join("run").display().to_string())
+        .replace("/var/www/html", &root.display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace(
+            "worker = \"native\"",
+            "worker = \"native\"\nenv = { RECIPE_ENV = \"from-env\" }",
+        );
+    let corral = Corral::start(&config, 1);
+    let r = http(corral.http_addr(), "GET", "/", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert_eq!(r.text(), "index litespeed from-env");
+}

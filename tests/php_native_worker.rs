@@ -404,3 +404,41 @@ impl Site {
         )
     }
 }
+
+/// conf/php-worker.toml as written (paths and port moved) runs the example worker script,
+/// with corral finding the worker beside its own executable.
+#[test]
+fn the_worker_mode_recipe_serves_its_example() {
+    worker();
+    let dir = shared_dir();
+    let root = dir.path().join("public");
+    std::fs::create_dir_all(&root).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = std::fs::read_to_string(repo.join("workers/php/examples/worker.php")).unwrap();
+    write_file(&root, "worker.php", &script);
+    write_file(&root, "robots.txt", "User-agent: *\n");
+    let config = std::fs::read_to_string(repo.join("conf/php-worker.toml"))
+        .unwrap()
+        .replace("/run/corral", &dir.path().join("run").display().to_string())
+        .replace("/var/www/app/public", &root.display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    let corral = Corral::start(&config, 1);
+    let addr = corral.http_addr();
+    let r = http(addr, "GET", "/hello?name=corral", &[], b"");
+    assert_eq!(r.status, 200, "{}", corral.log());
+    assert!(r.text().starts_with("Hello, corral\n"), "{}", r.text());
+    assert_eq!(
+        http(addr, "GET", "/robots.txt", &[], b"").text(),
+        "User-agent: *\n"
+    );
+    // 8 workers, one boot each: 40 requests leave some worker past its first request.
+    let most = (0..40)
+        .map(|_| {
+            let text = http(addr, "GET", "/", &[], b"").text();
+            let n = text.rsplit(' ').next().unwrap().trim().to_owned();
+            n.parse::<u32>().unwrap()
+        })
+        .max()
+        .unwrap();
+    assert!(most >= 5, "{most}");
+}

@@ -114,6 +114,9 @@ static char *corral_read_cookies(void)
 static void corral_register_variables(zval *track_vars_array)
 {
     void *ctx = SG(server_context);
+    /* The process environment first (the pool's `env`), then the request's variables over
+     * it, as php-cgi and php-fpm fill $_SERVER. */
+    php_import_environment_variables(track_vars_array);
     if (ctx) {
         corral_rs_register_variables(ctx, track_vars_array);
     }
