@@ -95,6 +95,12 @@ $handler = function () use ($container) {
             header('X-W: 1');
             echo 'not here';
             break;
+        case '/filter':
+            echo filter_input(INPUT_GET, 'x') ?? '-', ' ', filter_input(INPUT_COOKIE, 'c') ?? '-';
+            break;
+        case '/mem':
+            echo memory_get_usage();
+            break;
         case '/ob':
             ob_start();
             echo 'left in a buffer';
@@ -263,6 +269,35 @@ fn superglobals_and_output_end_with_their_request_and_the_app_does_not() {
     assert_eq!(site.boots().len(), 1);
 }
 
+/// The superglobals of each request are released when the next one starts: memory stays
+/// flat over requests that each bring 20 KiB of query, form and cookies.
+#[test]
+fn a_requests_superglobals_are_released() {
+    let site = site(1, "");
+    let mem = |site: &Site| site.ok("/mem").parse::<i64>().unwrap();
+    let query = format!(
+        "/get?{}",
+        (0..1000)
+            .map(|i| format!("k{i}=v{i}"))
+            .collect::<Vec<_>>()
+            .join("&")
+    );
+    let cookie = (0..300)
+        .map(|i| format!("c{i}=v{i}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    for _ in 0..20 {
+        site.request_with_cookie(&query, &cookie);
+    }
+    let before = mem(&site);
+    for _ in 0..300 {
+        let r = site.request_with_cookie(&query, &cookie);
+        assert_eq!(r.status, 200);
+    }
+    let grown = mem(&site) - before;
+    assert!(grown < 256 * 1024, "grew {grown} bytes over 300 requests");
+}
+
 #[test]
 fn bodies_uploads_cookies_headers_and_status_per_request() {
     let site = site(1, "");
@@ -311,6 +346,9 @@ fn bodies_uploads_cookies_headers_and_status_per_request() {
         site.ok("/get").contains(",[],\"\\/get\""),
         "no $_FILES left"
     );
+    // filter_input() reads this request's variables, never a previous one's.
+    assert_eq!(site.request_with_cookie("/filter?x=1", "c=2").text(), "1 2");
+    assert_eq!(site.ok("/filter"), "- -");
     let r = site.request_with_cookie("/cookie", "c=chocolate");
     assert_eq!(r.text(), "chocolate");
     assert_eq!(r.header("set-cookie"), Some("w=v"));
