@@ -63,7 +63,9 @@ final class Container {
     public function sum(): int { $s = 0; foreach ($this->services as $o) { $s += $o->id(); } return $s; }
 }
 $container = new Container(CLASSES);
-$handler = function () use ($container) {
+ini_set('memory_limit', '1G');
+$kept = [];
+$handler = function () use ($container, &$kept) {
     Container::$served++;
     $path = parse_url($_SERVER['REQUEST_URI'], PHP_URL_PATH);
     switch ($path) {
@@ -97,6 +99,12 @@ $handler = function () use ($container) {
             break;
         case '/filter':
             echo filter_input(INPUT_GET, 'x') ?? '-', ' ', filter_input(INPUT_COOKIE, 'c') ?? '-';
+            break;
+        case '/leak':
+            // An app that keeps 1 MiB more on every request (touched, so it is resident).
+            $kept[] = str_repeat(chr(count($kept) % 256), 1 << 20);
+            usleep(20000);
+            echo getmypid();
             break;
         case '/mem':
             echo memory_get_usage();
@@ -429,6 +437,37 @@ fn max_requests_replaces_workers_with_no_failed_request() {
         site.boots().len(),
         site.boots().iter().collect::<BTreeSet<_>>().len()
     );
+}
+
+/// max_memory replaces a worker whose memory grows past the bound, after its request, with
+/// no request failing; the new worker boots the app again.
+#[test]
+fn max_memory_replaces_a_growing_worker_with_no_failed_request() {
+    let site = site(1, "max_memory = \"96MiB\"");
+    let first = site.ok("/leak");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut served = 0;
+    loop {
+        let r = site.get("/leak");
+        assert_eq!(
+            r.status,
+            200,
+            "request {served}: {}\n{}",
+            r.text(),
+            site.corral.log()
+        );
+        served += 1;
+        if r.text() != first {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replacement after {served} requests\n{}",
+            site.corral.log()
+        );
+    }
+    assert!(served > 20, "replaced after only {served} requests");
+    assert_eq!(site.boots().len(), 2);
 }
 
 impl Site {
