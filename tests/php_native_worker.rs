@@ -445,7 +445,7 @@ fn max_requests_replaces_workers_with_no_failed_request() {
 fn max_memory_replaces_a_growing_worker_with_no_failed_request() {
     let site = site(1, "max_memory = \"96MiB\"");
     let first = site.ok("/leak");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut served = 0;
     loop {
         let r = site.get("/leak");
@@ -461,7 +461,7 @@ fn max_memory_replaces_a_growing_worker_with_no_failed_request() {
             break;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "no replacement after {served} requests\n{}",
             site.corral.log()
         );
