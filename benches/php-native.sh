@@ -34,8 +34,9 @@ cleanup() {
   rm -rf "$scratch"
 }
 trap cleanup EXIT
+fail() { echo "$1" >&2; tail -n 20 "$scratch"/log/* >&2; exit 1; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; echo "no answer from $1" >&2; exit 1; }
+wait_http() { for _ in $(seq 400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; fail "no answer from $1"; }
 
 mkdir -p "$scratch/www" "$scratch/lib" "$scratch/run" "$scratch/log" "$scratch/nginx-tmp"
 echo '<?php echo "Hello, world\n";' > "$scratch/www/hello.php"
@@ -104,7 +105,7 @@ port_cgi=$(free_port); port_native=$(free_port); port_worker=$(free_port)
 cat > "$scratch/corral.toml" <<CONF
 [server]
 log_level = "warn"
-runtime_dir = "$scratch/run/corral"
+runtime_dir = "$scratch/corral-run"
 user = "www-data"
 group = "www-data"
 [[listen]]
