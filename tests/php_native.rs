@@ -465,7 +465,7 @@ fn the_configuration_refuses_what_a_native_pool_cannot_do() {
         ("worker = \"native\"\ncommand = [\"php-cgi\"]", "sets both"),
         (
             "worker = \"native\"\nprotocol = \"fastcgi\"",
-            "speaks lsapi",
+            "the native PHP worker speaks lsapi",
         ),
         (
             "worker = \"native\"\nconcurrency = 4",

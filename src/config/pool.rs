@@ -316,7 +316,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
             p,
             app.span(),
             "an app = ... pool",
-            "the embedded launchers",
+            "the embedded launchers speak",
         );
     }
     if let Some(worker) = p.worker.as_ref() {
@@ -325,7 +325,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
             p,
             worker.span(),
             "a worker = \"native\" pool",
-            "the native PHP worker",
+            "the native PHP worker speaks",
         );
     }
     let preload = match &p.preload {
@@ -380,8 +380,8 @@ fn launcher_rules(
         e.at(
             app,
             format!(
-                "protocol = \"{protocol}\" cannot reach {pool}: {speaker} speaks lsapi \
-                 (leave protocol out)"
+                "protocol = \"{protocol}\" cannot reach {pool}: {speaker} lsapi (leave \
+                 protocol out)"
             ),
         );
     }
