@@ -25,6 +25,7 @@ APT_PACKAGES+=(systemd)  # systemd-analyze verify of the packaged units (tests/p
 APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler)  # application tests (tests/app_*.rs); their venv's PyPI package is installed by the test itself
 APT_PACKAGES+=(wordpress wordpress-theme-twentytwentyone mariadb-server)  # tests/app_wordpress.rs (it runs its own mariadbd; the theme is only a Recommends)
 APT_PACKAGES+=(python3-yaml)  # tests/kubernetes_example.rs parses conf/kubernetes/ with it
+APT_PACKAGES+=(libphp8.2-embed php8.2-dev)  # the native PHP worker (workers/php) links libphp; tests/php_native.rs
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a
 # thinner image still works.
 BUILD_PACKAGES=(gcc make libc6-dev dpkg-dev xz-utils binutils)

@@ -560,6 +560,17 @@ fn pool_summary(p: &config::PoolConfig) -> String {
                     python,
                 } => format!("wsgi {module}:{callable} on {python}"),
                 Program::Rack { rackup, ruby } => format!("rack {} on {ruby}", rackup.display()),
+                Program::PhpNative {
+                    worker_path,
+                    worker_script,
+                } => format!(
+                    "native PHP worker {}{}",
+                    crate::launchers::php_worker(worker_path.as_deref()),
+                    worker_script
+                        .as_ref()
+                        .map(|s| format!(" running {}", s.display()))
+                        .unwrap_or_default()
+                ),
             };
             let size = match s.sizing {
                 Sizing::Static { workers } => format!("static {workers}"),

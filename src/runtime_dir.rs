@@ -314,6 +314,8 @@ pub fn mode_for(config: &Config, corral_is_root: bool) -> u32 {
             Backend::Spawned(s) => {
                 let opens_paths = match &s.program {
                     Program::Wsgi { .. } | Program::Rack { .. } => true,
+                    // Its program is corral's own, outside the runtime directory.
+                    Program::PhpNative { .. } => false,
                     Program::Command(argv) => {
                         Handoff::for_command(p.protocol, argv) == Handoff::Placeholder
                     }

@@ -266,13 +266,15 @@ fn clean_dir(dir: &str, key: &str) -> Result<(), String> {
 }
 
 /// Whether a spawned pool's program is a PHP interpreter (php-cgi, php, lsphp, by the name of
-/// its executable), which runs any file it is told to.
+/// its executable, or the native PHP worker), which runs any file it is told to.
 pub(super) fn runs_php(pool: &PoolConfig) -> bool {
     let super::Backend::Spawned(spawn) = &pool.backend else {
         return false;
     };
-    let super::Program::Command(argv) = &spawn.program else {
-        return false;
+    let argv = match &spawn.program {
+        super::Program::Command(argv) => argv,
+        super::Program::PhpNative { .. } => return true,
+        super::Program::Wsgi { .. } | super::Program::Rack { .. } => return false,
     };
     let name = |word: &String| {
         std::path::Path::new(word)

@@ -23,6 +23,7 @@ mod file;
 mod health;
 mod keys;
 mod php_children;
+mod php_native;
 mod pool;
 mod programs;
 mod units;
@@ -457,6 +458,18 @@ pub enum Program {
         /// The interpreter that runs the launcher: `ruby` as written, else
         /// [`DEFAULT_RUBY`].
         ruby: String,
+    },
+    /// `worker = "native"`: corral's native PHP worker (`workers/php`, PHP's embed SAPI
+    /// behind LSAPI), which runs each request's SCRIPT_FILENAME as php-cgi would.
+    PhpNative {
+        /// `worker_path` as written (an absolute path or a name looked up in `PATH`);
+        /// `None`: `corral-php-worker` beside corral's own executable, else in `PATH`
+        /// (`crate::launchers::php_worker`).
+        worker_path: Option<String>,
+        /// `worker_script`: worker mode, the script that boots once and serves every
+        /// request through `corral_handle_request` (relative to `cwd`); `None`: classic
+        /// mode, each request runs its SCRIPT_FILENAME.
+        worker_script: Option<PathBuf>,
     },
 }
 

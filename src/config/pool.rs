@@ -1,5 +1,5 @@
 //! Validation of one `[pools.NAME]` table: what it runs (exactly one of `command`, `servers`,
-//! `app`), how many workers and when (`mode` and its sizes), slots, queue, timeouts and
+//! `app`, `worker`), how many workers and when (`mode` and its sizes), slots, queue, timeouts and
 //! recycling. Defaults that depend on other keys are resolved here (`max_conns` from the
 //! worker count, spare bounds clamped to `max`), so a default alone never causes an error.
 
@@ -41,6 +41,7 @@ pub(super) fn pool(
         ("command", p.command.as_ref().map(Spanned::span)),
         ("servers", p.servers.as_ref().map(Spanned::span)),
         ("app", p.app.as_ref().map(Spanned::span)),
+        ("worker", p.worker.as_ref().map(Spanned::span)),
     ]
     .into_iter()
     .filter_map(|(k, s)| Some((k, s?)))
@@ -51,8 +52,8 @@ pub(super) fn pool(
         [] => e.at(
             name.span(),
             format!(
-                "pool \"{n}\" runs nothing: set one of command = [...], servers = [...] or \
-                 app = \"wsgi:module:callable\""
+                "pool \"{n}\" runs nothing: set one of command = [...], servers = [...], \
+                 app = \"wsgi:module:callable\" or worker = \"native\" (PHP)"
             ),
         ),
         [_] => {}
@@ -60,7 +61,7 @@ pub(super) fn pool(
             for (key, span) in rest {
                 e.at(
                     span.clone(),
-                    format!("pool \"{n}\" sets both {first} and {key}; set exactly one of command, servers, app"),
+                    format!("pool \"{n}\" sets both {first} and {key}; set exactly one of command, servers, app, worker"),
                 );
             }
         }
@@ -140,9 +141,7 @@ pub(super) fn pool(
     }
     let config = PoolConfig {
         name: n.clone(),
-        protocol: p
-            .protocol
-            .unwrap_or_else(|| default_protocol(p.app.as_ref().map(|a| a.get_ref().as_str()))),
+        protocol: p.protocol.unwrap_or_else(|| default_protocol(p)),
         backend: backend?,
         concurrency,
         max_conns,
@@ -174,12 +173,14 @@ pub(super) fn pool(
     name_ok.then_some(config)
 }
 
-/// The protocol of a pool that names none: the embedded Rack and WSGI launchers speak LSAPI,
-/// and a `command` or `servers` pool FastCGI (php-cgi, php-fpm).
-fn default_protocol(app: Option<&str>) -> BackendProtocol {
-    match app {
-        Some(_) => BackendProtocol::Lsapi,
-        None => BackendProtocol::Fastcgi,
+/// The protocol of a pool that names none: the embedded Rack and WSGI launchers and the
+/// native PHP worker speak LSAPI, and a `command` or `servers` pool FastCGI (php-cgi,
+/// php-fpm).
+fn default_protocol(p: &FilePool) -> BackendProtocol {
+    if p.app.is_some() || p.worker.is_some() {
+        BackendProtocol::Lsapi
+    } else {
+        BackendProtocol::Fastcgi
     }
 }
 
@@ -277,9 +278,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
     let mut recycle = recycle(e, p);
     recycle.max_pool_memory = super::budget::max_pool_memory(e, p);
     recycle.max_surge = super::budget::max_surge(e, p, &sizing);
-    let protocol = p
-        .protocol
-        .unwrap_or_else(|| default_protocol(p.app.as_ref().map(|a| a.get_ref().as_str())));
+    let protocol = p.protocol.unwrap_or_else(|| default_protocol(p));
     let php_children =
         super::php_children::php_children(e, p, protocol, program.as_ref(), &mut recycle);
     let env = e.string_table(
@@ -312,7 +311,22 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
     let cwd = p.cwd.as_ref().and_then(|c| e.absolute_path(c, "cwd"));
     let is_app = p.app.is_some();
     if let Some(app) = p.app.as_ref() {
-        launcher_rules(e, p, app.span());
+        launcher_rules(
+            e,
+            p,
+            app.span(),
+            "an app = ... pool",
+            "the embedded launchers speak",
+        );
+    }
+    if let Some(worker) = p.worker.as_ref() {
+        launcher_rules(
+            e,
+            p,
+            worker.span(),
+            "a worker = \"native\" pool",
+            "the native PHP worker speaks",
+        );
     }
     let preload = match &p.preload {
         Some(v) if !is_app => {
@@ -350,7 +364,13 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
 /// An embedded launcher speaks LSAPI only, and serves one request at a time on one
 /// connection: another protocol would never reach it, and a second request sent while its
 /// kept connection is open would wait until that connection closes.
-fn launcher_rules(e: &mut Errors, p: &FilePool, app: std::ops::Range<usize>) {
+fn launcher_rules(
+    e: &mut Errors,
+    p: &FilePool,
+    app: std::ops::Range<usize>,
+    pool: &str,
+    speaker: &str,
+) {
     let other = match p.protocol {
         Some(BackendProtocol::Fastcgi) => Some("fastcgi"),
         Some(BackendProtocol::Scgi) => Some("scgi"),
@@ -360,21 +380,68 @@ fn launcher_rules(e: &mut Errors, p: &FilePool, app: std::ops::Range<usize>) {
         e.at(
             app,
             format!(
-                "protocol = \"{protocol}\" cannot reach an app = ... pool: the embedded \
-                 launchers speak lsapi (leave protocol out)"
+                "protocol = \"{protocol}\" cannot reach {pool}: {speaker} lsapi (leave \
+                 protocol out)"
             ),
         );
     }
     if let Some(c) = p.concurrency.as_ref().filter(|c| *c.get_ref() > 1) {
         e.at(
             c.span(),
-            "an app = ... pool's workers serve one request at a time: concurrency must be 1 \
-             (raise max for more workers)",
+            format!(
+                "{pool}'s workers serve one request at a time: concurrency must be 1 (raise \
+                 max for more workers)"
+            ),
         );
     }
 }
 
 fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
+    for (key, value) in [
+        ("worker_path", &p.worker_path),
+        ("worker_script", &p.worker_script),
+    ] {
+        if let (Some(v), None) = (value, &p.worker) {
+            e.at(
+                v.span(),
+                format!("{key} belongs to the native PHP worker: it needs worker = \"native\""),
+            );
+        }
+    }
+    if let Some(worker) = &p.worker {
+        if worker.get_ref() != "native" {
+            e.at(
+                worker.span(),
+                format!(
+                    "worker \"{}\" is not a worker corral has: the one there is is \
+                     worker = \"native\" (PHP's embed SAPI, for PHP scripts)",
+                    worker.get_ref()
+                ),
+            );
+            return None;
+        }
+        let worker_path = match &p.worker_path {
+            Some(path) => {
+                Some(e.check(path.span(), interpreter_path("worker_path", path.get_ref()))?)
+            }
+            None => None,
+        };
+        let worker_script = match &p.worker_script {
+            Some(s) if s.get_ref().trim().is_empty() || s.get_ref().contains('\0') => {
+                e.at(
+                    s.span(),
+                    "worker_script must name a PHP file, e.g. \"public/worker.php\"",
+                );
+                return None;
+            }
+            Some(s) => Some(PathBuf::from(s.get_ref())),
+            None => None,
+        };
+        return Some(Program::PhpNative {
+            worker_path,
+            worker_script,
+        });
+    }
     if let Some(cmd) = &p.command {
         let argv: Vec<String> = cmd.get_ref().iter().map(|a| a.get_ref().clone()).collect();
         if argv.first().is_none_or(|a| a.trim().is_empty()) {
@@ -401,7 +468,7 @@ fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
                 *ruby = e.check(chosen.span(), interpreter_path("ruby", chosen.get_ref()))?;
             }
         }
-        Program::Command(_) => {}
+        Program::Command(_) | Program::PhpNative { .. } => {}
     }
     Some(program)
 }
@@ -443,13 +510,18 @@ fn python_interpreter(e: &mut Errors, p: &FilePool) -> Option<String> {
 /// bare program name the worker's `PATH` finds (as `command = [...]` is looked up). A
 /// relative path would depend on the directory corral was started from, so it is refused.
 fn interpreter_path(key: &str, text: &str) -> Result<String, String> {
-    let example = if key == "python" {
-        "\"/srv/app/venv/bin/python\" or \"python3.11\""
-    } else {
-        "\"/usr/bin/ruby3.1\" or \"ruby3.1\""
+    let example = match key {
+        "python" => "\"/srv/app/venv/bin/python\" or \"python3.11\"",
+        "ruby" => "\"/usr/bin/ruby3.1\" or \"ruby3.1\"",
+        _ => "\"/usr/local/bin/corral-php-worker\" or \"corral-php-worker\"",
     };
     if text.trim().is_empty() || text.contains('\0') || text.chars().any(char::is_control) {
-        return Err(format!("{key} must name an interpreter, e.g. {example}"));
+        let what = if key == "worker_path" {
+            "the worker's program"
+        } else {
+            "an interpreter"
+        };
+        return Err(format!("{key} must name {what}, e.g. {example}"));
     }
     if text.ends_with('/') {
         return Err(format!(
@@ -479,6 +551,7 @@ fn misplaced_interpreter(e: &mut Errors, n: &str, p: &FilePool) {
         // A malformed app is reported on its own.
         Some(_) => return,
         None if p.servers.is_some() => ("", "uses external servers"),
+        None if p.worker.is_some() => ("", "runs the native PHP worker"),
         None => ("", "runs a command, which names its own interpreter"),
     };
     let keys = [
@@ -671,14 +744,22 @@ mod tests {
 
     #[test]
     fn each_launcher_defaults_to_the_protocol_it_speaks() {
+        let parse = |text: &str| -> FilePool { toml::from_str(text).unwrap() };
         assert_eq!(
-            default_protocol(Some("rack:config.ru")),
+            default_protocol(&parse("app = \"rack:config.ru\"")),
             BackendProtocol::Lsapi
         );
         assert_eq!(
-            default_protocol(Some("wsgi:app:application")),
+            default_protocol(&parse("app = \"wsgi:app:application\"")),
             BackendProtocol::Lsapi
         );
-        assert_eq!(default_protocol(None), BackendProtocol::Fastcgi);
+        assert_eq!(
+            default_protocol(&parse("worker = \"native\"")),
+            BackendProtocol::Lsapi
+        );
+        assert_eq!(
+            default_protocol(&parse("command = [\"php-cgi\"]")),
+            BackendProtocol::Fastcgi
+        );
     }
 }

@@ -69,6 +69,21 @@ pub fn check_programs(
                 };
                 (ruby.clone(), key, span)
             }
+            Program::PhpNative { worker_path, .. } => {
+                let (key, span) = match written {
+                    Some(p) if p.worker_path.is_some() => (
+                        "worker_path",
+                        p.worker_path.as_ref().map(toml::Spanned::span),
+                    ),
+                    Some(p) => ("worker", p.worker.as_ref().map(toml::Spanned::span)),
+                    None => ("worker", None),
+                };
+                (
+                    crate::launchers::php_worker(worker_path.as_deref()),
+                    key,
+                    span,
+                )
+            }
         };
         let path = spawn
             .env
@@ -76,8 +91,20 @@ pub fn check_programs(
             .map(String::as_str)
             .or(path_var)
             .unwrap_or(crate::process::spawn::DEFAULT_PATH);
-        if let Err(why) = find_program(&program, path, spawn.cwd.as_deref()) {
+        let found = find_program(&program, path, spawn.cwd.as_deref());
+        let found = match (found, &spawn.program) {
+            // The worker is there: whether it can start PHP (libphp and php.ini) is asked
+            // of the worker itself.
+            (Ok(file), Program::PhpNative { .. }) => super::php_native::starts(&file),
+            (found, _) => found.map(|_| ()),
+        };
+        if let Err(why) = found {
             let default = match (&spawn.program, key) {
+                (Program::PhpNative { .. }, "worker") => format!(
+                    " (corral looks for {} beside its own executable, then in PATH; {})",
+                    crate::launchers::PHP_WORKER,
+                    super::php_native::INSTALL
+                ),
                 (Program::Wsgi { .. }, "app") => {
                     format!(" (the default interpreter {DEFAULT_PYTHON}; set python or virtualenv)")
                 }

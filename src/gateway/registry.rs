@@ -499,7 +499,12 @@ fn build_pool(
                     spawn.start_timeout,
                 ));
             }
-            if !matches!(spawn.program, crate::config::Program::Command(_)) {
+            // The native PHP worker has no stack dump (it is killed at the timeout as
+            // php-cgi is); the Python and Ruby launchers do.
+            if matches!(
+                spawn.program,
+                crate::config::Program::Wsgi { .. } | crate::config::Program::Rack { .. }
+            ) {
                 d.set_stack_dumps();
                 stacks = Some(Arc::clone(&d.status().borrow().tail));
             }

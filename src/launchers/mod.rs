@@ -27,6 +27,17 @@ pub const RACK: &str = include_str!("rack.rb");
 pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<String>>> {
     match program {
         Program::Command(_) => Ok(None),
+        Program::PhpNative {
+            worker_path,
+            worker_script,
+        } => {
+            let mut argv = vec![php_worker(worker_path.as_deref())];
+            if let Some(script) = worker_script {
+                argv.push("--worker".to_owned());
+                argv.push(script.display().to_string());
+            }
+            Ok(Some(argv))
+        }
         Program::Wsgi {
             module,
             callable,
@@ -47,6 +58,27 @@ pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<S
                 rackup.display().to_string(),
             ]))
         }
+    }
+}
+
+/// The program name of corral's native PHP worker (the `workers/php` package).
+pub const PHP_WORKER: &str = "corral-php-worker";
+
+/// The program a `worker = "native"` pool runs: `worker_path` as written; else
+/// [`PHP_WORKER`] in the directory of corral's own executable when it is there (a package
+/// installs both in one directory, and cargo builds both into one target directory); else
+/// the bare name, which the worker's `PATH` resolves.
+pub fn php_worker(worker_path: Option<&str>) -> String {
+    if let Some(path) = worker_path {
+        return path.to_owned();
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(PHP_WORKER)))
+        .filter(|path| path.is_file());
+    match beside {
+        Some(path) => path.display().to_string(),
+        None => PHP_WORKER.to_owned(),
     }
 }
 

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Question: does corral's native PHP worker (workers/php) beat php-cgi behind corral and
+# php-fpm behind nginx on the same scripts, and how much does worker mode gain on an app
+# whose boot is expensive? Same number of PHP processes everywhere (2), one run, interleaved.
+#
+#   fpm      nginx (1 worker) -> php-fpm (pm static, 2 children)       hello, phpinfo, app
+#   cgi      corral -> 2 php-cgi (spawned pool)                          hello, phpinfo
+#   native   corral -> 2 corral-php-worker, classic mode                 hello, phpinfo
+#   worker   corral -> 2 corral-php-worker, worker mode (app booted once) app
+#
+# "app" loads 300 classes from files and builds a container of them on every request under
+# php-fpm (OPcache on), and once per worker in worker mode. wrk -t1 -c$CONC -d$SECS, rounds
+# interleaved so that the machine's drift hits every setup alike; the median req/s of each
+# and the ratios go to benches/RESULTS.md (section php-native). Needs: nginx, php-fpm8.2,
+# php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and release builds of corral and
+# corral-php-worker (CORRAL, WORKER).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="CONC SECS ROUNDS"
+results_start "$@"
+CONC=${CONC:-25}
+SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-3}
+CORRAL=${CORRAL:-target/release/corral}
+WORKER=${WORKER:-$(dirname "$CORRAL")/corral-php-worker}
+[ -x "$CORRAL" ] && [ -x "$WORKER" ] || cargo build --release --quiet -p corral -p corral-php-worker
+scratch=$(mktemp -d /tmp/corral-bench.XXXXXX)
+chmod 755 "$scratch"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+fail() { echo "$1" >&2; tail -n 20 "$scratch"/log/* >&2; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { for _ in $(seq 400); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.05; done; fail "no answer from $1"; }
+
+mkdir -p "$scratch/www" "$scratch/lib" "$scratch/run" "$scratch/log" "$scratch/nginx-tmp"
+echo '<?php echo "Hello, world\n";' > "$scratch/www/hello.php"
+echo '<?php phpinfo();' > "$scratch/www/phpinfo.php"
+for i in $(seq 0 299); do
+  echo "<?php final class Service$i { public function id(): int { return $i; } }" > "$scratch/lib/Service$i.php"
+done
+# The app: boot (300 classes, a container), then the page. Classic: every request boots.
+cat > "$scratch/lib/boot.php" <<'PHP'
+<?php
+for ($i = 0; $i < 300; $i++) { require_once __DIR__ . "/Service$i.php"; }
+final class Container {
+    private array $s = [];
+    public function __construct() { for ($i = 0; $i < 300; $i++) { $c = "Service$i"; $this->s[] = new $c(); } }
+    public function sum(): int { $t = 0; foreach ($this->s as $o) { $t += $o->id(); } return $t; }
+}
+function page(Container $c): void { echo 'sum ', $c->sum(), "\n"; }
+PHP
+cat > "$scratch/www/app.php" <<'PHP'
+<?php require __DIR__ . '/../lib/boot.php'; page(new Container());
+PHP
+cat > "$scratch/www/worker.php" <<'PHP'
+<?php require __DIR__ . '/../lib/boot.php'; $c = new Container();
+while (corral_handle_request(static function () use ($c) { page($c); })) {}
+PHP
+chown -R www-data:www-data "$scratch/run" "$scratch/www" "$scratch/lib"
+
+# fpm: php-fpm + nginx
+cat > "$scratch/fpm.conf" <<CONF
+[global]
+pid = $scratch/run/fpm.pid
+error_log = $scratch/log/fpm.log
+daemonize = no
+[www]
+user = www-data
+group = www-data
+listen = $scratch/run/fpm.sock
+listen.owner = www-data
+listen.group = www-data
+listen.mode = 0660
+pm = static
+pm.max_children = 2
+CONF
+php-fpm8.2 -F -y "$scratch/fpm.conf" & pids+=($!)
+port_fpm=$(free_port)
+cat > "$scratch/nginx.conf" <<CONF
+user www-data;
+worker_processes 1;
+daemon off;
+pid $scratch/run/nginx.pid;
+error_log $scratch/log/nginx.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $scratch/nginx-tmp; fastcgi_temp_path $scratch/nginx-tmp;
+  proxy_temp_path $scratch/nginx-tmp; scgi_temp_path $scratch/nginx-tmp; uwsgi_temp_path $scratch/nginx-tmp;
+  root $scratch/www;
+  server { listen 127.0.0.1:$port_fpm;
+    location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$scratch/run/fpm.sock; } }
+}
+CONF
+nginx -c "$scratch/nginx.conf" & pids+=($!)
+
+# corral with three pools on three listeners: php-cgi, native classic, native worker mode.
+port_cgi=$(free_port); port_native=$(free_port); port_worker=$(free_port)
+cat > "$scratch/corral.toml" <<CONF
+[server]
+log_level = "warn"
+runtime_dir = "$scratch/corral-run"
+user = "www-data"
+group = "www-data"
+[[listen]]
+address = "127.0.0.1:$port_cgi"
+protocol = "http"
+[[listen]]
+address = "127.0.0.1:$port_native"
+protocol = "http"
+[[listen]]
+address = "127.0.0.1:$port_worker"
+protocol = "http"
+[pools.cgi]
+command = ["php-cgi"]
+mode = "static"
+max = 2
+[pools.native]
+worker = "native"
+worker_path = "$WORKER"
+mode = "static"
+max = 2
+[pools.worker]
+worker = "native"
+worker_path = "$WORKER"
+worker_script = "$scratch/www/worker.php"
+mode = "static"
+max = 2
+[[contexts]]
+listen = "127.0.0.1:$port_cgi"
+pool = "cgi"
+root = "$scratch/www"
+[[contexts]]
+listen = "127.0.0.1:$port_native"
+pool = "native"
+root = "$scratch/www"
+[[contexts]]
+listen = "127.0.0.1:$port_worker"
+pool = "worker"
+root = "$scratch/www"
+CONF
+"$CORRAL" run -c "$scratch/corral.toml" >"$scratch/log/corral.log" 2>&1 & pids+=($!)
+
+declare -A url
+url[fpm-hello]="http://127.0.0.1:$port_fpm/hello.php"
+url[cgi-hello]="http://127.0.0.1:$port_cgi/hello.php"
+url[native-hello]="http://127.0.0.1:$port_native/hello.php"
+url[fpm-phpinfo]="http://127.0.0.1:$port_fpm/phpinfo.php"
+url[cgi-phpinfo]="http://127.0.0.1:$port_cgi/phpinfo.php"
+url[native-phpinfo]="http://127.0.0.1:$port_native/phpinfo.php"
+url[fpm-app]="http://127.0.0.1:$port_fpm/app.php"
+url[worker-app]="http://127.0.0.1:$port_worker/app.php"
+cases=(fpm-hello cgi-hello native-hello fpm-phpinfo cgi-phpinfo native-phpinfo fpm-app worker-app)
+for c in "${cases[@]}"; do wait_http "${url[$c]}"; done
+[ "$(curl -sS "${url[fpm-app]}")" = "sum 44850" ] || { echo "bad app answer (fpm)" >&2; exit 1; }
+[ "$(curl -sS "${url[worker-app]}")" = "sum 44850" ] || { echo "bad app answer (worker)" >&2; exit 1; }
+for c in "${cases[@]}"; do wrk -t1 -c"$CONC" -d2s "${url[$c]}" >/dev/null; done   # warm-up
+
+declare -A all
+body=$(mktemp)
+{
+  echo "wrk -t1 -c$CONC -d${SECS}s per run, $ROUNDS rounds interleaved; 2 PHP processes in every setup."
+  echo
+  echo '```'
+} >"$body"
+for r in $(seq "$ROUNDS"); do
+  for c in "${cases[@]}"; do
+    out=$(wrk -t1 -c"$CONC" -d"${SECS}s" "${url[$c]}")
+    read -r errors timeouts < <(wrk_errors <<<"$out")
+    [ "$errors" = 0 ] && [ "$timeouts" = 0 ] || { echo "$c: $errors errors, $timeouts timeouts" >&2; echo "$out" >&2; exit 1; }
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    all[$c]+="$rps "
+    printf 'round %s  %-15s %10s req/s\n' "$r" "$c" "$rps" | tee -a "$body"
+  done
+done
+median() { printf '%s\n' $1 | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+declare -A med
+for c in "${cases[@]}"; do med[$c]=$(median "${all[$c]}"); done
+ratio() { awk -v a="${med[$1]}" -v b="${med[$2]}" 'BEGIN {printf "%.2f", a/b}'; }
+{
+  echo '```'
+  echo
+  echo "| page | nginx → php-fpm | corral → php-cgi | corral → native | native / php-cgi | native / php-fpm |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+  for p in hello phpinfo; do
+    echo "| $p | ${med[fpm-$p]} | ${med[cgi-$p]} | ${med[native-$p]} | $(ratio native-$p cgi-$p)× | $(ratio native-$p fpm-$p)× |"
+  done
+  echo
+  echo "| app (300 classes, a container) | nginx → php-fpm (boots per request) | corral → native worker mode (boots once) | worker / php-fpm |"
+  echo "| --- | ---: | ---: | ---: |"
+  echo "| app | ${med[fpm-app]} | ${med[worker-app]} | $(ratio worker-app fpm-app)× |"
+} >>"$body"
+cat "$body"
+RESULTS_BINARY=$CORRAL results_write php-native "Native PHP worker: classic and worker mode against php-cgi and php-fpm (req/s, medians)" "$body"
+rm -f "$body"

@@ -1,0 +1,203 @@
+//! One connection from corral: LSAPI requests read with corral-protocols' decoder, each with
+//! its whole body, one at a time; between requests the worker waits on both the connection
+//! and the listener, so that corral opening a new connection (it dropped the kept one
+//! without closing it yet) is never kept waiting behind an idle one.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use corral_protocols::lsapi::{BeginRequest, RequestDecoder, RequestEvent};
+use corral_protocols::Limits;
+
+use crate::body::{Body, MEMORY_BODY};
+
+/// Most bytes read at once.
+const CHUNK: usize = 64 * 1024;
+/// A request (its packet or body) not complete this long after its first byte is given up.
+const READ_TIMEOUT_MS: libc::c_int = 60_000;
+
+/// Why a connection ends.
+#[derive(Debug)]
+pub enum End {
+    /// corral closed it between requests, or opened another.
+    Closed,
+    /// A stop signal came while the worker waited.
+    Stopping,
+    /// Bad or incomplete input, or a failed read: logged and closed.
+    Failed(String),
+}
+
+/// A connection and what was read from it but not yet decoded.
+pub struct Conn {
+    /// The socket (a `File` reads and writes any fd), shared with the exchange answering
+    /// on it.
+    pub stream: Rc<File>,
+    buf: BytesMut,
+    decoder: RequestDecoder,
+}
+
+impl Conn {
+    /// Wraps an accepted socket.
+    pub fn new(stream: File) -> Conn {
+        Conn {
+            stream: Rc::new(stream),
+            buf: BytesMut::with_capacity(CHUNK),
+            decoder: RequestDecoder::new(&Limits::DEFAULT),
+        }
+    }
+
+    /// The next request and its whole body.
+    pub fn next_request(&mut self, listener: RawFd) -> Result<(Box<BeginRequest>, Body), End> {
+        let begin = loop {
+            match self.decoder.decode(&mut self.buf) {
+                Ok(Some(RequestEvent::Begin(begin))) => break begin,
+                // The client went away after its answer was complete: nothing to stop.
+                Ok(Some(RequestEvent::Abort)) => continue,
+                Ok(Some(RequestEvent::Body(_))) => {
+                    return Err(End::Failed("body bytes outside a request".to_owned()))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(End::Failed(format!("bad LSAPI request: {e}"))),
+            }
+            let idle = self.buf.is_empty();
+            if idle {
+                self.wait_idle(listener)?;
+            }
+            if self.fill(!idle)? == 0 {
+                return Err(if idle {
+                    End::Closed
+                } else {
+                    End::Failed("connection closed inside a request packet".to_owned())
+                });
+            }
+        };
+        let body = self.body(begin.body_len)?;
+        Ok((begin, body))
+    }
+
+    /// Reads the `len` body bytes that follow BEGIN_REQUEST.
+    fn body(&mut self, len: u64) -> Result<Body, End> {
+        let failed = |e: io::Error| End::Failed(format!("spooling the request body: {e}"));
+        if len == 0 {
+            return Ok(Body::empty());
+        }
+        let mut memory = BytesMut::new();
+        let mut file = None;
+        if len > MEMORY_BODY {
+            file = Some(Body::spool().map_err(failed)?);
+        } else {
+            // Bounded by MEMORY_BODY just above.
+            memory.reserve(usize::try_from(len).unwrap_or(0));
+        }
+        while self.decoder.body_remaining() > 0 {
+            if self.buf.is_empty() && self.fill(true)? == 0 {
+                return Err(End::Failed(
+                    "connection closed inside a request body".to_owned(),
+                ));
+            }
+            match self.decoder.decode(&mut self.buf) {
+                Ok(Some(RequestEvent::Body(chunk))) => match &mut file {
+                    Some(f) => f.write_all(&chunk).map_err(failed)?,
+                    None => memory.extend_from_slice(&chunk),
+                },
+                Ok(None) => {}
+                Ok(Some(_)) | Err(_) => {
+                    return Err(End::Failed("body interrupted by a packet".to_owned()))
+                }
+            }
+        }
+        match file {
+            Some(f) => Body::from_file(f).map_err(failed),
+            None => Ok(Body::Memory(memory.freeze(), 0)),
+        }
+    }
+
+    /// Reads what is there into the buffer; 0 at the end of the stream. `timed`: inside a
+    /// request, where a peer that stops sending for READ_TIMEOUT_MS is given up.
+    fn fill(&mut self, timed: bool) -> Result<usize, End> {
+        if timed && !wait_readable(self.stream.as_raw_fd(), READ_TIMEOUT_MS)? {
+            return Err(End::Failed(format!(
+                "no request byte for {} s, connection closed",
+                READ_TIMEOUT_MS / 1000
+            )));
+        }
+        let mut tmp = [0u8; CHUNK];
+        loop {
+            match (&*self.stream).read(&mut tmp) {
+                Ok(n) => {
+                    self.buf.extend_from_slice(tmp.get(..n).unwrap_or_default());
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    if crate::stopping() && self.buf.is_empty() {
+                        return Err(End::Stopping);
+                    }
+                }
+                Err(e) => return Err(End::Failed(format!("read failed: {e}"))),
+            }
+        }
+    }
+
+    /// Waits between requests until the connection has bytes (or its end), corral connects
+    /// anew on the listener (this connection is then closed), or a stop signal comes.
+    fn wait_idle(&self, listener: RawFd) -> Result<(), End> {
+        loop {
+            if crate::stopping() {
+                return Err(End::Stopping);
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.stream.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: listener,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two pollfd for the call's duration.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(End::Failed(format!("poll failed: {e}")));
+            }
+            let [conn, listen] = fds;
+            if conn.revents != 0 {
+                return Ok(());
+            }
+            if listen.revents != 0 {
+                return Err(End::Closed);
+            }
+        }
+    }
+}
+
+/// Whether `fd` became readable within `timeout_ms` (a signal that interrupts the wait
+/// waits again, unless it asked the worker to stop: the request in progress still finishes).
+fn wait_readable(fd: RawFd, timeout_ms: libc::c_int) -> Result<bool, End> {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid pollfd for the call's duration.
+        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(End::Failed(format!("poll failed: {e}")));
+        }
+        return Ok(rc > 0);
+    }
+}

@@ -1,0 +1,215 @@
+//! One request as PHP sees it through the SAPI callbacks: the variables it registers, the
+//! body it reads, the headers and output it produces, turned into LSAPI response packets on
+//! the connection. Output is queued and written in blocks of [`FLUSH_AT`] (a small answer
+//! is one write, REQ_RECEIVED and RESP_END included), or at once when the script calls
+//! `flush()`. The worker script's own output outside any request (worker mode) goes to the
+//! log instead ([`Sink::Log`]).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use corral_protocols::lsapi::ResponseEncoder;
+
+use crate::body::Body;
+use crate::php::Zval;
+
+/// Response bytes queued before they are written.
+const FLUSH_AT: usize = 64 * 1024;
+
+/// Where an exchange's answer goes.
+pub enum Sink {
+    /// LSAPI packets on corral's connection.
+    Conn(Rc<File>),
+    /// Lines in the log: the worker script's output outside a request (worker mode).
+    Log,
+}
+
+/// Most bytes of the worker script's own output logged at once.
+const MAX_LOGGED: usize = 4096;
+
+/// One request's state while PHP runs it.
+pub struct Exchange {
+    sink: Sink,
+    encoder: ResponseEncoder,
+    out: BytesMut,
+    vars: Vec<(CString, Bytes)>,
+    body: Body,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    head_sent: bool,
+    broken: bool,
+    what: String,
+}
+
+impl Exchange {
+    /// A request whose `$_SERVER` is `vars`, body `body`, answered to `sink` with
+    /// `encoder`; `what` names it in log lines ("GET /x.php").
+    pub fn new(
+        sink: Sink,
+        encoder: ResponseEncoder,
+        vars: Vec<(CString, Bytes)>,
+        body: Body,
+        what: String,
+    ) -> Exchange {
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        // REQ_RECEIVED leads the first write rather than going alone (as the embedded
+        // launchers do): corral takes from it only that a byte came.
+        encoder.req_received(&mut out);
+        Exchange {
+            sink,
+            encoder,
+            out,
+            vars,
+            body,
+            headers: Vec::new(),
+            head_sent: false,
+            broken: false,
+            what,
+        }
+    }
+
+    /// The script's output. A short count (0) once corral's connection is gone, which PHP
+    /// takes for an aborted connection.
+    pub fn write(&mut self, data: &[u8]) -> usize {
+        if !self.head_sent {
+            self.send_head(200);
+        }
+        if self.broken {
+            return 0;
+        }
+        if let Sink::Log = self.sink {
+            let shown = data.get(..MAX_LOGGED).unwrap_or(data);
+            crate::log(&format!(
+                "{} wrote {} bytes outside a request: {}",
+                self.what,
+                data.len(),
+                String::from_utf8_lossy(shown)
+            ));
+            return data.len();
+        }
+        self.encoder.stream(data, &mut self.out);
+        if self.out.len() >= FLUSH_AT {
+            self.flush();
+        }
+        data.len()
+    }
+
+    /// One header line PHP holds (`Name: value`); a line that is not one is dropped.
+    pub fn header_line(&mut self, line: &[u8]) {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            crate::log(&format!(
+                "{}: header line without a colon dropped: {:?}",
+                self.what,
+                String::from_utf8_lossy(line)
+            ));
+            return;
+        };
+        let (name, rest) = line.split_at(colon);
+        let value = rest.get(1..).unwrap_or_default();
+        let start = value
+            .iter()
+            .position(|&b| b != b' ' && b != b'\t')
+            .unwrap_or(value.len());
+        let value = value.get(start..).unwrap_or_default();
+        self.headers.push((name.to_vec(), value.to_vec()));
+    }
+
+    /// The end of the headers: RESP_HEADER with `status` and the lines received. Headers the
+    /// codec refuses (too many, too long) turn the answer into a 500 with none of them.
+    pub fn send_head(&mut self, status: u16) {
+        if self.head_sent {
+            return;
+        }
+        self.head_sent = true;
+        let headers = std::mem::take(&mut self.headers);
+        if let Err(e) = self.encoder.header(status, &headers, &mut self.out) {
+            crate::log(&format!(
+                "{}: the script's response headers cannot be sent ({e}); answering 500",
+                self.what
+            ));
+            let none: [(&str, &str); 0] = [];
+            // A status of 500 with no header always encodes.
+            let _ = self.encoder.header(500, &none, &mut self.out);
+        }
+    }
+
+    /// Writes what is queued; after a failed write nothing more is (the connection is gone).
+    pub fn flush(&mut self) {
+        if self.out.is_empty() || self.broken {
+            self.out.clear();
+            return;
+        }
+        let Sink::Conn(stream) = &self.sink else {
+            self.out.clear();
+            return;
+        };
+        if let Err(e) = (&**stream).write_all(&self.out) {
+            crate::log(&format!(
+                "{}: connection to corral lost while answering ({e})",
+                self.what
+            ));
+            self.broken = true;
+        }
+        self.out.clear();
+    }
+
+    /// read_post: body bytes into `dst`, 0 at the end.
+    pub fn read_body(&mut self, dst: &mut [u8]) -> usize {
+        match self.body.read(dst) {
+            Ok(n) => n,
+            Err(e) => {
+                crate::log(&format!(
+                    "{}: reading the spooled body failed ({e})",
+                    self.what
+                ));
+                0
+            }
+        }
+    }
+
+    /// Fills `$_SERVER` with the request's variables.
+    pub fn register_variables(&mut self, track_vars: *mut Zval) {
+        for (key, value) in &self.vars {
+            crate::php::register_variable(track_vars, key, value);
+        }
+    }
+
+    /// Ends the answer (the head if PHP sent none, then RESP_END) and writes it. `true` when
+    /// the connection may carry another request.
+    pub fn finish(self) -> bool {
+        self.end(false)
+    }
+
+    /// Ends the answer as [`Exchange::finish`] does, then says CONN_CLOSE in the same write:
+    /// the worker is about to exit, and corral must not send another request on this
+    /// connection (it would meet a closed socket).
+    pub fn finish_closing(self) {
+        self.end(true);
+    }
+
+    fn end(mut self, closing: bool) -> bool {
+        if !self.head_sent {
+            self.send_head(200);
+        }
+        self.encoder.end(&mut self.out);
+        if closing {
+            self.encoder.conn_close(&mut self.out);
+        }
+        self.flush();
+        !self.broken && !closing
+    }
+
+    /// Answers `status` with a short plain-text `body` and no PHP at all (the readiness
+    /// probe, a missing script, a request PHP could not start).
+    /// `closing`: the worker exits next (see [`Exchange::finish_closing`]).
+    pub fn answer(mut self, status: u16, body: &[u8], closing: bool) -> bool {
+        if !body.is_empty() {
+            self.header_line(b"Content-Type: text/plain; charset=utf-8");
+        }
+        self.send_head(status);
+        self.encoder.stream(body, &mut self.out);
+        self.end(closing)
+    }
+}

@@ -1,0 +1,219 @@
+//! corral's native PHP worker: PHP's embed SAPI (libphp) behind LSAPI. corral spawns it with
+//! its listening socket on fd 0 (a Unix or TCP socket) and keeps a connection open to it;
+//! the worker accepts one connection at a time and serves its requests one after another,
+//! each as a full PHP request (startup, the script SCRIPT_FILENAME names, shutdown), as
+//! php-cgi would, with OPcache on. The gateway's script guard (a real `.php` file under the
+//! context's root) runs before any request reaches it.
+//!
+//!     corral-php-worker             serve the socket on fd 0
+//!     corral-php-worker --check     start PHP and exit 0 (what `corral check` runs)
+//!     corral-php-worker --worker SCRIPT
+//!                                   worker mode: SCRIPT boots once and serves every
+//!                                   request through corral_handle_request (`worker.rs`)
+//!
+//! SIGTERM and SIGINT finish the request in progress and exit 0. Bad LSAPI input closes that
+//! connection with a log line on stderr (which corral logs with the worker's pool and pid);
+//! the worker goes on. A request PHP cannot even start is answered 500 and ends the worker,
+//! which corral replaces.
+
+mod body;
+mod conn;
+mod exchange;
+mod php;
+mod request;
+mod worker;
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use corral_protocols::lsapi::{BeginRequest, ResponseEncoder};
+
+use conn::{Conn, End};
+use exchange::{Exchange, Sink};
+
+/// The listening socket corral hands over.
+pub const LISTENER: libc::c_int = 0;
+
+/// php.ini settings the worker always sets on top of the embed SAPI's php.ini. OPcache
+/// caches compiled scripts across requests (`opcache.enable` is php.ini's; the embed
+/// php.ini leaves it at its default, on); `cgi.fix_pathinfo` is php-cgi's and has no effect
+/// here, where SCRIPT_FILENAME is the file to run, checked by corral.
+const INI: &str = "opcache.enable=1\n";
+
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a stop signal came.
+pub fn stopping() -> bool {
+    STOPPING.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOPPING.store(true, Ordering::Relaxed);
+}
+
+/// One line on stderr, which corral logs with this worker's pool and pid.
+pub fn log(message: &str) {
+    let message = message.trim_end_matches('\n');
+    let _ = writeln!(std::io::stderr(), "corral-php-worker: {message}");
+}
+
+fn install_signals() {
+    // SAFETY: `on_stop` only stores to an atomic, which is async-signal-safe; the sigaction
+    // struct is zeroed and then filled. No SA_RESTART: a wait between requests or in accept
+    // returns EINTR and sees the flag.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        for signal in [libc::SIGTERM, libc::SIGINT] {
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+        // A worker must not outlive the corral that supervises it.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (check, script) = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => (false, None),
+        ["--check"] => (true, None),
+        ["--worker", script] => (false, Some(script.to_string())),
+        _ => {
+            log(&format!(
+                "bad arguments {args:?}; usage: corral-php-worker [--check | --worker SCRIPT]"
+            ));
+            std::process::exit(64);
+        }
+    };
+    install_signals();
+    if let Err(e) = php::startup(INI) {
+        log(&e);
+        std::process::exit(1);
+    }
+    if check {
+        php::shutdown();
+        return;
+    }
+    let code = match script {
+        Some(script) => worker::serve(&script),
+        None => serve(),
+    };
+    php::shutdown();
+    std::process::exit(code);
+}
+
+/// Accepts connections on fd 0 until a stop signal; the exit code.
+fn serve() -> i32 {
+    while !stopping() {
+        // SAFETY: accept4 on the inherited listener with no address out-parameters.
+        let fd = unsafe {
+            libc::accept4(
+                LISTENER,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
+                _ => {
+                    log(&format!("accept on fd 0 failed: {e}"));
+                    return 1;
+                }
+            }
+        }
+        // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
+        let stream = unsafe { File::from_raw_fd(fd) };
+        match serve_connection(Conn::new(stream)) {
+            Ok(()) => {}
+            Err(code) => return code,
+        }
+    }
+    0
+}
+
+/// Serves one connection's requests; `Err(code)` when the worker must end.
+fn serve_connection(mut conn: Conn) -> Result<(), i32> {
+    loop {
+        let (begin, body) = match conn.next_request(LISTENER) {
+            Ok(r) => r,
+            Err(End::Closed) => return Ok(()),
+            Err(End::Stopping) => return Err(0),
+            Err(End::Failed(why)) => {
+                log(&format!("{why}; connection closed"));
+                return Ok(());
+            }
+        };
+        let encoder = ResponseEncoder::new(begin.order, corral_protocols::lsapi::FlagRule::HOST);
+        let what = describe(&begin);
+        let script = begin
+            .script_filename
+            .clone()
+            .or_else(|| request::env(&begin, "SCRIPT_FILENAME").cloned())
+            .unwrap_or_default();
+        let prepared = request::prepare(&begin, &script);
+        let sink = Sink::Conn(Rc::clone(&conn.stream));
+        let exchange = Exchange::new(sink, encoder, prepared.vars, body, what);
+        let keep = if is_probe(&begin) {
+            // corral asking whether PHP is up (it is: this loop runs only once it started),
+            // before the worker gets traffic. No script runs.
+            exchange.answer(204, b"", stopping())
+        } else if script.is_empty() || !is_file(&script) {
+            // php-cgi's answer; corral's script guard normally answers before this.
+            exchange.answer(404, b"No input file specified.\n", stopping())
+        } else {
+            let mut exchange = exchange;
+            match php::run(&mut exchange, &prepared.info) {
+                Ok(()) if stopping() => {
+                    exchange.finish_closing();
+                    return Err(0);
+                }
+                Ok(()) => exchange.finish(),
+                Err(()) => {
+                    log("PHP could not start a request; answering 500 and exiting");
+                    exchange.answer(500, b"Internal Server Error\n", true);
+                    return Err(1);
+                }
+            }
+        };
+        if !keep {
+            return Ok(());
+        }
+        if stopping() {
+            return Err(0);
+        }
+    }
+}
+
+/// corral's readiness probe (`CORRAL_READY_PROBE=1`), which the worker answers itself.
+pub fn is_probe(begin: &BeginRequest) -> bool {
+    request::env(begin, "CORRAL_READY_PROBE").is_some_and(|v| v.as_ref() == b"1")
+}
+
+fn is_file(path: &[u8]) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::metadata(std::ffi::OsStr::from_bytes(path)).is_ok_and(|m| m.is_file())
+}
+
+/// "GET /x.php" for log lines.
+pub fn describe(begin: &BeginRequest) -> String {
+    let method = request::env(begin, "REQUEST_METHOD")
+        .or(begin.request_method.as_ref())
+        .map(|m| String::from_utf8_lossy(m).into_owned())
+        .unwrap_or_default();
+    let uri = request::env(begin, "REQUEST_URI")
+        .map(|m| String::from_utf8_lossy(m).into_owned())
+        .unwrap_or_default();
+    format!("{method} {uri}")
+}

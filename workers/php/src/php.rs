@@ -1,0 +1,228 @@
+//! The FFI with PHP: starting it once (`startup`), running one request (`run`), and the
+//! `corral_rs_*` callbacks the SAPI module (`sapi.c`) makes during a request, each of which
+//! forwards to the [`Exchange`] that `SG(server_context)` points at.
+//!
+//! PHP runs on this one thread only (libphp is built without thread safety): `run` is called
+//! with the exchange borrowed mutably, and the callbacks reach it through the raw pointer only
+//! while that call lasts. A callback never unwinds into C: it catches nothing because nothing
+//! in it panics (no indexing, no unwrap), and its errors become what PHP expects (a short
+//! write, no body).
+
+use std::ffi::{c_char, c_int, c_void, CString};
+
+use crate::exchange::Exchange;
+
+/// The C `struct corral_request` of `sapi.c`: what PHP reads about a request before
+/// `php_request_startup`. Every pointer is NUL-terminated and outlives the `run` call.
+#[repr(C)]
+pub struct CRequest {
+    method: *const c_char,
+    query_string: *mut c_char,
+    request_uri: *mut c_char,
+    content_type: *const c_char,
+    content_length: i64,
+    script_filename: *mut c_char,
+    cookie: *mut c_char,
+    authorization: *const c_char,
+}
+
+/// PHP's `zval`, only ever passed back to C by pointer.
+#[repr(C)]
+pub struct Zval {
+    _opaque: [u8; 0],
+}
+
+extern "C" {
+    fn corral_php_startup(ini: *mut c_char) -> c_int;
+    fn corral_php_run(ctx: *mut c_void, request: *const CRequest) -> c_int;
+    fn corral_php_worker(ctx: *mut c_void, request: *const CRequest) -> c_int;
+    fn corral_php_shutdown();
+    fn corral_php_register_variable(
+        track_vars: *mut Zval,
+        key: *const c_char,
+        value: *const c_char,
+        value_len: usize,
+    );
+}
+
+/// The request fields PHP reads at startup, as C strings (see [`CRequest`]).
+pub struct RequestInfo {
+    /// REQUEST_METHOD.
+    pub method: CString,
+    /// QUERY_STRING (empty when none).
+    pub query_string: CString,
+    /// REQUEST_URI.
+    pub request_uri: CString,
+    /// CONTENT_TYPE, when the request has one.
+    pub content_type: Option<CString>,
+    /// The body's length.
+    pub content_length: i64,
+    /// The script to run.
+    pub script_filename: CString,
+    /// The Cookie header, when there is one.
+    pub cookie: Option<CString>,
+    /// The Authorization header, when there is one (`$_SERVER['PHP_AUTH_USER']` and friends).
+    pub authorization: Option<CString>,
+}
+
+/// Starts PHP: php.ini (the embed SAPI's, `/etc/php/8.2/embed/php.ini` on Debian) with
+/// `ini` ("key=value" lines) on top, and every extension's module startup. Once per process.
+pub fn startup(ini: &str) -> Result<(), String> {
+    let ini = CString::new(ini).map_err(|_| "an ini override holds a NUL byte".to_owned())?;
+    // PHP keeps the pointer for its whole life: leaked on purpose, once.
+    let ini = ini.into_raw();
+    // SAFETY: called once, before any other PHP function, on the only thread that runs PHP;
+    // `ini` is a valid NUL-terminated string that is never freed.
+    let rc = unsafe { corral_php_startup(ini) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err("PHP's module startup failed (see the lines above)".to_owned())
+    }
+}
+
+/// Ends PHP (every extension's module shutdown) before the process exits.
+pub fn shutdown() {
+    // SAFETY: PHP was started by `startup` and no request is running.
+    unsafe { corral_php_shutdown() }
+}
+
+/// The C view of `info`; its pointers are valid while `info` lives.
+pub fn c_request(info: &RequestInfo) -> CRequest {
+    let opt = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    CRequest {
+        method: info.method.as_ptr(),
+        query_string: info.query_string.as_ptr().cast_mut(),
+        request_uri: info.request_uri.as_ptr().cast_mut(),
+        content_type: opt(&info.content_type),
+        content_length: info.content_length,
+        script_filename: info.script_filename.as_ptr().cast_mut(),
+        cookie: opt(&info.cookie).cast_mut(),
+        authorization: opt(&info.authorization),
+    }
+}
+
+/// Runs one request through PHP, which calls back into `exchange` for its output, headers,
+/// body and variables. `Err` when PHP could not start the request (the process should end).
+pub fn run(exchange: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
+    let request = c_request(info);
+    let ctx: *mut Exchange = exchange;
+    // SAFETY: PHP is started; `request`'s strings live in `info` for the whole call and PHP
+    // only reads them (the `*mut` are the types of PHP's struct fields, which it does not
+    // write through); `ctx` is a unique borrow for the whole call, reached only by the
+    // callbacks below, which run on this thread during the call.
+    let rc = unsafe { corral_php_run(ctx.cast(), &request) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// Runs the worker script `info.script_filename` as one long request whose own context is
+/// `boot` (worker mode, `crate::worker`); returns when the script ends.
+pub fn run_worker(boot: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
+    let request = c_request(info);
+    let ctx: *mut Exchange = boot;
+    // SAFETY: as in `run`; the requests served meanwhile have contexts of their own, boxed
+    // by `crate::worker`, and PHP switches back to `ctx` between them.
+    let rc = unsafe { corral_php_worker(ctx.cast(), &request) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// Registers one `$_SERVER` entry (`key` has no NUL inside; `value` any bytes).
+pub fn register_variable(track_vars: *mut Zval, key: &CString, value: &[u8]) {
+    // SAFETY: `track_vars` is the array PHP passed to the callback that calls this, still
+    // being filled; `key` is NUL-terminated; `value` is read for `value.len()` bytes.
+    unsafe {
+        corral_php_register_variable(track_vars, key.as_ptr(), value.as_ptr().cast(), value.len())
+    }
+}
+
+/// The exchange `ctx` points at.
+///
+/// # Safety
+/// `ctx` must be the pointer `run` handed PHP, during that call.
+unsafe fn exchange<'a>(ctx: *mut c_void) -> &'a mut Exchange {
+    // SAFETY: per the contract, a unique borrow that `run` holds for the whole call.
+    unsafe { &mut *ctx.cast::<Exchange>() }
+}
+
+/// `len` bytes at `buf` as a slice (empty for a null pointer).
+///
+/// # Safety
+/// `buf` must be valid for reads of `len` bytes, or null.
+unsafe fn bytes<'a>(buf: *const c_char, len: usize) -> &'a [u8] {
+    if buf.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(buf.cast(), len) }
+}
+
+/// ub_write: the script's output.
+#[no_mangle]
+extern "C" fn corral_rs_write(ctx: *mut c_void, buf: *const c_char, len: usize) -> usize {
+    // SAFETY: PHP passes its server context and a buffer of `len` bytes.
+    let (ex, data) = unsafe { (exchange(ctx), bytes(buf, len)) };
+    ex.write(data)
+}
+
+/// flush(): what is buffered goes out now.
+#[no_mangle]
+extern "C" fn corral_rs_flush(ctx: *mut c_void) {
+    // SAFETY: PHP passes its server context.
+    unsafe { exchange(ctx) }.flush();
+}
+
+/// One response header line, as PHP holds it (`Name: value`).
+#[no_mangle]
+extern "C" fn corral_rs_header(ctx: *mut c_void, line: *const c_char, len: usize) {
+    // SAFETY: PHP passes its server context and a header of `len` bytes.
+    let (ex, line) = unsafe { (exchange(ctx), bytes(line, len)) };
+    ex.header_line(line);
+}
+
+/// The end of the headers, with the status.
+#[no_mangle]
+extern "C" fn corral_rs_send_head(ctx: *mut c_void, status: c_int) {
+    // SAFETY: PHP passes its server context.
+    let ex = unsafe { exchange(ctx) };
+    ex.send_head(u16::try_from(status).unwrap_or(500));
+}
+
+/// read_post: up to `len` body bytes into `buf`; 0 at the end.
+#[no_mangle]
+extern "C" fn corral_rs_read_body(ctx: *mut c_void, buf: *mut c_char, len: usize) -> usize {
+    if buf.is_null() || len == 0 {
+        return 0;
+    }
+    // SAFETY: PHP passes its server context and a writable buffer of `len` bytes.
+    let (ex, dst) = unsafe {
+        (
+            exchange(ctx),
+            std::slice::from_raw_parts_mut(buf.cast::<u8>(), len),
+        )
+    };
+    ex.read_body(dst)
+}
+
+/// register_server_variables: fills `$_SERVER`.
+#[no_mangle]
+extern "C" fn corral_rs_register_variables(ctx: *mut c_void, track_vars: *mut Zval) {
+    // SAFETY: PHP passes its server context.
+    unsafe { exchange(ctx) }.register_variables(track_vars);
+}
+
+/// log_message: PHP's error log line (when error_log is unset), to stderr, which corral
+/// logs with the worker's pool and pid.
+#[no_mangle]
+extern "C" fn corral_rs_log(message: *const c_char, len: usize) {
+    // SAFETY: PHP passes a message of `len` bytes.
+    let text = unsafe { bytes(message, len) };
+    crate::log(&String::from_utf8_lossy(text));
+}

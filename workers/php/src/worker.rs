@@ -1,0 +1,255 @@
+//! Worker mode (`--worker SCRIPT`): the script boots the application once and then loops on
+//! `corral_handle_request($handler)`. PHP runs the script as one long request (`sapi.c`,
+//! `corral_php_worker`); each `corral_handle_request` call comes here for the next request
+//! ([`corral_rs_worker_next`]: accept a connection when there is none, read the request and
+//! its body, answer corral's readiness probe without PHP) and back when the handler's answer
+//! is complete ([`corral_rs_worker_finish`]).
+//!
+//! The state lives in a thread-local: PHP runs on this one thread, and the callbacks reach
+//! it only while the script runs. The exchange of the request in progress is boxed and
+//! handed to PHP as the request context; it is taken back when that request ends, or after
+//! the script ends in the middle of one (a fatal error, an uncaught exception or exit() in
+//! the handler), which PHP's own shutdown has answered; the script then boots again.
+
+use std::cell::RefCell;
+use std::ffi::{c_void, CString};
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::rc::Rc;
+
+use corral_protocols::lsapi::{FlagRule, ResponseEncoder};
+
+use crate::body::Body;
+use crate::conn::{Conn, End};
+use crate::exchange::{Exchange, Sink};
+use crate::php::{self, CRequest, RequestInfo};
+use crate::request;
+
+/// The request in progress: its exchange (PHP's context) and the strings PHP points at.
+struct Current {
+    exchange: *mut Exchange,
+    _info: RequestInfo,
+}
+
+#[derive(Default)]
+struct State {
+    conn: Option<Conn>,
+    current: Option<Current>,
+    served: u64,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::default();
+}
+
+/// Runs `script` as the worker script; the process's exit code.
+pub fn serve(script: &str) -> i32 {
+    let path = match std::fs::canonicalize(script) {
+        Ok(p) => p,
+        Err(e) => {
+            crate::log(&format!("worker script {script}: {e}"));
+            return 1;
+        }
+    };
+    let text = path.display().to_string();
+    let Ok(filename) = CString::new(text.as_bytes()) else {
+        crate::log("the worker script's path holds a NUL byte");
+        return 1;
+    };
+    let name = c"/".to_owned();
+    let boot_vars = vec![
+        (c"SCRIPT_FILENAME".to_owned(), text.clone().into()),
+        (c"SCRIPT_NAME".to_owned(), bytes::Bytes::from_static(b"/")),
+        (c"PHP_SELF".to_owned(), bytes::Bytes::from_static(b"/")),
+    ];
+    let mut boot = Exchange::new(
+        Sink::Log,
+        ResponseEncoder::default(),
+        boot_vars,
+        Body::empty(),
+        format!("worker script {text}"),
+    );
+    let info = RequestInfo {
+        method: c"GET".to_owned(),
+        query_string: CString::default(),
+        request_uri: name,
+        content_type: None,
+        content_length: 0,
+        script_filename: filename,
+        cookie: None,
+        authorization: None,
+    };
+    let ran = loop {
+        let ran = php::run_worker(&mut boot, &info);
+        // The script ended. A request still in progress was cut short by a fatal error, an
+        // uncaught exception or exit(): PHP's shutdown has sent what it had (a fatal
+        // error's 500); end the answer, and boot the script again. PHP's request shutdown
+        // released everything the script held, so the new boot starts from nothing, as a
+        // new process would; the process itself is replaced by max_requests and
+        // max_memory. Exiting here instead would race corral, which may already be
+        // connecting to this worker for the next request.
+        let current = STATE.with(|s| s.borrow_mut().current.take());
+        let Some(current) = current else {
+            break ran;
+        };
+        let served = STATE.with(|s| s.borrow().served);
+        // SAFETY: the pointer came from Box::into_raw in `corral_rs_worker_next` and PHP,
+        // whose script has ended, no longer holds it.
+        let exchange = unsafe { Box::from_raw(current.exchange) };
+        let stopping = crate::stopping();
+        if stopping {
+            exchange.finish_closing();
+        } else if !exchange.finish() {
+            STATE.with(|s| s.borrow_mut().conn = None);
+        }
+        crate::log(&format!(
+            "the worker script ended during request {served} (a fatal error, an uncaught \
+             exception or exit()): {}",
+            if stopping {
+                "exiting (stop signal)"
+            } else {
+                "booting it again"
+            }
+        ));
+        if stopping {
+            return 0;
+        }
+    };
+    let served = STATE.with(|s| s.borrow().served);
+    match ran {
+        Ok(()) if crate::stopping() => 0,
+        Ok(()) => {
+            crate::log(&format!(
+                "the worker script {text} ended after {served} requests without a stop \
+                 signal (corral_handle_request must be called in a loop)"
+            ));
+            1
+        }
+        Err(()) => {
+            crate::log("PHP could not start the worker script's request");
+            1
+        }
+    }
+}
+
+/// The next request's exchange and fields, for `corral_handle_request`; null when the
+/// worker should end (a stop signal, or the listener failed).
+#[no_mangle]
+extern "C" fn corral_rs_worker_next(out: *mut CRequest) -> *mut c_void {
+    if out.is_null() {
+        return std::ptr::null_mut();
+    }
+    STATE.with(|s| {
+        let mut state = s.borrow_mut();
+        loop {
+            if crate::stopping() {
+                return std::ptr::null_mut();
+            }
+            if state.conn.is_none() {
+                match accept() {
+                    Some(conn) => state.conn = Some(conn),
+                    None => return std::ptr::null_mut(),
+                }
+            }
+            let Some(conn) = state.conn.as_mut() else {
+                continue;
+            };
+            let (begin, body) = match conn.next_request(crate::LISTENER) {
+                Ok(r) => r,
+                Err(End::Closed) => {
+                    state.conn = None;
+                    continue;
+                }
+                Err(End::Stopping) => return std::ptr::null_mut(),
+                Err(End::Failed(why)) => {
+                    crate::log(&format!("{why}; connection closed"));
+                    state.conn = None;
+                    continue;
+                }
+            };
+            let encoder = ResponseEncoder::new(begin.order, FlagRule::HOST);
+            let sink = Sink::Conn(Rc::clone(&conn.stream));
+            let what = crate::describe(&begin);
+            let script = begin
+                .script_filename
+                .clone()
+                .or_else(|| request::env(&begin, "SCRIPT_FILENAME").cloned())
+                .unwrap_or_default();
+            let prepared = request::prepare(&begin, &script);
+            let exchange = Exchange::new(sink, encoder, prepared.vars, body, what);
+            if crate::is_probe(&begin) {
+                // Answered by the worker itself: PHP is up and the script has booted.
+                if !exchange.answer(204, b"", false) {
+                    state.conn = None;
+                }
+                continue;
+            }
+            let exchange = Box::into_raw(Box::new(exchange));
+            let info = prepared.info;
+            // SAFETY: `out` points at the caller's struct, valid for writes; its strings
+            // point into `info`, kept in `current` until the request ends.
+            unsafe { out.write(php::c_request(&info)) };
+            state.current = Some(Current {
+                exchange,
+                _info: info,
+            });
+            state.served += 1;
+            return exchange.cast();
+        }
+    })
+}
+
+/// The handler returned and PHP ended the request: the answer is completed and written.
+#[no_mangle]
+extern "C" fn corral_rs_worker_finish(ctx: *mut c_void) {
+    STATE.with(|s| {
+        let mut state = s.borrow_mut();
+        let Some(current) = state.current.take() else {
+            return;
+        };
+        if current.exchange.cast() != ctx {
+            crate::log("corral_rs_worker_finish: not the request in progress");
+        }
+        // SAFETY: the pointer came from Box::into_raw in `corral_rs_worker_next`, and PHP
+        // ended the request that used it.
+        let exchange = unsafe { Box::from_raw(current.exchange) };
+        // A stop signal came during the request: the next call returns false and the
+        // script ends, so corral is told not to send another request here.
+        if crate::stopping() {
+            exchange.finish_closing();
+            state.conn = None;
+        } else if !exchange.finish() {
+            state.conn = None;
+        }
+    });
+}
+
+/// The next connection on the listener; `None` on a stop signal or a broken listener.
+fn accept() -> Option<Conn> {
+    loop {
+        if crate::stopping() {
+            return None;
+        }
+        // SAFETY: accept4 on the inherited listener with no address out-parameters.
+        let fd = unsafe {
+            libc::accept4(
+                crate::LISTENER,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
+            return Some(Conn::new(unsafe { File::from_raw_fd(fd) }));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
+            _ => {
+                crate::log(&format!("accept on fd 0 failed: {e}"));
+                return None;
+            }
+        }
+    }
+}
