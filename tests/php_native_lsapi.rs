@@ -17,27 +17,9 @@ use bytes::BytesMut;
 use corral::protocols::lsapi::{ByteOrder, FlagRule, RequestBuilder};
 use corral::protocols::Limits;
 use support::lsapi::{assert_closed_without_answer, read_answer_from, Answer};
+use support::native::worker;
 use support::peers::{shared_dir, write_file};
 
-/// The worker beside the corral under test, built when missing (see tests/php_native.rs).
-fn worker() -> PathBuf {
-    let corral = Path::new(support::CORRAL);
-    let dir = corral.parent().expect("corral's directory");
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args(["build", "--quiet", "-p", "corral-php-worker"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if dir.ends_with("release") {
-        cmd.arg("--release");
-    }
-    let out = support::run(cmd, std::time::Duration::from_secs(600));
-    assert_eq!(
-        out.code,
-        Some(0),
-        "building corral-php-worker: {}",
-        out.stderr
-    );
-    dir.join("corral-php-worker")
-}
 
 struct Worker {
     child: Child,

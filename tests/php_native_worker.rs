@@ -12,37 +12,12 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 
 use support::apps::multipart;
+use support::native::worker;
 use support::peers::{md5_hex, shared_dir, write_file};
 use support::server::{http, Corral, HttpResponse};
 
-/// The worker beside the corral under test, built when missing (see tests/php_native.rs).
-fn worker() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let corral = Path::new(support::CORRAL);
-            let dir = corral.parent().expect("corral's directory");
-            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-            cmd.args(["build", "--quiet", "-p", "corral-php-worker"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if dir.ends_with("release") {
-                cmd.arg("--release");
-            }
-            let out = support::run(cmd, std::time::Duration::from_secs(600));
-            assert_eq!(
-                out.code,
-                Some(0),
-                "building corral-php-worker: {}",
-                out.stderr
-            );
-            dir.join("corral-php-worker")
-        })
-        .clone()
-}
 
 /// Classes the app loads at boot.
 const CLASSES: usize = 300;

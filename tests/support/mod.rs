@@ -14,6 +14,7 @@ pub mod front;
 pub mod invariants;
 pub mod lsapi;
 pub mod matrix;
+pub mod native;
 pub mod peers;
 pub mod server;
 pub mod sync1;
