@@ -71,17 +71,15 @@ impl std::ops::Deref for PreparedContext {
     }
 }
 
+/// Writes one side's address variables (`push_remote`, `push_server`).
+type PushAddr = fn(&mut CgiParams, &[u8], Option<u16>) -> Result<(), CgiError>;
+
 /// One side's address variables, encoded, or why its address cannot be sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AddrBlock(Result<CgiParams, CgiError>);
 
 impl AddrBlock {
-    fn new(
-        field: &str,
-        addr: &[u8],
-        port: Option<u16>,
-        push: fn(&mut CgiParams, &[u8], Option<u16>) -> Result<(), CgiError>,
-    ) -> AddrBlock {
+    fn new(field: &str, addr: &[u8], port: Option<u16>, push: PushAddr) -> AddrBlock {
         let mut out = CgiParams::with_capacity(32 + addr.len());
         AddrBlock(
             check_field(field, addr)
