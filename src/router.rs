@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::config::{Config, ContextConfig, ListenAddress};
-use crate::protocols::cgi::{CgiContext, ScriptMode};
+use crate::protocols::cgi::{CgiContext, PreparedContext, ScriptMode};
 
 /// A pool's position in the configuration (and in the registry built from it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,8 +26,8 @@ pub struct Context {
     pub pool: PoolId,
     /// Its index among its pool's contexts, for the per-context cap in the slot table.
     pub slot_context: usize,
-    /// How CGI variables are built for it.
-    pub cgi: CgiContext,
+    /// How CGI variables are built for it, with its constant variables encoded once.
+    pub cgi: PreparedContext,
 }
 
 /// What the router looks at.
@@ -60,7 +60,7 @@ impl Router {
             let slot_context = per_pool[pool];
             per_pool[pool] += 1;
             contexts.push(Arc::new(Context {
-                cgi: cgi_context(c),
+                cgi: PreparedContext::new(cgi_context(c)),
                 config: c.clone(),
                 pool: PoolId(pool),
                 slot_context,

@@ -45,8 +45,8 @@ use crate::front::static_files::{add_slash, static_file, try_files, TryFiles};
 use crate::gateway::{Gateway, GatewayBody, GatewayError, RouteKey, Routed};
 use crate::net::Stream;
 use crate::protocols::cgi::{
-    check_host, dropped_headers, encode_cgi_vars, parse_request_path, CgiError, CgiParams,
-    CgiRequest, RequestPath,
+    check_host, dropped_headers, encode_prepared, parse_request_path, CgiError, CgiParams,
+    CgiRequest, RemoteVars, RequestPath, ServerVars,
 };
 use crate::protocols::cgi_response::ResponseKind;
 
@@ -164,26 +164,41 @@ struct Served {
     addrs: AddrText,
 }
 
-/// The peer's and the local IP address as CGI wants them, written once per connection
+/// The peer's and the local address as CGI variables, encoded once per connection
 /// (formatting an address costs more than the rest of REMOTE_ADDR's handling).
 struct AddrText {
-    /// The TCP peer's IP; empty on a Unix listener.
-    peer: String,
-    /// The local IP; `127.0.0.1` on a Unix listener.
-    local: String,
+    /// REMOTE_ADDR (the TCP peer's IP, left out on a Unix listener) and REMOTE_PORT, used
+    /// unless a trusted proxy names the client.
+    peer: RemoteVars,
+    /// SERVER_ADDR (the local IP; `127.0.0.1` on a Unix listener) and SERVER_PORT.
+    local: ServerVars,
 }
 
 impl AddrText {
     fn of(info: &ConnInfo) -> AddrText {
-        AddrText {
-            peer: match info.peer {
-                Peer::Tcp(a) => a.ip().to_string(),
-                Peer::Unix => String::new(),
-            },
-            local: info
-                .local
-                .map_or_else(|| "127.0.0.1".to_owned(), |a| a.ip().to_string()),
-        }
+        let peer = match info.peer {
+            Peer::Tcp(a) => with_ip_text(a.ip(), |ip| RemoteVars::new(ip, Some(a.port()))),
+            Peer::Unix => RemoteVars::new(b"", None),
+        };
+        let local_port = info.local.map(|a| a.port());
+        let local = match info.local {
+            Some(a) => with_ip_text(a.ip(), |ip| ServerVars::new(ip, local_port)),
+            None => ServerVars::new(b"127.0.0.1", local_port),
+        };
+        AddrText { peer, local }
+    }
+}
+
+/// Calls `f` with `ip` as text, written on the stack.
+fn with_ip_text<R>(ip: std::net::IpAddr, f: impl FnOnce(&[u8]) -> R) -> R {
+    use std::io::Write;
+    // The longest IPv6 text (an IPv4-mapped one in full) is 45 bytes.
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let written = write!(cursor, "{ip}").map(|()| cursor.position() as usize);
+    match written {
+        Ok(n) => f(buf.get(..n).unwrap_or_default()),
+        Err(_) => f(ip.to_string().as_bytes()),
     }
 }
 
@@ -568,13 +583,12 @@ fn cgi_params(
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
     // out rather than filled with a loopback placeholder that an app would trust.
+    // The connection's own addresses were encoded when it was accepted (`AddrText`).
     let forwarded = forwarded_client(info, &parts.headers).map(|ip| ip.to_string());
-    let (remote_addr, remote_port) = match (&forwarded, info.peer) {
-        (Some(ip), _) => (ip.as_str(), None),
-        (None, Peer::Tcp(a)) => (addrs.peer.as_str(), Some(a.port())),
-        (None, Peer::Unix) => ("", None),
+    let (remote_addr, remote) = match &forwarded {
+        Some(ip) => (ip.as_str(), None),
+        None => ("", Some(&addrs.peer)),
     };
-    let (server_addr, server_port) = (addrs.local.as_str(), info.local.map(|a| a.port()));
     let protocol = match parts.version {
         http::Version::HTTP_10 => &b"HTTP/1.0"[..],
         _ => b"HTTP/1.1",
@@ -586,13 +600,20 @@ fn cgi_params(
         headers,
         body_length: body.len(),
         remote_addr: remote_addr.as_bytes(),
-        remote_port,
-        server_addr: server_addr.as_bytes(),
-        server_port,
+        remote_port: None,
+        server_addr: b"",
+        server_port: None,
         server_name: host.as_bytes(),
         https: forwarded_https(info, &parts.headers),
     };
-    let mut vars = encode_cgi_vars(&req, path, &routed.context.cgi, &gateway.limits)?;
+    let mut vars = encode_prepared(
+        &req,
+        path,
+        &routed.context.cgi,
+        remote,
+        Some(&addrs.local),
+        &gateway.limits,
+    )?;
     if tracing::enabled!(tracing::Level::DEBUG) {
         for d in dropped_headers(headers) {
             tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");

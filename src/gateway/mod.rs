@@ -635,15 +635,16 @@ impl Gateway {
         (pid, watch): (&mut Option<u32>, Option<&slow_stacks::SlowWatch>),
     ) -> Result<(CgiResponseHead, ResponseBody, Slot), GatewayError> {
         let pool = &routed.pool;
-        let slot = pool
+        // The wait is timed from the timer's start: one clock reading fewer per request.
+        let (slot, had) = pool
             .requests
-            .acquire(&pool.slots, routed.context.slot_context)
+            .acquire_since(&pool.slots, routed.context.slot_context, timer.asked())
             .await
             .map_err(|source| GatewayError::Slot {
                 pool: Arc::clone(&pool.name),
                 source,
             })?;
-        timer.slot();
+        timer.slot_at(had);
         let backend_err = |source| {
             pool.requests.backend_error(&source);
             GatewayError::Backend {

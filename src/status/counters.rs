@@ -199,10 +199,16 @@ impl RequestTimer {
         &self.stats
     }
 
-    /// A slot was had: the connect phase starts.
-    pub fn slot(&mut self) {
-        self.phase = Instant::now();
-        self.split[0] = self.phase - self.asked;
+    /// When the request started asking for a slot.
+    pub fn asked(&self) -> Instant {
+        self.asked
+    }
+
+    /// A slot was had at `had` (a clock reading the caller already made): the connect phase
+    /// starts.
+    pub fn slot_at(&mut self, had: Instant) {
+        self.phase = had;
+        self.split[0] = had - self.asked;
     }
 
     /// A connection was had: records the connect time; the first-byte phase starts.
@@ -297,6 +303,20 @@ impl RequestStats {
     /// the outcome and the wait.
     pub async fn acquire(&self, slots: &Arc<SlotTable>, context: usize) -> Result<Slot, SlotError> {
         let asked = Instant::now();
+        self.acquire_since(slots, context, asked)
+            .await
+            .map(|(slot, _)| slot)
+    }
+
+    /// [`RequestStats::acquire`] for a request that asked at `asked` (its timer's start, so
+    /// that the clock is not read again for it); returns the slot and when it was had, the
+    /// one clock reading the wait and the next phase share.
+    pub async fn acquire_since(
+        &self,
+        slots: &Arc<SlotTable>,
+        context: usize,
+        asked: Instant,
+    ) -> Result<(Slot, Instant), SlotError> {
         let mut acquiring = pin!(slots.acquire_at(context, asked));
         // The first poll either serves the request, refuses it, or leaves it in the queue.
         let first = std::future::poll_fn(|cx| Poll::Ready(acquiring.as_mut().poll(cx))).await;
@@ -317,24 +337,29 @@ impl RequestStats {
                 acquiring.await
             }
         };
-        match &result {
+        let had = match &result {
             Ok(_) => {
+                let had = Instant::now();
                 self.accepted.fetch_add(1, Ordering::Relaxed);
-                self.queue_wait.observe(asked.elapsed());
+                self.queue_wait.observe(had - asked);
                 self.max_in_flight
                     .fetch_max(slots.stats().in_flight, Ordering::Relaxed);
+                had
             }
             Err(SlotError::QueueFull { .. }) => {
                 self.rejected_queue_full.fetch_add(1, Ordering::Relaxed);
+                asked
             }
             Err(SlotError::QueueTimeout(_)) => {
                 self.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                asked
             }
             Err(SlotError::Closed) => {
                 self.rejected_closed.fetch_add(1, Ordering::Relaxed);
+                asked
             }
-        }
-        result
+        };
+        result.map(|slot| (slot, had))
     }
 
     /// Counts a failed exchange if the backend was at fault.

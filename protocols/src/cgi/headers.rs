@@ -14,7 +14,7 @@
 use bytes::Bytes;
 
 use super::params::CgiParams;
-use super::{is_token, snippet, CgiError, DropReason, Dropped};
+use super::{snippet, CgiError, DropReason, Dropped};
 
 /// What one request header becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,10 +29,64 @@ enum Class {
     Http,
 }
 
+/// What one pass over a header name finds: whether every byte is a token character, and
+/// whether it holds `_` or another byte outside `[A-Za-z0-9-]`.
+#[derive(Debug, Clone, Copy)]
+struct NameScan {
+    token: bool,
+    underscore: bool,
+    other: bool,
+}
+
+/// Per byte: [`TOKEN`] for a token character (RFC 9110 §5.6.2), [`PLAIN`] for
+/// `[A-Za-z0-9-]`, [`UNDERSCORE`] for `_`. One table, so a header name is read once for all
+/// three questions: this runs for every header of every request.
+const TOKEN: u8 = 1;
+const PLAIN: u8 = 2;
+const UNDERSCORE: u8 = 4;
+#[allow(clippy::indexing_slicing)] // `c` runs over 0..256, the table's own length.
+const NAME_BYTES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        let mut flags = 0;
+        if super::is_tchar_const(b) {
+            flags |= TOKEN;
+        }
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            flags |= PLAIN;
+        }
+        if b == b'_' {
+            flags |= UNDERSCORE;
+        }
+        table[c] = flags;
+        c += 1;
+    }
+    table
+};
+
+fn scan_name(name: &[u8]) -> NameScan {
+    let (mut all, mut any) = (TOKEN | PLAIN, 0u8);
+    for &c in name {
+        let f = NAME_BYTES.get(usize::from(c)).copied().unwrap_or(0);
+        all &= f;
+        any |= f;
+    }
+    NameScan {
+        token: !name.is_empty() && all & TOKEN != 0,
+        underscore: any & UNDERSCORE != 0,
+        other: all & PLAIN == 0,
+    }
+}
+
 /// Where a header goes, by its name alone (the name is a token: [`check_headers`] ran). The
-/// names with a meaning of their own are told apart by length first, and the rest is one
-/// pass over the name: this runs twice for every header of every request.
+/// names with a meaning of their own are told apart by length first.
 fn class_of(name: &[u8]) -> Class {
+    class_from(name, scan_name(name))
+}
+
+fn class_from(name: &[u8], scan: NameScan) -> Class {
     let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
     let hop = Class::Dropped(DropReason::HopByHop);
     let special = match name.len() {
@@ -49,18 +103,9 @@ fn class_of(name: &[u8]) -> Class {
     if let Some(class) = special {
         return class;
     }
-    let mut underscore = false;
-    let mut other = false;
-    for &c in name {
-        if c == b'_' {
-            underscore = true;
-        } else if !(c.is_ascii_alphanumeric() || c == b'-') {
-            other = true;
-        }
-    }
-    if underscore {
+    if scan.underscore {
         Class::Dropped(DropReason::Underscore)
-    } else if other {
+    } else if scan.other {
         Class::Dropped(DropReason::NameChars)
     } else {
         Class::Http
@@ -92,6 +137,19 @@ pub(super) struct BodyHeaders<'a> {
     pub content_length: Option<u64>,
 }
 
+/// What [`check_headers`] found: the body's headers, and which headers become `HTTP_*`
+/// variables (so that [`push_http_vars`] does not classify them again).
+pub(super) struct CheckedHeaders<'a> {
+    /// CONTENT_TYPE and CONTENT_LENGTH.
+    pub body: BodyHeaders<'a>,
+    /// Bit `i` set: header `i` becomes an `HTTP_*` variable. Headers past the 64th are
+    /// classified again when pushed.
+    http: u64,
+}
+
+/// Headers whose class [`CheckedHeaders`] remembers.
+const REMEMBERED: usize = 64;
+
 /// Checks every header (names are tokens, values free of control bytes, one Content-Type,
 /// agreeing Content-Lengths) and finds CONTENT_TYPE and CONTENT_LENGTH. `body_length`, when
 /// known, is CONTENT_LENGTH and the Content-Length header is ignored. Allocates nothing: the
@@ -99,11 +157,13 @@ pub(super) struct BodyHeaders<'a> {
 pub(super) fn check_headers<'a>(
     headers: &[(&'a [u8], &'a [u8])],
     body_length: Option<u64>,
-) -> Result<BodyHeaders<'a>, CgiError> {
+) -> Result<CheckedHeaders<'a>, CgiError> {
     let mut content_type: Option<&[u8]> = None;
     let mut content_length: Option<u64> = None;
-    for &(name, value) in headers {
-        if !is_token(name) {
+    let mut http = 0u64;
+    for (i, &(name, value)) in headers.iter().enumerate() {
+        let scan = scan_name(name);
+        if !scan.token {
             return Err(CgiError::InvalidHeaderName {
                 name: snippet(name),
             });
@@ -113,8 +173,13 @@ pub(super) fn check_headers<'a>(
                 name: snippet(name),
             });
         }
-        match class_of(name) {
-            Class::Dropped(_) | Class::Http => {}
+        match class_from(name, scan) {
+            Class::Dropped(_) => {}
+            Class::Http => {
+                if i < REMEMBERED {
+                    http |= 1 << i;
+                }
+            }
             Class::ContentType => {
                 if content_type.replace(value).is_some() {
                     return Err(CgiError::RepeatedContentType);
@@ -130,10 +195,24 @@ pub(super) fn check_headers<'a>(
             }
         }
     }
-    Ok(BodyHeaders {
-        content_type,
-        content_length: body_length.or(content_length),
+    Ok(CheckedHeaders {
+        body: BodyHeaders {
+            content_type,
+            content_length: body_length.or(content_length),
+        },
+        http,
     })
+}
+
+impl CheckedHeaders<'_> {
+    /// Whether header `i` of `name` becomes an `HTTP_*` variable.
+    fn is_http(&self, i: usize, name: &[u8]) -> bool {
+        if i < REMEMBERED {
+            self.http & (1 << i) != 0
+        } else {
+            class_of(name) == Class::Http
+        }
+    }
 }
 
 /// Appends the `HTTP_*` variables of `headers` (already passed by [`check_headers`]) in
@@ -143,6 +222,7 @@ pub(super) fn check_headers<'a>(
 /// repeats.
 pub(super) fn push_http_vars(
     headers: &[(&[u8], &[u8])],
+    checked: &CheckedHeaders<'_>,
     out: &mut CgiParams,
 ) -> Result<(), CgiError> {
     let upper = |c: u8| {
@@ -153,7 +233,7 @@ pub(super) fn push_http_vars(
         }
     };
     for (i, &(name, value)) in headers.iter().enumerate() {
-        if class_of(name) != Class::Http {
+        if !checked.is_http(i, name) {
             continue;
         }
         let same = |other: &(&[u8], &[u8])| other.0.eq_ignore_ascii_case(name);
@@ -198,4 +278,12 @@ fn parse_content_length(value: &[u8]) -> Result<u64, CgiError> {
             .and_then(|n| n.checked_add(u64::from(c - b'0')))
             .ok_or_else(bad)
     })
+}
+
+/// [`scan_name`]'s answers (token, holds `_`, holds a byte outside `[A-Za-z0-9-]`), for the
+/// property test that holds them to the separate questions.
+#[cfg(test)]
+pub(super) fn scan_name_for_tests(name: &[u8]) -> (bool, bool, bool) {
+    let s = scan_name(name);
+    (s.token, s.underscore, s.other)
 }

@@ -13,6 +13,7 @@
 //! document root, and the caller checks the real file (realpath, regular file, still inside the
 //! root) before handing the request to a backend.
 
+mod encode;
 mod front;
 #[cfg(test)]
 mod front_oracle;
@@ -24,11 +25,15 @@ mod headers;
 mod host;
 mod params;
 mod path;
+mod prepared;
+#[cfg(test)]
+mod prepared_tests;
 
 use bytes::Bytes;
 
 use crate::Limits;
 
+pub use encode::{encode_cgi_vars, encode_prepared};
 pub use front::{normalize_front, normalize_front_params, FrontVars};
 pub use front_params::{FrontParams, Known};
 pub use headers::dropped_headers;
@@ -38,6 +43,7 @@ pub use path::{
     has_allowed_ext, has_hidden_segment, normalize_decoded_path, parse_request_path,
     split_request_path, split_script_path, static_file_path, RequestPath, ScriptPath,
 };
+pub use prepared::{PreparedContext, RemoteVars, ServerVars};
 
 /// The GATEWAY_INTERFACE value corral speaks.
 pub const GATEWAY_INTERFACE: &[u8] = b"CGI/1.1";
@@ -356,6 +362,28 @@ pub(crate) fn is_token(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|&c| is_tchar(c))
 }
 
+/// Whether `b` is a token character, for tables built at compile time.
+const fn is_tchar_const(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'!' | b'#'
+                | b'$'
+                | b'%'
+                | b'&'
+                | b'\''
+                | b'*'
+                | b'+'
+                | b'-'
+                | b'.'
+                | b'^'
+                | b'_'
+                | b'`'
+                | b'|'
+                | b'~'
+        )
+}
+
 /// The token characters, one entry per byte: every header name of every request is checked
 /// against it, and a table costs one load where the list of symbols cost a scan.
 #[allow(clippy::indexing_slicing)] // `c` runs over 0..256, the table's own length.
@@ -363,25 +391,7 @@ const TCHAR: [bool; 256] = {
     let mut table = [false; 256];
     let mut c = 0;
     while c < 256 {
-        let b = c as u8;
-        table[c] = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'!' | b'#'
-                    | b'$'
-                    | b'%'
-                    | b'&'
-                    | b'\''
-                    | b'*'
-                    | b'+'
-                    | b'-'
-                    | b'.'
-                    | b'^'
-                    | b'_'
-                    | b'`'
-                    | b'|'
-                    | b'~'
-            );
+        table[c] = is_tchar_const(c as u8);
         c += 1;
     }
     table
@@ -459,178 +469,6 @@ pub fn build_cgi_vars_for(
     })
 }
 
-/// The variables of [`build_cgi_vars_for`], encoded once into a [`CgiParams`] (what the
-/// request path sends); [`dropped_headers`] names the headers left out, for a log. The one
-/// place the rules live: the owned form above is a view of this one.
-pub fn encode_cgi_vars(
-    req: &CgiRequest<'_>,
-    path: &RequestPath<'_>,
-    ctx: &CgiContext,
-    limits: &Limits,
-) -> Result<CgiParams, CgiError> {
-    if !is_token(req.method) {
-        return Err(CgiError::InvalidMethod {
-            method: snippet(req.method),
-        });
-    }
-    check_field("protocol", req.protocol)?;
-    check_field("remote address", req.remote_addr)?;
-    check_field("server address", req.server_addr)?;
-    check_field("server name", req.server_name)?;
-    path::check_context(ctx)?;
-    let norm = path::normal_form(&path.normalized)?;
-    let script = path::split_normalized(&norm, ctx)?;
-    let body = headers::check_headers(req.headers, req.body_length)?;
-
-    let header_bytes: usize = req.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
-    let mut out = CgiParams::with_capacity(
-        512 + header_bytes
-            + 2 * path.path_and_query.len()
-            + 2 * ctx.document_root.len()
-            + ctx.server_software.len(),
-    );
-    let mut port_text = [0u8; 20];
-    let mut length_text = [0u8; 20];
-    out.push(b"GATEWAY_INTERFACE", GATEWAY_INTERFACE)?;
-    out.push(b"SERVER_SOFTWARE", &ctx.server_software)?;
-    out.push(b"QUERY_STRING", path.query)?;
-    out.push(b"REQUEST_METHOD", req.method)?;
-    out.push(b"CONTENT_TYPE", body.content_type.unwrap_or_default())?;
-    out.push(
-        b"CONTENT_LENGTH",
-        body.content_length
-            .map(|n| decimal(n, &mut length_text))
-            .unwrap_or_default(),
-    )?;
-    let path::Split {
-        name,
-        index,
-        info: path_info,
-        root,
-    } = script;
-    let is_script = root.is_some();
-    out.push_joined(b"SCRIPT_NAME", &[name, index], b"")?;
-    if let Some(root) = root {
-        out.push_joined(b"SCRIPT_FILENAME", &[root, name, index], b"")?;
-    }
-    // A script's empty PATH_INFO is left out (as nginx's fastcgi_params does): an empty one
-    // is what feeds php-cgi's PATH_INFO arithmetic (CVE-2019-11043). An application mount
-    // keeps it, empty or not (PEP 3333, Rack).
-    if !path_info.is_empty() || !is_script {
-        out.push(b"PATH_INFO", path_info)?;
-    }
-    // PATH_TRANSLATED maps PATH_INFO under the document root (RFC 3875 §4.1.6); an app has
-    // no document tree to map it into.
-    if let Some(root) = root.filter(|_| !path_info.is_empty()) {
-        out.push_joined(b"PATH_TRANSLATED", &[root, path_info], b"")?;
-    }
-    out.push(b"REQUEST_URI", path.path_and_query)?;
-    // DOCUMENT_URI: SCRIPT_NAME then PATH_INFO (the normalised path, with the index file
-    // when one was chosen), `/` when both are empty.
-    if name.is_empty() && index.is_empty() && path_info.is_empty() {
-        out.push(b"DOCUMENT_URI", b"/")?;
-    } else {
-        out.push_joined(b"DOCUMENT_URI", &[name, index, path_info], b"")?;
-    }
-    out.push(b"DOCUMENT_ROOT", path::root_shown(&ctx.document_root))?;
-    out.push(b"SERVER_PROTOCOL", req.protocol)?;
-    out.push(
-        b"REQUEST_SCHEME",
-        if req.https { b"https" } else { b"http" },
-    )?;
-    if req.https {
-        out.push(b"HTTPS", b"on")?;
-    }
-    // An empty address means the front listener does not know the client (a Unix socket
-    // with no trusted forwarded header): the variable is left out, not made up.
-    if !req.remote_addr.is_empty() {
-        out.push(b"REMOTE_ADDR", req.remote_addr)?;
-    }
-    match req.remote_port {
-        Some(p) => out.push(b"REMOTE_PORT", decimal(u64::from(p), &mut port_text))?,
-        None => out.push(b"REMOTE_PORT", b"")?,
-    }
-    out.push(b"SERVER_ADDR", req.server_addr)?;
-    match req.server_port {
-        Some(p) => out.push(b"SERVER_PORT", decimal(u64::from(p), &mut port_text))?,
-        None => out.push(b"SERVER_PORT", b"")?,
-    }
-    out.push(b"SERVER_NAME", req.server_name)?;
-    out.push(b"REDIRECT_STATUS", b"200")?;
-    headers::push_http_vars(req.headers, &mut out)?;
-    for (name, value) in &ctx.extra_env {
-        if name.is_empty() || name.contains(&b'=') || has_nul_cr_lf(name) || has_nul_cr_lf(value) {
-            return Err(CgiError::InvalidContext(
-                "an extra variable has an empty name, '=', NUL, CR or LF",
-            ));
-        }
-        out.set(name, value)?;
-    }
-    check_limits(&out, limits)?;
-    Ok(out)
-}
-
-/// `n` in decimal, written into `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        if let Some(d) = buf.get_mut(at) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || at == 0 {
-            break;
-        }
-    }
-    buf.get(at..).unwrap_or_default()
-}
-
-/// Checks `vars` against the parameter-block limits a responder will apply to them; the byte
-/// total is the sum of name and value lengths (framing overhead is the encoder's to check).
-fn check_limits(vars: &CgiParams, limits: &Limits) -> Result<(), CgiError> {
-    if vars.len() <= limits.max_params_count
-        && vars.within(
-            limits.max_name_len,
-            limits.max_value_len,
-            limits.max_params_bytes,
-        )
-    {
-        return Ok(());
-    }
-    // Over some limit: find which, to name it.
-    if vars.len() > limits.max_params_count {
-        return Err(CgiError::TooManyVars {
-            count: vars.len(),
-            limit: limits.max_params_count,
-        });
-    }
-    let mut total = 0usize;
-    for (name, value) in vars.iter() {
-        if name.len() > limits.max_name_len {
-            return Err(CgiError::NameTooLong {
-                name: snippet(name),
-                limit: limits.max_name_len,
-            });
-        }
-        if value.len() > limits.max_value_len {
-            return Err(CgiError::ValueTooLong {
-                name: snippet(name),
-                len: value.len(),
-                limit: limits.max_value_len,
-            });
-        }
-        total = total.saturating_add(name.len()).saturating_add(value.len());
-    }
-    if total > limits.max_params_bytes {
-        return Err(CgiError::VarsTooLarge {
-            total,
-            limit: limits.max_params_bytes,
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::has_nul_cr_lf;
@@ -639,7 +477,10 @@ mod tests {
     fn decimal_writes_every_width() {
         for n in [0u64, 7, 10, 65535, 1234567890, u64::MAX] {
             let mut buf = [0u8; 20];
-            assert_eq!(super::decimal(n, &mut buf), n.to_string().as_bytes());
+            assert_eq!(
+                super::encode::decimal(n, &mut buf),
+                n.to_string().as_bytes()
+            );
         }
     }
 

@@ -121,6 +121,16 @@ impl CgiParams {
         self.total = self.total.saturating_add(total);
     }
 
+    /// Appends the pairs of `other` (a block encoded once and sent with every request), as
+    /// if each had been pushed.
+    pub fn append(&mut self, other: &CgiParams) {
+        self.buf.extend_from_slice(&other.buf);
+        self.count += other.count;
+        self.longest_name = self.longest_name.max(other.longest_name);
+        self.longest_value = self.longest_value.max(other.longest_value);
+        self.total = self.total.saturating_add(other.total);
+    }
+
     /// Variables in all.
     pub fn len(&self) -> usize {
         self.count

@@ -1,0 +1,123 @@
+//! The CGI variables that do not change from one request to the next, checked and encoded
+//! once: a context's (GATEWAY_INTERFACE, SERVER_SOFTWARE, DOCUMENT_ROOT, and the checks of
+//! its root, script names and extra variables) when the configuration is loaded, and a
+//! connection's address variables (REMOTE_ADDR, REMOTE_PORT, SERVER_ADDR, SERVER_PORT) when
+//! it is accepted. [`super::encode_prepared`] appends these blocks as bytes.
+//!
+//! The blocks are written by the same functions that write the variables of a request
+//! without them ([`super::encode_cgi_vars`] prepares its context on the spot), so the two
+//! forms cannot drift apart; a property test holds them equal.
+
+use super::encode::{check_extra_env, push_head, push_remote, push_root, push_server};
+use super::params::CgiParams;
+use super::{check_field, path, CgiContext, CgiError};
+
+/// A [`CgiContext`] with its per-request constants checked and encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedContext {
+    ctx: CgiContext,
+    /// Whether the context can be used: an unusable one refuses every request with this
+    /// error, as the context's checks on every request did.
+    checked: Result<(), CgiError>,
+    /// GATEWAY_INTERFACE and SERVER_SOFTWARE.
+    head: CgiParams,
+    /// DOCUMENT_ROOT.
+    root: CgiParams,
+}
+
+impl PreparedContext {
+    /// Checks `ctx` and encodes its constant variables.
+    pub fn new(ctx: CgiContext) -> PreparedContext {
+        let mut head = CgiParams::with_capacity(32 + ctx.server_software.len());
+        let mut root = CgiParams::with_capacity(16 + ctx.document_root.len());
+        let checked = path::check_context(&ctx)
+            .and_then(|()| check_extra_env(&ctx))
+            .and_then(|()| push_head(&mut head, &ctx))
+            .and_then(|()| push_root(&mut root, &ctx));
+        PreparedContext {
+            ctx,
+            checked,
+            head,
+            root,
+        }
+    }
+
+    /// The context as configured.
+    pub fn context(&self) -> &CgiContext {
+        &self.ctx
+    }
+
+    /// `Ok` when the context is usable, else why not.
+    pub(super) fn checked(&self) -> Result<(), CgiError> {
+        self.checked.clone()
+    }
+
+    /// GATEWAY_INTERFACE and SERVER_SOFTWARE, encoded.
+    pub(super) fn head(&self) -> &CgiParams {
+        &self.head
+    }
+
+    /// DOCUMENT_ROOT, encoded.
+    pub(super) fn root(&self) -> &CgiParams {
+        &self.root
+    }
+}
+
+impl std::ops::Deref for PreparedContext {
+    type Target = CgiContext;
+
+    fn deref(&self) -> &CgiContext {
+        &self.ctx
+    }
+}
+
+/// Writes one side's address variables (`push_remote`, `push_server`).
+type PushAddr = fn(&mut CgiParams, &[u8], Option<u16>) -> Result<(), CgiError>;
+
+/// One side's address variables, encoded, or why its address cannot be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AddrBlock(Result<CgiParams, CgiError>);
+
+impl AddrBlock {
+    fn new(field: &str, addr: &[u8], port: Option<u16>, push: PushAddr) -> AddrBlock {
+        let mut out = CgiParams::with_capacity(32 + addr.len());
+        AddrBlock(
+            check_field(field, addr)
+                .and_then(|()| push(&mut out, addr, port))
+                .map(|()| out),
+        )
+    }
+}
+
+/// REMOTE_ADDR and REMOTE_PORT of a connection, encoded when it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteVars(AddrBlock);
+
+impl RemoteVars {
+    /// The client's address as text (empty when unknown: REMOTE_ADDR is then left out) and
+    /// port (`None` on a Unix socket).
+    pub fn new(addr: &[u8], port: Option<u16>) -> RemoteVars {
+        RemoteVars(AddrBlock::new("remote address", addr, port, push_remote))
+    }
+
+    /// The encoded variables, or the error a request with this address meets.
+    pub(super) fn encoded(&self) -> Result<&CgiParams, CgiError> {
+        self.0 .0.as_ref().map_err(Clone::clone)
+    }
+}
+
+/// SERVER_ADDR and SERVER_PORT of a connection, encoded when it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerVars(AddrBlock);
+
+impl ServerVars {
+    /// The local address as text and port (`None` on a Unix socket).
+    pub fn new(addr: &[u8], port: Option<u16>) -> ServerVars {
+        ServerVars(AddrBlock::new("server address", addr, port, push_server))
+    }
+
+    /// The encoded variables, or the error a request with this address meets.
+    pub(super) fn encoded(&self) -> Result<&CgiParams, CgiError> {
+        self.0 .0.as_ref().map_err(Clone::clone)
+    }
+}
