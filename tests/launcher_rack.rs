@@ -375,6 +375,9 @@ run(lambda do |env|
     end
     [200, { 'content-type' => 'text/plain' }, ['slow done']]
   when '/callable' then [200, { 'content-type' => 'text/plain' }, Callable.new]
+  when '/jit'
+    state = "#{Process.pid} #{RubyVM::YJIT.enabled?} #{ENV.keys.grep(/YJIT/).sort.join(',')}"
+    [200, { 'content-type' => 'text/plain' }, [state]]
   when '/fail-early' then [200, {}, Enumerator.new { raise 'no chunk at all' }]
   when '/fail-late' then [200, {}, Enumerator.new { |y| y << 'part;'; raise 'half way' }]
   when '/bad-header' then [200, { 'bad name' => 'x' }, ['never sent']]
@@ -398,6 +401,11 @@ impl Launcher {
 
     /// Runs `ruby RUBY_ARGS corral-rack.rb config.ru` with `app` as config.ru.
     fn start_with(ruby_args: &[&str], app: &str) -> Launcher {
+        Launcher::start_env(ruby_args, app, &[])
+    }
+
+    /// `start_with`, with `env` added to the launcher's environment.
+    fn start_env(ruby_args: &[&str], app: &str, env: &[(&str, &str)]) -> Launcher {
         let dir = tempfile::tempdir().unwrap();
         write_file(dir.path(), "config.ru", app);
         let script = write_file(dir.path(), "corral-rack.rb", corral::launchers::RACK);
@@ -407,6 +415,7 @@ impl Launcher {
             .args(ruby_args)
             .arg(&script)
             .arg("config.ru")
+            .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdin(Stdio::from(OwnedFd::from(listener)))
             .stdout(Stdio::null())
@@ -842,4 +851,42 @@ fn a_body_that_fails_before_its_first_chunk_is_a_500_and_after_it_a_cut_connecti
         "no RESP_END after a failed body: {events:?}"
     );
     assert!(launcher.wait_stderr("half way"));
+}
+
+#[test]
+fn yjit_is_on_in_the_same_process_unless_the_pool_turns_it_off() {
+    // Debian's Ruby 3.1 has YJIT but reads it only at start: the launcher starts itself
+    // again, keeping its pid (corral's handle on it) and its socket, and the app's ENV
+    // keeps neither variable that did it.
+    let launcher = Launcher::start();
+    let pid = launcher.child.id();
+    assert!(
+        launcher
+            .stderr()
+            .contains(&format!(", YJIT, pid {pid})")),
+        "{}",
+        launcher.stderr()
+    );
+    let mut s = launcher.connect();
+    s.write_all(&begin_request("GET", "/jit", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&read_answer(&mut s).body),
+        format!("{pid} true ")
+    );
+    // The pool's env says no: no restart, no YJIT.
+    let off = Launcher::start_env(&[], DIRECT_APP, &[("CORRAL_RACK_YJIT", "off")]);
+    let pid = off.child.id();
+    assert!(
+        off.stderr().contains(&format!("no YJIT, pid {pid})")),
+        "{}",
+        off.stderr()
+    );
+    let mut s = off.connect();
+    s.write_all(&begin_request("GET", "/jit", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&read_answer(&mut s).body),
+        format!("{pid} false ")
+    );
 }

@@ -1103,29 +1103,32 @@ module CorralRack
     log("cannot make the process non-dumpable: #{e.class}: #{e.message}")
   end
 
+  # Machine code YJIT may write, in MiB. Ruby 3.1 fills the whole area at start (256 MiB
+  # by default, all resident; shared with forked workers until written). 8 MiB holds the
+  # request loop and an app's hottest paths, and once it is full YJIT stops compiling. Its
+  # cost, with its bookkeeping: Rails 6.1's summed PSS 72/87/94 MiB for 2/4/8 workers and
+  # the preloader, against 56/59/75 without YJIT (tests/app_rails.rs, this machine).
+  YJIT_MEM_MIB = 8
+
   # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
-  # sets RUBY_YJIT_ENABLE itself: it runs the request loop in about two thirds of the CPU
-  # time. Ruby 3.3 turns it on in place; 3.1 and 3.2 read it only at start, so the launcher
-  # starts again (same pid, fd 0 and arguments) with RUBY_YJIT_ENABLE=1, which the app's ENV
-  # then loses again (a Ruby the app starts is not made to JIT). Ruby options other than
-  # --disable-gems are not carried over; corral starts the launcher with none.
+  # sets RUBY_YJIT_ENABLE itself: the request loop then takes about two thirds of the CPU
+  # time. Ruby 3.3 turns it on in place; 3.1 and 3.2 only at start, so the launcher starts
+  # again (same pid, fd 0 and arguments) as `ruby --yjit --yjit-exec-mem-size=8`. Ruby
+  # options other than --disable-gems are not carried over; corral starts the launcher with
+  # none.
   def self.enable_yjit(argv)
     choice = ENV.delete('CORRAL_RACK_YJIT')
-    if choice == 'restarted'
-      ENV.delete('RUBY_YJIT_ENABLE')
-      return
-    end
-    return if choice == 'off' || ENV.key?('RUBY_YJIT_ENABLE')
+    return if choice == 'restarted' || choice == 'off' || ENV.key?('RUBY_YJIT_ENABLE')
     return unless defined?(RubyVM::YJIT) && !RubyVM::YJIT.enabled?
     return RubyVM::YJIT.enable if RubyVM::YJIT.respond_to?(:enable)
     return if RbConfig::CONFIG['YJIT_SUPPORT'] == 'no'
 
     ENV['CORRAL_RACK_YJIT'] = 'restarted'
-    ENV['RUBY_YJIT_ENABLE'] = '1'
-    exec(RbConfig.ruby, *(defined?(Gem) ? [] : ['--disable-gems']), __FILE__, *argv)
+    options = ['--yjit', "--yjit-exec-mem-size=#{YJIT_MEM_MIB}"]
+    options << '--disable-gems' unless defined?(Gem)
+    exec(RbConfig.ruby, *options, __FILE__, *argv)
   rescue SystemCallError => e
     ENV.delete('CORRAL_RACK_YJIT')
-    ENV.delete('RUBY_YJIT_ENABLE')
     log("cannot start again with YJIT (#{e.message}); serving without it")
   end
 
