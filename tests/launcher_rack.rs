@@ -594,13 +594,29 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
         .collect();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("bad magic", with(0, b"XS"), "packet magic"),
-        ("a response packet type", with(2, &[3]), "is not BEGIN_REQUEST"),
+        (
+            "a response packet type",
+            with(2, &[3]),
+            "is not BEGIN_REQUEST",
+        ),
         // Packet length (little-endian) 65536: over the limit; and one shorter than a
         // request header.
-        ("too long", with(4, &[0x00, 0x00, 0x01, 0x00]), "length 65536 is outside"),
-        ("too short", with(4, &[100, 0, 0, 0]), "length 100 is outside"),
+        (
+            "too long",
+            with(4, &[0x00, 0x00, 0x01, 0x00]),
+            "length 65536 is outside",
+        ),
+        (
+            "too short",
+            with(4, &[100, 0, 0, 0]),
+            "length 100 is outside",
+        ),
         // The first env pair's key length runs past the packet.
-        ("pair past the end", with(48, &[0xff, 0xff]), "runs past the"),
+        (
+            "pair past the end",
+            with(48, &[0xff, 0xff]),
+            "runs past the",
+        ),
         ("zero pair length", with(48, &[0x00, 0x00]), "zero length"),
         // The first key's NUL is not where its length puts it.
         (
@@ -616,14 +632,30 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
             "runs past the 210-byte packet",
         ),
         // A body length of -1.
-        ("negative body", with(12, &[0xff, 0xff, 0xff, 0xff]), "m_reqBodyLen -1"),
+        (
+            "negative body",
+            with(12, &[0xff, 0xff, 0xff, 0xff]),
+            "m_reqBodyLen -1",
+        ),
         // m_cntEnv one too many: the terminator is read as a pair; a count over 8192.
         ("env count", with(36, &[9, 0, 0, 0]), "zero length"),
-        ("huge env count", with(36, &[0xff, 0xff, 0, 0]), "pair count 65535"),
+        (
+            "huge env count",
+            with(36, &[0xff, 0xff, 0, 0]),
+            "pair count 65535",
+        ),
         // A string offset outside the packet; a header block length that does not end
         // the packet; an unknown-header count that runs past it.
-        ("offset outside", with(16, &[0xff, 0xff, 0, 0]), "Off 65535 is outside"),
-        ("header block length", with(8, &[0xff, 0, 0, 0]), "sections end at"),
+        (
+            "offset outside",
+            with(16, &[0xff, 0xff, 0, 0]),
+            "Off 65535 is outside",
+        ),
+        (
+            "header block length",
+            with(8, &[0xff, 0, 0, 0]),
+            "sections end at",
+        ),
         (
             "unknown header count",
             with(32, &[0xff, 0xff, 0xff, 0x7f]),
@@ -684,7 +716,11 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
         .write_all(&with(0, b"XS"))
         .and_then(|()| s.shutdown(Shutdown::Write));
     assert_closed_without_answer(&mut s);
-    assert!(eventually(|| complaints() >= n + 2), "{}", launcher.stderr());
+    assert!(
+        eventually(|| complaints() >= n + 2),
+        "{}",
+        launcher.stderr()
+    );
     let log = launcher.stderr();
     assert_eq!(log.matches("bad LSAPI request").count(), n + 2, "{log}");
     assert!(
@@ -742,17 +778,18 @@ fn sigterm_finishes_the_request_in_progress_then_exits_zero() {
         .expect("the launcher exits after its request");
     assert_eq!(status.code(), Some(0), "{}", launcher.stderr());
 
-    // Idle, waiting for a connection: it exits at once. One request first: the launcher
-    // logs "serving" before it sets its traps, and an answer shows they are set.
+    // Idle, waiting for the next request on a kept connection (a blocking read): it exits
+    // at once. One request first: the launcher logs "serving" before it sets its traps, and
+    // an answer shows they are set.
     let mut idle = Launcher::start();
     let mut s = idle.connect();
     s.write_all(&begin_request("GET", "/x", "", b"", ByteOrder::NATIVE))
         .unwrap();
     assert_eq!(read_answer(&mut s).body, b"ok /x");
-    drop(s);
     idle.signal(Signal::SIGTERM);
     let status = idle.exit().expect("an idle launcher exits on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", idle.stderr());
+    drop(s);
 }
 
 /// A config.ru that needs no rack gem: `use`, `map` and `run`, as the launcher's own
@@ -861,9 +898,7 @@ fn yjit_is_on_in_the_same_process_unless_the_pool_turns_it_off() {
     let launcher = Launcher::start();
     let pid = launcher.child.id();
     assert!(
-        launcher
-            .stderr()
-            .contains(&format!(", YJIT, pid {pid})")),
+        launcher.stderr().contains(&format!(", YJIT, pid {pid})")),
         "{}",
         launcher.stderr()
     );

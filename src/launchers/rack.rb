@@ -27,6 +27,7 @@
 # corral closes the control socket or on SIGTERM.
 
 require 'rbconfig'
+require 'io/nonblock'
 require 'socket'
 # Rack::Lint (rack 2.2) calls URI.parse without requiring uri; servers usually have it loaded.
 require 'uri'
@@ -711,6 +712,10 @@ module CorralRack
     def serve(conn)
       conn.binmode
       conn.sync = true
+      # Ruby makes sockets non-blocking, so a read that finds the next request not there
+      # yet costs read, poll and read again; blocking, it is one read (a signal still
+      # interrupts it, and the trap runs).
+      conn.nonblock = false
       Connection.new(self, conn).serve
     ensure
       @state = :idle
