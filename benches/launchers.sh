@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
 # Question: do corral's embedded Rack and WSGI launchers serve a hello-world app as fast as
-# the servers people would otherwise deploy (issue 12's targets: Rack >= 1.0x Passenger
-# standalone, WSGI >= 0.8x nginx -> uWSGI), and what does each cost in CPU per request?
+# the servers people would otherwise deploy (issue 21's targets at c=25: Rack >= 1.0x
+# Passenger standalone and >= 0.8x Puma; WSGI with the pure-Python launcher >= 0.7x
+# nginx -> uWSGI; >= 0.5x Granian is the native worker's target, recorded here too), and
+# what does each cost in CPU per request?
 # Prints a Markdown table (req/s, p50, p99, CPU us per request summed over every process of
 # the target, and that sum split between the server's processes and the app's: corral or
-# nginx or gunicorn's master against the workers, preloader and uWSGI; Passenger's core and
-# watchdog against its RubyApp and AppPreloader), and the summed PSS of those processes after
-# the runs, to stdout, and writes it as the `launchers` section of OUT (default
-# benches/RESULTS.md; OUT= prints only; benches/lib/results.sh). wrk's socket errors, non-2xx
-# answers and timeouts are counted per target; a target with any is marked invalid and no
-# ratio is computed from it.
+# nginx or the master of gunicorn, Puma and Granian against the workers, preloader and
+# uWSGI; Passenger's core and watchdog against its RubyApp and AppPreloader; Puma and
+# Granian parse HTTP in their workers, so their workers' share includes it), and the summed
+# PSS of those processes after the runs, to stdout, and writes it as the `launchers` section
+# of OUT (default benches/RESULTS.md; OUT= prints only; benches/lib/results.sh). wrk's
+# socket errors, non-2xx answers and timeouts are counted per target; a target with any is
+# marked invalid and no ratio is computed from it.
 #
 #   rack   P  passenger start --engine builtin, 2 app processes (smart spawning)
+#          M  Puma (Debian's), -w 2 -t 1:1, direct HTTP
 #          C  corral(http) -> Rack launcher, 2 workers (preload = true)
 #   wsgi   U  nginx (1 worker) -> uWSGI (uwsgi protocol, 2 processes, --master)
 #          G  gunicorn, 2 sync workers
+#          R  Granian (PyPI, $GRANIAN), --workers 2 --blocking-threads 1, direct HTTP
 #          C  corral(http) -> WSGI launcher, 2 workers (preload = true)
+# Every Python row runs Debian's /usr/bin/python3 (uWSGI's plugin embeds it; corral's pool
+# names it; scripts/setup-peers.sh puts Granian in a venv of it), every Ruby row Debian's
+# ruby.
 #
 # Every load is wrk -t1 -c25 for $DUR after an unrecorded $WARM, targets interleaved per
 # round. Loopback and unix sockets in a scratch folder; every process it starts it stops.
-# Needs: passenger, uwsgi + uwsgi-plugin-python3, gunicorn, nginx, wrk, ruby, python3, root.
+# Needs: passenger, puma, uwsgi + uwsgi-plugin-python3, gunicorn, granian, nginx, wrk,
+# ruby, python3, root.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="DUR WARM ROUNDS CONNS CORRAL"
+RESULTS_VARS="DUR WARM ROUNDS CONNS CORRAL GRANIAN"
 results_start "$@"
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
@@ -35,6 +44,7 @@ DUR=${DUR:-10s}
 WARM=${WARM:-2s}
 ROUNDS=${ROUNDS:-2}
 CONNS=${CONNS:-25}
+GRANIAN=${GRANIAN:-/var/cache/corral/granian/bin/granian}
 
 scratch=$(mktemp -d /tmp/corral-launchers.XXXXXX)
 chmod 755 "$scratch"
@@ -129,6 +139,12 @@ port=$(free_port)
 root_passenger=$!; port_passenger=$port
 wait_http "http://127.0.0.1:$port/"
 start_corral corral_rack 'app = "rack:config.ru"'
+# Puma: two workers of one thread each, as the issue states it.
+port=$(free_port)
+(cd "$scratch/app" && exec puma -w 2 -t 1:1 -b "tcp://127.0.0.1:$port" -e production \
+  config.ru > "$scratch/log/puma.out" 2>&1) & pids+=($!)
+root_puma=$!; port_puma=$port
+wait_http "http://127.0.0.1:$port/"
 
 # nginx -> uWSGI over a unix socket (bound after uWSGI drops to nobody).
 mkdir -m 1777 "$scratch/uwsgi"
@@ -158,14 +174,23 @@ port=$(free_port)
   hello:application > "$scratch/log/gunicorn.out" 2>&1) & pids+=($!)
 root_gunicorn=$!; port_gunicorn=$port
 wait_http "http://127.0.0.1:$port/"
-start_corral corral_wsgi 'app = "wsgi:hello:application"'
+port=$(free_port)
+(cd "$scratch/app" && exec "$GRANIAN" --interface wsgi --workers 2 --blocking-threads 1 \
+  --host 127.0.0.1 --port "$port" --no-access-log hello:application \
+  > "$scratch/log/granian.out" 2>&1) & pids+=($!)
+root_granian=$!; port_granian=$port
+wait_http "http://127.0.0.1:$port/"
+start_corral corral_wsgi 'app = "wsgi:hello:application"
+python = "/usr/bin/python3"'
 
 # name, port, root pids of the processes whose CPU is counted
 targets=(
   "rack|Passenger 6.0 standalone (builtin engine), 2 processes|passenger|$root_passenger"
+  "rack|Puma 5.6, -w 2 -t 1:1, direct|puma|$root_puma"
   "rack|corral → Rack launcher, 2 workers, preload|corral_rack|$root_corral_rack"
   "wsgi|nginx → uWSGI 2.0, 2 processes|uwsgi|$root_nginx $root_uwsgi"
   "wsgi|gunicorn 20.1, 2 sync workers|gunicorn|$root_gunicorn"
+  "wsgi|$("$GRANIAN" --version), --workers 2 --blocking-threads 1, direct|granian|$root_granian"
   "wsgi|corral → WSGI launcher, 2 workers, preload|corral_wsgi|$root_corral_wsgi"
 )
 
@@ -237,10 +262,12 @@ target() { # $1 ratio, $2 target
 bold() { case $1 in —*) echo "$1" ;; *) echo "**$1×**" ;; esac; }
 echo
 r=$(ratio corral_rack passenger)
-echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 12's target ≥ 1.0×: $(target "$r" 1.0))."
+m=$(ratio corral_rack puma)
+echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 21's target ≥ 1.0×: $(target "$r" 1.0)); corral / Puma = $(bold "$m") (target ≥ 0.8×: $(target "$m" 0.8))."
 r=$(ratio corral_wsgi uwsgi)
 g=$(ratio corral_wsgi gunicorn)
-echo "- WSGI: corral / nginx → uWSGI = $(bold "$r") (target ≥ 0.8×: $(target "$r" 0.8)); corral / gunicorn = $(bold "$g")."
+n=$(ratio corral_wsgi granian)
+echo "- WSGI, pure-Python launcher: corral / nginx → uWSGI = $(bold "$r") (target ≥ 0.7×: $(target "$r" 0.7)); corral / Granian = $(bold "$n") (≥ 0.5× is the native worker's target: $(target "$n" 0.5)); corral / gunicorn = $(bold "$g")."
 exec 1>&3
 cat "$report"
-results_write launchers "Launchers: Rack and WSGI hello world beside Passenger, uWSGI, gunicorn" "$report"
+results_write launchers "Launchers: Rack and WSGI hello world beside Passenger, Puma, uWSGI, gunicorn, Granian" "$report"

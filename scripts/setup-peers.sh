@@ -2,7 +2,8 @@
 # Installs the real peers corral's tests talk to (ARCHITECTURE.md, "Tests, scripts and CI"):
 # Debian's php-cgi, php-fpm, nginx, Apache, lighttpd, Caddy, Ruby with
 # ruby-fcgi and ruby-rack, wrk, ab and curl, WordPress and MariaDB; Passenger, uWSGI,
-# gunicorn and HAProxy for the benchmarks; the PyPI packages scgi and flup;
+# gunicorn, Puma and HAProxy for the benchmarks; the PyPI packages scgi and flup,
+# and Granian for the benchmarks in a venv of its own;
 # and lsphp, built once from Debian's php8.2 source by scripts/build-lsphp.sh.
 # Idempotent and quick when everything is present (no apt-get update then).
 # Needs root. Starts no daemon: package installs run under a policy-rc.d that
@@ -19,7 +20,7 @@ APT_PACKAGES=(php8.2-cgi php8.2-fpm nginx ruby ruby-fcgi ruby-rack wrk apache2-u
     curl ca-certificates)
 APT_PACKAGES+=(apache2 lighttpd caddy)  # front-server matrix tests (tests/front_*.rs)
 APT_PACKAGES+=(chromium tmux)  # status UI tests (tests/status_ui.rs)
-APT_PACKAGES+=(passenger uwsgi uwsgi-plugin-python3 gunicorn)  # launcher peers (benches/launchers.sh)
+APT_PACKAGES+=(passenger uwsgi uwsgi-plugin-python3 gunicorn puma)  # launcher peers (benches/launchers.sh)
 APT_PACKAGES+=(haproxy)  # the FastCGI gateway peer of benches/hop.sh
 APT_PACKAGES+=(systemd)  # systemd-analyze verify of the packaged units (tests/package_deb.rs)
 APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler)  # application tests (tests/app_*.rs); their venv's PyPI package is installed by the test itself
@@ -97,6 +98,18 @@ else
     # venv python3 is not.
     pip_install || pip_install --break-system-packages
     python3 -c 'import scgi, flup'
+fi
+# Granian, the WSGI server benches/launchers.sh compares against, from PyPI into a venv of
+# Debian's own python3 (the interpreter uWSGI's plugin and the bench's corral pool use), so
+# every Python row runs the same interpreter.
+GRANIAN_VENV=/var/cache/corral/granian
+if [ -x "$GRANIAN_VENV/bin/granian" ]; then
+    log "granian present ($("$GRANIAN_VENV/bin/granian" --version))"
+else
+    log "pip installing granian into $GRANIAN_VENV"
+    rm -rf "$GRANIAN_VENV"
+    /usr/bin/python3 -m venv "$GRANIAN_VENV"
+    "$GRANIAN_VENV/bin/pip" install --quiet --disable-pip-version-check 'granian>=2,<3'
 fi
 bash "$here/build-lsphp.sh"
 

@@ -87,6 +87,9 @@ run(lambda do |env|
   when '/echo' then echo(env)
   when '/stream' then [200, { 'content-type' => 'text/plain' }, Stream.new]
   when '/boom' then explode_for_the_test
+  when '/sleep'
+    sleep 3
+    [200, { 'content-type' => 'text/plain' }, ['slept']]
   when '/conn'
     text = "#{Process.pid} #{env['corral.connection_requests']}"
     [200, { 'content-type' => 'text/plain' }, [text]]
@@ -98,6 +101,11 @@ end)
 /// A corral with one http listener in front of a one-worker pool running the test app from
 /// `dir`, mounted at `/app` and at the root; the pool names no protocol, so it is LSAPI.
 fn start(dir: &Path) -> Corral {
+    start_with(dir, "")
+}
+
+/// `start` with `keys` added to the pool.
+fn start_with(dir: &Path, keys: &str) -> Corral {
     let config = format!(
         r#"
 [server]
@@ -115,6 +123,7 @@ cwd = "{dir}"
 mode = "static"
 min = 1
 max = 1
+{keys}
 
 [[contexts]]
 prefix = "/app"
@@ -299,6 +308,16 @@ fn an_app_error_is_a_500_with_the_backtrace_in_corrals_log() {
 }
 
 #[test]
+fn first_byte_timeout_covers_the_app_until_its_answer() {
+    // The launcher acknowledges a request with the answer's first write, so corral's
+    // first-byte deadline runs while the app does (sent alone, REQ_RECEIVED would end it).
+    let dir = app_dir();
+    let corral = start_with(dir.path(), "first_byte_timeout = \"1s\"");
+    let r = http(corral.http_addr(), "GET", "/sleep", &[], b"");
+    assert_eq!(r.status, 504, "{}", corral.log());
+}
+
+#[test]
 fn sequential_requests_share_one_worker_and_one_connection() {
     let dir = app_dir();
     let corral = start(dir.path());
@@ -356,6 +375,9 @@ run(lambda do |env|
     end
     [200, { 'content-type' => 'text/plain' }, ['slow done']]
   when '/callable' then [200, { 'content-type' => 'text/plain' }, Callable.new]
+  when '/jit'
+    state = "#{Process.pid} #{RubyVM::YJIT.enabled?} #{ENV.keys.grep(/YJIT/).sort.join(',')}"
+    [200, { 'content-type' => 'text/plain' }, [state]]
   when '/fail-early' then [200, {}, Enumerator.new { raise 'no chunk at all' }]
   when '/fail-late' then [200, {}, Enumerator.new { |y| y << 'part;'; raise 'half way' }]
   when '/bad-header' then [200, { 'bad name' => 'x' }, ['never sent']]
@@ -379,6 +401,11 @@ impl Launcher {
 
     /// Runs `ruby RUBY_ARGS corral-rack.rb config.ru` with `app` as config.ru.
     fn start_with(ruby_args: &[&str], app: &str) -> Launcher {
+        Launcher::start_env(ruby_args, app, &[])
+    }
+
+    /// `start_with`, with `env` added to the launcher's environment.
+    fn start_env(ruby_args: &[&str], app: &str, env: &[(&str, &str)]) -> Launcher {
         let dir = tempfile::tempdir().unwrap();
         write_file(dir.path(), "config.ru", app);
         let script = write_file(dir.path(), "corral-rack.rb", corral::launchers::RACK);
@@ -388,6 +415,7 @@ impl Launcher {
             .args(ruby_args)
             .arg(&script)
             .arg("config.ru")
+            .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdin(Stdio::from(OwnedFd::from(listener)))
             .stdout(Stdio::null())
@@ -558,23 +586,98 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
         p[at..at + bytes.len()].copy_from_slice(bytes);
         p
     };
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("bad magic", with(0, b"XS")),
-        ("a response packet type", with(2, &[3])),
-        // Packet length (little-endian) 65536: over the limit.
-        ("too long", with(4, &[0x00, 0x00, 0x01, 0x00])),
-        // The first env pair's key length (big-endian, after the 44-byte header and the
-        // empty special env list) runs past the packet.
-        ("pair past the end", with(48, &[0xff, 0xff])),
-        ("zero pair length", with(48, &[0x00, 0x00])),
+    // The first env pair starts after the 44-byte header and the empty special env list;
+    // its lengths are big-endian and count the NUL.
+    let key_len = u16::from_be_bytes([good[48], good[49]]) as usize;
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("bad magic", with(0, b"XS"), "packet magic"),
+        (
+            "a response packet type",
+            with(2, &[3]),
+            "is not BEGIN_REQUEST",
+        ),
+        // Packet length (little-endian) 65536: over the limit; and one shorter than a
+        // request header.
+        (
+            "too long",
+            with(4, &[0x00, 0x00, 0x01, 0x00]),
+            "length 65536 is outside",
+        ),
+        (
+            "too short",
+            with(4, &[100, 0, 0, 0]),
+            "length 100 is outside",
+        ),
+        // The first env pair's key length runs past the packet.
+        (
+            "pair past the end",
+            with(48, &[0xff, 0xff]),
+            "runs past the",
+        ),
+        ("zero pair length", with(48, &[0x00, 0x00]), "zero length"),
+        // The first key's NUL is not where its length puts it.
+        (
+            "key not NUL-terminated",
+            with(48 + 4 + key_len - 1, b"X"),
+            "env pair 0 is not NUL-terminated",
+        ),
+        // A packet length that cuts the env list: the pairs go on in the bytes after the
+        // packet, with their NULs where their lengths say, yet they are not the packet's.
+        (
+            "env list past the packet length",
+            with(4, &[210, 0, 0, 0]),
+            "runs past the 210-byte packet",
+        ),
         // A body length of -1.
-        ("negative body", with(12, &[0xff, 0xff, 0xff, 0xff])),
-        // m_cntEnv one too many: the terminator is read as a pair.
-        ("env count", with(36, &[9, 0, 0, 0])),
-        ("truncated", good[..good.len() - 3].to_vec()),
+        (
+            "negative body",
+            with(12, &[0xff, 0xff, 0xff, 0xff]),
+            "m_reqBodyLen -1",
+        ),
+        // m_cntEnv one too many: the terminator is read as a pair; a count over 8192.
+        ("env count", with(36, &[9, 0, 0, 0]), "zero length"),
+        (
+            "huge env count",
+            with(36, &[0xff, 0xff, 0, 0]),
+            "pair count 65535",
+        ),
+        // A string offset outside the packet; a header block length that does not end
+        // the packet; an unknown-header count that runs past it.
+        (
+            "offset outside",
+            with(16, &[0xff, 0xff, 0, 0]),
+            "Off 65535 is outside",
+        ),
+        (
+            "header block length",
+            with(8, &[0xff, 0, 0, 0]),
+            "sections end at",
+        ),
+        (
+            "unknown header count",
+            with(32, &[0xff, 0xff, 0xff, 0x7f]),
+            "sections end at",
+        ),
+        // The peer closes in the middle of the packet, or of its header.
+        (
+            "truncated",
+            good[..good.len() - 3].to_vec(),
+            "connection closed inside BEGIN_REQUEST",
+        ),
+        (
+            "truncated header",
+            good[..5].to_vec(),
+            "connection closed inside a packet header (5 of 8 bytes)",
+        ),
+        // Random bytes.
+        ("garbage", garbage, "packet magic"),
     ];
+    let n = cases.len();
     let complaints = || launcher.stderr().matches("bad LSAPI request").count();
-    for (i, (name, bytes)) in cases.into_iter().enumerate() {
+    for (i, (name, bytes, message)) in cases.into_iter().enumerate() {
         let mut s = launcher.connect();
         // The launcher may close before reading everything: a failed write is fine.
         let _ = s
@@ -586,23 +689,40 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
             "{name}: {}",
             launcher.stderr()
         );
+        let log = launcher.stderr();
+        let last = log.lines().rfind(|l| l.contains("bad LSAPI request"));
+        assert!(
+            last.is_some_and(|l| l.contains(message)),
+            "{name}: wanted {message:?} in {last:?}"
+        );
     }
+    // A bad packet after a good request on the same connection: the answer to the first
+    // arrives, then the connection closes.
+    let mut s = launcher.connect();
+    s.write_all(&good).unwrap();
+    assert_eq!(read_answer(&mut s).body, b"ok /x");
+    s.write_all(&with(0, b"XS")).unwrap();
+    assert_closed_without_answer(&mut s);
     // A connection that only opens and closes (a readiness probe) is not an error.
     drop(launcher.connect());
     let mut s = launcher.connect();
     s.write_all(&good).unwrap();
     assert_eq!(read_answer(&mut s).body, b"ok /x");
     drop(s);
-    // One more bad packet is the marker: its complaint is the ninth, so the probe and the
-    // good request made none (the launcher serves one connection after the other).
+    // One more bad packet is the marker: its complaint is the last, so the probe and the
+    // good requests made none (the launcher serves one connection after the other).
     let mut s = launcher.connect();
     let _ = s
         .write_all(&with(0, b"XS"))
         .and_then(|()| s.shutdown(Shutdown::Write));
     assert_closed_without_answer(&mut s);
-    assert!(eventually(|| complaints() >= 9), "{}", launcher.stderr());
+    assert!(
+        eventually(|| complaints() >= n + 2),
+        "{}",
+        launcher.stderr()
+    );
     let log = launcher.stderr();
-    assert_eq!(log.matches("bad LSAPI request").count(), 9, "{log}");
+    assert_eq!(log.matches("bad LSAPI request").count(), n + 2, "{log}");
     assert!(
         log.lines()
             .rfind(|l| l.contains("bad LSAPI request"))
@@ -617,19 +737,18 @@ fn sigterm_finishes_the_request_in_progress_then_exits_zero() {
     let mut s = launcher.connect();
     s.write_all(&begin_request("GET", "/slow", "", b"", ByteOrder::NATIVE))
         .unwrap();
-    // REQ_RECEIVED: the app is running now.
-    let mut ack = [0u8; 8];
-    s.read_exact(&mut ack).unwrap();
-    assert_eq!(ack[2], 7, "{ack:?}");
-    launcher.signal(Signal::SIGTERM);
-    // The trap runs on the main thread, which runs the app: two rounds of the app's loop
-    // after the signal, the trap has run (or the launcher is gone, which fails below).
+    // The app counts its rounds in `ticks`: once the file is there, the app is running
+    // (REQ_RECEIVED waits for the answer's head, so nothing arrives before).
     let ticks = launcher._dir.path().join("ticks");
     let tick = || {
         std::fs::read_to_string(&ticks)
             .ok()
             .and_then(|t| t.trim().parse::<u32>().ok())
     };
+    assert!(eventually(|| tick().is_some()), "{}", launcher.stderr());
+    launcher.signal(Signal::SIGTERM);
+    // The trap runs on the main thread, which runs the app: two rounds of the app's loop
+    // after the signal, the trap has run (or the launcher is gone, which fails below).
     let at_signal = tick().unwrap_or(0);
     assert!(eventually(|| {
         tick().is_some_and(|t| t >= at_signal + 2) || launcher.child.try_wait().unwrap().is_some()
@@ -647,27 +766,30 @@ fn sigterm_finishes_the_request_in_progress_then_exits_zero() {
         "{:?}",
         String::from_utf8_lossy(&rest)
     );
-    // The last packet is RESP_END, then the launcher closed the connection.
+    // REQ_RECEIVED leads the answer, the last packet is RESP_END, then the launcher closed
+    // the connection.
+    assert_eq!(&rest[..3], &[b'L', b'S', 7]);
     assert_eq!(
         &rest[rest.len() - 8..rest.len() - 4],
-        &[b'L', b'S', 5, ack[3]]
+        &[b'L', b'S', 5, rest[3]]
     );
     let status = launcher
         .exit()
         .expect("the launcher exits after its request");
     assert_eq!(status.code(), Some(0), "{}", launcher.stderr());
 
-    // Idle, waiting for a connection: it exits at once. One request first: the launcher
-    // logs "serving" before it sets its traps, and an answer shows they are set.
+    // Idle, waiting for the next request on a kept connection (a blocking read): it exits
+    // at once. One request first: the launcher logs "serving" before it sets its traps, and
+    // an answer shows they are set.
     let mut idle = Launcher::start();
     let mut s = idle.connect();
     s.write_all(&begin_request("GET", "/x", "", b"", ByteOrder::NATIVE))
         .unwrap();
     assert_eq!(read_answer(&mut s).body, b"ok /x");
-    drop(s);
     idle.signal(Signal::SIGTERM);
     let status = idle.exit().expect("an idle launcher exits on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", idle.stderr());
+    drop(s);
 }
 
 /// A config.ru that needs no rack gem: `use`, `map` and `run`, as the launcher's own
@@ -766,4 +888,40 @@ fn a_body_that_fails_before_its_first_chunk_is_a_500_and_after_it_a_cut_connecti
         "no RESP_END after a failed body: {events:?}"
     );
     assert!(launcher.wait_stderr("half way"));
+}
+
+#[test]
+fn yjit_is_on_in_the_same_process_unless_the_pool_turns_it_off() {
+    // Debian's Ruby 3.1 has YJIT but reads it only at start: the launcher starts itself
+    // again, keeping its pid (corral's handle on it) and its socket, and the app's ENV
+    // keeps neither variable that did it.
+    let launcher = Launcher::start();
+    let pid = launcher.child.id();
+    assert!(
+        launcher.stderr().contains(&format!(", YJIT, pid {pid})")),
+        "{}",
+        launcher.stderr()
+    );
+    let mut s = launcher.connect();
+    s.write_all(&begin_request("GET", "/jit", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&read_answer(&mut s).body),
+        format!("{pid} true ")
+    );
+    // The pool's env says no: no restart, no YJIT.
+    let off = Launcher::start_env(&[], DIRECT_APP, &[("CORRAL_RACK_YJIT", "off")]);
+    let pid = off.child.id();
+    assert!(
+        off.stderr().contains(&format!("no YJIT, pid {pid})")),
+        "{}",
+        off.stderr()
+    );
+    let mut s = off.connect();
+    s.write_all(&begin_request("GET", "/jit", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&read_answer(&mut s).body),
+        format!("{pid} false ")
+    );
 }

@@ -27,6 +27,7 @@
 # corral closes the control socket or on SIGTERM.
 
 require 'rbconfig'
+require 'io/nonblock'
 require 'socket'
 # Rack::Lint (rack 2.2) calls URI.parse without requiring uri; servers usually have it loaded.
 require 'uri'
@@ -125,50 +126,44 @@ module CorralRack
   # corral closed the connection while the response was being written.
   class PeerGone < StandardError; end
 
-  # The integer formats of one byte order.
+  # The formats of one byte order, built once: each section of a packet is read with one
+  # unpack and each response packet written with one pack, into the connection's buffers.
   class Order
-    attr_reader :flag
+    attr_reader :flag, :head, :index, :stream, :received, :resp_end
 
     def initialize(big, flag)
-      @i32 = big ? 'l>' : 'l<'
-      @u16 = big ? 'S>' : 'S<'
-      # The nine int32 of the request header after the packet header, and the known-header
-      # index (24 lengths, slot 24's length and the padding, 24 offsets), each in one
-      # unpack rather than a byteslice and an unpack per number.
-      @fields = "#{@i32}9"
-      @index = "#{@u16}#{KNOWN_HEADERS.size}x4#{@i32}#{KNOWN_HEADERS.size}"
+      i32 = big ? 'l>' : 'l<'
+      u16 = big ? 'S>' : 'S<'
+      @i32 = i32
+      @u16 = u16
       @flag = flag
+      # The packet header (magic, type, the flag skipped, length) and the nine int32 of the
+      # request header.
+      @head = "a2Cx#{i32}10"
+      # The known-header index: 24 lengths, slot 24's length and the padding, 24 offsets.
+      @index = "#{u16}#{KNOWN_HEADERS.size}x4#{i32}#{KNOWN_HEADERS.size}"
+      # A RESP_STREAM packet: its header, then the data.
+      @stream = "a2CC#{i32}a*"
+      @received = packet(REQ_RECEIVED, PACKET_HEADER_LEN).freeze
+      @resp_end = packet(RESP_END, PACKET_HEADER_LEN).freeze
+      @heads = {}
     end
 
-    def fields(bytes)
-      bytes.unpack(@fields, offset: PACKET_HEADER_LEN)
+    # The unknown-header table of `count` entries (four int32 each).
+    def table(count)
+      "#{@i32}#{4 * count}"
     end
 
-    # [lengths, offsets] of the known headers; the caller checked the index lies inside.
-    def index(bytes, at)
-      all = bytes.unpack(@index, offset: at)
-      [all.first(KNOWN_HEADERS.size), all.last(KNOWN_HEADERS.size)]
-    end
-
-    def i32(bytes, at)
-      bytes.byteslice(at, 4).unpack1(@i32)
-    end
-
-    def u16(bytes, at)
-      bytes.byteslice(at, 2).unpack1(@u16)
-    end
-
-    def pack_i32(*values)
-      values.pack("#{@i32}*")
-    end
-
-    def pack_u16(values)
-      values.pack("#{@u16}*")
+    # A RESP_HEADER packet of `count` lines: its header, line count, status, each line's
+    # length and the NUL-terminated lines.
+    def head_format(count)
+      @heads[count] ||= "a2CC#{@i32}3#{@u16}#{count}#{'Z*' * count}" if count <= 64
+      @heads[count] || "a2CC#{@i32}3#{@u16}#{count}#{'Z*' * count}"
     end
 
     # The 8-byte packet header.
     def packet(type, len)
-      ['LS', type, @flag].pack('a2 C C') + pack_i32(len)
+      ['LS', type, @flag, len].pack("a2CC#{@i32}")
     end
 
     def self.of_flag(flag)
@@ -177,68 +172,59 @@ module CorralRack
     end
   end
 
+  ORDERS = [Order.of_flag(0), Order.of_flag(1)].freeze
+
+  # The env lists of a BEGIN_REQUEST with no special env (the usual case), read in one
+  # unpack: the special list's terminator, `count` pairs (big-endian key and value lengths,
+  # each counting its NUL, then the NUL-terminated key and value), the env terminator.
+  PAIRS_FORMATS = Hash.new { |h, count| h[count] = "N#{'nnZ*Z*' * count}N" }
+
+  def self.pairs_format(count)
+    count <= 64 ? PAIRS_FORMATS[count] : "N#{'nnZ*Z*' * count}N"
+  end
+
   # One parsed BEGIN_REQUEST.
   Request = Struct.new(:order, :env, :body_len, :number)
 
-  # Reads and checks one BEGIN_REQUEST: every length and offset is bounded by the packet
-  # before anything is sliced.
+  # Reads and checks one BEGIN_REQUEST from a connection's buffer: every length and offset
+  # is bounded by the packet before anything is sliced.
   class Parser
-    # nil when the peer closed cleanly between requests (or only probed the socket).
-    def self.read(io)
-      head = io.read(PACKET_HEADER_LEN)
-      return nil if head.nil?
-      raise BadRequest, "connection closed inside a packet header (#{head.bytesize} of 8 bytes)" if head.bytesize < PACKET_HEADER_LEN
-      raise BadRequest, "packet magic is #{head.byteslice(0, 2).inspect}, not \"LS\"" unless head.start_with?('LS')
-
-      type = head.getbyte(2)
-      order = Order.of_flag(head.getbyte(3))
-      len = order.i32(head, 4)
-      return nil if type == ABORT_REQUEST && len == PACKET_HEADER_LEN # the server gives up: close
-      raise BadRequest, "packet type #{type} is not BEGIN_REQUEST (1)" unless type == BEGIN_REQUEST
-      unless len >= REQ_HEADER_LEN + 8 + HEADER_INDEX_LEN && len <= MAX_HEADER_PACKET
-        raise BadRequest, "BEGIN_REQUEST length #{len} is outside #{REQ_HEADER_LEN + 8 + HEADER_INDEX_LEN}..#{MAX_HEADER_PACKET}"
-      end
-
-      rest = io.read(len - PACKET_HEADER_LEN)
-      got = rest ? rest.bytesize : 0
-      raise BadRequest, "connection closed inside BEGIN_REQUEST (#{got + 8} of #{len} bytes)" if got < len - PACKET_HEADER_LEN
-
-      new(head + rest, order).parse
-    end
-
-    def initialize(packet, order)
-      @p = packet
+    # The request whose packet starts at `base` in `buf` (all of its `len` bytes are there).
+    def initialize(buf, base, len, order)
+      @p = buf
+      @b = base
+      @len = len
       @o = order
-      @len = packet.bytesize
     end
 
-    def parse
-      fields = @o.fields(@p)
-      header_len, body_len, *offsets, unknown, env_count, special_count = fields
-      names = %w[scriptFile scriptName queryString requestMethod]
-      offsets.zip(names).each do |off, name|
-        raise BadRequest, "m_#{name}Off #{off} is outside the #{@len}-byte packet" unless off >= 0 && off < @len
+    OFFSET_NAMES = %w[scriptFile scriptName queryString requestMethod].freeze
+
+    # `fields`: the nine int32 of the request header.
+    def parse(fields)
+      header_len, body_len, _, _, _, _, unknown, env_count, special_count = fields
+      4.times do |i|
+        off = fields[2 + i]
+        raise BadRequest, "m_#{OFFSET_NAMES[i]}Off #{off} is outside the #{@len}-byte packet" unless off >= 0 && off < @len
       end
       raise BadRequest, "m_httpHeaderLen #{header_len} is negative" if header_len.negative?
       raise BadRequest, "m_reqBodyLen #{body_len} is negative" if body_len.negative? && body_len != BODY_LEN_FROM_CONTENT_LENGTH
-      [[special_count, 'special env'], [env_count, 'env']].each do |count, what|
-        raise BadRequest, "#{what} pair count #{count} is outside 0..#{MAX_ENV_PAIRS}" unless count.between?(0, MAX_ENV_PAIRS)
-      end
+      raise BadRequest, "special env pair count #{special_count} is outside 0..#{MAX_ENV_PAIRS}" unless special_count >= 0 && special_count <= MAX_ENV_PAIRS
+      raise BadRequest, "env pair count #{env_count} is outside 0..#{MAX_ENV_PAIRS}" unless env_count >= 0 && env_count <= MAX_ENV_PAIRS
       raise BadRequest, "unknown header count #{unknown} is negative" if unknown.negative?
 
-      at = REQ_HEADER_LEN
-      _special, at = pairs(at, special_count, 'special env')
-      env_pairs, at = pairs(at, env_count, 'env')
-      at = (at + 7) & ~7
-      index_at = at
+      env = {}
+      at = if special_count.zero?
+             fast_pairs(env, env_count) || slow_pairs(env, special_count, env_count)
+           else
+             slow_pairs(env, special_count, env_count)
+           end
+      index_at = (at + 7) & ~7
       table_at = index_at + HEADER_INDEX_LEN
       head_at = table_at + unknown * UNKNOWN_ENTRY_LEN
       if head_at + header_len != @len
         raise BadRequest, "BEGIN_REQUEST sections end at #{head_at + header_len}, packet length is #{@len}"
       end
 
-      env = {}
-      env_pairs.each { |k, v| env[k] = v }
       headers(env, index_at, table_at, unknown, head_at, header_len)
       length = body_len
       if length == BODY_LEN_FROM_CONTENT_LENGTH
@@ -252,19 +238,55 @@ module CorralRack
 
     private
 
+    # The env pairs in one unpack; the offset after the env list, or nil when anything in it
+    # is amiss (slow_pairs then says what). Z* stops at the first NUL, so a pair whose
+    # lengths agree with the strings read has its NULs where its lengths put them, as long
+    # as the pairs and the terminator end inside the packet (Z* may run past a pair that
+    # lacks its NUL, but then the lengths' sum passes the end).
+    def fast_pairs(env, count)
+      all = @p.unpack(CorralRack.pairs_format(count), offset: @b + REQ_HEADER_LEN)
+      # A terminator read means every field before it was inside the buffer.
+      return nil unless all[0] == 0 && all[-1] == 0
+
+      at = REQ_HEADER_LEN + 4
+      i = 1
+      last = 4 * count
+      while i < last
+        key_len = all[i]
+        value_len = all[i + 1]
+        key = all[i + 2]
+        value = all[i + 3]
+        return nil unless key.bytesize + 1 == key_len && value.bytesize + 1 == value_len && key_len > 1
+
+        env[key] = value
+        at += 4 + key_len + value_len
+        i += 4
+      end
+      at + 4 <= @len ? at + 4 : nil
+    end
+
+    # The special env (checked, then dropped: PHP ini settings and suEXEC control mean
+    # nothing here) and the env pairs, pair by pair, saying what is wrong with a bad one.
+    def slow_pairs(env, special_count, env_count)
+      env.clear
+      _special, at = pairs(REQ_HEADER_LEN, special_count, 'special env')
+      list, at = pairs(at, env_count, 'env')
+      list.each { |k, v| env[k] = v }
+      at
+    end
+
     # `count` env pairs from `at`, then the four-zero-byte terminator.
     def pairs(at, count, what)
       list = []
       count.times do |i|
         need(at, 4, "#{what} pair #{i} lengths")
-        key_len = @p.byteslice(at, 2).unpack1('n')
-        val_len = @p.byteslice(at + 2, 2).unpack1('n')
+        key_len, val_len = @p.unpack('nn', offset: @b + at)
         raise BadRequest, "#{what} pair #{i} has a zero length (lengths count the NUL)" if key_len.zero? || val_len.zero?
 
         at += 4
         need(at, key_len + val_len, "#{what} pair #{i}")
-        key = @p.byteslice(at, key_len)
-        value = @p.byteslice(at + key_len, val_len)
+        key = slice(at, key_len)
+        value = slice(at + key_len, val_len)
         raise BadRequest, "#{what} pair #{i} is not NUL-terminated" unless key.end_with?("\0") && value.end_with?("\0")
 
         key = key.chop
@@ -274,9 +296,13 @@ module CorralRack
         at += key_len + val_len
       end
       need(at, 4, "#{what} list terminator")
-      raise BadRequest, "#{what} list is not ended by four zero bytes" unless @p.byteslice(at, 4) == "\0\0\0\0"
+      raise BadRequest, "#{what} list is not ended by four zero bytes" unless slice(at, 4) == "\0\0\0\0"
 
       [list, at + 4]
+    end
+
+    def slice(at, len)
+      @p.byteslice(@b + at, len)
     end
 
     def need(at, n, what)
@@ -285,27 +311,32 @@ module CorralRack
 
     # Known headers from the index, unknown ones from the table, as CGI variables.
     def headers(env, index_at, table_at, unknown, head_at, header_len)
-      head = @p.byteslice(head_at, header_len)
-      lens, offs = @o.index(@p, index_at)
-      KNOWN_HEADERS.each_with_index do |name, i|
-        off = offs[i]
-        next if off.zero?
-
-        len = lens[i]
-        check_span(off, len, header_len, "known header #{i} value")
-        add_header(env, name, head.byteslice(off, len))
+      index = @p.unpack(@o.index, offset: @b + index_at)
+      known = KNOWN_HEADERS.size
+      i = 0
+      while i < known
+        off = index[known + i]
+        unless off.zero?
+          len = index[i]
+          check_span(off, len, header_len, "known header #{i} value")
+          add_header(env, KNOWN_HEADERS[i], slice(head_at + off, len))
+        end
+        i += 1
       end
-      unknown.times do |i|
-        name_off, name_len, value_off, value_len = (0...4).map { |f| @o.i32(@p, table_at + 16 * i + 4 * f) }
-        check_span(name_off, name_len, header_len, "unknown header #{i} name")
-        check_span(value_off, value_len, header_len, "unknown header #{i} value")
-        raise BadRequest, "unknown header #{i} has an empty name" if name_len.zero?
+      return if unknown.zero?
 
-        name = "HTTP_#{head.byteslice(name_off, name_len).upcase.tr('-', '_')}"
+      table = @p.unpack(@o.table(unknown), offset: @b + table_at)
+      unknown.times do |j|
+        name_off, name_len, value_off, value_len = table[4 * j, 4]
+        check_span(name_off, name_len, header_len, "unknown header #{j} name")
+        check_span(value_off, value_len, header_len, "unknown header #{j} value")
+        raise BadRequest, "unknown header #{j} has an empty name" if name_len.zero?
+
+        name = "HTTP_#{slice(head_at + name_off, name_len).upcase.tr('-', '_')}"
         # Never let a header pose as the entity variables Rack reserves.
-        next if %w[HTTP_CONTENT_TYPE HTTP_CONTENT_LENGTH].include?(name)
+        next if name == 'HTTP_CONTENT_TYPE' || name == 'HTTP_CONTENT_LENGTH'
 
-        add_header(env, name, head.byteslice(value_off, value_len))
+        add_header(env, name, slice(head_at + value_off, value_len))
       end
     end
 
@@ -365,19 +396,24 @@ module CorralRack
     end
   end
 
-  # Writes the response packets of one request. Packets wait in a queue until a flush: the
-  # head goes out with the first body chunk, and an Array body goes out whole together with
-  # RESP_END (up to FLUSH_AT bytes per write), so a small response is one write.
+  # Writes the response packets of one request into one buffer, sent at a flush: REQ_RECEIVED
+  # and the head go out with the first body chunk, and an Array body goes out whole together
+  # with RESP_END (up to FLUSH_AT bytes per write), so a small response is one write.
+  # REQ_RECEIVED waits for the head, as in the WSGI launcher: corral takes from it only that
+  # a byte came, so sent alone it would wake corral once more per request and end its
+  # first_byte_timeout before the app answered. (A kept connection closed before any byte
+  # reads to corral as stale, and corral resends a request only when not one byte of it was
+  # written.)
   class Writer
     FLUSH_AT = 64 * 1024
 
     def initialize(io, order)
       @io = io
       @o = order
-      @out = []
-      @queued = 0
+      @out = order.received.dup
       @head_queued = false
       @started = false
+      @sent = false
     end
 
     # Whether RESP_HEADER has left: until then an error can still become a 500.
@@ -387,106 +423,129 @@ module CorralRack
 
     # Forgets the queued packets (a response that failed before anything of it was sent).
     def discard
-      @out = []
-      @queued = 0
-    end
-
-    # REQ_RECEIVED goes out at once: from here on corral must not retry the request.
-    def received
-      queue(@o.packet(REQ_RECEIVED, PACKET_HEADER_LEN))
-      flush
+      @out = @sent ? ''.b : @o.received.dup
+      @head_queued = false
     end
 
     # RESP_HEADER: int32 count, int32 status, int16 length of each line (NUL included), the
     # NUL-terminated lines.
     def head(status, lines)
-      raise ArgumentError, "#{lines.size} response headers, over #{MAX_RESP_HEADERS}" if lines.size > MAX_RESP_HEADERS
+      count = lines.size
+      raise ArgumentError, "#{count} response headers, over #{MAX_RESP_HEADERS}" if count > MAX_RESP_HEADERS
 
-      strings = lines.map { |l| "#{l}\0".b }
-      payload = @o.pack_i32(lines.size, status) + @o.pack_u16(strings.map(&:bytesize)) + strings.join
-      total = PACKET_HEADER_LEN + payload.bytesize
+      lens = lines.map { |l| l.bytesize + 1 }
+      total = PACKET_HEADER_LEN + 8 + 2 * count + lens.sum
       raise ArgumentError, "response headers take #{total} bytes, over #{MAX_HEADER_PACKET}" if total > MAX_HEADER_PACKET
 
-      queue(@o.packet(RESP_HEADER, total), payload)
+      ['LS', RESP_HEADER, @o.flag, total, count, status, *lens, *lines].pack(@o.head_format(count), buffer: @out)
       @head_queued = true
     end
 
     # RESP_STREAM packets of at most 16 KiB; sent now unless `now` is false.
     def body(data, now: true)
-      data = data.b
-      at = 0
-      while at < data.bytesize
-        part = data.byteslice(at, MAX_DATA)
-        queue(@o.packet(RESP_STREAM, PACKET_HEADER_LEN + part.bytesize), part)
-        at += part.bytesize
+      size = data.bytesize
+      if size <= MAX_DATA
+        ['LS', RESP_STREAM, @o.flag, PACKET_HEADER_LEN + size, data].pack(@o.stream, buffer: @out)
+      else
+        at = 0
+        while at < size
+          part = data.byteslice(at, MAX_DATA)
+          ['LS', RESP_STREAM, @o.flag, PACKET_HEADER_LEN + part.bytesize, part].pack(@o.stream, buffer: @out)
+          at += MAX_DATA
+        end
       end
-      flush if now || @queued >= FLUSH_AT
+      flush if now || @out.bytesize >= FLUSH_AT
     end
 
     def finish
-      queue(@o.packet(RESP_END, PACKET_HEADER_LEN))
+      @out << @o.resp_end
       flush
     end
 
     def flush
       return if @out.empty?
 
-      parts = @out
-      @out = []
-      @queued = 0
+      out = @out
+      @out = ''.b
       @started ||= @head_queued
-      @io.write(*parts)
+      @sent = true
+      @io.write(out)
     rescue IOError, SystemCallError => e
       raise PeerGone, e.message
     end
+  end
 
-    private
+  # Header names seen before: name => the line's prefix ("name: "), or :skip (Status and
+  # rack.* are not sent) or :hop (hop-by-hop, dropped). Bounded, so an app inventing names
+  # cannot grow it without end.
+  NAMES = {}
+  MAX_NAMES = 512
 
-    def queue(*parts)
-      @out.concat(parts)
-      @queued += parts.sum(&:bytesize)
-    end
+  def self.name_verdict(name)
+    text = name.to_s
+    raise ArgumentError, "header name #{text.inspect} is not an HTTP token" unless HEADER_NAME.match?(text)
+
+    down = text.downcase
+    verdict = if down == 'status' || down.start_with?('rack.') then :skip
+              elsif HOP_BY_HOP.include?(down) then :hop
+              else "#{text}: ".freeze
+              end
+    NAMES[name.frozen? ? name : name.dup.freeze] = verdict if NAMES.size < MAX_NAMES
+    verdict
   end
 
   # Turns a Rack response into status and header lines, or raises ArgumentError.
   def self.response_lines(status, headers)
-    code = Integer(status)
+    code = status.is_a?(Integer) ? status : Integer(status)
     raise ArgumentError, "status #{status.inspect} is not 100..999" unless code.between?(100, 999)
 
     lines = []
     headers.each do |name, value|
-      name = name.to_s
-      raise ArgumentError, "header name #{name.inspect} is not an HTTP token" unless HEADER_NAME.match?(name)
-
-      down = name.downcase
-      next if down == 'status' || down.start_with?('rack.')
+      prefix = NAMES[name] || name_verdict(name)
+      next if prefix == :skip
 
       # Rack 3: an Array of values; Rack 2: one String, "\n" between values.
-      values = value.is_a?(Array) ? value : value.to_s.split("\n")
-      values = [''] if values.empty? && !value.is_a?(Array)
-      if HOP_BY_HOP.include?(down)
-        log("dropped hop-by-hop header #{name}: #{values.join(', ')} (the gateway owns the connection)")
+      if value.is_a?(String) && !value.include?("\n")
+        values = nil
+      else
+        values = value.is_a?(Array) ? value : value.to_s.split("\n")
+        values = [''] if values.empty? && !value.is_a?(Array)
+      end
+      if prefix == :hop
+        log("dropped hop-by-hop header #{name}: #{Array(values || value).join(', ')} (the gateway owns the connection)")
         next
       end
-      values.each do |v|
-        v = v.to_s.b
-        raise ArgumentError, "header #{name} has a value with a control character" unless HEADER_VALUE.match?(v)
-
-        line = "#{name}: ".b + v
-        raise ArgumentError, "header #{name} is longer than #{MAX_HEADER_LINE} bytes" if line.bytesize > MAX_HEADER_LINE
-
-        lines << line
+      if values.nil?
+        lines << header_line(name, prefix, value)
+      else
+        values.each { |v| lines << header_line(name, prefix, v.to_s) }
       end
     end
     [code, lines]
   end
 
-  # Serves requests on one connection until the peer closes it or something breaks.
+  def self.header_line(name, prefix, value)
+    ok = value.ascii_only? ? HEADER_VALUE.match?(value) : HEADER_VALUE.match?(value.b)
+    raise ArgumentError, "header #{name} has a value with a control character" unless ok
+
+    line = prefix + value
+    raise ArgumentError, "header #{name} is longer than #{MAX_HEADER_LINE} bytes" if line.bytesize > MAX_HEADER_LINE
+
+    line
+  end
+
+  # Serves requests on one connection until the peer closes it or something breaks. The
+  # connection has its own receive buffer: one read usually brings a whole BEGIN_REQUEST
+  # and a small body, parsed where they lie.
   class Connection
     def initialize(server, io)
       @server = server
       @io = io
       @served = 0
+      # Bytes received; those before @at are consumed.
+      @buf = String.new(capacity: CHUNK, encoding: Encoding::BINARY)
+      @at = 0
+      @chunk = String.new(capacity: CHUNK, encoding: Encoding::BINARY)
     end
 
     def serve
@@ -494,13 +553,12 @@ module CorralRack
         @server.state = :idle
         return if @server.stopping
 
-        request = Parser.read(@io)
+        request = read_request
         return if request.nil?
 
         @server.state = :busy
         request.number = (@served += 1)
         writer = Writer.new(@io, request.order)
-        writer.received
         input = read_body(request.body_len)
         begin
           keep = @server.handle(request, input, writer)
@@ -519,28 +577,82 @@ module CorralRack
 
     private
 
+    def buffered
+      @buf.bytesize - @at
+    end
+
+    # Receives until `n` bytes are buffered; false when the peer closed first.
+    def fill(n)
+      while buffered < n
+        if @at == @buf.bytesize
+          # Nothing left to keep: read straight into the buffer (emptied at EOF).
+          @at = 0
+          @io.sysread(CHUNK, @buf)
+        else
+          @buf = @buf.byteslice(@at, buffered) if @at.positive?
+          @at = 0
+          @buf << @io.sysread(CHUNK, @chunk)
+        end
+      end
+      true
+    rescue EOFError
+      false
+    end
+
+    # The next BEGIN_REQUEST; nil when the peer closed cleanly between requests (or only
+    # probed the socket) or gave up the connection with ABORT_REQUEST.
+    def read_request
+      unless fill(PACKET_HEADER_LEN)
+        return nil if buffered.zero?
+
+        raise BadRequest, "connection closed inside a packet header (#{buffered} of 8 bytes)"
+      end
+      b = @at
+      raise BadRequest, "packet magic is #{@buf.byteslice(b, 2).inspect}, not \"LS\"" unless @buf.getbyte(b) == 76 && @buf.getbyte(b + 1) == 83
+
+      order = ORDERS[@buf.getbyte(b + 3) & 1]
+      _magic, type, len, *fields = @buf.unpack(order.head, offset: b)
+      return nil if type == ABORT_REQUEST && len == PACKET_HEADER_LEN # the server gives up: close
+      raise BadRequest, "packet type #{type} is not BEGIN_REQUEST (1)" unless type == BEGIN_REQUEST
+      unless len >= REQ_HEADER_LEN + 8 + HEADER_INDEX_LEN && len <= MAX_HEADER_PACKET
+        raise BadRequest, "BEGIN_REQUEST length #{len} is outside #{REQ_HEADER_LEN + 8 + HEADER_INDEX_LEN}..#{MAX_HEADER_PACKET}"
+      end
+      # The usual packet came whole with its header; any other is read to its end first.
+      unless buffered >= len
+        raise BadRequest, "connection closed inside BEGIN_REQUEST (#{buffered} of #{len} bytes)" unless fill(len)
+
+        b = @at
+        fields = @buf.unpack(order.head, offset: b).drop(3)
+      end
+      @at = b + len
+      Parser.new(@buf, b, len, order).parse(fields)
+    end
+
     # Exactly `len` raw bytes: a StringIO up to 1 MiB, a temporary file above.
     def read_body(len)
       return StringIO.new(''.b) if len.zero?
 
       if len <= MEMORY_BODY
-        data = @io.read(len)
-        short!(data ? data.bytesize : 0, len) if data.nil? || data.bytesize < len
+        short!(buffered, len) unless fill(len)
+        data = @buf.byteslice(@at, len)
+        @at += len
         return StringIO.new(data)
       end
       file = Tempfile.new('corral-rack-body')
       file.binmode
       file.unlink
       left = len
-      buf = ''.b
-      while left.positive?
-        data = @io.read([left, CHUNK].min, buf)
-        if data.nil?
-          file.close
-          short!(len - left, len)
+      begin
+        while left.positive?
+          short!(len - left, len) unless fill(1)
+          take = [left, buffered].min
+          file.write(@buf.byteslice(@at, take))
+          @at += take
+          left -= take
         end
-        file.write(data)
-        left -= data.bytesize
+      rescue StandardError
+        file.close
+        raise
       end
       file.rewind
       file
@@ -558,9 +670,15 @@ module CorralRack
 
     def initialize(app, rack_version)
       @app = app
-      @rack_version = rack_version
       @state = :idle
       @stopping = false
+      # What every env holds, merged in one call.
+      @base = {
+        'rack.multithread' => false, 'rack.multiprocess' => true, 'rack.run_once' => false,
+        'rack.hijack?' => false
+      }
+      @base['rack.version'] = rack_version if rack_version
+      @base.freeze
     end
 
     def trap_signals
@@ -594,6 +712,10 @@ module CorralRack
     def serve(conn)
       conn.binmode
       conn.sync = true
+      # Ruby makes sockets non-blocking, so a read that finds the next request not there
+      # yet costs read, poll and read again; blocking, it is one read (a signal still
+      # interrupts it, and the trap runs).
+      conn.nonblock = false
       Connection.new(self, conn).serve
     ensure
       @state = :idle
@@ -706,27 +828,23 @@ module CorralRack
 
     def rack_env(request, input)
       env = request.env
-      env['REQUEST_METHOD'] = 'GET' if env['REQUEST_METHOD'].to_s.empty?
+      method = env['REQUEST_METHOD']
+      env['REQUEST_METHOD'] = 'GET' if method.nil? || method.empty?
       env['QUERY_STRING'] ||= +''
-      env['SERVER_PROTOCOL'] = 'HTTP/1.1' unless env['SERVER_PROTOCOL'].to_s.start_with?('HTTP/')
-      https = env['HTTPS'].to_s.downcase
-      scheme = %w[on 1 yes].include?(https) ? 'https' : 'http'
-      host, port = split_host(env['HTTP_HOST'].to_s)
-      env['SERVER_NAME'] = host || 'localhost' if env['SERVER_NAME'].to_s.empty?
-      env['SERVER_PORT'] = port || (scheme == 'https' ? '443' : '80') unless env['SERVER_PORT'].to_s.match?(/\A[0-9]+\z/)
+      protocol = env['SERVER_PROTOCOL']
+      env['SERVER_PROTOCOL'] = 'HTTP/1.1' unless protocol&.start_with?('HTTP/')
+      https = env['HTTPS']
+      scheme = https && HTTPS_ON.include?(https.downcase) ? 'https' : 'http'
+      server(env, scheme)
       paths(env)
       if request.body_len.positive? || env.key?('CONTENT_LENGTH')
         env['CONTENT_LENGTH'] = request.body_len.to_s
       end
       env.delete('CONTENT_TYPE') if env['CONTENT_TYPE'] == ''
-      env['rack.version'] = @rack_version if @rack_version
+      env.update(@base)
       env['rack.url_scheme'] = scheme
       env['rack.input'] = input
       env['rack.errors'] = $stderr
-      env['rack.multithread'] = false
-      env['rack.multiprocess'] = true
-      env['rack.run_once'] = false
-      env['rack.hijack?'] = false
       env['rack.response_finished'] = []
       # How many requests this LSAPI connection has carried, this one included: above 1
       # when corral reuses its persistent connection.
@@ -734,9 +852,25 @@ module CorralRack
       env
     end
 
+    HTTPS_ON = { 'on' => true, '1' => true, 'yes' => true }.freeze
+    PORT = /\A[0-9]+\z/.freeze
+
+    # SERVER_NAME and SERVER_PORT, from the Host header when corral sent none.
+    def server(env, scheme)
+      name = env['SERVER_NAME']
+      port = env['SERVER_PORT']
+      name_ok = !(name.nil? || name.empty?)
+      port_ok = !port.nil? && PORT.match?(port)
+      return if name_ok && port_ok
+
+      host, host_port = split_host(env['HTTP_HOST'].to_s)
+      env['SERVER_NAME'] = host || 'localhost' unless name_ok
+      env['SERVER_PORT'] = host_port || (scheme == 'https' ? '443' : '80') unless port_ok
+    end
+
     # Rack: SCRIPT_NAME is "" at the root, never "/"; PATH_INFO is "" or starts with "/".
     def paths(env)
-      script = env['SCRIPT_NAME'].to_s
+      script = env['SCRIPT_NAME'] || ''
       path = env.key?('PATH_INFO') ? env['PATH_INFO'].to_s : derived_path(env, script)
       if script.end_with?('/')
         script = script.sub(%r{/+\z}, '')
@@ -974,7 +1108,37 @@ module CorralRack
     log("cannot make the process non-dumpable: #{e.class}: #{e.message}")
   end
 
+  # Machine code YJIT may write, in MiB. Ruby 3.1 fills the whole area at start (256 MiB
+  # by default, all resident; shared with forked workers until written). 8 MiB holds the
+  # request loop and an app's hottest paths, and once it is full YJIT stops compiling. Its
+  # cost, with its bookkeeping: Rails 6.1's summed PSS 72/87/94 MiB for 2/4/8 workers and
+  # the preloader, against 56/59/75 without YJIT (tests/app_rails.rs, this machine).
+  YJIT_MEM_MIB = 8
+
+  # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
+  # sets RUBY_YJIT_ENABLE itself: the request loop then takes about two thirds of the CPU
+  # time. Ruby 3.3 turns it on in place; 3.1 and 3.2 only at start, so the launcher starts
+  # again (same pid, fd 0 and arguments) as `ruby --yjit --yjit-exec-mem-size=8`. Ruby
+  # options other than --disable-gems are not carried over; corral starts the launcher with
+  # none.
+  def self.enable_yjit(argv)
+    choice = ENV.delete('CORRAL_RACK_YJIT')
+    return if choice == 'restarted' || choice == 'off' || ENV.key?('RUBY_YJIT_ENABLE')
+    return unless defined?(RubyVM::YJIT) && !RubyVM::YJIT.enabled?
+    return RubyVM::YJIT.enable if RubyVM::YJIT.respond_to?(:enable)
+    return if RbConfig::CONFIG['YJIT_SUPPORT'] == 'no'
+
+    ENV['CORRAL_RACK_YJIT'] = 'restarted'
+    options = ['--yjit', "--yjit-exec-mem-size=#{YJIT_MEM_MIB}"]
+    options << '--disable-gems' unless defined?(Gem)
+    exec(RbConfig.ruby, *options, __FILE__, *argv)
+  rescue SystemCallError => e
+    ENV.delete('CORRAL_RACK_YJIT')
+    log("cannot start again with YJIT (#{e.message}); serving without it")
+  end
+
   def self.main(argv)
+    enable_yjit(argv)
     make_undumpable
     install_stack_dump
     preloading = argv.size == 2 && argv[1] == '--preload'
@@ -998,6 +1162,7 @@ module CorralRack
       return 1
     end
     rack = defined?(Rack.release) ? "rack #{Rack.release}" : 'no rack gem'
+    rack += defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? ', YJIT' : ', no YJIT'
     bundled = gemfile ? ", bundle #{gemfile}" : ''
     unless preloading
       # Traps first: a SIGTERM sent as soon as the log says "serving" finds them set.

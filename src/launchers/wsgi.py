@@ -46,6 +46,7 @@ import sys
 import tempfile
 import traceback
 import types
+from itertools import compress
 
 # Packet types (lsapidef.h).
 BEGIN_REQUEST = 1
@@ -327,13 +328,13 @@ def read_request(conn):
     environ = {}
     # The special env (PHP ini settings, suEXEC control) means nothing here: checked, then
     # dropped; the env pairs are the CGI variables.
-    if special_count or p[REQ_HEADER_LEN:REQ_HEADER_LEN + 4] != b"\0\0\0\0":
+    if special_count or not p.startswith(b"\0\0\0\0", REQ_HEADER_LEN):
         at = read_pairs(p, text, REQ_HEADER_LEN, special_count, {}, "special env")
     else:
         at = REQ_HEADER_LEN + 4
     at = read_pairs(p, text, at, env_count, environ, "env")
     index_at = (at + 7) & ~7
-    if p[at:index_at].strip(b"\0"):
+    if p.count(0, at, index_at) != index_at - at:
         raise BadRequest("padding before the header index is not zero")
     table_at = index_at + HEADER_INDEX_LEN
     head_at = table_at + unknown * UNKNOWN_ENTRY_LEN
@@ -342,16 +343,17 @@ def read_request(conn):
                          % (head_at + header_len, length))
 
     index = order.index.unpack_from(p, index_at)
-    for name, size, off in zip(KNOWN_HEADERS, index, index[N_KNOWN:]):
-        if off:
-            if off < 0 or off + size > header_len:
-                raise BadRequest("known header %s value at %d, %d bytes, is outside the "
-                                 "%d-byte header block" % (name, off, size, header_len))
-            at = head_at + off
-            if name in environ:
-                add_header(environ, name, text[at:at + size])
-            else:
-                environ[name] = text[at:at + size]
+    offsets = index[N_KNOWN:]
+    # Only the headers the request has (compress skips the zero offsets in C).
+    for name, size, off in compress(zip(KNOWN_HEADERS, index, offsets), offsets):
+        if off < 0 or off + size > header_len:
+            raise BadRequest("known header %s value at %d, %d bytes, is outside the "
+                             "%d-byte header block" % (name, off, size, header_len))
+        at = head_at + off
+        if name in environ:
+            add_header(environ, name, text[at:at + size])
+        else:
+            environ[name] = text[at:at + size]
     if unknown:
         table = struct.unpack_from("%s%di" % (order.e, 4 * unknown), p, table_at)
         for i in range(unknown):
@@ -381,23 +383,27 @@ def read_request(conn):
 def read_pairs(p, text, at, count, into, what):
     """`count` env pairs from `at` into `into`, then the four-zero-byte terminator; returns
     the offset after it. Pair lengths are big-endian and count the NUL."""
-    length = len(p)
     lengths = PAIR_LENGTHS
-    for i in range(count):
-        if at + 4 <= length:
+    i = 0
+    try:
+        for i in range(count):
             klen, vlen = lengths(p, at)
             key_end = at + 3 + klen
             value_end = key_end + vlen
-            # One test for the usual pair; pair_fault says what is wrong with another.
-            if (klen > 1 and vlen and value_end < length
-                    and text[key_end] == "\0" and text[value_end] == "\0"):
+            # One test for the usual pair (an index past the end raises IndexError);
+            # pair_fault says what is wrong with another.
+            if klen > 1 and vlen and text[key_end] == "\0" == text[value_end]:
                 into[text[at + 4:key_end]] = text[key_end + 1:value_end]
                 at = value_end + 1
-                continue
-        raise BadRequest(pair_fault(p, text, at, what, i))
-    if p[at:at + 4] != b"\0\0\0\0":
-        raise BadRequest("%s list is not ended by four zero bytes" % what)
-    return at + 4
+            else:
+                break
+        else:
+            if p[at:at + 4] != b"\0\0\0\0":
+                raise BadRequest("%s list is not ended by four zero bytes" % what)
+            return at + 4
+    except (struct.error, IndexError):
+        pass
+    raise BadRequest(pair_fault(p, text, at, what, i))
 
 
 def pair_fault(p, text, at, what, i):
