@@ -18,7 +18,6 @@ use support::native::worker;
 use support::peers::{md5_hex, shared_dir, write_file};
 use support::server::{http, Corral, HttpResponse};
 
-
 /// The site every test serves.
 const SCRIPTS: &[(&str, &str)] = &[
     ("hello.php", "<?php echo \"Hello, world\\n\";"),

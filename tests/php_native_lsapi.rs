@@ -20,7 +20,6 @@ use support::lsapi::{assert_closed_without_answer, read_answer_from, Answer};
 use support::native::worker;
 use support::peers::{shared_dir, write_file};
 
-
 struct Worker {
     child: Child,
     socket: PathBuf,

@@ -11,13 +11,12 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use support::apps::multipart;
 use support::native::worker;
 use support::peers::{md5_hex, shared_dir, write_file};
 use support::server::{http, Corral, HttpResponse};
-
 
 /// Classes the app loads at boot.
 const CLASSES: usize = 300;
