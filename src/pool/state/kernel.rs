@@ -58,6 +58,16 @@ mod tests {
             .collect()
     }
 
+    fn signalled(actions: &[PoolAction]) -> Vec<u32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                PoolAction::Signal { pid, .. } => Some(*pid),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn up(s: &mut PoolState, key: WorkerKey, pid: u32, at: Duration) {
         s.on_event(PoolEvent::Spawned { key, pid }, at);
         s.on_event(PoolEvent::Ready { key }, at);
@@ -107,14 +117,7 @@ mod tests {
         );
         // Past idle_timeout for the one that did not run: retired down to min.
         let a = s.on_event(PoolEvent::Tick, Duration::from_secs(14));
-        let signalled: Vec<u32> = a
-            .iter()
-            .filter_map(|a| match a {
-                PoolAction::Signal { pid, .. } => Some(*pid),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(signalled, vec![101], "{a:?}");
+        assert_eq!(signalled(&a), vec![101], "{a:?}");
     }
 
     #[test]
@@ -185,14 +188,7 @@ mod tests {
         look(&mut s, k[0], true, Duration::from_secs(9));
         look(&mut s, k[1], false, Duration::from_secs(9));
         let a = s.on_event(PoolEvent::Tick, Duration::from_millis(16_500));
-        let signalled: Vec<u32> = a
-            .iter()
-            .filter_map(|a| match a {
-                PoolAction::Signal { pid, .. } => Some(*pid),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(signalled, vec![401], "{a:?}");
+        assert_eq!(signalled(&a), vec![401], "{a:?}");
     }
 
     #[test]
