@@ -1,0 +1,408 @@
+#!/usr/bin/env bash
+# Question: behind nginx, does WordPress's front page run as fast on a corral direct pool as
+# on php-fpm, and do the PHP processes take no more memory (issue 23's WordPress target:
+# front page >= 0.98x php-fpm; PSS with php_children <= php-fpm's)?
+#
+# The fixture is the one benches/php-memory.sh and tests/app_wordpress.rs build: Debian's
+# WordPress 6.1 on a private MariaDB, a config file per Host under /etc/wordpress. nginx
+# (1 worker) runs conf/nginx/wordpress.conf as written, one server block per row, only its
+# placeholders replaced (the site's name, the socket fastcgi_pass names, wp-content's
+# directory, the port). Rows, COUNT PHP processes each:
+#   fpm       nginx -> php-fpm8.2, pm = static, pm.max_children = COUNT, Debian's defaults
+#             otherwise (master + COUNT children)
+#   direct    nginx -> a corral direct pool (accept = "direct", php-cgi, static, max =
+#             COUNT): the workers accept on the pool's listener, corral is off the path
+#   direct-children  a direct pool with max = 1, php_children = COUNT: one php-cgi parent
+#             forking COUNT children that share its OPcache and accept on the same socket,
+#             php-fpm's own model; run only if `corral check` accepts php_children on a
+#             direct pool. If it refuses them (corral's error is printed in the section),
+#             this row is instead
+#   gw-children  nginx -> corral's FastCGI listener (gateway mode) -> php-cgi with max = 1,
+#             php_children = COUNT: the same PHP processes, with corral's hop in front.
+#
+# Memory: for each N in MEM_COUNTS, each row alone (no other PHP server running, so shared
+# library pages are not split with another row's processes), wrk -c 2N on the front page for
+# WARM s (again, up to 5 times, until every serving process has run 100 ms of CPU) so
+# that every process has compiled and served it, then Pss from
+# /proc/PID/smaps_rollup summed over the PHP processes (php-fpm's master and php-cgi's parent
+# included; not nginx, corral or MariaDB). Speed: the three rows at COUNT together, wrk -t1
+# --latency -d SECS on the front page at each level of LEVELS, the rows interleaved per
+# round (ROUNDS), after a warm-up; req/s (requests of the rounds pooled), p99 per round and
+# wrk's errors (connect, read, write, non-2xx/3xx; timeouts apart: a row with either is
+# invalid and no ratio uses it), and the ratios against fpm.
+#
+#   bash benches/wordpress-direct.sh
+#   SECS=2 ROUNDS=1 MEM_COUNTS=2 OUT= bash benches/wordpress-direct.sh    # a quick look
+# Env: SECS (10), ROUNDS (2), LEVELS ("1 10 50"), COUNT (2), MEM_COUNTS ("2 8"), WARM (3),
+# CORRAL (release build), OUT (default benches/RESULTS.md, section `wordpress-direct`; OUT=
+# prints only). Needs root (a config file under /etc/wordpress; nginx and PHP run as
+# www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
+# Every process it starts it stops.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT MEM_COUNTS WARM CORRAL"
+results_start "$@"
+SECS=${SECS:-10}
+ROUNDS=${ROUNDS:-2}
+LEVELS=${LEVELS:-1 10 50}
+COUNT=${COUNT:-2}
+MEM_COUNTS=${MEM_COUNTS:-2 8}
+WARM=${WARM:-3}
+if [ -z "${CORRAL:-}" ]; then
+  cargo build --release --quiet
+  CORRAL=target/release/corral
+fi
+CORRAL=$(realpath "$CORRAL")
+RESULTS_BINARY=$CORRAL
+s=$(mktemp -d /tmp/corral-wpdirect.XXXXXX)
+chmod 755 "$s"
+host="wp-direct-$$.corral.test"
+wpconf="/etc/wordpress/config-$host.php"
+pids=()      # for the whole run: MariaDB, nginx
+row_pids=()  # the PHP servers now running
+stop() {
+  local p
+  for p in "$@"; do kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+cleanup() {
+  stop ${row_pids[@]+"${row_pids[@]}"} ${pids[@]+"${pids[@]}"}
+  rm -f "$wpconf"
+  rm -rf "$s"
+}
+trap cleanup EXIT
+ulimit -n 16384 2>/dev/null || true
+hz=$(getconf CLK_TCK)
+wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
+
+# ---- MariaDB as mysql on a private socket, WordPress's config for $host ----
+mkdir -p "$s/db" "$s/dbrun" "$s/run" "$s/log" "$s/corral" "$s/nginx" "$s/site/wp-content/uploads"
+chown mysql:mysql "$s/db" "$s/dbrun"
+chown www-data:www-data "$s/run"
+mariadb-install-db --no-defaults --datadir="$s/db" --user=mysql \
+  --auth-root-authentication-method=socket --skip-test-db > /dev/null
+dbsock=$s/dbrun/mysqld.sock
+mariadbd --no-defaults --datadir="$s/db" --socket="$dbsock" \
+  --pid-file="$s/dbrun/mysqld.pid" --log-error="$s/dbrun/error.log" \
+  --user=mysql --skip-networking --skip-log-bin --innodb-buffer-pool-size=64M \
+  --innodb-flush-log-at-trx-commit=0 < /dev/null > /dev/null 2>&1 & pids+=($!)
+wait_sock "$dbsock"
+mariadb --no-defaults --socket="$dbsock" -u root -e "CREATE DATABASE wpd; \
+  CREATE USER 'wpd'@'localhost' IDENTIFIED BY 'wpd-pass'; GRANT ALL ON wpd.* TO 'wpd'@'localhost';"
+ln -s /usr/share/wordpress/wp-content/themes "$s/site/wp-content/themes"
+ln -s /usr/share/wordpress/wp-content/plugins "$s/site/wp-content/plugins"
+chmod -R a+rX "$s/site"
+chown www-data:www-data "$s/site/wp-content/uploads"
+cat > "$wpconf" << PHP
+<?php
+define('DB_NAME', 'wpd');
+define('DB_USER', 'wpd');
+define('DB_PASSWORD', 'wpd-pass');
+define('DB_HOST', 'localhost:$dbsock');
+define('WP_CONTENT_DIR', '$s/site/wp-content');
+define('DISABLE_WP_CRON', true);
+define('WP_HTTP_BLOCK_EXTERNAL', true);
+define('AUTOMATIC_UPDATER_DISABLED', true);
+PHP
+chmod 644 "$wpconf"
+
+# ---- which php_children row: on the direct pool if corral accepts it there ----
+cat > "$s/probe.toml" << CONF
+[server]
+runtime_dir = "$s/corral/probe.d"
+[[listen]]
+address = "unix:$s/run/probe.sock"
+protocol = "fastcgi"
+[pools.php]
+command = ["php-cgi"]
+accept = "direct"
+listener = "unix:$s/run/probe.sock"
+mode = "static"
+max = 1
+php_children = 2
+CONF
+if "$CORRAL" check -c "$s/probe.toml" > "$s/probe.out" 2>&1; then
+  kids=direct-children
+  kids_why="\`corral check\` accepts \`php_children\` on a direct pool: the row is one php-cgi parent forking the children, all accepting on the pool's listener."
+else
+  kids=gw-children
+  refusal=$(grep -m1 -o 'php_children and accept.*' "$s/probe.out" || grep -m1 . "$s/probe.out" || true)
+  kids_why="\`corral check\` refuses \`php_children\` on a direct pool (*$refusal*), so the php_children row is \`gw-children\`: nginx -> corral's FastCGI listener (gateway mode) -> one php-cgi parent forking the children."
+fi
+ROW_NAMES="fpm direct $kids"
+echo "rows: $ROW_NAMES" >&2
+
+# ---- nginx: conf/nginx/wordpress.conf once per row, its placeholders replaced ----
+declare -A port=([fpm]=18801 [direct]=18802 [$kids]=18803)
+declare -A sock=([fpm]=$s/run/fpm.sock [direct]=$s/run/direct.sock [$kids]=$s/run/kids.sock)
+ln -s /etc/nginx/fastcgi_params "$s/nginx/fastcgi_params"
+{
+  echo "user www-data;"
+  echo "worker_processes 1;"
+  echo "daemon off;"
+  echo "pid $s/run/nginx.pid;"
+  echo "error_log $s/log/nginx.log;"
+  echo "events { worker_connections 4096; }"
+  echo "http {"
+  echo "  include /etc/nginx/mime.types;"
+  echo "  access_log off;"
+  echo "  client_body_temp_path $s/nginx-tmp; fastcgi_temp_path $s/nginx-tmp;"
+  echo "  proxy_temp_path $s/nginx-tmp; scgi_temp_path $s/nginx-tmp; uwsgi_temp_path $s/nginx-tmp;"
+  for r in $ROW_NAMES; do
+    sed -e "s|blog\.example\.com|$host|" -e "s|unix:/run/corral/php\.sock|unix:${sock[$r]}|" \
+      -e "s|/var/lib/wordpress|$s/site|" -e "s|listen 80;|listen 127.0.0.1:${port[$r]};|" \
+      conf/nginx/wordpress.conf
+  done
+  echo "}"
+} > "$s/nginx/nginx.conf"
+nginx -c "$s/nginx/nginx.conf" & pids+=($!)
+
+# ---- the PHP servers ----
+corral_conf() { # ROW N
+  local pool
+  case $1 in
+    direct) pool="accept = \"direct\"
+listener = \"unix:${sock[$1]}\"
+mode = \"static\"
+max = $2" ;;
+    direct-children) pool="accept = \"direct\"
+listener = \"unix:${sock[$1]}\"
+mode = \"static\"
+max = 1
+php_children = $2" ;;
+    gw-children) pool="mode = \"static\"
+max = 1
+php_children = $2" ;;
+  esac
+  cat << CONF
+[server]
+runtime_dir = "$s/corral/$1.d"
+user = "www-data"
+group = "www-data"
+log_level = "warn"
+[[listen]]
+address = "unix:${sock[$1]}"
+protocol = "fastcgi"
+mode = "0666"
+[pools.php]
+command = ["php-cgi"]
+$pool
+CONF
+  if [ "$1" = gw-children ]; then
+    printf '[[contexts]]\nlisten = "unix:%s"\nroot = "/usr/share/wordpress"\npool = "php"\n' "${sock[$1]}"
+  fi
+}
+declare -A root_pid
+start_row() { # ROW N: starts its PHP server; root_pid[ROW] is the process whose tree is PHP's
+  rm -f "${sock[$1]}"
+  if [ "$1" = fpm ]; then
+    cat > "$s/fpm.conf" << CONF
+[global]
+pid = $s/run/fpm.pid
+error_log = $s/log/fpm.log
+daemonize = no
+[www]
+user = www-data
+group = www-data
+listen = ${sock[fpm]}
+listen.owner = www-data
+listen.group = www-data
+pm = static
+pm.max_children = $2
+CONF
+    php-fpm8.2 -F -y "$s/fpm.conf" & row_pids+=($!)
+  else
+    corral_conf "$1" "$2" > "$s/$1.toml"
+    "$CORRAL" run -c "$s/$1.toml" >> "$s/log/corral-$1.log" 2>&1 & row_pids+=($!)
+  fi
+  root_pid[$1]=$!
+  wait_sock "${sock[$1]}"
+}
+stop_rows() { # and waits for their PHP processes too, so none is left sharing pages with the next row
+  local r p left=()
+  for r in "${!root_pid[@]}"; do mapfile -t -O "${#left[@]}" left < <(php_pids "$r"); done
+  stop ${row_pids[@]+"${row_pids[@]}"}
+  row_pids=()
+  root_pid=()
+  for _ in $(seq 200); do
+    for p in ${left[@]+"${left[@]}"}; do [ -d "/proc/$p" ] && { sleep 0.05; continue 2; }; done
+    return 0
+  done
+  echo "PHP processes still running after their server stopped: ${left[*]}" >&2
+  exit 1
+}
+url() { echo "http://127.0.0.1:${port[$1]}/"; }
+front() { # ROW: the front page's status, checked for WordPress's own markup
+  local body code
+  body=$(curl -s -H "Host: $host" -w '\n%{http_code}' "$(url "$1")" || true)
+  code=${body##*$'\n'}
+  if [ "$code" = 200 ] && grep -q 'WP Direct Bench' <<< "$body"; then echo ok; else echo "${code:-none}"; fi
+}
+
+children() { # live children of $1
+  local f line rest state ppid
+  for f in /proc/[0-9]*/stat; do
+    { read -r line < "$f"; } 2> /dev/null || continue
+    rest=${line##*) }
+    read -r state ppid _ <<< "$rest"
+    [ "$ppid" = "$1" ] && [ "$state" != Z ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+  done
+  return 0
+}
+tree() { local k; echo "$1"; for k in $(children "$1"); do tree "$k"; done; }
+php_pids() { # ROW: the PHP processes (php-fpm's whole tree; corral's children's trees)
+  local k
+  if [ "$1" = fpm ]; then tree "${root_pid[fpm]}"; else
+    for k in $(children "${root_pid[$1]}"); do tree "$k"; done
+  fi
+}
+pss() { # ROW -> "KIB PROCS"; every PHP process must have OPcache mapped
+  local t=0 n=0 p k
+  for p in $(php_pids "$1"); do
+    grep -q opcache.so "/proc/$p/maps" || { echo "$1: process $p has no OPcache loaded" >&2; exit 1; }
+    k=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup")
+    t=$((t + k)); n=$((n + 1))
+  done
+  echo "$t $n"
+}
+leaves() { # ROW: the PHP processes that serve (no children: not php-fpm's master or php-cgi's parent)
+  local p
+  for p in $(php_pids "$1"); do [ -n "$(children "$p")" ] || echo "$p"; done
+}
+warm() { # ROW N: wrk -c 2N on the front page until every serving process has run 100 ms
+  local try p cold
+  for try in 1 2 3 4 5; do
+    wrk -t1 -c$((2 * $2)) -d"${WARM}s" --timeout 10s -H "Host: $host" "$(url "$1")" > /dev/null
+    cold=""
+    for p in $(leaves "$1"); do
+      [ "$(awk '{print $14 + $15}' "/proc/$p/stat")" -ge $((hz / 10)) ] || cold+=" $p"
+    done
+    [ -z "$cold" ] && return 0
+    echo "$1 N=$2: not yet warm after $try warm-ups:$cold" >&2
+  done
+  exit 1
+}
+
+# ---- install once, through the fpm row ----
+start_row fpm "$COUNT"
+for _ in $(seq 200); do
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Host: $host" "http://127.0.0.1:${port[fpm]}/wp-admin/install.php" || true)
+  [ "$code" = 200 ] && break
+  sleep 0.05
+done
+page=$(curl -s -H "Host: $host" "http://127.0.0.1:${port[fpm]}/wp-admin/install.php?step=2" \
+  --data 'weblog_title=WP+Direct+Bench&user_name=admin&admin_password=bench-Pa55word&admin_password2=bench-Pa55word&pw_weak=1&admin_email=admin%40example.com&blog_public=0&Submit=Install' || true)
+grep -q 'WordPress has been installed' <<< "$page" || { echo "install failed" >&2; tail -n 20 "$s"/log/*.log >&2; exit 1; }
+stop_rows
+
+# ---- memory: each row alone, at each count ----
+mem=$s/mem.tsv
+: > "$mem"
+for n in $MEM_COUNTS; do
+  for r in $ROW_NAMES; do
+    start_row "$r" "$n"
+    st=$(front "$r")
+    [ "$st" = ok ] || { echo "$r: the front page answered $st" >&2; tail -n 20 "$s"/log/*.log >&2; exit 1; }
+    warm "$r" "$n"
+    sleep 0.5
+    read -r kib procs < <(pss "$r")
+    printf '%s\t%s\t%s\t%s\n' "$r" "$n" "$kib" "$procs" >> "$mem"
+    printf '%s N=%s: %s processes, PSS %s KiB\n' "$r" "$n" "$procs" "$kib" >&2
+    stop_rows
+  done
+done
+
+# ---- speed: the rows together at COUNT, interleaved ----
+for r in $ROW_NAMES; do start_row "$r" "$COUNT"; done
+for r in $ROW_NAMES; do
+  st=$(front "$r")
+  [ "$st" = ok ] || { echo "$r: the front page answered $st" >&2; tail -n 20 "$s"/log/*.log >&2; exit 1; }
+done
+res=$s/results.tsv
+: > "$res"
+for c in $LEVELS; do
+  for r in $ROW_NAMES; do
+    wrk -t1 -c"$c" -d2s --timeout 10s -H "Host: $host" "$(url "$r")" > /dev/null 2>&1 # warm-up, unrecorded
+  done
+  for round in $(seq "$ROUNDS"); do
+    for r in $ROW_NAMES; do
+      out=$(wrk -t1 -c"$c" -d"${SECS}s" --timeout 10s --latency -H "Host: $host" "$(url "$r")" 2>&1)
+      reqs=$(awk '/requests in/ {print $1}' <<< "$out")
+      p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
+      read -r errs touts < <(wrk_errors <<< "$out")
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" >> "$res"
+      printf '%s c=%s round %s: %s requests, p99 %s, %s errors, %s timeouts\n' "$r" "$c" "$round" "$reqs" "$p99" "$errs" "$touts" >&2
+    done
+  done
+done
+stop_rows
+
+report() {
+  echo "nginx (1 worker, conf/nginx/wordpress.conf with only its placeholders replaced) in front of each row;"
+  echo "Debian's WordPress $(dpkg-query -W -f='${Version}' wordpress) on MariaDB, $(php-cgi -v | head -n 1 | cut -d' ' -f1-2), the front page."
+  echo "Rows: \`fpm\` = php-fpm8.2, pm = static (master + N children); \`direct\` = a corral direct pool of N php-cgi"
+  echo "(accept = \"direct\", static); $kids_why"
+  echo
+  echo "PSS: each row alone, summed Pss (smaps_rollup) of its PHP processes after wrk -c 2N for ${WARM} s on the front page"
+  echo "(repeated until every serving process had run 100 ms of CPU);"
+  echo "php-fpm's master and php-cgi's parent are counted, nginx, corral and MariaDB are not."
+  echo "Speed: the rows at N = $COUNT, wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s"
+  echo "warm-up, requests of the rounds pooled; p99 one per round. errors: wrk's connect, read and write errors and"
+  echo "non-2xx/3xx answers; timeouts (10 s) apart. A row with either is **invalid** and no ratio uses it."
+  echo
+  python3 - "$mem" "$res" "$SECS" "$kids" << 'PY'
+import sys
+mem, res, secs, kids = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+m = {}
+for line in open(mem):
+    r, n, kib, procs = line.split()
+    m[(r, int(n))] = (int(kib), int(procs))
+print("| row | N | PHP processes | PSS MiB | MiB per PHP worker | / fpm |")
+print("|---|---:|---:|---:|---:|---:|")
+for (r, n), (kib, procs) in m.items():
+    base = m.get(("fpm", n))
+    ratio = f"{kib / base[0]:.2f}" if base and r != "fpm" else "—"
+    print(f"| {r} | {n} | {procs} | {kib / 1024:.1f} | {kib / 1024 / n:.1f} | {ratio} |")
+print()
+rows = {}
+for line in open(res):
+    c, r, _round, reqs, p99, errs, touts = line.rstrip("\n").split("\t")
+    x = rows.setdefault((int(c), r), dict(n=0, runs=0, p99=[], e=0, t=0))
+    x["n"] += int(reqs); x["runs"] += 1; x["p99"].append(p99); x["e"] += int(errs); x["t"] += int(touts)
+def valid(k):
+    x = rows.get(k)
+    return x is not None and x["n"] > 0 and x["e"] == 0 and x["t"] == 0
+def rps(k):
+    x = rows[k]
+    return x["n"] / (x["runs"] * secs)
+print("| row | c | req/s | / fpm | p99 | errors | timeouts | valid |")
+print("|---|---:|---:|---:|---|---:|---:|---|")
+for (c, r), x in rows.items():
+    ratio = "—"
+    if r != "fpm" and valid((c, r)) and valid((c, "fpm")):
+        ratio = f"{rps((c, r)) / rps((c, 'fpm')):.2f}"
+    print(f"| {r} | {c} | {rps((c, r)):.1f} | {ratio} | {' '.join(x['p99'])} | {x['e']} | {x['t']} | "
+          f"{'ok' if valid((c, r)) else '**invalid**'} |")
+print()
+print("Issue 23's WordPress targets, from this run:")
+print()
+for c in sorted({c for c, _ in rows}):
+    a, b = (c, "direct"), (c, "fpm")
+    if a in rows and b in rows:
+        if valid(a) and valid(b):
+            q = rps(a) / rps(b)
+            print(f"- c={c}: front page, direct / fpm = **{q:.2f}** (target ≥ 0.98: {'met' if q >= 0.98 else 'missed'})")
+        else:
+            print(f"- c={c}: front page, direct / fpm = — (a row is invalid)")
+for n in sorted({n for _, n in m}):
+    for r in (kids, "direct"):
+        if (r, n) in m and ("fpm", n) in m:
+            q = m[(r, n)][0] / m[("fpm", n)][0]
+            goal = " (target ≤ 1.00: " + ("met" if q <= 1.0 else "missed") + ")" if r == kids else " (no target: for comparison)"
+            print(f"- N={n}: PSS, {r} / fpm = **{q:.2f}**{goal}")
+PY
+}
+report > "$s/report.md"
+cat "$s/report.md"
+results_write wordpress-direct "WordPress behind nginx: php-fpm against a corral direct pool and php_children" "$s/report.md"
