@@ -277,6 +277,27 @@ fn restart_workers_and_reloads_under_load_lose_no_request() {
     assert_eq!(field(&s, "kill timeouts"), Some(0), "{s}");
 }
 
+/// A php-cgi parent that dies on its own (here SIGKILL, as the OOM killer would) is a
+/// crash, replaced by a new group; its children, which would serve on the socket with no
+/// parent and no supervisor, are killed with it.
+#[test]
+fn a_parent_that_dies_takes_its_children_with_it_and_is_replaced() {
+    let site = site(1, 2, "");
+    let parent = site.workers();
+    let kids = grandchildren(&site);
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    kill(Pid::from_raw(parent[0] as i32), Signal::SIGKILL).unwrap();
+    let left = all_gone(&kids);
+    for p in &left {
+        let _ = kill(Pid::from_raw(*p as i32), Signal::SIGKILL);
+    }
+    assert!(left.is_empty(), "orphans left serving: {left:?}");
+    let s = site.wait_status(|s| field(s, "idle processes") == Some(2));
+    assert_eq!(field(&s, "crashes"), Some(1), "{s}");
+    assert_ne!(site.workers(), parent);
+    assert_eq!(get(site.nginx.ports[0], "/hello.php").0, 200);
+}
+
 /// Waits until none of `pids` is alive (gone, or a zombie about to be reaped).
 fn all_gone(pids: &[u32]) -> Vec<u32> {
     let deadline = Instant::now() + WAIT;
