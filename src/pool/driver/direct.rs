@@ -2,7 +2,8 @@
 //! with the pool's shared listening socket as fd 0, ready once the kernel shows them blocked
 //! in accept(2) or holding a connection they accepted, and sent their stop signal only while they are (a php-cgi worker blocked
 //! there holds no request; one that is not may be running a script, whose own blocking
-//! calls SIGTERM would cut short).
+//! calls SIGTERM would cut short). With `php_children` each worker is a php-cgi parent whose
+//! children accept; what differs for such a pool is in `direct/children.rs`.
 
 mod children;
 
