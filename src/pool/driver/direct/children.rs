@@ -181,7 +181,9 @@ impl Driver {
                 alive.push(child);
                 let idle = in_accept(child) != Some(false);
                 if let (true, Some(max)) = (measure, groups.max_memory) {
-                    let pss = process::process_tree_pss(child).map(|u| u.bytes());
+                    // The child alone (php-cgi's children fork nothing): two small reads,
+                    // not a walk over every process in /proc.
+                    let pss = process::memory_of(child, &[child]).map(|u| u.bytes());
                     if pss.is_ok_and(|b| b > max) {
                         groups.over.insert(child, key);
                     }
