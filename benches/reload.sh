@@ -9,6 +9,11 @@
 #   direct-reload    corral direct pool static 2, the pool changed (max_requests moves by one)
 #                    and SIGHUP (`systemctl reload corral`): a new pool on the same socket
 #   direct-restart   the same pool, SIGUSR2 (`corral restart-workers`): a rolling restart
+#   direct-children-reload   a second corral: a direct pool of one php-cgi parent with
+#                    php_children = 2 (php-fpm's model: 2 children sharing one OPcache), the
+#                    pool changed and SIGHUP; the old group is retired as docs/pools.md says
+#                    (parent stopped, each child signalled between requests)
+#   direct-children-restart  the same, SIGUSR2
 # Debian's php-fpm defaults are kept (process_control_timeout = 0). The page is work.php,
 # 10 ms of usleep, so requests are in flight when the reload comes.
 #
@@ -81,6 +86,29 @@ CONF
 }
 direct_conf 100000
 "$CORRAL" run -c "$s/direct.toml" > "$s/log/corral.log" 2>&1 & corral=$!; pids+=($corral)
+children_conf() { # MAX_REQUESTS
+  cat > "$s/children.toml" <<CONF
+[server]
+runtime_dir = "$s/corral/children.d"
+user = "www-data"
+group = "www-data"
+log_level = "info"
+[[listen]]
+address = "unix:$s/run/children.sock"
+protocol = "fastcgi"
+mode = "0666"
+[pools.php]
+command = ["php-cgi"]
+accept = "direct"
+listener = "unix:$s/run/children.sock"
+mode = "static"
+max = 1
+php_children = 2
+max_requests = $1
+CONF
+}
+children_conf 100000
+"$CORRAL" run -c "$s/children.toml" > "$s/log/corral-children.log" 2>&1 & children=$!; pids+=($children)
 cat > "$s/nginx.conf" <<CONF
 user www-data;
 worker_processes 1;
@@ -95,12 +123,14 @@ http {
   root $s/www;
   server { listen 127.0.0.1:18711; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/fpm.sock; } }
   server { listen 127.0.0.1:18712; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/direct.sock; } }
+  server { listen 127.0.0.1:18713; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/children.sock; } }
 }
 CONF
 wait_sock "$s/run/fpm.sock"
 wait_sock "$s/run/direct.sock"
+wait_sock "$s/run/children.sock"
 nginx -c "$s/nginx.conf" & nginx=$!; pids+=($nginx)
-for port in 18711 18712; do
+for port in 18711 18712 18713; do
   ok=""
   for _ in $(seq 200); do
     [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/work.php" || true)" = 200 ] && { ok=1; break; }
@@ -114,12 +144,14 @@ reload() { # ROW N: one reload of the row's server
     fpm-reload) kill -USR2 "$fpm" ;;
     direct-reload) direct_conf $((100000 + $2 % 2)); kill -HUP "$corral" ;;
     direct-restart) kill -USR2 "$corral" ;;
+    direct-children-reload) children_conf $((100000 + $2 % 2)); kill -HUP "$children" ;;
+    direct-children-restart) kill -USR2 "$children" ;;
   esac
 }
 res=$s/results.tsv
 : > "$res"
-for row in fpm-reload direct-reload direct-restart; do
-  case $row in fpm-*) port=18711 ;; *) port=18712 ;; esac
+for row in fpm-reload direct-reload direct-restart direct-children-reload direct-children-restart; do
+  case $row in fpm-*) port=18711 ;; direct-children-*) port=18713 ;; *) port=18712 ;; esac
   before=$(grep -c . "$s/log/nginx.log" 2>/dev/null || true)
   wrk -t1 -c"$CONC" -d"${SECS}s" "http://127.0.0.1:$port/work.php" > "$s/wrk.out" 2>&1 & w=$!
   n=0
@@ -140,6 +172,7 @@ for row in fpm-reload direct-reload direct-restart; do
   sleep 1  # let the last reload settle before the next row
 done
 applied=$(grep -c "reload applied" "$s/log/corral.log" || true)
+applied_children=$(grep -c "reload applied" "$s/log/corral-children.log" || true)
 {
   echo "wrk -t1 -c$CONC -d${SECS}s on a 10 ms page through nginx's plain fastcgi_pass, a reload every ${INTERVAL} s."
   echo "errors: wrk's socket errors and non-2xx answers; nginx lines: its error-log lines during the row."
@@ -150,7 +183,7 @@ applied=$(grep -c "reload applied" "$s/log/corral.log" || true)
     echo "| $row | $n | $reqs | $errs | $touts | $nerrs | ${example:-—} |"
   done < "$res"
   echo
-  echo "corral logged $applied applied reloads (each a new pool on the same socket)."
+  echo "corral logged $applied applied reloads (each a new pool on the same socket); the php_children corral $applied_children."
 } > "$s/report.md"
 cat "$s/report.md"
 results_write reload "A reload every ${INTERVAL} s under load: php-fpm against a corral direct pool" "$s/report.md"

@@ -17,6 +17,11 @@ pub struct DirectListener {
     pub bind: Bind,
     /// Its kernel accept backlog.
     pub backlog: u32,
+    /// With `php_children`: the pool's `max_memory`, applied by the driver to each php-cgi
+    /// child between two of its requests (the child is sent SIGTERM while it is blocked in
+    /// accept, and its parent forks a replacement that shares the warm OPcache), instead of
+    /// by the state machine to the whole group.
+    pub child_max_memory: Option<u64>,
 }
 
 /// What the rest of validation must know: the direct pools and their listeners.
@@ -129,9 +134,16 @@ pub(super) fn resolve(
             .find(|c| c.name == *n)
             .map(|c| &mut c.backend);
         if let Some(Backend::Spawned(s)) = spawned {
+            // Per child, not per group: see `DirectListener::child_max_memory`.
+            let child_max_memory = s
+                .php_children
+                .is_some()
+                .then(|| s.recycle.max_memory.take())
+                .flatten();
             s.direct = Some(DirectListener {
                 bind: l.bind,
                 backlog: l.backlog,
+                child_max_memory,
             });
         }
     }
@@ -139,7 +151,11 @@ pub(super) fn resolve(
 }
 
 /// What a direct pool must be: php-cgi spawned by corral (static, dynamic or ondemand: the
-/// sizing works on the kernel's view of its workers, `pool::state::kernel`).
+/// sizing works on the kernel's view of its workers, `pool::state::kernel`). With
+/// `php_children` (php-fpm's own model: each worker is a php-cgi parent whose children
+/// accept on the listener and share its OPcache) the pool must be static: a parent keeps
+/// its N children whatever the load, so there is nothing for corral to grow or shrink
+/// but whole groups, which the kernel's view of one child cannot drive.
 fn rules(e: &mut Errors, n: &str, p: &FilePool) {
     let span = p.accept.as_ref().map(|a| a.span()).unwrap_or_default();
     let php_cgi = p.command.is_some()
@@ -171,11 +187,19 @@ fn rules(e: &mut Errors, n: &str, p: &FilePool) {
             }
         }
     }
-    if let Some(c) = &p.php_children {
+    let mode = p.mode.as_ref().map(|m| (*m.get_ref(), m.span()));
+    let sized = !matches!(mode, Some((super::file::FileMode::Static, _)));
+    if let (Some(c), true) = (&p.php_children, sized) {
+        let span = mode.map_or_else(|| c.span(), |(_, s)| s);
         e.at(
-            c.span(),
-            "php_children and accept = \"direct\" do not combine: every direct worker is one \
-             php-cgi process accepting on the shared listener",
+            span,
+            format!(
+                "pool \"{n}\": php_children on a direct pool needs mode = \"static\" (each php-cgi \
+                 parent keeps its {} children, as php-fpm's pm = static); for a pool that grows and \
+                 shrinks with the load, leave php_children out (one php-cgi per worker, dynamic or \
+                 ondemand) or use the gateway (accept = \"gateway\")",
+                c.get_ref()
+            ),
         );
     }
     for (key, set) in [
@@ -271,6 +295,33 @@ max = 3
     }
 
     #[test]
+    fn a_static_direct_pool_may_have_php_children_and_their_max_memory_is_per_child() {
+        let src = BASE.replace("max = 3", "max = 3\nphp_children = 4\nmax_memory = \"64M\"");
+        let c = parse(&src, "t.toml").unwrap();
+        let Backend::Spawned(s) = &c.pools[0].backend else {
+            panic!("spawned");
+        };
+        assert_eq!(s.php_children.map(|g| g.children), Some(4));
+        let d = s.direct.as_ref().unwrap();
+        assert_eq!(d.child_max_memory, Some(64 << 20));
+        assert_eq!(
+            s.recycle.max_memory, None,
+            "not the state machine's, per group"
+        );
+        // Without php_children, max_memory stays the state machine's, per worker.
+        let c = parse(
+            &BASE.replace("max = 3", "max = 3\nmax_memory = \"64M\""),
+            "t.toml",
+        )
+        .unwrap();
+        let Backend::Spawned(s) = &c.pools[0].backend else {
+            panic!("spawned");
+        };
+        assert_eq!(s.direct.as_ref().unwrap().child_max_memory, None);
+        assert_eq!(s.recycle.max_memory, Some(64 << 20));
+    }
+
+    #[test]
     fn a_direct_pool_may_be_dynamic_or_ondemand() {
         let modes = [
             "mode = \"dynamic\"\nmin = 1\nspare_min = 1\nspare_max = 2",
@@ -314,10 +365,18 @@ max = 3
         assert!(e.contains("applies to a spawned php-cgi pool"), "{e}");
         let e = errors(&BASE.replace("[\"php-cgi\"]", "[\"php-cgi\", \"-v\"]"));
         assert!(e.contains("php-cgi -v prints and exits"), "{e}");
-        let e = errors(&BASE.replace("max = 3", "max = 3\nphp_children = 2"));
+        let e = errors(&BASE.replace(
+            "mode = \"static\"\nmax = 3",
+            "mode = \"dynamic\"\nmax = 3\nphp_children = 2",
+        ));
         assert!(
-            e.contains("php_children and accept = \"direct\" do not combine"),
+            e.contains("php_children on a direct pool needs mode = \"static\""),
             "{e}"
+        );
+        let e = errors(&BASE.replace("mode = \"static\"\nmax = 3", "max = 3\nphp_children = 2"));
+        assert!(
+            e.contains("needs mode = \"static\""),
+            "the default is dynamic: {e}"
         );
         let e = errors(&BASE.replace(
             "protocol = \"fastcgi\"",

@@ -105,6 +105,13 @@ pub fn pm<'p>(
             }
         }
         _ => {
+            // php-fpm's children share their master's OPcache; separate php-cgi workers do
+            // not (on WordPress 3.4x the memory at 8): say how to keep php-fpm's figure.
+            table.note(&format!(
+                "pm = static: for php-fpm's memory (one OPcache shared by the {max} \
+                 children) write max = 1 and php_children = {max} (docs/pools.md, \"Shared \
+                 OPcache\"; with accept = \"direct\", php-fpm's own model: conf/php-direct.toml)"
+            ));
             for key in [
                 "pm.start_servers",
                 "pm.min_spare_servers",

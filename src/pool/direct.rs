@@ -353,6 +353,7 @@ mod tests {
                 },
             },
             backlog: 16,
+            child_max_memory: None,
         };
         rt.block_on(async {
             let a = DirectSocket::get(&l).unwrap();

@@ -126,6 +126,15 @@ pub enum PoolEvent {
         /// One sample per worker measured.
         workers: Vec<WorkerMemory>,
     },
+    /// A child of a direct pool's php-cgi parent (`php_children`) was stopped by the driver
+    /// and its parent forks another: the worker (the group) goes on; only counted
+    /// (`pool::state::kernel`).
+    ChildStopped {
+        /// The worker whose child it was.
+        key: WorkerKey,
+        /// Why.
+        reason: ChildStop,
+    },
     /// A request on the worker exceeded `request_timeout`: kill the worker and replace it.
     RequestTimedOut {
         /// The worker.
@@ -165,6 +174,16 @@ pub struct WorkerMemory {
     /// Private memory (USS: `Private_Clean` + `Private_Dirty`) of its process tree, in
     /// bytes: what replacing it would give back.
     pub uss: u64,
+}
+
+/// Why the driver stopped one child of a direct pool's php-cgi parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildStop {
+    /// Killed in a request past `request_timeout` (counted in `request_timeouts`).
+    RequestTimeout,
+    /// Over `max_memory` between two requests, sent SIGTERM (counted in
+    /// `recycled.max_memory`).
+    MaxMemory,
 }
 
 /// The polite stop request sent to a worker.

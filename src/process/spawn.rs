@@ -401,6 +401,7 @@ fn start(
     }
     let limits = ChildLimits::for_worker(spec.nofile)?;
     let parent = Pid::this();
+    let death = death_signal(spec);
     // SAFETY: the closure runs in the forked child before exec, where only
     // async-signal-safe work is allowed: another thread of corral may have held the
     // allocator's or a logger's lock at the fork. `child_setup` only makes the raw system
@@ -409,7 +410,7 @@ fn start(
     // built from a raw errno) nor takes locks. std runs it after the uid/gid change, which
     // matters: changing credentials clears the parent-death signal.
     unsafe {
-        cmd.pre_exec(move || child_setup(parent, limits));
+        cmd.pre_exec(move || child_setup(parent, limits, death));
     }
     let mut child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
@@ -600,10 +601,24 @@ impl ChildLimits {
     }
 }
 
+/// The signal a worker gets when corral dies (`PR_SET_PDEATHSIG`): SIGKILL, except for a
+/// php-cgi parent of children (`php_children`), which gets SIGTERM. php-cgi's parent
+/// handles SIGTERM (and SIGINT, SIGQUIT) by sending SIGTERM to its process group and
+/// exiting, so its children leave with it (each after the request it holds, or at once
+/// from accept); killed with SIGKILL it could not, and its children, forked by php-cgi
+/// with no parent-death signal of their own, would be left running, owned by nobody.
+fn death_signal(spec: &WorkerSpawn) -> Signal {
+    if spec.php_children.is_some() && spec.protocol == BackendProtocol::Fastcgi {
+        Signal::SIGTERM
+    } else {
+        Signal::SIGKILL
+    }
+}
+
 /// Runs in the child between fork and exec: async-signal-safe system calls only.
 ///
 /// A new session (so the worker is its own process group, and a terminal's ^C reaches
-/// corral alone); SIGKILL when the forking thread dies; a check that the parent did not die
+/// corral alone); `death` ([`death_signal`]) when the forking thread dies; a check that the parent did not die
 /// before that was armed (the signal would then never come); no core dumps; the file limit.
 ///
 /// `PR_SET_DUMPABLE 0` is not set here: execve makes the new program dumpable again
@@ -613,9 +628,9 @@ impl ChildLimits {
 /// protected anyway: a root corral's child changed credentials, which clears the flag. The
 /// embedded launchers set it themselves once running (`src/launchers/`); php-cgi, lsphp and
 /// other commands stay dumpable, which is why pools sharing a user are warned about.
-fn child_setup(parent: Pid, limits: ChildLimits) -> io::Result<()> {
+fn child_setup(parent: Pid, limits: ChildLimits, death: Signal) -> io::Result<()> {
     setsid()?;
-    set_pdeathsig(Signal::SIGKILL)?;
+    set_pdeathsig(death)?;
     if getppid() != parent {
         return Err(io::Error::from(Errno::ESRCH));
     }

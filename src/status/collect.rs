@@ -192,8 +192,24 @@ pub struct PoolReport {
 }
 
 impl PoolReport {
-    /// Idle, active and total workers.
+    /// Idle, active and total workers; for a direct pool whose workers are php-cgi
+    /// parents (`php_children`), their children, which are what accepts and serves.
     pub fn processes(&self) -> ProcessCounts {
+        if let Some(s) = self
+            .supervisor
+            .as_ref()
+            .filter(|_| self.info.direct.is_some())
+        {
+            if s.workers.iter().any(|w| !w.children.is_empty()) {
+                let total: usize = s.workers.iter().map(|w| w.children.len()).sum();
+                let active: usize = s.workers.iter().map(|w| w.in_flight).sum();
+                return ProcessCounts {
+                    idle: total.saturating_sub(active),
+                    active,
+                    total,
+                };
+            }
+        }
         match &self.supervisor {
             Some(s) => ProcessCounts {
                 idle: s
@@ -332,6 +348,21 @@ pub fn collect(
 fn kernel_states(status: &mut PoolStatus) {
     for w in &mut status.workers {
         if !matches!(w.state, WorkerState::Idle | WorkerState::Busy) {
+            continue;
+        }
+        if !w.children.is_empty() {
+            // A php-cgi parent (`php_children`): its children accept, so count them.
+            let busy = w
+                .children
+                .iter()
+                .filter(|&&c| crate::pool::direct::in_accept(c) == Some(false))
+                .count();
+            w.in_flight = busy;
+            w.state = if busy > 0 {
+                WorkerState::Busy
+            } else {
+                WorkerState::Idle
+            };
             continue;
         }
         match w.pid.and_then(crate::pool::direct::in_accept) {

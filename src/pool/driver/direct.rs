@@ -2,7 +2,10 @@
 //! with the pool's shared listening socket as fd 0, ready once the kernel shows them blocked
 //! in accept(2) or holding a connection they accepted, and sent their stop signal only while they are (a php-cgi worker blocked
 //! there holds no request; one that is not may be running a script, whose own blocking
-//! calls SIGTERM would cut short).
+//! calls SIGTERM would cut short). With `php_children` each worker is a php-cgi parent whose
+//! children accept; what differs for such a pool is in `direct/children.rs`.
+
+mod children;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,6 +55,9 @@ pub(super) struct Direct {
     bind_failed: bool,
     /// Since when each held stop signal has waited for its worker to be seen in accept.
     holding: HashMap<WorkerKey, Instant>,
+    /// With `php_children`: each worker is a php-cgi parent whose children accept
+    /// (`children.rs`); `None` when each worker is one php-cgi process.
+    children: Option<children::Groups>,
 }
 
 /// The task that watches a direct socket for a pending connection, stopped when dropped.
@@ -93,6 +99,10 @@ impl Driver {
     pub fn set_direct(&mut self, listener: DirectListener, request_timeout: Duration) {
         self.state.serves_unseen();
         let sized = !matches!(self.state.spec().sizing, Sizing::Static { .. });
+        let children = self
+            .template
+            .php_children
+            .map(|_| children::Groups::new(listener.child_max_memory));
         self.direct = Some(Direct {
             listener,
             request_timeout,
@@ -103,6 +113,7 @@ impl Driver {
             watch: None,
             bind_failed: false,
             holding: HashMap::new(),
+            children,
         });
     }
 
@@ -154,7 +165,15 @@ impl Driver {
     pub(super) fn direct_tick(&mut self) -> bool {
         self.start_direct();
         self.send_direct_signals();
-        let stopped = self.check_direct_timeouts();
+        let stopped = if self.has_children() {
+            let limit = self
+                .direct
+                .as_ref()
+                .map_or(Duration::MAX, |d| d.request_timeout);
+            self.check_children(limit)
+        } else {
+            self.check_direct_timeouts()
+        };
         stopped | self.look_direct()
     }
 
@@ -180,8 +199,17 @@ impl Driver {
             let Some(record) = direct.records.get_mut(key).filter(|_| w.pid != 0) else {
                 continue;
             };
-            let Some(idle) = in_accept(w.pid) else {
-                continue; // gone: its exit is on the way
+            let idle = if direct.children.is_some() {
+                let (busy, live) = children::busy_children(w.pid);
+                if live == 0 && in_accept(w.pid).is_none() {
+                    continue;
+                }
+                busy == 0
+            } else {
+                match in_accept(w.pid) {
+                    Some(idle) => idle,
+                    None => continue, // gone: its exit is on the way
+                }
             };
             let ran = record.look(!idle, sched(w.pid));
             seen.push((*key, !idle, ran));
@@ -203,10 +231,13 @@ impl Driver {
     /// Worker `key` of a direct pool was reaped: logs its record, the one line corral can
     /// write about what a direct worker served (ARCHITECTURE.md, "Direct pools").
     pub(super) fn direct_exited(&mut self, key: WorkerKey, exit: ExitKind) {
+        let pid = self.workers.get(&key).map_or(0, |w| w.pid);
+        if self.has_children() {
+            self.group_exited(key, pid);
+        }
         let Some(record) = self.direct.as_mut().and_then(|d| d.records.remove(&key)) else {
             return;
         };
-        let pid = self.workers.get(&key).map_or(0, |w| w.pid);
         let r = record.summary(exit);
         let text = |v: Option<u64>| v.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
         tracing::info!(
@@ -273,6 +304,11 @@ impl Driver {
         self.direct.is_some()
     }
 
+    /// Whether this direct pool's workers are php-cgi parents of children.
+    fn has_children(&self) -> bool {
+        self.direct.as_ref().is_some_and(|d| d.children.is_some())
+    }
+
     fn direct_socket(&mut self) -> Result<Arc<DirectSocket>, String> {
         let direct = self.direct.as_mut().ok_or("not a direct pool")?;
         if let Some(s) = &direct.socket {
@@ -296,7 +332,14 @@ impl Driver {
         };
         let mut spec = self.template.clone();
         let budget = self.state.budget(key).unwrap_or(0);
-        spec.direct_max_requests = Some(budget);
+        // A parent of children: php-cgi's own PHP_FCGI_MAX_REQUESTS per child, with this
+        // group's jitter (as in a gateway pool); else the worker's budget.
+        let group = spec
+            .php_children
+            .map(|g| process::php_children::for_worker(&g, key.0));
+        let children = group.map_or(0, |g| g.children as usize);
+        spec.php_children = group;
+        spec.direct_max_requests = group.is_none().then_some(budget);
         let address = socket.backend_address();
         let spawned = socket
             .duplicate()
@@ -315,6 +358,7 @@ impl Driver {
         self.slots.set_pid(id, pid);
         tracing::info!(pool = %self.name, %key, pid, "direct worker started");
         if let Some(d) = self.direct.as_mut() {
+            let budget = if children > 0 { 0 } else { budget };
             d.records.insert(key, WorkerRecord::new(budget));
         }
         self.by_id.insert(id, key);
@@ -338,7 +382,12 @@ impl Driver {
             let deadline = Instant::now() + start_timeout;
             let child = &mut spawned.child;
             let ready = loop {
-                if serving(pid) {
+                let up = if children > 0 {
+                    children::group_serving(pid, children)
+                } else {
+                    serving(pid)
+                };
+                if up {
                     break true;
                 }
                 if !matches!(child.try_wait(), Ok(None)) || Instant::now() >= deadline {
@@ -377,6 +426,16 @@ impl Driver {
         direct
             .holding
             .retain(|k, _| held.iter().any(|(h, _)| h == k));
+        if direct.children.is_some() {
+            for (key, _) in &held {
+                if let Some(r) = direct.records.get_mut(key) {
+                    r.asked_to_stop();
+                }
+            }
+            held.retain(|&(key, pid)| !self.retire_group(key, pid, patience));
+            self.deferred = held;
+            return;
+        }
         held.retain(|&(key, pid)| {
             let since = *direct.holding.entry(key).or_insert(now);
             let waited = now.duration_since(since) >= patience;

@@ -9,9 +9,22 @@
 use std::time::Duration;
 
 use super::machine::{Phase, PoolState};
-use super::WorkerKey;
+use super::{ChildStop, WorkerKey};
 
 impl PoolState {
+    /// The driver stopped one child of worker `key`, a php-cgi parent of a direct pool
+    /// with `php_children`; its parent forks another, so the worker goes on and only the
+    /// counter a php-fpm user reads for it moves.
+    pub(super) fn child_stopped(&mut self, key: WorkerKey, reason: ChildStop) {
+        if !self.workers.contains_key(&key) {
+            return;
+        }
+        match reason {
+            ChildStop::RequestTimeout => self.counters.request_timeouts += 1,
+            ChildStop::MaxMemory => self.counters.recycled.max_memory += 1,
+        }
+    }
+
     /// The kernel's view of worker `key`: busy (not in accept) or idle, and whether it ran
     /// since the last look. A worker seen idle that ran in between has served something
     /// since, so its idle time starts now: one serving request after request is never
@@ -74,6 +87,24 @@ mod tests {
     }
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_stopped_child_is_counted_and_its_group_goes_on() {
+        use crate::pool::state::ChildStop;
+        let mut s = pool(Sizing::Static { workers: 1 });
+        let k = spawns(&s.on_event(PoolEvent::Start, Duration::ZERO))[0];
+        up(&mut s, k, 500, MS);
+        for reason in [ChildStop::RequestTimeout, ChildStop::MaxMemory] {
+            let a = s.on_event(PoolEvent::ChildStopped { key: k, reason }, 2 * MS);
+            assert!(
+                a.is_empty(),
+                "the group is neither killed nor replaced: {a:?}"
+            );
+        }
+        let c = s.counters();
+        assert_eq!((c.request_timeouts, c.recycled.max_memory), (1, 1));
+        assert!(signalled(&s.on_event(PoolEvent::Tick, 3 * MS)).is_empty());
+    }
 
     #[test]
     fn dynamic_keeps_spare_idle_workers_by_the_kernels_view() {

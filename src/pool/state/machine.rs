@@ -168,6 +168,7 @@ impl PoolState {
                     }
                 }
             }
+            PoolEvent::ChildStopped { key, reason } => self.child_stopped(key, reason),
             PoolEvent::RequestTimedOut { key } => {
                 if self
                     .workers
