@@ -77,8 +77,8 @@ fn site(pool: &str) -> Site {
 
 impl Drop for Site {
     /// A graceful stop: corral sends SIGTERM to each php-cgi parent, which passes it to its
-    /// children. (The harness's SIGKILL of corral would leave the children behind: see
-    /// ARCHITECTURE.md, "Shared OPcache".)
+    /// children. (A SIGKILL of corral takes them down too, through the parent's SIGTERM
+    /// parent-death signal: tests/direct_children.rs checks it.)
     fn drop(&mut self) {
         self.corral.signal(nix::sys::signal::Signal::SIGTERM);
         let gone = eventually(Duration::from_secs(10), || !alive(self.corral.pid()));

@@ -9,8 +9,10 @@
 //! # No orphaned interpreters
 //!
 //! Every worker is a session and process-group leader (`setsid`), so [`signal_group`]
-//! reaches whatever it forked, and it carries `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with
-//! corral even when corral is killed with SIGKILL and cannot clean up.
+//! reaches whatever it forked, and it carries a parent-death signal, so it dies with corral even
+//! when corral is killed with SIGKILL and cannot clean up: SIGKILL for every worker but a
+//! `php_children` parent, which gets SIGTERM because php-cgi passes that to its process group and
+//! so takes its children down with it (a SIGKILLed parent would leave them running).
 //!
 //! **Spawn from a long-lived thread.** Linux sends the parent-death signal when the
 //! *thread* that forked the child exits, not when the process does. Call
