@@ -481,6 +481,65 @@ impl FrontParams {
     }
 }
 
+impl FrontParams {
+    /// The pairs as the backend's block without those whose [`Known`] name `removed` marks,
+    /// the others moved down in place in the front server's own buffer: no allocation and
+    /// no pair encoded again. The caller has checked that every length took its shortest
+    /// form and that no name repeats (`Work::only_removals`).
+    pub(super) fn into_params_without(
+        mut self,
+        removed: &[bool; KNOWN],
+    ) -> Result<CgiParams, CgiError> {
+        let (mut count, mut longest_name, mut longest_value, mut total) =
+            (0usize, 0usize, 0usize, 0usize);
+        // Kept pairs lie end to end: each run of them is moved down in one copy.
+        let mut write = 0usize;
+        let mut run = 0..0;
+        let mut last_end = 0usize;
+        let mut flush = |buf: &mut Vec<u8>, run: &std::ops::Range<usize>| {
+            if run.start != write {
+                buf.copy_within(run.clone(), write);
+            }
+            write += run.len();
+        };
+        for p in &self.pairs {
+            let (name_len, value_len) = (p.name_len as usize, p.value_len as usize);
+            let start = self.start(p);
+            let end = p.at as usize + name_len + value_len;
+            // Every pair was indexed inside the buffer, after the ones before it; were one
+            // not, no pair is dropped silently.
+            if end > self.buf.len() || start < last_end || start > p.at as usize {
+                return Err(CgiError::VarsTooLarge {
+                    total: end,
+                    limit: u32::MAX as usize,
+                });
+            }
+            last_end = end;
+            if removed.get(usize::from(p.known)).copied().unwrap_or(false) {
+                continue;
+            }
+            if run.end != start {
+                flush(&mut self.buf, &run);
+                run.start = start;
+            }
+            run.end = end;
+            count += 1;
+            longest_name = longest_name.max(name_len);
+            longest_value = longest_value.max(value_len);
+            total += name_len + value_len;
+        }
+        flush(&mut self.buf, &run);
+        self.buf.truncate(write);
+        Ok(CgiParams::from_encoded(
+            self.buf,
+            count,
+            longest_name,
+            longest_value,
+            total,
+        ))
+    }
+}
+
 fn pair_name<'a>(buf: &'a [u8], p: &PairAt) -> &'a [u8] {
     let at = p.at as usize;
     buf.get(at..at + p.name_len as usize).unwrap_or_default()
