@@ -125,6 +125,14 @@ pub fn normalize_front(params: FrontParams, ctx: &CgiContext) -> Result<FrontVar
         w.set_extra(e, name);
     }
     if w.changed {
+        if let Some(removed) = w.only_removals() {
+            // Only left out (nginx's SCRIPT_FILENAME for an application context): the pairs
+            // kept are moved down in the front server's own buffer.
+            let dropped = std::mem::take(&mut w.dropped);
+            drop(w);
+            let params = params.into_params_without(&removed)?;
+            return Ok(FrontVars { params, dropped });
+        }
         let params = w.write()?;
         return Ok(FrontVars {
             params,

@@ -481,6 +481,87 @@ impl FrontParams {
     }
 }
 
+impl FrontParams {
+    /// The pairs as the backend's block without those whose [`Known`] name `removed` marks,
+    /// the bytes between them moved down in place in the front server's own buffer, one copy
+    /// per stretch: no allocation and no pair encoded again. The caller has checked that
+    /// every length took its shortest form and that no name repeats (`Work::only_removals`),
+    /// so each marked name is one pair and the others lie end to end around them.
+    pub(super) fn into_params_without(
+        mut self,
+        removed: &[bool; KNOWN],
+    ) -> Result<CgiParams, CgiError> {
+        let broken = |at: usize| CgiError::VarsTooLarge {
+            total: at,
+            limit: u32::MAX as usize,
+        };
+        // The pairs left out, in the order they lie in the buffer.
+        let mut cut = [NONE; KNOWN];
+        let mut n = 0;
+        for (k, _) in removed.iter().enumerate().filter(|(_, out)| **out) {
+            let (first, _) = self.known.get(k).copied().unwrap_or((NONE, NONE));
+            if let (false, Some(slot)) = (first == NONE, cut.get_mut(n)) {
+                *slot = first;
+                n += 1;
+            }
+        }
+        let cut = cut.get_mut(..n).unwrap_or_default();
+        cut.sort_unstable();
+        let end_of = |p: &PairAt| p.at as usize + p.name_len as usize + p.value_len as usize;
+        let len = self.pairs.last().map_or(0, end_of);
+        if len > self.buf.len() {
+            return Err(broken(len));
+        }
+        let (mut count, mut total) = (self.pairs.len(), self.total);
+        let mut rescan = false;
+        // Bytes before `from` are settled: `write` of them kept.
+        let (mut write, mut from) = (0usize, 0usize);
+        for &i in cut.iter() {
+            let Some(p) = self.pairs.get(i as usize) else {
+                return Err(broken(len));
+            };
+            let (start, end) = (self.start(p), end_of(p));
+            // Every pair was indexed inside the buffer, after the ones before it; were one
+            // not, no pair is dropped silently.
+            if start < from || start > p.at as usize || end > len {
+                return Err(broken(end));
+            }
+            if from != write {
+                self.buf.copy_within(from..start, write);
+            }
+            write += start - from;
+            from = end;
+            count = count.saturating_sub(1);
+            total = total.saturating_sub(p.name_len as usize + p.value_len as usize);
+            rescan |= p.name_len as usize == self.longest_name
+                || p.value_len as usize == self.longest_value;
+        }
+        if from != write {
+            self.buf.copy_within(from..len, write);
+        }
+        write += len - from;
+        self.buf.truncate(write);
+        let (mut longest_name, mut longest_value) = (self.longest_name, self.longest_value);
+        if rescan {
+            // A pair left out may have been the longest: the longest of those kept.
+            (longest_name, longest_value) = (0, 0);
+            for p in &self.pairs {
+                if !removed.get(usize::from(p.known)).copied().unwrap_or(false) {
+                    longest_name = longest_name.max(p.name_len as usize);
+                    longest_value = longest_value.max(p.value_len as usize);
+                }
+            }
+        }
+        Ok(CgiParams::from_encoded(
+            self.buf,
+            count,
+            longest_name,
+            longest_value,
+            total,
+        ))
+    }
+}
+
 fn pair_name<'a>(buf: &'a [u8], p: &PairAt) -> &'a [u8] {
     let at = p.at as usize;
     buf.get(at..at + p.name_len as usize).unwrap_or_default()

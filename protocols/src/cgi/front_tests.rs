@@ -136,6 +136,28 @@ fn pairs() -> impl Strategy<Value = Vec<(Bytes, Bytes)>> {
     })
 }
 
+/// [`pairs`] without a repeated name, with SCRIPT_NAME and DOCUMENT_ROOT sent (after the
+/// others when the list had none), values long enough for the 4-byte length form now and then.
+fn pairs_sent_once() -> impl Strategy<Value = Vec<(Bytes, Bytes)>> {
+    (pairs(), any::<bool>()).prop_map(|(list, long)| {
+        let mut seen = std::collections::HashSet::new();
+        let mut out: Vec<(Bytes, Bytes)> = list
+            .into_iter()
+            .filter(|(n, _)| seen.insert(n.clone()))
+            .map(|(n, v)| match long && n.starts_with(b"HTTP_X") {
+                true => (n, Bytes::from("v".repeat(200))),
+                false => (n, v),
+            })
+            .collect();
+        for (n, v) in [("SCRIPT_NAME", "/x"), ("DOCUMENT_ROOT", "/var/www/html")] {
+            if !out.iter().any(|(m, _)| m == n.as_bytes()) {
+                out.push((Bytes::from(n), Bytes::from(v)));
+            }
+        }
+        out
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(4000))]
 
@@ -154,6 +176,29 @@ proptest! {
             }
             let block = normalize_front(front, &ctx).unwrap().params;
             prop_assert_eq!(block, CgiParams::from_pairs(&old.vars).unwrap());
+        }
+    }
+
+    /// Lists where no name repeats and SCRIPT_NAME and DOCUMENT_ROOT are sent, so that an
+    /// application context often only leaves variables out: the case whose block is the
+    /// front server's buffer with the pairs left out cut from it, moved down in place.
+    #[test]
+    fn variables_only_left_out_give_the_block_the_oracle_encodes(
+        sent in pairs_sent_once(),
+        ctx in context(),
+    ) {
+        let old = front_oracle::normalize_front_params(sent.clone(), &ctx);
+        let mut front = FrontParams::new();
+        for (n, v) in &sent {
+            front.push(n, v).unwrap();
+        }
+        match (normalize_front(front, &ctx), old) {
+            (Ok(new), Ok(old)) => {
+                prop_assert_eq!(new.params, CgiParams::from_pairs(&old.vars).unwrap());
+                prop_assert_eq!(new.dropped, old.dropped);
+            }
+            (Err(new), Err(old)) => prop_assert_eq!(new, old),
+            (new, old) => prop_assert!(false, "{:?} against {:?}", new, old),
         }
     }
 
@@ -200,4 +245,54 @@ fn nginx_parameters_for_a_script_in_the_root_become_the_block_unchanged() {
     let out = normalize_front(front, &ctx).unwrap();
     assert_eq!(out.params.encoded(), &sent[..]);
     assert!(out.dropped.is_empty());
+}
+
+/// nginx's `fastcgi.conf` order (SCRIPT_FILENAME first) for an application context, with
+/// HTTP_PROXY in the middle and PHP_VALUE last: the three are left out and every other pair
+/// (one with a value in the 4-byte length form) is moved down in the sent buffer, giving the
+/// block that encoding the kept variables anew gives.
+#[test]
+fn an_application_context_cuts_the_left_out_pairs_from_the_sent_buffer() {
+    let ctx = CgiContext {
+        document_root: b"/".to_vec(),
+        mode: ScriptMode::App {
+            mount: b"".to_vec(),
+        },
+        server_software: Bytes::from_static(b"corral/test"),
+        extra_env: Vec::new(),
+        allow_php_ini_params: false,
+    };
+    let long = "a".repeat(300);
+    let sent = [
+        ("SCRIPT_FILENAME", "/usr/share/nginx/html/x"),
+        ("QUERY_STRING", ""),
+        ("REQUEST_METHOD", "GET"),
+        ("SCRIPT_NAME", "/x"),
+        ("HTTP_PROXY", "http://evil"),
+        ("HTTP_USER_AGENT", long.as_str()),
+        ("DOCUMENT_ROOT", "/usr/share/nginx/html"),
+        ("HTTP_HOST", "localhost"),
+        ("PHP_VALUE", "auto_prepend_file=/tmp/x"),
+    ];
+    let mut front = FrontParams::new();
+    for (n, v) in sent {
+        front.push(n.as_bytes(), v.as_bytes()).unwrap();
+    }
+    let out = normalize_front(front, &ctx).unwrap();
+    let kept: Vec<(Bytes, Bytes)> = sent
+        .iter()
+        .filter(|(n, _)| !matches!(*n, "SCRIPT_FILENAME" | "HTTP_PROXY" | "PHP_VALUE"))
+        .map(|(n, v)| (Bytes::from(*n), Bytes::copy_from_slice(v.as_bytes())))
+        .collect();
+    assert_eq!(out.params, CgiParams::from_pairs(&kept).unwrap());
+    // The names dropped whatever the context first, as sent; then the context's own drop.
+    let dropped: Vec<&[u8]> = out.dropped.iter().map(|d| &d.name[..]).collect();
+    assert_eq!(
+        dropped,
+        [
+            &b"HTTP_PROXY"[..],
+            &b"PHP_VALUE"[..],
+            &b"SCRIPT_FILENAME"[..]
+        ]
+    );
 }

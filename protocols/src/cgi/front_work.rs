@@ -239,6 +239,35 @@ impl<'a> Work<'a> {
         }
     }
 
+    /// When every change leaves variables out (none is set, added, repeated or replaced by
+    /// an extra variable) and the pairs are in their shortest encoding: per [`Known`] name,
+    /// whether it is left out. The block is then the front server's buffer without those
+    /// pairs ([`FrontParams::into_params_without`]), with nothing encoded again. `None`
+    /// otherwise.
+    pub(super) fn only_removals(&self) -> Option<[bool; KNOWN]> {
+        let p = self.p;
+        if p.repeated()
+            || !p.is_canonical()
+            || !self.added.is_empty()
+            || !self.extra_over.is_empty()
+        {
+            return None;
+        }
+        let mut removed = [false; KNOWN];
+        for (i, out) in removed.iter_mut().enumerate() {
+            let (first, _) = p.known(Known::from_index(u8::try_from(i).ok()?)?);
+            if first == NONE {
+                continue;
+            }
+            match (self.val.get(i)?, self.place.get(i)?) {
+                (None, _) => *out = true,
+                (Some(Val::Pair(j)), Place::Pair(at)) if *j == first && *at == first => {}
+                _ => return None,
+            }
+        }
+        Some(removed)
+    }
+
     /// The backend's variables: the pairs in their order with what changed, then what was
     /// added. Pairs passed on as they came are copied a run at a time, as they lie in the
     /// front server's buffer.
