@@ -39,6 +39,8 @@ pub struct Exchange {
     body: Body,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     head_sent: bool,
+    /// RESP_END went out (fastcgi_finish_request): later output goes nowhere.
+    ended: bool,
     broken: bool,
     what: String,
 }
@@ -65,6 +67,7 @@ impl Exchange {
             body,
             headers: Vec::new(),
             head_sent: false,
+            ended: false,
             broken: false,
             what,
         }
@@ -78,6 +81,10 @@ impl Exchange {
         }
         if self.broken {
             return 0;
+        }
+        if self.ended {
+            // After fastcgi_finish_request, as under php-fpm: the client has its answer.
+            return data.len();
         }
         if let Sink::Log = self.sink {
             let shown = data.get(..MAX_LOGGED).unwrap_or(data);
@@ -189,11 +196,31 @@ impl Exchange {
         self.end(true);
     }
 
-    fn end(mut self, closing: bool) -> bool {
+    /// fastcgi_finish_request(): the answer ends now (the head if PHP sent none, then
+    /// RESP_END, written at once) while the script goes on; `false` when it had already
+    /// ended, or when this exchange has no client (the worker script's boot).
+    pub fn finish_early(&mut self) -> bool {
+        if self.ended || matches!(self.sink, Sink::Log) {
+            return false;
+        }
+        self.complete();
+        self.flush();
+        true
+    }
+
+    /// The head if none was sent, then RESP_END, queued once.
+    fn complete(&mut self) {
         if !self.head_sent {
             self.send_head(200);
         }
-        self.encoder.end(&mut self.out);
+        if !self.ended {
+            self.ended = true;
+            self.encoder.end(&mut self.out);
+        }
+    }
+
+    fn end(mut self, closing: bool) -> bool {
+        self.complete();
         if closing {
             self.encoder.conn_close(&mut self.out);
         }

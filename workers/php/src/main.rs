@@ -60,6 +60,22 @@ pub fn log(message: &str) {
     let _ = writeln!(std::io::stderr(), "corral-php-worker: {message}");
 }
 
+/// Closes the listening socket (fd 0 becomes /dev/null): corral's next connection to this
+/// worker is refused at once, and corral sends that request to another worker.
+pub fn close_listener() {
+    // SAFETY: open(2) of a constant path and dup2(2) onto fd 0, which this process owns; the
+    // listener's only reference is fd 0 (corral keeps no copy), so the socket closes.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null < 0 {
+            libc::close(LISTENER);
+            return;
+        }
+        libc::dup2(null, LISTENER);
+        libc::close(null);
+    }
+}
+
 fn install_signals() {
     // SAFETY: `on_stop` only stores to an atomic, which is async-signal-safe; the sigaction
     // struct is zeroed and then filled. No SA_RESTART: a wait between requests or in accept

@@ -179,6 +179,13 @@ extern "C" fn corral_rs_flush(ctx: *mut c_void) {
     unsafe { exchange(ctx) }.flush();
 }
 
+/// fastcgi_finish_request(): the answer completed now; 1 when this call completed it.
+#[no_mangle]
+extern "C" fn corral_rs_finish_early(ctx: *mut c_void) -> c_int {
+    // SAFETY: PHP passes its server context.
+    c_int::from(unsafe { exchange(ctx) }.finish_early())
+}
+
 /// One response header line, as PHP holds it (`Name: value`).
 #[no_mangle]
 extern "C" fn corral_rs_header(ctx: *mut c_void, line: *const c_char, len: usize) {
