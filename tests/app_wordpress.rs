@@ -1,11 +1,13 @@
 //! WordPress 6.1 as Debian packages it, on MariaDB, with PHP run by a php-cgi pool corral
-//! spawns, in front of two front servers:
+//! spawns, in front of two front servers, and by corral's native PHP worker:
 //!
 //! - corral's own HTTP listener, with `front_controller = "/index.php"` for the pretty
 //!   permalinks and static files for wp-content;
 //! - nginx with conf/nginx/wordpress.conf as written (`try_files $uri $uri/
 //!   /index.php?$args`, `fastcgi_pass` to corral's FastCGI listener), only its placeholders
-//!   replaced.
+//!   replaced;
+//! - a second corral whose pool is the native PHP worker (`worker = "native"`, classic mode),
+//!   with the same contexts as the first.
 //!
 //! Each front has a site of its own (its own database and wp-content), installed through
 //! wp-admin/install.php; the tests then read the front page, switch on pretty permalinks in
@@ -66,7 +68,10 @@ struct Site {
 struct Fixture {
     via_corral: Site,
     via_nginx: Site,
+    via_native: Site,
     corral: Corral,
+    /// The corral whose pool is the native PHP worker.
+    native: Corral,
     _nginx: Nginx,
     /// Kept with the fixture (never dropped): its pipe closes when the binary exits.
     _reaper: Reaper,
@@ -86,6 +91,7 @@ fn start() -> Fixture {
     let hosts = [
         format!("wp-corral-{pid}.corral.test"),
         format!("wp-nginx-{pid}.corral.test"),
+        format!("wp-native-{pid}.corral.test"),
     ];
     for (i, host) in hosts.iter().enumerate() {
         let content = content_dir(&dir.join(format!("site{i}")));
@@ -150,9 +156,31 @@ pool = "php"
         dir = dir.display(),
         fcgi = fcgi.display(),
         wordpress = WORDPRESS,
-        http_contexts = http_contexts(&dir),
+        http_contexts = http_contexts(&dir.join("site0")),
     );
     let corral = reaper.corral_listening(&config, 2);
+    let native = reaper.corral(&format!(
+        r#"
+[server]
+runtime_dir = "{dir}/run-native"
+user = "nobody"
+log_level = "info"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.php]
+worker = "native"
+worker_path = "{worker}"
+mode = "static"
+max = 2
+
+{http_contexts}"#,
+        dir = dir.display(),
+        worker = support::native::worker().display(),
+        http_contexts = http_contexts(&dir.join("site2")),
+    ));
 
     let nginx_dir = dir.join("nginx");
     std::fs::create_dir(&nginx_dir).unwrap();
@@ -194,24 +222,34 @@ pool = "php"
         host: format!("{}:{}", hosts[1], nginx.ports[0]),
         base: format!("http://{}", hosts[1]),
     };
-    // Both installs at once: each is a few seconds of PHP and SQL.
+    let via_native = Site {
+        front: "corral's native PHP worker",
+        addr: native.http_addr(),
+        host: format!("{}:{}", hosts[2], native.http_addr().port()),
+        base: format!("http://{}:{}", hosts[2], native.http_addr().port()),
+    };
+    // The installs at once: each is a few seconds of PHP and SQL.
     std::thread::scope(|s| {
         let a = s.spawn(|| install(&via_corral, &corral));
         let b = s.spawn(|| install(&via_nginx, &corral));
+        let c = s.spawn(|| install(&via_native, &native));
         a.join().unwrap();
         b.join().unwrap();
+        c.join().unwrap();
     });
     Fixture {
         via_corral,
         via_nginx,
+        via_native,
         corral,
+        native,
         _nginx: nginx,
         _reaper: reaper,
     }
 }
 
-/// The contexts of corral's http listener for the first site (under `dir`).
-fn http_contexts(dir: &Path) -> String {
+/// The contexts of corral's http listener for the site whose directory is `site`.
+fn http_contexts(site: &Path) -> String {
     format!(
         r#"[[contexts]]
 prefix = "/wp-content"
@@ -225,12 +263,12 @@ static_files = true
 front_controller = "/index.php"
 pool = "php"
 "#,
-        site = dir.join("site0").display()
+        site = site.display()
     )
 }
 
 /// A MariaDB server of the fixture's own, as `mysql`, on a Unix socket only; returns the
-/// socket once the databases `wp0` and `wp1` and WordPress's account exist.
+/// socket once the databases `wp0`, `wp1` and `wp2` and WordPress's account exist.
 fn mariadb(reaper: &Reaper, dir: &Path) -> PathBuf {
     let mysql = nix::unistd::User::from_name("mysql")
         .unwrap()
@@ -279,9 +317,10 @@ fn mariadb(reaper: &Reaper, dir: &Path) -> PathBuf {
     // Not waited for: the reaper kills it when the test binary exits.
     drop(server);
     let sql = format!(
-        "CREATE DATABASE wp0; CREATE DATABASE wp1; \
+        "CREATE DATABASE wp0; CREATE DATABASE wp1; CREATE DATABASE wp2; \
          CREATE USER '{user}'@'localhost' IDENTIFIED BY '{password}'; \
-         GRANT ALL ON wp0.* TO '{user}'@'localhost'; GRANT ALL ON wp1.* TO '{user}'@'localhost';",
+         GRANT ALL ON wp0.* TO '{user}'@'localhost'; GRANT ALL ON wp1.* TO '{user}'@'localhost'; \
+         GRANT ALL ON wp2.* TO '{user}'@'localhost';",
         user = DB_USER.0,
         password = DB_USER.1,
     );
@@ -428,37 +467,43 @@ fn keys_and_salts(tag: &str) -> String {
     out
 }
 
-/// Held for reading by the tests of the two sites, for writing by the memory test, so the
+/// Held for reading by the tests of the sites, for writing by the memory test, so the
 /// memory comparison runs alone.
 static SITES: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-fn both(check: impl Fn(&Site) + Sync) {
+/// Runs `check` on every site at once: through corral's listener and nginx (php-cgi), and
+/// through the native PHP worker's corral.
+fn each_site(check: impl Fn(&Site) + Sync) {
     let _sites = SITES
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let f = fixture();
-    std::thread::scope(|s| {
-        let a = s.spawn(|| check(&f.via_corral));
-        let b = s.spawn(|| check(&f.via_nginx));
-        let (a, b) = (a.join(), b.join());
-        if a.is_err() || b.is_err() {
-            panic!(
-                "failed through {}; corral's log:\n{}",
-                [(&a, &f.via_corral), (&b, &f.via_nginx)]
-                    .iter()
-                    .filter(|(r, _)| r.is_err())
-                    .map(|(_, s)| s.front)
-                    .collect::<Vec<_>>()
-                    .join(" and "),
-                f.corral.log()
-            );
-        }
+    let sites = [
+        (&f.via_corral, &f.corral),
+        (&f.via_nginx, &f.corral),
+        (&f.via_native, &f.native),
+    ];
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = sites
+            .iter()
+            .map(|(site, _)| s.spawn(|| check(site)))
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
     });
+    let failed: Vec<_> = sites
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_err())
+        .map(|((site, corral), _)| format!("{}; its corral's log:\n{}", site.front, corral.log()))
+        .collect();
+    if !failed.is_empty() {
+        panic!("failed through {}", failed.join("\n"));
+    }
 }
 
 #[test]
 fn the_front_page_shows_the_installed_blog() {
-    both(|site| {
+    each_site(|site| {
         let r = site.get(&mut Browser::default(), "/");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
         let page = r.text();
@@ -478,7 +523,7 @@ fn the_front_page_shows_the_installed_blog() {
 
 #[test]
 fn pretty_permalinks_reach_the_post() {
-    both(|site| {
+    each_site(|site| {
         let mut b = site.logged_in();
         let r = site.get(&mut b, "/wp-admin/options-permalink.php");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
@@ -515,7 +560,7 @@ fn pretty_permalinks_reach_the_post() {
 
 #[test]
 fn login_sets_the_cookies_and_a_wrong_password_does_not() {
-    both(|site| {
+    each_site(|site| {
         let b = site.logged_in();
         assert!(
             b.cookie_names()
@@ -548,7 +593,7 @@ fn login_sets_the_cookies_and_a_wrong_password_does_not() {
 
 #[test]
 fn a_media_upload_is_served_back_unchanged() {
-    both(|site| {
+    each_site(|site| {
         let mut b = site.logged_in();
         let r = site.get(&mut b, "/wp-admin/media-new.php?browser-uploader");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
@@ -598,14 +643,14 @@ fn a_media_upload_is_served_back_unchanged() {
 
 #[test]
 fn the_dashboard_opens_for_the_admin() {
-    both(|site| {
+    each_site(|site| {
         let mut b = site.logged_in();
         let r = site.get(&mut b, "/wp-admin/");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
         let page = r.text();
         assert!(page.contains("<title>Dashboard"), "{}: {page}", site.front);
         assert!(page.contains("At a Glance"), "{}", site.front);
-        // The directory without its '/' is a redirect to it, on both fronts.
+        // The directory without its '/' is a redirect to it, on every front.
         let r = site.get(&mut b, "/wp-admin");
         assert_eq!(r.status, 301, "{}", site.front);
         assert!(r.header("location").unwrap().ends_with("/wp-admin/"));
@@ -675,7 +720,7 @@ mode = "static"
 
 {contexts}"#,
             tag = pss.len(),
-            contexts = http_contexts(&f._reaper.dir),
+            contexts = http_contexts(&f._reaper.dir.join("site0")),
         ));
         // The fixture's own site, by its Host (the fixture's port: WordPress's URLs stay
         // as installed), sent to this corral.

@@ -5,16 +5,16 @@
 //! `flush()`. The worker script's own output outside any request (worker mode) goes to the
 //! log instead ([`Sink::Log`]).
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
 use std::rc::Rc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use corral_protocols::lsapi::ResponseEncoder;
 
 use crate::body::Body;
 use crate::php::Zval;
+use crate::request::Vars;
 
 /// Response bytes queued before they are written.
 const FLUSH_AT: usize = 64 * 1024;
@@ -35,7 +35,7 @@ pub struct Exchange {
     sink: Sink,
     encoder: ResponseEncoder,
     out: BytesMut,
-    vars: Vec<(CString, Bytes)>,
+    vars: Vars,
     body: Body,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     head_sent: bool,
@@ -51,7 +51,7 @@ impl Exchange {
     pub fn new(
         sink: Sink,
         encoder: ResponseEncoder,
-        vars: Vec<(CString, Bytes)>,
+        vars: Vars,
         body: Body,
         what: String,
     ) -> Exchange {
@@ -178,7 +178,7 @@ impl Exchange {
 
     /// Fills `$_SERVER` with the request's variables.
     pub fn register_variables(&mut self, track_vars: *mut Zval) {
-        for (key, value) in &self.vars {
+        for (key, value) in self.vars.iter() {
             crate::php::register_variable(track_vars, key, value);
         }
     }

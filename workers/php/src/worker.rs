@@ -58,11 +58,10 @@ pub fn serve(script: &str) -> i32 {
         return 1;
     };
     let name = c"/".to_owned();
-    let boot_vars = vec![
-        (c"SCRIPT_FILENAME".to_owned(), text.clone().into()),
-        (c"SCRIPT_NAME".to_owned(), bytes::Bytes::from_static(b"/")),
-        (c"PHP_SELF".to_owned(), bytes::Bytes::from_static(b"/")),
-    ];
+    let mut boot_vars = request::Vars::with_capacity(3);
+    boot_vars.push(&[b"SCRIPT_FILENAME"], text.clone().into());
+    boot_vars.push(&[b"SCRIPT_NAME"], bytes::Bytes::from_static(b"/"));
+    boot_vars.push(&[b"PHP_SELF"], bytes::Bytes::from_static(b"/"));
     let mut boot = Exchange::new(
         Sink::Log,
         ResponseEncoder::default(),
