@@ -229,10 +229,13 @@ root = "$scratch/www"
 CONF
 "$CORRAL" run -c "$scratch/corral-mem.toml" >"$scratch/log/corral-mem.log" 2>&1 & pids+=($!)
 wait_http "http://127.0.0.1:$port_mem/app.php"
+[ "$(curl -sS "http://127.0.0.1:$port_mem/app.php")" = "sum 44850" ] || fail "bad app answer (8 workers)"
 for _ in $(seq 400); do [ -S "$scratch/run/fpm8.sock" ] && break; sleep 0.05; done
 wrk -t1 -c16 -d3s "http://127.0.0.1:$port_mem/app.php" >/dev/null
-"$CORRAL" bench --protocol fastcgi --target "unix:$scratch/run/fpm8.sock" --concurrency 16 \
-    --duration 3s --warmup 0s --path /app.php --script-filename "$scratch/www/app.php" >/dev/null
+warm=$("$CORRAL" bench --protocol fastcgi --target "unix:$scratch/run/fpm8.sock" --concurrency 16 \
+    --duration 3s --warmup 0s --path /app.php --script-filename "$scratch/www/app.php")
+# The target's row: requests (3rd field) and errors (10th).
+awk '$1 ~ /^unix:/ { exit !($3 > 0 && $10 == 0) }' <<<"$warm" || fail "php-fpm warm-up failed: $warm"
 pss_mib() { local s=0 p k; for p in "$@"; do
     k=$(awk '/^Pss:/ {print $2}' /proc/"$p"/smaps_rollup 2>/dev/null || echo 0); s=$((s + ${k:-0})); done
     awk -v k="$s" 'BEGIN {printf "%.1f", k / 1024}'; }

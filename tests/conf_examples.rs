@@ -32,7 +32,9 @@ fn every_configuration_in_conf_passes_corral_check() {
             // app is its example script here.
             let text = std::fs::read_to_string(&path).unwrap().replace(
                 "/var/www/app/public/worker.php",
-                &repo("workers/php/examples/worker.php").display().to_string(),
+                &repo("workers/php/examples/worker.php")
+                    .display()
+                    .to_string(),
             );
             let file = support::config_file(&text);
             let out = support::corral(&["check", "-c", &file.path().display().to_string()]);

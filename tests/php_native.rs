@@ -368,21 +368,37 @@ fn fatal_errors_and_exit_are_answered_and_the_worker_goes_on() {
 fn fastcgi_finish_request_answers_while_the_script_goes_on() {
     let site = site("");
     let r = site.get("/finish.php");
-    assert_eq!((r.status, r.text().as_str()), (200, "early"), "{}", site.corral.log());
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "early"),
+        "{}",
+        site.corral.log()
+    );
     assert_eq!(r.header("x-early"), Some("yes"));
     let done = site.dir.path().join("finish.done");
-    assert!(!done.exists(), "the script finished before its answer arrived");
+    assert!(
+        !done.exists(),
+        "the script finished before its answer arrived"
+    );
     write_file(site.dir.path(), "finish.go", "");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     while !done.exists() {
-        assert!(std::time::Instant::now() < deadline, "{}", site.corral.log());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            site.corral.log()
+        );
         // Both workers go on serving meanwhile (the other one, or this one once done).
         assert_eq!(site.ok("/hello.php"), "Hello, world\n");
     }
     // The first call completed the answer; the second had nothing left to complete.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::fs::read_to_string(&done).unwrap() != "[true,false,true]" {
-        assert!(std::time::Instant::now() < deadline, "{:?}", std::fs::read_to_string(&done));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            std::fs::read_to_string(&done)
+        );
         std::thread::yield_now();
     }
     for _ in 0..4 {

@@ -368,7 +368,11 @@ fn fatal_errors_exceptions_and_exit_are_answered_then_a_fresh_worker_serves() {
             let mut answered = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let r = http(addr, "GET", "/", &[], b"");
-                assert_eq!((r.status, r.text()), (200, "hello".to_owned()), "request {answered}");
+                assert_eq!(
+                    (r.status, r.text()),
+                    (200, "hello".to_owned()),
+                    "request {answered}"
+                );
                 answered += 1;
             }
             answered
@@ -394,10 +398,10 @@ fn fatal_errors_exceptions_and_exit_are_answered_then_a_fresh_worker_serves() {
         }
         // The worker that ran it exits after answering, and corral starts a fresh process,
         // which boots the app once more: a pid never seen before.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
         while site.boots().len() == booted {
             assert!(
-                std::time::Instant::now() < deadline,
+                tokio::time::Instant::now() < deadline,
                 "{target}: no new worker\n{}",
                 site.corral.log()
             );
@@ -406,11 +410,16 @@ fn fatal_errors_exceptions_and_exit_are_answered_then_a_fresh_worker_serves() {
         }
         let boots = site.boots();
         let new = boots.last().unwrap().clone();
-        assert!(!boots[..boots.len() - 1].contains(&new), "{target}: {boots:?}");
+        assert!(
+            !boots[..boots.len() - 1].contains(&new),
+            "{target}: {boots:?}"
+        );
         seen.insert(new);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let answered = hammer.join().expect("every request beside the failing ones answered");
+    let answered = hammer
+        .join()
+        .expect("every request beside the failing ones answered");
     assert!(answered > 0);
     assert_eq!(seen.len(), 3);
     let log = site.corral.log();
@@ -430,13 +439,25 @@ fn fastcgi_finish_request_answers_while_the_handler_goes_on() {
     let site = site(1, "");
     let (pid, before) = site.count();
     let r = site.get("/finish");
-    assert_eq!((r.status, r.text().as_str()), (200, "early"), "{}", site.corral.log());
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "early"),
+        "{}",
+        site.corral.log()
+    );
     assert_eq!(r.header("x-early"), Some("yes"));
     let done = site.dir.path().join("finish.done");
-    assert!(!done.exists(), "the handler finished before its answer arrived");
+    assert!(
+        !done.exists(),
+        "the handler finished before its answer arrived"
+    );
     write_file(site.dir.path(), "finish.go", "");
     let (next, served) = site.count();
-    assert_eq!((next, served), (pid, before + 2), "the same worker and boot serve on");
+    assert_eq!(
+        (next, served),
+        (pid, before + 2),
+        "the same worker and boot serve on"
+    );
     assert_eq!(std::fs::read_to_string(&done).unwrap(), "[true,false]");
     assert_eq!(site.boots().len(), 1);
 }

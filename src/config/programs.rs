@@ -136,10 +136,7 @@ pub fn check_programs(
                     src,
                     origin,
                     span,
-                    format!(
-                        "pool {:?}: {why}: its workers could not start",
-                        pool.name
-                    ),
+                    format!("pool {:?}: {why}: its workers could not start", pool.name),
                 ));
             }
         }
@@ -264,14 +261,18 @@ mod tests {
         let pool = |script: &str, cwd: &str| {
             config(&format!(
                 "worker = \"native\"\nworker_path = \"/bin/true\"\n\
-                 worker_script = \"{script}\"\n{cwd}"
+                 worker_script = \"{script}\"\n{cwd}\n\n\
+                 [[contexts]]\nroot = \"/tmp\"\npool = \"p\""
             ))
         };
         let d = dir.path().display();
         assert!(errors(&pool(&format!("{d}/worker.php"), ""), "/bin").is_empty());
         let e = errors(&pool(&format!("{d}/missing.php"), ""), "/bin");
         assert_eq!(e.len(), 1, "{e:?}");
-        assert!(e[0].starts_with("t.toml:8:17: pool \"p\": worker_script "), "{e:?}");
+        assert!(
+            e[0].starts_with("t.toml:8:17: pool \"p\": worker_script "),
+            "{e:?}"
+        );
         assert!(e[0].contains("missing.php does not exist"), "{e:?}");
         let e = errors(&pool(&d.to_string(), ""), "/bin");
         assert!(e[0].contains("is not a file"), "{e:?}");
@@ -279,7 +280,10 @@ mod tests {
         let cwd = format!("cwd = \"{d}\"");
         assert!(errors(&pool("worker.php", &cwd), "/bin").is_empty());
         let e = errors(&pool("nope.php", &cwd), "/bin");
-        assert!(e[0].contains(&format!("{d}/nope.php does not exist")), "{e:?}");
+        assert!(
+            e[0].contains(&format!("{d}/nope.php does not exist")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -145,21 +145,15 @@ impl Conn {
         }
     }
 
-    /// Waits up to `timeout_ms` for corral to close the connection (after CONN_CLOSE),
-    /// discarding anything it still sends.
-    pub fn wait_closed(&self, timeout_ms: libc::c_int) {
-        let mut tmp = [0u8; 4096];
-        let deadline = std::time::Instant::now()
-            + std::time::Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0));
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let left = libc::c_int::try_from(left.as_millis()).unwrap_or(timeout_ms);
-            if left == 0 {
-                return;
-            }
-            match wait_readable(self.stream.as_raw_fd(), left) {
+    /// Waits for corral to close the connection (after CONN_CLOSE), discarding anything it
+    /// still sends: at most `waits` waits of `each_ms` each.
+    pub fn wait_closed(&self, waits: u32, each_ms: libc::c_int) {
+        let mut tmp = [0u8; 512];
+        for _ in 0..waits {
+            match wait_readable(self.stream.as_raw_fd(), each_ms) {
                 Ok(true) => {}
-                Ok(false) | Err(_) => return,
+                Ok(false) => continue,
+                Err(_) => return,
             }
             match (&*self.stream).read(&mut tmp) {
                 Ok(0) => return,

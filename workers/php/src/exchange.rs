@@ -15,6 +15,7 @@ use corral_protocols::lsapi::ResponseEncoder;
 use crate::body::Body;
 use crate::php::Zval;
 use crate::request::Vars;
+use crate::What;
 
 /// Response bytes queued before they are written.
 const FLUSH_AT: usize = 64 * 1024;
@@ -42,7 +43,7 @@ pub struct Exchange {
     /// RESP_END went out (fastcgi_finish_request): later output goes nowhere.
     ended: bool,
     broken: bool,
-    what: String,
+    what: What,
 }
 
 impl Exchange {
@@ -53,7 +54,7 @@ impl Exchange {
         encoder: ResponseEncoder,
         vars: Vars,
         body: Body,
-        what: String,
+        what: What,
     ) -> Exchange {
         let mut out = BytesMut::with_capacity(16 * 1024);
         // REQ_RECEIVED leads the first write rather than going alone (as the embedded

@@ -67,7 +67,7 @@ pub fn serve(script: &str) -> i32 {
         ResponseEncoder::default(),
         boot_vars,
         Body::empty(),
-        format!("worker script {text}"),
+        crate::What::Named(format!("worker script {text}")),
     );
     let info = RequestInfo {
         method: c"GET".to_owned(),
@@ -125,12 +125,12 @@ fn retire(exchange: Exchange) {
     let conn = STATE.with(|s| s.borrow_mut().conn.take());
     exchange.finish_closing();
     if let Some(conn) = conn {
-        conn.wait_closed(RETIRE_WAIT_MS);
+        conn.wait_closed(RETIRE_WAITS, 1_000);
     }
 }
 
-/// How long a retiring worker waits for corral to close the connection.
-const RETIRE_WAIT_MS: libc::c_int = 5_000;
+/// How many seconds (at most) a retiring worker waits for corral to close the connection.
+const RETIRE_WAITS: u32 = 5;
 
 /// The next request's exchange and fields, for `corral_handle_request`; null when the
 /// worker should end (a stop signal, or the listener failed).
