@@ -47,7 +47,7 @@ fi
 arch=$(dpkg --print-architecture)
 
 if [ -z "$binary" ]; then
-    (cd "$repo" && cargo build --release --bin corral -p corral-php-worker)
+    (cd "$repo" && cargo build --release --bin corral && cargo build --release -p corral-php-worker)
     binary="$repo/target/release/corral"
 fi
 if [ ! -x "$binary" ]; then
