@@ -11,7 +11,8 @@
 # "app" loads 300 classes from files and builds a container of them on every request under
 # php-fpm (OPcache on), and once per worker in worker mode. wrk -t1 -c$CONC -d$SECS, rounds
 # interleaved so that the machine's drift hits every setup alike; the median req/s of each
-# and the ratios go to benches/RESULTS.md (section php-native). Needs: nginx, php-fpm8.2,
+# and the ratios go to benches/RESULTS.md (section php-native), with the summed PSS of 8
+# worker-mode workers beside php-fpm's 8 children (after warm-up, smaps_rollup). Needs: nginx, php-fpm8.2,
 # php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and release builds of corral and
 # corral-php-worker (CORRAL, WORKER).
 set -euo pipefail
@@ -195,6 +196,64 @@ ratio() { awk -v a="${med[$1]}" -v b="${med[$2]}" 'BEGIN {printf "%.2f", a/b}'; 
   echo "| app (300 classes, a container) | nginx → php-fpm (boots per request) | corral → native worker mode (boots once) | worker / php-fpm |"
   echo "| --- | ---: | ---: | ---: |"
   echo "| app | ${med[fpm-app]} | ${med[worker-app]} | $(ratio worker-app fpm-app)× |"
+} >>"$body"
+
+# Memory: 8 worker-mode workers (the app booted in each) beside php-fpm's 8 children running
+# the app classically, each warmed by the same load, then the summed PSS (smaps_rollup) of
+# the 8 processes: the workers (corral itself not counted), php-fpm's children (its master
+# apart, as its own line).
+mkdir -p "$scratch/mem-run"
+cp "$scratch/www/worker.php" "$scratch/www/worker8.php"
+sed -e "s#$scratch/run/fpm#$scratch/run/fpm8#g" -e "s#$scratch/log/fpm.log#$scratch/log/fpm8.log#" \
+    -e "s#pm.max_children = 2#pm.max_children = 8#" "$scratch/fpm.conf" >"$scratch/fpm8.conf"
+php-fpm8.2 -F -y "$scratch/fpm8.conf" & pids+=($!)
+port_mem=$(free_port)
+cat > "$scratch/corral-mem.toml" <<CONF
+[server]
+log_level = "warn"
+runtime_dir = "$scratch/mem-run"
+user = "www-data"
+group = "www-data"
+[[listen]]
+address = "127.0.0.1:$port_mem"
+protocol = "http"
+[pools.worker8]
+worker = "native"
+worker_path = "$WORKER"
+worker_script = "$scratch/www/worker8.php"
+mode = "static"
+max = 8
+[[contexts]]
+pool = "worker8"
+root = "$scratch/www"
+CONF
+"$CORRAL" run -c "$scratch/corral-mem.toml" >"$scratch/log/corral-mem.log" 2>&1 & pids+=($!)
+wait_http "http://127.0.0.1:$port_mem/app.php"
+[ "$(curl -sS "http://127.0.0.1:$port_mem/app.php")" = "sum 44850" ] || fail "bad app answer (8 workers)"
+for _ in $(seq 400); do [ -S "$scratch/run/fpm8.sock" ] && break; sleep 0.05; done
+wrk -t1 -c16 -d3s "http://127.0.0.1:$port_mem/app.php" >/dev/null
+warm=$("$CORRAL" bench --protocol fastcgi --target "unix:$scratch/run/fpm8.sock" --concurrency 16 \
+    --duration 3s --warmup 0s --path /app.php --script-filename "$scratch/www/app.php")
+# The target's row: requests (3rd field) and errors (10th).
+awk '$1 ~ /^unix:/ { exit !($3 > 0 && $10 == 0) }' <<<"$warm" || fail "php-fpm warm-up failed: $warm"
+pss_mib() { local s=0 p k; for p in "$@"; do
+    k=$(awk '/^Pss:/ {print $2}' /proc/"$p"/smaps_rollup 2>/dev/null || echo 0); s=$((s + ${k:-0})); done
+    awk -v k="$s" 'BEGIN {printf "%.1f", k / 1024}'; }
+mapfile -t workers8 < <(pgrep -f -- "--worker $scratch/www/worker8.php")
+fpm8_master=$(pgrep -f "php-fpm: master process \\($scratch/fpm8.conf\\)" || true)
+mapfile -t fpm8_children < <(pgrep -P "${fpm8_master:-0}")
+[ "${#workers8[@]}" = 8 ] && [ "${#fpm8_children[@]}" = 8 ] ||
+    fail "memory: ${#workers8[@]} workers and ${#fpm8_children[@]} php-fpm children, not 8 and 8"
+{
+  echo
+  echo "Memory after 3 s of wrk -c16 on the app each: summed PSS (smaps_rollup) of 8 processes."
+  echo
+  echo "| 8 processes running the app | summed PSS MiB | per process MiB |"
+  echo "| --- | ---: | ---: |"
+  w=$(pss_mib "${workers8[@]}"); f=$(pss_mib "${fpm8_children[@]}")
+  echo "| corral-php-worker, worker mode (app booted once each) | $w | $(awk -v a="$w" 'BEGIN {printf "%.1f", a / 8}') |"
+  echo "| php-fpm children, pm static (app booted per request) | $f | $(awk -v a="$f" 'BEGIN {printf "%.1f", a / 8}') |"
+  echo "| php-fpm master (not in the sum above) | $(pss_mib "$fpm8_master") | |"
 } >>"$body"
 cat "$body"
 RESULTS_BINARY=$CORRAL results_write php-native "Native PHP worker: classic and worker mode against php-cgi and php-fpm (req/s, medians)" "$body"

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Builds corral_VERSION_ARCH.deb (VERSION from Cargo.toml) with dpkg-deb alone: the binary as
-# /usr/bin/corral, packaging/corral.toml as the conffile /etc/corral/corral.toml, conf/ as
+# /usr/bin/corral, the native PHP worker (workers/php) beside it as /usr/bin/corral-php-worker
+# (where corral looks for it; it needs libphp8.2-embed, which the package recommends),
+# packaging/corral.toml as the conffile /etc/corral/corral.toml, conf/ as
 # examples under /usr/share/doc/corral/examples, conf/systemd's service and socket units
 # (ExecStart pointed at /usr/bin/corral) in /lib/systemd/system, and the maintainer scripts
 # of packaging/debian (a `corral` system user; nothing enabled or started; purge removes the
 # user and its state).
 #
 #   bash scripts/build-deb.sh                       # cargo build --release, then package it
-#   bash scripts/build-deb.sh --binary PATH --out DIR [--fast]
+#   bash scripts/build-deb.sh --binary PATH [--worker PATH] --out DIR [--fast]
 #
 # --binary packages that binary instead of building one (tests/package_deb.rs passes the
-# debug binary it was built with); --out is where the .deb goes (default target/debian);
+# debug binary it was built with); --worker names the corral-php-worker to ship (default: the
+# one beside the binary); --out is where the .deb goes (default target/debian);
 # --fast compresses with gzip -1 instead of xz. The path of the .deb is the last line of output.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 binary=""
+worker=""
 out="$repo/target/debian"
 compress=(-Zxz)
 
@@ -26,6 +30,7 @@ usage() {
 while [ $# -gt 0 ]; do
     case "$1" in
     --binary) binary=${2:?--binary needs a path}; shift 2 ;;
+    --worker) worker=${2:?--worker needs a path}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --fast) compress=(-Zgzip -z1); shift ;;
     -h | --help) usage; exit 0 ;;
@@ -42,11 +47,17 @@ fi
 arch=$(dpkg --print-architecture)
 
 if [ -z "$binary" ]; then
-    (cd "$repo" && cargo build --release --bin corral)
+    (cd "$repo" && cargo build --release --bin corral && cargo build --release -p corral-php-worker)
     binary="$repo/target/release/corral"
 fi
 if [ ! -x "$binary" ]; then
     echo "build-deb.sh: $binary is not an executable" >&2
+    exit 66
+fi
+worker=${worker:-$(dirname "$binary")/corral-php-worker}
+if [ ! -x "$worker" ]; then
+    echo "build-deb.sh: $worker is not an executable (build it with" \
+        "cargo build -p corral-php-worker, or name it with --worker)" >&2
     exit 66
 fi
 
@@ -55,6 +66,7 @@ trap 'rm -rf "$stage"' EXIT
 chmod 0755 "$stage"
 
 install -D -m 0755 "$binary" "$stage/usr/bin/corral"
+install -m 0755 "$worker" "$stage/usr/bin/corral-php-worker"
 install -D -m 0644 "$repo/packaging/corral.toml" "$stage/etc/corral/corral.toml"
 install -d -m 0755 "$stage/lib/systemd/system"
 sed 's#/usr/local/bin/corral#/usr/bin/corral#g' "$repo/conf/systemd/corral.service" \
@@ -76,8 +88,15 @@ find "$doc" -type f -exec chmod 0644 {} +
 
 install -d -m 0755 "$stage/DEBIAN"
 size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
+# The worker is linked against libphp8.2 (PHP's embed SAPI): recommended beside php-cgi, not
+# required, since only `worker = "native"` pools run it (`corral check` names what is missing).
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@SIZE@/$size/" \
+    -e "s/^Recommends: php-cgi$/Recommends: php-cgi, libphp8.2-embed/" \
     "$repo/packaging/debian/control.in" >"$stage/DEBIAN/control"
+grep -q '^Recommends: .*libphp8.2-embed' "$stage/DEBIAN/control" || {
+    echo "build-deb.sh: packaging/debian/control.in has no 'Recommends: php-cgi' line to extend" >&2
+    exit 70
+}
 echo /etc/corral/corral.toml >"$stage/DEBIAN/conffiles"
 # What `dpkg --verify` and debsums check the installed files against (conffiles have their
 # own sums in dpkg's database).

@@ -1,11 +1,13 @@
 //! WordPress 6.1 as Debian packages it, on MariaDB, with PHP run by a php-cgi pool corral
-//! spawns, in front of two front servers:
+//! spawns, in front of two front servers, and by corral's native PHP worker:
 //!
 //! - corral's own HTTP listener, with `front_controller = "/index.php"` for the pretty
 //!   permalinks and static files for wp-content;
 //! - nginx with conf/nginx/wordpress.conf as written (`try_files $uri $uri/
 //!   /index.php?$args`, `fastcgi_pass` to corral's FastCGI listener), only its placeholders
-//!   replaced.
+//!   replaced;
+//! - a second corral whose pool is the native PHP worker (`worker = "native"`, classic mode),
+//!   with the same contexts as the first.
 //!
 //! Each front has a site of its own (its own database and wp-content), installed through
 //! wp-admin/install.php; the tests then read the front page, switch on pretty permalinks in
@@ -29,436 +31,18 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+#[path = "support/wordpress.rs"]
+mod wordpress;
+
 use std::time::Duration;
 
-use support::apps::{chmod, input_value, setup, sha256, shared, writable_dir, Browser, Reaper};
-use support::front::Nginx;
-use support::matrix::{snippet, FASTCGI_SOCKET};
-use support::server::{Corral, HttpResponse};
+use support::apps::{input_value, sha256, Browser};
 use tokio::time::Instant;
-
-/// Debian's WordPress.
-const WORDPRESS: &str = "/usr/share/wordpress";
-/// The admin account each install creates.
-const ADMIN: (&str, &str) = ("admin", "corral-wp-Pa55word");
-/// The database account WordPress uses.
-const DB_USER: (&str, &str) = ("wordpress", "corral-db-pass");
-/// The blog title each install gets.
-const TITLE: &str = "Corral Test Blog";
-
-/// One WordPress site behind one front server.
-struct Site {
-    /// Which front, for messages.
-    front: &'static str,
-    /// Where the front listens.
-    addr: SocketAddr,
-    /// The Host header (name and port): picks the config file.
-    host: String,
-    /// The site's URL as WordPress builds it: nginx passes the Host without its port
-    /// (Debian's fastcgi_params sends `$host`), corral as the client sent it.
-    base: String,
-}
-
-struct Fixture {
-    via_corral: Site,
-    via_nginx: Site,
-    corral: Corral,
-    _nginx: Nginx,
-    /// Kept with the fixture (never dropped): its pipe closes when the binary exits.
-    _reaper: Reaper,
-}
-
-static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
-
-fn fixture() -> &'static Fixture {
-    shared(&FIXTURE, start)
-}
-
-fn start() -> Fixture {
-    let reaper = Reaper::start("corral-wp-");
-    let dir = reaper.dir.clone();
-    let socket = mariadb(&reaper, &dir);
-    let pid = std::process::id();
-    let hosts = [
-        format!("wp-corral-{pid}.corral.test"),
-        format!("wp-nginx-{pid}.corral.test"),
-    ];
-    for (i, host) in hosts.iter().enumerate() {
-        let content = content_dir(&dir.join(format!("site{i}")));
-        let config = PathBuf::from(format!("/etc/wordpress/config-{host}.php"));
-        std::fs::write(
-            &config,
-            format!(
-                "<?php\n\
-                 define('DB_NAME', 'wp{i}');\n\
-                 define('DB_USER', '{user}');\n\
-                 define('DB_PASSWORD', '{password}');\n\
-                 define('DB_HOST', 'localhost:{socket}');\n\
-                 define('WP_CONTENT_DIR', '{content}');\n\
-                 // No loopback HTTP from cron, no calls to wordpress.org.\n\
-                 define('DISABLE_WP_CRON', true);\n\
-                 define('WP_HTTP_BLOCK_EXTERNAL', true);\n\
-                 define('AUTOMATIC_UPDATER_DISABLED', true);\n\
-                 {keys}",
-                keys = keys_and_salts(&format!("{pid}-{i}")),
-                user = DB_USER.0,
-                password = DB_USER.1,
-                socket = socket.display(),
-                content = content.display(),
-            ),
-        )
-        .unwrap();
-        reaper.remove_on_exit(&config);
-        chmod(&config, 0o644);
-    }
-
-    let fcgi = dir.join("corral-fcgi.sock");
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run"
-user = "nobody"
-log_level = "info"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[[listen]]
-address = "unix:{fcgi}"
-protocol = "fastcgi"
-
-[pools.php]
-command = ["php-cgi", "-d", "upload_max_filesize=16M", "-d", "post_max_size=16M"]
-mode = "static"
-max = 4
-
-# corral's own listener (the FastCGI listener's context below wins there, named by
-# its listener): WordPress's code, the pretty permalinks through its front controller,
-# and the site's wp-content (kept apart, as Debian does) as static files.
-{http_contexts}
-
-[[contexts]]
-listen = "unix:{fcgi}"
-root = "{wordpress}"
-pool = "php"
-"#,
-        dir = dir.display(),
-        fcgi = fcgi.display(),
-        wordpress = WORDPRESS,
-        http_contexts = http_contexts(&dir),
-    );
-    let corral = reaper.corral_listening(&config, 2);
-
-    let nginx_dir = dir.join("nginx");
-    std::fs::create_dir(&nginx_dir).unwrap();
-    std::os::unix::fs::symlink(
-        "/etc/nginx/fastcgi_params",
-        nginx_dir.join("fastcgi_params"),
-    )
-    .unwrap();
-    let text = snippet(
-        "conf/nginx/wordpress.conf",
-        &[
-            ("blog.example.com", hosts[1].clone()),
-            (FASTCGI_SOCKET, fcgi.display().to_string()),
-            (
-                "/var/lib/wordpress",
-                dir.join("site1").display().to_string(),
-            ),
-            ("listen 80;", String::new()),
-        ],
-    );
-    let body = support::front::nginx_blocks(&text, "server")
-        .pop()
-        .expect("conf/nginx/wordpress.conf has a server block")
-        .1;
-    // Debian's nginx.conf includes the media types in its http block; the snippet is a
-    // server block of such a file.
-    let nginx = Nginx::start(&nginx_dir, "  include /etc/nginx/mime.types;", &[body]);
-    reaper.kill_on_exit(nginx.pid());
-
-    let via_corral = Site {
-        front: "corral's http listener",
-        addr: corral.http_addr(),
-        host: format!("{}:{}", hosts[0], corral.http_addr().port()),
-        base: format!("http://{}:{}", hosts[0], corral.http_addr().port()),
-    };
-    let via_nginx = Site {
-        front: "nginx",
-        addr: SocketAddr::from(([127, 0, 0, 1], nginx.ports[0])),
-        host: format!("{}:{}", hosts[1], nginx.ports[0]),
-        base: format!("http://{}", hosts[1]),
-    };
-    // Both installs at once: each is a few seconds of PHP and SQL.
-    std::thread::scope(|s| {
-        let a = s.spawn(|| install(&via_corral, &corral));
-        let b = s.spawn(|| install(&via_nginx, &corral));
-        a.join().unwrap();
-        b.join().unwrap();
-    });
-    Fixture {
-        via_corral,
-        via_nginx,
-        corral,
-        _nginx: nginx,
-        _reaper: reaper,
-    }
-}
-
-/// The contexts of corral's http listener for the first site (under `dir`).
-fn http_contexts(dir: &Path) -> String {
-    format!(
-        r#"[[contexts]]
-prefix = "/wp-content"
-root = "{site}"
-static_files = true
-pool = "php"
-
-[[contexts]]
-root = "{WORDPRESS}"
-static_files = true
-front_controller = "/index.php"
-pool = "php"
-"#,
-        site = dir.join("site0").display()
-    )
-}
-
-/// A MariaDB server of the fixture's own, as `mysql`, on a Unix socket only; returns the
-/// socket once the databases `wp0` and `wp1` and WordPress's account exist.
-fn mariadb(reaper: &Reaper, dir: &Path) -> PathBuf {
-    let mysql = nix::unistd::User::from_name("mysql")
-        .unwrap()
-        .expect("mariadb-server creates the mysql user");
-    let data = dir.join("mariadb");
-    let run = dir.join("mariadb-run");
-    for d in [&data, &run] {
-        std::fs::create_dir(d).unwrap();
-        std::os::unix::fs::chown(d, Some(mysql.uid.as_raw()), Some(mysql.gid.as_raw())).unwrap();
-    }
-    let mut install = Command::new("mariadb-install-db");
-    install
-        .arg("--no-defaults")
-        .arg(format!("--datadir={}", data.display()))
-        .args(["--user=mysql", "--auth-root-authentication-method=socket"])
-        .arg("--skip-test-db");
-    setup(install, Duration::from_secs(60));
-    let socket = run.join("mysqld.sock");
-    let server = Command::new("mariadbd")
-        .arg("--no-defaults")
-        .arg(format!("--datadir={}", data.display()))
-        .arg(format!("--socket={}", socket.display()))
-        .arg(format!("--pid-file={}", run.join("mysqld.pid").display()))
-        .arg(format!("--log-error={}", run.join("error.log").display()))
-        .args(["--user=mysql", "--skip-networking", "--skip-log-bin"])
-        .args([
-            "--innodb-buffer-pool-size=64M",
-            "--innodb-flush-log-at-trx-commit=0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start mariadbd");
-    reaper.kill_on_exit(server.id());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "mariadbd did not listen on {} within 30 s:\n{}",
-            socket.display(),
-            std::fs::read_to_string(run.join("error.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Not waited for: the reaper kills it when the test binary exits.
-    drop(server);
-    let sql = format!(
-        "CREATE DATABASE wp0; CREATE DATABASE wp1; \
-         CREATE USER '{user}'@'localhost' IDENTIFIED BY '{password}'; \
-         GRANT ALL ON wp0.* TO '{user}'@'localhost'; GRANT ALL ON wp1.* TO '{user}'@'localhost';",
-        user = DB_USER.0,
-        password = DB_USER.1,
-    );
-    let mut client = Command::new("mariadb");
-    client
-        .arg("--no-defaults")
-        .arg(format!("--socket={}", socket.display()))
-        .args(["-u", "root", "-e", &sql]);
-    setup(client, Duration::from_secs(30));
-    socket
-}
-
-/// A site's `wp-content` under `site`: Debian's themes and plugins linked in, and an
-/// uploads directory the workers (`nobody`) can write.
-fn content_dir(site: &Path) -> PathBuf {
-    let content = site.join("wp-content");
-    std::fs::create_dir_all(&content).unwrap();
-    chmod(site, 0o755);
-    chmod(&content, 0o755);
-    for sub in ["themes", "plugins"] {
-        std::os::unix::fs::symlink(
-            Path::new(WORDPRESS).join("wp-content").join(sub),
-            content.join(sub),
-        )
-        .unwrap();
-    }
-    writable_dir(&content.join("uploads"));
-    writable_dir(&content.join("upgrade"));
-    content
-}
-
-/// The install form (wp-admin/install.php, step 2), as a person submits it.
-fn install(site: &Site, corral: &Corral) {
-    let mut b = Browser::default();
-    let r = site.get(&mut b, "/wp-admin/install.php");
-    site.expect(&r, 200, "weblog_title", corral);
-    let r = site.post(
-        &mut b,
-        "/wp-admin/install.php?step=2",
-        &[
-            ("weblog_title", TITLE),
-            ("user_name", ADMIN.0),
-            ("admin_password", ADMIN.1),
-            ("admin_password2", ADMIN.1),
-            ("pw_weak", "1"),
-            ("admin_email", "admin@example.com"),
-            ("blog_public", "0"),
-            ("Submit", "Install WordPress"),
-        ],
-    );
-    site.expect(&r, 200, "WordPress has been installed", corral);
-}
-
-impl Site {
-    /// Asserts that `r` has `status` and a body holding `text`, showing both and corral's
-    /// log otherwise.
-    fn expect(&self, r: &HttpResponse, status: u16, text: &str, corral: &Corral) {
-        assert!(
-            r.status == status && r.text().contains(text),
-            "{}: expected {status} with {text:?}, got {}: {}\n{}",
-            self.front,
-            r.status,
-            r.text(),
-            corral.log()
-        );
-    }
-
-    fn get(&self, b: &mut Browser, target: &str) -> HttpResponse {
-        b.request(self.addr, "GET", target, &[("Host", &self.host)], b"")
-    }
-
-    fn post(&self, b: &mut Browser, target: &str, fields: &[(&str, &str)]) -> HttpResponse {
-        let body = support::apps::form_urlencode(fields);
-        b.request(
-            self.addr,
-            "POST",
-            target,
-            &[
-                ("Host", &self.host),
-                ("Content-Type", "application/x-www-form-urlencoded"),
-            ],
-            body.as_bytes(),
-        )
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// A browser logged in as the admin.
-    fn logged_in(&self) -> Browser {
-        // One login at a time: WordPress keeps a user's sessions in one user-meta value
-        // that each login reads, extends and writes back, so two logins of the admin at
-        // once (tests run in parallel) can lose one session, and that browser's cookie is
-        // then refused with a 302 to wp-login.php.
-        static LOGINS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = LOGINS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut b = Browser::default();
-        // wp-login.php sets its test cookie first and refuses a login without it.
-        let r = self.get(&mut b, "/wp-login.php");
-        assert_eq!(r.status, 200, "{}: {}", self.front, r.text());
-        assert!(
-            b.cookie("wordpress_test_cookie").is_some(),
-            "{}",
-            self.front
-        );
-        let r = self.post(
-            &mut b,
-            "/wp-login.php",
-            &[
-                ("log", ADMIN.0),
-                ("pwd", ADMIN.1),
-                ("wp-submit", "Log In"),
-                ("redirect_to", &self.url("/wp-admin/")),
-                ("testcookie", "1"),
-            ],
-        );
-        assert_eq!(r.status, 302, "{}: {}", self.front, r.text());
-        assert_eq!(r.header("location"), Some(&*self.url("/wp-admin/")));
-        b
-    }
-}
-
-/// WordPress's eight keys and salts as constants. Without them WordPress makes each on
-/// first use and stores it, and two fresh PHP processes doing so at once may keep different
-/// ones, so that a cookie signed by one is refused by the other. Distinct per site and run.
-fn keys_and_salts(tag: &str) -> String {
-    let mut out = String::new();
-    for name in [
-        "AUTH_KEY",
-        "SECURE_AUTH_KEY",
-        "LOGGED_IN_KEY",
-        "NONCE_KEY",
-        "AUTH_SALT",
-        "SECURE_AUTH_SALT",
-        "LOGGED_IN_SALT",
-        "NONCE_SALT",
-    ] {
-        let value = sha256(format!("{tag}-{name}-{:?}", std::time::SystemTime::now()).as_bytes());
-        out.push_str(&format!("define('{name}', '{value}');\n"));
-    }
-    out
-}
-
-/// Held for reading by the tests of the two sites, for writing by the memory test, so the
-/// memory comparison runs alone.
-static SITES: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn both(check: impl Fn(&Site) + Sync) {
-    let _sites = SITES
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let f = fixture();
-    std::thread::scope(|s| {
-        let a = s.spawn(|| check(&f.via_corral));
-        let b = s.spawn(|| check(&f.via_nginx));
-        let (a, b) = (a.join(), b.join());
-        if a.is_err() || b.is_err() {
-            panic!(
-                "failed through {}; corral's log:\n{}",
-                [(&a, &f.via_corral), (&b, &f.via_nginx)]
-                    .iter()
-                    .filter(|(r, _)| r.is_err())
-                    .map(|(_, s)| s.front)
-                    .collect::<Vec<_>>()
-                    .join(" and "),
-                f.corral.log()
-            );
-        }
-    });
-}
+use wordpress::{each_site, fixture, http_contexts, Site, ADMIN, SITES, TITLE};
 
 #[test]
 fn the_front_page_shows_the_installed_blog() {
-    both(|site| {
+    each_site(|site| {
         let r = site.get(&mut Browser::default(), "/");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
         let page = r.text();
@@ -478,7 +62,7 @@ fn the_front_page_shows_the_installed_blog() {
 
 #[test]
 fn pretty_permalinks_reach_the_post() {
-    both(|site| {
+    each_site(|site| {
         let mut b = site.logged_in();
         let r = site.get(&mut b, "/wp-admin/options-permalink.php");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
@@ -515,7 +99,7 @@ fn pretty_permalinks_reach_the_post() {
 
 #[test]
 fn login_sets_the_cookies_and_a_wrong_password_does_not() {
-    both(|site| {
+    each_site(|site| {
         let b = site.logged_in();
         assert!(
             b.cookie_names()
@@ -548,7 +132,7 @@ fn login_sets_the_cookies_and_a_wrong_password_does_not() {
 
 #[test]
 fn a_media_upload_is_served_back_unchanged() {
-    both(|site| {
+    each_site(|site| {
         let mut b = site.logged_in();
         let r = site.get(&mut b, "/wp-admin/media-new.php?browser-uploader");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
@@ -598,14 +182,14 @@ fn a_media_upload_is_served_back_unchanged() {
 
 #[test]
 fn the_dashboard_opens_for_the_admin() {
-    both(|site| {
+    each_site(|site| {
         let mut b = site.logged_in();
         let r = site.get(&mut b, "/wp-admin/");
         assert_eq!(r.status, 200, "{}: {}", site.front, r.text());
         let page = r.text();
         assert!(page.contains("<title>Dashboard"), "{}: {page}", site.front);
         assert!(page.contains("At a Glance"), "{}", site.front);
-        // The directory without its '/' is a redirect to it, on both fronts.
+        // The directory without its '/' is a redirect to it, on every front.
         let r = site.get(&mut b, "/wp-admin");
         assert_eq!(r.status, 301, "{}", site.front);
         assert!(r.header("location").unwrap().ends_with("/wp-admin/"));
@@ -675,7 +259,7 @@ mode = "static"
 
 {contexts}"#,
             tag = pss.len(),
-            contexts = http_contexts(&f._reaper.dir),
+            contexts = http_contexts(&f._reaper.dir.join("site0")),
         ));
         // The fixture's own site, by its Host (the fixture's port: WordPress's URLs stay
         // as installed), sent to this corral.

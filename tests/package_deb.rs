@@ -1,5 +1,6 @@
 //! The Debian package: scripts/build-deb.sh builds it (from the debug binary this test was
-//! built with, to save a release build; `--fast` compresses with gzip -1), its contents and
+//! built with, and the native PHP worker beside it, to save a release build; `--fast`
+//! compresses with gzip -1), its contents and
 //! control fields are what README.md says, `dpkg -i` installs it (tests run as root on CI),
 //! the installed `corral check` accepts the installed /etc/corral/corral.toml,
 //! `systemd-analyze verify` accepts the installed units, nothing is enabled or started, and
@@ -24,6 +25,7 @@ const LOCK: &str = "/run/lock/corral-package-deb.lock";
 /// Paths the package installs or creates.
 const PATHS: &[&str] = &[
     "/usr/bin/corral",
+    "/usr/bin/corral-php-worker",
     "/etc/corral",
     "/lib/systemd/system/corral.service",
     "/lib/systemd/system/corral.socket",
@@ -132,6 +134,8 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
             script,
             "--binary",
             support::CORRAL,
+            "--worker",
+            support::native::worker().to_str().unwrap(),
             "--out",
             out_dir.path().to_str().unwrap(),
             "--fast",
@@ -148,6 +152,7 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
     let contents = ok("dpkg-deb", &["-c", &deb]);
     for path in [
         "./usr/bin/corral",
+        "./usr/bin/corral-php-worker",
         "./etc/corral/corral.toml",
         "./lib/systemd/system/corral.service",
         "./lib/systemd/system/corral.socket",
@@ -171,7 +176,7 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
         "Package: corral".to_owned(),
         format!("Version: {version}"),
         "Architecture: amd64".to_owned(),
-        "Recommends: php-cgi".to_owned(),
+        "Recommends: php-cgi, libphp8.2-embed".to_owned(),
     ] {
         assert!(info.contains(&field), "{field} missing from:\n{info}");
     }
@@ -232,6 +237,22 @@ fn the_deb_builds_installs_checks_verifies_and_purges_without_a_trace() {
         &["check", "-c", "/etc/corral/corral.toml"],
     );
     assert_eq!(checked.trim(), "/etc/corral/corral.toml: ok");
+    // A native PHP pool finds the packaged worker beside /usr/bin/corral, and it starts PHP.
+    let native = support::config_file(
+        "[[listen]]\naddress = \"127.0.0.1:8080\"\nprotocol = \"http\"\n\n\
+         [pools.php]\nworker = \"native\"\n\n[[contexts]]\nroot = \"/tmp\"\npool = \"php\"\n",
+    );
+    let checked = run(
+        "/usr/bin/corral",
+        &["check", "-c", native.path().to_str().unwrap()],
+    );
+    assert_eq!(
+        checked.code,
+        Some(0),
+        "corral check of a native pool:\n{}{}",
+        checked.stdout,
+        checked.stderr
+    );
     // The day-one path with the installed binary: php-fpm's own pools converted and checked.
     let converted = ok(
         "/usr/bin/corral",

@@ -1,7 +1,8 @@
 //! The native PHP worker (`worker = "native"`, the `workers/php` package: PHP's embed SAPI
 //! behind LSAPI) run by the real corral against real PHP (Debian's libphp8.2-embed): hello,
 //! phpinfo, bodies by md5 (in memory and spooled), uploads, cookies, headers, status codes,
-//! missing scripts, the hostile script URLs, fatal errors and exit(), max_requests and the
+//! missing scripts, the hostile script URLs, fatal errors and exit(), fastcgi_finish_request(),
+//! max_requests and the
 //! hard timeout, and what `corral check` says when the worker cannot start.
 //!
 //! The worker is its own package; cargo builds it beside `corral` for a workspace test run.
@@ -70,6 +71,15 @@ const SCRIPTS: &[(&str, &str)] = &[
     (
         "sleep.php",
         "<?php sleep((int)($_GET['s'] ?? 0)); echo 'slept';",
+    ),
+    (
+        "finish.php",
+        "<?php header('X-Early: yes'); echo 'early'; \
+         $first = fastcgi_finish_request(); $second = litespeed_finish_request(); \
+         echo 'never sent'; $go = __DIR__ . '/../finish.go'; \
+         for ($i = 0; $i < 3000 && !file_exists($go); $i++) { usleep(10000); } \
+         file_put_contents(__DIR__ . '/../finish.done', json_encode([$first, $second, \
+         file_exists($go)]));",
     ),
     ("sub/inc.php", "<?php echo 'included'; "),
     ("sub/index.php", "<?php include 'inc.php'; echo ' from ', basename(getcwd());"),
@@ -348,6 +358,50 @@ fn fatal_errors_and_exit_are_answered_and_the_worker_goes_on() {
     let r = site.get("/exit.php");
     assert_eq!((r.status, r.text().as_str()), (200, "bye"));
     for _ in 0..10 {
+        assert_eq!(site.ok("/hello.php"), "Hello, world\n");
+    }
+}
+
+/// fastcgi_finish_request() completes the answer while the script goes on: the script below
+/// is still waiting for the test's go-ahead file when its answer arrives.
+#[test]
+fn fastcgi_finish_request_answers_while_the_script_goes_on() {
+    let site = site("");
+    let r = site.get("/finish.php");
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "early"),
+        "{}",
+        site.corral.log()
+    );
+    assert_eq!(r.header("x-early"), Some("yes"));
+    let done = site.dir.path().join("finish.done");
+    assert!(
+        !done.exists(),
+        "the script finished before its answer arrived"
+    );
+    write_file(site.dir.path(), "finish.go", "");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            site.corral.log()
+        );
+        // Both workers go on serving meanwhile (the other one, or this one once done).
+        assert_eq!(site.ok("/hello.php"), "Hello, world\n");
+    }
+    // The first call completed the answer; the second had nothing left to complete.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&done).unwrap() != "[true,false,true]" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            std::fs::read_to_string(&done)
+        );
+        std::thread::yield_now();
+    }
+    for _ in 0..4 {
         assert_eq!(site.ok("/hello.php"), "Hello, world\n");
     }
 }

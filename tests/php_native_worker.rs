@@ -4,8 +4,8 @@
 //! Against real PHP (libphp8.2-embed): one boot per worker over 1,000 requests, superglobals
 //! and output that do not outlive their request, a static property and the app's objects that
 //! do, bodies, uploads, cookies, headers and status codes per request, a fatal error, an
-//! uncaught exception and exit() each answered and followed by a fresh boot of the app (in
-//! the same process: see workers/php/src/worker.rs for why it does not exit), and
+//! uncaught exception and exit() each answered and followed by a fresh worker process (with
+//! no failed request for anyone else), and
 //! max_requests replacing worker processes with no failed request.
 
 mod support;
@@ -93,6 +93,15 @@ $handler = function () use ($container, &$kept) {
             break;
         case '/throw':
             throw new RuntimeException('thrown by the handler');
+        case '/finish':
+            header('X-Early: yes');
+            echo 'early';
+            $first = fastcgi_finish_request();
+            echo 'never sent';
+            $go = __DIR__ . '/../finish.go';
+            for ($i = 0; $i < 3000 && !file_exists($go); $i++) { usleep(10000); }
+            file_put_contents(__DIR__ . '/../finish.done', json_encode([$first, fastcgi_finish_request()]));
+            break;
         case '/exit':
             echo 'bye';
             exit(0);
@@ -347,15 +356,35 @@ fn bodies_uploads_cookies_headers_and_status_per_request() {
 }
 
 #[test]
-fn fatal_errors_exceptions_and_exit_are_answered_then_the_app_boots_again() {
-    let site = site(1, "");
-    let mut booted = site.boots().len();
+fn fatal_errors_exceptions_and_exit_are_answered_then_a_fresh_worker_serves() {
+    // Two workers: while one is replaced, the other serves, and a client hammering the pool
+    // the whole time sees no failed request.
+    let site = site(2, "");
+    let addr = site.corral.http_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut answered = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = http(addr, "GET", "/", &[], b"");
+                assert_eq!(
+                    (r.status, r.text()),
+                    (200, "hello".to_owned()),
+                    "request {answered}"
+                );
+                answered += 1;
+            }
+            answered
+        })
+    };
+    let mut seen: BTreeSet<String> = BTreeSet::new();
     for (target, status, body) in [
         ("/fatal", 500, None),
         ("/throw", 500, None),
         ("/exit", 200, Some("bye")),
     ] {
-        let (pid, _) = site.count();
+        let booted = site.boots().len();
         let r = site.get(target);
         assert_eq!(
             r.status,
@@ -367,24 +396,70 @@ fn fatal_errors_exceptions_and_exit_are_answered_then_the_app_boots_again() {
         if let Some(body) = body {
             assert_eq!(r.text(), body);
         }
-        // The next request is served by a fresh boot of the app: its static counter
-        // starts again (the process is the same one).
-        let (next, served) = site.count();
-        assert_eq!(next, pid, "{target}");
-        assert_eq!(served, 1, "{target}: the new boot's first request");
-        booted += 1;
-        assert_eq!(site.boots().len(), booted, "{target}");
+        // The worker that ran it exits after answering, and corral starts a fresh process,
+        // which boots the app once more: a pid never seen before.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while site.boots().len() == booted {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{target}: no new worker\n{}",
+                site.corral.log()
+            );
+            std::thread::yield_now();
+            assert_eq!(site.ok("/"), "hello");
+        }
+        let boots = site.boots();
+        let new = boots.last().unwrap().clone();
+        assert!(
+            !boots[..boots.len() - 1].contains(&new),
+            "{target}: {boots:?}"
+        );
+        seen.insert(new);
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = hammer
+        .join()
+        .expect("every request beside the failing ones answered");
+    assert!(answered > 0);
+    assert_eq!(seen.len(), 3);
+    let log = site.corral.log();
+    // Not a crash (no backoff): a worker that exits 0 after serving stopped on its own.
+    assert!(!log.contains("unexpectedly"), "{log}");
     assert!(
         site.corral.wait_log("undefined_function_in_worker"),
+        "{log}"
+    );
+    assert!(site.corral.wait_log("thrown by the handler"), "{log}");
+}
+
+/// fastcgi_finish_request() in a handler completes the answer while the handler goes on;
+/// the worker then serves the next request as usual (one worker: it waits for the handler).
+#[test]
+fn fastcgi_finish_request_answers_while_the_handler_goes_on() {
+    let site = site(1, "");
+    let (pid, before) = site.count();
+    let r = site.get("/finish");
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "early"),
         "{}",
         site.corral.log()
     );
+    assert_eq!(r.header("x-early"), Some("yes"));
+    let done = site.dir.path().join("finish.done");
     assert!(
-        site.corral.wait_log("thrown by the handler"),
-        "{}",
-        site.corral.log()
+        !done.exists(),
+        "the handler finished before its answer arrived"
     );
+    write_file(site.dir.path(), "finish.go", "");
+    let (next, served) = site.count();
+    assert_eq!(
+        (next, served),
+        (pid, before + 2),
+        "the same worker and boot serve on"
+    );
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "[true,false]");
+    assert_eq!(site.boots().len(), 1);
 }
 
 #[test]

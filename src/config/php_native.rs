@@ -2,7 +2,7 @@
 //! found by [`super::programs`] like any other; this runs it with `--check`, which starts
 //! PHP (libphp, php.ini, every extension) and exits, and turns a failure into what is
 //! missing. The worker is linked against libphp, so a missing `libphp8.2-embed` shows as the
-//! dynamic loader's refusal.
+//! dynamic loader's refusal. [`script_is_file`] checks a worker-mode pool's `worker_script`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -40,4 +40,21 @@ pub fn starts(worker: &Path) -> Result<(), String> {
         worker.display(),
         crate::process::ExitKind::of(out.status)
     ))
+}
+
+/// `Ok` when the worker-mode script `script` (relative to `cwd`, where the worker starts,
+/// when it is relative) is a file; else what is wrong with it.
+pub fn script_is_file(script: &Path, cwd: Option<&Path>) -> Result<(), String> {
+    let full = match cwd {
+        Some(cwd) if script.is_relative() => cwd.join(script),
+        _ => script.to_path_buf(),
+    };
+    match std::fs::metadata(&full) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(format!("worker_script {} is not a file", full.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("worker_script {} does not exist", full.display()))
+        }
+        Err(e) => Err(format!("worker_script {}: {e}", full.display())),
+    }
 }

@@ -123,6 +123,23 @@ pub fn check_programs(
                 ),
             ));
         }
+        if let Program::PhpNative {
+            worker_script: Some(script),
+            ..
+        } = &spawn.program
+        {
+            if let Err(why) = super::php_native::script_is_file(script, spawn.cwd.as_deref()) {
+                let span = written
+                    .and_then(|p| p.worker_script.as_ref())
+                    .map(toml::Spanned::span);
+                errors.push(ConfigError::new(
+                    src,
+                    origin,
+                    span,
+                    format!("pool {:?}: {why}: its workers could not start", pool.name),
+                ));
+            }
+        }
     }
     errors
 }
@@ -234,6 +251,39 @@ mod tests {
             dir.path().display()
         ));
         assert!(errors(&src, "/nonexistent").is_empty());
+    }
+
+    #[test]
+    fn a_worker_script_must_be_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("worker.php"), "<?php\n").unwrap();
+        // /bin/true passes for the worker program (`--check` exits 0).
+        let pool = |script: &str, cwd: &str| {
+            config(&format!(
+                "worker = \"native\"\nworker_path = \"/bin/true\"\n\
+                 worker_script = \"{script}\"\n{cwd}\n\n\
+                 [[contexts]]\nroot = \"/tmp\"\npool = \"p\""
+            ))
+        };
+        let d = dir.path().display();
+        assert!(errors(&pool(&format!("{d}/worker.php"), ""), "/bin").is_empty());
+        let e = errors(&pool(&format!("{d}/missing.php"), ""), "/bin");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("t.toml:8:17: pool \"p\": worker_script "),
+            "{e:?}"
+        );
+        assert!(e[0].contains("missing.php does not exist"), "{e:?}");
+        let e = errors(&pool(&d.to_string(), ""), "/bin");
+        assert!(e[0].contains("is not a file"), "{e:?}");
+        // A relative script is found from the pool's cwd, where the worker starts.
+        let cwd = format!("cwd = \"{d}\"");
+        assert!(errors(&pool("worker.php", &cwd), "/bin").is_empty());
+        let e = errors(&pool("nope.php", &cwd), "/bin");
+        assert!(
+            e[0].contains(&format!("{d}/nope.php does not exist")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -5,16 +5,17 @@
 //! `flush()`. The worker script's own output outside any request (worker mode) goes to the
 //! log instead ([`Sink::Log`]).
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
 use std::rc::Rc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use corral_protocols::lsapi::ResponseEncoder;
 
 use crate::body::Body;
 use crate::php::Zval;
+use crate::request::Vars;
+use crate::What;
 
 /// Response bytes queued before they are written.
 const FLUSH_AT: usize = 64 * 1024;
@@ -35,12 +36,14 @@ pub struct Exchange {
     sink: Sink,
     encoder: ResponseEncoder,
     out: BytesMut,
-    vars: Vec<(CString, Bytes)>,
+    vars: Vars,
     body: Body,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     head_sent: bool,
+    /// RESP_END went out (fastcgi_finish_request): later output goes nowhere.
+    ended: bool,
     broken: bool,
-    what: String,
+    what: What,
 }
 
 impl Exchange {
@@ -49,9 +52,9 @@ impl Exchange {
     pub fn new(
         sink: Sink,
         encoder: ResponseEncoder,
-        vars: Vec<(CString, Bytes)>,
+        vars: Vars,
         body: Body,
-        what: String,
+        what: What,
     ) -> Exchange {
         let mut out = BytesMut::with_capacity(16 * 1024);
         // REQ_RECEIVED leads the first write rather than going alone (as the embedded
@@ -65,6 +68,7 @@ impl Exchange {
             body,
             headers: Vec::new(),
             head_sent: false,
+            ended: false,
             broken: false,
             what,
         }
@@ -78,6 +82,10 @@ impl Exchange {
         }
         if self.broken {
             return 0;
+        }
+        if self.ended {
+            // After fastcgi_finish_request, as under php-fpm: the client has its answer.
+            return data.len();
         }
         if let Sink::Log = self.sink {
             let shown = data.get(..MAX_LOGGED).unwrap_or(data);
@@ -171,7 +179,7 @@ impl Exchange {
 
     /// Fills `$_SERVER` with the request's variables.
     pub fn register_variables(&mut self, track_vars: *mut Zval) {
-        for (key, value) in &self.vars {
+        for (key, value) in self.vars.iter() {
             crate::php::register_variable(track_vars, key, value);
         }
     }
@@ -189,11 +197,31 @@ impl Exchange {
         self.end(true);
     }
 
-    fn end(mut self, closing: bool) -> bool {
+    /// fastcgi_finish_request(): the answer ends now (the head if PHP sent none, then
+    /// RESP_END, written at once) while the script goes on; `false` when it had already
+    /// ended, or when this exchange has no client (the worker script's boot).
+    pub fn finish_early(&mut self) -> bool {
+        if self.ended || matches!(self.sink, Sink::Log) {
+            return false;
+        }
+        self.complete();
+        self.flush();
+        true
+    }
+
+    /// The head if none was sent, then RESP_END, queued once.
+    fn complete(&mut self) {
         if !self.head_sent {
             self.send_head(200);
         }
-        self.encoder.end(&mut self.out);
+        if !self.ended {
+            self.ended = true;
+            self.encoder.end(&mut self.out);
+        }
+    }
+
+    fn end(mut self, closing: bool) -> bool {
+        self.complete();
         if closing {
             self.encoder.conn_close(&mut self.out);
         }

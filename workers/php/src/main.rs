@@ -29,6 +29,7 @@ use std::os::fd::FromRawFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use corral_protocols::lsapi::{BeginRequest, ResponseEncoder};
 
 use conn::{Conn, End};
@@ -58,6 +59,22 @@ extern "C" fn on_stop(_: libc::c_int) {
 pub fn log(message: &str) {
     let message = message.trim_end_matches('\n');
     let _ = writeln!(std::io::stderr(), "corral-php-worker: {message}");
+}
+
+/// Closes the listening socket (fd 0 becomes /dev/null): corral's next connection to this
+/// worker is refused at once, and corral sends that request to another worker.
+pub fn close_listener() {
+    // SAFETY: open(2) of a constant path and dup2(2) onto fd 0, which this process owns; the
+    // listener's only reference is fd 0 (corral keeps no copy), so the socket closes.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null < 0 {
+            libc::close(LISTENER);
+            return;
+        }
+        libc::dup2(null, LISTENER);
+        libc::close(null);
+    }
 }
 
 fn install_signals() {
@@ -206,14 +223,34 @@ fn is_file(path: &[u8]) -> bool {
     std::fs::metadata(std::ffi::OsStr::from_bytes(path)).is_ok_and(|m| m.is_file())
 }
 
-/// "GET /x.php" for log lines.
-pub fn describe(begin: &BeginRequest) -> String {
+/// What an exchange is, for its log lines: "GET /x.php", formatted only when a line is
+/// written (a `String` built for every request cost three allocations: callgrind).
+pub enum What {
+    /// A request: its method and URI (cheap clones of the decoded packet's bytes).
+    Request(Option<Bytes>, Option<Bytes>),
+    /// Anything else, named.
+    Named(String),
+}
+
+impl std::fmt::Display for What {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            What::Request(method, uri) => {
+                let text = |b: &Option<Bytes>| {
+                    String::from_utf8_lossy(b.as_deref().unwrap_or_default()).into_owned()
+                };
+                write!(f, "{} {}", text(method), text(uri))
+            }
+            What::Named(name) => f.write_str(name),
+        }
+    }
+}
+
+/// The request's [`What`].
+pub fn describe(begin: &BeginRequest) -> What {
     let method = request::env(begin, "REQUEST_METHOD")
         .or(begin.request_method.as_ref())
-        .map(|m| String::from_utf8_lossy(m).into_owned())
-        .unwrap_or_default();
-    let uri = request::env(begin, "REQUEST_URI")
-        .map(|m| String::from_utf8_lossy(m).into_owned())
-        .unwrap_or_default();
-    format!("{method} {uri}")
+        .cloned();
+    let uri = request::env(begin, "REQUEST_URI").cloned();
+    What::Request(method, uri)
 }

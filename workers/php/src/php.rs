@@ -8,7 +8,7 @@
 //! in it panics (no indexing, no unwrap), and its errors become what PHP expects (a short
 //! write, no body).
 
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 use crate::exchange::Exchange;
 
@@ -135,7 +135,7 @@ pub fn run_worker(boot: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
 }
 
 /// Registers one `$_SERVER` entry (`key` has no NUL inside; `value` any bytes).
-pub fn register_variable(track_vars: *mut Zval, key: &CString, value: &[u8]) {
+pub fn register_variable(track_vars: *mut Zval, key: &CStr, value: &[u8]) {
     // SAFETY: `track_vars` is the array PHP passed to the callback that calls this, still
     // being filled; `key` is NUL-terminated; `value` is read for `value.len()` bytes.
     unsafe {
@@ -177,6 +177,13 @@ extern "C" fn corral_rs_write(ctx: *mut c_void, buf: *const c_char, len: usize) 
 extern "C" fn corral_rs_flush(ctx: *mut c_void) {
     // SAFETY: PHP passes its server context.
     unsafe { exchange(ctx) }.flush();
+}
+
+/// fastcgi_finish_request(): the answer completed now; 1 when this call completed it.
+#[no_mangle]
+extern "C" fn corral_rs_finish_early(ctx: *mut c_void) -> c_int {
+    // SAFETY: PHP passes its server context.
+    c_int::from(unsafe { exchange(ctx) }.finish_early())
 }
 
 /// One response header line, as PHP holds it (`Name: value`).

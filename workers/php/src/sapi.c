@@ -19,8 +19,8 @@
  * POST data and uploaded files released) before it returns true. Objects the script keeps
  * survive; the superglobals and output state do not. A fatal error, an uncaught exception
  * or exit() in the handler ends the script: the request in progress is answered by PHP's
- * own shutdown, which also releases everything the script held, and the worker runs the
- * script again from its first line (src/worker.rs).
+ * own shutdown, and the worker process then exits, so that the next request meets a fresh
+ * process (src/worker.rs, retire).
  */
 
 #include <main/php.h>
@@ -41,6 +41,7 @@ extern void corral_rs_send_head(void *ctx, int status);
 extern size_t corral_rs_read_body(void *ctx, char *buf, size_t len);
 extern void corral_rs_register_variables(void *ctx, zval *track_vars_array);
 extern void corral_rs_log(const char *message, size_t len);
+extern int corral_rs_finish_early(void *ctx);
 struct corral_request;
 extern void *corral_rs_worker_next(struct corral_request *out);
 extern void corral_rs_worker_finish(void *ctx);
@@ -289,8 +290,31 @@ PHP_FUNCTION(corral_handle_request)
     RETURN_TRUE;
 }
 
+ZEND_BEGIN_ARG_WITH_RETURN_TYPE_INFO_EX(arginfo_corral_finish_request, 0, 0, _IS_BOOL, 0)
+ZEND_END_ARG_INFO()
+
+/* fastcgi_finish_request(): bool -- php-fpm's early flush (lsphp calls it
+ * litespeed_finish_request): the output buffers are flushed, the headers sent and the answer
+ * completed for the client now; the script goes on running, and what it writes afterwards
+ * goes nowhere. false outside a request or when the answer was already completed. */
+PHP_FUNCTION(fastcgi_finish_request)
+{
+    ZEND_PARSE_PARAMETERS_NONE();
+    void *ctx = SG(server_context);
+    if (!ctx || ctx == boot_ctx) {
+        RETURN_FALSE;
+    }
+    php_output_end_all();
+    if (!SG(headers_sent)) {
+        sapi_send_headers();
+    }
+    RETURN_BOOL(corral_rs_finish_early(ctx));
+}
+
 static const zend_function_entry corral_functions[] = {
     PHP_FE(corral_handle_request, arginfo_corral_handle_request)
+    PHP_FE(fastcgi_finish_request, arginfo_corral_finish_request)
+    PHP_FALIAS(litespeed_finish_request, fastcgi_finish_request, arginfo_corral_finish_request)
     PHP_FE_END
 };
 

@@ -9,7 +9,8 @@
 //! it only while the script runs. The exchange of the request in progress is boxed and
 //! handed to PHP as the request context; it is taken back when that request ends, or after
 //! the script ends in the middle of one (a fatal error, an uncaught exception or exit() in
-//! the handler), which PHP's own shutdown has answered; the script then boots again.
+//! the handler), which PHP's own shutdown has answered; the process then exits, and corral
+//! replaces it with a fresh one ([`retire`]).
 
 use std::cell::RefCell;
 use std::ffi::{c_void, CString};
@@ -57,17 +58,16 @@ pub fn serve(script: &str) -> i32 {
         return 1;
     };
     let name = c"/".to_owned();
-    let boot_vars = vec![
-        (c"SCRIPT_FILENAME".to_owned(), text.clone().into()),
-        (c"SCRIPT_NAME".to_owned(), bytes::Bytes::from_static(b"/")),
-        (c"PHP_SELF".to_owned(), bytes::Bytes::from_static(b"/")),
-    ];
+    let mut boot_vars = request::Vars::with_capacity(3);
+    boot_vars.push(&[b"SCRIPT_FILENAME"], text.clone().into());
+    boot_vars.push(&[b"SCRIPT_NAME"], bytes::Bytes::from_static(b"/"));
+    boot_vars.push(&[b"PHP_SELF"], bytes::Bytes::from_static(b"/"));
     let mut boot = Exchange::new(
         Sink::Log,
         ResponseEncoder::default(),
         boot_vars,
         Body::empty(),
-        format!("worker script {text}"),
+        crate::What::Named(format!("worker script {text}")),
     );
     let info = RequestInfo {
         method: c"GET".to_owned(),
@@ -79,42 +79,24 @@ pub fn serve(script: &str) -> i32 {
         cookie: None,
         authorization: None,
     };
-    let ran = loop {
-        let ran = php::run_worker(&mut boot, &info);
-        // The script ended. A request still in progress was cut short by a fatal error, an
-        // uncaught exception or exit(): PHP's shutdown has sent what it had (a fatal
-        // error's 500); end the answer, and boot the script again. PHP's request shutdown
-        // released everything the script held, so the new boot starts from nothing, as a
-        // new process would; the process itself is replaced by max_requests and
-        // max_memory. Exiting here instead would race corral, which may already be
-        // connecting to this worker for the next request.
-        let current = STATE.with(|s| s.borrow_mut().current.take());
-        let Some(current) = current else {
-            break ran;
-        };
-        let served = STATE.with(|s| s.borrow().served);
+    let ran = php::run_worker(&mut boot, &info);
+    // The script ended. A request still in progress was cut short by a fatal error, an
+    // uncaught exception or exit(): PHP's shutdown has sent what it had (a fatal error's
+    // 500). The process ends after that answer, so the next request meets a fresh worker
+    // (nothing the script, PHP or an extension held survives); see `retire`.
+    let current = STATE.with(|s| s.borrow_mut().current.take());
+    if let Some(current) = current {
         // SAFETY: the pointer came from Box::into_raw in `corral_rs_worker_next` and PHP,
         // whose script has ended, no longer holds it.
         let exchange = unsafe { Box::from_raw(current.exchange) };
-        let stopping = crate::stopping();
-        if stopping {
-            exchange.finish_closing();
-        } else if !exchange.finish() {
-            STATE.with(|s| s.borrow_mut().conn = None);
-        }
+        let served = STATE.with(|s| s.borrow().served);
         crate::log(&format!(
             "the worker script ended during request {served} (a fatal error, an uncaught \
-             exception or exit()): {}",
-            if stopping {
-                "exiting (stop signal)"
-            } else {
-                "booting it again"
-            }
+             exception or exit()): answered, exiting so that corral starts a fresh worker"
         ));
-        if stopping {
-            return 0;
-        }
-    };
+        retire(*exchange);
+        return 0;
+    }
     let served = STATE.with(|s| s.borrow().served);
     match ran {
         Ok(()) if crate::stopping() => 0,
@@ -131,6 +113,24 @@ pub fn serve(script: &str) -> i32 {
         }
     }
 }
+
+/// Ends the worker after the script ended inside a request: the listening socket is closed
+/// first (corral's next connection to this worker is refused, which it reroutes to another
+/// worker with nothing sent), then the answer is completed with CONN_CLOSE, and the worker
+/// waits (boundedly) until corral has closed the connection, so that corral has seen the
+/// request finish before it sees the process exit (0, a worker stopping on its own after
+/// serving, replaced without crash backoff).
+fn retire(exchange: Exchange) {
+    crate::close_listener();
+    let conn = STATE.with(|s| s.borrow_mut().conn.take());
+    exchange.finish_closing();
+    if let Some(conn) = conn {
+        conn.wait_closed(RETIRE_WAITS, 1_000);
+    }
+}
+
+/// How many seconds (at most) a retiring worker waits for corral to close the connection.
+const RETIRE_WAITS: u32 = 5;
 
 /// The next request's exchange and fields, for `corral_handle_request`; null when the
 /// worker should end (a stop signal, or the listener failed).
