@@ -6,7 +6,9 @@
 //! is answered 500 with a log line and the worker goes on; an unread body does not desync
 //! the kept connection; recycling by max_requests fails no request; a worker that dies in a
 //! request is answered 502 and replaced; max_memory replaces a worker that grows; a
-//! virtualenv's site-packages are found; and `corral check` refuses what cannot work.
+//! virtualenv's site-packages are found; a request past request_timeout has the worker's
+//! Python stack logged (SIGUSR2) before the kill and a 504; and `corral check` refuses what
+//! cannot work.
 
 #![allow(
     clippy::unwrap_used,
@@ -31,7 +33,7 @@ use support::python_apps::PYTHON;
 use support::server::{http, Corral};
 
 /// The test app: one behaviour per path.
-const APP: &str = r#"import hashlib, os, resource, sys
+const APP: &str = r#"import hashlib, os, resource, sys, time
 
 HOLD = []
 
@@ -112,6 +114,8 @@ def application(environ, start_response):
             raise RuntimeError("broke midway")
         start_response("200 OK", [("Content-Type", "text/plain")])
         return gen()
+    if path == "/sleep":
+        time.sleep(60)  # BLOCK-SLEEP
     if path == "/die":
         os._exit(3)
     if path == "/grow":
@@ -493,4 +497,32 @@ fn corral_check_says_what_the_native_worker_needs() {
         preload.contains("preload is not available with worker = \"native\" for a WSGI app"),
         "{preload}"
     );
+}
+
+#[test]
+fn past_request_timeout_the_workers_stack_is_logged_then_it_is_killed() {
+    let dir = shared_dir();
+    let c = start(dir.path(), "request_timeout = \"2s\"");
+    let pid = get(&c, "/pid").text();
+    let r = get(&c, "/sleep");
+    assert_eq!(r.status, 504, "{}", c.log());
+    let kill = "exceeded request_timeout and was killed";
+    assert!(c.wait_log(kill), "{}", c.log());
+    let log = c.log();
+    let before_kill = &log[..log.find(kill).unwrap()];
+    let line = APP.lines().position(|l| l.contains("BLOCK-SLEEP")).unwrap() + 1;
+    let site = format!("app.py\", line {line} in application");
+    assert!(
+        before_kill.contains(&site),
+        "no {site:?} before the kill:\n{log}"
+    );
+    assert!(
+        before_kill.contains("the worker's stacks at request_timeout are logged above"),
+        "the dump did not end before the kill:\n{log}"
+    );
+    let mut now = pid.clone();
+    assert!(support::eventually(Duration::from_secs(20), || {
+        now = get(&c, "/pid").text();
+        now != pid && !now.is_empty()
+    }));
 }
