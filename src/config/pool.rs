@@ -332,15 +332,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
             "the native PHP worker speaks",
         );
     }
-    let native_wsgi = matches!(
-        &program,
-        Some(Program::Wsgi {
-            native: Some(_),
-            ..
-        })
-    );
     let preload = match &p.preload {
-        _ if native_wsgi => super::wsgi_native::preload(e, p),
         Some(v) if !is_app => {
             e.at(
                 v.span(),

@@ -87,20 +87,6 @@ pub(super) fn native(e: &mut Errors, p: &FilePool) -> Option<Option<NativeWsgi>>
     Some(Some(NativeWsgi { worker_path }))
 }
 
-/// `preload` of a native WSGI pool: not available (the worker loads the app in each
-/// worker), refused when asked for rather than silently ignored; off by default.
-pub(super) fn preload(e: &mut Errors, p: &FilePool) -> bool {
-    if let Some(v) = p.preload.as_ref().filter(|v| *v.get_ref()) {
-        e.at(
-            v.span(),
-            "preload is not available with worker = \"native\" for a WSGI app: each native \
-             worker loads the app itself; set preload = false, or leave worker out to preload \
-             on the embedded launcher",
-        );
-    }
-    false
-}
-
 /// `Ok` when `worker PYTHON --check` exits 0; else why it cannot start Python.
 pub fn starts(worker: &Path, python: &str) -> Result<(), String> {
     let out = Command::new(worker)

@@ -6,6 +6,9 @@
 //! packets are Rust and C, so the interpreter runs only the app.
 //!
 //!     corral-wsgi-worker PYTHON MODULE:CALLABLE   serve the socket on fd 0
+//!     corral-wsgi-worker PYTHON MODULE:CALLABLE --preload
+//!                                                 fd 0 is a control socket: load the app
+//!                                                 once, fork workers on request (preload.rs)
 //!     corral-wsgi-worker PYTHON --check           start Python as PYTHON would and exit 0
 //!
 //! PYTHON is the pool's interpreter (`python`, `virtualenv`'s bin/python, or python3): the
@@ -22,6 +25,7 @@
 
 mod conn;
 mod environ;
+mod preload;
 mod python;
 mod response;
 
@@ -40,6 +44,11 @@ static STOPPING: AtomicBool = AtomicBool::new(false);
 /// Whether a stop signal came.
 pub fn stopping() -> bool {
     STOPPING.load(Ordering::Relaxed)
+}
+
+/// Forgets a stop signal (a worker just forked from the preloader starts afresh).
+pub fn reset_stop() {
+    STOPPING.store(false, Ordering::Relaxed);
 }
 
 extern "C" fn on_stop(_: libc::c_int) {
@@ -112,8 +121,8 @@ fn install_signals() {
     }
 }
 
-/// Moves the listening socket off fd 0 and puts /dev/null there, so an app that reads
-/// stdin cannot take bytes from corral's socket. The listener's new fd.
+/// Moves the listening (or, preloading, control) socket off fd 0 and puts /dev/null there,
+/// so an app that reads stdin cannot take bytes from corral's socket. The socket's new fd.
 fn take_listener() -> Result<libc::c_int, String> {
     // SAFETY: fcntl and dup2 on descriptors this process owns; the path is a C string.
     unsafe {
@@ -137,13 +146,17 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = || {
         log(&format!(
-            "bad arguments {args:?}; usage: corral-wsgi-worker PYTHON (MODULE:CALLABLE | --check)"
+            "bad arguments {args:?}; usage: corral-wsgi-worker PYTHON \
+             (MODULE:CALLABLE [--preload] | --check)"
         ));
         std::process::exit(64);
     };
-    let (python, spec) = match args.as_slice() {
-        [python, check] if check == "--check" => (python.clone(), None),
-        [python, spec] if spec.contains(':') => (python.clone(), Some(spec.clone())),
+    let (python, spec, preloading) = match args.as_slice() {
+        [python, check] if check == "--check" => (python.clone(), None, false),
+        [python, spec] if spec.contains(':') => (python.clone(), Some(spec.clone()), false),
+        [python, spec, flag] if spec.contains(':') && flag == "--preload" => {
+            (python.clone(), Some(spec.clone()), true)
+        }
         _ => usage(),
     };
     install_signals();
@@ -163,13 +176,17 @@ fn main() {
     if spec.is_none() {
         return;
     }
-    let code = serve(listener);
+    let code = if preloading {
+        preload::run(listener)
+    } else {
+        serve(listener)
+    };
     python::finalize();
     std::process::exit(code);
 }
 
-/// Accepts connections until a stop signal; the exit code.
-fn serve(listener: libc::c_int) -> i32 {
+/// Accepts connections on `listener` until a stop signal; the exit code.
+pub fn serve(listener: libc::c_int) -> i32 {
     let Some(mut keys) = environ::Keys::new() else {
         log("Python cannot make the environ's keys");
         return 1;
