@@ -526,3 +526,34 @@ fn past_request_timeout_the_workers_stack_is_logged_then_it_is_killed() {
         now != pid && !now.is_empty()
     }));
 }
+
+#[test]
+fn the_native_wsgi_recipe_serves_the_example_app() {
+    // corral finds the worker beside its own executable, as the recipe expects.
+    wsgi_worker();
+    let dir = shared_dir();
+    let recipe = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/wsgi-native.toml"),
+    )
+    .unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/wsgi");
+    for old in ["/srv/corral/examples/wsgi", "/run/corral", "127.0.0.1:8080"] {
+        assert!(
+            recipe.contains(old),
+            "conf/wsgi-native.toml no longer says {old}"
+        );
+    }
+    let config = recipe
+        .replace("/srv/corral/examples/wsgi", &examples.display().to_string())
+        .replace("/run/corral", &dir.path().join("run").display().to_string())
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    let c = Corral::start(&config, 1);
+    let r = http(c.http_addr(), "POST", "/echo", &[], b"some text");
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "some text"),
+        "{}",
+        c.log()
+    );
+    assert!(c.wait_log("corral-wsgi-worker: serving hello:application"));
+}

@@ -113,3 +113,83 @@ pub fn starts(worker: &Path, python: &str) -> Result<(), String> {
         crate::process::ExitKind::of(out.status)
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{parse, Backend, Program};
+
+    fn pool(keys: &str) -> Result<Program, String> {
+        let src = format!(
+            "[[listen]]\naddress = \"127.0.0.1:8080\"\nprotocol = \"http\"\n\n[pools.p]\n{keys}\n"
+        );
+        match parse(&src, "t.toml") {
+            Ok(c) => match &c.pools[0].backend {
+                Backend::Spawned(s) => Ok(s.program.clone()),
+                Backend::External { .. } => Err("external".into()),
+            },
+            Err(errors) => Err(errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")),
+        }
+    }
+
+    #[test]
+    fn a_wsgi_app_with_worker_native_runs_on_the_native_worker() {
+        let p = pool("app = \"wsgi:site.wsgi:application\"\nworker = \"native\"").unwrap();
+        assert_eq!(
+            p,
+            Program::Wsgi {
+                module: "site.wsgi".into(),
+                callable: "application".into(),
+                python: "python3".into(),
+                native: Some(super::NativeWsgi { worker_path: None }),
+            }
+        );
+        let p = pool(
+            "worker = \"native\"\nworker_path = \"/opt/w\"\napp = \"wsgi:app\"\n\
+             virtualenv = \"/srv/venv\"",
+        )
+        .unwrap();
+        assert!(
+            matches!(&p, Program::Wsgi { python, native: Some(n), .. }
+                if python == "/srv/venv/bin/python" && n.worker_path.as_deref() == Some("/opt/w")),
+            "{p:?}"
+        );
+        // Without worker: the pure-Python launcher, as before.
+        let p = pool("app = \"wsgi:app\"").unwrap();
+        assert!(matches!(p, Program::Wsgi { native: None, .. }), "{p:?}");
+    }
+
+    #[test]
+    fn rack_scripts_and_unknown_workers_are_refused_with_what_to_do() {
+        let e = pool("app = \"rack:config.ru\"\nworker = \"native\"").unwrap_err();
+        assert!(e.starts_with("t.toml:7:10: "), "{e}");
+        assert!(
+            e.contains("a Rack app runs on the embedded Ruby launcher (remove worker)"),
+            "{e}"
+        );
+        // Said once, not also as two programs.
+        assert!(!e.contains("sets both"), "{e}");
+        let e = pool("app = \"wsgi:app\"\nworker = \"uwsgi\"").unwrap_err();
+        assert!(
+            e.contains("worker \"uwsgi\" is not a worker corral has"),
+            "{e}"
+        );
+        let e =
+            pool("app = \"wsgi:app\"\nworker = \"native\"\nworker_script = \"w.php\"").unwrap_err();
+        assert!(
+            e.contains("worker_script belongs to the native PHP worker"),
+            "{e}"
+        );
+        let e =
+            pool("app = \"wsgi:app\"\nworker = \"native\"\nworker_path = \"bin/w\"").unwrap_err();
+        assert!(e.contains("must be an absolute path"), "{e}");
+        let e = pool("app = \"wsgi:app\"\nworker = \"native\"\nconcurrency = 4").unwrap_err();
+        assert!(e.contains("serve one request at a time"), "{e}");
+        // Still one program: command with the pair is two.
+        let e = pool("app = \"wsgi:app\"\nworker = \"native\"\ncommand = [\"x\"]").unwrap_err();
+        assert!(e.contains("sets both app and command"), "{e}");
+    }
+}
