@@ -5,6 +5,7 @@
 //! strings made once per name and kept ([`Keys`]), so a request makes only its values.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use corral_protocols::lsapi::BeginRequest;
 
@@ -13,16 +14,84 @@ use crate::python::{self, Environ, Obj};
 /// Most names kept: a peer inventing header names cannot grow the cache without end.
 const MAX_KEYS: usize = 512;
 
+/// FNV-1a: a name of a few bytes hashes in a few instructions, where the default SipHash
+/// costs a thousand per request. Its keys come from the peer, but the maps are bounded to
+/// [`MAX_KEYS`] entries, so colliding names cannot make a lookup costly.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Map<V> = HashMap<Vec<u8>, V, BuildHasherDefault<Fnv>>;
+
 /// Join rules for a repeated request header.
 const REPLACE: i32 = 0;
 const COMMA: i32 = 1;
 const SEMICOLON: i32 = 2;
 
+/// Longest value kept for reuse: most CGI variables and headers repeat from one request to
+/// the next (SERVER_NAME, HTTP_HOST, HTTP_USER_AGENT...), and a value equal to the last one
+/// of its name reuses that str rather than making a new one.
+const MAX_KEPT_VALUE: usize = 256;
+
+/// An environ key and the last value set under it.
+struct Entry {
+    key: Obj,
+    join: i32,
+    last: Option<(Vec<u8>, Obj)>,
+}
+
+impl Entry {
+    fn new(key: Obj, join: i32) -> Entry {
+        Entry {
+            key,
+            join,
+            last: None,
+        }
+    }
+
+    /// `environ[key] = value` (joined to a value set before in this request when `joined`).
+    fn set(&mut self, environ: &mut Environ, value: &[u8], joined: bool) -> Option<()> {
+        if joined && self.join != REPLACE {
+            environ.set(&self.key, value, self.join);
+            return Some(());
+        }
+        if let Some((bytes, text)) = &self.last {
+            if bytes.as_slice() == value {
+                environ.set_obj(&self.key, text);
+                return Some(());
+            }
+        }
+        let text = python::text(value)?;
+        environ.set_obj(&self.key, &text);
+        if value.len() <= MAX_KEPT_VALUE {
+            self.last = Some((value.to_vec(), text));
+        }
+        Some(())
+    }
+}
+
 /// Environ keys by the bytes they come from: CGI variable names as they are, header names
 /// turned into `HTTP_*` (`None`: a header the environ does not carry).
 pub struct Keys {
-    vars: HashMap<Vec<u8>, Obj>,
-    headers: HashMap<Vec<u8>, Option<(Obj, i32)>>,
+    vars: Map<Entry>,
+    headers: Map<Option<Entry>>,
     fixed: Fixed,
 }
 
@@ -40,8 +109,8 @@ impl Keys {
     /// The fixed keys made; `None` if Python cannot make a string (out of memory).
     pub fn new() -> Option<Keys> {
         Some(Keys {
-            vars: HashMap::new(),
-            headers: HashMap::new(),
+            vars: Map::default(),
+            headers: Map::default(),
             fixed: Fixed {
                 content_length: python::key(b"CONTENT_LENGTH")?,
                 content_type: python::key(b"CONTENT_TYPE")?,
@@ -53,31 +122,45 @@ impl Keys {
         })
     }
 
-    fn var(&mut self, name: &[u8]) -> Option<Obj> {
-        if let Some(k) = self.vars.get(name) {
-            return Some(k.clone());
+    /// Sets CGI variable `name`.
+    fn set_var(&mut self, environ: &mut Environ, name: &[u8], value: &[u8]) -> Option<()> {
+        if let Some(entry) = self.vars.get_mut(name) {
+            return entry.set(environ, value, false);
         }
-        let k = python::key(name)?;
+        let mut entry = Entry::new(python::key(name)?, REPLACE);
+        entry.set(environ, value, false)?;
         if self.vars.len() < MAX_KEYS {
-            self.vars.insert(name.to_vec(), k.clone());
+            self.vars.insert(name.to_vec(), entry);
         }
-        Some(k)
+        Some(())
     }
 
-    fn header(&mut self, name: &[u8]) -> Option<(Obj, i32)> {
-        if let Some(entry) = self.headers.get(name) {
-            let (k, join) = entry.as_ref()?;
-            return Some((k.clone(), *join));
-        }
-        let made = header_var(name).and_then(|(var, join)| Some((python::key(&var)?, join)));
-        if self.headers.len() < MAX_KEYS {
-            let kept = match &made {
-                Some((k, join)) => Some((k.clone(), *join)),
-                None => None,
+    /// Sets the variable of request header `name`; `joined`: its name came before in this
+    /// request.
+    fn set_header(
+        &mut self,
+        environ: &mut Environ,
+        name: &[u8],
+        value: &[u8],
+        joined: bool,
+    ) -> Option<()> {
+        if let Some(entry) = self.headers.get_mut(name) {
+            return match entry {
+                Some(entry) => entry.set(environ, value, joined),
+                None => Some(()),
             };
-            self.headers.insert(name.to_vec(), kept);
         }
-        made
+        let mut entry = match header_var(name) {
+            Some((var, join)) => Some(Entry::new(python::key(&var)?, join)),
+            None => None,
+        };
+        if let Some(entry) = &mut entry {
+            entry.set(environ, value, joined)?;
+        }
+        if self.headers.len() < MAX_KEYS {
+            self.headers.insert(name.to_vec(), entry);
+        }
+        Some(())
     }
 }
 
@@ -126,13 +209,17 @@ pub fn build(keys: &mut Keys, begin: &BeginRequest, served: u64) -> Option<Envir
         if name.is_empty() || (value.is_empty() && name.as_ref() != b"SCRIPT_NAME") {
             continue;
         }
-        let key = keys.var(name)?;
-        environ.set(&key, value, REPLACE);
+        keys.set_var(&mut environ, name, value)?;
     }
-    for (name, value) in &begin.headers {
-        if let Some((key, join)) = keys.header(name) {
-            environ.set(&key, value, join);
-        }
+    for (i, (name, value)) in begin.headers.iter().enumerate() {
+        // A repeated header joins the value before it; headers are few, so a look back
+        // costs less than a set.
+        let joined = begin
+            .headers
+            .iter()
+            .take(i)
+            .any(|(n, _)| n.eq_ignore_ascii_case(name));
+        keys.set_header(&mut environ, name, value, joined)?;
     }
     let f = &keys.fixed;
     let mut digits = itoa(begin.body_len);

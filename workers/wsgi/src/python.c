@@ -33,7 +33,7 @@ enum { CW_OK = 0, CW_ERROR_UNSENT = 1, CW_ERROR_SENT = 2, CW_GONE = 3 };
 /* Most header lines put on the stack; more are allocated. */
 #define STACK_HEADERS 32
 
-static PyObject *app, *base, *make_input, *canonical, *bytes_io, *k_input, *k_close;
+static PyObject *app, *base, *make_input, *canonical, *bytes_io, *k_input, *k_close, *k_write;
 static void *current_ctx;
 static unsigned long long current_gen;
 
@@ -188,7 +188,7 @@ static PyObject *start_response(Req *self, PyObject *args, PyObject *kwargs) {
     self->code = (int)((PyUnicode_READ_CHAR(status, 0) - '0') * 100 +
                        (PyUnicode_READ_CHAR(status, 1) - '0') * 10 +
                        (PyUnicode_READ_CHAR(status, 2) - '0'));
-    return PyObject_GetAttrString((PyObject *)self, "write");
+    return PyObject_GetAttr((PyObject *)self, k_write);
 fail:
     Py_DECREF(checked);
     return NULL;
@@ -396,7 +396,9 @@ int cw_start(const char *python, const char *glue, const char *spec) {
     Py_XDECREF(io);
     k_input = PyUnicode_InternFromString("wsgi.input");
     k_close = PyUnicode_InternFromString("close");
-    if (!base || !make_input || !canonical || !bytes_io || !k_input || !k_close) goto fail;
+    k_write = PyUnicode_InternFromString("write");
+    if (!base || !make_input || !canonical || !bytes_io || !k_input || !k_close || !k_write)
+        goto fail;
     Py_INCREF(base);
     Py_INCREF(make_input);
     Py_INCREF(canonical);
@@ -454,6 +456,20 @@ int cw_set_int(PyObject *env, PyObject *key, unsigned long long v) {
     PyObject *value = PyLong_FromUnsignedLongLong(v);
     int rc = value ? PyDict_SetItem(env, key, value) : -1;
     Py_XDECREF(value);
+    if (rc) PyErr_Clear();
+    return rc;
+}
+
+/* A str of latin-1 bytes (a new reference; NULL on failure). */
+PyObject *cw_str(const char *s, size_t n) {
+    PyObject *v = PyUnicode_DecodeLatin1(s, (Py_ssize_t)n, NULL);
+    if (!v) PyErr_Clear();
+    return v;
+}
+
+/* environ[key] = value (both str). 0 on success. */
+int cw_set_obj(PyObject *env, PyObject *key, PyObject *value) {
+    int rc = PyDict_SetItem(env, key, value);
     if (rc) PyErr_Clear();
     return rc;
 }
@@ -540,7 +556,8 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
             rc = CW_ERROR_UNSENT;
         }
     }
-    if (result) {
+    /* A list or tuple has no close(); looking for it would make an AttributeError. */
+    if (result && !PyList_CheckExact(result) && !PyTuple_CheckExact(result)) {
         PyObject *close = PyObject_GetAttr(result, k_close);
         if (!close) {
             PyErr_Clear();
@@ -553,8 +570,9 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
     }
 out:
     if (rc == CW_ERROR_UNSENT && corral_wsgi_head_sent(ctx)) rc = CW_ERROR_SENT;
-    if (input) {
-        PyObject *r = PyObject_CallMethod(input, "close", NULL);
+    /* The body's reader is closed (an empty body's BytesIO holds nothing to release). */
+    if (input && body_len) {
+        PyObject *r = PyObject_CallMethodNoArgs(input, k_close);
         if (!r) PyErr_Clear();
         Py_XDECREF(r);
     }

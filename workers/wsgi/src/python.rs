@@ -48,6 +48,8 @@ extern "C" {
         len: usize,
         join: c_int,
     ) -> c_int;
+    fn cw_str(s: *const c_char, len: usize) -> *mut PyObject;
+    fn cw_set_obj(env: *mut PyObject, key: *mut PyObject, value: *mut PyObject) -> c_int;
     fn cw_set_int(env: *mut PyObject, key: *mut PyObject, v: u64) -> c_int;
     fn cw_del(env: *mut PyObject, key: *mut PyObject);
     fn cw_call(ctx: *mut c_void, env: *mut PyObject, body_len: u64, what: *const c_char) -> c_int;
@@ -103,6 +105,13 @@ pub fn key(bytes: &[u8]) -> Option<Obj> {
     NonNull::new(unsafe { cw_key(bytes.as_ptr().cast(), bytes.len()) }).map(Obj)
 }
 
+/// A Python str of latin-1 bytes.
+pub fn text(bytes: &[u8]) -> Option<Obj> {
+    // SAFETY: `bytes` is valid for `len` bytes during the call; the result is a new
+    // reference or NULL.
+    NonNull::new(unsafe { cw_str(bytes.as_ptr().cast(), bytes.len()) }).map(Obj)
+}
+
 /// A request's environ while it is built.
 pub struct Environ(Obj);
 
@@ -126,6 +135,12 @@ impl Environ {
                 join,
             ) == 0
         }
+    }
+
+    /// `environ[key] = value`, a str made before.
+    pub fn set_obj(&mut self, key: &Obj, value: &Obj) -> bool {
+        // SAFETY: all three objects are live references.
+        unsafe { cw_set_obj(self.0 .0.as_ptr(), key.0.as_ptr(), value.0.as_ptr()) == 0 }
     }
 
     /// `environ[key] = value` as an int.
