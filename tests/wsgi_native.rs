@@ -490,11 +490,9 @@ fn corral_check_says_what_the_native_worker_needs() {
         "{missing}"
     );
     // Rack apps have their own launcher: worker = "native" is refused with what to do.
-    let text = format!(
-        "[[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\n[pools.rb]\n\
-         app = \"rack:config.ru\"\nworker = \"native\"\n"
-    );
-    let file = support::config_file(&text);
+    let text = "[[listen]]\naddress = \"127.0.0.1:0\"\nprotocol = \"http\"\n\n[pools.rb]\n\
+                app = \"rack:config.ru\"\nworker = \"native\"\n";
+    let file = support::config_file(text);
     let out = support::corral(&["check", "-c", file.path().to_str().unwrap()]);
     assert_eq!(out.code, Some(64), "{}", out.stderr);
     assert!(

@@ -244,7 +244,7 @@ pub fn django_and_flask(dir: &Path, extra: &str) -> String {
     let d = dir.display();
     write_tree(&dir.join("django"), DJANGO);
     write_tree(
-        &dir,
+        dir,
         &[
             ("flask/flaskapp.py", FLASK),
             ("flask/gate.py", GATE_PY),
