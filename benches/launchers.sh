@@ -21,7 +21,7 @@
 #          G  gunicorn, 2 sync workers
 #          R  Granian (PyPI, $GRANIAN), --workers 2 --blocking-threads 1, direct HTTP
 #          C  corral(http) -> WSGI launcher, 2 workers (preload = true)
-#          N  corral(http) -> native WSGI worker (workers/wsgi, $WSGI_WORKER), 2 workers
+#          N  corral(http) -> native WSGI worker (workers/wsgi, $WSGI_WORKER), 2 workers (preload)
 # Every Python row runs Debian's /usr/bin/python3 (uWSGI's plugin embeds it; corral's pool
 # names it; scripts/setup-peers.sh puts Granian in a venv of it), every Ruby row Debian's
 # ruby.
@@ -203,7 +203,7 @@ targets=(
   "wsgi|gunicorn 20.1, 2 sync workers|gunicorn|$root_gunicorn"
   "wsgi|$("$GRANIAN" --version), --workers 2 --blocking-threads 1, direct|granian|$root_granian"
   "wsgi|corral → WSGI launcher, 2 workers, preload|corral_wsgi|$root_corral_wsgi"
-  "wsgi|corral → native WSGI worker, 2 workers|corral_wsgi_native|$root_corral_wsgi_native"
+  "wsgi|corral → native WSGI worker, 2 workers, preload|corral_wsgi_native|$root_corral_wsgi_native"
 )
 
 report=$scratch/report.md
