@@ -32,8 +32,12 @@ pub struct Exchange<'c> {
 impl Exchange<'_> {
     /// wsgi.input's reads.
     pub fn read_body(&mut self, dst: &mut [u8]) -> Result<usize, ()> {
-        self.conn.read_body(dst).map_err(|e| {
-            crate::log(&format!("{}: reading the request body: {e:?}", self.what));
+        self.conn.read_body(dst).map_err(|end| {
+            let why = match end {
+                End::Failed(why) => why,
+                End::Closed | End::Stopping => "the connection ended".to_owned(),
+            };
+            crate::log(&format!("{}: reading the request body: {why}", self.what));
             self.broken = true;
         })
     }
