@@ -21,6 +21,7 @@
 #          G  gunicorn, 2 sync workers
 #          R  Granian (PyPI, $GRANIAN), --workers 2 --blocking-threads 1, direct HTTP
 #          C  corral(http) -> WSGI launcher, 2 workers (preload = true)
+#          N  corral(http) -> native WSGI worker (workers/wsgi, $WSGI_WORKER), 2 workers (preload)
 # Every Python row runs Debian's /usr/bin/python3 (uWSGI's plugin embeds it; corral's pool
 # names it; scripts/setup-peers.sh puts Granian in a venv of it), every Ruby row Debian's
 # ruby.
@@ -32,13 +33,19 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="DUR WARM ROUNDS CONNS CORRAL GRANIAN"
+RESULTS_VARS="DUR WARM ROUNDS CONNS CORRAL GRANIAN WSGI_WORKER"
 results_start "$@"
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
 fi
 CORRAL=$(realpath "$CORRAL")
+# The native WSGI worker: beside corral, where corral looks for it first.
+if [ -z "${WSGI_WORKER:-}" ]; then
+  WSGI_WORKER=$(dirname "$CORRAL")/corral-wsgi-worker
+  [ -x "$WSGI_WORKER" ] || cargo build --release --quiet -p corral-wsgi-worker
+fi
+WSGI_WORKER=$(realpath "$WSGI_WORKER")
 RESULTS_BINARY=$CORRAL
 DUR=${DUR:-10s}
 WARM=${WARM:-2s}
@@ -182,6 +189,10 @@ root_granian=$!; port_granian=$port
 wait_http "http://127.0.0.1:$port/"
 start_corral corral_wsgi 'app = "wsgi:hello:application"
 python = "/usr/bin/python3"'
+start_corral corral_wsgi_native "app = \"wsgi:hello:application\"
+worker = \"native\"
+worker_path = \"$WSGI_WORKER\"
+python = \"/usr/bin/python3\""
 
 # name, port, root pids of the processes whose CPU is counted
 targets=(
@@ -192,6 +203,7 @@ targets=(
   "wsgi|gunicorn 20.1, 2 sync workers|gunicorn|$root_gunicorn"
   "wsgi|$("$GRANIAN" --version), --workers 2 --blocking-threads 1, direct|granian|$root_granian"
   "wsgi|corral → WSGI launcher, 2 workers, preload|corral_wsgi|$root_corral_wsgi"
+  "wsgi|corral → native WSGI worker, 2 workers, preload|corral_wsgi_native|$root_corral_wsgi_native"
 )
 
 report=$scratch/report.md
@@ -268,6 +280,10 @@ r=$(ratio corral_wsgi uwsgi)
 g=$(ratio corral_wsgi gunicorn)
 n=$(ratio corral_wsgi granian)
 echo "- WSGI, pure-Python launcher: corral / nginx → uWSGI = $(bold "$r") (target ≥ 0.7×: $(target "$r" 0.7)); corral / Granian = $(bold "$n") (≥ 0.5× is the native worker's target: $(target "$n" 0.5)); corral / gunicorn = $(bold "$g")."
+r=$(ratio corral_wsgi_native uwsgi)
+n=$(ratio corral_wsgi_native granian)
+l=$(ratio corral_wsgi_native corral_wsgi)
+echo "- WSGI, native worker: corral / nginx → uWSGI = $(bold "$r") (target ≥ 1.0×: $(target "$r" 1.0)); corral / Granian = $(bold "$n") (target ≥ 0.5×: $(target "$n" 0.5)); native worker / pure-Python launcher = $(bold "$l")."
 exec 1>&3
 cat "$report"
 results_write launchers "Launchers: Rack and WSGI hello world beside Passenger, Puma, uWSGI, gunicorn, Granian" "$report"

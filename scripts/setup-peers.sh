@@ -27,6 +27,7 @@ APT_PACKAGES+=(ruby-rails python3-django python3-flask python3-venv ruby-bundler
 APT_PACKAGES+=(wordpress wordpress-theme-twentytwentyone mariadb-server)  # tests/app_wordpress.rs (it runs its own mariadbd; the theme is only a Recommends)
 APT_PACKAGES+=(python3-yaml)  # tests/kubernetes_example.rs parses conf/kubernetes/ with it
 APT_PACKAGES+=(libphp8.2-embed php8.2-dev)  # the native PHP worker (workers/php) links libphp; tests/php_native.rs
+APT_PACKAGES+=(python3-dev)  # the native WSGI worker (workers/wsgi) embeds libpython3.11; tests/wsgi_native.rs
 # Used by scripts/build-lsphp.sh; present on the base image, listed so a
 # thinner image still works.
 BUILD_PACKAGES=(gcc make libc6-dev dpkg-dev xz-utils binutils)

@@ -558,7 +558,17 @@ fn pool_summary(p: &config::PoolConfig) -> String {
                     module,
                     callable,
                     python,
-                } => format!("wsgi {module}:{callable} on {python}"),
+                    native,
+                } => format!(
+                    "wsgi {module}:{callable} on {python}{}",
+                    native
+                        .as_ref()
+                        .map(|n| format!(
+                            " in the native worker {}",
+                            crate::launchers::wsgi_worker(n.worker_path.as_deref())
+                        ))
+                        .unwrap_or_default()
+                ),
                 Program::Rack { rackup, ruby } => format!("rack {} on {ruby}", rackup.display()),
                 Program::PhpNative {
                     worker_path,

@@ -21,9 +21,10 @@ fn read(path: &str) -> String {
 
 #[test]
 fn every_configuration_in_conf_passes_corral_check() {
-    // conf/php-native.toml and conf/php-worker.toml name the native PHP worker, which
-    // `corral check` finds beside corral.
+    // conf/php-native.toml and conf/php-worker.toml name the native PHP worker, and
+    // conf/wsgi-native.toml the native WSGI worker, which `corral check` finds beside corral.
     support::native::worker();
+    support::native::wsgi_worker();
     let mut checked = 0;
     for entry in std::fs::read_dir(repo("conf")).unwrap() {
         let path = entry.unwrap().path();

@@ -6,7 +6,8 @@
 //! a SIGKILLed preloader by a new preloader that loads again and serves; `max_requests` and
 //! `max_memory` still recycle one worker at a time; a new worker's time from being asked for
 //! to its first response is measured and printed (bounded generously); `preload = false`
-//! keeps one interpreter per worker, each corral's child, each loading the app.
+//! keeps one interpreter per worker, each corral's child, each loading the app. The WSGI
+//! cases run again on the native WSGI worker (`worker = "native"`).
 
 #![allow(
     clippy::unwrap_used,
@@ -90,10 +91,23 @@ macro_rules! both {
     };
 }
 
+/// Each case again on the native WSGI worker (workers/wsgi), which speaks the same
+/// control protocol: `native!(case: name)`.
+macro_rules! native {
+    ($case:ident: $name:ident) => {
+        #[test]
+        fn $name() {
+            $case(Lang::PythonNative);
+        }
+    };
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Lang {
     Python,
     Ruby,
+    /// The WSGI app on `worker = "native"`.
+    PythonNative,
 }
 
 struct Pool {
@@ -137,11 +151,18 @@ fn start(lang: Lang, keys: &str) -> Pool {
     let app = match lang {
         Lang::Python => {
             write_tree(&dir, &[("app.py", WSGI_APP)]);
-            "wsgi:app:application"
+            "wsgi:app:application".to_owned()
+        }
+        Lang::PythonNative => {
+            write_tree(&dir, &[("app.py", WSGI_APP)]);
+            format!(
+                "wsgi:app:application\"\nworker = \"native\"\nworker_path = \"{}",
+                support::native::wsgi_worker().display()
+            )
         }
         Lang::Ruby => {
             write_tree(&dir, &[("config.ru", RACK_APP)]);
-            "rack:config.ru"
+            "rack:config.ru".to_owned()
         }
     };
     let config = config(
@@ -633,3 +654,11 @@ fn a_graceful_stop_ends_the_preloader_without_sigkill(lang: Lang) {
 }
 
 both!(a_graceful_stop_ends_the_preloader_without_sigkill: wsgi_a_graceful_stop_ends_the_preloader_without_sigkill, rack_a_graceful_stop_ends_the_preloader_without_sigkill);
+
+native!(forked_workers_serve: native_wsgi_forked_workers_serve_and_the_app_loads_once);
+native!(recycling_is_per_worker: native_wsgi_recycling_stays_per_worker);
+native!(without_preload_each_worker_loads: native_wsgi_without_preload_each_worker_loads_the_app);
+native!(spawn_to_first_response: native_wsgi_new_worker_time_to_first_response);
+native!(rolling_restart_reloads_the_app: native_wsgi_rolling_restart_forks_from_a_fresh_preloader);
+native!(launchers_cannot_be_traced_by_their_own_user: native_wsgi_workers_are_not_dumpable);
+native!(a_graceful_stop_ends_the_preloader_without_sigkill: native_wsgi_a_graceful_stop_ends_the_preloader_without_sigkill);

@@ -28,6 +28,7 @@ mod pool;
 mod programs;
 mod units;
 mod validate;
+mod wsgi_native;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,6 +42,7 @@ pub use direct::DirectListener;
 pub use php_children::PhpChildren;
 pub use programs::check_programs;
 pub use units::{parse_duration, parse_size};
+pub use wsgi_native::NativeWsgi;
 
 /// The configuration `corral` runs when no file is given: an HTTP listener on
 /// 127.0.0.1:8080 and status on 127.0.0.1:9180 in front of a demo WSGI app.
@@ -450,6 +452,9 @@ pub enum Program {
         /// a name looked up in the worker's `PATH`), `VIRTUALENV/bin/python` for
         /// `virtualenv`, else [`DEFAULT_PYTHON`].
         python: String,
+        /// `worker = "native"`: corral's native WSGI worker (`workers/wsgi`, CPython
+        /// embedded) runs the app instead of the pure-Python launcher.
+        native: Option<NativeWsgi>,
     },
     /// `app = "rack:PATH"`: the embedded Ruby launcher with a rackup file.
     Rack {

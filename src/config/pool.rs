@@ -46,6 +46,10 @@ pub(super) fn pool(
     .into_iter()
     .filter_map(|(k, s)| Some((k, s?)))
     .collect();
+    // `app = "wsgi:..."` with `worker = "native"` is one choice: the app on the native worker.
+    if super::wsgi_native::paired(e, n, p) {
+        chosen.retain(|(k, _)| *k != "worker");
+    }
     // Report in the order written: the later key is the one to remove or move.
     chosen.sort_by_key(|(_, span)| span.start);
     match chosen.as_slice() {
@@ -319,7 +323,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
             "the embedded launchers speak",
         );
     }
-    if let Some(worker) = p.worker.as_ref() {
+    if let Some(worker) = p.worker.as_ref().filter(|_| !is_app) {
         launcher_rules(
             e,
             p,
@@ -404,11 +408,13 @@ fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
         if let (Some(v), None) = (value, &p.worker) {
             e.at(
                 v.span(),
-                format!("{key} belongs to the native PHP worker: it needs worker = \"native\""),
+                format!(
+                    "{key} belongs to the native workers (PHP, WSGI): it needs worker = \"native\""
+                ),
             );
         }
     }
-    if let Some(worker) = &p.worker {
+    if let Some(worker) = p.worker.as_ref().filter(|_| p.app.is_none()) {
         if worker.get_ref() != "native" {
             e.at(
                 worker.span(),
@@ -458,10 +464,11 @@ fn program(e: &mut Errors, p: &FilePool) -> Option<Program> {
     let result = parse_app(app.get_ref());
     let mut program = e.check(app.span(), result)?;
     match &mut program {
-        Program::Wsgi { python, .. } => {
+        Program::Wsgi { python, native, .. } => {
             if let Some(chosen) = python_interpreter(e, p) {
                 *python = chosen;
             }
+            *native = super::wsgi_native::native(e, p)?;
         }
         Program::Rack { ruby, .. } => {
             if let Some(chosen) = p.ruby.as_ref() {
@@ -509,7 +516,7 @@ fn python_interpreter(e: &mut Errors, p: &FilePool) -> Option<String> {
 /// An interpreter as `python` or `ruby` names it: an absolute path to the executable, or a
 /// bare program name the worker's `PATH` finds (as `command = [...]` is looked up). A
 /// relative path would depend on the directory corral was started from, so it is refused.
-fn interpreter_path(key: &str, text: &str) -> Result<String, String> {
+pub(super) fn interpreter_path(key: &str, text: &str) -> Result<String, String> {
     let example = match key {
         "python" => "\"/srv/app/venv/bin/python\" or \"python3.11\"",
         "ruby" => "\"/usr/bin/ruby3.1\" or \"ruby3.1\"",
@@ -585,6 +592,7 @@ fn parse_app(text: &str) -> Result<Program, String> {
                 module: module.to_owned(),
                 callable: callable.to_owned(),
                 python: DEFAULT_PYTHON.to_owned(),
+                native: None,
             });
         }
         return Err(format!(

@@ -38,7 +38,7 @@ pub fn check_programs(
             .iter()
             .find(|(name, _)| name.get_ref() == &pool.name)
             .map(|(_, p)| p.get_ref());
-        let (program, key, span) = match &spawn.program {
+        let (program, mut key, mut span) = match &spawn.program {
             Program::Command(argv) => {
                 let span = written
                     .and_then(|p| p.command.as_ref())
@@ -98,8 +98,43 @@ pub fn check_programs(
             (Ok(file), Program::PhpNative { .. }) => super::php_native::starts(&file),
             (found, _) => found.map(|_| ()),
         };
+        let found = match (found, &spawn.program) {
+            // The interpreter is there: now the native worker that embeds it.
+            (
+                Ok(()),
+                Program::Wsgi {
+                    native: Some(native),
+                    python,
+                    ..
+                },
+            ) => {
+                let (worker_key, worker_span) = match written {
+                    Some(p) if p.worker_path.is_some() => (
+                        "worker_path",
+                        p.worker_path.as_ref().map(toml::Spanned::span),
+                    ),
+                    Some(p) => ("worker", p.worker.as_ref().map(toml::Spanned::span)),
+                    None => ("worker", None),
+                };
+                (key, span) = (worker_key, worker_span);
+                let worker = crate::launchers::wsgi_worker(native.worker_path.as_deref());
+                find_program(&worker, path, spawn.cwd.as_deref())
+                    .and_then(|file| super::wsgi_native::starts(&file, python))
+            }
+            (found, _) => found,
+        };
         if let Err(why) = found {
             let default = match (&spawn.program, key) {
+                (
+                    Program::Wsgi {
+                        native: Some(_), ..
+                    },
+                    "worker",
+                ) => format!(
+                    " (corral looks for {} beside its own executable, then in PATH; {})",
+                    crate::launchers::WSGI_WORKER,
+                    super::wsgi_native::INSTALL
+                ),
                 (Program::PhpNative { .. }, "worker") => format!(
                     " (corral looks for {} beside its own executable, then in PATH; {})",
                     crate::launchers::PHP_WORKER,

@@ -189,7 +189,7 @@ fn embedded_default_is_valid() {
     assert_eq!(c.pools[0].protocol, BackendProtocol::Lsapi);
     assert!(matches!(
         spawn(&c.pools[0]).program,
-        Program::Wsgi { ref module, ref callable, ref python }
+        Program::Wsgi { ref module, ref callable, ref python, native: None }
             if module == "corral_demo" && callable == "application" && python == DEFAULT_PYTHON
     ));
 }
@@ -767,6 +767,7 @@ fn python_virtualenv_and_ruby_name_the_launchers_interpreter() {
         module: "app".into(),
         callable: "application".into(),
         python: python.into(),
+        native: None,
     };
     assert_eq!(program("app = \"wsgi:app\"\n"), wsgi("python3"));
     assert_eq!(

@@ -42,6 +42,17 @@ pub fn command(program: &Program, runtime_dir: &Path) -> io::Result<Option<Vec<S
             module,
             callable,
             python,
+            native: Some(native),
+        } => Ok(Some(vec![
+            wsgi_worker(native.worker_path.as_deref()),
+            python.clone(),
+            format!("{module}:{callable}"),
+        ])),
+        Program::Wsgi {
+            module,
+            callable,
+            python,
+            native: None,
         } => {
             let path = write(runtime_dir, "corral-wsgi.py", WSGI)?;
             Ok(Some(vec![
@@ -69,16 +80,30 @@ pub const PHP_WORKER: &str = "corral-php-worker";
 /// installs both in one directory, and cargo builds both into one target directory); else
 /// the bare name, which the worker's `PATH` resolves.
 pub fn php_worker(worker_path: Option<&str>) -> String {
+    native_worker(PHP_WORKER, worker_path)
+}
+
+/// The program name of corral's native WSGI worker (the `workers/wsgi` package).
+pub const WSGI_WORKER: &str = "corral-wsgi-worker";
+
+/// The program an `app = "wsgi:..."` + `worker = "native"` pool runs, found by the rules of
+/// [`php_worker`]. Its arguments are the pool's Python (which the embedded interpreter
+/// starts as, so a virtualenv is found) and `module:callable`.
+pub fn wsgi_worker(worker_path: Option<&str>) -> String {
+    native_worker(WSGI_WORKER, worker_path)
+}
+
+fn native_worker(name: &str, worker_path: Option<&str>) -> String {
     if let Some(path) = worker_path {
         return path.to_owned();
     }
     let beside = std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(PHP_WORKER)))
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
         .filter(|path| path.is_file());
     match beside {
         Some(path) => path.display().to_string(),
-        None => PHP_WORKER.to_owned(),
+        None => name.to_owned(),
     }
 }
 
@@ -155,6 +180,7 @@ mod tests {
             module: "app.wsgi".into(),
             callable: "application".into(),
             python: "/srv/app/venv/bin/python".into(),
+            native: None,
         };
         let argv = command(&wsgi, dir.path()).unwrap().unwrap();
         // The pool's interpreter, as written: a venv's bin/python is not resolved.
@@ -180,6 +206,30 @@ mod tests {
     }
 
     #[test]
+    fn the_native_wsgi_worker_gets_the_pools_python_and_app() {
+        let dir = tempfile::tempdir().unwrap();
+        let wsgi = Program::Wsgi {
+            module: "app.wsgi".into(),
+            callable: "application".into(),
+            python: "/srv/app/venv/bin/python".into(),
+            native: Some(crate::config::NativeWsgi {
+                worker_path: Some("/opt/corral/corral-wsgi-worker".into()),
+            }),
+        };
+        let argv = command(&wsgi, dir.path()).unwrap().unwrap();
+        assert_eq!(
+            argv,
+            [
+                "/opt/corral/corral-wsgi-worker",
+                "/srv/app/venv/bin/python",
+                "app.wsgi:application"
+            ]
+        );
+        // No launcher file is written for it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
     fn a_planted_symlink_is_replaced_and_its_target_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("target");
@@ -195,6 +245,7 @@ mod tests {
             module: "m".into(),
             callable: "app".into(),
             python: crate::config::DEFAULT_PYTHON.into(),
+            native: None,
         };
         command(&wsgi, dir.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");

@@ -1,0 +1,202 @@
+//! One request's answer as LSAPI packets, and the loop that serves a connection's requests.
+//! Packets are queued in the connection's reused buffer and written together: REQ_RECEIVED
+//! leads the first write (corral takes from it only that a byte came), the head leaves with
+//! the first body bytes, and a list body leaves whole with RESP_END, so a small answer is
+//! one write(2). An iterable the app yields from is written chunk by chunk (PEP 3333 forbids
+//! holding a block back).
+
+use corral_protocols::lsapi::{BeginRequest, FlagRule, ResponseEncoder};
+
+use crate::conn::{Conn, End};
+use crate::environ::{self, Keys};
+use crate::python::{self, Outcome};
+
+/// Response bytes queued before they are written.
+const FLUSH_AT: usize = 64 * 1024;
+
+/// The body of the 500 that replaces an app's failed answer.
+const ERROR_BODY: &[u8] = b"Internal Server Error\n";
+
+/// One request's answer, reached by python.c's callbacks while the app runs.
+pub struct Exchange<'c> {
+    conn: &'c mut Conn,
+    encoder: ResponseEncoder,
+    /// Where the head starts in the queue (a head replaced through exc_info is cut there).
+    head_at: Option<usize>,
+    /// Whether anything past REQ_RECEIVED was written.
+    head_sent: bool,
+    broken: bool,
+    what: String,
+}
+
+impl Exchange<'_> {
+    /// wsgi.input's reads.
+    pub fn read_body(&mut self, dst: &mut [u8]) -> Result<usize, ()> {
+        self.conn.read_body(dst).map_err(|end| {
+            let why = match end {
+                End::Failed(why) => why,
+                End::Closed | End::Stopping => "the connection ended".to_owned(),
+            };
+            crate::log(&format!("{}: reading the request body: {why}", self.what));
+            self.broken = true;
+        })
+    }
+
+    /// Queues RESP_HEADER; a head not yet written is replaced (start_response with exc_info).
+    pub fn head(&mut self, status: u16, headers: &[(&[u8], &[u8])]) -> Result<(), String> {
+        if let Some(at) = self.head_at.take() {
+            self.conn.out.truncate(at);
+        }
+        let at = self.conn.out.len();
+        self.encoder
+            .header(status, headers, &mut self.conn.out)
+            .map_err(|e| e.to_string())?;
+        self.head_at = Some(at);
+        Ok(())
+    }
+
+    /// Queues body bytes, written at once with `flush` or when the queue is full; false
+    /// when the connection is gone.
+    pub fn write(&mut self, data: &[u8], flush: bool) -> bool {
+        if self.broken {
+            return false;
+        }
+        self.encoder.stream(data, &mut self.conn.out);
+        if flush || self.conn.out.len() >= FLUSH_AT {
+            self.flush();
+        }
+        !self.broken
+    }
+
+    /// Whether any of the head has been written.
+    pub fn head_sent(&self) -> bool {
+        self.head_sent
+    }
+
+    fn flush(&mut self) {
+        if self.broken {
+            self.conn.out.clear();
+            return;
+        }
+        self.head_sent = self.head_sent || self.head_at.is_some();
+        if let Err(e) = self.conn.flush() {
+            crate::log(&format!(
+                "{}: connection to corral lost while answering ({e})",
+                self.what
+            ));
+            self.broken = true;
+        }
+    }
+
+    /// RESP_END and the last write; whether the connection can carry another request.
+    fn end(mut self) -> bool {
+        self.encoder.end(&mut self.conn.out);
+        self.flush();
+        !self.broken
+    }
+
+    /// Replaces the queued answer (none of it written) with `status` and a short text.
+    fn answer(mut self, status: u16, body: &[u8]) -> bool {
+        self.conn.out.clear();
+        self.encoder.req_received(&mut self.conn.out);
+        let mut length = [0u8; 20];
+        let length = decimal(body.len(), &mut length);
+        let headers: [(&[u8], &[u8]); 2] = [
+            (b"Content-Type", b"text/plain; charset=utf-8"),
+            (b"Content-Length", length),
+        ];
+        // A status and two short fixed headers always encode.
+        let _ = self.encoder.header(status, &headers, &mut self.conn.out);
+        self.head_at = Some(0);
+        self.encoder.stream(body, &mut self.conn.out);
+        self.end()
+    }
+}
+
+fn decimal(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        if let Some(slot) = buf.get_mut(at) {
+            *slot = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    buf.get(at..).unwrap_or_default()
+}
+
+/// Serves one connection's requests until it ends.
+pub fn serve_connection(conn: &mut Conn, keys: &mut Keys) -> End {
+    loop {
+        let begin = match conn.next_request() {
+            Ok(b) => b,
+            Err(end) => return end,
+        };
+        if !serve_request(conn, keys, &begin) {
+            return End::Closed;
+        }
+        if let Err(end) = conn.drain_body() {
+            return end;
+        }
+        if crate::stopping() {
+            return End::Stopping;
+        }
+    }
+}
+
+/// Answers one request; whether the connection can carry another.
+fn serve_request(conn: &mut Conn, keys: &mut Keys, begin: &BeginRequest) -> bool {
+    let served = conn.served;
+    conn.out.clear();
+    let encoder = ResponseEncoder::new(begin.order, FlagRule::HOST);
+    encoder.req_received(&mut conn.out);
+    let what = describe(begin);
+    let exchange = Exchange {
+        conn,
+        encoder,
+        head_at: None,
+        head_sent: false,
+        broken: false,
+        what,
+    };
+    if environ::env(begin, b"CORRAL_READY_PROBE") == Some(b"1") {
+        // corral asking whether the app is loaded (it is: this loop runs only once it is),
+        // before the worker gets traffic. The app is not called.
+        let mut exchange = exchange;
+        let none: [(&[u8], &[u8]); 0] = [];
+        let _ = exchange.head(204, &none);
+        return exchange.end();
+    }
+    let Some(environ) = environ::build(keys, begin, served) else {
+        crate::log(&format!(
+            "{}: cannot build the environ; answering 500",
+            exchange.what
+        ));
+        return exchange.answer(500, ERROR_BODY);
+    };
+    let mut exchange = exchange;
+    let what = exchange.what.clone();
+    match python::call(&mut exchange, environ, begin.body_len, &what) {
+        Outcome::Answered => exchange.end(),
+        Outcome::FailedUnsent if !exchange.broken => exchange.answer(500, ERROR_BODY),
+        Outcome::FailedUnsent | Outcome::FailedSent | Outcome::Gone => {
+            if exchange.head_sent {
+                crate::log(&format!(
+                    "{what}: the answer was cut short; closing the connection"
+                ));
+            }
+            false
+        }
+    }
+}
+
+/// "GET /path?query" for log lines.
+fn describe(begin: &BeginRequest) -> String {
+    let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+    let method = environ::env(begin, b"REQUEST_METHOD").or(begin.request_method.as_deref());
+    let uri = environ::env(begin, b"REQUEST_URI");
+    format!("{} {}", text(method), text(uri))
+}
