@@ -9,9 +9,9 @@ use tokio::sync::mpsc;
 use crate::access::{AccessLog, LogSettings, Record};
 use crate::backend::{BackendError, ResponseBody};
 use crate::pool::driver::Command as DriverCommand;
+use crate::pool::requests::RequestTimer;
 use crate::pool::slots::Slot;
 use crate::protocols::cgi_response::CgiResponseHead;
-use crate::status::counters::RequestTimer;
 
 use super::slow_stacks;
 

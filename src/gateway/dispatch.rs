@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use crate::access::Record;
 use crate::backend::{self, ExchangeOptions, RequestBody, ResponseBody};
+use crate::pool::requests::RequestTimer;
 use crate::pool::slots::Slot;
 use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::CgiResponseHead;
-use crate::status::counters::RequestTimer;
 
 use super::body::Logged;
 use super::{script, slow_stacks, Gateway, GatewayBody, GatewayError, GatewayResponse, Routed};

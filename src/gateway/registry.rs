@@ -19,12 +19,12 @@ use crate::backend::{BackendError, Connections, Protocol, Timeouts};
 use crate::config::{Backend, Config, PoolConfig};
 use crate::error::StartupError;
 use crate::pool::driver::{Command as DriverCommand, Driver};
+use crate::pool::requests::RequestStats;
 use crate::pool::slots::{FailPolicy, Failed, Slot, SlotLimits, SlotTable, WorkerId};
 use crate::pool::state::{PoolSpec, PoolState};
 use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::router::{PoolId, Router};
 use crate::status::collect::PoolInfo;
-use crate::status::counters::RequestStats;
 
 /// Everything that decides whether a running pool can serve a new configuration unchanged:
 /// its own settings, its contexts' caps (the slot table is built with them) and the server

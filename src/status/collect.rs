@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{Backend, PoolConfig, Sizing};
 use crate::gateway::Gateway;
+use crate::pool::requests::{HistogramSnapshot, RequestSnapshot};
 use crate::pool::slots::{SlotAges, SlotStats, WorkerCounts, WorkerId};
 use crate::pool::state::{PoolStatus, WorkerKey, WorkerState};
 use crate::process;
-use crate::status::counters::{HistogramSnapshot, RequestSnapshot};
 
 /// What the configuration says about a pool, kept beside its live values.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,75 +16,14 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::pool::slots::{Slot, SlotError, SlotTable};
 
-/// Upper bounds, in seconds, of the latency histogram buckets (a `+Inf` bucket follows).
-pub const BUCKETS: [f64; 12] = [
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// A latency histogram with fixed buckets, cumulative only when read.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    /// Observations per bucket (not cumulative); the last entry is the `+Inf` bucket.
-    buckets: [AtomicU64; BUCKETS.len() + 1],
-    /// Sum of all observations, in microseconds.
-    sum_us: AtomicU64,
-}
-
-/// A histogram read at one moment.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistogramSnapshot {
-    /// Cumulative counts, one per entry of [`BUCKETS`], then the `+Inf` bucket (= count).
-    pub cumulative: Vec<u64>,
-    /// Sum of all observations, in seconds.
-    pub sum: f64,
-}
-
-impl HistogramSnapshot {
-    /// Observations in all.
-    pub fn count(&self) -> u64 {
-        self.cumulative.last().copied().unwrap_or(0)
-    }
-}
-
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(BUCKETS.len());
-        if let Some(b) = self.buckets.get(i) {
-            b.fetch_add(1, Ordering::Relaxed);
-        }
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-    }
-
-    /// The buckets made cumulative, as OpenMetrics wants them.
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        let mut total = 0u64;
-        let cumulative = self
-            .buckets
-            .iter()
-            .map(|b| {
-                total = total.saturating_add(b.load(Ordering::Relaxed));
-                total
-            })
-            .collect();
-        HistogramSnapshot {
-            cumulative,
-            sum: self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
-        }
-    }
-}
+pub use crate::pool::histogram::{Histogram, HistogramSnapshot, BUCKETS};
+pub use crate::pool::request_timer::RequestTimer;
 
 /// Kinds of backend failure, as the status page counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,82 +106,6 @@ pub struct RequestStats {
     /// Time from asking for a slot to the end of the response body, for requests that
     /// ended cleanly.
     pub total: Histogram,
-}
-
-/// Times one request's phases into its pool's histograms (the queue wait is timed by
-/// [`RequestStats::acquire`]).
-#[derive(Debug)]
-pub struct RequestTimer {
-    stats: Arc<RequestStats>,
-    asked: Instant,
-    phase: Instant,
-    ended: bool,
-    /// The split so far, for the access log: queue wait, connect, time to head, total.
-    split: [std::time::Duration; 4],
-}
-
-impl RequestTimer {
-    /// Starts timing a request that is about to ask for a slot.
-    pub fn start(stats: &Arc<RequestStats>) -> RequestTimer {
-        let now = Instant::now();
-        RequestTimer {
-            stats: Arc::clone(stats),
-            asked: now,
-            phase: now,
-            ended: false,
-            split: [std::time::Duration::ZERO; 4],
-        }
-    }
-
-    /// The counters it records into.
-    pub fn stats(&self) -> &RequestStats {
-        &self.stats
-    }
-
-    /// When the request started asking for a slot.
-    pub fn asked(&self) -> Instant {
-        self.asked
-    }
-
-    /// A slot was had at `had` (a clock reading the caller already made): the connect phase
-    /// starts.
-    pub fn slot_at(&mut self, had: Instant) {
-        self.phase = had;
-        self.split[0] = had - self.asked;
-    }
-
-    /// A connection was had: records the connect time; the first-byte phase starts.
-    pub fn connected(&mut self) {
-        let now = Instant::now();
-        self.split[1] = now - self.phase;
-        self.stats.connect.observe(self.split[1]);
-        self.phase = now;
-    }
-
-    /// The response head arrived: records the time to it.
-    pub fn head(&mut self) {
-        self.split[2] = self.phase.elapsed();
-        self.stats.first_byte.observe(self.split[2]);
-    }
-
-    /// The response body ended cleanly: records the total, once.
-    pub fn end(&mut self) {
-        if !self.ended {
-            self.ended = true;
-            self.split[3] = self.asked.elapsed();
-            self.stats.total.observe(self.split[3]);
-        }
-    }
-
-    /// (queue wait, connect, time to head, total) as measured so far; the total is the time
-    /// until now when the body has not ended.
-    pub fn split(&self) -> [std::time::Duration; 4] {
-        let mut split = self.split;
-        if !self.ended {
-            split[3] = self.asked.elapsed();
-        }
-        split
-    }
 }
 
 /// [`RequestStats`] read at one moment.
@@ -403,6 +266,7 @@ mod tests {
     use super::*;
     use crate::config::BackendAddress;
     use crate::pool::slots::SlotLimits;
+    use std::time::Duration;
 
     #[test]
     fn histogram_buckets_are_cumulative() {
