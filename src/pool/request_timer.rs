@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::pool::requests::RequestStats;
+use crate::pool::requests::{Phase, RequestStats};
 
 /// Times one request's phases into its pool's histograms (the queue wait is timed by
 /// [`RequestStats::acquire`]).
@@ -53,14 +53,14 @@ impl RequestTimer {
     pub fn connected(&mut self) {
         let now = Instant::now();
         self.split[1] = now - self.phase;
-        self.stats.connect.observe(self.split[1]);
+        self.stats.observe(Phase::Connect, self.split[1]);
         self.phase = now;
     }
 
     /// The response head arrived: records the time to it.
     pub fn head(&mut self) {
         self.split[2] = self.phase.elapsed();
-        self.stats.first_byte.observe(self.split[2]);
+        self.stats.observe(Phase::FirstByte, self.split[2]);
     }
 
     /// The response body ended cleanly: records the total, once.
@@ -68,7 +68,7 @@ impl RequestTimer {
         if !self.ended {
             self.ended = true;
             self.split[3] = self.asked.elapsed();
-            self.stats.total.observe(self.split[3]);
+            self.stats.observe(Phase::Total, self.split[3]);
         }
     }
 
