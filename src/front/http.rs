@@ -98,8 +98,11 @@ pub async fn serve_connection(
         // body (after its last byte, or when the connection ends).
         let guard = busy.begin();
         async move {
-            let resp = handle(&gateway, &info, req).await;
-            Ok::<_, Infallible>(resp.map(|body| body.holding(guard)))
+            let mut resp = handle(&gateway, &info, req).await;
+            // Set in place: `Response::map` moved the whole response (its body holds the
+            // backend's) three times over.
+            resp.body_mut().hold(guard);
+            Ok::<_, Infallible>(resp)
         }
     });
     let conn = hyper::server::conn::http1::Builder::new()

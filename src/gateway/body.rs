@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use crate::access::{AccessLog, LogSettings, Record};
 use crate::backend::{BackendError, ResponseBody};
@@ -13,7 +12,7 @@ use crate::pool::requests::RequestTimer;
 use crate::pool::slots::Slot;
 use crate::protocols::cgi_response::CgiResponseHead;
 
-use super::slow_stacks;
+use super::{slow_stacks, Pool};
 
 /// A backend's response with the slot it holds until the body ends.
 #[derive(Debug)]
@@ -30,7 +29,9 @@ pub struct GatewayResponse {
 pub struct GatewayBody {
     pub(super) body: ResponseBody,
     pub(super) slot: Slot,
-    pub(super) supervisor: Option<mpsc::UnboundedSender<DriverCommand>>,
+    /// Its pool: the counters the timer records into and the driver told of a timeout
+    /// (one reference, not a clone of each).
+    pub(super) pool: Arc<Pool>,
     pub(super) timer: RequestTimer,
     /// The request's access-log line to finish, when a request log is on.
     pub(super) log: Option<Box<Logged>>,
@@ -97,7 +98,7 @@ impl GatewayBody {
         let chunk = std::task::ready!(self.body.poll_chunk(cx));
         let ended = match &chunk {
             Some(Err(e)) => {
-                self.timer.stats().backend_error(e);
+                self.pool.requests.backend_error(e);
                 false
             }
             // A reader may stop at the last chunk once `is_ended` says so.
@@ -108,13 +109,13 @@ impl GatewayBody {
             logged.record.bytes += data.len() as u64;
         }
         if ended {
-            self.timer.end();
+            self.timer.end(&self.pool.requests);
             if let Some(logged) = self.log.take() {
                 logged.finish(&self.timer);
             }
         }
         if let (Some(Err(BackendError::RequestTimeout { .. })), Some(tx)) =
-            (&chunk, &self.supervisor)
+            (&chunk, &self.pool.supervisor)
         {
             let _ = tx.send(DriverCommand::RequestTimedOut(self.slot.worker()));
         }

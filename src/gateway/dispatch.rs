@@ -26,7 +26,7 @@ impl Gateway {
         request_id: u64,
     ) -> Result<GatewayResponse, GatewayError> {
         let (context, pool) = (&*routed.context, &routed.pool);
-        let mut timer = RequestTimer::start(&pool.requests);
+        let mut timer = RequestTimer::start();
         let log = routed.logs.as_ref().map(|settings| {
             let slow =
                 settings
@@ -85,13 +85,13 @@ impl Gateway {
                 let mut body = GatewayBody {
                     body,
                     slot,
-                    supervisor: pool.supervisor.clone(),
+                    pool: Arc::clone(pool),
                     timer,
                     log,
                 };
                 if body.body.is_ended() {
                     // An empty body: no chunk will be asked for.
-                    body.timer.end();
+                    body.timer.end(&body.pool.requests);
                     if let Some(logged) = body.log.take() {
                         logged.finish(&body.timer);
                     }
@@ -189,7 +189,7 @@ impl Gateway {
                 }
             };
             if !replayed {
-                timer.connected();
+                timer.connected(&pool.requests);
             }
             if routed.logs.is_some() {
                 *pid = slot.pid();
@@ -209,7 +209,7 @@ impl Gateway {
                 match backend::send_params(pool.protocol, conn, &params, body, &options).await {
                     Ok(response) => {
                         pool.healthy(&slot);
-                        timer.head();
+                        timer.head(&pool.requests);
                         return Ok((response.head, response.body, slot));
                     }
                     Err(e) => e,

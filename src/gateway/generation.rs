@@ -97,6 +97,26 @@ impl Live {
         })
     }
 
+    /// Calls `f` with the current generation, borrowed from this thread's cache when it is
+    /// current (no reference count touched: `get` clones the `Arc`, whose count every
+    /// serving thread writes).
+    pub(super) fn with<R, F: FnOnce(&Generation) -> R>(&self, f: F) -> R {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let tried = CURRENT.with(move |cell| {
+            let Ok(cached) = cell.try_borrow() else {
+                return Err(f);
+            };
+            match cached.as_ref() {
+                Some((id, e, g)) if *id == self.id && *e == epoch => Ok(f(g)),
+                _ => Err(f),
+            }
+        });
+        match tried {
+            Ok(r) => r,
+            Err(f) => f(&self.get()),
+        }
+    }
+
     pub(super) fn set(&self, generation: Arc<Generation>) -> Arc<Generation> {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let old = std::mem::replace(&mut *current, generation);

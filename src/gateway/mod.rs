@@ -110,16 +110,14 @@ impl Gateway {
     /// Routes a request of the current generation; no matching context is
     /// [`GatewayError::NoContext`].
     pub fn route(&self, key: RouteKey<'_>) -> Result<Routed, GatewayError> {
-        let generation = self.current();
-        generation
-            .router
-            .route(key)
-            .and_then(|context| {
+        self.live
+            .with(|generation| {
+                let context = generation.router.route(key)?;
                 let pool = generation.pools.get(context.pool)?;
                 Some(Routed::new(
                     Arc::clone(context),
                     Arc::clone(pool),
-                    &generation,
+                    generation,
                 ))
             })
             .ok_or_else(|| GatewayError::NoContext {

@@ -1,8 +1,6 @@
 //! Times one request's phases (queue wait, connect, time to the response head, total) into
 //! its pool's histograms, and keeps the split for the access log.
 
-use std::sync::Arc;
-
 use tokio::time::Instant;
 
 use crate::pool::requests::{Phase, RequestStats};
@@ -11,7 +9,6 @@ use crate::pool::requests::{Phase, RequestStats};
 /// [`RequestStats::acquire`]).
 #[derive(Debug)]
 pub struct RequestTimer {
-    stats: Arc<RequestStats>,
     asked: Instant,
     phase: Instant,
     ended: bool,
@@ -21,20 +18,14 @@ pub struct RequestTimer {
 
 impl RequestTimer {
     /// Starts timing a request that is about to ask for a slot.
-    pub fn start(stats: &Arc<RequestStats>) -> RequestTimer {
+    pub fn start() -> RequestTimer {
         let now = Instant::now();
         RequestTimer {
-            stats: Arc::clone(stats),
             asked: now,
             phase: now,
             ended: false,
             split: [std::time::Duration::ZERO; 4],
         }
-    }
-
-    /// The counters it records into.
-    pub fn stats(&self) -> &RequestStats {
-        &self.stats
     }
 
     /// When the request started asking for a slot.
@@ -50,25 +41,25 @@ impl RequestTimer {
     }
 
     /// A connection was had: records the connect time; the first-byte phase starts.
-    pub fn connected(&mut self) {
+    pub fn connected(&mut self, stats: &RequestStats) {
         let now = Instant::now();
         self.split[1] = now - self.phase;
-        self.stats.observe(Phase::Connect, self.split[1]);
+        stats.observe(Phase::Connect, self.split[1]);
         self.phase = now;
     }
 
     /// The response head arrived: records the time to it.
-    pub fn head(&mut self) {
+    pub fn head(&mut self, stats: &RequestStats) {
         self.split[2] = self.phase.elapsed();
-        self.stats.observe(Phase::FirstByte, self.split[2]);
+        stats.observe(Phase::FirstByte, self.split[2]);
     }
 
     /// The response body ended cleanly: records the total, once.
-    pub fn end(&mut self) {
+    pub fn end(&mut self, stats: &RequestStats) {
         if !self.ended {
             self.ended = true;
             self.split[3] = self.asked.elapsed();
-            self.stats.observe(Phase::Total, self.split[3]);
+            stats.observe(Phase::Total, self.split[3]);
         }
     }
 

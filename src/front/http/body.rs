@@ -176,10 +176,9 @@ impl FrontBody {
         }
     }
 
-    /// The same body, keeping `guard` until it is dropped.
-    pub(super) fn holding(mut self, guard: BusyGuard) -> FrontBody {
+    /// Keeps `guard` until the body is dropped.
+    pub(super) fn hold(&mut self, guard: BusyGuard) {
         self.busy = Some(guard);
-        self
     }
 }
 
