@@ -51,7 +51,7 @@ pub use body::FrontBody;
 
 use answer::{client_headers, drain};
 use body::request_body;
-use head::{check_head, host_of};
+use head::{check_head, host_of, HeadFields};
 use vars::{cgi_params, AddrText};
 
 /// Largest request head hyper buffers (request line and headers).
@@ -175,7 +175,8 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
     let info = &served.info;
     let request_id = gateway.request_id();
     let (parts, incoming) = req.into_parts();
-    if let Err((status, why)) = check_head(&parts) {
+    let fields = HeadFields::of(&parts.headers);
+    if let Err((status, why)) = check_head(&parts, &fields) {
         tracing::info!(
             request_id,
             status = status.as_u16(),
@@ -195,14 +196,14 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
     }
-    let host = host_of(&parts);
+    let host = host_of(&parts, &fields);
     // Borrowed from the head; a local redirect (rare) owns its new target.
     let original: &[u8] = parts
         .uri
         .path_and_query()
         .map_or(b"/", |pq| pq.as_str().as_bytes());
     let mut redirected: Option<Bytes> = None;
-    let mut body = Some(request_body(&parts, incoming, &info.timeouts));
+    let mut body = Some(request_body(&fields, incoming, &info.timeouts));
     for _ in 0..=MAX_LOCAL_REDIRECTS {
         let (method, target): (&[u8], &[u8]) = match &redirected {
             None => (parts.method.as_str().as_bytes(), original),
@@ -225,13 +226,23 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             Err(e) => return error_response(request_id, &e),
         };
         let mut seen = None;
-        if let Some(resp) =
-            static_file(&routed, &parts.method, &parts.headers, &path, &mut seen).await
-        {
-            return resp;
+        // Each look is asked only of a context that has it configured: for any other the
+        // call answered at once, but its future was still built and moved into this one.
+        let config = &routed.context.config;
+        if config.static_files {
+            if let Some(resp) =
+                static_file(&routed, &parts.method, &parts.headers, &path, &mut seen).await
+            {
+                return resp;
+            }
         }
         let controller_path;
-        let path = match try_files(&routed, &path, seen).await {
+        let tried = if config.front_controller.is_some() {
+            try_files(&routed, &path, seen).await
+        } else {
+            TryFiles::Keep
+        };
+        let path = match tried {
             TryFiles::Keep => path,
             TryFiles::Controller(script) => {
                 tracing::debug!(

@@ -16,19 +16,20 @@ use crate::front::file::FileBody;
 use crate::front::limits::BusyGuard;
 use crate::gateway::GatewayBody;
 
+use super::head::HeadFields;
+
 /// The request body as a backend body source; its length when the client declared one.
 pub(super) fn request_body(
-    parts: &http::request::Parts,
+    fields: &HeadFields<'_>,
     incoming: Incoming,
     timeouts: &FrontTimeouts,
 ) -> RequestBody {
-    let chunked = parts.headers.get(http::header::TRANSFER_ENCODING).is_some();
+    let chunked = fields.transfer_encoding.is_some();
     let len = if chunked {
         None
     } else {
-        parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
+        fields
+            .content_length
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .or(Some(0))
     };
