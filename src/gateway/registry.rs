@@ -19,12 +19,12 @@ use crate::backend::{BackendError, Connections, Protocol, Timeouts};
 use crate::config::{Backend, Config, PoolConfig};
 use crate::error::StartupError;
 use crate::pool::driver::{Command as DriverCommand, Driver};
+use crate::pool::requests::RequestStats;
 use crate::pool::slots::{FailPolicy, Failed, Slot, SlotLimits, SlotTable, WorkerId};
 use crate::pool::state::{PoolSpec, PoolState};
 use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::router::{PoolId, Router};
 use crate::status::collect::PoolInfo;
-use crate::status::counters::RequestStats;
 
 /// Everything that decides whether a running pool can serve a new configuration unchanged:
 /// its own settings, its contexts' caps (the slot table is built with them) and the server
@@ -524,7 +524,7 @@ fn build_pool(
         connections,
         timeouts: Timeouts::from_pool(p),
         supervisor,
-        requests: RequestStats::new(capacity as usize),
+        requests: RequestStats::new(capacity as usize, counted_threads(config)),
         status,
         retries: retries(&p.backend),
         info,
@@ -536,4 +536,14 @@ fn build_pool(
         names,
     };
     Ok((pool, driver))
+}
+
+/// How many serving threads count into shares of their own: `[server] threads` of them with
+/// the per-thread scheduler (a reload cannot change either), none with the work-stealing one
+/// (whose tasks move between threads).
+fn counted_threads(config: &Config) -> usize {
+    match config.server.scheduler {
+        crate::config::Scheduler::PerThread => crate::app::serving_threads(config),
+        crate::config::Scheduler::WorkStealing => 0,
+    }
 }

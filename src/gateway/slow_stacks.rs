@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Logged;
+use super::body::Logged;
 use crate::access::SlowStack;
 use crate::process::output::Tail;
 use crate::process::stacks::ASK_BOUND as STACKS_BOUND;

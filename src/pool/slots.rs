@@ -81,6 +81,10 @@ pub struct Slot {
     armed: bool,
     /// The worker's lane holding the instant the slot was taken.
     lane: u32,
+    /// The pool's requests in flight, this one included, when it was granted.
+    in_flight: usize,
+    /// The worker's process id when the slot was granted (if known then).
+    pid: Option<u32>,
 }
 
 impl Slot {
@@ -96,7 +100,12 @@ impl Slot {
 
     /// The process id of its worker, when corral spawned it.
     pub fn pid(&self) -> Option<u32> {
-        self.table.pid(self.worker)
+        self.pid.or_else(|| self.table.pid(self.worker))
+    }
+
+    /// The pool's requests in flight, this one included, when the slot was granted.
+    pub fn in_flight_at_grant(&self) -> usize {
+        self.in_flight
     }
 
     /// Whether the worker had failures on record when the slot was taken.
@@ -219,9 +228,22 @@ impl WorkerEntry {
     }
 }
 
-/// What a waiter is handed: the worker, its address, whether the slot is a probe, and the
-/// worker's lane that holds when the slot was taken.
-type Grant = (WorkerId, Arc<BackendAddress>, bool, u32);
+/// What a waiter is handed.
+#[derive(Debug)]
+struct Grant {
+    worker: WorkerId,
+    /// Where the worker listens.
+    address: Arc<BackendAddress>,
+    /// Whether the slot is a probe (the worker had failures on record).
+    probe: bool,
+    /// The worker's lane that holds when the slot was taken.
+    lane: u32,
+    /// The pool's requests in flight with this one, for the status page's maximum (read
+    /// here, under the lock the grant already holds, not with a lock of its own).
+    in_flight: usize,
+    /// The worker's process id as the table knew it then.
+    pid: Option<u32>,
+}
 
 /// The lane of a slot taken with every lane in use, which cannot happen while `in_flight`
 /// stays below the concurrency; such a slot is simply not timed.
@@ -627,15 +649,16 @@ impl SlotTable {
     }
 
     fn slot(self: &Arc<Self>, grant: Grant, context: usize) -> Slot {
-        let (worker, address, probe, lane) = grant;
         Slot {
             table: Arc::clone(self),
-            worker,
-            address,
+            worker: grant.worker,
+            address: grant.address,
             context,
-            probe,
+            probe: grant.probe,
             armed: true,
-            lane,
+            lane: grant.lane,
+            in_flight: grant.in_flight,
+            pid: grant.pid,
         }
     }
 
@@ -820,6 +843,7 @@ impl SlotTable {
             generation: w.generation,
         };
         let address = Arc::clone(&w.address);
+        let pid = w.pid;
         let lane = w.free_lanes.pop().unwrap_or(NO_LANE);
         if let Some(l) = w.lanes.get_mut(lane as usize) {
             *l = Some(since.or(now).unwrap_or_else(Instant::now));
@@ -828,7 +852,14 @@ impl SlotTable {
             *c += 1;
         }
         st.in_flight += 1;
-        Some((id, address, probe, lane))
+        Some(Grant {
+            worker: id,
+            address,
+            probe,
+            lane,
+            in_flight: st.in_flight,
+            pid,
+        })
     }
 
     /// Gives a slot back; true when the supervisor must hear of it (a memory check is due,
@@ -903,7 +934,7 @@ impl SlotTable {
                 i += 1;
                 continue;
             };
-            let (worker, lane) = (grant.0, grant.3);
+            let (worker, lane) = (grant.worker, grant.lane);
             if let Some(waiter) = st.waiters.remove(i) {
                 if waiter.tx.send(grant).is_err() {
                     Self::ungrant(st, worker, context, lane);
@@ -957,7 +988,7 @@ impl SlotTable {
         let Some(grant) = Self::try_take(st, context, None) else {
             return;
         };
-        let (worker, lane) = (grant.0, grant.3);
+        let (worker, lane) = (grant.worker, grant.lane);
         let Some(waiter) = st.waiters.remove(i) else {
             return;
         };
@@ -1007,7 +1038,7 @@ impl Drop for Wait<'_> {
         }
         self.rx.close();
         match self.rx.try_recv() {
-            Ok((worker, _, _, lane)) => self.table.release(worker, self.context, lane),
+            Ok(grant) => self.table.release(grant.worker, self.context, grant.lane),
             Err(_) => self.table.leave_queue(self.id),
         }
     }

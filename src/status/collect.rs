@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::{Backend, PoolConfig, Sizing};
 use crate::gateway::Gateway;
+use crate::pool::requests::{HistogramSnapshot, Phase, RequestSnapshot};
 use crate::pool::slots::{SlotAges, SlotStats, WorkerCounts, WorkerId};
 use crate::pool::state::{PoolStatus, WorkerKey, WorkerState};
 use crate::process;
-use crate::status::counters::{HistogramSnapshot, RequestSnapshot};
 
 /// What the configuration says about a pool, kept beside its live values.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,10 +329,10 @@ pub fn collect(
                 slots: p.slots.stats(),
                 ages: p.slots.ages(),
                 requests: p.requests.snapshot(),
-                queue_wait: p.requests.queue_wait.snapshot(),
-                connect: p.requests.connect.snapshot(),
-                first_byte: p.requests.first_byte.snapshot(),
-                total: p.requests.total.snapshot(),
+                queue_wait: p.requests.histogram(Phase::QueueWait),
+                connect: p.requests.histogram(Phase::Connect),
+                first_byte: p.requests.histogram(Phase::FirstByte),
+                total: p.requests.histogram(Phase::Total),
                 listen,
                 supervisor,
                 servers,

@@ -17,9 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::Gateway;
+use crate::pool::requests::{HistogramSnapshot, BUCKETS};
 use crate::pool::state::{Notice, RecycleReason};
 use crate::status::collect::{collect, PoolReport, StatusSource};
-use crate::status::counters::{HistogramSnapshot, BUCKETS};
 use crate::status::render::json_string;
 
 /// How often the sampler takes a sample.
@@ -398,7 +398,7 @@ mod tests {
                 accepting_workers: 1,
             },
             ages: crate::pool::slots::SlotAges::default(),
-            requests: crate::status::counters::RequestSnapshot {
+            requests: crate::pool::requests::RequestSnapshot {
                 accepted,
                 queue_timeouts: 1,
                 ..Default::default()

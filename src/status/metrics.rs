@@ -12,8 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::front::backlog::Backlog;
 use crate::front::limits::AdmissionSnapshot;
+use crate::pool::requests::{BackendErrorKind, HistogramSnapshot, RequestSnapshot, BUCKETS};
 use crate::status::collect::PoolReport;
-use crate::status::counters::{BackendErrorKind, HistogramSnapshot, RequestSnapshot, BUCKETS};
 use crate::status::render::{state_name, WORKER_STATES};
 
 /// The content type of [`render`]'s output.

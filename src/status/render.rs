@@ -11,10 +11,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::front::backlog::Backlog;
+use crate::pool::requests::{BackendErrorKind, HistogramSnapshot, BUCKETS};
 use crate::pool::slots::WorkerCounts;
 use crate::pool::state::{RecycleReason, WorkerState, WorkerStatus};
 use crate::status::collect::PoolReport;
-use crate::status::counters::{BackendErrorKind, HistogramSnapshot, BUCKETS};
 
 /// One field value.
 #[derive(Debug, Clone, PartialEq)]

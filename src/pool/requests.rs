@@ -16,75 +16,16 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
+use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::BackendError;
 use crate::pool::slots::{Slot, SlotError, SlotTable};
 
-/// Upper bounds, in seconds, of the latency histogram buckets (a `+Inf` bucket follows).
-pub const BUCKETS: [f64; 12] = [
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// A latency histogram with fixed buckets, cumulative only when read.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    /// Observations per bucket (not cumulative); the last entry is the `+Inf` bucket.
-    buckets: [AtomicU64; BUCKETS.len() + 1],
-    /// Sum of all observations, in microseconds.
-    sum_us: AtomicU64,
-}
-
-/// A histogram read at one moment.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistogramSnapshot {
-    /// Cumulative counts, one per entry of [`BUCKETS`], then the `+Inf` bucket (= count).
-    pub cumulative: Vec<u64>,
-    /// Sum of all observations, in seconds.
-    pub sum: f64,
-}
-
-impl HistogramSnapshot {
-    /// Observations in all.
-    pub fn count(&self) -> u64 {
-        self.cumulative.last().copied().unwrap_or(0)
-    }
-}
-
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(BUCKETS.len());
-        if let Some(b) = self.buckets.get(i) {
-            b.fetch_add(1, Ordering::Relaxed);
-        }
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-    }
-
-    /// The buckets made cumulative, as OpenMetrics wants them.
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        let mut total = 0u64;
-        let cumulative = self
-            .buckets
-            .iter()
-            .map(|b| {
-                total = total.saturating_add(b.load(Ordering::Relaxed));
-                total
-            })
-            .collect();
-        HistogramSnapshot {
-            cumulative,
-            sum: self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
-        }
-    }
-}
+use crate::pool::histogram::{add, raise, Writer};
+pub use crate::pool::histogram::{Histogram, HistogramSnapshot, BUCKETS};
+pub use crate::pool::request_timer::RequestTimer;
 
 /// Kinds of backend failure, as the status page counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,107 +82,70 @@ impl BackendErrorKind {
     }
 }
 
-/// One pool's request counters.
-#[derive(Debug, Default)]
+/// One pool's request counters: a share per serving thread, each on cache lines of its own
+/// and written by that thread alone, added up when the status page reads them (issue 19's
+/// "per-thread counters"). Requests off the serving threads (the work-stealing scheduler,
+/// tests) count into a shared share with atomic read-modify-writes.
+#[derive(Debug)]
 pub struct RequestStats {
-    accepted: AtomicU64,
-    queued_total: AtomicU64,
-    queued_now: AtomicUsize,
-    max_queued: AtomicUsize,
-    saturated: AtomicU64,
     /// Slots the pool can ever have at once: `max_conns`, or fewer when `max` workers of
     /// their concurrency give fewer. In-flight requests at this are "max children reached".
     capacity: usize,
+    /// Requests waiting now: a gauge that goes up and down on any thread, touched only by
+    /// requests that wait.
+    queued_now: AtomicUsize,
+    /// The share of requests off the serving threads.
+    shared: Share,
+    /// One share per serving thread, by its index.
+    threads: Box<[Share]>,
+}
+
+/// One thread's counts. Aligned so that two threads' shares never share a cache line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Share {
+    accepted: AtomicU64,
+    queued_total: AtomicU64,
+    max_queued: AtomicUsize,
+    saturated: AtomicU64,
     max_in_flight: AtomicUsize,
     rejected_queue_full: AtomicU64,
     queue_timeouts: AtomicU64,
     rejected_closed: AtomicU64,
     backend_errors: [AtomicU64; BackendErrorKind::ALL.len()],
     /// Time from asking for a slot to having one.
-    pub queue_wait: Histogram,
+    queue_wait: Histogram,
     /// Time from having a slot to having a backend connection (an idle kept connection
     /// makes it near zero).
-    pub connect: Histogram,
+    connect: Histogram,
     /// Time from starting to send the request to having the backend's response head.
-    pub first_byte: Histogram,
+    first_byte: Histogram,
     /// Time from asking for a slot to the end of the response body, for requests that
     /// ended cleanly.
-    pub total: Histogram,
+    total: Histogram,
 }
 
-/// Times one request's phases into its pool's histograms (the queue wait is timed by
-/// [`RequestStats::acquire`]).
-#[derive(Debug)]
-pub struct RequestTimer {
-    stats: Arc<RequestStats>,
-    asked: Instant,
-    phase: Instant,
-    ended: bool,
-    /// The split so far, for the access log: queue wait, connect, time to head, total.
-    split: [std::time::Duration; 4],
+/// The phases a request is timed in, one histogram each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Asking for a slot to having one.
+    QueueWait,
+    /// Having a slot to having a backend connection.
+    Connect,
+    /// Starting to send the request to having the response head.
+    FirstByte,
+    /// Asking for a slot to the end of the response body (clean ends only).
+    Total,
 }
 
-impl RequestTimer {
-    /// Starts timing a request that is about to ask for a slot.
-    pub fn start(stats: &Arc<RequestStats>) -> RequestTimer {
-        let now = Instant::now();
-        RequestTimer {
-            stats: Arc::clone(stats),
-            asked: now,
-            phase: now,
-            ended: false,
-            split: [std::time::Duration::ZERO; 4],
+impl Share {
+    fn histogram(&self, phase: Phase) -> &Histogram {
+        match phase {
+            Phase::QueueWait => &self.queue_wait,
+            Phase::Connect => &self.connect,
+            Phase::FirstByte => &self.first_byte,
+            Phase::Total => &self.total,
         }
-    }
-
-    /// The counters it records into.
-    pub fn stats(&self) -> &RequestStats {
-        &self.stats
-    }
-
-    /// When the request started asking for a slot.
-    pub fn asked(&self) -> Instant {
-        self.asked
-    }
-
-    /// A slot was had at `had` (a clock reading the caller already made): the connect phase
-    /// starts.
-    pub fn slot_at(&mut self, had: Instant) {
-        self.phase = had;
-        self.split[0] = had - self.asked;
-    }
-
-    /// A connection was had: records the connect time; the first-byte phase starts.
-    pub fn connected(&mut self) {
-        let now = Instant::now();
-        self.split[1] = now - self.phase;
-        self.stats.connect.observe(self.split[1]);
-        self.phase = now;
-    }
-
-    /// The response head arrived: records the time to it.
-    pub fn head(&mut self) {
-        self.split[2] = self.phase.elapsed();
-        self.stats.first_byte.observe(self.split[2]);
-    }
-
-    /// The response body ended cleanly: records the total, once.
-    pub fn end(&mut self) {
-        if !self.ended {
-            self.ended = true;
-            self.split[3] = self.asked.elapsed();
-            self.stats.total.observe(self.split[3]);
-        }
-    }
-
-    /// (queue wait, connect, time to head, total) as measured so far; the total is the time
-    /// until now when the body has not ended.
-    pub fn split(&self) -> [std::time::Duration; 4] {
-        let mut split = self.split;
-        if !self.ended {
-            split[3] = self.asked.elapsed();
-        }
-        split
     }
 }
 
@@ -290,13 +194,40 @@ impl Drop for Queued<'_> {
 }
 
 impl RequestStats {
-    /// New counters for a pool that can have `capacity` requests in flight at most, shared
-    /// between the gateway and the status page.
-    pub fn new(capacity: usize) -> Arc<RequestStats> {
+    /// New counters for a pool that can have `capacity` requests in flight at most, with a
+    /// share for each of `threads` serving threads, shared between the gateway and the
+    /// status page.
+    pub fn new(capacity: usize, threads: usize) -> Arc<RequestStats> {
         Arc::new(RequestStats {
             capacity,
-            ..RequestStats::default()
+            queued_now: AtomicUsize::new(0),
+            shared: Share::default(),
+            threads: (0..threads).map(|_| Share::default()).collect(),
         })
+    }
+
+    /// The calling thread's share, and how it may be written.
+    fn local(&self) -> (&Share, Writer) {
+        match crate::shards::current().and_then(|i| self.threads.get(i)) {
+            Some(share) => (share, Writer::Owner),
+            None => (&self.shared, Writer::Shared),
+        }
+    }
+
+    /// Every share, for reading.
+    fn shares(&self) -> impl Iterator<Item = &Share> + Clone {
+        std::iter::once(&self.shared).chain(self.threads.iter())
+    }
+
+    /// Records how long a request spent in `phase`.
+    pub fn observe(&self, phase: Phase, d: Duration) {
+        let (share, writer) = self.local();
+        share.histogram(phase).observe_as(d, writer);
+    }
+
+    /// The histogram of `phase`, every thread's added up.
+    pub fn histogram(&self, phase: Phase) -> HistogramSnapshot {
+        Histogram::sum_of(self.shares().map(|s| s.histogram(phase)))
     }
 
     /// Checks a slot out of `slots` for `context` as [`SlotTable::acquire`] does, counting
@@ -323,7 +254,8 @@ impl RequestStats {
         let result = match first {
             Poll::Ready(r) => r,
             Poll::Pending => {
-                self.queued_total.fetch_add(1, Ordering::Relaxed);
+                let (share, writer) = self.local();
+                add(&share.queued_total, 1, writer);
                 let before = self.queued_now.fetch_add(1, Ordering::Relaxed);
                 let _queued = Queued(&self.queued_now);
                 // The requests ahead of this one (in flight and waiting) already take every
@@ -331,31 +263,33 @@ impl RequestStats {
                 // that forms at the limit or per crossing of it, however many then wait.
                 let ahead = slots.stats().in_flight + before;
                 if ahead >= self.capacity && (before == 0 || ahead == self.capacity) {
-                    self.saturated.fetch_add(1, Ordering::Relaxed);
+                    add(&share.saturated, 1, writer);
                 }
-                self.max_queued.fetch_max(before + 1, Ordering::Relaxed);
+                raise(&share.max_queued, before + 1, writer);
                 acquiring.await
             }
         };
+        // Looked up again: a request that waited may be woken on another thread (the
+        // work-stealing scheduler), whose share it then counts in.
+        let (share, writer) = self.local();
         let had = match &result {
-            Ok(_) => {
+            Ok(slot) => {
                 let had = Instant::now();
-                self.accepted.fetch_add(1, Ordering::Relaxed);
-                self.queue_wait.observe(had - asked);
-                self.max_in_flight
-                    .fetch_max(slots.stats().in_flight, Ordering::Relaxed);
+                add(&share.accepted, 1, writer);
+                share.queue_wait.observe_as(had - asked, writer);
+                raise(&share.max_in_flight, slot.in_flight_at_grant(), writer);
                 had
             }
             Err(SlotError::QueueFull { .. }) => {
-                self.rejected_queue_full.fetch_add(1, Ordering::Relaxed);
+                add(&share.rejected_queue_full, 1, writer);
                 asked
             }
             Err(SlotError::QueueTimeout(_)) => {
-                self.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                add(&share.queue_timeouts, 1, writer);
                 asked
             }
             Err(SlotError::Closed) => {
-                self.rejected_closed.fetch_add(1, Ordering::Relaxed);
+                add(&share.rejected_closed, 1, writer);
                 asked
             }
         };
@@ -371,28 +305,41 @@ impl RequestStats {
             .iter()
             .position(|k| *k == kind)
             .unwrap_or(0);
-        if let Some(c) = self.backend_errors.get(i) {
-            c.fetch_add(1, Ordering::Relaxed);
+        let (share, writer) = self.local();
+        if let Some(c) = share.backend_errors.get(i) {
+            add(c, 1, writer);
         }
     }
 
-    /// The counters now.
+    /// The counters now, every thread's added up (maxima: the largest of them).
     pub fn snapshot(&self) -> RequestSnapshot {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let sum = |f: fn(&Share) -> &AtomicU64| {
+            self.shares()
+                .fold(0u64, |n, s| n.saturating_add(f(s).load(Ordering::Relaxed)))
+        };
+        let max = |f: fn(&Share) -> &AtomicUsize| {
+            self.shares()
+                .map(|s| f(s).load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0)
+        };
         let mut backend_errors = [0; BackendErrorKind::ALL.len()];
-        for (out, c) in backend_errors.iter_mut().zip(&self.backend_errors) {
-            *out = load(c);
+        for (i, out) in backend_errors.iter_mut().enumerate() {
+            *out = self
+                .shares()
+                .filter_map(|s| s.backend_errors.get(i))
+                .fold(0u64, |n, c| n.saturating_add(c.load(Ordering::Relaxed)));
         }
         RequestSnapshot {
-            accepted: load(&self.accepted),
-            queued_total: load(&self.queued_total),
+            accepted: sum(|s| &s.accepted),
+            queued_total: sum(|s| &s.queued_total),
             queued_now: self.queued_now.load(Ordering::Relaxed),
-            max_queued: self.max_queued.load(Ordering::Relaxed),
-            saturated: load(&self.saturated),
-            max_in_flight: self.max_in_flight.load(Ordering::Relaxed),
-            rejected_queue_full: load(&self.rejected_queue_full),
-            queue_timeouts: load(&self.queue_timeouts),
-            rejected_closed: load(&self.rejected_closed),
+            max_queued: max(|s| &s.max_queued),
+            saturated: sum(|s| &s.saturated),
+            max_in_flight: max(|s| &s.max_in_flight),
+            rejected_queue_full: sum(|s| &s.rejected_queue_full),
+            queue_timeouts: sum(|s| &s.queue_timeouts),
+            rejected_closed: sum(|s| &s.rejected_closed),
             backend_errors,
         }
     }
@@ -403,6 +350,7 @@ mod tests {
     use super::*;
     use crate::config::BackendAddress;
     use crate::pool::slots::SlotLimits;
+    use std::time::Duration;
 
     #[test]
     fn histogram_buckets_are_cumulative() {
@@ -431,7 +379,7 @@ mod tests {
         );
         let w = slots.add_worker(1, BackendAddress::Unix("/tmp/x.sock".into()), None);
         slots.set_accepting(w, true);
-        let stats = RequestStats::new(1);
+        let stats = RequestStats::new(1, 0);
         let held = stats.acquire(&slots, 0).await.unwrap();
         let waiting = {
             let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
@@ -474,7 +422,7 @@ mod tests {
         );
         let w = slots.add_worker(2, BackendAddress::Unix("/tmp/x.sock".into()), None);
         slots.set_accepting(w, true);
-        let stats = RequestStats::new(2);
+        let stats = RequestStats::new(2, 0);
         assert_eq!(slots.ages(), crate::pool::slots::SlotAges::default());
         let old = stats.acquire(&slots, 0).await.unwrap();
         tokio::time::advance(Duration::from_secs(3)).await;
@@ -498,7 +446,7 @@ mod tests {
         assert_eq!(ages.oldest_queued, None);
         drop(young);
         assert_eq!(slots.ages().oldest_in_flight, None);
-        assert!(stats.queue_wait.snapshot().sum >= 2.0);
+        assert!(stats.histogram(Phase::QueueWait).sum >= 2.0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -513,7 +461,7 @@ mod tests {
             },
             &[None],
         );
-        let stats = RequestStats::new(2);
+        let stats = RequestStats::new(2, 0);
         let first = {
             let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
             tokio::spawn(async move { stats.acquire(&slots, 0).await })
@@ -542,5 +490,67 @@ mod tests {
         third.await.unwrap().unwrap();
         drop(second);
         assert_eq!(stats.snapshot().queued_total, 2);
+    }
+}
+
+/// The shares are read back added up: requests counted on two serving threads (each in its
+/// own share, with no locked instruction) and off them (the shared share) all show.
+#[cfg(test)]
+mod per_thread {
+    use super::*;
+    use crate::config::BackendAddress;
+    use crate::pool::slots::SlotLimits;
+
+    #[test]
+    fn every_threads_share_is_summed_when_read() {
+        let slots = SlotTable::new(
+            SlotLimits {
+                max_conns: 8,
+                queue_size: 8,
+                queue_timeout: std::time::Duration::from_secs(5),
+            },
+            &[None],
+        );
+        let w = slots.add_worker(8, BackendAddress::Unix("/tmp/x.sock".into()), None);
+        slots.set_accepting(w, true);
+        let stats = RequestStats::new(8, 2);
+        let shards = crate::shards::Shards::start(2).unwrap();
+        for (i, handle) in shards.handles().iter().enumerate() {
+            let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
+            let (tx, rx) = std::sync::mpsc::channel();
+            handle.spawn(async move {
+                for _ in 0..=i {
+                    let slot = stats.acquire(&slots, 0).await.unwrap();
+                    stats.observe(Phase::Total, std::time::Duration::from_millis(2));
+                    drop(slot);
+                }
+                stats.backend_error(&BackendError::Protocol {
+                    protocol: crate::backend::Protocol::FastCgi,
+                    rule: "test".into(),
+                });
+                let _ = tx.send(());
+            });
+            rx.recv().unwrap();
+        }
+        // Off the serving threads: the shared share.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let held = runtime.block_on(async {
+            let a = stats.acquire(&slots, 0).await.unwrap();
+            let b = stats.acquire(&slots, 0).await.unwrap();
+            (a, b)
+        });
+        let own = |s: &Share| s.accepted.load(Ordering::Relaxed);
+        assert_eq!(stats.threads.iter().map(own).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(own(&stats.shared), 2);
+        let s = stats.snapshot();
+        assert_eq!(s.accepted, 5);
+        assert_eq!(s.max_in_flight, 2, "the largest of the threads' maxima");
+        assert_eq!(s.backend_errors_total(), 2);
+        assert_eq!(stats.histogram(Phase::Total).count(), 3);
+        assert_eq!(stats.histogram(Phase::QueueWait).count(), 5);
+        drop(held);
     }
 }

@@ -1,0 +1,104 @@
+//! The accept loop of a front listener: admission by the connection caps, then one task per
+//! connection for its protocol.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{FrontProtocol, ListenerConfig};
+use crate::front::http::{self, ConnInfo};
+use crate::front::limits::{Admission, Client};
+use crate::front::listener::{Listener, Peer};
+use crate::front::{fastcgi, scgi};
+use crate::gateway::Gateway;
+
+/// Accepts on `listener` until `shutdown`, serving each client in a task of the runtime it
+/// runs in. `announce`: log the "listening" line (once per listener, whatever the number of
+/// serving threads accepting on it).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn accept_loop(
+    listener: Arc<Listener>,
+    config: ListenerConfig,
+    index: usize,
+    admission: Arc<Admission>,
+    gateway: Arc<Gateway>,
+    connections: TaskTracker,
+    shutdown: CancellationToken,
+    announce: bool,
+) {
+    let address = config.bind.address();
+    let local = match &*listener {
+        Listener::Tcp { listener, .. } => listener.local_addr().ok(),
+        Listener::Unix { .. } => None,
+    };
+    // The bound address (with the real port when the configuration said 0) is what a test
+    // or an operator needs to connect.
+    let bound_address = listener
+        .local_address()
+        .map_or_else(|_| address.to_string(), |a| a.to_string());
+    if announce {
+        tracing::info!(listener = %bound_address, protocol = ?config.protocol, "listening");
+    }
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(Some(client)) => client,
+            Ok(None) => continue,
+            Err(e) => {
+                // EMFILE and friends: say so, pause briefly rather than spin, go on.
+                tracing::warn!(listener = %address, error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let client = Client {
+            listener: index,
+            addr: match peer {
+                Peer::Tcp(a) => Some(a.ip()),
+                Peer::Unix => None,
+            },
+            cap: config.max_connections_per_client,
+        };
+        // Beyond a cap with every connection busy: dropping the stream closes it at once
+        // (the table logs that, rate-limited).
+        let Some(ticket) = admission.admit(client) else {
+            continue;
+        };
+        let gateway = Arc::clone(&gateway);
+        let shutdown = shutdown.clone();
+        let timeouts = config.timeouts;
+        // Each connection's future is boxed before it is spawned: a task moves its future
+        // whole into its cell and its output over it, kilobytes each time for these state
+        // machines (a tenth of a plain fastcgi_pass request under callgrind), a box once.
+        match config.protocol {
+            FrontProtocol::Http => {
+                let info = ConnInfo {
+                    listener: address.clone(),
+                    local,
+                    peer,
+                    forwarded: config.forwarded.clone(),
+                    timeouts,
+                };
+                connections.spawn(Box::pin(http::serve_connection(
+                    stream, info, ticket, gateway, shutdown,
+                )));
+            }
+            FrontProtocol::Fastcgi => {
+                let listener = address.clone();
+                connections.spawn(Box::pin(fastcgi::serve_connection(
+                    stream, listener, ticket, timeouts, gateway, shutdown,
+                )));
+            }
+            FrontProtocol::Scgi => {
+                let listener = address.clone();
+                connections.spawn(Box::pin(scgi::serve_connection(
+                    stream, listener, ticket, timeouts, gateway, shutdown,
+                )));
+            }
+        }
+    }
+}

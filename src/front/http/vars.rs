@@ -1,0 +1,135 @@
+//! The CGI variables of an HTTP request: the connection's addresses encoded once at accept,
+//! and the per-request variables encoded from the borrowed head.
+
+use http::request::Parts;
+
+use crate::backend::RequestBody;
+use crate::front::listener::Peer;
+use crate::front::sendfile;
+use crate::gateway::{Gateway, GatewayError, Routed};
+use crate::protocols::cgi::{
+    dropped_headers, encode_prepared, CgiParams, CgiRequest, RemoteVars, RequestPath, ServerVars,
+};
+
+use super::head::{forwarded_client, forwarded_https};
+use super::ConnInfo;
+
+/// The peer's and the local address as CGI variables, encoded once per connection
+/// (formatting an address costs more than the rest of REMOTE_ADDR's handling).
+pub(super) struct AddrText {
+    /// REMOTE_ADDR (the TCP peer's IP, left out on a Unix listener) and REMOTE_PORT, used
+    /// unless a trusted proxy names the client.
+    peer: RemoteVars,
+    /// SERVER_ADDR (the local IP; `127.0.0.1` on a Unix listener) and SERVER_PORT.
+    local: ServerVars,
+}
+
+impl AddrText {
+    pub(super) fn of(info: &ConnInfo) -> AddrText {
+        let peer = match info.peer {
+            Peer::Tcp(a) => with_ip_text(a.ip(), |ip| RemoteVars::new(ip, Some(a.port()))),
+            Peer::Unix => RemoteVars::new(b"", None),
+        };
+        let local_port = info.local.map(|a| a.port());
+        let local = match info.local {
+            Some(a) => with_ip_text(a.ip(), |ip| ServerVars::new(ip, local_port)),
+            None => ServerVars::new(b"127.0.0.1", local_port),
+        };
+        AddrText { peer, local }
+    }
+}
+
+/// Calls `f` with `ip` as text, written on the stack.
+fn with_ip_text<R>(ip: std::net::IpAddr, f: impl FnOnce(&[u8]) -> R) -> R {
+    use std::io::Write;
+    // The longest IPv6 text (an IPv4-mapped one in full) is 45 bytes.
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let written = write!(cursor, "{ip}").map(|()| cursor.position() as usize);
+    match written {
+        Ok(n) => f(buf.get(..n).unwrap_or_default()),
+        Err(_) => f(ip.to_string().as_bytes()),
+    }
+}
+
+/// The CGI variables of one request for the context it was routed to.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn cgi_params(
+    gateway: &Gateway,
+    routed: &Routed,
+    info: &ConnInfo,
+    addrs: &AddrText,
+    parts: &Parts,
+    method: &[u8],
+    target: &[u8],
+    path: &RequestPath<'_>,
+    host: &str,
+    body: &RequestBody,
+) -> Result<CgiParams, GatewayError> {
+    // A client's X-Sendfile-Type and X-Accel-Mapping are the proxy's word, not the
+    // client's: corral sends its own (front::sendfile).
+    // On the stack for the usual request; more fields than that (up to hyper's 100)
+    // in a vector.
+    const ON_STACK: usize = 32;
+    let mut fields: [(&[u8], &[u8]); ON_STACK] = [(&[], &[]); ON_STACK];
+    let many: Vec<(&[u8], &[u8])>;
+    let client_fields = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .filter(|(n, _)| !sendfile::is_proxy_request_header(n));
+    let headers: &[(&[u8], &[u8])] = if parts.headers.len() <= ON_STACK {
+        let mut count = 0;
+        for (slot, field) in fields.iter_mut().zip(client_fields) {
+            *slot = field;
+            count += 1;
+        }
+        fields.get(..count).unwrap_or_default()
+    } else {
+        many = client_fields.collect();
+        &many
+    };
+    // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
+    // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
+    // out rather than filled with a loopback placeholder that an app would trust.
+    // The connection's own addresses were encoded when it was accepted (`AddrText`).
+    let forwarded = forwarded_client(info, &parts.headers).map(|ip| ip.to_string());
+    let (remote_addr, remote) = match &forwarded {
+        Some(ip) => (ip.as_str(), None),
+        None => ("", Some(&addrs.peer)),
+    };
+    let protocol = match parts.version {
+        http::Version::HTTP_10 => &b"HTTP/1.0"[..],
+        _ => b"HTTP/1.1",
+    };
+    let req = CgiRequest {
+        method,
+        target,
+        protocol,
+        headers,
+        body_length: body.len(),
+        remote_addr: remote_addr.as_bytes(),
+        remote_port: None,
+        server_addr: b"",
+        server_port: None,
+        server_name: host.as_bytes(),
+        https: forwarded_https(info, &parts.headers),
+    };
+    let mut vars = encode_prepared(
+        &req,
+        path,
+        &routed.context.cgi,
+        remote,
+        Some(&addrs.local),
+        &gateway.limits,
+    )?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for d in dropped_headers(headers) {
+            tracing::debug!(header = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a header out of the CGI variables");
+        }
+    }
+    for (name, value) in sendfile::backend_vars(&routed.context.config) {
+        vars.push(&name, &value)?;
+    }
+    Ok(vars)
+}

@@ -1,0 +1,247 @@
+//! `Gateway::dispatch`: the request's admission checks, a slot, a backend connection (made
+//! again on another worker when it cannot be made), the exchange, and the request's timer
+//! and access-log record.
+
+use std::sync::Arc;
+
+use crate::access::Record;
+use crate::backend::{self, ExchangeOptions, RequestBody, ResponseBody};
+use crate::pool::requests::RequestTimer;
+use crate::pool::slots::Slot;
+use crate::protocols::cgi::CgiParams;
+use crate::protocols::cgi_response::CgiResponseHead;
+
+use super::body::Logged;
+use super::{script, slow_stacks, Gateway, GatewayBody, GatewayError, GatewayResponse, Routed};
+
+impl Gateway {
+    /// Sends a request routed to `routed` to a worker of its pool: takes a slot (waiting in
+    /// the queue if needed), takes an idle connection or makes one, and returns once the
+    /// response head has arrived.
+    pub async fn dispatch(
+        &self,
+        routed: &Routed,
+        params: CgiParams,
+        body: RequestBody,
+        request_id: u64,
+    ) -> Result<GatewayResponse, GatewayError> {
+        let (context, pool) = (&*routed.context, &routed.pool);
+        let mut timer = RequestTimer::start();
+        let log = routed.logs.as_ref().map(|settings| {
+            let slow =
+                settings
+                    .slow_threshold()
+                    .zip(pool.stacks.as_ref())
+                    .map(|(threshold, tail)| {
+                        slow_stacks::SlowWatch::arm(
+                            Arc::clone(tail),
+                            tokio::time::Instant::now(),
+                            threshold,
+                        )
+                    });
+            Box::new(Logged {
+                record: Record::from_params(
+                    &params,
+                    Arc::clone(&pool.name),
+                    routed.generation,
+                    request_id,
+                ),
+                settings: Arc::clone(settings),
+                writer: self.access.clone(),
+                slow,
+            })
+        });
+        let mut pid = None;
+        // Before a slot is taken: a refused script or body never queues or touches a worker.
+        let checked = script::check(&context.cgi, &params)
+            .map_err(GatewayError::from)
+            .and_then(|()| match body.len() {
+                Some(length) if length > context.config.max_body => {
+                    Err(GatewayError::BodyTooLarge {
+                        length: Some(length),
+                        limit: context.config.max_body,
+                    })
+                }
+                // A body of unknown length (a FastCGI or SCGI front that sent no
+                // CONTENT_LENGTH) is held to max_body as it streams.
+                _ => Ok(body.limited(context.config.max_body)),
+            });
+        let sent = match checked {
+            Ok(body) => {
+                let watch = log.as_ref().and_then(|l| l.slow.as_ref());
+                let pid = (&mut pid, watch);
+                self.exchange(routed, params, body, request_id, &mut timer, pid)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok((head, body, slot)) => {
+                let log = log.map(|mut l| {
+                    l.record.status = head.status_code();
+                    l.record.worker_pid = pid;
+                    l
+                });
+                let mut body = GatewayBody {
+                    body,
+                    slot,
+                    pool: Arc::clone(pool),
+                    timer,
+                    log,
+                };
+                if body.body.is_ended() {
+                    // An empty body: no chunk will be asked for.
+                    body.timer.end(&body.pool.requests);
+                    if let Some(logged) = body.log.take() {
+                        logged.finish(&body.timer);
+                    }
+                }
+                Ok(GatewayResponse { head, body })
+            }
+            Err(e) => {
+                if let Some(mut logged) = log {
+                    logged.record.status = e.status();
+                    logged.record.worker_pid = pid;
+                    logged.finish(&timer);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The part of [`Gateway::dispatch`] between asking for a slot and the response head:
+    /// `pid` learns the worker's process id when a request log wants it (and so does the
+    /// request's slow-threshold watch, if it has one).
+    async fn exchange(
+        &self,
+        routed: &Routed,
+        params: CgiParams,
+        body: RequestBody,
+        request_id: u64,
+        timer: &mut RequestTimer,
+        (pid, watch): (&mut Option<u32>, Option<&slow_stacks::SlowWatch>),
+    ) -> Result<(CgiResponseHead, ResponseBody, Slot), GatewayError> {
+        let pool = &routed.pool;
+        // The wait is timed from the timer's start: one clock reading fewer per request.
+        let (slot, had) = pool
+            .requests
+            .acquire_since(&pool.slots, routed.context.slot_context, timer.asked())
+            .await
+            .map_err(|source| GatewayError::Slot {
+                pool: Arc::clone(&pool.name),
+                source,
+            })?;
+        timer.slot_at(had);
+        let backend_err = |source| {
+            pool.requests.backend_error(&source);
+            GatewayError::Backend {
+                pool: Arc::clone(&pool.name),
+                source,
+            }
+        };
+        // A connection that cannot be made means nothing of the request reached the worker:
+        // the request moves to another worker at once (a worker killed under load would
+        // otherwise fail every request routed to it until its exit is noticed). Once a
+        // byte may have been sent, it is sent again only in the one case below.
+        let options = ExchangeOptions {
+            pool: Arc::clone(&pool.name),
+            request_id,
+            timeouts: pool.timeouts,
+            limits: self.limits.clone(),
+            spool: self.spool_for(routed),
+            stderr: None,
+        };
+        let mut slot = slot;
+        let mut tries = 0;
+        let mut body = body;
+        // Whether the request was sent again after a kept connection failed; the next
+        // connection is then a new one (`fresh`), unless the worker changed.
+        let mut replayed = false;
+        let mut fresh = false;
+        loop {
+            let conn = loop {
+                let address = slot.address();
+                let connected = match pool.protocol {
+                    // SCGI is one connection per request by definition.
+                    backend::Protocol::Scgi => {
+                        backend::BackendConnection::connect(address, pool.timeouts.connect).await
+                    }
+                    _ if fresh => pool.connections.fresh(address, pool.timeouts.connect).await,
+                    _ => pool.connections.get(address, pool.timeouts.connect).await,
+                };
+                match connected {
+                    Ok(conn) => break conn,
+                    Err(e) => {
+                        pool.fault(&slot, &e);
+                        if tries >= pool.retries {
+                            return Err(backend_err(e));
+                        }
+                        tries += 1;
+                        fresh = false;
+                        tracing::debug!(pool = %pool.name, request_id, error = %e, "request not sent; trying another worker");
+                        slot = pool.slots.reroute(slot).await.map_err(|source| {
+                            GatewayError::Slot {
+                                pool: Arc::clone(&pool.name),
+                                source,
+                            }
+                        })?;
+                    }
+                }
+            };
+            if !replayed {
+                timer.connected(&pool.requests);
+            }
+            if routed.logs.is_some() {
+                *pid = slot.pid();
+                if let Some(watch) = watch {
+                    watch.serving(*pid);
+                }
+            }
+            // A kept connection may have been closed by the worker while idle, just as the
+            // request went out (a worker exiting after its last request): keep what it takes
+            // to send the request once more. An in-memory body is shared, not copied.
+            let replay = if replayed || conn.requests_served() == 0 {
+                None
+            } else {
+                body.replayable()
+            };
+            let error =
+                match backend::send_params(pool.protocol, conn, &params, body, &options).await {
+                    Ok(response) => {
+                        pool.healthy(&slot);
+                        timer.head(&pool.requests);
+                        return Ok((response.head, response.body, slot));
+                    }
+                    Err(e) => e,
+                };
+            // The kept connection failed before one response byte (ARCHITECTURE.md invariant
+            // 6): the request goes out once more on a new connection when its body can be
+            // replayed and it cannot have run: the first write met a closed socket. A close
+            // or reset after bytes went out may follow a worker that began to run it
+            // (decision 8: a 502). Either way `fault` asks whether the worker died and takes
+            // a dying one out of rotation: a resent request then goes to another worker.
+            let again = replay.filter(|_| error.request_left_unread());
+            let out = pool.fault(&slot, &error);
+            let Some(again) = again else {
+                pool.report(slot.worker(), &error);
+                return Err(backend_err(error));
+            };
+            tracing::debug!(pool = %pool.name, request_id, error = %error, worker_gone = out, "kept connection lost before the answer; sending the request again");
+            body = again;
+            replayed = true;
+            if out {
+                fresh = false;
+                slot = pool
+                    .slots
+                    .reroute(slot)
+                    .await
+                    .map_err(|source| GatewayError::Slot {
+                        pool: Arc::clone(&pool.name),
+                        source,
+                    })?;
+            } else {
+                fresh = true;
+            }
+        }
+    }
+}
