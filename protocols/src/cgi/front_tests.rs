@@ -296,3 +296,46 @@ fn an_application_context_cuts_the_left_out_pairs_from_the_sent_buffer() {
         ]
     );
 }
+
+#[test]
+fn known_names_are_recognised_exactly() {
+    for i in 0..16 {
+        let k = Known::from_index(i).unwrap();
+        let name = k.name();
+        assert_eq!(Known::of(name), Some(k), "{}", name.escape_ascii());
+        // Only the whole name, byte for byte: a near miss (case, one byte, length) is another.
+        let mut last = name.to_vec();
+        *last.last_mut().unwrap() ^= 0x20;
+        assert_eq!(Known::of(&last), None, "{}", last.escape_ascii());
+        let mut middle = name.to_vec();
+        middle[name.len() / 2] = b'X';
+        assert_eq!(Known::of(&middle), None, "{}", middle.escape_ascii());
+        assert_eq!(Known::of(&name.to_ascii_lowercase()), None);
+        assert_eq!(Known::of(&name[..name.len() - 1]), None);
+        assert_eq!(Known::of(&[name, b"X"].concat()), None);
+    }
+    // nginx's other names share a length and first bytes with known ones: not known.
+    for other in [
+        "SERVER_SOFTWARE",
+        "SERVER_PORT",
+        "REQUEST_SCHEME",
+        "HTTP_ACCEPT",
+        "",
+    ] {
+        assert_eq!(Known::of(other.as_bytes()), None, "{other}");
+    }
+}
+
+#[test]
+fn a_pair_with_a_forbidden_byte_in_a_short_value_is_refused() {
+    for bad in [&b"\r"[..], b"a\nb", b"GET\0"] {
+        let mut front = FrontParams::new();
+        front.push(b"REQUEST_METHOD", b"GET").unwrap();
+        front.push(b"HTTP_X_A", bad).unwrap();
+        let err = front.bad();
+        assert!(
+            matches!(err, Some(super::CgiError::ForbiddenByte { field, .. }) if field == "HTTP_X_A"),
+            "{err:?}"
+        );
+    }
+}
