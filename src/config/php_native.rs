@@ -17,8 +17,20 @@ const MAX_QUOTED: usize = 400;
 
 /// `Ok` when `worker --check` exits 0; else why it cannot start PHP.
 pub fn starts(worker: &Path) -> Result<(), String> {
+    checks(worker, &["--check"], "PHP", ("libphp", "libphp8.2-embed"))
+}
+
+/// `Ok` when `worker ARGS...` (a native worker's self-check) exits 0; else a message that
+/// it cannot start `what`, quoting the worker's stderr and, when that names `library.0`,
+/// the package that installs it (`library.1`). The native WSGI worker's check shares it.
+pub(super) fn checks(
+    worker: &Path,
+    args: &[&str],
+    what: &str,
+    library: (&str, &str),
+) -> Result<(), String> {
     let out = Command::new(worker)
-        .arg("--check")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -30,13 +42,14 @@ pub fn starts(worker: &Path) -> Result<(), String> {
     let text = String::from_utf8_lossy(&out.stderr);
     let text = text.trim();
     let quoted: String = text.chars().take(MAX_QUOTED).collect();
-    let hint = if text.contains("libphp") {
-        " (libphp is missing: apt-get install libphp8.2-embed)"
+    let (lib, package) = library;
+    let hint = if text.contains(lib) {
+        format!(" ({lib} is missing: apt-get install {package})")
     } else {
-        ""
+        String::new()
     };
     Err(format!(
-        "{} cannot start PHP ({}): {quoted}{hint}",
+        "{} cannot start {what} ({}): {quoted}{hint}",
         worker.display(),
         crate::process::ExitKind::of(out.status)
     ))

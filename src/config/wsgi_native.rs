@@ -6,7 +6,6 @@
 //! Python as the worker's own message.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use super::file::FilePool;
 use super::validate::Errors;
@@ -25,9 +24,6 @@ pub const INSTALL: &str = "build it with `cargo build --release -p corral-wsgi-w
                            needs python3-dev) and install it beside corral, or set \
                            worker_path; or leave worker out to run the app on the embedded \
                            pure-Python launcher";
-
-/// Most bytes of the worker's stderr quoted in a message.
-const MAX_QUOTED: usize = 400;
 
 /// Whether `p` sets both `app` and `worker`, which is one choice (not two) when the app is
 /// WSGI; any other app with `worker` is an error said here, at `worker`.
@@ -89,29 +85,12 @@ pub(super) fn native(e: &mut Errors, p: &FilePool) -> Option<Option<NativeWsgi>>
 
 /// `Ok` when `worker PYTHON --check` exits 0; else why it cannot start Python.
 pub fn starts(worker: &Path, python: &str) -> Result<(), String> {
-    let out = Command::new(worker)
-        .args([python, "--check"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| format!("{} cannot be run: {e}", worker.display()))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let text = String::from_utf8_lossy(&out.stderr);
-    let text = text.trim();
-    let quoted: String = text.chars().take(MAX_QUOTED).collect();
-    let hint = if text.contains("libpython") {
-        " (libpython is missing: apt-get install libpython3.11)"
-    } else {
-        ""
-    };
-    Err(format!(
-        "{} cannot start Python as {python} ({}): {quoted}{hint}",
-        worker.display(),
-        crate::process::ExitKind::of(out.status)
-    ))
+    super::php_native::checks(
+        worker,
+        &[python, "--check"],
+        &format!("Python as {python}"),
+        ("libpython", "libpython3.11"),
+    )
 }
 
 #[cfg(test)]
