@@ -16,8 +16,6 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -25,7 +23,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::time::Instant;
 
-use support::direct::{children_of, config_sized, field, get, parent_of, pid_in, Site, POLL, WAIT};
+use support::direct::{
+    assert_all_ok, children_of, config_sized, field, get, parent_of, pid_in, Load, Site, POLL, WAIT,
+};
 use support::front::curl;
 use support::peers::write_file;
 
@@ -60,24 +60,7 @@ fn hello_is_served_by_a_child_of_corrals_parent_and_the_attack_urls_are_not() {
     assert!(r.text().contains("method=GET"), "{r:?}");
     let child = pid_in(&r.text());
     assert_eq!(parent_of(child), Some(parents[0]), "served by a child");
-    for path in [
-        "/uploads/x.gif/.php",
-        "/uploads/x.gif/x.php",
-        "/uploads/x.gif%2f.php",
-        "/uploads/x.gif%2fx.php",
-        "/uploads/%2e%2e/uploads/x.gif/.php",
-        "/.env",
-        "/%2eenv",
-        "/uploads/%2e%2e/.env",
-        "/nothere.php",
-    ] {
-        let r = curl(&site.url(path), &["--path-as-is"]);
-        assert!(r.status == 404 || r.status == 403, "{path}: {r:?}");
-        assert!(
-            !r.text().contains("PWNED") && !r.text().contains("SECRET"),
-            "{path}: {r:?}"
-        );
-    }
+    site.assert_refuses_attack_urls();
 }
 
 #[test]
@@ -198,50 +181,14 @@ fn a_retired_group_lets_its_busy_child_finish_its_request() {
 #[test]
 fn restart_workers_and_reloads_under_load_lose_no_request() {
     let site = site(2, 2, "");
-    let port = site.nginx.ports[0];
-    let stop = Arc::new(AtomicBool::new(false));
-    let results = Arc::new(Mutex::new(Vec::new()));
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, results) = (Arc::clone(&stop), Arc::clone(&results));
-            thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let r = get(port, "/hello.php");
-                    results.lock().unwrap().push(r);
-                }
-            })
-        })
-        .collect();
-    let served = |n: usize| {
-        let deadline = Instant::now() + WAIT;
-        while results.lock().unwrap().len() < n {
-            assert!(Instant::now() < deadline, "no progress");
-            thread::sleep(POLL);
-        }
-    };
-    let wait_replaced = |old: &[u32], groups: usize| {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let now = site.workers();
-            if now.len() >= groups && !now.iter().any(|p| old.contains(p)) {
-                return now;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "old groups remain: {now:?} of {old:?}\n{}",
-                site.corral.log()
-            );
-            thread::sleep(POLL);
-        }
-    };
-    served(50);
+    let load = Load::start(site.nginx.ports[0], "/hello.php", 4, Duration::ZERO);
+    load.served(50);
     let first = site.workers();
     signal_corral(&site, Signal::SIGUSR2);
-    let mut old = wait_replaced(&first, 2);
+    let mut old = site.wait_replaced(&first, 2);
     let file = site.dir.path().join("corral.toml");
     for (n, groups) in [3u32, 2].into_iter().enumerate() {
-        let before = results.lock().unwrap().len();
-        served(before + 50);
+        load.served(50);
         let sizing = format!("mode = \"static\"\nmax = {groups}");
         std::fs::write(
             &file,
@@ -254,25 +201,11 @@ fn restart_workers_and_reloads_under_load_lose_no_request() {
             "reload {n}:\n{}",
             site.corral.log()
         );
-        old = wait_replaced(&old, groups as usize);
+        old = site.wait_replaced(&old, groups as usize);
         site.wait_status(|s| field(s, "total processes") == Some(u64::from(groups * 2)));
     }
-    let before = results.lock().unwrap().len();
-    served(before + 50);
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().unwrap();
-    }
-    let results = results.lock().unwrap();
-    let failed: Vec<_> = results.iter().filter(|(c, _)| *c != 200).collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}\n{}",
-        failed.len(),
-        results.len(),
-        failed.first(),
-        site.nginx.error_log()
-    );
+    load.served(50);
+    assert_all_ok(&load.finish(), &site, 0);
     let s = site.status();
     assert_eq!(field(&s, "kill timeouts"), Some(0), "{s}");
 }

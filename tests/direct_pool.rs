@@ -24,7 +24,9 @@ use tokio::time::Instant;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use support::direct::{config, field, get, parent_of, pid_in, Site, POLL, WAIT};
+use support::direct::{
+    assert_all_ok, config, field, get, parent_of, pid_in, Load, Site, POLL, WAIT,
+};
 use support::front::curl;
 use support::peers::{shared_dir, write_file};
 
@@ -231,39 +233,11 @@ fn a_worker_over_max_memory_is_replaced_and_requests_go_on() {
 #[test]
 fn restart_workers_and_three_reloads_lose_no_request() {
     let site = Site::start(2, "");
-    let port = site.nginx.ports[0];
-    let stop = Arc::new(AtomicBool::new(false));
-    let results = Arc::new(Mutex::new(Vec::new()));
-    let clients: Vec<_> = (0..3)
-        .map(|_| {
-            let (stop, results) = (Arc::clone(&stop), Arc::clone(&results));
-            thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let r = get(port, "/hello.php");
-                    results.lock().unwrap().push(r);
-                }
-            })
-        })
-        .collect();
-    let wait_replaced = |old: &[u32]| {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let now = site.workers();
-            if now.len() >= 2 && !now.iter().any(|p| old.contains(p)) {
-                return now;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "old workers remain: {now:?} of {old:?}\n{}",
-                site.corral.log()
-            );
-            thread::sleep(POLL);
-        }
-    };
+    let load = Load::start(site.nginx.ports[0], "/hello.php", 3, Duration::ZERO);
     thread::sleep(Duration::from_millis(300));
     let first = site.workers();
     kill(Pid::from_raw(site.corral.pid() as i32), Signal::SIGUSR2).unwrap();
-    let second = wait_replaced(&first);
+    let second = site.wait_replaced(&first, 2);
     thread::sleep(Duration::from_millis(300));
     // Changed pools, reload after reload: each a new pool on the very socket the old one's
     // workers accept on.
@@ -277,27 +251,13 @@ fn restart_workers_and_three_reloads_lose_no_request() {
             "reload {n} not applied:\n{}",
             site.corral.log()
         );
-        old = wait_replaced(&old);
+        old = site.wait_replaced(&old, 2);
         // The new pool's size (not its idle count: the clients keep workers busy, and on a
         // loaded machine all of them may never be seen in accept at once).
         site.wait_status(|s| field(s, "total processes") == Some(u64::from(max)));
         thread::sleep(Duration::from_millis(300));
     }
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().unwrap();
-    }
-    let results = results.lock().unwrap();
-    assert!(results.len() > 50, "only {} requests", results.len());
-    let failed: Vec<_> = results.iter().filter(|(c, _)| *c != 200).collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}\n{}",
-        failed.len(),
-        results.len(),
-        failed.first(),
-        site.nginx.error_log()
-    );
+    assert_all_ok(&load.finish(), &site, 51);
 }
 
 /// Under a load that keeps the accept queue full, a worker is never seen blocked in accept
@@ -422,24 +382,7 @@ fn a_request_past_request_timeout_kills_its_worker() {
 #[test]
 fn the_shipped_snippet_runs_no_upload_and_serves_no_dotfile() {
     let site = Site::start(1, "");
-    for path in [
-        "/uploads/x.gif/.php",
-        "/uploads/x.gif/x.php",
-        "/uploads/x.gif%2f.php",
-        "/uploads/x.gif%2fx.php",
-        "/uploads/%2e%2e/uploads/x.gif/.php",
-        "/.env",
-        "/%2eenv",
-        "/uploads/%2e%2e/.env",
-        "/nothere.php",
-    ] {
-        let r = curl(&site.url(path), &["--path-as-is"]);
-        assert!(r.status == 404 || r.status == 403, "{path}: {r:?}");
-        assert!(
-            !r.text().contains("PWNED") && !r.text().contains("SECRET"),
-            "{path}: {r:?}"
-        );
-    }
+    site.assert_refuses_attack_urls();
     // PATH_INFO still reaches a real script.
     let r = curl(&site.url("/hello.php/extra"), &[]);
     assert_eq!(r.status, 200, "{r:?}");

@@ -14,71 +14,15 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use support::direct::{field, get, parent_of, pid_in, Site, POLL, WAIT};
+use support::direct::{assert_all_ok, field, parent_of, pid_in, Load, Site, POLL, WAIT};
 use support::front::curl;
 use support::peers::write_file;
-
-/// Clients that GET `path` through nginx in a loop until stopped, `pause` between two
-/// requests each; every answer is kept.
-struct Load {
-    stop: Arc<AtomicBool>,
-    results: Arc<Mutex<Vec<(u16, String)>>>,
-    clients: Vec<thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(port: u16, path: &'static str, clients: usize, pause: Duration) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let results = Arc::new(Mutex::new(Vec::new()));
-        let clients = (0..clients)
-            .map(|_| {
-                let (stop, results) = (Arc::clone(&stop), Arc::clone(&results));
-                thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        let r = get(port, path);
-                        results.lock().unwrap().push(r);
-                        thread::sleep(pause);
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            results,
-            clients,
-        }
-    }
-
-    /// Stops the clients; every answer they got.
-    fn finish(self) -> Vec<(u16, String)> {
-        self.stop.store(true, Ordering::Relaxed);
-        for c in self.clients {
-            c.join().unwrap();
-        }
-        std::mem::take(&mut *self.results.lock().unwrap())
-    }
-}
-
-fn assert_all_ok(results: &[(u16, String)], site: &Site, at_least: usize) {
-    assert!(results.len() >= at_least, "only {} requests", results.len());
-    let failed: Vec<_> = results.iter().filter(|(c, _)| *c != 200).collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}\n{}\n{}",
-        failed.len(),
-        results.len(),
-        failed.first(),
-        site.nginx.error_log(),
-        site.corral.log()
-    );
-}
 
 /// Polls corral's children until `done` holds, keeping the largest count seen.
 fn watch_workers(site: &Site, most: &AtomicUsize, done: impl Fn(usize) -> bool) -> bool {

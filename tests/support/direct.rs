@@ -4,12 +4,14 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::front::{nginx_blocks, Corral, Nginx};
+use super::front::{curl, nginx_blocks, Corral, Nginx};
 use super::peers::{shared_dir, write_file};
 
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -148,6 +150,117 @@ impl Site {
     pub fn workers(&self) -> Vec<u32> {
         children_of(self.corral.pid())
     }
+
+    /// Waits until corral has at least `count` workers and none of `old`; returns them.
+    pub fn wait_replaced(&self, old: &[u32], count: usize) -> Vec<u32> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let now = self.workers();
+            if now.len() >= count && !now.iter().any(|p| old.contains(p)) {
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "old workers remain: {now:?} of {old:?}\n{}",
+                self.corral.log()
+            );
+            thread::sleep(POLL);
+        }
+    }
+
+    /// The shipped nginx snippet runs no uploaded file as PHP and serves no dotfile: each
+    /// attack URL answers 404 or 403, and never the planted script's or file's content.
+    pub fn assert_refuses_attack_urls(&self) {
+        for path in [
+            "/uploads/x.gif/.php",
+            "/uploads/x.gif/x.php",
+            "/uploads/x.gif%2f.php",
+            "/uploads/x.gif%2fx.php",
+            "/uploads/%2e%2e/uploads/x.gif/.php",
+            "/.env",
+            "/%2eenv",
+            "/uploads/%2e%2e/.env",
+            "/nothere.php",
+        ] {
+            let r = curl(&self.url(path), &["--path-as-is"]);
+            assert!(r.status == 404 || r.status == 403, "{path}: {r:?}");
+            assert!(
+                !r.text().contains("PWNED") && !r.text().contains("SECRET"),
+                "{path}: {r:?}"
+            );
+        }
+    }
+}
+
+/// Clients that GET `path` through nginx in a loop until stopped, `pause` between two
+/// requests each; every answer is kept.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    results: Arc<Mutex<Vec<(u16, String)>>>,
+    clients: Vec<thread::JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(port: u16, path: &'static str, clients: usize, pause: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, results) = (Arc::clone(&stop), Arc::clone(&results));
+                thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let r = get(port, path);
+                        results.lock().unwrap().push(r);
+                        thread::sleep(pause);
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            results,
+            clients,
+        }
+    }
+
+    /// Answers received so far.
+    pub fn count(&self) -> usize {
+        self.results.lock().unwrap().len()
+    }
+
+    /// Waits until `more` answers beyond those received so far have come.
+    pub fn served(&self, more: usize) {
+        let n = self.count() + more;
+        let deadline = Instant::now() + WAIT;
+        while self.count() < n {
+            assert!(Instant::now() < deadline, "no progress");
+            thread::sleep(POLL);
+        }
+    }
+
+    /// Stops the clients; every answer they got.
+    pub fn finish(self) -> Vec<(u16, String)> {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.clients {
+            c.join().unwrap();
+        }
+        std::mem::take(&mut *self.results.lock().unwrap())
+    }
+}
+
+/// At least `at_least` answers, and every one a 200.
+pub fn assert_all_ok(results: &[(u16, String)], site: &Site, at_least: usize) {
+    assert!(results.len() >= at_least, "only {} requests", results.len());
+    let failed: Vec<_> = results.iter().filter(|(c, _)| *c != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}\n{}\n{}",
+        failed.len(),
+        results.len(),
+        failed.first(),
+        site.nginx.error_log(),
+        site.corral.log()
+    );
 }
 
 /// `name:   N` on php-fpm's text page.
