@@ -257,6 +257,7 @@ fn restart_workers_and_three_reloads_lose_no_request() {
         site.wait_status(|s| field(s, "total processes") == Some(u64::from(max)));
         thread::sleep(Duration::from_millis(300));
     }
+    load.reached(51);
     assert_all_ok(&load.finish(), &site, 51);
 }
 

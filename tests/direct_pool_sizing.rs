@@ -104,6 +104,7 @@ fn ondemand_grows_under_load_and_shrinks_back_with_no_failed_request() {
     let grew = watch_workers(&site, &most, |n| n >= 4);
     thread::sleep(Duration::from_millis(500));
     watch_workers(&site, &most, |_| true);
+    load.reached(50);
     let busy = load.finish();
     assert!(grew, "never grew to 4: at most {most:?}\n{}", site.status());
     assert!(most.load(Ordering::Relaxed) <= 4, "past max: {most:?}");
@@ -115,6 +116,7 @@ fn ondemand_grows_under_load_and_shrinks_back_with_no_failed_request() {
     let light = Load::start(port, "/hello.php", 1, Duration::from_millis(600));
     let shrank = watch_workers(&site, &AtomicUsize::new(0), |n| n <= 2);
     thread::sleep(Duration::from_secs(1));
+    light.reached(3);
     let results = light.finish();
     assert!(shrank, "never shrank:\n{}", site.status());
     assert_all_ok(&results, &site, 3);
@@ -156,6 +158,7 @@ fn dynamic_keeps_a_spare_grows_under_load_and_shrinks_to_min() {
     let load = Load::start(port, "/slow.php", 6, Duration::ZERO);
     let most = AtomicUsize::new(0);
     let grew = watch_workers(&site, &most, |n| n >= 4);
+    load.reached(50);
     let busy = load.finish();
     assert!(
         grew,
@@ -167,6 +170,7 @@ fn dynamic_keeps_a_spare_grows_under_load_and_shrinks_to_min() {
 
     let light = Load::start(port, "/hello.php", 1, Duration::from_millis(30));
     let shrank = watch_workers(&site, &AtomicUsize::new(0), |n| n <= 2);
+    light.reached(5);
     let results = light.finish();
     assert!(shrank, "never shrank:\n{}", site.status());
     assert_all_ok(&results, &site, 5);

@@ -230,7 +230,11 @@ impl Load {
 
     /// Waits until `more` answers beyond those received so far have come.
     pub fn served(&self, more: usize) {
-        let n = self.count() + more;
+        self.reached(self.count() + more);
+    }
+
+    /// Waits until `total` answers in all have come.
+    pub fn reached(&self, n: usize) {
         let deadline = Instant::now() + WAIT;
         while self.count() < n {
             assert!(Instant::now() < deadline, "no progress");
