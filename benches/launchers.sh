@@ -27,13 +27,18 @@
 # ruby.
 #
 # Every load is wrk -t1 -c25 for $DUR after an unrecorded $WARM, targets interleaved per
-# round. Loopback and unix sockets in a scratch folder; every process it starts it stops.
+# round. APPS=rack (or APPS=wsgi) starts and measures only that app's rows and writes them
+# as the section `launchers-rack` (`launchers-wsgi`), leaving the full table alone; the
+# default, APPS="rack wsgi", writes `launchers`. Loopback and unix sockets in a scratch folder; every process it starts it stops.
 # Needs: passenger, puma, uwsgi + uwsgi-plugin-python3, gunicorn, granian, nginx, wrk,
 # ruby, python3, root.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="DUR WARM ROUNDS CONNS CORRAL GRANIAN WSGI_WORKER"
+RESULTS_VARS="APPS DUR WARM ROUNDS CONNS CORRAL GRANIAN WSGI_WORKER"
+APPS=${APPS:-rack wsgi}
+has() { [[ " $APPS " == *" $1 "* ]]; }
+has rack || has wsgi || { echo "APPS=$APPS names neither rack nor wsgi" >&2; exit 2; }
 results_start "$@"
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
@@ -41,11 +46,13 @@ if [ -z "${CORRAL:-}" ]; then
 fi
 CORRAL=$(realpath "$CORRAL")
 # The native WSGI worker: beside corral, where corral looks for it first.
-if [ -z "${WSGI_WORKER:-}" ]; then
-  WSGI_WORKER=$(dirname "$CORRAL")/corral-wsgi-worker
-  [ -x "$WSGI_WORKER" ] || cargo build --release --quiet -p corral-wsgi-worker
+if has wsgi; then
+  if [ -z "${WSGI_WORKER:-}" ]; then
+    WSGI_WORKER=$(dirname "$CORRAL")/corral-wsgi-worker
+    [ -x "$WSGI_WORKER" ] || cargo build --release --quiet -p corral-wsgi-worker
+  fi
+  WSGI_WORKER=$(realpath "$WSGI_WORKER")
 fi
-WSGI_WORKER=$(realpath "$WSGI_WORKER")
 RESULTS_BINARY=$CORRAL
 DUR=${DUR:-10s}
 WARM=${WARM:-2s}
@@ -137,30 +144,39 @@ EOF
   wait_http "http://127.0.0.1:$port/"
 }
 
-# Passenger standalone, builtin engine (no nginx of its own to build).
-port=$(free_port)
-(cd "$scratch/app" && exec passenger start --engine builtin --address 127.0.0.1 -p "$port" \
-  --max-pool-size 2 --min-instances 2 -e production --disable-security-update-check \
-  --log-file "$scratch/log/passenger.log" --pid-file "$scratch/run/passenger.pid" \
-  > "$scratch/log/passenger.out" 2>&1) & pids+=($!)
-root_passenger=$!; port_passenger=$port
-wait_http "http://127.0.0.1:$port/"
-start_corral corral_rack 'app = "rack:config.ru"'
-# Puma: two workers of one thread each, as the issue states it.
-port=$(free_port)
-(cd "$scratch/app" && exec puma -w 2 -t 1:1 -b "tcp://127.0.0.1:$port" -e production \
-  config.ru > "$scratch/log/puma.out" 2>&1) & pids+=($!)
-root_puma=$!; port_puma=$port
-wait_http "http://127.0.0.1:$port/"
+targets=()   # app|name|key|root pids of the processes whose CPU is counted
+if has rack; then
+  # Passenger standalone, builtin engine (no nginx of its own to build).
+  port=$(free_port)
+  (cd "$scratch/app" && exec passenger start --engine builtin --address 127.0.0.1 -p "$port" \
+    --max-pool-size 2 --min-instances 2 -e production --disable-security-update-check \
+    --log-file "$scratch/log/passenger.log" --pid-file "$scratch/run/passenger.pid" \
+    > "$scratch/log/passenger.out" 2>&1) & pids+=($!)
+  root_passenger=$!; port_passenger=$port
+  wait_http "http://127.0.0.1:$port/"
+  start_corral corral_rack 'app = "rack:config.ru"'
+  # Puma: two workers of one thread each, as the issue states it.
+  port=$(free_port)
+  (cd "$scratch/app" && exec puma -w 2 -t 1:1 -b "tcp://127.0.0.1:$port" -e production \
+    config.ru > "$scratch/log/puma.out" 2>&1) & pids+=($!)
+  root_puma=$!; port_puma=$port
+  wait_http "http://127.0.0.1:$port/"
+  targets+=(
+    "rack|Passenger 6.0 standalone (builtin engine), 2 processes|passenger|$root_passenger"
+    "rack|Puma 5.6, -w 2 -t 1:1, direct|puma|$root_puma"
+    "rack|corral → Rack launcher, 2 workers, preload|corral_rack|$root_corral_rack"
+  )
+fi
 
-# nginx -> uWSGI over a unix socket (bound after uWSGI drops to nobody).
-mkdir -m 1777 "$scratch/uwsgi"
-uwsgi --plugin python3 --master --die-on-term --processes 2 --socket "$scratch/uwsgi/uwsgi.sock" --chmod-socket=666 \
-  --chdir "$scratch/app" --wsgi-file hello.py --disable-logging --uid nobody --gid nogroup \
-  > "$scratch/log/uwsgi.out" 2>&1 & pids+=($!)
-root_uwsgi=$!
-port=$(free_port)
-cat > "$scratch/nginx.conf" <<EOF
+if has wsgi; then
+  # nginx -> uWSGI over a unix socket (bound after uWSGI drops to nobody).
+  mkdir -m 1777 "$scratch/uwsgi"
+  uwsgi --plugin python3 --master --die-on-term --processes 2 --socket "$scratch/uwsgi/uwsgi.sock" --chmod-socket=666 \
+    --chdir "$scratch/app" --wsgi-file hello.py --disable-logging --uid nobody --gid nogroup \
+    > "$scratch/log/uwsgi.out" 2>&1 & pids+=($!)
+  root_uwsgi=$!
+  port=$(free_port)
+  cat > "$scratch/nginx.conf" <<EOF
 worker_processes 1;
 pid $scratch/run/nginx.pid;
 error_log $scratch/log/nginx.err warn;
@@ -173,38 +189,34 @@ http {
   }
 }
 EOF
-nginx -c "$scratch/nginx.conf" -g 'daemon off;' & pids+=($!)
-root_nginx=$!; port_uwsgi=$port
-wait_http "http://127.0.0.1:$port/"
-port=$(free_port)
-(cd "$scratch/app" && exec gunicorn -w 2 -b "127.0.0.1:$port" --user nobody --group nogroup \
-  hello:application > "$scratch/log/gunicorn.out" 2>&1) & pids+=($!)
-root_gunicorn=$!; port_gunicorn=$port
-wait_http "http://127.0.0.1:$port/"
-port=$(free_port)
-(cd "$scratch/app" && exec "$GRANIAN" --interface wsgi --workers 2 --blocking-threads 1 \
-  --host 127.0.0.1 --port "$port" --no-access-log hello:application \
-  > "$scratch/log/granian.out" 2>&1) & pids+=($!)
-root_granian=$!; port_granian=$port
-wait_http "http://127.0.0.1:$port/"
-start_corral corral_wsgi 'app = "wsgi:hello:application"
-python = "/usr/bin/python3"'
-start_corral corral_wsgi_native "app = \"wsgi:hello:application\"
-worker = \"native\"
-worker_path = \"$WSGI_WORKER\"
-python = \"/usr/bin/python3\""
-
-# name, port, root pids of the processes whose CPU is counted
-targets=(
-  "rack|Passenger 6.0 standalone (builtin engine), 2 processes|passenger|$root_passenger"
-  "rack|Puma 5.6, -w 2 -t 1:1, direct|puma|$root_puma"
-  "rack|corral → Rack launcher, 2 workers, preload|corral_rack|$root_corral_rack"
-  "wsgi|nginx → uWSGI 2.0, 2 processes|uwsgi|$root_nginx $root_uwsgi"
-  "wsgi|gunicorn 20.1, 2 sync workers|gunicorn|$root_gunicorn"
-  "wsgi|$("$GRANIAN" --version), --workers 2 --blocking-threads 1, direct|granian|$root_granian"
-  "wsgi|corral → WSGI launcher, 2 workers, preload|corral_wsgi|$root_corral_wsgi"
-  "wsgi|corral → native WSGI worker, 2 workers, preload|corral_wsgi_native|$root_corral_wsgi_native"
-)
+  nginx -c "$scratch/nginx.conf" -g 'daemon off;' & pids+=($!)
+  root_nginx=$!; port_uwsgi=$port
+  wait_http "http://127.0.0.1:$port/"
+  port=$(free_port)
+  (cd "$scratch/app" && exec gunicorn -w 2 -b "127.0.0.1:$port" --user nobody --group nogroup \
+    hello:application > "$scratch/log/gunicorn.out" 2>&1) & pids+=($!)
+  root_gunicorn=$!; port_gunicorn=$port
+  wait_http "http://127.0.0.1:$port/"
+  port=$(free_port)
+  (cd "$scratch/app" && exec "$GRANIAN" --interface wsgi --workers 2 --blocking-threads 1 \
+    --host 127.0.0.1 --port "$port" --no-access-log hello:application \
+    > "$scratch/log/granian.out" 2>&1) & pids+=($!)
+  root_granian=$!; port_granian=$port
+  wait_http "http://127.0.0.1:$port/"
+  start_corral corral_wsgi 'app = "wsgi:hello:application"
+  python = "/usr/bin/python3"'
+  start_corral corral_wsgi_native "app = \"wsgi:hello:application\"
+  worker = \"native\"
+  worker_path = \"$WSGI_WORKER\"
+  python = \"/usr/bin/python3\""
+  targets+=(
+    "wsgi|nginx → uWSGI 2.0, 2 processes|uwsgi|$root_nginx $root_uwsgi"
+    "wsgi|gunicorn 20.1, 2 sync workers|gunicorn|$root_gunicorn"
+    "wsgi|$("$GRANIAN" --version), --workers 2 --blocking-threads 1, direct|granian|$root_granian"
+    "wsgi|corral → WSGI launcher, 2 workers, preload|corral_wsgi|$root_corral_wsgi"
+    "wsgi|corral → native WSGI worker, 2 workers, preload|corral_wsgi_native|$root_corral_wsgi_native"
+  )
+fi
 
 report=$scratch/report.md
 exec 3>&1 1>"$report"
@@ -273,17 +285,23 @@ target() { # $1 ratio, $2 target
 }
 bold() { case $1 in —*) echo "$1" ;; *) echo "**$1×**" ;; esac; }
 echo
-r=$(ratio corral_rack passenger)
-m=$(ratio corral_rack puma)
-echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 21's target ≥ 1.0×: $(target "$r" 1.0)); corral / Puma = $(bold "$m") (target ≥ 0.8×: $(target "$m" 0.8))."
-r=$(ratio corral_wsgi uwsgi)
-g=$(ratio corral_wsgi gunicorn)
-n=$(ratio corral_wsgi granian)
-echo "- WSGI, pure-Python launcher: corral / nginx → uWSGI = $(bold "$r") (target ≥ 0.7×: $(target "$r" 0.7)); corral / Granian = $(bold "$n") (≥ 0.5× is the native worker's target: $(target "$n" 0.5)); corral / gunicorn = $(bold "$g")."
-r=$(ratio corral_wsgi_native uwsgi)
-n=$(ratio corral_wsgi_native granian)
-l=$(ratio corral_wsgi_native corral_wsgi)
-echo "- WSGI, native worker: corral / nginx → uWSGI = $(bold "$r") (target ≥ 1.0×: $(target "$r" 1.0)); corral / Granian = $(bold "$n") (target ≥ 0.5×: $(target "$n" 0.5)); native worker / pure-Python launcher = $(bold "$l")."
+if has rack; then
+  r=$(ratio corral_rack passenger)
+  m=$(ratio corral_rack puma)
+  echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 21's target ≥ 1.0×: $(target "$r" 1.0)); corral / Puma = $(bold "$m") (target ≥ 0.8×: $(target "$m" 0.8))."
+fi
+if has wsgi; then
+  r=$(ratio corral_wsgi uwsgi)
+  g=$(ratio corral_wsgi gunicorn)
+  n=$(ratio corral_wsgi granian)
+  echo "- WSGI, pure-Python launcher: corral / nginx → uWSGI = $(bold "$r") (target ≥ 0.7×: $(target "$r" 0.7)); corral / Granian = $(bold "$n") (≥ 0.5× is the native worker's target: $(target "$n" 0.5)); corral / gunicorn = $(bold "$g")."
+  r=$(ratio corral_wsgi_native uwsgi)
+  n=$(ratio corral_wsgi_native granian)
+  l=$(ratio corral_wsgi_native corral_wsgi)
+  echo "- WSGI, native worker: corral / nginx → uWSGI = $(bold "$r") (target ≥ 1.0×: $(target "$r" 1.0)); corral / Granian = $(bold "$n") (target ≥ 0.5×: $(target "$n" 0.5)); native worker / pure-Python launcher = $(bold "$l")."
+fi
 exec 1>&3
 cat "$report"
-results_write launchers "Launchers: Rack and WSGI hello world beside Passenger, Puma, uWSGI, gunicorn, Granian" "$report"
+section=launchers
+has rack && has wsgi || section="launchers-${APPS// /}"
+results_write "$section" "Launchers: Rack and WSGI hello world beside Passenger, Puma, uWSGI, gunicorn, Granian" "$report"
