@@ -36,10 +36,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 RESULTS_VARS="APPS DUR WARM ROUNDS CONNS CORRAL GRANIAN WSGI_WORKER"
+results_start "$@"
+# Defaulted after results_start, so the recorded command shows APPS only when it was set.
 APPS=${APPS:-rack wsgi}
 has() { [[ " $APPS " == *" $1 "* ]]; }
 has rack || has wsgi || { echo "APPS=$APPS names neither rack nor wsgi" >&2; exit 2; }
-results_start "$@"
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
@@ -303,5 +304,10 @@ fi
 exec 1>&3
 cat "$report"
 section=launchers
-has rack && has wsgi || section="launchers-${APPS// /}"
-results_write "$section" "Launchers: Rack and WSGI hello world beside Passenger, Puma, uWSGI, gunicorn, Granian" "$report"
+title="Launchers: Rack and WSGI hello world beside Passenger, Puma, uWSGI, gunicorn, Granian"
+if ! has wsgi; then
+  section=launchers-rack title="Launchers: Rack hello world beside Passenger and Puma"
+elif ! has rack; then
+  section=launchers-wsgi title="Launchers: WSGI hello world beside uWSGI, gunicorn, Granian"
+fi
+results_write "$section" "$title" "$report"
