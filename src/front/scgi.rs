@@ -229,6 +229,14 @@ async fn respond(
 struct Conn<'a>(&'a mut WriteHalf<Stream>);
 
 impl CgiSink for Conn<'_> {
+    fn frame(&mut self, len: usize) -> BytesMut {
+        BytesMut::with_capacity(len)
+    }
+
+    async fn send_frame(&mut self, frame: BytesMut) -> bool {
+        self.send(&frame).await
+    }
+
     async fn send(&mut self, bytes: &[u8]) -> bool {
         match self.0.write_all(bytes).await {
             Ok(()) => true,

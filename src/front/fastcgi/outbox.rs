@@ -1,0 +1,199 @@
+//! The frames waiting for a FastCGI front connection's writer.
+//!
+//! The reader, the writer and the request served inline all run in the connection's one task,
+//! so what they queue for the writer needs no channel: a short queue under an uncontended
+//! lock, and a wake of that same task when the writer or a sender waits. A channel costs two
+//! cache-aligned allocations per connection, and a front server that opens a connection per
+//! request (nginx's plain `fastcgi_pass`) pays them per request. Requests multiplexed beside
+//! the inline one run in tasks of their own and send through a channel made with the first of
+//! them ([`Outbox::mux_sender`]); the writer takes what that channel holds before the queue's
+//! frames, which keeps each request's frames in the order its task sent them ahead of the
+//! end the reader queues once the task has reported its ending.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use tokio::sync::mpsc;
+
+use super::answer::Out;
+
+/// Frames the queue holds before a sender waits; with the channel's bound (the same), this
+/// bounds what one connection holds in memory.
+pub(super) const OUT_FRAMES: usize = 16;
+
+/// The queue of one connection's frames; see the module documentation.
+#[derive(Debug, Default)]
+pub(super) struct Outbox(Mutex<Queue>);
+
+#[derive(Debug, Default)]
+struct Queue {
+    frames: VecDeque<Out>,
+    /// The writer, waiting for a frame.
+    writer: Option<Waker>,
+    /// A sender, waiting for room (every local sender runs in the connection's task, so one
+    /// waker serves them all).
+    sender: Option<Waker>,
+    /// The receiving end of the multiplexed requests' channel, until the writer takes it.
+    mux: Option<mpsc::Receiver<Out>>,
+    /// The writer has ended: nothing more goes out.
+    closed: bool,
+    /// The reader has ended: no local frame comes any more.
+    finished: bool,
+}
+
+/// Where a request's frames go: the outbox, for the reader and the inline request; the
+/// channel, for a request in a task of its own.
+#[derive(Debug, Clone)]
+pub(super) enum OutSender<'c> {
+    Local(&'c Outbox),
+    Mux(mpsc::Sender<Out>),
+}
+
+impl OutSender<'_> {
+    /// Queues `out`, waiting for room; false once the writer has ended.
+    pub(super) async fn send(&self, out: Out) -> bool {
+        match self {
+            OutSender::Local(outbox) => outbox.push(out).await,
+            OutSender::Mux(tx) => tx.send(out).await.is_ok(),
+        }
+    }
+}
+
+impl Outbox {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `out` for the writer, waiting while [`OUT_FRAMES`] are queued; false once the
+    /// writer has ended.
+    pub(super) async fn push(&self, out: Out) -> bool {
+        let mut out = Some(out);
+        std::future::poll_fn(|cx| {
+            let mut q = self.queue();
+            if q.closed {
+                return Poll::Ready(false);
+            }
+            if q.frames.len() >= OUT_FRAMES {
+                q.sender = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            if let Some(out) = out.take() {
+                if q.frames.capacity() == 0 {
+                    // A request's answer and its end, usually: room for a few more.
+                    q.frames.reserve(4);
+                }
+                q.frames.push_back(out);
+            }
+            if let Some(w) = q.writer.take() {
+                w.wake();
+            }
+            Poll::Ready(true)
+        })
+        .await
+    }
+
+    /// A sender for a request in a task of its own: the channel's, made with the first.
+    /// `held` keeps the connection's sender (dropped with the connection).
+    pub(super) fn mux_sender(&self, held: &mut Option<mpsc::Sender<Out>>) -> mpsc::Sender<Out> {
+        if let Some(tx) = held {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(OUT_FRAMES);
+        let mut q = self.queue();
+        if !q.closed {
+            // Once the writer has ended, the receiver is dropped: sends fail.
+            q.mux = Some(rx);
+        }
+        if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+        *held = Some(tx.clone());
+        tx
+    }
+
+    /// The reader has ended: once the queue and the channel are empty, the writer ends.
+    pub(super) fn finish(&self) {
+        let mut q = self.queue();
+        q.finished = true;
+        if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+    }
+
+    /// The writer has ended: senders get false from now on.
+    pub(super) fn close(&self) {
+        let mut q = self.queue();
+        q.closed = true;
+        q.frames.clear();
+        q.mux = None;
+        if let Some(w) = q.sender.take() {
+            w.wake();
+        }
+    }
+
+    /// The next frame for the writer (`mux`: the writer's end of the channel, once made),
+    /// waiting for one; `None` once the reader and every task have ended.
+    pub(super) fn next<'a>(
+        &'a self,
+        mux: &'a mut Option<mpsc::Receiver<Out>>,
+    ) -> impl Future<Output = Option<Out>> + 'a {
+        std::future::poll_fn(move |cx| self.poll_next(mux, Some(cx)))
+    }
+
+    /// The next frame if one is there, without waiting.
+    pub(super) fn try_next(&self, mux: &mut Option<mpsc::Receiver<Out>>) -> Option<Out> {
+        match self.poll_next(mux, None) {
+            Poll::Ready(out) => out,
+            Poll::Pending => None,
+        }
+    }
+
+    /// The channel first: a task's frames are all in it by the time its end is queued here.
+    fn poll_next(
+        &self,
+        mux: &mut Option<mpsc::Receiver<Out>>,
+        mut cx: Option<&mut Context<'_>>,
+    ) -> Poll<Option<Out>> {
+        loop {
+            if let Some(rx) = mux {
+                let polled = match cx.as_deref_mut() {
+                    Some(cx) => rx.poll_recv(cx),
+                    None => match rx.try_recv() {
+                        Ok(out) => Poll::Ready(Some(out)),
+                        Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+                        Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
+                    },
+                };
+                match polled {
+                    Poll::Ready(Some(out)) => return Poll::Ready(Some(out)),
+                    // Every sender is gone: the tasks and the connection's own.
+                    Poll::Ready(None) => *mux = None,
+                    Poll::Pending => {}
+                }
+            }
+            let mut q = self.queue();
+            if let Some(rx) = q.mux.take() {
+                drop(q);
+                *mux = Some(rx);
+                continue;
+            }
+            if let Some(out) = q.frames.pop_front() {
+                if let Some(w) = q.sender.take() {
+                    w.wake();
+                }
+                return Poll::Ready(Some(out));
+            }
+            if q.finished && mux.is_none() {
+                return Poll::Ready(None);
+            }
+            if let Some(cx) = cx {
+                if !q.writer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    q.writer = Some(cx.waker().clone());
+                }
+            }
+            return Poll::Pending;
+        }
+    }
+}
