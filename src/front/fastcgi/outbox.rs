@@ -197,3 +197,81 @@ impl Outbox {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::Waker;
+
+    use bytes::BytesMut;
+
+    use super::*;
+    use crate::front::fastcgi::answer::Frame;
+
+    fn frame(id: u16, byte: u8) -> Out {
+        Out {
+            id,
+            seq: u64::from(id),
+            bytes: Frame::Bytes(BytesMut::from(&[byte][..])),
+            last: false,
+            cut: false,
+            close: false,
+        }
+    }
+
+    fn byte(out: Option<Out>) -> Option<u8> {
+        match out?.bytes {
+            Frame::Bytes(b) => b.first().copied(),
+            Frame::Complete => None,
+        }
+    }
+
+    /// Polls `f` once, with a waker that does nothing.
+    fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+        f.poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[tokio::test]
+    async fn a_task_s_frames_go_out_before_the_end_queued_after_them() {
+        let outbox = Outbox::default();
+        let mut held = None;
+        let tx = outbox.mux_sender(&mut held);
+        let mut mux = None;
+        // The reader queues one frame, a task sends two, then the reader queues the task's end.
+        assert!(outbox.push(frame(1, b'a')).await);
+        tx.send(frame(2, b'x')).await.unwrap();
+        tx.send(frame(2, b'y')).await.unwrap();
+        assert!(outbox.push(frame(2, b'e')).await);
+        let order: Vec<Option<u8>> = (0..4).map(|_| byte(outbox.try_next(&mut mux))).collect();
+        assert_eq!(order, [Some(b'x'), Some(b'y'), Some(b'a'), Some(b'e')]);
+        assert!(outbox.try_next(&mut mux).is_none());
+        // The writer ends only once the reader has finished and every sender is gone.
+        outbox.finish();
+        assert!(poll_once(pin!(outbox.next(&mut mux))).is_pending());
+        drop((tx, held));
+        assert!(matches!(
+            poll_once(pin!(outbox.next(&mut mux))),
+            Poll::Ready(None)
+        ));
+    }
+
+    #[test]
+    fn a_sender_waits_while_the_queue_is_full_and_fails_once_the_writer_ends() {
+        let outbox = Outbox::default();
+        for i in 0..OUT_FRAMES {
+            let pushed = poll_once(pin!(outbox.push(frame(1, u8::try_from(i).unwrap_or(0)))));
+            assert_eq!(pushed, Poll::Ready(true));
+        }
+        let mut waiting = pin!(outbox.push(frame(1, b'w')));
+        assert!(poll_once(waiting.as_mut()).is_pending());
+        let mut mux = None;
+        assert_eq!(byte(outbox.try_next(&mut mux)), Some(0));
+        assert_eq!(poll_once(waiting.as_mut()), Poll::Ready(true));
+        outbox.close();
+        assert_eq!(
+            poll_once(pin!(outbox.push(frame(1, b'z')))),
+            Poll::Ready(false)
+        );
+        assert!(outbox.try_next(&mut mux).is_none());
+    }
+}
