@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 
@@ -20,10 +20,10 @@ use crate::backend::{BodySender, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::cgi::{self, error_answer, give_back, linger, prepare, read_buffer, CgiSink};
 use crate::front::limits::Ticket;
-use crate::gateway::{Gateway, Routed};
+use crate::gateway::{Gateway, GatewayError, Routed};
 use crate::net::Stream;
-use crate::protocols::cgi::{CgiParams, FrontParams};
-use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
+use crate::protocols::cgi::CgiParams;
+use crate::protocols::scgi::{ScgiError, ScgiFrontHead, ScgiRequestDecoder, ScgiRequestEvent};
 
 /// Request-body chunks in flight between the connection and the backend exchange.
 const BODY_CHUNKS: usize = 4;
@@ -69,7 +69,7 @@ pub async fn serve_connection(
     shutdown: CancellationToken,
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut decoder = ScgiRequestDecoder::new(&gateway.limits);
+    let mut decoder = ScgiRequestDecoder::<ScgiFrontHead>::decoding(&gateway.limits);
     let mut buf = read_buffer();
     let state = Arc::clone(ticket.state());
     let head_deadline = tokio::time::Instant::now() + timeouts.header;
@@ -126,12 +126,9 @@ pub async fn serve_connection(
     let _busy = state.begin();
     let request_id = gateway.request_id();
     let declared = head.content_length;
-    // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
-    // backends need it back.
-    let params = front_params(declared, &head.params);
-    // The head's pairs share the read buffer: dropped now, they leave it reclaimable for
-    // the next connection (`give_back`).
-    drop(head);
+    // The parameters hold CONTENT_LENGTH first (SCGI's own place for it), in a buffer of
+    // their own: the read buffer is left reclaimable for the next connection (`give_back`).
+    let params = head.params.map_err(GatewayError::from);
     let prepared = params.and_then(|params| prepare(&gateway, &listener, params, request_id));
     let (routed, params) = match prepared {
         Ok(prepared) => prepared,
@@ -145,8 +142,13 @@ pub async fn serve_connection(
             return;
         }
     };
-    let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
-    let fed = {
+    let fed = if declared == 0 {
+        // No body to feed (the decoder has seen its end already): no channel either.
+        let body = RequestBody::empty();
+        respond(&gateway, &routed, params, body, request_id, &mut writer).await;
+        Some(Fed::All)
+    } else {
+        let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
         let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
         let feed = feed(&mut decoder, &mut buf, &mut reader, tx, declared, &timeouts);
         tokio::pin!(respond, feed);
@@ -179,34 +181,6 @@ pub async fn serve_connection(
     // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
     // would have sent: one system call fewer per connection.
     give_back(buf);
-}
-
-/// The head's parameters for the front logic, CONTENT_LENGTH (`declared`) first.
-fn front_params(
-    declared: u64,
-    pairs: &[(Bytes, Bytes)],
-) -> Result<FrontParams, crate::gateway::GatewayError> {
-    let mut params = FrontParams::new();
-    let mut digits = [0u8; 20];
-    params.push(b"CONTENT_LENGTH", decimal(declared, &mut digits))?;
-    for (name, value) in pairs {
-        params.push(name, value)?;
-    }
-    Ok(params)
-}
-
-/// `n` in decimal, written into `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    while let Some(d) = at.checked_sub(1).and_then(|i| buf.get_mut(i)) {
-        *d = b'0' + (n % 10) as u8;
-        at -= 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.get(at..).unwrap_or_default()
 }
 
 /// Dispatches the request and streams the answer; returns when it is written or the client
@@ -254,7 +228,7 @@ impl CgiSink for Conn<'_> {
 /// `body_deadline`; time spent waiting for the exchange to take a chunk (a slow backend) does
 /// not count.
 async fn feed(
-    decoder: &mut ScgiRequestDecoder,
+    decoder: &mut ScgiRequestDecoder<ScgiFrontHead>,
     buf: &mut BytesMut,
     reader: &mut ReadHalf<Stream>,
     tx: BodySender,
@@ -292,15 +266,4 @@ async fn feed(
     tracing::debug!(error = %failure, "scgi request body ended early");
     let _ = tx.fail(Box::new(failure)).await;
     Fed::All
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn decimal_writes_every_width() {
-        for n in [0u64, 7, 10, 65535, 1234567890, u64::MAX] {
-            let mut buf = [0u8; 20];
-            assert_eq!(super::decimal(n, &mut buf), n.to_string().as_bytes());
-        }
-    }
 }
