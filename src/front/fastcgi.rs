@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,7 @@ use crate::protocols::fastcgi::{
 };
 
 use crate::front::cgi::{give_back, linger, read_buffer};
+use crate::front::halves::{halves, ReadPart};
 use crate::front::quiet::Quiet;
 
 mod answer;
@@ -113,7 +114,8 @@ pub async fn serve_connection(
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
-    let (mut reader, writer) = tokio::io::split(stream);
+    let mut stream = stream;
+    let (mut reader, writer) = halves(&mut stream);
     let outbox = Outbox::default();
     let closed = Closed::default();
     // The writer runs beside the reader in this connection's task (joined below), not in a
@@ -164,7 +166,7 @@ pub async fn serve_connection(
         let _ = writer.shutdown().await;
         linger(&mut reader, &mut buf).await;
     }
-    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // Otherwise dropping the stream closes the socket, which sends the FIN a shutdown
     // would have sent: one system call fewer per connection.
     give_back(buf);
 }
@@ -293,7 +295,7 @@ impl Connection<'_> {
     /// writer ended), so the caller lingers.
     async fn run(
         &mut self,
-        reader: &mut ReadHalf<Stream>,
+        reader: &mut ReadPart<'_>,
         buf: &mut BytesMut,
         shutdown: CancellationToken,
     ) -> bool {

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::cgi::{self, error_answer, give_back, linger, prepare, read_buffer, CgiSink};
+use crate::front::halves::{halves, ReadPart, WritePart};
 use crate::front::limits::Ticket;
 use crate::gateway::{Gateway, GatewayError, Routed};
 use crate::net::Stream;
@@ -68,7 +69,8 @@ pub async fn serve_connection(
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
-    let (mut reader, mut writer) = tokio::io::split(stream);
+    let mut stream = stream;
+    let (mut reader, mut writer) = halves(&mut stream);
     let mut decoder = ScgiRequestDecoder::<ScgiFrontHead>::decoding(&gateway.limits);
     let mut buf = read_buffer();
     let state = Arc::clone(ticket.state());
@@ -178,7 +180,7 @@ pub async fn serve_connection(
         let _ = writer.shutdown().await;
         linger(&mut reader, &mut buf).await;
     }
-    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // Otherwise dropping the stream closes the socket, which sends the FIN a shutdown
     // would have sent: one system call fewer per connection.
     give_back(buf);
 }
@@ -191,7 +193,7 @@ async fn respond(
     params: CgiParams,
     body: RequestBody,
     request_id: u64,
-    writer: &mut WriteHalf<Stream>,
+    writer: &mut WritePart<'_>,
 ) {
     let response = gateway.dispatch(routed, params, body, request_id).await;
     // Closing is all SCGI has to say a response was cut short; a complete one closes too
@@ -200,9 +202,9 @@ async fn respond(
 }
 
 /// The SCGI connection as a CGI sink: the response goes out as it is.
-struct Conn<'a>(&'a mut WriteHalf<Stream>);
+struct Conn<'a, 'w>(&'a mut WritePart<'w>);
 
-impl CgiSink for Conn<'_> {
+impl CgiSink for Conn<'_, '_> {
     fn frame(&mut self, len: usize) -> BytesMut {
         BytesMut::with_capacity(len)
     }
@@ -230,7 +232,7 @@ impl CgiSink for Conn<'_> {
 async fn feed(
     decoder: &mut ScgiRequestDecoder<ScgiFrontHead>,
     buf: &mut BytesMut,
-    reader: &mut ReadHalf<Stream>,
+    reader: &mut ReadPart<'_>,
     tx: BodySender,
     declared: u64,
     timeouts: &FrontTimeouts,

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncWriteExt, WriteHalf};
+use tokio::io::AsyncWriteExt;
 
 use super::outbox::{OutSender, Outbox};
 use crate::front::cgi::{self, CgiSink, Relayed};
+use crate::front::halves::WritePart;
 use crate::gateway::{GatewayError, GatewayResponse};
-use crate::net::Stream;
 use crate::protocols::fastcgi::{
     encode_request_complete, encode_stdout, stream_encoded_len, RecordHeader, RecordType,
     HEADER_LEN, STREAM_CHUNK_LEN,
@@ -57,11 +57,11 @@ impl From<BytesMut> for Frame {
 /// Writes frames in order until the outbox ends, a write fails, or a frame says close; then
 /// tells the reader through `closed` and gives the write half back: the caller shuts it
 /// down only when it lingers, since closing the socket sends the same FIN.
-pub(super) async fn write_loop(
-    mut writer: WriteHalf<Stream>,
+pub(super) async fn write_loop<'w>(
+    mut writer: WritePart<'w>,
     frames: &Outbox,
     closed: &Closed,
-) -> WriteHalf<Stream> {
+) -> WritePart<'w> {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
     let mut ended: super::IdMap<u64> = super::IdMap::default();
     // The frames queued by the time the writer runs go out in one write: a response's head,
