@@ -496,6 +496,17 @@ fn check_location(value: &[u8]) -> Result<(), CgiResponseError> {
     Ok(())
 }
 
+/// At most the bytes [`encode_head`] writes for `head` (exactly, but for a `Status:` line
+/// without a reason, one less): a caller that frames the head with more bytes sizes its
+/// buffer once.
+pub fn encoded_len(head: &CgiResponseHead) -> usize {
+    // "Status: NNN reason\r\n", each "name: value\r\n", and the blank line.
+    let status = head.status.as_ref().map_or(0, |s| 14 + s.reason.len());
+    head.headers.iter().fold(status + 2, |len, (name, value)| {
+        len + name.len() + value.len() + 4
+    })
+}
+
 /// Writes `head` as a CGI response head (`Status:` line, headers, blank line, CRLF endings).
 ///
 /// Refuses what the decoder would refuse, so that decoding the output gives `head` back: a
@@ -512,10 +523,7 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
         }
     }
     let mut locations = 0;
-    // "Status: NNN reason\r\n", each "name: value\r\n", and the blank line: one reservation.
-    let mut len = head.status.as_ref().map_or(0, |s| 14 + s.reason.len()) + 2;
     for (name, value) in &head.headers {
-        len += name.len() + value.len() + 4;
         if !is_token(name) {
             return Err(CgiResponseError::InvalidName {
                 name: snippet(name),
@@ -537,7 +545,7 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
             check_location(value)?;
         }
     }
-    dst.reserve(len);
+    dst.reserve(encoded_len(head));
     if let Some(status) = &head.status {
         dst.put_slice(b"Status: ");
         // 100..=999, checked above: three digits.

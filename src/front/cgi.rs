@@ -18,7 +18,7 @@ use crate::protocols::cgi::{
     check_host, normalize_decoded_path, normalize_front, parse_request_path, CgiError, CgiParams,
     FrontParams, Known,
 };
-use crate::protocols::cgi_response::{encode_head, CgiResponseHead, CgiStatus};
+use crate::protocols::cgi_response::{encode_head, encoded_len, CgiResponseHead, CgiStatus};
 
 /// Bytes a CGI front's connection reads at a time (and reads at a time while lingering).
 pub(crate) const READ_CHUNK: usize = 16 * 1024;
@@ -125,6 +125,15 @@ pub(crate) trait CgiSink {
     /// Sends bytes of the CGI response; false when the peer is gone (or no longer wants
     /// this response).
     async fn send(&mut self, bytes: &[u8]) -> bool;
+
+    /// A buffer for about `len` bytes of the response, with room for the sink's own framing
+    /// around them: what the caller appends goes out through [`send_frame`](Self::send_frame)
+    /// without another copy.
+    fn frame(&mut self, len: usize) -> BytesMut;
+
+    /// Sends the bytes appended to a buffer from [`frame`](Self::frame); as
+    /// [`send`](Self::send) otherwise.
+    async fn send_frame(&mut self, frame: BytesMut) -> bool;
 }
 
 /// How a relayed response ended.
@@ -150,23 +159,36 @@ pub(crate) async fn relay(
         Ok(r) => r,
         Err(e) => return refuse(sink, &e, request_id).await,
     };
-    let mut head = BytesMut::new();
-    if let Err(e) = encode_head(&response.head, &mut head) {
-        tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
-        return answer(sink, &error_answer(502, None)).await;
-    }
     // The body's first bytes, when they came with the head (a short answer), go out with it:
-    // one frame, one write.
+    // one frame, one write. The head is encoded straight into the sink's frame, sized for
+    // both.
     let first = std::future::poll_fn(|cx| Poll::Ready(response.body.poll_chunk(cx))).await;
     let mut broke = None;
     let mut ended = false;
+    let mut data = None;
     match first {
-        Poll::Ready(Some(Ok(data))) => head.extend_from_slice(&data),
+        Poll::Ready(Some(Ok(d))) => data = Some(d),
         Poll::Ready(Some(Err(e))) => broke = Some(e),
         Poll::Ready(None) => ended = true,
         Poll::Pending => {}
     }
-    if !sink.send(&head).await {
+    let len = encoded_len(&response.head) + data.as_ref().map_or(0, |d| d.len());
+    let mut head = sink.frame(len);
+    let framing = head.len();
+    if let Err(e) = encode_head(&response.head, &mut head) {
+        tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
+        head.truncate(framing);
+        head.extend_from_slice(&error_answer(502, None));
+        return if sink.send_frame(head).await {
+            Relayed::Complete
+        } else {
+            Relayed::Gone
+        };
+    }
+    if let Some(d) = data {
+        head.extend_from_slice(&d);
+    }
+    if !sink.send_frame(head).await {
         return Relayed::Gone;
     }
     if let Some(e) = broke {

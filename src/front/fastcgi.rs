@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -57,19 +57,19 @@ use crate::protocols::fastcgi::{
 };
 
 use crate::front::cgi::{give_back, linger, read_buffer};
+use crate::front::halves::{halves, ReadPart};
 use crate::front::quiet::Quiet;
 
 mod answer;
+mod outbox;
 mod requests;
 mod stdin;
 mod table;
 use answer::{write_loop, Closed, Done, Ending, Out};
+use outbox::Outbox;
 use stdin::StdinSender;
 use table::Requests;
 
-/// Frames queued for the writer of one connection; with the body channel below, this bounds
-/// what one connection holds in memory.
-const OUT_FRAMES: usize = 16;
 /// FCGI_STDIN bytes one connection holds for backends that have not read them yet.
 const STDIN_BUDGET: usize = 1024 * 1024;
 /// Retry-After of the 503 that refuses a request whose body outran its budget.
@@ -114,14 +114,15 @@ pub async fn serve_connection(
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
-    let (mut reader, writer) = tokio::io::split(stream);
-    let (out, out_rx) = mpsc::channel(OUT_FRAMES);
+    let mut stream = stream;
+    let (mut reader, writer) = halves(&mut stream);
+    let outbox = Outbox::default();
     let closed = Closed::default();
     // The writer runs beside the reader in this connection's task (joined below), not in a
     // task of its own: a front server that opens a connection per request would otherwise
     // pay a task per connection, and every frame a wake-up of another task. Both borrow
-    // `closed` from here.
-    let writer = write_loop(writer, out_rx, &closed);
+    // `outbox` and `closed` from here.
+    let writer = write_loop(writer, &outbox, &closed);
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -136,11 +137,13 @@ pub async fn serve_connection(
         requests: Requests::default(),
         next_seq: 1,
         stdin_budget: None,
-        out,
+        outbox: &outbox,
+        mux: None,
         done: None,
         done_rx: None,
         closed: &closed,
         input_pending: false,
+        closing: false,
         inline: None,
         inline_done: None,
     };
@@ -150,9 +153,11 @@ pub async fn serve_connection(
         let linger_needed = closed_by_us && conn.input_may_follow(&buf);
         // Whatever is still in progress has lost its client: dropping the tasks aborts their
         // backend requests and gives their slots back. Dropping the connection drops its
-        // sender of frames, which ends the writer once the requests' senders are gone too.
+        // sender of multiplexed frames; the writer ends once the queue is out and the
+        // requests' senders are gone too.
         conn.requests.clear();
         drop(conn);
+        outbox.finish();
         linger_needed
     };
     let (linger_needed, mut writer) = tokio::join!(reading, writer);
@@ -161,7 +166,7 @@ pub async fn serve_connection(
         let _ = writer.shutdown().await;
         linger(&mut reader, &mut buf).await;
     }
-    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // Otherwise dropping the stream closes the socket, which sends the FIN a shutdown
     // would have sent: one system call fewer per connection.
     give_back(buf);
 }
@@ -208,14 +213,14 @@ enum Dispatch {
 /// The request a connection serves in its own task, as nginx, Apache and Caddy use FastCGI
 /// (one request at a time): no task to spawn and no channel to report back through. Further
 /// requests multiplexed beside it get tasks of their own.
-struct Inline {
+struct Inline<'c> {
     id: u16,
     seq: u64,
-    answer: Pin<Box<dyn std::future::Future<Output = Ending> + Send>>,
+    answer: Pin<Box<dyn std::future::Future<Output = Ending> + Send + 'c>>,
 }
 
 /// Polls the inline request, if any, to its ending.
-fn poll_inline(inline: &mut Option<Inline>, cx: &mut Context<'_>) -> Poll<Done> {
+fn poll_inline(inline: &mut Option<Inline<'_>>, cx: &mut Context<'_>) -> Poll<Done> {
     let Some(i) = inline.as_mut() else {
         return Poll::Pending;
     };
@@ -246,7 +251,11 @@ struct Connection<'c> {
     next_seq: u64,
     /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.
     stdin_budget: Option<Arc<Semaphore>>,
-    out: mpsc::Sender<Out>,
+    /// The frames for the writer, from the reader and the inline request.
+    outbox: &'c Outbox,
+    /// The sender of the channel requests in tasks of their own send their frames through,
+    /// once there is one.
+    mux: Option<mpsc::Sender<Out>>,
     /// Where requests in tasks of their own report their endings, once there is one.
     done: Option<mpsc::Sender<Done>>,
     /// Its receiving end, until the reader's loop takes it.
@@ -257,8 +266,12 @@ struct Connection<'c> {
     /// without a backend, answered before its FCGI_STDIN ended, or refused): more bytes may
     /// follow, so closing must linger.
     input_pending: bool,
+    /// A frame that closes the connection has been queued: the writer closes it once the
+    /// frames before it are out, so nothing is waited for but that (no deadline, no
+    /// shutdown or eviction).
+    closing: bool,
     /// The request served in this task, if any.
-    inline: Option<Inline>,
+    inline: Option<Inline<'c>>,
     /// The inline request's ending, when it came while the reader waited on something else
     /// (body budget): handled at the top of the next turn of the loop.
     inline_done: Option<Done>,
@@ -282,7 +295,7 @@ impl Connection<'_> {
     /// writer ended), so the caller lingers.
     async fn run(
         &mut self,
-        reader: &mut ReadHalf<Stream>,
+        reader: &mut ReadPart<'_>,
         buf: &mut BytesMut,
         shutdown: CancellationToken,
     ) -> bool {
@@ -303,13 +316,20 @@ impl Connection<'_> {
         let expiry: Option<tokio::time::Sleep> = None;
         // The eviction and the shutdown almost never come: watched together, polled only
         // when one of them woke the task (front::quiet), not at every turn. Once one has
-        // come, the other is watched on its own.
-        let mut side = Quiet::new(async {
-            tokio::select! {
-                () = shutdown.cancelled() => Side::Shutdown,
-                () = state.evicted().cancelled() => Side::Evicted,
-            }
-        });
+        // come, the other is watched on its own. Both matter only while no request is
+        // dispatched (an evicted or draining connection closes once it has none), so they
+        // are watched only then, and made the first time the reader waits so: a front
+        // server that opens a connection per request (nginx's plain `fastcgi_pass`) and
+        // writes it as it connects never pays for them.
+        let side_future = || {
+            Quiet::new(async {
+                tokio::select! {
+                    () = shutdown.cancelled() => Side::Shutdown,
+                    () = state.evicted().cancelled() => Side::Evicted,
+                }
+            })
+        };
+        let mut side = None;
         let mut side_came = false;
         // Evicted: the connection closes once it has no request in progress (the table
         // picks idle connections only; one whose request was dispatched as it was picked is
@@ -378,7 +398,7 @@ impl Connection<'_> {
             let read = match ready {
                 Poll::Ready(read) => read,
                 Poll::Pending => {
-                    let deadline = self.deadline();
+                    let deadline = if self.closing { None } else { self.deadline() };
                     if let Some((at, _)) = deadline {
                         match expiry.as_mut().as_pin_mut() {
                             Some(sleep) if sleep.deadline() == at => {}
@@ -397,6 +417,15 @@ impl Connection<'_> {
                         }
                     };
                     tokio::pin!(expired);
+                    // Shutdown and eviction wait for the dispatched requests to end.
+                    let watch_side = !self.closing && self.state.is_idle();
+                    if watch_side && !side_came && side.is_none() {
+                        side = Some(side_future());
+                    }
+                    let side_poll = std::future::poll_fn(|cx| match side.as_mut() {
+                        Some(s) => Pin::new(s).poll(cx),
+                        None => Poll::Pending,
+                    });
                     tokio::select! {
                         read = reader.read_buf(buf) => read,
                         () = &mut expired, if deadline.is_some() => {
@@ -404,7 +433,7 @@ impl Connection<'_> {
                             tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
                             return false;
                         }
-                        came = &mut side, if !side_came => {
+                        came = side_poll, if watch_side && !side_came => {
                             side_came = true;
                             match came {
                                 Side::Shutdown => draining = true,
@@ -412,11 +441,11 @@ impl Connection<'_> {
                             }
                             continue;
                         }
-                        () = &mut evicted_wait, if side_came && !evicted => {
+                        () = &mut evicted_wait, if watch_side && side_came && !evicted => {
                             evicted = true;
                             continue;
                         }
-                        () = &mut stopping, if side_came && !draining => {
+                        () = &mut stopping, if watch_side && side_came && !draining => {
                             draining = true;
                             continue;
                         }

@@ -4,6 +4,7 @@ pub mod backlog;
 pub mod cgi;
 pub mod fastcgi;
 mod file;
+mod halves;
 pub mod http;
 mod http10;
 pub mod limits;

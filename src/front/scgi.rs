@@ -12,18 +12,19 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BodySender, RequestBody};
 use crate::config::{FrontTimeouts, ListenAddress};
 use crate::front::cgi::{self, error_answer, give_back, linger, prepare, read_buffer, CgiSink};
+use crate::front::halves::{halves, ReadPart, WritePart};
 use crate::front::limits::Ticket;
-use crate::gateway::{Gateway, Routed};
+use crate::gateway::{Gateway, GatewayError, Routed};
 use crate::net::Stream;
-use crate::protocols::cgi::{CgiParams, FrontParams};
-use crate::protocols::scgi::{ScgiError, ScgiRequestDecoder, ScgiRequestEvent};
+use crate::protocols::cgi::CgiParams;
+use crate::protocols::scgi::{ScgiError, ScgiFrontHead, ScgiRequestDecoder, ScgiRequestEvent};
 
 /// Request-body chunks in flight between the connection and the backend exchange.
 const BODY_CHUNKS: usize = 4;
@@ -68,8 +69,9 @@ pub async fn serve_connection(
     gateway: Arc<Gateway>,
     shutdown: CancellationToken,
 ) {
-    let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut decoder = ScgiRequestDecoder::new(&gateway.limits);
+    let mut stream = stream;
+    let (mut reader, mut writer) = halves(&mut stream);
+    let mut decoder = ScgiRequestDecoder::<ScgiFrontHead>::decoding(&gateway.limits);
     let mut buf = read_buffer();
     let state = Arc::clone(ticket.state());
     let head_deadline = tokio::time::Instant::now() + timeouts.header;
@@ -126,12 +128,9 @@ pub async fn serve_connection(
     let _busy = state.begin();
     let request_id = gateway.request_id();
     let declared = head.content_length;
-    // SCGI moves CONTENT_LENGTH to the front of its head and the decoder takes it out; CGI
-    // backends need it back.
-    let params = front_params(declared, &head.params);
-    // The head's pairs share the read buffer: dropped now, they leave it reclaimable for
-    // the next connection (`give_back`).
-    drop(head);
+    // The parameters hold CONTENT_LENGTH first (SCGI's own place for it), in a buffer of
+    // their own: the read buffer is left reclaimable for the next connection (`give_back`).
+    let params = head.params.map_err(GatewayError::from);
     let prepared = params.and_then(|params| prepare(&gateway, &listener, params, request_id));
     let (routed, params) = match prepared {
         Ok(prepared) => prepared,
@@ -145,8 +144,13 @@ pub async fn serve_connection(
             return;
         }
     };
-    let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
-    let fed = {
+    let fed = if declared == 0 {
+        // No body to feed (the decoder has seen its end already): no channel either.
+        let body = RequestBody::empty();
+        respond(&gateway, &routed, params, body, request_id, &mut writer).await;
+        Some(Fed::All)
+    } else {
+        let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
         let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
         let feed = feed(&mut decoder, &mut buf, &mut reader, tx, declared, &timeouts);
         tokio::pin!(respond, feed);
@@ -176,37 +180,9 @@ pub async fn serve_connection(
         let _ = writer.shutdown().await;
         linger(&mut reader, &mut buf).await;
     }
-    // Otherwise dropping both halves closes the socket, which sends the FIN a shutdown
+    // Otherwise dropping the stream closes the socket, which sends the FIN a shutdown
     // would have sent: one system call fewer per connection.
     give_back(buf);
-}
-
-/// The head's parameters for the front logic, CONTENT_LENGTH (`declared`) first.
-fn front_params(
-    declared: u64,
-    pairs: &[(Bytes, Bytes)],
-) -> Result<FrontParams, crate::gateway::GatewayError> {
-    let mut params = FrontParams::new();
-    let mut digits = [0u8; 20];
-    params.push(b"CONTENT_LENGTH", decimal(declared, &mut digits))?;
-    for (name, value) in pairs {
-        params.push(name, value)?;
-    }
-    Ok(params)
-}
-
-/// `n` in decimal, written into `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    while let Some(d) = at.checked_sub(1).and_then(|i| buf.get_mut(i)) {
-        *d = b'0' + (n % 10) as u8;
-        at -= 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.get(at..).unwrap_or_default()
 }
 
 /// Dispatches the request and streams the answer; returns when it is written or the client
@@ -217,7 +193,7 @@ async fn respond(
     params: CgiParams,
     body: RequestBody,
     request_id: u64,
-    writer: &mut WriteHalf<Stream>,
+    writer: &mut WritePart<'_>,
 ) {
     let response = gateway.dispatch(routed, params, body, request_id).await;
     // Closing is all SCGI has to say a response was cut short; a complete one closes too
@@ -226,9 +202,17 @@ async fn respond(
 }
 
 /// The SCGI connection as a CGI sink: the response goes out as it is.
-struct Conn<'a>(&'a mut WriteHalf<Stream>);
+struct Conn<'a, 'w>(&'a mut WritePart<'w>);
 
-impl CgiSink for Conn<'_> {
+impl CgiSink for Conn<'_, '_> {
+    fn frame(&mut self, len: usize) -> BytesMut {
+        BytesMut::with_capacity(len)
+    }
+
+    async fn send_frame(&mut self, frame: BytesMut) -> bool {
+        self.send(&frame).await
+    }
+
     async fn send(&mut self, bytes: &[u8]) -> bool {
         match self.0.write_all(bytes).await {
             Ok(()) => true,
@@ -246,9 +230,9 @@ impl CgiSink for Conn<'_> {
 /// `body_deadline`; time spent waiting for the exchange to take a chunk (a slow backend) does
 /// not count.
 async fn feed(
-    decoder: &mut ScgiRequestDecoder,
+    decoder: &mut ScgiRequestDecoder<ScgiFrontHead>,
     buf: &mut BytesMut,
-    reader: &mut ReadHalf<Stream>,
+    reader: &mut ReadPart<'_>,
     tx: BodySender,
     declared: u64,
     timeouts: &FrontTimeouts,
@@ -284,15 +268,4 @@ async fn feed(
     tracing::debug!(error = %failure, "scgi request body ended early");
     let _ = tx.fail(Box::new(failure)).await;
     Fed::All
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn decimal_writes_every_width() {
-        for n in [0u64, 7, 10, 65535, 1234567890, u64::MAX] {
-            let mut buf = [0u8; 20];
-            assert_eq!(super::decimal(n, &mut buf), n.to_string().as_bytes());
-        }
-    }
 }

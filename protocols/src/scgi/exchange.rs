@@ -4,16 +4,18 @@
 //! The response needs no state machine of its own: it is a CGI response head and body written
 //! until the connection closes (see [`crate::cgi_response`]).
 
+use std::marker::PhantomData;
+
 use bytes::{Bytes, BytesMut};
 
-use super::{NetstringDecoder, ScgiError, ScgiRequestHead};
+use super::{NetstringDecoder, ScgiError, ScgiHead, ScgiRequestHead};
 use crate::Limits;
 
 /// One step of an SCGI request, in order: `Head`, zero or more `Body`, `End`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScgiRequestEvent {
+pub enum ScgiRequestEvent<H = ScgiRequestHead> {
     /// The header block.
-    Head(ScgiRequestHead),
+    Head(H),
     /// The next body bytes (never empty), sliced from the input without copying.
     Body(Bytes),
     /// All CONTENT_LENGTH body bytes have been delivered.
@@ -28,21 +30,31 @@ enum State {
     Done,
 }
 
-/// Decoder of one SCGI request, for the responder role.
+/// Decoder of one SCGI request, for the responder role; its header block is decoded into
+/// `H`.
 ///
 /// After an error the connection is broken and the decoder must not be used again.
 #[derive(Debug, Clone)]
-pub struct ScgiRequestDecoder {
+pub struct ScgiRequestDecoder<H = ScgiRequestHead> {
     limits: Limits,
     state: State,
+    head: PhantomData<fn() -> H>,
 }
 
 impl ScgiRequestDecoder {
     /// A decoder for one request, bounded by `limits`.
     pub fn new(limits: &Limits) -> Self {
+        ScgiRequestDecoder::decoding(limits)
+    }
+}
+
+impl<H: ScgiHead> ScgiRequestDecoder<H> {
+    /// A decoder for one request whose head is decoded into `H`, bounded by `limits`.
+    pub fn decoding(limits: &Limits) -> Self {
         ScgiRequestDecoder {
             limits: limits.clone(),
             state: State::Head(NetstringDecoder::new(limits.max_params_bytes)),
+            head: PhantomData,
         }
     }
 
@@ -53,14 +65,14 @@ impl ScgiRequestDecoder {
 
     /// Returns the next event once its bytes are in `src`, `Ok(None)` before. Bytes after the
     /// body are an error ([`ScgiError::BytesAfterBody`]).
-    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ScgiRequestEvent>, ScgiError> {
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ScgiRequestEvent<H>>, ScgiError> {
         match &mut self.state {
             State::Head(netstring) => {
                 let Some(payload) = netstring.decode(src)? else {
                     return Ok(None);
                 };
-                let head = ScgiRequestHead::decode(payload, &self.limits)?;
-                self.state = match head.content_length {
+                let head = H::decode(payload, &self.limits)?;
+                self.state = match head.content_length() {
                     0 => State::End,
                     remaining => State::Body { remaining },
                 };

@@ -5,6 +5,8 @@
 //! responder role decodes it, checking every pair against the [`Limits`] and returning the
 //! names and values as slices of the received payload.
 
+use std::ops::Range;
+
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{snippet, ScgiError};
@@ -32,56 +34,14 @@ impl ScgiRequestHead {
 
     /// Parses a netstring payload (see [`super::NetstringDecoder`]) as a header block.
     pub fn decode(payload: Bytes, limits: &Limits) -> Result<Self, ScgiError> {
-        let mut rest = payload;
-        let mut count = 0usize;
-        let mut content_length = None;
-        let mut scgi_seen = false;
-        let mut names = Names::default();
         let mut params: Vec<(Bytes, Bytes)> = Vec::new();
-        while !rest.is_empty() {
-            let name = take_until_nul(&mut rest)?;
-            let value = take_until_nul(&mut rest)?;
-            count += 1;
-            if count > limits.max_params_count {
-                return Err(ScgiError::TooManyParams {
-                    limit: limits.max_params_count,
-                });
+        let mut length_pair = true;
+        let content_length = walk(&payload, limits, |name, value| {
+            // CONTENT_LENGTH is kept out of `params`.
+            if !std::mem::take(&mut length_pair) {
+                params.push((payload.slice(name), payload.slice(value)));
             }
-            check_pair(&name, &value, limits)?;
-            if content_length.is_none() {
-                if name != CONTENT_LENGTH {
-                    return Err(ScgiError::ContentLengthNotFirst {
-                        found: snippet(&name),
-                    });
-                }
-                content_length = Some(parse_decimal(&value)?);
-                continue;
-            }
-            // SCGI is kept out of `params`: its repeat is caught by `scgi_seen`.
-            if name == CONTENT_LENGTH
-                || (name == SCGI && scgi_seen)
-                || !names.insert(&name, || params.iter().map(|(n, _)| &n[..]))
-            {
-                return Err(ScgiError::DuplicateName {
-                    name: snippet(&name),
-                });
-            }
-            if name == SCGI {
-                if value != SCGI_VERSION {
-                    return Err(ScgiError::ScgiVersion {
-                        value: snippet(&value),
-                    });
-                }
-                scgi_seen = true;
-            } else {
-                params.push((name, value));
-            }
-        }
-        let content_length =
-            content_length.ok_or(ScgiError::ContentLengthNotFirst { found: Vec::new() })?;
-        if !scgi_seen {
-            return Err(ScgiError::MissingScgi);
-        }
+        })?;
         Ok(ScgiRequestHead {
             content_length,
             params,
@@ -89,15 +49,109 @@ impl ScgiRequestHead {
     }
 }
 
-/// Splits off the bytes before the next NUL and the NUL itself.
-fn take_until_nul(rest: &mut Bytes) -> Result<Bytes, ScgiError> {
-    let nul = rest
-        .iter()
-        .position(|&c| c == 0)
-        .ok_or(ScgiError::TruncatedPair)?;
-    let field = rest.split_to(nul);
-    *rest = rest.slice(1..);
-    Ok(field)
+/// What the responder decodes a header block into: [`ScgiRequestHead`], or a form of its
+/// own for a caller that has one ([`super::ScgiFrontHead`]).
+pub trait ScgiHead: Sized {
+    /// Parses a netstring payload as a header block, refusing what
+    /// [`ScgiRequestHead::decode`] refuses.
+    fn decode(payload: Bytes, limits: &Limits) -> Result<Self, ScgiError>;
+
+    /// The body length (CONTENT_LENGTH).
+    fn content_length(&self) -> u64;
+}
+
+impl ScgiHead for ScgiRequestHead {
+    fn decode(payload: Bytes, limits: &Limits) -> Result<Self, ScgiError> {
+        ScgiRequestHead::decode(payload, limits)
+    }
+
+    fn content_length(&self) -> u64 {
+        self.content_length
+    }
+}
+
+/// Checks every rule of a header block and hands each pair but SCGI to `pair`, as ranges of
+/// `payload`, in order (CONTENT_LENGTH first, once its value is known to be a length);
+/// returns CONTENT_LENGTH.
+pub(super) fn walk(
+    payload: &[u8],
+    limits: &Limits,
+    mut pair: impl FnMut(Range<usize>, Range<usize>),
+) -> Result<u64, ScgiError> {
+    let mut at = 0;
+    let mut count = 0usize;
+    let mut content_length = None;
+    let mut scgi_seen = false;
+    let mut names = Names::default();
+    while at < payload.len() {
+        let name_at = at..field_end(payload, at)?;
+        let value_at = name_at.end + 1..field_end(payload, name_at.end + 1)?;
+        at = value_at.end + 1;
+        let name = payload.get(name_at.clone()).unwrap_or_default();
+        let value = payload.get(value_at.clone()).unwrap_or_default();
+        count += 1;
+        if count > limits.max_params_count {
+            return Err(ScgiError::TooManyParams {
+                limit: limits.max_params_count,
+            });
+        }
+        check_pair(name, value, limits)?;
+        if content_length.is_none() {
+            if name != CONTENT_LENGTH {
+                return Err(ScgiError::ContentLengthNotFirst {
+                    found: snippet(name),
+                });
+            }
+            content_length = Some(parse_decimal(value)?);
+            pair(name_at, value_at);
+            continue;
+        }
+        // SCGI is not handed on: its repeat is caught by `scgi_seen`. The earlier names are
+        // read again from the payload, only for a name whose class was seen before.
+        let before = payload.get(..name_at.start).unwrap_or_default();
+        if name == CONTENT_LENGTH
+            || (name == SCGI && scgi_seen)
+            || !names.insert(name, || earlier_names(before))
+        {
+            return Err(ScgiError::DuplicateName {
+                name: snippet(name),
+            });
+        }
+        if name == SCGI {
+            if value != SCGI_VERSION {
+                return Err(ScgiError::ScgiVersion {
+                    value: snippet(value),
+                });
+            }
+            scgi_seen = true;
+        } else {
+            pair(name_at, value_at);
+        }
+    }
+    let content_length =
+        content_length.ok_or(ScgiError::ContentLengthNotFirst { found: Vec::new() })?;
+    if !scgi_seen {
+        return Err(ScgiError::MissingScgi);
+    }
+    Ok(content_length)
+}
+
+/// Where the field starting at `at` ends: its NUL.
+fn field_end(payload: &[u8], at: usize) -> Result<usize, ScgiError> {
+    payload
+        .get(at..)
+        .and_then(|rest| rest.iter().position(|&c| c == 0))
+        .map(|nul| at + nul)
+        .ok_or(ScgiError::TruncatedPair)
+}
+
+/// The names of the whole pairs in `block` (the start of a header block), CONTENT_LENGTH
+/// and SCGI among them: neither can be a later pair's name without being refused anyway.
+fn earlier_names(block: &[u8]) -> impl Iterator<Item = &[u8]> {
+    block
+        .split(|&c| c == 0)
+        .step_by(2)
+        .filter(|n| !n.is_empty())
 }
 
 fn check_pair(name: &[u8], value: &[u8], limits: &Limits) -> Result<(), ScgiError> {

@@ -9,13 +9,16 @@
 //! - [`netstring`]: the netstring framing.
 //! - [`header`]: the request header block, encoded by the client, decoded by the responder.
 //! - [`exchange`]: the responder's state machine: head, then body chunks, then the end.
+//! - [`front_head`]: the header block decoded straight into the CGI front's parameters.
 
 pub mod exchange;
+pub mod front_head;
 pub mod header;
 pub mod netstring;
 
 pub use exchange::{ScgiRequestDecoder, ScgiRequestEvent};
-pub use header::{encode_request_head, ScgiRequestHead};
+pub use front_head::ScgiFrontHead;
+pub use header::{encode_request_head, ScgiHead, ScgiRequestHead};
 pub use netstring::{encode_netstring, NetstringDecoder};
 
 /// How many bytes of an offending value an error quotes.

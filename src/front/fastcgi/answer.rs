@@ -5,14 +5,17 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use bytes::BytesMut;
-use tokio::io::{AsyncWriteExt, WriteHalf};
-use tokio::sync::mpsc;
+use bytes::{BufMut, BytesMut};
+use tokio::io::AsyncWriteExt;
 
+use super::outbox::{OutSender, Outbox};
 use crate::front::cgi::{self, CgiSink, Relayed};
+use crate::front::halves::WritePart;
 use crate::gateway::{GatewayError, GatewayResponse};
-use crate::net::Stream;
-use crate::protocols::fastcgi::{encode_request_complete, encode_stdout};
+use crate::protocols::fastcgi::{
+    encode_request_complete, encode_stdout, stream_encoded_len, RecordHeader, RecordType,
+    HEADER_LEN, STREAM_CHUNK_LEN,
+};
 
 /// Queued frames are gathered into one write up to about this many bytes.
 const WRITE_BATCH: usize = 64 * 1024;
@@ -51,20 +54,22 @@ impl From<BytesMut> for Frame {
     }
 }
 
-/// Writes frames in order until the channel ends, a write fails, or a frame says close; then
+/// Writes frames in order until the outbox ends, a write fails, or a frame says close; then
 /// tells the reader through `closed` and gives the write half back: the caller shuts it
 /// down only when it lingers, since closing the socket sends the same FIN.
-pub(super) async fn write_loop(
-    mut writer: WriteHalf<Stream>,
-    mut frames: mpsc::Receiver<Out>,
+pub(super) async fn write_loop<'w>(
+    mut writer: WritePart<'w>,
+    frames: &Outbox,
     closed: &Closed,
-) -> WriteHalf<Stream> {
+) -> WritePart<'w> {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
     let mut ended: super::IdMap<u64> = super::IdMap::default();
     // The frames queued by the time the writer runs go out in one write: a response's head,
     // body and FCGI_END_REQUEST are one system call, not three.
     let mut batch = BytesMut::new();
-    'frames: while let Some(first) = frames.recv().await {
+    // The multiplexed requests' channel, once there is one.
+    let mut mux = None;
+    'frames: while let Some(first) = frames.next(&mut mux).await {
         let mut next = Some(first);
         let mut close = false;
         while let Some(frame) = next.take() {
@@ -85,7 +90,7 @@ pub(super) async fn write_loop(
                 break;
             }
             if batch.len() < WRITE_BATCH {
-                next = frames.try_recv().ok();
+                next = frames.try_next(&mut mux);
             }
         }
         if !batch.is_empty() {
@@ -99,6 +104,8 @@ pub(super) async fn write_loop(
             break;
         }
     }
+    frames.close();
+    drop(mux);
     closed.set().await;
     writer
 }
@@ -162,17 +169,29 @@ pub(super) struct Ending {
 }
 
 /// Writes one request's answer as FCGI_STDOUT records.
-pub(super) struct Responder {
+pub(super) struct Responder<'c> {
     pub(super) id: u16,
     pub(super) seq: u64,
     pub(super) keep_conn: bool,
     pub(super) request_id: u64,
     /// `ANSWER_*`, shared with the reader.
     pub(super) answer: Arc<AtomicU8>,
-    pub(super) out: mpsc::Sender<Out>,
+    pub(super) out: OutSender<'c>,
 }
 
-impl Responder {
+impl<'c> Responder<'c> {
+    /// The same responder, sending through `out`.
+    pub(super) fn sending_to<'d>(self, out: OutSender<'d>) -> Responder<'d> {
+        Responder {
+            id: self.id,
+            seq: self.seq,
+            keep_conn: self.keep_conn,
+            request_id: self.request_id,
+            answer: self.answer,
+            out,
+        }
+    }
+
     /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
     /// the request meanwhile.
     pub(super) async fn queue(&self, bytes: BytesMut) -> bool {
@@ -193,7 +212,7 @@ impl Responder {
             cut: false,
             close: false,
         };
-        self.out.send(out).await.is_ok()
+        self.out.send(out).await
     }
 
     /// The usual end: FCGI_STDOUT's end and FCGI_END_REQUEST with REQUEST_COMPLETE.
@@ -232,13 +251,48 @@ impl Responder {
     }
 }
 
-impl CgiSink for Responder {
+/// Room a frame keeps past its content: the padding of its record (at most 7 bytes) and the
+/// end of the response (empty FCGI_STDOUT and FCGI_END_REQUEST, 24 bytes), which the writer
+/// appends to the last frame it batches: a short answer goes out of one buffer.
+const FRAME_TAIL: usize = 8 + 24;
+
+impl CgiSink for Responder<'_> {
     async fn send(&mut self, bytes: &[u8]) -> bool {
-        // Room for the record headers and padding, and for the end of the response (empty
-        // FCGI_STDOUT and FCGI_END_REQUEST, 24 bytes), which the writer appends to the last
-        // frame it batches: a short answer goes out of this one buffer.
-        let mut frame = BytesMut::with_capacity(bytes.len() + 16 + 24);
+        let mut frame = BytesMut::with_capacity(bytes.len() + HEADER_LEN + FRAME_TAIL);
         encode_stdout(self.id, bytes, &mut frame);
         self.queue(frame).await
+    }
+
+    /// A record header's room first, filled in by `send_frame` once the content is in.
+    fn frame(&mut self, len: usize) -> BytesMut {
+        let mut frame = BytesMut::with_capacity(HEADER_LEN + len + FRAME_TAIL);
+        frame.put_bytes(0, HEADER_LEN);
+        frame
+    }
+
+    async fn send_frame(&mut self, mut frame: BytesMut) -> bool {
+        let content = frame.len().saturating_sub(HEADER_LEN);
+        match u16::try_from(content) {
+            Ok(len) if content <= STREAM_CHUNK_LEN => {
+                let header = RecordHeader::new(RecordType::Stdout, self.id, len);
+                if let Some(room) = frame.get_mut(..HEADER_LEN) {
+                    room.copy_from_slice(&header.to_bytes());
+                }
+                if len == 0 {
+                    // An empty record would end the stream: nothing goes out.
+                    frame.clear();
+                }
+                frame.put_bytes(0, usize::from(header.padding_len));
+                self.queue(frame).await
+            }
+            // More than one record holds: encoded anew, record by record.
+            _ => {
+                let content = frame.get(HEADER_LEN..).unwrap_or_default();
+                let mut records =
+                    BytesMut::with_capacity(stream_encoded_len(content.len()) + FRAME_TAIL);
+                encode_stdout(self.id, content, &mut records);
+                self.queue(records).await
+            }
+        }
     }
 }

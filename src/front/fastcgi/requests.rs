@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::answer::{Done, Ending, Out, Responder, ANSWER_NOT_STARTED, ANSWER_REFUSED};
+use super::outbox::OutSender;
 use super::stdin::{self, STDIN_BUDGET_PER_REQUEST};
 use super::{
     poll_inline, Active, Connection, Dispatch, Flow, Inline, OVERLOADED_RETRY_AFTER, STDIN_BUDGET,
@@ -209,9 +210,11 @@ impl Connection<'_> {
     }
 
     pub(super) async fn send(&mut self, out: Out) -> Flow {
-        match self.out.send(out).await {
-            Ok(()) => Flow::Continue,
-            Err(_) => Flow::Stop,
+        self.closing |= out.close;
+        if self.outbox.push(out).await {
+            Flow::Continue
+        } else {
+            Flow::Stop
         }
     }
 
@@ -248,7 +251,7 @@ impl Connection<'_> {
             keep_conn: r.keep_conn,
             request_id,
             answer: Arc::clone(&r.answer),
-            out: self.out.clone(),
+            out: OutSender::Local(self.outbox),
         };
         if let Some(cgi) = self.gateway.fpm_answer(&self.listener, &params) {
             // php-fpm's status or ping path: answered by corral, never by a worker.
@@ -280,11 +283,11 @@ impl Connection<'_> {
         };
         let gateway = Arc::clone(&self.gateway);
         let seq = responder.seq;
-        let answer = async move {
-            let response = gateway.dispatch(&routed, params, body, request_id).await;
-            responder.answer(response).await
-        };
         let dispatch = if self.inline.is_none() {
+            let answer = async move {
+                let response = gateway.dispatch(&routed, params, body, request_id).await;
+                responder.answer(response).await
+            };
             self.inline = Some(Inline {
                 id,
                 seq,
@@ -293,8 +296,11 @@ impl Connection<'_> {
             Dispatch::Inline
         } else {
             let done = self.done_sender();
+            let mut responder =
+                responder.sending_to(OutSender::Mux(self.outbox.mux_sender(&mut self.mux)));
             let task = tokio::spawn(async move {
-                let ending = answer.await;
+                let response = gateway.dispatch(&routed, params, body, request_id).await;
+                let ending = responder.answer(response).await;
                 let _ = done.send(Done { id, seq, ending }).await;
             });
             Dispatch::Spawned(AbortOnDropHandle::new(task))
