@@ -10,6 +10,10 @@
 //!     corral-php-worker --worker SCRIPT
 //!                                   worker mode: SCRIPT boots once and serves every
 //!                                   request through corral_handle_request (`worker.rs`)
+//!     corral-php-worker [--worker SCRIPT] --preload
+//!                                   the fork template: fd 0 is corral's control socket;
+//!                                   PHP starts once and every worker is forked from this
+//!                                   process (`preload.rs`), then serves as above
 //!
 //! SIGTERM and SIGINT finish the request in progress and exit 0. Bad LSAPI input closes that
 //! connection with a log line on stderr (which corral logs with the worker's pool and pid);
@@ -20,6 +24,7 @@ mod body;
 mod conn;
 mod exchange;
 mod php;
+mod preload;
 mod request;
 mod worker;
 
@@ -49,6 +54,11 @@ static STOPPING: AtomicBool = AtomicBool::new(false);
 /// Whether a stop signal came.
 pub fn stopping() -> bool {
     STOPPING.load(Ordering::Relaxed)
+}
+
+/// Forgets a stop signal (a worker just forked from the template starts afresh).
+pub fn reset_stop() {
+    STOPPING.store(false, Ordering::Relaxed);
 }
 
 extern "C" fn on_stop(_: libc::c_int) {
@@ -95,18 +105,21 @@ fn install_signals() {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (check, script) = match args
+    let (check, script, preloading) = match args
         .iter()
         .map(String::as_str)
         .collect::<Vec<_>>()
         .as_slice()
     {
-        [] => (false, None),
-        ["--check"] => (true, None),
-        ["--worker", script] => (false, Some(script.to_string())),
+        [] => (false, None, false),
+        ["--check"] => (true, None, false),
+        ["--preload"] => (false, None, true),
+        ["--worker", script] => (false, Some(script.to_string()), false),
+        ["--worker", script, "--preload"] => (false, Some(script.to_string()), true),
         _ => {
             log(&format!(
-                "bad arguments {args:?}; usage: corral-php-worker [--check | --worker SCRIPT]"
+                "bad arguments {args:?}; usage: corral-php-worker \
+                 [--check | [--worker SCRIPT] [--preload]]"
             ));
             std::process::exit(64);
         }
@@ -119,6 +132,15 @@ fn main() {
     if check {
         php::shutdown();
         return;
+    }
+    if preloading {
+        match preload::run(LISTENER) {
+            preload::Role::Template(code) => {
+                php::shutdown();
+                std::process::exit(code);
+            }
+            preload::Role::Worker => {}
+        }
     }
     let code = match script {
         Some(script) => worker::serve(&script),
