@@ -14,7 +14,7 @@ use corral_protocols::lsapi::ResponseEncoder;
 
 use crate::body::Body;
 use crate::php::Zval;
-use crate::request::Vars;
+use crate::request::Server;
 use crate::What;
 
 /// Response bytes queued before they are written.
@@ -36,7 +36,7 @@ pub struct Exchange {
     sink: Sink,
     encoder: ResponseEncoder,
     out: BytesMut,
-    vars: Vars,
+    vars: Server,
     body: Body,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     head_sent: bool,
@@ -52,7 +52,7 @@ impl Exchange {
     pub fn new(
         sink: Sink,
         encoder: ResponseEncoder,
-        vars: Vars,
+        vars: Server,
         body: Body,
         what: What,
     ) -> Exchange {
@@ -179,9 +179,7 @@ impl Exchange {
 
     /// Fills `$_SERVER` with the request's variables.
     pub fn register_variables(&mut self, track_vars: *mut Zval) {
-        for (key, value) in self.vars.iter() {
-            crate::php::register_variable(track_vars, key, value);
-        }
+        self.vars.register(track_vars);
     }
 
     /// Ends the answer (the head if PHP sent none, then RESP_END) and writes it. `true` when

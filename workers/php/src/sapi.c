@@ -347,12 +347,23 @@ static sapi_module_struct corral_module = {
     STANDARD_SAPI_MODULE_PROPERTIES
 };
 
-/* Registers one $_SERVER entry; `key` is NUL-terminated. Called back from
- * corral_rs_register_variables. */
+/* Registers one $_SERVER entry through PHP's full variable registration (a key with `.`,
+ * spaces or `[`, which PHP rewrites or parses); `key` is NUL-terminated. Called back from
+ * corral_rs_register_variables for the rare key that needs it. */
 void corral_php_register_variable(zval *track_vars_array, const char *key, const char *value,
                                   size_t value_len)
 {
     php_register_variable_safe(key, value, value_len, track_vars_array);
+}
+
+/* Registers one $_SERVER entry whose key needs no parsing (letters, digits and '_', checked
+ * by the caller), with both lengths known: no copy of the key, no scan for its end. */
+void corral_php_register_known(zval *track_vars_array, const char *key, size_t key_len,
+                               const char *value, size_t value_len)
+{
+    zval v;
+    ZVAL_STRINGL_FAST(&v, value, value_len);
+    php_register_known_variable(key, key_len, &v, track_vars_array);
 }
 
 /* Starts PHP once per process: signals, the SAPI, php.ini, every extension's MINIT.
