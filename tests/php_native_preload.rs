@@ -93,6 +93,11 @@ fn opcache_segment(pid: u32) -> Option<(u64, String)> {
 }
 
 fn site(pool: &str) -> Site {
+    site_with(pool, "")
+}
+
+/// A site whose context also has `context` (TOML lines).
+fn site_with(pool: &str, context: &str) -> Site {
     let dir = shared_dir();
     let root = dir.path().join("www");
     std::fs::create_dir_all(&root).unwrap();
@@ -102,6 +107,12 @@ fn site(pool: &str) -> Site {
         "slow.php",
         "<?php usleep(200000); echo getmypid(), ' ', \
          json_encode(opcache_get_status(false)['opcache_enabled'] ?? null);",
+    );
+    write_file(
+        &root,
+        "server.php",
+        "<?php echo json_encode([$_SERVER['123'] ?? null, array_key_exists(123, $_SERVER), \
+         $_SERVER['9LIVES'] ?? null, $_SERVER['PLAIN_1'] ?? null]);",
     );
     write_file(
         &root,
@@ -132,6 +143,7 @@ max = 2
 [[contexts]]
 root = "{root}"
 pool = "php"
+{context}
 "#,
         run = dir.path().join("run").display(),
         worker = worker().display(),
@@ -249,4 +261,21 @@ fn preload_false_spawns_every_worker() {
     }
     let pid = site.ok("/pid.php");
     assert!(site.direct_children().iter().any(|p| p.to_string() == pid));
+}
+
+/// A variable whose name PHP would parse (here numeric, or starting with a digit) is
+/// registered by PHP's full registration, as php-cgi registers it: `123` becomes the
+/// integer key 123; a plain one is stored as it is.
+#[test]
+fn odd_variable_names_take_phps_own_registration() {
+    let site = site_with(
+        "",
+        "params = { \"123\" = \"numeric\", \"9LIVES\" = \"cat\", \"PLAIN_1\" = \"p\" }",
+    );
+    assert_eq!(
+        site.ok("/server.php"),
+        r#"["numeric",true,"cat","p"]"#,
+        "{}",
+        site.corral.log()
+    );
 }

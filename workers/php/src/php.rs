@@ -212,20 +212,34 @@ extern "C" fn corral_rs_finish_early(ctx: *mut c_void) -> c_int {
     c_int::from(unsafe { exchange(ctx) }.finish_early())
 }
 
-/// One response header line, as PHP holds it (`Name: value`).
-#[no_mangle]
-extern "C" fn corral_rs_header(ctx: *mut c_void, line: *const c_char, len: usize) {
-    // SAFETY: PHP passes its server context and a header of `len` bytes.
-    let (ex, line) = unsafe { (exchange(ctx), bytes(line, len)) };
-    ex.header_line(line);
+/// The C `struct corral_line` of `sapi.c`: one response header line PHP holds.
+#[repr(C)]
+pub struct CLine {
+    text: *const c_char,
+    len: usize,
 }
 
-/// The end of the headers, with the status.
+/// The end of the headers: the status and every header line (`Name: value`), borrowed.
 #[no_mangle]
-extern "C" fn corral_rs_send_head(ctx: *mut c_void, status: c_int) {
-    // SAFETY: PHP passes its server context.
-    let ex = unsafe { exchange(ctx) };
-    ex.send_head(u16::try_from(status).unwrap_or(500));
+extern "C" fn corral_rs_send_head(
+    ctx: *mut c_void,
+    status: c_int,
+    lines: *const CLine,
+    count: usize,
+) {
+    // SAFETY: PHP passes its server context and `count` lines (none when `lines` is null),
+    // each `len` bytes long, alive for this call.
+    let (ex, lines) = unsafe {
+        let lines: &[CLine] = if lines.is_null() || count == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(lines, count)
+        };
+        (exchange(ctx), lines)
+    };
+    // SAFETY: as above, for each line.
+    let texts = lines.iter().map(|l| unsafe { bytes(l.text, l.len) });
+    ex.send_head_lines(u16::try_from(status).unwrap_or(500), texts);
 }
 
 /// read_post: up to `len` body bytes into `buf`; 0 at the end.
