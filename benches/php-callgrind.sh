@@ -85,6 +85,10 @@ EOF
     sleep 0.1
   done
   [ -n "$out" ] || { echo "$which: no profile" >&2; cat "$s/corral.log" >&2; exit 1; }
+  # A second serving process (a worker replaced mid-run) would make the count meaningless.
+  local served
+  served=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out | wc -l)
+  [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
   awk '/^summary:/ {print $2}' "$out"
   cp "$out" "$out_dir/callgrind.out.$which-$page.$n"
   rm -rf "$s"
