@@ -12,7 +12,9 @@
 # php-fpm (OPcache on), and once per worker in worker mode. wrk -t1 -c$CONC -d$SECS, rounds
 # interleaved so that the machine's drift hits every setup alike; the median req/s of each
 # and the ratios go to benches/RESULTS.md (section php-native), with the summed PSS of 8
-# worker-mode workers beside php-fpm's 8 children (after warm-up, smaps_rollup). Needs: nginx, php-fpm8.2,
+# worker-mode workers beside php-fpm's 8 children (after warm-up, smaps_rollup); the
+# workers are forked from one fork template (preload, the default), as php-fpm's children
+# are from its master, and each parent is reported on a line of its own. Needs: nginx, php-fpm8.2,
 # php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and release builds of corral and
 # corral-php-worker (CORRAL, WORKER).
 set -euo pipefail
@@ -239,7 +241,10 @@ awk '$1 ~ /^unix:/ { exit !($3 > 0 && $10 == 0) }' <<<"$warm" || fail "php-fpm w
 pss_mib() { local s=0 p k; for p in "$@"; do
     k=$(awk '/^Pss:/ {print $2}' /proc/"$p"/smaps_rollup 2>/dev/null || echo 0); s=$((s + ${k:-0})); done
     awk -v k="$s" 'BEGIN {printf "%.1f", k / 1024}'; }
-mapfile -t workers8 < <(pgrep -f -- "--worker $scratch/www/worker8.php")
+# The pool preloads (the default for worker = "native"): one fork template, corral's child,
+# and the 8 workers it forked, its children.
+template8=$(pgrep -P "$(pgrep -f -- "run -c $scratch/corral-mem.toml" | head -n 1)" -f -- "--worker $scratch/www/worker8.php" | head -n 1 || true)
+mapfile -t workers8 < <(pgrep -P "${template8:-0}")
 fpm8_master=$(pgrep -f "php-fpm: master process \\($scratch/fpm8.conf\\)" || true)
 mapfile -t fpm8_children < <(pgrep -P "${fpm8_master:-0}")
 [ "${#workers8[@]}" = 8 ] && [ "${#fpm8_children[@]}" = 8 ] ||
@@ -251,8 +256,9 @@ mapfile -t fpm8_children < <(pgrep -P "${fpm8_master:-0}")
   echo "| 8 processes running the app | summed PSS MiB | per process MiB |"
   echo "| --- | ---: | ---: |"
   w=$(pss_mib "${workers8[@]}"); f=$(pss_mib "${fpm8_children[@]}")
-  echo "| corral-php-worker, worker mode (app booted once each) | $w | $(awk -v a="$w" 'BEGIN {printf "%.1f", a / 8}') |"
+  echo "| corral-php-worker, worker mode (app booted once each), forked from one template | $w | $(awk -v a="$w" 'BEGIN {printf "%.1f", a / 8}') |"
   echo "| php-fpm children, pm static (app booted per request) | $f | $(awk -v a="$f" 'BEGIN {printf "%.1f", a / 8}') |"
+  echo "| corral-php-worker fork template (not in the sum above) | $(pss_mib "$template8") | |"
   echo "| php-fpm master (not in the sum above) | $(pss_mib "$fpm8_master") | |"
 } >>"$body"
 cat "$body"

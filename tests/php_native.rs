@@ -81,6 +81,11 @@ const SCRIPTS: &[(&str, &str)] = &[
          file_put_contents(__DIR__ . '/../finish.done', json_encode([$first, $second, \
          file_exists($go)]));",
     ),
+    (
+        "many.php",
+        "<?php for ($i = 0; $i < 40; $i++) { header(\"X-H$i: v$i\"); } \
+         echo $_SERVER['HTTP_X_PLAIN'] ?? '-';",
+    ),
     ("sub/inc.php", "<?php echo 'included'; "),
     ("sub/index.php", "<?php include 'inc.php'; echo ' from ', basename(getcwd());"),
 ];
@@ -564,4 +569,16 @@ fn the_native_recipe_serves_php() {
     let r = http(corral.http_addr(), "GET", "/", &[], b"");
     assert_eq!(r.status, 200, "{}", corral.log());
     assert_eq!(r.text(), "index litespeed from-env");
+}
+
+/// More response headers than the worker splits on the stack all arrive.
+#[test]
+fn more_response_headers_than_the_stack_holds() {
+    let site = site("");
+    let r = site.request("GET", "/many.php", &[("X-Plain", "plain")], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    for i in 0..40 {
+        assert_eq!(r.header(&format!("x-h{i}")), Some(format!("v{i}").as_str()));
+    }
+    assert_eq!(r.text(), "plain");
 }

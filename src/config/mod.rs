@@ -415,9 +415,9 @@ pub struct SpawnConfig {
     pub user: Option<String>,
     /// Group the workers run as (`group`, else `server.group`).
     pub group: Option<String>,
-    /// `preload`: one preloader process loads the app and forks the workers (`app = ...`
-    /// pools only; default on for them, always off for a `command`). ARCHITECTURE.md,
-    /// "Preload and fork".
+    /// `preload`: one preloader process loads the app (or, for `worker = "native"`, starts
+    /// PHP) and forks the workers (`app = ...` and native PHP pools only; default on for
+    /// them, always off for a `command`). ARCHITECTURE.md, "Preload and fork".
     pub preload: bool,
     /// `php_children`: each worker is a php-cgi parent forking this many children that
     /// share its OPcache (none = one php-cgi process per worker).

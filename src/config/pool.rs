@@ -332,16 +332,19 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
             "the native PHP worker speaks",
         );
     }
+    // The native PHP worker forks its workers from one started PHP (one OPcache segment,
+    // MINIT once), as the launchers fork theirs from one loaded app.
+    let forks = is_app || matches!(program, Some(Program::PhpNative { .. }));
     let preload = match &p.preload {
-        Some(v) if !is_app => {
+        Some(v) if !forks => {
             e.at(
                 v.span(),
-                "preload needs app = \"wsgi:...\" or \"rack:...\": only the embedded launchers can load an app once and fork workers",
+                "preload needs app = \"wsgi:...\" or \"rack:...\", or worker = \"native\": only the embedded launchers and the native PHP worker can load once and fork workers",
             );
             false
         }
         Some(v) => *v.get_ref(),
-        None => is_app,
+        None => forks,
     };
     let user = e.account(p.user.as_ref(), "user");
     let group = e.account(p.group.as_ref(), "group");

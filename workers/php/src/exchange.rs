@@ -14,8 +14,11 @@ use corral_protocols::lsapi::ResponseEncoder;
 
 use crate::body::Body;
 use crate::php::Zval;
-use crate::request::Vars;
+use crate::request::Server;
 use crate::What;
+
+/// Response header lines split on the stack; more take one allocation.
+const STACK_HEADERS: usize = 32;
 
 /// Response bytes queued before they are written.
 const FLUSH_AT: usize = 64 * 1024;
@@ -36,7 +39,7 @@ pub struct Exchange {
     sink: Sink,
     encoder: ResponseEncoder,
     out: BytesMut,
-    vars: Vars,
+    vars: Server,
     body: Body,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     head_sent: bool,
@@ -52,7 +55,7 @@ impl Exchange {
     pub fn new(
         sink: Sink,
         encoder: ResponseEncoder,
-        vars: Vars,
+        vars: Server,
         body: Body,
         what: What,
     ) -> Exchange {
@@ -104,15 +107,23 @@ impl Exchange {
         data.len()
     }
 
-    /// One header line PHP holds (`Name: value`); a line that is not one is dropped.
-    pub fn header_line(&mut self, line: &[u8]) {
+    /// One header line for an answer the worker writes itself (see [`Exchange::answer`]).
+    fn header_line(&mut self, line: &[u8]) {
+        if let Some((name, value)) = self.split_line(line) {
+            self.headers.push((name.to_vec(), value.to_vec()));
+        }
+    }
+
+    /// A header line PHP holds (`Name: value`) as its name and value; a line that is not
+    /// one is logged and dropped.
+    fn split_line<'l>(&self, line: &'l [u8]) -> Option<(&'l [u8], &'l [u8])> {
         let Some(colon) = line.iter().position(|&b| b == b':') else {
             crate::log(&format!(
                 "{}: header line without a colon dropped: {:?}",
                 self.what,
                 String::from_utf8_lossy(line)
             ));
-            return;
+            return None;
         };
         let (name, rest) = line.split_at(colon);
         let value = rest.get(1..).unwrap_or_default();
@@ -120,19 +131,52 @@ impl Exchange {
             .iter()
             .position(|&b| b != b' ' && b != b'\t')
             .unwrap_or(value.len());
-        let value = value.get(start..).unwrap_or_default();
-        self.headers.push((name.to_vec(), value.to_vec()));
+        Some((name, value.get(start..).unwrap_or_default()))
     }
 
-    /// The end of the headers: RESP_HEADER with `status` and the lines received. Headers the
-    /// codec refuses (too many, too long) turn the answer into a 500 with none of them.
+    /// The end of PHP's headers: RESP_HEADER with `status` and `lines` (`Name: value`,
+    /// borrowed from PHP for this call; up to [`STACK_HEADERS`] are split on the stack).
+    pub fn send_head_lines<'l>(
+        &mut self,
+        status: u16,
+        lines: impl ExactSizeIterator<Item = &'l [u8]>,
+    ) {
+        if self.head_sent {
+            return;
+        }
+        if lines.len() > STACK_HEADERS {
+            let split: Vec<(&[u8], &[u8])> = lines.filter_map(|l| self.split_line(l)).collect();
+            return self.encode_head(status, &split);
+        }
+        let mut stack: [(&[u8], &[u8]); STACK_HEADERS] = [(&[], &[]); STACK_HEADERS];
+        let mut n = 0;
+        for line in lines {
+            if let (Some(slot), Some(pair)) = (stack.get_mut(n), self.split_line(line)) {
+                *slot = pair;
+                n += 1;
+            }
+        }
+        self.encode_head(status, stack.get(..n).unwrap_or_default());
+    }
+
+    /// The end of the headers of an answer the worker writes itself (or of one PHP wrote
+    /// output for without a head): RESP_HEADER with `status` and the lines added.
     pub fn send_head(&mut self, status: u16) {
         if self.head_sent {
             return;
         }
-        self.head_sent = true;
         let headers = std::mem::take(&mut self.headers);
-        if let Err(e) = self.encoder.header(status, &headers, &mut self.out) {
+        self.encode_head(status, &headers);
+    }
+
+    /// RESP_HEADER with `status` and `headers`, once. Headers the codec refuses (too many,
+    /// too long) turn the answer into a 500 with none of them.
+    fn encode_head<N: AsRef<[u8]>, V: AsRef<[u8]>>(&mut self, status: u16, headers: &[(N, V)]) {
+        if self.head_sent {
+            return;
+        }
+        self.head_sent = true;
+        if let Err(e) = self.encoder.header(status, headers, &mut self.out) {
             crate::log(&format!(
                 "{}: the script's response headers cannot be sent ({e}); answering 500",
                 self.what
@@ -179,9 +223,7 @@ impl Exchange {
 
     /// Fills `$_SERVER` with the request's variables.
     pub fn register_variables(&mut self, track_vars: *mut Zval) {
-        for (key, value) in self.vars.iter() {
-            crate::php::register_variable(track_vars, key, value);
-        }
+        self.vars.register(track_vars);
     }
 
     /// Ends the answer (the head if PHP sent none, then RESP_END) and writes it. `true` when

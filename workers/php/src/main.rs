@@ -10,6 +10,10 @@
 //!     corral-php-worker --worker SCRIPT
 //!                                   worker mode: SCRIPT boots once and serves every
 //!                                   request through corral_handle_request (`worker.rs`)
+//!     corral-php-worker [--worker SCRIPT] --preload
+//!                                   the fork template: fd 0 is corral's control socket;
+//!                                   PHP starts once and every worker is forked from this
+//!                                   process (`preload.rs`), then serves as above
 //!
 //! SIGTERM and SIGINT finish the request in progress and exit 0. Bad LSAPI input closes that
 //! connection with a log line on stderr (which corral logs with the worker's pool and pid);
@@ -20,6 +24,7 @@ mod body;
 mod conn;
 mod exchange;
 mod php;
+mod preload;
 mod request;
 mod worker;
 
@@ -49,6 +54,11 @@ static STOPPING: AtomicBool = AtomicBool::new(false);
 /// Whether a stop signal came.
 pub fn stopping() -> bool {
     STOPPING.load(Ordering::Relaxed)
+}
+
+/// Forgets a stop signal (a worker just forked from the template starts afresh).
+pub fn reset_stop() {
+    STOPPING.store(false, Ordering::Relaxed);
 }
 
 extern "C" fn on_stop(_: libc::c_int) {
@@ -95,18 +105,21 @@ fn install_signals() {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (check, script) = match args
+    let (check, script, preloading) = match args
         .iter()
         .map(String::as_str)
         .collect::<Vec<_>>()
         .as_slice()
     {
-        [] => (false, None),
-        ["--check"] => (true, None),
-        ["--worker", script] => (false, Some(script.to_string())),
+        [] => (false, None, false),
+        ["--check"] => (true, None, false),
+        ["--preload"] => (false, None, true),
+        ["--worker", script] => (false, Some(script.to_string()), false),
+        ["--worker", script, "--preload"] => (false, Some(script.to_string()), true),
         _ => {
             log(&format!(
-                "bad arguments {args:?}; usage: corral-php-worker [--check | --worker SCRIPT]"
+                "bad arguments {args:?}; usage: corral-php-worker \
+                 [--check | [--worker SCRIPT] [--preload]]"
             ));
             std::process::exit(64);
         }
@@ -119,6 +132,15 @@ fn main() {
     if check {
         php::shutdown();
         return;
+    }
+    if preloading {
+        match preload::run(LISTENER) {
+            preload::Role::Template(code) => {
+                php::shutdown();
+                std::process::exit(code);
+            }
+            preload::Role::Worker => {}
+        }
     }
     let code = match script {
         Some(script) => worker::serve(&script),
@@ -173,25 +195,24 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
             }
         };
         let encoder = ResponseEncoder::new(begin.order, corral_protocols::lsapi::FlagRule::HOST);
-        let what = describe(&begin);
-        let script = begin
-            .script_filename
-            .clone()
-            .or_else(|| request::env(&begin, "SCRIPT_FILENAME").cloned())
-            .unwrap_or_default();
-        let prepared = request::prepare(&begin, &script);
+        let known = request::Known::of(&begin);
+        let what = describe(&begin, &known);
+        let script = known.script(&begin);
+        let probe = known.is_probe();
+        let missing = !probe && (script.is_empty() || !is_file(script));
+        let info = request::info(&begin, &known, script);
         let sink = Sink::Conn(Rc::clone(&conn.stream));
-        let exchange = Exchange::new(sink, encoder, prepared.vars, body, what);
-        let keep = if is_probe(&begin) {
+        let exchange = Exchange::new(sink, encoder, request::Server::Request(begin), body, what);
+        let keep = if probe {
             // corral asking whether PHP is up (it is: this loop runs only once it started),
             // before the worker gets traffic. No script runs.
             exchange.answer(204, b"", stopping())
-        } else if script.is_empty() || !is_file(&script) {
+        } else if missing {
             // php-cgi's answer; corral's script guard normally answers before this.
             exchange.answer(404, b"No input file specified.\n", stopping())
         } else {
             let mut exchange = exchange;
-            match php::run(&mut exchange, &prepared.info) {
+            match php::run(&mut exchange, &info) {
                 Ok(()) if stopping() => {
                     exchange.finish_closing();
                     return Err(0);
@@ -211,11 +232,6 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
             return Err(0);
         }
     }
-}
-
-/// corral's readiness probe (`CORRAL_READY_PROBE=1`), which the worker answers itself.
-pub fn is_probe(begin: &BeginRequest) -> bool {
-    request::env(begin, "CORRAL_READY_PROBE").is_some_and(|v| v.as_ref() == b"1")
 }
 
 fn is_file(path: &[u8]) -> bool {
@@ -247,10 +263,10 @@ impl std::fmt::Display for What {
 }
 
 /// The request's [`What`].
-pub fn describe(begin: &BeginRequest) -> What {
-    let method = request::env(begin, "REQUEST_METHOD")
+pub fn describe(begin: &BeginRequest, known: &request::Known<'_>) -> What {
+    let method = known
+        .request_method
         .or(begin.request_method.as_ref())
         .cloned();
-    let uri = request::env(begin, "REQUEST_URI").cloned();
-    What::Request(method, uri)
+    What::Request(method, known.request_uri.cloned())
 }

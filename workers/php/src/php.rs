@@ -8,7 +8,7 @@
 //! in it panics (no indexing, no unwrap), and its errors become what PHP expects (a short
 //! write, no body).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 
 use crate::exchange::Exchange;
 
@@ -43,27 +43,16 @@ extern "C" {
         value: *const c_char,
         value_len: usize,
     );
+    fn corral_php_register_known(
+        track_vars: *mut Zval,
+        key: *const c_char,
+        key_len: usize,
+        value: *const c_char,
+        value_len: usize,
+    );
 }
 
-/// The request fields PHP reads at startup, as C strings (see [`CRequest`]).
-pub struct RequestInfo {
-    /// REQUEST_METHOD.
-    pub method: CString,
-    /// QUERY_STRING (empty when none).
-    pub query_string: CString,
-    /// REQUEST_URI.
-    pub request_uri: CString,
-    /// CONTENT_TYPE, when the request has one.
-    pub content_type: Option<CString>,
-    /// The body's length.
-    pub content_length: i64,
-    /// The script to run.
-    pub script_filename: CString,
-    /// The Cookie header, when there is one.
-    pub cookie: Option<CString>,
-    /// The Authorization header, when there is one (`$_SERVER['PHP_AUTH_USER']` and friends).
-    pub authorization: Option<CString>,
-}
+pub use crate::request::RequestInfo;
 
 /// Starts PHP: php.ini (the embed SAPI's, `/etc/php/8.2/embed/php.ini` on Debian) with
 /// `ini` ("key=value" lines) on top, and every extension's module startup. Once per process.
@@ -89,16 +78,25 @@ pub fn shutdown() {
 
 /// The C view of `info`; its pointers are valid while `info` lives.
 pub fn c_request(info: &RequestInfo) -> CRequest {
-    let opt = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    use crate::request::field;
+    let ptr = |i: usize| -> *const c_char {
+        match info.at.get(i).copied().flatten() {
+            Some(at) => info
+                .text
+                .get(at..)
+                .map_or(std::ptr::null(), |t| t.as_ptr().cast()),
+            None => std::ptr::null(),
+        }
+    };
     CRequest {
-        method: info.method.as_ptr(),
-        query_string: info.query_string.as_ptr().cast_mut(),
-        request_uri: info.request_uri.as_ptr().cast_mut(),
-        content_type: opt(&info.content_type),
+        method: ptr(field::METHOD),
+        query_string: ptr(field::QUERY).cast_mut(),
+        request_uri: ptr(field::URI).cast_mut(),
+        content_type: ptr(field::CONTENT_TYPE),
         content_length: info.content_length,
-        script_filename: info.script_filename.as_ptr().cast_mut(),
-        cookie: opt(&info.cookie).cast_mut(),
-        authorization: opt(&info.authorization),
+        script_filename: ptr(field::SCRIPT).cast_mut(),
+        cookie: ptr(field::COOKIE).cast_mut(),
+        authorization: ptr(field::AUTHORIZATION),
     }
 }
 
@@ -134,10 +132,38 @@ pub fn run_worker(boot: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
     }
 }
 
-/// Registers one `$_SERVER` entry (`key` has no NUL inside; `value` any bytes).
-pub fn register_variable(track_vars: *mut Zval, key: &CStr, value: &[u8]) {
-    // SAFETY: `track_vars` is the array PHP passed to the callback that calls this, still
-    // being filled; `key` is NUL-terminated; `value` is read for `value.len()` bytes.
+/// Whether PHP would register `key` as it is: letters, digits and `_`, not starting with a
+/// digit. Anything else (a `.`, a space or a `[` PHP rewrites or parses, a numeric key)
+/// takes PHP's full registration.
+fn plain_key(key: &[u8]) -> bool {
+    key.first().is_some_and(|b| !b.is_ascii_digit())
+        && key.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Registers one `$_SERVER` entry (`key` any bytes but NUL, which leaves the entry out;
+/// `value` any bytes). A plain key (nearly all of them: CGI names) is stored as given,
+/// with its length (`php_register_known_variable`, what PHP itself uses for PHP_SELF and
+/// REQUEST_TIME), skipping the name parsing that only an odd key needs.
+pub fn register_variable(track_vars: *mut Zval, key: &[u8], value: &[u8]) {
+    if plain_key(key) {
+        // SAFETY: `track_vars` is the array PHP passed to the callback that calls this, still
+        // being filled; `key` and `value` are read for their lengths only.
+        unsafe {
+            corral_php_register_known(
+                track_vars,
+                key.as_ptr().cast(),
+                key.len(),
+                value.as_ptr().cast(),
+                value.len(),
+            )
+        }
+        return;
+    }
+    let Ok(key) = CString::new(key) else { return };
+    if key.as_bytes().is_empty() {
+        return;
+    }
+    // SAFETY: as above; `key` is NUL-terminated.
     unsafe {
         corral_php_register_variable(track_vars, key.as_ptr(), value.as_ptr().cast(), value.len())
     }
@@ -186,20 +212,34 @@ extern "C" fn corral_rs_finish_early(ctx: *mut c_void) -> c_int {
     c_int::from(unsafe { exchange(ctx) }.finish_early())
 }
 
-/// One response header line, as PHP holds it (`Name: value`).
-#[no_mangle]
-extern "C" fn corral_rs_header(ctx: *mut c_void, line: *const c_char, len: usize) {
-    // SAFETY: PHP passes its server context and a header of `len` bytes.
-    let (ex, line) = unsafe { (exchange(ctx), bytes(line, len)) };
-    ex.header_line(line);
+/// The C `struct corral_line` of `sapi.c`: one response header line PHP holds.
+#[repr(C)]
+pub struct CLine {
+    text: *const c_char,
+    len: usize,
 }
 
-/// The end of the headers, with the status.
+/// The end of the headers: the status and every header line (`Name: value`), borrowed.
 #[no_mangle]
-extern "C" fn corral_rs_send_head(ctx: *mut c_void, status: c_int) {
-    // SAFETY: PHP passes its server context.
-    let ex = unsafe { exchange(ctx) };
-    ex.send_head(u16::try_from(status).unwrap_or(500));
+extern "C" fn corral_rs_send_head(
+    ctx: *mut c_void,
+    status: c_int,
+    lines: *const CLine,
+    count: usize,
+) {
+    // SAFETY: PHP passes its server context and `count` lines (none when `lines` is null),
+    // each `len` bytes long, alive for this call.
+    let (ex, lines) = unsafe {
+        let lines: &[CLine] = if lines.is_null() || count == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(lines, count)
+        };
+        (exchange(ctx), lines)
+    };
+    // SAFETY: as above, for each line.
+    let texts = lines.iter().map(|l| unsafe { bytes(l.text, l.len) });
+    ex.send_head_lines(u16::try_from(status).unwrap_or(500), texts);
 }
 
 /// read_post: up to `len` body bytes into `buf`; 0 at the end.
@@ -232,4 +272,27 @@ extern "C" fn corral_rs_log(message: *const c_char, len: usize) {
     // SAFETY: PHP passes a message of `len` bytes.
     let text = unsafe { bytes(message, len) };
     crate::log(&String::from_utf8_lossy(text));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_plain_keys_skip_phps_parsing() {
+        for plain in [&b"HTTP_HOST"[..], b"_x", b"PHP_SELF", b"a1"] {
+            assert!(super::plain_key(plain), "{plain:?}");
+        }
+        for odd in [
+            &b""[..],
+            b"1",
+            b"123",
+            b"a.b",
+            b"a b",
+            b"a[b]",
+            b"x-y",
+            b"\0",
+            b"\xc3\xa9",
+        ] {
+            assert!(!super::plain_key(odd), "{odd:?}");
+        }
+    }
 }

@@ -1,189 +1,332 @@
-//! From a decoded BEGIN_REQUEST to what PHP reads: `$_SERVER` (corral's CGI variables, then
-//! the request headers as `HTTP_*`, then `PHP_SELF` as php-cgi adds it) and the fields PHP
-//! takes at request startup (method, query, URI, body type and length, script, cookies,
-//! authorization).
-
-use std::ffi::{CStr, CString};
+//! From a decoded BEGIN_REQUEST to what PHP reads: `$_SERVER` (the request headers as
+//! `HTTP_*`, then corral's CGI variables, then `PHP_SELF` as php-cgi adds it), registered
+//! straight from the decoded packet when PHP asks ([`Server`]), and the fields PHP takes at
+//! request startup (method, query, URI, body type and length, script, cookies,
+//! authorization) as C strings in one buffer ([`RequestInfo`]).
+//!
+//! The CGI variables the worker itself needs are found in one pass over the packet's
+//! variables ([`Known`]); nothing is copied but those few C strings (callgrind: building a
+//! copy of every variable first, and a string allocation per startup field, cost about as
+//! many instructions as PHP's own request startup).
 
 use bytes::Bytes;
 use corral_protocols::lsapi::BeginRequest;
 
-use crate::php::RequestInfo;
+use crate::php::{self, Zval};
 
-/// A request's `$_SERVER` and startup fields.
-pub struct Prepared {
-    /// `$_SERVER`.
-    pub vars: Vars,
-    /// What PHP reads at request startup.
-    pub info: RequestInfo,
-}
-
-/// The value of CGI variable `name` in `begin`'s env, if any.
-pub fn env<'a>(begin: &'a BeginRequest, name: &str) -> Option<&'a Bytes> {
-    begin
-        .env
-        .iter()
-        .rev()
-        .find(|(k, _)| k.as_ref() == name.as_bytes())
-        .map(|(_, v)| v)
-}
-
-/// `$_SERVER`'s entries in registration order (a later entry replaces an earlier one): the
-/// keys NUL-terminated, back to back in one buffer, each with its value. Two allocations per
-/// request instead of one per key (a `CString` each cost a malloc and a free: callgrind).
+/// The CGI variables the worker reads, each the last of its name in the packet (as a later
+/// variable replaces an earlier one in `$_SERVER`).
 #[derive(Default)]
-pub struct Vars {
-    keys: Vec<u8>,
-    /// Where each key starts in `keys`, and its value.
-    entries: Vec<(usize, Bytes)>,
+pub struct Known<'a> {
+    /// SCRIPT_FILENAME.
+    pub script_filename: Option<&'a Bytes>,
+    /// SCRIPT_NAME.
+    pub script_name: Option<&'a Bytes>,
+    /// PATH_INFO.
+    pub path_info: Option<&'a Bytes>,
+    /// REQUEST_METHOD.
+    pub request_method: Option<&'a Bytes>,
+    /// REQUEST_URI.
+    pub request_uri: Option<&'a Bytes>,
+    /// QUERY_STRING.
+    pub query_string: Option<&'a Bytes>,
+    /// CONTENT_TYPE.
+    pub content_type: Option<&'a Bytes>,
+    /// HTTP_COOKIE.
+    pub cookie: Option<&'a Bytes>,
+    /// HTTP_AUTHORIZATION.
+    pub authorization: Option<&'a Bytes>,
+    /// CORRAL_READY_PROBE: corral asking whether the worker is up.
+    pub probe: Option<&'a Bytes>,
 }
 
-impl Vars {
-    /// Room for `n` entries of about 16-byte keys.
-    pub fn with_capacity(n: usize) -> Vars {
-        Vars {
-            keys: Vec::with_capacity(n * 16),
-            entries: Vec::with_capacity(n),
+impl<'a> Known<'a> {
+    /// The variables of `begin` the worker reads, in one pass.
+    pub fn of(begin: &'a BeginRequest) -> Known<'a> {
+        let mut k = Known::default();
+        for (name, value) in &begin.env {
+            let slot = match name.as_ref() {
+                b"SCRIPT_FILENAME" => &mut k.script_filename,
+                b"SCRIPT_NAME" => &mut k.script_name,
+                b"PATH_INFO" => &mut k.path_info,
+                b"REQUEST_METHOD" => &mut k.request_method,
+                b"REQUEST_URI" => &mut k.request_uri,
+                b"QUERY_STRING" => &mut k.query_string,
+                b"CONTENT_TYPE" => &mut k.content_type,
+                b"HTTP_COOKIE" => &mut k.cookie,
+                b"HTTP_AUTHORIZATION" => &mut k.authorization,
+                b"CORRAL_READY_PROBE" => &mut k.probe,
+                _ => continue,
+            };
+            *slot = Some(value);
         }
+        k
     }
 
-    /// Adds `key` (the bytes of `parts` one after another) = `value`; a key that is empty or
-    /// holds a NUL byte is left out.
-    pub fn push(&mut self, parts: &[&[u8]], value: Bytes) {
-        let start = self.keys.len();
+    /// The script to run: the packet's script field, else SCRIPT_FILENAME (empty: none).
+    pub fn script(&self, begin: &'a BeginRequest) -> &'a [u8] {
+        begin
+            .script_filename
+            .as_ref()
+            .or(self.script_filename)
+            .map_or(&[][..], |b| b.as_ref())
+    }
+
+    /// Whether this is corral's readiness probe (`CORRAL_READY_PROBE=1`).
+    pub fn is_probe(&self) -> bool {
+        self.probe.is_some_and(|v| v.as_ref() == b"1")
+    }
+}
+
+/// What `$_SERVER` is filled from.
+pub enum Server {
+    /// A request's: its headers, then corral's variables, then PHP_SELF (SCRIPT_NAME and
+    /// PATH_INFO joined).
+    Request(Box<BeginRequest>),
+    /// Fixed entries (the worker script's boot request).
+    Fixed(Vec<(&'static str, Bytes)>),
+}
+
+/// Longest key built on the stack (`HTTP_` and a header name, or PHP_SELF's value); a
+/// longer one takes an allocation.
+const STACK_KEY: usize = 128;
+
+impl Server {
+    /// Registers every entry into `track_vars`.
+    pub fn register(&self, track_vars: *mut Zval) {
+        match self {
+            Server::Fixed(entries) => {
+                for (key, value) in entries {
+                    php::register_variable(track_vars, key.as_bytes(), value);
+                }
+            }
+            Server::Request(begin) => {
+                for (name, value) in &begin.headers {
+                    with_header_key(name, |key| php::register_variable(track_vars, key, value));
+                }
+                let mut known = Known::default();
+                for (name, value) in &begin.env {
+                    php::register_variable(track_vars, name, value);
+                    match name.as_ref() {
+                        b"SCRIPT_NAME" => known.script_name = Some(value),
+                        b"PATH_INFO" => known.path_info = Some(value),
+                        _ => {}
+                    }
+                }
+                let parts =
+                    [known.script_name, known.path_info].map(|p| p.map_or(&[][..], |b| b.as_ref()));
+                with_joined(&parts, |self_| {
+                    php::register_variable(track_vars, b"PHP_SELF", self_)
+                });
+            }
+        }
+    }
+}
+
+/// Calls `f` with `parts` joined, on the stack when they fit in [`STACK_KEY`] bytes.
+fn with_joined(parts: &[&[u8]], f: impl FnOnce(&[u8])) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut stack = [0u8; STACK_KEY];
+    if let Some(dst) = stack.get_mut(..len) {
+        let mut at = 0;
         for part in parts {
-            self.keys.extend_from_slice(part);
+            if let Some(d) = dst.get_mut(at..at + part.len()) {
+                d.copy_from_slice(part);
+            }
+            at += part.len();
         }
-        self.end_key(start, value);
-    }
-
-    /// Ends the key written from `start` on, with its value (or drops it; see `push`).
-    fn end_key(&mut self, start: usize, value: Bytes) {
-        let key = self.keys.get(start..).unwrap_or_default();
-        if key.is_empty() || key.contains(&0) {
-            self.keys.truncate(start);
-            return;
-        }
-        self.keys.push(0);
-        self.entries.push((start, value));
-    }
-
-    /// Adds request header `name` as CGI names it (`HTTP_X_FORWARDED_FOR`; `CONTENT_TYPE`
-    /// and `CONTENT_LENGTH` are CGI's own names; `Transfer-Encoding` is left out: the body
-    /// always arrives with its length, corral reads chunked bodies first).
-    pub fn push_header(&mut self, name: &[u8], value: Bytes) {
-        if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            return;
-        }
-        let own = name.eq_ignore_ascii_case(b"content-type")
-            || name.eq_ignore_ascii_case(b"content-length");
-        let start = self.keys.len();
-        if !own {
-            self.keys.extend_from_slice(b"HTTP_");
-        }
-        self.keys.extend(name.iter().map(|&b| match b {
-            b'-' => b'_',
-            b => b.to_ascii_uppercase(),
-        }));
-        self.end_key(start, value);
-    }
-
-    /// The entries, keys as C strings.
-    pub fn iter(&self) -> impl Iterator<Item = (&CStr, &Bytes)> {
-        self.entries.iter().filter_map(|(start, value)| {
-            let key = CStr::from_bytes_until_nul(self.keys.get(*start..)?).ok()?;
-            Some((key, value))
-        })
+        f(dst);
+    } else {
+        f(&parts.concat());
     }
 }
 
-fn c_string(bytes: &[u8]) -> CString {
-    // A NUL cannot be in what the decoder hands over (it strips and checks them); an empty
-    // string is the harmless answer if one ever were.
-    CString::new(bytes).unwrap_or_default()
+/// Calls `f` with request header `name` as CGI names it (`HTTP_X_FORWARDED_FOR`;
+/// `CONTENT_TYPE` and `CONTENT_LENGTH` are CGI's own names); `Transfer-Encoding` is left out
+/// (the body always arrives with its length: corral reads chunked bodies first), and so is
+/// an empty name.
+pub fn with_header_key(name: &[u8], f: impl FnOnce(&[u8])) {
+    if name.is_empty() || name.eq_ignore_ascii_case(b"transfer-encoding") {
+        return;
+    }
+    let own =
+        name.eq_ignore_ascii_case(b"content-type") || name.eq_ignore_ascii_case(b"content-length");
+    let prefix: &[u8] = if own { b"" } else { b"HTTP_" };
+    let cgi = |b: &u8| match b {
+        b'-' => b'_',
+        b => b.to_ascii_uppercase(),
+    };
+    let len = prefix.len() + name.len();
+    let mut stack = [0u8; STACK_KEY];
+    if let Some(dst) = stack.get_mut(..len) {
+        let (p, n) = dst.split_at_mut(prefix.len());
+        p.copy_from_slice(prefix);
+        for (d, s) in n.iter_mut().zip(name) {
+            *d = cgi(s);
+        }
+        f(dst);
+    } else {
+        let mut key = prefix.to_vec();
+        key.extend(name.iter().map(cgi));
+        f(&key);
+    }
 }
 
-/// Builds `$_SERVER` and the startup fields; `script` is the script to run.
-pub fn prepare(begin: &BeginRequest, script: &[u8]) -> Prepared {
-    let mut vars = Vars::with_capacity(begin.env.len() + begin.headers.len() + 1);
-    for (name, value) in &begin.headers {
-        vars.push_header(name, value.clone());
-    }
-    for (name, value) in &begin.env {
-        vars.push(&[name], value.clone());
-    }
-    let script_name = env(begin, "SCRIPT_NAME").cloned().unwrap_or_default();
-    let path_info = env(begin, "PATH_INFO").cloned().unwrap_or_default();
-    let mut php_self = script_name.to_vec();
-    php_self.extend_from_slice(&path_info);
-    vars.push(&[b"PHP_SELF"], Bytes::from(php_self));
+/// The request fields PHP reads at startup, NUL-terminated, back to back in one buffer;
+/// [`php::c_request`] points into it.
+pub struct RequestInfo {
+    /// The strings.
+    pub text: Vec<u8>,
+    /// Where each string starts in `text`: method, query string, URI, content type, script,
+    /// cookie, authorization (`None`: absent).
+    pub at: [Option<usize>; 7],
+    /// The body's length.
+    pub content_length: i64,
+}
 
-    let header = |name: &str| {
+/// The index in [`RequestInfo::at`] of each field.
+pub mod field {
+    /// REQUEST_METHOD.
+    pub const METHOD: usize = 0;
+    /// QUERY_STRING.
+    pub const QUERY: usize = 1;
+    /// REQUEST_URI.
+    pub const URI: usize = 2;
+    /// CONTENT_TYPE.
+    pub const CONTENT_TYPE: usize = 3;
+    /// The script.
+    pub const SCRIPT: usize = 4;
+    /// The Cookie header.
+    pub const COOKIE: usize = 5;
+    /// The Authorization header.
+    pub const AUTHORIZATION: usize = 6;
+}
+
+impl RequestInfo {
+    /// Builds the fields from `values` (in [`field`] order; `None`: absent) and the body's
+    /// length. A value holding a NUL byte becomes empty (the decoder strips them from
+    /// variables; a header value is the one place one could be).
+    pub fn new(values: [Option<&[u8]>; 7], content_length: u64) -> RequestInfo {
+        let len: usize = values.iter().map(|v| v.map_or(0, |v| v.len() + 1)).sum();
+        let mut text = Vec::with_capacity(len);
+        let mut at = [None; 7];
+        for (slot, value) in at.iter_mut().zip(values) {
+            let Some(value) = value else { continue };
+            *slot = Some(text.len());
+            if !value.contains(&0) {
+                text.extend_from_slice(value);
+            }
+            text.push(0);
+        }
+        RequestInfo {
+            text,
+            at,
+            content_length: i64::try_from(content_length).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The field `i` (without its NUL), if present.
+    #[cfg(test)]
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let start = (*self.at.get(i)?)?;
+        let rest = self.text.get(start..)?;
+        let end = rest.iter().position(|&b| b == 0)?;
+        rest.get(..end)
+    }
+}
+
+/// The startup fields of `begin` (`known` its variables, `script` the script to run).
+pub fn info(begin: &BeginRequest, known: &Known<'_>, script: &[u8]) -> RequestInfo {
+    fn bytes(b: Option<&Bytes>) -> Option<&[u8]> {
+        b.map(|b| b.as_ref())
+    }
+    let header = |name: &[u8]| {
         begin
             .headers
             .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, v)| c_string(v))
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_ref())
     };
-    let field = |pointed: &Option<Bytes>, name: &str| {
-        pointed
-            .as_ref()
-            .or_else(|| env(begin, name))
-            .map(|v| c_string(v))
-            .unwrap_or_default()
-    };
-    let content_type = env(begin, "CONTENT_TYPE")
-        .map(|v| c_string(v))
-        .or_else(|| header("Content-Type"))
-        .filter(|v| !v.as_bytes().is_empty());
-    let info = RequestInfo {
-        method: {
-            let m = field(&begin.request_method, "REQUEST_METHOD");
-            if m.as_bytes().is_empty() {
-                c_string(b"GET")
-            } else {
-                m
-            }
-        },
-        query_string: field(&begin.query_string, "QUERY_STRING"),
-        request_uri: field(&None, "REQUEST_URI"),
-        content_type,
-        content_length: i64::try_from(begin.body_len).unwrap_or(i64::MAX),
-        script_filename: c_string(script),
-        cookie: env(begin, "HTTP_COOKIE")
-            .map(|v| c_string(v))
-            .or_else(|| header("Cookie")),
-        authorization: env(begin, "HTTP_AUTHORIZATION")
-            .map(|v| c_string(v))
-            .or_else(|| header("Authorization")),
-    };
-    Prepared { vars, info }
+    let method = begin
+        .request_method
+        .as_ref()
+        .or(known.request_method)
+        .map(|m| m.as_ref())
+        .filter(|m| !m.is_empty())
+        .unwrap_or(b"GET");
+    let content_type = bytes(known.content_type)
+        .or_else(|| header(b"content-type"))
+        .filter(|v| !v.is_empty());
+    let cookie = bytes(known.cookie).or_else(|| header(b"cookie"));
+    let authorization = bytes(known.authorization).or_else(|| header(b"authorization"));
+    RequestInfo::new(
+        [
+            Some(method),
+            Some(bytes(begin.query_string.as_ref().or(known.query_string)).unwrap_or_default()),
+            Some(bytes(known.request_uri).unwrap_or_default()),
+            content_type,
+            Some(script),
+            cookie,
+            authorization,
+        ],
+        begin.body_len,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn key(name: &[u8]) -> Option<String> {
+        let mut out = None;
+        with_header_key(name, |k| out = Some(String::from_utf8(k.to_vec()).unwrap()));
+        out
+    }
+
     #[test]
     fn header_names_become_cgi_variables() {
-        let mut vars = Vars::default();
-        vars.push_header(b"X-Forwarded-Proto", Bytes::from_static(b"https"));
-        vars.push_header(b"content-type", Bytes::from_static(b"text/plain"));
-        vars.push_header(b"Content-Length", Bytes::from_static(b"3"));
-        vars.push_header(b"Transfer-Encoding", Bytes::from_static(b"chunked"));
-        vars.push_header(b"Bad\0Name", Bytes::from_static(b"x"));
-        vars.push(&[b""], Bytes::from_static(b"empty"));
-        vars.push(&[b"PHP_", b"SELF"], Bytes::from_static(b"/i.php"));
-        let got: Vec<(String, &[u8])> = vars
-            .iter()
-            .map(|(k, v)| (k.to_str().unwrap().to_owned(), v.as_ref()))
-            .collect();
-        let want: Vec<(String, &[u8])> = vec![
-            ("HTTP_X_FORWARDED_PROTO".into(), b"https"),
-            ("CONTENT_TYPE".into(), b"text/plain"),
-            ("CONTENT_LENGTH".into(), b"3"),
-            ("PHP_SELF".into(), b"/i.php"),
-        ];
-        assert_eq!(got, want);
+        assert_eq!(
+            key(b"X-Forwarded-Proto").as_deref(),
+            Some("HTTP_X_FORWARDED_PROTO")
+        );
+        assert_eq!(key(b"content-type").as_deref(), Some("CONTENT_TYPE"));
+        assert_eq!(key(b"Content-Length").as_deref(), Some("CONTENT_LENGTH"));
+        assert_eq!(key(b"Transfer-Encoding"), None);
+        assert_eq!(key(b""), None);
+        // Longer than the stack buffer: the same name, from the heap.
+        let long = vec![b'a'; 300];
+        let want = format!("HTTP_{}", "A".repeat(300));
+        assert_eq!(key(&long), Some(want));
+        let mut joined = Vec::new();
+        with_joined(&[b"/index.php", b"/x"], |j| joined = j.to_vec());
+        assert_eq!(joined, b"/index.php/x");
+        let big = vec![b'x'; 200];
+        with_joined(&[&big, b"/y"], |j| joined = j.to_vec());
+        assert_eq!(joined.len(), 202);
+    }
+
+    #[test]
+    fn startup_fields_are_c_strings_in_one_buffer() {
+        let info = RequestInfo::new(
+            [
+                Some(b"GET"),
+                Some(b""),
+                Some(b"/a?b"),
+                None,
+                Some(b"/s.php"),
+                Some(b"a\0b"),
+                None,
+            ],
+            5,
+        );
+        assert_eq!(info.get(field::METHOD), Some(&b"GET"[..]));
+        assert_eq!(info.get(field::QUERY), Some(&b""[..]));
+        assert_eq!(info.get(field::URI), Some(&b"/a?b"[..]));
+        assert_eq!(info.get(field::CONTENT_TYPE), None);
+        assert_eq!(info.get(field::SCRIPT), Some(&b"/s.php"[..]));
+        // A NUL inside: empty rather than cut short.
+        assert_eq!(info.get(field::COOKIE), Some(&b""[..]));
+        assert_eq!(info.get(field::AUTHORIZATION), None);
+        assert_eq!(info.content_length, 5);
     }
 }

@@ -36,8 +36,13 @@
 /* The Rust side (src/php.rs). `ctx` is the request context SG(server_context) holds. */
 extern size_t corral_rs_write(void *ctx, const char *buf, size_t len);
 extern void corral_rs_flush(void *ctx);
-extern void corral_rs_header(void *ctx, const char *line, size_t len);
-extern void corral_rs_send_head(void *ctx, int status);
+/* One response header line as PHP holds it ("Name: value"), borrowed for one call. */
+struct corral_line {
+    const char *text;
+    size_t len;
+};
+extern void corral_rs_send_head(void *ctx, int status, const struct corral_line *lines,
+                                size_t count);
 extern size_t corral_rs_read_body(void *ctx, char *buf, size_t len);
 extern void corral_rs_register_variables(void *ctx, zval *track_vars_array);
 extern void corral_rs_log(const char *message, size_t len);
@@ -60,6 +65,9 @@ struct corral_request {
 };
 
 static char *request_cookie;
+
+/* Response header lines passed on the stack; more take one allocation. */
+#define CORRAL_STACK_LINES 32
 
 /* Worker mode: the boot request's context and request info, restored between requests. */
 static void *boot_ctx;
@@ -87,14 +95,26 @@ static int corral_send_headers(sapi_headers_struct *headers)
     if (!ctx) {
         return SAPI_HEADER_SENT_SUCCESSFULLY;
     }
+    /* The lines are handed over in one call, borrowed from PHP's list (on the stack for
+     * the usual few; PHP's allocator for more), so the Rust side copies none of them. */
+    struct corral_line stack[CORRAL_STACK_LINES];
+    size_t count = zend_llist_count(&headers->headers);
+    struct corral_line *lines = count <= CORRAL_STACK_LINES
+        ? stack : safe_emalloc(count, sizeof(struct corral_line), 0);
+    size_t n = 0;
     zend_llist_position pos;
     sapi_header_struct *h = zend_llist_get_first_ex(&headers->headers, &pos);
-    while (h) {
-        corral_rs_header(ctx, h->header, h->header_len);
+    while (h && n < count) {
+        lines[n].text = h->header;
+        lines[n].len = h->header_len;
+        n++;
         h = zend_llist_get_next_ex(&headers->headers, &pos);
     }
     int status = headers->http_response_code;
-    corral_rs_send_head(ctx, status > 0 ? status : 200);
+    corral_rs_send_head(ctx, status > 0 ? status : 200, lines, n);
+    if (lines != stack) {
+        efree(lines);
+    }
     return SAPI_HEADER_SENT_SUCCESSFULLY;
 }
 
@@ -347,12 +367,23 @@ static sapi_module_struct corral_module = {
     STANDARD_SAPI_MODULE_PROPERTIES
 };
 
-/* Registers one $_SERVER entry; `key` is NUL-terminated. Called back from
- * corral_rs_register_variables. */
+/* Registers one $_SERVER entry through PHP's full variable registration (a key with `.`,
+ * spaces or `[`, which PHP rewrites or parses); `key` is NUL-terminated. Called back from
+ * corral_rs_register_variables for the rare key that needs it. */
 void corral_php_register_variable(zval *track_vars_array, const char *key, const char *value,
                                   size_t value_len)
 {
     php_register_variable_safe(key, value, value_len, track_vars_array);
+}
+
+/* Registers one $_SERVER entry whose key needs no parsing (letters, digits and '_', checked
+ * by the caller), with both lengths known: no copy of the key, no scan for its end. */
+void corral_php_register_known(zval *track_vars_array, const char *key, size_t key_len,
+                               const char *value, size_t value_len)
+{
+    zval v;
+    ZVAL_STRINGL_FAST(&v, value, value_len);
+    php_register_known_variable(key, key_len, &v, track_vars_array);
 }
 
 /* Starts PHP once per process: signals, the SAPI, php.ini, every extension's MINIT.

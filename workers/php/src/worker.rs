@@ -57,11 +57,11 @@ pub fn serve(script: &str) -> i32 {
         crate::log("the worker script's path holds a NUL byte");
         return 1;
     };
-    let name = c"/".to_owned();
-    let mut boot_vars = request::Vars::with_capacity(3);
-    boot_vars.push(&[b"SCRIPT_FILENAME"], text.clone().into());
-    boot_vars.push(&[b"SCRIPT_NAME"], bytes::Bytes::from_static(b"/"));
-    boot_vars.push(&[b"PHP_SELF"], bytes::Bytes::from_static(b"/"));
+    let boot_vars = request::Server::Fixed(vec![
+        ("SCRIPT_FILENAME", text.clone().into()),
+        ("SCRIPT_NAME", bytes::Bytes::from_static(b"/")),
+        ("PHP_SELF", bytes::Bytes::from_static(b"/")),
+    ]);
     let mut boot = Exchange::new(
         Sink::Log,
         ResponseEncoder::default(),
@@ -69,16 +69,18 @@ pub fn serve(script: &str) -> i32 {
         Body::empty(),
         crate::What::Named(format!("worker script {text}")),
     );
-    let info = RequestInfo {
-        method: c"GET".to_owned(),
-        query_string: CString::default(),
-        request_uri: name,
-        content_type: None,
-        content_length: 0,
-        script_filename: filename,
-        cookie: None,
-        authorization: None,
-    };
+    let info = RequestInfo::new(
+        [
+            Some(b"GET"),
+            Some(b""),
+            Some(b"/"),
+            None,
+            Some(filename.as_bytes()),
+            None,
+            None,
+        ],
+        0,
+    );
     let ran = php::run_worker(&mut boot, &info);
     // The script ended. A request still in progress was cut short by a fatal error, an
     // uncaught exception or exit(): PHP's shutdown has sent what it had (a fatal error's
@@ -169,15 +171,13 @@ extern "C" fn corral_rs_worker_next(out: *mut CRequest) -> *mut c_void {
             };
             let encoder = ResponseEncoder::new(begin.order, FlagRule::HOST);
             let sink = Sink::Conn(Rc::clone(&conn.stream));
-            let what = crate::describe(&begin);
-            let script = begin
-                .script_filename
-                .clone()
-                .or_else(|| request::env(&begin, "SCRIPT_FILENAME").cloned())
-                .unwrap_or_default();
-            let prepared = request::prepare(&begin, &script);
-            let exchange = Exchange::new(sink, encoder, prepared.vars, body, what);
-            if crate::is_probe(&begin) {
+            let known = request::Known::of(&begin);
+            let what = crate::describe(&begin, &known);
+            let probe = known.is_probe();
+            let info = request::info(&begin, &known, known.script(&begin));
+            let vars = request::Server::Request(begin);
+            let exchange = Exchange::new(sink, encoder, vars, body, what);
+            if probe {
                 // Answered by the worker itself: PHP is up and the script has booted.
                 if !exchange.answer(204, b"", false) {
                     state.conn = None;
@@ -185,7 +185,6 @@ extern "C" fn corral_rs_worker_next(out: *mut CRequest) -> *mut c_void {
                 continue;
             }
             let exchange = Box::into_raw(Box::new(exchange));
-            let info = prepared.info;
             // SAFETY: `out` points at the caller's struct, valid for writes; its strings
             // point into `info`, kept in `current` until the request ends.
             unsafe { out.write(php::c_request(&info)) };

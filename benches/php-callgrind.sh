@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Question: how many user-space instructions does one PHP process spend per request, for
+# corral's native PHP worker (classic mode) and for php-cgi, on the same script behind the
+# same corral, repeatably (no timing noise)? The one worker of a `max = 1` pool runs under
+# `valgrind --tool=callgrind` (corral is not measured); `ab -k -c1` sends N1 then, in a
+# second run, N2 requests; (total of N2 - total of N1) / (N2 - N1) is the count per request
+# (start-up, warm-up and shutdown cancel out). The native worker runs with `preload = false`
+# (a worker corral spawns: valgrind follows one process), which serves requests exactly as a
+# forked one does.
+# Usage: bash benches/php-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: hello 500 2500;
+#   SCRIPT: hello or phpinfo)
+# Env: CORRAL, WORKER (release builds by default), OUT_DIR (where the last profiles are left
+# as callgrind.out.native-SCRIPT.N and callgrind.out.cgi-SCRIPT.N for callgrind_annotate, default
+# /tmp), OUT (benches/lib/results.sh; section php-callgrind-SCRIPT). Needs valgrind, ab,
+# php-cgi and libphp8.2-embed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/results.sh
+RESULTS_VARS="CORRAL WORKER OUT_DIR"
+results_start "$@"
+page=${1:-hello}
+n1=${2:-500}
+n2=${3:-2500}
+CORRAL=${CORRAL:-target/release/corral}
+WORKER=${WORKER:-$(dirname "$CORRAL")/corral-php-worker}
+[ -x "$CORRAL" ] && [ -x "$WORKER" ] || cargo build --release --quiet -p corral -p corral-php-worker
+CORRAL=$(realpath "$CORRAL")
+WORKER=$(realpath "$WORKER")
+out_dir=${OUT_DIR:-/tmp}
+case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
+
+# measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests.
+measure() {
+  local which=$1 n=$2 s pool port=18961 corral
+  s=$(mktemp -d /tmp/corral-phpcg.XXXXXX)
+  chmod 755 "$s"
+  mkdir -p "$s/www" "$s/cg"
+  chmod 777 "$s/cg"   # the workers run as corral's worker user
+  echo '<?php echo "Hello, world\n";' > "$s/www/hello.php"
+  echo '<?php phpinfo();' > "$s/www/phpinfo.php"
+  chmod -R a+rX "$s/www"
+  local vg="valgrind --tool=callgrind --callgrind-out-file=$s/cg/cg.%p.out"
+  case $which in
+    native)
+      printf '#!/bin/sh\nexec %s %s "$@"\n' "$vg" "$WORKER" > "$s/worker.sh"
+      chmod 755 "$s/worker.sh"
+      pool="worker = \"native\"
+worker_path = \"$s/worker.sh\"
+preload = false" ;;
+    cgi)
+      pool="command = [$(printf '"%s", ' $vg)\"php-cgi\"]" ;;
+  esac
+  cat > "$s/corral.toml" <<EOF
+[server]
+runtime_dir = "$s/run"
+log_level = "warn"
+threads = 1
+[[listen]]
+address = "127.0.0.1:$port"
+protocol = "http"
+[pools.php]
+$pool
+mode = "static"
+max = 1
+start_timeout = "60s"
+[[contexts]]
+pool = "php"
+root = "$s/www"
+EOF
+  "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 &
+  corral=$!
+  local url=http://127.0.0.1:$port/$page.php
+  for _ in $(seq 600); do curl -sf -o /dev/null "$url" && break; sleep 0.1; done
+  ab -q -k -n 100 -c 1 "$url" > /dev/null   # warm-up (OPcache filled)
+  ab -q -k -n "$n" -c 1 "$url" > "$s/ab.txt"
+  grep -q '^Failed requests: *0$' "$s/ab.txt" || { echo "$which: failed requests" >&2; cat "$s/ab.txt" "$s/corral.log" >&2; exit 1; }
+  grep -q '^Non-2xx responses' "$s/ab.txt" && { echo "$which: non-2xx answers" >&2; cat "$s/ab.txt" >&2; exit 1; }
+  kill -TERM "$corral"; wait "$corral" || true
+  # One profile per process valgrind ran: corral's own `--check` of the worker at start,
+  # then the worker; the one that served is the one whose command has no --check.
+  local out=""
+  for _ in $(seq 200); do
+    out=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out 2>/dev/null | head -n 1 || true)
+    [ -n "$out" ] && grep -q '^summary:' "$out" && break
+    sleep 0.1
+  done
+  [ -n "$out" ] || { echo "$which: no profile" >&2; cat "$s/corral.log" >&2; exit 1; }
+  # A second serving process (a worker replaced mid-run) would make the count meaningless.
+  local served
+  served=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out | wc -l)
+  [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
+  awk '/^summary:/ {print $2}' "$out"
+  cp "$out" "$out_dir/callgrind.out.$which-$page.$n"
+  rm -rf "$s"
+}
+
+per_request() { # WHICH -> instructions per request
+  local a b
+  a=$(measure "$1" "$n1")
+  b=$(measure "$1" "$n2")
+  awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
+}
+
+report=$(mktemp /tmp/corral-phpcg-report.XXXXXX)
+native=$(per_request native)
+cgi=$(per_request cgi)
+{
+  echo "$page.php, ab -k -c1 through corral's HTTP listener to a pool of one PHP process; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), the PHP process under valgrind --tool=callgrind (corral not counted)."
+  echo
+  echo "| PHP process | user-space instructions per request |"
+  echo "| --- | ---: |"
+  echo "| corral-php-worker, classic mode | $(awk -v v="$native" 'BEGIN {printf "%.1fk", v / 1000}') |"
+  echo "| php-cgi (FastCGI) | $(awk -v v="$cgi" 'BEGIN {printf "%.1fk", v / 1000}') |"
+  echo "| native / php-cgi | $(awk -v a="$native" -v b="$cgi" 'BEGIN {printf "%.2f", a / b}') |"
+} > "$report"
+cat "$report"
+RESULTS_BINARY=$WORKER results_write "php-callgrind-$page" "Native PHP worker against php-cgi: instructions per request ($page)" "$report"
+rm -f "$report"
