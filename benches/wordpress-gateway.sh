@@ -31,6 +31,7 @@
 #   SECS=2 ROUNDS=1 OUT= bash benches/wordpress-gateway.sh     # a quick look
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
+# CORRALS (the corral rows to run: "gw gw-t1", either may be left out),
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -39,7 +40,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -60,7 +61,7 @@ trap wp_cleanup EXIT
 ulimit -n 16384 2>/dev/null || true
 
 # The corrals: NAME -> binary and [server] lines.
-CORRALS="gw gw-t1"
+CORRALS=${CORRALS:-gw gw-t1}
 declare -A corral_bin=([gw]=$CORRAL [gw-t1]=$CORRAL)
 declare -A corral_server=([gw]="" [gw-t1]="threads = 1")
 if [ -n "${BASE:-}" ]; then

@@ -72,6 +72,7 @@ impl SlotTable {
         }
     }
 
+    /// On a serving thread, grants capacity to the oldest waiter on the same thread, if no
     /// older waiter has been passed over [`MAX_PASSED`] times already; the rest is granted in
     /// queue order by `grant_waiters`.
     fn grant_local_waiter(st: &mut State) {
