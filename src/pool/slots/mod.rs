@@ -4,11 +4,11 @@
 //! Each pool has its own small mutex (never a global one) held only for a few comparisons: the
 //! request path takes it once to check a slot out and once to give it back. A returned slot is
 //! handed straight to the oldest waiter that may use it, so a queued request never races a new
-//! arrival for a slot it has waited for. On serving threads (`crate::shards`) the oldest waiter
-//! on the thread that freed the slot goes first, passing each older one over at most
-//! `MAX_PASSED` times: that hand-off wakes no other thread. Waiting is bounded in length (`queue_size`) and time
-//! (`queue_timeout`); a request that finds the queue full is refused at once, which the front
-//! listener answers with 503 and Retry-After.
+//! arrival for a slot it has waited for, and waiters are served in arrival order whatever
+//! serving thread they are on (the one exception, a waiter whose context is at its cap, is in
+//! `queue`). Waiting is bounded in length (`queue_size`) and time (`queue_timeout`); a
+//! request that finds the queue full is refused at once, which the front listener answers
+//! with 503 and Retry-After.
 //!
 //! Workers are chosen by least outstanding requests (ties go to the lowest index, so a lightly
 //! loaded pool keeps its hot workers hot). A worker that is retiring or not yet ready takes no
@@ -310,8 +310,6 @@ impl SlotTable {
                 id,
                 context,
                 tx,
-                shard: crate::shards::current(),
-                passed: 0,
                 since: asked,
             });
             self.demand.notify_one();
