@@ -16,7 +16,7 @@
 #              COUNT), the corral of conf/wordpress.toml's shape (its http contexts as
 #              tests/support/wordpress.rs writes them)
 #   gw-http    corral's http listener -> the same pool, same corral (no nginx)
-#   gw-*-t1    the same with `threads = 1` in corral's [server] (a corral of its own)
+#   gw-*-tN    the same with `threads = N` in corral's [server] (a corral of its own)
 #   base-*     the same as gw-* with the corral binary BASE (a before/after in one run),
 #              when BASE is set
 # The rows run at COUNT together, idle but for the one measured. wrk -t1 --latency -d SECS
@@ -31,7 +31,7 @@
 #   SECS=2 ROUNDS=1 OUT= bash benches/wordpress-gateway.sh     # a quick look
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
-# CORRALS (the corral rows to run: "gw gw-t1", either may be left out),
+# CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N),
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -62,8 +62,15 @@ ulimit -n 16384 2>/dev/null || true
 
 # The corrals: NAME -> binary and [server] lines.
 CORRALS=${CORRALS:-gw gw-t1}
-declare -A corral_bin=([gw]=$CORRAL [gw-t1]=$CORRAL)
-declare -A corral_server=([gw]="" [gw-t1]="threads = 1")
+declare -A corral_bin corral_server
+for g in $CORRALS; do  # gw: corral's defaults; gw-tN: threads = N
+  corral_bin[$g]=$CORRAL
+  case $g in
+    gw) corral_server[$g]="" ;;
+    gw-t[0-9]*) corral_server[$g]="threads = ${g#gw-t}" ;;
+    *) echo "unknown corral row $g (gw or gw-tN)" >&2; exit 2 ;;
+  esac
+done
 if [ -n "${BASE:-}" ]; then
   CORRALS+=" base"
   corral_bin[base]=$BASE
@@ -203,7 +210,7 @@ report() {
   echo "nginx 1 worker (conf/nginx/wordpress.conf, placeholders replaced). $COUNT PHP processes per row:"
   echo "\`fpm\` = nginx → php-fpm8.2 (pm = static); \`cgi\` = nginx → php-cgi -b with PHP_FCGI_CHILDREN=$COUNT;"
   echo "\`gw-fcgi\` = nginx → corral's fastcgi listener → corral's php-cgi pool (static, max = $COUNT); \`gw-http\` = corral's"
-  echo "http listener → the same pool; \`-t1\`: \`threads = 1\` in corral's [server]; \`base-*\`: the same as \`gw-*\` with the binary BASE."
+  echo "http listener → the same pool; \`-tN\`: \`threads = N\` in corral's [server]; \`base-*\`: the same as \`gw-*\` with the binary BASE."
   echo "wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s warm-up per row; req/s pools the rounds;"
   echo "p99 one per round (ms), and their median; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
   echo "(/proc/PID/task/*/schedstat) over the requests. Load = the 1-minute load average after each run (the range). This machine's"
