@@ -39,6 +39,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
+source benches/lib/wordpress.sh
 RESULTS_VARS="SECS ROUNDS LEVELS COUNT MEM_COUNTS WARM CORRAL"
 results_start "$@"
 SECS=${SECS:-10}
@@ -56,54 +57,14 @@ RESULTS_BINARY=$CORRAL
 s=$(mktemp -d /tmp/corral-wpdirect.XXXXXX)
 chmod 755 "$s"
 host="wp-direct-$$.corral.test"
-wpconf="/etc/wordpress/config-$host.php"
-pids=()      # for the whole run: MariaDB, nginx
-row_pids=()  # the PHP servers now running
-stop() {
-  local p
-  for p in "$@"; do kill "$p" 2>/dev/null || true; done
-  for p in "$@"; do wait "$p" 2>/dev/null || true; done
-}
-cleanup() {
-  stop ${row_pids[@]+"${row_pids[@]}"} ${pids[@]+"${pids[@]}"}
-  rm -f "$wpconf"
-  rm -rf "$s"
-}
-trap cleanup EXIT
+WP_TITLE="WP Direct Bench"
+stop() { wp_stop "$@"; }
+trap wp_cleanup EXIT
 ulimit -n 16384 2>/dev/null || true
 hz=$(getconf CLK_TCK)
-wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 
 # ---- MariaDB as mysql on a private socket, WordPress's config for $host ----
-mkdir -p "$s/db" "$s/dbrun" "$s/run" "$s/log" "$s/corral" "$s/nginx" "$s/site/wp-content/uploads"
-chown mysql:mysql "$s/db" "$s/dbrun"
-chown www-data:www-data "$s/run"
-mariadb-install-db --no-defaults --datadir="$s/db" --user=mysql \
-  --auth-root-authentication-method=socket --skip-test-db > /dev/null
-dbsock=$s/dbrun/mysqld.sock
-mariadbd --no-defaults --datadir="$s/db" --socket="$dbsock" \
-  --pid-file="$s/dbrun/mysqld.pid" --log-error="$s/dbrun/error.log" \
-  --user=mysql --skip-networking --skip-log-bin --innodb-buffer-pool-size=64M \
-  --innodb-flush-log-at-trx-commit=0 < /dev/null > /dev/null 2>&1 & pids+=($!)
-wait_sock "$dbsock"
-mariadb --no-defaults --socket="$dbsock" -u root -e "CREATE DATABASE wpd; \
-  CREATE USER 'wpd'@'localhost' IDENTIFIED BY 'wpd-pass'; GRANT ALL ON wpd.* TO 'wpd'@'localhost';"
-ln -s /usr/share/wordpress/wp-content/themes "$s/site/wp-content/themes"
-ln -s /usr/share/wordpress/wp-content/plugins "$s/site/wp-content/plugins"
-chmod -R a+rX "$s/site"
-chown www-data:www-data "$s/site/wp-content/uploads"
-cat > "$wpconf" << PHP
-<?php
-define('DB_NAME', 'wpd');
-define('DB_USER', 'wpd');
-define('DB_PASSWORD', 'wpd-pass');
-define('DB_HOST', 'localhost:$dbsock');
-define('WP_CONTENT_DIR', '$s/site/wp-content');
-define('DISABLE_WP_CRON', true);
-define('WP_HTTP_BLOCK_EXTERNAL', true);
-define('AUTOMATIC_UPDATER_DISABLED', true);
-PHP
-chmod 644 "$wpconf"
+wp_database
 
 kids=direct-children
 kids_why="\`direct-children\` = a corral direct pool of one php-cgi parent with \`php_children\` = N (static): the parent forks the N children, which share its OPcache and accept on the pool's listener (php-fpm's model)."
@@ -113,27 +74,7 @@ echo "rows: $ROW_NAMES" >&2
 # ---- nginx: conf/nginx/wordpress.conf once per row, its placeholders replaced ----
 declare -A port=([fpm]=18801 [direct]=18802 [$kids]=18803)
 declare -A sock=([fpm]=$s/run/fpm.sock [direct]=$s/run/direct.sock [$kids]=$s/run/kids.sock)
-ln -s /etc/nginx/fastcgi_params "$s/nginx/fastcgi_params"
-{
-  echo "user www-data;"
-  echo "worker_processes 1;"
-  echo "daemon off;"
-  echo "pid $s/run/nginx.pid;"
-  echo "error_log $s/log/nginx.log;"
-  echo "events { worker_connections 4096; }"
-  echo "http {"
-  echo "  include /etc/nginx/mime.types;"
-  echo "  access_log off;"
-  echo "  client_body_temp_path $s/nginx-tmp; fastcgi_temp_path $s/nginx-tmp;"
-  echo "  proxy_temp_path $s/nginx-tmp; scgi_temp_path $s/nginx-tmp; uwsgi_temp_path $s/nginx-tmp;"
-  for r in $ROW_NAMES; do
-    sed -e "s|blog\.example\.com|$host|" -e "s|unix:/run/corral/php\.sock|unix:${sock[$r]}|" \
-      -e "s|/var/lib/wordpress|$s/site|" -e "s|listen 80;|listen 127.0.0.1:${port[$r]};|" \
-      conf/nginx/wordpress.conf
-  done
-  echo "}"
-} > "$s/nginx/nginx.conf"
-nginx -c "$s/nginx/nginx.conf" & pids+=($!)
+wp_nginx $ROW_NAMES
 
 # ---- the PHP servers ----
 corral_conf() { # ROW N
@@ -168,21 +109,7 @@ declare -A root_pid
 start_row() { # ROW N: starts its PHP server; root_pid[ROW] is the process whose tree is PHP's
   rm -f "${sock[$1]}"
   if [ "$1" = fpm ]; then
-    cat > "$s/fpm.conf" << CONF
-[global]
-pid = $s/run/fpm.pid
-error_log = $s/log/fpm.log
-daemonize = no
-[www]
-user = www-data
-group = www-data
-listen = ${sock[fpm]}
-listen.owner = www-data
-listen.group = www-data
-pm = static
-pm.max_children = $2
-CONF
-    php-fpm8.2 -F -y "$s/fpm.conf" & row_pids+=($!)
+    wp_fpm "$2"
   else
     corral_conf "$1" "$2" > "$s/$1.toml"
     "$CORRAL" run -c "$s/$1.toml" >> "$s/log/corral-$1.log" 2>&1 & row_pids+=($!)
@@ -204,24 +131,8 @@ stop_rows() { # and waits for their PHP processes too, so none is left sharing p
   exit 1
 }
 url() { echo "http://127.0.0.1:${port[$1]}/"; }
-front() { # ROW: the front page's status, checked for WordPress's own markup
-  local body code
-  body=$(curl -s -H "Host: $host" -w '\n%{http_code}' "$(url "$1")" || true)
-  code=${body##*$'\n'}
-  if [ "$code" = 200 ] && grep -q 'WP Direct Bench' <<< "$body"; then echo ok; else echo "${code:-none}"; fi
-}
+front() { wp_front "$(url "$1")"; }
 
-children() { # live children of $1
-  local f line rest state ppid
-  for f in /proc/[0-9]*/stat; do
-    { read -r line < "$f"; } 2> /dev/null || continue
-    rest=${line##*) }
-    read -r state ppid _ <<< "$rest"
-    [ "$ppid" = "$1" ] && [ "$state" != Z ] && { f=${f#/proc/}; echo "${f%/stat}"; }
-  done
-  return 0
-}
-tree() { local k; echo "$1"; for k in $(children "$1"); do tree "$k"; done; }
 php_pids() { # ROW: the PHP processes (php-fpm's whole tree; corral's children's trees)
   local k
   if [ "$1" = fpm ]; then tree "${root_pid[fpm]}"; else
@@ -257,14 +168,7 @@ warm() { # ROW N: wrk -c 2N on the front page until every serving process has ru
 
 # ---- install once, through the fpm row ----
 start_row fpm "$COUNT"
-for _ in $(seq 200); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' -H "Host: $host" "http://127.0.0.1:${port[fpm]}/wp-admin/install.php" || true)
-  [ "$code" = 200 ] && break
-  sleep 0.05
-done
-page=$(curl -s -H "Host: $host" "http://127.0.0.1:${port[fpm]}/wp-admin/install.php?step=2" \
-  --data 'weblog_title=WP+Direct+Bench&user_name=admin&admin_password=bench-Pa55word&admin_password2=bench-Pa55word&pw_weak=1&admin_email=admin%40example.com&blog_public=0&Submit=Install' || true)
-grep -q 'WordPress has been installed' <<< "$page" || { echo "install failed" >&2; tail -n 20 "$s"/log/*.log >&2; exit 1; }
+wp_install "$(url fpm)"
 stop_rows
 
 # ---- memory: each row alone, at each count ----

@@ -255,11 +255,8 @@ fn reuse_port(config: &Config) -> bool {
     config.server.scheduler == crate::config::Scheduler::PerThread && serving_threads(config) > 1
 }
 
-/// How many threads serve the front listeners: `[server] threads`, else one per CPU corral
-/// may run on.
+/// How many threads serve the front listeners ([`Config::serving_threads`] on the CPUs
+/// corral may run on).
 pub fn serving_threads(config: &Config) -> usize {
-    config.server.threads.map_or_else(
-        || std::thread::available_parallelism().map_or(1, |n| n.get()),
-        |n| n as usize,
-    )
+    config.serving_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

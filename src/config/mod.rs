@@ -26,6 +26,7 @@ mod php_children;
 mod php_native;
 mod pool;
 mod programs;
+mod threads;
 mod units;
 mod validate;
 mod wsgi_native;
@@ -114,8 +115,8 @@ pub struct ServerConfig {
     /// Cap on open front connections over all front listeners (`max_connections`); none =
     /// derived at start from the file-descriptor limit (see `front::limits`).
     pub max_connections: Option<u32>,
-    /// Runtime worker threads (`threads`); none = one per CPU corral may run on. Read at
-    /// start only.
+    /// Runtime worker threads (`threads`); none = [`Config::serving_threads`]'s default (half
+    /// the CPUs when a pool spawns its workers here, else one per CPU). Read at start only.
     pub threads: Option<u32>,
     /// How the serving threads share the work (`scheduler`). Read at start only.
     pub scheduler: Scheduler,

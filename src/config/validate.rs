@@ -252,7 +252,7 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
                 e.at(
                     t.span(),
                     format!(
-                        "threads must be from 1 to {MAX_THREADS}; leave it out for one per CPU"
+                        "threads must be from 1 to {MAX_THREADS}; leave it out for the default"
                     ),
                 );
                 None
