@@ -114,6 +114,7 @@ impl Codec {
 /// protocol's request shares. On the heap once: the exchange (codec, buffers, options) then
 /// travels inside the response body through the gateway and the front as a pointer, not as
 /// a kilobyte copied at every move.
+#[inline]
 pub(super) fn begin(
     conn: BackendConnection,
     codec: Codec,
@@ -205,6 +206,7 @@ pub(super) struct Exchange {
 impl Exchange {
     /// Starts an exchange whose request head is already encoded in `head`. `declared` is the
     /// body length the head announced, checked against what the body yields.
+    #[inline]
     pub(super) fn new(
         conn: BackendConnection,
         codec: Codec,
