@@ -177,6 +177,16 @@ impl Connections {
         address: &BackendAddress,
         connect_timeout: Duration,
     ) -> Result<BackendConnection, BackendError> {
+        match self.take_idle(address) {
+            Some(conn) => Ok(conn),
+            None => self.fresh(address, connect_timeout).await,
+        }
+    }
+
+    /// An idle connection to `address` that is still usable, if there is one, without
+    /// awaiting anything: the usual case of [`get`](Self::get), for a caller that keeps the
+    /// connect's future out of its own (it is much larger than the rest of a request's).
+    pub fn take_idle(&self, address: &BackendAddress) -> Option<BackendConnection> {
         while let Some(conn) = self.pop(address) {
             if !conn.is_quiet() {
                 tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed");
@@ -184,7 +194,7 @@ impl Connections {
             }
             let here = crate::shards::current();
             if conn.shard == here {
-                return Ok(BackendConnection {
+                return Some(BackendConnection {
                     home: Some(self.clone()),
                     ..conn
                 });
@@ -192,7 +202,7 @@ impl Connections {
             // Made on another serving thread: moved to this one's runtime.
             match conn.stream.reregister() {
                 Ok(stream) => {
-                    return Ok(BackendConnection {
+                    return Some(BackendConnection {
                         stream,
                         home: Some(self.clone()),
                         shard: here,
@@ -208,13 +218,9 @@ impl Connections {
                 }
             }
         }
-        let mut conn = BackendConnection::connect(address, connect_timeout).await?;
-        conn.home = Some(self.clone());
-        Ok(conn)
+        None
     }
 
-    /// A new connection to `address`, never an idle one (after a kept one turned out
-    /// closed, its siblings may be too); a clean exchange puts it back here.
     pub async fn fresh(
         &self,
         address: &BackendAddress,

@@ -110,9 +110,12 @@ impl Codec {
     }
 }
 
-/// Starts an exchange whose request head is encoded in `head` and returns once the
-/// response head has arrived: the part every protocol's `send` shares.
-pub(super) async fn start(
+/// An exchange whose request head is encoded in `head`, ready to run: the part every
+/// protocol's request shares. On the heap once: the exchange (codec, buffers, options) then
+/// travels inside the response body through the gateway and the front as a pointer, not as
+/// a kilobyte copied at every move.
+#[inline]
+pub(super) fn begin(
     conn: BackendConnection,
     codec: Codec,
     head: BytesMut,
@@ -120,13 +123,18 @@ pub(super) async fn start(
     declared: Option<u64>,
     options: &ExchangeOptions,
     started: Instant,
-) -> Result<super::BackendResponse, BackendError> {
-    // On the heap once: the exchange (codec, buffers, options) then travels inside the
-    // response body through the gateway and the front as a pointer, not as a kilobyte copied
-    // at every move.
-    let mut exchange = Box::new(Exchange::new(
+) -> Box<Exchange> {
+    Box::new(Exchange::new(
         conn, codec, head, body, declared, options, started,
-    ));
+    ))
+}
+
+/// Runs `exchange` until the response head has arrived. The future holds the box and little
+/// else: the request's encoding was done before it was made (`begin`), so the future the
+/// gateway awaits, and moves at each `.await` above it, stays a few words long.
+pub(super) async fn read_response(
+    mut exchange: Box<Exchange>,
+) -> Result<super::BackendResponse, BackendError> {
     let head = exchange.read_head().await?;
     Ok(super::BackendResponse {
         head,
@@ -198,6 +206,7 @@ pub(super) struct Exchange {
 impl Exchange {
     /// Starts an exchange whose request head is already encoded in `head`. `declared` is the
     /// body length the head announced, checked against what the body yields.
+    #[inline]
     pub(super) fn new(
         conn: BackendConnection,
         codec: Codec,

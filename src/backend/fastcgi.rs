@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::exchange::{start, Codec as AnyCodec, Step};
+use super::exchange::{begin, read_response, Codec as AnyCodec, Exchange, Step};
 use super::Protocol;
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, RequestBody,
@@ -46,15 +46,25 @@ pub async fn send_params(
     body: RequestBody,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
-    let started = Instant::now();
-    // BEGIN_REQUEST, the PARAMS records and (for an empty body) the end of STDIN.
+    read_response(prepare(conn, params, body, options, Instant::now())).await
+}
+
+/// The exchange of one request, its BEGIN_REQUEST, PARAMS records and (for an empty body)
+/// the end of STDIN encoded into the connection's write buffer; nothing is sent yet.
+pub(super) fn prepare(
+    conn: BackendConnection,
+    params: &CgiParams,
+    body: RequestBody,
+    options: &ExchangeOptions,
+    started: Instant,
+) -> Box<Exchange> {
     let mut conn = conn;
     let mut head = conn.take_outbuf(params.encoded().len() + 48);
     encode_begin_request(REQUEST_ID, Role::Responder, true, &mut head);
     encode_params_block(REQUEST_ID, params, &mut head);
     let declared = body.len();
     let codec = AnyCodec::FastCgi(Codec::new(&options.limits));
-    start(conn, codec, head, body, declared, options, started).await
+    begin(conn, codec, head, body, declared, options, started)
 }
 
 /// Turns the backend's records into exchange steps.

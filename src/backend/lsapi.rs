@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::exchange::{known_length, start, Codec as AnyCodec, Step};
+use super::exchange::{begin, known_length, read_response, Codec as AnyCodec, Exchange, Step};
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, Protocol,
     RequestBody,
@@ -42,6 +42,18 @@ pub async fn send_params(
 ) -> Result<BackendResponse, BackendError> {
     let started = Instant::now();
     let body = known_length(body, options, started).await?;
+    read_response(prepare(conn, params, body, options, started)?).await
+}
+
+/// The exchange of one request whose body length is known (`known_length`), its head
+/// encoded into the connection's write buffer; nothing is sent yet.
+pub(super) fn prepare(
+    conn: BackendConnection,
+    params: &CgiParams,
+    body: RequestBody,
+    options: &ExchangeOptions,
+    started: Instant,
+) -> Result<Box<Exchange>, BackendError> {
     let len = body.len().unwrap_or(0);
     let mut conn = conn;
     let mut head = conn.take_outbuf(2048);
@@ -52,7 +64,7 @@ pub async fn send_params(
             reason: e.to_string(),
         })?;
     let codec = AnyCodec::Lsapi(Codec::new(&options.limits));
-    start(conn, codec, head, body, Some(len), options, started).await
+    Ok(begin(conn, codec, head, body, Some(len), options, started))
 }
 
 fn param<'a>(params: &'a CgiParams, name: &str) -> Option<&'a [u8]> {

@@ -265,6 +265,10 @@ pub async fn send(
 
 /// [`send`] with the parameters borrowed, so that the caller still has them to send the
 /// request again when a kept connection turns out closed ([`BackendError::is_stale`]).
+///
+/// The request is encoded before anything is awaited, and the future awaits only the
+/// exchange's box: the gateway's request future holds this one, and every level of such
+/// nesting used to carry kilobytes of state that were copied each time a future was made.
 pub async fn send_params(
     protocol: Protocol,
     conn: BackendConnection,
@@ -272,9 +276,20 @@ pub async fn send_params(
     body: RequestBody,
     options: &ExchangeOptions,
 ) -> Result<BackendResponse, BackendError> {
-    match protocol {
-        Protocol::FastCgi => fastcgi::send_params(conn, params, body, options).await,
-        Protocol::Scgi => scgi::send_params(conn, params, body, options).await,
-        Protocol::Lsapi => lsapi::send_params(conn, params, body, options).await,
-    }
+    let started = tokio::time::Instant::now();
+    let body = match protocol {
+        Protocol::FastCgi => body,
+        // SCGI and LSAPI announce the body's length first: one of unknown length is
+        // spooled to learn it. Rare, and its future large: on the heap.
+        Protocol::Scgi | Protocol::Lsapi if body.len().is_none() => {
+            Box::pin(exchange::known_length(body, options, started)).await?
+        }
+        Protocol::Scgi | Protocol::Lsapi => body,
+    };
+    let exchange = match protocol {
+        Protocol::FastCgi => fastcgi::prepare(conn, params, body, options, started),
+        Protocol::Scgi => scgi::prepare(conn, params, body, options, started)?,
+        Protocol::Lsapi => lsapi::prepare(conn, params, body, options, started)?,
+    };
+    exchange::read_response(exchange).await
 }

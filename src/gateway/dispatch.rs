@@ -161,13 +161,25 @@ impl Gateway {
         loop {
             let conn = loop {
                 let address = slot.address();
-                let connected = match pool.protocol {
+                // A kept connection is taken without awaiting; a connect's future is
+                // boxed, as it would otherwise make this future (moved whole when it is
+                // made, and nested in the front's) several times larger for a rare case.
+                let idle = match pool.protocol {
                     // SCGI is one connection per request by definition.
-                    backend::Protocol::Scgi => {
-                        backend::BackendConnection::connect(address, pool.timeouts.connect).await
+                    backend::Protocol::Scgi => None,
+                    _ if fresh => None,
+                    _ => pool.connections.take_idle(address),
+                };
+                let connected = match idle {
+                    Some(conn) => Ok(conn),
+                    None if pool.protocol == backend::Protocol::Scgi => {
+                        Box::pin(backend::BackendConnection::connect(
+                            address,
+                            pool.timeouts.connect,
+                        ))
+                        .await
                     }
-                    _ if fresh => pool.connections.fresh(address, pool.timeouts.connect).await,
-                    _ => pool.connections.get(address, pool.timeouts.connect).await,
+                    None => Box::pin(pool.connections.fresh(address, pool.timeouts.connect)).await,
                 };
                 match connected {
                     Ok(conn) => break conn,
@@ -179,7 +191,7 @@ impl Gateway {
                         tries += 1;
                         fresh = false;
                         tracing::debug!(pool = %pool.name, request_id, error = %e, "request not sent; trying another worker");
-                        slot = pool.slots.reroute(slot).await.map_err(|source| {
+                        slot = Box::pin(pool.slots.reroute(slot)).await.map_err(|source| {
                             GatewayError::Slot {
                                 pool: Arc::clone(&pool.name),
                                 source,
@@ -231,14 +243,12 @@ impl Gateway {
             replayed = true;
             if out {
                 fresh = false;
-                slot = pool
-                    .slots
-                    .reroute(slot)
-                    .await
-                    .map_err(|source| GatewayError::Slot {
+                slot = Box::pin(pool.slots.reroute(slot)).await.map_err(|source| {
+                    GatewayError::Slot {
                         pool: Arc::clone(&pool.name),
                         source,
-                    })?;
+                    }
+                })?;
             } else {
                 fresh = true;
             }

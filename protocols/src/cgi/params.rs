@@ -166,8 +166,14 @@ impl CgiParams {
     pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), CgiError> {
         check_lens(name, value.len())?;
         self.buf.reserve(name.len() + value.len() + 8);
-        put_len(&mut self.buf, name.len());
-        put_len(&mut self.buf, value.len());
+        if name.len() < 0x80 && value.len() < 0x80 {
+            // Both lengths in their one-byte form (most variables): one append for both.
+            self.buf
+                .extend_from_slice(&[name.len() as u8, value.len() as u8]);
+        } else {
+            put_len(&mut self.buf, name.len());
+            put_len(&mut self.buf, value.len());
+        }
         self.buf.extend_from_slice(name);
         self.buf.extend_from_slice(value);
         self.note(name.len(), value.len());
@@ -218,7 +224,15 @@ impl CgiParams {
         put_len(&mut self.buf, name_len);
         put_len(&mut self.buf, value.len());
         self.buf.extend_from_slice(prefix);
-        self.buf.extend(tail.iter().map(|&c| map(c)));
+        // Copied whole, then mapped in place: pushing byte by byte through an iterator
+        // checked the capacity at every byte.
+        let at = self.buf.len();
+        self.buf.extend_from_slice(tail);
+        if let Some(mapped) = self.buf.get_mut(at..) {
+            for c in mapped {
+                *c = map(*c);
+            }
+        }
         self.buf.extend_from_slice(value);
         self.note(name_len, value.len());
         Ok(())
