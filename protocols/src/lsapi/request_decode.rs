@@ -107,13 +107,59 @@ impl RequestDecoder {
 
     /// Decodes the next event; `Ok(None)` means more bytes are needed.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<RequestEvent>, LsapiError> {
+        let mut layout = Layout::default();
+        Ok(match self.step(src, &mut layout)? {
+            None => None,
+            Some(Step::Body(b)) => Some(RequestEvent::Body(b)),
+            Some(Step::Abort) => Some(RequestEvent::Abort),
+            Some(Step::Begin(len, order)) => {
+                let packet = src.split_to(len).freeze();
+                Some(RequestEvent::Begin(Box::new(
+                    layout.into_request(&packet, order),
+                )))
+            }
+        })
+    }
+
+    /// Decodes the next event as [`decode`](Self::decode) does (the same checks, the same
+    /// errors), but a BEGIN_REQUEST lands in `view`: its packet is copied into the view's
+    /// buffer and its parts are kept as offsets, so a view reused across requests allocates
+    /// nothing once its buffers have grown to the largest request seen. On an error or
+    /// `Ok(None)` the view's content is unspecified (not a request).
+    pub fn decode_into(
+        &mut self,
+        src: &mut BytesMut,
+        view: &mut RequestView,
+    ) -> Result<Option<ViewEvent>, LsapiError> {
+        Ok(match self.step(src, &mut view.layout)? {
+            None => None,
+            Some(Step::Body(b)) => Some(ViewEvent::Body(b)),
+            Some(Step::Abort) => Some(ViewEvent::Abort),
+            Some(Step::Begin(len, order)) => {
+                view.packet.clear();
+                view.packet
+                    .extend_from_slice(src.get(..len).unwrap_or_default());
+                view.order = order;
+                src.advance(len);
+                Some(ViewEvent::Begin)
+            }
+        })
+    }
+
+    /// One step: body bytes, an abort, or a BEGIN_REQUEST parsed into `layout` and still
+    /// at the front of `src` (its length and byte order returned).
+    fn step(
+        &mut self,
+        src: &mut BytesMut,
+        layout: &mut Layout,
+    ) -> Result<Option<Step>, LsapiError> {
         if self.body_left > 0 {
             if src.is_empty() {
                 return Ok(None);
             }
             let n = usize::try_from(self.body_left).map_or(src.len(), |left| left.min(src.len()));
             self.body_left -= n as u64;
-            return Ok(Some(RequestEvent::Body(src.split_to(n).freeze())));
+            return Ok(Some(Step::Body(src.split_to(n).freeze())));
         }
         let Some(h) = PacketHeader::parse(src, self.rule)? else {
             return Ok(None);
@@ -127,7 +173,7 @@ impl RequestDecoder {
                     });
                 }
                 src.advance(HEADER_LEN);
-                Ok(Some(RequestEvent::Abort))
+                Ok(Some(Step::Abort))
             }
             PacketType::BeginRequest => {
                 let max = self.limits.max_params_bytes.min(MAX_HEADER_PACKET_LEN);
@@ -145,11 +191,9 @@ impl RequestDecoder {
                     src.reserve(h.len - src.len());
                     return Ok(None);
                 };
-                let layout = parse_layout(bytes, h.order, &self.limits)?;
-                let packet = src.split_to(h.len).freeze();
-                let req = layout.into_request(&packet, h.order);
-                self.body_left = req.body_len;
-                Ok(Some(RequestEvent::Begin(Box::new(req))))
+                parse_layout(bytes, h.order, &self.limits, layout)?;
+                self.body_left = layout.body_len;
+                Ok(Some(Step::Begin(h.len, h.order)))
             }
             kind => Err(LsapiError::UnexpectedPacket {
                 kind,
@@ -159,11 +203,137 @@ impl RequestDecoder {
     }
 }
 
+/// What [`RequestDecoder::step`] found.
+enum Step {
+    Begin(usize, ByteOrder),
+    Body(Bytes),
+    Abort,
+}
+
+/// One thing [`RequestDecoder::decode_into`] read; a new request is in the view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewEvent {
+    /// A new request, now in the view passed to `decode_into`.
+    Begin,
+    /// Raw body bytes of the current request.
+    Body(Bytes),
+    /// ABORT_REQUEST: the client went away.
+    Abort,
+}
+
+/// A BEGIN_REQUEST held as one buffer and offsets into it, for a backend that reads the
+/// request in place: [`RequestDecoder::decode_into`] refills it, reusing its buffers. The
+/// accessors give the same values as the fields of [`BeginRequest`].
+#[derive(Debug, Clone)]
+pub struct RequestView {
+    packet: Vec<u8>,
+    order: ByteOrder,
+    layout: Layout,
+}
+
+impl Default for RequestView {
+    fn default() -> RequestView {
+        RequestView {
+            packet: Vec::new(),
+            order: ByteOrder::NATIVE,
+            layout: Layout::default(),
+        }
+    }
+}
+
+impl RequestView {
+    /// An empty view (no request yet).
+    pub fn new() -> RequestView {
+        RequestView::default()
+    }
+
+    fn at(&self, r: &Range<usize>) -> &[u8] {
+        self.packet.get(r.clone()).unwrap_or_default()
+    }
+
+    /// Byte order the server wrote the packet in.
+    pub fn order(&self) -> ByteOrder {
+        self.order
+    }
+
+    /// Body length (see [`BeginRequest::body_len`]).
+    pub fn body_len(&self) -> u64 {
+        self.layout.body_len
+    }
+
+    /// CGI env pairs, NULs stripped, in packet order.
+    pub fn env(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
+        self.layout
+            .env
+            .iter()
+            .map(|(k, v)| (self.at(k), self.at(v)))
+    }
+
+    /// Special env pairs, NULs stripped.
+    pub fn special_env(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
+        let l = &self.layout.special_env;
+        l.iter().map(|(k, v)| (self.at(k), self.at(v)))
+    }
+
+    /// Request headers in their original order (see [`BeginRequest::headers`]).
+    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
+        self.layout
+            .headers
+            .iter()
+            .map(|(n, v)| (self.header_name(n), self.at(v)))
+    }
+
+    fn header_name(&self, n: &HeaderName) -> &[u8] {
+        match n {
+            HeaderName::Known(i) => KNOWN_HEADERS.get(*i).map_or(&[][..], |s| s.as_bytes()),
+            HeaderName::Raw(r) => self.at(r),
+        }
+    }
+
+    fn pointed(&self, i: usize) -> Option<&[u8]> {
+        let r = self.layout.pointed.get(i)?.as_ref()?;
+        Some(self.at(r))
+    }
+
+    /// The string `m_scriptFileOff` points at (`None` for offset 0).
+    pub fn script_filename(&self) -> Option<&[u8]> {
+        self.pointed(0)
+    }
+
+    /// The string `m_scriptNameOff` points at (`None` for offset 0).
+    pub fn script_name(&self) -> Option<&[u8]> {
+        self.pointed(1)
+    }
+
+    /// The string `m_queryStringOff` points at (`None` for offset 0).
+    pub fn query_string(&self) -> Option<&[u8]> {
+        self.pointed(2)
+    }
+
+    /// The string `m_requestMethodOff` points at (`None` for offset 0).
+    pub fn request_method(&self) -> Option<&[u8]> {
+        self.pointed(3)
+    }
+
+    /// The raw HTTP request head.
+    pub fn head(&self) -> &[u8] {
+        self.at(&self.layout.head)
+    }
+
+    /// The same request as an owned [`BeginRequest`] (copies everything).
+    pub fn to_request(&self) -> BeginRequest {
+        let packet = Bytes::copy_from_slice(&self.packet);
+        self.layout.clone().into_request(&packet, self.order)
+    }
+}
+
 /// An env pair as key and value ranges inside the packet.
 type PairRange = (Range<usize>, Range<usize>);
 
 /// Where everything is inside the packet; turned into `Bytes` once the packet is frozen, so
-/// nothing is consumed when the packet is refused.
+/// nothing is consumed when the packet is refused. Reused across requests by a
+/// [`RequestView`] (every field is rewritten by each parse).
+#[derive(Debug, Clone, Default)]
 struct Layout {
     special_env: Vec<PairRange>,
     env: Vec<PairRange>,
@@ -174,6 +344,7 @@ struct Layout {
     body_len: u64,
 }
 
+#[derive(Debug, Clone)]
 enum HeaderName {
     /// Slot in the known-header index.
     Known(usize),
@@ -215,7 +386,13 @@ impl Layout {
     }
 }
 
-fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, LsapiError> {
+/// Parses the packet `p` into `out`, replacing all it held.
+fn parse_layout(
+    p: &[u8],
+    order: ByteOrder,
+    limits: &Limits,
+    out: &mut Layout,
+) -> Result<(), LsapiError> {
     let len = p.len();
     let mut f = [0i32; 9];
     for (i, slot) in f.iter_mut().enumerate() {
@@ -252,8 +429,15 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
     }
 
     let mut pos = REQ_HEADER_LEN;
-    let special_env = parse_env_list(p, &mut pos, n_special, "special env", limits)?;
-    let env = parse_env_list(p, &mut pos, n_env, "env", limits)?;
+    parse_env_list(
+        p,
+        &mut pos,
+        n_special,
+        "special env",
+        limits,
+        &mut out.special_env,
+    )?;
+    parse_env_list(p, &mut pos, n_env, "env", limits, &mut out.env)?;
     let index_at = align8(pos);
     // Saturating: counts and lengths come from the peer (each ≤ i32::MAX), and a sum that
     // does not fit cannot equal the packet length anyway.
@@ -272,8 +456,7 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         return Err(LsapiError::NonZeroPadding);
     }
 
-    let mut pointed = [None, None, None, None];
-    for ((slot, off), field) in pointed.iter_mut().zip([o0, o1, o2, o3]).zip(2..) {
+    for ((slot, off), field) in out.pointed.iter_mut().zip([o0, o1, o2, o3]).zip(2..) {
         *slot = c_string_at(p, off).map_err(|()| LsapiError::BadStringOffset {
             field: REQ_FIELDS.get(field).copied().unwrap_or("offset"),
             offset: off,
@@ -281,8 +464,9 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         })?;
     }
 
-    let head = head_at..end;
-    let mut headers: Vec<(HeaderName, Range<usize>)> = Vec::new();
+    out.head = head_at..end;
+    let headers = &mut out.headers;
+    headers.clear();
     let bad_known = |index, offset, vlen| LsapiError::KnownHeaderOutOfRange {
         index,
         offset,
@@ -343,26 +527,23 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         Err(_) => 0,
     };
 
-    Ok(Layout {
-        special_env,
-        env,
-        pointed,
-        head,
-        headers,
-        body_len,
-    })
+    out.body_len = body_len;
+    Ok(())
 }
 
-/// Parses one env list (`count` pairs and the four-zero-byte terminator) starting at `*pos`.
+/// Parses one env list (`count` pairs and the four-zero-byte terminator) starting at `*pos`,
+/// into `out` (emptied first).
 fn parse_env_list(
     p: &[u8],
     pos: &mut usize,
     count: usize,
     list: &'static str,
     limits: &Limits,
-) -> Result<Vec<PairRange>, LsapiError> {
+    out: &mut Vec<PairRange>,
+) -> Result<(), LsapiError> {
     let truncated = LsapiError::EnvListTruncated { list };
-    let mut out = Vec::with_capacity(count.min(64));
+    out.clear();
+    out.reserve(count.min(64));
     for _ in 0..count {
         let at = *pos;
         let (Some(k), Some(v)) = (
@@ -405,7 +586,7 @@ fn parse_env_list(
         Some(t) if t != [0, 0, 0, 0] => Err(LsapiError::EnvListNotTerminated { list }),
         Some(_) => {
             *pos += 4;
-            Ok(out)
+            Ok(())
         }
     }
 }
