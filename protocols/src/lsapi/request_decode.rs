@@ -473,14 +473,19 @@ fn parse_layout(
         len: vlen,
         block: head_len,
     };
-    for i in 0..KNOWN_HEADER_COUNT {
-        let vlen = order.read_u16(p, index_at + 2 * i).unwrap_or(0);
-        let off = order
-            .read_i32(p, index_at + INDEX_OFFSETS_AT + 4 * i)
-            .unwrap_or(0);
+    // The index lies inside the packet (the size check above); read as one slice, its
+    // lengths and offsets pair up without a bounds check per field.
+    let index = p
+        .get(index_at..index_at + HEADER_INDEX_LEN)
+        .unwrap_or_default();
+    let lens = index.get(..2 * KNOWN_HEADER_COUNT).unwrap_or_default();
+    let offs = index.get(INDEX_OFFSETS_AT..).unwrap_or_default();
+    for (i, (l, o)) in lens.chunks_exact(2).zip(offs.chunks_exact(4)).enumerate() {
+        let off = order.read_i32(o, 0).unwrap_or(0);
         if off == 0 {
             continue;
         }
+        let vlen = order.read_u16(l, 0).unwrap_or(0);
         let start = usize::try_from(off).map_err(|_| bad_known(i, off, vlen))?;
         let stop = start.saturating_add(usize::from(vlen));
         if stop > head_len {
