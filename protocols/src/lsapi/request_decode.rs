@@ -247,21 +247,25 @@ impl RequestView {
         RequestView::default()
     }
 
+    #[inline]
     fn at(&self, r: &Range<usize>) -> &[u8] {
         self.packet.get(r.clone()).unwrap_or_default()
     }
 
     /// Byte order the server wrote the packet in.
+    #[inline]
     pub fn order(&self) -> ByteOrder {
         self.order
     }
 
     /// Body length (see [`BeginRequest::body_len`]).
+    #[inline]
     pub fn body_len(&self) -> u64 {
         self.layout.body_len
     }
 
     /// CGI env pairs, NULs stripped, in packet order.
+    #[inline]
     pub fn env(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
         self.layout
             .env
@@ -270,12 +274,14 @@ impl RequestView {
     }
 
     /// Special env pairs, NULs stripped.
+    #[inline]
     pub fn special_env(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
         let l = &self.layout.special_env;
         l.iter().map(|(k, v)| (self.at(k), self.at(v)))
     }
 
     /// Request headers in their original order (see [`BeginRequest::headers`]).
+    #[inline]
     pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
         self.layout
             .headers
@@ -283,6 +289,7 @@ impl RequestView {
             .map(|(n, v)| (self.header_name(n), self.at(v)))
     }
 
+    #[inline]
     fn header_name(&self, n: &HeaderName) -> &[u8] {
         match n {
             HeaderName::Known(i) => KNOWN_HEADERS.get(*i).map_or(&[][..], |s| s.as_bytes()),
@@ -290,32 +297,38 @@ impl RequestView {
         }
     }
 
+    #[inline]
     fn pointed(&self, i: usize) -> Option<&[u8]> {
         let r = self.layout.pointed.get(i)?.as_ref()?;
         Some(self.at(r))
     }
 
     /// The string `m_scriptFileOff` points at (`None` for offset 0).
+    #[inline]
     pub fn script_filename(&self) -> Option<&[u8]> {
         self.pointed(0)
     }
 
     /// The string `m_scriptNameOff` points at (`None` for offset 0).
+    #[inline]
     pub fn script_name(&self) -> Option<&[u8]> {
         self.pointed(1)
     }
 
     /// The string `m_queryStringOff` points at (`None` for offset 0).
+    #[inline]
     pub fn query_string(&self) -> Option<&[u8]> {
         self.pointed(2)
     }
 
     /// The string `m_requestMethodOff` points at (`None` for offset 0).
+    #[inline]
     pub fn request_method(&self) -> Option<&[u8]> {
         self.pointed(3)
     }
 
     /// The raw HTTP request head.
+    #[inline]
     pub fn head(&self) -> &[u8] {
         self.at(&self.layout.head)
     }
