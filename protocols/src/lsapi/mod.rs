@@ -20,6 +20,7 @@ mod headers;
 mod packet;
 mod request;
 mod request_decode;
+mod request_view;
 mod response;
 mod response_encode;
 
@@ -36,7 +37,8 @@ pub use request::{
     encode_abort, RequestBuilder, BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, POINTED_ENV,
     REQ_HEADER_LEN,
 };
-pub use request_decode::{BeginRequest, RequestDecoder, RequestEvent, RequestView, ViewEvent};
+pub use request_decode::{BeginRequest, RequestDecoder, RequestEvent};
+pub use request_view::{RequestView, ViewEvent};
 pub use response::{
     split_header_line, ResponseDecoder, ResponseEvent, ResponseHead, PID_MARKER, RESP_INFO_LEN,
 };
