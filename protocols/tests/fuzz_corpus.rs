@@ -65,6 +65,28 @@ fn replay<D, T: Debug, E: Debug>(
     }
 }
 
+/// The LSAPI request decoder's in-place form (`decode_into`, one view reused for the whole
+/// input) yields the same events and the same error as `decode`, whole and byte by byte.
+fn lsapi_view_agrees(name: &str, input: &[u8], limits: &Limits) {
+    for chunk in [input.len(), 1] {
+        let mut owned = lsapi::RequestDecoder::new(limits);
+        let want = run(input, chunk, |b| owned.decode(b));
+        let mut viewed = lsapi::RequestDecoder::new(limits);
+        let mut view = lsapi::RequestView::new();
+        let got = run(input, chunk, |b| {
+            Ok::<_, lsapi::LsapiError>(match viewed.decode_into(b, &mut view)? {
+                None => None,
+                Some(lsapi::ViewEvent::Begin) => {
+                    Some(lsapi::RequestEvent::Begin(Box::new(view.to_request())))
+                }
+                Some(lsapi::ViewEvent::Body(b)) => Some(lsapi::RequestEvent::Body(b)),
+                Some(lsapi::ViewEvent::Abort) => Some(lsapi::RequestEvent::Abort),
+            })
+        });
+        assert_eq!(want, got, "{name}: decode_into and decode disagree");
+    }
+}
+
 fn decoders(name: &str, input: &[u8]) {
     let limits = Limits::DEFAULT;
     replay(name, input, true, RecordDecoder::default, |d, b| {
@@ -98,6 +120,7 @@ fn decoders(name: &str, input: &[u8]) {
         || lsapi::RequestDecoder::new(&limits),
         |d, b| d.decode(b),
     );
+    lsapi_view_agrees(name, input, &limits);
     replay(
         name,
         input,

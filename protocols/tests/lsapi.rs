@@ -90,6 +90,38 @@ fn request_events(
         }
     }
     assert!(src.is_empty(), "{} bytes left undecoded", src.len());
+    assert_eq!(view_events(limits, input, cuts), Ok(out.clone()));
+    Ok(out)
+}
+
+/// What `request_events` gives, read with `decode_into` into one reused view (every
+/// BEGIN_REQUEST turned back into the owned form to compare); errors as their Debug text.
+fn view_events(limits: &Limits, input: &[u8], cuts: &[usize]) -> Result<Vec<RequestEvent>, String> {
+    let mut dec = RequestDecoder::new(limits).with_flag_rule(FlagRule::Literal);
+    let mut view = RequestView::new();
+    let mut src = BytesMut::new();
+    let mut out: Vec<RequestEvent> = Vec::new();
+    let mut at = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&input.len())) {
+        let cut = cut.clamp(at, input.len());
+        src.extend_from_slice(&input[at..cut]);
+        at = cut;
+        loop {
+            let ev = match dec.decode_into(&mut src, &mut view) {
+                Ok(None) => break,
+                Ok(Some(ViewEvent::Begin)) => RequestEvent::Begin(Box::new(view.to_request())),
+                Ok(Some(ViewEvent::Body(b))) => RequestEvent::Body(b),
+                Ok(Some(ViewEvent::Abort)) => RequestEvent::Abort,
+                Err(e) => return Err(format!("{e:?}")),
+            };
+            match (out.last_mut(), ev) {
+                (Some(RequestEvent::Body(prev)), RequestEvent::Body(more)) => {
+                    *prev = Bytes::from([&prev[..], &more[..]].concat());
+                }
+                (_, ev) => out.push(ev),
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -103,7 +135,37 @@ fn request_error(input: &[u8], limits: &Limits) -> LsapiError {
             Ok(None) => panic!("no error, {} bytes pending", src.len()),
             Err(e) => {
                 assert_eq!(src.len(), before, "an error must not consume bytes");
+                assert_eq!(view_error(input, limits), format!("{e:?}"));
                 return e;
+            }
+        }
+    }
+}
+
+/// `request_error` through `decode_into`, into a view that already held a request (its old
+/// content must not leak into the verdict); the error as its Debug text.
+fn view_error(input: &[u8], limits: &Limits) -> String {
+    let mut dec = RequestDecoder::new(limits).with_flag_rule(FlagRule::Literal);
+    let mut view = RequestView::new();
+    let mut warm = BytesMut::from(&request::hand_request_le()[..]);
+    let mut warm_dec = RequestDecoder::new(&Limits::DEFAULT).with_flag_rule(FlagRule::Literal);
+    assert_eq!(
+        warm_dec.decode_into(&mut warm, &mut view),
+        Ok(Some(ViewEvent::Begin))
+    );
+    let mut src = BytesMut::from(input);
+    loop {
+        let before = src.len();
+        match dec.decode_into(&mut src, &mut view) {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("decode_into: no error, {} bytes pending", src.len()),
+            Err(e) => {
+                assert_eq!(
+                    src.len(),
+                    before,
+                    "decode_into: an error must not consume bytes"
+                );
+                return format!("{e:?}");
             }
         }
     }

@@ -20,6 +20,7 @@ mod headers;
 mod packet;
 mod request;
 mod request_decode;
+mod request_view;
 mod response;
 mod response_encode;
 
@@ -37,6 +38,7 @@ pub use request::{
     REQ_HEADER_LEN,
 };
 pub use request_decode::{BeginRequest, RequestDecoder, RequestEvent};
+pub use request_view::{RequestView, ViewEvent};
 pub use response::{
     split_header_line, ResponseDecoder, ResponseEvent, ResponseHead, PID_MARKER, RESP_INFO_LEN,
 };

@@ -20,6 +20,7 @@ use super::packet::{
 use super::request::{
     align8, parse_decimal, BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, REQ_HEADER_LEN,
 };
+use super::request_view::{RequestView, ViewEvent};
 use super::LsapiError;
 use crate::Limits;
 
@@ -107,13 +108,59 @@ impl RequestDecoder {
 
     /// Decodes the next event; `Ok(None)` means more bytes are needed.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<RequestEvent>, LsapiError> {
+        let mut layout = Layout::default();
+        Ok(match self.step(src, &mut layout)? {
+            None => None,
+            Some(Step::Body(b)) => Some(RequestEvent::Body(b)),
+            Some(Step::Abort) => Some(RequestEvent::Abort),
+            Some(Step::Begin(len, order)) => {
+                let packet = src.split_to(len).freeze();
+                Some(RequestEvent::Begin(Box::new(
+                    layout.into_request(&packet, order),
+                )))
+            }
+        })
+    }
+
+    /// Decodes the next event as [`decode`](Self::decode) does (the same checks, the same
+    /// errors), but a BEGIN_REQUEST lands in `view`: its packet is copied into the view's
+    /// buffer and its parts are kept as offsets, so a view reused across requests allocates
+    /// nothing once its buffers have grown to the largest request seen. On an error or
+    /// `Ok(None)` the view's content is unspecified (not a request).
+    pub fn decode_into(
+        &mut self,
+        src: &mut BytesMut,
+        view: &mut RequestView,
+    ) -> Result<Option<ViewEvent>, LsapiError> {
+        Ok(match self.step(src, &mut view.layout)? {
+            None => None,
+            Some(Step::Body(b)) => Some(ViewEvent::Body(b)),
+            Some(Step::Abort) => Some(ViewEvent::Abort),
+            Some(Step::Begin(len, order)) => {
+                view.packet.clear();
+                view.packet
+                    .extend_from_slice(src.get(..len).unwrap_or_default());
+                view.order = order;
+                src.advance(len);
+                Some(ViewEvent::Begin)
+            }
+        })
+    }
+
+    /// One step: body bytes, an abort, or a BEGIN_REQUEST parsed into `layout` and still
+    /// at the front of `src` (its length and byte order returned).
+    fn step(
+        &mut self,
+        src: &mut BytesMut,
+        layout: &mut Layout,
+    ) -> Result<Option<Step>, LsapiError> {
         if self.body_left > 0 {
             if src.is_empty() {
                 return Ok(None);
             }
             let n = usize::try_from(self.body_left).map_or(src.len(), |left| left.min(src.len()));
             self.body_left -= n as u64;
-            return Ok(Some(RequestEvent::Body(src.split_to(n).freeze())));
+            return Ok(Some(Step::Body(src.split_to(n).freeze())));
         }
         let Some(h) = PacketHeader::parse(src, self.rule)? else {
             return Ok(None);
@@ -127,7 +174,7 @@ impl RequestDecoder {
                     });
                 }
                 src.advance(HEADER_LEN);
-                Ok(Some(RequestEvent::Abort))
+                Ok(Some(Step::Abort))
             }
             PacketType::BeginRequest => {
                 let max = self.limits.max_params_bytes.min(MAX_HEADER_PACKET_LEN);
@@ -145,11 +192,9 @@ impl RequestDecoder {
                     src.reserve(h.len - src.len());
                     return Ok(None);
                 };
-                let layout = parse_layout(bytes, h.order, &self.limits)?;
-                let packet = src.split_to(h.len).freeze();
-                let req = layout.into_request(&packet, h.order);
-                self.body_left = req.body_len;
-                Ok(Some(RequestEvent::Begin(Box::new(req))))
+                parse_layout(bytes, h.order, &self.limits, layout)?;
+                self.body_left = layout.body_len;
+                Ok(Some(Step::Begin(h.len, h.order)))
             }
             kind => Err(LsapiError::UnexpectedPacket {
                 kind,
@@ -159,29 +204,39 @@ impl RequestDecoder {
     }
 }
 
-/// An env pair as key and value ranges inside the packet.
-type PairRange = (Range<usize>, Range<usize>);
-
-/// Where everything is inside the packet; turned into `Bytes` once the packet is frozen, so
-/// nothing is consumed when the packet is refused.
-struct Layout {
-    special_env: Vec<PairRange>,
-    env: Vec<PairRange>,
-    pointed: [Option<Range<usize>>; 4],
-    head: Range<usize>,
-    /// (name: known index or range in packet, value range in packet), in header order.
-    headers: Vec<(HeaderName, Range<usize>)>,
-    body_len: u64,
+/// What [`RequestDecoder::step`] found.
+enum Step {
+    Begin(usize, ByteOrder),
+    Body(Bytes),
+    Abort,
 }
 
-enum HeaderName {
+/// An env pair as key and value ranges inside the packet.
+pub(super) type PairRange = (Range<usize>, Range<usize>);
+
+/// Where everything is inside the packet; turned into `Bytes` once the packet is frozen, so
+/// nothing is consumed when the packet is refused. Reused across requests by a
+/// [`RequestView`] (every field is rewritten by each parse).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Layout {
+    pub(super) special_env: Vec<PairRange>,
+    pub(super) env: Vec<PairRange>,
+    pub(super) pointed: [Option<Range<usize>>; 4],
+    pub(super) head: Range<usize>,
+    /// (name: known index or range in packet, value range in packet), in header order.
+    pub(super) headers: Vec<(HeaderName, Range<usize>)>,
+    pub(super) body_len: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum HeaderName {
     /// Slot in the known-header index.
     Known(usize),
     Raw(Range<usize>),
 }
 
 impl Layout {
-    fn into_request(self, p: &Bytes, order: ByteOrder) -> BeginRequest {
+    pub(super) fn into_request(self, p: &Bytes, order: ByteOrder) -> BeginRequest {
         let pairs = |v: Vec<PairRange>| {
             v.into_iter()
                 .map(|(k, v)| (p.slice(k), p.slice(v)))
@@ -215,7 +270,13 @@ impl Layout {
     }
 }
 
-fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, LsapiError> {
+/// Parses the packet `p` into `out`, replacing all it held.
+fn parse_layout(
+    p: &[u8],
+    order: ByteOrder,
+    limits: &Limits,
+    out: &mut Layout,
+) -> Result<(), LsapiError> {
     let len = p.len();
     let mut f = [0i32; 9];
     for (i, slot) in f.iter_mut().enumerate() {
@@ -252,8 +313,15 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
     }
 
     let mut pos = REQ_HEADER_LEN;
-    let special_env = parse_env_list(p, &mut pos, n_special, "special env", limits)?;
-    let env = parse_env_list(p, &mut pos, n_env, "env", limits)?;
+    parse_env_list(
+        p,
+        &mut pos,
+        n_special,
+        "special env",
+        limits,
+        &mut out.special_env,
+    )?;
+    parse_env_list(p, &mut pos, n_env, "env", limits, &mut out.env)?;
     let index_at = align8(pos);
     // Saturating: counts and lengths come from the peer (each ≤ i32::MAX), and a sum that
     // does not fit cannot equal the packet length anyway.
@@ -272,8 +340,7 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         return Err(LsapiError::NonZeroPadding);
     }
 
-    let mut pointed = [None, None, None, None];
-    for ((slot, off), field) in pointed.iter_mut().zip([o0, o1, o2, o3]).zip(2..) {
+    for ((slot, off), field) in out.pointed.iter_mut().zip([o0, o1, o2, o3]).zip(2..) {
         *slot = c_string_at(p, off).map_err(|()| LsapiError::BadStringOffset {
             field: REQ_FIELDS.get(field).copied().unwrap_or("offset"),
             offset: off,
@@ -281,22 +348,28 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         })?;
     }
 
-    let head = head_at..end;
-    let mut headers: Vec<(HeaderName, Range<usize>)> = Vec::new();
+    out.head = head_at..end;
+    let headers = &mut out.headers;
+    headers.clear();
     let bad_known = |index, offset, vlen| LsapiError::KnownHeaderOutOfRange {
         index,
         offset,
         len: vlen,
         block: head_len,
     };
-    for i in 0..KNOWN_HEADER_COUNT {
-        let vlen = order.read_u16(p, index_at + 2 * i).unwrap_or(0);
-        let off = order
-            .read_i32(p, index_at + INDEX_OFFSETS_AT + 4 * i)
-            .unwrap_or(0);
+    // The index lies inside the packet (the size check above); read as one slice, its
+    // lengths and offsets pair up without a bounds check per field.
+    let index = p
+        .get(index_at..index_at + HEADER_INDEX_LEN)
+        .unwrap_or_default();
+    let lens = index.get(..2 * KNOWN_HEADER_COUNT).unwrap_or_default();
+    let offs = index.get(INDEX_OFFSETS_AT..).unwrap_or_default();
+    for (i, (l, o)) in lens.chunks_exact(2).zip(offs.chunks_exact(4)).enumerate() {
+        let off = order.read_i32(o, 0).unwrap_or(0);
         if off == 0 {
             continue;
         }
+        let vlen = order.read_u16(l, 0).unwrap_or(0);
         let start = usize::try_from(off).map_err(|_| bad_known(i, off, vlen))?;
         let stop = start.saturating_add(usize::from(vlen));
         if stop > head_len {
@@ -343,26 +416,23 @@ fn parse_layout(p: &[u8], order: ByteOrder, limits: &Limits) -> Result<Layout, L
         Err(_) => 0,
     };
 
-    Ok(Layout {
-        special_env,
-        env,
-        pointed,
-        head,
-        headers,
-        body_len,
-    })
+    out.body_len = body_len;
+    Ok(())
 }
 
-/// Parses one env list (`count` pairs and the four-zero-byte terminator) starting at `*pos`.
+/// Parses one env list (`count` pairs and the four-zero-byte terminator) starting at `*pos`,
+/// into `out` (emptied first).
 fn parse_env_list(
     p: &[u8],
     pos: &mut usize,
     count: usize,
     list: &'static str,
     limits: &Limits,
-) -> Result<Vec<PairRange>, LsapiError> {
+    out: &mut Vec<PairRange>,
+) -> Result<(), LsapiError> {
     let truncated = LsapiError::EnvListTruncated { list };
-    let mut out = Vec::with_capacity(count.min(64));
+    out.clear();
+    out.reserve(count.min(64));
     for _ in 0..count {
         let at = *pos;
         let (Some(k), Some(v)) = (
@@ -405,7 +475,7 @@ fn parse_env_list(
         Some(t) if t != [0, 0, 0, 0] => Err(LsapiError::EnvListNotTerminated { list }),
         Some(_) => {
             *pos += 4;
-            Ok(out)
+            Ok(())
         }
     }
 }

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
 use bytes::BytesMut;
-use corral_protocols::lsapi::{BeginRequest, RequestDecoder, RequestEvent};
+use corral_protocols::lsapi::{RequestDecoder, RequestEvent, RequestView, ViewEvent};
 use corral_protocols::Limits;
 
 use crate::body::{Body, MEMORY_BODY};
@@ -54,13 +54,16 @@ impl Conn {
     }
 
     /// The next request and its whole body.
-    pub fn next_request(&mut self, listener: RawFd) -> Result<(Box<BeginRequest>, Body), End> {
-        let begin = loop {
-            match self.decoder.decode(&mut self.buf) {
-                Ok(Some(RequestEvent::Begin(begin))) => break begin,
+    /// The request is decoded into a view reused from an earlier request when one was
+    /// given back ([`crate::request::Server`] does so when dropped): no allocation per request.
+    pub fn next_request(&mut self, listener: RawFd) -> Result<(Box<RequestView>, Body), End> {
+        let mut view = crate::request::spare_view();
+        loop {
+            match self.decoder.decode_into(&mut self.buf, &mut view) {
+                Ok(Some(ViewEvent::Begin)) => break,
                 // The client went away after its answer was complete: nothing to stop.
-                Ok(Some(RequestEvent::Abort)) => continue,
-                Ok(Some(RequestEvent::Body(_))) => {
+                Ok(Some(ViewEvent::Abort)) => continue,
+                Ok(Some(ViewEvent::Body(_))) => {
                     return Err(End::Failed("body bytes outside a request".to_owned()))
                 }
                 Ok(None) => {}
@@ -77,9 +80,9 @@ impl Conn {
                     End::Failed("connection closed inside a request packet".to_owned())
                 });
             }
-        };
-        let body = self.body(begin.body_len)?;
-        Ok((begin, body))
+        }
+        let body = self.body(view.body_len())?;
+        Ok((view, body))
     }
 
     /// Reads the `len` body bytes that follow BEGIN_REQUEST.

@@ -94,7 +94,7 @@ impl Exchange {
             let shown = data.get(..MAX_LOGGED).unwrap_or(data);
             crate::log(&format!(
                 "{} wrote {} bytes outside a request: {}",
-                self.what,
+                crate::Described(&self.what, &self.vars),
                 data.len(),
                 String::from_utf8_lossy(shown)
             ));
@@ -120,7 +120,7 @@ impl Exchange {
         let Some(colon) = line.iter().position(|&b| b == b':') else {
             crate::log(&format!(
                 "{}: header line without a colon dropped: {:?}",
-                self.what,
+                crate::Described(&self.what, &self.vars),
                 String::from_utf8_lossy(line)
             ));
             return None;
@@ -179,7 +179,7 @@ impl Exchange {
         if let Err(e) = self.encoder.header(status, headers, &mut self.out) {
             crate::log(&format!(
                 "{}: the script's response headers cannot be sent ({e}); answering 500",
-                self.what
+                crate::Described(&self.what, &self.vars)
             ));
             let none: [(&str, &str); 0] = [];
             // A status of 500 with no header always encodes.
@@ -200,7 +200,7 @@ impl Exchange {
         if let Err(e) = (&**stream).write_all(&self.out) {
             crate::log(&format!(
                 "{}: connection to corral lost while answering ({e})",
-                self.what
+                crate::Described(&self.what, &self.vars)
             ));
             self.broken = true;
         }
@@ -214,7 +214,7 @@ impl Exchange {
             Err(e) => {
                 crate::log(&format!(
                     "{}: reading the spooled body failed ({e})",
-                    self.what
+                    crate::Described(&self.what, &self.vars)
                 ));
                 0
             }

@@ -34,8 +34,7 @@ use std::os::fd::FromRawFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
-use corral_protocols::lsapi::{BeginRequest, ResponseEncoder};
+use corral_protocols::lsapi::ResponseEncoder;
 
 use conn::{Conn, End};
 use exchange::{Exchange, Sink};
@@ -194,15 +193,15 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
                 return Ok(());
             }
         };
-        let encoder = ResponseEncoder::new(begin.order, corral_protocols::lsapi::FlagRule::HOST);
+        let encoder = ResponseEncoder::new(begin.order(), corral_protocols::lsapi::FlagRule::HOST);
         let known = request::Known::of(&begin);
-        let what = describe(&begin, &known);
         let script = known.script(&begin);
         let probe = known.is_probe();
         let missing = !probe && (script.is_empty() || !is_file(script));
         let info = request::info(&begin, &known, script);
         let sink = Sink::Conn(Rc::clone(&conn.stream));
-        let exchange = Exchange::new(sink, encoder, request::Server::Request(begin), body, what);
+        let vars = request::Server::Request(begin);
+        let exchange = Exchange::new(sink, encoder, vars, body, What::Request);
         let keep = if probe {
             // corral asking whether PHP is up (it is: this loop runs only once it started),
             // before the worker gets traffic. No script runs.
@@ -242,31 +241,28 @@ fn is_file(path: &[u8]) -> bool {
 /// What an exchange is, for its log lines: "GET /x.php", formatted only when a line is
 /// written (a `String` built for every request cost three allocations: callgrind).
 pub enum What {
-    /// A request: its method and URI (cheap clones of the decoded packet's bytes).
-    Request(Option<Bytes>, Option<Bytes>),
+    /// A request: its method and URI are read from the request itself when a line is written.
+    Request,
     /// Anything else, named.
     Named(String),
 }
 
-impl std::fmt::Display for What {
+/// A [`What`] with the variables of its request, to format.
+pub struct Described<'a>(pub &'a What, pub &'a request::Server);
+
+impl std::fmt::Display for Described<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            What::Request(method, uri) => {
-                let text = |b: &Option<Bytes>| {
-                    String::from_utf8_lossy(b.as_deref().unwrap_or_default()).into_owned()
-                };
-                write!(f, "{} {}", text(method), text(uri))
+        match (self.0, self.1) {
+            (What::Named(name), _) => f.write_str(name),
+            (What::Request, request::Server::Request(view)) => {
+                let known = request::Known::of(view);
+                let method = known.request_method.or(view.request_method());
+                fn text(b: Option<&[u8]>) -> std::borrow::Cow<'_, str> {
+                    String::from_utf8_lossy(b.unwrap_or_default())
+                }
+                write!(f, "{} {}", text(method), text(known.request_uri))
             }
-            What::Named(name) => f.write_str(name),
+            (What::Request, request::Server::Fixed(_)) => f.write_str("request"),
         }
     }
-}
-
-/// The request's [`What`].
-pub fn describe(begin: &BeginRequest, known: &request::Known<'_>) -> What {
-    let method = known
-        .request_method
-        .or(begin.request_method.as_ref())
-        .cloned();
-    What::Request(method, known.request_uri.cloned())
 }

@@ -9,8 +9,10 @@
 //! copy of every variable first, and a string allocation per startup field, cost about as
 //! many instructions as PHP's own request startup).
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
-use corral_protocols::lsapi::BeginRequest;
+use corral_protocols::lsapi::RequestView;
 
 use crate::php::{self, Zval};
 
@@ -19,33 +21,33 @@ use crate::php::{self, Zval};
 #[derive(Default)]
 pub struct Known<'a> {
     /// SCRIPT_FILENAME.
-    pub script_filename: Option<&'a Bytes>,
+    pub script_filename: Option<&'a [u8]>,
     /// SCRIPT_NAME.
-    pub script_name: Option<&'a Bytes>,
+    pub script_name: Option<&'a [u8]>,
     /// PATH_INFO.
-    pub path_info: Option<&'a Bytes>,
+    pub path_info: Option<&'a [u8]>,
     /// REQUEST_METHOD.
-    pub request_method: Option<&'a Bytes>,
+    pub request_method: Option<&'a [u8]>,
     /// REQUEST_URI.
-    pub request_uri: Option<&'a Bytes>,
+    pub request_uri: Option<&'a [u8]>,
     /// QUERY_STRING.
-    pub query_string: Option<&'a Bytes>,
+    pub query_string: Option<&'a [u8]>,
     /// CONTENT_TYPE.
-    pub content_type: Option<&'a Bytes>,
+    pub content_type: Option<&'a [u8]>,
     /// HTTP_COOKIE.
-    pub cookie: Option<&'a Bytes>,
+    pub cookie: Option<&'a [u8]>,
     /// HTTP_AUTHORIZATION.
-    pub authorization: Option<&'a Bytes>,
+    pub authorization: Option<&'a [u8]>,
     /// CORRAL_READY_PROBE: corral asking whether the worker is up.
-    pub probe: Option<&'a Bytes>,
+    pub probe: Option<&'a [u8]>,
 }
 
 impl<'a> Known<'a> {
     /// The variables of `begin` the worker reads, in one pass.
-    pub fn of(begin: &'a BeginRequest) -> Known<'a> {
+    pub fn of(begin: &'a RequestView) -> Known<'a> {
         let mut k = Known::default();
-        for (name, value) in &begin.env {
-            let slot = match name.as_ref() {
+        for (name, value) in begin.env() {
+            let slot = match name {
                 b"SCRIPT_FILENAME" => &mut k.script_filename,
                 b"SCRIPT_NAME" => &mut k.script_name,
                 b"PATH_INFO" => &mut k.path_info,
@@ -64,25 +66,24 @@ impl<'a> Known<'a> {
     }
 
     /// The script to run: the packet's script field, else SCRIPT_FILENAME (empty: none).
-    pub fn script(&self, begin: &'a BeginRequest) -> &'a [u8] {
+    pub fn script(&self, begin: &'a RequestView) -> &'a [u8] {
         begin
-            .script_filename
-            .as_ref()
+            .script_filename()
             .or(self.script_filename)
-            .map_or(&[][..], |b| b.as_ref())
+            .unwrap_or_default()
     }
 
     /// Whether this is corral's readiness probe (`CORRAL_READY_PROBE=1`).
     pub fn is_probe(&self) -> bool {
-        self.probe.is_some_and(|v| v.as_ref() == b"1")
+        self.probe == Some(b"1")
     }
 }
 
 /// What `$_SERVER` is filled from.
 pub enum Server {
     /// A request's: its headers, then corral's variables, then PHP_SELF (SCRIPT_NAME and
-    /// PATH_INFO joined).
-    Request(Box<BeginRequest>),
+    /// PATH_INFO joined). The view goes back to [`spare_view`] when this is dropped.
+    Request(Box<RequestView>),
     /// Fixed entries (the worker script's boot request).
     Fixed(Vec<(&'static str, Bytes)>),
 }
@@ -101,26 +102,45 @@ impl Server {
                 }
             }
             Server::Request(begin) => {
-                for (name, value) in &begin.headers {
+                for (name, value) in begin.headers() {
                     with_header_key(name, |key| php::register_variable(track_vars, key, value));
                 }
                 let mut known = Known::default();
-                for (name, value) in &begin.env {
+                for (name, value) in begin.env() {
                     php::register_variable(track_vars, name, value);
-                    match name.as_ref() {
+                    match name {
                         b"SCRIPT_NAME" => known.script_name = Some(value),
                         b"PATH_INFO" => known.path_info = Some(value),
                         _ => {}
                     }
                 }
-                let parts =
-                    [known.script_name, known.path_info].map(|p| p.map_or(&[][..], |b| b.as_ref()));
+                let parts = [known.script_name, known.path_info].map(Option::unwrap_or_default);
                 with_joined(&parts, |self_| {
                     php::register_variable(track_vars, b"PHP_SELF", self_)
                 });
             }
         }
     }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Server::Request(view) = self {
+            let view = std::mem::take(view);
+            SPARE.with(|s| *s.borrow_mut() = Some(view));
+        }
+    }
+}
+
+thread_local! {
+    /// The view of the last request, kept for the next one to decode into: its buffers
+    /// have already grown, so a request on a kept connection allocates nothing to decode.
+    static SPARE: RefCell<Option<Box<RequestView>>> = const { RefCell::new(None) };
+}
+
+/// A view to decode the next request into: the last request's, or a new one.
+pub fn spare_view() -> Box<RequestView> {
+    SPARE.with(|s| s.borrow_mut().take()).unwrap_or_default()
 }
 
 /// Calls `f` with `parts` joined, on the stack when they fit in [`STACK_KEY`] bytes.
@@ -236,40 +256,40 @@ impl RequestInfo {
 }
 
 /// The startup fields of `begin` (`known` its variables, `script` the script to run).
-pub fn info(begin: &BeginRequest, known: &Known<'_>, script: &[u8]) -> RequestInfo {
-    fn bytes(b: Option<&Bytes>) -> Option<&[u8]> {
-        b.map(|b| b.as_ref())
-    }
+pub fn info(begin: &RequestView, known: &Known<'_>, script: &[u8]) -> RequestInfo {
     let header = |name: &[u8]| {
         begin
-            .headers
-            .iter()
+            .headers()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_ref())
+            .map(|(_, v)| v)
     };
     let method = begin
-        .request_method
-        .as_ref()
+        .request_method()
         .or(known.request_method)
-        .map(|m| m.as_ref())
         .filter(|m| !m.is_empty())
         .unwrap_or(b"GET");
-    let content_type = bytes(known.content_type)
+    let content_type = known
+        .content_type
         .or_else(|| header(b"content-type"))
         .filter(|v| !v.is_empty());
-    let cookie = bytes(known.cookie).or_else(|| header(b"cookie"));
-    let authorization = bytes(known.authorization).or_else(|| header(b"authorization"));
+    let cookie = known.cookie.or_else(|| header(b"cookie"));
+    let authorization = known.authorization.or_else(|| header(b"authorization"));
     RequestInfo::new(
         [
             Some(method),
-            Some(bytes(begin.query_string.as_ref().or(known.query_string)).unwrap_or_default()),
-            Some(bytes(known.request_uri).unwrap_or_default()),
+            Some(
+                begin
+                    .query_string()
+                    .or(known.query_string)
+                    .unwrap_or_default(),
+            ),
+            Some(known.request_uri.unwrap_or_default()),
             content_type,
             Some(script),
             cookie,
             authorization,
         ],
-        begin.body_len,
+        begin.body_len(),
     )
 }
 

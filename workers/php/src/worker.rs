@@ -169,14 +169,13 @@ extern "C" fn corral_rs_worker_next(out: *mut CRequest) -> *mut c_void {
                     continue;
                 }
             };
-            let encoder = ResponseEncoder::new(begin.order, FlagRule::HOST);
+            let encoder = ResponseEncoder::new(begin.order(), FlagRule::HOST);
             let sink = Sink::Conn(Rc::clone(&conn.stream));
             let known = request::Known::of(&begin);
-            let what = crate::describe(&begin, &known);
             let probe = known.is_probe();
             let info = request::info(&begin, &known, known.script(&begin));
             let vars = request::Server::Request(begin);
-            let exchange = Exchange::new(sink, encoder, vars, body, what);
+            let exchange = Exchange::new(sink, encoder, vars, body, crate::What::Request);
             if probe {
                 // Answered by the worker itself: PHP is up and the script has booted.
                 if !exchange.answer(204, b"", false) {
