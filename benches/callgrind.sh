@@ -41,6 +41,15 @@ fi
 CORRAL=$(realpath "$CORRAL")
 RESULTS_BINARY=$CORRAL
 out_dir=${OUT_DIR:-/tmp}
+# Five TCP ports free now, picked per run, so that two runs at once (another path, another
+# worktree) do not meet on fixed ones: corral's http listener, nginx's plain, keep and http
+# servers, HAProxy.
+read -r p_corral p_plain p_keep p_nginx p_haproxy < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(5)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in socks])')
 
 # Writes corral's, nginx's and HAProxy's configurations into $1.
 configs() {
@@ -59,7 +68,7 @@ address = "unix:$s/fcgi.sock"
 protocol = "fastcgi"
 mode = "0666"
 [[listen]]
-address = "127.0.0.1:18901"
+address = "127.0.0.1:$p_corral"
 protocol = "http"
 [pools.null]
 servers = ["unix:$s/null.sock"]
@@ -79,9 +88,9 @@ http {
   client_body_temp_path $s/nginx; fastcgi_temp_path $s/nginx; proxy_temp_path $s/nginx; scgi_temp_path $s/nginx; uwsgi_temp_path $s/nginx;
   upstream corral_kept { server unix:$s/fcgi.sock; keepalive 8; }
   upstream null_kept { server unix:$s/null.sock; keepalive 8; }
-  server { listen 127.0.0.1:18902; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/fcgi.sock; } }
-  server { listen 127.0.0.1:18903; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass corral_kept; } }
-  server { listen 127.0.0.1:18904; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass null_kept; } }
+  server { listen 127.0.0.1:$p_plain; location / { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/fcgi.sock; } }
+  server { listen 127.0.0.1:$p_keep; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass corral_kept; } }
+  server { listen 127.0.0.1:$p_nginx; location / { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass null_kept; } }
 }
 EOF
   cat > "$s/haproxy.cfg" <<EOF
@@ -96,7 +105,7 @@ defaults
 fcgi-app null
   docroot /var/www/html
 frontend f
-  bind 127.0.0.1:18905
+  bind 127.0.0.1:$p_haproxy
   default_backend b
 backend b
   use-fcgi-app null
@@ -134,11 +143,11 @@ measure() {
       ;;
   esac
   case $server/$mode in
-    corral/http) url=http://127.0.0.1:18901/x ;;
-    nginx/http) url=http://127.0.0.1:18904/x ;;
-    haproxy/http) url=http://127.0.0.1:18905/x ;;
-    */plain) url=http://127.0.0.1:18902/x ;;
-    */keep) url=http://127.0.0.1:18903/x ;;
+    corral/http) url=http://127.0.0.1:$p_corral/x ;;
+    nginx/http) url=http://127.0.0.1:$p_nginx/x ;;
+    haproxy/http) url=http://127.0.0.1:$p_haproxy/x ;;
+    */plain) url=http://127.0.0.1:$p_plain/x ;;
+    */keep) url=http://127.0.0.1:$p_keep/x ;;
   esac
   if [ "$server" = nginx ] && [ "$mode" != http ]; then
     # nginx's whole request on the same path, with corral (unmeasured) behind it.

@@ -57,12 +57,12 @@ pub(super) fn prepare(
     let len = body.len().unwrap_or(0);
     let mut conn = conn;
     let mut head = conn.take_outbuf(2048);
-    begin_request(params, len, &options.limits)
-        .and_then(|builder| builder.encode(&mut head))
-        .map_err(|e| BackendError::RequestHead {
+    encode_begin_request(params, len, &options.limits, &mut head).map_err(|e| {
+        BackendError::RequestHead {
             protocol: Protocol::Lsapi,
             reason: e.to_string(),
-        })?;
+        }
+    })?;
     let codec = AnyCodec::Lsapi(Codec::new(&options.limits));
     Ok(begin(conn, codec, head, body, Some(len), options, started))
 }
@@ -71,12 +71,70 @@ fn param<'a>(params: &'a CgiParams, name: &str) -> Option<&'a [u8]> {
     params.get(name.as_bytes())
 }
 
-/// The request line of the synthesised HTTP head: lsphp never parses it, but header
-/// offsets count from it.
-fn request_line(params: &CgiParams) -> Vec<u8> {
+/// What building one BEGIN_REQUEST needs besides the packet's bytes, kept by each serving
+/// thread from one request to the next so that a request allocates none of it: the builder
+/// and the two lines it is fed from. Each grows at most to lsphp's 64 KiB packet limit.
+struct Scratch {
+    builder: Option<RequestBuilder>,
+    line: Vec<u8>,
+    name: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch {
+            builder: None,
+            line: Vec::new(),
+            name: Vec::new(),
+        })
+    };
+}
+
+/// Appends the BEGIN_REQUEST packet of a request with a body of `body_len` bytes to `dst`,
+/// built with this thread's scratch.
+fn encode_begin_request(
+    params: &CgiParams,
+    body_len: u64,
+    limits: &Limits,
+    dst: &mut BytesMut,
+) -> Result<(), LsapiError> {
+    SCRATCH.with(|scratch| {
+        // Nothing in here awaits or calls back into this function: the borrow cannot fail,
+        // but a scratch of its own is as good if it ever did.
+        let mut own = None;
+        let mut borrowed = scratch.try_borrow_mut().ok();
+        let Scratch {
+            builder,
+            line,
+            name,
+        } = match borrowed.as_deref_mut() {
+            Some(s) => s,
+            None => own.insert(Scratch {
+                builder: None,
+                line: Vec::new(),
+                name: Vec::new(),
+            }),
+        };
+        request_line(params, line);
+        let builder = match builder {
+            Some(b) => {
+                b.restart(limits, line)?;
+                b
+            }
+            None => builder.insert(RequestBuilder::new(limits, line)?),
+        };
+        begin_request(params, body_len, builder, name)?;
+        builder.encode(dst)
+    })
+}
+
+/// The request line of the synthesised HTTP head, written into `line` (cleared first):
+/// lsphp never parses it, but header offsets count from it.
+fn request_line(params: &CgiParams, line: &mut Vec<u8>) {
     let method = param(params, "REQUEST_METHOD").unwrap_or(b"GET");
     let protocol = param(params, "SERVER_PROTOCOL").unwrap_or(b"HTTP/1.1");
-    let mut line = method.to_vec();
+    line.clear();
+    line.extend_from_slice(method);
     line.push(b' ');
     match param(params, "REQUEST_URI").filter(|u| !u.is_empty()) {
         Some(uri) => line.extend_from_slice(uri),
@@ -91,7 +149,6 @@ fn request_line(params: &CgiParams) -> Vec<u8> {
     }
     line.push(b' ');
     line.extend_from_slice(protocol);
-    line
 }
 
 /// `HTTP_X_CUSTOM_THING` → `X-Custom-Thing` (lsphp turns it back into the same variable),
@@ -113,16 +170,16 @@ fn header_name<'n>(cgi: &[u8], name: &'n mut Vec<u8>) -> &'n [u8] {
     name
 }
 
-/// Builds BEGIN_REQUEST: `HTTP_*` parameters and `CONTENT_TYPE` become request headers,
-/// `Content-Length` carries the real body length, every other parameter is an env pair.
+/// Fills BEGIN_REQUEST into `builder` (started with the request line): `HTTP_*`
+/// parameters and `CONTENT_TYPE` become request headers, `Content-Length` carries the real
+/// body length, every other parameter is an env pair. `name_buf` holds each header name.
 fn begin_request(
     params: &CgiParams,
     body_len: u64,
-    limits: &Limits,
-) -> Result<RequestBuilder, LsapiError> {
-    let mut builder = RequestBuilder::new(limits, &request_line(params))?;
+    builder: &mut RequestBuilder,
+    name_buf: &mut Vec<u8>,
+) -> Result<(), LsapiError> {
     let mut had_length = false;
-    let mut name_buf = Vec::with_capacity(64);
     for (name, value) in params.iter() {
         match name {
             // The body goes raw with its real length; copies of the entity headers that
@@ -136,13 +193,14 @@ fn begin_request(
             }
             n if n.starts_with(b"HTTP_") => {
                 let cgi = n.get(5..).unwrap_or_default();
-                builder.header(header_name(cgi, &mut name_buf), value)?;
+                builder.header(header_name(cgi, name_buf), value)?;
             }
             n => builder.env(n, value)?,
         }
     }
     if body_len > 0 || had_length {
-        builder.header(b"Content-Length", body_len.to_string().as_bytes())?;
+        let mut digits = [0u8; 20];
+        builder.header(b"Content-Length", decimal(body_len, &mut digits))?;
     }
     for name in POINTED_ENV {
         if param(params, name).is_none() {
@@ -155,7 +213,20 @@ fn begin_request(
         }
     }
     builder.body_len(body_len);
-    Ok(builder)
+    Ok(())
+}
+
+/// `n` in decimal, written at the end of `buf` (20 digits hold any u64): no allocation.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
 }
 
 fn violation(rule: impl ToString) -> BackendError {
@@ -281,5 +352,61 @@ mod tests {
             }
         }
         assert!(cgi_head(&head(b"X-A: ab"), &Limits::default()).is_ok());
+    }
+
+    #[test]
+    fn decimal_writes_every_u64() {
+        let mut buf = [0u8; 20];
+        for n in [0, 7, 10, 1234, u64::from(u32::MAX) + 1, u64::MAX] {
+            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
+        }
+    }
+
+    /// The packet a thread's first request gets, from a scratch no request has used.
+    fn first_on_a_new_thread(params: CgiParams, body_len: u64) -> BytesMut {
+        std::thread::spawn(move || {
+            let mut out = BytesMut::new();
+            encode_begin_request(&params, body_len, &Limits::default(), &mut out).unwrap();
+            out
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn the_reused_scratch_encodes_as_a_fresh_one() {
+        let big = CgiParams::from_pairs(&[
+            ("REQUEST_METHOD", "POST"),
+            ("REQUEST_URI", "/a/rather/long/uri.php?with=a&query=string"),
+            ("SCRIPT_FILENAME", "/srv/www/uri.php"),
+            ("CONTENT_LENGTH", "11"),
+            ("CONTENT_TYPE", "text/plain"),
+            ("HTTP_X_FIRST_ONLY", "one"),
+            ("HTTP_ACCEPT_LANGUAGE", "en"),
+            ("HTTP_HOST", "example.test"),
+            ("ONLY_IN_THE_FIRST", "env"),
+        ])
+        .unwrap();
+        let small = CgiParams::from_pairs(&[
+            ("REQUEST_METHOD", "GET"),
+            ("REQUEST_URI", "/b.php"),
+            ("SCRIPT_FILENAME", "/srv/www/b.php"),
+            ("HTTP_HOST", "b"),
+        ])
+        .unwrap();
+        let expected = first_on_a_new_thread(small.clone(), 0);
+        let big_fresh = first_on_a_new_thread(big.clone(), 11);
+        std::thread::spawn(move || {
+            for _ in 0..2 {
+                let mut out = BytesMut::new();
+                encode_begin_request(&big, 11, &Limits::default(), &mut out).unwrap();
+                assert_eq!(out, big_fresh);
+                let mut out = BytesMut::new();
+                encode_begin_request(&small, 0, &Limits::default(), &mut out).unwrap();
+                assert_eq!(out, expected);
+            }
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -260,11 +260,21 @@ pub async fn send(
         protocol,
         reason: e.to_string(),
     })?;
-    send_params(protocol, conn, &params, request.body, options).await
+    send_params(
+        protocol,
+        conn,
+        &params,
+        request.body,
+        options,
+        tokio::time::Instant::now(),
+    )
+    .await
 }
 
 /// [`send`] with the parameters borrowed, so that the caller still has them to send the
 /// request again when a kept connection turns out closed ([`BackendError::is_stale`]).
+/// `started` is when the request is sent, read by the caller (the request deadline counts
+/// from it; the gateway has just read the clock for its own timer).
 ///
 /// The request is encoded before anything is awaited, and the future awaits only the
 /// exchange's box: the gateway's request future holds this one, and every level of such
@@ -275,8 +285,8 @@ pub async fn send_params(
     params: &CgiParams,
     body: RequestBody,
     options: &ExchangeOptions,
+    started: tokio::time::Instant,
 ) -> Result<BackendResponse, BackendError> {
-    let started = tokio::time::Instant::now();
     let body = match protocol {
         Protocol::FastCgi => body,
         // SCGI and LSAPI announce the body's length first: one of unknown length is

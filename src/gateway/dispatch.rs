@@ -158,6 +158,7 @@ impl Gateway {
         // connection is then a new one (`fresh`), unless the worker changed.
         let mut replayed = false;
         let mut fresh = false;
+        let mut kept;
         loop {
             let conn = loop {
                 let address = slot.address();
@@ -170,6 +171,7 @@ impl Gateway {
                     _ if fresh => None,
                     _ => pool.connections.take_idle(address),
                 };
+                kept = idle.is_some();
                 let connected = match idle {
                     Some(conn) => Ok(conn),
                     None if pool.protocol == backend::Protocol::Scgi => {
@@ -200,9 +202,12 @@ impl Gateway {
                     }
                 }
             };
-            if !replayed {
-                timer.connected(&pool.requests);
-            }
+            // The request's send time, which its backend deadline counts from.
+            let started = if replayed {
+                tokio::time::Instant::now()
+            } else {
+                timer.connected(&pool.requests, kept)
+            };
             if routed.logs.is_some() {
                 *pid = slot.pid();
                 if let Some(watch) = watch {
@@ -218,7 +223,9 @@ impl Gateway {
                 body.replayable()
             };
             let error =
-                match backend::send_params(pool.protocol, conn, &params, body, &options).await {
+                match backend::send_params(pool.protocol, conn, &params, body, &options, started)
+                    .await
+                {
                     Ok(response) => {
                         pool.healthy(&slot);
                         timer.head(&pool.requests);

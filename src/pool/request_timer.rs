@@ -37,15 +37,26 @@ impl RequestTimer {
     /// starts.
     pub fn slot_at(&mut self, had: Instant) {
         self.phase = had;
-        self.split[0] = had - self.asked;
+        if had != self.asked {
+            self.split[0] = had - self.asked;
+        }
     }
 
-    /// A connection was had: records the connect time; the first-byte phase starts.
-    pub fn connected(&mut self, stats: &RequestStats) {
-        let now = Instant::now();
-        self.split[1] = now - self.phase;
+    /// A connection was had: records the connect time; the first-byte phase starts at the
+    /// instant returned (the request's send time, so the backend need not read the clock).
+    /// A kept connection (`kept`, taken from the idle list without awaiting) took no time
+    /// the histograms can see, as they count in microseconds: its connect time is zero and
+    /// the clock is not read again.
+    pub fn connected(&mut self, stats: &RequestStats, kept: bool) -> Instant {
+        if kept {
+            self.split[1] = std::time::Duration::ZERO;
+        } else {
+            let now = Instant::now();
+            self.split[1] = now - self.phase;
+            self.phase = now;
+        }
         stats.observe(Phase::Connect, self.split[1]);
-        self.phase = now;
+        self.phase
     }
 
     /// The response head arrived: records the time to it.

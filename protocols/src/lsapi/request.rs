@@ -110,6 +110,34 @@ impl RequestBuilder {
         Ok(builder)
     }
 
+    /// Empties the builder for another request whose raw head begins with `request_line`,
+    /// as [`new`](RequestBuilder::new) would make it, but keeping the buffers it has grown:
+    /// a gateway that builds one packet after another on a thread allocates for the first
+    /// only. On an error the builder is left empty and may be restarted again.
+    pub fn restart(&mut self, limits: &Limits, request_line: &[u8]) -> Result<(), LsapiError> {
+        self.limits.clone_from(limits);
+        self.order = ByteOrder::NATIVE;
+        self.rule = FlagRule::HOST;
+        self.special.clear();
+        self.special_count = 0;
+        self.env.clear();
+        self.env_count = 0;
+        self.pointed = [None; 4];
+        self.head.clear();
+        self.index_len = [0; KNOWN_HEADER_COUNT];
+        self.index_off = [0; KNOWN_HEADER_COUNT];
+        self.unknown.clear();
+        self.body_len = 0;
+        if request_line.is_empty() || has_line_breaking_byte(request_line) {
+            return Err(LsapiError::InvalidHeaderBytes {
+                what: "request line",
+            });
+        }
+        self.head.put_slice(request_line);
+        self.head.put_slice(b"\r\n");
+        self.check_size(0, 0, 0, 0)
+    }
+
     /// Writes the packet's integers in `order` and announces it with the flag `rule` gives.
     pub fn with_byte_order(mut self, order: ByteOrder, rule: FlagRule) -> RequestBuilder {
         self.order = order;

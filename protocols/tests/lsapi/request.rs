@@ -99,8 +99,12 @@ fn hand_request_be() -> Vec<u8> {
 }
 
 fn build_hand_request(order: ByteOrder) -> Result<BytesMut, LsapiError> {
-    let mut rb = RequestBuilder::new(&Limits::DEFAULT, b"POST /a.php?x=1 HTTP/1.1")?
-        .with_byte_order(order, FlagRule::Literal);
+    let rb = RequestBuilder::new(&Limits::DEFAULT, b"POST /a.php?x=1 HTTP/1.1")?;
+    fill_hand_request(rb.with_byte_order(order, FlagRule::Literal))
+}
+
+/// Pushes the hand-written request into `rb` (started with its request line) and encodes it.
+fn fill_hand_request(mut rb: RequestBuilder) -> Result<BytesMut, LsapiError> {
     // Env first, special env after: the builder still puts the special list first.
     rb.env(b"SCRIPT_FILENAME", b"/t/a.php")?;
     rb.env(b"SCRIPT_NAME", b"/a.php")?;
@@ -125,6 +129,53 @@ fn builder_reproduces_hand_written_request_in_both_orders() {
         &build_hand_request(ByteOrder::Big).unwrap()[..],
         &hand_request_be()[..]
     );
+}
+
+#[test]
+fn restarted_builder_keeps_nothing_of_the_request_before() {
+    // A first request that sets every part the hand-written one leaves different: another
+    // byte order, special env, unknown headers, a known header the second lacks, a body
+    // length sent as -2, and a pointed env value at other offsets.
+    let mut rb = RequestBuilder::new(&Limits::DEFAULT, b"GET /other/longer/line HTTP/1.0")
+        .unwrap()
+        .with_byte_order(ByteOrder::Big, FlagRule::Literal);
+    rb.special_env(b"\x01\x04memory_limit", b"1G").unwrap();
+    rb.env(b"EXTRA", b"left over").unwrap();
+    for name in POINTED_ENV {
+        rb.env(name.as_bytes(), b"first").unwrap();
+    }
+    rb.header(b"Accept", b"*/*").unwrap();
+    rb.header(b"X-One", b"1").unwrap();
+    rb.header(b"X-Two", b"2").unwrap();
+    rb.header(b"Content-Length", b"3000000000").unwrap();
+    rb.body_len(3_000_000_000);
+    rb.encode(&mut BytesMut::new()).unwrap();
+
+    rb.restart(&Limits::DEFAULT, b"POST /a.php?x=1 HTTP/1.1")
+        .unwrap();
+    let again = fill_hand_request(rb.with_byte_order(ByteOrder::Little, FlagRule::Literal));
+    assert_eq!(&again.unwrap()[..], &hand_request_le()[..]);
+}
+
+#[test]
+fn restart_checks_the_request_line_and_the_limits_given() {
+    let mut rb = builder();
+    assert!(matches!(
+        rb.restart(&Limits::DEFAULT, b"GET /\r\nX: y HTTP/1.1"),
+        Err(LsapiError::InvalidHeaderBytes { .. })
+    ));
+    assert!(matches!(
+        rb.restart(&Limits::DEFAULT, b""),
+        Err(LsapiError::InvalidHeaderBytes { .. })
+    ));
+    // The limits of the restart apply, not those the builder was made with.
+    let small = Limits {
+        max_params_bytes: 400,
+        ..Limits::DEFAULT
+    };
+    rb.restart(&small, b"GET / HTTP/1.1").unwrap();
+    rb.env(b"A", &[b'v'; 100]).unwrap();
+    assert!(rb.env(b"A", &[b'v'; 200]).is_err());
 }
 
 fn expected_hand_request(order: ByteOrder) -> BeginRequest {
