@@ -7,7 +7,8 @@
 //! - a connection may carry `Limits::max_concurrent_requests` (128) ids; the next is refused
 //!   with FCGI_OVERLOADED;
 //! - a multiplexed request whose body outruns the backend is refused with a 503 and
-//!   FCGI_OVERLOADED, and the other requests go on; a request alone on its connection is
+//!   FCGI_OVERLOADED (the one served in the connection's own task as well as one in a task
+//!   of its own), and the other requests go on; a request alone on its connection is
 //!   never refused for that, it waits;
 //! - an oversized FCGI_PARAMS stream closes the connection with a log line.
 
@@ -371,6 +372,31 @@ fn a_multiplexed_body_faster_than_the_backend_is_refused_and_the_rest_goes_on() 
         Duration::from_secs(5),
     );
     assert_slow_one_completes(&mut raw, &mut ended, started);
+}
+
+#[test]
+fn the_inline_request_s_body_outrunning_its_backend_is_refused_beside_another() {
+    let s = setup();
+    // Another connection holds the one slot.
+    let mut holder = s.connect();
+    let started = hold_the_slot(&s, &mut holder);
+    let mut raw = s.connect();
+    // Id 1 is served in the connection's own task and waits for the slot; id 2 is begun
+    // beside it, in a task of its own. Id 1's body then outruns its budget.
+    raw.begin(1, &s.params("POST", "upload.php", "", 2 * 1024 * 1024));
+    raw.get(2, &s.params("GET", "sleep.php", "ms=0", 0));
+    let sent = Instant::now();
+    raw.stdin(1, 2 * 1024 * 1024, 32 * 1024);
+    let mut ended = HashMap::new();
+    let refused = raw.end_of(1, &mut ended);
+    assert_eq!(refused.protocol_status, OVERLOADED);
+    assert!(refused.stdout.starts_with("Status: 503"), "{refused:?}");
+    assert!(refused.at - sent < Duration::from_millis(SLOW_MS));
+    // The other request goes on once the slot is free.
+    let second = raw.end_of(2, &mut ended);
+    assert_eq!(second.protocol_status, REQUEST_COMPLETE);
+    assert!(second.stdout.contains("slept 0"), "{second:?}");
+    assert_slow_one_completes(&mut holder, &mut HashMap::new(), started);
 }
 
 #[test]

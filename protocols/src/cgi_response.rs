@@ -513,40 +513,25 @@ pub fn encoded_len(head: &CgiResponseHead) -> usize {
 /// code outside 100-999, names that are not tokens, a `Status` entry in `headers`, values with
 /// control bytes or surrounding whitespace, more than one `Location`.
 pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), CgiResponseError> {
+    // Checked as it is written, in one pass over the head; on a refusal `dst` is cut back to
+    // what it held, so nothing of a refused head is left in it.
+    let mark = dst.len();
+    let written = write_head(head, dst);
+    if written.is_err() {
+        dst.truncate(mark);
+    }
+    written
+}
+
+/// [`encode_head`]'s pass: each part checked, then written.
+fn write_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), CgiResponseError> {
+    dst.reserve(encoded_len(head));
     if let Some(status) = &head.status {
-        let reason_ok = is_field_value(status.reason.iter().copied())
-            && trim_ows(&status.reason) == (0..status.reason.len());
-        if !(100..=999).contains(&status.code) || !reason_ok {
+        if !(100..=999).contains(&status.code) || !is_clean_value(&status.reason) {
             return Err(CgiResponseError::InvalidStatus {
                 value: snippet(&status.reason),
             });
         }
-    }
-    let mut locations = 0;
-    for (name, value) in &head.headers {
-        if !is_token(name) {
-            return Err(CgiResponseError::InvalidName {
-                name: snippet(name),
-            });
-        }
-        if name.eq_ignore_ascii_case(b"status") {
-            return Err(CgiResponseError::DuplicateStatus);
-        }
-        if !is_field_value(value.iter().copied()) || trim_ows(value) != (0..value.len()) {
-            return Err(CgiResponseError::InvalidValue {
-                name: snippet(name),
-            });
-        }
-        if name.eq_ignore_ascii_case(b"location") {
-            locations += 1;
-            if locations > 1 {
-                return Err(CgiResponseError::DuplicateLocation);
-            }
-            check_location(value)?;
-        }
-    }
-    dst.reserve(encoded_len(head));
-    if let Some(status) = &head.status {
         dst.put_slice(b"Status: ");
         // 100..=999, checked above: three digits.
         let code = status.code;
@@ -561,7 +546,28 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
         }
         dst.put_slice(b"\r\n");
     }
+    let mut locations = 0;
     for (name, value) in &head.headers {
+        if !is_token(name) {
+            return Err(CgiResponseError::InvalidName {
+                name: snippet(name),
+            });
+        }
+        if name.eq_ignore_ascii_case(b"status") {
+            return Err(CgiResponseError::DuplicateStatus);
+        }
+        if !is_clean_value(value) {
+            return Err(CgiResponseError::InvalidValue {
+                name: snippet(name),
+            });
+        }
+        if name.eq_ignore_ascii_case(b"location") {
+            locations += 1;
+            if locations > 1 {
+                return Err(CgiResponseError::DuplicateLocation);
+            }
+            check_location(value)?;
+        }
         dst.put_slice(name);
         dst.put_slice(b": ");
         dst.put_slice(value);
@@ -569,6 +575,18 @@ pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), Cgi
     }
     dst.put_slice(b"\r\n");
     Ok(())
+}
+
+/// A value the decoder would give back as it is: field-value bytes only (no control byte but
+/// a tab, no DEL: no line break can be smuggled into the head), and no space or tab at either
+/// end (the decoder trims them). Every byte is looked at, without branching on each, so the
+/// usual short value is checked in a few instructions.
+fn is_clean_value(value: &[u8]) -> bool {
+    let bad = value.iter().fold(false, |bad, &c| {
+        bad | ((c < b' ' && c != b'\t') | (c == 0x7f))
+    });
+    let padded = |c: Option<&u8>| matches!(c, Some(b' ' | b'\t'));
+    !bad && !padded(value.first()) && !padded(value.last())
 }
 
 #[cfg(test)]

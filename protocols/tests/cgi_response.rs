@@ -464,6 +464,42 @@ fn encoder_refusals() {
         (
             CgiResponseHead {
                 status: None,
+                headers: vec![h("A", "fine"), h("X", "a\t")],
+            },
+            E::InvalidValue {
+                name: b"X".to_vec(),
+            },
+        ),
+        (
+            CgiResponseHead {
+                status: None,
+                headers: vec![h("X", "a\x7fb")],
+            },
+            E::InvalidValue {
+                name: b"X".to_vec(),
+            },
+        ),
+        (
+            CgiResponseHead {
+                status: None,
+                headers: vec![h("X", "a\rb")],
+            },
+            E::InvalidValue {
+                name: b"X".to_vec(),
+            },
+        ),
+        (
+            CgiResponseHead {
+                status: status(200, b"OK "),
+                headers: vec![],
+            },
+            E::InvalidStatus {
+                value: b"OK ".to_vec(),
+            },
+        ),
+        (
+            CgiResponseHead {
+                status: None,
                 headers: vec![h("Location", "/a"), h("Location", "/b")],
             },
             E::DuplicateLocation,
@@ -477,12 +513,23 @@ fn encoder_refusals() {
         ),
     ];
     for (head, expected) in cases {
+        // A refused head leaves nothing of itself behind, even when parts of it were fine.
+        let mut out = BytesMut::from(&b"before"[..]);
         assert_eq!(
-            encode_head(&head, &mut BytesMut::new()).unwrap_err(),
+            encode_head(&head, &mut out).unwrap_err(),
             expected,
             "{head:?}"
         );
+        assert_eq!(&out[..], b"before", "{head:?}");
     }
+    // A tab inside a value is a field-value byte; an empty value is allowed.
+    let fine = CgiResponseHead {
+        status: None,
+        headers: vec![h("X", "a\tb"), h("Y", "")],
+    };
+    let mut out = BytesMut::new();
+    encode_head(&fine, &mut out).unwrap();
+    assert_eq!(&out[..], b"X: a\tb\r\nY: \r\n\r\n");
 }
 
 fn arb_head() -> impl Strategy<Value = CgiResponseHead> {

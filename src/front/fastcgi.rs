@@ -118,11 +118,7 @@ pub async fn serve_connection(
     let (mut reader, writer) = halves(&mut stream);
     let outbox = Outbox::default();
     let closed = Closed::default();
-    // The writer runs beside the reader in this connection's task (joined below), not in a
-    // task of its own: a front server that opens a connection per request would otherwise
-    // pay a task per connection, and every frame a wake-up of another task. Both borrow
-    // `outbox` and `closed` from here.
-    let writer = write_loop(writer, &outbox, &closed);
+    let inline_answer = AtomicU8::new(0);
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -145,22 +141,32 @@ pub async fn serve_connection(
         input_pending: false,
         closing: false,
         inline: None,
+        inline_answer: &inline_answer,
         inline_done: None,
     };
     let mut buf = read_buffer();
-    let reading = async {
-        let closed_by_us = conn.run(&mut reader, &mut buf, shutdown).await;
-        let linger_needed = closed_by_us && conn.input_may_follow(&buf);
-        // Whatever is still in progress has lost its client: dropping the tasks aborts their
-        // backend requests and gives their slots back. Dropping the connection drops its
-        // sender of multiplexed frames; the writer ends once the queue is out and the
-        // requests' senders are gone too.
-        conn.requests.clear();
-        drop(conn);
-        outbox.finish();
-        linger_needed
+    // The writer runs beside the reader in this connection's task, not in a task of its own:
+    // a front server that opens a connection per request would otherwise pay a task per
+    // connection, and every frame a wake-up of another task. Both borrow `outbox` and
+    // `closed` from here.
+    // Both sides are pinned where they are made and joined through their pins: joined by
+    // value, each future would be moved into the join's state, a copy of its whole size.
+    let (linger_needed, mut writer) = {
+        let writer = std::pin::pin!(write_loop(writer, &outbox, &closed));
+        let reading = std::pin::pin!(async {
+            let closed_by_us = conn.run(&mut reader, &mut buf, shutdown).await;
+            let linger_needed = closed_by_us && conn.input_may_follow(&buf);
+            // Whatever is still in progress has lost its client: dropping the tasks aborts their
+            // backend requests and gives their slots back. Dropping the connection drops its
+            // sender of multiplexed frames; the writer ends once the queue is out and the
+            // requests' senders are gone too.
+            conn.requests.clear();
+            drop(conn);
+            outbox.finish();
+            linger_needed
+        });
+        tokio::join!(reading, writer)
     };
-    let (linger_needed, mut writer) = tokio::join!(reading, writer);
     if linger_needed {
         // The FIN first, so the front server sees the answer end while corral reads on.
         let _ = writer.shutdown().await;
@@ -191,8 +197,9 @@ struct Active {
     body: Option<StdinSender>,
     /// FCGI_STDIN's empty record arrived.
     stdin_ended: bool,
-    /// `ANSWER_*`.
-    answer: Arc<AtomicU8>,
+    /// `ANSWER_*` of a request in a task of its own, shared with it; the inline request's is
+    /// [`Connection::inline_answer`].
+    answer: Option<Arc<AtomicU8>>,
     /// How the request is dispatched, from the end of FCGI_PARAMS.
     task: Option<Dispatch>,
     /// When FCGI_BEGIN_REQUEST arrived (FCGI_PARAMS must end within `header_timeout`).
@@ -272,6 +279,9 @@ struct Connection<'c> {
     closing: bool,
     /// The request served in this task, if any.
     inline: Option<Inline<'c>>,
+    /// The inline request's `ANSWER_*`, in the connection's task: one flag for the
+    /// connection instead of a shared allocation per request.
+    inline_answer: &'c AtomicU8,
     /// The inline request's ending, when it came while the reader waited on something else
     /// (body budget): handled at the top of the next turn of the loop.
     inline_done: Option<Done>,

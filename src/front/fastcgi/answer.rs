@@ -152,6 +152,31 @@ pub(super) const ANSWER_NOT_STARTED: u8 = 0;
 pub(super) const ANSWER_STARTED: u8 = 1;
 pub(super) const ANSWER_REFUSED: u8 = 2;
 
+/// Where a request's `ANSWER_*` flag lives. The reader consults it only to refuse a request
+/// whose body outran its budget, so only a request that can be refused while it runs needs
+/// one the reader can reach: the inline request borrows the connection's (one at a time),
+/// a request in a task of its own shares one with the reader, and a request answered at once
+/// by the reader keeps its own. None of them allocates but the multiplexed one.
+#[derive(Debug)]
+pub(super) enum AnswerFlag<'c> {
+    /// Answered by the reader itself: nobody else looks.
+    Own(AtomicU8),
+    /// The inline request's: the connection's flag, reset for each inline request.
+    Inline(&'c AtomicU8),
+    /// A request in a task of its own: shared with its entry in the reader's table.
+    Shared(Arc<AtomicU8>),
+}
+
+impl AnswerFlag<'_> {
+    fn get(&self) -> &AtomicU8 {
+        match self {
+            AnswerFlag::Own(flag) => flag,
+            AnswerFlag::Inline(flag) => flag,
+            AnswerFlag::Shared(flag) => flag,
+        }
+    }
+}
+
 /// A request's task has answered: `ending` goes out once the reader has forgotten the id.
 #[derive(Debug)]
 pub(super) struct Done {
@@ -174,28 +199,16 @@ pub(super) struct Responder<'c> {
     pub(super) seq: u64,
     pub(super) keep_conn: bool,
     pub(super) request_id: u64,
-    /// `ANSWER_*`, shared with the reader.
-    pub(super) answer: Arc<AtomicU8>,
+    /// `ANSWER_*`, where the reader can see it when it must.
+    pub(super) answer: AnswerFlag<'c>,
     pub(super) out: OutSender<'c>,
 }
 
 impl<'c> Responder<'c> {
-    /// The same responder, sending through `out`.
-    pub(super) fn sending_to<'d>(self, out: OutSender<'d>) -> Responder<'d> {
-        Responder {
-            id: self.id,
-            seq: self.seq,
-            keep_conn: self.keep_conn,
-            request_id: self.request_id,
-            answer: self.answer,
-            out,
-        }
-    }
-
     /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
     /// the request meanwhile.
     pub(super) async fn queue(&self, bytes: BytesMut) -> bool {
-        let state = self.answer.compare_exchange(
+        let state = self.answer.get().compare_exchange(
             ANSWER_NOT_STARTED,
             ANSWER_STARTED,
             Ordering::AcqRel,

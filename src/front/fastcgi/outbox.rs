@@ -29,7 +29,7 @@ pub(super) struct Outbox(Mutex<Queue>);
 
 #[derive(Debug, Default)]
 struct Queue {
-    frames: VecDeque<Out>,
+    frames: Frames,
     /// The writer, waiting for a frame.
     writer: Option<Waker>,
     /// A sender, waiting for room (every local sender runs in the connection's task, so one
@@ -61,6 +61,59 @@ impl OutSender<'_> {
     }
 }
 
+/// Frames kept in the queue itself before a heap queue is made for more.
+const NEAR_FRAMES: usize = 4;
+
+/// A first-in first-out queue of frames: the first [`NEAR_FRAMES`] in a ring held in place (a
+/// request's answer and its end, usually, so a connection that serves one request at a time
+/// never allocates for its queue), the rest in a heap queue made when they come. Whatever is
+/// in the heap queue was pushed after everything in the ring: a frame goes to the ring only
+/// while the heap queue is empty.
+#[derive(Debug, Default)]
+struct Frames {
+    ring: [Option<Out>; NEAR_FRAMES],
+    /// The ring's oldest slot.
+    head: usize,
+    /// Frames in the ring.
+    near: usize,
+    far: VecDeque<Out>,
+}
+
+impl Frames {
+    fn len(&self) -> usize {
+        self.near + self.far.len()
+    }
+
+    fn push_back(&mut self, out: Out) {
+        if self.near < NEAR_FRAMES && self.far.is_empty() {
+            let slot = (self.head + self.near) % NEAR_FRAMES;
+            if let Some(room) = self.ring.get_mut(slot) {
+                *room = Some(out);
+                self.near += 1;
+                return;
+            }
+        }
+        self.far.push_back(out);
+    }
+
+    fn pop_front(&mut self) -> Option<Out> {
+        if self.near == 0 {
+            return self.far.pop_front();
+        }
+        let out = self.ring.get_mut(self.head).and_then(Option::take);
+        self.head = (self.head + 1) % NEAR_FRAMES;
+        self.near -= 1;
+        out
+    }
+
+    fn clear(&mut self) {
+        self.ring = Default::default();
+        self.head = 0;
+        self.near = 0;
+        self.far.clear();
+    }
+}
+
 impl Outbox {
     fn queue(&self) -> MutexGuard<'_, Queue> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
@@ -80,10 +133,6 @@ impl Outbox {
                 return Poll::Pending;
             }
             if let Some(out) = out.take() {
-                if q.frames.capacity() == 0 {
-                    // A request's answer and its end, usually: room for a few more.
-                    q.frames.reserve(4);
-                }
                 q.frames.push_back(out);
             }
             if let Some(w) = q.writer.take() {
@@ -253,6 +302,34 @@ mod tests {
             poll_once(pin!(outbox.next(&mut mux))),
             Poll::Ready(None)
         ));
+    }
+
+    #[test]
+    fn frames_keep_their_order_across_the_ring_and_the_heap_queue() {
+        let mut q = Frames::default();
+        let mut next = 0u8;
+        let mut expected = 0u8;
+        // Runs past the ring, drains partly while frames are in the heap queue, wraps the
+        // ring around: every frame comes out in the order it went in.
+        for (push, pop) in [(6, 3), (3, 2), (1, 4), (5, 5), (2, 1), (9, 11)] {
+            for _ in 0..push {
+                q.push_back(frame(1, next));
+                next += 1;
+            }
+            for _ in 0..pop {
+                assert_eq!(byte(q.pop_front()), Some(expected));
+                expected += 1;
+            }
+            assert_eq!(q.len(), usize::from(next - expected));
+        }
+        assert!(q.pop_front().is_none());
+        q.push_back(frame(1, 7));
+        q.push_back(frame(1, 8));
+        q.clear();
+        assert_eq!(q.len(), 0);
+        assert!(q.pop_front().is_none());
+        q.push_back(frame(1, 9));
+        assert_eq!(byte(q.pop_front()), Some(9));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::answer::{Done, Ending, Out, Responder, ANSWER_NOT_STARTED, ANSWER_REFUSED};
+use super::answer::{AnswerFlag, Done, Ending, Out, Responder, ANSWER_NOT_STARTED, ANSWER_REFUSED};
 use super::outbox::OutSender;
 use super::stdin::{self, STDIN_BUDGET_PER_REQUEST};
 use super::{
@@ -68,7 +68,7 @@ impl Connection<'_> {
                         keep_conn,
                         body: None,
                         stdin_ended: false,
-                        answer: Arc::new(AtomicU8::new(ANSWER_NOT_STARTED)),
+                        answer: None,
                         task: None,
                         begun: Instant::now(),
                         busy: None,
@@ -245,12 +245,14 @@ impl Connection<'_> {
             return Flow::Continue;
         };
         let request_id = self.gateway.request_id();
+        // Answered here without a backend: the flag is the responder's own until the request
+        // is dispatched.
         let mut responder = Responder {
             id,
             seq: r.seq,
             keep_conn: r.keep_conn,
             request_id,
-            answer: Arc::clone(&r.answer),
+            answer: AnswerFlag::Own(AtomicU8::new(ANSWER_NOT_STARTED)),
             out: OutSender::Local(self.outbox),
         };
         if let Some(cgi) = self.gateway.fpm_answer(&self.listener, &params) {
@@ -283,7 +285,13 @@ impl Connection<'_> {
         };
         let gateway = Arc::clone(&self.gateway);
         let seq = responder.seq;
-        let dispatch = if self.inline.is_none() {
+        // While the last inline request's ending waits to be handled, its entry still reads
+        // the connection's flag: a request begun meanwhile gets a task of its own.
+        let mut shared = None;
+        let dispatch = if self.inline.is_none() && self.inline_done.is_none() {
+            self.inline_answer
+                .store(ANSWER_NOT_STARTED, Ordering::Release);
+            responder.answer = AnswerFlag::Inline(self.inline_answer);
             let answer = async move {
                 let response = gateway.dispatch(&routed, params, body, request_id).await;
                 responder.answer(response).await
@@ -296,8 +304,16 @@ impl Connection<'_> {
             Dispatch::Inline
         } else {
             let done = self.done_sender();
-            let mut responder =
-                responder.sending_to(OutSender::Mux(self.outbox.mux_sender(&mut self.mux)));
+            let flag = Arc::new(AtomicU8::new(ANSWER_NOT_STARTED));
+            shared = Some(Arc::clone(&flag));
+            let mut responder = Responder {
+                id,
+                seq,
+                keep_conn: responder.keep_conn,
+                request_id,
+                answer: AnswerFlag::Shared(flag),
+                out: OutSender::Mux(self.outbox.mux_sender(&mut self.mux)),
+            };
             let task = tokio::spawn(async move {
                 let response = gateway.dispatch(&routed, params, body, request_id).await;
                 let ending = responder.answer(response).await;
@@ -309,6 +325,7 @@ impl Connection<'_> {
             r.body = tx;
             r.stdin_ended |= stdin_ended;
             r.task = Some(dispatch);
+            r.answer = shared;
             r.busy = Some(self.state.begin());
         }
         Flow::Continue
@@ -370,6 +387,7 @@ impl Connection<'_> {
         };
         self.input_pending = true;
         self.decoder.finish(id);
+        let inline = matches!(r.task, Some(Dispatch::Inline));
         self.drop_dispatch(id, r.seq, r.task);
         static OVERFLOW: LineLimit = LineLimit::per_second();
         if let Verdict::Log { suppressed } = OVERFLOW.check(tokio::time::Instant::now(), 0) {
@@ -383,15 +401,23 @@ impl Connection<'_> {
             );
         }
         let mut bytes = BytesMut::new();
-        let head_is_ours = r
-            .answer
-            .compare_exchange(
+        // The inline request's flag is the connection's (its future was dropped above, so
+        // nothing else touches it now); a request in a task of its own shares one; a request
+        // not dispatched has written nothing.
+        let flag = match &r.answer {
+            Some(shared) => Some(&**shared),
+            None if inline => Some(self.inline_answer),
+            None => None,
+        };
+        let head_is_ours = flag.is_none_or(|flag| {
+            flag.compare_exchange(
                 ANSWER_NOT_STARTED,
                 ANSWER_REFUSED,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
-            .is_ok();
+            .is_ok()
+        });
         if head_is_ours {
             encode_stdout(
                 id,

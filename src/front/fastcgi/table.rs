@@ -71,9 +71,6 @@ impl Requests {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicU8;
-    use std::sync::Arc;
-
     use super::*;
 
     fn active(seq: u64) -> Active {
@@ -82,7 +79,7 @@ mod tests {
             keep_conn: true,
             body: None,
             stdin_ended: false,
-            answer: Arc::new(AtomicU8::new(0)),
+            answer: None,
             task: None,
             begun: tokio::time::Instant::now(),
             busy: None,
