@@ -12,12 +12,12 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use support::apps::multipart;
-use support::native::worker;
+use support::native::{worker, NativeSite};
 use support::peers::{md5_hex, shared_dir, write_file};
-use support::server::{http, Corral, HttpResponse};
+use support::server::{http, Corral};
 
 /// The site every test serves.
 const SCRIPTS: &[(&str, &str)] = &[
@@ -93,42 +93,7 @@ const SCRIPTS: &[(&str, &str)] = &[
 /// Marker a planted script leaves behind if it ever runs.
 const MARKER: &str = "planted-ran";
 
-struct Site {
-    corral: Corral,
-    dir: tempfile::TempDir,
-}
-
-impl Site {
-    fn root(&self) -> PathBuf {
-        self.dir.path().join("www")
-    }
-
-    fn get(&self, target: &str) -> HttpResponse {
-        http(self.corral.http_addr(), "GET", target, &[], b"")
-    }
-
-    fn request(
-        &self,
-        method: &str,
-        target: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> HttpResponse {
-        http(self.corral.http_addr(), method, target, headers, body)
-    }
-
-    fn ok(&self, target: &str) -> String {
-        let r = self.get(target);
-        assert_eq!(
-            r.status,
-            200,
-            "{target}: {}\n{}",
-            r.text(),
-            self.corral.log()
-        );
-        r.text()
-    }
-}
+type Site = NativeSite;
 
 /// corral with a native pool of 2 workers serving the site; `pool` adds keys to the pool.
 fn site(pool: &str) -> Site {
@@ -154,35 +119,7 @@ fn site(pool: &str) -> Site {
     write_file(dir.path(), "outside.php", &plant("outside"));
     std::os::unix::fs::symlink(root.join("uploads/avatar.gif"), root.join("gif.php")).unwrap();
     std::os::unix::fs::symlink(dir.path().join("outside.php"), root.join("out.php")).unwrap();
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "2s"
-kill_timeout = "2s"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.php]
-worker = "native"
-worker_path = "{worker}"
-mode = "static"
-max = 2
-{pool}
-
-[[contexts]]
-root = "{root}"
-pool = "php"
-"#,
-        run = dir.path().join("run").display(),
-        worker = worker().display(),
-        root = root.display(),
-    );
-    let corral = Corral::start(&config, 1);
-    let site = Site { corral, dir };
+    let site = NativeSite::start(dir, "php", &format!("max = 2\n{pool}"), "");
     assert_eq!(site.ok("/hello.php"), "Hello, world\n");
     site
 }

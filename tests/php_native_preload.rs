@@ -12,33 +12,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use support::native::worker;
+use support::native::NativeSite;
 use support::peers::{shared_dir, write_file};
-use support::server::{http, Corral, HttpResponse};
 use support::sync1::children;
 
-struct Site {
-    corral: Corral,
-    _dir: tempfile::TempDir,
-}
+type Site = NativeSite;
 
 impl Site {
-    fn get(&self, target: &str) -> HttpResponse {
-        http(self.corral.http_addr(), "GET", target, &[], b"")
-    }
-
-    fn ok(&self, target: &str) -> String {
-        let r = self.get(target);
-        assert_eq!(
-            r.status,
-            200,
-            "{target}: {}\n{}",
-            r.text(),
-            self.corral.log()
-        );
-        r.text()
-    }
-
     /// corral's children that run the PHP worker (the template, or spawned workers).
     fn direct_children(&self) -> Vec<u32> {
         children(self.corral.pid())
@@ -121,37 +101,7 @@ fn site_with(pool: &str, context: &str) -> Site {
          while (corral_handle_request(function () use ($boot, &$n) { $n++; \
          echo $boot, ' ', getmypid(), ' ', $n; })) {}",
     );
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "2s"
-kill_timeout = "2s"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.php]
-worker = "native"
-worker_path = "{worker}"
-mode = "static"
-max = 2
-{pool}
-
-[[contexts]]
-root = "{root}"
-pool = "php"
-{context}
-"#,
-        run = dir.path().join("run").display(),
-        worker = worker().display(),
-        root = root.display(),
-        pool = pool.replace("ROOT", &root.display().to_string()),
-    );
-    let corral = Corral::start(&config, 1);
-    Site { corral, _dir: dir }
+    NativeSite::start(dir, "php", &format!("max = 2\n{pool}"), context)
 }
 
 #[test]

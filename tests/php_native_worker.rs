@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use support::apps::multipart;
-use support::native::worker;
+use support::native::{worker, NativeSite};
 use support::peers::{md5_hex, shared_dir, write_file};
 use support::server::{http, Corral, HttpResponse};
 
@@ -114,28 +114,9 @@ while (corral_handle_request($handler)) {
 }
 "#;
 
-struct Site {
-    corral: Corral,
-    dir: tempfile::TempDir,
-}
+type Site = NativeSite;
 
 impl Site {
-    fn get(&self, target: &str) -> HttpResponse {
-        http(self.corral.http_addr(), "GET", target, &[], b"")
-    }
-
-    fn ok(&self, target: &str) -> String {
-        let r = self.get(target);
-        assert_eq!(
-            r.status,
-            200,
-            "{target}: {}\n{}",
-            r.text(),
-            self.corral.log()
-        );
-        r.text()
-    }
-
     /// Pids that booted the app, one line each.
     fn boots(&self) -> Vec<String> {
         std::fs::read_to_string(self.dir.path().join("boot.log"))
@@ -180,38 +161,12 @@ fn site(workers: u32, pool: &str) -> Site {
         "worker.php",
         &WORKER.replace("CLASSES", &CLASSES.to_string()),
     );
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "2s"
-kill_timeout = "2s"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-worker = "native"
-worker_path = "{worker}"
-worker_script = "{root}/worker.php"
-mode = "static"
-max = {workers}
-{pool}
-
-[[contexts]]
-root = "{root}"
-index = ["worker.php"]
-front_controller = "/worker.php"
-pool = "app"
-"#,
-        run = dir.path().join("run").display(),
-        worker = worker().display(),
-        root = root.display(),
+    let site = NativeSite::start(
+        dir,
+        "app",
+        &format!("worker_script = \"ROOT/worker.php\"\nmax = {workers}\n{pool}"),
+        "index = [\"worker.php\"]\nfront_controller = \"/worker.php\"",
     );
-    let corral = Corral::start(&config, 1);
-    let site = Site { corral, dir };
     assert_eq!(site.ok("/"), "hello");
     site
 }
