@@ -230,7 +230,9 @@ while True:
 "#;
 
 /// A worker that broke the protocol or missed its first-byte deadline is suspect: the next
-/// request goes to another worker (its replacement), and the suspect one is stopped.
+/// request goes to another worker (its replacement), and the suspect one is stopped. Each
+/// worker passes a health check before its first request, so a Python still starting on a
+/// loaded machine never misses the 1 s deadline on a request meant to succeed.
 #[test]
 fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
     let dir = peers::shared_dir();
@@ -240,7 +242,7 @@ fn a_suspect_worker_gets_no_next_request_and_is_recycled() {
             &dir.path().join("run"),
             &format!(
                 "protocol = \"scgi\"\ncommand = [\"python3\", \"{}\"]\nmode = \"static\"\nmax = 1\n\
-                 first_byte_timeout = \"1s\"",
+                 first_byte_timeout = \"1s\"\nhealth_check = \"/pid\"",
                 script.display()
             ),
             "",
