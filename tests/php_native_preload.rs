@@ -135,18 +135,7 @@ fn workers_are_forked_from_one_template_and_share_its_opcache() {
 fn max_requests_replaces_one_worker_at_a_time_from_the_same_template() {
     let site = site("max_requests = 5\nmax_requests_jitter = 0");
     let (template, _) = site.template_with(2);
-    let mut pids = BTreeSet::new();
-    for i in 0..30 {
-        let r = site.get("/pid.php");
-        assert_eq!(
-            r.status,
-            200,
-            "request {i}: {}\n{}",
-            r.text(),
-            site.corral.log()
-        );
-        pids.insert(r.text());
-    }
+    let pids = site.answers("/pid.php", 30);
     // 30 requests at 5 per worker: at least 6 workers, all forked by the one template.
     assert!(pids.len() >= 6, "{pids:?}");
     let (after, workers) = site.template_with(2);

@@ -4,6 +4,7 @@
 //! worker here first, once per binary, with the same cargo and profile, so a test always
 //! runs the worker of this tree.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -112,5 +113,22 @@ pool = "{name}"
             self.corral.log()
         );
         r.text()
+    }
+
+    /// The distinct bodies of `n` GETs of `target`, each of which must answer 200.
+    pub fn answers(&self, target: &str, n: usize) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        for i in 0..n {
+            let r = self.get(target);
+            assert_eq!(
+                r.status,
+                200,
+                "request {i}: {}\n{}",
+                r.text(),
+                self.corral.log()
+            );
+            seen.insert(r.text());
+        }
+        seen
     }
 }
