@@ -7,7 +7,6 @@ use bytes::Bytes;
 
 use crate::access::{AccessLog, LogSettings, Record};
 use crate::backend::{BackendError, ResponseBody};
-use crate::pool::driver::Command as DriverCommand;
 use crate::pool::requests::RequestTimer;
 use crate::pool::slots::Slot;
 use crate::protocols::cgi_response::CgiResponseHead;
@@ -114,10 +113,8 @@ impl GatewayBody {
                 logged.finish(&self.timer);
             }
         }
-        if let (Some(Err(BackendError::RequestTimeout { .. })), Some(tx)) =
-            (&chunk, &self.pool.supervisor)
-        {
-            let _ = tx.send(DriverCommand::RequestTimedOut(self.slot.worker()));
+        if let Some(Err(error)) = &chunk {
+            self.pool.report(&self.slot, error);
         }
         std::task::Poll::Ready(chunk)
     }

@@ -242,7 +242,7 @@ impl Gateway {
             let again = replay.filter(|_| error.request_left_unread());
             let out = pool.fault(&slot, &error);
             let Some(again) = again else {
-                pool.report(slot.worker(), &error);
+                pool.report(&slot, &error);
                 return Err(backend_err(error));
             };
             tracing::debug!(pool = %pool.name, request_id, error = %error, worker_gone = out, "kept connection lost before the answer; sending the request again");

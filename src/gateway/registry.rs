@@ -20,7 +20,7 @@ use crate::config::{Backend, Config, PoolConfig};
 use crate::error::StartupError;
 use crate::pool::driver::{Command as DriverCommand, Driver};
 use crate::pool::requests::RequestStats;
-use crate::pool::slots::{FailPolicy, Failed, Slot, SlotLimits, SlotTable, WorkerId};
+use crate::pool::slots::{FailPolicy, Failed, Slot, SlotLimits, SlotTable};
 use crate::pool::state::{PoolSpec, PoolState};
 use crate::process::{Handoff, WorkerSocket, WorkerSpawn};
 use crate::router::{PoolId, Router};
@@ -99,11 +99,15 @@ impl crate::backend::resolve::Followed for Pool {
 }
 
 impl Pool {
-    /// Tells the pool's driver that a request on `worker` failed with `error`, when that
-    /// means the worker must go (it ran past `request_timeout`).
-    pub(crate) fn report(&self, worker: WorkerId, error: &BackendError) {
+    /// Tells the pool's driver that a request on the worker of `slot` failed with `error`,
+    /// when that means the worker must go (it ran past `request_timeout`). The worker leaves
+    /// rotation here, before the slot is given back: the next request must not reach a worker
+    /// the driver is about to kill (it would meet a reset and answer 502).
+    pub(crate) fn report(&self, slot: &Slot, error: &BackendError) {
         if let (Some(tx), BackendError::RequestTimeout { .. }) = (&self.supervisor, error) {
-            let _ = tx.send(DriverCommand::RequestTimedOut(worker));
+            self.slots.fail(slot.worker());
+            self.connections.forget(slot.address());
+            let _ = tx.send(DriverCommand::RequestTimedOut(slot.worker()));
         }
     }
 
