@@ -10,9 +10,17 @@
 # port[ROW] and sock[ROW] (where nginx listens for a row and the FastCGI socket it passes
 # to). pids holds what runs for the whole bench, row_pids the PHP servers of the moment;
 # wp_cleanup (the EXIT trap) stops both.
+#
+# wp_flat moves the bench into a CPU cgroup of its own before it starts anything. Linux's
+# autogroups (sched_autogroup_enabled = 1) give each session an equal share of a busy CPU,
+# and the rows differ in sessions: php-fpm's and php-cgi -b's children share their parent's,
+# corral's workers each have their own. Inside a cgroup no autogroup applies, so every
+# process of every row competes as an equal thread, and the rows differ only in what they
+# do; the cgroup as a whole still competes with the rest of the machine.
 
 pids=()
 row_pids=()
+flat_cgroup=""
 
 wp_stop() { # PID...: signals each, then waits for each
   local p
@@ -24,6 +32,23 @@ wp_cleanup() {
   wp_stop ${row_pids[@]+"${row_pids[@]}"} ${pids[@]+"${pids[@]}"}
   rm -f "/etc/wordpress/config-$host.php"
   rm -rf "$s"
+  if [ -n "$flat_cgroup" ]; then
+    echo $$ > "$(dirname "$flat_cgroup")/cgroup.procs" 2> /dev/null || true
+    rmdir "$flat_cgroup" 2> /dev/null || true
+  fi
+}
+
+# Moves this shell (and so everything it starts from now on) into a new CPU cgroup.
+wp_flat() {
+  local base
+  for base in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
+    [ -f "$base/cgroup.procs" ] && { [ -f "$base/cpu.shares" ] || [ -f "$base/cpu.weight" ]; } && break
+    base=""
+  done
+  [ -n "$base" ] || { echo "FLAT=1: no CPU cgroup controller found under /sys/fs/cgroup" >&2; exit 1; }
+  flat_cgroup=$base/corral-bench-$$
+  mkdir "$flat_cgroup"
+  echo $$ > "$flat_cgroup/cgroup.procs"
 }
 
 wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
