@@ -12,6 +12,9 @@
 #   cgi        nginx -> php-cgi -b SOCKET with PHP_FCGI_CHILDREN = COUNT (its parent forks
 #              the children, which accept on the socket: the kernel's FIFO accept queue),
 #              PHP_FCGI_MAX_REQUESTS = 0
+#   cgi-sep    with CGI_SEP=1: nginx -> COUNT separate php-cgi -b processes (PHP_FCGI_CHILDREN
+#              = 0: each serves requests itself, with an OPcache of its own, as corral's
+#              workers do), an nginx upstream with least_conn over their sockets
 #   gw-fcgi    nginx -> corral's fastcgi listener -> corral's php-cgi pool (static, max =
 #              COUNT), the corral of conf/wordpress.toml's shape (its http contexts as
 #              tests/support/wordpress.rs writes them)
@@ -47,7 +50,7 @@
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
-# gw-pc = php_children), FLAT, HANDOFF, HANDOFF_LEVEL,
+# gw-pc = php_children), CGI_SEP, FLAT, HANDOFF, HANDOFF_LEVEL,
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -56,7 +59,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS FLAT HANDOFF HANDOFF_LEVEL"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT HANDOFF HANDOFF_LEVEL"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -102,11 +105,17 @@ if [ -n "${BASE:-}" ]; then
   corral_server[base]=""
   corral_pool[base]="max = $COUNT"
 fi
-declare -A port sock
+declare -A port sock upstream
 port[fpm]=18821; sock[fpm]=$s/run/fpm.sock
 port[cgi]=18822; sock[cgi]=$s/run/cgi.sock
 NGINX_ROWS="fpm cgi"
 ROW_NAMES="fpm cgi"
+if [ -n "${CGI_SEP:-}" ]; then
+  port[cgi-sep]=18820
+  upstream[cgi-sep]=$(for i in $(seq "$COUNT"); do printf '%s ' "$s/run/sep$i.sock"; done)
+  NGINX_ROWS+=" cgi-sep"
+  ROW_NAMES+=" cgi-sep"
+fi
 declare -A row_corral  # gateway row -> its corral
 p=18823
 for g in $CORRALS; do
@@ -173,6 +182,12 @@ wait_sock "${sock[fpm]}"
 PHP_FCGI_CHILDREN=$COUNT PHP_FCGI_MAX_REQUESTS=0 setpriv --reuid=www-data --regid=www-data \
   --init-groups php-cgi -b "${sock[cgi]}" > "$s/log/cgi.log" 2>&1 & row_pids+=($!)
 root_pid[cgi]=$!
+sep_pids=""
+for u in ${upstream[cgi-sep]:-}; do
+  PHP_FCGI_CHILDREN=0 PHP_FCGI_MAX_REQUESTS=0 setpriv --reuid=www-data --regid=www-data \
+    --init-groups php-cgi -b "$u" >> "$s/log/cgi-sep.log" 2>&1 & row_pids+=($!)
+  sep_pids+=" $!"
+done
 for g in $CORRALS; do
   f=base-fcgi; h=base-http
   [ "$g" = base ] || { f=${g/gw/gw-fcgi}; h=${g/gw/gw-http}; }
@@ -180,7 +195,8 @@ for g in $CORRALS; do
   "${corral_bin[$g]}" run -c "$s/$g.toml" >> "$s/log/corral-$g.log" 2>&1 & row_pids+=($!)
   root_pid[$f]=$!; root_pid[$h]=$!
 done
-for r in $ROW_NAMES; do [ -n "${row_corral[$r]:-}" ] || wait_sock "${sock[$r]}"; done
+for r in fpm cgi; do wait_sock "${sock[$r]}"; done
+for u in ${upstream[cgi-sep]:-}; do wait_sock "$u"; done
 for g in $CORRALS; do wait_sock "$s/run/$g.sock"; done
 
 url() { echo "http://127.0.0.1:${port[$1]}/"; }
@@ -203,6 +219,7 @@ php_pids() { # ROW: its PHP processes (for corral rows, corral's children's tree
   local k
   case $1 in
     fpm|cgi) tree "${root_pid[$1]}" ;;
+    cgi-sep) for k in $sep_pids; do tree "$k"; done ;;
     *) for k in $(children "${root_pid[$1]}"); do tree "$k"; done ;;
   esac
 }
@@ -273,6 +290,7 @@ report() {
   echo "Debian's WordPress $(dpkg-query -W -f='${Version}' wordpress) on MariaDB, $(php-cgi -v | head -n 1 | cut -d' ' -f1-2) with OPcache, the front page;"
   echo "nginx 1 worker (conf/nginx/wordpress.conf, placeholders replaced). $COUNT PHP processes per row:"
   echo "\`fpm\` = nginx → php-fpm8.2 (pm = static); \`cgi\` = nginx → php-cgi -b with PHP_FCGI_CHILDREN=$COUNT;"
+  [ -z "${CGI_SEP:-}" ] || echo "\`cgi-sep\` = nginx (upstream, least_conn) → $COUNT separate php-cgi -b processes, PHP_FCGI_CHILDREN=0 (an OPcache each);"
   echo "\`gw-fcgi\` = nginx → corral's fastcgi listener → corral's php-cgi pool (static, max = $COUNT); \`gw-http\` = corral's"
   echo "http listener → the same pool; \`-tN\`: \`threads = N\` in corral's [server]; \`-pc\`: \`php_children = $COUNT\`, \`max = 1\` (one"
   echo "php-cgi parent whose children share its OPcache and session); \`base-*\`: the same as \`gw-*\` with the binary BASE."

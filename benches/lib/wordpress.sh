@@ -8,7 +8,8 @@
 # The caller sets, before calling these: s (its scratch directory, mode 755), host (the
 # site's name), WP_TITLE (the blog's title, checked on every front page), and the arrays
 # port[ROW] and sock[ROW] (where nginx listens for a row and the FastCGI socket it passes
-# to). pids holds what runs for the whole bench, row_pids the PHP servers of the moment;
+# to), or, for a row nginx balances over several sockets, upstream[ROW] (the sockets,
+# space-separated, picked by least_conn). pids holds what runs for the whole bench, row_pids the PHP servers of the moment;
 # wp_cleanup (the EXIT trap) stops both.
 #
 # wp_flat moves the bench into a CPU cgroup of its own before it starts anything. Linux's
@@ -88,9 +89,9 @@ PHP
 }
 
 # nginx with one server block per ROW given (conf/nginx/wordpress.conf, its placeholders
-# replaced by the row's port and socket).
+# replaced by the row's port and socket, or by an upstream of the row's sockets).
 wp_nginx() { # ROW...
-  local r
+  local r pass u
   ln -s /etc/nginx/fastcgi_params "$s/nginx/fastcgi_params"
   {
     echo "user www-data;"
@@ -105,7 +106,15 @@ wp_nginx() { # ROW...
     echo "  client_body_temp_path $s/nginx-tmp; fastcgi_temp_path $s/nginx-tmp;"
     echo "  proxy_temp_path $s/nginx-tmp; scgi_temp_path $s/nginx-tmp; uwsgi_temp_path $s/nginx-tmp;"
     for r in "$@"; do
-      sed -e "s|blog\.example\.com|$host|" -e "s|unix:/run/corral/php\.sock|unix:${sock[$r]}|" \
+      pass=unix:${sock[$r]:-}
+      if [ -n "${upstream[$r]:-}" ]; then
+        pass=wp_${r//-/_}
+        echo "  upstream $pass {"
+        echo "    least_conn;"
+        for u in ${upstream[$r]}; do echo "    server unix:$u;"; done
+        echo "  }"
+      fi
+      sed -e "s|blog\.example\.com|$host|" -e "s|unix:/run/corral/php\.sock|$pass|" \
         -e "s|/var/lib/wordpress|$s/site|" -e "s|listen 80;|listen 127.0.0.1:${port[$r]};|" \
         conf/nginx/wordpress.conf
     done
