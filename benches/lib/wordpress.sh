@@ -22,6 +22,7 @@
 pids=()
 row_pids=()
 flat_cgroup=""
+declare -A upstream=()  # the callers that balance no row leave it empty
 
 wp_stop() { # PID...: signals each, then waits for each
   local p
