@@ -12,11 +12,16 @@
 #   cgi        nginx -> php-cgi -b SOCKET with PHP_FCGI_CHILDREN = COUNT (its parent forks
 #              the children, which accept on the socket: the kernel's FIFO accept queue),
 #              PHP_FCGI_MAX_REQUESTS = 0
+#   cgi-sep    with CGI_SEP=1: nginx -> COUNT separate php-cgi -b processes (PHP_FCGI_CHILDREN
+#              = 0: each serves requests itself, with an OPcache of its own, as corral's
+#              workers do), an nginx upstream with least_conn over their sockets
 #   gw-fcgi    nginx -> corral's fastcgi listener -> corral's php-cgi pool (static, max =
 #              COUNT), the corral of conf/wordpress.toml's shape (its http contexts as
 #              tests/support/wordpress.rs writes them)
 #   gw-http    corral's http listener -> the same pool, same corral (no nginx)
 #   gw-*-tN    the same with `threads = N` in corral's [server] (a corral of its own)
+#   gw-*-pc    the same with `php_children = COUNT` (one php-cgi parent whose COUNT children
+#              share its OPcache and its session, as php-cgi -b's and php-fpm's do; max = 1)
 #   base-*     the same as gw-* with the corral binary BASE (a before/after in one run),
 #              when BASE is set
 # The rows run at COUNT together, idle but for the one measured. wrk -t1 --latency -d SECS
@@ -25,13 +30,27 @@
 # the CPU the front took per request (nginx's worker plus the row's corral, from
 # /proc/PID/task/*/schedstat, so gw-http is corral alone and gw-fcgi is nginx plus corral) and wrk's
 # errors (a row with errors or timeouts is invalid and no ratio uses it); the ratios against
-# fpm and cgi.
+# fpm and cgi. Beside them, per row, what the PHP processes did per request (from
+# /proc/PID/task/*/schedstat): their CPU, their wait for a CPU (run queue), MariaDB's CPU,
+# and the share of the machine's CPU time left idle during the runs (/proc/stat); and how
+# many scheduling groups the row's PHP processes are in (Linux's autogroups: one per session
+# when sched_autogroup_enabled is 1; each group gets an equal share of a busy CPU).
+#
+# FLAT=1 runs the whole bench in a CPU cgroup of its own, where no autogroup applies: every
+# process of every row competes as an equal thread (benches/lib/wordpress.sh, wp_flat).
+#
+# HANDOFF=1 (needs perf) adds, after the rounds, one run per row at c=HANDOFF_LEVEL (10)
+# with the read/write syscall tracepoints of the row's PHP processes recorded: how long a PHP
+# process sits idle between the end of one response and the next request
+# (benches/lib/handoff.py: median and p90), and its short or failed response writes. That
+# run is not counted in req/s.
 #
 #   bash benches/wordpress-gateway.sh
 #   SECS=2 ROUNDS=1 OUT= bash benches/wordpress-gateway.sh     # a quick look
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
-# CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N),
+# CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
+# gw-pc = php_children), CGI_SEP, FLAT, HANDOFF, HANDOFF_LEVEL,
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -40,12 +59,18 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT HANDOFF HANDOFF_LEVEL"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
 LEVELS=${LEVELS:-1 10 50}
 COUNT=${COUNT:-2}
+HANDOFF=${HANDOFF:-}
+HANDOFF_LEVEL=${HANDOFF_LEVEL:-10}
+if [ -n "$HANDOFF" ] && ! command -v perf > /dev/null; then
+  echo "HANDOFF=1 needs perf (apt-get install linux-perf)" >&2
+  exit 1
+fi
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
@@ -58,29 +83,39 @@ chmod 755 "$s"
 host="wp-gw-$$.corral.test"
 WP_TITLE="WP Gateway Bench"
 trap wp_cleanup EXIT
+[ -z "${FLAT:-}" ] || wp_flat
 ulimit -n 16384 2>/dev/null || true
 
 # The corrals: NAME -> binary and [server] lines.
 CORRALS=${CORRALS:-gw gw-t1}
-declare -A corral_bin corral_server
-for g in $CORRALS; do  # gw: corral's defaults; gw-tN: threads = N
+declare -A corral_bin corral_server corral_pool
+for g in $CORRALS; do  # gw: corral's defaults; gw-tN: threads = N; gw-pc: php_children
   corral_bin[$g]=$CORRAL
+  corral_pool[$g]="max = $COUNT"
   case $g in
     gw) corral_server[$g]="" ;;
     gw-t[0-9]*) corral_server[$g]="threads = ${g#gw-t}" ;;
-    *) echo "unknown corral row $g (gw or gw-tN)" >&2; exit 2 ;;
+    gw-pc) corral_server[$g]=""; corral_pool[$g]=$'max = 1\nphp_children = '"$COUNT" ;;
+    *) echo "unknown corral row $g (gw, gw-tN or gw-pc)" >&2; exit 2 ;;
   esac
 done
 if [ -n "${BASE:-}" ]; then
   CORRALS+=" base"
   corral_bin[base]=$BASE
   corral_server[base]=""
+  corral_pool[base]="max = $COUNT"
 fi
-declare -A port sock
+declare -A port sock upstream
 port[fpm]=18821; sock[fpm]=$s/run/fpm.sock
 port[cgi]=18822; sock[cgi]=$s/run/cgi.sock
 NGINX_ROWS="fpm cgi"
 ROW_NAMES="fpm cgi"
+if [ -n "${CGI_SEP:-}" ]; then
+  port[cgi-sep]=18820
+  upstream[cgi-sep]=$(for i in $(seq "$COUNT"); do printf '%s ' "$s/run/sep$i.sock"; done)
+  NGINX_ROWS+=" cgi-sep"
+  ROW_NAMES+=" cgi-sep"
+fi
 declare -A row_corral  # gateway row -> its corral
 p=18823
 for g in $CORRALS; do
@@ -95,6 +130,7 @@ done
 echo "rows: $ROW_NAMES" >&2
 
 wp_database
+db_pid=${pids[-1]}
 wp_nginx $NGINX_ROWS
 nginx_pid=${pids[-1]}
 
@@ -119,7 +155,7 @@ mode = "0666"
 [pools.php]
 command = ["php-cgi"]
 mode = "static"
-max = $COUNT
+${corral_pool[$1]}
 
 [[contexts]]
 prefix = "/wp-content"
@@ -146,6 +182,12 @@ wait_sock "${sock[fpm]}"
 PHP_FCGI_CHILDREN=$COUNT PHP_FCGI_MAX_REQUESTS=0 setpriv --reuid=www-data --regid=www-data \
   --init-groups php-cgi -b "${sock[cgi]}" > "$s/log/cgi.log" 2>&1 & row_pids+=($!)
 root_pid[cgi]=$!
+sep_pids=""
+for u in ${upstream[cgi-sep]:-}; do
+  PHP_FCGI_CHILDREN=0 PHP_FCGI_MAX_REQUESTS=0 setpriv --reuid=www-data --regid=www-data \
+    --init-groups php-cgi -b "$u" >> "$s/log/cgi-sep.log" 2>&1 & row_pids+=($!)
+  sep_pids+=" $!"
+done
 for g in $CORRALS; do
   f=base-fcgi; h=base-http
   [ "$g" = base ] || { f=${g/gw/gw-fcgi}; h=${g/gw/gw-http}; }
@@ -153,7 +195,8 @@ for g in $CORRALS; do
   "${corral_bin[$g]}" run -c "$s/$g.toml" >> "$s/log/corral-$g.log" 2>&1 & row_pids+=($!)
   root_pid[$f]=$!; root_pid[$h]=$!
 done
-for r in $ROW_NAMES; do [ -n "${row_corral[$r]:-}" ] || wait_sock "${sock[$r]}"; done
+for r in fpm cgi; do wait_sock "${sock[$r]}"; done
+for u in ${upstream[cgi-sep]:-}; do wait_sock "$u"; done
 for g in $CORRALS; do wait_sock "$s/run/$g.sock"; done
 
 url() { echo "http://127.0.0.1:${port[$1]}/"; }
@@ -176,9 +219,16 @@ php_pids() { # ROW: its PHP processes (for corral rows, corral's children's tree
   local k
   case $1 in
     fpm|cgi) tree "${root_pid[$1]}" ;;
+    cgi-sep) for k in $sep_pids; do tree "$k"; done ;;
     *) for k in $(children "${root_pid[$1]}"); do tree "$k"; done ;;
   esac
 }
+sched_ns() { # FIELD PID...: schedstat's field summed over the threads (1 = on a CPU, 2 = runnable, waiting for one), ns
+  local f=$1 p
+  shift
+  for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2> /dev/null; done | awk -v f="$f" '{t += $f} END {printf "%d", t}'
+}
+cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; } # idle+iowait, all
 
 res=$s/results.tsv
 : > "$res"
@@ -188,37 +238,78 @@ for c in $LEVELS; do
   done
   for round in $(seq "$ROUNDS"); do
     for r in $ROW_NAMES; do
+      pp=$(php_pids "$r")
+      # shellcheck disable=SC2086 # pp: a list of pids
+      { p0=$(sched_ns 1 $pp); w0=$(sched_ns 2 $pp); }
+      d0=$(sched_ns 1 "$db_pid")
+      read -r i0 a0 < <(cpu_ticks)
       t0=$(front_ns "$r")
       out=$(wrk -t1 -c"$c" -d"${SECS}s" --timeout 10s --latency -H "Host: $host" "$(url "$r")" 2>&1)
       t1=$(front_ns "$r")
+      read -r i1 a1 < <(cpu_ticks)
+      d1=$(sched_ns 1 "$db_pid")
+      # shellcheck disable=SC2086
+      { p1=$(sched_ns 1 $pp); w1=$(sched_ns 2 $pp); }
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" >> "$res"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" \
+        "$((p1 - p0))" "$((w1 - w0))" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" >> "$res"
       printf '%s c=%s round %s: %s requests, p99 %s, %s errors, %s timeouts, load %s\n' "$r" "$c" "$round" "$reqs" "$p99" "$errs" "$touts" "$(cut -d' ' -f1 /proc/loadavg)" >&2
     done
   done
 done
+declare -A groups  # row -> "PHP processes / scheduling groups"
 for r in $ROW_NAMES; do
   for p in $(php_pids "$r"); do
     grep -q opcache.so "/proc/$p/maps" || { echo "$r: PHP process $p has no OPcache loaded" >&2; exit 1; }
   done
+  # shellcheck disable=SC2046
+  groups[$r]="$(php_pids "$r" | wc -l) / $(cat $(php_pids "$r" | sed 's|.*|/proc/&/autogroup|') 2> /dev/null | cut -d' ' -f1 | sort -u | wc -l)"
 done
+
+# The hand-off: one more run per row, with the PHP processes' read/write system calls
+# recorded (not counted above: recording costs the traced processes some time).
+handoff=$s/handoff.tsv
+: > "$handoff"
+if [ -n "$HANDOFF" ]; then
+  for r in $ROW_NAMES; do
+    perf record -q -o "$s/perf-$r.data" -p "$(php_pids "$r" | paste -sd,)" \
+      -e syscalls:sys_enter_read,syscalls:sys_exit_read,syscalls:sys_enter_write,syscalls:sys_exit_write \
+      -- sleep "$SECS" > /dev/null 2>&1 &
+    rec=$!
+    wrk -t1 -c"$HANDOFF_LEVEL" -d"$((SECS + 1))s" --timeout 10s -H "Host: $host" "$(url "$r")" > /dev/null 2>&1
+    wait "$rec" || true
+    printf '%s\t%s\n' "$r" "$(perf script -i "$s/perf-$r.data" 2> /dev/null | python3 benches/lib/handoff.py)" >> "$handoff"
+    rm -f "$s/perf-$r.data"
+  done
+fi
+{ for r in $ROW_NAMES; do printf '%s\t%s\n' "$r" "${groups[$r]}"; done; } > "$s/groups.tsv"
 
 report() {
   echo "Debian's WordPress $(dpkg-query -W -f='${Version}' wordpress) on MariaDB, $(php-cgi -v | head -n 1 | cut -d' ' -f1-2) with OPcache, the front page;"
   echo "nginx 1 worker (conf/nginx/wordpress.conf, placeholders replaced). $COUNT PHP processes per row:"
   echo "\`fpm\` = nginx → php-fpm8.2 (pm = static); \`cgi\` = nginx → php-cgi -b with PHP_FCGI_CHILDREN=$COUNT;"
+  [ -z "${CGI_SEP:-}" ] || echo "\`cgi-sep\` = nginx (upstream, least_conn) → $COUNT separate php-cgi -b processes, PHP_FCGI_CHILDREN=0 (an OPcache each);"
   echo "\`gw-fcgi\` = nginx → corral's fastcgi listener → corral's php-cgi pool (static, max = $COUNT); \`gw-http\` = corral's"
-  echo "http listener → the same pool; \`-tN\`: \`threads = N\` in corral's [server]; \`base-*\`: the same as \`gw-*\` with the binary BASE."
+  echo "http listener → the same pool; \`-tN\`: \`threads = N\` in corral's [server]; \`-pc\`: \`php_children = $COUNT\`, \`max = 1\` (one"
+  echo "php-cgi parent whose children share its OPcache and session); \`base-*\`: the same as \`gw-*\` with the binary BASE."
   echo "wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s warm-up per row; req/s pools the rounds;"
   echo "p99 one per round (ms), and their median; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
   echo "(/proc/PID/task/*/schedstat) over the requests. Load = the 1-minute load average after each run (the range). This machine's"
   echo "2 cores were shared with other builds: compare rows within this run, not with other runs."
+  if [ -n "${FLAT:-}" ]; then
+    echo "FLAT=1: every process of the bench ran in one CPU cgroup of its own, where no autogroup applies."
+  else
+    echo "Autogroups $( [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2> /dev/null)" = 1 ] && echo on || echo off): a busy CPU is shared equally between sessions (see the sessions column)."
+  fi
   echo
-  python3 - "$res" "$SECS" << 'PY'
+  python3 - "$res" "$SECS" "$s/groups.tsv" "$handoff" "$HANDOFF_LEVEL" << 'PY'
 import statistics, sys
 res, secs = sys.argv[1], float(sys.argv[2])
+groups = dict(line.rstrip("\n").split("\t") for line in open(sys.argv[3]) if line.strip())
+handoff = [line.rstrip("\n").split("\t") for line in open(sys.argv[4]) if line.strip()]
+handoff_level = sys.argv[5]
 def ms(v):
     for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
         if v.endswith(unit):
@@ -229,10 +320,11 @@ def ms(v):
     return None
 rows = {}
 for line in open(res):
-    c, r, _round, reqs, p99, errs, touts, ns, load = line.rstrip("\n").split("\t")
-    x = rows.setdefault((int(c), r), dict(n=0, runs=0, p99=[], e=0, t=0, ns=0, load=[]))
+    c, r, _round, reqs, p99, errs, touts, ns, load, php, wait, db, idle, ticks = line.rstrip("\n").split("\t")
+    x = rows.setdefault((int(c), r), dict(n=0, runs=0, p99=[], e=0, t=0, ns=0, load=[], php=0, wait=0, db=0, idle=0, ticks=0))
     x["n"] += int(reqs); x["runs"] += 1; x["p99"].append(ms(p99)); x["e"] += int(errs)
     x["t"] += int(touts); x["ns"] += int(ns); x["load"].append(float(load))
+    x["php"] += int(php); x["wait"] += int(wait); x["db"] += int(db); x["idle"] += int(idle); x["ticks"] += int(ticks)
 def valid(k):
     x = rows.get(k)
     return x is not None and x["n"] > 0 and x["e"] == 0 and x["t"] == 0 and None not in x["p99"]
@@ -251,6 +343,28 @@ for (c, r), x in rows.items():
     print(f"| {r} | {c} | {rps((c, r)):.1f} | {ratio((c, r), (c, 'fpm'), rps)} | {ratio((c, r), (c, 'cgi'), rps)} | "
           f"{p} | {med} | {ratio((c, r), (c, 'fpm'), p99)} | {us:.0f} | {x['e']} | {x['t']} | "
           f"{min(x['load']):.1f}–{max(x['load']):.1f} | {'ok' if valid((c, r)) else '**invalid**'} |")
+print()
+print("What the PHP processes did, per request (schedstat, summed over the row's PHP processes): CPU, and time runnable but")
+print("waiting for a CPU; MariaDB's CPU; the share of both CPUs' time left idle during the row's runs (/proc/stat); the row's PHP")
+print("processes and the sessions they are in (each session is a scheduling group of its own when autogroups apply):")
+print()
+print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions |")
+print("|---|---:|---:|---:|---:|---:|---|")
+for (c, r), x in rows.items():
+    per = lambda v: f"{v / 1e3 / x['n']:.0f}" if x["n"] else "—"
+    idle = f"{100 * x['idle'] / x['ticks']:.1f}" if x["ticks"] else "—"
+    print(f"| {r} | {c} | {per(x['php'])} | {per(x['wait'])} | {per(x['db'])} | {idle} | {groups.get(r, '—')} |")
+if handoff:
+    print()
+    print(f"The hand-off at c={handoff_level}, one run per row with the PHP processes' read/write system calls recorded (perf):")
+    print("how long a PHP process sat idle from the return of its response's last write to the return of the read that")
+    print("brought the next request (benches/lib/handoff.py); short or failed response writes; the slowest response write.")
+    print()
+    print("| row | hand-offs | median ms | p90 ms | short or failed writes | slowest write ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r, v in handoff:
+        n, med, p90, short, slow = (v.split() + ["—"] * 5)[:5]
+        print(f"| {r} | {n} | {med} | {p90} | {short} | {slow} |")
 print()
 print("Issue 19's real-application targets, from this run (req/s ≥ 0.98× cgi and fpm; p99 ≤ fpm's at c ≥ 10):")
 print()

@@ -8,11 +8,21 @@
 # The caller sets, before calling these: s (its scratch directory, mode 755), host (the
 # site's name), WP_TITLE (the blog's title, checked on every front page), and the arrays
 # port[ROW] and sock[ROW] (where nginx listens for a row and the FastCGI socket it passes
-# to). pids holds what runs for the whole bench, row_pids the PHP servers of the moment;
+# to), or, for a row nginx balances over several sockets, upstream[ROW] (the sockets,
+# space-separated, picked by least_conn). pids holds what runs for the whole bench, row_pids the PHP servers of the moment;
 # wp_cleanup (the EXIT trap) stops both.
+#
+# wp_flat moves the bench into a CPU cgroup of its own before it starts anything. Linux's
+# autogroups (sched_autogroup_enabled = 1) give each session an equal share of a busy CPU,
+# and the rows differ in sessions: php-fpm's and php-cgi -b's children share their parent's,
+# corral's workers each have their own. Inside a cgroup no autogroup applies, so every
+# process of every row competes as an equal thread, and the rows differ only in what they
+# do; the cgroup as a whole still competes with the rest of the machine.
 
 pids=()
 row_pids=()
+flat_cgroup=""
+declare -A upstream=()  # the callers that balance no row leave it empty
 
 wp_stop() { # PID...: signals each, then waits for each
   local p
@@ -24,6 +34,23 @@ wp_cleanup() {
   wp_stop ${row_pids[@]+"${row_pids[@]}"} ${pids[@]+"${pids[@]}"}
   rm -f "/etc/wordpress/config-$host.php"
   rm -rf "$s"
+  if [ -n "$flat_cgroup" ]; then
+    echo $$ > "$(dirname "$flat_cgroup")/cgroup.procs" 2> /dev/null || true
+    rmdir "$flat_cgroup" 2> /dev/null || true
+  fi
+}
+
+# Moves this shell (and so everything it starts from now on) into a new CPU cgroup.
+wp_flat() {
+  local base
+  for base in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
+    [ -f "$base/cgroup.procs" ] && { [ -f "$base/cpu.shares" ] || [ -f "$base/cpu.weight" ]; } && break
+    base=""
+  done
+  [ -n "$base" ] || { echo "FLAT=1: no CPU cgroup controller found under /sys/fs/cgroup" >&2; exit 1; }
+  flat_cgroup=$base/corral-bench-$$
+  mkdir "$flat_cgroup"
+  echo $$ > "$flat_cgroup/cgroup.procs"
 }
 
 wait_sock() { for _ in $(seq 400); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
@@ -63,9 +90,9 @@ PHP
 }
 
 # nginx with one server block per ROW given (conf/nginx/wordpress.conf, its placeholders
-# replaced by the row's port and socket).
+# replaced by the row's port and socket, or by an upstream of the row's sockets).
 wp_nginx() { # ROW...
-  local r
+  local r pass u
   ln -s /etc/nginx/fastcgi_params "$s/nginx/fastcgi_params"
   {
     echo "user www-data;"
@@ -80,7 +107,15 @@ wp_nginx() { # ROW...
     echo "  client_body_temp_path $s/nginx-tmp; fastcgi_temp_path $s/nginx-tmp;"
     echo "  proxy_temp_path $s/nginx-tmp; scgi_temp_path $s/nginx-tmp; uwsgi_temp_path $s/nginx-tmp;"
     for r in "$@"; do
-      sed -e "s|blog\.example\.com|$host|" -e "s|unix:/run/corral/php\.sock|unix:${sock[$r]}|" \
+      pass=unix:${sock[$r]:-}
+      if [ -n "${upstream[$r]:-}" ]; then
+        pass=wp_${r//-/_}
+        echo "  upstream $pass {"
+        echo "    least_conn;"
+        for u in ${upstream[$r]}; do echo "    server unix:$u;"; done
+        echo "  }"
+      fi
+      sed -e "s|blog\.example\.com|$host|" -e "s|unix:/run/corral/php\.sock|$pass|" \
         -e "s|/var/lib/wordpress|$s/site|" -e "s|listen 80;|listen 127.0.0.1:${port[$r]};|" \
         conf/nginx/wordpress.conf
     done
