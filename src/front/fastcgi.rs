@@ -53,7 +53,7 @@ use crate::gateway::Gateway;
 use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 use crate::protocols::fastcgi::{
-    Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent,
+    Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent, Role,
 };
 
 use crate::front::cgi::{give_back, linger, read_buffer};
@@ -369,6 +369,20 @@ impl Connection<'_> {
                     RequestEvent::Params { request_id, params } => {
                         let ended = self.decoder.take_stdin_end(buf, request_id);
                         self.start(request_id, params, ended).await
+                    }
+                    // The other usual events need no `await`: handled here, they do not
+                    // make the state of the whole event handler at every request.
+                    RequestEvent::Begin {
+                        request_id,
+                        role: Role::Responder,
+                        keep_conn,
+                    } => {
+                        self.begin(request_id, keep_conn);
+                        Flow::Continue
+                    }
+                    RequestEvent::StdinEnd { request_id } => {
+                        self.stdin_end(request_id);
+                        Flow::Continue
                     }
                     event => self.on_event(event).await,
                 };
