@@ -105,10 +105,12 @@ impl Hasher for IdHasher {
 
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
 /// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
-/// progress have been answered. `ticket` counts it in the cap table.
+/// progress have been answered. `ticket` counts it in the cap table; `listener` is shared
+/// by the listener's connections (a Unix socket's path, cloned, would be an allocation per
+/// connection).
 pub async fn serve_connection(
     stream: Stream,
-    listener: ListenAddress,
+    listener: Arc<ListenAddress>,
     ticket: Ticket,
     timeouts: FrontTimeouts,
     gateway: Arc<Gateway>,
@@ -253,7 +255,7 @@ struct Connection<'c> {
     decoder: RequestDecoder<FrontParamsDecoder>,
     caps: Capabilities,
     gateway: Arc<Gateway>,
-    listener: ListenAddress,
+    listener: Arc<ListenAddress>,
     requests: Requests,
     next_seq: u64,
     /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.
