@@ -519,36 +519,39 @@ fn clean_line(rest: &[u8]) -> Option<CleanLine> {
         return None;
     }
     let after = colon + 1;
-    let (mut start, mut end) = (usize::MAX, 0);
-    for (i, &c) in rest.get(after..)?.iter().enumerate() {
-        match c {
-            b' ' | b'\t' => {}
-            b'\n' | b'\r' => {
-                let lf = if c == b'\r' {
-                    if rest.get(after + i + 1) != Some(&b'\n') {
-                        return None;
-                    }
-                    after + i + 1
-                } else {
-                    after + i
-                };
-                let start = start.min(i);
-                return Some(CleanLine {
-                    colon,
-                    value: start..end.max(start),
-                    end: after + i,
-                    next: lf + 1,
-                });
-            }
-            c if c < b' ' || c == 0x7f => return None,
-            _ => {
-                start = start.min(i);
-                end = i + 1;
-            }
-        }
-    }
-    None
+    let raw_value = rest.get(after..)?;
+    // The value runs to its first control byte, which must be the line's end: one table
+    // lookup per byte, and the spaces around the value trimmed once it is found.
+    let stop = raw_value.iter().position(|&c| is_control(c))?;
+    let lf = match raw_value.get(stop) {
+        Some(b'\n') => after + stop,
+        Some(b'\r') if raw_value.get(stop + 1) == Some(&b'\n') => after + stop + 1,
+        _ => return None,
+    };
+    Some(CleanLine {
+        colon,
+        value: trim_ows(raw_value.get(..stop)?),
+        end: after + stop,
+        next: lf + 1,
+    })
 }
+
+/// Whether `c` may not stand in a field value: a control byte other than HTAB, or DEL.
+fn is_control(c: u8) -> bool {
+    CONTROL.get(usize::from(c)).copied().unwrap_or(true)
+}
+
+/// [`is_control`] per byte.
+#[allow(clippy::indexing_slicing)] // `c` runs over 0..256, the table's own length.
+const CONTROL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = (c < 0x20 && c != 0x09) || c == 0x7f;
+        c += 1;
+    }
+    table
+};
 
 /// Whether every byte is allowed in a field value (RFC 9110 §5.5: no controls but HTAB).
 fn is_field_value(mut bytes: impl Iterator<Item = u8>) -> bool {
