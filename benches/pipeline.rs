@@ -87,7 +87,7 @@ fn counted() -> (u64, u64) {
 struct Harness {
     runtime: tokio::runtime::Runtime,
     gateway: Arc<Gateway>,
-    fastcgi: ListenAddress,
+    fastcgi: Arc<ListenAddress>,
     http: ListenAddress,
     timeouts: FrontTimeouts,
     admission: Arc<Admission>,
@@ -124,7 +124,7 @@ pool = "null"
     );
     let (config, runtime, gateway) = gateway_for(&config, "pipeline.toml");
     Harness {
-        fastcgi: config.listeners[0].bind.address(),
+        fastcgi: Arc::new(config.listeners[0].bind.address()),
         http: config.listeners[1].bind.address(),
         timeouts: config.listeners[0].timeouts,
         admission: Admission::new("front", 1024),
@@ -225,7 +225,7 @@ async fn fastcgi_once(h: &Harness, request: &[u8], scratch: &mut Vec<u8>) -> usi
     let (ours, theirs) = UnixStream::pair().unwrap();
     let server = tokio::spawn(fastcgi::serve_connection(
         Stream::Unix(ours),
-        h.fastcgi.clone(),
+        Arc::clone(&h.fastcgi),
         admit(h),
         h.timeouts,
         Arc::clone(&h.gateway),
@@ -440,7 +440,7 @@ pool = "lsapi"
         timeouts,
         ticket: &ticket,
     };
-    let listener = config.listeners[0].bind.address();
+    let listener = Arc::new(config.listeners[0].bind.address());
     rows.push((
         "fastcgi front -> fastcgi (nginx plain fastcgi_pass)",
         front.per_request(
@@ -450,7 +450,7 @@ pool = "lsapi"
             &mut buf,
         ),
     ));
-    let listener = config.listeners[1].bind.address();
+    let listener = Arc::new(config.listeners[1].bind.address());
     rows.push((
         "scgi front -> fastcgi (nginx scgi_pass)",
         front.per_request(
@@ -495,14 +495,14 @@ impl CgiFront<'_> {
     fn per_request<S, F>(
         &self,
         serve: S,
-        listener: &ListenAddress,
+        listener: &Arc<ListenAddress>,
         request: &[u8],
         buf: &mut [u8],
     ) -> (f64, f64)
     where
         S: Fn(
             Stream,
-            ListenAddress,
+            Arc<ListenAddress>,
             corral::front::limits::Ticket,
             FrontTimeouts,
             Arc<Gateway>,
@@ -515,7 +515,7 @@ impl CgiFront<'_> {
                 let (ours, theirs) = UnixStream::pair().unwrap();
                 let server = tokio::spawn(serve(
                     Stream::Unix(ours),
-                    listener.clone(),
+                    Arc::clone(listener),
                     (self.ticket)(),
                     self.timeouts,
                     Arc::clone(self.gateway),

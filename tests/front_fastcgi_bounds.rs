@@ -84,6 +84,11 @@ impl Setup {
 }
 
 fn setup() -> Setup {
+    setup_with(&["post_max_size=64M"])
+}
+
+/// [`setup`] with php-cgi given the `ini` settings.
+fn setup_with(ini: &[&str]) -> Setup {
     let dir = shared_dir();
     let root = dir.path().join("www");
     std::fs::create_dir(&root).unwrap();
@@ -98,7 +103,14 @@ fn setup() -> Setup {
         "upload.php",
         "<?php echo 'got ', strlen(file_get_contents('php://input'));",
     );
-    let php = php_cgi_with(dir.path(), &["post_max_size=64M"]);
+    // Writes its head and first bytes at once, then sleeps without reading its body.
+    write_file(
+        &root,
+        "early.php",
+        "<?php header('X-Early: yes'); echo 'early '; while (ob_get_level()) { ob_end_flush(); } \
+         flush(); usleep(1500000); echo 'late';",
+    );
+    let php = php_cgi_with(dir.path(), ini);
     let socket = dir.path().join("corral-fcgi.sock");
     let config = format!(
         r#"
@@ -199,6 +211,22 @@ impl Raw {
                 return None;
             }
             self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Reads until request `id`'s FCGI_STDOUT holds `needle`, before any request ends.
+    fn stdout_until(&mut self, id: u16, needle: &str) {
+        while !self.stdout.get(&id).is_some_and(|s| s.contains(needle)) {
+            let r = self.record().expect("output before the close");
+            match r.kind {
+                RecordType::Stdout => self
+                    .stdout
+                    .entry(r.request_id)
+                    .or_default()
+                    .push_str(&String::from_utf8_lossy(&r.content)),
+                RecordType::Stderr => {}
+                other => panic!("unexpected {other:?} record before {needle:?}"),
+            }
         }
     }
 
@@ -397,6 +425,34 @@ fn the_inline_request_s_body_outrunning_its_backend_is_refused_beside_another() 
     assert_eq!(second.protocol_status, REQUEST_COMPLETE);
     assert!(second.stdout.contains("slept 0"), "{second:?}");
     assert_slow_one_completes(&mut holder, &mut HashMap::new(), started);
+}
+
+#[test]
+fn the_inline_request_refused_after_its_head_went_out_gets_no_second_head() {
+    // php-cgi that leaves bodies to the script runs it at once: its head goes out while
+    // the body still comes, and the body then outruns its budget beside another request.
+    // The head is the script's: the refusal may only end the request (FCGI_OVERLOADED), not
+    // write a 503 head after it.
+    let s = setup_with(&["post_max_size=64M", "enable_post_data_reading=0"]);
+    let mut raw = s.connect();
+    raw.begin(1, &s.params("POST", "early.php", "", 2 * 1024 * 1024));
+    raw.stdout_until(1, "early");
+    raw.get(2, &s.params("GET", "sleep.php", "ms=0", 0));
+    raw.stdin(1, 2 * 1024 * 1024, 32 * 1024);
+    let mut ended = HashMap::new();
+    let refused = raw.end_of(1, &mut ended);
+    assert_eq!(refused.protocol_status, OVERLOADED, "{refused:?}");
+    assert!(refused.stdout.contains("X-Early: yes"), "{refused:?}");
+    assert!(!refused.stdout.contains("Status: 503"), "{refused:?}");
+    assert!(!refused.stdout.contains("late"), "{refused:?}");
+    s.corral.wait_log(
+        "sends a request body faster than the backend reads it",
+        Duration::from_secs(5),
+    );
+    // The other request goes on once the slot is free.
+    let second = raw.end_of(2, &mut ended);
+    assert_eq!(second.protocol_status, REQUEST_COMPLETE);
+    assert!(second.stdout.contains("slept 0"), "{second:?}");
 }
 
 #[test]

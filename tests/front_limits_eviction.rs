@@ -23,9 +23,12 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use bytes::BytesMut;
+use corral::protocols::fastcgi::{encode_begin_request, encode_params, encode_stdin_end, Role};
 use tokio::time::Instant;
 
-use support::peers::{shared_dir, write_file};
+use support::fastcgi::Answers;
+use support::peers::{cgi_params, shared_dir, write_file};
 use support::server::{http, parse_response, Corral};
 use support::sync2::{
     closed_within, config, connect, connect_in_order, fds, null_backend, php_config, still_open,
@@ -115,6 +118,66 @@ fn beyond_max_connections_the_connection_idle_longest_is_closed() {
         "{}",
         corral.log()
     );
+}
+
+/// Sends one GET (request id 1) on a FastCGI connection, with FCGI_KEEP_CONN as asked, and
+/// reads its answer to FCGI_END_REQUEST.
+fn fastcgi_get(s: &mut TcpStream, keep_conn: bool, path: &str) -> Answers {
+    let mut out = BytesMut::new();
+    encode_begin_request(1, Role::Responder, keep_conn, &mut out);
+    let params = cgi_params("GET", std::path::Path::new(path), "", &[]);
+    encode_params(1, &params, &mut out).unwrap();
+    encode_stdin_end(1, &mut out);
+    s.write_all(&out).unwrap();
+    let mut answers = Answers::default();
+    assert!(
+        answers.read_until_end(s, 1, Duration::from_secs(10)),
+        "no FCGI_END_REQUEST for {path}"
+    );
+    answers
+}
+
+#[test]
+fn an_idle_fastcgi_keep_conn_connection_is_closed_for_room() {
+    // The FastCGI front watches the eviction only while it waits with no request in
+    // progress: a kept connection that has served its request is the one a front server
+    // (nginx `fastcgi_keep_conn`, an upstream keepalive pool) leaves idle.
+    let dir = shared_dir();
+    let null = null_backend(dir.path());
+    let corral = Corral::start(
+        &config(
+            &null,
+            "max_connections = 3",
+            &[("fastcgi", "max_connections_per_client = 0")],
+        ),
+        1,
+    );
+    let addr = corral.addr_of("Fastcgi");
+    let mut kept = connect_in_order(addr, corral.pid(), 3);
+    // Served in order, so that the first is the one idle longest.
+    for (i, s) in kept.iter_mut().enumerate() {
+        let a = fastcgi_get(s, true, &format!("/kept-{i}"));
+        assert!(
+            !a.closed,
+            "FCGI_KEEP_CONN connection {i} was closed after its request"
+        );
+        assert!(a.text(1).contains("200"), "{}", a.text(1));
+    }
+    let mut fourth = connect(addr);
+    let a = fastcgi_get(&mut fourth, false, "/over-the-cap");
+    assert!(a.text(1).contains("200"), "{}\n{}", a.text(1), corral.log());
+    assert!(
+        closed_within(&mut kept[0], Duration::from_secs(3)).is_some(),
+        "the kept connection idle longest is closed\n{}",
+        corral.log()
+    );
+    assert!(
+        still_open(&mut kept[2]),
+        "the newest kept connection stays open"
+    );
+    // The one left open still serves.
+    let a = fastcgi_get(&mut kept[2], true, "/still-kept");
+    assert!(!a.closed && a.text(1).contains("200"), "{}", a.text(1));
 }
 
 #[test]

@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 use crate::Limits;
 
@@ -308,6 +308,28 @@ impl CgiResponseDecoder {
     fn scan(&mut self, src: &[u8]) -> Result<Option<usize>, CgiResponseError> {
         loop {
             let rest = src.get(self.scanned..).unwrap_or_default();
+            // The usual line, whole and breaking no rule, is found and checked in one pass;
+            // anything else (the blank line, a line not whole yet, any broken rule) takes
+            // the steps below, which name the rule. Both give the same result.
+            if let Some(line) = clean_line(rest) {
+                let start = self.scanned;
+                let next = start + line.next;
+                if next > self.max_bytes {
+                    return Err(CgiResponseError::HeadTooLarge {
+                        limit: self.max_bytes,
+                    });
+                }
+                self.lines += 1;
+                if self.lines > self.max_headers {
+                    return Err(CgiResponseError::TooManyHeaders {
+                        limit: self.max_headers,
+                    });
+                }
+                let text = rest.get(..line.end).unwrap_or_default();
+                self.field(text, start, line.colon, line.value)?;
+                self.scanned = next;
+                continue;
+            }
             let Some(lf) = rest.iter().position(|&c| c == b'\n') else {
                 if src.len() >= self.max_bytes {
                     return Err(CgiResponseError::HeadTooLarge {
@@ -349,6 +371,18 @@ impl CgiResponseDecoder {
             Some(parts) => parts,
             None => self.line_error(line)?,
         };
+        self.field(line, at, colon, value)
+    }
+
+    /// Takes in a well-formed header line found at offset `at`: its colon's offset and its
+    /// value's range (relative to what follows the colon, trimmed).
+    fn field(
+        &mut self,
+        line: &[u8],
+        at: usize,
+        colon: usize,
+        value: Range<usize>,
+    ) -> Result<(), CgiResponseError> {
         let name = line.get(..colon).unwrap_or_default();
         let raw_value = line.get(colon + 1..).unwrap_or_default();
         let value_bytes = raw_value.get(value.clone()).unwrap_or_default();
@@ -407,16 +441,17 @@ impl CgiResponseDecoder {
 
     fn build(&self, head: &Bytes) -> CgiResponseHead {
         let slice = |r: &Range<usize>| head.slice(r.start.min(head.len())..r.end.min(head.len()));
+        // Sized once: the count is known.
+        let mut headers = Vec::with_capacity(self.fields.len);
+        for (n, v) in self.fields.iter() {
+            headers.push((slice(&n), slice(&v)));
+        }
         CgiResponseHead {
             status: self.status.as_ref().map(|(code, reason)| CgiStatus {
                 code: *code,
                 reason: slice(reason),
             }),
-            headers: self
-                .fields
-                .iter()
-                .map(|(n, v)| (slice(&n), slice(&v)))
-                .collect(),
+            headers,
         }
     }
 }
@@ -462,6 +497,62 @@ fn well_formed(line: &[u8]) -> Option<(usize, Range<usize>)> {
     Some((colon, start..end.max(start)))
 }
 
+/// A header line found by [`clean_line`]: offsets relative to the line's start.
+struct CleanLine {
+    /// The colon after the name.
+    colon: usize,
+    /// The value, relative to what follows the colon, without surrounding spaces and tabs.
+    value: Range<usize>,
+    /// The end of the line's content (its CR, or its LF when there is no CR).
+    end: usize,
+    /// Past its LF.
+    next: usize,
+}
+
+/// The header line at the start of `rest` in one pass, when it is whole (its LF is there)
+/// and breaks no rule: a non-empty token, `:`, field-value bytes, then LF or CRLF. `None`
+/// for anything else (no LF yet, the blank line, a bare CR, a control byte, no colon), which
+/// the caller then examines step by step. Finds the same LF, colon and value as those steps.
+fn clean_line(rest: &[u8]) -> Option<CleanLine> {
+    let colon = rest.iter().position(|&c| !crate::cgi::is_tchar(c))?;
+    if colon == 0 || rest.get(colon) != Some(&b':') {
+        return None;
+    }
+    let after = colon + 1;
+    let raw_value = rest.get(after..)?;
+    // The value runs to its first control byte, which must be the line's end: one table
+    // lookup per byte, and the spaces around the value trimmed once it is found.
+    let stop = raw_value.iter().position(|&c| is_control(c))?;
+    let lf = match raw_value.get(stop) {
+        Some(b'\n') => after + stop,
+        Some(b'\r') if raw_value.get(stop + 1) == Some(&b'\n') => after + stop + 1,
+        _ => return None,
+    };
+    Some(CleanLine {
+        colon,
+        value: trim_ows(raw_value.get(..stop)?),
+        end: after + stop,
+        next: lf + 1,
+    })
+}
+
+/// Whether `c` may not stand in a field value: a control byte other than HTAB, or DEL.
+fn is_control(c: u8) -> bool {
+    CONTROL.get(usize::from(c)).copied().unwrap_or(true)
+}
+
+/// [`is_control`] per byte.
+#[allow(clippy::indexing_slicing)] // `c` runs over 0..256, the table's own length.
+const CONTROL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = (c < 0x20 && c != 0x09) || c == 0x7f;
+        c += 1;
+    }
+    table
+};
+
 /// Whether every byte is allowed in a field value (RFC 9110 §5.5: no controls but HTAB).
 fn is_field_value(mut bytes: impl Iterator<Item = u8>) -> bool {
     bytes.all(|c| (c >= b' ' || c == b'\t') && c != 0x7f)
@@ -496,98 +587,9 @@ fn check_location(value: &[u8]) -> Result<(), CgiResponseError> {
     Ok(())
 }
 
-/// At most the bytes [`encode_head`] writes for `head` (exactly, but for a `Status:` line
-/// without a reason, one less): a caller that frames the head with more bytes sizes its
-/// buffer once.
-pub fn encoded_len(head: &CgiResponseHead) -> usize {
-    // "Status: NNN reason\r\n", each "name: value\r\n", and the blank line.
-    let status = head.status.as_ref().map_or(0, |s| 14 + s.reason.len());
-    head.headers.iter().fold(status + 2, |len, (name, value)| {
-        len + name.len() + value.len() + 4
-    })
-}
-
-/// Writes `head` as a CGI response head (`Status:` line, headers, blank line, CRLF endings).
-///
-/// Refuses what the decoder would refuse, so that decoding the output gives `head` back: a
-/// code outside 100-999, names that are not tokens, a `Status` entry in `headers`, values with
-/// control bytes or surrounding whitespace, more than one `Location`.
-pub fn encode_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), CgiResponseError> {
-    // Checked as it is written, in one pass over the head; on a refusal `dst` is cut back to
-    // what it held, so nothing of a refused head is left in it.
-    let mark = dst.len();
-    let written = write_head(head, dst);
-    if written.is_err() {
-        dst.truncate(mark);
-    }
-    written
-}
-
-/// [`encode_head`]'s pass: each part checked, then written.
-fn write_head(head: &CgiResponseHead, dst: &mut BytesMut) -> Result<(), CgiResponseError> {
-    dst.reserve(encoded_len(head));
-    if let Some(status) = &head.status {
-        if !(100..=999).contains(&status.code) || !is_clean_value(&status.reason) {
-            return Err(CgiResponseError::InvalidStatus {
-                value: snippet(&status.reason),
-            });
-        }
-        dst.put_slice(b"Status: ");
-        // 100..=999, checked above: three digits.
-        let code = status.code;
-        dst.put_slice(&[
-            b'0' + (code / 100) as u8,
-            b'0' + (code / 10 % 10) as u8,
-            b'0' + (code % 10) as u8,
-        ]);
-        if !status.reason.is_empty() {
-            dst.put_u8(b' ');
-            dst.put_slice(&status.reason);
-        }
-        dst.put_slice(b"\r\n");
-    }
-    let mut locations = 0;
-    for (name, value) in &head.headers {
-        if !is_token(name) {
-            return Err(CgiResponseError::InvalidName {
-                name: snippet(name),
-            });
-        }
-        if name.eq_ignore_ascii_case(b"status") {
-            return Err(CgiResponseError::DuplicateStatus);
-        }
-        if !is_clean_value(value) {
-            return Err(CgiResponseError::InvalidValue {
-                name: snippet(name),
-            });
-        }
-        if name.eq_ignore_ascii_case(b"location") {
-            locations += 1;
-            if locations > 1 {
-                return Err(CgiResponseError::DuplicateLocation);
-            }
-            check_location(value)?;
-        }
-        dst.put_slice(name);
-        dst.put_slice(b": ");
-        dst.put_slice(value);
-        dst.put_slice(b"\r\n");
-    }
-    dst.put_slice(b"\r\n");
-    Ok(())
-}
-
-/// A value the decoder would give back as it is: field-value bytes only (no control byte but
-/// a tab, no DEL: no line break can be smuggled into the head), and no space or tab at either
-/// end (the decoder trims them). Every byte is looked at, without branching on each, so the
-/// usual short value is checked in a few instructions.
-fn is_clean_value(value: &[u8]) -> bool {
-    let bad = value.iter().fold(false, |bad, &c| {
-        bad | ((c < b' ' && c != b'\t') | (c == 0x7f))
-    });
-    let padded = |c: Option<&u8>| matches!(c, Some(b' ' | b'\t'));
-    !bad && !padded(value.first()) && !padded(value.last())
-}
+#[path = "cgi_response_encode.rs"]
+mod encode;
+pub use encode::{encode_head, encoded_len};
 
 #[cfg(test)]
 #[path = "cgi_response_tests.rs"]

@@ -1,8 +1,8 @@
-//! The one-pass check of a header line against the rule-by-rule one it stands in for.
+//! The one-pass checks of a header line against the rule-by-rule ones they stand in for.
 
 use proptest::prelude::*;
 
-use super::{well_formed, CgiResponseDecoder};
+use super::{clean_line, well_formed, CgiResponseDecoder};
 use crate::Limits;
 
 /// What the rule-by-rule path makes of `line`.
@@ -24,6 +24,25 @@ proptest! {
             prop::sample::select(b"aZ-_:: \t\r\x01\x7f\x80\xff\"(@;o".to_vec()), 0..12)
     ) {
         prop_assert_eq!(well_formed(&line), slow(&line));
+    }
+
+    /// The scanner's one pass over a line and its ending, on whatever follows (other lines,
+    /// a partial line, nothing), finds what the steps find: the first LF, the CR before it
+    /// taken off, then the line's parts; and declines whatever the steps would refuse or
+    /// cannot decide yet (no LF).
+    #[test]
+    fn the_scanner_s_one_pass_agrees_with_its_steps(
+        rest in proptest::collection::vec(
+            prop::sample::select(b"aZ-_:: \t\r\n\n\x01\x7f\x80\xff\"(@;o".to_vec()), 0..16)
+    ) {
+        let steps = rest.iter().position(|&c| c == b'\n').and_then(|lf| {
+            let end = if lf > 0 && rest[lf - 1] == b'\r' { lf - 1 } else { lf };
+            let line = &rest[..end];
+            (!line.is_empty()).then_some(())?;
+            well_formed(line).map(|(colon, value)| (colon, value, end, lf + 1))
+        });
+        let one_pass = clean_line(&rest).map(|l| (l.colon, l.value, l.end, l.next));
+        prop_assert_eq!(one_pass, steps);
     }
 }
 

@@ -34,6 +34,9 @@ pub(super) async fn accept_loop(
     };
     // The bound address (with the real port when the configuration said 0) is what a test
     // or an operator needs to connect.
+    // Shared by the CGI fronts' connections: a Unix socket's path, cloned for each, would be
+    // an allocation per connection.
+    let shared_address = Arc::new(address.clone());
     let bound_address = listener
         .local_address()
         .map_or_else(|_| address.to_string(), |a| a.to_string());
@@ -88,13 +91,13 @@ pub(super) async fn accept_loop(
                 )));
             }
             FrontProtocol::Fastcgi => {
-                let listener = address.clone();
+                let listener = Arc::clone(&shared_address);
                 connections.spawn(Box::pin(fastcgi::serve_connection(
                     stream, listener, ticket, timeouts, gateway, shutdown,
                 )));
             }
             FrontProtocol::Scgi => {
-                let listener = address.clone();
+                let listener = Arc::clone(&shared_address);
                 connections.spawn(Box::pin(scgi::serve_connection(
                     stream, listener, ticket, timeouts, gateway, shutdown,
                 )));

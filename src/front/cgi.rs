@@ -230,24 +230,23 @@ pub(crate) async fn answer(sink: &mut impl CgiSink, cgi: &[u8]) -> Relayed {
 }
 
 /// A Host value lowercased, without its port; borrowed when it is lowercase already.
+///
+/// The port is cut off the bytes before they are read as text: `]` and `:` are ASCII, which
+/// is never part of a multi-byte character nor swallowed into a replaced invalid sequence, so
+/// the cut falls where a cut of the text would, and only the host is checked as UTF-8.
 fn host_name(raw: &[u8]) -> Cow<'_, str> {
-    fn cut(raw: &str) -> &str {
-        if raw.starts_with('[') {
-            raw.split_inclusive(']').next().unwrap_or(raw)
-        } else {
-            raw.split(':').next().unwrap_or(raw)
-        }
-    }
-    match String::from_utf8_lossy(raw) {
-        Cow::Borrowed(raw) => {
-            let host = cut(raw);
-            if host.bytes().any(|c| c.is_ascii_uppercase()) {
-                Cow::Owned(host.to_ascii_lowercase())
-            } else {
-                Cow::Borrowed(host)
-            }
-        }
-        Cow::Owned(raw) => Cow::Owned(cut(&raw).to_ascii_lowercase()),
+    let end = if raw.first() == Some(&b'[') {
+        raw.iter()
+            .position(|&c| c == b']')
+            .map_or(raw.len(), |i| i + 1)
+    } else {
+        raw.iter().position(|&c| c == b':').unwrap_or(raw.len())
+    };
+    let host = raw.get(..end).unwrap_or(raw);
+    match std::str::from_utf8(host) {
+        Ok(h) if !h.bytes().any(|c| c.is_ascii_uppercase()) => Cow::Borrowed(h),
+        Ok(h) => Cow::Owned(h.to_ascii_lowercase()),
+        Err(_) => Cow::Owned(String::from_utf8_lossy(host).to_ascii_lowercase()),
     }
 }
 
@@ -337,6 +336,17 @@ mod tests {
         assert_eq!(host_name(b"Example.COM:8080"), "example.com");
         assert_eq!(host_name(b"[::1]:80"), "[::1]");
         assert_eq!(host_name(b"localhost"), "localhost");
+        assert_eq!(host_name(b"[::1"), "[::1");
+        assert_eq!(host_name(b""), "");
+        // Bytes that are not UTF-8 are replaced, and the cut and the case are as for text.
+        assert_eq!(host_name(b"Ex\xffAMPLE:80"), "ex\u{fffd}ample");
+        assert_eq!(host_name(b"\xe2:80"), "\u{fffd}");
+        assert_eq!(host_name(b"[\xff::1]:80"), "[\u{fffd}::1]");
+        // Borrowed when nothing changes.
+        assert!(matches!(
+            host_name(b"example.com:80"),
+            Cow::Borrowed("example.com")
+        ));
     }
 
     fn p(v: &str) -> FrontParams {

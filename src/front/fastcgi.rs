@@ -53,7 +53,7 @@ use crate::gateway::Gateway;
 use crate::logs::{LineLimit, Verdict};
 use crate::net::Stream;
 use crate::protocols::fastcgi::{
-    Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent,
+    Capabilities, FastCgiError, FrontParamsDecoder, RequestDecoder, RequestEvent, Role,
 };
 
 use crate::front::cgi::{give_back, linger, read_buffer};
@@ -105,10 +105,12 @@ impl Hasher for IdHasher {
 
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
 /// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
-/// progress have been answered. `ticket` counts it in the cap table.
+/// progress have been answered. `ticket` counts it in the cap table; `listener` is shared
+/// by the listener's connections (a Unix socket's path, cloned, would be an allocation per
+/// connection).
 pub async fn serve_connection(
     stream: Stream,
-    listener: ListenAddress,
+    listener: Arc<ListenAddress>,
     ticket: Ticket,
     timeouts: FrontTimeouts,
     gateway: Arc<Gateway>,
@@ -253,7 +255,7 @@ struct Connection<'c> {
     decoder: RequestDecoder<FrontParamsDecoder>,
     caps: Capabilities,
     gateway: Arc<Gateway>,
-    listener: ListenAddress,
+    listener: Arc<ListenAddress>,
     requests: Requests,
     next_seq: u64,
     /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.
@@ -369,6 +371,20 @@ impl Connection<'_> {
                     RequestEvent::Params { request_id, params } => {
                         let ended = self.decoder.take_stdin_end(buf, request_id);
                         self.start(request_id, params, ended).await
+                    }
+                    // The other usual events need no `await`: handled here, they do not
+                    // make the state of the whole event handler at every request.
+                    RequestEvent::Begin {
+                        request_id,
+                        role: Role::Responder,
+                        keep_conn,
+                    } => {
+                        self.begin(request_id, keep_conn);
+                        Flow::Continue
+                    }
+                    RequestEvent::StdinEnd { request_id } => {
+                        self.stdin_end(request_id);
+                        Flow::Continue
                     }
                     event => self.on_event(event).await,
                 };

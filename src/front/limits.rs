@@ -38,9 +38,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config, FrontTimeouts};
+use crate::front::eviction::Eviction;
 
 /// Connections the status listener keeps open at once. Its clients are a few operators,
 /// scrapers and health checks; it has its own table, so a front flood never reaches it.
@@ -145,8 +145,8 @@ pub struct ConnState {
     /// The watch's `header_timeout` and `idle_timeout` in ms (0 before it starts).
     header_ms: AtomicU64,
     idle_ms: AtomicU64,
-    /// Cancelled when the cap table closes this connection.
-    evicted: CancellationToken,
+    /// Set when the cap table closes this connection.
+    evicted: Eviction,
 }
 
 impl ConnState {
@@ -160,7 +160,7 @@ impl ConnState {
             armed: AtomicU64::new(NONE),
             header_ms: AtomicU64::new(0),
             idle_ms: AtomicU64::new(0),
-            evicted: CancellationToken::new(),
+            evicted: Eviction::default(),
         };
         let now = state.now_ms();
         state.idle_since.store(now, Ordering::Relaxed);
@@ -214,8 +214,8 @@ impl ConnState {
         self.busy.load(Ordering::Relaxed) == 0
     }
 
-    /// Cancelled when the cap table closes this connection.
-    pub fn evicted(&self) -> &CancellationToken {
+    /// Set when the cap table closes this connection.
+    pub fn evicted(&self) -> &Eviction {
         &self.evicted
     }
 

@@ -2,6 +2,7 @@
 
 pub mod backlog;
 pub mod cgi;
+pub mod eviction;
 pub mod fastcgi;
 mod file;
 mod halves;

@@ -60,10 +60,11 @@ enum Fed {
     Deadline,
 }
 
-/// Serves the one request of an SCGI connection; `ticket` counts it in the cap table.
+/// Serves the one request of an SCGI connection; `ticket` counts it in the cap table;
+/// `listener` is shared by the listener's connections.
 pub async fn serve_connection(
     stream: Stream,
-    listener: ListenAddress,
+    listener: Arc<ListenAddress>,
     ticket: Ticket,
     timeouts: FrontTimeouts,
     gateway: Arc<Gateway>,

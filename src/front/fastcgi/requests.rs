@@ -27,6 +27,14 @@ use crate::protocols::fastcgi::{
     ProtocolStatus, RequestEvent, Role,
 };
 
+/// What [`Connection::answer_here`] sends.
+enum Answer<'a> {
+    /// A whole CGI response made by corral (php-fpm's status and ping pages).
+    Cgi(&'a [u8]),
+    /// The answer for a request refused before dispatch.
+    Error(&'a GatewayError),
+}
+
 impl Connection<'_> {
     /// The sender through which tasks of their own report their requests' endings, made
     /// with the first such task (most connections never multiplex).
@@ -47,34 +55,20 @@ impl Connection<'_> {
                 role,
                 keep_conn,
             } => {
-                let seq = self.seq();
-                if role != Role::Responder {
-                    self.decoder.finish(request_id);
-                    return self
-                        .end(
-                            request_id,
-                            seq,
-                            ProtocolStatus::UnknownRole,
-                            keep_conn,
-                            false,
-                        )
-                        .await;
+                if role == Role::Responder {
+                    self.begin(request_id, keep_conn);
+                    return Flow::Continue;
                 }
-                self.head_from = None;
-                self.requests.insert(
+                let seq = self.seq();
+                self.decoder.finish(request_id);
+                self.end(
                     request_id,
-                    Active {
-                        seq,
-                        keep_conn,
-                        body: None,
-                        stdin_ended: false,
-                        answer: None,
-                        task: None,
-                        begun: Instant::now(),
-                        busy: None,
-                    },
-                );
-                Flow::Continue
+                    seq,
+                    ProtocolStatus::UnknownRole,
+                    keep_conn,
+                    false,
+                )
+                .await
             }
             RequestEvent::Rejected {
                 request_id,
@@ -102,11 +96,7 @@ impl Connection<'_> {
             }
             RequestEvent::Stdin { request_id, data } => self.stdin(request_id, data).await,
             RequestEvent::StdinEnd { request_id } => {
-                // Dropping the sender ends the body.
-                if let Some(r) = self.requests.get_mut(&request_id) {
-                    r.body = None;
-                    r.stdin_ended = true;
-                }
+                self.stdin_end(request_id);
                 Flow::Continue
             }
             // Only the FILTER role has a data stream, and it is refused at FCGI_BEGIN_REQUEST.
@@ -161,6 +151,35 @@ impl Connection<'_> {
                 })
                 .await
             }
+        }
+    }
+
+    /// FCGI_BEGIN_REQUEST for the responder role: the request is remembered until its
+    /// parameters end. Synchronous, so the reader's loop calls it without the state of the
+    /// whole event handler (the usual events are handled there without an `await`).
+    pub(super) fn begin(&mut self, request_id: u16, keep_conn: bool) {
+        let seq = self.seq();
+        self.head_from = None;
+        self.requests.insert(
+            request_id,
+            Active {
+                seq,
+                keep_conn,
+                body: None,
+                stdin_ended: false,
+                answer: None,
+                task: None,
+                begun: Instant::now(),
+                busy: None,
+            },
+        );
+    }
+
+    /// FCGI_STDIN's empty record: dropping the sender ends the body.
+    pub(super) fn stdin_end(&mut self, request_id: u16) {
+        if let Some(r) = self.requests.get_mut(&request_id) {
+            r.body = None;
+            r.stdin_ended = true;
         }
     }
 
@@ -255,25 +274,24 @@ impl Connection<'_> {
             answer: AnswerFlag::Own(AtomicU8::new(ANSWER_NOT_STARTED)),
             out: OutSender::Local(self.outbox),
         };
+        // The answers given here without a backend are boxed: awaited in place, their state
+        // (a whole relay) would make this future, and every future that awaits it, larger,
+        // and each is moved (copied whole) at every request, answered so or not.
         if let Some(cgi) = self.gateway.fpm_answer(&self.listener, &params) {
             // php-fpm's status or ping path: answered by corral, never by a worker.
-            let ending = responder.send_cgi(&cgi).await;
-            return self.answered(id, responder.seq, ending).await;
+            return Box::pin(self.answer_here(responder, Answer::Cgi(&cgi))).await;
         }
         let len = match content_length(&params) {
             Ok(len) => len,
             Err(e) => {
-                let ending = responder.error(&GatewayError::from(e)).await;
-                return self.answered(id, responder.seq, ending).await;
+                let e = GatewayError::from(e);
+                return Box::pin(self.answer_here(responder, Answer::Error(&e))).await;
             }
         };
         let prepared = prepare(&self.gateway, &self.listener, params, request_id);
         let (routed, params) = match prepared {
             Ok(prepared) => prepared,
-            Err(e) => {
-                let ending = responder.error(&e).await;
-                return self.answered(id, responder.seq, ending).await;
-            }
+            Err(e) => return Box::pin(self.answer_here(responder, Answer::Error(&e))).await,
         };
         let (tx, body) = match len {
             None | Some(0) if stdin_ended => (None, RequestBody::empty()),
@@ -329,6 +347,17 @@ impl Connection<'_> {
             r.busy = Some(self.state.begin());
         }
         Flow::Continue
+    }
+
+    /// Answers a request without a backend (corral's own answer, or a refusal) and ends it.
+    async fn answer_here(&mut self, mut responder: Responder<'_>, what: Answer<'_>) -> Flow {
+        let ending = match what {
+            Answer::Cgi(cgi) => responder.send_cgi(cgi).await,
+            Answer::Error(e) => responder.error(e).await,
+        };
+        let (id, seq) = (responder.id, responder.seq);
+        drop(responder);
+        self.answered(id, seq, ending).await
     }
 
     /// Hands FCGI_STDIN bytes to the request's body within the budgets; see the module
