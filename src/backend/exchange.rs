@@ -385,11 +385,21 @@ impl Exchange {
             let timer = conn
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if timer.deadline() != deadline {
+            // The timer is moved only to an earlier time. Each request's deadline is later
+            // than the one before, so a kept connection's timer stays where an earlier
+            // request set it, and when it fires before this deadline it is set again then:
+            // one timer-wheel update per deadline period instead of one per request.
+            if timer.deadline() > deadline {
                 timer.as_mut().reset(deadline);
             }
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
+            loop {
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                if timer.deadline() >= deadline || Instant::now() >= deadline {
+                    break;
+                }
+                timer.as_mut().reset(deadline);
             }
             return Poll::Ready(Err(if deadline < self.request_deadline {
                 BackendError::FirstByteTimeout {
