@@ -145,6 +145,16 @@ pub(super) struct CheckedHeaders<'a> {
     /// Bit `i` set: header `i` becomes an `HTTP_*` variable. Headers past the 64th are
     /// classified again when pushed.
     http: u64,
+    /// Whether two headers may have the same name (in any letter case). When not, no header
+    /// is looked for again among the others to merge repeats.
+    may_repeat: bool,
+}
+
+/// A bit for a header name such that two names equal but for case get the same one: from
+/// its length and its first letter.
+fn name_bit(name: &[u8]) -> u64 {
+    let first = name.first().map_or(0, u8::to_ascii_lowercase);
+    1 << ((name.len().wrapping_mul(7) ^ usize::from(first)) % 64)
 }
 
 /// Headers whose class [`CheckedHeaders`] remembers.
@@ -161,7 +171,11 @@ pub(super) fn check_headers<'a>(
     let mut content_type: Option<&[u8]> = None;
     let mut content_length: Option<u64> = None;
     let mut http = 0u64;
+    let (mut names, mut may_repeat) = (0u64, false);
     for (i, &(name, value)) in headers.iter().enumerate() {
+        let bit = name_bit(name);
+        may_repeat |= names & bit != 0;
+        names |= bit;
         let scan = scan_name(name);
         if !scan.token {
             return Err(CgiError::InvalidHeaderName {
@@ -201,6 +215,7 @@ pub(super) fn check_headers<'a>(
             content_length: body_length.or(content_length),
         },
         http,
+        may_repeat,
     })
 }
 
@@ -234,6 +249,10 @@ pub(super) fn push_http_vars(
     };
     for (i, &(name, value)) in headers.iter().enumerate() {
         if !checked.is_http(i, name) {
+            continue;
+        }
+        if !checked.may_repeat {
+            out.push_mapped_name(b"HTTP_", name, upper, value)?;
             continue;
         }
         let same = |other: &(&[u8], &[u8])| other.0.eq_ignore_ascii_case(name);
@@ -286,4 +305,43 @@ fn parse_content_length(value: &[u8]) -> Result<u64, CgiError> {
 pub(super) fn scan_name_for_tests(name: &[u8]) -> (bool, bool, bool) {
     let s = scan_name(name);
     (s.token, s.underscore, s.other)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Names equal but for case share their bit, so a repeat is never missed.
+        #[test]
+        fn a_name_in_any_case_has_one_bit(name in "[A-Za-z0-9-]{0,20}") {
+            let bit = name_bit(name.as_bytes());
+            prop_assert_eq!(bit, name_bit(name.to_ascii_lowercase().as_bytes()));
+            prop_assert_eq!(bit, name_bit(name.to_ascii_uppercase().as_bytes()));
+        }
+    }
+
+    #[test]
+    fn repeats_in_another_case_are_merged() {
+        let headers: &[(&[u8], &[u8])] = &[
+            (b"Cookie", b"a=1"),
+            (b"Accept", b"*/*"),
+            (b"COOKIE", b"b=2"),
+        ];
+        let checked = check_headers(headers, None).unwrap();
+        assert!(checked.may_repeat);
+        let mut out = CgiParams::default();
+        push_http_vars(headers, &checked, &mut out).unwrap();
+        let pairs: Vec<_> = out.iter().collect();
+        assert_eq!(
+            pairs,
+            [(&b"HTTP_COOKIE"[..], &b"a=1; b=2"[..]), (b"HTTP_ACCEPT", b"*/*")]
+        );
+        let distinct: &[(&[u8], &[u8])] = &[(b"Cookie", b"a=1"), (b"Accept", b"*/*")];
+        assert!(!check_headers(distinct, None).unwrap().may_repeat);
+    }
 }
