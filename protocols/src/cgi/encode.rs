@@ -118,10 +118,12 @@ pub fn encode_prepared(
     } else {
         out.push_joined(b"DOCUMENT_URI", &[name, index, path_info], b"")?;
     }
-    out.append(prepared.root());
-    match fixed.and_then(|f| f.protocol(req.protocol, req.https)) {
+    match prepared.root_and_protocol(req.protocol, req.https) {
         Some(block) => out.append(block),
-        None => push_protocol(&mut out, req.protocol, req.https)?,
+        None => {
+            out.append(prepared.root());
+            push_protocol(&mut out, req.protocol, req.https)?;
+        }
     }
     match remote {
         Some(vars) => out.append(vars),

@@ -31,6 +31,9 @@ pub struct PreparedContext {
     head: CgiParams,
     /// DOCUMENT_ROOT.
     root: CgiParams,
+    /// DOCUMENT_ROOT followed by each of [`Fixed`]'s protocol blocks (the variables after it
+    /// in the request's order), in the same order: one append for the four variables.
+    root_protocol: Option<[CgiParams; 4]>,
 }
 
 impl PreparedContext {
@@ -42,11 +45,19 @@ impl PreparedContext {
             .and_then(|()| check_extra_env(&ctx))
             .and_then(|()| push_head(&mut head, &ctx))
             .and_then(|()| push_root(&mut root, &ctx));
+        let root_protocol = fixed().map(|fixed| {
+            fixed.protocol.clone().map(|protocol| {
+                let mut joined = root.clone();
+                joined.append(&protocol);
+                joined
+            })
+        });
         PreparedContext {
             ctx,
             checked,
             head,
             root,
+            root_protocol,
         }
     }
 
@@ -68,6 +79,14 @@ impl PreparedContext {
     /// DOCUMENT_ROOT, encoded.
     pub(super) fn root(&self) -> &CgiParams {
         &self.root
+    }
+
+    /// DOCUMENT_ROOT, SERVER_PROTOCOL `version`, REQUEST_SCHEME and HTTPS, encoded, when
+    /// `version` is HTTP/1.1 or HTTP/1.0.
+    pub(super) fn root_and_protocol(&self, version: &[u8], https: bool) -> Option<&CgiParams> {
+        self.root_protocol
+            .as_ref()?
+            .get(protocol_index(version, https)?)
     }
 }
 
@@ -169,18 +188,17 @@ pub(super) fn fixed() -> Option<&'static Fixed> {
         .as_ref()
 }
 
-impl Fixed {
-    /// SERVER_PROTOCOL `version`, REQUEST_SCHEME and HTTPS, when `version` is HTTP/1.1 or
-    /// HTTP/1.0.
-    pub(super) fn protocol(&self, version: &[u8], https: bool) -> Option<&CgiParams> {
-        let at = match version {
-            b"HTTP/1.1" => 0,
-            b"HTTP/1.0" => 2,
-            _ => return None,
-        };
-        self.protocol.get(at + usize::from(https))
-    }
+/// Where the protocol block of `version` and `https` is in [`Fixed`]'s array.
+fn protocol_index(version: &[u8], https: bool) -> Option<usize> {
+    let at = match version {
+        b"HTTP/1.1" => 0,
+        b"HTTP/1.0" => 2,
+        _ => return None,
+    };
+    Some(at + usize::from(https))
+}
 
+impl Fixed {
     /// CONTENT_TYPE and CONTENT_LENGTH, both empty.
     pub(super) fn no_body(&self) -> &CgiParams {
         &self.no_body

@@ -211,15 +211,23 @@ fn a_fixed_block_is_what_its_variables_encode_to() {
         push(&mut out).unwrap();
         out
     };
+    let prepared = PreparedContext::new(CgiContext {
+        document_root: b"/var/www/html".to_vec(),
+        mode: ScriptMode::App {
+            mount: b"/app".to_vec(),
+        },
+        server_software: Bytes::from_static(b"corral/test"),
+        extra_env: Vec::new(),
+        allow_php_ini_params: false,
+    });
     for version in [&b"HTTP/1.1"[..], b"HTTP/1.0"] {
         for https in [false, true] {
-            assert_eq!(
-                fixed.protocol(version, https),
-                Some(&pushed(&|out| push_protocol(out, version, https)))
-            );
+            let mut expected = prepared.root().clone();
+            expected.append(&pushed(&|out| push_protocol(out, version, https)));
+            assert_eq!(prepared.root_and_protocol(version, https), Some(&expected));
         }
     }
-    assert_eq!(fixed.protocol(b"HTTP/2.0", false), None);
+    assert_eq!(prepared.root_and_protocol(b"HTTP/2.0", false), None);
     assert_eq!(fixed.no_body(), &pushed(&push_no_body));
     assert_eq!(fixed.redirect_status(), &pushed(&push_redirect_status));
 }
