@@ -161,8 +161,9 @@ impl CgiParams {
         self.longest_name <= names && self.longest_value <= values && self.total <= total
     }
 
-    /// Appends a variable.
-    #[inline]
+    /// Appends a variable. Always inlined: most callers name a constant variable, whose
+    /// name is then stored in place rather than copied through a call.
+    #[inline(always)]
     pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), CgiError> {
         check_lens(name, value.len())?;
         self.buf.reserve(name.len() + value.len() + 8);
