@@ -21,9 +21,14 @@ use tokio_util::io::poll_read_buf;
 
 use super::connection::BackendConnection;
 use super::{fastcgi, lsapi, scgi};
-use super::{BackendError, ExchangeOptions, Protocol, RequestBody};
+use super::{BackendError, ExchangeOptions, Protocol, RequestBody, StderrSink};
 use crate::logs::{escaped, LineLimit, Verdict};
 use crate::protocols::cgi_response::CgiResponseHead;
+
+mod body;
+
+use body::BodyState;
+pub use body::ResponseBody;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 32 * 1024;
@@ -191,7 +196,12 @@ pub(super) struct Exchange {
     eof: bool,
     /// Writing failed; reading goes on, as the backend may have answered already.
     write_error: Option<io::Error>,
-    options: ExchangeOptions,
+    /// What the exchange itself reads of its [`ExchangeOptions`] (the limits and the spool
+    /// served the codec and the caller before it began, and are not copied in).
+    pool: std::sync::Arc<str>,
+    request_id: u64,
+    timeouts: super::Timeouts,
+    stderr: Option<StderrSink>,
     request_deadline: Instant,
     first_byte_deadline: Option<Instant>,
     got_byte: bool,
@@ -201,6 +211,13 @@ pub(super) struct Exchange {
     clean: bool,
     /// Bounds the backend stderr this exchange logs.
     stderr_limit: LineLimit,
+    /// Where the response body stands, for [`ResponseBody`]. Kept here, in the box, so
+    /// that the body the gateway and the front move about is one pointer.
+    state: BodyState,
+    /// The connection, after a clean end, when it has no idle stack to go back to.
+    kept: Option<BackendConnection>,
+    /// A chunk (or the error) decoded while looking ahead, handed out next.
+    ahead: Option<Result<Bytes, BackendError>>,
 }
 
 impl Exchange {
@@ -229,7 +246,10 @@ impl Exchange {
             written: 0,
             eof: false,
             write_error: None,
-            options: options.clone(),
+            pool: options.pool.clone(),
+            request_id: options.request_id,
+            timeouts: options.timeouts,
+            stderr: options.stderr.clone(),
             request_deadline: started + options.timeouts.request,
             first_byte_deadline: None,
             got_byte: false,
@@ -239,6 +259,9 @@ impl Exchange {
                 STDERR_LINES_PER_SECOND,
                 STDERR_BYTES_PER_SECOND,
             ),
+            state: BodyState::Streaming,
+            kept: None,
+            ahead: None,
         }
     }
 
@@ -306,7 +329,7 @@ impl Exchange {
     /// one exchange at a time per slot); past that they are counted and reported with the
     /// next piece logged, or when the exchange ends.
     fn log_stderr(&self, text: &[u8]) {
-        if let Some(sink) = &self.options.stderr {
+        if let Some(sink) = &self.stderr {
             sink(text);
         }
         let Verdict::Log { suppressed } = self.stderr_limit.check(Instant::now(), text.len())
@@ -316,8 +339,8 @@ impl Exchange {
         self.report_suppressed_stderr(suppressed);
         let line = text.strip_suffix(b"\n").unwrap_or(text);
         tracing::warn!(
-            pool = %self.options.pool,
-            request_id = self.options.request_id,
+            pool = %self.pool,
+            request_id = self.request_id,
             protocol = %self.protocol(),
             stderr = %escaped(line),
             "backend wrote to stderr"
@@ -327,8 +350,8 @@ impl Exchange {
     fn report_suppressed_stderr(&self, suppressed: u64) {
         if suppressed > 0 {
             tracing::warn!(
-                pool = %self.options.pool,
-                request_id = self.options.request_id,
+                pool = %self.pool,
+                request_id = self.request_id,
                 suppressed,
                 "backend stderr over {STDERR_LINES_PER_SECOND} records or \
                  {STDERR_BYTES_PER_SECOND} bytes a second: suppressed {suppressed} lines"
@@ -344,8 +367,7 @@ impl Exchange {
             match self.poll_io(cx) {
                 Poll::Ready(Ok(Progress::Read)) => return Poll::Ready(Ok(())),
                 Poll::Ready(Ok(Progress::RequestSent)) => {
-                    self.first_byte_deadline =
-                        Some(Instant::now() + self.options.timeouts.first_byte);
+                    self.first_byte_deadline = Some(Instant::now() + self.timeouts.first_byte);
                     continue;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -363,19 +385,29 @@ impl Exchange {
             let timer = conn
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if timer.deadline() != deadline {
+            // The timer is moved only to an earlier time. Each request's deadline is later
+            // than the one before, so a kept connection's timer stays where an earlier
+            // request set it, and when it fires before this deadline it is set again then:
+            // one timer-wheel update per deadline period instead of one per request.
+            if timer.deadline() > deadline {
                 timer.as_mut().reset(deadline);
             }
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
+            loop {
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                if timer.deadline() >= deadline || Instant::now() >= deadline {
+                    break;
+                }
+                timer.as_mut().reset(deadline);
             }
             return Poll::Ready(Err(if deadline < self.request_deadline {
                 BackendError::FirstByteTimeout {
-                    after: self.options.timeouts.first_byte,
+                    after: self.timeouts.first_byte,
                 }
             } else {
                 BackendError::RequestTimeout {
-                    after: self.options.timeouts.request,
+                    after: self.timeouts.request,
                 }
             }));
         }
@@ -551,155 +583,10 @@ impl Drop for Exchange {
             }
         }
         tracing::debug!(
-            pool = %self.options.pool,
-            request_id = self.options.request_id,
+            pool = %self.pool,
+            request_id = self.request_id,
             protocol = %self.protocol(),
             "backend exchange abandoned before its end; connection closed"
         );
-    }
-}
-
-/// The body of a backend response, pulled chunk by chunk. Dropping it before the end
-/// aborts the backend request (FastCGI ABORT_REQUEST, then close; SCGI and LSAPI: close).
-pub struct ResponseBody {
-    exchange: Box<Exchange>,
-    state: BodyState,
-    /// The connection, after a clean end, when it has no idle stack to go back to.
-    kept: Option<BackendConnection>,
-    /// A chunk (or the error) decoded while looking ahead, handed out next.
-    ahead: Option<Result<Bytes, BackendError>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BodyState {
-    Streaming,
-    Ended,
-    Failed,
-}
-
-impl std::fmt::Debug for ResponseBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseBody")
-            .field("protocol", &self.exchange.protocol())
-            .field("state", &self.state)
-            .finish()
-    }
-}
-
-impl ResponseBody {
-    pub(super) fn new(exchange: Box<Exchange>) -> ResponseBody {
-        ResponseBody {
-            exchange,
-            state: BodyState::Streaming,
-            kept: None,
-            ahead: None,
-        }
-    }
-
-    /// The next body chunk; `None` at the clean end of the response. After an error the
-    /// connection is gone and every later call gives `None`.
-    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
-        poll_fn(|cx| self.poll_chunk(cx)).await
-    }
-
-    /// [`next_chunk`](Self::next_chunk) as a poll function (cancel-safe: the state is in
-    /// the exchange), so a front can pull the body without a future per chunk.
-    pub fn poll_chunk(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, BackendError>>> {
-        if let Some(ahead) = self.ahead.take() {
-            return Poll::Ready(Some(ahead));
-        }
-        if self.state != BodyState::Streaming {
-            return Poll::Ready(None);
-        }
-        loop {
-            let step = match self.exchange.poll_step(cx) {
-                Poll::Ready(step) => step,
-                Poll::Pending => return Poll::Pending,
-            };
-            match step {
-                Ok(Step::Data(chunk)) => {
-                    self.look_ahead();
-                    return Poll::Ready(Some(Ok(chunk)));
-                }
-                Ok(Step::End { reusable }) => {
-                    self.state = BodyState::Ended;
-                    self.kept = self.exchange.finish(reusable);
-                    return Poll::Ready(None);
-                }
-                Ok(Step::Head(_)) => {
-                    return Poll::Ready(Some(Err(self.fail(BackendError::Protocol {
-                        protocol: self.exchange.protocol(),
-                        rule: "the response carried a second head".into(),
-                    }))))
-                }
-                Ok(Step::Stderr(_) | Step::Nothing) => {}
-                Err(e) => return Poll::Ready(Some(Err(self.fail(e)))),
-            }
-        }
-    }
-
-    /// Decodes what is already buffered after a chunk, without waiting. When the end of
-    /// the response is there too (the usual case: the last chunk and END_REQUEST or
-    /// RESP_END arrive together), the exchange is finished at once, so a front that stops
-    /// reading when it has the announced Content-Length still leaves a reusable connection.
-    fn look_ahead(&mut self) {
-        loop {
-            match self.exchange.buffered_step() {
-                Ok(None) => return,
-                Ok(Some(Step::End { reusable })) => {
-                    self.state = BodyState::Ended;
-                    self.kept = self.exchange.finish(reusable);
-                    return;
-                }
-                Ok(Some(Step::Data(chunk))) if chunk.is_empty() => {}
-                Ok(Some(Step::Data(chunk))) => {
-                    self.ahead = Some(Ok(chunk));
-                    return;
-                }
-                Ok(Some(Step::Head(_))) => {
-                    let e = self.fail(BackendError::Protocol {
-                        protocol: self.exchange.protocol(),
-                        rule: "the response carried a second head".into(),
-                    });
-                    self.ahead = Some(Err(e));
-                    return;
-                }
-                Ok(Some(Step::Stderr(_) | Step::Nothing)) => {}
-                Err(e) => {
-                    let e = self.fail(e);
-                    self.ahead = Some(Err(e));
-                    return;
-                }
-            }
-        }
-    }
-
-    fn fail(&mut self, e: BackendError) -> BackendError {
-        self.state = BodyState::Failed;
-        // Dropping the connection now (rather than with the body) closes it at once.
-        if let Some(conn) = self.exchange.conn.take() {
-            drop(conn);
-        }
-        e
-    }
-
-    /// Whether the response ended cleanly and every chunk has been handed out.
-    pub fn is_ended(&self) -> bool {
-        self.state == BodyState::Ended && self.ahead.is_none()
-    }
-
-    /// After a clean end, the connection if it may carry another request and did not come
-    /// from a [`super::Connections`] stack (those go back by themselves).
-    pub fn take_connection(&mut self) -> Option<BackendConnection> {
-        self.kept.take()
-    }
-
-    /// The client went away: abort the backend request and close the connection. Same as
-    /// dropping the body, but says so in the code.
-    pub fn abort(self) {
-        drop(self);
     }
 }

@@ -305,7 +305,9 @@ fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, Bac
         protocol: Protocol::Lsapi,
         rule,
     };
-    let mut text = BytesMut::new();
+    // Sized once: grown line by line, the text was reallocated as it doubled.
+    let len = head.lines.iter().map(|l| l.len() + 2).sum::<usize>() + 2;
+    let mut text = BytesMut::with_capacity(len);
     for (index, line) in head.lines.iter().enumerate() {
         if line.iter().any(|&b| b == b'\r' || b == b'\n') {
             return Err(invalid(format!(

@@ -10,7 +10,8 @@
 //! a clean exchange; any error drops the connection.
 //!
 //! Files: `body` (request body sources), `connection` (connections and the idle stack),
-//! `exchange` (the I/O driver and the response body, shared by the three protocols),
+//! `exchange` (the I/O driver, shared by the three protocols; `exchange/body`: the
+//! response body),
 //! `fastcgi`, `scgi`, `lsapi` (one codec each), `spool` (bodies of unknown length), `error`,
 //! `resolve` (DNS names in `servers`, followed while corral runs).
 

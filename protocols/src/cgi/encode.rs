@@ -5,7 +5,7 @@
 //! prepared once (`prepared.rs`) and appended as bytes.
 
 use super::params::CgiParams;
-use super::prepared::{PreparedContext, RemoteVars, ServerVars};
+use super::prepared::{fixed, PreparedContext, RemoteVars, ServerVars};
 use super::{
     check_field, has_nul_cr_lf, headers, is_token, path, snippet, CgiContext, CgiError, CgiRequest,
     RequestPath, GATEWAY_INTERFACE,
@@ -75,13 +75,19 @@ pub fn encode_prepared(
     out.append(prepared.head());
     out.push(b"QUERY_STRING", path.query)?;
     out.push(b"REQUEST_METHOD", req.method)?;
-    out.push(b"CONTENT_TYPE", body.content_type.unwrap_or_default())?;
-    out.push(
-        b"CONTENT_LENGTH",
-        body.content_length
-            .map(|n| decimal(n, &mut length_text))
-            .unwrap_or_default(),
-    )?;
+    let fixed = fixed();
+    match (fixed, body.content_type, body.content_length) {
+        (Some(fixed), None, None) => out.append(fixed.no_body()),
+        _ => {
+            out.push(b"CONTENT_TYPE", body.content_type.unwrap_or_default())?;
+            out.push(
+                b"CONTENT_LENGTH",
+                body.content_length
+                    .map(|n| decimal(n, &mut length_text))
+                    .unwrap_or_default(),
+            )?;
+        }
+    }
     let path::Split {
         name,
         index,
@@ -112,14 +118,12 @@ pub fn encode_prepared(
     } else {
         out.push_joined(b"DOCUMENT_URI", &[name, index, path_info], b"")?;
     }
-    out.append(prepared.root());
-    out.push(b"SERVER_PROTOCOL", req.protocol)?;
-    out.push(
-        b"REQUEST_SCHEME",
-        if req.https { b"https" } else { b"http" },
-    )?;
-    if req.https {
-        out.push(b"HTTPS", b"on")?;
+    match prepared.root_and_protocol(req.protocol, req.https) {
+        Some(block) => out.append(block),
+        None => {
+            out.append(prepared.root());
+            push_protocol(&mut out, req.protocol, req.https)?;
+        }
     }
     match remote {
         Some(vars) => out.append(vars),
@@ -130,7 +134,10 @@ pub fn encode_prepared(
         None => push_server(&mut out, req.server_addr, req.server_port)?,
     }
     out.push(b"SERVER_NAME", req.server_name)?;
-    out.push(b"REDIRECT_STATUS", b"200")?;
+    match fixed {
+        Some(fixed) => out.append(fixed.redirect_status()),
+        None => push_redirect_status(&mut out)?,
+    }
     headers::push_http_vars(req.headers, &headers, &mut out)?;
     // Checked once, when the context was prepared.
     for (name, value) in &ctx.extra_env {
@@ -144,6 +151,31 @@ pub fn encode_prepared(
 pub(super) fn push_head(out: &mut CgiParams, ctx: &CgiContext) -> Result<(), CgiError> {
     out.push(b"GATEWAY_INTERFACE", GATEWAY_INTERFACE)?;
     out.push(b"SERVER_SOFTWARE", &ctx.server_software)
+}
+
+/// CONTENT_TYPE and CONTENT_LENGTH of a request without a body: both empty.
+pub(super) fn push_no_body(out: &mut CgiParams) -> Result<(), CgiError> {
+    out.push(b"CONTENT_TYPE", b"")?;
+    out.push(b"CONTENT_LENGTH", b"")
+}
+
+/// SERVER_PROTOCOL, REQUEST_SCHEME, and HTTPS over TLS.
+pub(super) fn push_protocol(
+    out: &mut CgiParams,
+    protocol: &[u8],
+    https: bool,
+) -> Result<(), CgiError> {
+    out.push(b"SERVER_PROTOCOL", protocol)?;
+    out.push(b"REQUEST_SCHEME", if https { b"https" } else { b"http" })?;
+    if https {
+        out.push(b"HTTPS", b"on")?;
+    }
+    Ok(())
+}
+
+/// REDIRECT_STATUS, which php-cgi's `cgi.force_redirect` asks for.
+pub(super) fn push_redirect_status(out: &mut CgiParams) -> Result<(), CgiError> {
+    out.push(b"REDIRECT_STATUS", b"200")
 }
 
 /// DOCUMENT_ROOT of `ctx`.

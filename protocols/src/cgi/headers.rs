@@ -145,6 +145,16 @@ pub(super) struct CheckedHeaders<'a> {
     /// Bit `i` set: header `i` becomes an `HTTP_*` variable. Headers past the 64th are
     /// classified again when pushed.
     http: u64,
+    /// Whether two headers may have the same name (in any letter case). When not, no header
+    /// is looked for again among the others to merge repeats.
+    may_repeat: bool,
+}
+
+/// A bit for a header name such that two names equal but for case get the same one: from
+/// its length and its first letter.
+fn name_bit(name: &[u8]) -> u64 {
+    let first = name.first().map_or(0, u8::to_ascii_lowercase);
+    1 << ((name.len().wrapping_mul(7) ^ usize::from(first)) % 64)
 }
 
 /// Headers whose class [`CheckedHeaders`] remembers.
@@ -161,14 +171,18 @@ pub(super) fn check_headers<'a>(
     let mut content_type: Option<&[u8]> = None;
     let mut content_length: Option<u64> = None;
     let mut http = 0u64;
+    let (mut names, mut may_repeat) = (0u64, false);
     for (i, &(name, value)) in headers.iter().enumerate() {
+        let bit = name_bit(name);
+        may_repeat |= names & bit != 0;
+        names |= bit;
         let scan = scan_name(name);
         if !scan.token {
             return Err(CgiError::InvalidHeaderName {
                 name: snippet(name),
             });
         }
-        if value.iter().any(|&c| (c < b' ' && c != b'\t') || c == 0x7f) {
+        if has_control(value) {
             return Err(CgiError::InvalidHeaderValue {
                 name: snippet(name),
             });
@@ -201,6 +215,7 @@ pub(super) fn check_headers<'a>(
             content_length: body_length.or(content_length),
         },
         http,
+        may_repeat,
     })
 }
 
@@ -236,6 +251,10 @@ pub(super) fn push_http_vars(
         if !checked.is_http(i, name) {
             continue;
         }
+        if !checked.may_repeat {
+            out.push_mapped_name(b"HTTP_", name, upper, value)?;
+            continue;
+        }
         let same = |other: &(&[u8], &[u8])| other.0.eq_ignore_ascii_case(name);
         if headers.get(..i).unwrap_or_default().iter().any(same) {
             // Merged into its first occurrence.
@@ -262,6 +281,31 @@ pub(super) fn push_http_vars(
     Ok(())
 }
 
+/// Whether `value` holds a control byte other than HTAB, or DEL. Eight bytes at a time: a
+/// word with no byte under 0x20 and none equal to 0x7f is passed whole (the two tests are
+/// exact, not estimates); a word that has one is looked at byte by byte, since HTAB is
+/// allowed. This runs over every header value of every request.
+fn has_control(value: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let is_control = |c: u8| (c < b' ' && c != b'\t') || c == 0x7f;
+    let mut words = value.chunks_exact(8);
+    for word in words.by_ref() {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(word);
+        let w = u64::from_le_bytes(bytes);
+        // A byte under 0x20: borrows through its high bit when 0x20 is taken from it.
+        let low = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+        // A byte equal to 0x7f: zero once xored with 0x7f.
+        let x = w ^ (ONES * 0x7f);
+        let del = x.wrapping_sub(ONES) & !x & HIGH;
+        if (low | del) != 0 && word.iter().any(|&c| is_control(c)) {
+            return true;
+        }
+    }
+    words.remainder().iter().any(|&c| is_control(c))
+}
+
 /// A Content-Length value: one or more ASCII digits that fit in a u64.
 fn parse_content_length(value: &[u8]) -> Result<u64, CgiError> {
     let bad = || CgiError::InvalidContentLength {
@@ -286,4 +330,60 @@ fn parse_content_length(value: &[u8]) -> Result<u64, CgiError> {
 pub(super) fn scan_name_for_tests(name: &[u8]) -> (bool, bool, bool) {
     let s = scan_name(name);
     (s.token, s.underscore, s.other)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Names equal but for case share their bit, so a repeat is never missed.
+        #[test]
+        fn a_name_in_any_case_has_one_bit(name in "[A-Za-z0-9-]{0,20}") {
+            let bit = name_bit(name.as_bytes());
+            prop_assert_eq!(bit, name_bit(name.to_ascii_lowercase().as_bytes()));
+            prop_assert_eq!(bit, name_bit(name.to_ascii_uppercase().as_bytes()));
+        }
+    }
+
+    proptest! {
+        /// The word-at-a-time test answers as a look at every byte.
+        #[test]
+        fn control_bytes_are_found_in_any_word(
+            value in prop::collection::vec(
+                prop::sample::select(&b"aZ \t\x00\x1f\x7f\x80\xff~"[..]),
+                0..40,
+            )
+        ) {
+            let bytewise = value.iter().any(|&c| (c < b' ' && c != b'\t') || c == 0x7f);
+            prop_assert_eq!(has_control(&value), bytewise);
+        }
+    }
+
+    #[test]
+    fn repeats_in_another_case_are_merged() {
+        let headers: &[(&[u8], &[u8])] = &[
+            (b"Cookie", b"a=1"),
+            (b"Accept", b"*/*"),
+            (b"COOKIE", b"b=2"),
+        ];
+        let checked = check_headers(headers, None).unwrap();
+        assert!(checked.may_repeat);
+        let mut out = CgiParams::default();
+        push_http_vars(headers, &checked, &mut out).unwrap();
+        let pairs: Vec<_> = out.iter().collect();
+        assert_eq!(
+            pairs,
+            [
+                (&b"HTTP_COOKIE"[..], &b"a=1; b=2"[..]),
+                (b"HTTP_ACCEPT", b"*/*")
+            ]
+        );
+        let distinct: &[(&[u8], &[u8])] = &[(b"Cookie", b"a=1"), (b"Accept", b"*/*")];
+        assert!(!check_headers(distinct, None).unwrap().may_repeat);
+    }
 }

@@ -161,8 +161,9 @@ impl CgiParams {
         self.longest_name <= names && self.longest_value <= values && self.total <= total
     }
 
-    /// Appends a variable.
-    #[inline]
+    /// Appends a variable. Always inlined: most callers name a constant variable, whose
+    /// name is then stored in place rather than copied through a call.
+    #[inline(always)]
     pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), CgiError> {
         check_lens(name, value.len())?;
         self.buf.reserve(name.len() + value.len() + 8);
@@ -204,7 +205,9 @@ impl CgiParams {
     }
 
     /// Appends a variable whose name is `prefix` followed by `tail` mapped byte by byte
-    /// through `map` (`HTTP_` and a header name upper-cased, `-` as `_`).
+    /// through `map` (`HTTP_` and a header name upper-cased, `-` as `_`). Inlined, so that
+    /// a constant prefix is stored, not copied through a call.
+    #[inline]
     pub(crate) fn push_mapped_name(
         &mut self,
         prefix: &[u8],
@@ -224,15 +227,11 @@ impl CgiParams {
         put_len(&mut self.buf, name_len);
         put_len(&mut self.buf, value.len());
         self.buf.extend_from_slice(prefix);
-        // Copied whole, then mapped in place: pushing byte by byte through an iterator
-        // checked the capacity at every byte.
-        let at = self.buf.len();
-        self.buf.extend_from_slice(tail);
-        if let Some(mapped) = self.buf.get_mut(at..) {
-            for c in mapped {
-                *c = map(*c);
-            }
-        }
+        // Mapped as it is copied: a slice's mapped iterator tells its exact length, so the
+        // vector reserves once and writes each byte without checking its capacity again
+        // (pushing byte by byte checked it at every byte; copying, then mapping in place,
+        // read the name twice and called memcpy).
+        self.buf.extend(tail.iter().map(|&c| map(c)));
         self.buf.extend_from_slice(value);
         self.note(name_len, value.len());
         Ok(())

@@ -200,3 +200,34 @@ fn a_bad_address_encoded_at_accept_refuses_every_request_of_the_connection() {
         "{err:?}"
     );
 }
+
+#[test]
+fn a_fixed_block_is_what_its_variables_encode_to() {
+    use super::encode::{push_no_body, push_protocol, push_redirect_status};
+    use super::CgiParams;
+    let fixed = super::prepared::fixed().unwrap();
+    let pushed = |push: &dyn Fn(&mut CgiParams) -> Result<(), CgiError>| {
+        let mut out = CgiParams::default();
+        push(&mut out).unwrap();
+        out
+    };
+    let prepared = PreparedContext::new(CgiContext {
+        document_root: b"/var/www/html".to_vec(),
+        mode: ScriptMode::App {
+            mount: b"/app".to_vec(),
+        },
+        server_software: Bytes::from_static(b"corral/test"),
+        extra_env: Vec::new(),
+        allow_php_ini_params: false,
+    });
+    for version in [&b"HTTP/1.1"[..], b"HTTP/1.0"] {
+        for https in [false, true] {
+            let mut expected = prepared.root().clone();
+            expected.append(&pushed(&|out| push_protocol(out, version, https)));
+            assert_eq!(prepared.root_and_protocol(version, https), Some(&expected));
+        }
+    }
+    assert_eq!(prepared.root_and_protocol(b"HTTP/2.0", false), None);
+    assert_eq!(fixed.no_body(), &pushed(&push_no_body));
+    assert_eq!(fixed.redirect_status(), &pushed(&push_redirect_status));
+}

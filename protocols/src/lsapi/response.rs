@@ -284,22 +284,25 @@ fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Line
     if lens_end > actual {
         return Err(mismatch(lens_end));
     }
-    let mut lens = Vec::with_capacity(count);
+    // The lengths are read twice (to check they fill the payload, then to cut the lines)
+    // rather than kept in a vector: no allocation for them.
+    let line_len =
+        |i: usize| usize::from(order.read_u16(payload, RESP_INFO_LEN + 2 * i).unwrap_or(0));
     let mut needed = lens_end;
     for i in 0..count {
-        let len = usize::from(order.read_u16(payload, RESP_INFO_LEN + 2 * i).unwrap_or(0));
+        let len = line_len(i);
         if len == 0 {
             return Err(LsapiError::EmptyHeaderLine { index: i });
         }
         needed += len;
-        lens.push(len);
     }
     if needed != actual {
         return Err(mismatch(needed));
     }
     let mut lines = Vec::with_capacity(count);
     let mut at = lens_end;
-    for (index, len) in lens.into_iter().enumerate() {
+    for index in 0..count {
+        let len = line_len(index);
         let text = at..at + len - 1;
         let line = payload.get(text.clone()).ok_or(mismatch(needed))?;
         if payload.get(text.end) != Some(&0) {

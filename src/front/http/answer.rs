@@ -65,7 +65,7 @@ pub(super) fn client_headers(
             continue;
         }
         match (
-            HeaderName::from_bytes(name),
+            header_name(name),
             HeaderValue::from_maybe_shared(value.clone()),
         ) {
             (Ok(n), Ok(v)) => {
@@ -81,6 +81,27 @@ pub(super) fn client_headers(
         }
     }
     out
+}
+
+/// A backend header's name as hyper takes it. The names nearly every response carries are
+/// told by their length and letters and given as http's constants; `from_bytes` parsed each
+/// of them through its table on every response.
+fn header_name(name: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    use http::header;
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    let known = match name.len() {
+        12 if is(b"content-type") => Some(header::CONTENT_TYPE),
+        14 if is(b"content-length") => Some(header::CONTENT_LENGTH),
+        10 if is(b"set-cookie") => Some(header::SET_COOKIE),
+        13 if is(b"cache-control") => Some(header::CACHE_CONTROL),
+        8 if is(b"location") => Some(header::LOCATION),
+        7 if is(b"expires") => Some(header::EXPIRES),
+        _ => None,
+    };
+    match known {
+        Some(known) => Ok(known),
+        None => HeaderName::from_bytes(name),
+    }
 }
 
 /// Hop-by-hop response headers (RFC 9110 §7.6.1), which describe one connection only.
@@ -133,4 +154,26 @@ pub(in crate::front) fn plain(code: StatusCode, text: &str) -> Response<HttpBody
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_name_is_the_one_from_bytes_parses() {
+        for name in [
+            &b"Content-Type"[..],
+            b"content-length",
+            b"SET-COOKIE",
+            b"Cache-Control",
+            b"location",
+            b"Expires",
+            b"X-Powered-By",
+            b"Content-Typo",
+        ] {
+            assert_eq!(header_name(name).ok(), HeaderName::from_bytes(name).ok());
+        }
+        assert!(header_name(b"bad name").is_err());
+    }
 }
