@@ -26,6 +26,7 @@ extern int corral_wsgi_head(void *ctx, int status, const cw_header *headers, siz
                             char *err, size_t err_len);
 extern int corral_wsgi_write(void *ctx, const char *data, size_t len, int flush);
 extern int corral_wsgi_head_sent(void *ctx);
+extern void corral_wsgi_what(void *ctx, char *dst, size_t len);
 
 /* What cw_call says. */
 enum { CW_OK = 0, CW_ERROR_UNSENT = 1, CW_ERROR_SENT = 2, CW_GONE = 3 };
@@ -474,12 +475,18 @@ int cw_set_obj(PyObject *env, PyObject *key, PyObject *value) {
     return rc;
 }
 
-/* environ.pop(key) if there. */
+/* environ.pop(key) if there (asked first: deleting a missing key costs a KeyError made and
+ * cleared). */
 void cw_del(PyObject *env, PyObject *key) {
-    if (PyDict_DelItem(env, key) < 0) PyErr_Clear();
+    if (PyDict_Contains(env, key) == 1 && PyDict_DelItem(env, key) < 0) PyErr_Clear();
+    else if (PyErr_Occurred()) PyErr_Clear();
 }
 
-static void log_error(const char *what, const char *doing) {
+/* Logs the Python error set, with the request `ctx` answers ("GET /path") and what failed. */
+static void log_error(void *ctx, const char *doing) {
+    char what[304];
+    what[0] = 0;
+    corral_wsgi_what(ctx, what, sizeof what);
     PySys_WriteStderr("corral-wsgi-worker: %.300s: %s:\n", what, doing);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -520,15 +527,15 @@ static int send_result(Req *req, PyObject *result) {
 }
 
 /* Calls the app for one request whose environ is `env` (taken over) and whose body has
- * `body_len` bytes, read on demand through `ctx`; `what` names it in log lines. */
-int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *what) {
+ * `body_len` bytes, read on demand through `ctx` (which also names it in log lines). */
+int cw_call(void *ctx, PyObject *env, unsigned long long body_len) {
     current_ctx = ctx;
     current_gen++;
     int rc = CW_OK;
     PyObject *result = NULL;
     Req *req = PyObject_New(Req, &ReqType);
     if (!req) {
-        log_error(what, "cannot make start_response");
+        log_error(ctx, "cannot make start_response");
         Py_DECREF(env);
         current_ctx = NULL;
         return CW_ERROR_UNSENT;
@@ -542,7 +549,7 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
     PyObject *input = body_len ? PyObject_CallFunction(make_input, "K", current_gen)
                                : PyObject_CallNoArgs(bytes_io);
     if (!input || PyDict_SetItem(env, k_input, input) < 0) {
-        log_error(what, "cannot make wsgi.input");
+        log_error(ctx, "cannot make wsgi.input");
         rc = CW_ERROR_UNSENT;
         goto out;
     }
@@ -552,7 +559,7 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
             PyErr_Clear();
             rc = CW_GONE;
         } else {
-            log_error(what, "the application raised an error");
+            log_error(ctx, "the application raised an error");
             rc = CW_ERROR_UNSENT;
         }
     }
@@ -564,7 +571,7 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
         } else {
             PyObject *r = PyObject_CallNoArgs(close);
             Py_DECREF(close);
-            if (!r) log_error(what, "the response iterable's close() raised");
+            if (!r) log_error(ctx, "the response iterable's close() raised");
             Py_XDECREF(r);
         }
     }
