@@ -7,6 +7,13 @@
 # (start-up, warm-up and shutdown cancel out). The native worker runs with `preload = false`
 # (a worker corral spawns: valgrind follows one process), which serves requests exactly as a
 # forked one does.
+# Each run counts the PHP requests its process served (php_request_startup's calls in the
+# profile) and the difference must be N2 - N1 exactly: a count that drifted from run to run
+# (php-cgi's once gave 46.0k, 53.6k, 57.8k and a negative figure) is refused rather than
+# printed. Every run binds a port of its own (a fixed one was shared with any other run of
+# this script on the machine: a corral that could not bind left its ab to the other run's
+# worker, whose count then held requests it was not sent), and a profile is read only once
+# valgrind has written all of it (its `totals:` line, the last).
 # Usage: bash benches/php-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: hello 500 2500;
 #   SCRIPT: hello or phpinfo)
 # Env: CORRAL, WORKER (release builds by default), OUT_DIR (where the last profiles are left
@@ -29,9 +36,21 @@ WORKER=$(realpath "$WORKER")
 out_dir=${OUT_DIR:-/tmp}
 case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
 
-# measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests.
+# requests FILE -> how many PHP requests the profiled process started (php_request_startup's
+# calls: callgrind names a function once, then refers to it by its number).
+requests() {
+  awk '
+    /^c?fn=\([0-9]+\) php_request_startup$/ { match($0, /\([0-9]+\)/); id = substr($0, RSTART, RLENGTH) }
+    /^cfn=/ { match($0, /\([0-9]+\)/); callee = substr($0, RSTART, RLENGTH); next }
+    /^calls=/ { if (id != "" && callee == id) { split($0, f, /[= ]/); n += f[2] } callee = "" }
+    END { print n + 0 }' "$1"
+}
+
+# measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests,
+# and the PHP requests it started (N and the warm-up's, and the readiness check's).
 measure() {
-  local which=$1 n=$2 s pool port=18961 corral
+  local which=$1 n=$2 s pool port corral
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   s=$(mktemp -d /tmp/corral-phpcg.XXXXXX)
   chmod 755 "$s"
   mkdir -p "$s/www" "$s/cg"
@@ -81,23 +100,27 @@ EOF
   local out=""
   for _ in $(seq 200); do
     out=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out 2>/dev/null | head -n 1 || true)
-    [ -n "$out" ] && grep -q '^summary:' "$out" && break
+    [ -n "$out" ] && grep -q '^totals:' "$out" && break
     sleep 0.1
   done
-  [ -n "$out" ] || { echo "$which: no profile" >&2; cat "$s/corral.log" >&2; exit 1; }
+  [ -n "$out" ] && grep -q '^totals:' "$out" || { echo "$which: no complete profile" >&2; cat "$s/corral.log" >&2; exit 1; }
   # A second serving process (a worker replaced mid-run) would make the count meaningless.
   local served
   served=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out | wc -l)
   [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
-  awk '/^summary:/ {print $2}' "$out"
+  echo "$(awk '/^summary:/ {print $2}' "$out") $(requests "$out")"
   cp "$out" "$out_dir/callgrind.out.$which-$page.$n"
   rm -rf "$s"
 }
 
 per_request() { # WHICH -> instructions per request
-  local a b
-  a=$(measure "$1" "$n1")
-  b=$(measure "$1" "$n2")
+  local a ra b rb
+  read -r a ra < <(measure "$1" "$n1")
+  read -r b rb < <(measure "$1" "$n2")
+  if [ -z "$a" ] || [ -z "$b" ] || [ $((rb - ra)) != $((n2 - n1)) ]; then
+    echo "$1: the two runs started $ra and $rb PHP requests, not $((n2 - n1)) apart: refusing the count" >&2
+    exit 1
+  fi
   awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
 }
 
