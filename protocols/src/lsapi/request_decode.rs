@@ -373,10 +373,11 @@ fn parse_layout(
     let lens = index.get(..2 * KNOWN_HEADER_COUNT).unwrap_or_default();
     let offs = index.get(INDEX_OFFSETS_AT..).unwrap_or_default();
     for (i, (l, o)) in lens.chunks_exact(2).zip(offs.chunks_exact(4)).enumerate() {
-        let off = order.read_i32(o, 0).unwrap_or(0);
-        if off == 0 {
+        // Most of the table is absent headers: offset 0 in either byte order.
+        if o == [0, 0, 0, 0] {
             continue;
         }
+        let off = order.read_i32(o, 0).unwrap_or(0);
         let vlen = order.read_u16(l, 0).unwrap_or(0);
         let start = usize::try_from(off).map_err(|_| bad_known(i, off, vlen))?;
         let stop = start.saturating_add(usize::from(vlen));
