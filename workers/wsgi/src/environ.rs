@@ -388,6 +388,52 @@ mod tests {
         assert_eq!(header_var(b"content_length"), None);
     }
 
+    fn slot(name: &[u8]) -> Option<Slot> {
+        Some(Slot {
+            name: name.into(),
+            role: Role::of(name),
+            entry: None,
+        })
+    }
+
+    /// The index of the slot `Names::with` gives `name` at `place` (`None`: a slot made
+    /// for this once, not kept), checking it is `name`'s.
+    fn found(names: &mut Names, place: usize, name: &[u8]) -> Option<usize> {
+        let got = names.with(place, name, slot, |s| Some(s.name.to_vec()));
+        assert_eq!(got.as_deref(), Some(name));
+        names.index.get(name).copied()
+    }
+
+    #[test]
+    fn names_are_found_by_place_then_by_hash() {
+        let mut names = Names::default();
+        assert_eq!(found(&mut names, 0, b"SERVER_NAME"), Some(0));
+        assert_eq!(found(&mut names, 1, b"HTTPS"), Some(1));
+        assert_eq!(names.slots[1].role, Role::Https);
+        assert_eq!(names.order, [0, 1]);
+        // The same order again: the same slots, nothing new made.
+        assert_eq!(found(&mut names, 0, b"SERVER_NAME"), Some(0));
+        assert_eq!(found(&mut names, 1, b"HTTPS"), Some(1));
+        assert_eq!(names.slots.len(), 2);
+        // Another order: each name still gets its own slot, and the places learn it.
+        assert_eq!(found(&mut names, 0, b"HTTPS"), Some(1));
+        assert_eq!(found(&mut names, 1, b"SERVER_NAME"), Some(0));
+        assert_eq!(names.order, [1, 0]);
+        assert_eq!(names.slots.len(), 2);
+        // A new name at a known place.
+        assert_eq!(found(&mut names, 0, b"X"), Some(2));
+        assert_eq!(names.order, [2, 0]);
+        // Full: a new name is served from a slot made for it, and kept nowhere.
+        for i in names.slots.len()..MAX_KEYS {
+            found(&mut names, 5, format!("N{i}").as_bytes());
+        }
+        assert_eq!(names.slots.len(), MAX_KEYS);
+        assert_eq!(found(&mut names, 2, b"ONE_TOO_MANY"), None);
+        assert_eq!(names.slots.len(), MAX_KEYS);
+        // The places are bounded too.
+        assert!(names.order.len() <= MAX_KEYS);
+    }
+
     #[test]
     fn digits() {
         assert_eq!(itoa(0).text(), b"0");
