@@ -6,7 +6,12 @@
 # in a second run, N2 requests; (total of N2 - total of N1) / (N2 - N1) is the count per
 # request (start-up, warm-up and shutdown cancel out). Both run with `preload = false` (a
 # worker corral spawns: valgrind follows one process), which serves requests exactly as a
-# forked one does.
+# forked one does. Each run binds a port of its own, a profile is read once valgrind has
+# written all of it (its `totals:` line, the last), and for the native worker the two runs'
+# requests (cw_call's calls in the profile) must be N2 - N1 apart exactly, or the count is
+# refused (the launcher's requests are Python calls, which callgrind does not name). Python's
+# string hashes are seeded the same in every run (PYTHONHASHSEED=0): with a random seed, the
+# environ dict's collisions differ and so did the count, by a few hundred instructions.
 # Usage: bash benches/wsgi-callgrind.sh [N1] [N2]   (defaults: 200 2200)
 # Env: CORRAL, WORKER (release builds by default), ROWS (default "native launcher"; `native`
 # alone skips the launcher), OUT_DIR (where the last profiles are left as
@@ -29,7 +34,18 @@ WORKER=$(realpath "$WORKER")
 out_dir=${OUT_DIR:-/tmp}
 python=/usr/bin/python3
 
-# measure WHICH N -> the callgrind total (Ir) of WHICH's one worker process serving N requests.
+# calls FILE FUNCTION -> how many times the profiled process called FUNCTION (callgrind names
+# a function once, then refers to it by its number).
+calls() {
+  awk -v fn="$2" '
+    $0 ~ "^c?fn=\\([0-9]+\\) " fn "$" { match($0, /\([0-9]+\)/); id = substr($0, RSTART, RLENGTH) }
+    /^cfn=/ { match($0, /\([0-9]+\)/); callee = substr($0, RSTART, RLENGTH); next }
+    /^calls=/ { if (id != "" && callee == id) { split($0, f, /[= ]/); n += f[2] } callee = "" }
+    END { print n + 0 }' "$1"
+}
+
+# measure WHICH N -> the callgrind total (Ir) of WHICH's one worker process serving N requests,
+# and the requests it answered through the app (native; 0 for the launcher).
 measure() {
   local which=$1 n=$2 s pool port corral
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -69,6 +85,7 @@ protocol = "http"
 app = "wsgi:hello:application"
 $pool
 preload = false
+env = { PYTHONHASHSEED = "0" }
 cwd = "$s/app"
 mode = "static"
 max = 1
@@ -91,23 +108,27 @@ EOF
   local out=""
   for _ in $(seq 200); do
     out=$(grep -l -e '^cmd:.*hello:application' "$s"/cg/cg.*.out 2>/dev/null | head -n 1 || true)
-    [ -n "$out" ] && grep -q '^summary:' "$out" && break
+    [ -n "$out" ] && grep -q '^totals:' "$out" && break
     sleep 0.1
   done
-  [ -n "$out" ] || { echo "$which: no profile" >&2; cat "$s/corral.log" >&2; exit 1; }
+  [ -n "$out" ] && grep -q '^totals:' "$out" || { echo "$which: no complete profile" >&2; cat "$s/corral.log" >&2; exit 1; }
   # A second serving process (a worker replaced mid-run) would make the count meaningless.
   local served
   served=$(grep -l -e '^cmd:.*hello:application' "$s"/cg/cg.*.out | wc -l)
   [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
-  awk '/^summary:/ {print $2}' "$out"
+  echo "$(awk '/^summary:/ {print $2}' "$out") $(calls "$out" cw_call)"
   cp "$out" "$out_dir/callgrind.out.wsgi-$which.$n"
   rm -rf "$s"
 }
 
 per_request() { # WHICH -> instructions per request
-  local a b
-  a=$(measure "$1" "$n1")
-  b=$(measure "$1" "$n2")
+  local a ra b rb
+  read -r a ra < <(measure "$1" "$n1")
+  read -r b rb < <(measure "$1" "$n2")
+  if [ -z "$a" ] || [ -z "$b" ] || { [ "$1" = native ] && [ $((rb - ra)) != $((n2 - n1)) ]; }; then
+    echo "$1: the two runs answered $ra and $rb requests, not $((n2 - n1)) apart: refusing the count" >&2
+    exit 1
+  fi
   awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
 }
 
