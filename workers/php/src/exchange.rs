@@ -19,7 +19,8 @@ use crate::request::Server;
 use crate::What;
 
 /// Response header lines split on the stack; more take one allocation. (The array is filled
-/// with empty pairs first: 32 of them cost more than splitting a hello page's two lines.)
+/// with empty pairs before each head is split, so it is sized for a usual head, not the
+/// largest.)
 const STACK_HEADERS: usize = 16;
 
 /// Response bytes queued before they are written.

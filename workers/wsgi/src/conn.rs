@@ -1,11 +1,12 @@
 //! One connection from corral: LSAPI requests read with corral-protocols' decoder, one at a
 //! time, each decoded in place into a [`RequestView`] the caller reuses (the packet copied
 //! into its one buffer, its parts kept as offsets: nothing allocated per request once the
-//! view has grown to the largest request seen). A request's body is not read ahead: the app's wsgi.input reads pull it from the
-//! connection as it asks ([`Conn::read_body`]), and what the app leaves unread is drained
-//! after the answer, so the connection is in step for the next request. Between requests
-//! the worker waits on both the connection and the listener, so that corral opening a new
-//! connection (it dropped the kept one) is never kept waiting behind an idle one.
+//! view has grown to the largest request seen). A request's body is not read ahead: the
+//! app's wsgi.input reads pull it from the connection as it asks ([`Conn::read_body`]), and
+//! what the app leaves unread is drained after the answer, so the connection is in step for
+//! the next request. Between requests the worker waits on both the connection and the
+//! listener, so that corral opening a new connection (it dropped the kept one) is never
+//! kept waiting behind an idle one.
 
 use std::fs::File;
 use std::io::{self, Write};
