@@ -74,6 +74,9 @@ preload = false" ;;
 runtime_dir = "$s/run"
 log_level = "warn"
 threads = 1
+# A process under valgrind may take many seconds to stop and write its profile on a busy
+# machine: killed at the default 10 s, it leaves none.
+kill_timeout = "300s"
 [[listen]]
 address = "127.0.0.1:$port"
 protocol = "http"
