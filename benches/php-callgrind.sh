@@ -7,6 +7,19 @@
 # (start-up, warm-up and shutdown cancel out). The native worker runs with `preload = false`
 # (a worker corral spawns: valgrind follows one process), which serves requests exactly as a
 # forked one does.
+# php-cgi's row once drifted from run to run (46.0k, 53.6k, 57.8k, once negative), for three
+# reasons, each handled below: the scripts were newer than OPcache's file_update_protection,
+# a run could share its port with another, and a php-cgi killed at the stop left an empty
+# profile. Each run also counts the PHP requests its process served (php_request_startup's
+# calls in the profile) and the difference must be N2 - N1 exactly, or no figure is printed. Every run binds a port of its own (a fixed one was shared with any other run of
+# this script on the machine: a corral that could not bind left its ab to the other run's
+# worker, whose count then held requests it was not sent), and a profile is read only once
+# valgrind has written all of it (its `totals:` line, the last). php-cgi under valgrind does
+# not always stop within corral's kill_timeout (10 s) of the stop signal on a busy machine: it
+# waits for the kept connection to close, and a process killed under valgrind leaves an
+# empty profile, which the old script read as 0 (a figure of 133k, or a negative one). That
+# run is now refused ("no complete profile"); run the script again. A longer kill_timeout
+# does not help: php-cgi then waits on the kept connection until it is killed anyway.
 # Usage: bash benches/php-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: hello 500 2500;
 #   SCRIPT: hello or phpinfo)
 # Env: CORRAL, WORKER (release builds by default), OUT_DIR (where the last profiles are left
@@ -29,9 +42,21 @@ WORKER=$(realpath "$WORKER")
 out_dir=${OUT_DIR:-/tmp}
 case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
 
-# measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests.
+# requests FILE -> how many PHP requests the profiled process started (php_request_startup's
+# calls: callgrind names a function once, then refers to it by its number).
+requests() {
+  awk '
+    /^c?fn=\([0-9]+\) php_request_startup$/ { match($0, /\([0-9]+\)/); id = substr($0, RSTART, RLENGTH) }
+    /^cfn=/ { match($0, /\([0-9]+\)/); callee = substr($0, RSTART, RLENGTH); next }
+    /^calls=/ { if (id != "" && callee == id) { split($0, f, /[= ]/); n += f[2] } callee = "" }
+    END { print n + 0 }' "$1"
+}
+
+# measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests,
+# and the PHP requests it started (N and the warm-up's, and the readiness check's).
 measure() {
-  local which=$1 n=$2 s pool port=18961 corral
+  local which=$1 n=$2 s pool port corral
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   s=$(mktemp -d /tmp/corral-phpcg.XXXXXX)
   chmod 755 "$s"
   mkdir -p "$s/www" "$s/cg"
@@ -39,6 +64,12 @@ measure() {
   echo '<?php echo "Hello, world\n";' > "$s/www/hello.php"
   echo '<?php phpinfo();' > "$s/www/phpinfo.php"
   chmod -R a+rX "$s/www"
+  # OPcache does not cache a script changed less than opcache.file_update_protection (2 s)
+  # ago: every request in those first seconds compiled it afresh, and how many did depended
+  # on how fast this busy machine ran the start, so the count moved from run to run (one
+  # such pair of runs: php-cgi compiled hello.php 301 and 346 times, the worker 1 and 66
+  # times, and they gave 50.2k each). The scripts are dated in the past.
+  touch -d '10 minutes ago' "$s/www/hello.php" "$s/www/phpinfo.php"
   local vg="valgrind --tool=callgrind --callgrind-out-file=$s/cg/cg.%p.out"
   case $which in
     native)
@@ -81,23 +112,27 @@ EOF
   local out=""
   for _ in $(seq 200); do
     out=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out 2>/dev/null | head -n 1 || true)
-    [ -n "$out" ] && grep -q '^summary:' "$out" && break
+    [ -n "$out" ] && grep -q '^totals:' "$out" && break
     sleep 0.1
   done
-  [ -n "$out" ] || { echo "$which: no profile" >&2; cat "$s/corral.log" >&2; exit 1; }
+  [ -n "$out" ] && grep -q '^totals:' "$out" || { echo "$which: no complete profile" >&2; cat "$s/corral.log" >&2; exit 1; }
   # A second serving process (a worker replaced mid-run) would make the count meaningless.
   local served
   served=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out | wc -l)
   [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
-  awk '/^summary:/ {print $2}' "$out"
+  echo "$(awk '/^summary:/ {print $2}' "$out") $(requests "$out")"
   cp "$out" "$out_dir/callgrind.out.$which-$page.$n"
   rm -rf "$s"
 }
 
 per_request() { # WHICH -> instructions per request
-  local a b
-  a=$(measure "$1" "$n1")
-  b=$(measure "$1" "$n2")
+  local a ra b rb
+  read -r a ra < <(measure "$1" "$n1")
+  read -r b rb < <(measure "$1" "$n2")
+  if [ -z "$a" ] || [ -z "$b" ] || [ $((rb - ra)) != $((n2 - n1)) ]; then
+    echo "$1: the two runs started $ra and $rb PHP requests, not $((n2 - n1)) apart: refusing the count" >&2
+    exit 1
+  fi
   awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
 }
 

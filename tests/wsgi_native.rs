@@ -79,6 +79,22 @@ def application(environ, start_response):
                                             ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"),
                                             ("Connection", "close")])
         return (b"tuple ", b"body")
+    if path == "/keep":
+        # The app keeps this request's start_response and write() past its end.
+        HOLD.append((start_response, start_response("201 Created", [("X-Kept", "1")])))
+        return [b"kept"]
+    if path == "/stale":
+        # ...and calls them in a later request: each must refuse, this answer untouched.
+        kept_start, kept_write = HOLD.pop()
+        said = []
+        for call in (lambda: kept_start("500 Oops", []), lambda: kept_write(b"x")):
+            try:
+                call()
+                said.append("ran")
+            except RuntimeError as e:
+                said.append(str(e))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [";".join(said).encode()]
     if path == "/write":
         write = start_response("200 OK", [("Content-Type", "text/plain")])
         write(b"written;")
@@ -288,6 +304,23 @@ fn status_headers_write_and_generators_reach_the_client() {
     // The app's Connection header is the gateway's business: dropped, with a log line.
     assert!(c.wait_log("dropped hop-by-hop header Connection: close"));
 
+    let r = get(&c, "/write");
+    assert_eq!((r.status, r.text().as_str()), (200, "written;yielded;done"));
+
+    // A start_response and write() kept past their request are dead in the next one (the
+    // worker reuses a start_response only when nothing else holds it), and requests after
+    // it get their own status and headers.
+    let r = get(&c, "/keep");
+    assert_eq!((r.status, r.header("x-kept")), (201, Some("1")));
+    let r = get(&c, "/stale");
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (
+            200,
+            "start_response of a finished request;write() of a finished request"
+        )
+    );
+    assert_eq!(r.header("x-kept"), None);
     let r = get(&c, "/write");
     assert_eq!((r.status, r.text().as_str()), (200, "written;yielded;done"));
 

@@ -147,6 +147,19 @@ impl RequestDecoder {
         })
     }
 
+    /// The current request's next body bytes when some are owed and `src` holds any: what
+    /// [`decode`](Self::decode) returns as [`RequestEvent::Body`] at that point, for a
+    /// backend reading a body, where any other event would be an error. `None` when the
+    /// body is complete (nothing is consumed) or `src` is empty.
+    pub fn decode_body(&mut self, src: &mut BytesMut) -> Option<Bytes> {
+        if self.body_left == 0 || src.is_empty() {
+            return None;
+        }
+        let n = usize::try_from(self.body_left).map_or(src.len(), |left| left.min(src.len()));
+        self.body_left -= n as u64;
+        Some(src.split_to(n).freeze())
+    }
+
     /// One step: body bytes, an abort, or a BEGIN_REQUEST parsed into `layout` and still
     /// at the front of `src` (its length and byte order returned).
     fn step(
@@ -155,12 +168,7 @@ impl RequestDecoder {
         layout: &mut Layout,
     ) -> Result<Option<Step>, LsapiError> {
         if self.body_left > 0 {
-            if src.is_empty() {
-                return Ok(None);
-            }
-            let n = usize::try_from(self.body_left).map_or(src.len(), |left| left.min(src.len()));
-            self.body_left -= n as u64;
-            return Ok(Some(Step::Body(src.split_to(n).freeze())));
+            return Ok(self.decode_body(src).map(Step::Body));
         }
         let Some(h) = PacketHeader::parse(src, self.rule)? else {
             return Ok(None);
@@ -365,10 +373,11 @@ fn parse_layout(
     let lens = index.get(..2 * KNOWN_HEADER_COUNT).unwrap_or_default();
     let offs = index.get(INDEX_OFFSETS_AT..).unwrap_or_default();
     for (i, (l, o)) in lens.chunks_exact(2).zip(offs.chunks_exact(4)).enumerate() {
-        let off = order.read_i32(o, 0).unwrap_or(0);
-        if off == 0 {
+        // Most of the table is absent headers: offset 0 in either byte order.
+        if o == [0, 0, 0, 0] {
             continue;
         }
+        let off = order.read_i32(o, 0).unwrap_or(0);
         let vlen = order.read_u16(l, 0).unwrap_or(0);
         let start = usize::try_from(off).map_err(|_| bad_known(i, off, vlen))?;
         let stop = start.saturating_add(usize::from(vlen));
@@ -422,6 +431,11 @@ fn parse_layout(
 
 /// Parses one env list (`count` pairs and the four-zero-byte terminator) starting at `*pos`,
 /// into `out` (emptied first).
+///
+/// Each pair is checked with one slice of exactly its length (lengths, key, NUL, value,
+/// NUL): every other read is inside it, so the refusals (truncated, zero length, missing
+/// NUL, over a limit, in that order) cost a compare each rather than a bounds check per
+/// field.
 fn parse_env_list(
     p: &[u8],
     pos: &mut usize,
@@ -433,48 +447,47 @@ fn parse_env_list(
     let truncated = LsapiError::EnvListTruncated { list };
     out.clear();
     out.reserve(count.min(64));
+    let mut at = *pos;
     for _ in 0..count {
-        let at = *pos;
-        let (Some(k), Some(v)) = (
-            ByteOrder::Big.read_u16(p, at),
-            ByteOrder::Big.read_u16(p, at + 2),
-        ) else {
+        let Some(&[k1, k0, v1, v0]) = p.get(at..).and_then(|r| r.first_chunk::<4>()) else {
             return Err(truncated);
         };
-        let (k, v) = (usize::from(k), usize::from(v));
+        // Lengths are big-endian in every packet, whatever its byte order, and count the NUL.
+        let k = usize::from(u16::from_be_bytes([k1, k0]));
+        let v = usize::from(u16::from_be_bytes([v1, v0]));
         if k == 0 || v == 0 {
             return Err(LsapiError::EnvLengthZero { list });
         }
-        let key = at + 4..at + 4 + k - 1;
-        let value = key.end + 1..key.end + 1 + v - 1;
-        if value.end + 1 > p.len() {
+        let key_at = at + 4;
+        let end = key_at + k + v;
+        let Some(pair) = p.get(key_at..end) else {
             return Err(truncated);
-        }
-        if p.get(key.end) != Some(&0) || p.get(value.end) != Some(&0) {
+        };
+        if pair.get(k - 1) != Some(&0) || pair.last() != Some(&0) {
             return Err(LsapiError::EnvNotNulTerminated { list });
         }
-        if key.len() > limits.max_name_len {
+        if k - 1 > limits.max_name_len {
             return Err(LsapiError::NameTooLong {
                 what: list,
-                len: key.len(),
+                len: k - 1,
                 max: limits.max_name_len,
             });
         }
-        if value.len() > limits.max_value_len {
+        if v - 1 > limits.max_value_len {
             return Err(LsapiError::ValueTooLong {
                 what: list,
-                len: value.len(),
+                len: v - 1,
                 max: limits.max_value_len,
             });
         }
-        *pos = value.end + 1;
-        out.push((key, value));
+        out.push((key_at..key_at + k - 1, key_at + k..end - 1));
+        at = end;
     }
-    match p.get(*pos..*pos + 4) {
+    match p.get(at..at + 4) {
         None => Err(truncated),
         Some(t) if t != [0, 0, 0, 0] => Err(LsapiError::EnvListNotTerminated { list }),
         Some(_) => {
-            *pos += 4;
+            *pos = at + 4;
             Ok(())
         }
     }
@@ -487,8 +500,32 @@ fn c_string_at(p: &[u8], off: i32) -> Result<Option<Range<usize>>, ()> {
     }
     let start = usize::try_from(off).map_err(|_| ())?;
     let rest = p.get(start..).ok_or(())?;
-    let nul = rest.iter().position(|&b| b == 0).ok_or(())?;
+    let nul = find_nul(rest).ok_or(())?;
     Ok(Some(start..start + nul))
+}
+
+/// Where the first zero byte of `s` is, looked for eight bytes at a time (the strings the
+/// offsets point at are paths and URIs of tens of bytes).
+fn find_nul(s: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut words = s.chunks_exact(8);
+    let mut at = 0;
+    for word in &mut words {
+        let Ok(bytes) = <[u8; 8]>::try_from(word) else {
+            break;
+        };
+        let w = u64::from_le_bytes(bytes);
+        // A byte's high bit is set here when it is zero, or sits above a zero byte (the
+        // borrow runs upwards): the lowest one set marks the first zero byte exactly.
+        let zero = w.wrapping_sub(ONES) & !w & HIGHS;
+        if zero != 0 {
+            return Some(at + (zero.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    let tail = words.remainder();
+    tail.iter().position(|&b| b == 0).map(|i| at + i)
 }
 
 fn check_header_lens(name: usize, value: usize, limits: &Limits) -> Result<(), LsapiError> {
@@ -507,4 +544,29 @@ fn check_header_lens(name: usize, value: usize, limits: &Limits) -> Result<(), L
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::find_nul;
+
+    #[test]
+    fn find_nul_finds_the_first_zero_byte_wherever_it_is() {
+        // Every position in strings around the word size, with the bytes a borrow could
+        // confuse (0x01, 0x80, 0xff) before and after the zero.
+        for len in 0..40 {
+            for fill in [b'a', 0x01, 0x80, 0xff] {
+                let mut s = vec![fill; len];
+                assert_eq!(find_nul(&s), None, "len {len} fill {fill:#x}");
+                for at in 0..len {
+                    s.fill(fill);
+                    s[at] = 0;
+                    if at + 1 < len {
+                        s[at + 1] = 0;
+                    }
+                    assert_eq!(find_nul(&s), Some(at), "len {len} fill {fill:#x}");
+                }
+            }
+        }
+    }
 }

@@ -246,6 +246,25 @@ fn body_chunks_never_exceed_the_declared_length() {
     assert_eq!(dec.body_remaining(), 0);
     assert_eq!(dec.decode(&mut src).unwrap(), None);
     assert_eq!(&src[..], b"LS");
+
+    // decode_body gives the same body bytes and nothing else: before a request and once
+    // the body is complete it consumes nothing.
+    let mut dec = RequestDecoder::new(&Limits::DEFAULT).with_flag_rule(FlagRule::Literal);
+    let mut view = RequestView::new();
+    let mut src = BytesMut::from(&input[..]);
+    assert_eq!(dec.decode_body(&mut src), None);
+    assert_eq!(src.len(), input.len());
+    assert_eq!(
+        dec.decode_into(&mut src, &mut view),
+        Ok(Some(ViewEvent::Begin))
+    );
+    let mut part = src.split_off(3);
+    assert_eq!(dec.decode_body(&mut src), Some(b("hel")));
+    assert_eq!(dec.decode_body(&mut src), None, "nothing buffered");
+    assert_eq!(dec.body_remaining(), 2);
+    assert_eq!(dec.decode_body(&mut part), Some(b("lo")));
+    assert_eq!(dec.decode_body(&mut part), None);
+    assert_eq!(&part[..], b"LS");
 }
 
 /// The LE hand request with the int32 at `at` replaced.

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
 use bytes::BytesMut;
-use corral_protocols::lsapi::{RequestDecoder, RequestEvent, RequestView, ViewEvent};
+use corral_protocols::lsapi::{RequestDecoder, RequestView, ViewEvent};
 use corral_protocols::Limits;
 
 use crate::body::{Body, MEMORY_BODY};
@@ -105,14 +105,11 @@ impl Conn {
                     "connection closed inside a request body".to_owned(),
                 ));
             }
-            match self.decoder.decode(&mut self.buf) {
-                Ok(Some(RequestEvent::Body(chunk))) => match &mut file {
+            // Body bytes owed and some buffered: they are body, whatever they look like.
+            if let Some(chunk) = self.decoder.decode_body(&mut self.buf) {
+                match &mut file {
                     Some(f) => f.write_all(&chunk).map_err(failed)?,
                     None => memory.extend_from_slice(&chunk),
-                },
-                Ok(None) => {}
-                Ok(Some(_)) | Err(_) => {
-                    return Err(End::Failed("body interrupted by a packet".to_owned()))
                 }
             }
         }

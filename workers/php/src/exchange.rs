@@ -5,6 +5,7 @@
 //! `flush()`. The worker script's own output outside any request (worker mode) goes to the
 //! log instead ([`Sink::Log`]).
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::Write;
 use std::rc::Rc;
@@ -17,11 +18,22 @@ use crate::php::Zval;
 use crate::request::Server;
 use crate::What;
 
-/// Response header lines split on the stack; more take one allocation.
-const STACK_HEADERS: usize = 32;
+/// Response header lines split on the stack; more take one allocation. (The array is filled
+/// with empty pairs before each head is split, so it is sized for a usual head, not the
+/// largest.)
+const STACK_HEADERS: usize = 16;
 
 /// Response bytes queued before they are written.
 const FLUSH_AT: usize = 64 * 1024;
+
+/// The output buffer's first size: a small page's answer whole.
+const OUT_CAPACITY: usize = 16 * 1024;
+
+thread_local! {
+    /// The last exchange's output buffer, for the next one: it is allocated once per
+    /// worker rather than once per request.
+    static SPARE_OUT: Cell<Option<BytesMut>> = const { Cell::new(None) };
+}
 
 /// Where an exchange's answer goes.
 pub enum Sink {
@@ -59,7 +71,10 @@ impl Exchange {
         body: Body,
         what: What,
     ) -> Exchange {
-        let mut out = BytesMut::with_capacity(16 * 1024);
+        let mut out = SPARE_OUT
+            .take()
+            .unwrap_or_else(|| BytesMut::with_capacity(OUT_CAPACITY));
+        out.clear();
         // REQ_RECEIVED leads the first write rather than going alone (as the embedded
         // launchers do): corral takes from it only that a byte came.
         encoder.req_received(&mut out);
@@ -281,5 +296,16 @@ impl Exchange {
         self.send_head(status);
         self.encoder.stream(body, &mut self.out);
         self.end(closing)
+    }
+}
+
+impl Drop for Exchange {
+    /// The output buffer goes back for the next exchange, unless an answer grew it past
+    /// what a write is queued to (it is then freed).
+    fn drop(&mut self) {
+        let out = std::mem::take(&mut self.out);
+        if out.capacity() <= 2 * FLUSH_AT {
+            SPARE_OUT.set(Some(out));
+        }
     }
 }

@@ -200,7 +200,7 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
         let missing = !probe && (script.is_empty() || !is_file(script));
         let info = request::info(&begin, &known, script);
         let sink = Sink::Conn(Rc::clone(&conn.stream));
-        let vars = request::Server::Request(begin);
+        let vars = request::Server::request(begin);
         let exchange = Exchange::new(sink, encoder, vars, body, What::Request);
         let keep = if probe {
             // corral asking whether PHP is up (it is: this loop runs only once it started),
@@ -254,7 +254,7 @@ impl std::fmt::Display for Described<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.0, self.1) {
             (What::Named(name), _) => f.write_str(name),
-            (What::Request, request::Server::Request(view)) => {
+            (What::Request, request::Server::Request(Some(view))) => {
                 let known = request::Known::of(view);
                 let method = known.request_method.or(view.request_method());
                 fn text(b: Option<&[u8]>) -> std::borrow::Cow<'_, str> {
@@ -262,7 +262,7 @@ impl std::fmt::Display for Described<'_> {
                 }
                 write!(f, "{} {}", text(method), text(known.request_uri))
             }
-            (What::Request, request::Server::Fixed(_)) => f.write_str("request"),
+            (What::Request, _) => f.write_str("request"),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! copy of every variable first, and a string allocation per startup field, cost about as
 //! many instructions as PHP's own request startup).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use bytes::Bytes;
 use corral_protocols::lsapi::RequestView;
@@ -82,8 +82,9 @@ impl<'a> Known<'a> {
 /// What `$_SERVER` is filled from.
 pub enum Server {
     /// A request's: its headers, then corral's variables, then PHP_SELF (SCRIPT_NAME and
-    /// PATH_INFO joined). The view goes back to [`spare_view`] when this is dropped.
-    Request(Box<RequestView>),
+    /// PATH_INFO joined). The view goes back to [`spare_view`] when this is dropped (it is
+    /// `None` only then: taking the box out leaves nothing to allocate in its place).
+    Request(Option<Box<RequestView>>),
     /// Fixed entries (the worker script's boot request).
     Fixed(Vec<(&'static str, Bytes)>),
 }
@@ -93,6 +94,11 @@ pub enum Server {
 const STACK_KEY: usize = 128;
 
 impl Server {
+    /// A request's variables, read from `view`.
+    pub fn request(view: Box<RequestView>) -> Server {
+        Server::Request(Some(view))
+    }
+
     /// Registers every entry into `track_vars`.
     pub fn register(&self, track_vars: *mut Zval) {
         match self {
@@ -101,7 +107,8 @@ impl Server {
                     php::register_variable(track_vars, key.as_bytes(), value);
                 }
             }
-            Server::Request(begin) => {
+            Server::Request(None) => {}
+            Server::Request(Some(begin)) => {
                 for (name, value) in begin.headers() {
                     with_header_key(name, |key| php::register_variable(track_vars, key, value));
                 }
@@ -126,8 +133,9 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Server::Request(view) = self {
-            let view = std::mem::take(view);
-            SPARE.with(|s| *s.borrow_mut() = Some(view));
+            if let Some(view) = view.take() {
+                SPARE.with(|s| *s.borrow_mut() = Some(view));
+            }
         }
     }
 }
@@ -228,7 +236,9 @@ impl RequestInfo {
     /// variables; a header value is the one place one could be).
     pub fn new(values: [Option<&[u8]>; 7], content_length: u64) -> RequestInfo {
         let len: usize = values.iter().map(|v| v.map_or(0, |v| v.len() + 1)).sum();
-        let mut text = Vec::with_capacity(len);
+        let mut text = SPARE_TEXT.take().unwrap_or_default();
+        text.clear();
+        text.reserve(len);
         let mut at = [None; 7];
         for (slot, value) in at.iter_mut().zip(values) {
             let Some(value) = value else { continue };
@@ -255,25 +265,54 @@ impl RequestInfo {
     }
 }
 
+/// Longest startup-field buffer kept for the next request.
+const MAX_KEPT_TEXT: usize = 64 * 1024;
+
+thread_local! {
+    /// The last request's startup-field buffer, for the next one (no allocation per
+    /// request once it has grown).
+    static SPARE_TEXT: Cell<Option<Vec<u8>>> = const { Cell::new(None) };
+}
+
+impl Drop for RequestInfo {
+    fn drop(&mut self) {
+        let text = std::mem::take(&mut self.text);
+        if text.capacity() <= MAX_KEPT_TEXT {
+            SPARE_TEXT.set(Some(text));
+        }
+    }
+}
+
 /// The startup fields of `begin` (`known` its variables, `script` the script to run).
 pub fn info(begin: &RequestView, known: &Known<'_>, script: &[u8]) -> RequestInfo {
-    let header = |name: &[u8]| {
-        begin
-            .headers()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    };
+    // The request headers stand in for the variables corral did not send, the first of each
+    // name; found in one pass, a header ruled out by its length.
+    let [mut content_type, mut cookie, mut authorization] =
+        [known.content_type, known.cookie, known.authorization];
+    if content_type.is_none() || cookie.is_none() || authorization.is_none() {
+        let mut found: [Option<&[u8]>; 3] = [None; 3];
+        for (name, value) in begin.headers() {
+            let i = match name.len() {
+                12 if name.eq_ignore_ascii_case(b"content-type") => 0,
+                6 if name.eq_ignore_ascii_case(b"cookie") => 1,
+                13 if name.eq_ignore_ascii_case(b"authorization") => 2,
+                _ => continue,
+            };
+            if let Some(slot @ None) = found.get_mut(i) {
+                *slot = Some(value);
+            }
+        }
+        let [c, k, a] = found;
+        content_type = content_type.or(c);
+        cookie = cookie.or(k);
+        authorization = authorization.or(a);
+    }
+    let content_type = content_type.filter(|v| !v.is_empty());
     let method = begin
         .request_method()
         .or(known.request_method)
         .filter(|m| !m.is_empty())
         .unwrap_or(b"GET");
-    let content_type = known
-        .content_type
-        .or_else(|| header(b"content-type"))
-        .filter(|v| !v.is_empty());
-    let cookie = known.cookie.or_else(|| header(b"cookie"));
-    let authorization = known.authorization.or_else(|| header(b"authorization"));
     RequestInfo::new(
         [
             Some(method),
@@ -323,6 +362,65 @@ mod tests {
         let big = vec![b'x'; 200];
         with_joined(&[&big, b"/y"], |j| joined = j.to_vec());
         assert_eq!(joined.len(), 202);
+    }
+
+    /// A view of a request with the four variables LSAPI points at (`/w/i.php`, GET), then
+    /// `env` and `headers`.
+    fn view(env: &[(&str, &str)], headers: &[(&str, &str)]) -> RequestView {
+        use bytes::BytesMut;
+        use corral_protocols::lsapi::{RequestBuilder, RequestDecoder, ViewEvent};
+        use corral_protocols::Limits;
+        let limits = Limits::DEFAULT;
+        let mut rb = RequestBuilder::new(&limits, b"GET /i.php HTTP/1.1").unwrap();
+        let pointed = [
+            ("SCRIPT_FILENAME", "/w/i.php"),
+            ("SCRIPT_NAME", "/i.php"),
+            ("QUERY_STRING", ""),
+            ("REQUEST_METHOD", "GET"),
+        ];
+        for (k, v) in pointed.iter().chain(env) {
+            rb.env(k.as_bytes(), v.as_bytes()).unwrap();
+        }
+        for (k, v) in headers {
+            rb.header(k.as_bytes(), v.as_bytes()).unwrap();
+        }
+        let mut packet = BytesMut::new();
+        rb.encode(&mut packet).unwrap();
+        let mut view = RequestView::new();
+        let event = RequestDecoder::new(&limits).decode_into(&mut packet, &mut view);
+        assert_eq!(event, Ok(Some(ViewEvent::Begin)));
+        view
+    }
+
+    #[test]
+    fn startup_fields_take_the_first_header_where_no_variable_was_sent() {
+        let v = view(
+            &[("REQUEST_URI", "/i.php")],
+            &[
+                ("Cookie", "a=1"),
+                ("Content-Type", "text/plain"),
+                ("authorization", "Basic eDp5"),
+                ("X-Other", "z"),
+            ],
+        );
+        let known = Known::of(&v);
+        let got = info(&v, &known, known.script(&v));
+        assert_eq!(got.get(field::COOKIE), Some(&b"a=1"[..]));
+        assert_eq!(got.get(field::CONTENT_TYPE), Some(&b"text/plain"[..]));
+        assert_eq!(got.get(field::AUTHORIZATION), Some(&b"Basic eDp5"[..]));
+        assert_eq!(got.get(field::SCRIPT), Some(&b"/w/i.php"[..]));
+        assert_eq!(got.get(field::METHOD), Some(&b"GET"[..]));
+
+        // A variable wins over its header; an empty content type is none; absent is absent.
+        let v = view(
+            &[("HTTP_COOKIE", "from=var"), ("CONTENT_TYPE", "")],
+            &[("Cookie", "from=header"), ("Content-Type", "text/html")],
+        );
+        let known = Known::of(&v);
+        let got = info(&v, &known, b"");
+        assert_eq!(got.get(field::COOKIE), Some(&b"from=var"[..]));
+        assert_eq!(got.get(field::CONTENT_TYPE), None);
+        assert_eq!(got.get(field::AUTHORIZATION), None);
     }
 
     #[test]

@@ -174,7 +174,7 @@ extern "C" fn corral_rs_worker_next(out: *mut CRequest) -> *mut c_void {
             let known = request::Known::of(&begin);
             let probe = known.is_probe();
             let info = request::info(&begin, &known, known.script(&begin));
-            let vars = request::Server::Request(begin);
+            let vars = request::Server::request(begin);
             let exchange = Exchange::new(sink, encoder, vars, body, crate::What::Request);
             if probe {
                 // Answered by the worker itself: PHP is up and the script has booted.

@@ -1,16 +1,19 @@
 //! One connection from corral: LSAPI requests read with corral-protocols' decoder, one at a
-//! time. A request's body is not read ahead: the app's wsgi.input reads pull it from the
-//! connection as it asks ([`Conn::read_body`]), and what the app leaves unread is drained
-//! after the answer, so the connection is in step for the next request. Between requests
-//! the worker waits on both the connection and the listener, so that corral opening a new
-//! connection (it dropped the kept one) is never kept waiting behind an idle one.
+//! time, each decoded in place into a [`RequestView`] the caller reuses (the packet copied
+//! into its one buffer, its parts kept as offsets: nothing allocated per request once the
+//! view has grown to the largest request seen). A request's body is not read ahead: the
+//! app's wsgi.input reads pull it from the connection as it asks ([`Conn::read_body`]), and
+//! what the app leaves unread is drained after the answer, so the connection is in step for
+//! the next request. Between requests the worker waits on both the connection and the
+//! listener, so that corral opening a new connection (it dropped the kept one) is never
+//! kept waiting behind an idle one.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, RawFd};
 
 use bytes::{Buf, Bytes, BytesMut};
-use corral_protocols::lsapi::{BeginRequest, RequestDecoder, RequestEvent};
+use corral_protocols::lsapi::{RequestDecoder, RequestView, ViewEvent};
 use corral_protocols::Limits;
 
 /// Most bytes read at once.
@@ -34,6 +37,8 @@ pub struct Buffers {
     input: BytesMut,
     /// Response packets queued and not yet written.
     pub out: BytesMut,
+    /// The request being answered, decoded in place.
+    pub view: RequestView,
 }
 
 impl Buffers {
@@ -42,6 +47,7 @@ impl Buffers {
         Buffers {
             input: BytesMut::with_capacity(CHUNK),
             out: BytesMut::with_capacity(CHUNK),
+            view: RequestView::new(),
         }
     }
 }
@@ -61,12 +67,17 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Wraps an accepted socket; `listener` is watched between requests.
-    pub fn new(stream: File, listener: RawFd, buffers: Buffers) -> Conn {
-        let Buffers { mut input, mut out } = buffers;
+    /// Wraps an accepted socket; `listener` is watched between requests. The view of
+    /// `buffers` is handed back apart, for the caller to decode requests into.
+    pub fn new(stream: File, listener: RawFd, buffers: Buffers) -> (Conn, RequestView) {
+        let Buffers {
+            mut input,
+            mut out,
+            view,
+        } = buffers;
         input.clear();
         out.clear();
-        Conn {
+        let conn = Conn {
             stream,
             listener,
             buf: input,
@@ -74,28 +85,31 @@ impl Conn {
             decoder: RequestDecoder::new(&Limits::DEFAULT),
             pending: Bytes::new(),
             served: 0,
-        }
+        };
+        (conn, view)
     }
 
     /// The buffers, for the next connection.
-    pub fn into_buffers(self) -> Buffers {
+    pub fn into_buffers(self, view: RequestView) -> Buffers {
         Buffers {
             input: self.buf,
             out: self.out,
+            view,
         }
     }
 
-    /// The next request (its body is read later, by [`Conn::read_body`]).
-    pub fn next_request(&mut self) -> Result<Box<BeginRequest>, End> {
+    /// Decodes the next request into `view` (its body is read later, by
+    /// [`Conn::read_body`]).
+    pub fn next_request(&mut self, view: &mut RequestView) -> Result<(), End> {
         loop {
-            match self.decoder.decode(&mut self.buf) {
-                Ok(Some(RequestEvent::Begin(begin))) => {
+            match self.decoder.decode_into(&mut self.buf, view) {
+                Ok(Some(ViewEvent::Begin)) => {
                     self.served += 1;
-                    return Ok(begin);
+                    return Ok(());
                 }
                 // corral gives up on the connection.
-                Ok(Some(RequestEvent::Abort)) => return Err(End::Closed),
-                Ok(Some(RequestEvent::Body(_))) => {
+                Ok(Some(ViewEvent::Abort)) => return Err(End::Closed),
+                Ok(Some(ViewEvent::Body(_))) => {
                     return Err(End::Failed("body bytes outside a request".to_owned()))
                 }
                 Ok(None) => {}
@@ -126,12 +140,9 @@ impl Conn {
                     "connection closed inside a request body".to_owned(),
                 ));
             }
-            match self.decoder.decode(&mut self.buf) {
-                Ok(Some(RequestEvent::Body(chunk))) => self.pending = chunk,
-                Ok(None) => {}
-                Ok(Some(_)) | Err(_) => {
-                    return Err(End::Failed("body interrupted by a packet".to_owned()))
-                }
+            // Body bytes owed and some buffered: they are body, whatever they look like.
+            if let Some(chunk) = self.decoder.decode_body(&mut self.buf) {
+                self.pending = chunk;
             }
         }
         let n = dst.len().min(self.pending.len());

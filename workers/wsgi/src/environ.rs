@@ -1,13 +1,16 @@
 //! A request's WSGI environ (PEP 3333) from a decoded BEGIN_REQUEST: the CGI variables
 //! corral sends, the request headers as `HTTP_*`, and what the pure-Python launcher adds
 //! (CONTENT_LENGTH the body's real length, SCRIPT_NAME without a trailing slash,
-//! wsgi.url_scheme from HTTPS, corral.connection_requests). Keys are interned Python
-//! strings made once per name and kept ([`Keys`]), so a request makes only its values.
+//! wsgi.url_scheme from HTTPS, corral.connection_requests). Names and values are borrowed
+//! from the request's view. Keys are interned Python strings made once per name and kept
+//! ([`Keys`]), so a request makes only its values; the names a request sends are looked up
+//! by their place first (corral sends the same variables in the same order every time),
+//! and by hash only when that place held another name.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use corral_protocols::lsapi::BeginRequest;
+use corral_protocols::lsapi::RequestView;
 
 use crate::python::{self, Environ, Obj};
 
@@ -38,7 +41,7 @@ impl Hasher for Fnv {
     }
 }
 
-type Map<V> = HashMap<Vec<u8>, V, BuildHasherDefault<Fnv>>;
+type Map<V> = HashMap<Box<[u8]>, V, BuildHasherDefault<Fnv>>;
 
 /// Join rules for a repeated request header.
 const REPLACE: i32 = 0;
@@ -87,11 +90,86 @@ impl Entry {
     }
 }
 
+/// The CGI variables [`build`] reads besides setting them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Other,
+    ContentType,
+    ScriptName,
+    PathInfo,
+    Https,
+}
+
+impl Role {
+    fn of(name: &[u8]) -> Role {
+        match name {
+            b"CONTENT_TYPE" => Role::ContentType,
+            b"SCRIPT_NAME" => Role::ScriptName,
+            b"PATH_INFO" => Role::PathInfo,
+            b"HTTPS" => Role::Https,
+            _ => Role::Other,
+        }
+    }
+}
+
+/// A name as it comes in the packet, with what it becomes (`None`: a header the environ
+/// does not carry).
+struct Slot {
+    name: Box<[u8]>,
+    role: Role,
+    entry: Option<Entry>,
+}
+
+/// Slots by name, bounded to [`MAX_KEYS`], with the slot each place of the last request's
+/// list held.
+#[derive(Default)]
+struct Names {
+    index: Map<usize>,
+    slots: Vec<Slot>,
+    order: Vec<usize>,
+}
+
+impl Names {
+    /// The slot of `name`, the `place`-th of its list in this request, made by `make` when
+    /// the name is new; `f` is applied to it. `None` when `make` or `f` fails.
+    fn with<R>(
+        &mut self,
+        place: usize,
+        name: &[u8],
+        make: impl FnOnce(&[u8]) -> Option<Slot>,
+        f: impl FnOnce(&mut Slot) -> Option<R>,
+    ) -> Option<R> {
+        let cached = self.order.get(place).copied();
+        let slots = &self.slots;
+        if let Some(i) = cached.filter(|&i| slots.get(i).is_some_and(|s| *s.name == *name)) {
+            return f(self.slots.get_mut(i)?);
+        }
+        let i = match self.index.get(name) {
+            Some(&i) => i,
+            None if self.slots.len() < MAX_KEYS => {
+                let i = self.slots.len();
+                self.slots.push(make(name)?);
+                self.index.insert(name.into(), i);
+                i
+            }
+            // Full: the name is served, not kept.
+            None => return f(&mut make(name)?),
+        };
+        let known = self.order.len();
+        match self.order.get_mut(place) {
+            Some(at) => *at = i,
+            None if known == place && place < MAX_KEYS => self.order.push(i),
+            None => {}
+        }
+        f(self.slots.get_mut(i)?)
+    }
+}
+
 /// Environ keys by the bytes they come from: CGI variable names as they are, header names
-/// turned into `HTTP_*` (`None`: a header the environ does not carry).
+/// turned into `HTTP_*`.
 pub struct Keys {
-    vars: Map<Entry>,
-    headers: Map<Option<Entry>>,
+    vars: Names,
+    headers: Names,
     fixed: Fixed,
 }
 
@@ -109,8 +187,8 @@ impl Keys {
     /// The fixed keys made; `None` if Python cannot make a string (out of memory).
     pub fn new() -> Option<Keys> {
         Some(Keys {
-            vars: Map::default(),
-            headers: Map::default(),
+            vars: Names::default(),
+            headers: Names::default(),
             fixed: Fixed {
                 content_length: python::key(b"CONTENT_LENGTH")?,
                 content_type: python::key(b"CONTENT_TYPE")?,
@@ -121,47 +199,26 @@ impl Keys {
             },
         })
     }
+}
 
-    /// Sets CGI variable `name`.
-    fn set_var(&mut self, environ: &mut Environ, name: &[u8], value: &[u8]) -> Option<()> {
-        if let Some(entry) = self.vars.get_mut(name) {
-            return entry.set(environ, value, false);
-        }
-        let mut entry = Entry::new(python::key(name)?, REPLACE);
-        entry.set(environ, value, false)?;
-        if self.vars.len() < MAX_KEYS {
-            self.vars.insert(name.to_vec(), entry);
-        }
-        Some(())
-    }
+fn var_slot(name: &[u8]) -> Option<Slot> {
+    Some(Slot {
+        name: name.into(),
+        role: Role::of(name),
+        entry: Some(Entry::new(python::key(name)?, REPLACE)),
+    })
+}
 
-    /// Sets the variable of request header `name`; `joined`: its name came before in this
-    /// request.
-    fn set_header(
-        &mut self,
-        environ: &mut Environ,
-        name: &[u8],
-        value: &[u8],
-        joined: bool,
-    ) -> Option<()> {
-        if let Some(entry) = self.headers.get_mut(name) {
-            return match entry {
-                Some(entry) => entry.set(environ, value, joined),
-                None => Some(()),
-            };
-        }
-        let mut entry = match header_var(name) {
-            Some((var, join)) => Some(Entry::new(python::key(&var)?, join)),
-            None => None,
-        };
-        if let Some(entry) = &mut entry {
-            entry.set(environ, value, joined)?;
-        }
-        if self.headers.len() < MAX_KEYS {
-            self.headers.insert(name.to_vec(), entry);
-        }
-        Some(())
-    }
+fn header_slot(name: &[u8]) -> Option<Slot> {
+    let entry = match header_var(name) {
+        Some((var, join)) => Some(Entry::new(python::key(&var)?, join)),
+        None => None,
+    };
+    Some(Slot {
+        name: name.into(),
+        role: Role::Other,
+        entry,
+    })
 }
 
 /// The environ variable for a request header and how repeats join; `None` for a header the
@@ -190,64 +247,86 @@ fn header_var(name: &[u8]) -> Option<(Vec<u8>, i32)> {
     }
 }
 
-/// The value of CGI variable `name` in `begin`'s env, if any (the last one wins).
-pub fn env<'a>(begin: &'a BeginRequest, name: &[u8]) -> Option<&'a [u8]> {
-    begin
-        .env
-        .iter()
-        .rev()
-        .find(|(k, _)| k.as_ref() == name)
-        .map(|(_, v)| v.as_ref())
+/// The value of CGI variable `name` in `view`'s env, if any (the last one wins).
+pub fn env<'a>(view: &'a RequestView, name: &[u8]) -> Option<&'a [u8]> {
+    view.env()
+        .filter(|(k, _)| *k == name)
+        .last()
+        .map(|(_, v)| v)
 }
 
-/// The environ of `begin`, whose connection carried `served` requests with this one;
+/// The variables [`build`] reads, the last of each name.
+#[derive(Default)]
+struct Seen<'a> {
+    content_type: Option<&'a [u8]>,
+    script_name: Option<&'a [u8]>,
+    path_info: Option<&'a [u8]>,
+    https: Option<&'a [u8]>,
+}
+
+/// The environ of `view`, whose connection carried `served` requests with this one;
 /// `None` when Python cannot build it (out of memory).
-pub fn build(keys: &mut Keys, begin: &BeginRequest, served: u64) -> Option<Environ> {
+pub fn build(keys: &mut Keys, view: &RequestView, served: u64) -> Option<Environ> {
     let mut environ = Environ::new()?;
-    for (name, value) in &begin.env {
-        // Empty values keep the base's defaults (REQUEST_METHOD "GET", QUERY_STRING "").
-        if name.is_empty() || (value.is_empty() && name.as_ref() != b"SCRIPT_NAME") {
+    let mut seen = Seen::default();
+    for (place, (name, value)) in view.env().enumerate() {
+        if name.is_empty() {
             continue;
         }
-        keys.set_var(&mut environ, name, value)?;
+        keys.vars.with(place, name, var_slot, |slot| {
+            match slot.role {
+                Role::Other => {}
+                Role::ContentType => seen.content_type = Some(value),
+                Role::ScriptName => seen.script_name = Some(value),
+                Role::PathInfo => seen.path_info = Some(value),
+                Role::Https => seen.https = Some(value),
+            }
+            // Empty values keep the base's defaults (REQUEST_METHOD "GET", QUERY_STRING "").
+            if value.is_empty() && slot.role != Role::ScriptName {
+                return Some(());
+            }
+            slot.entry.as_mut()?.set(&mut environ, value, false)
+        })?;
     }
-    for (i, (name, value)) in begin.headers.iter().enumerate() {
+    let headers = view.headers();
+    let mut content_type_header = false;
+    for (place, (name, value)) in headers.clone().enumerate() {
         // A repeated header joins the value before it; headers are few, so a look back
         // costs less than a set.
-        let joined = begin
-            .headers
-            .iter()
-            .take(i)
+        let joined = headers
+            .clone()
+            .take(place)
             .any(|(n, _)| n.eq_ignore_ascii_case(name));
-        keys.set_header(&mut environ, name, value, joined)?;
+        keys.headers
+            .with(place, name, header_slot, |slot| match &mut slot.entry {
+                Some(entry) => entry.set(&mut environ, value, joined),
+                None => Some(()),
+            })?;
+        content_type_header = content_type_header
+            || (!value.is_empty() && name.eq_ignore_ascii_case(b"content-type"));
     }
     let f = &keys.fixed;
-    let mut digits = itoa(begin.body_len);
+    let mut digits = itoa(view.body_len());
     environ.set(&f.content_length, digits.text(), REPLACE);
-    if env(begin, b"CONTENT_TYPE").is_none()
-        && !begin
-            .headers
-            .iter()
-            .any(|(k, v)| k.eq_ignore_ascii_case(b"content-type") && !v.is_empty())
-    {
+    if seen.content_type.is_none() && !content_type_header {
         environ.remove(&f.content_type);
     }
     // PEP 3333: SCRIPT_NAME is "" for an app at the root, never "/" or "/x/".
-    if let Some(script) = env(begin, b"SCRIPT_NAME").filter(|s| s.ends_with(b"/")) {
+    if let Some(script) = seen.script_name.filter(|s| s.ends_with(b"/")) {
         let trimmed = script.len() - script.iter().rev().take_while(|&&b| b == b'/').count();
         environ.set(
             &f.script_name,
             script.get(..trimmed).unwrap_or_default(),
             REPLACE,
         );
-        let path = env(begin, b"PATH_INFO").unwrap_or_default();
+        let path = seen.path_info.unwrap_or_default();
         let rest = path.get(path.iter().take_while(|&&b| b == b'/').count()..);
         let mut fixed = Vec::with_capacity(path.len() + 1);
         fixed.push(b'/');
         fixed.extend_from_slice(rest.unwrap_or_default());
         environ.set(&f.path_info, &fixed, REPLACE);
     }
-    if env(begin, b"HTTPS").is_some_and(|v| {
+    if seen.https.is_some_and(|v| {
         v.eq_ignore_ascii_case(b"on") || v == b"1" || v.eq_ignore_ascii_case(b"yes")
     }) {
         environ.set(&f.url_scheme, b"https", REPLACE);
@@ -307,6 +386,52 @@ mod tests {
         // A header posing as CGI's own entity variables is not carried.
         assert_eq!(header_var(b"Content_Type"), None);
         assert_eq!(header_var(b"content_length"), None);
+    }
+
+    fn slot(name: &[u8]) -> Option<Slot> {
+        Some(Slot {
+            name: name.into(),
+            role: Role::of(name),
+            entry: None,
+        })
+    }
+
+    /// The index of the slot `Names::with` gives `name` at `place` (`None`: a slot made
+    /// for this once, not kept), checking it is `name`'s.
+    fn found(names: &mut Names, place: usize, name: &[u8]) -> Option<usize> {
+        let got = names.with(place, name, slot, |s| Some(s.name.to_vec()));
+        assert_eq!(got.as_deref(), Some(name));
+        names.index.get(name).copied()
+    }
+
+    #[test]
+    fn names_are_found_by_place_then_by_hash() {
+        let mut names = Names::default();
+        assert_eq!(found(&mut names, 0, b"SERVER_NAME"), Some(0));
+        assert_eq!(found(&mut names, 1, b"HTTPS"), Some(1));
+        assert_eq!(names.slots[1].role, Role::Https);
+        assert_eq!(names.order, [0, 1]);
+        // The same order again: the same slots, nothing new made.
+        assert_eq!(found(&mut names, 0, b"SERVER_NAME"), Some(0));
+        assert_eq!(found(&mut names, 1, b"HTTPS"), Some(1));
+        assert_eq!(names.slots.len(), 2);
+        // Another order: each name still gets its own slot, and the places learn it.
+        assert_eq!(found(&mut names, 0, b"HTTPS"), Some(1));
+        assert_eq!(found(&mut names, 1, b"SERVER_NAME"), Some(0));
+        assert_eq!(names.order, [1, 0]);
+        assert_eq!(names.slots.len(), 2);
+        // A new name at a known place.
+        assert_eq!(found(&mut names, 0, b"X"), Some(2));
+        assert_eq!(names.order, [2, 0]);
+        // Full: a new name is served from a slot made for it, and kept nowhere.
+        for i in names.slots.len()..MAX_KEYS {
+            found(&mut names, 5, format!("N{i}").as_bytes());
+        }
+        assert_eq!(names.slots.len(), MAX_KEYS);
+        assert_eq!(found(&mut names, 2, b"ONE_TOO_MANY"), None);
+        assert_eq!(names.slots.len(), MAX_KEYS);
+        // The places are bounded too.
+        assert!(names.order.len() <= MAX_KEYS);
     }
 
     #[test]

@@ -214,9 +214,9 @@ pub fn serve(listener: libc::c_int) -> i32 {
         }
         // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
         let stream = unsafe { File::from_raw_fd(fd) };
-        let mut conn = Conn::new(stream, listener, reused);
-        let end = response::serve_connection(&mut conn, &mut keys);
-        reused = conn.into_buffers();
+        let (mut conn, mut view) = Conn::new(stream, listener, reused);
+        let end = response::serve_connection(&mut conn, &mut keys, &mut view);
+        reused = conn.into_buffers(view);
         match end {
             End::Closed => {}
             End::Stopping => return 0,

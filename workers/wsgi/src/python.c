@@ -26,6 +26,7 @@ extern int corral_wsgi_head(void *ctx, int status, const cw_header *headers, siz
                             char *err, size_t err_len);
 extern int corral_wsgi_write(void *ctx, const char *data, size_t len, int flush);
 extern int corral_wsgi_head_sent(void *ctx);
+extern void corral_wsgi_what(void *ctx, char *dst, size_t len);
 
 /* What cw_call says. */
 enum { CW_OK = 0, CW_ERROR_UNSENT = 1, CW_ERROR_SENT = 2, CW_GONE = 3 };
@@ -48,11 +49,18 @@ typedef struct {
     PyObject *headers;  /* list of (name, value) checked */
     int head_queued;
     int gone;
+    PyObject *write;    /* the bound write(), made on the first start_response and kept */
 } Req;
+
+/* The last request's start_response object when nothing but this file held it at its end:
+ * the next request reuses it rather than making one (an app that kept its start_response
+ * keeps a dead one, as before: that object is never reused). */
+static Req *spare_req;
 
 static void req_dealloc(Req *self) {
     Py_XDECREF(self->status);
     Py_XDECREF(self->headers);
+    Py_XDECREF(self->write);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -188,22 +196,26 @@ static PyObject *start_response(Req *self, PyObject *args, PyObject *kwargs) {
     self->code = (int)((PyUnicode_READ_CHAR(status, 0) - '0') * 100 +
                        (PyUnicode_READ_CHAR(status, 1) - '0') * 10 +
                        (PyUnicode_READ_CHAR(status, 2) - '0'));
-    return PyObject_GetAttr((PyObject *)self, k_write);
+    if (!self->write && !(self->write = PyObject_GetAttr((PyObject *)self, k_write))) return NULL;
+    Py_INCREF(self->write);
+    return self->write;
 fail:
     Py_DECREF(checked);
     return NULL;
 }
 
-/* Latin-1 bytes of `s` that stay valid while `keep` lives: ASCII text as it is stored,
- * other text encoded into a bytes object appended to `keep`. */
-static const char *latin1(PyObject *s, size_t *len, PyObject *keep) {
+/* Latin-1 bytes of `s` that stay valid while `*keep` lives: ASCII text as it is stored,
+ * other text encoded into a bytes object appended to `*keep` (a list made on first need:
+ * most heads are all ASCII). */
+static const char *latin1(PyObject *s, size_t *len, PyObject **keep) {
     if (PyUnicode_IS_COMPACT_ASCII(s)) {
         *len = (size_t)PyUnicode_GET_LENGTH(s);
         return (const char *)PyUnicode_DATA(s);
     }
+    if (!*keep && !(*keep = PyList_New(0))) return NULL;
     PyObject *b = PyUnicode_AsLatin1String(s);
     if (!b) return NULL;
-    int rc = PyList_Append(keep, b);
+    int rc = PyList_Append(*keep, b);
     Py_DECREF(b);
     if (rc < 0) return NULL;
     *len = (size_t)PyBytes_GET_SIZE(b);
@@ -223,22 +235,22 @@ static int queue_head(Req *self) {
     size_t count = (size_t)n + (status_line ? 1 : 0);
     cw_header stack[STACK_HEADERS];
     cw_header *h = count <= STACK_HEADERS ? stack : PyMem_Malloc(count * sizeof(cw_header));
-    PyObject *keep = PyList_New(0);
+    PyObject *keep = NULL;
     int rc = -1;
-    if (!h || !keep) {
+    if (!h) {
         PyErr_NoMemory();
         goto out;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(self->headers, i);
-        h[i].name = latin1(PyTuple_GET_ITEM(item, 0), &h[i].name_len, keep);
-        h[i].value = latin1(PyTuple_GET_ITEM(item, 1), &h[i].value_len, keep);
+        h[i].name = latin1(PyTuple_GET_ITEM(item, 0), &h[i].name_len, &keep);
+        h[i].value = latin1(PyTuple_GET_ITEM(item, 1), &h[i].value_len, &keep);
         if (!h[i].name || !h[i].value) goto out;
     }
     if (status_line) {
         h[n].name = "Status";
         h[n].name_len = 6;
-        h[n].value = latin1(self->status, &h[n].value_len, keep);
+        h[n].value = latin1(self->status, &h[n].value_len, &keep);
         if (!h[n].value) goto out;
     }
     char err[200] = "";
@@ -474,12 +486,18 @@ int cw_set_obj(PyObject *env, PyObject *key, PyObject *value) {
     return rc;
 }
 
-/* environ.pop(key) if there. */
+/* environ.pop(key) if there (asked first: deleting a missing key costs a KeyError made and
+ * cleared). */
 void cw_del(PyObject *env, PyObject *key) {
-    if (PyDict_DelItem(env, key) < 0) PyErr_Clear();
+    if (PyDict_Contains(env, key) == 1 && PyDict_DelItem(env, key) < 0) PyErr_Clear();
+    else if (PyErr_Occurred()) PyErr_Clear();
 }
 
-static void log_error(const char *what, const char *doing) {
+/* Logs the Python error set, with the request `ctx` answers ("GET /path") and what failed. */
+static void log_error(void *ctx, const char *doing) {
+    char what[304];
+    what[0] = 0;
+    corral_wsgi_what(ctx, what, sizeof what);
     PySys_WriteStderr("corral-wsgi-worker: %.300s: %s:\n", what, doing);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -520,15 +538,17 @@ static int send_result(Req *req, PyObject *result) {
 }
 
 /* Calls the app for one request whose environ is `env` (taken over) and whose body has
- * `body_len` bytes, read on demand through `ctx`; `what` names it in log lines. */
-int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *what) {
+ * `body_len` bytes, read on demand through `ctx` (which also names it in log lines). */
+int cw_call(void *ctx, PyObject *env, unsigned long long body_len) {
     current_ctx = ctx;
     current_gen++;
     int rc = CW_OK;
     PyObject *result = NULL;
-    Req *req = PyObject_New(Req, &ReqType);
+    Req *req = spare_req;
+    spare_req = NULL;
+    if (!req && (req = PyObject_New(Req, &ReqType))) req->write = NULL;
     if (!req) {
-        log_error(what, "cannot make start_response");
+        log_error(ctx, "cannot make start_response");
         Py_DECREF(env);
         current_ctx = NULL;
         return CW_ERROR_UNSENT;
@@ -542,7 +562,7 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
     PyObject *input = body_len ? PyObject_CallFunction(make_input, "K", current_gen)
                                : PyObject_CallNoArgs(bytes_io);
     if (!input || PyDict_SetItem(env, k_input, input) < 0) {
-        log_error(what, "cannot make wsgi.input");
+        log_error(ctx, "cannot make wsgi.input");
         rc = CW_ERROR_UNSENT;
         goto out;
     }
@@ -552,7 +572,7 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
             PyErr_Clear();
             rc = CW_GONE;
         } else {
-            log_error(what, "the application raised an error");
+            log_error(ctx, "the application raised an error");
             rc = CW_ERROR_UNSENT;
         }
     }
@@ -564,7 +584,7 @@ int cw_call(void *ctx, PyObject *env, unsigned long long body_len, const char *w
         } else {
             PyObject *r = PyObject_CallNoArgs(close);
             Py_DECREF(close);
-            if (!r) log_error(what, "the response iterable's close() raised");
+            if (!r) log_error(ctx, "the response iterable's close() raised");
             Py_XDECREF(r);
         }
     }
@@ -580,8 +600,18 @@ out:
     current_ctx = NULL;
     Py_XDECREF(input);
     Py_XDECREF(result);
-    Py_DECREF(req);
     Py_DECREF(env);
+    /* Only now: the result or the environ may have held it. Its kept write() holds it
+     * too; nothing else may. Otherwise that cycle is broken and the object let go. */
+    Py_CLEAR(req->status);
+    Py_CLEAR(req->headers);
+    if (Py_REFCNT(req) == 1 + (req->write != NULL) &&
+        (!req->write || Py_REFCNT(req->write) == 1)) {
+        spare_req = req;
+    } else {
+        Py_CLEAR(req->write);
+        Py_DECREF(req);
+    }
     return rc;
 }
 

@@ -52,7 +52,7 @@ extern "C" {
     fn cw_set_obj(env: *mut PyObject, key: *mut PyObject, value: *mut PyObject) -> c_int;
     fn cw_set_int(env: *mut PyObject, key: *mut PyObject, v: u64) -> c_int;
     fn cw_del(env: *mut PyObject, key: *mut PyObject);
-    fn cw_call(ctx: *mut c_void, env: *mut PyObject, body_len: u64, what: *const c_char) -> c_int;
+    fn cw_call(ctx: *mut c_void, env: *mut PyObject, body_len: u64) -> c_int;
     fn cw_finalize();
 }
 
@@ -157,15 +157,14 @@ impl Environ {
 }
 
 /// Calls the app with `environ` for the request `exchange` answers.
-pub fn call(exchange: &mut Exchange<'_>, environ: Environ, body_len: u64, what: &str) -> Outcome {
-    let what = CString::new(what.replace('\0', "?")).unwrap_or_default();
+pub fn call(exchange: &mut Exchange<'_>, environ: Environ, body_len: u64) -> Outcome {
     let env = environ.0 .0.as_ptr();
     // python.c takes the environ's reference over.
     std::mem::forget(environ);
     let ctx: *mut Exchange<'_> = exchange;
     // SAFETY: `ctx` points at the exchange, which outlives the call and is only reached
     // through the callbacks below during it; `env` is an owned reference handed over.
-    match unsafe { cw_call(ctx.cast(), env, body_len, what.as_ptr()) } {
+    match unsafe { cw_call(ctx.cast(), env, body_len) } {
         0 => Outcome::Answered,
         2 => Outcome::FailedSent,
         3 => Outcome::Gone,
@@ -181,6 +180,33 @@ pub fn call(exchange: &mut Exchange<'_>, environ: Environ, body_len: u64, what: 
 unsafe fn exchange<'a>(ctx: *mut c_void) -> &'a mut Exchange<'a> {
     // SAFETY: as the caller guarantees.
     unsafe { &mut *ctx.cast::<Exchange<'a>>() }
+}
+
+/// What names the request in python.c's log lines ("GET /path"), NUL-terminated in `dst`
+/// (`len` bytes, cut to fit; a NUL inside becomes `?`).
+#[no_mangle]
+extern "C" fn corral_wsgi_what(ctx: *mut c_void, dst: *mut c_char, len: usize) {
+    if ctx.is_null() || dst.is_null() || len == 0 {
+        return;
+    }
+    // SAFETY: python.c passes the ctx of the running call and a buffer of `len` bytes.
+    let (exchange, dst) = unsafe {
+        (
+            exchange(ctx),
+            std::slice::from_raw_parts_mut(dst.cast::<u8>(), len),
+        )
+    };
+    let what = exchange.what();
+    let n = what.len().min(len - 1);
+    for (d, &s) in dst
+        .iter_mut()
+        .zip(what.as_bytes().get(..n).unwrap_or_default())
+    {
+        *d = if s == 0 { b'?' } else { s };
+    }
+    if let Some(end) = dst.get_mut(n) {
+        *end = 0;
+    }
 }
 
 /// wsgi.input's reads: up to `len` body bytes into `dst`; 0 at the end, -1 on failure.

@@ -5,7 +5,7 @@
 //! one write(2). An iterable the app yields from is written chunk by chunk (PEP 3333 forbids
 //! holding a block back).
 
-use corral_protocols::lsapi::{BeginRequest, FlagRule, ResponseEncoder};
+use corral_protocols::lsapi::{FlagRule, RequestView, ResponseEncoder};
 
 use crate::conn::{Conn, End};
 use crate::environ::{self, Keys};
@@ -20,16 +20,22 @@ const ERROR_BODY: &[u8] = b"Internal Server Error\n";
 /// One request's answer, reached by python.c's callbacks while the app runs.
 pub struct Exchange<'c> {
     conn: &'c mut Conn,
+    /// The request, for log lines.
+    view: &'c RequestView,
     encoder: ResponseEncoder,
     /// Where the head starts in the queue (a head replaced through exc_info is cut there).
     head_at: Option<usize>,
     /// Whether anything past REQ_RECEIVED was written.
     head_sent: bool,
     broken: bool,
-    what: String,
 }
 
 impl Exchange<'_> {
+    /// "GET /path?query" for log lines (made only when a line is written).
+    pub fn what(&self) -> String {
+        describe(self.view)
+    }
+
     /// wsgi.input's reads.
     pub fn read_body(&mut self, dst: &mut [u8]) -> Result<usize, ()> {
         self.conn.read_body(dst).map_err(|end| {
@@ -37,7 +43,7 @@ impl Exchange<'_> {
                 End::Failed(why) => why,
                 End::Closed | End::Stopping => "the connection ended".to_owned(),
             };
-            crate::log(&format!("{}: reading the request body: {why}", self.what));
+            crate::log(&format!("{}: reading the request body: {why}", self.what()));
             self.broken = true;
         })
     }
@@ -82,7 +88,7 @@ impl Exchange<'_> {
         if let Err(e) = self.conn.flush() {
             crate::log(&format!(
                 "{}: connection to corral lost while answering ({e})",
-                self.what
+                self.what()
             ));
             self.broken = true;
         }
@@ -128,14 +134,13 @@ fn decimal(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
     buf.get(at..).unwrap_or_default()
 }
 
-/// Serves one connection's requests until it ends.
-pub fn serve_connection(conn: &mut Conn, keys: &mut Keys) -> End {
+/// Serves one connection's requests until it ends, each decoded into `view`.
+pub fn serve_connection(conn: &mut Conn, keys: &mut Keys, view: &mut RequestView) -> End {
     loop {
-        let begin = match conn.next_request() {
-            Ok(b) => b,
-            Err(end) => return end,
-        };
-        if !serve_request(conn, keys, &begin) {
+        if let Err(end) = conn.next_request(view) {
+            return end;
+        }
+        if !serve_request(conn, keys, view) {
             return End::Closed;
         }
         if let Err(end) = conn.drain_body() {
@@ -148,21 +153,20 @@ pub fn serve_connection(conn: &mut Conn, keys: &mut Keys) -> End {
 }
 
 /// Answers one request; whether the connection can carry another.
-fn serve_request(conn: &mut Conn, keys: &mut Keys, begin: &BeginRequest) -> bool {
+fn serve_request(conn: &mut Conn, keys: &mut Keys, view: &RequestView) -> bool {
     let served = conn.served;
     conn.out.clear();
-    let encoder = ResponseEncoder::new(begin.order, FlagRule::HOST);
+    let encoder = ResponseEncoder::new(view.order(), FlagRule::HOST);
     encoder.req_received(&mut conn.out);
-    let what = describe(begin);
     let exchange = Exchange {
         conn,
+        view,
         encoder,
         head_at: None,
         head_sent: false,
         broken: false,
-        what,
     };
-    if environ::env(begin, b"CORRAL_READY_PROBE") == Some(b"1") {
+    if environ::env(view, b"CORRAL_READY_PROBE") == Some(b"1") {
         // corral asking whether the app is loaded (it is: this loop runs only once it is),
         // before the worker gets traffic. The app is not called.
         let mut exchange = exchange;
@@ -170,22 +174,22 @@ fn serve_request(conn: &mut Conn, keys: &mut Keys, begin: &BeginRequest) -> bool
         let _ = exchange.head(204, &none);
         return exchange.end();
     }
-    let Some(environ) = environ::build(keys, begin, served) else {
+    let Some(environ) = environ::build(keys, view, served) else {
         crate::log(&format!(
             "{}: cannot build the environ; answering 500",
-            exchange.what
+            exchange.what()
         ));
         return exchange.answer(500, ERROR_BODY);
     };
     let mut exchange = exchange;
-    let what = exchange.what.clone();
-    match python::call(&mut exchange, environ, begin.body_len, &what) {
+    match python::call(&mut exchange, environ, view.body_len()) {
         Outcome::Answered => exchange.end(),
         Outcome::FailedUnsent if !exchange.broken => exchange.answer(500, ERROR_BODY),
         Outcome::FailedUnsent | Outcome::FailedSent | Outcome::Gone => {
             if exchange.head_sent {
                 crate::log(&format!(
-                    "{what}: the answer was cut short; closing the connection"
+                    "{}: the answer was cut short; closing the connection",
+                    exchange.what()
                 ));
             }
             false
@@ -194,9 +198,9 @@ fn serve_request(conn: &mut Conn, keys: &mut Keys, begin: &BeginRequest) -> bool
 }
 
 /// "GET /path?query" for log lines.
-fn describe(begin: &BeginRequest) -> String {
+fn describe(view: &RequestView) -> String {
     let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
-    let method = environ::env(begin, b"REQUEST_METHOD").or(begin.request_method.as_deref());
-    let uri = environ::env(begin, b"REQUEST_URI");
+    let method = environ::env(view, b"REQUEST_METHOD").or(view.request_method());
+    let uri = environ::env(view, b"REQUEST_URI");
     format!("{} {}", text(method), text(uri))
 }
