@@ -39,8 +39,8 @@ const QUIET: Duration = Duration::from_millis(2);
 struct Harness {
     runtime: tokio::runtime::Runtime,
     gateway: Arc<Gateway>,
-    fastcgi: ListenAddress,
-    scgi: ListenAddress,
+    fastcgi: Arc<ListenAddress>,
+    scgi: Arc<ListenAddress>,
     http: ListenAddress,
     /// The listeners' timeouts, as configured (the same for the three).
     timeouts: FrontTimeouts,
@@ -122,8 +122,8 @@ max_body = "64KiB"
     };
     let listen = |i: usize| config.listeners[i].bind.address();
     Harness {
-        fastcgi: listen(0),
-        scgi: listen(1),
+        fastcgi: Arc::new(listen(0)),
+        scgi: Arc::new(listen(1)),
         http: listen(2),
         timeouts: config.listeners[0].timeouts,
         admission: Admission::new("front", 1024),
@@ -180,7 +180,7 @@ async fn one(h: &'static Harness, front: Front, input: &[u8]) {
     let server = match front {
         Front::Fastcgi => tokio::spawn(fastcgi::serve_connection(
             stream,
-            h.fastcgi.clone(),
+            Arc::clone(&h.fastcgi),
             ticket,
             h.timeouts,
             gateway,
@@ -188,7 +188,7 @@ async fn one(h: &'static Harness, front: Front, input: &[u8]) {
         )),
         Front::Scgi => tokio::spawn(scgi::serve_connection(
             stream,
-            h.scgi.clone(),
+            Arc::clone(&h.scgi),
             ticket,
             h.timeouts,
             gateway,
