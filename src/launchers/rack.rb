@@ -127,6 +127,10 @@ module CorralRack
   # corral closed the connection while the response was being written.
   class PeerGone < StandardError; end
 
+  # Raised out of an idle worker's wait when corral promotes it to be the template
+  # (docs/pools.md, "Reforking"). Not a StandardError: no app rescue catches it.
+  class Promote < Exception; end # rubocop:disable Lint/InheritException
+
   # The formats of one byte order, built once: each section of a packet is read with one
   # unpack and each response packet written with one pack, into the connection's buffers.
   class Order
@@ -597,6 +601,7 @@ module CorralRack
       loop do
         @server.state = :idle
         return if @server.stopping
+        raise Promote if @server.promote
 
         request = read_request
         return if request.nil?
@@ -712,13 +717,14 @@ module CorralRack
 
   # The accept loop, the Rack env and the call into the app.
   class Server
-    attr_accessor :state
+    attr_accessor :state, :promote
     attr_reader :stopping
 
     def initialize(app, rack_version)
       @app = app
       @state = :idle
       @stopping = false
+      @promote = false
       # What every env holds, merged in one call.
       @base = {
         'rack.multithread' => false, 'rack.multiprocess' => true, 'rack.run_once' => false,
@@ -738,9 +744,21 @@ module CorralRack
       end
     end
 
+    # PROMOTE_SIGNAL (SIGURG) from corral: between requests the wait is left at once;
+    # during one (corral drains the worker first, so only by a race) once it is answered.
+    # The control socket is read afterwards, outside the trap.
+    def trap_promote
+      Signal.trap('URG') do
+        @promote = true
+        raise Promote if @state == :idle
+      end
+    end
+
     def run(socket)
       if listening?(socket)
         until @stopping
+          raise Promote if @promote
+
           begin
             conn, = socket.accept
           rescue IOError, SystemCallError => e
@@ -1073,8 +1091,35 @@ module CorralRack
       nil
     end
 
-    # Forks one worker serving the listening socket `listener`; returns its pid.
-    def self.fork_worker(app, version, control, wake, listener)
+    # Whether corral wrote `promote` on the worker's control socket `channel`.
+    def self.promote?(channel)
+      msg = channel.recv_nonblock(MAX_CONTROL, exception: false)
+      msg == 'promote'
+    rescue IOError, SystemCallError
+      false
+    end
+
+    # Serves `listener` until the worker stops, or until corral promotes it: then the
+    # worker, idle, closes its listener and becomes the template on `channel`
+    # (docs/pools.md, "Reforking"): `ready`, then forks on request as a preloader does.
+    def self.serve_or_promote(app, version, server, listener, channel)
+      begin
+        server.run(listener)
+        return
+      rescue Promote
+        server.promote = false
+        # A stray SIGURG (the app's own sockets): serve on.
+        retry unless promote?(channel)
+      end
+      listener.close
+      Signal.trap('URG', 'SYSTEM_DEFAULT')
+      CorralRack.log("worker #{Process.pid} promoted to be the template")
+      run(app, version, channel)
+    end
+
+    # Forks one worker serving the listening socket `listener` (and holding `channel`, its
+    # own control socket, when the pool reforks); returns its pid.
+    def self.fork_worker(app, version, control, wake, listener, channel)
       parent = Process.pid
       pid = fork do
         # Its own session and process group, as a spawned worker has: corral signals the
@@ -1090,13 +1135,19 @@ module CorralRack
         CorralRack.log("worker #{Process.pid} forked from preloader #{parent}")
         server = Server.new(app, version)
         server.trap_signals
+        server.trap_promote if channel
         # A stop signal that came before the worker's own handlers went to the preloader's
         # (copied by the fork), which only raised its flag.
         exit!(0) if @stopping
-        server.run(listener)
+        if channel
+          serve_or_promote(app, version, server, listener, channel)
+        else
+          server.run(listener)
+        end
         exit!(0)
       end
       listener.close
+      channel&.close
       pid
     end
 
@@ -1126,14 +1177,21 @@ module CorralRack
           return
         end
         words = msg.split
-        unless words.size == 2 && words[0] == 'fork' && words[1].match?(/\A[0-9]+\z/) && ios.size == 1
+        # One descriptor: the worker's listening socket; two: also the worker's own control
+        # socket (a pool that reforks).
+        unless words.size == 2 && words[0] == 'fork' && words[1].match?(/\A[0-9]+\z/) && [1, 2].include?(ios.size)
           ios.each(&:close)
           CorralRack.log("ignoring a malformed control message (#{msg.bytesize} bytes, #{ios.size} descriptors)")
           next
         end
         listener = Socket.for_fd(ios[0].fileno)
         ios[0].autoclose = false
-        pid = fork_worker(app, version, control, [wake_r, wake_w], listener)
+        channel = nil
+        if ios.size == 2
+          channel = Socket.for_fd(ios[1].fileno)
+          ios[1].autoclose = false
+        end
+        pid = fork_worker(app, version, control, [wake_r, wake_w], listener, channel)
         control.sendmsg("forked #{words[1]} #{pid}")
       end
     rescue IOError, SystemCallError => e

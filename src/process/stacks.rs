@@ -59,8 +59,9 @@ pub struct Stacks {
 
 #[derive(Debug)]
 struct Collecting {
-    /// The streams read for it: the worker's own pid and its parent's.
-    readers: [u32; 2],
+    /// The streams read for it: the worker's own pid, its parent's, and for a worker of a
+    /// promoted template its other ancestors' below corral.
+    readers: Vec<u32>,
     stacks: Stacks,
     bytes: usize,
     done: Option<oneshot::Sender<Stacks>>,
@@ -122,6 +123,20 @@ impl StackDumps {
             .filter(|&p| p > 1)
             .ok_or(NoStacks::Gone)?;
         let parent = super::preload::parent_of(pid).map_err(|_| NoStacks::Gone)?;
+        // A worker of a promoted template (reforking) writes on the pipes of the preloader
+        // corral started, the template's own ancestor: every ancestor below corral reads.
+        let corral = std::process::id();
+        let mut readers = vec![pid, parent];
+        let mut at = parent;
+        for _ in 0..=crate::config::MAX_REFORK_STEPS {
+            match super::preload::parent_of(at) {
+                Ok(up) if at != corral && up > 1 && up != corral => {
+                    readers.push(up);
+                    at = up;
+                }
+                _ => break,
+            }
+        }
         let (tx, rx) = oneshot::channel();
         {
             let mut asked = self.asked.lock().map_err(|_| NoStacks::Busy)?;
@@ -131,7 +146,7 @@ impl StackDumps {
             asked.insert(
                 pid,
                 Collecting {
-                    readers: [pid, parent],
+                    readers,
                     stacks: Stacks::default(),
                     bytes: 0,
                     done: Some(tx),
@@ -167,7 +182,7 @@ mod tests {
         dumps.asked.lock().unwrap().insert(
             10,
             Collecting {
-                readers: [10, 5],
+                readers: vec![10, 5],
                 stacks: Stacks::default(),
                 bytes: 0,
                 done: Some(tx),
@@ -200,7 +215,7 @@ mod tests {
         dumps.asked.lock().unwrap().insert(
             7,
             Collecting {
-                readers: [7, 7],
+                readers: vec![7, 7],
                 stacks: Stacks::default(),
                 bytes: 0,
                 done: Some(tx),
