@@ -5,7 +5,9 @@
 //! workers are replaced one at a time with no failed request under load; a second step
 //! promotes a worker of the first promoted template; a SIGKILLed promoted template is
 //! replaced by workers of the template before it, and the pool reforks again;
-//! `max_requests` recycles into workers of the promoted template.
+//! `max_requests` recycles into workers of the promoted template; a reforked worker past
+//! `request_timeout` still has its stacks collected (it writes on the first preloader's
+//! stderr, two generations up).
 
 #![allow(
     clippy::unwrap_used,
@@ -27,7 +29,7 @@ use support::apps::{writable_dir, write_tree, Reaper};
 use support::server::{http, Corral};
 
 /// The WSGI app: records each load, answers with pid and ppid.
-const WSGI_APP: &str = r#"import os
+const WSGI_APP: &str = r#"import os, time
 with open(os.path.join(os.environ["LOADS_DIR"], "loads"), "a") as f:
     f.write("%d\n" % os.getpid())
 CACHE = {}
@@ -35,6 +37,8 @@ CACHE = {}
 def application(environ, start_response):
     # Something warmed per worker, as an app's caches are.
     CACHE.setdefault(environ["PATH_INFO"], "x" * 4096)
+    if environ["PATH_INFO"] == "/sleep":
+        time.sleep(60)
     body = ("pid=%d ppid=%d" % (os.getpid(), os.getppid())).encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
@@ -45,6 +49,7 @@ const RACK_APP: &str = r#"File.open(File.join(ENV.fetch("LOADS_DIR"), "loads"), 
 CACHE = {}
 run lambda { |env|
   CACHE[env["PATH_INFO"]] ||= "x" * 4096
+  sleep 60 if env["PATH_INFO"] == "/sleep"
   [200, { "content-type" => "text/plain" }, ["pid=#{Process.pid} ppid=#{Process.ppid}"]]
 }
 "#;
@@ -356,6 +361,43 @@ fn max_requests_recycles_from_the_new_template(lang: Lang) {
 }
 
 both!(max_requests_recycles_from_the_new_template: wsgi_max_requests_after_a_refork_forks_from_the_new_template, rack_max_requests_after_a_refork_forks_from_the_new_template);
+
+/// A worker of a promoted template past `request_timeout` is asked for its stacks, and its
+/// whole dump is collected, though it writes on the pipes of the preloader corral started.
+fn a_reforked_worker_tells_its_stacks(lang: Lang) {
+    let p = start(
+        lang,
+        "mode = \"static\"\nmax = 1\nrefork_after = [5]\nrequest_timeout = \"1s\"",
+    );
+    let (_, preloader) = served(&p, "/");
+    let seen = wait_for_workers_of_new_template(&p, preloader, 1);
+    let template = seen.iter().next().unwrap().1;
+    assert_eq!(parent_of(template), preloader);
+    let r = http(p.addr, "GET", "/sleep", &[], b"");
+    assert_eq!(r.status, 504, "{}", p.corral.log());
+    assert!(
+        p.corral
+            .wait_log("the worker's stacks at request_timeout are logged above"),
+        "{}",
+        p.corral.log()
+    );
+    // The dump names the app's file (the frame that sleeps).
+    let file = match lang {
+        Lang::Python => "app.py",
+        Lang::Ruby => "config.ru",
+    };
+    let log = p.corral.log();
+    let dump = log
+        .lines()
+        .skip_while(|l| !l.contains("asking the worker for its stacks"))
+        .take_while(|l| !l.contains("logged above"));
+    assert!(dump.into_iter().any(|l| l.contains(file)), "{log}");
+    // The pool serves on from the same template.
+    let (_, ppid) = served(&p, "/");
+    assert_eq!(ppid, template, "{}", p.corral.log());
+}
+
+both!(a_reforked_worker_tells_its_stacks: wsgi_a_reforked_worker_tells_its_stacks, rack_a_reforked_worker_tells_its_stacks);
 
 /// `corral check` refuses `refork_after` where it cannot work, and a list that does not
 /// increase, naming the line.
