@@ -163,6 +163,13 @@ fn parent_of(pid: u32) -> u32 {
     corral::process::memory::parse_stat_ppid(&stat).unwrap()
 }
 
+/// Whether corral logged that template `template` forked worker `pid`.
+fn forked_by(p: &Pool, pid: u32, template: u32) -> bool {
+    p.corral.log().lines().any(|l| {
+        l.contains("worker forked") && l.contains(&format!(" pid={pid} preloader={template} "))
+    })
+}
+
 fn kill(pid: u32) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -172,8 +179,8 @@ fn kill(pid: u32) {
 }
 
 /// Sends requests (one at a time) until every worker that answers the next `probe`
-/// requests is a child of a process other than `not_parent`, and returns those parents
-/// with the workers seen last (30 s at most).
+/// requests is a child of one process, other than `not_parent` (a refork has replaced the
+/// older workers), and returns the workers seen last with their parent (30 s at most).
 fn wait_for_workers_of_new_template(
     p: &Pool,
     not_parent: u32,
@@ -187,7 +194,8 @@ fn wait_for_workers_of_new_template(
             p.corral.log()
         );
         let seen: BTreeSet<(u32, u32)> = (0..probe).map(|_| served(p, "/page")).collect();
-        if seen.iter().all(|&(_, ppid)| ppid != not_parent) {
+        let parents: BTreeSet<u32> = seen.iter().map(|&(_, ppid)| ppid).collect();
+        if parents.len() == 1 && !parents.contains(&not_parent) {
             return seen;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -262,13 +270,12 @@ fn reforks_under_load(lang: Lang) {
     let templates: BTreeSet<u32> = seen.iter().map(|&(_, ppid)| ppid).collect();
     assert_eq!(templates.len(), 1, "{seen:?}\n{}", p.corral.log());
     let first = *templates.iter().next().unwrap();
-    assert_eq!(
-        parent_of(first),
-        preloader,
+    assert!(
+        forked_by(&p, first, preloader),
         "the template is a promoted worker of the preloader\n{}",
         p.corral.log()
     );
-    // The second step: a worker of the first promoted template, which stays as its parent.
+    // The second step: a worker of the first promoted template.
     assert!(
         p.corral
             .wait_count("worker promoted:", 2, Duration::from_secs(60)),
@@ -278,7 +285,16 @@ fn reforks_under_load(lang: Lang) {
     let seen = wait_for_workers_of_new_template(&p, first, 9);
     let second = seen.iter().next().unwrap().1;
     assert!(seen.iter().all(|&(_, ppid)| ppid == second), "{seen:?}");
-    assert_eq!(parent_of(second), first, "{}", p.corral.log());
+    assert!(forked_by(&p, second, first), "{}", p.corral.log());
+    // The older templates retire once their workers are gone; the newest serves on,
+    // orphaned (its parent-death signal cleared), and corral still stops it.
+    assert!(
+        support::eventually(Duration::from_secs(30), || !support::alive(preloader)
+            && !support::alive(first)),
+        "{}",
+        p.corral.log()
+    );
+    assert!(support::alive(second));
     let (requests, failed) = load.finish();
     assert_eq!(
         failed,
@@ -304,13 +320,14 @@ fn reforks_under_load(lang: Lang) {
 both!(reforks_under_load: wsgi_reforks_under_load_with_no_failed_request, rack_reforks_under_load_with_no_failed_request);
 
 /// A promoted template that is SIGKILLed takes its workers with it; the pool serves again
-/// from the template before it (the preloader, not loaded again), and reforks again.
+/// from the template before it while that one still serves, else from a fresh preloader,
+/// and reforks again.
 fn a_killed_template_falls_back(lang: Lang) {
     let p = start(lang, "mode = \"static\"\nmax = 2\nrefork_after = [10]");
     let (_, preloader) = served(&p, "/");
     let seen = wait_for_workers_of_new_template(&p, preloader, 6);
     let template = seen.iter().next().unwrap().1;
-    assert_eq!(parent_of(template), preloader);
+    assert!(forked_by(&p, template, preloader), "{}", p.corral.log());
     kill(template);
     let load = Load::start(p.addr, 2);
     // Back to workers of the preloader first (or straight to a new promoted template),
@@ -322,14 +339,18 @@ fn a_killed_template_falls_back(lang: Lang) {
         p.corral.log()
     );
     let (_, failed) = load.finish();
-    let again = wait_for_workers_of_new_template(&p, preloader, 6);
+    let again = wait_for_workers_of_new_template(&p, template, 6);
     let new_template = again.iter().next().unwrap().1;
-    assert_ne!(new_template, template);
-    assert_eq!(parent_of(new_template), preloader, "{}", p.corral.log());
+    assert!(
+        again.iter().all(|&(_, ppid)| ppid == new_template),
+        "{again:?}"
+    );
+    assert_ne!(new_template, preloader);
     for &(pid, _) in &seen {
         assert!(!support::alive(pid), "worker {pid} outlived its template");
     }
-    assert_eq!(loads(&p), vec![preloader], "{}", p.corral.log());
+    // The first preloader (if it had retired already) is replaced by one fresh load.
+    assert!(loads(&p).len() <= 2, "{}", p.corral.log());
     // Requests in flight on the killed workers may fail (they crashed); most do not.
     eprintln!("failed while the template was killed: {failed}");
 }
@@ -372,7 +393,7 @@ fn a_reforked_worker_tells_its_stacks(lang: Lang) {
     let (_, preloader) = served(&p, "/");
     let seen = wait_for_workers_of_new_template(&p, preloader, 1);
     let template = seen.iter().next().unwrap().1;
-    assert_eq!(parent_of(template), preloader);
+    assert!(forked_by(&p, template, preloader), "{}", p.corral.log());
     let r = http(p.addr, "GET", "/sleep", &[], b"");
     assert_eq!(r.status, 504, "{}", p.corral.log());
     assert!(

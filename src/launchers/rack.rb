@@ -1060,7 +1060,8 @@ module CorralRack
     PR_SET_PDEATHSIG = 1
 
     # SIGKILL this worker when the preloader (its parent) dies, so no worker outlives the
-    # process corral tracks it through; a worker whose parent is already gone exits.
+    # process corral tracks it through; a worker whose parent is already gone exits. With no
+    # parent (a promoted template), the signal is cleared instead.
     def self.parent_death_signal(parent)
       require 'fiddle'
       prctl = Fiddle::Function.new(
@@ -1068,11 +1069,11 @@ module CorralRack
         [Fiddle::TYPE_INT, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG],
         Fiddle::TYPE_INT
       )
-      prctl.call(PR_SET_PDEATHSIG, Signal.list.fetch('KILL'), 0, 0, 0)
+      prctl.call(PR_SET_PDEATHSIG, parent ? Signal.list.fetch('KILL') : 0, 0, 0, 0)
     rescue LoadError, Fiddle::DLError, KeyError => e
       CorralRack.log("cannot set the parent-death signal: #{e.message}")
     ensure
-      exit!(1) if Process.ppid != parent
+      exit!(1) if parent && Process.ppid != parent
     end
 
     def self.exit_text(status)
@@ -1113,6 +1114,9 @@ module CorralRack
       end
       listener.close
       Signal.trap('URG', 'SYSTEM_DEFAULT')
+      # The old template retires once its workers are gone: this one outlives it (and still
+      # exits when corral closes the control socket).
+      parent_death_signal(nil)
       CorralRack.log("worker #{Process.pid} promoted to be the template")
       run(app, version, channel)
     end

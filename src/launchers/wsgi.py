@@ -990,11 +990,19 @@ def reap(control):
 
 def become_template(app, listener, stopper):
     """The promoted worker, idle, becomes the template new workers are forked from
-    (docs/pools.md, "Reforking"): its listener closed, the database connections Django
-    kept closed (each forked worker would otherwise share the socket), then the
-    preloader's loop on the worker's own control socket."""
+    (docs/pools.md, "Reforking"): its listener closed, its parent-death signal cleared
+    (the old template retires), the database connections Django kept closed (each forked
+    worker would otherwise share the socket), then the preloader's loop on the worker's
+    own control socket."""
     listener.close()
     signal.signal(signal.SIGURG, signal.SIG_DFL)
+    # The old template retires once its workers are gone: this one outlives it (and still
+    # exits when corral closes the control socket).
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    except (OSError, AttributeError, ImportError) as e:
+        log("cannot clear the parent-death signal: %s" % e)
     django_db = sys.modules.get("django.db")
     if django_db is not None:
         try:

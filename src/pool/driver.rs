@@ -949,9 +949,8 @@ impl Driver {
         if preload.current == Some(n) {
             return;
         }
-        let child_template = preload.has_child_template(n);
         if let Some(pre) = preload.all.get_mut(&n) {
-            if pre.workers.is_empty() && !pre.stopping && !child_template {
+            if pre.workers.is_empty() && !pre.stopping {
                 pre.stopping = true;
                 pre.signal(&self.name, StopSignal::Term);
             }

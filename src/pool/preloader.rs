@@ -8,8 +8,9 @@
 //! exits are seen through a pidfd, with the status the preloader reports when it reaps them.
 //! A pool that reforks (`refork_after`) also has promoted templates: workers that became
 //! the template new workers are forked from (docs/pools.md, "Reforking"). Such a template
-//! is its old template's child, watched like a forked worker (a pidfd, and the status its
-//! parent reports), and speaks the same control protocol on the socket it got at its fork.
+//! is its old template's child (until that one retires, when it is orphaned), watched like
+//! a forked worker (a pidfd, and the status its parent reports while it has one), and
+//! speaks the same control protocol on the socket it got at its fork.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -72,11 +73,14 @@ pub struct Preloader {
     /// 0 for a preloader corral started; one more than its parent's for a promoted
     /// template.
     pub generation: usize,
-    /// The template it was a worker of, when it was promoted (its parent process, which
-    /// must outlive it: the template's parent-death signal is set towards it).
+    /// The template it was a worker of, when it was promoted (its parent process until that
+    /// one retires: a promoted template clears its parent-death signal, and outlives it).
     pub parent: Option<u64>,
     /// A promoted template's exit status, as its parent reports it, goes here.
     pub status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
+    /// The preloader corral started at the root of its line: the stderr stream it and its
+    /// workers write on.
+    pub origin: u32,
 }
 
 impl Preloader {
@@ -163,7 +167,7 @@ impl Preloaders {
             send,
         ));
         self.all
-            .insert(n, Preloader::new(pid, control, 0, None, None));
+            .insert(n, Preloader::new(pid, control, (0, None, pid), None));
         self.current = Some(n);
         Ok(n)
     }
@@ -180,6 +184,7 @@ impl Preloaders {
         send: impl Fn(u64, PreloaderEvent) + Send + 'static,
     ) -> std::io::Result<u64> {
         let generation = self.all.get(&parent).map_or(0, |p| p.generation) + 1;
+        let origin = self.all.get(&parent).map_or(pid, |p| p.origin);
         let pidfd = PidFd::open(pid)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let control = Arc::new(control);
@@ -195,7 +200,7 @@ impl Preloaders {
         ));
         self.all.insert(
             n,
-            Preloader::new(pid, control, generation, Some(parent), Some(tx)),
+            Preloader::new(pid, control, (generation, Some(parent), origin), Some(tx)),
         );
         self.current = Some(n);
         Ok(n)
@@ -215,20 +220,13 @@ impl Preloaders {
                 .is_some_and(|t| t.ready && !t.stopping && !t.killed)
         });
     }
-
-    /// Whether a live template was promoted from template `n` (which must then stay: it is
-    /// that template's parent).
-    pub fn has_child_template(&self, n: u64) -> bool {
-        self.all.values().any(|p| p.parent == Some(n))
-    }
 }
 
 impl Preloader {
     fn new(
         pid: u32,
         control: Arc<Control>,
-        generation: usize,
-        parent: Option<u64>,
+        (generation, parent, origin): (usize, Option<u64>, u32),
         status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
     ) -> Preloader {
         Preloader {
@@ -242,6 +240,7 @@ impl Preloader {
             generation,
             parent,
             status,
+            origin,
         }
     }
 }
@@ -267,8 +266,9 @@ impl Owner {
             },
             Owner::Promoted { pidfd, status } => {
                 pidfd.exited().await;
-                // Its parent reaps it and reports at once; a parent that is gone too
-                // reports nothing.
+                // Its parent reaps it and reports at once; once its parent has retired it
+                // is orphaned and nobody reports: its status is not known (SIGKILL is
+                // assumed, as for a worker whose preloader is gone).
                 match tokio::time::timeout(Duration::from_secs(1), status).await {
                     Ok(Ok(exit)) => exit,
                     _ => sigkill,

@@ -60,7 +60,7 @@ pub struct Stacks {
 #[derive(Debug)]
 struct Collecting {
     /// The streams read for it: the worker's own pid, its parent's, and for a worker of a
-    /// promoted template its other ancestors' below corral.
+    /// promoted template the preloader's stream that template writes on.
     readers: Vec<u32>,
     stacks: Stacks,
     bytes: usize,
@@ -72,6 +72,9 @@ struct Collecting {
 #[derive(Debug, Default)]
 pub struct StackDumps {
     asked: Mutex<HashMap<u32, Collecting>>,
+    /// Promoted templates (reforking) and the pid whose stderr stream they write on: the
+    /// preloader corral started, which may be gone while they serve on.
+    origins: Mutex<HashMap<u32, u32>>,
 }
 
 impl StackDumps {
@@ -110,6 +113,21 @@ impl StackDumps {
         collecting
     }
 
+    /// Template `template`, promoted from a worker (reforking), writes on the stderr stream
+    /// of `origin`, the preloader corral started; its workers' dumps are read there.
+    pub fn set_origin(&self, template: u32, origin: u32) {
+        if let Ok(mut o) = self.origins.lock() {
+            o.insert(template, origin);
+        }
+    }
+
+    /// Template `template` is gone.
+    pub fn forget_origin(&self, template: u32) {
+        if let Ok(mut o) = self.origins.lock() {
+            o.remove(&template);
+        }
+    }
+
     /// Whether any dump is being collected (a cheap test before a line is escaped).
     pub fn collecting(&self) -> bool {
         self.asked.lock().is_ok_and(|a| !a.is_empty())
@@ -125,17 +143,14 @@ impl StackDumps {
         let parent = super::preload::parent_of(pid).map_err(|_| NoStacks::Gone)?;
         // A worker of a promoted template (reforking) writes on the pipes of the preloader
         // corral started, the template's own ancestor: every ancestor below corral reads.
-        let corral = std::process::id();
         let mut readers = vec![pid, parent];
-        let mut at = parent;
-        for _ in 0..=crate::config::MAX_REFORK_STEPS {
-            match super::preload::parent_of(at) {
-                Ok(up) if at != corral && up > 1 && up != corral => {
-                    readers.push(up);
-                    at = up;
-                }
-                _ => break,
-            }
+        if let Some(origin) = self
+            .origins
+            .lock()
+            .ok()
+            .and_then(|o| o.get(&parent).copied())
+        {
+            readers.push(origin);
         }
         let (tx, rx) = oneshot::channel();
         {

@@ -15,9 +15,12 @@
 //! 4. When the new template says `ready`, the workers of older templates are replaced one at
 //!    a time, new before old, as a rolling restart replaces them: no request fails.
 //!
-//! The old template stays: it is the new one's parent (whose death takes the new one with
-//! it) and the fallback. When a promoted template fails, new workers come from its parent
-//! again; after `MAX_FAILURES` failures in a row reforking stops for the pool's life.
+//! The old template retires (SIGTERM) once its last worker is gone, as after a rolling
+//! restart: the promoted template cleared its parent-death signal, so it is orphaned and
+//! serves on; it still exits when corral's end of its control socket closes (corral gone).
+//! Until then the old template is the fallback: when a promoted template fails, new
+//! workers come from the old one again (after it retired, from a fresh preloader); after
+//! `MAX_FAILURES` failures in a row reforking stops for the pool's life.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -177,6 +180,9 @@ impl Driver {
         let waited = self.promotion.as_ref().map(|p| p.since.elapsed());
         match promoted {
             Ok(n) => {
+                if let Some(t) = self.preload.as_ref().and_then(|p| p.all.get(&n)) {
+                    self.tail.stacks.set_origin(pid, t.origin);
+                }
                 tracing::info!(pool = %self.name, %key, pid, template = n, drained_ms = waited.unwrap_or_default().as_secs_f64() * 1000.0, "worker promoted: new workers are forked from it");
                 if let Some(p) = self.promotion.as_mut() {
                     p.template = Some(n);
@@ -241,6 +247,7 @@ impl Driver {
         let Some(parent) = pre.parent else {
             return;
         };
+        self.tail.stacks.forget_origin(pre.pid);
         if !pre.stopping {
             self.refork_failures += 1;
             let fallback = self.preload.as_ref().and_then(|p| p.current);
