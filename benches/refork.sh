@@ -296,12 +296,14 @@ if bad:
 PY
 }
 
-# corral's tree once it has settled (every worker forked by one template, N of them):
-# "WORKERS_PSS_KIB TOTAL_PSS_KIB TEMPLATES" (templates: processes with children).
-settle_and_measure() { # CORRAL_PID N
+# corral's tree, and the trees of the promoted templates its LOG names (a promoted template
+# outlives the template it came from, orphaned), once it has settled (every worker forked by
+# one template, N of them): "WORKERS_PSS_KIB TOTAL_PSS_KIB TEMPLATES" (templates: processes
+# with children).
+settle_and_measure() { # CORRAL_PID N LOG
   python3 - "$@" <<'PY'
-import os, sys, time
-root, want = int(sys.argv[1]), int(sys.argv[2])
+import os, re, sys, time
+root, want, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 def tree():
     parent = {}
     for d in os.listdir("/proc"):
@@ -310,16 +312,24 @@ def tree():
                 stat = open("/proc/%s/stat" % d).read()
             except OSError:
                 continue
-            parent[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":  # a zombie holds no memory and serves nothing
+                parent[int(d)] = int(fields[1])
     kids = {}
     for p, pp in parent.items():
         kids.setdefault(pp, []).append(p)
-    out, todo = [], [root]
+    promoted = {int(m) for m in re.findall(r"worker promoted: .* pid=(\d+)", open(log).read())}
+    out = out_of(root, kids)
+    for p in promoted:
+        if p in parent and p not in out:
+            out |= {p} | out_of(p, kids)
+    return sorted(out), kids, parent
+def out_of(root, kids):
+    seen, todo = set(), [root]
     while todo:
-        p = todo.pop()
-        for c in kids.get(p, []):
-            out.append(c); todo.append(c)
-    return out, kids, parent
+        for c in kids.get(todo.pop(), []):
+            seen.add(c); todo.append(c)
+    return seen
 def pss(pid):
     for line in open("/proc/%d/smaps_rollup" % pid):
         if line.startswith("Pss:"):
@@ -391,10 +401,10 @@ EOF
   local first second
   # shellcheck disable=SC2086
   REQUESTS=$REQUESTS load "$port" "$n" $pages
-  first=$(settle_and_measure "$CORRAL_PID" "$n")
+  first=$(settle_and_measure "$CORRAL_PID" "$n" "$dir/log")
   # shellcheck disable=SC2086
   REQUESTS=$REQUESTS load "$port" "$n" $pages
-  second=$(settle_and_measure "$CORRAL_PID" "$n")
+  second=$(settle_and_measure "$CORRAL_PID" "$n" "$dir/log")
   local promoted
   promoted=$(grep -c "worker promoted:" "$dir/log" || true)
   kill "$CORRAL_PID"; wait "$CORRAL_PID" || true
