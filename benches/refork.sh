@@ -416,10 +416,10 @@ mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 
 BODY=$SCRATCH/body.md
 {
-  echo "Summed PSS after $REQUESTS and $((2 * REQUESTS)) requests over a few real pages, from as many keep-alive clients as workers, once the pool settled; reforking with \`refork_after = $REFORK_AFTER\`. \"workers\" sums the workers (the processes with no child), \"all\" adds the preloader and the templates (promoted workers kept as the parents of the next). Ratio: reforked workers over workers without reforking (target for 8 Rails workers: <= 0.80)."
+  echo "Summed PSS after $REQUESTS and $((2 * REQUESTS)) requests over a few real pages, from as many keep-alive clients as workers, once the pool settled; reforking with \`refork_after = $REFORK_AFTER\`. \"workers\" sums the workers (the processes with no child), \"all\" adds the templates alive (the preloader; with reforking the newest promoted template, and an older one until its last worker is replaced). Ratio: reforked workers over workers without reforking (target for 8 Rails workers: <= 0.80); \"all ratio\" the same for all the processes. Right after a promotion the new workers have served little, so a column taken just after one flatters reforking: the later column is the one to read."
   echo
-  echo "| app | workers | refork | promotions | workers MiB after $REQUESTS | all MiB | ratio | workers MiB after $((2 * REQUESTS)) | all MiB | ratio |"
-  echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  echo "| app | workers | refork | promotions | workers MiB after $REQUESTS | all MiB | ratio | all ratio | workers MiB after $((2 * REQUESTS)) | all MiB | ratio | all ratio |"
+  echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 } > "$BODY"
 for app in $APPS; do
   for n in $WORKERS; do
@@ -430,8 +430,10 @@ for app in $APPS; do
     read -r on_w1 on_a1 _ on_w2 on_a2 _ promoted < "$SCRATCH/row"
     r1=$(awk -v a="$on_w1" -v b="$off_w1" 'BEGIN { printf "%.2f", a / b }')
     r2=$(awk -v a="$on_w2" -v b="$off_w2" 'BEGIN { printf "%.2f", a / b }')
-    echo "| $app | $n | off | 0 | $(mib "$off_w1") | $(mib "$off_a1") | | $(mib "$off_w2") | $(mib "$off_a2") | |" >> "$BODY"
-    echo "| $app | $n | on | $promoted | $(mib "$on_w1") | $(mib "$on_a1") | $r1 | $(mib "$on_w2") | $(mib "$on_a2") | $r2 |" >> "$BODY"
+    a1=$(awk -v a="$on_a1" -v b="$off_a1" 'BEGIN { printf "%.2f", a / b }')
+    a2=$(awk -v a="$on_a2" -v b="$off_a2" 'BEGIN { printf "%.2f", a / b }')
+    echo "| $app | $n | off | 0 | $(mib "$off_w1") | $(mib "$off_a1") | | | $(mib "$off_w2") | $(mib "$off_a2") | | |" >> "$BODY"
+    echo "| $app | $n | on | $promoted | $(mib "$on_w1") | $(mib "$on_a1") | $r1 | $a1 | $(mib "$on_w2") | $(mib "$on_a2") | $r2 | $a2 |" >> "$BODY"
     tail -n 2 "$BODY" >&2
   done
 done
