@@ -25,7 +25,10 @@ the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app onc
 `ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
 SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
 reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
-corral closes the control socket or on SIGTERM.
+corral closes the control socket or on SIGTERM. For a pool with refork_after, `fork KEY`
+carries a second descriptor, the worker's own control socket: when corral writes `promote`
+there and sends SIGURG, the idle worker closes its listener and becomes the template on that
+socket, speaking the same protocol (docs/pools.md, "Reforking").
 """
 
 import faulthandler
