@@ -427,6 +427,15 @@ fn a_reforked_worker_tells_its_stacks(lang: Lang) {
         .skip_while(|l| !l.contains("asking the worker for its stacks"))
         .take_while(|l| !l.contains("logged above"));
     assert!(dump.into_iter().any(|l| l.contains(file)), "{log}");
+    // And they were collected from the stream the worker writes on (the first
+    // preloader's, which has retired): the end line alone would say "logged above" with
+    // nothing collected.
+    let collected = log
+        .lines()
+        .find(|l| l.contains("logged above"))
+        .and_then(|l| l.split(' ').find_map(|w| w.strip_prefix("lines=")))
+        .and_then(|n| n.parse::<usize>().ok());
+    assert!(collected.is_some_and(|n| n > 0), "{collected:?}\n{log}");
     // The pool serves on from the same template.
     let (_, ppid) = served(&p, "/");
     assert_eq!(ppid, template, "{}", p.corral.log());
