@@ -121,6 +121,7 @@ pub struct FilePool {
     pub virtualenv: Option<Spanned<String>>,
     pub ruby: Option<Spanned<String>>,
     pub preload: Option<Spanned<bool>>,
+    pub refork_after: Option<Spanned<Vec<Spanned<u64>>>>,
     pub mode: Option<Spanned<FileMode>>,
     pub min: Option<Spanned<u32>>,
     pub max: Option<Spanned<u32>>,

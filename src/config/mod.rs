@@ -26,6 +26,7 @@ mod php_children;
 mod php_native;
 mod pool;
 mod programs;
+mod refork;
 mod threads;
 mod units;
 mod validate;
@@ -42,6 +43,7 @@ pub use diagnostic::ConfigError;
 pub use direct::DirectListener;
 pub use php_children::PhpChildren;
 pub use programs::check_programs;
+pub use refork::{ReforkSteps, MAX_REFORK_STEPS};
 pub use units::{parse_duration, parse_size};
 pub use wsgi_native::NativeWsgi;
 
@@ -550,6 +552,10 @@ pub struct Recycle {
     /// the previous is ready, old workers still finishing a request not counted (within
     /// `max + 1` live workers).
     pub max_surge: Option<u32>,
+    /// `refork_after`: after how many requests a worker of each template generation is
+    /// promoted to be the next template (preloading launcher pools only; docs/pools.md,
+    /// "Reforking").
+    pub refork_after: ReforkSteps,
 }
 
 /// `[[contexts]]`: a routing rule from requests to a pool.

@@ -236,6 +236,7 @@ fn external(e: &mut Errors, n: &str, p: &FilePool, servers: &SpannedList) -> Opt
         ("user", p.user.as_ref().map(Spanned::span)),
         ("group", p.group.as_ref().map(Spanned::span)),
         ("preload", p.preload.as_ref().map(Spanned::span)),
+        ("refork_after", p.refork_after.as_ref().map(Spanned::span)),
     ];
     for (key, span) in spawn_only.into_iter().filter_map(|(k, s)| Some((k, s?))) {
         e.at(
@@ -346,6 +347,7 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         Some(v) => *v.get_ref(),
         None => forks,
     };
+    recycle.refork_after = super::refork::refork_after(e, p, preload, program.as_ref());
     let user = e.account(p.user.as_ref(), "user");
     let group = e.account(p.group.as_ref(), "group");
     Some(Backend::Spawned(Box::new(SpawnConfig {
@@ -746,6 +748,7 @@ fn recycle(e: &mut Errors, p: &FilePool) -> Recycle {
         max_lifetime,
         max_pool_memory: None,
         max_surge: None,
+        refork_after: super::ReforkSteps::NONE,
     }
 }
 

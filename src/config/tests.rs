@@ -101,6 +101,7 @@ fn minimal_file_gets_php_fpm_like_defaults() {
             max_lifetime: None,
             max_pool_memory: None,
             max_surge: None,
+            refork_after: crate::config::ReforkSteps::NONE,
         }
     );
     assert_eq!(s.start_timeout, Duration::from_secs(30));

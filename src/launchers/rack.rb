@@ -24,7 +24,10 @@
 # `ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
 # SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
 # reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
-# corral closes the control socket or on SIGTERM.
+# corral closes the control socket or on SIGTERM. For a pool with refork_after, `fork KEY`
+# carries a second descriptor, the worker's own control socket: when corral writes
+# `promote` there and sends SIGURG, the idle worker closes its listener and becomes the
+# template on that socket, speaking the same protocol (docs/pools.md, "Reforking").
 
 require 'rbconfig'
 require 'io/nonblock'
@@ -126,6 +129,10 @@ module CorralRack
 
   # corral closed the connection while the response was being written.
   class PeerGone < StandardError; end
+
+  # Raised out of an idle worker's wait when corral promotes it to be the template
+  # (docs/pools.md, "Reforking"). Not a StandardError: no app rescue catches it.
+  class Promote < Exception; end # rubocop:disable Lint/InheritException
 
   # The formats of one byte order, built once: each section of a packet is read with one
   # unpack and each response packet written with one pack, into the connection's buffers.
@@ -597,6 +604,7 @@ module CorralRack
       loop do
         @server.state = :idle
         return if @server.stopping
+        raise Promote if @server.promote
 
         request = read_request
         return if request.nil?
@@ -712,13 +720,14 @@ module CorralRack
 
   # The accept loop, the Rack env and the call into the app.
   class Server
-    attr_accessor :state
+    attr_accessor :state, :promote
     attr_reader :stopping
 
     def initialize(app, rack_version)
       @app = app
       @state = :idle
       @stopping = false
+      @promote = false
       # What every env holds, merged in one call.
       @base = {
         'rack.multithread' => false, 'rack.multiprocess' => true, 'rack.run_once' => false,
@@ -738,9 +747,21 @@ module CorralRack
       end
     end
 
+    # PROMOTE_SIGNAL (SIGURG) from corral: between requests the wait is left at once;
+    # during one (corral drains the worker first, so only by a race) once it is answered.
+    # The control socket is read afterwards, outside the trap.
+    def trap_promote
+      Signal.trap('URG') do
+        @promote = true
+        raise Promote if @state == :idle
+      end
+    end
+
     def run(socket)
       if listening?(socket)
         until @stopping
+          raise Promote if @promote
+
           begin
             conn, = socket.accept
           rescue IOError, SystemCallError => e
@@ -1042,7 +1063,8 @@ module CorralRack
     PR_SET_PDEATHSIG = 1
 
     # SIGKILL this worker when the preloader (its parent) dies, so no worker outlives the
-    # process corral tracks it through; a worker whose parent is already gone exits.
+    # process corral tracks it through; a worker whose parent is already gone exits. With no
+    # parent (a promoted template), the signal is cleared instead.
     def self.parent_death_signal(parent)
       require 'fiddle'
       prctl = Fiddle::Function.new(
@@ -1050,11 +1072,11 @@ module CorralRack
         [Fiddle::TYPE_INT, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG, Fiddle::TYPE_LONG],
         Fiddle::TYPE_INT
       )
-      prctl.call(PR_SET_PDEATHSIG, Signal.list.fetch('KILL'), 0, 0, 0)
+      prctl.call(PR_SET_PDEATHSIG, parent ? Signal.list.fetch('KILL') : 0, 0, 0, 0)
     rescue LoadError, Fiddle::DLError, KeyError => e
       CorralRack.log("cannot set the parent-death signal: #{e.message}")
     ensure
-      exit!(1) if Process.ppid != parent
+      exit!(1) if parent && Process.ppid != parent
     end
 
     def self.exit_text(status)
@@ -1073,8 +1095,38 @@ module CorralRack
       nil
     end
 
-    # Forks one worker serving the listening socket `listener`; returns its pid.
-    def self.fork_worker(app, version, control, wake, listener)
+    # Whether corral wrote `promote` on the worker's control socket `channel`.
+    def self.promote?(channel)
+      msg = channel.recv_nonblock(MAX_CONTROL, exception: false)
+      msg == 'promote'
+    rescue IOError, SystemCallError
+      false
+    end
+
+    # Serves `listener` until the worker stops, or until corral promotes it: then the
+    # worker, idle, closes its listener and becomes the template on `channel`
+    # (docs/pools.md, "Reforking"): `ready`, then forks on request as a preloader does.
+    def self.serve_or_promote(app, version, server, listener, channel)
+      begin
+        server.run(listener)
+        return
+      rescue Promote
+        server.promote = false
+        # A stray SIGURG (the app's own sockets): serve on.
+        retry unless promote?(channel)
+      end
+      listener.close
+      Signal.trap('URG', 'SYSTEM_DEFAULT')
+      # The old template retires once its workers are gone: this one outlives it (and still
+      # exits when corral closes the control socket).
+      parent_death_signal(nil)
+      CorralRack.log("worker #{Process.pid} promoted to be the template")
+      run(app, version, channel)
+    end
+
+    # Forks one worker serving the listening socket `listener` (and holding `channel`, its
+    # own control socket, when the pool reforks); returns its pid.
+    def self.fork_worker(app, version, control, wake, listener, channel)
       parent = Process.pid
       pid = fork do
         # Its own session and process group, as a spawned worker has: corral signals the
@@ -1090,13 +1142,19 @@ module CorralRack
         CorralRack.log("worker #{Process.pid} forked from preloader #{parent}")
         server = Server.new(app, version)
         server.trap_signals
+        server.trap_promote if channel
         # A stop signal that came before the worker's own handlers went to the preloader's
         # (copied by the fork), which only raised its flag.
         exit!(0) if @stopping
-        server.run(listener)
+        if channel
+          serve_or_promote(app, version, server, listener, channel)
+        else
+          server.run(listener)
+        end
         exit!(0)
       end
       listener.close
+      channel&.close
       pid
     end
 
@@ -1126,14 +1184,21 @@ module CorralRack
           return
         end
         words = msg.split
-        unless words.size == 2 && words[0] == 'fork' && words[1].match?(/\A[0-9]+\z/) && ios.size == 1
+        # One descriptor: the worker's listening socket; two: also the worker's own control
+        # socket (a pool that reforks).
+        unless words.size == 2 && words[0] == 'fork' && words[1].match?(/\A[0-9]+\z/) && [1, 2].include?(ios.size)
           ios.each(&:close)
           CorralRack.log("ignoring a malformed control message (#{msg.bytesize} bytes, #{ios.size} descriptors)")
           next
         end
         listener = Socket.for_fd(ios[0].fileno)
         ios[0].autoclose = false
-        pid = fork_worker(app, version, control, [wake_r, wake_w], listener)
+        channel = nil
+        if ios.size == 2
+          channel = Socket.for_fd(ios[1].fileno)
+          ios[1].autoclose = false
+        end
+        pid = fork_worker(app, version, control, [wake_r, wake_w], listener, channel)
         control.sendmsg("forked #{words[1]} #{pid}")
       end
     rescue IOError, SystemCallError => e

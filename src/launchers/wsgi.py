@@ -25,7 +25,10 @@ the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app onc
 `ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
 SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
 reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
-corral closes the control socket or on SIGTERM.
+corral closes the control socket or on SIGTERM. For a pool with refork_after, `fork KEY`
+carries a second descriptor, the worker's own control socket: when corral writes `promote`
+there and sends SIGURG, the idle worker closes its listener and becomes the template on that
+socket, speaking the same protocol (docs/pools.md, "Reforking").
 """
 
 import faulthandler
@@ -737,7 +740,7 @@ def serve_connection(app, sock, stopper, listener):
                 # Between requests: a stop signal ends the wait at once.
                 stopper.idle = True
                 try:
-                    if stopper.stopping:
+                    if stopper.stopping or stopper.promote:
                         return
                     data = sock.recv(CHUNK)
                 except BlockingIOError:
@@ -784,6 +787,10 @@ class Stop(Exception):
     """A stop signal came while the worker waited for a connection."""
 
 
+class Promote(Exception):
+    """corral promoted this idle worker to be the template (docs/pools.md, "Reforking")."""
+
+
 class Stopper:
     """SIGTERM and SIGINT raise a flag; a request in progress is finished first (Python
     retries interrupted system calls), and a worker waiting in accept() or for the next
@@ -793,6 +800,8 @@ class Stopper:
     def __init__(self):
         self.stopping = False
         self.idle = False
+        self.promote = False
+        self.channel = None
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -805,19 +814,37 @@ class Stopper:
         if self.idle:
             raise Stop()
 
+    def listen_for_promotion(self, channel):
+        """PROMOTE_SIGNAL (SIGURG) from corral, after it wrote `promote` on `channel` (the
+        worker's own control socket): between requests the wait is left at once; during
+        one (corral drains the worker first, so only by a race) once it is answered."""
+        self.channel = channel
+        signal.signal(signal.SIGURG, self._promote)
+
+    def _promote(self, signum, frame):
+        try:
+            msg = self.channel.recv(MAX_CONTROL, socket.MSG_DONTWAIT)
+        except OSError:
+            return  # a stray SIGURG (the app's own sockets): serve on
+        if msg != b"promote":
+            return
+        self.promote = True
+        if self.idle:
+            raise Promote()
+
 
 def serve(app, listener, stopper):
     # Inherited by every accepted connection (Linux copies SO_RCVTIMEO to it); on the
     # listener it bounds accept() as well, which then simply waits again.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
                         struct.pack("ll", READ_TIMEOUT, 0))
-    while not stopper.stopping:
+    while not stopper.stopping and not stopper.promote:
         stopper.idle = True
         try:
-            if stopper.stopping:
+            if stopper.stopping or stopper.promote:
                 return
             conn, _ = listener.accept()
-        except Stop:
+        except (Stop, Promote):
             return
         except BlockingIOError:
             continue
@@ -828,7 +855,7 @@ def serve(app, listener, stopper):
             stopper.idle = False
         try:
             serve_connection(app, conn, stopper, listener)
-        except Stop:
+        except (Stop, Promote):
             return
         except Exception:
             # Whatever went wrong belongs to that connection, which is closed: the worker
@@ -964,8 +991,37 @@ def reap(control):
         control.send(("exited %d %s" % (pid, exit_text(status))).encode("ascii"))
 
 
-def fork_worker(app, control, stopper, listener_fd):
-    """Forks one worker serving `listener_fd`; returns its pid (in the preloader)."""
+def become_template(app, listener, stopper):
+    """The promoted worker, idle, becomes the template new workers are forked from
+    (docs/pools.md, "Reforking"): its listener closed, its parent-death signal cleared
+    (the old template retires), the database connections Django kept closed (each forked
+    worker would otherwise share the socket), then the preloader's loop on the worker's
+    own control socket."""
+    listener.close()
+    signal.signal(signal.SIGURG, signal.SIG_DFL)
+    # The old template retires once its workers are gone: this one outlives it (and still
+    # exits when corral closes the control socket).
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    except (OSError, AttributeError, ImportError) as e:
+        log("cannot clear the parent-death signal: %s" % e)
+    django_db = sys.modules.get("django.db")
+    if django_db is not None:
+        try:
+            django_db.connections.close_all()
+        except Exception:
+            log("cannot close Django's database connections:\n%s" % traceback.format_exc())
+    log("worker %d promoted to be the template" % os.getpid())
+    try:
+        preload(app, stopper.channel, stopper)
+    except OSError as e:
+        log("control socket failed: %s" % e)
+
+
+def fork_worker(app, control, stopper, listener_fd, channel_fd=None):
+    """Forks one worker serving `listener_fd` (and holding `channel_fd`, its own control
+    socket, when the pool reforks); returns its pid (in the preloader)."""
     parent = os.getpid()
     # A stop signal reaching the child before it has its own handlers would set the
     # preloader's flag, copied into the child and then forgotten: hold them until then.
@@ -979,6 +1035,8 @@ def fork_worker(app, control, stopper, listener_fd):
     if pid:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         os.close(listener_fd)
+        if channel_fd is not None:
+            os.close(channel_fd)
         return pid
     code = 0
     try:
@@ -996,8 +1054,12 @@ def fork_worker(app, control, stopper, listener_fd):
         listener.setblocking(True)
         log("worker %d forked from preloader %d" % (os.getpid(), parent))
         own = Stopper()
+        if channel_fd is not None:
+            own.listen_for_promotion(socket.socket(fileno=channel_fd))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         serve(app, listener, own)
+        if own.promote and not own.stopping:
+            become_template(app, listener, own)
     except BaseException:
         log("worker failed:\n%s" % traceback.format_exc())
         code = 1
@@ -1038,12 +1100,14 @@ def preload(app, control, stopper):
             log("corral closed the control socket; the preloader exits")
             return
         words = msg.split()
-        if len(words) != 2 or words[0] != b"fork" or not words[1].isdigit() or len(fds) != 1:
+        # One descriptor: the worker's listening socket; two: also the worker's own control
+        # socket (a pool that reforks).
+        if len(words) != 2 or words[0] != b"fork" or not words[1].isdigit() or len(fds) not in (1, 2):
             for fd in fds:
                 os.close(fd)
             log("ignoring a malformed control message (%d bytes, %d descriptors)" % (len(msg), len(fds)))
             continue
-        pid = fork_worker(app, control, stopper, fds[0])
+        pid = fork_worker(app, control, stopper, fds[0], fds[1] if len(fds) == 2 else None)
         control.send(b"forked %s %d" % (words[1], pid))
 
 

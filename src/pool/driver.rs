@@ -22,6 +22,7 @@ use super::memory_checks::MemoryWatch;
 mod direct;
 mod links;
 mod memory;
+mod refork;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
 use crate::pool::health::Probe;
@@ -31,7 +32,7 @@ use crate::pool::state::{
     ExitKind, Notice, PoolAction, PoolEvent, PoolState, PoolStatus, Severity, WorkerKey,
 };
 use crate::process::output::{Tail, TailHandle};
-use crate::process::preload::{parent_of, PidFd};
+use crate::process::preload::{parent_of, Control, PidFd};
 use crate::process::{
     self, bind_worker_socket, spawn_worker, wait_listening, wait_ready, StopSignal, WorkerSocket,
     WorkerSpawn,
@@ -99,6 +100,12 @@ struct Worker {
     exit_status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
     /// When the fork was asked for (forked workers), for the log.
     asked: Instant,
+    /// corral's end of the worker's own control socket (a forked worker of a pool that
+    /// reforks): how it is told to become the template (`refork.rs`).
+    channel: Option<Control>,
+    /// The task that waits for a forked worker's readiness and end; aborted when the
+    /// worker is promoted (the process lives on as a template, watched as one).
+    task: Option<tokio::task::AbortHandle>,
 }
 
 /// One spawned pool's supervisor loop.
@@ -141,6 +148,10 @@ pub struct Driver {
     cwd_link: Option<PathBuf>,
     /// A direct pool's listener (`accept = "direct"`, `direct.rs`).
     direct: Option<direct::Direct>,
+    /// The worker being promoted to be the template, while it is (`refork.rs`).
+    promotion: Option<refork::Promotion>,
+    /// Promoted templates that failed in a row; reforking stops at `refork::MAX_FAILURES`.
+    refork_failures: u32,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -255,6 +266,8 @@ impl Driver {
             tail,
             cwd_link: None,
             direct: None,
+            promotion: None,
+            refork_failures: 0,
         }
     }
 
@@ -372,7 +385,7 @@ impl Driver {
                 due = self.slots.memory_checks() => self.check_memory(&due),
                 drained = self.slots.drained() => {
                     self.send_deferred_signals(&drained);
-                    false
+                    self.promotion_drained(&drained)
                 }
                 () = self.slots.demand() => {
                     let waiting = self.slots.stats().queued;
@@ -387,6 +400,7 @@ impl Driver {
                         stopped |= self.sample_memory();
                     }
                     self.check_fork_deadlines();
+                    stopped |= self.refork_tick();
                     if self.is_direct() {
                         stopped |= self.direct_tick();
                     }
@@ -469,6 +483,7 @@ impl Driver {
             }
             PoolAction::Signal { key, pid, .. } => {
                 tracing::debug!(pool = %self.name, %key, pid, "asking the worker to stop");
+                self.abort_promotion(key, "it is being stopped");
                 let Some(w) = self.workers.get(&key) else {
                     return false;
                 };
@@ -488,6 +503,7 @@ impl Driver {
             }
             PoolAction::Kill { key, pid } => {
                 tracing::debug!(pool = %self.name, %key, pid, "killing the worker");
+                self.abort_promotion(key, "it is being killed");
                 if let Some(w) = self.workers.get(&key) {
                     self.slots.set_accepting(w.id, false);
                     self.connections.forget(&w.address);
@@ -561,6 +577,8 @@ impl Driver {
                         preloader: None,
                         exit_status: None,
                         asked: Instant::now(),
+                        channel: None,
+                        task: None,
                     },
                 );
                 if self.state.spec().recycle.max_memory.is_some() {
@@ -658,6 +676,17 @@ impl Driver {
                 return;
             }
         };
+        // A pool that reforks gives each worker a control socket of its own, through which
+        // it may later be told to become the template (`refork.rs`).
+        let (channel, theirs) = match self.worker_channel() {
+            Ok(pair) => pair,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                let reason = format!("cannot make the worker's control socket: {e}");
+                self.feed(PoolEvent::SpawnFailed { key, reason });
+                return;
+            }
+        };
         let budget = self.state.budget(key);
         let id = self
             .slots
@@ -675,6 +704,8 @@ impl Driver {
                 preloader: Some(n),
                 exit_status: None,
                 asked: Instant::now(),
+                channel,
+                task: None,
             },
         );
         if self.state.spec().recycle.max_memory.is_some() {
@@ -685,11 +716,11 @@ impl Driver {
         };
         pre.workers.insert(key);
         if !pre.ready {
-            pre.pending.push((key, listener));
+            pre.pending.push((key, listener, theirs));
             return;
         }
         // On failure its exit (the task reaps it) fails this worker as a spawn.
-        pre.fork_or_kill(&self.name, key, listener);
+        pre.fork_or_kill(&self.name, key, listener, theirs);
     }
 
     /// Handles what preloader `n`'s task reports.
@@ -700,11 +731,18 @@ impl Driver {
                     return false;
                 };
                 pre.ready = true;
-                tracing::info!(pool = %self.name, pid = pre.pid, forks = pre.pending.len(), "preloader loaded the app");
-                for (key, listener) in std::mem::take(&mut pre.pending) {
-                    if !pre.fork_or_kill(&self.name, key, listener) {
+                if pre.parent.is_some() {
+                    tracing::info!(pool = %self.name, pid = pre.pid, forks = pre.pending.len(), generation = pre.generation, "promoted template ready");
+                } else {
+                    tracing::info!(pool = %self.name, pid = pre.pid, forks = pre.pending.len(), "preloader loaded the app");
+                }
+                for (key, listener, channel) in std::mem::take(&mut pre.pending) {
+                    if !pre.fork_or_kill(&self.name, key, listener, channel) {
                         break;
                     }
+                }
+                if pre.parent.is_some() {
+                    self.reforked(n);
                 }
                 false
             }
@@ -716,6 +754,15 @@ impl Driver {
                     .find(|w| w.pid == pid && w.preloader == Some(n));
                 if let Some(tx) = w.and_then(|w| w.exit_status.take()) {
                     let _ = tx.send(exit);
+                } else if let Some(preload) = self.preload.as_mut() {
+                    // A template promoted from one of its workers.
+                    let child = preload
+                        .all
+                        .values_mut()
+                        .find(|t| t.pid == pid && t.parent == Some(n));
+                    if let Some(tx) = child.and_then(|t| t.status.take()) {
+                        let _ = tx.send(exit);
+                    }
                 }
                 false
             }
@@ -723,9 +770,7 @@ impl Driver {
                 let Some(preload) = self.preload.as_mut() else {
                     return false;
                 };
-                if preload.current == Some(n) {
-                    preload.current = None;
-                }
+                preload.fall_back(n);
                 match preload.all.get(&n) {
                     Some(pre) if pre.stopping => {
                         tracing::debug!(pool = %self.name, pid = pre.pid, %reason, "stopping preloader");
@@ -775,7 +820,7 @@ impl Driver {
         let reports = self.reports_tx.clone();
         let start_timeout = self.state.spec().start_timeout;
         let health = self.health.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let deadline = Instant::now() + start_timeout;
             // No pidfd: the worker is gone already (ESRCH) or cannot be watched; either
             // way it is reported as ended rather than waited on forever.
@@ -808,6 +853,9 @@ impl Driver {
             };
             let _ = reports.send(Report::Exited(key, status));
         });
+        if let Some(w) = self.workers.get_mut(&key) {
+            w.task = Some(task.abort_handle());
+        }
         self.feed(PoolEvent::Spawned { key, pid });
         false
     }
@@ -819,12 +867,11 @@ impl Driver {
         let Some(preload) = self.preload.as_mut() else {
             return false;
         };
-        if preload.current == Some(n) {
-            preload.current = None;
-        }
+        preload.fall_back(n);
         let Some(pre) = preload.all.remove(&n) else {
             return false;
         };
+        self.template_gone(n, &pre);
         if pre.stopping {
             tracing::info!(pool = %self.name, pid = pre.pid, %exit, "preloader stopped");
         } else {
@@ -889,7 +936,7 @@ impl Driver {
     fn forget_forked(&mut self, n: u64, key: WorkerKey) {
         if let Some(pre) = self.preload.as_mut().and_then(|p| p.all.get_mut(&n)) {
             pre.workers.remove(&key);
-            pre.pending.retain(|(k, _)| *k != key);
+            pre.pending.retain(|(k, _, _)| *k != key);
         }
         self.retire_preloader_if_done(n);
     }
@@ -939,6 +986,10 @@ impl Driver {
             match report {
                 Some(Report::Preloader(n, PreloaderEvent::Gone(exit))) => {
                     let _ = self.preloader_gone(n, exit);
+                }
+                // A promoted template's status, reported by the template it came from.
+                Some(Report::Preloader(n, event @ PreloaderEvent::Exited { .. })) => {
+                    let _ = self.on_preloader(n, event);
                 }
                 Some(_) => {}
                 None => return,

@@ -6,6 +6,11 @@
 //! A preloader is a spawned child of corral like any worker (own session, parent-death
 //! signal, reaped by the one task that owns it). Its workers are not corral's children: their
 //! exits are seen through a pidfd, with the status the preloader reports when it reaps them.
+//! A pool that reforks (`refork_after`) also has promoted templates: workers that became
+//! the template new workers are forked from (docs/pools.md, "Reforking"). Such a template
+//! is its old template's child (until that one retires, when it is orphaned), watched like
+//! a forked worker (a pidfd, and the status its parent reports while it has one), and
+//! speaks the same control protocol on the socket it got at its fork.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -16,7 +21,7 @@ use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::pool::state::{ExitKind, WorkerKey};
-use crate::process::preload::{control_pair, Control, ControlError, Message};
+use crate::process::preload::{control_pair, Control, ControlError, Message, PidFd};
 use crate::process::{self, spawn_preloader, StopSignal, WorkerSpawn};
 
 /// The argument that turns an embedded launcher into a preloader.
@@ -56,22 +61,40 @@ pub struct Preloader {
     control: Arc<Control>,
     /// Whether it has loaded the app.
     pub ready: bool,
-    /// Listening sockets of workers asked for before it was ready, in order.
-    pub pending: Vec<(WorkerKey, OwnedFd)>,
+    /// Listening sockets (and, when the pool reforks, control sockets) of workers asked
+    /// for before it was ready, in order.
+    pub pending: Vec<(WorkerKey, OwnedFd, Option<OwnedFd>)>,
     /// Workers it forked or was asked to fork and the driver has not forgotten.
     pub workers: HashSet<WorkerKey>,
     /// It was told to stop (a retired or the pool's last preloader): its exit is expected.
     pub stopping: bool,
     /// The driver killed it for holding a fork request too long.
     pub killed: bool,
+    /// 0 for a preloader corral started; one more than its parent's for a promoted
+    /// template.
+    pub generation: usize,
+    /// The template it was a worker of, when it was promoted (its parent process until that
+    /// one retires: a promoted template clears its parent-death signal, and outlives it).
+    pub parent: Option<u64>,
+    /// A promoted template's exit status, as its parent reports it, goes here.
+    pub status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
+    /// The preloader corral started at the root of its line: the stderr stream it and its
+    /// workers write on.
+    pub origin: u32,
 }
 
 impl Preloader {
     /// Asks for a worker under `key` on `listener` (corral's copy is closed on return);
     /// when the request cannot be sent, kills the preloader (whose exit then fails what it
     /// was asked for) and returns false.
-    pub fn fork_or_kill(&self, pool: &str, key: WorkerKey, listener: OwnedFd) -> bool {
-        match self.control.send_fork(key.0, &listener) {
+    pub fn fork_or_kill(
+        &self,
+        pool: &str,
+        key: WorkerKey,
+        listener: OwnedFd,
+        channel: Option<OwnedFd>,
+    ) -> bool {
+        match self.control.send_fork(key.0, &listener, channel.as_ref()) {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(pool, pid = self.pid, error = %e, "cannot ask the preloader for a worker; killing it");
@@ -137,7 +160,39 @@ impl Preloaders {
         tracing::info!(pool = %template.pool, pid, preloader = n, "preloader started");
         tokio::spawn(watch(
             n,
-            spawned.child,
+            Owner::Child(spawned.child),
+            pid,
+            Arc::clone(&control),
+            (start_timeout, kill_timeout),
+            send,
+        ));
+        self.all
+            .insert(n, Preloader::new(pid, control, (0, None, pid), None));
+        self.current = Some(n);
+        Ok(n)
+    }
+
+    /// Makes the worker `pid`, forked by template `parent` and told to become a template on
+    /// `control` (its control socket), the current template: new workers are asked of it
+    /// once it says `ready`. Its task reports through `send`, as a preloader's does.
+    pub fn promoted(
+        &mut self,
+        pid: u32,
+        control: Control,
+        parent: u64,
+        (start_timeout, kill_timeout): (Duration, Duration),
+        send: impl Fn(u64, PreloaderEvent) + Send + 'static,
+    ) -> std::io::Result<u64> {
+        let generation = self.all.get(&parent).map_or(0, |p| p.generation) + 1;
+        let origin = self.all.get(&parent).map_or(pid, |p| p.origin);
+        let pidfd = PidFd::open(pid)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let control = Arc::new(control);
+        let n = self.next;
+        self.next += 1;
+        tokio::spawn(watch(
+            n,
+            Owner::Promoted { pidfd, status: rx },
             pid,
             Arc::clone(&control),
             (start_timeout, kill_timeout),
@@ -145,18 +200,81 @@ impl Preloaders {
         ));
         self.all.insert(
             n,
-            Preloader {
-                pid,
-                control,
-                ready: false,
-                pending: Vec::new(),
-                workers: HashSet::new(),
-                stopping: false,
-                killed: false,
-            },
+            Preloader::new(pid, control, (generation, Some(parent), origin), Some(tx)),
         );
         self.current = Some(n);
         Ok(n)
+    }
+
+    /// Template `gone` has failed; when it was the current one, the template it was promoted
+    /// from becomes current again if it still serves (the fallback), else none (the next
+    /// spawn starts a fresh preloader).
+    pub fn fall_back(&mut self, gone: u64) {
+        if self.current != Some(gone) {
+            return;
+        }
+        let parent = self.all.get(&gone).and_then(|p| p.parent);
+        self.current = parent.filter(|p| {
+            self.all
+                .get(p)
+                .is_some_and(|t| t.ready && !t.stopping && !t.killed)
+        });
+    }
+}
+
+impl Preloader {
+    fn new(
+        pid: u32,
+        control: Arc<Control>,
+        (generation, parent, origin): (usize, Option<u64>, u32),
+        status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
+    ) -> Preloader {
+        Preloader {
+            pid,
+            control,
+            ready: false,
+            pending: Vec::new(),
+            workers: HashSet::new(),
+            stopping: false,
+            killed: false,
+            generation,
+            parent,
+            status,
+            origin,
+        }
+    }
+}
+
+/// How a preloader's task learns its exit: a preloader corral started is corral's child,
+/// reaped by the task; a promoted template is its old template's child, seen ending through
+/// a pidfd, with the status its parent reports.
+enum Owner {
+    Child(Child),
+    Promoted {
+        pidfd: PidFd,
+        status: tokio::sync::oneshot::Receiver<ExitKind>,
+    },
+}
+
+impl Owner {
+    async fn wait(&mut self) -> ExitKind {
+        let sigkill = ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32);
+        match self {
+            Owner::Child(child) => match child.wait().await {
+                Ok(status) => ExitKind::of(status),
+                Err(_) => sigkill,
+            },
+            Owner::Promoted { pidfd, status } => {
+                pidfd.exited().await;
+                // Its parent reaps it and reports at once; once its parent has retired it
+                // is orphaned and nobody reports: its status is not known (SIGKILL is
+                // assumed, as for a worker whose preloader is gone).
+                match tokio::time::timeout(Duration::from_secs(1), status).await {
+                    Ok(Ok(exit)) => exit,
+                    _ => sigkill,
+                }
+            }
+        }
     }
 }
 
@@ -165,7 +283,7 @@ impl Preloaders {
 /// control socket and not exited within `kill_timeout`, and reports its exit.
 async fn watch(
     n: u64,
-    mut child: Child,
+    mut owner: Owner,
     pid: u32,
     control: Arc<Control>,
     (start_timeout, kill_timeout): (Duration, Duration),
@@ -181,11 +299,7 @@ async fn watch(
     };
     loop {
         let event = tokio::select! {
-            status = child.wait() => {
-                let exit = match status {
-                    Ok(status) => ExitKind::of(status),
-                    Err(_) => ExitKind::Signal(nix::sys::signal::Signal::SIGKILL as i32),
-                };
+            exit = owner.wait() => {
                 send(n, PreloaderEvent::Gone(exit));
                 return;
             }

@@ -149,6 +149,12 @@ pub enum PoolEvent {
     /// Replace every current worker, one at a time, each replacement ready before its
     /// predecessor is retired.
     RollingRestart,
+    /// Replace these workers, one at a time, new before old, as a rolling restart does (a
+    /// refork: the workers of older templates, once a promoted worker is the template).
+    RollingRestartOf {
+        /// The workers to replace; those no longer active are skipped.
+        keys: Vec<WorkerKey>,
+    },
     /// The worker's socket refused a connection (or could not be reached): it is dead or
     /// broken. The slot table already keeps requests off it; kill it (if it still runs) and
     /// replace it. Counts as a crash.

@@ -25,6 +25,21 @@ use super::ExitKind;
 /// Longest message either side sends; a longer one from the preloader is malformed.
 pub const MAX_MESSAGE: usize = 256;
 
+/// The signal that makes a worker read its control socket for `promote` (docs/pools.md,
+/// "Reforking"). SIGURG, because its default action is to be ignored: a worker with no
+/// handler for it (a native worker, an app started without reforking) is not harmed, and
+/// the TERM/INT/QUIT/USR1/USR2 family already means something to workers and apps.
+pub const PROMOTE_SIGNAL: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGURG;
+
+/// Sends [`PROMOTE_SIGNAL`] to the worker `pid` alone (not its group).
+pub fn signal_promote(pid: u32) -> io::Result<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .filter(|&p| p > 1)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a worker's pid"))?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), PROMOTE_SIGNAL).map_err(io::Error::from)
+}
+
 /// What a preloader says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message {
@@ -96,22 +111,41 @@ impl Control {
         Ok(Control { fd: register(fd)? })
     }
 
-    /// Asks for a worker under `key` serving `listener`. The message is a few bytes on a
-    /// socket that carries nothing else from this side, so a full buffer means the
-    /// preloader stopped reading: an error, not a wait.
-    pub fn send_fork(&self, key: u64, listener: &OwnedFd) -> io::Result<()> {
+    /// Asks for a worker under `key` serving `listener`, and, for a pool that reforks,
+    /// holding `channel`: the worker's own end of a control socket, through which it may
+    /// later be promoted to be the template (docs/pools.md, "Reforking"). The message is a
+    /// few bytes on a socket that carries nothing else from this side, so a full buffer
+    /// means the preloader stopped reading: an error, not a wait.
+    pub fn send_fork(
+        &self,
+        key: u64,
+        listener: &OwnedFd,
+        channel: Option<&OwnedFd>,
+    ) -> io::Result<()> {
         let text = format!("fork {key}");
-        let fds = [listener.as_raw_fd()];
-        let cmsg = [ControlMessage::ScmRights(&fds)];
+        let mut fds = vec![listener.as_raw_fd()];
+        fds.extend(channel.map(AsRawFd::as_raw_fd));
+        self.send(&text, &fds)
+    }
+
+    /// Tells a worker, on the control socket it got at its fork, to become the template
+    /// once it is idle (corral signals it after this: `PROMOTE_SIGNAL`).
+    pub fn send_promote(&self) -> io::Result<()> {
+        self.send("promote", &[])
+    }
+
+    fn send(&self, text: &str, fds: &[std::os::fd::RawFd]) -> io::Result<()> {
+        let cmsg = [ControlMessage::ScmRights(fds)];
+        let cmsg = if fds.is_empty() { &[][..] } else { &cmsg[..] };
         let sent = sendmsg::<UnixAddr>(
             self.fd.get_ref().as_raw_fd(),
             &[IoSlice::new(text.as_bytes())],
-            &cmsg,
+            cmsg,
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
             None,
         )?;
         if sent != text.len() {
-            return Err(io::Error::other("the fork message was cut short"));
+            return Err(io::Error::other("the control message was cut short"));
         }
         Ok(())
     }
@@ -294,7 +328,9 @@ mod tests {
             tempfile::tempdir().unwrap().path().join("w.sock"),
         )
         .unwrap();
-        control.send_fork(3, &OwnedFd::from(listener)).unwrap();
+        control
+            .send_fork(3, &OwnedFd::from(listener), None)
+            .unwrap();
         // The other side as a preloader would read it.
         let mut buf = [0u8; 64];
         let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);

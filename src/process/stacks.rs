@@ -59,8 +59,9 @@ pub struct Stacks {
 
 #[derive(Debug)]
 struct Collecting {
-    /// The streams read for it: the worker's own pid and its parent's.
-    readers: [u32; 2],
+    /// The streams read for it: the worker's own pid, its parent's, and for a worker of a
+    /// promoted template the preloader's stream that template writes on.
+    readers: Vec<u32>,
     stacks: Stacks,
     bytes: usize,
     done: Option<oneshot::Sender<Stacks>>,
@@ -71,6 +72,9 @@ struct Collecting {
 #[derive(Debug, Default)]
 pub struct StackDumps {
     asked: Mutex<HashMap<u32, Collecting>>,
+    /// Promoted templates (reforking) and the pid whose stderr stream they write on: the
+    /// preloader corral started, which may be gone while they serve on.
+    origins: Mutex<HashMap<u32, u32>>,
 }
 
 impl StackDumps {
@@ -109,6 +113,21 @@ impl StackDumps {
         collecting
     }
 
+    /// Template `template`, promoted from a worker (reforking), writes on the stderr stream
+    /// of `origin`, the preloader corral started; its workers' dumps are read there.
+    pub fn set_origin(&self, template: u32, origin: u32) {
+        if let Ok(mut o) = self.origins.lock() {
+            o.insert(template, origin);
+        }
+    }
+
+    /// Template `template` is gone.
+    pub fn forget_origin(&self, template: u32) {
+        if let Ok(mut o) = self.origins.lock() {
+            o.remove(&template);
+        }
+    }
+
     /// Whether any dump is being collected (a cheap test before a line is escaped).
     pub fn collecting(&self) -> bool {
         self.asked.lock().is_ok_and(|a| !a.is_empty())
@@ -122,6 +141,17 @@ impl StackDumps {
             .filter(|&p| p > 1)
             .ok_or(NoStacks::Gone)?;
         let parent = super::preload::parent_of(pid).map_err(|_| NoStacks::Gone)?;
+        // A worker of a promoted template (reforking) writes on the pipes of the preloader
+        // corral started, the template's own ancestor: every ancestor below corral reads.
+        let mut readers = vec![pid, parent];
+        if let Some(origin) = self
+            .origins
+            .lock()
+            .ok()
+            .and_then(|o| o.get(&parent).copied())
+        {
+            readers.push(origin);
+        }
         let (tx, rx) = oneshot::channel();
         {
             let mut asked = self.asked.lock().map_err(|_| NoStacks::Busy)?;
@@ -131,7 +161,7 @@ impl StackDumps {
             asked.insert(
                 pid,
                 Collecting {
-                    readers: [pid, parent],
+                    readers,
                     stacks: Stacks::default(),
                     bytes: 0,
                     done: Some(tx),
@@ -167,7 +197,7 @@ mod tests {
         dumps.asked.lock().unwrap().insert(
             10,
             Collecting {
-                readers: [10, 5],
+                readers: vec![10, 5],
                 stacks: Stacks::default(),
                 bytes: 0,
                 done: Some(tx),
@@ -200,7 +230,7 @@ mod tests {
         dumps.asked.lock().unwrap().insert(
             7,
             Collecting {
-                readers: [7, 7],
+                readers: vec![7, 7],
                 stacks: Stacks::default(),
                 bytes: 0,
                 done: Some(tx),

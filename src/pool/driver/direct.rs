@@ -374,6 +374,8 @@ impl Driver {
                 preloader: None,
                 exit_status: None,
                 asked: Instant::now(),
+                channel: None,
+                task: None,
             },
         );
         let reports = self.reports_tx.clone();

@@ -187,6 +187,11 @@ impl PoolState {
                     self.doom(key, RecycleReason::Rolling);
                 }
             }
+            PoolEvent::RollingRestartOf { keys } => {
+                for key in keys {
+                    self.doom(key, RecycleReason::Rolling);
+                }
+            }
             PoolEvent::Refused { key } => {
                 if self.workers.get(&key).is_some_and(|w| w.active()) {
                     if let Some(w) = self.workers.get_mut(&key) {

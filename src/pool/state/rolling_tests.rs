@@ -165,3 +165,46 @@ fn with_max_surge_0_the_old_worker_goes_first_and_a_failed_refill_stops_the_rest
         assert_eq!(t.state(k(old)), Some(WorkerState::Idle));
     }
 }
+
+#[test]
+fn a_rolling_restart_of_some_workers_replaces_only_those_new_before_old() {
+    // A refork replaces the workers of older templates, not those already forked from the
+    // new one.
+    let mut t = T::new(stat(3));
+    t.start();
+    t.at(
+        1_000,
+        PoolEvent::RollingRestartOf {
+            keys: vec![k(0), k(2), k(9)],
+        },
+    );
+    let first = t.spawns();
+    assert_eq!(first.len(), 1, "one replacement at a time: {:?}", t.last);
+    t.ev(PoolEvent::Spawned {
+        key: first[0],
+        pid: 300,
+    });
+    t.ev(PoolEvent::Ready { key: first[0] });
+    // Its predecessor retires only now that it is ready.
+    let old = [k(0), k(2)];
+    assert!(
+        t.last
+            .iter()
+            .any(|a| matches!(a, PoolAction::Signal { key, .. } if old.contains(key))),
+        "{:?}",
+        t.last
+    );
+    // The next one once the old one is reaped (live workers stay within max + 1).
+    t.ev(exited(0, ExitKind::Code(0)));
+    let second = t.spawns();
+    assert_eq!(second.len(), 1, "{:?}", t.last);
+    t.ev(PoolEvent::Spawned {
+        key: second[0],
+        pid: 301,
+    });
+    t.ev(PoolEvent::Ready { key: second[0] });
+    t.ev(exited(2, ExitKind::Code(0)));
+    t.at(3_000, PoolEvent::Tick);
+    assert!(t.spawns().is_empty(), "only the two named: {:?}", t.last);
+    assert_eq!(t.state(k(1)), Some(WorkerState::Idle));
+}

@@ -138,6 +138,7 @@ impl World {
                 max_lifetime: some(pick(20_000, 60_000), &mut rng2).map(ms),
                 max_pool_memory: None,
                 max_surge,
+                refork_after: crate::config::ReforkSteps::NONE,
             },
             concurrency: pick(1, 2) as usize,
             start_timeout: ms(2_000),

@@ -13,6 +13,7 @@ pub(super) const NO_RECYCLE: Recycle = Recycle {
     max_lifetime: None,
     max_pool_memory: None,
     max_surge: None,
+    refork_after: crate::config::ReforkSteps::NONE,
 };
 
 pub(super) fn ms(n: u64) -> Duration {
