@@ -98,21 +98,8 @@ mode = "static"
 max = 1
 start_timeout = "120s"
 request_timeout = "600s"
-[[contexts]]
-prefix = "/wp-content"
-root = "$s/site"
-static_files = true
-pool = "php"
-[[contexts]]
-root = "/usr/share/wordpress"
-static_files = true
-front_controller = "/index.php"
-pool = "php"
-[[contexts]]
-listen = "unix:${sock[gw-fcgi]}"
-root = "/usr/share/wordpress"
-pool = "php"
 CONF
+  wp_corral_contexts "unix:${sock[gw-fcgi]}"
 }
 
 declare -A root_pid
@@ -122,22 +109,7 @@ start_row() { # ROW TOOL...: the row's PHP server, its PHP processes run under T
   case $r in
     fpm)
       rm -f "${sock[fpm]}"
-      cat > "$s/fpm.conf" << CONF
-[global]
-pid = $s/run/fpm.pid
-error_log = $s/log/fpm.log
-daemonize = no
-[www]
-user = www-data
-group = www-data
-listen = ${sock[fpm]}
-listen.owner = www-data
-listen.group = www-data
-pm = static
-pm.max_children = 1
-request_terminate_timeout = 0
-CONF
-      "${tool[@]}" php-fpm8.2 -F -y "$s/fpm.conf" > "$s/log/fpm-run.log" 2>&1 & row_pids+=($!)
+      wp_fpm 1 ${tool[@]+"${tool[@]}"} > "$s/log/fpm-run.log" 2>&1
       root_pid[fpm]=$!
       wait_sock "${sock[fpm]}" ;;
     cgi)

@@ -157,23 +157,8 @@ command = ["php-cgi"]
 mode = "static"
 ${corral_pool[$1]}
 
-[[contexts]]
-prefix = "/wp-content"
-root = "$s/site"
-static_files = true
-pool = "php"
-
-[[contexts]]
-root = "/usr/share/wordpress"
-static_files = true
-front_controller = "/index.php"
-pool = "php"
-
-[[contexts]]
-listen = "unix:${sock[$2]}"
-root = "/usr/share/wordpress"
-pool = "php"
 CONF
+  wp_corral_contexts "unix:${sock[$2]}"
 }
 
 declare -A root_pid   # row -> the process whose tree is its PHP (and, for corral, the front)

@@ -126,7 +126,8 @@ wp_nginx() { # ROW...
 
 # php-fpm8.2 on sock[fpm], pm = static with N children, Debian's defaults otherwise; its pid
 # (the master) is $!.
-wp_fpm() { # N
+wp_fpm() { # N [TOOL...]: TOOL (e.g. valgrind and its options) runs php-fpm8.2 when given
+  local n=$1; shift
   cat > "$s/fpm.conf" << CONF
 [global]
 pid = $s/run/fpm.pid
@@ -139,9 +140,33 @@ listen = ${sock[fpm]}
 listen.owner = www-data
 listen.group = www-data
 pm = static
-pm.max_children = $1
+pm.max_children = $n
 CONF
-  php-fpm8.2 -F -y "$s/fpm.conf" & row_pids+=($!)
+  "$@" php-fpm8.2 -F -y "$s/fpm.conf" & row_pids+=($!)
+}
+
+# The [[contexts]] of a corral serving the site the way conf/wordpress.toml does (the shape
+# tests/support/wordpress.rs writes): wp-content and WordPress's own files on corral's http
+# listener, with the front controller, and the FastCGI listener FCGI (an address) to the pool.
+wp_corral_contexts() { # FCGI
+  cat << CONF
+[[contexts]]
+prefix = "/wp-content"
+root = "$s/site"
+static_files = true
+pool = "php"
+
+[[contexts]]
+root = "/usr/share/wordpress"
+static_files = true
+front_controller = "/index.php"
+pool = "php"
+
+[[contexts]]
+listen = "$1"
+root = "/usr/share/wordpress"
+pool = "php"
+CONF
 }
 
 # Installs WordPress through URL (a row already serving it), titled WP_TITLE.
