@@ -28,6 +28,8 @@ ROUNDS=${ROUNDS:-3}
 CORRAL=${CORRAL:-target/release/corral}
 WORKER=${WORKER:-$(dirname "$CORRAL")/corral-php-worker}
 [ -x "$CORRAL" ] && [ -x "$WORKER" ] || cargo build --release --quiet -p corral -p corral-php-worker
+# corral takes worker_path absolute (or a bare name looked up in PATH).
+WORKER=$(realpath "$WORKER")
 scratch=$(mktemp -d /tmp/corral-bench.XXXXXX)
 chmod 755 "$scratch"
 pids=()
