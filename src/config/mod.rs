@@ -15,6 +15,7 @@
 //! `conf/corral.toml`.
 
 mod address;
+mod app;
 mod budget;
 mod context;
 mod diagnostic;
