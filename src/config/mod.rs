@@ -23,6 +23,7 @@ mod direct;
 mod file;
 mod health;
 mod keys;
+mod listen;
 mod php_children;
 mod php_native;
 mod pool;
