@@ -28,21 +28,21 @@ pub const MAX_FDS: usize = 4;
 const HELD: [c_int; 3] = [libc::SIGCHLD, libc::SIGTERM, libc::SIGINT];
 
 /// What the template needs of the worker it runs in.
-pub trait Host {
+#[derive(Clone, Copy)]
+pub struct Host {
     /// What must be up before `ready` is said, for log lines ("PHP", "the app").
-    const LOADED: &'static str;
+    pub loaded: &'static str,
     /// What the template is called in log lines ("the fork template", "the preloader").
-    const NAME: &'static str;
-
+    pub name: &'static str,
     /// One line on the worker's stderr.
-    fn log(&self, message: &str);
+    pub log: fn(&str),
     /// Whether a stop signal came.
-    fn stopping(&self) -> bool;
+    pub stopping: fn() -> bool,
     /// Forgets a stop signal (in a freshly forked worker).
-    fn reset_stop(&self);
+    pub reset_stop: fn(),
     /// fork(2) as the runtime needs it done (an interpreter may run hooks around it): the
     /// child's pid in the template, 0 in the child, negative (errno set) when it failed.
-    fn fork(&mut self) -> i64;
+    pub fork: fn() -> i64,
 }
 
 /// What the caller of [`run`] is once it returns.
@@ -57,15 +57,15 @@ pub enum Role {
 
 /// Runs the template on `control` (the runtime started); returns in the template when it
 /// ends, and in each forked worker right after its fork.
-pub fn run<H: Host>(control: RawFd, host: &mut H) -> Role {
+pub fn run(control: RawFd, host: &Host) -> Role {
     on_sigchld(on_child as extern "C" fn(c_int) as usize);
     let open = mask(libc::SIG_BLOCK, &HELD);
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
     if !send(control, &format!("ready {me}")) {
-        host.log(&format!(
+        (host.log)(&format!(
             "corral closed the control socket before {} was ready",
-            H::LOADED
+            host.loaded
         ));
         return Role::Template(1);
     }
@@ -73,7 +73,7 @@ pub fn run<H: Host>(control: RawFd, host: &mut H) -> Role {
         if !reap(control) {
             return Role::Template(1);
         }
-        if host.stopping() {
+        if (host.stopping)() {
             return Role::Template(0);
         }
         let mut pfd = libc::pollfd {
@@ -89,13 +89,13 @@ pub fn run<H: Host>(control: RawFd, host: &mut H) -> Role {
         }
         match receive(control) {
             Received::Closed => {
-                host.log(&format!(
+                (host.log)(&format!(
                     "corral closed the control socket; {} exits",
-                    H::NAME
+                    host.name
                 ));
                 return Role::Template(0);
             }
-            Received::Malformed { bytes, truncated } => host.log(&format!(
+            Received::Malformed { bytes, truncated } => (host.log)(&format!(
                 "ignoring a malformed control message ({bytes} bytes{})",
                 if truncated { ", cut short" } else { "" }
             )),
@@ -245,12 +245,12 @@ enum Forked {
 }
 
 /// Forks a worker serving `listener`.
-fn fork<H: Host>(host: &mut H, control: RawFd, listener: RawFd, open: &libc::sigset_t) -> Forked {
+fn fork(host: &Host, control: RawFd, listener: RawFd, open: &libc::sigset_t) -> Forked {
     // SAFETY: getpid cannot fail.
     let parent = unsafe { libc::getpid() };
-    let pid = host.fork();
+    let pid = (host.fork)();
     if pid < 0 {
-        host.log(&format!("fork failed: {}", std::io::Error::last_os_error()));
+        (host.log)(&format!("fork failed: {}", std::io::Error::last_os_error()));
         // SAFETY: the fd was received for this fork and is owned by nothing else.
         unsafe { libc::close(listener) };
         return Forked::Failed;
@@ -272,10 +272,10 @@ fn fork<H: Host>(host: &mut H, control: RawFd, listener: RawFd, open: &libc::sig
         libc::close(control);
     }
     on_sigchld(libc::SIG_DFL);
-    host.reset_stop();
+    (host.reset_stop)();
     // SAFETY: `open` is the mask the template had before it held its signals.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, open, std::ptr::null_mut()) };
-    host.log(&format!(
+    (host.log)(&format!(
         "worker {} forked from preloader {parent}",
         std::process::id()
     ));

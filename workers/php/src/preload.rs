@@ -21,35 +21,25 @@ pub enum Role {
 }
 
 /// PHP's side of the template.
-struct Php;
+const PHP: Host = Host {
+    loaded: "PHP",
+    name: "the fork template",
+    log: crate::log,
+    stopping: crate::stopping,
+    reset_stop: crate::reset_stop,
+    fork,
+};
 
-impl Host for Php {
-    const LOADED: &'static str = "PHP";
-    const NAME: &'static str = "the fork template";
-
-    fn log(&self, message: &str) {
-        crate::log(message);
-    }
-
-    fn stopping(&self) -> bool {
-        crate::stopping()
-    }
-
-    fn reset_stop(&self) {
-        crate::reset_stop();
-    }
-
-    fn fork(&mut self) -> i64 {
-        // SAFETY: this process has one thread (PHP is not thread-safe and runs here alone),
-        // so the child is a whole copy; it only makes system calls before it serves.
-        unsafe { libc::fork() }.into()
-    }
+fn fork() -> i64 {
+    // SAFETY: this process has one thread (PHP is not thread-safe and runs here alone), so
+    // the child is a whole copy; it only makes system calls before it serves.
+    unsafe { libc::fork() }.into()
 }
 
 /// Runs the template on `control` (PHP started); returns in the template when it ends, and
 /// in each forked worker right after its fork.
 pub fn run(control: RawFd) -> Role {
-    match corral_worker_control::run(control, &mut Php) {
+    match corral_worker_control::run(control, &PHP) {
         corral_worker_control::Role::Template(code) => Role::Template(code),
         corral_worker_control::Role::Worker(listener) => {
             // The control socket is closed; the listener takes fd 0.

@@ -14,28 +14,18 @@ extern "C" {
 }
 
 /// Python's side of the preloader.
-struct Python;
+const PYTHON: Host = Host {
+    loaded: "the app",
+    name: "the preloader",
+    log: crate::log,
+    stopping: crate::stopping,
+    reset_stop: crate::reset_stop,
+    fork,
+};
 
-impl Host for Python {
-    const LOADED: &'static str = "the app";
-    const NAME: &'static str = "the preloader";
-
-    fn log(&self, message: &str) {
-        crate::log(message);
-    }
-
-    fn stopping(&self) -> bool {
-        crate::stopping()
-    }
-
-    fn reset_stop(&self) {
-        crate::reset_stop();
-    }
-
-    fn fork(&mut self) -> i64 {
-        // SAFETY: python.c forks the way os.fork does (the interpreter's fork hooks run).
-        unsafe { cw_fork() }
-    }
+fn fork() -> i64 {
+    // SAFETY: python.c forks the way os.fork does (the interpreter's fork hooks run).
+    unsafe { cw_fork() }
 }
 
 /// Runs the preloader on `control` once the app is loaded; the exit code (in a forked
@@ -43,7 +33,7 @@ impl Host for Python {
 pub fn run(control: RawFd) -> i32 {
     // SAFETY: a plain call into python.c with the GIL held.
     unsafe { cw_freeze() };
-    match corral_worker_control::run(control, &mut Python) {
+    match corral_worker_control::run(control, &PYTHON) {
         Role::Template(code) => code,
         Role::Worker(listener) => {
             let code = crate::serve(listener);
