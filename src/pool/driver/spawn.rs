@@ -73,15 +73,7 @@ impl Driver {
                         let gone = || !matches!(child.try_wait(), Ok(None));
                         ready = probe.until_healthy(&address, deadline, gone).await.is_ok();
                     }
-                    if ready {
-                        let _ = reports.send(Report::Ready(key));
-                    }
-                    let status = match spawned.child.wait().await {
-                        Ok(status) => ExitKind::of(status),
-                        // Waiting failed (ECHILD: someone else reaped it); it is gone.
-                        Err(_) => ExitKind::Signal(libc_sigkill()),
-                    };
-                    let _ = reports.send(Report::Exited(key, status));
+                    report_ready_and_exit(&reports, key, ready, &mut spawned.child).await;
                 });
                 self.feed(PoolEvent::Spawned { key, pid });
             }
