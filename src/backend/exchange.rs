@@ -26,6 +26,7 @@ use crate::logs::{escaped, LineLimit, Verdict};
 use crate::protocols::cgi_response::CgiResponseHead;
 
 mod body;
+mod spare;
 
 use body::BodyState;
 pub use body::ResponseBody;
@@ -118,7 +119,8 @@ impl Codec {
 /// An exchange whose request head is encoded in `head`, ready to run: the part every
 /// protocol's request shares. On the heap once: the exchange (codec, buffers, options) then
 /// travels inside the response body through the gateway and the front as a pointer, not as
-/// a kilobyte copied at every move.
+/// a kilobyte copied at every move. The allocation is the serving thread's spare when it has
+/// one (`spare`): the response body of the previous exchange gave it back.
 #[inline]
 pub(super) fn begin(
     conn: BackendConnection,
@@ -129,7 +131,7 @@ pub(super) fn begin(
     options: &ExchangeOptions,
     started: Instant,
 ) -> Box<Exchange> {
-    Box::new(Exchange::new(
+    spare::boxed(Exchange::new(
         conn, codec, head, body, declared, options, started,
     ))
 }
