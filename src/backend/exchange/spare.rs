@@ -17,6 +17,8 @@ use super::Exchange;
 const MAX_SPARE: usize = 16;
 
 thread_local! {
+    // Boxes on purpose: each is an allocation handed out whole to an exchange.
+    #[allow(clippy::vec_box)]
     static SPARE: RefCell<Vec<Box<MaybeUninit<Exchange>>>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -28,7 +30,11 @@ pub(super) fn boxed(exchange: Exchange) -> Box<Exchange> {
         .ok()
         .flatten();
     match spare {
-        Some(spare) => Box::write(spare, exchange),
+        Some(mut spare) => {
+            spare.write(exchange);
+            // SAFETY: the line above initialised the whole value.
+            unsafe { spare.assume_init() }
+        }
         None => Box::new(exchange),
     }
 }
