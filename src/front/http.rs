@@ -356,7 +356,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         // The request's own header map, emptied, carries the response's headers: hyper
         // keeps the map of each response it sends and parses the connection's next request
         // into it, so a kept-alive connection makes no header map per request.
-        let keep_alive_10 = http10::asks_keep_alive(&parts);
+        let keep_alive_10 = http10::asks_keep_alive(&parts, fields.keep_alive);
         let into = std::mem::take(&mut parts.headers);
         let headers = client_headers(&response.head.headers, request_id, false, into);
         if http10::needs_length(keep_alive_10, status, &headers) {

@@ -21,17 +21,11 @@ const HTTP10_BUFFER_MAX: usize = 64 * 1024;
 const HTTP10_BUFFER_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether the request is an HTTP/1.0 one, other than HEAD, that asked to keep the
-/// connection: the request's half of [`needs_length`], read before the request's header
-/// map is handed on to carry the response's headers.
-pub(super) fn asks_keep_alive(parts: &http::request::Parts) -> bool {
-    parts.version == http::Version::HTTP_10
-        && parts.method != http::Method::HEAD
-        && parts
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&c| c == b','))
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"))
+/// connection (`keep_alive`: a Connection field of its head names `keep-alive`): the
+/// request's half of [`needs_length`], decided before the request's header map is handed on
+/// to carry the response's headers.
+pub(super) fn asks_keep_alive(parts: &http::request::Parts, keep_alive: bool) -> bool {
+    keep_alive && parts.version == http::Version::HTTP_10 && parts.method != http::Method::HEAD
 }
 
 /// Whether the answer to a request must be given a length before its head goes out:
