@@ -15,7 +15,7 @@ use super::{BackendConnection, BackendError, Exchange, Step};
 ///
 /// One pointer: its state lives in the exchange's box, so the response the gateway and the
 /// front move on to hyper carries eight bytes of it, not the kept connection's two hundred.
-/// Dropped, it gives that allocation back to its thread for the next exchange
+/// Dropped, it gives that exchange back to its thread, released, for a later one
 /// (`exchange::spare`).
 pub struct ResponseBody {
     exchange: ManuallyDrop<Box<Exchange>>,
