@@ -41,10 +41,12 @@ impl<'a> HeadFields<'a> {
             } else if name == http::header::CONTENT_LENGTH {
                 fields.content_length = fields.content_length.or(Some(value));
             } else if name == http::header::CONNECTION {
-                fields.keep_alive |= value
-                    .as_bytes()
-                    .split(|&c| c == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"));
+                // The usual value, the token alone, before the list is split.
+                let value = value.as_bytes();
+                fields.keep_alive |= value.eq_ignore_ascii_case(b"keep-alive")
+                    || value
+                        .split(|&c| c == b',')
+                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"));
             }
         }
         fields
