@@ -393,6 +393,44 @@ mod tests {
     }
 
     #[test]
+    fn every_variable_the_worker_reads_is_found_the_last_of_its_name() {
+        let names = [
+            "SCRIPT_NAME",
+            "PATH_INFO",
+            "REQUEST_URI",
+            "CONTENT_TYPE",
+            "HTTP_COOKIE",
+            "HTTP_AUTHORIZATION",
+            "CORRAL_READY_PROBE",
+        ];
+        let mut env: Vec<(&str, &str)> = names.iter().map(|n| (*n, "first")).collect();
+        env.extend(names.iter().map(|n| (*n, "last")));
+        // Names of the same lengths that are none of them: not taken.
+        env.extend([
+            ("SCRIPT_NAMES", "x"),
+            ("REQUEST_URL", "x"),
+            ("PATH_INFX", "x"),
+        ]);
+        let v = view(&env, &[]);
+        let k = Known::of(&v);
+        let got = [
+            k.script_name,
+            k.path_info,
+            k.request_uri,
+            k.content_type,
+            k.cookie,
+            k.authorization,
+            k.probe,
+        ];
+        for (name, value) in names.iter().zip(got) {
+            assert_eq!(value, Some(&b"last"[..]), "{name}");
+        }
+        assert_eq!(k.script_filename, Some(&b"/w/i.php"[..]));
+        assert_eq!(k.request_method, Some(&b"GET"[..]));
+        assert!(!k.is_probe());
+    }
+
+    #[test]
     fn startup_fields_take_the_first_header_where_no_variable_was_sent() {
         let v = view(
             &[("REQUEST_URI", "/i.php")],

@@ -69,6 +69,13 @@ static char *request_cookie;
 /* Response header lines passed on the stack; more take one allocation. */
 #define CORRAL_STACK_LINES 32
 
+/* The folder the worker last entered for a script (classic mode), and whether the process
+ * may have left it since (a script called chdir()). See enter_script_dir. */
+static char cwd_now[4096];
+static size_t cwd_len;
+static bool cwd_unknown = true;
+static zif_handler php_chdir_handler;
+
 /* Worker mode: the boot request's context and request info, restored between requests. */
 static void *boot_ctx;
 static sapi_request_info boot_info;
@@ -169,6 +176,53 @@ static void set_request(void *ctx, const struct corral_request *r)
     request_cookie = r->cookie;
     if (r->authorization) {
         php_handle_auth_data(r->authorization);
+    }
+}
+
+/* A script runs in its own folder, as under php-cgi, which asks PHP to do it
+ * (php_execute_script: getcwd, chdir there, chdir back after the script: three system calls
+ * per request). The worker sets SAPI_OPTION_NO_CHDIR and enters the folder itself, only when
+ * it is not already there: the folder of the last script, unless a script has called chdir()
+ * since (PHP's chdir() is wrapped to say so: corral_chdir). The cwd is not put back after the
+ * script, so shutdown functions and destructors run in the script's folder (under php-cgi,
+ * in the worker's start folder; PHP's manual leaves it to the SAPI). A chdir that fails
+ * leaves the cwd where it was and is tried again next request. */
+static void enter_script_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        return; /* no folder to enter (PHP does nothing either) */
+    }
+    size_t len = slash == path ? 1 : (size_t)(slash - path);
+    if (!cwd_unknown && len == cwd_len && memcmp(path, cwd_now, len) == 0) {
+        return;
+    }
+    cwd_unknown = true;
+    if (len >= sizeof(cwd_now)) {
+        return; /* longer than any path chdir(2) takes */
+    }
+    memcpy(cwd_now, path, len);
+    cwd_now[len] = '\0';
+    if (chdir(cwd_now) == 0) {
+        cwd_len = len;
+        cwd_unknown = false;
+    }
+}
+
+/* PHP's chdir(), wrapped: the worker's idea of its cwd is void once a script moves it. */
+static ZEND_NAMED_FUNCTION(corral_chdir)
+{
+    cwd_unknown = true;
+    php_chdir_handler(INTERNAL_FUNCTION_PARAM_PASSTHRU);
+}
+
+/* Puts corral_chdir in place of PHP's chdir() (absent when disable_functions lists it). */
+static void wrap_chdir(void)
+{
+    zend_function *f = zend_hash_str_find_ptr(CG(function_table), ZEND_STRL("chdir"));
+    if (f && f->type == ZEND_INTERNAL_FUNCTION && f->internal_function.handler) {
+        php_chdir_handler = f->internal_function.handler;
+        f->internal_function.handler = corral_chdir;
     }
 }
 
@@ -398,7 +452,23 @@ int corral_php_startup(char *ini)
     if (corral_module.startup(&corral_module) == FAILURE) {
         return -1;
     }
+    /* The worker enters each script's folder itself (enter_script_dir). */
+    SG(options) |= SAPI_OPTION_NO_CHDIR;
+    wrap_chdir();
     return 0;
+}
+
+/* PHP's request startup puts its signal handlers in place (zend_signal_activate: one
+ * sigaction(2) per signal it defers, seven, each request) and its shutdown leaves them there;
+ * from the second request on, each call only reads back the handler already installed. Once
+ * the first request has installed them, the worker tells PHP not to look again: the state
+ * is the same, without the seven system calls. (PHP's own record of the handlers it
+ * replaced is reset every request either way.) */
+static void keep_signal_handlers(void)
+{
+#ifdef ZEND_SIGNALS
+    SIGG(reset) = 0;
+#endif
 }
 
 /* Runs one request: startup, the script, shutdown, as php-cgi does for each request.
@@ -406,13 +476,26 @@ int corral_php_startup(char *ini)
 int corral_php_run(void *ctx, const struct corral_request *r)
 {
     set_request(ctx, r);
-    if (php_request_startup() == FAILURE) {
+    /* php_request_startup arms the timer for max_input_time, the time PHP may spend on the
+     * request's input; php_execute_script re-arms it for max_execution_time. A request with
+     * no body has no input to spend it on (its query string and cookies are parsed before
+     * the script starts, bounded by corral's header limits), so that first setitimer(2) is
+     * skipped for it; a request with a body keeps the limit. */
+    zend_long input_time = PG(max_input_time);
+    if (r->content_length == 0) {
+        PG(max_input_time) = 0;
+    }
+    int started = php_request_startup();
+    PG(max_input_time) = input_time;
+    if (started == FAILURE) {
         /* PHP answered nothing and is in no state to go on (php-fpm exits here too): the
          * caller answers 500 and ends the worker, which corral replaces. */
         SG(server_context) = NULL;
         request_cookie = NULL;
         return -1;
     }
+    keep_signal_handlers();
+    enter_script_dir(r->script_filename);
     zend_try {
         zend_file_handle file;
         zend_stream_init_filename(&file, r->script_filename);
@@ -435,6 +518,8 @@ int corral_php_worker(void *ctx, const struct corral_request *r)
         SG(server_context) = NULL;
         return -1;
     }
+    keep_signal_handlers();
+    enter_script_dir(r->script_filename);
     /* The boot request has no client: nothing it writes is a response head. */
     SG(headers_sent) = 1;
     SG(request_info).no_headers = 1;
