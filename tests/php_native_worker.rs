@@ -80,6 +80,13 @@ $handler = function () use ($container, &$kept) {
             usleep(20000);
             echo getmypid();
             break;
+        case '/env':
+            echo $_SERVER['WORKER_ENV'] ?? '-', ' ', $_SERVER['SET_BY_PUTENV'] ?? '-';
+            break;
+        case '/putenv':
+            putenv('SET_BY_PUTENV=' . ($_GET['v'] ?? ''));
+            echo 'put';
+            break;
         case '/mem':
             echo memory_get_usage();
             break;
@@ -212,6 +219,23 @@ fn superglobals_and_output_end_with_their_request_and_the_app_does_not() {
         before + 5,
         "the static counter survives every request"
     );
+    assert_eq!(site.boots().len(), 1);
+}
+
+/// `$_SERVER` starts from the process environment (the pool's `env`) in every request, and a
+/// variable a handler sets with putenv() is there for the requests after it, as when the
+/// environment is read anew each time (the worker imports it once and copies it).
+#[test]
+fn server_holds_the_environment_and_what_putenv_set() {
+    let site = site(1, "env = { WORKER_ENV = \"from-pool\" }");
+    for _ in 0..3 {
+        assert_eq!(site.ok("/env"), "from-pool -");
+    }
+    assert_eq!(site.ok("/putenv?v=one"), "put");
+    assert_eq!(site.ok("/env"), "from-pool one");
+    assert_eq!(site.ok("/putenv?v=two"), "put");
+    assert_eq!(site.ok("/env"), "from-pool two");
+    assert_eq!(site.ok("/env"), "from-pool two");
     assert_eq!(site.boots().len(), 1);
 }
 

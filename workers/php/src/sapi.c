@@ -79,6 +79,11 @@ static zif_handler php_chdir_handler;
 /* Worker mode: the boot request's context and request info, restored between requests. */
 static void *boot_ctx;
 static sapi_request_info boot_info;
+/* Whether the boot request's own timer (max_execution_time, armed by php_execute_script)
+ * may still run: corral_handle_request stops it once, on its first call; from then on each
+ * request's timer is stopped by that request's end (worker_request_shutdown), and stopping
+ * it again before the next one was one more setitimer(2) per request. */
+static bool boot_timer;
 
 static size_t corral_ub_write(const char *str, size_t len)
 {
@@ -139,12 +144,52 @@ static char *corral_read_cookies(void)
     return request_cookie;
 }
 
+/* Worker mode: the process environment as $_SERVER holds it, imported once and copied
+ * into each request's $_SERVER (keys and values shared, their hashes already computed)
+ * rather than parsed from environ again: importing it was a tenth of a worker-mode
+ * request's instructions (callgrind). It lives in the worker script's own request memory;
+ * putenv() drops it (corral_putenv), so that a variable a script sets is seen by the
+ * requests after, as when environ is read each time. */
+static zend_array *env_cache;
+static zif_handler php_putenv_handler;
+
+static void drop_env_cache(void)
+{
+    if (env_cache) {
+        zend_array_release(env_cache);
+        env_cache = NULL;
+    }
+}
+
+static ZEND_NAMED_FUNCTION(corral_putenv)
+{
+    drop_env_cache();
+    php_putenv_handler(INTERNAL_FUNCTION_PARAM_PASSTHRU);
+}
+
+/* The environment's entries into `track_vars_array`: from the cache in a worker script's
+ * request, else read from environ as PHP does. */
+static void import_environment(void *ctx, zval *track_vars_array)
+{
+    if (!boot_ctx || !ctx || ctx == boot_ctx || Z_TYPE_P(track_vars_array) != IS_ARRAY) {
+        php_import_environment_variables(track_vars_array);
+        return;
+    }
+    if (!env_cache) {
+        zval env;
+        array_init(&env);
+        php_import_environment_variables(&env);
+        env_cache = Z_ARR(env);
+    }
+    zend_hash_copy(Z_ARRVAL_P(track_vars_array), env_cache, zval_add_ref);
+}
+
 static void corral_register_variables(zval *track_vars_array)
 {
     void *ctx = SG(server_context);
     /* The process environment first (the pool's `env`), then the request's variables over
      * it, as php-cgi and php-fpm fill $_SERVER. */
-    php_import_environment_variables(track_vars_array);
+    import_environment(ctx, track_vars_array);
     if (ctx) {
         corral_rs_register_variables(ctx, track_vars_array);
     }
@@ -216,13 +261,14 @@ static ZEND_NAMED_FUNCTION(corral_chdir)
     php_chdir_handler(INTERNAL_FUNCTION_PARAM_PASSTHRU);
 }
 
-/* Puts corral_chdir in place of PHP's chdir() (absent when disable_functions lists it). */
-static void wrap_chdir(void)
+/* Puts `wrapper` in place of PHP's function `name` (nothing when disable_functions removed
+ * it); `saved` keeps PHP's own, which the wrapper calls. */
+static void wrap_function(const char *name, size_t len, zif_handler *saved, zif_handler wrapper)
 {
-    zend_function *f = zend_hash_str_find_ptr(CG(function_table), ZEND_STRL("chdir"));
+    zend_function *f = zend_hash_str_find_ptr(CG(function_table), name, len);
     if (f && f->type == ZEND_INTERNAL_FUNCTION && f->internal_function.handler) {
-        php_chdir_handler = f->internal_function.handler;
-        f->internal_function.handler = corral_chdir;
+        *saved = f->internal_function.handler;
+        f->internal_function.handler = wrapper;
     }
 }
 
@@ -331,7 +377,10 @@ PHP_FUNCTION(corral_handle_request)
                                "(worker_script), outside a request");
         RETURN_THROWS();
     }
-    zend_unset_timeout();
+    if (boot_timer) {
+        zend_unset_timeout();
+        boot_timer = false;
+    }
     /* The boot request's output so far goes to the log. */
     php_output_end_all();
     struct corral_request r;
@@ -454,7 +503,8 @@ int corral_php_startup(char *ini)
     }
     /* The worker enters each script's folder itself (enter_script_dir). */
     SG(options) |= SAPI_OPTION_NO_CHDIR;
-    wrap_chdir();
+    wrap_function(ZEND_STRL("chdir"), &php_chdir_handler, corral_chdir);
+    wrap_function(ZEND_STRL("putenv"), &php_putenv_handler, corral_putenv);
     return 0;
 }
 
@@ -525,12 +575,14 @@ int corral_php_worker(void *ctx, const struct corral_request *r)
     SG(request_info).no_headers = 1;
     boot_ctx = ctx;
     boot_info = SG(request_info);
+    boot_timer = true;
     zend_try {
         zend_file_handle file;
         zend_stream_init_filename(&file, r->script_filename);
         php_execute_script(&file);
         zend_destroy_file_handle(&file);
     } zend_end_try();
+    drop_env_cache();
     php_request_shutdown(NULL);
     boot_ctx = NULL;
     SG(server_context) = NULL;
