@@ -136,9 +136,27 @@ pub fn run_worker(boot: &mut Exchange, info: &RequestInfo) -> Result<(), ()> {
 /// digit. Anything else (a `.`, a space or a `[` PHP rewrites or parses, a numeric key)
 /// takes PHP's full registration.
 fn plain_key(key: &[u8]) -> bool {
-    key.first().is_some_and(|b| !b.is_ascii_digit())
-        && key.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_')
+    // One table look-up per byte (and no early exit to predict): the character-class tests
+    // it replaces were a tenth of a worker-mode request's instructions (callgrind), thirty
+    // keys a request.
+    let mut plain = key.first().is_some_and(|b| !b.is_ascii_digit());
+    for &b in key {
+        plain &= PLAIN_BYTE[usize::from(b)];
+    }
+    plain
 }
+
+/// The bytes a plain key is made of: ASCII letters, digits and `_`.
+static PLAIN_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || c == b'_';
+        b += 1;
+    }
+    t
+};
 
 /// Registers one `$_SERVER` entry (`key` any bytes but NUL, which leaves the entry out;
 /// `value` any bytes). A plain key (nearly all of them: CGI names) is stored as given,
@@ -293,6 +311,12 @@ mod tests {
             b"\xc3\xa9",
         ] {
             assert!(!super::plain_key(odd), "{odd:?}");
+        }
+        // Every byte against the plain definition, alone and after a letter.
+        for b in 0..=255u8 {
+            let class = b.is_ascii_alphanumeric() || b == b'_';
+            assert_eq!(super::plain_key(&[b]), class && !b.is_ascii_digit(), "{b}");
+            assert_eq!(super::plain_key(&[b'A', b]), class, "{b}");
         }
     }
 }
