@@ -80,6 +80,11 @@ $handler = function () use ($container, &$kept) {
             usleep(20000);
             echo getmypid();
             break;
+        case '/xheaders':
+            $x = array_filter($_SERVER, fn ($k) => str_starts_with($k, 'HTTP_X_'), ARRAY_FILTER_USE_KEY);
+            ksort($x);
+            echo json_encode($x);
+            break;
         case '/env':
             echo $_SERVER['WORKER_ENV'] ?? '-', ' ', $_SERVER['SET_BY_PUTENV'] ?? '-';
             break;
@@ -236,6 +241,33 @@ fn server_holds_the_environment_and_what_putenv_set() {
     assert_eq!(site.ok("/putenv?v=two"), "put");
     assert_eq!(site.ok("/env"), "from-pool two");
     assert_eq!(site.ok("/env"), "from-pool two");
+    assert_eq!(site.boots().len(), 1);
+}
+
+/// Each request's `$_SERVER` holds its own headers, whatever the request before sent at the
+/// same places (the worker reuses the keys of the request before where the names match).
+#[test]
+fn server_holds_each_requests_own_headers() {
+    let site = site(1, "");
+    for (headers, want) in [
+        (&[("X-One", "1")][..], r#"{"HTTP_X_ONE":"1"}"#),
+        (&[("X-Two", "2")][..], r#"{"HTTP_X_TWO":"2"}"#),
+        (
+            &[("X-Two", "b"), ("X-One", "a")][..],
+            r#"{"HTTP_X_ONE":"a","HTTP_X_TWO":"b"}"#,
+        ),
+        (
+            &[("X-Three", "3"), ("X-One", "c")][..],
+            r#"{"HTTP_X_ONE":"c","HTTP_X_THREE":"3"}"#,
+        ),
+        (&[][..], "[]"),
+        (&[("X-One", "again")][..], r#"{"HTTP_X_ONE":"again"}"#),
+    ] {
+        for _ in 0..2 {
+            let r = site.request("GET", "/xheaders", headers, b"");
+            assert_eq!((r.status, r.text().as_str()), (200, want), "{headers:?}");
+        }
+    }
     assert_eq!(site.boots().len(), 1);
 }
 

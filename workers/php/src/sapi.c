@@ -44,7 +44,8 @@ struct corral_line {
 extern void corral_rs_send_head(void *ctx, int status, const struct corral_line *lines,
                                 size_t count);
 extern size_t corral_rs_read_body(void *ctx, char *buf, size_t len);
-extern void corral_rs_register_variables(void *ctx, zval *track_vars_array);
+extern void corral_rs_register_variables(void *ctx, zval *track_vars_array, int keep_keys);
+extern void corral_rs_release_keys(void);
 extern void corral_rs_log(const char *message, size_t len);
 extern int corral_rs_finish_early(void *ctx);
 struct corral_request;
@@ -191,7 +192,8 @@ static void corral_register_variables(zval *track_vars_array)
      * it, as php-cgi and php-fpm fill $_SERVER. */
     import_environment(ctx, track_vars_array);
     if (ctx) {
-        corral_rs_register_variables(ctx, track_vars_array);
+        /* A request the worker script serves reuses the keys of the one before. */
+        corral_rs_register_variables(ctx, track_vars_array, boot_ctx && ctx != boot_ctx);
     }
 }
 
@@ -489,6 +491,36 @@ void corral_php_register_known(zval *track_vars_array, const char *key, size_t k
     php_register_known_variable(key, key_len, &v, track_vars_array);
 }
 
+/* Worker mode's kept $_SERVER keys (src/keys.rs): PHP's string for a plain key, its hash
+ * computed, with a reference of its own (none needed for an interned string); NULL for
+ * GLOBALS, which PHP never registers. */
+zend_string *corral_php_key_new(const char *key, size_t key_len)
+{
+    if (key_len == sizeof("GLOBALS") - 1 && memcmp(key, "GLOBALS", key_len) == 0) {
+        return NULL;
+    }
+    zend_string *s = zend_string_init_interned(key, key_len, 0);
+    zend_string_hash_val(s);
+    return s;
+}
+
+void corral_php_key_release(zend_string *key)
+{
+    zend_string_release(key);
+}
+
+/* One $_SERVER entry under a kept key, as php_register_known_variable stores it. */
+void corral_php_register_key(zval *track_vars_array, zend_string *key, const char *value,
+                             size_t value_len)
+{
+    if (Z_TYPE_P(track_vars_array) != IS_ARRAY) {
+        return;
+    }
+    zval v;
+    ZVAL_STRINGL_FAST(&v, value, value_len);
+    zend_hash_update_ind(Z_ARRVAL_P(track_vars_array), key, &v);
+}
+
 /* Starts PHP once per process: signals, the SAPI, php.ini, every extension's MINIT.
  * `ini` ("key=value\n" lines, NUL-terminated) overrides php.ini; it must outlive PHP.
  * Returns 0 on success. */
@@ -583,6 +615,7 @@ int corral_php_worker(void *ctx, const struct corral_request *r)
         zend_destroy_file_handle(&file);
     } zend_end_try();
     drop_env_cache();
+    corral_rs_release_keys();
     php_request_shutdown(NULL);
     boot_ctx = NULL;
     SG(server_context) = NULL;
