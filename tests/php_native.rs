@@ -87,6 +87,9 @@ const SCRIPTS: &[(&str, &str)] = &[
          echo $_SERVER['HTTP_X_PLAIN'] ?? '-';",
     ),
     ("sub/inc.php", "<?php echo 'included'; "),
+    ("cwd.php", "<?php echo getcwd();"),
+    ("sub/cwd.php", "<?php echo getcwd();"),
+    ("move.php", "<?php chdir('/'); echo getcwd();"),
     ("sub/index.php", "<?php include 'inc.php'; echo ' from ', basename(getcwd());"),
 ];
 
@@ -250,6 +253,26 @@ fn server_variables_are_php_cgis() {
         );
     }
     assert_eq!(site.ok("/sub/"), "included from sub");
+}
+
+/// Every script runs in its own folder: the worker enters it only when the last script's
+/// folder was another, or a script moved the cwd since (chdir() in the script before).
+#[test]
+fn each_script_runs_in_its_folder_even_after_one_moved_the_cwd() {
+    let site = site("");
+    let root = site.root().canonicalize().unwrap();
+    let sub = root.join("sub");
+    let (root, sub) = (root.display().to_string(), sub.display().to_string());
+    for _ in 0..6 {
+        assert_eq!(site.ok("/cwd.php"), root);
+        assert_eq!(site.ok("/cwd.php"), root);
+        assert_eq!(site.ok("/sub/cwd.php"), sub);
+        assert_eq!(site.ok("/move.php"), "/");
+        // Without the worker noticing the chdir() above, the same worker would answer "/".
+        assert_eq!(site.ok("/cwd.php"), root);
+        assert_eq!(site.ok("/move.php"), "/");
+        assert_eq!(site.ok("/sub/"), "included from sub");
+    }
 }
 
 #[test]

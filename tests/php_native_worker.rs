@@ -80,6 +80,18 @@ $handler = function () use ($container, &$kept) {
             usleep(20000);
             echo getmypid();
             break;
+        case '/xheaders':
+            $x = array_filter($_SERVER, fn ($k) => str_starts_with($k, 'HTTP_X_'), ARRAY_FILTER_USE_KEY);
+            ksort($x);
+            echo json_encode($x);
+            break;
+        case '/env':
+            echo $_SERVER['WORKER_ENV'] ?? '-', ' ', $_SERVER['SET_BY_PUTENV'] ?? '-';
+            break;
+        case '/putenv':
+            putenv('SET_BY_PUTENV=' . ($_GET['v'] ?? ''));
+            echo 'put';
+            break;
         case '/mem':
             echo memory_get_usage();
             break;
@@ -212,6 +224,50 @@ fn superglobals_and_output_end_with_their_request_and_the_app_does_not() {
         before + 5,
         "the static counter survives every request"
     );
+    assert_eq!(site.boots().len(), 1);
+}
+
+/// `$_SERVER` starts from the process environment (the pool's `env`) in every request, and a
+/// variable a handler sets with putenv() is there for the requests after it, as when the
+/// environment is read anew each time (the worker imports it once and copies it).
+#[test]
+fn server_holds_the_environment_and_what_putenv_set() {
+    let site = site(1, "env = { WORKER_ENV = \"from-pool\" }");
+    for _ in 0..3 {
+        assert_eq!(site.ok("/env"), "from-pool -");
+    }
+    assert_eq!(site.ok("/putenv?v=one"), "put");
+    assert_eq!(site.ok("/env"), "from-pool one");
+    assert_eq!(site.ok("/putenv?v=two"), "put");
+    assert_eq!(site.ok("/env"), "from-pool two");
+    assert_eq!(site.ok("/env"), "from-pool two");
+    assert_eq!(site.boots().len(), 1);
+}
+
+/// Each request's `$_SERVER` holds its own headers, whatever the request before sent at the
+/// same places (the worker reuses the keys of the request before where the names match).
+#[test]
+fn server_holds_each_requests_own_headers() {
+    let site = site(1, "");
+    for (headers, want) in [
+        (&[("X-One", "1")][..], r#"{"HTTP_X_ONE":"1"}"#),
+        (&[("X-Two", "2")][..], r#"{"HTTP_X_TWO":"2"}"#),
+        (
+            &[("X-Two", "b"), ("X-One", "a")][..],
+            r#"{"HTTP_X_ONE":"a","HTTP_X_TWO":"b"}"#,
+        ),
+        (
+            &[("X-Three", "3"), ("X-One", "c")][..],
+            r#"{"HTTP_X_ONE":"c","HTTP_X_THREE":"3"}"#,
+        ),
+        (&[][..], "[]"),
+        (&[("X-One", "again")][..], r#"{"HTTP_X_ONE":"again"}"#),
+    ] {
+        for _ in 0..2 {
+            let r = site.request("GET", "/xheaders", headers, b"");
+            assert_eq!((r.status, r.text().as_str()), (200, want), "{headers:?}");
+        }
+    }
     assert_eq!(site.boots().len(), 1);
 }
 

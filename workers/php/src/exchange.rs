@@ -236,9 +236,9 @@ impl Exchange {
         }
     }
 
-    /// Fills `$_SERVER` with the request's variables.
-    pub fn register_variables(&mut self, track_vars: *mut Zval) {
-        self.vars.register(track_vars);
+    /// Fills `$_SERVER` with the request's variables (`keep_keys`: see `crate::keys`).
+    pub fn register_variables(&mut self, track_vars: *mut Zval, keep_keys: bool) {
+        self.vars.register(track_vars, keep_keys);
     }
 
     /// Ends the answer (the head if PHP sent none, then RESP_END) and writes it. `true` when

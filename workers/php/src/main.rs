@@ -23,6 +23,7 @@
 mod body;
 mod conn;
 mod exchange;
+mod keys;
 mod php;
 mod preload;
 mod request;

@@ -99,8 +99,18 @@ impl Server {
         Server::Request(Some(view))
     }
 
-    /// Registers every entry into `track_vars`.
-    pub fn register(&self, track_vars: *mut Zval) {
+    /// Registers every entry into `track_vars`; `keep_keys`: through the keys kept from the
+    /// request before ([`crate::keys`], worker mode).
+    pub fn register(&self, track_vars: *mut Zval, keep_keys: bool) {
+        let mut at = 0;
+        let mut put = |key: &[u8], value: &[u8]| {
+            if keep_keys {
+                crate::keys::register(track_vars, at, key, value);
+                at += 1;
+            } else {
+                php::register_variable(track_vars, key, value);
+            }
+        };
         match self {
             Server::Fixed(entries) => {
                 for (key, value) in entries {
@@ -110,11 +120,11 @@ impl Server {
             Server::Request(None) => {}
             Server::Request(Some(begin)) => {
                 for (name, value) in begin.headers() {
-                    with_header_key(name, |key| php::register_variable(track_vars, key, value));
+                    with_header_key(name, |key| put(key, value));
                 }
                 let mut known = Known::default();
                 for (name, value) in begin.env() {
-                    php::register_variable(track_vars, name, value);
+                    put(name, value);
                     match name {
                         b"SCRIPT_NAME" => known.script_name = Some(value),
                         b"PATH_INFO" => known.path_info = Some(value),
@@ -122,9 +132,7 @@ impl Server {
                     }
                 }
                 let parts = [known.script_name, known.path_info].map(Option::unwrap_or_default);
-                with_joined(&parts, |self_| {
-                    php::register_variable(track_vars, b"PHP_SELF", self_)
-                });
+                with_joined(&parts, |self_| put(b"PHP_SELF", self_));
             }
         }
     }
@@ -390,6 +398,44 @@ mod tests {
         let event = RequestDecoder::new(&limits).decode_into(&mut packet, &mut view);
         assert_eq!(event, Ok(Some(ViewEvent::Begin)));
         view
+    }
+
+    #[test]
+    fn every_variable_the_worker_reads_is_found_the_last_of_its_name() {
+        let names = [
+            "SCRIPT_NAME",
+            "PATH_INFO",
+            "REQUEST_URI",
+            "CONTENT_TYPE",
+            "HTTP_COOKIE",
+            "HTTP_AUTHORIZATION",
+            "CORRAL_READY_PROBE",
+        ];
+        let mut env: Vec<(&str, &str)> = names.iter().map(|n| (*n, "first")).collect();
+        env.extend(names.iter().map(|n| (*n, "last")));
+        // Names of the same lengths that are none of them: not taken.
+        env.extend([
+            ("SCRIPT_NAMES", "x"),
+            ("REQUEST_URL", "x"),
+            ("PATH_INFX", "x"),
+        ]);
+        let v = view(&env, &[]);
+        let k = Known::of(&v);
+        let got = [
+            k.script_name,
+            k.path_info,
+            k.request_uri,
+            k.content_type,
+            k.cookie,
+            k.authorization,
+            k.probe,
+        ];
+        for (name, value) in names.iter().zip(got) {
+            assert_eq!(value, Some(&b"last"[..]), "{name}");
+        }
+        assert_eq!(k.script_filename, Some(&b"/w/i.php"[..]));
+        assert_eq!(k.request_method, Some(&b"GET"[..]));
+        assert!(!k.is_probe());
     }
 
     #[test]

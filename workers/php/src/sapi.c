@@ -44,7 +44,8 @@ struct corral_line {
 extern void corral_rs_send_head(void *ctx, int status, const struct corral_line *lines,
                                 size_t count);
 extern size_t corral_rs_read_body(void *ctx, char *buf, size_t len);
-extern void corral_rs_register_variables(void *ctx, zval *track_vars_array);
+extern void corral_rs_register_variables(void *ctx, zval *track_vars_array, int keep_keys);
+extern void corral_rs_release_keys(void);
 extern void corral_rs_log(const char *message, size_t len);
 extern int corral_rs_finish_early(void *ctx);
 struct corral_request;
@@ -69,9 +70,21 @@ static char *request_cookie;
 /* Response header lines passed on the stack; more take one allocation. */
 #define CORRAL_STACK_LINES 32
 
+/* The folder the worker last entered for a script (classic mode), and whether the process
+ * may have left it since (a script called chdir()). See enter_script_dir. */
+static char cwd_now[4096];
+static size_t cwd_len;
+static bool cwd_unknown = true;
+static zif_handler php_chdir_handler;
+
 /* Worker mode: the boot request's context and request info, restored between requests. */
 static void *boot_ctx;
 static sapi_request_info boot_info;
+/* Whether the boot request's own timer (max_execution_time, armed by php_execute_script)
+ * may still run: corral_handle_request stops it once, on its first call; from then on each
+ * request's timer is stopped by that request's end (worker_request_shutdown), and stopping
+ * it again before the next one was one more setitimer(2) per request. */
+static bool boot_timer;
 
 static size_t corral_ub_write(const char *str, size_t len)
 {
@@ -132,14 +145,55 @@ static char *corral_read_cookies(void)
     return request_cookie;
 }
 
+/* Worker mode: the process environment as $_SERVER holds it, imported once and copied
+ * into each request's $_SERVER (keys and values shared, their hashes already computed)
+ * rather than parsed from environ again: importing it was a tenth of a worker-mode
+ * request's instructions (callgrind). It lives in the worker script's own request memory;
+ * putenv() drops it (corral_putenv), so that a variable a script sets is seen by the
+ * requests after, as when environ is read each time. */
+static zend_array *env_cache;
+static zif_handler php_putenv_handler;
+
+static void drop_env_cache(void)
+{
+    if (env_cache) {
+        zend_array_release(env_cache);
+        env_cache = NULL;
+    }
+}
+
+static ZEND_NAMED_FUNCTION(corral_putenv)
+{
+    drop_env_cache();
+    php_putenv_handler(INTERNAL_FUNCTION_PARAM_PASSTHRU);
+}
+
+/* The environment's entries into `track_vars_array`: from the cache in a worker script's
+ * request, else read from environ as PHP does. */
+static void import_environment(void *ctx, zval *track_vars_array)
+{
+    if (!boot_ctx || !ctx || ctx == boot_ctx || Z_TYPE_P(track_vars_array) != IS_ARRAY) {
+        php_import_environment_variables(track_vars_array);
+        return;
+    }
+    if (!env_cache) {
+        zval env;
+        array_init(&env);
+        php_import_environment_variables(&env);
+        env_cache = Z_ARR(env);
+    }
+    zend_hash_copy(Z_ARRVAL_P(track_vars_array), env_cache, zval_add_ref);
+}
+
 static void corral_register_variables(zval *track_vars_array)
 {
     void *ctx = SG(server_context);
     /* The process environment first (the pool's `env`), then the request's variables over
      * it, as php-cgi and php-fpm fill $_SERVER. */
-    php_import_environment_variables(track_vars_array);
+    import_environment(ctx, track_vars_array);
     if (ctx) {
-        corral_rs_register_variables(ctx, track_vars_array);
+        /* A request the worker script serves reuses the keys of the one before. */
+        corral_rs_register_variables(ctx, track_vars_array, boot_ctx && ctx != boot_ctx);
     }
 }
 
@@ -169,6 +223,54 @@ static void set_request(void *ctx, const struct corral_request *r)
     request_cookie = r->cookie;
     if (r->authorization) {
         php_handle_auth_data(r->authorization);
+    }
+}
+
+/* A script runs in its own folder, as under php-cgi, which asks PHP to do it
+ * (php_execute_script: getcwd, chdir there, chdir back after the script: three system calls
+ * per request). The worker sets SAPI_OPTION_NO_CHDIR and enters the folder itself, only when
+ * it is not already there: the folder of the last script, unless a script has called chdir()
+ * since (PHP's chdir() is wrapped to say so: corral_chdir). The cwd is not put back after the
+ * script, so shutdown functions and destructors run in the script's folder (under php-cgi,
+ * in the worker's start folder; PHP's manual leaves it to the SAPI). A chdir that fails
+ * leaves the cwd where it was and is tried again next request. */
+static void enter_script_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        return; /* no folder to enter (PHP does nothing either) */
+    }
+    size_t len = slash == path ? 1 : (size_t)(slash - path);
+    if (!cwd_unknown && len == cwd_len && memcmp(path, cwd_now, len) == 0) {
+        return;
+    }
+    cwd_unknown = true;
+    if (len >= sizeof(cwd_now)) {
+        return; /* longer than any path chdir(2) takes */
+    }
+    memcpy(cwd_now, path, len);
+    cwd_now[len] = '\0';
+    if (chdir(cwd_now) == 0) {
+        cwd_len = len;
+        cwd_unknown = false;
+    }
+}
+
+/* PHP's chdir(), wrapped: the worker's idea of its cwd is void once a script moves it. */
+static ZEND_NAMED_FUNCTION(corral_chdir)
+{
+    cwd_unknown = true;
+    php_chdir_handler(INTERNAL_FUNCTION_PARAM_PASSTHRU);
+}
+
+/* Puts `wrapper` in place of PHP's function `name` (nothing when disable_functions removed
+ * it); `saved` keeps PHP's own, which the wrapper calls. */
+static void wrap_function(const char *name, size_t len, zif_handler *saved, zif_handler wrapper)
+{
+    zend_function *f = zend_hash_str_find_ptr(CG(function_table), name, len);
+    if (f && f->type == ZEND_INTERNAL_FUNCTION && f->internal_function.handler) {
+        *saved = f->internal_function.handler;
+        f->internal_function.handler = wrapper;
     }
 }
 
@@ -277,7 +379,10 @@ PHP_FUNCTION(corral_handle_request)
                                "(worker_script), outside a request");
         RETURN_THROWS();
     }
-    zend_unset_timeout();
+    if (boot_timer) {
+        zend_unset_timeout();
+        boot_timer = false;
+    }
     /* The boot request's output so far goes to the log. */
     php_output_end_all();
     struct corral_request r;
@@ -367,25 +472,6 @@ static sapi_module_struct corral_module = {
     STANDARD_SAPI_MODULE_PROPERTIES
 };
 
-/* Registers one $_SERVER entry through PHP's full variable registration (a key with `.`,
- * spaces or `[`, which PHP rewrites or parses); `key` is NUL-terminated. Called back from
- * corral_rs_register_variables for the rare key that needs it. */
-void corral_php_register_variable(zval *track_vars_array, const char *key, const char *value,
-                                  size_t value_len)
-{
-    php_register_variable_safe(key, value, value_len, track_vars_array);
-}
-
-/* Registers one $_SERVER entry whose key needs no parsing (letters, digits and '_', checked
- * by the caller), with both lengths known: no copy of the key, no scan for its end. */
-void corral_php_register_known(zval *track_vars_array, const char *key, size_t key_len,
-                               const char *value, size_t value_len)
-{
-    zval v;
-    ZVAL_STRINGL_FAST(&v, value, value_len);
-    php_register_known_variable(key, key_len, &v, track_vars_array);
-}
-
 /* Starts PHP once per process: signals, the SAPI, php.ini, every extension's MINIT.
  * `ini` ("key=value\n" lines, NUL-terminated) overrides php.ini; it must outlive PHP.
  * Returns 0 on success. */
@@ -398,7 +484,24 @@ int corral_php_startup(char *ini)
     if (corral_module.startup(&corral_module) == FAILURE) {
         return -1;
     }
+    /* The worker enters each script's folder itself (enter_script_dir). */
+    SG(options) |= SAPI_OPTION_NO_CHDIR;
+    wrap_function(ZEND_STRL("chdir"), &php_chdir_handler, corral_chdir);
+    wrap_function(ZEND_STRL("putenv"), &php_putenv_handler, corral_putenv);
     return 0;
+}
+
+/* PHP's request startup puts its signal handlers in place (zend_signal_activate: one
+ * sigaction(2) per signal it defers, seven, each request) and its shutdown leaves them there;
+ * from the second request on, each call only reads back the handler already installed. Once
+ * the first request has installed them, the worker tells PHP not to look again: the state
+ * is the same, without the seven system calls. (PHP's own record of the handlers it
+ * replaced is reset every request either way.) */
+static void keep_signal_handlers(void)
+{
+#ifdef ZEND_SIGNALS
+    SIGG(reset) = 0;
+#endif
 }
 
 /* Runs one request: startup, the script, shutdown, as php-cgi does for each request.
@@ -406,13 +509,26 @@ int corral_php_startup(char *ini)
 int corral_php_run(void *ctx, const struct corral_request *r)
 {
     set_request(ctx, r);
-    if (php_request_startup() == FAILURE) {
+    /* php_request_startup arms the timer for max_input_time, the time PHP may spend on the
+     * request's input; php_execute_script re-arms it for max_execution_time. A request with
+     * no body has no input to spend it on (its query string and cookies are parsed before
+     * the script starts, bounded by corral's header limits), so that first setitimer(2) is
+     * skipped for it; a request with a body keeps the limit. */
+    zend_long input_time = PG(max_input_time);
+    if (r->content_length == 0) {
+        PG(max_input_time) = 0;
+    }
+    int started = php_request_startup();
+    PG(max_input_time) = input_time;
+    if (started == FAILURE) {
         /* PHP answered nothing and is in no state to go on (php-fpm exits here too): the
          * caller answers 500 and ends the worker, which corral replaces. */
         SG(server_context) = NULL;
         request_cookie = NULL;
         return -1;
     }
+    keep_signal_handlers();
+    enter_script_dir(r->script_filename);
     zend_try {
         zend_file_handle file;
         zend_stream_init_filename(&file, r->script_filename);
@@ -435,17 +551,22 @@ int corral_php_worker(void *ctx, const struct corral_request *r)
         SG(server_context) = NULL;
         return -1;
     }
+    keep_signal_handlers();
+    enter_script_dir(r->script_filename);
     /* The boot request has no client: nothing it writes is a response head. */
     SG(headers_sent) = 1;
     SG(request_info).no_headers = 1;
     boot_ctx = ctx;
     boot_info = SG(request_info);
+    boot_timer = true;
     zend_try {
         zend_file_handle file;
         zend_stream_init_filename(&file, r->script_filename);
         php_execute_script(&file);
         zend_destroy_file_handle(&file);
     } zend_end_try();
+    drop_env_cache();
+    corral_rs_release_keys();
     php_request_shutdown(NULL);
     boot_ctx = NULL;
     SG(server_context) = NULL;
