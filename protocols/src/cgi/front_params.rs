@@ -10,123 +10,14 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
+use super::front_names::lookup;
+pub use super::front_names::Known;
+pub(super) use super::front_names::KNOWN;
 use super::params::{CgiParams, MAX_FIELD_LEN};
-use super::{has_nul_cr_lf, snippet, CgiError};
+use super::{snippet, CgiError};
 
 /// No pair: an index that is not one.
 pub(super) const NONE: u32 = u32::MAX;
-
-/// The names the front logic reads or rewrites, found once as the pairs arrive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Known {
-    /// HTTP_HOST: the client's Host, checked and routed on.
-    HttpHost,
-    /// SERVER_NAME: routed on without a Host.
-    ServerName,
-    /// DOCUMENT_URI: the decoded path, routed on.
-    DocumentUri,
-    /// REQUEST_URI: the raw target, routed on without DOCUMENT_URI.
-    RequestUri,
-    /// CONTENT_LENGTH: the body's length.
-    ContentLength,
-    /// SCRIPT_FILENAME: checked against the context's root.
-    ScriptFilename,
-    /// SCRIPT_NAME.
-    ScriptName,
-    /// PATH_INFO.
-    PathInfo,
-    /// PATH_TRANSLATED.
-    PathTranslated,
-    /// DOCUMENT_ROOT.
-    DocumentRoot,
-    /// REQUEST_METHOD.
-    RequestMethod,
-    /// QUERY_STRING.
-    QueryString,
-    /// HTTP_PROXY: always dropped (httpoxy).
-    HttpProxy,
-    /// CORRAL_READY_PROBE: corral's own, always dropped.
-    CorralReadyProbe,
-    /// PHP_VALUE: dropped unless the context allows it.
-    PhpValue,
-    /// PHP_ADMIN_VALUE: dropped unless the context allows it.
-    PhpAdminValue,
-}
-
-/// How many [`Known`] names there are.
-pub(super) const KNOWN: usize = 16;
-
-/// Every [`Known`] name, in the order of their discriminants.
-const ALL_KNOWN: [Known; KNOWN] = [
-    Known::HttpHost,
-    Known::ServerName,
-    Known::DocumentUri,
-    Known::RequestUri,
-    Known::ContentLength,
-    Known::ScriptFilename,
-    Known::ScriptName,
-    Known::PathInfo,
-    Known::PathTranslated,
-    Known::DocumentRoot,
-    Known::RequestMethod,
-    Known::QueryString,
-    Known::HttpProxy,
-    Known::CorralReadyProbe,
-    Known::PhpValue,
-    Known::PhpAdminValue,
-];
-
-impl Known {
-    /// The known name `name` is, if any.
-    pub fn of(name: &[u8]) -> Option<Known> {
-        Some(match name {
-            b"HTTP_HOST" => Known::HttpHost,
-            b"SERVER_NAME" => Known::ServerName,
-            b"DOCUMENT_URI" => Known::DocumentUri,
-            b"REQUEST_URI" => Known::RequestUri,
-            b"CONTENT_LENGTH" => Known::ContentLength,
-            b"SCRIPT_FILENAME" => Known::ScriptFilename,
-            b"SCRIPT_NAME" => Known::ScriptName,
-            b"PATH_INFO" => Known::PathInfo,
-            b"PATH_TRANSLATED" => Known::PathTranslated,
-            b"DOCUMENT_ROOT" => Known::DocumentRoot,
-            b"REQUEST_METHOD" => Known::RequestMethod,
-            b"QUERY_STRING" => Known::QueryString,
-            b"HTTP_PROXY" => Known::HttpProxy,
-            b"CORRAL_READY_PROBE" => Known::CorralReadyProbe,
-            b"PHP_VALUE" => Known::PhpValue,
-            b"PHP_ADMIN_VALUE" => Known::PhpAdminValue,
-            _ => return None,
-        })
-    }
-
-    /// The variable's name.
-    pub fn name(self) -> &'static [u8] {
-        match self {
-            Known::HttpHost => b"HTTP_HOST",
-            Known::ServerName => b"SERVER_NAME",
-            Known::DocumentUri => b"DOCUMENT_URI",
-            Known::RequestUri => b"REQUEST_URI",
-            Known::ContentLength => b"CONTENT_LENGTH",
-            Known::ScriptFilename => b"SCRIPT_FILENAME",
-            Known::ScriptName => b"SCRIPT_NAME",
-            Known::PathInfo => b"PATH_INFO",
-            Known::PathTranslated => b"PATH_TRANSLATED",
-            Known::DocumentRoot => b"DOCUMENT_ROOT",
-            Known::RequestMethod => b"REQUEST_METHOD",
-            Known::QueryString => b"QUERY_STRING",
-            Known::HttpProxy => b"HTTP_PROXY",
-            Known::CorralReadyProbe => b"CORRAL_READY_PROBE",
-            Known::PhpValue => b"PHP_VALUE",
-            Known::PhpAdminValue => b"PHP_ADMIN_VALUE",
-        }
-    }
-
-    /// The known name with index `i` (its discriminant).
-    pub(super) fn from_index(i: u8) -> Option<Known> {
-        ALL_KNOWN.get(usize::from(i)).copied()
-    }
-}
 
 /// Where one pair lies in the buffer, and how it relates to the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +46,8 @@ pub struct FrontParams {
     /// One bit per class (length, first and last byte) of the other names so far: a name
     /// whose bit is clear was not sent before, which spares the scan for nearly every one.
     seen: u128,
+    /// One bit per common name of the table (not a [`Known`] one) sent so far.
+    common: u64,
     longest_name: usize,
     longest_value: usize,
     total: usize,
@@ -220,6 +113,56 @@ fn bad_name(name: &[u8]) -> bool {
     name.is_empty() || has_nul_cr_lf_eq(name)
 }
 
+/// Whether the last `len` bytes of `bytes` (a pair: its name, then its value) hold NUL, CR
+/// or LF. A value shorter than a word, as most are, is read as the word that ends where it
+/// ends, the bytes before it replaced by a harmless one, so that it takes no byte loop.
+#[inline]
+fn tail_has_nul_cr_lf(bytes: &[u8], len: usize) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // A byte of `w ^ splat(c)` is zero where `w` holds `c`; `(x - 0x01..) & !x & 0x80..` is
+    // non-zero exactly when some byte of `x` is zero.
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
+    let any = |w: u64| {
+        (zero_byte(w) | zero_byte(w ^ (ONES * u64::from(b'\r'))) | zero_byte(w ^ (ONES * 0x0a)))
+            & HIGHS
+            != 0
+    };
+    let n = bytes.len();
+    if len == 0 {
+        return false;
+    }
+    if len < 8 {
+        let Some(word) = n.checked_sub(8).and_then(|from| bytes.get(from..)) else {
+            return bytes
+                .get(n.saturating_sub(len)..)
+                .unwrap_or_default()
+                .iter()
+                .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+        };
+        let w = word
+            .first_chunk::<8>()
+            .map_or(0, |w| u64::from_le_bytes(*w));
+        // Little-endian: the value is the word's high `len` bytes.
+        let keep = u64::MAX << (8 * (8 - len));
+        return any((w & keep) | ((ONES * u64::from(b'A')) & !keep));
+    }
+    let value = bytes.get(n.saturating_sub(len)..).unwrap_or_default();
+    let mut chunks = value.chunks_exact(8);
+    if chunks.any(|c| {
+        c.first_chunk::<8>()
+            .is_some_and(|w| any(u64::from_le_bytes(*w)))
+    }) {
+        return true;
+    }
+    // The last eight bytes, overlapping the words already read, cover the rest.
+    !chunks.remainder().is_empty()
+        && value
+            .get(len - 8..)
+            .and_then(|t| t.first_chunk::<8>())
+            .is_some_and(|w| any(u64::from_le_bytes(*w)))
+}
+
 /// The prefix bytes a length takes in its shortest form.
 fn short_prefix(len: usize) -> usize {
     if len < 0x80 {
@@ -238,6 +181,7 @@ impl FrontParams {
             known: [(NONE, NONE); KNOWN],
             bad: None,
             seen: 0,
+            common: 0,
             longest_name: 0,
             longest_value: 0,
             total: 0,
@@ -319,13 +263,11 @@ impl FrontParams {
     /// Indexes the pair whose name starts at `at` in the buffer, the value after it; the
     /// caller has checked that both lie inside it (and that it holds under 4 GiB).
     pub(crate) fn index(&mut self, at: usize, name_len: usize, value_len: usize) {
-        let end = at + name_len + value_len;
-        let (Some(name), Some(value), Ok(at32), Ok(n32), Ok(v32), Ok(i)) = (
-            self.buf.get(at..at + name_len),
-            self.buf.get(at + name_len..end),
-            u32::try_from(at),
-            u32::try_from(name_len),
-            u32::try_from(value_len),
+        let end = at.saturating_add(name_len).saturating_add(value_len);
+        // `end` fitting 32 bits bounds `at` and both lengths too.
+        let (Some(pair), Ok(_), Ok(i)) = (
+            self.buf.get(at..end),
+            u32::try_from(end),
             u32::try_from(self.pairs.len()),
         ) else {
             // Callers never pass such a pair; dropping it would lose a parameter silently.
@@ -335,24 +277,20 @@ impl FrontParams {
             });
             return;
         };
-        let known = Known::of(name);
-        if self.bad.is_none() {
-            // A known name is a clean one: only the others need the scan.
-            if known.is_none() && bad_name(name) {
-                self.bad = Some(CgiError::InvalidParamName {
-                    name: snippet(name),
-                });
-            } else if has_nul_cr_lf(value) {
-                self.bad = Some(CgiError::ForbiddenByte {
-                    field: String::from_utf8_lossy(name).into_owned(),
-                    value: snippet(value),
-                });
-            }
+        let (name, value) = pair.split_at_checked(name_len).unwrap_or_default();
+        let id = lookup(name);
+        // A name from the table is a clean one: only the others need the scan.
+        let bad_name = id.is_none() && bad_name(name);
+        if self.bad.is_none() && (bad_name || tail_has_nul_cr_lf(pair, value_len)) {
+            self.bad = Some(bad_pair(bad_name, name, value));
         }
+        let (n32, v32) = (name_len as u32, value_len as u32);
         let mut first = NONE;
-        match known {
-            Some(k) => {
-                if let Some(slot) = self.known.get_mut(k as usize) {
+        let mut known = KNOWN as u8;
+        match id {
+            Some(k) if usize::from(k) < KNOWN => {
+                known = k;
+                if let Some(slot) = self.known.get_mut(usize::from(k)) {
                     if slot.0 == NONE {
                         *slot = (i, i);
                     } else {
@@ -361,21 +299,18 @@ impl FrontParams {
                     }
                 }
             }
+            Some(common) => {
+                // Told apart exactly: a set bit is a repeat, found by the scan.
+                let bit = 1u64 << (usize::from(common) - KNOWN);
+                if self.common & bit != 0 {
+                    first = self.first_named(name);
+                }
+                self.common |= bit;
+            }
             None => {
                 let c = class(name);
                 if self.seen & c != 0 {
-                    let buf = &self.buf;
-                    first = self
-                        .pairs
-                        .iter()
-                        .position(|p| {
-                            p.name_len == n32
-                                && p.first == NONE
-                                && usize::from(p.known) == KNOWN
-                                && pair_name(buf, p) == name
-                        })
-                        .and_then(|j| u32::try_from(j).ok())
-                        .unwrap_or(NONE);
+                    first = self.first_named(name);
                 }
                 self.seen |= c;
             }
@@ -385,16 +320,31 @@ impl FrontParams {
             self.repeated = true;
         }
         self.pairs.push(PairAt {
-            at: at32,
+            at: at as u32,
             name_len: n32,
             value_len: v32,
             first,
             last: i,
-            known: known.map_or(KNOWN as u8, |k| k as u8),
+            known,
         });
         self.longest_name = self.longest_name.max(name_len);
         self.longest_value = self.longest_value.max(value_len);
         self.total = self.total.saturating_add(name_len + value_len);
+    }
+
+    /// The first pair named `name` (no [`Known`] name), [`NONE`] when it was not sent.
+    fn first_named(&self, name: &[u8]) -> u32 {
+        let buf = &self.buf;
+        self.pairs
+            .iter()
+            .position(|p| {
+                p.name_len as usize == name.len()
+                    && p.first == NONE
+                    && usize::from(p.known) == KNOWN
+                    && pair_name(buf, p) == name
+            })
+            .and_then(|j| u32::try_from(j).ok())
+            .unwrap_or(NONE)
     }
 
     /// The value of the first pair named `k`, as the front server sent it.
@@ -562,6 +512,22 @@ impl FrontParams {
     }
 }
 
+/// The error the first pair no environment can carry is reported as.
+#[cold]
+#[inline(never)]
+fn bad_pair(bad_name: bool, name: &[u8], value: &[u8]) -> CgiError {
+    if bad_name {
+        CgiError::InvalidParamName {
+            name: snippet(name),
+        }
+    } else {
+        CgiError::ForbiddenByte {
+            field: String::from_utf8_lossy(name).into_owned(),
+            value: snippet(value),
+        }
+    }
+}
+
 fn pair_name<'a>(buf: &'a [u8], p: &PairAt) -> &'a [u8] {
     let at = p.at as usize;
     buf.get(at..at + p.name_len as usize).unwrap_or_default()
@@ -578,6 +544,32 @@ fn put_len(buf: &mut Vec<u8>, len: usize) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_value_scan_finds_every_forbidden_byte_whatever_comes_before() {
+        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+        for before in 0..12 {
+            for len in 0..40 {
+                // What precedes the value (a name, length bytes) may hold anything.
+                for fill in [0u8, b'\n', b'A'] {
+                    let mut v: Vec<u8> = vec![fill; before];
+                    v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
+                    assert!(!super::tail_has_nul_cr_lf(&v, len), "{before} {len}");
+                    for at in before..before + len {
+                        for bad in [0u8, b'\r', b'\n', 1, 0x0b, 0x8a, 0x80, 0xff, b'='] {
+                            let mut w = v.clone();
+                            w[at] = bad;
+                            assert_eq!(
+                                super::tail_has_nul_cr_lf(&w, len),
+                                naive(&w[before..]),
+                                "before {before} len {len} at {at} byte {bad:#x}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_name_scan_finds_every_forbidden_byte_anywhere() {
         let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='));

@@ -34,6 +34,11 @@ const NAMES: &[&str] = &[
     "PHP_ADMIN_VALUE",
     "HTTPS",
     "APP_ENV",
+    // Common names the index tells apart exactly (`front_names`), repeats included.
+    "REMOTE_ADDR",
+    "HTTP_ACCEPT",
+    "HTTP_USER_AGENT",
+    "HTTP_UPGRADE_INSECURE_REQUESTS",
     "HTTP_X_A",
     "HTTP_X_B",
     "X",

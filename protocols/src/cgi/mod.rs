@@ -15,6 +15,7 @@
 
 mod encode;
 mod front;
+mod front_names;
 #[cfg(test)]
 mod front_oracle;
 mod front_params;
