@@ -10,6 +10,7 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
+use super::front_checks::{bad_name, bad_pair, class, tail_has_nul_cr_lf};
 use super::front_names::lookup;
 pub use super::front_names::Known;
 pub(super) use super::front_names::KNOWN;
@@ -58,6 +59,27 @@ pub struct FrontParams {
     repeated: bool,
 }
 
+thread_local! {
+    /// The index vector of the thread's last parameters, cleared, for its next ones: a
+    /// front server that opens a connection per request (nginx's plain `fastcgi_pass`)
+    /// would otherwise cost an allocation per request for it.
+    static SPARE_INDEX: std::cell::Cell<Vec<PairAt>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most pairs a kept index vector has room for: what the first guess reserves.
+const SPARE_MAX: usize = 256;
+
+impl Drop for FrontParams {
+    fn drop(&mut self) {
+        let mut pairs = std::mem::take(&mut self.pairs);
+        if pairs.capacity() != 0 && pairs.capacity() <= SPARE_MAX {
+            pairs.clear();
+            // A vector kept before (another request's, still in flight then) is freed.
+            SPARE_INDEX.set(pairs);
+        }
+    }
+}
+
 impl std::fmt::Debug for FrontParams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
@@ -73,94 +95,6 @@ impl Default for FrontParams {
     fn default() -> Self {
         FrontParams::new()
     }
-}
-
-/// The duplicate-scan class of a name: one of 128 bits, from its length and its first and
-/// last two bytes, mixed (names sharing a prefix, as HTTP_* ones do, must still spread).
-fn class(name: &[u8]) -> u128 {
-    let n = name.len();
-    let byte = |i: Option<usize>| u64::from(i.and_then(|i| name.get(i)).copied().unwrap_or(0));
-    let key = byte(Some(0))
-        | byte(Some(1)) << 8
-        | byte(n.checked_sub(2)) << 16
-        | byte(n.checked_sub(1)) << 24
-        | (n as u64) << 32;
-    1u128 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57)
-}
-
-/// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
-/// it in an environment). Names are short: a table lookup per byte, folded without an early
-/// exit, costs less than the word-at-a-time scan's four tests per word and its tail.
-fn has_nul_cr_lf_eq(b: &[u8]) -> bool {
-    b.iter().fold(0u8, |bad, &c| {
-        bad | NAME_BAD.get(usize::from(c)).copied().unwrap_or(1)
-    }) != 0
-}
-
-/// 1 for the bytes no variable name may hold: NUL, CR, LF and `=`.
-#[allow(clippy::indexing_slicing)] // Four constant indexes below 256, the table's length.
-const NAME_BAD: [u8; 256] = {
-    let mut table = [0u8; 256];
-    table[0] = 1;
-    table[b'\r' as usize] = 1;
-    table[b'\n' as usize] = 1;
-    table[b'=' as usize] = 1;
-    table
-};
-
-/// Whether no environment can carry `name`: empty, or holding NUL, CR, LF or `=`.
-fn bad_name(name: &[u8]) -> bool {
-    name.is_empty() || has_nul_cr_lf_eq(name)
-}
-
-/// Whether the last `len` bytes of `bytes` (a pair: its name, then its value) hold NUL, CR
-/// or LF. A value shorter than a word, as most are, is read as the word that ends where it
-/// ends, the bytes before it replaced by a harmless one, so that it takes no byte loop.
-#[inline]
-fn tail_has_nul_cr_lf(bytes: &[u8], len: usize) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // A byte of `w ^ splat(c)` is zero where `w` holds `c`; `(x - 0x01..) & !x & 0x80..` is
-    // non-zero exactly when some byte of `x` is zero.
-    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
-    let any = |w: u64| {
-        (zero_byte(w) | zero_byte(w ^ (ONES * u64::from(b'\r'))) | zero_byte(w ^ (ONES * 0x0a)))
-            & HIGHS
-            != 0
-    };
-    let n = bytes.len();
-    if len == 0 {
-        return false;
-    }
-    if len < 8 {
-        let Some(word) = n.checked_sub(8).and_then(|from| bytes.get(from..)) else {
-            return bytes
-                .get(n.saturating_sub(len)..)
-                .unwrap_or_default()
-                .iter()
-                .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
-        };
-        let w = word
-            .first_chunk::<8>()
-            .map_or(0, |w| u64::from_le_bytes(*w));
-        // Little-endian: the value is the word's high `len` bytes.
-        let keep = u64::MAX << (8 * (8 - len));
-        return any((w & keep) | ((ONES * u64::from(b'A')) & !keep));
-    }
-    let value = bytes.get(n.saturating_sub(len)..).unwrap_or_default();
-    let mut chunks = value.chunks_exact(8);
-    if chunks.any(|c| {
-        c.first_chunk::<8>()
-            .is_some_and(|w| any(u64::from_le_bytes(*w)))
-    }) {
-        return true;
-    }
-    // The last eight bytes, overlapping the words already read, cover the rest.
-    !chunks.remainder().is_empty()
-        && value
-            .get(len - 8..)
-            .and_then(|t| t.first_chunk::<8>())
-            .is_some_and(|w| any(u64::from_le_bytes(*w)))
 }
 
 /// The prefix bytes a length takes in its shortest form.
@@ -248,10 +182,11 @@ impl FrontParams {
     pub(crate) fn reserve_for(&mut self, bytes: usize) {
         self.buf.reserve(bytes);
         if self.pairs.capacity() == 0 {
+            self.pairs = SPARE_INDEX.take();
             // Parameter pairs take some 16 to 60 bytes on the wire (nginx's `fastcgi.conf`
             // for a request with a few short headers: about 20 pairs in 450 bytes); one early
             // guess at the short end saves the index its regrowths on a typical block.
-            self.pairs.reserve((bytes / 16).clamp(8, 256));
+            self.pairs.reserve((bytes / 16).clamp(8, SPARE_MAX));
         }
     }
 
@@ -413,10 +348,10 @@ impl FrontParams {
     /// The pairs as the backend's parameter block, when they are exactly what a backend
     /// should get (the caller knows nothing was dropped or changed): the buffer itself when
     /// no name repeats and every length took its shortest form, else encoded anew.
-    pub(super) fn into_params(self) -> Result<CgiParams, CgiError> {
+    pub(super) fn into_params(mut self) -> Result<CgiParams, CgiError> {
         if self.canonical && !self.repeated {
             return Ok(CgiParams::from_encoded(
-                self.buf,
+                std::mem::take(&mut self.buf),
                 self.pairs.len(),
                 self.longest_name,
                 self.longest_value,
@@ -503,28 +438,12 @@ impl FrontParams {
             }
         }
         Ok(CgiParams::from_encoded(
-            self.buf,
+            std::mem::take(&mut self.buf),
             count,
             longest_name,
             longest_value,
             total,
         ))
-    }
-}
-
-/// The error the first pair no environment can carry is reported as.
-#[cold]
-#[inline(never)]
-fn bad_pair(bad_name: bool, name: &[u8], value: &[u8]) -> CgiError {
-    if bad_name {
-        CgiError::InvalidParamName {
-            name: snippet(name),
-        }
-    } else {
-        CgiError::ForbiddenByte {
-            field: String::from_utf8_lossy(name).into_owned(),
-            value: snippet(value),
-        }
     }
 }
 
@@ -544,49 +463,32 @@ fn put_len(buf: &mut Vec<u8>, len: usize) {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_value_scan_finds_every_forbidden_byte_whatever_comes_before() {
-        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'));
-        for before in 0..12 {
-            for len in 0..40 {
-                // What precedes the value (a name, length bytes) may hold anything.
-                for fill in [0u8, b'\n', b'A'] {
-                    let mut v: Vec<u8> = vec![fill; before];
-                    v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
-                    assert!(!super::tail_has_nul_cr_lf(&v, len), "{before} {len}");
-                    for at in before..before + len {
-                        for bad in [0u8, b'\r', b'\n', 1, 0x0b, 0x8a, 0x80, 0xff, b'='] {
-                            let mut w = v.clone();
-                            w[at] = bad;
-                            assert_eq!(
-                                super::tail_has_nul_cr_lf(&w, len),
-                                naive(&w[before..]),
-                                "before {before} len {len} at {at} byte {bad:#x}"
-                            );
-                        }
-                    }
-                }
-            }
+    use super::{FrontParams, SPARE_MAX};
+
+    fn indexed(pairs: usize) -> FrontParams {
+        let mut p = FrontParams::new();
+        p.reserve_for(pairs * 16);
+        for i in 0..pairs {
+            p.push(format!("HTTP_X_{i}").as_bytes(), b"v").unwrap();
         }
+        p
     }
 
     #[test]
-    fn the_name_scan_finds_every_forbidden_byte_anywhere() {
-        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='));
-        for len in 0..40 {
-            let clean: Vec<u8> = (0..len).map(|i| b'A' + (i % 26) as u8).collect();
-            assert!(!super::has_nul_cr_lf_eq(&clean), "len {len}");
-            for at in 0..len {
-                for bad in [0u8, b'\r', b'\n', b'=', 1, 0x3c, 0x3e, 0xbd, 0x80, 0xff] {
-                    let mut v = clean.clone();
-                    v[at] = bad;
-                    assert_eq!(
-                        super::has_nul_cr_lf_eq(&v),
-                        naive(&v),
-                        "len {len} at {at} byte {bad:#x}"
-                    );
-                }
-            }
-        }
+    fn the_index_vector_of_dropped_parameters_serves_the_next_ones_on_the_thread() {
+        let first = indexed(20);
+        let at = first.pairs.as_ptr();
+        drop(first);
+        let second = indexed(3);
+        assert_eq!(second.pairs.as_ptr(), at, "the index vector was not reused");
+        assert_eq!(second.len(), 3, "pairs of the last parameters were kept");
+        assert_eq!(second.iter().last().unwrap().0, b"HTTP_X_2");
+        // Taken, so the next parameters made while these live get one of their own.
+        let third = indexed(2);
+        assert_ne!(third.pairs.as_ptr(), at);
+        // A vector grown past the bound is freed, not kept.
+        drop(indexed(SPARE_MAX * 2));
+        let fourth = indexed(1);
+        assert!(fourth.pairs.capacity() <= SPARE_MAX);
     }
 }

@@ -15,6 +15,7 @@
 
 mod encode;
 mod front;
+mod front_checks;
 mod front_names;
 #[cfg(test)]
 mod front_oracle;
