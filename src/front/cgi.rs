@@ -46,6 +46,17 @@ pub(crate) fn read_buffer() -> BytesMut {
         .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
 }
 
+/// A buffer for a FastCGI answer's first frame of `capacity` bytes: one of the thread's
+/// kept buffers when it is large enough, since the frame becomes the writer's batch, which
+/// is given back when the connection ends; else a new one of that size. A connection per
+/// request would otherwise allocate a frame per request.
+pub(crate) fn frame_buffer(capacity: usize) -> BytesMut {
+    let kept = (capacity <= READ_CHUNK)
+        .then(|| READ_BUFFERS.with_borrow_mut(Vec::pop))
+        .flatten();
+    kept.unwrap_or_else(|| BytesMut::with_capacity(capacity))
+}
+
 /// Gives back a connection's read buffer when it ends. Kept only when it is empty and
 /// wholly reclaimable (no body chunk split off it is still alive somewhere), not over
 /// [`KEPT_CAPACITY`], and while the thread keeps fewer than [`KEPT_BUFFERS`]: what a thread
@@ -429,6 +440,34 @@ mod tests {
             give_back(buf);
         }
         assert_eq!(kept(), KEPT_BUFFERS);
+    }
+
+    #[test]
+    fn an_answer_frame_takes_a_kept_buffer_and_comes_back_to_the_thread() {
+        assert_eq!(kept(), 0);
+        // None kept: a frame of its own size.
+        let own = frame_buffer(100);
+        assert!(own.capacity() >= 100 && own.capacity() < READ_CHUNK);
+        // Too small to serve as a read buffer: not kept.
+        give_back(own);
+        assert_eq!(kept(), 0);
+        let mut buf = read_buffer();
+        buf.extend_from_slice(b"the previous connection's record");
+        let at = buf.as_ptr();
+        give_back(buf);
+        // A frame larger than a kept buffer leaves it kept.
+        let large = frame_buffer(READ_CHUNK + 1);
+        assert!(large.capacity() > READ_CHUNK);
+        assert_eq!(kept(), 1);
+        // A frame that fits takes it, empty.
+        let mut frame = frame_buffer(100);
+        assert_eq!(frame.as_ptr(), at);
+        assert!(frame.is_empty());
+        assert_eq!(kept(), 0);
+        frame.extend_from_slice(b"an answer written out");
+        give_back(frame);
+        assert_eq!(kept(), 1);
+        assert!(read_buffer().is_empty());
     }
 
     #[test]
