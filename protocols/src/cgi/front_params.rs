@@ -197,6 +197,7 @@ impl FrontParams {
 
     /// Indexes the pair whose name starts at `at` in the buffer, the value after it; the
     /// caller has checked that both lie inside it (and that it holds under 4 GiB).
+    #[inline(always)]
     pub(crate) fn index(&mut self, at: usize, name_len: usize, value_len: usize) {
         let end = at.saturating_add(name_len).saturating_add(value_len);
         // `end` fitting 32 bits bounds `at` and both lengths too.
