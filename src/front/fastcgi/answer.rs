@@ -285,7 +285,9 @@ impl CgiSink for Responder<'_> {
 
     /// A record header's room first, filled in by `send_frame` once the content is in.
     fn frame(&mut self, len: usize) -> BytesMut {
-        let mut frame = cgi::frame_buffer(HEADER_LEN + len + FRAME_TAIL);
+        // The connection's own request (not a multiplexed one) makes a frame to be kept.
+        let keepable = !matches!(self.answer, AnswerFlag::Shared(_));
+        let mut frame = cgi::frame_buffer(HEADER_LEN + len + FRAME_TAIL, keepable);
         frame.put_bytes(0, HEADER_LEN);
         frame
     }
