@@ -148,16 +148,9 @@ serving() { # ROW: the one PHP process with no children (the one that serves)
   echo "${leaves[0]}"
 }
 stop_row() { # ROW: stops it and waits for every PHP process (valgrind writes its profile at exit)
-  local left=() p k
+  local left=() k
   for k in $(php_root "$1"); do mapfile -t -O "${#left[@]}" left < <(tree "$k"); done
-  wp_stop ${row_pids[@]+"${row_pids[@]}"}
-  row_pids=()
-  for _ in $(seq 1200); do
-    for p in ${left[@]+"${left[@]}"}; do [ -d "/proc/$p" ] && { sleep 0.05; continue 2; }; done
-    return 0
-  done
-  echo "$1: PHP processes still running: ${left[*]}" >&2
-  exit 1
+  wp_stop_rows "$1" 1200 ${left[@]+"${left[@]}"}
 }
 ready() { # ROW: waits (under valgrind, a while) for a 200 front page
   local st

@@ -58,7 +58,6 @@ s=$(mktemp -d /tmp/corral-wpdirect.XXXXXX)
 chmod 755 "$s"
 host="wp-direct-$$.corral.test"
 WP_TITLE="WP Direct Bench"
-stop() { wp_stop "$@"; }
 trap wp_cleanup EXIT
 ulimit -n 16384 2>/dev/null || true
 hz=$(getconf CLK_TCK)
@@ -118,17 +117,10 @@ start_row() { # ROW N: starts its PHP server; root_pid[ROW] is the process whose
   wait_sock "${sock[$1]}"
 }
 stop_rows() { # and waits for their PHP processes too, so none is left sharing pages with the next row
-  local r p left=()
+  local r left=() who="${!root_pid[*]}"
   for r in "${!root_pid[@]}"; do mapfile -t -O "${#left[@]}" left < <(php_pids "$r"); done
-  stop ${row_pids[@]+"${row_pids[@]}"}
-  row_pids=()
   root_pid=()
-  for _ in $(seq 200); do
-    for p in ${left[@]+"${left[@]}"}; do [ -d "/proc/$p" ] && { sleep 0.05; continue 2; }; done
-    return 0
-  done
-  echo "PHP processes still running after their server stopped: ${left[*]}" >&2
-  exit 1
+  wp_stop_rows "${who:-no row}" 200 ${left[@]+"${left[@]}"}
 }
 url() { echo "http://127.0.0.1:${port[$1]}/"; }
 front() { wp_front "$(url "$1")"; }

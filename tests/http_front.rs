@@ -530,6 +530,47 @@ fn pipelined_requests_on_one_connection_are_answered_in_order() {
     assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 3, "{text}");
 }
 
+/// The response's headers are written into the request's own header map, emptied first
+/// (hyper then parses the connection's next request into it): no field of any request on a
+/// kept-alive connection comes back in a response, on HTTP/1.1 or HTTP/1.0.
+#[test]
+fn no_request_header_comes_back_in_a_response() {
+    use std::io::{Read, Write};
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let php = peers::php_cgi(dir.path());
+    let corral = Corral::start(
+        &config(
+            dir.path(),
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"", dir.path().display()),
+        ),
+        1,
+    );
+    let mut s = std::net::TcpStream::connect(corral.http_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"GET /hello.php?name=one HTTP/1.1\r\nHost: x\r\nX-Secret: s3cret-a\r\n\
+          Cookie: c=s3cret-b\r\nAuthorization: Basic s3cret-c\r\n\r\n\
+          GET /hello.php?name=two HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\
+          X-Secret: s3cret-d\r\n\r\n\
+          GET /hello.php?name=three HTTP/1.1\r\nHost: x\r\nX-Secret: s3cret-e\r\n\
+          Connection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    for name in ["one", "two", "three"] {
+        assert!(text.contains(&format!("Hello {name}")), "{text}");
+    }
+    assert!(
+        !text.contains("s3cret"),
+        "a request field came back: {text}"
+    );
+    assert!(!text.to_ascii_lowercase().contains("x-secret"), "{text}");
+}
+
 /// A raw-CGI app on the Python `scgi` package: `/go` answers a local redirect to `/app/target` (a `Location:`
 /// path and no `Status:`), `/target` answers what it was asked for.
 const SCGI_REDIRECT_APP: &str = r#"import socket, sys

@@ -20,14 +20,15 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use support::apps::{writable_dir, write_tree, Reaper};
-use support::server::{http, Corral};
+use support::preloading::{
+    self, both, config, kill, loads, parent_of, served_fields, Apps, Lang, Pool,
+};
+use support::server::http;
 
 /// The WSGI app: records each load; `/grow` keeps 48 MiB more per request.
 const WSGI_APP: &str = r#"import os, time
@@ -75,22 +76,6 @@ run lambda { |env|
 }
 "#;
 
-/// One test per launcher: `both!(case: wsgi_name, rack_name)` runs `case` with Python
-/// and with Ruby.
-macro_rules! both {
-    ($case:ident: $wsgi:ident, $rack:ident) => {
-        #[test]
-        fn $wsgi() {
-            $case(Lang::Python);
-        }
-
-        #[test]
-        fn $rack() {
-            $case(Lang::Ruby);
-        }
-    };
-}
-
 /// Each case again on the native WSGI worker (workers/wsgi), which speaks the same
 /// control protocol: `native!(case: name)`.
 macro_rules! native {
@@ -102,111 +87,20 @@ macro_rules! native {
     };
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Lang {
-    Python,
-    Ruby,
-    /// The WSGI app on `worker = "native"`.
-    PythonNative,
-}
-
-struct Pool {
-    _reaper: Reaper,
-    corral: Corral,
-    addr: SocketAddr,
-    loads: PathBuf,
-}
-
-/// The configuration of a corral with one http listener in front of pool `app`, which
-/// runs in `dir` with `pool` (its keys, `app = ...` included) added.
-fn config(dir: &Path, pool: &str) -> String {
-    format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run"
-grace = "2s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-cwd = "{dir}"
-{pool}
-
-[[contexts]]
-prefix = "/"
-pool = "app"
-"#,
-        dir = dir.display(),
-    )
-}
+const APPS: Apps = Apps {
+    wsgi: WSGI_APP,
+    rack: RACK_APP,
+};
 
 /// A corral serving the test app of `lang` from a pool with `keys` added.
 fn start(lang: Lang, keys: &str) -> Pool {
-    let reaper = Reaper::start("corral-preload-");
-    let dir = reaper.dir.clone();
-    let loads_dir = writable_dir(&dir.join("loads.d"));
-    let app = match lang {
-        Lang::Python => {
-            write_tree(&dir, &[("app.py", WSGI_APP)]);
-            "wsgi:app:application".to_owned()
-        }
-        Lang::PythonNative => {
-            write_tree(&dir, &[("app.py", WSGI_APP)]);
-            format!(
-                "wsgi:app:application\"\nworker = \"native\"\nworker_path = \"{}",
-                support::native::wsgi_worker().display()
-            )
-        }
-        Lang::Ruby => {
-            write_tree(&dir, &[("config.ru", RACK_APP)]);
-            "rack:config.ru".to_owned()
-        }
-    };
-    let config = config(
-        &dir,
-        &format!(
-            "app = \"{app}\"\nqueue_timeout = \"30s\"\nenv = {{ LOADS_DIR = \"{}\" }}\n{keys}",
-            loads_dir.display()
-        ),
-    );
-    let corral = reaper.corral(&config);
-    let addr = corral.http_addr();
-    Pool {
-        _reaper: reaper,
-        corral,
-        addr,
-        loads: loads_dir.join("loads"),
-    }
+    preloading::start("corral-preload-", &APPS, lang, keys)
 }
 
 /// pid, ppid and pgid of the process that served a GET of `target`.
 fn served(p: &Pool, target: &str) -> (u32, u32, u32) {
-    let r = http(p.addr, "GET", target, &[], b"");
-    assert_eq!(r.status, 200, "{}\n{}", r.text(), p.corral.log());
-    let text = r.text();
-    let field = |name: &str| -> u32 {
-        text.split(' ')
-            .find_map(|w| w.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text:?}"))
-    };
-    (field("pid="), field("ppid="), field("pgid="))
-}
-
-fn loads(p: &Pool) -> Vec<u32> {
-    std::fs::read_to_string(&p.loads)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect()
-}
-
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    corral::process::memory::parse_stat_ppid(&stat).unwrap()
+    let [pid, ppid, pgid] = served_fields(p, target, ["pid=", "ppid=", "pgid="]);
+    (pid, ppid, pgid)
 }
 
 /// Sends `n` requests to `/slow` at once, again until `n` distinct workers answered (30 s
@@ -239,14 +133,6 @@ fn wait_until(p: &Pool, what: &str, check: impl FnMut() -> bool) {
         "{what}\n{}",
         p.corral.log()
     );
-}
-
-fn kill(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
 }
 
 /// The app is loaded once, by corral's child the preloader; the workers are its children,

@@ -21,12 +21,14 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use support::apps::{writable_dir, write_tree, Reaper};
-use support::server::{http, Corral};
+use support::apps::write_tree;
+use support::preloading::{
+    self, both, config, kill, loads, parent_of, served_fields, Apps, Lang, Pool,
+};
+use support::server::http;
 
 /// The WSGI app: records each load, answers with pid and ppid.
 const WSGI_APP: &str = r#"import os, time
@@ -54,113 +56,20 @@ run lambda { |env|
 }
 "#;
 
-macro_rules! both {
-    ($case:ident: $wsgi:ident, $rack:ident) => {
-        #[test]
-        fn $wsgi() {
-            $case(Lang::Python);
-        }
+const APPS: Apps = Apps {
+    wsgi: WSGI_APP,
+    rack: RACK_APP,
+};
 
-        #[test]
-        fn $rack() {
-            $case(Lang::Ruby);
-        }
-    };
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Lang {
-    Python,
-    Ruby,
-}
-
-struct Pool {
-    _reaper: Reaper,
-    corral: Corral,
-    addr: SocketAddr,
-    loads: PathBuf,
-}
-
-fn config(dir: &Path, pool: &str) -> String {
-    format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run"
-grace = "2s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-cwd = "{dir}"
-{pool}
-
-[[contexts]]
-prefix = "/"
-pool = "app"
-"#,
-        dir = dir.display(),
-    )
-}
-
+/// A corral serving the test app of `lang` from a pool with `keys` added.
 fn start(lang: Lang, keys: &str) -> Pool {
-    let reaper = Reaper::start("corral-refork-");
-    let dir = reaper.dir.clone();
-    let loads_dir = writable_dir(&dir.join("loads.d"));
-    let app = match lang {
-        Lang::Python => {
-            write_tree(&dir, &[("app.py", WSGI_APP)]);
-            "wsgi:app:application"
-        }
-        Lang::Ruby => {
-            write_tree(&dir, &[("config.ru", RACK_APP)]);
-            "rack:config.ru"
-        }
-    };
-    let config = config(
-        &dir,
-        &format!(
-            "app = \"{app}\"\nqueue_timeout = \"30s\"\nenv = {{ LOADS_DIR = \"{}\" }}\n{keys}",
-            loads_dir.display()
-        ),
-    );
-    let corral = reaper.corral(&config);
-    let addr = corral.http_addr();
-    Pool {
-        _reaper: reaper,
-        corral,
-        addr,
-        loads: loads_dir.join("loads"),
-    }
+    preloading::start("corral-refork-", &APPS, lang, keys)
 }
 
 /// pid and ppid of the process that served a GET of `target`.
 fn served(p: &Pool, target: &str) -> (u32, u32) {
-    let r = http(p.addr, "GET", target, &[], b"");
-    assert_eq!(r.status, 200, "{}\n{}", r.text(), p.corral.log());
-    let text = r.text();
-    let field = |name: &str| -> u32 {
-        text.split(' ')
-            .find_map(|w| w.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text:?}"))
-    };
-    (field("pid="), field("ppid="))
-}
-
-fn loads(p: &Pool) -> Vec<u32> {
-    std::fs::read_to_string(&p.loads)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect()
-}
-
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    corral::process::memory::parse_stat_ppid(&stat).unwrap()
+    let [pid, ppid] = served_fields(p, target, ["pid=", "ppid="]);
+    (pid, ppid)
 }
 
 /// Whether corral logged that template `template` forked worker `pid`.
@@ -168,14 +77,6 @@ fn forked_by(p: &Pool, pid: u32, template: u32) -> bool {
     p.corral.log().lines().any(|l| {
         l.contains("worker forked") && l.contains(&format!(" pid={pid} preloader={template} "))
     })
-}
-
-fn kill(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
 }
 
 /// Sends requests (one at a time) until every worker that answers the next `probe`
@@ -418,7 +319,7 @@ fn a_reforked_worker_tells_its_stacks(lang: Lang) {
     );
     // The dump names the app's file (the frame that sleeps).
     let file = match lang {
-        Lang::Python => "app.py",
+        Lang::Python | Lang::PythonNative => "app.py",
         Lang::Ruby => "config.ru",
     };
     let log = p.corral.log();

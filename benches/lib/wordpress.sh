@@ -30,6 +30,22 @@ wp_stop() { # PID...: signals each, then waits for each
   for p in "$@"; do wait "$p" 2>/dev/null || true; done
 }
 
+# WHO TRIES PID...: stops the rows' servers (row_pids), then waits, TRIES times 50 ms at most,
+# until every PID (their PHP processes, listed before the stop) is gone, so none is left
+# sharing pages with the next row or still writing its profile; else names WHO and fails.
+wp_stop_rows() {
+  local who=$1 tries=$2 p
+  shift 2
+  wp_stop ${row_pids[@]+"${row_pids[@]}"}
+  row_pids=()
+  for _ in $(seq "$tries"); do
+    for p in "$@"; do [ -d "/proc/$p" ] && { sleep 0.05; continue 2; }; done
+    return 0
+  done
+  echo "$who: PHP processes still running after their server stopped: $*" >&2
+  exit 1
+}
+
 wp_cleanup() {
   wp_stop ${row_pids[@]+"${row_pids[@]}"} ${pids[@]+"${pids[@]}"}
   rm -f "/etc/wordpress/config-$host.php"

@@ -26,6 +26,7 @@ use crate::logs::{escaped, LineLimit, Verdict};
 use crate::protocols::cgi_response::CgiResponseHead;
 
 mod body;
+mod spare;
 
 use body::BodyState;
 pub use body::ResponseBody;
@@ -118,7 +119,8 @@ impl Codec {
 /// An exchange whose request head is encoded in `head`, ready to run: the part every
 /// protocol's request shares. On the heap once: the exchange (codec, buffers, options) then
 /// travels inside the response body through the gateway and the front as a pointer, not as
-/// a kilobyte copied at every move.
+/// a kilobyte copied at every move. The allocation is the serving thread's spare when it has
+/// one (`spare`): a response body that ended gave it back, and it is written over in place.
 #[inline]
 pub(super) fn begin(
     conn: BackendConnection,
@@ -129,9 +131,15 @@ pub(super) fn begin(
     options: &ExchangeOptions,
     started: Instant,
 ) -> Box<Exchange> {
-    Box::new(Exchange::new(
-        conn, codec, head, body, declared, options, started,
-    ))
+    match spare::take() {
+        Some(mut exchange) => {
+            exchange.renew(conn, codec, head, body, declared, options, started);
+            exchange
+        }
+        None => Box::new(Exchange::new(
+            conn, codec, head, body, declared, options, started,
+        )),
+    }
 }
 
 /// Runs `exchange` until the response head has arrived. The future holds the box and little
@@ -254,11 +262,7 @@ impl Exchange {
             first_byte_deadline: None,
             got_byte: false,
             clean: false,
-            stderr_limit: LineLimit::new(
-                std::time::Duration::from_secs(1),
-                STDERR_LINES_PER_SECOND,
-                STDERR_BYTES_PER_SECOND,
-            ),
+            stderr_limit: spare::stderr_limit(),
             state: BodyState::Streaming,
             kept: None,
             ahead: None,
@@ -567,6 +571,15 @@ impl Exchange {
 
 impl Drop for Exchange {
     fn drop(&mut self) {
+        self.abandon();
+    }
+}
+
+impl Exchange {
+    /// What ending the exchange owes the backend and the log: suppressed stderr reported
+    /// and, for an exchange that did not end cleanly, an abort where the protocol has one
+    /// and the connection closed. Once: the connection is taken.
+    fn abandon(&mut self) {
         self.report_suppressed_stderr(self.stderr_limit.take_suppressed());
         let Some(conn) = self.conn.take() else {
             return;

@@ -11,7 +11,7 @@
 //!
 //! Files: `body` (request body sources), `connection` (connections and the idle stack),
 //! `exchange` (the I/O driver, shared by the three protocols; `exchange/body`: the
-//! response body),
+//! response body; `exchange/spare`: spent exchanges renewed in place),
 //! `fastcgi`, `scgi`, `lsapi` (one codec each), `spool` (bodies of unknown length), `error`,
 //! `resolve` (DNS names in `servers`, followed while corral runs).
 

@@ -76,7 +76,7 @@ pub(super) fn native(e: &mut Errors, p: &FilePool) -> Option<Option<NativeWsgi>>
     let worker_path = match &p.worker_path {
         Some(path) => Some(e.check(
             path.span(),
-            super::pool::interpreter_path("worker_path", path.get_ref()),
+            super::app::interpreter_path("worker_path", path.get_ref()),
         )?),
         None => None,
     };

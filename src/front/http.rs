@@ -174,7 +174,7 @@ struct Served {
 async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> Response<HttpBody> {
     let info = &served.info;
     let request_id = gateway.request_id();
-    let (parts, incoming) = req.into_parts();
+    let (mut parts, incoming) = req.into_parts();
     let fields = HeadFields::of(&parts.headers);
     if let Err((status, why)) = check_head(&parts, &fields) {
         tracing::info!(
@@ -337,7 +337,12 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         match sendfile::asked(&response.head.headers) {
             Ok(None) => {}
             Ok(Some(ask)) => {
-                let headers = client_headers(&response.head.headers, request_id, true);
+                let headers = client_headers(
+                    &response.head.headers,
+                    request_id,
+                    true,
+                    http::HeaderMap::new(),
+                );
                 drain(response.body).await;
                 let context = &routed.context.config;
                 return sendfile::answer(context, ask, status, &parts.headers, headers, request_id)
@@ -348,8 +353,13 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                 return sendfile::refused(request_id, &e);
             }
         }
-        let headers = client_headers(&response.head.headers, request_id, false);
-        if http10::needs_length(&parts, status, &headers) {
+        // The request's own header map, emptied, carries the response's headers: hyper
+        // keeps the map of each response it sends and parses the connection's next request
+        // into it, so a kept-alive connection makes no header map per request.
+        let keep_alive_10 = http10::asks_keep_alive(&parts, fields.keep_alive);
+        let into = std::mem::take(&mut parts.headers);
+        let headers = client_headers(&response.head.headers, request_id, false, into);
+        if http10::needs_length(keep_alive_10, status, &headers) {
             return http10::answer(&routed, status, headers, response.body, request_id).await;
         }
         let mut builder = Response::builder().status(status);

@@ -20,26 +20,28 @@ const HTTP10_BUFFER_MAX: usize = 64 * 1024;
 /// past this (a streamed answer), what came so far goes out and the rest follows.
 const HTTP10_BUFFER_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Whether the answer to this request must be given a length before its head goes out:
+/// Whether the request is an HTTP/1.0 one, other than HEAD, that asked to keep the
+/// connection (`keep_alive`: a Connection field of its head names `keep-alive`): the
+/// request's half of [`needs_length`], decided before the request's header map is handed on
+/// to carry the response's headers.
+pub(super) fn asks_keep_alive(parts: &http::request::Parts, keep_alive: bool) -> bool {
+    keep_alive && parts.version == http::Version::HTTP_10 && parts.method != http::Method::HEAD
+}
+
+/// Whether the answer to a request must be given a length before its head goes out:
 /// HTTP/1.0 has no chunked coding, so without a Content-Length the body can only end with
-/// the connection, and a client that asked to keep it (`ab -k`) would wait for a length
-/// that never comes. HTTP/1.1 requests never take this path.
+/// the connection, and a client that asked to keep it (`ab -k`; `asks_keep_alive` says
+/// whether it did) would wait for a length that never comes. HTTP/1.1 requests never take
+/// this path.
 pub(super) fn needs_length(
-    parts: &http::request::Parts,
+    asks_keep_alive: bool,
     status: StatusCode,
     headers: &http::HeaderMap,
 ) -> bool {
-    parts.version == http::Version::HTTP_10
-        && parts.method != http::Method::HEAD
+    asks_keep_alive
         && status != StatusCode::NO_CONTENT
         && status != StatusCode::NOT_MODIFIED
         && !headers.contains_key(http::header::CONTENT_LENGTH)
-        && parts
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&c| c == b','))
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"))
 }
 
 /// The answer to an HTTP/1.0 keep-alive request whose backend gave no length: the body is

@@ -19,6 +19,7 @@
 mod kernel;
 mod machine;
 mod pool_memory;
+mod retire;
 mod rolling;
 mod sizing;
 mod spec;

@@ -1,6 +1,6 @@
 //! Process plumbing for spawned workers, and the only place in corral that forks, signals or reads
-//! `/proc` (ARCHITECTURE.md decision 21): [`spawn`] starts a worker with its socket, environment,
-//! user, limits and log pipes; [`ready`] waits for it to listen; [`exit`] says how one ended;
+//! `/proc` (ARCHITECTURE.md decision 21): [`spawn`] starts a worker with its socket (`worker_socket.rs`),
+//! environment, user, limits and log pipes (`child.rs`: what runs between fork and exec); [`ready`] waits for it to listen; [`exit`] says how one ended;
 //! [`memory`] measures a worker's process tree; [`signal_group`] stops one; [`own`] sets up
 //! corral's own process (umask, inherited descriptors) before any of that, and [`rlimit`] raises
 //! its file limit; [`users`] warns about the users pools run as. [`preload`] talks to a pool's preloader, which forks workers for
@@ -21,6 +21,7 @@
 //! `spawn_blocking`, whose pool threads exit after ten idle seconds and would take their
 //! workers with them.
 
+mod child;
 pub mod exit;
 pub mod memory;
 pub mod output;
@@ -32,6 +33,7 @@ pub mod rlimit;
 pub mod spawn;
 pub mod stacks;
 pub mod users;
+mod worker_socket;
 
 use std::io;
 

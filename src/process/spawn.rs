@@ -18,22 +18,17 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
-use nix::errno::Errno;
-use nix::sys::prctl::set_pdeathsig;
-use nix::sys::resource::{getrlimit, setrlimit, Resource};
-use nix::sys::signal::Signal;
-use nix::unistd::{getppid, setsid, Gid, Group, Pid, Uid, User};
+use nix::unistd::{Gid, Pid, Uid};
 use tokio::process::Child;
 
+use super::child::{child_setup, death_signal, find_user, group_id, ChildLimits};
 use super::output::{log_lines, TailHandle};
+use super::worker_socket::{prepare_socket, remove_socket_file, substitute};
 use crate::config::{BackendAddress, BackendProtocol, PoolConfig, Program, SpawnConfig};
 
 /// Mode of a worker socket corral binds: read and write for corral's user alone.
@@ -496,212 +491,13 @@ pub fn worker_environment(spec: &WorkerSpawn) -> BTreeMap<String, String> {
     env
 }
 
-/// Binds the socket when corral hands it over; returns the address corral connects to.
-fn prepare_socket(
-    socket: &WorkerSocket,
-    handoff: Handoff,
-) -> io::Result<(BackendAddress, Option<OwnedFd>)> {
-    let corral_binds = handoff != Handoff::Placeholder;
-    match socket {
-        WorkerSocket::Unix(path) => {
-            // Only a socket left by an earlier worker is removed, never another file.
-            let stale = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
-            if stale {
-                std::fs::remove_file(path).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot remove the stale socket {}: {e}", path.display()),
-                    )
-                })?;
-            }
-            let listener = if corral_binds {
-                // Only corral connects to it: the worker has the socket itself as fd 0 and
-                // never needs the path, and nobody else may talk to an interpreter that
-                // trusts every parameter it is sent. Bound with that mode as its umask
-                // (under the lock a front socket's bind takes too, so a looser umask set for
-                // one never applies to this one), and set again explicitly.
-                let bound = super::own::with_umask(!WORKER_SOCKET_MODE & 0o777, || {
-                    UnixListener::bind(path)
-                })
-                .map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot bind {}: {e}", path.display()))
-                })?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(WORKER_SOCKET_MODE))
-                    .map_err(|e| {
-                        io::Error::new(e.kind(), format!("cannot chmod {}: {e}", path.display()))
-                    })?;
-                Some(OwnedFd::from(bound))
-            } else {
-                None
-            };
-            Ok((BackendAddress::Unix(path.clone()), listener))
-        }
-        WorkerSocket::Tcp { port } => {
-            let bound =
-                TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, *port))).map_err(|e| {
-                    io::Error::new(e.kind(), format!("cannot bind 127.0.0.1:{port}: {e}"))
-                })?;
-            let address = BackendAddress::Tcp {
-                host: Ipv4Addr::LOCALHOST.to_string(),
-                port: bound.local_addr()?.port(),
-            };
-            // For a placeholder the probe binding is closed again: the child binds.
-            Ok((address, corral_binds.then(|| OwnedFd::from(bound))))
-        }
-    }
-}
-
-/// Removes `path` if it is a socket (never another file that came to be there).
-fn remove_socket_file(path: &Path) {
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
-/// Replaces `{socket}` (a path, or `127.0.0.1:PORT`) and `{port}` (TCP only) in `argv`.
-fn substitute(argv: &[String], address: &BackendAddress) -> io::Result<Vec<String>> {
-    let socket = match address {
-        BackendAddress::Unix(path) => path.display().to_string(),
-        BackendAddress::Tcp { .. } => address.to_string(),
-    };
-    argv.iter()
-        .map(|arg| {
-            let arg = arg.replace("{socket}", &socket);
-            match address {
-                BackendAddress::Tcp { port, .. } => Ok(arg.replace("{port}", &port.to_string())),
-                BackendAddress::Unix(_) if arg.contains("{port}") => Err(invalid(format!(
-                    "`{{port}}` in the command needs a TCP worker socket, not {address}"
-                ))),
-                BackendAddress::Unix(_) => Ok(arg),
-            }
-        })
-        .collect()
-}
-
-/// Resource limits applied in the child, computed before the fork.
-#[derive(Debug, Clone, Copy)]
-struct ChildLimits {
-    /// Hard `RLIMIT_CORE`, kept while the soft limit goes to 0 (no core dumps).
-    core_hard: u64,
-    /// Soft and hard `RLIMIT_NOFILE`, if set.
-    nofile: Option<(u64, u64)>,
-}
-
-impl ChildLimits {
-    fn for_worker(nofile: Option<u64>) -> io::Result<ChildLimits> {
-        let (_, core_hard) = getrlimit(Resource::RLIMIT_CORE)?;
-        let nofile = match nofile {
-            Some(wanted) => {
-                let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-                Some((wanted.min(hard), hard))
-            }
-            None => None,
-        };
-        Ok(ChildLimits { core_hard, nofile })
-    }
-}
-
-/// The signal a worker gets when corral dies (`PR_SET_PDEATHSIG`): SIGKILL, except for a
-/// php-cgi parent of children (`php_children`), which gets SIGTERM. php-cgi's parent
-/// handles SIGTERM (and SIGINT, SIGQUIT) by sending SIGTERM to its process group and
-/// exiting, so its children leave with it (each after the request it holds, or at once
-/// from accept); killed with SIGKILL it could not, and its children, forked by php-cgi
-/// with no parent-death signal of their own, would be left running, owned by nobody.
-fn death_signal(spec: &WorkerSpawn) -> Signal {
-    if spec.php_children.is_some() && spec.protocol == BackendProtocol::Fastcgi {
-        Signal::SIGTERM
-    } else {
-        Signal::SIGKILL
-    }
-}
-
-/// Runs in the child between fork and exec: async-signal-safe system calls only.
-///
-/// A new session (so the worker is its own process group, and a terminal's ^C reaches
-/// corral alone); `death` ([`death_signal`]) when the forking thread dies; a check that the parent did not die
-/// before that was armed (the signal would then never come); no core dumps; the file limit.
-///
-/// `PR_SET_DUMPABLE 0` is not set here: execve makes the new program dumpable again
-/// whenever its real and effective ids agree, which they do after the uid change std makes
-/// (seen on Linux 6.18: a process that set it and then exec'd was readable through
-/// /proc/PID/environ by its own user again). Between the fork and the exec the child is
-/// protected anyway: a root corral's child changed credentials, which clears the flag. The
-/// embedded launchers set it themselves once running (`src/launchers/`); php-cgi, lsphp and
-/// other commands stay dumpable, which is why pools sharing a user are warned about.
-fn child_setup(parent: Pid, limits: ChildLimits, death: Signal) -> io::Result<()> {
-    setsid()?;
-    set_pdeathsig(death)?;
-    if getppid() != parent {
-        return Err(io::Error::from(Errno::ESRCH));
-    }
-    setrlimit(Resource::RLIMIT_CORE, 0, limits.core_hard)?;
-    if let Some((soft, hard)) = limits.nofile {
-        setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
-    }
-    Ok(())
-}
-
-/// A user by name, or by numeric uid (as the configuration allows).
-fn find_user(name: &str) -> io::Result<User> {
-    if let Some(user) = User::from_name(name).map_err(io::Error::from)? {
-        return Ok(user);
-    }
-    match name.parse::<u32>() {
-        Ok(uid) => User::from_uid(Uid::from_raw(uid))
-            .map_err(io::Error::from)?
-            .ok_or_else(|| not_found("user id", name)),
-        Err(_) => Err(not_found("user", name)),
-    }
-}
-
-/// A group id by name, or a numeric gid as given (a gid needs no `/etc/group` entry).
-fn group_id(name: &str) -> io::Result<Gid> {
-    if let Some(group) = Group::from_name(name).map_err(io::Error::from)? {
-        return Ok(group.gid);
-    }
-    name.parse::<u32>()
-        .map(Gid::from_raw)
-        .map_err(|_| not_found("group", name))
-}
-
-fn not_found(what: &str, name: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::NotFound,
-        format!("{what} {name} does not exist"),
-    )
-}
-
-fn invalid(message: String) -> io::Error {
+pub(super) fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, message)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn placeholders_are_substituted() {
-        let argv = vec![
-            "app".to_string(),
-            "--bind={socket}".to_string(),
-            "-p{port}".to_string(),
-        ];
-        let tcp = BackendAddress::Tcp {
-            host: "127.0.0.1".to_string(),
-            port: 9001,
-        };
-        assert_eq!(
-            substitute(&argv, &tcp).unwrap(),
-            vec!["app", "--bind=127.0.0.1:9001", "-p9001"]
-        );
-        let unix = BackendAddress::Unix(PathBuf::from("/run/corral/w1.sock"));
-        let err = substitute(&argv, &unix).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-        assert_eq!(
-            substitute(&argv[..2], &unix).unwrap(),
-            vec!["app", "--bind=/run/corral/w1.sock"]
-        );
-    }
 
     #[test]
     fn the_command_decides_the_handoff() {

@@ -16,6 +16,7 @@ pub mod lsapi;
 pub mod matrix;
 pub mod native;
 pub mod peers;
+pub mod preloading;
 pub mod python_apps;
 pub mod server;
 pub mod sync1;

@@ -3,6 +3,7 @@
 //! after a clean end.
 
 use std::future::poll_fn;
+use std::mem::ManuallyDrop;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -14,8 +15,18 @@ use super::{BackendConnection, BackendError, Exchange, Step};
 ///
 /// One pointer: its state lives in the exchange's box, so the response the gateway and the
 /// front move on to hyper carries eight bytes of it, not the kept connection's two hundred.
+/// Dropped, it gives that exchange back to its thread, released, for a later one
+/// (`exchange::spare`).
 pub struct ResponseBody {
-    exchange: Box<Exchange>,
+    exchange: ManuallyDrop<Box<Exchange>>,
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        // SAFETY: `exchange` is taken once, here, and `self` is not used after `drop`.
+        let exchange = unsafe { ManuallyDrop::take(&mut self.exchange) };
+        super::spare::recycle(exchange);
+    }
 }
 
 /// Where a response body stands.
@@ -37,7 +48,9 @@ impl std::fmt::Debug for ResponseBody {
 
 impl ResponseBody {
     pub(super) fn new(exchange: Box<Exchange>) -> ResponseBody {
-        ResponseBody { exchange }
+        ResponseBody {
+            exchange: ManuallyDrop::new(exchange),
+        }
     }
 
     /// The next body chunk; `None` at the clean end of the response. After an error the

@@ -29,13 +29,16 @@ pub(super) async fn drain(mut body: GatewayBody) {
 /// The backend's response headers that may reach the client: without `Status:`, the
 /// hop-by-hop ones, those its `Connection` names, and the instructions meant for a proxy
 /// (X-Sendfile, X-Accel-*). With `for_file`, also without the ones that described the
-/// backend's body, which a file corral sends replaces.
+/// backend's body, which a file corral sends replaces. They are written into `into`, emptied
+/// first, so that a map already allocated serves again.
 pub(super) fn client_headers(
     backend: &[(Bytes, Bytes)],
     request_id: u64,
     for_file: bool,
+    into: http::HeaderMap,
 ) -> http::HeaderMap {
-    let mut out = http::HeaderMap::new();
+    let mut out = into;
+    out.clear();
     let has_connection = backend
         .iter()
         .any(|(n, _)| n.eq_ignore_ascii_case(b"connection"));

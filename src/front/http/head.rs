@@ -24,6 +24,8 @@ pub(super) struct HeadFields<'a> {
     pub transfer_encodings: usize,
     /// The first Content-Length field.
     pub content_length: Option<&'a HeaderValue>,
+    /// Whether a Connection field names `keep-alive` (what an HTTP/1.0 client asks with).
+    pub keep_alive: bool,
 }
 
 impl<'a> HeadFields<'a> {
@@ -38,6 +40,13 @@ impl<'a> HeadFields<'a> {
                 fields.transfer_encodings += 1;
             } else if name == http::header::CONTENT_LENGTH {
                 fields.content_length = fields.content_length.or(Some(value));
+            } else if name == http::header::CONNECTION {
+                // The usual value, the token alone, before the list is split.
+                let value = value.as_bytes();
+                fields.keep_alive |= value.eq_ignore_ascii_case(b"keep-alive")
+                    || value
+                        .split(|&c| c == b',')
+                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"));
             }
         }
         fields

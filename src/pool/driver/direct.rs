@@ -16,7 +16,7 @@ use tokio::io::Interest;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{libc_sigkill, Driver, Report, Worker};
+use super::{report_ready_and_exit, Driver, Report, Worker};
 use crate::config::{DirectListener, Sizing};
 use crate::pool::direct::{held_sockets, in_accept, sched, serving, DirectSocket, WorkerRecord};
 use crate::pool::memory_checks::MemoryWatch;
@@ -397,14 +397,7 @@ impl Driver {
                 }
                 tokio::time::sleep(READY_POLL).await;
             };
-            if ready {
-                let _ = reports.send(Report::Ready(key));
-            }
-            let status = match spawned.child.wait().await {
-                Ok(status) => ExitKind::of(status),
-                Err(_) => ExitKind::Signal(libc_sigkill()),
-            };
-            let _ = reports.send(Report::Exited(key, status));
+            report_ready_and_exit(&reports, key, ready, &mut spawned.child).await;
         });
         self.feed(PoolEvent::Spawned { key, pid });
     }
