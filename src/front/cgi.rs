@@ -15,8 +15,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
 use crate::protocols::cgi::{
-    check_host, normalize_decoded_path, normalize_front, parse_request_path, CgiError, CgiParams,
-    FrontParams, Known,
+    check_host, normalize_decoded_path, normalize_front_with, parse_request_path, CgiError,
+    CgiParams, FrontParams, Known,
 };
 use crate::protocols::cgi_response::{encode_head, encoded_len, CgiResponseHead, CgiStatus};
 
@@ -44,6 +44,23 @@ pub(crate) fn read_buffer() -> BytesMut {
     READ_BUFFERS
         .with_borrow_mut(Vec::pop)
         .unwrap_or_else(|| BytesMut::with_capacity(READ_CHUNK))
+}
+
+/// A buffer for a FastCGI answer's first frame of `capacity` bytes: one of the thread's
+/// kept buffers when it is large enough, since the frame becomes the writer's batch, which
+/// is given back when the connection ends. Without one, a new one, of [`READ_CHUNK`] bytes
+/// when `keepable` (the connection's own request, one at a time: the buffer can then be
+/// kept when the connection ends), else of `capacity` (a multiplexed request's, of which
+/// there may be many at once). A connection per request would otherwise allocate a frame
+/// per request.
+pub(crate) fn frame_buffer(capacity: usize, keepable: bool) -> BytesMut {
+    let kept = (capacity <= READ_CHUNK)
+        .then(|| READ_BUFFERS.with_borrow_mut(Vec::pop))
+        .flatten();
+    kept.unwrap_or_else(|| match keepable {
+        true => BytesMut::with_capacity(capacity.max(READ_CHUNK)),
+        false => BytesMut::with_capacity(capacity),
+    })
 }
 
 /// Gives back a connection's read buffer when it ends. Kept only when it is empty and
@@ -101,7 +118,9 @@ pub(crate) fn prepare(
             path: &path,
         })?
     };
-    let vars = normalize_front(params, &routed.context.cgi)?;
+    // The list of what was left out is made only for the debug line that shows it.
+    let listed = tracing::enabled!(tracing::Level::DEBUG);
+    let vars = normalize_front_with(params, &routed.context.cgi, listed)?;
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
@@ -427,6 +446,41 @@ mod tests {
             give_back(buf);
         }
         assert_eq!(kept(), KEPT_BUFFERS);
+    }
+
+    #[test]
+    fn an_answer_frame_takes_a_kept_buffer_and_comes_back_to_the_thread() {
+        assert_eq!(kept(), 0);
+        // None kept: a multiplexed request's frame of its own size.
+        let own = frame_buffer(100, false);
+        assert!(own.capacity() >= 100 && own.capacity() < READ_CHUNK);
+        // Too small to serve as a read buffer: not kept.
+        give_back(own);
+        assert_eq!(kept(), 0);
+        // The connection's own request's frame is made to be kept.
+        let keepable = frame_buffer(100, true);
+        assert!(keepable.capacity() >= READ_CHUNK);
+        give_back(keepable);
+        assert_eq!(kept(), 1);
+        drop(read_buffer());
+        assert_eq!(kept(), 0);
+        let mut buf = read_buffer();
+        buf.extend_from_slice(b"the previous connection's record");
+        let at = buf.as_ptr();
+        give_back(buf);
+        // A frame larger than a kept buffer leaves it kept.
+        let large = frame_buffer(READ_CHUNK + 1, true);
+        assert!(large.capacity() > READ_CHUNK);
+        assert_eq!(kept(), 1);
+        // A frame that fits takes it, empty.
+        let mut frame = frame_buffer(100, false);
+        assert_eq!(frame.as_ptr(), at);
+        assert!(frame.is_empty());
+        assert_eq!(kept(), 0);
+        frame.extend_from_slice(b"an answer written out");
+        give_back(frame);
+        assert_eq!(kept(), 1);
+        assert!(read_buffer().is_empty());
     }
 
     #[test]

@@ -77,11 +77,23 @@ pub fn normalize_front_params(
 ///   SCRIPT_NAME is missing.
 /// - DOCUMENT_ROOT is set to the context's root when missing.
 pub fn normalize_front(params: FrontParams, ctx: &CgiContext) -> Result<FrontVars, CgiError> {
+    normalize_front_with(params, ctx, true)
+}
+
+/// [`normalize_front`], listing what was left out in [`FrontVars::dropped`] only when
+/// `list_dropped` (a caller that logs the list only at debug level asks for it only then:
+/// the list is an allocation per request, and a name copied per repeat). What the backend
+/// gets is the same either way.
+pub fn normalize_front_with(
+    params: FrontParams,
+    ctx: &CgiContext,
+    list_dropped: bool,
+) -> Result<FrontVars, CgiError> {
     check_context(ctx)?;
     if let Some(e) = params.bad() {
         return Err(e.clone());
     }
-    let mut w = Work::new(&params, ctx);
+    let mut w = Work::new(&params, ctx, list_dropped);
     match &ctx.mode {
         ScriptMode::Files { extensions, .. } => match w.get_cow(Known::ScriptFilename) {
             Some(filename) => fix_script_filename(&mut w, &filename, extensions)?,
@@ -94,10 +106,12 @@ pub fn normalize_front(params: FrontParams, ctx: &CgiContext) -> Result<FrontVar
             for k in [Known::ScriptFilename, Known::PathTranslated] {
                 if w.get(k).is_some() {
                     w.remove(k);
-                    w.dropped.push(Dropped {
-                        name: Bytes::from_static(k.name()),
-                        reason: DropReason::NoRoot,
-                    });
+                    if list_dropped {
+                        w.dropped.push(Dropped {
+                            name: Bytes::from_static(k.name()),
+                            reason: DropReason::NoRoot,
+                        });
+                    }
                 }
             }
             if w.get(Known::ScriptName).is_none() {

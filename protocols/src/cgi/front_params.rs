@@ -10,123 +10,15 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
+use super::front_checks::{bad_name, bad_pair, class, tail_has_nul_cr_lf};
+use super::front_names::lookup;
+pub use super::front_names::Known;
+pub(super) use super::front_names::KNOWN;
 use super::params::{CgiParams, MAX_FIELD_LEN};
-use super::{has_nul_cr_lf, snippet, CgiError};
+use super::{snippet, CgiError};
 
 /// No pair: an index that is not one.
 pub(super) const NONE: u32 = u32::MAX;
-
-/// The names the front logic reads or rewrites, found once as the pairs arrive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Known {
-    /// HTTP_HOST: the client's Host, checked and routed on.
-    HttpHost,
-    /// SERVER_NAME: routed on without a Host.
-    ServerName,
-    /// DOCUMENT_URI: the decoded path, routed on.
-    DocumentUri,
-    /// REQUEST_URI: the raw target, routed on without DOCUMENT_URI.
-    RequestUri,
-    /// CONTENT_LENGTH: the body's length.
-    ContentLength,
-    /// SCRIPT_FILENAME: checked against the context's root.
-    ScriptFilename,
-    /// SCRIPT_NAME.
-    ScriptName,
-    /// PATH_INFO.
-    PathInfo,
-    /// PATH_TRANSLATED.
-    PathTranslated,
-    /// DOCUMENT_ROOT.
-    DocumentRoot,
-    /// REQUEST_METHOD.
-    RequestMethod,
-    /// QUERY_STRING.
-    QueryString,
-    /// HTTP_PROXY: always dropped (httpoxy).
-    HttpProxy,
-    /// CORRAL_READY_PROBE: corral's own, always dropped.
-    CorralReadyProbe,
-    /// PHP_VALUE: dropped unless the context allows it.
-    PhpValue,
-    /// PHP_ADMIN_VALUE: dropped unless the context allows it.
-    PhpAdminValue,
-}
-
-/// How many [`Known`] names there are.
-pub(super) const KNOWN: usize = 16;
-
-/// Every [`Known`] name, in the order of their discriminants.
-const ALL_KNOWN: [Known; KNOWN] = [
-    Known::HttpHost,
-    Known::ServerName,
-    Known::DocumentUri,
-    Known::RequestUri,
-    Known::ContentLength,
-    Known::ScriptFilename,
-    Known::ScriptName,
-    Known::PathInfo,
-    Known::PathTranslated,
-    Known::DocumentRoot,
-    Known::RequestMethod,
-    Known::QueryString,
-    Known::HttpProxy,
-    Known::CorralReadyProbe,
-    Known::PhpValue,
-    Known::PhpAdminValue,
-];
-
-impl Known {
-    /// The known name `name` is, if any.
-    pub fn of(name: &[u8]) -> Option<Known> {
-        Some(match name {
-            b"HTTP_HOST" => Known::HttpHost,
-            b"SERVER_NAME" => Known::ServerName,
-            b"DOCUMENT_URI" => Known::DocumentUri,
-            b"REQUEST_URI" => Known::RequestUri,
-            b"CONTENT_LENGTH" => Known::ContentLength,
-            b"SCRIPT_FILENAME" => Known::ScriptFilename,
-            b"SCRIPT_NAME" => Known::ScriptName,
-            b"PATH_INFO" => Known::PathInfo,
-            b"PATH_TRANSLATED" => Known::PathTranslated,
-            b"DOCUMENT_ROOT" => Known::DocumentRoot,
-            b"REQUEST_METHOD" => Known::RequestMethod,
-            b"QUERY_STRING" => Known::QueryString,
-            b"HTTP_PROXY" => Known::HttpProxy,
-            b"CORRAL_READY_PROBE" => Known::CorralReadyProbe,
-            b"PHP_VALUE" => Known::PhpValue,
-            b"PHP_ADMIN_VALUE" => Known::PhpAdminValue,
-            _ => return None,
-        })
-    }
-
-    /// The variable's name.
-    pub fn name(self) -> &'static [u8] {
-        match self {
-            Known::HttpHost => b"HTTP_HOST",
-            Known::ServerName => b"SERVER_NAME",
-            Known::DocumentUri => b"DOCUMENT_URI",
-            Known::RequestUri => b"REQUEST_URI",
-            Known::ContentLength => b"CONTENT_LENGTH",
-            Known::ScriptFilename => b"SCRIPT_FILENAME",
-            Known::ScriptName => b"SCRIPT_NAME",
-            Known::PathInfo => b"PATH_INFO",
-            Known::PathTranslated => b"PATH_TRANSLATED",
-            Known::DocumentRoot => b"DOCUMENT_ROOT",
-            Known::RequestMethod => b"REQUEST_METHOD",
-            Known::QueryString => b"QUERY_STRING",
-            Known::HttpProxy => b"HTTP_PROXY",
-            Known::CorralReadyProbe => b"CORRAL_READY_PROBE",
-            Known::PhpValue => b"PHP_VALUE",
-            Known::PhpAdminValue => b"PHP_ADMIN_VALUE",
-        }
-    }
-
-    /// The known name with index `i` (its discriminant).
-    pub(super) fn from_index(i: u8) -> Option<Known> {
-        ALL_KNOWN.get(usize::from(i)).copied()
-    }
-}
 
 /// Where one pair lies in the buffer, and how it relates to the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +47,8 @@ pub struct FrontParams {
     /// One bit per class (length, first and last byte) of the other names so far: a name
     /// whose bit is clear was not sent before, which spares the scan for nearly every one.
     seen: u128,
+    /// One bit per common name of the table (not a [`Known`] one) sent so far.
+    common: u64,
     longest_name: usize,
     longest_value: usize,
     total: usize,
@@ -163,6 +57,27 @@ pub struct FrontParams {
     canonical: bool,
     /// Some name was sent twice.
     repeated: bool,
+}
+
+thread_local! {
+    /// The index vector of the thread's last parameters, cleared, for its next ones: a
+    /// front server that opens a connection per request (nginx's plain `fastcgi_pass`)
+    /// would otherwise cost an allocation per request for it.
+    static SPARE_INDEX: std::cell::Cell<Vec<PairAt>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most pairs a kept index vector has room for: what the first guess reserves.
+const SPARE_MAX: usize = 256;
+
+impl Drop for FrontParams {
+    fn drop(&mut self) {
+        let mut pairs = std::mem::take(&mut self.pairs);
+        if pairs.capacity() != 0 && pairs.capacity() <= SPARE_MAX {
+            pairs.clear();
+            // A vector kept before (another request's, still in flight then) is freed.
+            SPARE_INDEX.set(pairs);
+        }
+    }
 }
 
 impl std::fmt::Debug for FrontParams {
@@ -180,44 +95,6 @@ impl Default for FrontParams {
     fn default() -> Self {
         FrontParams::new()
     }
-}
-
-/// The duplicate-scan class of a name: one of 128 bits, from its length and its first and
-/// last two bytes, mixed (names sharing a prefix, as HTTP_* ones do, must still spread).
-fn class(name: &[u8]) -> u128 {
-    let n = name.len();
-    let byte = |i: Option<usize>| u64::from(i.and_then(|i| name.get(i)).copied().unwrap_or(0));
-    let key = byte(Some(0))
-        | byte(Some(1)) << 8
-        | byte(n.checked_sub(2)) << 16
-        | byte(n.checked_sub(1)) << 24
-        | (n as u64) << 32;
-    1u128 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57)
-}
-
-/// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
-/// it in an environment). Names are short: a table lookup per byte, folded without an early
-/// exit, costs less than the word-at-a-time scan's four tests per word and its tail.
-fn has_nul_cr_lf_eq(b: &[u8]) -> bool {
-    b.iter().fold(0u8, |bad, &c| {
-        bad | NAME_BAD.get(usize::from(c)).copied().unwrap_or(1)
-    }) != 0
-}
-
-/// 1 for the bytes no variable name may hold: NUL, CR, LF and `=`.
-#[allow(clippy::indexing_slicing)] // Four constant indexes below 256, the table's length.
-const NAME_BAD: [u8; 256] = {
-    let mut table = [0u8; 256];
-    table[0] = 1;
-    table[b'\r' as usize] = 1;
-    table[b'\n' as usize] = 1;
-    table[b'=' as usize] = 1;
-    table
-};
-
-/// Whether no environment can carry `name`: empty, or holding NUL, CR, LF or `=`.
-fn bad_name(name: &[u8]) -> bool {
-    name.is_empty() || has_nul_cr_lf_eq(name)
 }
 
 /// The prefix bytes a length takes in its shortest form.
@@ -238,6 +115,7 @@ impl FrontParams {
             known: [(NONE, NONE); KNOWN],
             bad: None,
             seen: 0,
+            common: 0,
             longest_name: 0,
             longest_value: 0,
             total: 0,
@@ -304,10 +182,11 @@ impl FrontParams {
     pub(crate) fn reserve_for(&mut self, bytes: usize) {
         self.buf.reserve(bytes);
         if self.pairs.capacity() == 0 {
+            self.pairs = SPARE_INDEX.take();
             // Parameter pairs take some 16 to 60 bytes on the wire (nginx's `fastcgi.conf`
             // for a request with a few short headers: about 20 pairs in 450 bytes); one early
             // guess at the short end saves the index its regrowths on a typical block.
-            self.pairs.reserve((bytes / 16).clamp(8, 256));
+            self.pairs.reserve((bytes / 16).clamp(8, SPARE_MAX));
         }
     }
 
@@ -318,14 +197,13 @@ impl FrontParams {
 
     /// Indexes the pair whose name starts at `at` in the buffer, the value after it; the
     /// caller has checked that both lie inside it (and that it holds under 4 GiB).
+    #[inline(always)]
     pub(crate) fn index(&mut self, at: usize, name_len: usize, value_len: usize) {
-        let end = at + name_len + value_len;
-        let (Some(name), Some(value), Ok(at32), Ok(n32), Ok(v32), Ok(i)) = (
-            self.buf.get(at..at + name_len),
-            self.buf.get(at + name_len..end),
-            u32::try_from(at),
-            u32::try_from(name_len),
-            u32::try_from(value_len),
+        let end = at.saturating_add(name_len).saturating_add(value_len);
+        // `end` fitting 32 bits bounds `at` and both lengths too.
+        let (Some(pair), Ok(_), Ok(i)) = (
+            self.buf.get(at..end),
+            u32::try_from(end),
             u32::try_from(self.pairs.len()),
         ) else {
             // Callers never pass such a pair; dropping it would lose a parameter silently.
@@ -335,24 +213,20 @@ impl FrontParams {
             });
             return;
         };
-        let known = Known::of(name);
-        if self.bad.is_none() {
-            // A known name is a clean one: only the others need the scan.
-            if known.is_none() && bad_name(name) {
-                self.bad = Some(CgiError::InvalidParamName {
-                    name: snippet(name),
-                });
-            } else if has_nul_cr_lf(value) {
-                self.bad = Some(CgiError::ForbiddenByte {
-                    field: String::from_utf8_lossy(name).into_owned(),
-                    value: snippet(value),
-                });
-            }
+        let (name, value) = pair.split_at_checked(name_len).unwrap_or_default();
+        let id = lookup(name);
+        // A name from the table is a clean one: only the others need the scan.
+        let bad_name = id.is_none() && bad_name(name);
+        if self.bad.is_none() && (bad_name || tail_has_nul_cr_lf(pair, value_len)) {
+            self.bad = Some(bad_pair(bad_name, name, value));
         }
+        let (n32, v32) = (name_len as u32, value_len as u32);
         let mut first = NONE;
-        match known {
-            Some(k) => {
-                if let Some(slot) = self.known.get_mut(k as usize) {
+        let mut known = KNOWN as u8;
+        match id {
+            Some(k) if usize::from(k) < KNOWN => {
+                known = k;
+                if let Some(slot) = self.known.get_mut(usize::from(k)) {
                     if slot.0 == NONE {
                         *slot = (i, i);
                     } else {
@@ -361,21 +235,18 @@ impl FrontParams {
                     }
                 }
             }
+            Some(common) => {
+                // Told apart exactly: a set bit is a repeat, found by the scan.
+                let bit = 1u64 << (usize::from(common) - KNOWN);
+                if self.common & bit != 0 {
+                    first = self.first_named(name);
+                }
+                self.common |= bit;
+            }
             None => {
                 let c = class(name);
                 if self.seen & c != 0 {
-                    let buf = &self.buf;
-                    first = self
-                        .pairs
-                        .iter()
-                        .position(|p| {
-                            p.name_len == n32
-                                && p.first == NONE
-                                && usize::from(p.known) == KNOWN
-                                && pair_name(buf, p) == name
-                        })
-                        .and_then(|j| u32::try_from(j).ok())
-                        .unwrap_or(NONE);
+                    first = self.first_named(name);
                 }
                 self.seen |= c;
             }
@@ -385,16 +256,31 @@ impl FrontParams {
             self.repeated = true;
         }
         self.pairs.push(PairAt {
-            at: at32,
+            at: at as u32,
             name_len: n32,
             value_len: v32,
             first,
             last: i,
-            known: known.map_or(KNOWN as u8, |k| k as u8),
+            known,
         });
         self.longest_name = self.longest_name.max(name_len);
         self.longest_value = self.longest_value.max(value_len);
         self.total = self.total.saturating_add(name_len + value_len);
+    }
+
+    /// The first pair named `name` (no [`Known`] name), [`NONE`] when it was not sent.
+    fn first_named(&self, name: &[u8]) -> u32 {
+        let buf = &self.buf;
+        self.pairs
+            .iter()
+            .position(|p| {
+                p.name_len as usize == name.len()
+                    && p.first == NONE
+                    && usize::from(p.known) == KNOWN
+                    && pair_name(buf, p) == name
+            })
+            .and_then(|j| u32::try_from(j).ok())
+            .unwrap_or(NONE)
     }
 
     /// The value of the first pair named `k`, as the front server sent it.
@@ -463,10 +349,10 @@ impl FrontParams {
     /// The pairs as the backend's parameter block, when they are exactly what a backend
     /// should get (the caller knows nothing was dropped or changed): the buffer itself when
     /// no name repeats and every length took its shortest form, else encoded anew.
-    pub(super) fn into_params(self) -> Result<CgiParams, CgiError> {
+    pub(super) fn into_params(mut self) -> Result<CgiParams, CgiError> {
         if self.canonical && !self.repeated {
             return Ok(CgiParams::from_encoded(
-                self.buf,
+                std::mem::take(&mut self.buf),
                 self.pairs.len(),
                 self.longest_name,
                 self.longest_value,
@@ -553,7 +439,7 @@ impl FrontParams {
             }
         }
         Ok(CgiParams::from_encoded(
-            self.buf,
+            std::mem::take(&mut self.buf),
             count,
             longest_name,
             longest_value,
@@ -578,23 +464,32 @@ fn put_len(buf: &mut Vec<u8>, len: usize) {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_name_scan_finds_every_forbidden_byte_anywhere() {
-        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n' | b'='));
-        for len in 0..40 {
-            let clean: Vec<u8> = (0..len).map(|i| b'A' + (i % 26) as u8).collect();
-            assert!(!super::has_nul_cr_lf_eq(&clean), "len {len}");
-            for at in 0..len {
-                for bad in [0u8, b'\r', b'\n', b'=', 1, 0x3c, 0x3e, 0xbd, 0x80, 0xff] {
-                    let mut v = clean.clone();
-                    v[at] = bad;
-                    assert_eq!(
-                        super::has_nul_cr_lf_eq(&v),
-                        naive(&v),
-                        "len {len} at {at} byte {bad:#x}"
-                    );
-                }
-            }
+    use super::{FrontParams, SPARE_MAX};
+
+    fn indexed(pairs: usize) -> FrontParams {
+        let mut p = FrontParams::new();
+        p.reserve_for(pairs * 16);
+        for i in 0..pairs {
+            p.push(format!("HTTP_X_{i}").as_bytes(), b"v").unwrap();
         }
+        p
+    }
+
+    #[test]
+    fn the_index_vector_of_dropped_parameters_serves_the_next_ones_on_the_thread() {
+        let first = indexed(20);
+        let at = first.pairs.as_ptr();
+        drop(first);
+        let second = indexed(3);
+        assert_eq!(second.pairs.as_ptr(), at, "the index vector was not reused");
+        assert_eq!(second.len(), 3, "pairs of the last parameters were kept");
+        assert_eq!(second.iter().last().unwrap().0, b"HTTP_X_2");
+        // Taken, so the next parameters made while these live get one of their own.
+        let third = indexed(2);
+        assert_ne!(third.pairs.as_ptr(), at);
+        // A vector grown past the bound is freed, not kept.
+        drop(indexed(SPARE_MAX * 2));
+        let fourth = indexed(1);
+        assert!(fourth.pairs.capacity() <= SPARE_MAX);
     }
 }

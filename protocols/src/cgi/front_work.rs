@@ -66,7 +66,8 @@ pub(super) struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
-    pub(super) fn new(p: &'a FrontParams, ctx: &'a CgiContext) -> Work<'a> {
+    /// The work on `p` for `ctx`; `list_dropped`: [`Work::dropped`] lists the pairs left out.
+    pub(super) fn new(p: &'a FrontParams, ctx: &'a CgiContext, list_dropped: bool) -> Work<'a> {
         let mut w = Work {
             p,
             ctx,
@@ -97,7 +98,7 @@ impl<'a> Work<'a> {
                 *place = Place::Pair(first);
             }
         }
-        if any_drop {
+        if any_drop && list_dropped {
             // In the order sent, as a log reads best.
             for pair in p.pairs() {
                 let reason = Known::from_index(pair.known)
@@ -110,8 +111,8 @@ impl<'a> Work<'a> {
                     });
                 }
             }
-            w.changed = true;
         }
+        w.changed |= any_drop;
         w
     }
 

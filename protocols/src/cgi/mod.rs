@@ -15,6 +15,8 @@
 
 mod encode;
 mod front;
+mod front_checks;
+mod front_names;
 #[cfg(test)]
 mod front_oracle;
 mod front_params;
@@ -34,7 +36,7 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use encode::{encode_cgi_vars, encode_prepared};
-pub use front::{normalize_front, normalize_front_params, FrontVars};
+pub use front::{normalize_front, normalize_front_params, normalize_front_with, FrontVars};
 pub use front_params::{FrontParams, Known};
 pub use headers::dropped_headers;
 pub use host::check_host;

@@ -77,8 +77,13 @@ pub(super) async fn write_loop<'w>(
             if !stale {
                 match frame.bytes {
                     Frame::Bytes(bytes) if bytes.is_empty() => {}
-                    Frame::Bytes(bytes) if batch.is_empty() => batch = bytes,
-                    Frame::Bytes(bytes) => batch.extend_from_slice(&bytes),
+                    Frame::Bytes(bytes) if batch.is_empty() => {
+                        cgi::give_back(std::mem::replace(&mut batch, bytes));
+                    }
+                    Frame::Bytes(bytes) => {
+                        batch.extend_from_slice(&bytes);
+                        cgi::give_back(bytes);
+                    }
                     Frame::Complete => encode_request_complete(frame.id, 0, &mut batch),
                 }
             }
@@ -106,6 +111,8 @@ pub(super) async fn write_loop<'w>(
     }
     frames.close();
     drop(mux);
+    // The batch is most often the first frame's buffer, a kept one: kept again.
+    cgi::give_back(batch);
     closed.set().await;
     writer
 }
@@ -278,7 +285,9 @@ impl CgiSink for Responder<'_> {
 
     /// A record header's room first, filled in by `send_frame` once the content is in.
     fn frame(&mut self, len: usize) -> BytesMut {
-        let mut frame = BytesMut::with_capacity(HEADER_LEN + len + FRAME_TAIL);
+        // The connection's own request (not a multiplexed one) makes a frame to be kept.
+        let keepable = !matches!(self.answer, AnswerFlag::Shared(_));
+        let mut frame = cgi::frame_buffer(HEADER_LEN + len + FRAME_TAIL, keepable);
         frame.put_bytes(0, HEADER_LEN);
         frame
     }
