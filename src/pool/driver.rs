@@ -25,7 +25,7 @@ mod memory;
 mod preload;
 mod refork;
 use crate::backend::Connections;
-use crate::config::BackendAddress;
+use crate::config::{BackendAddress, Sizing};
 use crate::pool::health::Probe;
 use crate::pool::preloader::{PreloaderEvent, Preloaders};
 use crate::pool::slots::{SlotTable, WorkerId};
@@ -341,6 +341,10 @@ impl Driver {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u32 = 0;
+        // Only a pool that grows for its queue needs a wake-up per waiting request; a
+        // static one reads the queue's length at each tick (for status).
+        let grows = !matches!(self.state.spec().sizing, Sizing::Static { .. });
+        self.slots.wake_on_demand(grows);
         self.start_direct();
         let started = self.handle(PoolEvent::Start);
         self.publish();

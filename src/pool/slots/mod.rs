@@ -156,6 +156,10 @@ struct State {
     checks: Vec<WorkerId>,
     /// Workers whose last request finished while the supervisor watched for it.
     drained: Vec<WorkerId>,
+    /// Whether a request that starts waiting wakes the supervisor (`demand`): only a pool
+    /// that may spawn for its queue needs that; a static pool learns the queue's length at
+    /// its next tick.
+    wake_on_demand: bool,
 }
 
 /// Live numbers for status.
@@ -211,6 +215,7 @@ impl SlotTable {
                 fail_policy: None,
                 checks: Vec::new(),
                 drained: Vec::new(),
+                wake_on_demand: true,
             }),
             demand: Notify::new(),
             checks: Notify::new(),
@@ -231,7 +236,16 @@ impl SlotTable {
         self.lock().fail_policy = Some(policy);
     }
 
-    /// Resolves when a request has started waiting for a slot since the last call.
+    /// Whether a request that starts waiting wakes [`SlotTable::demand`] (the default). A
+    /// pool that never spawns for its queue (static) turns it off: under load nearly every
+    /// request waits, and each wake-up would cost a hand-off to the supervisor's thread, its
+    /// turn on this table's lock and a status snapshot, per request.
+    pub fn wake_on_demand(&self, on: bool) {
+        self.lock().wake_on_demand = on;
+    }
+
+    /// Resolves when a request has started waiting for a slot since the last call (while
+    /// [`SlotTable::wake_on_demand`] is on).
     pub async fn demand(&self) {
         self.demand.notified().await;
     }
@@ -312,7 +326,9 @@ impl SlotTable {
                 tx,
                 since: asked,
             });
-            self.demand.notify_one();
+            if st.wake_on_demand {
+                self.demand.notify_one();
+            }
             (Wait::new(self, id, context, rx), st.limits.queue_timeout)
         };
         let mut wait = rx;
