@@ -19,13 +19,14 @@ mod timeout_stacks;
 
 use super::memory_checks::MemoryWatch;
 
+mod demand;
 mod direct;
 mod links;
 mod memory;
 mod preload;
 mod refork;
 use crate::backend::Connections;
-use crate::config::{BackendAddress, Sizing};
+use crate::config::BackendAddress;
 use crate::pool::health::Probe;
 use crate::pool::preloader::{PreloaderEvent, Preloaders};
 use crate::pool::slots::{SlotTable, WorkerId};
@@ -153,6 +154,8 @@ pub struct Driver {
     promotion: Option<refork::Promotion>,
     /// Promoted templates that failed in a row; reforking stops at `refork::MAX_FAILURES`.
     refork_failures: u32,
+    /// What the slot table was last told about waking this driver on demand (`demand.rs`).
+    demand_wake: Option<bool>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -269,6 +272,7 @@ impl Driver {
             direct: None,
             promotion: None,
             refork_failures: 0,
+            demand_wake: None,
         }
     }
 
@@ -341,12 +345,9 @@ impl Driver {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u32 = 0;
-        // Only a pool that grows for its queue needs a wake-up per waiting request; a
-        // static one reads the queue's length at each tick (for status).
-        let grows = !matches!(self.state.spec().sizing, Sizing::Static { .. });
-        self.slots.wake_on_demand(grows);
         self.start_direct();
         let started = self.handle(PoolEvent::Start);
+        self.sync_demand_wake();
         self.publish();
         if started {
             self.stop_preloaders().await;
@@ -412,6 +413,7 @@ impl Driver {
                     stopped | self.handle(PoolEvent::Tick)
                 }
             };
+            self.sync_demand_wake();
             self.publish();
             if stopped {
                 self.stop_preloaders().await;

@@ -157,8 +157,8 @@ struct State {
     /// Workers whose last request finished while the supervisor watched for it.
     drained: Vec<WorkerId>,
     /// Whether a request that starts waiting wakes the supervisor (`demand`): only a pool
-    /// that may spawn for its queue needs that; a static pool learns the queue's length at
-    /// its next tick.
+    /// that may spawn for its queue needs that; a static pool, or one at its `max`, learns
+    /// the queue's length at its next tick.
     wake_on_demand: bool,
 }
 
@@ -236,10 +236,11 @@ impl SlotTable {
         self.lock().fail_policy = Some(policy);
     }
 
-    /// Whether a request that starts waiting wakes [`SlotTable::demand`] (the default). A
-    /// pool that never spawns for its queue (static) turns it off: under load nearly every
-    /// request waits, and each wake-up would cost a hand-off to the supervisor's thread, its
-    /// turn on this table's lock and a status snapshot, per request.
+    /// Whether a request that starts waiting wakes [`SlotTable::demand`] (the default). The
+    /// driver turns it off while its pool cannot spawn for the queue (static, or at `max`):
+    /// under load nearly every request waits, and each wake-up would cost a hand-off to the
+    /// driver's thread, its turn on this table's lock and a status snapshot, per request
+    /// (`src/pool/driver/demand.rs`).
     pub fn wake_on_demand(&self, on: bool) {
         self.lock().wake_on_demand = on;
     }
