@@ -6,9 +6,11 @@
 //! a status snapshot: measured on a static pool of 2 native WSGI workers at c=25, 0.73
 //! writes, 0.2 futex calls and about one context switch per request in corral's process. The
 //! wake-up only serves a pool that may spawn for its queue: a dynamic or ondemand pool below
-//! `max` workers. Otherwise the table leaves the driver asleep, and the driver reads the
-//! queue's length at its next tick (for status, and for growth should room appear between
-//! its own events, which it re-checks after each).
+//! `max` workers (and a reforking pool, below). Otherwise the table leaves the driver asleep,
+//! and the driver reads the queue's length at its next tick (for status, and for growth
+//! should room appear between its own events, which it re-checks after each). A worker that
+//! takes the last request of its `max_requests` budget wakes the driver in any case, so it
+//! is replaced at once rather than at the tick.
 
 use super::Driver;
 use crate::config::Sizing;
@@ -20,6 +22,10 @@ impl Driver {
         let spec = self.state.spec();
         let may_grow =
             !matches!(spec.sizing, Sizing::Static { .. }) && self.workers.len() < spec.max();
+        // Reforking pools keep a wake-up per waiting request: their promotions and the
+        // replacement of the older workers were measured to need the prompt turns
+        // (tests/refork.rs failed 2 runs in 3 without them).
+        let may_grow = may_grow || !spec.recycle.refork_after.is_empty();
         if self.demand_wake != Some(may_grow) {
             self.demand_wake = Some(may_grow);
             self.slots.wake_on_demand(may_grow);

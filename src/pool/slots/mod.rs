@@ -160,6 +160,9 @@ struct State {
     /// that may spawn for its queue needs that; a static pool, or one at its `max`, learns
     /// the queue's length at its next tick.
     wake_on_demand: bool,
+    /// A worker took the last request of its budget since the supervisor was last woken
+    /// for one: it is woken whatever `wake_on_demand` says, to replace that worker at once.
+    spent: bool,
 }
 
 /// Live numbers for status.
@@ -216,6 +219,7 @@ impl SlotTable {
                 checks: Vec::new(),
                 drained: Vec::new(),
                 wake_on_demand: true,
+                spent: false,
             }),
             demand: Notify::new(),
             checks: Notify::new(),
@@ -311,6 +315,7 @@ impl SlotTable {
             // left are ones the current state cannot serve; a newcomer that can be served
             // therefore jumps nobody who could have used its slot, and the queue stays FIFO.
             if let Some(grant) = Self::try_take(&mut st, context, Some(asked)) {
+                self.wake_if_spent(&mut st);
                 return Ok(self.slot(grant, context));
             }
             if st.waiters.len() >= st.limits.queue_size {
@@ -328,6 +333,7 @@ impl SlotTable {
                 since: asked,
             });
             if st.wake_on_demand {
+                st.spent = false;
                 self.demand.notify_one();
             }
             (Wait::new(self, id, context, rx), st.limits.queue_timeout)
@@ -376,10 +382,12 @@ impl SlotTable {
                 return Err(SlotError::Closed);
             }
             if let Some(grant) = Self::try_take(&mut st, context, since) {
+                self.wake_if_spent(&mut st);
                 return Ok(self.slot(grant, context));
             }
             // The slot given back may serve another context's waiter.
             Self::grant_waiters(&mut st);
+            self.wake_if_spent(&mut st);
         }
         self.acquire(context).await
     }
@@ -395,5 +403,14 @@ impl SlotTable {
             }
         }
         Self::grant_waiters(&mut st);
+        self.wake_if_spent(&mut st);
+    }
+
+    /// Wakes [`SlotTable::demand`] when a worker has taken the last request of its budget
+    /// since the last wake-up (see `State::spent`).
+    fn wake_if_spent(&self, st: &mut State) {
+        if std::mem::take(&mut st.spent) {
+            self.demand.notify_one();
+        }
     }
 }

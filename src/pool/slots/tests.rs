@@ -418,3 +418,25 @@ async fn a_waiter_wakes_the_supervisor_only_where_it_may_grow() {
     t.wake_on_demand(true);
     assert!(demand_woken_by_a_waiter(&t).await);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_spending_its_budget_wakes_the_supervisor_even_when_asleep() {
+    let t = table(4, 4, &[None]);
+    t.wake_on_demand(false);
+    let id = t.add_worker(1, addr(), Some(2));
+    t.set_accepting(id, true);
+    let woken = |t: &Arc<SlotTable>| {
+        let t = Arc::clone(t);
+        async move {
+            tokio::time::timeout(Duration::from_millis(1), t.demand())
+                .await
+                .is_ok()
+        }
+    };
+    drop(t.acquire(0).await.unwrap());
+    assert!(!woken(&t).await, "the first of two requests wakes nobody");
+    // The second is the last of its budget: the supervisor must replace the worker now.
+    drop(t.acquire(0).await.unwrap());
+    assert!(woken(&t).await);
+    assert!(!woken(&t).await, "one wake-up per spent budget");
+}
