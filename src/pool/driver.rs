@@ -19,6 +19,7 @@ mod timeout_stacks;
 
 use super::memory_checks::MemoryWatch;
 
+mod demand;
 mod direct;
 mod links;
 mod memory;
@@ -154,6 +155,8 @@ pub struct Driver {
     promotion: Option<refork::Promotion>,
     /// Promoted templates that failed in a row; reforking stops at `refork::MAX_FAILURES`.
     refork_failures: u32,
+    /// What the slot table was last told about waking this driver on demand (`demand.rs`).
+    demand_wake: Option<bool>,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -270,6 +273,7 @@ impl Driver {
             direct: None,
             promotion: None,
             refork_failures: 0,
+            demand_wake: None,
         }
     }
 
@@ -344,6 +348,7 @@ impl Driver {
         let mut ticks: u32 = 0;
         self.start_direct();
         let started = self.handle(PoolEvent::Start);
+        self.sync_demand_wake();
         self.publish();
         if started {
             self.stop_preloaders().await;
@@ -409,6 +414,7 @@ impl Driver {
                     stopped | self.handle(PoolEvent::Tick)
                 }
             };
+            self.sync_demand_wake();
             self.publish();
             if stopped {
                 self.stop_preloaders().await;

@@ -87,8 +87,10 @@ impl SlotTable {
         w.in_flight += 1;
         w.started += 1;
         if w.budget.is_some_and(|b| w.started >= b) {
-            // The last request of its budget: it takes no more.
+            // The last request of its budget: it takes no more, and its supervisor is told
+            // (`SlotTable::wake_if_spent`) so that it replaces it now.
             w.accepting = false;
+            st.spent = true;
         }
         let probe = w.fails > 0 || w.down_since.is_some();
         let id = WorkerId {

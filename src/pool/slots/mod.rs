@@ -156,6 +156,13 @@ struct State {
     checks: Vec<WorkerId>,
     /// Workers whose last request finished while the supervisor watched for it.
     drained: Vec<WorkerId>,
+    /// Whether a request that starts waiting wakes the supervisor (`demand`): only a pool
+    /// that may spawn for its queue needs that; a static pool, or one at its `max`, learns
+    /// the queue's length at its next tick.
+    wake_on_demand: bool,
+    /// A worker took the last request of its budget since the supervisor was last woken
+    /// for one: it is woken whatever `wake_on_demand` says, to replace that worker at once.
+    spent: bool,
 }
 
 /// Live numbers for status.
@@ -211,6 +218,8 @@ impl SlotTable {
                 fail_policy: None,
                 checks: Vec::new(),
                 drained: Vec::new(),
+                wake_on_demand: true,
+                spent: false,
             }),
             demand: Notify::new(),
             checks: Notify::new(),
@@ -231,7 +240,17 @@ impl SlotTable {
         self.lock().fail_policy = Some(policy);
     }
 
-    /// Resolves when a request has started waiting for a slot since the last call.
+    /// Whether a request that starts waiting wakes [`SlotTable::demand`] (the default). The
+    /// driver turns it off while its pool cannot spawn for the queue (static, or at `max`):
+    /// under load nearly every request waits, and each wake-up would cost a hand-off to the
+    /// driver's thread, its turn on this table's lock and a status snapshot, per request
+    /// (`src/pool/driver/demand.rs`).
+    pub fn wake_on_demand(&self, on: bool) {
+        self.lock().wake_on_demand = on;
+    }
+
+    /// Resolves when a request has started waiting for a slot since the last call (while
+    /// [`SlotTable::wake_on_demand`] is on).
     pub async fn demand(&self) {
         self.demand.notified().await;
     }
@@ -296,6 +315,7 @@ impl SlotTable {
             // left are ones the current state cannot serve; a newcomer that can be served
             // therefore jumps nobody who could have used its slot, and the queue stays FIFO.
             if let Some(grant) = Self::try_take(&mut st, context, Some(asked)) {
+                self.wake_if_spent(&mut st);
                 return Ok(self.slot(grant, context));
             }
             if st.waiters.len() >= st.limits.queue_size {
@@ -312,7 +332,10 @@ impl SlotTable {
                 tx,
                 since: asked,
             });
-            self.demand.notify_one();
+            if st.wake_on_demand {
+                st.spent = false;
+                self.demand.notify_one();
+            }
             (Wait::new(self, id, context, rx), st.limits.queue_timeout)
         };
         let mut wait = rx;
@@ -359,10 +382,12 @@ impl SlotTable {
                 return Err(SlotError::Closed);
             }
             if let Some(grant) = Self::try_take(&mut st, context, since) {
+                self.wake_if_spent(&mut st);
                 return Ok(self.slot(grant, context));
             }
             // The slot given back may serve another context's waiter.
             Self::grant_waiters(&mut st);
+            self.wake_if_spent(&mut st);
         }
         self.acquire(context).await
     }
@@ -378,5 +403,14 @@ impl SlotTable {
             }
         }
         Self::grant_waiters(&mut st);
+        self.wake_if_spent(&mut st);
+    }
+
+    /// Wakes [`SlotTable::demand`] when a worker has taken the last request of its budget
+    /// since the last wake-up (see `State::spent`).
+    fn wake_if_spent(&self, st: &mut State) {
+        if std::mem::take(&mut st.spent) {
+            self.demand.notify_one();
+        }
     }
 }

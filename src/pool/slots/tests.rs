@@ -389,3 +389,54 @@ async fn caps_hold_under_contention() {
     assert_eq!(t.stats().in_flight, 0);
     assert_eq!(t.stats().queued, 0);
 }
+
+/// Whether `t.demand()` has resolved once `waiter` has queued.
+async fn demand_woken_by_a_waiter(t: &Arc<SlotTable>) -> bool {
+    let waiter = tokio::spawn({
+        let t = Arc::clone(t);
+        async move { t.acquire(0).await.map(|s| s.worker()) }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(t.stats().queued, 1);
+    let woken = tokio::time::timeout(Duration::from_millis(1), t.demand())
+        .await
+        .is_ok();
+    waiter.abort();
+    woken
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_wakes_the_supervisor_only_where_it_may_grow() {
+    let t = table(1, 4, &[None]);
+    ready_worker(&t, 1);
+    let _held = t.acquire(0).await.unwrap();
+    // By default (dynamic and ondemand pools) a queued request wakes the supervisor.
+    assert!(demand_woken_by_a_waiter(&t).await);
+    // A static pool's supervisor is left asleep: it reads the queue at its tick.
+    t.wake_on_demand(false);
+    assert!(!demand_woken_by_a_waiter(&t).await);
+    t.wake_on_demand(true);
+    assert!(demand_woken_by_a_waiter(&t).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_spending_its_budget_wakes_the_supervisor_even_when_asleep() {
+    let t = table(4, 4, &[None]);
+    t.wake_on_demand(false);
+    let id = t.add_worker(1, addr(), Some(2));
+    t.set_accepting(id, true);
+    let woken = |t: &Arc<SlotTable>| {
+        let t = Arc::clone(t);
+        async move {
+            tokio::time::timeout(Duration::from_millis(1), t.demand())
+                .await
+                .is_ok()
+        }
+    };
+    drop(t.acquire(0).await.unwrap());
+    assert!(!woken(&t).await, "the first of two requests wakes nobody");
+    // The second is the last of its budget: the supervisor must replace the worker now.
+    drop(t.acquire(0).await.unwrap());
+    assert!(woken(&t).await);
+    assert!(!woken(&t).await, "one wake-up per spent budget");
+}
