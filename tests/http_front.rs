@@ -38,6 +38,21 @@ pool = "main"
     )
 }
 
+/// php-cgi serving `dir` and a corral in front of it whose context's root is `dir`, with
+/// `context` appended to the context (bound as `let (_php, corral)`: corral stops first).
+fn php_corral(dir: &Path, context: &str) -> (Peer, Corral) {
+    let php = peers::php_cgi(dir);
+    let corral = Corral::start(
+        &config(
+            dir,
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"{context}", dir.display()),
+        ),
+        1,
+    );
+    (php, corral)
+}
+
 fn php_site(dir: &Path) {
     peers::write_file(
         dir,
@@ -67,15 +82,7 @@ fn php_site(dir: &Path) {
 fn php_cgi_through_the_http_listener() {
     let dir = peers::shared_dir();
     php_site(dir.path());
-    let php = peers::php_cgi(dir.path());
-    let corral = Corral::start(
-        &config(
-            dir.path(),
-            &format!("servers = [\"unix:{}\"]", php.socket.display()),
-            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
-        ),
-        1,
-    );
+    let (php, corral) = php_corral(dir.path(), "\nextension = \"php\"");
     let addr = corral.http_addr();
 
     let r = http(addr, "GET", "/hello.php?name=corral", &[], b"");
@@ -503,15 +510,7 @@ fn pipelined_requests_on_one_connection_are_answered_in_order() {
     use std::io::{Read, Write};
     let dir = peers::shared_dir();
     php_site(dir.path());
-    let php = peers::php_cgi(dir.path());
-    let corral = Corral::start(
-        &config(
-            dir.path(),
-            &format!("servers = [\"unix:{}\"]", php.socket.display()),
-            &format!("root = \"{}\"", dir.path().display()),
-        ),
-        1,
-    );
+    let (_php, corral) = php_corral(dir.path(), "");
     let mut s = std::net::TcpStream::connect(corral.http_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(
@@ -538,15 +537,7 @@ fn no_request_header_comes_back_in_a_response() {
     use std::io::{Read, Write};
     let dir = peers::shared_dir();
     php_site(dir.path());
-    let php = peers::php_cgi(dir.path());
-    let corral = Corral::start(
-        &config(
-            dir.path(),
-            &format!("servers = [\"unix:{}\"]", php.socket.display()),
-            &format!("root = \"{}\"", dir.path().display()),
-        ),
-        1,
-    );
+    let (_php, corral) = php_corral(dir.path(), "");
     let mut s = std::net::TcpStream::connect(corral.http_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(
@@ -702,15 +693,7 @@ fn backend_connections_are_reused_when_the_response_has_a_content_length() {
         "sized.php",
         "<?php $b = 'sized'; header('Content-Length: ' . strlen($b)); echo $b;",
     );
-    let php = peers::php_cgi(dir.path());
-    let corral = Corral::start(
-        &config(
-            dir.path(),
-            &format!("servers = [\"unix:{}\"]", php.socket.display()),
-            &format!("root = \"{}\"", dir.path().display()),
-        ),
-        1,
-    );
+    let (php, corral) = php_corral(dir.path(), "");
     for _ in 0..20 {
         let r = http(corral.http_addr(), "GET", "/sized.php", &[], b"");
         assert_eq!(r.text(), "sized");
