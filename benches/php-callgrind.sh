@@ -31,6 +31,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
+source benches/lib/callgrind.sh
 RESULTS_VARS="CORRAL WORKER OUT_DIR"
 results_start "$@"
 page=${1:-hello}
@@ -43,17 +44,6 @@ CORRAL=$(realpath "$CORRAL")
 WORKER=$(realpath "$WORKER")
 out_dir=${OUT_DIR:-/tmp}
 case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
-
-# requests FILE [FUNCTION] -> how many PHP requests the profiled process started (the calls of
-# FUNCTION, php_request_startup by default, zif_corral_handle_request in worker mode: callgrind
-# names a function once, then refers to it by its number).
-requests() {
-  awk -v fn="${2:-php_request_startup}" '
-    $0 ~ "^c?fn=\\([0-9]+\\) " fn "$" { match($0, /\([0-9]+\)/); id = substr($0, RSTART, RLENGTH) }
-    /^cfn=/ { match($0, /\([0-9]+\)/); callee = substr($0, RSTART, RLENGTH); next }
-    /^calls=/ { if (id != "" && callee == id) { split($0, f, /[= ]/); n += f[2] } callee = "" }
-    END { print n + 0 }' "$1"
-}
 
 # measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests,
 # and the PHP requests it started (N and the warm-up's, and the readiness check's).
@@ -136,7 +126,7 @@ EOF
   [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
   local counted=php_request_startup
   [ "$which" = worker ] && counted=zif_corral_handle_request
-  echo "$(awk '/^summary:/ {print $2}' "$out") $(requests "$out" "$counted")"
+  echo "$(awk '/^summary:/ {print $2}' "$out") $(callgrind_calls "$out" "$counted")"
   cp "$out" "$out_dir/callgrind.out.$which-$page.$n"
   rm -rf "$s"
 }

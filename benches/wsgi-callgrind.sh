@@ -21,6 +21,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
+source benches/lib/callgrind.sh
 RESULTS_VARS="CORRAL WORKER ROWS OUT_DIR"
 results_start "$@"
 n1=${1:-200}
@@ -33,16 +34,6 @@ CORRAL=$(realpath "$CORRAL")
 WORKER=$(realpath "$WORKER")
 out_dir=${OUT_DIR:-/tmp}
 python=/usr/bin/python3
-
-# calls FILE FUNCTION -> how many times the profiled process called FUNCTION (callgrind names
-# a function once, then refers to it by its number).
-calls() {
-  awk -v fn="$2" '
-    $0 ~ "^c?fn=\\([0-9]+\\) " fn "$" { match($0, /\([0-9]+\)/); id = substr($0, RSTART, RLENGTH) }
-    /^cfn=/ { match($0, /\([0-9]+\)/); callee = substr($0, RSTART, RLENGTH); next }
-    /^calls=/ { if (id != "" && callee == id) { split($0, f, /[= ]/); n += f[2] } callee = "" }
-    END { print n + 0 }' "$1"
-}
 
 # measure WHICH N -> the callgrind total (Ir) of WHICH's one worker process serving N requests,
 # and the requests it answered through the app (native; 0 for the launcher).
@@ -119,7 +110,7 @@ EOF
   local served
   served=$(grep -l -e '^cmd:.*hello:application' "$s"/cg/cg.*.out | wc -l)
   [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
-  echo "$(awk '/^summary:/ {print $2}' "$out") $(calls "$out" cw_call)"
+  echo "$(awk '/^summary:/ {print $2}' "$out") $(callgrind_calls "$out" cw_call)"
   cp "$out" "$out_dir/callgrind.out.wsgi-$which.$n"
   rm -rf "$s"
 }
