@@ -21,7 +21,6 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -448,7 +447,8 @@ pool = "rails"
 /// Reforking on the real app: a preloaded pool of 3 workers with `refork_after = [20]`
 /// serves 300 requests over a few pages from 3 clients with no failed answer; a worker that
 /// served 20 is promoted to be the template (it was forked by the preloader corral started),
-/// every worker then answering is its child, and the app was loaded once, by the preloader.
+/// every worker then answering is its child, and the app was loaded once, by the preloader
+/// (`support::reforking` says in full what is checked).
 #[test]
 fn a_reforked_rails_pool_serves_from_a_promoted_worker_and_loads_once() {
     let f = fixture();
@@ -469,11 +469,7 @@ protocol = "http"
 [pools.rails]
 app = "rack:blog/config.ru"
 cwd = "{dir}"
-mode = "static"
-min = 3
-max = 3
-preload = true
-refork_after = [20]
+{keys}
 start_timeout = "120s"
 queue_timeout = "120s"
 env = {{ RAILS_ENV = "production", SECRET_KEY_BASE = "{secret}", GATES = "{dir}/gates", LOADS_FILE = "{loads}" }}
@@ -485,126 +481,15 @@ pool = "rails"
         dir = dir.display(),
         secret = "5ec7e7".repeat(22),
         loads = loads.display(),
+        keys = support::reforking::POOL_KEYS,
     );
     let corral = f.reaper.corral(&config);
-    let addr = corral.http_addr();
-    assert!(
-        corral.wait_count("forked from preloader", 3, Duration::from_secs(120)),
-        "{}",
-        corral.log()
-    );
-    let (_, preloader) = whoami(addr).unwrap_or_else(|e| panic!("{e}\n{}", corral.log()));
-    assert_eq!(parent_pid(preloader), corral.pid(), "{}", corral.log());
-
-    let pages = [
-        "/app/",
-        "/app/posts/new",
-        "/app/upload",
+    support::reforking::serves_from_a_promoted_worker(
+        &corral,
+        &["/app/", "/app/posts/new", "/app/upload", "/app/posts"],
         "/app/whoami",
-        "/app/posts",
-    ];
-    let clients: Vec<_> = (0..3)
-        .map(|i| {
-            std::thread::spawn(move || {
-                let mut failed = Vec::new();
-                for n in 0..100 {
-                    let page = pages[(i + n) % pages.len()];
-                    let r = http(addr, "GET", page, &[], b"");
-                    if r.status != 200 {
-                        failed.push((page, r.status));
-                    }
-                }
-                failed
-            })
-        })
-        .collect();
-    let failed: Vec<_> = clients
-        .into_iter()
-        .flat_map(|c| c.join().unwrap())
-        .collect();
-    assert!(failed.is_empty(), "{failed:?}\n{}", corral.log());
-
-    // 300 requests over 3 workers: one of them passed 20 and was promoted (once: the list
-    // has one step).
-    assert!(
-        corral.wait_count("worker promoted:", 1, Duration::from_secs(60)),
-        "{}",
-        corral.log()
+        &loads,
     );
-    let log = corral.log();
-    let promoted: Vec<u32> = log
-        .lines()
-        .filter(|l| l.contains("worker promoted:"))
-        .filter_map(|l| l.split(' ').find_map(|w| w.strip_prefix("pid=")))
-        .map(|v| v.parse().unwrap())
-        .collect();
-    assert_eq!(promoted.len(), 1, "{log}");
-    let template = promoted[0];
-    // A former worker, forked by the first preloader.
-    assert!(
-        log.lines().any(|l| l.contains("worker forked")
-            && l.contains(&format!(" pid={template} preloader={preloader} "))),
-        "{log}"
-    );
-    // The older workers are replaced one at a time: soon every answer comes from a child
-    // of the promoted worker.
-    let mut seen = BTreeSet::new();
-    assert!(
-        support::eventually(Duration::from_secs(60), || {
-            seen = (0..9)
-                .map(|_| whoami(addr).unwrap_or_else(|e| panic!("{e}\n{}", corral.log())))
-                .collect();
-            seen.iter().all(|&(_, ppid)| ppid == template)
-        }),
-        "{seen:?}\n{}",
-        corral.log()
-    );
-    assert!(seen.iter().all(|&(pid, _)| pid != template), "{seen:?}");
-    // The first preloader retires once its last worker is gone; the template's tree is
-    // then the whole pool, and 3 clients at once are answered by its workers alone.
-    assert!(
-        support::eventually(Duration::from_secs(60), || !support::alive(preloader)),
-        "{}",
-        corral.log()
-    );
-    let workers: BTreeSet<u32> = corral::process::process_tree(template)
-        .unwrap()
-        .into_iter()
-        .filter(|&p| p != template)
-        .collect();
-    assert_eq!(workers.len(), 3, "{workers:?}\n{}", corral.log());
-    let answers: BTreeSet<(u32, u32)> = (0..3)
-        .map(|_| std::thread::spawn(move || (0..30).map(|_| whoami(addr)).collect::<Vec<_>>()))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .flat_map(|c| c.join().unwrap())
-        .collect::<Result<_, _>>()
-        .unwrap_or_else(|e| panic!("{e}\n{}", corral.log()));
-    assert!(
-        answers
-            .iter()
-            .all(|&(pid, ppid)| ppid == template && workers.contains(&pid)),
-        "{answers:?} {workers:?}"
-    );
-    let loaded = std::fs::read_to_string(&loads).unwrap();
-    assert_eq!(loaded, format!("{preloader}\n"), "{}", corral.log());
-    assert_eq!(corral.count_log("worker promoted:"), 1, "{}", corral.log());
-}
-
-/// The pid and parent pid of the worker answering `/app/whoami`, or what was wrong.
-fn whoami(addr: SocketAddr) -> Result<(u32, u32), String> {
-    let r = http(addr, "GET", "/app/whoami", &[], b"");
-    let text = r.text();
-    if r.status != 200 {
-        return Err(format!("{} {text}", r.status));
-    }
-    let field = |name: &str| {
-        text.split(' ')
-            .find_map(|w| w.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("no {name} in {text:?}"))
-    };
-    Ok((field("pid=")?, field("ppid=")?))
 }
 
 fn parent_pid(pid: u32) -> u32 {
