@@ -13,6 +13,9 @@
 //! - a WSGI app importing a PyPI package installed with pip into a venv made by the test
 //!   (Debian's Python lacks it), run by the pool's `virtualenv`.
 //!
+//! A pool of its own on the same Django project checks reforking (`refork_after`) under a
+//! little load.
+//!
 //! Django and Flask run on `python = "/usr/bin/python3"`: Debian's packages are for
 //! Debian's Python, which need not be the `python3` first on PATH (a pyenv's, say).
 
@@ -33,8 +36,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use support::apps::{
-    gate_name, input_value, setup, sha256, shared, streamed_get, upload_bytes, write_tree, Browser,
-    Reaper,
+    gate_name, input_value, setup, sha256, shared, streamed_get, upload_bytes, writable_dir,
+    write_tree, Browser, Reaper,
 };
 use support::python_apps::{django_and_flask, ADMIN, PYTHON};
 use support::server::{http, Corral};
@@ -428,5 +431,53 @@ fn a_virtualenv_pool_runs_the_venvs_python_with_its_packages() {
         f.corral.log().contains(&format!("virtualenv {venv}")),
         "{}",
         f.corral.log()
+    );
+}
+
+/// Reforking on Django: a preloaded pool of 3 workers with `refork_after = [20]` serves 300
+/// requests over a few pages (the admin's login form, the upload form) from 3 clients with
+/// no failed answer; a worker that served 20 is promoted to be the template (it was forked
+/// by the preloader corral started), every worker then answering is its child, and the
+/// project was loaded once, by the preloader (`support::reforking` says in full what is
+/// checked).
+#[test]
+fn a_reforked_django_pool_serves_from_a_promoted_worker_and_loads_once() {
+    let f = fixture();
+    let d = f.dir().display();
+    // Written by the preloader, which runs as the workers' user.
+    let loads = writable_dir(&f.dir().join("loads-refork")).join("loads");
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{d}/run-refork"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[pools.django]
+app = "wsgi:mysite.wsgi:application"
+python = "{PYTHON}"
+cwd = "{d}/django"
+{keys}
+start_timeout = "120s"
+queue_timeout = "120s"
+env = {{ DJANGO_DB = "{d}/data/db.sqlite3", DJANGO_STATIC_ROOT = "{d}/public/static", GATES = "{d}/gates", LOADS_FILE = "{loads}" }}
+
+[[contexts]]
+prefix = "/django"
+pool = "django"
+"#,
+        keys = support::reforking::POOL_KEYS,
+        loads = loads.display(),
+    );
+    let corral = f.reaper.corral(&config);
+    support::reforking::serves_from_a_promoted_worker(
+        &corral,
+        &["/django/", "/django/admin/login/", "/django/upload/"],
+        "/django/whoami/",
+        &loads,
     );
 }

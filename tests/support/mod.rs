@@ -18,6 +18,8 @@ pub mod native;
 pub mod peers;
 pub mod preloading;
 pub mod python_apps;
+pub mod rails_app;
+pub mod reforking;
 pub mod server;
 pub mod sync1;
 pub mod sync2;

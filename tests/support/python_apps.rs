@@ -1,7 +1,9 @@
 //! The Python apps the WSGI tests run, as people deploy them: a Django 3.2 project and a
 //! Flask 2.2 app (Debian's python3-django and python3-flask) with the views and routes the
 //! tests ask for. Shared by tests/app_python.rs (the pure-Python launcher) and
-//! tests/wsgi_native_apps.rs (the native worker), so both run the very same apps.
+//! tests/wsgi_native_apps.rs (the native worker), so both run the very same apps. Django's
+//! `/whoami/` answers with the pid and parent pid of the worker serving, and the project
+//! records each load of itself in the file `LOADS_FILE` names, when set (for reforking).
 
 use std::path::Path;
 use std::process::Command;
@@ -107,12 +109,13 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("stream/", views.stream, name="stream"),
     path("upload/", views.upload, name="upload"),
+    path("whoami/", views.whoami, name="whoami"),
 ]
 "#,
     ),
     (
         "mysite/views.py",
-        r#"import hashlib, sys
+        r#"import hashlib, os, sys
 
 from django.http import HttpResponse, StreamingHttpResponse
 from django.template import engines
@@ -147,6 +150,9 @@ def upload(request):
         return HttpResponse("%s %d %s" % (f.name, f.size, digest.hexdigest()),
                             content_type="text/plain")
     return HttpResponse(engines["django"].from_string(UPLOAD_FORM).render(request=request))
+
+def whoami(request):
+    return HttpResponse("pid=%d ppid=%d" % (os.getpid(), os.getppid()), content_type="text/plain")
 "#,
     ),
     (
@@ -157,6 +163,12 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
 application = get_wsgi_application()
+
+# Each load of the project, recorded where the test asks: a pool that forks its workers
+# (and reforks them from a promoted worker) loads it once.
+if os.environ.get("LOADS_FILE"):
+    with open(os.environ["LOADS_FILE"], "a") as f:
+        f.write("%d\n" % os.getpid())
 "#,
     ),
 ];
