@@ -5,9 +5,9 @@
 //! workers are replaced one at a time with no failed request under load; a second step
 //! promotes a worker of the first promoted template; a SIGKILLed promoted template is
 //! replaced by workers of the template before it, and the pool reforks again;
-//! `max_requests` recycles into workers of the promoted template; a reforked worker past
-//! `request_timeout` still has its stacks collected (it writes on the first preloader's
-//! stderr, two generations up).
+//! `max_requests` and `max_memory` recycle into workers of the promoted template (the app
+//! is not loaded again); a reforked worker past `request_timeout` still has its stacks
+//! collected (it writes on the first preloader's stderr, two generations up).
 
 #![allow(
     clippy::unwrap_used,
@@ -30,15 +30,19 @@ use support::preloading::{
 };
 use support::server::http;
 
-/// The WSGI app: records each load, answers with pid and ppid.
+/// The WSGI app: records each load, answers with pid and ppid; `/grow` keeps 100 MiB more.
 const WSGI_APP: &str = r#"import os, time
 with open(os.path.join(os.environ["LOADS_DIR"], "loads"), "a") as f:
     f.write("%d\n" % os.getpid())
 CACHE = {}
+HELD = []
 
 def application(environ, start_response):
     # Something warmed per worker, as an app's caches are.
     CACHE.setdefault(environ["PATH_INFO"], "x" * 4096)
+    if environ["PATH_INFO"] == "/grow":
+        # 100 MiB written (so resident) and kept for the worker's life.
+        HELD.append(bytearray(b"\x01") * (100 << 20))
     if environ["PATH_INFO"] == "/sleep":
         time.sleep(60)
     body = ("pid=%d ppid=%d" % (os.getpid(), os.getppid())).encode()
@@ -49,8 +53,10 @@ def application(environ, start_response):
 /// The Rack app, the same in Ruby.
 const RACK_APP: &str = r#"File.open(File.join(ENV.fetch("LOADS_DIR"), "loads"), "a") { |f| f.puts Process.pid }
 CACHE = {}
+HELD = []
 run lambda { |env|
   CACHE[env["PATH_INFO"]] ||= "x" * 4096
+  HELD << "\x01" * (100 << 20) if env["PATH_INFO"] == "/grow"
   sleep 60 if env["PATH_INFO"] == "/sleep"
   [200, { "content-type" => "text/plain" }, ["pid=#{Process.pid} ppid=#{Process.ppid}"]]
 }
@@ -297,6 +303,105 @@ fn max_requests_recycles_from_the_new_template(lang: Lang) {
 }
 
 both!(max_requests_recycles_from_the_new_template: wsgi_max_requests_after_a_refork_forks_from_the_new_template, rack_max_requests_after_a_refork_forks_from_the_new_template);
+
+/// The workers corral logged as forked after its first log line containing `after`, in
+/// order: (the worker's number in the pool, its pid, the template that forked it).
+fn forked_after(p: &Pool, after: &str) -> Vec<(u64, u32, u32)> {
+    let field = |l: &str, name: &str| -> Option<u64> {
+        let rest = &l[l.find(name)? + name.len()..];
+        rest.split(' ').next()?.parse().ok()
+    };
+    p.corral
+        .log()
+        .lines()
+        .skip_while(|l| !l.contains(after))
+        .filter(|l| l.contains("worker forked"))
+        .map(|l| {
+            let key = field(l, " key=worker ");
+            let pid = field(l, " pid=").and_then(|v| u32::try_from(v).ok());
+            let template = field(l, " preloader=").and_then(|v| u32::try_from(v).ok());
+            match (key, pid, template) {
+                (Some(key), Some(pid), Some(template)) => (key, pid, template),
+                _ => panic!("cannot read {l:?}"),
+            }
+        })
+        .collect()
+}
+
+/// `max_memory` after a refork: a worker of the promoted template that grows past the limit
+/// answers the request that made it grow, is recycled for it, and its replacement is another
+/// child of the promoted template (not of the first preloader, and the app is not loaded
+/// again), with no failed request from clients meanwhile.
+fn max_memory_recycles_from_the_new_template(lang: Lang) {
+    let p = start(
+        lang,
+        "mode = \"static\"\nmax = 2\nrefork_after = [10]\nmax_memory = \"64MiB\"",
+    );
+    let (_, preloader) = served(&p, "/");
+    let seen = wait_for_workers_of_new_template(&p, preloader, 6);
+    let template = seen.iter().next().unwrap().1;
+    assert!(forked_by(&p, template, preloader), "{}", p.corral.log());
+    let load = Load::start(p.addr, 2);
+    let (grown, ppid) = served(&p, "/grow");
+    assert_eq!(ppid, template, "{}", p.corral.log());
+    // Recycled for its memory (measured after a request or by the sampling every second),
+    // then gone.
+    let key = forked_after(&p, "worker promoted:")
+        .into_iter()
+        .find(|&(_, pid, _)| pid == grown)
+        .map(|(key, _, _)| key)
+        .unwrap_or_else(|| panic!("no fork of {grown} logged\n{}", p.corral.log()));
+    let recycled = format!("worker {key} is recycled because its memory exceeded max_memory");
+    assert!(p.corral.wait_log(&recycled), "{}", p.corral.log());
+    assert!(
+        support::eventually(Duration::from_secs(30), || !support::alive(grown)),
+        "the grown worker {grown} did not leave\n{}",
+        p.corral.log()
+    );
+    // Its replacement, and every worker forked since, is the promoted template's child.
+    assert!(
+        support::eventually(Duration::from_secs(30), || {
+            !forked_after(&p, &recycled).is_empty()
+        }),
+        "no replacement forked\n{}",
+        p.corral.log()
+    );
+    let since = forked_after(&p, &recycled);
+    assert!(
+        since.iter().all(|&(_, _, by)| by == template),
+        "forked after the recycle: {since:?}, template {template}, first preloader \
+         {preloader}\n{}",
+        p.corral.log()
+    );
+    for _ in 0..8 {
+        let (pid, ppid) = served(&p, "/page");
+        assert_ne!(pid, grown, "{}", p.corral.log());
+        assert_eq!(ppid, template, "{}", p.corral.log());
+    }
+    let (requests, failed) = load.finish();
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {requests} failed\n{}",
+        p.corral.log()
+    );
+    assert!(requests > 0);
+    assert_eq!(loads(&p), vec![preloader], "{}", p.corral.log());
+    assert_eq!(
+        p.corral.count_log("exceeded max_memory"),
+        1,
+        "{}",
+        p.corral.log()
+    );
+    assert_eq!(
+        p.corral.count_log("worker promoted:"),
+        1,
+        "{}",
+        p.corral.log()
+    );
+}
+
+both!(max_memory_recycles_from_the_new_template: wsgi_max_memory_after_a_refork_forks_from_the_new_template, rack_max_memory_after_a_refork_forks_from_the_new_template);
 
 /// A worker of a promoted template past `request_timeout` is asked for its stacks, and its
 /// whole dump is collected, though it writes on the pipes of the preloader corral started.
