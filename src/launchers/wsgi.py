@@ -79,8 +79,12 @@ MAX_BODY_DIGITS = 18
 # Bodies above this go to an unlinked temporary file instead of memory.
 MEMORY_BODY = 1 << 20
 # A packet (or body) not complete this long after it started is given up, and the
-# connection closed: SO_RCVTIMEO on the listener, which accepted sockets inherit.
+# connection closed: SO_RCVTIMEO on each accepted connection.
 READ_TIMEOUT = 60
+# accept() returns at least this often (SO_RCVTIMEO on the listener), so that a stop or
+# promotion signal that came just before the call began (Python runs its handler only
+# when the call returns) is acted on within this bound, not after READ_TIMEOUT.
+ACCEPT_WAIT = 1
 # Read size; one recv usually holds the whole BEGIN_REQUEST and a small body.
 CHUNK = 64 * 1024
 # Response bytes queued before they are written: an answer up to this size is one write.
@@ -730,9 +734,9 @@ def request_uri(environ):
 def serve_connection(app, sock, stopper, listener):
     """Serves requests on one connection until corral closes it, a request breaks a rule,
     an answer cannot end cleanly, or a stop signal came."""
-    # Reads time out after READ_TIMEOUT through SO_RCVTIMEO, which the connection took over
-    # from the listener (see serve): no per-connection timeout calls, and the socket stays
-    # blocking, so a recv is one system call rather than a poll and a recv.
+    # Reads time out after READ_TIMEOUT through SO_RCVTIMEO, set once on the connection
+    # (see serve): the socket stays blocking, so a recv is one system call rather than a
+    # poll and a recv.
     conn = Connection(sock)
     try:
         while not stopper.stopping:
@@ -834,10 +838,12 @@ class Stopper:
 
 
 def serve(app, listener, stopper):
-    # Inherited by every accepted connection (Linux copies SO_RCVTIMEO to it); on the
-    # listener it bounds accept() as well, which then simply waits again.
+    # accept() waits at most ACCEPT_WAIT, then simply waits again: a stop or promotion
+    # signal that arrived just before it blocked is handled when it returns. Linux copies
+    # the listener's SO_RCVTIMEO to each accepted socket, which gets READ_TIMEOUT instead.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                        struct.pack("ll", READ_TIMEOUT, 0))
+                        struct.pack("ll", ACCEPT_WAIT, 0))
+    read_timeout = struct.pack("ll", READ_TIMEOUT, 0)
     while not stopper.stopping and not stopper.promote:
         stopper.idle = True
         try:
@@ -854,6 +860,7 @@ def serve(app, listener, stopper):
         finally:
             stopper.idle = False
         try:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, read_timeout)
             serve_connection(app, conn, stopper, listener)
         except (Stop, Promote):
             return
