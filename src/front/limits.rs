@@ -125,6 +125,11 @@ impl ConnState {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(NONE - 1)
     }
 
+    /// [`now_ms`](Self::now_ms) for a clock reading made already.
+    fn ms_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(NONE - 1)
+    }
+
     fn at(&self, ms: u64) -> Instant {
         self.epoch + Duration::from_millis(ms)
     }
@@ -154,7 +159,10 @@ impl ConnState {
         self.head_since.store(NONE, Ordering::Relaxed);
         // No deadline while busy, which is later than any: the watch, when its timer fires,
         // finds the connection busy and waits for its end.
-        BusyGuard(Arc::clone(self))
+        BusyGuard {
+            state: Arc::clone(self),
+            ended_at: None,
+        }
     }
 
     /// Whether no request is being handled.
@@ -230,13 +238,29 @@ impl ConnState {
 
 /// Marks one request in progress on a connection; dropping it ends the request.
 #[derive(Debug)]
-pub struct BusyGuard(Arc<ConnState>);
+pub struct BusyGuard {
+    state: Arc<ConnState>,
+    /// When the request ended, if the holder knows it without reading the clock.
+    ended_at: Option<Instant>,
+}
+
+impl BusyGuard {
+    /// The request ended at `at`, a clock reading its holder made anyway (the end of the
+    /// response body, which the request's timer read): the idle wait that follows counts
+    /// from it, and the drop reads no clock of its own.
+    pub fn ended_at(&mut self, at: Instant) {
+        self.ended_at = Some(at);
+    }
+}
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        let state = &self.0;
+        let state = &self.state;
         if state.busy.fetch_sub(1, Ordering::Relaxed) == 1 {
-            let now = state.now_ms();
+            let now = match self.ended_at {
+                Some(at) => state.ms_at(at),
+                None => state.now_ms(),
+            };
             state.idle_since.store(now, Ordering::Relaxed);
             state.wake_if_before(now.saturating_add(state.idle_ms.load(Ordering::Relaxed)));
         }
@@ -273,5 +297,18 @@ mod tests {
             Some((Instant::now() + t.header, Expired::Head))
         );
         assert_eq!(s.watch(t).await, Expired::Head);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_ended_at_a_known_instant_is_idle_from_it() {
+        let t = FrontTimeouts::default();
+        let s = ConnState::detached();
+        let mut g = s.begin();
+        let ended = Instant::now() + Duration::from_secs(1);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        g.ended_at(ended);
+        drop(g);
+        // Counted from the instant given, not from the drop two seconds later.
+        assert_eq!(s.deadline(&t), Some((ended + t.idle, Expired::Idle)));
     }
 }
