@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 
-use super::{clean_line, well_formed, CgiResponseDecoder};
+use super::{clean_line, first_control, is_control, well_formed, CgiResponseDecoder};
 use crate::Limits;
 
 /// What the rule-by-rule path makes of `line`.
@@ -33,7 +33,7 @@ proptest! {
     #[test]
     fn the_scanner_s_one_pass_agrees_with_its_steps(
         rest in proptest::collection::vec(
-            prop::sample::select(b"aZ-_:: \t\r\n\n\x01\x7f\x80\xff\"(@;o".to_vec()), 0..16)
+            prop::sample::select(b"aZ-_:: \t\r\n\n\x01\x7f\x80\xff\"(@;o".to_vec()), 0..40)
     ) {
         let steps = rest.iter().position(|&c| c == b'\n').and_then(|lf| {
             let end = if lf > 0 && rest[lf - 1] == b'\r' { lf - 1 } else { lf };
@@ -43,6 +43,20 @@ proptest! {
         });
         let one_pass = clean_line(&rest).map(|l| (l.colon, l.value, l.end, l.next));
         prop_assert_eq!(one_pass, steps);
+    }
+}
+
+proptest! {
+    /// Eight bytes at a time, the search for a value's end finds the byte a byte-at-a-time
+    /// search finds, at every offset in and across words: the bounds of the refused range
+    /// (NUL, 0x1f, DEL), the allowed ones beside them (0x20, 0x7e, tab, high bytes), and
+    /// mostly clean runs longer than a word.
+    #[test]
+    fn the_word_search_finds_the_first_control_byte(
+        bytes in proptest::collection::vec(
+            prop::sample::select(b"aaaaaaaa \t\r\n\x00\x01\x1f\x20\x7e\x7f\x80\xff".to_vec()), 0..48)
+    ) {
+        prop_assert_eq!(first_control(&bytes), bytes.iter().position(|&c| is_control(c)));
     }
 }
 

@@ -752,6 +752,28 @@ fn client_decodes_a_backend_answer() {
     }
 }
 
+/// The records a decoder reads where they lie (an empty stream end, END_REQUEST) still take
+/// their padding with them, whole or a byte at a time, and the next record starts after it.
+#[test]
+fn client_records_read_in_place_take_their_padding() {
+    let stdout_end_padded = [1, 6, 0, 1, 0, 0, 3, 0, 0xaa, 0xbb, 0xcc];
+    let end_padded = [
+        1, 3, 0, 1, 0, 8, 8, 0, 0, 0, 0, 7, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9,
+    ];
+    let bytes = cat(&[&stdout_1(), &stdout_end_padded, &end_padded]);
+    assert_eq!(
+        answer(&bytes, 1, true).unwrap(),
+        vec![
+            ResponseEvent::Stdout(b(b"Status: 200\r\n\r\nhi!\n")),
+            ResponseEvent::StdoutEnd,
+            ResponseEvent::End {
+                app_status: 7,
+                protocol_status: ProtocolStatus::RequestComplete
+            },
+        ]
+    );
+}
+
 #[test]
 fn client_reports_management_records() {
     let bytes = cat(&[&get_values_result(), UNKNOWN_TYPE_12]);

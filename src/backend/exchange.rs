@@ -22,11 +22,12 @@ use tokio_util::io::poll_read_buf;
 use super::connection::BackendConnection;
 use super::{fastcgi, lsapi, scgi};
 use super::{BackendError, ExchangeOptions, Protocol, RequestBody, StderrSink};
-use crate::logs::{escaped, LineLimit, Verdict};
+use crate::logs::LineLimit;
 use crate::protocols::cgi_response::CgiResponseHead;
 
 mod body;
 mod spare;
+mod stderr;
 
 use body::BodyState;
 pub use body::ResponseBody;
@@ -36,10 +37,6 @@ const READ_CHUNK: usize = 32 * 1024;
 /// Request bytes gathered behind a queued write before it is made (bounds the send buffer of
 /// one exchange at this plus one body chunk).
 const WRITE_GATHER: usize = 64 * 1024;
-/// Pieces of backend stderr one exchange may log per second.
-const STDERR_LINES_PER_SECOND: u64 = 100;
-/// Bytes of backend stderr one exchange may log per second.
-const STDERR_BYTES_PER_SECOND: u64 = 64 * 1024;
 
 /// What a codec made of the bytes it was given.
 #[derive(Debug)]
@@ -262,7 +259,7 @@ impl Exchange {
             first_byte_deadline: None,
             got_byte: false,
             clean: false,
-            stderr_limit: spare::stderr_limit(),
+            stderr_limit: stderr::limit(),
             state: BodyState::Streaming,
             kept: None,
             ahead: None,
@@ -325,41 +322,6 @@ impl Exchange {
                 Step::Nothing => {}
                 step => return Poll::Ready(Ok(step)),
             }
-        }
-    }
-
-    /// Logs a piece of the backend's stderr, escaped, at most [`STDERR_LINES_PER_SECOND`]
-    /// pieces and [`STDERR_BYTES_PER_SECOND`] bytes a second per exchange (a backend serves
-    /// one exchange at a time per slot); past that they are counted and reported with the
-    /// next piece logged, or when the exchange ends.
-    fn log_stderr(&self, text: &[u8]) {
-        if let Some(sink) = &self.stderr {
-            sink(text);
-        }
-        let Verdict::Log { suppressed } = self.stderr_limit.check(Instant::now(), text.len())
-        else {
-            return;
-        };
-        self.report_suppressed_stderr(suppressed);
-        let line = text.strip_suffix(b"\n").unwrap_or(text);
-        tracing::warn!(
-            pool = %self.pool,
-            request_id = self.request_id,
-            protocol = %self.protocol(),
-            stderr = %escaped(line),
-            "backend wrote to stderr"
-        );
-    }
-
-    fn report_suppressed_stderr(&self, suppressed: u64) {
-        if suppressed > 0 {
-            tracing::warn!(
-                pool = %self.pool,
-                request_id = self.request_id,
-                suppressed,
-                "backend stderr over {STDERR_LINES_PER_SECOND} records or \
-                 {STDERR_BYTES_PER_SECOND} bytes a second: suppressed {suppressed} lines"
-            );
         }
     }
 

@@ -91,14 +91,16 @@ pub async fn serve_connection(
         info,
     });
     let busy = Arc::clone(&state);
+    // Borrowed by each request's future, not cloned into it: the connection's future owns
+    // both, and an `Arc` clone of the gateway per request was a read-modify-write on a
+    // count every serving thread shares.
+    let (gateway, info) = (&*gateway, &*info);
     let service = service_fn(move |req| {
-        let gateway = Arc::clone(&gateway);
-        let info = Arc::clone(&info);
         // The head is complete: the connection is busy until hyper drops the response
         // body (after its last byte, or when the connection ends).
         let guard = busy.begin();
         async move {
-            let mut resp = handle(&gateway, &info, req).await;
+            let mut resp = handle(gateway, info, req).await;
             // Set in place: `Response::map` moved the whole response (its body holds the
             // backend's) three times over.
             resp.body_mut().hold(guard);

@@ -83,6 +83,11 @@ impl GatewayBody {
         self.body.is_ended()
     }
 
+    /// When the body ended cleanly (the request's timer read the clock then), if it has.
+    pub fn ended_at(&self) -> Option<tokio::time::Instant> {
+        self.timer.ended_at()
+    }
+
     /// The next chunk; `None` at the clean end.
     pub async fn next_chunk(&mut self) -> Option<Result<Bytes, BackendError>> {
         std::future::poll_fn(|cx| self.poll_chunk(cx)).await

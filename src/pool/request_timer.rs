@@ -74,6 +74,11 @@ impl RequestTimer {
         }
     }
 
+    /// When the response body ended, if it did: read off the total, no clock read.
+    pub fn ended_at(&self) -> Option<Instant> {
+        self.ended.then(|| self.asked + self.split[3])
+    }
+
     /// (queue wait, connect, time to head, total) as measured so far; the total is the time
     /// until now when the body has not ended.
     pub fn split(&self) -> [std::time::Duration; 4] {

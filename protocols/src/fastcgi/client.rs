@@ -2,11 +2,11 @@
 //! web server's side of one request, and the decoder of the backend's answer on a connection
 //! that may carry one request after another (FCGI_KEEP_CONN).
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::body::{parse_end_request, parse_unknown_type};
 use super::params::ParamsDecoder;
-use super::record::{encode_stream, encode_stream_end, Record, RecordDecoder};
+use super::record::{encode_stream, encode_stream_end, RecordHeader, HEADER_LEN};
 use super::{FastCgiError, ProtocolStatus, RecordType, Side};
 use crate::Limits;
 
@@ -64,7 +64,6 @@ pub enum ResponseEvent {
 /// close FCGI_STDOUT before FCGI_END_REQUEST (nginx does not insist either).
 #[derive(Debug, Clone)]
 pub struct ResponseDecoder {
-    records: RecordDecoder,
     limits: Limits,
     request_id: u16,
     keep_conn: bool,
@@ -77,7 +76,6 @@ impl ResponseDecoder {
     /// A decoder for the answer to `request_id`, sent with FCGI_KEEP_CONN set if `keep_conn`.
     pub fn new(request_id: u16, keep_conn: bool, limits: &Limits) -> ResponseDecoder {
         ResponseDecoder {
-            records: RecordDecoder::new(),
             limits: limits.clone(),
             request_id,
             keep_conn,
@@ -117,26 +115,48 @@ impl ResponseDecoder {
         Ok(())
     }
 
-    /// Takes the next event from `src`; `Ok(None)` until a whole record has arrived.
+    /// Takes the next event from `src`; `Ok(None)` until a whole record has arrived (a
+    /// record is taken once all of its bytes, padding included, are in `src`, as
+    /// `RecordDecoder` does). A record whose content the event does not carry (an empty
+    /// record that ends a stream, FCGI_END_REQUEST) is read where it lies: two of the three
+    /// records of a usual answer then make no `Bytes` to drop again at once.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, FastCgiError> {
-        match self.records.decode(src)? {
-            Some(record) => self.on_record(record).map(Some),
-            None => Ok(None),
+        let Some(&head) = src.first_chunk::<HEADER_LEN>() else {
+            return Ok(None);
+        };
+        let header = RecordHeader::decode(head)?;
+        let total = header.record_len();
+        if src.len() < total {
+            src.reserve(total - src.len());
+            return Ok(None);
         }
+        src.advance(HEADER_LEN);
+        let len = usize::from(header.content_len);
+        let content = if len == 0 || header.kind == RecordType::EndRequest {
+            let here = src.get(..len).unwrap_or_default();
+            let event = self.on_record(header.kind, header.request_id, Content::Here(here));
+            src.advance(len);
+            event
+        } else {
+            let shared = src.split_to(len).freeze();
+            self.on_record(header.kind, header.request_id, Content::Shared(shared))
+        };
+        src.advance(usize::from(header.padding_len));
+        content.map(Some)
     }
 
-    fn on_record(&mut self, record: Record) -> Result<ResponseEvent, FastCgiError> {
-        let Record {
-            kind,
-            request_id,
-            content,
-        } = record;
+    fn on_record(
+        &mut self,
+        kind: RecordType,
+        request_id: u16,
+        content: Content<'_>,
+    ) -> Result<ResponseEvent, FastCgiError> {
         match (kind, request_id) {
             (RecordType::GetValuesResult, 0) => Ok(ResponseEvent::GetValuesResult(
-                ParamsDecoder::decode_block(content, &self.limits)?,
+                ParamsDecoder::decode_block(content.into_bytes(), &self.limits)?,
             )),
             (RecordType::UnknownType, 0) => Ok(ResponseEvent::UnknownType {
-                kind: parse_unknown_type(&content)?,
+                kind: parse_unknown_type(content.as_slice())?,
             }),
             (RecordType::GetValuesResult | RecordType::UnknownType, _) => {
                 Err(FastCgiError::ManagementRequestId { kind, request_id })
@@ -168,7 +188,7 @@ impl ResponseDecoder {
         &mut self,
         kind: RecordType,
         request_id: u16,
-        content: Bytes,
+        content: Content<'_>,
     ) -> Result<ResponseEvent, FastCgiError> {
         if request_id != self.request_id {
             return Err(FastCgiError::WrongRequestId {
@@ -192,7 +212,7 @@ impl ResponseDecoder {
                 ResponseEvent::StderrEnd,
             ),
             _ => {
-                let (app_status, protocol_status) = parse_end_request(&content)?;
+                let (app_status, protocol_status) = parse_end_request(content.as_slice())?;
                 self.ended = true;
                 return Ok(ResponseEvent::End {
                     app_status,
@@ -203,10 +223,34 @@ impl ResponseDecoder {
         if !*open {
             return Err(FastCgiError::StreamAfterEnd { kind, request_id });
         }
-        if content.is_empty() {
+        if content.as_slice().is_empty() {
             *open = false;
             return Ok(end);
         }
-        Ok(data(content))
+        Ok(data(content.into_bytes()))
+    }
+}
+
+/// A record's content: shared with the input buffer, or read where it lies (an empty record,
+/// FCGI_END_REQUEST), for a decoder that needs no `Bytes` of it.
+enum Content<'a> {
+    Shared(Bytes),
+    Here(&'a [u8]),
+}
+
+impl Content<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Content::Shared(bytes) => bytes,
+            Content::Here(here) => here,
+        }
+    }
+
+    /// The content as `Bytes` (a copy of bytes read in place: empty ones, in practice).
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Content::Shared(bytes) => bytes,
+            Content::Here(here) => Bytes::copy_from_slice(here),
+        }
     }
 }

@@ -17,10 +17,7 @@ use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::body::BodyState;
-use super::{
-    BackendConnection, Codec, Exchange, ExchangeOptions, LineLimit, RequestBody,
-    STDERR_BYTES_PER_SECOND, STDERR_LINES_PER_SECOND,
-};
+use super::{stderr, BackendConnection, Codec, Exchange, ExchangeOptions, RequestBody};
 
 /// Most spent exchanges one thread keeps.
 const MAX_SPARE: usize = 16;
@@ -51,15 +48,6 @@ pub(super) fn recycle(mut exchange: Box<Exchange>) {
             }
         }
     });
-}
-
-/// The stderr bound of one exchange.
-pub(super) fn stderr_limit() -> LineLimit {
-    LineLimit::new(
-        std::time::Duration::from_secs(1),
-        STDERR_LINES_PER_SECOND,
-        STDERR_BYTES_PER_SECOND,
-    )
 }
 
 impl Exchange {
@@ -139,7 +127,7 @@ impl Exchange {
         *first_byte_deadline = None;
         *got_byte = false;
         *clean = false;
-        *limit = stderr_limit();
+        *limit = stderr::limit();
         *state = BodyState::Streaming;
         *kept = None;
         *ahead = None;

@@ -181,6 +181,28 @@ impl FrontBody {
     pub(super) fn hold(&mut self, guard: BusyGuard) {
         self.busy = Some(guard);
     }
+
+    /// Tells the busy guard when `backend` ended, which its timer read: the connection is
+    /// idle from then, with no clock read of its own when the guard is dropped.
+    fn note_end(busy: &mut Option<BusyGuard>, backend: &GatewayBody) {
+        if let (Some(guard), Some(at)) = (busy.as_mut(), backend.ended_at()) {
+            guard.ended_at(at);
+        }
+    }
+}
+
+impl Drop for FrontBody {
+    fn drop(&mut self) {
+        // hyper drops a body whose last chunk it has (`is_end_stream`) without polling it
+        // to its end.
+        if let BodyKind::Backend {
+            body: Some(backend),
+            ..
+        } = &self.kind
+        {
+            FrontBody::note_end(&mut self.busy, backend);
+        }
+    }
 }
 
 impl Body for FrontBody {
@@ -191,7 +213,8 @@ impl Body for FrontBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match &mut self.get_mut().kind {
+        let this = self.get_mut();
+        match &mut this.kind {
             BodyKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             BodyKind::File(file) => file.poll_chunk(cx),
             BodyKind::Backend {
@@ -216,6 +239,7 @@ impl Body for FrontBody {
                     // The end: dropping the body gives the slot back now, not when hyper
                     // drops this one.
                     Poll::Ready(None) => {
+                        FrontBody::note_end(&mut this.busy, backend);
                         *body = None;
                         Poll::Ready(None)
                     }
