@@ -62,10 +62,14 @@ pub(super) async fn accept_loop(
         FrontProtocol::Fastcgi => Some(crew(Front::Fastcgi)),
         FrontProtocol::Scgi => Some(crew(Front::Scgi)),
     };
+    // Made once: a wait made at every turn would join the token's waiters and leave them
+    // again for each connection.
+    let stopping = shutdown.cancelled();
+    tokio::pin!(stopping);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => return,
+            () = &mut stopping => return,
         };
         let (stream, peer) = match accepted {
             Ok(Some(client)) => client,
