@@ -1,7 +1,7 @@
 //! The accept loop of a front listener: admission by the connection caps, then a task per
 //! HTTP connection, or a task of the listener's crew for a CGI front's (`crew`).
 
-mod crew;
+pub(super) mod crew;
 
 use std::sync::Arc;
 

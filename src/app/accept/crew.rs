@@ -32,8 +32,10 @@ const MAX_IDLE: usize = 64;
 
 /// The CGI front a crew serves.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Front {
+pub enum Front {
+    /// `fastcgi::serve_connection`.
     Fastcgi,
+    /// `scgi::serve_connection`.
     Scgi,
 }
 
@@ -82,7 +84,7 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The tasks serving one accept loop's connections.
-pub(super) struct Crew {
+pub struct Crew {
     idle: Arc<Mutex<Idle>>,
     serve: Arc<Serve>,
     tracker: TaskTracker,
@@ -90,7 +92,7 @@ pub(super) struct Crew {
 
 impl Crew {
     /// A crew for a CGI front listener, its tasks counted in `tracker`.
-    pub(super) fn new(
+    pub fn new(
         front: Front,
         listener: Arc<ListenAddress>,
         timeouts: FrontTimeouts,
@@ -112,7 +114,7 @@ impl Crew {
     }
 
     /// Serves `stream` in an idle task, or in a new one when none is idle.
-    pub(super) fn serve(&self, stream: Stream, ticket: Ticket) {
+    pub fn serve(&self, stream: Stream, ticket: Ticket) {
         let job = Job { stream, ticket };
         let post = locked(&self.idle).posts.pop();
         match post {
