@@ -5,8 +5,8 @@
 //! cell, a boxed connection future of several kilobytes, the spawn and the task's teardown.
 //! Instead, each accept loop keeps a crew: a task that has served a connection waits, idle,
 //! for the next one, and the accept loop hands a new connection to an idle task (a slot
-//! under a lock no other serving thread takes, and a wake-up of that task), spawning one only
-//! when none is idle. The connection's future is made inside the task's own state, which
+//! under a lock, which with the per-thread scheduler no other serving thread takes, and a
+//! wake-up of that task), spawning one only when none is idle. The connection's future is made inside the task's own state, which
 //! lives as long as the task: nothing is allocated per connection for it.
 //!
 //! At most [`MAX_IDLE`] tasks wait per accept loop; one that ends its connection with that
