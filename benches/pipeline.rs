@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use corral::app::{Crew, CrewFront};
 use corral::bench::{NullArgs, Protocol};
 use corral::config::{FrontTimeouts, ListenAddress};
 use corral::front::http::ConnInfo;
@@ -38,6 +39,7 @@ use criterion::{criterion_group, Criterion, Throughput};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Heap allocations per request allowed on the http → FastCGI path (issue 19).
 const ALLOC_BUDGET: f64 = 10.0;
@@ -439,26 +441,17 @@ pool = "lsapi"
         gateway: &gateway,
         timeouts,
         ticket: &ticket,
+        open: &|| admission.open(),
     };
     let listener = Arc::new(config.listeners[0].bind.address());
     rows.push((
         "fastcgi front -> fastcgi (nginx plain fastcgi_pass)",
-        front.per_request(
-            fastcgi::serve_connection,
-            &listener,
-            &nginx_request(),
-            &mut buf,
-        ),
+        front.per_request(CrewFront::Fastcgi, &listener, &nginx_request(), &mut buf),
     ));
     let listener = Arc::new(config.listeners[1].bind.address());
     rows.push((
         "scgi front -> fastcgi (nginx scgi_pass)",
-        front.per_request(
-            corral::front::scgi::serve_connection,
-            &listener,
-            &scgi_request(),
-            &mut buf,
-        ),
+        front.per_request(CrewFront::Scgi, &listener, &scgi_request(), &mut buf),
     ));
 
     for c in &mut children {
@@ -487,48 +480,52 @@ struct CgiFront<'a> {
     gateway: &'a Arc<Gateway>,
     timeouts: FrontTimeouts,
     ticket: &'a dyn Fn() -> corral::front::limits::Ticket,
+    /// Connections counted open in the tickets' table.
+    open: &'a dyn Fn() -> usize,
 }
 
 impl CgiFront<'_> {
-    /// Allocations per request of `serve` (a CGI front's `serve_connection`), one request
+    /// Allocations per request of a CGI front's connections as the accept loop serves them
+    /// (`corral::app::Crew`: a task that served a connection serves the next), one request
     /// per connection: the request written, the answer read to the close.
-    fn per_request<S, F>(
+    fn per_request(
         &self,
-        serve: S,
+        front: CrewFront,
         listener: &Arc<ListenAddress>,
         request: &[u8],
         buf: &mut [u8],
-    ) -> (f64, f64)
-    where
-        S: Fn(
-            Stream,
-            Arc<ListenAddress>,
-            corral::front::limits::Ticket,
-            FrontTimeouts,
-            Arc<Gateway>,
-            CancellationToken,
-        ) -> F,
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
+    ) -> (f64, f64) {
+        let tracker = TaskTracker::new();
+        let crew = {
+            let _entered = self.runtime.enter();
+            Crew::new(
+                front,
+                Arc::clone(listener),
+                self.timeouts,
+                Arc::clone(self.gateway),
+                CancellationToken::new(),
+                tracker.clone(),
+            )
+        };
         let mut once = || {
             self.runtime.block_on(async {
                 let (ours, theirs) = UnixStream::pair().unwrap();
-                let server = tokio::spawn(serve(
-                    Stream::Unix(ours),
-                    Arc::clone(listener),
-                    (self.ticket)(),
-                    self.timeouts,
-                    Arc::clone(self.gateway),
-                    CancellationToken::new(),
-                ));
+                crew.serve(Stream::Unix(ours), (self.ticket)());
                 let (mut rx, mut tx) = theirs.into_split();
                 tx.write_all(request).await.unwrap();
                 read_to_close(&mut rx, buf).await;
                 drop(tx);
-                server.await.unwrap();
+                // The crew's task ends its connection after the close the client saw.
+                while (self.open)() != 0 {
+                    tokio::task::yield_now().await;
+                }
             })
         };
-        per_request(&mut once)
+        let counted = per_request(&mut once);
+        drop(crew);
+        tracker.close();
+        self.runtime.block_on(tracker.wait());
+        counted
     }
 }
 

@@ -8,6 +8,9 @@
 //! until the workers are stopped.
 
 mod accept;
+/// The CGI fronts' connection tasks, for benches/pipeline.rs to serve connections as the
+/// accept loop does.
+pub use accept::crew::{Crew, Front as CrewFront};
 mod bind;
 mod notify;
 mod serving;

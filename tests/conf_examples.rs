@@ -253,6 +253,8 @@ fn a_root_that_differs_from_nginxs_is_a_403_naming_both_roots() {
     );
     let r = curl(&format!("{}/wp-includes/version.php", nginx.url(0)), &[]);
     assert_eq!(r.status, 403, "{r:?}\n{}", corral.log());
+    // The log is read on another thread: the line may trail the answer.
+    corral.wait_log("request refused");
     let log = corral.log();
     let line = log
         .lines()

@@ -198,3 +198,90 @@ fn a_long_length_form_is_read_and_passed_on_in_the_short_one() {
     assert_eq!(got.params.encoded(), want.params.encoded());
     assert_eq!(&got.params.encoded()[..4], &[1, 1, b'A', b'b']);
 }
+
+/// The outcome of `wire` for a decoder collecting with `C`: the kinds of its events, or its
+/// error.
+fn outcome<C: ParamsCollector>(wire: &[u8], cuts: &[usize]) -> Result<Vec<String>, FastCgiError> {
+    events::<C>(wire, cuts, &Limits::DEFAULT).map(|events| {
+        events
+            .iter()
+            .map(|e| {
+                format!("{e:?}")
+                    .split([' ', '{'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn the_records_taken_in_place_are_refused_as_the_general_path_refuses_them() {
+    // The front's collector takes FCGI_BEGIN_REQUEST and FCGI_PARAMS where they lie in the
+    // input (RequestDecoder::in_place); every rule about them must hold there as it does for
+    // the default collector, whatever the chunking.
+    let params = |id: u16, body: &[u8]| {
+        let mut w = BytesMut::new();
+        encode_record(RecordType::Params, id, body, &mut w).unwrap();
+        w.to_vec()
+    };
+    let pair = [1u8, 1, b'A', b'b'];
+    let end = |id: u16| params(id, &[]);
+    let begin = |id: u16| {
+        let mut b = BEGIN.to_vec();
+        b[2..4].copy_from_slice(&id.to_be_bytes());
+        b
+    };
+    let mut bad_version = begin(1);
+    bad_version[0] = 2;
+    let mut bad_reserved = params(1, &pair);
+    bad_reserved[7] = 1;
+    let mut bad_role = begin(1);
+    bad_role[9] = 9;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "the usual start",
+            [begin(1), params(1, &pair), end(1)].concat(),
+        ),
+        (
+            "parameters after their end",
+            [begin(1), end(1), params(1, &pair)].concat(),
+        ),
+        ("a second end", [begin(1), end(1), end(1)].concat()),
+        ("a request begun twice", [begin(1), begin(1)].concat()),
+        ("a request id of 0", [begin(0)].concat()),
+        ("parameters for id 0", [begin(1), params(0, &pair)].concat()),
+        (
+            "parameters of no request",
+            [params(2, &pair), end(2)].concat(),
+        ),
+        ("another version", bad_version),
+        ("a reserved byte set", [begin(1), bad_reserved].concat()),
+        ("an unknown role", bad_role),
+        (
+            "a short begin body",
+            [1, 1, 0, 1, 0, 4, 0, 0, 0, 1, 0, 0].to_vec(),
+        ),
+        (
+            "a pair cut by the end",
+            [begin(1), params(1, &pair[..3]), end(1)].concat(),
+        ),
+        (
+            "a name too long",
+            [begin(1), params(1, &[0x80, 1, 0, 0, 0]), end(1)].concat(),
+        ),
+    ];
+    for (what, wire) in &cases {
+        for cuts in [&[][..], &[1, 9, 17, 21][..], &[3, 4, 5, 6, 7, 8, 30][..]] {
+            assert_eq!(
+                outcome::<FrontParamsDecoder>(wire, cuts),
+                outcome::<ParamsDecoder>(wire, cuts),
+                "{what}, cut at {cuts:?}"
+            );
+        }
+    }
+    // The cases do reach the refusals they name.
+    assert!(outcome::<FrontParamsDecoder>(&cases[1].1, &[]).is_err());
+    assert!(outcome::<FrontParamsDecoder>(&cases[3].1, &[]).is_err());
+}

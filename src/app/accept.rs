@@ -1,5 +1,7 @@
-//! The accept loop of a front listener: admission by the connection caps, then one task per
-//! connection for its protocol.
+//! The accept loop of a front listener: admission by the connection caps, then a task per
+//! HTTP connection, or a task of the listener's crew for a CGI front's (`crew`).
+
+pub(super) mod crew;
 
 use std::sync::Arc;
 
@@ -10,8 +12,8 @@ use crate::config::{FrontProtocol, ListenerConfig};
 use crate::front::http::{self, ConnInfo};
 use crate::front::limits::{Admission, Client};
 use crate::front::listener::{Listener, Peer};
-use crate::front::{fastcgi, scgi};
 use crate::gateway::Gateway;
+use crew::{Crew, Front};
 
 /// Accepts on `listener` until `shutdown`, serving each client in a task of the runtime it
 /// runs in. `announce`: log the "listening" line (once per listener, whatever the number of
@@ -43,10 +45,31 @@ pub(super) async fn accept_loop(
     if announce {
         tracing::info!(listener = %bound_address, protocol = ?config.protocol, "listening");
     }
+    // The CGI fronts' connections are served by long-lived tasks, handed one connection
+    // after another; dropped when this loop ends, which ends the idle ones.
+    let crew = |front| {
+        Crew::new(
+            front,
+            Arc::clone(&shared_address),
+            config.timeouts,
+            Arc::clone(&gateway),
+            shutdown.clone(),
+            connections.clone(),
+        )
+    };
+    let crew = match config.protocol {
+        FrontProtocol::Http => None,
+        FrontProtocol::Fastcgi => Some(crew(Front::Fastcgi)),
+        FrontProtocol::Scgi => Some(crew(Front::Scgi)),
+    };
+    // Made once: a wait made at every turn would join the token's waiters and leave them
+    // again for each connection.
+    let stopping = shutdown.cancelled();
+    tokio::pin!(stopping);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => return,
+            () = &mut stopping => return,
         };
         let (stream, peer) = match accepted {
             Ok(Some(client)) => client,
@@ -71,37 +94,25 @@ pub(super) async fn accept_loop(
         let Some(ticket) = admission.admit(client) else {
             continue;
         };
-        let gateway = Arc::clone(&gateway);
-        let shutdown = shutdown.clone();
-        let timeouts = config.timeouts;
-        // Each connection's future is boxed before it is spawned: a task moves its future
-        // whole into its cell and its output over it, kilobytes each time for these state
-        // machines (a tenth of a plain fastcgi_pass request under callgrind), a box once.
-        match config.protocol {
-            FrontProtocol::Http => {
-                let info = ConnInfo {
-                    listener: address.clone(),
-                    local,
-                    peer,
-                    forwarded: config.forwarded.clone(),
-                    timeouts,
-                };
-                connections.spawn(Box::pin(http::serve_connection(
-                    stream, info, ticket, gateway, shutdown,
-                )));
-            }
-            FrontProtocol::Fastcgi => {
-                let listener = Arc::clone(&shared_address);
-                connections.spawn(Box::pin(fastcgi::serve_connection(
-                    stream, listener, ticket, timeouts, gateway, shutdown,
-                )));
-            }
-            FrontProtocol::Scgi => {
-                let listener = Arc::clone(&shared_address);
-                connections.spawn(Box::pin(scgi::serve_connection(
-                    stream, listener, ticket, timeouts, gateway, shutdown,
-                )));
-            }
+        if let Some(crew) = &crew {
+            crew.serve(stream, ticket);
+            continue;
         }
+        // An HTTP connection's future is boxed before it is spawned: a task moves its future
+        // whole into its cell and its output over it, kilobytes each time, a box once.
+        let info = ConnInfo {
+            listener: address.clone(),
+            local,
+            peer,
+            forwarded: config.forwarded.clone(),
+            timeouts: config.timeouts,
+        };
+        connections.spawn(Box::pin(http::serve_connection(
+            stream,
+            info,
+            ticket,
+            Arc::clone(&gateway),
+            shutdown.clone(),
+        )));
     }
 }

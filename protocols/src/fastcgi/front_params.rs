@@ -103,6 +103,12 @@ impl ParamsCollector for FrontParamsDecoder {
         FrontParamsDecoder::push(self, &content)
     }
 
+    const COPIES: bool = true;
+
+    fn push_slice(&mut self, content: &[u8]) -> Result<(), FastCgiError> {
+        FrontParamsDecoder::push(self, content)
+    }
+
     fn finish(&mut self) -> Result<FrontParams, FastCgiError> {
         FrontParamsDecoder::finish(self)
     }

@@ -249,6 +249,16 @@ pub trait ParamsCollector: std::fmt::Debug + Clone {
     /// Feeds the content of the next (non-empty) record of the stream.
     fn push(&mut self, content: Bytes) -> Result<(), FastCgiError>;
 
+    /// Whether the collector copies what it is fed: the request decoder then hands it each
+    /// record's content where it lies in the input ([`push_slice`](Self::push_slice)), not
+    /// as a `Bytes` cut off the input (a reference count taken and dropped per record).
+    const COPIES: bool = false;
+
+    /// As [`push`](Self::push), the content borrowed; by default copied into a `Bytes`.
+    fn push_slice(&mut self, content: &[u8]) -> Result<(), FastCgiError> {
+        self.push(Bytes::copy_from_slice(content))
+    }
+
     /// Ends the stream, readying the collector for another.
     fn finish(&mut self) -> Result<Self::Block, FastCgiError>;
 }

@@ -93,6 +93,42 @@ pub enum RequestEvent<P = Vec<(Bytes, Bytes)>> {
 /// The FCGI_STDIN record type byte.
 const STDIN_TYPE: u8 = RecordType::Stdin.as_u8();
 
+/// A whole FCGI_BEGIN_REQUEST or FCGI_PARAMS record of a request at the start of the input:
+/// the records of a request's start, whose content is read and copied, never kept.
+struct InPlace {
+    begin: bool,
+    request_id: u16,
+    /// Content bytes, after the header.
+    len: usize,
+    /// Header, content and padding.
+    total: usize,
+}
+
+/// The record at the start of `src`, when it is one a collector that copies takes where it
+/// lies ([`ParamsCollector::COPIES`]): no `Bytes` is cut off the input for it. The header
+/// checks are the general path's (a version or reserved byte it refuses is left to it, as
+/// is any other record and one not wholly in).
+fn in_place(src: &BytesMut) -> Option<InPlace> {
+    let &[VERSION_1, kind, id_hi, id_lo, len_hi, len_lo, padding, 0] = src.get(..HEADER_LEN)?
+    else {
+        return None;
+    };
+    let request_id = u16::from_be_bytes([id_hi, id_lo]);
+    let begin = match RecordType::from_u8(kind) {
+        RecordType::BeginRequest => true,
+        RecordType::Params => false,
+        _ => return None,
+    };
+    let len = usize::from(u16::from_be_bytes([len_hi, len_lo]));
+    let total = HEADER_LEN + len + usize::from(padding);
+    (request_id != 0 && src.len() >= total).then_some(InPlace {
+        begin,
+        request_id,
+        len,
+        total,
+    })
+}
+
 /// Per-request stream state of one active request id.
 #[derive(Debug, Clone)]
 struct Active<C> {
@@ -212,12 +248,44 @@ impl<C: ParamsCollector> RequestDecoder<C> {
         &mut self,
         src: &mut BytesMut,
     ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
-        while let Some(record) = self.records.decode(src)? {
+        loop {
+            if C::COPIES {
+                if let Some(record) = in_place(src) {
+                    if let Some(event) = self.on_in_place(record, src)? {
+                        return Ok(Some(event));
+                    }
+                    continue;
+                }
+            }
+            let Some(record) = self.records.decode(src)? else {
+                return Ok(None);
+            };
             if let Some(event) = self.on_record(record)? {
                 return Ok(Some(event));
             }
         }
-        Ok(None)
+    }
+
+    /// [`on_record`](Self::on_record) for a record [`in_place`] found, its content read where
+    /// it lies in `src`; the record is consumed whatever comes of it, as the general path
+    /// consumes it before handling it (an error ends the connection).
+    fn on_in_place(
+        &mut self,
+        record: InPlace,
+        src: &mut BytesMut,
+    ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
+        let content = src
+            .get(HEADER_LEN..HEADER_LEN + record.len)
+            .unwrap_or_default();
+        let event = if record.begin {
+            self.begin(record.request_id, content).map(Some)
+        } else {
+            self.params_with(record.request_id, content.is_empty(), |c| {
+                c.push_slice(content)
+            })
+        };
+        src.advance(record.total.min(src.len()));
+        event
     }
 
     fn on_record(
@@ -334,6 +402,17 @@ impl<C: ParamsCollector> RequestDecoder<C> {
         request_id: u16,
         content: Bytes,
     ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
+        self.params_with(request_id, content.is_empty(), |c| c.push(content))
+    }
+
+    /// [`params`](Self::params) with the content fed by `push` (called only when the record
+    /// is not `empty`).
+    fn params_with(
+        &mut self,
+        request_id: u16,
+        empty: bool,
+        push: impl FnOnce(&mut C) -> Result<(), FastCgiError>,
+    ) -> Result<Option<RequestEvent<C::Block>>, FastCgiError> {
         let Some(active) = self.find(request_id) else {
             return Ok(None);
         };
@@ -343,8 +422,8 @@ impl<C: ParamsCollector> RequestDecoder<C> {
                 request_id,
             });
         }
-        if !content.is_empty() {
-            active.params.push(content)?;
+        if !empty {
+            push(&mut active.params)?;
             return Ok(None);
         }
         active.params_done = true;
