@@ -1158,8 +1158,38 @@ module CorralRack
       pid
     end
 
+    # Makes what the workers inherit as shareable as it can be, once, before the first
+    # fork (and a promoted template's): full collections until every object that survives
+    # is in the old generation (a worker's minor collections then leave its page alone, and
+    # its mark bits stay unwritten), a compaction that packs those objects into fewer pages
+    # (free slots between them would be filled, so written, by each worker's allocations),
+    # and malloc_trim for the memory freed. Ruby 3.3's Process.warmup does all of it.
+    # Passenger runs one GC.start before each fork; nakayoshi_fork and Pitchfork age the
+    # heap this way. CORRAL_RACK_SETTLE=off leaves the heap as loading left it.
+    def self.settle_heap
+      return if ENV['CORRAL_RACK_SETTLE'] == 'off'
+      return Process.warmup if Process.respond_to?(:warmup)
+
+      # An object becomes old after surviving three collections.
+      4.times { GC.start(full_mark: true, immediate_sweep: true) }
+      begin
+        GC.compact if GC.respond_to?(:compact)
+      rescue NotImplementedError, StandardError => e
+        CorralRack.log("cannot compact the heap before forking: #{e.class}: #{e.message}")
+      end
+      malloc_trim
+    end
+
+    def self.malloc_trim
+      require 'fiddle'
+      Fiddle::Function.new(Fiddle::Handle::DEFAULT['malloc_trim'], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT).call(0)
+    rescue LoadError, StandardError
+      nil # no Fiddle, or not glibc: nothing to trim this way
+    end
+
     # The preloader's loop: fork workers on request, reap them, report both.
     def self.run(app, version, control)
+      settle_heap
       wake_r, wake_w = IO.pipe
       @stopping = false
       Signal.trap('CHLD') { wake_w.write_nonblock('.', exception: false) }
