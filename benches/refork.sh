@@ -27,8 +27,9 @@
 # peers (Rails): Passenger 6 standalone (builtin engine, smart spawning: its AppPreloader
 # loads the app once and forks the RubyApp processes, as corral's preloader forks its
 # workers) with 2, 4 and 8 app processes, and corral's preloaded pool with as many workers,
-# with YJIT as the Rack launcher turns it on by default and with CORRAL_RACK_YJIT=off
-# (Passenger runs Ruby without it); the same REQUESTS requests over the same pages from as
+# with YJIT as the Rack launcher turns it on by default, with the heap left unsettled
+# before the fork (CORRAL_RACK_SETTLE=off: as before the launcher settled it), with
+# CORRAL_RACK_YJIT=off (Passenger runs Ruby without it) and with refork_after; the same REQUESTS requests over the same pages from as
 # many clients as processes, then the summed PSS of the app's processes once their number
 # is stable: Passenger's AppPreloader and RubyApp processes of this app (found by their
 # titles, which name the app's folder; the Passenger core and watchdog are left out as
@@ -242,6 +243,12 @@ peer_rows() {
     c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
     stop_corral
     pss_row "corral, Rack launcher, preload (YJIT on: the default)" "$n" "$c" "$(cut -d' ' -f2 <<< "$p")"
+    start_corral rails "$n" "peer-rails-$n-unsettled" "" ", CORRAL_RACK_SETTLE = \"off\""
+    # shellcheck disable=SC2086
+    REQUESTS=$REQUESTS load "$port" "$n" $pages
+    c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
+    stop_corral
+    pss_row "corral, Rack launcher, preload, CORRAL_RACK_SETTLE=off (YJIT on)" "$n" "$c" "$(cut -d' ' -f2 <<< "$p")"
     start_corral rails "$n" "peer-rails-$n-nojit" "" ", CORRAL_RACK_YJIT = \"off\""
     # shellcheck disable=SC2086
     REQUESTS=$REQUESTS load "$port" "$n" $pages
