@@ -1251,11 +1251,13 @@ module CorralRack
   end
 
   # Machine code YJIT may write, in MiB. Ruby 3.1 fills the whole area at start (256 MiB
-  # by default, all resident; shared with forked workers until written). 8 MiB holds the
-  # request loop and an app's hottest paths, and once it is full YJIT stops compiling. Its
-  # cost, with its bookkeeping: Rails 6.1's summed PSS 72/87/94 MiB for 2/4/8 workers and
-  # the preloader, against 56/59/75 without YJIT (tests/app_rails.rs, this machine).
-  YJIT_MEM_MIB = 8
+  # by default, all resident; shared with forked workers until written), and its
+  # bookkeeping per compiled block grows with the code. Once the area is full YJIT stops
+  # compiling. 1 MiB holds the request loop and a small app's hot paths: the Rack hello
+  # world is as fast as with 8. A large app is compiled in part: measured on a Rails 6.1
+  # shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was 129
+  # MiB with 8, 103 with 1, 96 without YJIT and 99 under Passenger (which runs no YJIT).
+  YJIT_MEM_MIB = 1
 
   # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
   # sets RUBY_YJIT_ENABLE itself: the request loop then takes about two thirds of the CPU
