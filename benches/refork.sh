@@ -223,9 +223,23 @@ pss_row() {
   echo "$1 $2: $3" >&2
 }
 
+# One corral row of the PSS table: the Rails shop on N preloaded workers with the pool's
+# KEYS and ENV (start_corral), loaded as Passenger was; PASSENGER_ALL_KIB for the ratio.
+ROW=0
+corral_row() { # N KEYS ENV WHAT PASSENGER_ALL_KIB
+  local n=$1 c
+  ROW=$((ROW + 1))
+  start_corral rails "$n" "peer-rails-$ROW" "$2" "$3"
+  # shellcheck disable=SC2086
+  REQUESTS=$REQUESTS load "$port" "$n" $(pages_of rails)
+  c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
+  stop_corral
+  pss_row "corral, Rack launcher, preload, $4" "$n" "$c" "$5"
+}
+
 peer_rows() {
-  local n p c pages page first keys what
-  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00)."
+  local n p vs pages page first keys what
+  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00). The refork_after row is read as soon as the pool settled, when its newest workers may have just been forked from a promoted template and dirtied little: it flatters reforking (the \`refork\` section reads its pools twice)."
   echo
   echo "| server | app processes | templates | workers MiB | all MiB | vs Passenger |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: |"
@@ -237,30 +251,11 @@ peer_rows() {
     p=$(measure passenger "$RAILS" "$n")
     stop_passenger
     pss_row "Passenger $(passenger --version | awk '{print $NF; exit}') standalone, smart spawning" "$n" "$p"
-    start_corral rails "$n" "peer-rails-$n" "" ""
-    # shellcheck disable=SC2086
-    REQUESTS=$REQUESTS load "$port" "$n" $pages
-    c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
-    stop_corral
-    pss_row "corral, Rack launcher, preload (YJIT on: the default)" "$n" "$c" "$(cut -d' ' -f2 <<< "$p")"
-    start_corral rails "$n" "peer-rails-$n-unsettled" "" ", CORRAL_RACK_SETTLE = \"off\""
-    # shellcheck disable=SC2086
-    REQUESTS=$REQUESTS load "$port" "$n" $pages
-    c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
-    stop_corral
-    pss_row "corral, Rack launcher, preload, CORRAL_RACK_SETTLE=off (YJIT on)" "$n" "$c" "$(cut -d' ' -f2 <<< "$p")"
-    start_corral rails "$n" "peer-rails-$n-nojit" "" ", CORRAL_RACK_YJIT = \"off\""
-    # shellcheck disable=SC2086
-    REQUESTS=$REQUESTS load "$port" "$n" $pages
-    c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
-    stop_corral
-    pss_row "corral, Rack launcher, preload, CORRAL_RACK_YJIT=off" "$n" "$c" "$(cut -d' ' -f2 <<< "$p")"
-    start_corral rails "$n" "peer-rails-$n-refork" "refork_after = $REFORK_AFTER" ""
-    # shellcheck disable=SC2086
-    REQUESTS=$REQUESTS load "$port" "$n" $pages
-    c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
-    stop_corral
-    pss_row "corral, Rack launcher, preload, refork_after = $REFORK_AFTER (YJIT on)" "$n" "$c" "$(cut -d' ' -f2 <<< "$p")"
+    vs=$(cut -d' ' -f2 <<< "$p")
+    corral_row "$n" "" "" "YJIT on (the default)" "$vs"
+    corral_row "$n" "" ", CORRAL_RACK_SETTLE = \"off\"" "CORRAL_RACK_SETTLE=off (YJIT on)" "$vs"
+    corral_row "$n" "" ", CORRAL_RACK_YJIT = \"off\"" "CORRAL_RACK_YJIT=off" "$vs"
+    corral_row "$n" "refork_after = $REFORK_AFTER" "" "refork_after = $REFORK_AFTER (YJIT on)" "$vs"
   done
   echo
   echo "Fork to first answer: a pool of 2 preloaded workers with \`max_requests = $RECYCLE\` serves $REQUESTS GETs of its first page from 2 keep-alive clients, so that its workers are recycled and replaced by new ones forked from the preloader; for each new worker that served, \`ready_ms\` is corral's log (\`worker ready\`): from the ask to the preloader to the worker's first answer, the launcher's readiness probe (a 204 from its request loop, after which corral gives it requests); \"first page\" is the first request it served, the time on the worker (access log: total - queue), rendered by a worker that had served nothing before; \"fork to first page\" is their sum per worker (the first page's answer, had a request been waiting); \"warm page\" the same page's time on those workers afterwards. With \`refork_after = [$((RECYCLE / 4))]\` too, a worker that served $((RECYCLE / 4)) is promoted to be the template, and only the workers it forks are counted. Target: a forked worker's first answer <= 50 ms."
