@@ -1256,7 +1256,7 @@ module CorralRack
   # compiling. 1 MiB holds the request loop and a small app's hot paths: the Rack hello
   # world is as fast as with 8. A large app is compiled in part: measured on a Rails 6.1
   # shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was 129
-  # MiB with 8, 106 with 1, 96 to 98 without YJIT, 99 to 102 under Passenger (no YJIT).
+  # MiB with 8, 106 with 1, 96 to 99 without YJIT, 99 to 103 under Passenger (no YJIT).
   YJIT_MEM_MIB = 1
 
   # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
