@@ -16,7 +16,8 @@
 #
 #   rack   P  passenger start --engine builtin, 2 app processes (smart spawning)
 #          M  Puma (Debian's), -w 2 -t 1:1, direct HTTP
-#          C  corral(http) -> Rack launcher, 2 workers (preload = true)
+#          C  corral(http) -> Rack launcher, 2 workers (preload = true), YJIT on (its default)
+#          J  the same with CORRAL_RACK_YJIT=off (as Passenger and Puma run Ruby)
 #   wsgi   U  nginx (1 worker) -> uWSGI (uwsgi protocol, 2 processes, --master)
 #          G  gunicorn, 2 sync workers
 #          R  Granian (PyPI, $GRANIAN), --workers 2 --blocking-threads 1, direct HTTP
@@ -156,6 +157,9 @@ if has rack; then
   root_passenger=$!; port_passenger=$port
   wait_http "http://127.0.0.1:$port/"
   start_corral corral_rack 'app = "rack:config.ru"'
+  # The launcher's default turns YJIT on; Passenger and Puma run Ruby without it.
+  start_corral corral_rack_nojit 'app = "rack:config.ru"
+  env = { CORRAL_RACK_YJIT = "off" }'
   # Puma: two workers of one thread each, as the issue states it.
   port=$(free_port)
   (cd "$scratch/app" && exec puma -w 2 -t 1:1 -b "tcp://127.0.0.1:$port" -e production \
@@ -166,6 +170,7 @@ if has rack; then
     "rack|Passenger 6.0 standalone (builtin engine), 2 processes|passenger|$root_passenger"
     "rack|Puma 5.6, -w 2 -t 1:1, direct|puma|$root_puma"
     "rack|corral → Rack launcher, 2 workers, preload|corral_rack|$root_corral_rack"
+    "rack|corral → Rack launcher, 2 workers, preload, CORRAL_RACK_YJIT=off|corral_rack_nojit|$root_corral_rack_nojit"
   )
 fi
 
@@ -290,6 +295,9 @@ if has rack; then
   r=$(ratio corral_rack passenger)
   m=$(ratio corral_rack puma)
   echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 21's target ≥ 1.0×: $(target "$r" 1.0)); corral / Puma = $(bold "$m") (target ≥ 0.8×: $(target "$m" 0.8))."
+  r=$(ratio corral_rack_nojit passenger)
+  m=$(ratio corral_rack_nojit puma)
+  echo "- Rack without YJIT: corral / Passenger standalone = $(bold "$r") ($(target "$r" 1.0)); corral / Puma = $(bold "$m") ($(target "$m" 0.8))."
 fi
 if has wsgi; then
   r=$(ratio corral_wsgi uwsgi)

@@ -1,34 +1,68 @@
 #!/usr/bin/env bash
 # Question: how much memory does reforking (`refork_after`, docs/pools.md "Reforking") save
-# on a real app? Issue 21's target: the summed PSS of 8 reforked Rails workers <= 0.8x that
-# of 8 workers forked from the preloader alone.
+# on a real app, and does a preloaded Rails pool hold no more memory than Passenger's, with
+# workers that answer soon after their fork? Issue 21's targets: the summed PSS of 8
+# reforked Rails workers <= 0.8x that of 8 workers forked from the preloader alone; Rails
+# PSS <= Passenger's; a forked worker's first answer <= 50 ms.
 #
-# For Rails 6.1 (Debian's ruby-rails, through the Rack launcher) and Django 3.2 (Debian's
-# python3-django, through the WSGI launcher), with 4 and 8 workers (static pool, preload),
-# with and without `refork_after = $REFORK_AFTER`: 2,000 requests spread over a few real
-# pages (templates with a layout and helpers, a form with its CSRF token, JSON, a page of
-# partials; production settings, no database), from as many keep-alive clients as workers,
-# then the pool is left to settle (every worker forked from the same template: a refork
-# replaces the older workers one at a time), then PSS is read from /proc/PID/smaps_rollup of
-# every worker (the processes of corral's tree that have no child) and of the whole tree
-# (the preloader and the templates too); then 2,000 more requests and the same again. A
-# request that is not answered 200 fails the run. PSS counts each shared page once over the
-# processes sharing it, so the sums are comparable between rows.
-# Prints a Markdown table to stdout and writes it as the `refork` section of OUT (default
+#   bash benches/refork.sh          the `refork` section: reforking on and off
+#   bash benches/refork.sh peers    the `refork-peers` section: beside Passenger, and the
+#                                   fork-to-first-answer times
+#
+# The apps are the shop of benches/lib/shop_apps.sh: Rails 6.1 (Debian's ruby-rails,
+# through the Rack launcher) and Django 3.2 (Debian's python3-django, through the WSGI
+# launcher), a few real pages each (templates with a layout and helpers, a form with its
+# CSRF token, JSON, a page of partials; production settings, no database). Every pool is
+# static and preloaded. A request not answered 200 fails the run. PSS is read from
+# /proc/PID/smaps_rollup; it counts each shared page once over the processes sharing it,
+# so the sums are comparable between rows and between servers.
+#
+# refork: with 4 and 8 workers, with and without `refork_after = $REFORK_AFTER`: REQUESTS
+# (2,000) requests spread over the pages from as many keep-alive clients as workers, then
+# the pool is left to settle (every worker forked from the same template: a refork
+# replaces the older workers one at a time), then the PSS of every worker (the processes of
+# corral's tree that have no child) and of the whole tree (the preloader and the templates
+# too) is summed; then REQUESTS more requests and the same again.
+#
+# peers (Rails): Passenger 6 standalone (builtin engine, smart spawning: its AppPreloader
+# loads the app once and forks the RubyApp processes, as corral's preloader forks its
+# workers) with 2, 4 and 8 app processes, and corral's preloaded pool with as many workers,
+# with YJIT as the Rack launcher turns it on by default, with the heap left unsettled
+# before the fork (CORRAL_RACK_SETTLE=off: as before the launcher settled it), with
+# CORRAL_RACK_YJIT=off (Passenger runs Ruby without it) and with refork_after; the same REQUESTS requests over the same pages from as
+# many clients as processes, then the summed PSS of the app's processes once their number
+# is stable: Passenger's AppPreloader and RubyApp processes of this app (found by their
+# titles, which name the app's folder; the Passenger core and watchdog are left out as
+# corral itself is), corral's preloader and workers (its whole tree but corral). Then, for
+# Rails and Django, the fork-to-first-answer: a pool of 2 workers with `max_requests =
+# $RECYCLE` serves REQUESTS GETs of one page, its recycled workers replaced by new forks of
+# the preloader; corral's log says for each how long from the ask for the fork to its first
+# answer (`worker ready`, `ready_ms`: the launcher's readiness probe), the access log how
+# long its first real page took (benches/lib/pool_memory.py says exactly what is read).
+#
+# Prints a Markdown table to stdout and writes it as its section of OUT (default
 # benches/RESULTS.md; OUT= prints only; benches/lib/results.sh).
 #
-#   APPS="rails django"  WORKERS="4 8"  REFORK_AFTER="[50, 200]"  REQUESTS=2000
-# Needs: ruby with ruby-rails, python3-django for /usr/bin/python3, root (the workers run as
-# nobody and their smaps_rollup is read).
+#   APPS="rails django"  WORKERS="4 8" (peers: "2 4 8")  REFORK_AFTER="[50, 200]"
+#   REQUESTS=2000  RECYCLE=100 (peers: max_requests of the fork-to-first-answer pool)
+# Needs: ruby with ruby-rails, python3-django for /usr/bin/python3, passenger (peers),
+# root (the workers run as nobody and their smaps_rollup is read).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="APPS WORKERS REFORK_AFTER REQUESTS CORRAL"
+source benches/lib/shop_apps.sh
+RESULTS_VARS="APPS WORKERS REFORK_AFTER REQUESTS RECYCLE CORRAL"
 results_start "$@"
+MODE=${1:-refork}
+case $MODE in
+  refork) WORKERS=${WORKERS:-4 8} ;;
+  peers) WORKERS=${WORKERS:-2 4 8} ;;
+  *) echo "usage: bash benches/refork.sh [refork|peers]" >&2; exit 2 ;;
+esac
 APPS=${APPS:-rails django}
-WORKERS=${WORKERS:-4 8}
 REFORK_AFTER=${REFORK_AFTER:-[50, 200]}
 REQUESTS=${REQUESTS:-2000}
+RECYCLE=${RECYCLE:-100}
 if [ -z "${CORRAL:-}" ]; then
   cargo build --release --quiet -p corral
   CORRAL=${CARGO_TARGET_DIR:-target}/release/corral
@@ -39,334 +73,49 @@ RESULTS_BINARY=$CORRAL
 SCRATCH=$(mktemp -d /tmp/corral-refork-bench.XXXXXX)
 chmod 755 "$SCRATCH"
 CORRAL_PID=
+PASSENGER_PIDFILE=
 cleanup() {
-  if [ -n "$CORRAL_PID" ]; then kill "$CORRAL_PID" 2>/dev/null || true; wait "$CORRAL_PID" 2>/dev/null || true; fi
+  stop_corral
+  stop_passenger
   rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
 
-# ---- the apps -------------------------------------------------------------------------
-write() { mkdir -p "$(dirname "$1")"; cat > "$1"; }
-
 RAILS=$SCRATCH/shop
-write "$RAILS/config.ru" <<'EOF'
-require_relative "config/environment"
-run Rails.application
-EOF
-write "$RAILS/config/environment.rb" <<'EOF'
-require "rails"
-require "active_model/railtie"
-require "action_controller/railtie"
-require "action_view/railtie"
-
-module Shop
-  class Application < Rails::Application
-    config.load_defaults 6.1
-    config.eager_load = true
-    config.consider_all_requests_local = false
-    config.public_file_server.enabled = false
-    config.logger = ActiveSupport::Logger.new($stderr)
-    config.log_level = :warn
-    config.session_store :cookie_store, key: "_shop_session"
-    config.root = File.expand_path("..", __dir__)
-  end
-end
-
-Rails.application.initialize!
-EOF
-write "$RAILS/config/routes.rb" <<'EOF'
-Rails.application.routes.draw do
-  root "products#index"
-  resources :products, only: [:index, :show, :new]
-  get "about", to: "pages#about"
-  get "api/products", to: "products#api"
-end
-EOF
-write "$RAILS/config/locales/en.yml" <<'EOF'
-en:
-  shop:
-    title: "The corral shop"
-    about: "We sell %{count} things."
-EOF
-write "$RAILS/app/controllers/application_controller.rb" <<'EOF'
-class ApplicationController < ActionController::Base
-end
-EOF
-write "$RAILS/app/models/product.rb" <<'EOF'
-class Product
-  include ActiveModel::Model
-  attr_accessor :id, :name, :price, :added
-  def self.all
-    @all ||= (1..30).map { |i| new(id: i, name: "Product #{i}", price: i * 3.25, added: Time.utc(2024, 1, i % 28 + 1)) }
-  end
-  def self.find(id) = all.fetch(id.to_i - 1)
-  def persisted? = true
-end
-EOF
-write "$RAILS/app/controllers/products_controller.rb" <<'EOF'
-class ProductsController < ApplicationController
-  def index
-    @products = Product.all
-  end
-
-  def show
-    @product = Product.find(params[:id])
-  end
-
-  def new
-    @product = Product.new
-  end
-
-  def api
-    render json: Product.all.map { |p| { id: p.id, name: p.name, price: p.price, url: product_url(p) } }
-  end
-end
-EOF
-write "$RAILS/app/controllers/pages_controller.rb" <<'EOF'
-class PagesController < ApplicationController
-  def about
-  end
-end
-EOF
-write "$RAILS/app/views/layouts/application.html.erb" <<'EOF'
-<!doctype html>
-<html><head><title><%= t("shop.title") %></title><%= csrf_meta_tags %></head>
-<body><nav><%= link_to "Products", products_path %> | <%= link_to "About", about_path %></nav>
-<%= yield %></body></html>
-EOF
-write "$RAILS/app/views/products/index.html.erb" <<'EOF'
-<h1><%= pluralize(@products.size, "product") %></h1>
-<ul><% @products.each do |p| %>
-  <li><%= link_to truncate(p.name, length: 12), product_path(p) %>
-      <%= number_to_currency(p.price) %>, added <%= time_ago_in_words(p.added) %> ago</li>
-<% end %></ul>
-EOF
-write "$RAILS/app/views/products/show.html.erb" <<'EOF'
-<h1><%= @product.name %></h1>
-<p><%= number_to_currency(@product.price, unit: "EUR ") %> (<%= number_with_delimiter(@product.price * 1000) %> cents)</p>
-<%= render partial: "shared/card", collection: Product.all.first(5), as: :product %>
-EOF
-write "$RAILS/app/views/products/new.html.erb" <<'EOF'
-<%= form_with model: @product, url: products_path, scope: :product do |f| %>
-  <%= f.label :name %> <%= f.text_field :name %>
-  <%= f.label :price %> <%= f.number_field :price, step: 0.01 %>
-  <%= f.submit "Create" %>
-<% end %>
-EOF
-write "$RAILS/app/views/shared/_card.html.erb" <<'EOF'
-<div class="card"><%= content_tag :strong, product.name %> <%= simple_format("price\n#{product.price}") %></div>
-EOF
-write "$RAILS/app/views/pages/about.html.erb" <<'EOF'
-<p><%= t("shop.about", count: Product.all.size) %></p>
-<%= render partial: "shared/card", collection: Product.all.last(3), as: :product %>
-EOF
-RAILS_PAGES="/ /products/3 /products/new /about /api/products /products/17"
-
 DJANGO=$SCRATCH/site
-write "$DJANGO/site_app/__init__.py" < /dev/null
-write "$DJANGO/site_app/settings.py" <<'EOF'
-import os
-BASE = os.path.dirname(os.path.abspath(__file__))
-SECRET_KEY = "bench-" + "x" * 40
-DEBUG = False
-ALLOWED_HOSTS = ["*"]
-INSTALLED_APPS = ["django.contrib.humanize", "site_app"]
-MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
-ROOT_URLCONF = "site_app.urls"
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "DIRS": [os.path.join(os.path.dirname(BASE), "templates")],
-    "APP_DIRS": False,
-    "OPTIONS": {"context_processors": ["django.template.context_processors.request",
-                                       "django.template.context_processors.csrf"]},
-}]
-DATABASES = {}
-USE_TZ = True
-USE_I18N = True
-WSGI_APPLICATION = "site_app.wsgi.application"
-EOF
-write "$DJANGO/site_app/wsgi.py" <<'EOF'
-import os
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "site_app.settings")
-from django.core.wsgi import get_wsgi_application
-application = get_wsgi_application()
-EOF
-write "$DJANGO/site_app/urls.py" <<'EOF'
-from django.urls import path
-from . import views
-urlpatterns = [
-    path("", views.index, name="index"),
-    path("products/<int:pk>/", views.show, name="show"),
-    path("products/new/", views.new, name="new"),
-    path("about/", views.about, name="about"),
-    path("api/products/", views.api, name="api"),
-]
-EOF
-write "$DJANGO/site_app/views.py" <<'EOF'
-import datetime
-from django import forms
-from django.http import JsonResponse
-from django.shortcuts import render
-from django.urls import reverse
+write_rails_shop "$RAILS"
+write_django_shop "$DJANGO"
+SECRET=$(printf 'be%.0s' {1..64})
+measure() { python3 benches/lib/pool_memory.py "$@"; }
 
-PRODUCTS = [{"id": i, "name": "Product %d" % i, "price": i * 3.25,
-             "added": datetime.datetime(2024, 1, i % 28 + 1, tzinfo=datetime.timezone.utc)}
-            for i in range(1, 31)]
-
-class ProductForm(forms.Form):
-    name = forms.CharField(max_length=80)
-    price = forms.DecimalField(decimal_places=2)
-    notes = forms.CharField(widget=forms.Textarea, required=False)
-
-def index(request):
-    return render(request, "index.html", {"products": PRODUCTS})
-
-def show(request, pk):
-    return render(request, "show.html", {"product": PRODUCTS[pk - 1], "cards": PRODUCTS[:5]})
-
-def new(request):
-    return render(request, "new.html", {"form": ProductForm()})
-
-def about(request):
-    return render(request, "about.html", {"count": len(PRODUCTS), "cards": PRODUCTS[-3:]})
-
-def api(request):
-    return JsonResponse([dict(p, added=p["added"].isoformat(), url=reverse("show", args=[p["id"]]))
-                         for p in PRODUCTS], safe=False)
-EOF
-write "$DJANGO/templates/base.html" <<'EOF'
-<!doctype html>
-<html><head><title>The corral shop</title></head>
-<body><nav><a href="{% url 'index' %}">Products</a> | <a href="{% url 'about' %}">About</a></nav>
-{% block content %}{% endblock %}</body></html>
-EOF
-write "$DJANGO/templates/index.html" <<'EOF'
-{% extends "base.html" %}{% load humanize %}
-{% block content %}<h1>{{ products|length }} product{{ products|pluralize }}</h1>
-<ul>{% for p in products %}<li><a href="{% url 'show' p.id %}">{{ p.name|truncatechars:12 }}</a>
-{{ p.price|floatformat:2|intcomma }}, added {{ p.added|naturaltime }}</li>{% endfor %}</ul>{% endblock %}
-EOF
-write "$DJANGO/templates/show.html" <<'EOF'
-{% extends "base.html" %}{% load humanize %}
-{% block content %}<h1>{{ product.name }}</h1><p>EUR {{ product.price|floatformat:2 }}</p>
-{% for product in cards %}{% include "card.html" %}{% endfor %}{% endblock %}
-EOF
-write "$DJANGO/templates/card.html" <<'EOF'
-<div class="card"><strong>{{ product.name|title }}</strong> {{ product.price|linebreaksbr }}</div>
-EOF
-write "$DJANGO/templates/new.html" <<'EOF'
-{% extends "base.html" %}
-{% block content %}<form method="post" action="{% url 'new' %}">{% csrf_token %}{{ form.as_p }}
-<button>Create</button></form>{% endblock %}
-EOF
-write "$DJANGO/templates/about.html" <<'EOF'
-{% extends "base.html" %}{% load humanize %}
-{% block content %}<p>We sell {{ count|apnumber }} things.</p>
-{% for product in cards %}{% include "card.html" %}{% endfor %}{% endblock %}
-EOF
-DJANGO_PAGES="/ /products/3/ /products/new/ /about/ /api/products/ /products/17/"
-
-# ---- helpers --------------------------------------------------------------------------
-
-# REQUESTS requests over PAGES from N keep-alive clients; fails on any answer but 200.
-load() { # PORT N PAGES...
-  python3 - "$@" <<'PY'
-import http.client, sys, threading
-port, clients, pages = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-total = int(__import__("os").environ["REQUESTS"])
-bad = []
-def client(i):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    for n in range(i, total, clients):
-        conn.request("GET", pages[n % len(pages)])
-        r = conn.getresponse()
-        r.read()
-        if r.status != 200:
-            bad.append((pages[n % len(pages)], r.status))
-threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-for t in threads: t.start()
-for t in threads: t.join()
-if bad:
-    sys.exit("%d requests failed, e.g. %r" % (len(bad), bad[:3]))
-PY
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_200() { # URL
+  for _ in $(seq 600); do
+    curl -fs -o /dev/null "$1" && return 0
+    sleep 0.2
+  done
+  echo "no answer from $1" >&2
+  return 1
 }
+mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+pages_of() { if [ "$1" = rails ]; then echo "$RAILS_PAGES"; else echo "$DJANGO_PAGES"; fi; }
 
-# corral's tree, and the trees of the promoted templates its LOG names (a promoted template
-# outlives the template it came from, orphaned), once it has settled (every worker forked by
-# one template, N of them): "WORKERS_PSS_KIB TOTAL_PSS_KIB TEMPLATES" (templates: processes
-# with children).
-settle_and_measure() { # CORRAL_PID N LOG
-  python3 - "$@" <<'PY'
-import os, re, sys, time
-root, want, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-def tree():
-    parent = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = open("/proc/%s/stat" % d).read()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] != "Z":  # a zombie holds no memory and serves nothing
-                parent[int(d)] = int(fields[1])
-    kids = {}
-    for p, pp in parent.items():
-        kids.setdefault(pp, []).append(p)
-    promoted = {int(m) for m in re.findall(r"worker promoted: .* pid=(\d+)", open(log).read())}
-    out = out_of(root, kids)
-    for p in promoted:
-        if p in parent and p not in out:
-            out |= {p} | out_of(p, kids)
-    return sorted(out), kids, parent
-def out_of(root, kids):
-    seen, todo = set(), [root]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            seen.add(c); todo.append(c)
-    return seen
-def pss(pid):
-    for line in open("/proc/%d/smaps_rollup" % pid):
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    return 0
-deadline = time.time() + 120
-while True:
-    procs, kids, parent = tree()
-    leaves = [p for p in procs if not kids.get(p)]
-    if len(leaves) == want and len({parent[p] for p in leaves}) == 1:
-        time.sleep(1.0)
-        again, kids2, _ = tree()
-        if sorted(again) == sorted(procs):
-            break
-    if time.time() > deadline:
-        sys.exit("the pool did not settle: %r" % procs)
-    time.sleep(0.5)
-templates = [p for p in procs if kids.get(p)]
-print(sum(pss(p) for p in leaves), sum(pss(p) for p in procs), len(templates))
-PY
-}
-
-run_one() { # APP WORKERS REFORK(on|off)
-  local app=$1 n=$2 refork=$3 port dir keys pages
-  dir=$SCRATCH/run-$app-$n-$refork
+# Starts corral with one static pool of N workers of APP (rails or django) in $SCRATCH/NAME
+# and waits for its first answer; KEYS are more keys of the pool, ENV more entries of the
+# Rails pool's env (", KEY = \"VALUE\""), SERVER more keys of [server]. Sets CORRAL_PID,
+# port and dir (the log: $dir/log).
+start_corral() { # APP N NAME KEYS ENV [SERVER]
+  local app=$1 n=$2 keys=$4 env=$5 server=${6:-} pool
+  dir=$SCRATCH/$3
   # Traversable: the workers run as nobody and open the launcher corral writes in run/.
   mkdir -p "$dir"; chmod 755 "$dir"
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  keys=""
-  [ "$refork" = on ] && keys="refork_after = $REFORK_AFTER"
+  port=$(free_port)
   if [ "$app" = rails ]; then
-    pages=$RAILS_PAGES
     pool="app = \"rack:config.ru\"
 cwd = \"$RAILS\"
-env = { RAILS_ENV = \"production\", SECRET_KEY_BASE = \"$(printf 'be%.0s' {1..64})\" }"
+env = { RAILS_ENV = \"production\", SECRET_KEY_BASE = \"$SECRET\"$env }"
   else
-    pages=$DJANGO_PAGES
     pool="app = \"wsgi:site_app.wsgi:application\"
 python = \"/usr/bin/python3\"
 cwd = \"$DJANGO\""
@@ -375,6 +124,7 @@ cwd = \"$DJANGO\""
 [server]
 runtime_dir = "$dir/run"
 kill_timeout = "5s"
+$server
 
 [[listen]]
 address = "127.0.0.1:$port"
@@ -394,48 +144,154 @@ pool = "app"
 EOF
   "$CORRAL" run -c "$dir/corral.toml" > "$dir/log" 2>&1 &
   CORRAL_PID=$!
-  for _ in $(seq 600); do
-    curl -fs -o /dev/null "http://127.0.0.1:$port/" && break
-    sleep 0.2
-  done
-  local first second
-  # shellcheck disable=SC2086
-  REQUESTS=$REQUESTS load "$port" "$n" $pages
-  first=$(settle_and_measure "$CORRAL_PID" "$n" "$dir/log")
-  # shellcheck disable=SC2086
-  REQUESTS=$REQUESTS load "$port" "$n" $pages
-  second=$(settle_and_measure "$CORRAL_PID" "$n" "$dir/log")
-  local promoted
-  promoted=$(grep -c "worker promoted:" "$dir/log" || true)
-  kill "$CORRAL_PID"; wait "$CORRAL_PID" || true
+  wait_200 "http://127.0.0.1:$port/"
+}
+stop_corral() {
+  if [ -n "$CORRAL_PID" ]; then kill "$CORRAL_PID" 2>/dev/null || true; wait "$CORRAL_PID" 2>/dev/null || true; fi
   CORRAL_PID=
+}
+
+# Passenger standalone on the Rails shop with N app processes, smart spawning; waits for
+# its first answer. Sets port and PASSENGER_PIDFILE.
+start_passenger() { # N
+  local n=$1 d=$SCRATCH/passenger-$1
+  mkdir -p "$d"
+  port=$(free_port)
+  PASSENGER_PIDFILE=$d/passenger.pid
+  (cd "$RAILS" && exec passenger start --engine builtin --spawn-method smart \
+    --address 127.0.0.1 -p "$port" --max-pool-size "$n" --min-instances "$n" \
+    -e production --envvar "SECRET_KEY_BASE=$SECRET" --disable-security-update-check \
+    --log-file "$d/passenger.log" --pid-file "$PASSENGER_PIDFILE" > "$d/out" 2>&1) &
+  wait_200 "http://127.0.0.1:$port/"
+}
+stop_passenger() {
+  if [ -n "$PASSENGER_PIDFILE" ] && [ -f "$PASSENGER_PIDFILE" ]; then
+    passenger stop --pid-file "$PASSENGER_PIDFILE" > /dev/null 2>&1 || true
+    # Its app processes end after the core: wait for them, so the next row starts alone.
+    for _ in $(seq 100); do
+      pgrep -f "^Passenger (RubyApp|AppPreloader): $RAILS\$" > /dev/null || break
+      sleep 0.1
+    done
+  fi
+  PASSENGER_PIDFILE=
+}
+
+# ---- refork: PSS with and without refork_after ----------------------------------------
+
+run_one() { # APP WORKERS REFORK(on|off)
+  local app=$1 n=$2 refork=$3 keys="" pages first second promoted
+  [ "$refork" = on ] && keys="refork_after = $REFORK_AFTER"
+  pages=$(pages_of "$app")
+  start_corral "$app" "$n" "run-$app-$n-$refork" "$keys" ""
+  # shellcheck disable=SC2086
+  REQUESTS=$REQUESTS load "$port" "$n" $pages
+  first=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
+  # shellcheck disable=SC2086
+  REQUESTS=$REQUESTS load "$port" "$n" $pages
+  second=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
+  promoted=$(grep -c "worker promoted:" "$dir/log" || true)
+  stop_corral
   echo "$first $second $promoted"
 }
 
-mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
-
-BODY=$SCRATCH/body.md
-{
+refork_rows() {
   echo "Summed PSS after $REQUESTS and $((2 * REQUESTS)) requests over a few real pages, from as many keep-alive clients as workers, once the pool settled; reforking with \`refork_after = $REFORK_AFTER\`. \"workers\" sums the workers (the processes with no child), \"all\" adds the templates alive (the preloader; with reforking the newest promoted template, and an older one until its last worker is replaced). Ratio: reforked workers over workers without reforking (target for 8 Rails workers: <= 0.80); \"all ratio\" the same for all the processes. Right after a promotion the new workers have served little, so a column taken just after one flatters reforking: the later column is the one to read."
   echo
   echo "| app | workers | refork | promotions | workers MiB after $REQUESTS | all MiB | ratio | all ratio | workers MiB after $((2 * REQUESTS)) | all MiB | ratio | all ratio |"
   echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-} > "$BODY"
-for app in $APPS; do
-  for n in $WORKERS; do
-    # Not in a subshell, so the exit trap can stop a corral a failure leaves running.
-    run_one "$app" "$n" off > "$SCRATCH/row"
-    read -r off_w1 off_a1 _ off_w2 off_a2 _ _ < "$SCRATCH/row"
-    run_one "$app" "$n" on > "$SCRATCH/row"
-    read -r on_w1 on_a1 _ on_w2 on_a2 _ promoted < "$SCRATCH/row"
-    r1=$(awk -v a="$on_w1" -v b="$off_w1" 'BEGIN { printf "%.2f", a / b }')
-    r2=$(awk -v a="$on_w2" -v b="$off_w2" 'BEGIN { printf "%.2f", a / b }')
-    a1=$(awk -v a="$on_a1" -v b="$off_a1" 'BEGIN { printf "%.2f", a / b }')
-    a2=$(awk -v a="$on_a2" -v b="$off_a2" 'BEGIN { printf "%.2f", a / b }')
-    echo "| $app | $n | off | 0 | $(mib "$off_w1") | $(mib "$off_a1") | | | $(mib "$off_w2") | $(mib "$off_a2") | | |" >> "$BODY"
-    echo "| $app | $n | on | $promoted | $(mib "$on_w1") | $(mib "$on_a1") | $r1 | $a1 | $(mib "$on_w2") | $(mib "$on_a2") | $r2 | $a2 |" >> "$BODY"
-    tail -n 2 "$BODY" >&2
+  for app in $APPS; do
+    for n in $WORKERS; do
+      # Not in a subshell, so the exit trap can stop a corral a failure leaves running.
+      run_one "$app" "$n" off > "$SCRATCH/row"
+      read -r off_w1 off_a1 _ off_w2 off_a2 _ _ < "$SCRATCH/row"
+      run_one "$app" "$n" on > "$SCRATCH/row"
+      read -r on_w1 on_a1 _ on_w2 on_a2 _ promoted < "$SCRATCH/row"
+      echo "| $app | $n | off | 0 | $(mib "$off_w1") | $(mib "$off_a1") | | | $(mib "$off_w2") | $(mib "$off_a2") | | |"
+      echo "| $app | $n | on | $promoted | $(mib "$on_w1") | $(mib "$on_a1") | $(ratio "$on_w1" "$off_w1") | $(ratio "$on_a1" "$off_a1") | $(mib "$on_w2") | $(mib "$on_a2") | $(ratio "$on_w2" "$off_w2") | $(ratio "$on_a2" "$off_a2") |"
+    done
   done
-done
-cat "$BODY"
-results_write refork "Reforking: summed PSS with and without refork_after" "$BODY"
+}
+
+# ---- peers: beside Passenger, and the fork-to-first-answer ----------------------------
+
+# One row of the PSS table: NAME N "WORKERS_KIB ALL_KIB TEMPLATES" [PASSENGER_ALL_KIB].
+pss_row() {
+  local w a t vs=""
+  read -r w a t <<< "$3"
+  [ -n "${4:-}" ] && vs="$(ratio "$a" "$4")"
+  echo "| $1 | $2 | $t | $(mib "$w") | $(mib "$a") | $vs |"
+  echo "$1 $2: $3" >&2
+}
+
+# One corral row of the PSS table: the Rails shop on N preloaded workers with the pool's
+# KEYS and ENV (start_corral), loaded as Passenger was; PASSENGER_ALL_KIB for the ratio.
+ROW=0
+corral_row() { # N KEYS ENV WHAT PASSENGER_ALL_KIB
+  local n=$1 c
+  ROW=$((ROW + 1))
+  start_corral rails "$n" "peer-rails-$ROW" "$2" "$3"
+  # shellcheck disable=SC2086
+  REQUESTS=$REQUESTS load "$port" "$n" $(pages_of rails)
+  c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
+  stop_corral
+  pss_row "corral, Rack launcher, preload, $4" "$n" "$c" "$5"
+}
+
+peer_rows() {
+  local n p vs pages page first keys what
+  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00). The refork_after row is read as soon as the pool settled, when its newest workers may have just been forked from a promoted template and dirtied little: it flatters reforking (the \`refork\` section reads its pools twice)."
+  echo
+  echo "| server | app processes | templates | workers MiB | all MiB | vs Passenger |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+  pages=$(pages_of rails)
+  for n in $WORKERS; do
+    start_passenger "$n"
+    # shellcheck disable=SC2086
+    REQUESTS=$REQUESTS load "$port" "$n" $pages
+    p=$(measure passenger "$RAILS" "$n")
+    stop_passenger
+    pss_row "Passenger $(passenger --version | awk '{print $NF; exit}') standalone, smart spawning" "$n" "$p"
+    vs=$(cut -d' ' -f2 <<< "$p")
+    corral_row "$n" "" "" "YJIT on (the default)" "$vs"
+    corral_row "$n" "" ", CORRAL_RACK_SETTLE = \"off\"" "CORRAL_RACK_SETTLE=off (YJIT on)" "$vs"
+    corral_row "$n" "" ", CORRAL_RACK_YJIT = \"off\"" "CORRAL_RACK_YJIT=off" "$vs"
+    corral_row "$n" "refork_after = $REFORK_AFTER" "" "refork_after = $REFORK_AFTER (YJIT on)" "$vs"
+  done
+  echo
+  echo "Fork to first answer: a pool of 2 preloaded workers with \`max_requests = $RECYCLE\` serves $REQUESTS GETs of its first page from 2 keep-alive clients, so that its workers are recycled and replaced by new ones forked from the preloader; for each new worker that served, \`ready_ms\` is corral's log (\`worker ready\`): from the ask to the preloader to the worker's first answer, the launcher's readiness probe (a 204 from its request loop, after which corral gives it requests); \"first page\" is the first request it served, the time on the worker (access log: total - queue), rendered by a worker that had served nothing before; \"fork to first page\" is their sum per worker (the first page's answer, had a request been waiting); \"warm page\" the same page's time on those workers afterwards. With \`refork_after = [$((RECYCLE / 4))]\` too, a worker that served $((RECYCLE / 4)) is promoted to be the template, and only the workers it forks are counted. Target: a forked worker's first answer <= 50 ms."
+  echo
+  echo "| pool, workers counted | page | new workers | ready_ms median | max | first page ms median | max | fork to first page ms median | max | warm page ms median |"
+  echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  for app in $APPS; do
+    page=$(pages_of "$app"); page=${page%% *}
+    for refork in off on; do
+      keys="max_requests = $RECYCLE"
+      [ "$refork" = on ] && keys+=$'\n'"refork_after = [$((RECYCLE / 4))]"
+      start_corral "$app" 2 "first-$app-$refork" "$keys" "" \
+        "access_log = \"$SCRATCH/first-$app-$refork/access.log\"
+access_log_format = \"json\""
+      REQUESTS=$REQUESTS load "$port" 2 "$page"
+      stop_corral
+      if [ "$refork" = on ]; then
+        first=$(measure first-answers "$dir/log" "$dir/access.log" 2 promoted)
+        what="$app, refork_after = [$((RECYCLE / 4))]: forked by a promoted template"
+      else
+        first=$(measure first-answers "$dir/log" "$dir/access.log" 2)
+        what="$app: forked by the preloader"
+      fi
+      echo "$what: $first" >&2
+      echo "| $what | \`$page\` | $(sed 's/ / | /g' <<< "$first") |"
+    done
+  done
+}
+
+BODY=$SCRATCH/body.md
+if [ "$MODE" = refork ]; then
+  refork_rows > "$BODY"
+  cat "$BODY"
+  results_write refork "Reforking: summed PSS with and without refork_after" "$BODY"
+else
+  peer_rows > "$BODY"
+  cat "$BODY"
+  results_write refork-peers "Rails memory beside Passenger, and fork to first answer" "$BODY"
+fi

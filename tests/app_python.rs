@@ -446,36 +446,18 @@ fn a_reforked_django_pool_serves_from_a_promoted_worker_and_loads_once() {
     let d = f.dir().display();
     // Written by the preloader, which runs as the workers' user.
     let loads = writable_dir(&f.dir().join("loads-refork")).join("loads");
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{d}/run-refork"
-grace = "2s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.django]
-app = "wsgi:mysite.wsgi:application"
+    let app = format!(
+        r#"app = "wsgi:mysite.wsgi:application"
 python = "{PYTHON}"
 cwd = "{d}/django"
-{keys}
-start_timeout = "120s"
-queue_timeout = "120s"
-env = {{ DJANGO_DB = "{d}/data/db.sqlite3", DJANGO_STATIC_ROOT = "{d}/public/static", GATES = "{d}/gates", LOADS_FILE = "{loads}" }}
-
-[[contexts]]
-prefix = "/django"
-pool = "django"
-"#,
-        keys = support::reforking::POOL_KEYS,
+env = {{ DJANGO_DB = "{d}/data/db.sqlite3", DJANGO_STATIC_ROOT = "{d}/public/static", GATES = "{d}/gates", LOADS_FILE = "{loads}" }}"#,
         loads = loads.display(),
     );
+    let config = support::reforking::config(&f.dir().join("run-refork"), "django", "/django", &app);
     let corral = f.reaper.corral(&config);
     support::reforking::serves_from_a_promoted_worker(
         &corral,
+        "django",
         &["/django/", "/django/admin/login/", "/django/upload/"],
         "/django/whoami/",
         &loads,

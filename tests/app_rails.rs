@@ -455,37 +455,19 @@ fn a_reforked_rails_pool_serves_from_a_promoted_worker_and_loads_once() {
     let dir = &f.reaper.dir;
     // Written by the preloader, which runs as the workers' user.
     let loads = writable_dir(&dir.join("loads-refork")).join("loads");
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{dir}/run-refork"
-grace = "2s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.rails]
-app = "rack:blog/config.ru"
+    let app = format!(
+        r#"app = "rack:blog/config.ru"
 cwd = "{dir}"
-{keys}
-start_timeout = "120s"
-queue_timeout = "120s"
-env = {{ RAILS_ENV = "production", SECRET_KEY_BASE = "{secret}", GATES = "{dir}/gates", LOADS_FILE = "{loads}" }}
-
-[[contexts]]
-prefix = "/app"
-pool = "rails"
-"#,
+env = {{ RAILS_ENV = "production", SECRET_KEY_BASE = "{secret}", GATES = "{dir}/gates", LOADS_FILE = "{loads}" }}"#,
         dir = dir.display(),
         secret = "5ec7e7".repeat(22),
         loads = loads.display(),
-        keys = support::reforking::POOL_KEYS,
     );
+    let config = support::reforking::config(&dir.join("run-refork"), "rails", "/app", &app);
     let corral = f.reaper.corral(&config);
     support::reforking::serves_from_a_promoted_worker(
         &corral,
+        "rails",
         &["/app/", "/app/posts/new", "/app/upload", "/app/posts"],
         "/app/whoami",
         &loads,

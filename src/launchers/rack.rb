@@ -1158,8 +1158,38 @@ module CorralRack
       pid
     end
 
+    # Makes what the workers inherit as shareable as it can be, once, before the first
+    # fork (and a promoted template's): full collections until every object that survives
+    # is in the old generation (a worker's minor collections then leave its page alone, and
+    # its mark bits stay unwritten), a compaction that packs those objects into fewer pages
+    # (free slots between them would be filled, so written, by each worker's allocations),
+    # and malloc_trim for the memory freed. Ruby 3.3's Process.warmup does all of it.
+    # Passenger runs one GC.start before each fork; nakayoshi_fork and Pitchfork age the
+    # heap this way. CORRAL_RACK_SETTLE=off leaves the heap as loading left it.
+    def self.settle_heap
+      return if ENV['CORRAL_RACK_SETTLE'] == 'off'
+      return Process.warmup if Process.respond_to?(:warmup)
+
+      # An object becomes old after surviving three collections.
+      4.times { GC.start(full_mark: true, immediate_sweep: true) }
+      begin
+        GC.compact if GC.respond_to?(:compact)
+      rescue NotImplementedError, StandardError => e
+        CorralRack.log("cannot compact the heap before forking: #{e.class}: #{e.message}")
+      end
+      malloc_trim
+    end
+
+    def self.malloc_trim
+      require 'fiddle'
+      Fiddle::Function.new(Fiddle::Handle::DEFAULT['malloc_trim'], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT).call(0)
+    rescue LoadError, StandardError
+      nil # no Fiddle, or not glibc: nothing to trim this way
+    end
+
     # The preloader's loop: fork workers on request, reap them, report both.
     def self.run(app, version, control)
+      settle_heap
       wake_r, wake_w = IO.pipe
       @stopping = false
       Signal.trap('CHLD') { wake_w.write_nonblock('.', exception: false) }
@@ -1221,11 +1251,13 @@ module CorralRack
   end
 
   # Machine code YJIT may write, in MiB. Ruby 3.1 fills the whole area at start (256 MiB
-  # by default, all resident; shared with forked workers until written). 8 MiB holds the
-  # request loop and an app's hottest paths, and once it is full YJIT stops compiling. Its
-  # cost, with its bookkeeping: Rails 6.1's summed PSS 72/87/94 MiB for 2/4/8 workers and
-  # the preloader, against 56/59/75 without YJIT (tests/app_rails.rs, this machine).
-  YJIT_MEM_MIB = 8
+  # by default, all resident; shared with forked workers until written), and its
+  # bookkeeping per compiled block grows with the code. Once the area is full YJIT stops
+  # compiling. 1 MiB holds the request loop and a small app's hot paths: the Rack hello
+  # world is as fast as with 8. A large app is compiled in part: measured on a Rails 6.1
+  # shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was 129
+  # MiB with 8, 106 with 1, 96 to 99 without YJIT, 99 to 103 under Passenger (no YJIT).
+  YJIT_MEM_MIB = 1
 
   # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
   # sets RUBY_YJIT_ENABLE itself: the request loop then takes about two thirds of the CPU

@@ -101,7 +101,7 @@ struct Worker {
     preloader: Option<u64>,
     /// Where the status its preloader reports goes, until the worker's task has it.
     exit_status: Option<tokio::sync::oneshot::Sender<ExitKind>>,
-    /// When the fork was asked for (forked workers), for the log.
+    /// When the spawn, or the fork, was asked for: for the log.
     asked: Instant,
     /// corral's end of the worker's own control socket (a forked worker of a pool that
     /// reforks): how it is told to become the template (`refork.rs`).
@@ -357,7 +357,10 @@ impl Driver {
         loop {
             let stopped = tokio::select! {
                 report = self.reports.recv() => match report {
-                    Some(Report::Ready(key)) => self.handle(PoolEvent::Ready { key }),
+                    Some(Report::Ready(key)) => {
+                        self.log_ready(key);
+                        self.handle(PoolEvent::Ready { key })
+                    }
                     Some(Report::Exited(key, status)) => {
                         self.deferred.retain(|(k, _)| *k != key);
                         self.direct_exited(key, status);
@@ -421,6 +424,17 @@ impl Driver {
                 tracing::info!(pool = %self.name, "pool stopped: every worker reaped");
                 return;
             }
+        }
+    }
+
+    /// A new worker answered its readiness check (for an app pool, the launcher's own probe:
+    /// its first answer): how long after corral spawned it, or asked its preloader or
+    /// template to fork it. `benches/refork.sh peers` reads these lines.
+    fn log_ready(&self, key: WorkerKey) {
+        if let Some(w) = self.workers.get(&key) {
+            let ready_ms = w.asked.elapsed().as_secs_f64() * 1000.0;
+            let forked = w.preloader.is_some();
+            tracing::info!(pool = %self.name, %key, pid = w.pid, forked, ready_ms, "worker ready");
         }
     }
 

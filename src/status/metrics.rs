@@ -417,6 +417,14 @@ pub fn render(
     );
     w.family(
         &spawned,
+        "reforks",
+        "counter",
+        "Reforks (refork_after): promoted templates that became ready, the older workers then replaced.",
+        "_total",
+        |p| vec![(Vec::new(), counters(p).reforks as f64)],
+    );
+    w.family(
+        &spawned,
         "worker_crashes",
         "counter",
         "Workers that exited without being asked to.",

@@ -165,6 +165,7 @@ pub fn pool_fields(
             ("recycled max lifetime", Value::Int(c.recycled.max_lifetime)),
             ("recycled rolling", Value::Int(c.recycled.rolling)),
             ("recycled suspect", Value::Int(c.recycled.suspect)),
+            ("reforks", Value::Int(c.reforks)),
             // The pool's memory beside its budget, and the rolling restart's bound.
             (
                 "pool memory",

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::server::{http, Corral};
+use super::server::{http, pool_counter, Corral};
 
 /// How many workers the pool under test runs.
 pub const WORKERS: usize = 3;
@@ -19,15 +19,49 @@ max = 3
 preload = true
 refork_after = [20]";
 
-/// `corral` runs a pool with [`POOL_KEYS`], whose app answers `whoami` with its pid and
+/// The configuration of a corral (its runtime directory `run`) serving pool `pool` under
+/// `prefix`, with a status listener: the pool's lines `app` (what it runs: `app`, `cwd`,
+/// `env`...) and [`POOL_KEYS`].
+pub fn config(run: &Path, pool: &str, prefix: &str, app: &str) -> String {
+    format!(
+        r#"
+[server]
+runtime_dir = "{run}"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "127.0.0.1:0"
+protocol = "http"
+
+[status]
+address = "127.0.0.1:0"
+
+[pools.{pool}]
+{app}
+{POOL_KEYS}
+start_timeout = "120s"
+queue_timeout = "120s"
+
+[[contexts]]
+prefix = "{prefix}"
+pool = "{pool}"
+"#,
+        run = run.display(),
+    )
+}
+
+/// `corral`, started with [`config`], runs pool `pool`, whose app answers `whoami` with its pid and
 /// parent pid and records its loads in `loads`. Checks that the pool serves 300 requests
 /// over `pages` (and `whoami`) from 3 clients with no failed answer; that one worker that
 /// served 20 was promoted to be the template, and it was forked by the preloader corral
 /// started; that every worker then answering (also to 3 clients at once) is the template's
 /// child and in its process tree, and the first preloader has retired; and that the app was
-/// loaded once, by the preloader.
+/// loaded once, by the preloader; and that status counts the one refork (`/status?json` and
+/// the Prometheus metrics).
 pub fn serves_from_a_promoted_worker(
     corral: &Corral,
+    pool: &str,
     pages: &[&'static str],
     whoami: &'static str,
     loads: &Path,
@@ -134,6 +168,11 @@ pub fn serves_from_a_promoted_worker(
     let loaded = std::fs::read_to_string(loads).unwrap();
     assert_eq!(loaded, format!("{preloader}\n"), "{}", corral.log());
     assert_eq!(corral.count_log("worker promoted:"), 1, "{}", corral.log());
+    let status = corral.status_ready_addr();
+    assert_eq!(pool_counter(status, pool, "reforks"), 1, "{}", corral.log());
+    let metrics = http(status, "GET", "/metrics", &[], b"").text();
+    let line = format!("corral_reforks_total{{pool=\"{pool}\"}} 1\n");
+    assert!(metrics.contains(&line), "{line:?} not in:\n{metrics}");
 }
 
 /// The pid and parent pid of the worker answering a GET of `whoami`, or what was wrong.

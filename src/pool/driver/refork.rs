@@ -235,6 +235,7 @@ impl Driver {
             .and_then(|p| p.all.get(&n))
             .map_or(0, |t| t.generation);
         tracing::info!(pool = %self.name, template = n, generation, replacing = old.len(), "refork: the new template is ready; older workers are replaced one at a time");
+        self.state.count_refork();
         self.feed(PoolEvent::RollingRestartOf { keys: old });
     }
 

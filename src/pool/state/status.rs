@@ -128,6 +128,9 @@ pub struct PoolCounters {
     pub recycled: RecycleCounts,
     /// Times the pool entered a crash loop.
     pub throttled: u64,
+    /// Reforks (`refork_after`): promoted templates that became ready, after which the
+    /// workers of older templates were replaced.
+    pub reforks: u64,
 }
 
 /// A pool's supervisor at one moment.
@@ -153,6 +156,12 @@ impl PoolState {
     /// The pool's counters.
     pub fn counters(&self) -> &PoolCounters {
         &self.counters
+    }
+
+    /// Counts a refork: the driver saw a promoted template ready (the replacement of the
+    /// older workers it then asks for is `RollingRestartOf`).
+    pub fn count_refork(&mut self) {
+        self.counters.reforks += 1;
     }
 
     /// Everything the status page shows, with ages measured at `now`.
