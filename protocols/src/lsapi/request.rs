@@ -374,12 +374,19 @@ pub fn encode_abort(order: ByteOrder, rule: FlagRule, dst: &mut BytesMut) {
 }
 
 fn put_pair(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
-    // Both lengths are below 65535: the whole packet is, and check_size ran first.
-    dst.put_u16(u16::try_from(name.len() + 1).unwrap_or(u16::MAX));
-    dst.put_u16(u16::try_from(value.len() + 1).unwrap_or(u16::MAX));
-    dst.put_slice(name);
+    // Both lengths are below 65535: the whole packet is, and check_size ran first. Room for
+    // the whole pair is made once; the two big-endian lengths go as one slice.
+    dst.reserve(pair_len(name, value));
+    let [n1, n0] = u16::try_from(name.len() + 1)
+        .unwrap_or(u16::MAX)
+        .to_be_bytes();
+    let [v1, v0] = u16::try_from(value.len() + 1)
+        .unwrap_or(u16::MAX)
+        .to_be_bytes();
+    dst.extend_from_slice(&[n1, n0, v1, v0]);
+    dst.extend_from_slice(name);
     dst.put_u8(0);
-    dst.put_slice(value);
+    dst.extend_from_slice(value);
     dst.put_u8(0);
 }
 
