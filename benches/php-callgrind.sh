@@ -24,7 +24,8 @@
 # does not help: php-cgi then waits on the kept connection until it is killed anyway.
 # Usage: bash benches/php-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: hello 500 2500;
 #   SCRIPT: hello or phpinfo)
-# Env: CORRAL, WORKER (release builds by default), OUT_DIR (where the last profiles are left
+# Env: CORRAL, WORKER (release builds by default), ROWS (the rows counted, default
+# "native cgi worker"; worker only for hello; a partial run publishes nothing), OUT_DIR (where the last profiles are left
 # as callgrind.out.native-SCRIPT.N and callgrind.out.cgi-SCRIPT.N for callgrind_annotate, default
 # /tmp), OUT (benches/lib/results.sh; section php-callgrind-SCRIPT). Needs valgrind, ab,
 # php-cgi and libphp8.2-embed.
@@ -32,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/callgrind.sh
-RESULTS_VARS="CORRAL WORKER OUT_DIR"
+RESULTS_VARS="CORRAL WORKER ROWS OUT_DIR"
 results_start "$@"
 page=${1:-hello}
 n1=${2:-500}
@@ -142,22 +143,30 @@ per_request() { # WHICH -> instructions per request
   awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
 }
 
+rows=" ${ROWS:-native cgi worker} "
+# row WHICH -> its count per request, or nothing when ROWS leaves it out.
+row() { if [[ $rows == *" $1 "* ]]; then per_request "$1"; fi; }
+# Partial runs (one row, to follow a change to the worker) print their figures only.
+[ "$rows" = " native cgi worker " ] || OUT=
+kilo() { [ -n "$1" ] && awk -v v="$1" 'BEGIN {printf "%.1fk", v / 1000}' || echo -; }
 report=$(mktemp /tmp/corral-phpcg-report.XXXXXX)
-native=$(per_request native)
-cgi=$(per_request cgi)
+native=$(row native)
+cgi=$(row cgi)
 # Worker mode serves the hello page from its handler (hello only).
 worker=""
-[ "$page" = hello ] && worker=$(per_request worker)
+[ "$page" = hello ] && worker=$(row worker)
 {
   echo "$page.php, ab -k -c1 through corral's HTTP listener to a pool of one PHP process; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), the PHP process under valgrind --tool=callgrind (corral not counted)."
   echo
   echo "| PHP process | user-space instructions per request |"
   echo "| --- | ---: |"
-  echo "| corral-php-worker, classic mode | $(awk -v v="$native" 'BEGIN {printf "%.1fk", v / 1000}') |"
-  echo "| php-cgi (FastCGI) | $(awk -v v="$cgi" 'BEGIN {printf "%.1fk", v / 1000}') |"
-  echo "| native / php-cgi | $(awk -v a="$native" -v b="$cgi" 'BEGIN {printf "%.2f", a / b}') |"
+  echo "| corral-php-worker, classic mode | $(kilo "$native") |"
+  echo "| php-cgi (FastCGI) | $(kilo "$cgi") |"
+  if [ -n "$native" ] && [ -n "$cgi" ]; then
+    echo "| native / php-cgi | $(awk -v a="$native" -v b="$cgi" 'BEGIN {printf "%.2f", a / b}') |"
+  fi
   if [ -n "$worker" ]; then
-    echo "| corral-php-worker, worker mode (the page from corral_handle_request's handler) | $(awk -v v="$worker" 'BEGIN {printf "%.1fk", v / 1000}') |"
+    echo "| corral-php-worker, worker mode (the page from corral_handle_request's handler) | $(kilo "$worker") |"
   fi
 } > "$report"
 cat "$report"

@@ -16,7 +16,7 @@ use super::{
 use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::{CgiResponseDecoder, CgiResponseHead, CgiStatus};
 use crate::protocols::lsapi::{
-    LsapiError, RequestBuilder, ResponseDecoder, ResponseEvent, ResponseHead, POINTED_ENV,
+    LsapiError, RequestBuilder, ResponseDecoder, ResponseEvent, TextEvent, POINTED_ENV,
 };
 use crate::protocols::Limits;
 
@@ -65,10 +65,6 @@ pub(super) fn prepare(
     })?;
     let codec = AnyCodec::Lsapi(Codec::new(&options.limits));
     Ok(begin(conn, codec, head, body, Some(len), options, started))
-}
-
-fn param<'a>(params: &'a CgiParams, name: &str) -> Option<&'a [u8]> {
-    params.get(name.as_bytes())
 }
 
 /// What building one BEGIN_REQUEST needs besides the packet's bytes, kept by each serving
@@ -129,26 +125,47 @@ fn encode_begin_request(
 }
 
 /// The request line of the synthesised HTTP head, written into `line` (cleared first):
-/// lsphp never parses it, but header offsets count from it.
+/// lsphp never parses it, but header offsets count from it. The parameters it is made of
+/// are found in one pass (the first of each name, as [`CgiParams::get`] finds).
 fn request_line(params: &CgiParams, line: &mut Vec<u8>) {
-    let method = param(params, "REQUEST_METHOD").unwrap_or(b"GET");
-    let protocol = param(params, "SERVER_PROTOCOL").unwrap_or(b"HTTP/1.1");
+    const METHOD: usize = 0;
+    const PROTOCOL: usize = 1;
+    const URI: usize = 2;
+    const SCRIPT: usize = 3;
+    const PATH_INFO: usize = 4;
+    const QUERY: usize = 5;
+    let mut found: [Option<&[u8]>; 6] = [None; 6];
+    for (name, value) in params.iter() {
+        let at = match name {
+            b"REQUEST_METHOD" => METHOD,
+            b"SERVER_PROTOCOL" => PROTOCOL,
+            b"REQUEST_URI" => URI,
+            b"SCRIPT_NAME" => SCRIPT,
+            b"PATH_INFO" => PATH_INFO,
+            b"QUERY_STRING" => QUERY,
+            _ => continue,
+        };
+        if let Some(slot @ None) = found.get_mut(at) {
+            *slot = Some(value);
+        }
+    }
+    let [method, protocol, uri, script, path_info, query] = found;
     line.clear();
-    line.extend_from_slice(method);
+    line.extend_from_slice(method.unwrap_or(b"GET"));
     line.push(b' ');
-    match param(params, "REQUEST_URI").filter(|u| !u.is_empty()) {
+    match uri.filter(|u| !u.is_empty()) {
         Some(uri) => line.extend_from_slice(uri),
         None => {
-            line.extend_from_slice(param(params, "SCRIPT_NAME").unwrap_or(b"/"));
-            line.extend_from_slice(param(params, "PATH_INFO").unwrap_or_default());
-            if let Some(q) = param(params, "QUERY_STRING").filter(|q| !q.is_empty()) {
+            line.extend_from_slice(script.unwrap_or(b"/"));
+            line.extend_from_slice(path_info.unwrap_or_default());
+            if let Some(q) = query.filter(|q| !q.is_empty()) {
                 line.push(b'?');
                 line.extend_from_slice(q);
             }
         }
     }
     line.push(b' ');
-    line.extend_from_slice(protocol);
+    line.extend_from_slice(protocol.unwrap_or(b"HTTP/1.1"));
 }
 
 /// `HTTP_X_CUSTOM_THING` → `X-Custom-Thing` (lsphp turns it back into the same variable),
@@ -202,15 +219,18 @@ fn begin_request(
         let mut digits = [0u8; 20];
         builder.header(b"Content-Length", decimal(body_len, &mut digits))?;
     }
-    for name in POINTED_ENV {
-        if param(params, name).is_none() {
-            let value: &[u8] = if name == "REQUEST_METHOD" {
-                b"GET"
-            } else {
-                b""
-            };
-            builder.env(name.as_bytes(), value)?;
-        }
+    // The pointed variables the parameters lacked (the builder saw every env pair).
+    let mut missing = [""; POINTED_ENV.len()];
+    for (slot, name) in missing.iter_mut().zip(builder.missing_pointed()) {
+        *slot = name;
+    }
+    for name in missing.into_iter().filter(|n| !n.is_empty()) {
+        let value: &[u8] = if name == "REQUEST_METHOD" {
+            b"GET"
+        } else {
+            b""
+        };
+        builder.env(name.as_bytes(), value)?;
     }
     builder.body_len(body_len);
     Ok(())
@@ -257,16 +277,28 @@ impl Codec {
     }
 
     pub(super) fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Step>, BackendError> {
-        let Some(event) = self.packets.decode(src).map_err(violation)? else {
-            return Ok(None);
+        let event = match self.packets.decode_text(src) {
+            Ok(Some(TextEvent::Head { status, text })) => {
+                self.head_seen = true;
+                return Ok(Some(Step::Head(cgi_head(status, text, &self.limits)?)));
+            }
+            Ok(Some(TextEvent::Event(event))) => event,
+            Ok(None) => return Ok(None),
+            // A line with a CR or LF: the packet is well framed, the application's head
+            // is not.
+            Err(e @ LsapiError::InvalidHeaderBytes { .. }) => {
+                return Err(BackendError::InvalidHead {
+                    protocol: Protocol::Lsapi,
+                    rule: e.to_string(),
+                })
+            }
+            Err(e) => return Err(violation(e)),
         };
         let step = match event {
             ResponseEvent::ReqReceived | ResponseEvent::Pid(_) => Step::Nothing,
             ResponseEvent::Stderr(text) => Step::Stderr(text),
-            ResponseEvent::Header(head) => {
-                self.head_seen = true;
-                Step::Head(cgi_head(&head, &self.limits)?)
-            }
+            // decode_text gives RESP_HEADER as text (above).
+            ResponseEvent::Header(_) => Step::Nothing,
             ResponseEvent::Stream(bytes) if bytes.is_empty() => Step::Nothing,
             ResponseEvent::Stream(bytes) => Step::Data(bytes),
             ResponseEvent::ConnClose => {
@@ -295,40 +327,28 @@ impl Codec {
     }
 }
 
-/// RESP_HEADER as a CGI head: the lines go through the same strict parser as a CGI
-/// response, and a non-zero `m_status` wins over a `Status:` line (protocols/LSAPI.md §3.2).
+/// RESP_HEADER as a CGI head: its lines, as `text` (see `ResponseDecoder::decode_text`), go
+/// through the same strict parser as a CGI response, without a copy; a non-zero
+/// `m_status` wins over a `Status:` line (protocols/LSAPI.md §3.2).
 ///
 /// A line the parser refuses is the application's error ([`BackendError::InvalidHead`]), not
 /// a broken packet: the packet itself was well framed.
-fn cgi_head(head: &ResponseHead, limits: &Limits) -> Result<CgiResponseHead, BackendError> {
-    let invalid = |rule: String| BackendError::InvalidHead {
-        protocol: Protocol::Lsapi,
-        rule,
-    };
-    // Sized once: grown line by line, the text was reallocated as it doubled.
-    let len = head.lines.iter().map(|l| l.len() + 2).sum::<usize>() + 2;
-    let mut text = BytesMut::with_capacity(len);
-    for (index, line) in head.lines.iter().enumerate() {
-        if line.iter().any(|&b| b == b'\r' || b == b'\n') {
-            return Err(invalid(format!(
-                "RESP_HEADER line {index} holds a CR or LF byte"
-            )));
-        }
-        text.extend_from_slice(line);
-        text.extend_from_slice(b"\r\n");
-    }
-    text.extend_from_slice(b"\r\n");
+fn cgi_head(status: u16, text: Bytes, limits: &Limits) -> Result<CgiResponseHead, BackendError> {
+    let mut text = text;
     let mut parsed = CgiResponseDecoder::new(limits)
-        .decode(&mut text)
-        .map_err(|e| invalid(e.to_string()))?
+        .decode_bytes(&mut text)
+        .map_err(|e| BackendError::InvalidHead {
+            protocol: Protocol::Lsapi,
+            rule: e.to_string(),
+        })?
         .ok_or_else(|| violation("RESP_HEADER lines do not form a complete head"))?;
-    if head.status != 0 {
+    if status != 0 {
         let reason = match &parsed.status {
-            Some(s) if s.code == head.status => s.reason.clone(),
+            Some(s) if s.code == status => s.reason.clone(),
             _ => Bytes::new(),
         };
         parsed.status = Some(CgiStatus {
-            code: head.status,
+            code: status,
             reason,
         });
     }
@@ -341,19 +361,152 @@ mod tests {
 
     use super::*;
 
+    /// A RESP_HEADER packet (native byte order) with `lines`.
+    fn head_packet(status: i32, lines: &[&[u8]]) -> BytesMut {
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&i32::try_from(lines.len()).unwrap().to_ne_bytes());
+        payload.extend_from_slice(&status.to_ne_bytes());
+        for line in lines {
+            payload.extend_from_slice(&u16::try_from(line.len() + 1).unwrap().to_ne_bytes());
+        }
+        for line in lines {
+            payload.extend_from_slice(line);
+            payload.push(0);
+        }
+        let mut packet = BytesMut::new();
+        crate::protocols::lsapi::ResponseEncoder::default().req_received(&mut packet);
+        let mut head = BytesMut::new();
+        let fields: Vec<(&[u8], &[u8])> = Vec::new();
+        crate::protocols::lsapi::ResponseEncoder::default()
+            .header(200, &fields, &mut head)
+            .unwrap();
+        // The encoder's 8-byte packet header, with this payload's length.
+        let len = 8 + payload.len();
+        let mut header = head.split_to(8);
+        header[4..8].copy_from_slice(&i32::try_from(len).unwrap().to_ne_bytes());
+        packet.extend_from_slice(&header);
+        packet.extend_from_slice(&payload);
+        packet
+    }
+
+    fn decode_head(status: i32, lines: &[&[u8]]) -> Result<Option<Step>, BackendError> {
+        let mut src = head_packet(status, lines);
+        let mut codec = Codec::new(&Limits::default());
+        assert!(matches!(codec.decode(&mut src), Ok(Some(Step::Nothing))));
+        codec.decode(&mut src)
+    }
+
     #[test]
     fn a_bad_header_line_is_the_applications_error() {
-        let head = |line: &'static [u8]| ResponseHead {
-            status: 200,
-            lines: vec![Bytes::from_static(line)],
-        };
-        for line in [&b"X-A: a\x01b"[..], b"X A: b", b"X-A: a\rb"] {
-            match cgi_head(&head(line), &Limits::default()) {
+        for line in [
+            &b"X-A: a\x01b"[..],
+            b"X A: b",
+            b"X-A: a\rb",
+            b"X-A: a\nX-B: b",
+        ] {
+            match decode_head(200, &[line]) {
                 Err(BackendError::InvalidHead { .. }) => {}
+                Ok(Some(Step::Head(head))) => {
+                    panic!("{}: passed as {:?}", line.escape_ascii(), head.headers)
+                }
                 other => panic!("{}: {other:?}", line.escape_ascii()),
             }
         }
-        assert!(cgi_head(&head(b"X-A: ab"), &Limits::default()).is_ok());
+        assert!(matches!(
+            decode_head(200, &[b"X-A: ab"]),
+            Ok(Some(Step::Head(_)))
+        ));
+    }
+
+    #[test]
+    fn a_head_keeps_its_lines_and_the_packets_status() {
+        let Ok(Some(Step::Head(head))) = decode_head(
+            404,
+            &[
+                b"Content-Type: text/html",
+                b"Set-Cookie: a=1",
+                b"Set-Cookie:b=2",
+                b"Status: 200 OK",
+            ],
+        ) else {
+            panic!("no head");
+        };
+        assert_eq!(head.status.as_ref().map(|s| s.code), Some(404));
+        let lines: Vec<String> = head
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{}={}", n.escape_ascii(), v.escape_ascii()))
+            .collect();
+        assert_eq!(
+            lines,
+            ["Content-Type=text/html", "Set-Cookie=a=1", "Set-Cookie=b=2"]
+        );
+        let Ok(Some(Step::Head(head))) = decode_head(0, &[]) else {
+            panic!("no empty head");
+        };
+        assert!(head.headers.is_empty() && head.status.is_none());
+    }
+
+    /// The request line built with one lookup per parameter, as it was before the one pass.
+    fn line_by_lookups(params: &CgiParams) -> Vec<u8> {
+        let get = |n: &str| params.get(n.as_bytes());
+        let mut line = get("REQUEST_METHOD").unwrap_or(b"GET").to_vec();
+        line.push(b' ');
+        match get("REQUEST_URI").filter(|u| !u.is_empty()) {
+            Some(uri) => line.extend_from_slice(uri),
+            None => {
+                line.extend_from_slice(get("SCRIPT_NAME").unwrap_or(b"/"));
+                line.extend_from_slice(get("PATH_INFO").unwrap_or_default());
+                if let Some(q) = get("QUERY_STRING").filter(|q| !q.is_empty()) {
+                    line.push(b'?');
+                    line.extend_from_slice(q);
+                }
+            }
+        }
+        line.push(b' ');
+        line.extend_from_slice(get("SERVER_PROTOCOL").unwrap_or(b"HTTP/1.1"));
+        line
+    }
+
+    #[test]
+    fn the_request_line_takes_the_first_of_each_parameter() {
+        let cases: &[&[(&str, &str)]] = &[
+            &[],
+            &[
+                ("REQUEST_METHOD", "POST"),
+                ("REQUEST_URI", "/a?b"),
+                ("SERVER_PROTOCOL", "HTTP/1.0"),
+            ],
+            &[
+                ("REQUEST_URI", ""),
+                ("SCRIPT_NAME", "/s.php"),
+                ("PATH_INFO", "/p"),
+                ("QUERY_STRING", "q=1"),
+            ],
+            &[("SCRIPT_NAME", "/s.php"), ("QUERY_STRING", "")],
+            &[
+                ("REQUEST_URI", "/first"),
+                ("REQUEST_URI", "/second"),
+                ("REQUEST_METHOD", "PUT"),
+                ("REQUEST_METHOD", "GET"),
+            ],
+            &[
+                ("QUERY_STRING", "a"),
+                ("QUERY_STRING", "b"),
+                ("SCRIPT_NAME", "/x"),
+                ("HTTP_HOST", "h"),
+            ],
+        ];
+        let mut line = Vec::new();
+        for pairs in cases {
+            let params = CgiParams::from_pairs(pairs).unwrap();
+            request_line(&params, &mut line);
+            assert_eq!(
+                line.escape_ascii().to_string(),
+                line_by_lookups(&params).escape_ascii().to_string(),
+                "{pairs:?}"
+            );
+        }
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub use request::{
 pub use request_decode::{BeginRequest, RequestDecoder, RequestEvent};
 pub use request_view::{RequestView, ViewEvent};
 pub use response::{
-    split_header_line, ResponseDecoder, ResponseEvent, ResponseHead, PID_MARKER, RESP_INFO_LEN,
+    split_header_line, ResponseDecoder, ResponseEvent, ResponseHead, TextEvent, PID_MARKER,
+    RESP_INFO_LEN,
 };
 pub use response_encode::{ResponseEncoder, MAX_RESP_HEADERS, MAX_RESP_HEADER_LINE};

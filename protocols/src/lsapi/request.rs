@@ -74,6 +74,8 @@ pub struct RequestBuilder {
     head: BytesMut,
     index_len: [u16; KNOWN_HEADER_COUNT],
     index_off: [i32; KNOWN_HEADER_COUNT],
+    /// Known headers given (entries of `index_off` that are set).
+    known_count: usize,
     unknown: Vec<[i32; 4]>,
     body_len: u64,
 }
@@ -103,6 +105,7 @@ impl RequestBuilder {
             head,
             index_len: [0; KNOWN_HEADER_COUNT],
             index_off: [0; KNOWN_HEADER_COUNT],
+            known_count: 0,
             unknown: Vec::new(),
             body_len: 0,
         };
@@ -126,6 +129,7 @@ impl RequestBuilder {
         self.head.clear();
         self.index_len = [0; KNOWN_HEADER_COUNT];
         self.index_off = [0; KNOWN_HEADER_COUNT];
+        self.known_count = 0;
         self.unknown.clear();
         self.body_len = 0;
         if request_line.is_empty() || has_line_breaking_byte(request_line) {
@@ -170,6 +174,17 @@ impl RequestBuilder {
         Ok(())
     }
 
+    /// The [`POINTED_ENV`] names not given yet (each must be before [`encode`]).
+    ///
+    /// [`encode`]: RequestBuilder::encode
+    pub fn missing_pointed(&self) -> impl Iterator<Item = &'static str> {
+        let pointed = self.pointed;
+        POINTED_ENV
+            .into_iter()
+            .zip(pointed)
+            .filter_map(|(name, at)| at.is_none().then_some(name))
+    }
+
     /// Appends an HTTP request header.
     pub fn header(&mut self, name: &[u8], value: &[u8]) -> Result<(), LsapiError> {
         if name.is_empty() || name.contains(&b':') || has_line_breaking_byte(name) {
@@ -183,7 +198,7 @@ impl RequestBuilder {
             });
         }
         check_len("request header", name, value, &self.limits)?;
-        let headers = self.unknown.len() + self.index_off.iter().filter(|&&o| o != 0).count();
+        let headers = self.unknown.len() + self.known_count;
         if headers >= self.limits.max_params_count {
             return Err(LsapiError::TooManyPairs {
                 what: "headers",
@@ -215,6 +230,7 @@ impl RequestBuilder {
                 }
                 *off = value_off;
                 *len = u16::try_from(value.len()).unwrap_or(u16::MAX);
+                self.known_count += 1;
             }
             None => self
                 .unknown
@@ -358,12 +374,19 @@ pub fn encode_abort(order: ByteOrder, rule: FlagRule, dst: &mut BytesMut) {
 }
 
 fn put_pair(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
-    // Both lengths are below 65535: the whole packet is, and check_size ran first.
-    dst.put_u16(u16::try_from(name.len() + 1).unwrap_or(u16::MAX));
-    dst.put_u16(u16::try_from(value.len() + 1).unwrap_or(u16::MAX));
-    dst.put_slice(name);
+    // Both lengths are below 65535: the whole packet is, and check_size ran first. Room for
+    // the whole pair is made once; the two big-endian lengths go as one slice.
+    dst.reserve(pair_len(name, value));
+    let [n1, n0] = u16::try_from(name.len() + 1)
+        .unwrap_or(u16::MAX)
+        .to_be_bytes();
+    let [v1, v0] = u16::try_from(value.len() + 1)
+        .unwrap_or(u16::MAX)
+        .to_be_bytes();
+    dst.extend_from_slice(&[n1, n0, v1, v0]);
+    dst.extend_from_slice(name);
     dst.put_u8(0);
-    dst.put_slice(value);
+    dst.extend_from_slice(value);
     dst.put_u8(0);
 }
 

@@ -7,8 +7,6 @@
 //! payload 8..=65535, stream/stderr/REQ_RECEIVED payload ≤ 16384, RESP_END and CONN_CLOSE
 //! exactly 8 bytes, and every packet ≤ `Limits::max_packet_len`.
 
-use std::ops::Range;
-
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::packet::{
@@ -83,6 +81,21 @@ pub enum ResponseEvent {
     ConnClose,
 }
 
+/// What [`ResponseDecoder::decode_text`] gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TextEvent {
+    /// RESP_HEADER: `m_status` (0: see a `Status:` line) and the lines as a CGI head,
+    /// `Name: value` LF each, then LF.
+    Head {
+        /// `m_status`, as in [`ResponseHead::status`].
+        status: u16,
+        /// The head's text, ending in the blank line.
+        text: Bytes,
+    },
+    /// Any other packet, as [`ResponseDecoder::decode`] gives it.
+    Event(ResponseEvent),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Between responses or before the RESP_HEADER of one.
@@ -130,6 +143,66 @@ impl ResponseDecoder {
     /// Decodes the next event; `Ok(None)` means more bytes are needed. Bytes are consumed
     /// only with a returned event.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, LsapiError> {
+        let Some(h) = self.whole_packet(src)? else {
+            return Ok(None);
+        };
+        let event = match h.kind {
+            PacketType::RespHeader => {
+                let payload = src.get(HEADER_LEN..h.len).unwrap_or(&[]);
+                let (status, count) = check_lines(payload, h.order, &self.limits, false)?;
+                let payload = take_payload(src, h.len);
+                ResponseEvent::Header(ResponseHead {
+                    status,
+                    lines: cut_lines(&payload, h.order, count),
+                })
+            }
+            _ => self.other(src, &h)?,
+        };
+        self.after(&event);
+        Ok(Some(event))
+    }
+
+    /// [`decode`](Self::decode) for a gateway that parses the head as CGI text: RESP_HEADER
+    /// comes out as that text, rewritten inside `src` (each line's NUL becomes LF, one LF
+    /// ends the head), so that no line list and no copy of the head is allocated. Lines
+    /// holding a CR or LF are refused ([`LsapiError::InvalidHeaderBytes`]): in the text
+    /// they would end the line early. Every other check is [`decode`](Self::decode)'s.
+    pub fn decode_text(&mut self, src: &mut BytesMut) -> Result<Option<TextEvent>, LsapiError> {
+        let Some(h) = self.whole_packet(src)? else {
+            return Ok(None);
+        };
+        if h.kind != PacketType::RespHeader {
+            let event = self.other(src, &h)?;
+            self.after(&event);
+            return Ok(Some(TextEvent::Event(event)));
+        }
+        let payload = src.get(HEADER_LEN..h.len).unwrap_or(&[]);
+        let (status, count) = check_lines(payload, h.order, &self.limits, true)?;
+        let mut packet = src.split_to(h.len);
+        // The lines move one byte towards the front (over the last byte of the length
+        // array, read already) and the freed last byte ends the head.
+        let lines = HEADER_LEN + RESP_INFO_LEN + 2 * count;
+        let start = lines - 1;
+        packet.copy_within(lines..h.len, start);
+        for b in packet.get_mut(start..).unwrap_or_default() {
+            if *b == 0 {
+                *b = b'\n';
+            }
+        }
+        if let Some(last) = packet.last_mut() {
+            *last = b'\n';
+        }
+        packet.advance(start);
+        self.state = State::Body;
+        Ok(Some(TextEvent::Head {
+            status,
+            text: packet.freeze(),
+        }))
+    }
+
+    /// The header of the next packet once the whole packet is in `src`, its size and place
+    /// in the sequence checked; `None` while bytes are missing.
+    fn whole_packet(&mut self, src: &mut BytesMut) -> Result<Option<PacketHeader>, LsapiError> {
         let Some(h) = PacketHeader::parse(src, self.rule)? else {
             return Ok(None);
         };
@@ -139,19 +212,12 @@ impl ResponseDecoder {
             src.reserve(h.len - src.len());
             return Ok(None);
         }
-        let event = match h.kind {
-            PacketType::RespHeader => {
-                let lines = parse_lines(
-                    src.get(HEADER_LEN..h.len).unwrap_or(&[]),
-                    h.order,
-                    &self.limits,
-                )?;
-                let payload = take_payload(src, h.len);
-                ResponseEvent::Header(ResponseHead {
-                    status: lines.status,
-                    lines: lines.lines.into_iter().map(|r| payload.slice(r)).collect(),
-                })
-            }
+        Ok(Some(h))
+    }
+
+    /// Any packet but RESP_HEADER, consumed from `src`.
+    fn other(&mut self, src: &mut BytesMut, h: &PacketHeader) -> Result<ResponseEvent, LsapiError> {
+        Ok(match h.kind {
             PacketType::RespStream => ResponseEvent::Stream(take_payload(src, h.len)),
             PacketType::StderrStream => {
                 let payload = take_payload(src, h.len);
@@ -179,14 +245,17 @@ impl ResponseDecoder {
                     direction: "backend to server",
                 })
             }
-        };
+        })
+    }
+
+    /// The sequence state after `event`.
+    fn after(&mut self, event: &ResponseEvent) {
         self.state = match event {
             ResponseEvent::Header(_) => State::Body,
             ResponseEvent::End => State::AwaitHeader,
             ResponseEvent::ConnClose => State::Closed,
             _ => self.state,
         };
-        Ok(Some(event))
     }
 
     fn check_size(&self, h: &PacketHeader) -> Result<(), LsapiError> {
@@ -256,15 +325,16 @@ fn pid_of(payload: &[u8], order: ByteOrder) -> Option<u32> {
     Some(u32::from_ne_bytes(pid.to_ne_bytes()))
 }
 
-struct Lines {
-    status: u16,
-    /// Line ranges relative to the payload (after the 8-byte packet header).
-    lines: Vec<Range<usize>>,
-}
-
-/// Parses a RESP_HEADER payload: `m_cntHeaders`, `m_status`, the int16 length array, then the
-/// NUL-terminated lines back to back, filling the payload exactly.
-fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Lines, LsapiError> {
+/// Checks a RESP_HEADER payload: `m_cntHeaders`, `m_status`, the int16 length array, then
+/// the NUL-terminated lines back to back, filling the payload exactly; `no_breaks` also
+/// refuses CR and LF inside a line. Returns the status and the line count; nothing is
+/// allocated (the lengths are read again to cut the lines, not kept).
+fn check_lines(
+    payload: &[u8],
+    order: ByteOrder,
+    limits: &Limits,
+    no_breaks: bool,
+) -> Result<(u16, usize), LsapiError> {
     let actual = payload.len();
     let mismatch = |needed| LsapiError::RespHeaderSizeMismatch { needed, actual };
     let count = order.read_i32(payload, 0).ok_or(mismatch(RESP_INFO_LEN))?;
@@ -299,7 +369,6 @@ fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Line
     if needed != actual {
         return Err(mismatch(needed));
     }
-    let mut lines = Vec::with_capacity(count);
     let mut at = lens_end;
     for index in 0..count {
         let len = line_len(index);
@@ -310,6 +379,11 @@ fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Line
         }
         if line.contains(&0) {
             return Err(LsapiError::HeaderLineContainsNul { index });
+        }
+        if no_breaks && line.iter().any(|&b| b == b'\r' || b == b'\n') {
+            return Err(LsapiError::InvalidHeaderBytes {
+                what: "response header line (CR or LF)",
+            });
         }
         let (name_len, value_len) = match line.iter().position(|&b| b == b':') {
             Some(colon) => (colon, line.len() - colon - 1),
@@ -330,7 +404,22 @@ fn parse_lines(payload: &[u8], order: ByteOrder, limits: &Limits) -> Result<Line
             });
         }
         at = text.end + 1;
-        lines.push(text);
     }
-    Ok(Lines { status, lines })
+    Ok((status, count))
+}
+
+/// The `count` lines of a RESP_HEADER payload [`check_lines`] passed, NULs left out.
+fn cut_lines(payload: &Bytes, order: ByteOrder, count: usize) -> Vec<Bytes> {
+    let mut lines = Vec::with_capacity(count);
+    let mut at = RESP_INFO_LEN + 2 * count;
+    for i in 0..count {
+        let len = usize::from(order.read_u16(payload, RESP_INFO_LEN + 2 * i).unwrap_or(0));
+        // Checked: every length is at least 1 and the lines fill the payload.
+        let end = at + len.max(1);
+        if payload.get(at..end - 1).is_some() {
+            lines.push(payload.slice(at..end - 1));
+        }
+        at = end;
+    }
+    lines
 }

@@ -160,6 +160,96 @@ proptest! {
     }
 }
 
+/// Feeds `bytes` cut at `cuts` to `decode` and to `decode_text` side by side: they agree on
+/// every event but RESP_HEADER, whose text is decode's lines, LF after each, then LF; and
+/// decode_text refuses exactly what decode refuses plus a line holding CR or LF.
+fn text_agrees(bytes: &[u8], cuts: &[usize], rule: FlagRule) -> Result<(), TestCaseError> {
+    let mut lines_dec = ResponseDecoder::new(&Limits::DEFAULT).with_flag_rule(rule);
+    let mut text_dec = ResponseDecoder::new(&Limits::DEFAULT).with_flag_rule(rule);
+    let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+    let mut at = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&bytes.len())) {
+        let cut = cut.clamp(at, bytes.len());
+        a.extend_from_slice(&bytes[at..cut]);
+        b.extend_from_slice(&bytes[at..cut]);
+        at = cut;
+        loop {
+            let (x, y) = (lines_dec.decode(&mut a), text_dec.decode_text(&mut b));
+            match (x, y) {
+                (Ok(None), Ok(None)) => break,
+                (Ok(Some(ResponseEvent::Header(h))), got) => {
+                    let broken = h
+                        .lines
+                        .iter()
+                        .any(|l| l.contains(&b'\r') || l.contains(&b'\n'));
+                    if broken {
+                        let refused = matches!(got, Err(LsapiError::InvalidHeaderBytes { .. }));
+                        prop_assert!(refused, "{:?}", got);
+                        return Ok(());
+                    }
+                    let mut want = Vec::new();
+                    for l in &h.lines {
+                        want.extend_from_slice(l);
+                        want.push(b'\n');
+                    }
+                    want.push(b'\n');
+                    prop_assert_eq!(
+                        got.unwrap(),
+                        Some(TextEvent::Head {
+                            status: h.status,
+                            text: Bytes::from(want)
+                        })
+                    );
+                }
+                (Ok(Some(e)), got) => prop_assert_eq!(got.unwrap(), Some(TextEvent::Event(e))),
+                (Err(e), got) => {
+                    prop_assert_eq!(got.unwrap_err(), e);
+                    return Ok(());
+                }
+                (Ok(None), got) => prop_assert!(false, "decode wants more, decode_text {:?}", got),
+            }
+            prop_assert_eq!(&a, &b);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn head_text_agrees_with_the_lines(
+        parts in conversation(),
+        (order, rule) in orders(),
+        cuts in cuts(4000),
+    ) {
+        let bytes = encode_parts(&ResponseEncoder::new(order, rule), &parts);
+        text_agrees(&bytes, &cuts, rule)?;
+    }
+
+    #[test]
+    fn head_text_agrees_on_garbage_and_broken_lines(
+        bytes in proptest::collection::vec(any::<u8>(), 0..200),
+        line in proptest::collection::vec(prop_oneof![Just(b'\r'), Just(b'\n'), Just(b'a'), Just(b':'), Just(0u8)], 0..12),
+        cuts in cuts(200),
+    ) {
+        text_agrees(&bytes, &cuts, FlagRule::HOST)?;
+        // A RESP_HEADER of one line built by hand (the encoder refuses CR and LF).
+        let mut packet = Vec::new();
+        let payload_len = 8 + 2 + line.len() + 1;
+        packet.extend_from_slice(b"LS");
+        packet.push(3); // RESP_HEADER
+        let mut head = BytesMut::new();
+        ResponseEncoder::default().req_received(&mut head);
+        packet.push(head[3]);
+        packet.extend_from_slice(&i32::try_from(8 + payload_len).unwrap().to_ne_bytes());
+        packet.extend_from_slice(&1i32.to_ne_bytes());
+        packet.extend_from_slice(&200i32.to_ne_bytes());
+        packet.extend_from_slice(&u16::try_from(line.len() + 1).unwrap().to_ne_bytes());
+        packet.extend_from_slice(&line);
+        packet.push(0);
+        text_agrees(&packet, &cuts, FlagRule::HOST)?;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // requests
 

@@ -659,6 +659,12 @@ fn builder_enforces_limits() {
             max: 2
         })
     );
+    // A restarted builder counts its headers afresh.
+    for _ in 0..3 {
+        rb.restart(&two, b"GET / HTTP/1.1").unwrap();
+        rb.header(b"Host", b"h").unwrap();
+        rb.header(b"Accept", b"a").unwrap();
+    }
     let tiny = Limits {
         max_params_bytes: 200,
         ..Limits::DEFAULT

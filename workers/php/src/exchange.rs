@@ -2,16 +2,19 @@
 //! body it reads, the headers and output it produces, turned into LSAPI response packets on
 //! the connection. Output is queued and written in blocks of [`FLUSH_AT`] (a small answer
 //! is one write, REQ_RECEIVED and RESP_END included), or at once when the script calls
-//! `flush()`. The worker script's own output outside any request (worker mode) goes to the
-//! log instead ([`Sink::Log`]).
+//! `flush()`. A large write from PHP (at least one whole 16 KiB packet, [`MAX_DATA_LEN`]) is
+//! not copied: its whole packets go out from PHP's own buffer in one writev(2), with what
+//! was queued before them and their packet headers between them, and only its tail is
+//! queued (see [`Exchange::write_through`]). The worker script's own output outside any
+//! request (worker mode) goes to the log instead ([`Sink::Log`]).
 
 use std::cell::Cell;
 use std::fs::File;
-use std::io::Write;
+use std::io::{IoSlice, Write};
 use std::rc::Rc;
 
 use bytes::BytesMut;
-use corral_protocols::lsapi::ResponseEncoder;
+use corral_protocols::lsapi::{ResponseEncoder, HEADER_LEN, MAX_DATA_LEN};
 
 use crate::body::Body;
 use crate::php::Zval;
@@ -28,6 +31,11 @@ const FLUSH_AT: usize = 64 * 1024;
 
 /// The output buffer's first size: a small page's answer whole.
 const OUT_CAPACITY: usize = 16 * 1024;
+
+/// Most RESP_STREAM packets one writev(2) of [`Exchange::write_through`] carries: two
+/// slices each (header, data) and the queued bytes stay well under IOV_MAX (1024), and the
+/// slices fit on the stack.
+const THROUGH_PACKETS: usize = 64;
 
 thread_local! {
     /// The last exchange's output buffer, for the next one: it is allocated once per
@@ -115,11 +123,72 @@ impl Exchange {
             ));
             return data.len();
         }
-        self.encoder.stream(data, &mut self.out);
+        let whole = data.len() - data.len() % MAX_DATA_LEN;
+        let tail = match data.split_at_checked(whole) {
+            Some((packets, tail)) if !packets.is_empty() => {
+                self.write_through(packets);
+                tail
+            }
+            _ => data,
+        };
+        if self.broken {
+            return 0;
+        }
+        self.encoder.stream(tail, &mut self.out);
         if self.out.len() >= FLUSH_AT {
             self.flush();
         }
         data.len()
+    }
+
+    /// `packets` (whole [`MAX_DATA_LEN`] packets of body) written at once from PHP's buffer,
+    /// after what is queued: as php-cgi's FastCGI library does for a large write, so a big
+    /// page is not copied on its way out (phpinfo(): 73 KB in one write). The packet headers
+    /// are put in `out` behind the queued bytes and each slice points into it or into
+    /// `packets`.
+    fn write_through(&mut self, packets: &[u8]) {
+        let Exchange {
+            sink: Sink::Conn(stream),
+            encoder,
+            out,
+            broken,
+            what,
+            vars,
+            ..
+        } = self
+        else {
+            return;
+        };
+        for group in packets.chunks(MAX_DATA_LEN * THROUGH_PACKETS) {
+            let queued = out.len();
+            for chunk in group.chunks(MAX_DATA_LEN) {
+                // A chunk is at most MAX_DATA_LEN: the header always encodes.
+                let _ = encoder.stream_header(chunk.len(), out);
+            }
+            let (pending, heads) = out.split_at(queued);
+            let parts = Some(pending).filter(|p| !p.is_empty()).into_iter().chain(
+                heads
+                    .chunks(HEADER_LEN)
+                    .zip(group.chunks(MAX_DATA_LEN))
+                    .flat_map(|(head, chunk)| [head, chunk]),
+            );
+            let mut slices = [IoSlice::new(&[]); 1 + 2 * THROUGH_PACKETS];
+            let mut n = 0;
+            for (slot, part) in slices.iter_mut().zip(parts) {
+                *slot = IoSlice::new(part);
+                n += 1;
+            }
+            let result = write_all_vectored(stream, slices.get_mut(..n).unwrap_or_default());
+            out.clear();
+            if let Err(e) = result {
+                crate::log(&format!(
+                    "{}: connection to corral lost while answering ({e})",
+                    crate::Described(what, vars)
+                ));
+                *broken = true;
+                return;
+            }
+        }
     }
 
     /// One header line for an answer the worker writes itself (see [`Exchange::answer`]).
@@ -297,6 +366,20 @@ impl Exchange {
         self.encoder.stream(body, &mut self.out);
         self.end(closing)
     }
+}
+
+/// Writes every byte of `slices` (a blocking socket: a short write is followed by the rest).
+fn write_all_vectored(stream: &File, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    let mut stream = stream;
+    while !slices.is_empty() {
+        match stream.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Exchange {
