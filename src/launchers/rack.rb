@@ -1257,17 +1257,17 @@ module CorralRack
     # what only a worker has), and after WARMUP_BUDGET seconds; none of these stops the
     # preloader. Not for a promoted template: its worker has served real requests.
     def self.warm_up(app, version)
+      done = 0
       count = warmup_count
       return if count.zero?
 
       server = Server.new(app, version)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      done = 0
       while done < count
         status = server.warm_up
         done += 1
         unless status >= 200 && status < 400
-          CorralRack.log("warm-up: GET / answered #{status}; warm-up stops after #{done} requests")
+          CorralRack.log("warm-up stops at request #{done}: GET / answered #{status}")
           return
         end
         break if Process.clock_gettime(Process::CLOCK_MONOTONIC) - started > WARMUP_BUDGET
@@ -1275,7 +1275,7 @@ module CorralRack
       elapsed = ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) * 1000).round
       CorralRack.log("warm-up: #{done} GET / answered in #{elapsed} ms")
     rescue StandardError, ScriptError, SystemStackError => e
-      CorralRack.log("warm-up: GET / raised #{e.class}: #{e.message}; warm-up stops after #{done} requests")
+      CorralRack.log("warm-up stops at request #{done + 1}: GET / raised #{e.class}: #{e.message}")
     end
 
     def self.warmup_count
