@@ -186,6 +186,18 @@ fn a_get_sees_the_mount_point_in_script_name_and_url_helpers() {
 }
 
 #[test]
+fn the_preloader_warms_rails_up_before_forking() {
+    // The preloaded pools' preloaders asked Rails for GET / (marked X-Corral-Warmup) and
+    // got an answer Rails renders or redirects, each time: no warm-up stopped early.
+    let f = fixture();
+    let r = http(f.addr, "GET", "/app/posts", &[], b"");
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), f.corral.log());
+    let log = f.corral.log();
+    assert!(log.contains("warm-up: 30 GET / answered in"), "{log}");
+    assert!(!log.contains("warm-up stops"), "{log}");
+}
+
+#[test]
 fn the_pools_ruby_runs_the_app_and_its_gemfile_is_bundled() {
     let f = fixture();
     let text = http(f.addr, "GET", "/app/", &[], b"").text();
