@@ -21,7 +21,8 @@
 #
 # With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
 # the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
-# `ready PID`, and for each `fork KEY` message (carrying the worker's listening socket by
+# `ready PID` (after warming the app up with a few GET / marked `X-Corral-Warmup: 1`:
+# Preloader.warm_up), and for each `fork KEY` message (carrying the worker's listening socket by
 # SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
 # reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
 # corral closes the control socket or on SIGTERM. For a pool with refork_after, `fork KEY`
@@ -925,9 +926,9 @@ module CorralRack
     # left wholly free go back to the kernel (about 0.1 ms on a Rails worker's 25 MiB heap;
     # Rails collects every few requests, a hello-world app every few thousand). In a forked
     # worker such a page is most often a private copy of a page it shared with the
-    # preloader: keeping it costs a page per worker for nothing. Measured on the Rails shop,
-    # 2 workers: 1.1 MiB less PSS per worker (docs/pools.md, "Rack"). CORRAL_RACK_TRIM=off
-    # in the pool's env leaves the heap alone.
+    # preloader: keeping it costs a page per worker for nothing. Measured on the Rails shop
+    # (benches/refork.sh peers), 8 workers: 13 MiB less summed PSS (docs/pools.md, "Preload
+    # and fork"). CORRAL_RACK_TRIM=off in the pool's env leaves the heap alone.
     def trim_after_gc
       count = GC.count
       return if count == @gcs
@@ -1252,7 +1253,7 @@ module CorralRack
     # compiled methods, the call sites' caches, and YJIT's machine code for the path, as
     # YJIT compiles a method on its tenth call) is then built once, before settle_heap,
     # and shared by every worker instead of being built again in each. Measured on the
-    # Rails shop (benches/refork.sh peers): 4 MiB less PSS at 8 workers per worker. Stops
+    # Rails shop (benches/refork.sh peers), 8 workers: 27 MiB less summed PSS. Stops
     # at the first answer that is not 2xx or 3xx, at the first exception (the app may need
     # what only a worker has), and after WARMUP_BUDGET seconds; none of these stops the
     # preloader. Not for a promoted template: its worker has served real requests.
