@@ -27,10 +27,10 @@
 # peers (Rails): Passenger 6 standalone (builtin engine, smart spawning: its AppPreloader
 # loads the app once and forks the RubyApp processes, as corral's preloader forks its
 # workers) with 2, 4 and 8 app processes, and corral's preloaded pool with as many workers,
-# with the launcher's defaults (YJIT on, the preloader's warm-up GETs of / before the
-# fork, malloc_trim after a worker's collections), without the warm-up
-# (CORRAL_RACK_WARMUP=off), without the trim (CORRAL_RACK_TRIM=off), without both (the
-# launcher as it was before them), with the heap left unsettled before the fork
+# with the launcher's defaults (YJIT on, malloc_trim after a worker's collections, no
+# warm-up), with the preloader's opt-in warm-up GETs of / before the fork
+# (CORRAL_RACK_WARMUP=30), without the trim (CORRAL_RACK_TRIM=off: the launcher as it was
+# before it), with the heap left unsettled before the fork
 # (CORRAL_RACK_SETTLE=off: as before the launcher settled it), with CORRAL_RACK_YJIT=off
 # (Passenger runs Ruby without it) and with refork_after; the same REQUESTS requests over the same pages from as
 # many clients as processes, then the summed PSS of the app's processes once their number
@@ -242,7 +242,7 @@ corral_row() { # N KEYS ENV WHAT PASSENGER_ALL_KIB
 
 peer_rows() {
   local n p vs pages page first keys what
-  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00). Each corral row but the first keeps the launcher's defaults (YJIT on, the preloader's warm-up GETs of / before the fork, malloc_trim after a worker's collections) except what it names. Shared libraries count in PSS divided among every process that maps them, the Passenger core (left out) included, which maps libcrypto and libstdc++ as Ruby does: measured once at 2 processes, the libraries weighed 13.3 MiB in corral's three processes and 10.4 MiB in Passenger's. The refork_after row is read as soon as the pool settled, when its newest workers may have just been forked from a promoted template and dirtied little: it flatters reforking (the \`refork\` section reads its pools twice)."
+  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00). Each corral row but the first keeps the launcher's defaults (YJIT on, malloc_trim after a worker's collections, no warm-up) except what it names. Shared libraries count in PSS divided among every process that maps them, the Passenger core (left out) included, which maps libcrypto and libstdc++ as Ruby does: measured once at 2 processes, the libraries weighed 13.3 MiB in corral's three processes and 10.4 MiB in Passenger's. The refork_after row is read as soon as the pool settled, when its newest workers may have just been forked from a promoted template and dirtied little: it flatters reforking (the \`refork\` section reads its pools twice)."
   echo
   echo "| server | app processes | templates | workers MiB | all MiB | vs Passenger |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: |"
@@ -255,10 +255,9 @@ peer_rows() {
     stop_passenger
     pss_row "Passenger $(passenger --version | awk '{print $NF; exit}') standalone, smart spawning" "$n" "$p"
     vs=$(cut -d' ' -f2 <<< "$p")
-    corral_row "$n" "" "" "the defaults: YJIT on, warm-up, trim" "$vs"
-    corral_row "$n" "" ", CORRAL_RACK_WARMUP = \"off\"" "CORRAL_RACK_WARMUP=off" "$vs"
+    corral_row "$n" "" "" "the defaults: YJIT on, trim, no warm-up" "$vs"
+    corral_row "$n" "" ", CORRAL_RACK_WARMUP = \"30\"" "CORRAL_RACK_WARMUP=30 (opt-in)" "$vs"
     corral_row "$n" "" ", CORRAL_RACK_TRIM = \"off\"" "CORRAL_RACK_TRIM=off" "$vs"
-    corral_row "$n" "" ", CORRAL_RACK_WARMUP = \"off\", CORRAL_RACK_TRIM = \"off\"" "CORRAL_RACK_WARMUP=off, CORRAL_RACK_TRIM=off (YJIT on)" "$vs"
     corral_row "$n" "" ", CORRAL_RACK_SETTLE = \"off\"" "CORRAL_RACK_SETTLE=off" "$vs"
     corral_row "$n" "" ", CORRAL_RACK_YJIT = \"off\"" "CORRAL_RACK_YJIT=off" "$vs"
     corral_row "$n" "refork_after = $REFORK_AFTER" "" "refork_after = $REFORK_AFTER" "$vs"

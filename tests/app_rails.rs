@@ -110,7 +110,7 @@ mode = "static"
 max = 2
 start_timeout = "60s"
 queue_timeout = "60s"
-env = {{ RAILS_ENV = "production", SECRET_KEY_BASE = "{secret}", GATES = "{dir}/gates" }}
+env = {{ RAILS_ENV = "production", SECRET_KEY_BASE = "{secret}", GATES = "{dir}/gates", CORRAL_RACK_WARMUP = "30" }}
 
 [pools.bundled]
 app = "rack:bundled/config.ru"
@@ -187,7 +187,8 @@ fn a_get_sees_the_mount_point_in_script_name_and_url_helpers() {
 
 #[test]
 fn the_preloader_warms_rails_up_before_forking() {
-    // The preloaded pools' preloaders asked Rails for GET / (marked X-Corral-Warmup) and
+    // The preloaded pool that asks for a warm-up (CORRAL_RACK_WARMUP = "30"): its preloader
+    // asked Rails for GET / (marked X-Corral-Warmup) and
     // got an answer Rails renders or redirects, each time: no warm-up stopped early.
     let f = fixture();
     let r = http(f.addr, "GET", "/app/posts", &[], b"");

@@ -103,8 +103,8 @@ fn get(corral: &Corral, path: &str) -> String {
 #[test]
 fn the_preloader_warms_the_app_up_with_marked_gets_of_the_root() {
     let dir = shared_dir();
-    let corral = start(dir.path(), "");
-    // The default count, each a Lint-clean GET / from 127.0.0.1 with the header, made by
+    let corral = start(dir.path(), r#"CORRAL_RACK_WARMUP = "30""#);
+    // The count asked for, each a Lint-clean GET / from 127.0.0.1 with the header, made by
     // the preloader: the worker inherited what they left.
     assert_eq!(get(&corral, "/seen"), "30 GET 1 127.0.0.1");
     assert!(
@@ -119,7 +119,14 @@ fn the_preloader_warms_the_app_up_with_marked_gets_of_the_root() {
 }
 
 #[test]
-fn the_pool_sets_the_warm_up_count_or_turns_it_off() {
+fn no_warm_up_unless_the_pool_asks_for_one() {
+    // The default: the preloader calls no app code (as Passenger's and Puma's do not).
+    let dir = shared_dir();
+    let corral = start(dir.path(), "");
+    assert_eq!(get(&corral, "/seen"), "0 ");
+    assert!(!corral.log().contains("warm-up"), "{}", corral.log());
+    drop(corral);
+
     let dir = shared_dir();
     let corral = start(dir.path(), r#"CORRAL_RACK_WARMUP = "5""#);
     assert_eq!(get(&corral, "/seen"), "5 GET 1 127.0.0.1");
@@ -131,21 +138,21 @@ fn the_pool_sets_the_warm_up_count_or_turns_it_off() {
     assert!(!corral.log().contains("warm-up"), "{}", corral.log());
     drop(corral);
 
-    // Not a count: said so, and the default count.
+    // Not a count: said so, and no warm-up.
     let dir = shared_dir();
     let corral = start(dir.path(), r#"CORRAL_RACK_WARMUP = "lots""#);
-    assert_eq!(get(&corral, "/seen"), "30 GET 1 127.0.0.1");
     assert!(
-        corral.wait_log("CORRAL_RACK_WARMUP=\"lots\" is neither a count nor off"),
+        corral.wait_log("CORRAL_RACK_WARMUP=\"lots\" is neither a count nor off; no warm-up"),
         "{}",
         corral.log()
     );
+    assert_eq!(get(&corral, "/seen"), "0 ");
 }
 
 #[test]
 fn a_warm_up_that_raises_or_fails_stops_and_the_pool_serves() {
     let dir = shared_dir();
-    let corral = start(dir.path(), r#"WARM_MODE = "raise""#);
+    let corral = start(dir.path(), r#"WARM_MODE = "raise", CORRAL_RACK_WARMUP = "30""#);
     assert_eq!(get(&corral, "/seen"), "1 GET 1 127.0.0.1");
     assert!(
         corral.wait_log(
@@ -157,7 +164,7 @@ fn a_warm_up_that_raises_or_fails_stops_and_the_pool_serves() {
     drop(corral);
 
     let dir = shared_dir();
-    let corral = start(dir.path(), r#"WARM_MODE = "fail""#);
+    let corral = start(dir.path(), r#"WARM_MODE = "fail", CORRAL_RACK_WARMUP = "30""#);
     assert_eq!(get(&corral, "/seen"), "1 GET 1 127.0.0.1");
     assert!(
         corral.wait_log("warm-up stops at request 1: GET / answered 503"),
@@ -171,7 +178,7 @@ fn a_slow_warm_up_stops_after_its_time_budget() {
     // 0.3 s a request against a 2 s budget: 7 requests, and the first fork is not held up
     // for the 30 (9 s).
     let dir = shared_dir();
-    let corral = start(dir.path(), r#"WARM_MODE = "slow""#);
+    let corral = start(dir.path(), r#"WARM_MODE = "slow", CORRAL_RACK_WARMUP = "30""#);
     let seen = get(&corral, "/seen");
     let count: usize = seen.split(' ').next().unwrap().parse().unwrap();
     assert!((6..=8).contains(&count), "{seen}\n{}", corral.log());

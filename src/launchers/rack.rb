@@ -21,8 +21,8 @@
 #
 # With --preload, fd 0 is instead a SOCK_SEQPACKET control socket to corral and this process is
 # the pool's preloader (ARCHITECTURE.md, "Preload and fork"): it loads the app once, says
-# `ready PID` (after warming the app up with a few GET / marked `X-Corral-Warmup: 1`:
-# Preloader.warm_up), and for each `fork KEY` message (carrying the worker's listening socket by
+# `ready PID` (after warming the app up with a few GET / marked `X-Corral-Warmup: 1` when the
+# pool's env sets CORRAL_RACK_WARMUP: Preloader.warm_up), and for each `fork KEY` message (carrying the worker's listening socket by
 # SCM_RIGHTS) forks a worker that serves that socket as above, answering `forked KEY PID`; it
 # reaps its workers and reports `exited PID code N` or `exited PID signal N`. It exits when
 # corral closes the control socket or on SIGTERM. For a pool with refork_after, `fork KEY`
@@ -1241,15 +1241,17 @@ module CorralRack
       CorralRack.malloc_trim
     end
 
-    # Warm-up requests before the first fork, unless the pool's env says CORRAL_RACK_WARMUP
-    # (a count; 0 or off: none).
-    WARMUP_REQUESTS = 30
+    # Warm-up requests before the first fork: none unless the pool's env sets
+    # CORRAL_RACK_WARMUP to a count (at most WARMUP_MAX). Opt-in: Passenger, Puma and
+    # Pitchfork call no app code in their preloader, and an app may count, write or open
+    # connections on GET / (docs/pools.md, "Preload and fork").
+    WARMUP_MAX = 1000
     # Warm-up stops once it has taken this long, in seconds.
     WARMUP_BUDGET = 2.0
 
-    # Before the first fork, the preloader asks the app for GET / a few times (with
-    # `X-Corral-Warmup: 1`, so an app can tell these from real requests), and drops the
-    # answers: what an app builds on its first request (Rails: its routes' and templates'
+    # Before the first fork, when the pool asks for it (CORRAL_RACK_WARMUP), the preloader
+    # asks the app for GET / a few times (with `X-Corral-Warmup: 1`, so an app can tell these
+    # from real requests), and drops the answers: what an app builds on its first request (Rails: its routes' and templates'
     # compiled methods, the call sites' caches, and YJIT's machine code for the path, as
     # YJIT compiles a method on its tenth call) is then built once, before settle_heap,
     # and shared by every worker instead of being built again in each. Measured on the
@@ -1280,12 +1282,12 @@ module CorralRack
     end
 
     def self.warmup_count
-      value = ENV.fetch('CORRAL_RACK_WARMUP', WARMUP_REQUESTS.to_s)
+      value = ENV.fetch('CORRAL_RACK_WARMUP', 'off')
       return 0 if value == 'off'
-      return [value.to_i, 1000].min if value.match?(/\A[0-9]{1,6}\z/)
+      return [value.to_i, WARMUP_MAX].min if value.match?(/\A[0-9]{1,6}\z/)
 
-      CorralRack.log("CORRAL_RACK_WARMUP=#{value.inspect} is neither a count nor off; #{WARMUP_REQUESTS} warm-up requests")
-      WARMUP_REQUESTS
+      CorralRack.log("CORRAL_RACK_WARMUP=#{value.inspect} is neither a count nor off; no warm-up")
+      0
     end
 
     # The preloader's loop: fork workers on request, reap them, report both.
