@@ -37,8 +37,9 @@ pub struct RouteKey<'a> {
     pub listener: &'a ListenAddress,
     /// The host name, lowercase, without port.
     pub host: &'a str,
-    /// The decoded, normalised path (no query).
-    pub path: &'a str,
+    /// The decoded, normalised path (no query), as bytes: matched against the contexts'
+    /// prefixes and extensions byte for byte, with no UTF-8 check on the way.
+    pub path: &'a [u8],
 }
 
 /// Every context of one configuration, in file order.
@@ -136,27 +137,26 @@ fn host_rank(wanted: Option<&str>, host: &str) -> Option<u8> {
 
 /// Whether `path` lies under `prefix` on a segment boundary (`/app` matches `/app` and
 /// `/app/x`, not `/apple`).
-fn prefix_matches(prefix: &str, path: &str) -> bool {
+fn prefix_matches(prefix: &str, path: &[u8]) -> bool {
     if prefix == "/" || prefix.is_empty() {
         return true;
     }
     let prefix = prefix.trim_end_matches('/');
-    path.strip_prefix(prefix)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    path.strip_prefix(prefix.as_bytes())
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
 }
 
 /// Whether some segment of `path` ends with `.ext`, or `path` names a directory whose index
 /// file has that extension (so `/` reaches the PHP context through `index.php`).
-fn has_extension(path: &str, ext: &str, index: &[String]) -> bool {
-    let dotted = |s: &str| {
-        s.len() > ext.len()
-            && s.ends_with(ext)
-            && s.as_bytes().get(s.len() - ext.len() - 1) == Some(&b'.')
+fn has_extension(path: &[u8], ext: &str, index: &[String]) -> bool {
+    let ext = ext.as_bytes();
+    let dotted = |s: &[u8]| {
+        s.len() > ext.len() && s.ends_with(ext) && s.get(s.len() - ext.len() - 1) == Some(&b'.')
     };
-    if path.split('/').any(dotted) {
+    if path.split(|&b| b == b'/').any(dotted) {
         return true;
     }
-    path.ends_with('/') && index.iter().any(|i| dotted(i))
+    path.ends_with(b"/") && index.iter().any(|i| dotted(i.as_bytes()))
 }
 
 /// The CGI settings of a context: a document root means script files (PHP style, the
@@ -206,21 +206,26 @@ mod tests {
 
     #[test]
     fn prefixes_match_on_segment_boundaries() {
-        assert!(prefix_matches("/", "/anything"));
-        assert!(prefix_matches("/app", "/app"));
-        assert!(prefix_matches("/app/", "/app/x"));
-        assert!(!prefix_matches("/app", "/apple"));
+        assert!(prefix_matches("/", b"/anything"));
+        assert!(prefix_matches("/app", b"/app"));
+        assert!(prefix_matches("/app/", b"/app/x"));
+        assert!(!prefix_matches("/app", b"/apple"));
+        assert!(
+            prefix_matches("/app", b"/app/\xff"),
+            "bytes past the prefix are not text"
+        );
     }
 
     #[test]
     fn extensions_match_a_segment_or_the_index() {
         let index = vec!["index.php".to_owned()];
-        assert!(has_extension("/a/b.php", "php", &index));
-        assert!(has_extension("/b.php/extra/info", "php", &index));
-        assert!(has_extension("/dir/", "php", &index));
-        assert!(!has_extension("/b.phps", "php", &index));
-        assert!(!has_extension("/php", "php", &index));
-        assert!(!has_extension("/dir/", "php", &[]));
+        assert!(has_extension(b"/a/b.php", "php", &index));
+        assert!(has_extension(b"/b.php/extra/info", "php", &index));
+        assert!(has_extension(b"/dir/", "php", &index));
+        assert!(!has_extension(b"/b.phps", "php", &index));
+        assert!(!has_extension(b"/php", "php", &index));
+        assert!(!has_extension(b"/dir/", "php", &[]));
+        assert!(has_extension(b"/\xff/b.php", "php", &[]));
     }
 
     #[test]
@@ -264,12 +269,12 @@ mod tests {
         .unwrap();
         let router = Router::new(&config);
         let l: ListenAddress = ListenAddress::parse("127.0.0.1:8080").unwrap();
-        let route = |host, path| {
+        let route = |host, path: &str| {
             router
                 .route(RouteKey {
                     listener: &l,
                     host,
-                    path,
+                    path: path.as_bytes(),
                 })
                 .map(|c| {
                     router

@@ -258,6 +258,15 @@ impl CgiResponseDecoder {
         }
     }
 
+    /// Makes this decoder what [`new`](Self::new) with `limits` makes, in place: its field
+    /// table is left as it is (only its length is cleared), so a kept decoder starts the next
+    /// response without its table being written again.
+    pub fn restart(&mut self, limits: &Limits) {
+        self.max_bytes = limits.max_response_head_bytes;
+        self.max_headers = limits.max_response_headers;
+        self.reset();
+    }
+
     fn reset(&mut self) {
         self.scanned = 0;
         self.lines = 0;

@@ -70,3 +70,27 @@ fn the_usual_lines_pass_in_one_pass() {
     assert_eq!(well_formed(b" X: v"), None);
     assert_eq!(well_formed(b"X: a\rb"), None);
 }
+
+/// A decoder restarted part-way through a head forgets it and takes the new limits: the next
+/// head is read from its first byte, and a limit lowered by the restart is enforced.
+#[test]
+fn a_restarted_decoder_starts_over_under_its_new_limits() {
+    let mut decoder = CgiResponseDecoder::new(&Limits::DEFAULT);
+    let mut partial = bytes::BytesMut::from(&b"Status: 404 Gone\r\nX-A: 1\r\n"[..]);
+    assert!(decoder.decode(&mut partial).unwrap().is_none());
+
+    decoder.restart(&Limits::DEFAULT);
+    let mut whole = bytes::BytesMut::from(&b"Content-Type: text/plain\r\n\r\nbody"[..]);
+    let head = decoder.decode(&mut whole).unwrap().unwrap();
+    assert!(head.status.is_none());
+    assert_eq!(head.headers.len(), 1);
+    assert_eq!(&whole[..], b"body");
+
+    let tight = Limits {
+        max_response_headers: 1,
+        ..Limits::DEFAULT
+    };
+    decoder.restart(&tight);
+    let mut two = bytes::BytesMut::from(&b"X-A: 1\r\nX-B: 2\r\n\r\n"[..]);
+    assert!(decoder.decode(&mut two).is_err());
+}

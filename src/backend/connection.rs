@@ -19,9 +19,18 @@ use crate::net::Stream;
 
 use super::BackendError;
 
-/// One connection to a backend, with what the idle stack needs to know about it.
+/// One connection to a backend, with what the idle stack needs to know about it. Its state
+/// lives in one heap allocation made when it connects: a request moves the connection from
+/// the idle stack through the gateway into its exchange and back, and each of those moves
+/// then copies a pointer, not the two hundred bytes of the state.
 #[derive(Debug)]
 pub struct BackendConnection {
+    link: Box<Link>,
+}
+
+/// What a [`BackendConnection`] holds.
+#[derive(Debug)]
+pub struct Link {
     pub(super) stream: Stream,
     address: BackendAddress,
     served: u64,
@@ -39,6 +48,40 @@ pub struct BackendConnection {
     pub(super) timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
+impl std::ops::Deref for BackendConnection {
+    type Target = Link;
+
+    #[inline]
+    fn deref(&self) -> &Link {
+        &self.link
+    }
+}
+
+impl std::ops::DerefMut for BackendConnection {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Link {
+        &mut self.link
+    }
+}
+
+impl BackendConnection {
+    /// A connection over `stream`, not yet on any idle stack.
+    fn new(stream: Stream, address: BackendAddress) -> BackendConnection {
+        BackendConnection {
+            link: Box::new(Link {
+                stream,
+                address,
+                served: 0,
+                home: None,
+                shard: crate::shards::current(),
+                inbuf: bytes::BytesMut::new(),
+                outbuf: bytes::BytesMut::new(),
+                timer: None,
+            }),
+        }
+    }
+}
+
 impl BackendConnection {
     /// Connects to `address` within `timeout`. The connection has no idle stack: after a
     /// clean exchange the response body hands it back (`ResponseBody::take_connection`).
@@ -53,30 +96,12 @@ impl BackendConnection {
                     address: address.to_string(),
                     source,
                 })?;
-        Ok(BackendConnection {
-            stream,
-            address: address.clone(),
-            served: 0,
-            home: None,
-            shard: crate::shards::current(),
-            inbuf: bytes::BytesMut::new(),
-            outbuf: bytes::BytesMut::new(),
-            timer: None,
-        })
+        Ok(BackendConnection::new(stream, address.clone()))
     }
 
     /// Wraps an already connected stream (a socketpair, an accepted test connection).
     pub fn from_stream(stream: Stream, address: BackendAddress) -> BackendConnection {
-        BackendConnection {
-            stream,
-            address,
-            served: 0,
-            home: None,
-            shard: crate::shards::current(),
-            inbuf: bytes::BytesMut::new(),
-            outbuf: bytes::BytesMut::new(),
-            timer: None,
-        }
+        BackendConnection::new(stream, address)
     }
 
     /// The connection's write buffer, empty, with room for `len` bytes; the exchange gives
@@ -187,30 +212,31 @@ impl Connections {
     /// awaiting anything: the usual case of [`get`](Self::get), for a caller that keeps the
     /// connect's future out of its own (it is much larger than the rest of a request's).
     pub fn take_idle(&self, address: &BackendAddress) -> Option<BackendConnection> {
-        while let Some(conn) = self.pop(address) {
+        while let Some(mut conn) = self.pop(address) {
             if !conn.is_quiet() {
                 tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed");
                 continue;
             }
             let here = crate::shards::current();
             if conn.shard == here {
-                return Some(BackendConnection {
-                    home: Some(self.clone()),
-                    ..conn
-                });
+                conn.home = Some(self.clone());
+                return Some(conn);
             }
             // Made on another serving thread: moved to this one's runtime.
-            match conn.stream.reregister() {
+            let link = *conn.link;
+            match link.stream.reregister() {
                 Ok(stream) => {
                     return Some(BackendConnection {
-                        stream,
-                        home: Some(self.clone()),
-                        shard: here,
-                        address: conn.address,
-                        served: conn.served,
-                        inbuf: conn.inbuf,
-                        outbuf: conn.outbuf,
-                        timer: None,
+                        link: Box::new(Link {
+                            stream,
+                            home: Some(self.clone()),
+                            shard: here,
+                            address: link.address,
+                            served: link.served,
+                            inbuf: link.inbuf,
+                            outbuf: link.outbuf,
+                            timer: None,
+                        }),
                     })
                 }
                 Err(e) => {

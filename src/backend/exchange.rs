@@ -113,6 +113,29 @@ impl Codec {
     }
 }
 
+/// How an exchange gets its codec: a codec made beforehand, moved in, or (the FastCGI
+/// codec, about 500 bytes with its head decoder's field table) one written where it lies, so
+/// that a renewed exchange whose last codec was of the same protocol resets it in place
+/// instead of copying a fresh one through `begin` and `renew`.
+pub(super) trait CodecSource {
+    /// The codec of a new exchange.
+    fn make(self) -> Codec;
+    /// Makes `slot`, a spent exchange's codec, the codec [`make`](Self::make) would return.
+    fn write_over(self, slot: &mut Codec);
+}
+
+impl CodecSource for Codec {
+    #[inline]
+    fn make(self) -> Codec {
+        self
+    }
+
+    #[inline]
+    fn write_over(self, slot: &mut Codec) {
+        *slot = self;
+    }
+}
+
 /// An exchange whose request head is encoded in `head`, ready to run: the part every
 /// protocol's request shares. On the heap once: the exchange (codec, buffers, options) then
 /// travels inside the response body through the gateway and the front as a pointer, not as
@@ -121,7 +144,7 @@ impl Codec {
 #[inline]
 pub(super) fn begin(
     conn: BackendConnection,
-    codec: Codec,
+    codec: impl CodecSource,
     head: BytesMut,
     body: RequestBody,
     declared: Option<u64>,
@@ -134,7 +157,13 @@ pub(super) fn begin(
             exchange
         }
         None => Box::new(Exchange::new(
-            conn, codec, head, body, declared, options, started,
+            conn,
+            codec.make(),
+            head,
+            body,
+            declared,
+            options,
+            started,
         )),
     }
 }

@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::exchange::{begin, read_response, Codec as AnyCodec, Exchange, Step};
+use super::exchange::{begin, read_response, Codec as AnyCodec, CodecSource, Exchange, Step};
 use super::Protocol;
 use super::{
     BackendConnection, BackendError, BackendRequest, BackendResponse, ExchangeOptions, RequestBody,
@@ -63,16 +63,44 @@ pub(super) fn prepare(
     encode_begin_request(REQUEST_ID, Role::Responder, true, &mut head);
     encode_params_block(REQUEST_ID, params, &mut head);
     let declared = body.len();
-    let codec = AnyCodec::FastCgi(Codec::new(&options.limits));
-    begin(conn, codec, head, body, declared, options, started)
+    begin(
+        conn,
+        Fresh(&options.limits),
+        head,
+        body,
+        declared,
+        options,
+        started,
+    )
+}
+
+/// A FastCGI codec for the next request, made where the exchange keeps it: a spent
+/// exchange's FastCGI codec is reset in place (see [`CodecSource`]).
+struct Fresh<'a>(&'a Limits);
+
+impl CodecSource for Fresh<'_> {
+    #[inline]
+    fn make(self) -> AnyCodec {
+        AnyCodec::FastCgi(Codec::new(self.0))
+    }
+
+    #[inline]
+    fn write_over(self, slot: &mut AnyCodec) {
+        match slot {
+            AnyCodec::FastCgi(codec) => codec.restart(self.0),
+            other => *other = self.make(),
+        }
+    }
 }
 
 /// Turns the backend's records into exchange steps.
 #[derive(Debug)]
 pub(super) struct Codec {
     records: ResponseDecoder,
-    /// The CGI head parser until the head is complete, then `None`.
-    head: Option<CgiResponseDecoder>,
+    /// The CGI head parser; kept (and restarted in place) across requests.
+    parser: CgiResponseDecoder,
+    /// Whether the head is still being read: until then STDOUT feeds `parser`.
+    in_head: bool,
     /// STDOUT bytes gathered until the head is complete.
     head_bytes: BytesMut,
     /// Body bytes that arrived in the same record as the end of the head.
@@ -90,10 +118,20 @@ impl Codec {
     fn new(limits: &Limits) -> Codec {
         Codec {
             records: ResponseDecoder::new(REQUEST_ID, true, limits),
-            head: Some(CgiResponseDecoder::new(limits)),
+            parser: CgiResponseDecoder::new(limits),
+            in_head: true,
             head_bytes: BytesMut::new(),
             pending: None,
         }
+    }
+
+    /// What [`new`](Self::new) makes, written over this codec.
+    fn restart(&mut self, limits: &Limits) {
+        self.records = ResponseDecoder::new(REQUEST_ID, true, limits);
+        self.parser.restart(limits);
+        self.in_head = true;
+        self.head_bytes = BytesMut::new();
+        self.pending = None;
     }
 
     pub(super) fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Step>, BackendError> {
@@ -111,7 +149,7 @@ impl Codec {
                 protocol_status: ProtocolStatus::RequestComplete,
                 ..
             } => {
-                if self.head.is_some() {
+                if self.in_head {
                     return Err(violation(
                         "END_REQUEST arrived before the CGI response head on STDOUT was complete",
                     ));
@@ -139,9 +177,10 @@ impl Codec {
     }
 
     fn stdout(&mut self, bytes: Bytes) -> Result<Step, BackendError> {
-        let Some(parser) = self.head.as_mut() else {
+        if !self.in_head {
             return Ok(Step::Data(bytes));
-        };
+        }
+        let parser = &mut self.parser;
         let bad_head =
             |e: crate::protocols::cgi_response::CgiResponseError| BackendError::InvalidHead {
                 protocol: Protocol::FastCgi,
@@ -152,7 +191,7 @@ impl Codec {
             // where it lies, with no copy.
             let mut bytes = bytes;
             if let Some(head) = parser.decode_bytes(&mut bytes).map_err(bad_head)? {
-                self.head = None;
+                self.in_head = false;
                 if !bytes.is_empty() {
                     self.pending = Some(bytes);
                 }
@@ -166,7 +205,7 @@ impl Codec {
         match parsed {
             None => Ok(Step::Nothing),
             Some(head) => {
-                self.head = None;
+                self.in_head = false;
                 let rest = std::mem::take(&mut self.head_bytes);
                 if !rest.is_empty() {
                     self.pending = Some(rest.freeze());
@@ -180,7 +219,7 @@ impl Codec {
         Err(BackendError::ClosedEarly {
             protocol: Protocol::FastCgi,
             stale: false,
-            stage: if self.head.is_some() {
+            stage: if self.in_head {
                 "before the response head was complete"
             } else {
                 "before END_REQUEST"

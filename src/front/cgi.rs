@@ -111,7 +111,6 @@ pub(crate) fn prepare(
                 Cow::Owned(parse_request_path(uri)?.normalized)
             }
         };
-        let path = text(path);
         gateway.route(RouteKey {
             listener,
             host: &host,
@@ -125,17 +124,6 @@ pub(crate) fn prepare(
         tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }
     Ok((routed, vars.params))
-}
-
-/// Bytes as text for routing, borrowed when they are UTF-8 already.
-fn text(bytes: Cow<'_, [u8]>) -> Cow<'_, str> {
-    match bytes {
-        Cow::Borrowed(b) => String::from_utf8_lossy(b),
-        Cow::Owned(v) => match String::from_utf8(v) {
-            Ok(s) => Cow::Owned(s),
-            Err(e) => Cow::Owned(String::from_utf8_lossy(e.as_bytes()).into_owned()),
-        },
-    }
 }
 
 /// Where a CGI front writes a response: FCGI_STDOUT records on a FastCGI connection, the

@@ -44,7 +44,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{FrontTimeouts, ListenAddress};
@@ -143,6 +143,7 @@ pub async fn serve_connection(
         input_pending: false,
         closing: false,
         inline: None,
+        spare_answer: None,
         inline_answer: &inline_answer,
         inline_done: None,
     };
@@ -225,17 +226,26 @@ enum Dispatch {
 struct Inline<'c> {
     id: u16,
     seq: u64,
-    answer: Pin<Box<dyn std::future::Future<Output = Ending> + Send + 'c>>,
+    /// The answer's future (two kilobytes and more): its allocation is the connection's
+    /// (`Connection::spare_answer`), reused from one inline request to the next.
+    answer: ReusableBoxFuture<'c, Ending>,
 }
 
-/// Polls the inline request, if any, to its ending.
-fn poll_inline(inline: &mut Option<Inline<'_>>, cx: &mut Context<'_>) -> Poll<Done> {
+/// Polls the inline request, if any, to its ending; the allocation of an ended request's
+/// future goes to `spare` for the next inline request.
+fn poll_inline<'c>(
+    inline: &mut Option<Inline<'c>>,
+    spare: &mut Option<ReusableBoxFuture<'c, Ending>>,
+    cx: &mut Context<'_>,
+) -> Poll<Done> {
     let Some(i) = inline.as_mut() else {
         return Poll::Pending;
     };
-    let ending = std::task::ready!(i.answer.as_mut().poll(cx));
+    let ending = std::task::ready!(i.answer.poll(cx));
     let (id, seq) = (i.id, i.seq);
-    *inline = None;
+    // An ended async block holds nothing: keeping it until the next request holds no
+    // resource of this one.
+    *spare = inline.take().map(|i| i.answer);
     Poll::Ready(Done { id, seq, ending })
 }
 
@@ -281,6 +291,10 @@ struct Connection<'c> {
     closing: bool,
     /// The request served in this task, if any.
     inline: Option<Inline<'c>>,
+    /// The allocation of the last inline request's future, once it ended: the next inline
+    /// request's future is written into it (when its layout is the same, as it is), not
+    /// into a new one. An aborted request's future is dropped with its allocation.
+    spare_answer: Option<ReusableBoxFuture<'c, Ending>>,
     /// The inline request's `ANSWER_*`, in the connection's task: one flag for the
     /// connection instead of a shared allocation per request.
     inline_answer: &'c AtomicU8,
@@ -481,7 +495,7 @@ impl Connection<'_> {
                             }
                             continue;
                         }
-                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
+                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, &mut self.spare_answer, cx)), if self.inline.is_some() => {
                             if let Flow::Stop = self.on_done(done).await {
                                 return self.closed.is_set();
                             }

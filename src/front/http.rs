@@ -218,11 +218,10 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             Ok(p) => p,
             Err(e) => return error_response(request_id, &GatewayError::Cgi(e)),
         };
-        let route_path = String::from_utf8_lossy(&path.normalized);
         let routed = match gateway.route(RouteKey {
             listener: &info.listener,
             host: &host,
-            path: &route_path,
+            path: &path.normalized,
         }) {
             Ok(r) => r,
             Err(e) => return error_response(request_id, &e),

@@ -122,7 +122,7 @@ impl Gateway {
             })
             .ok_or_else(|| GatewayError::NoContext {
                 host: key.host.to_owned(),
-                path: key.path.to_owned(),
+                path: String::from_utf8_lossy(key.path).into_owned(),
             })
     }
 

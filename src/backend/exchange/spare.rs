@@ -17,7 +17,7 @@ use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::body::BodyState;
-use super::{stderr, BackendConnection, Codec, Exchange, ExchangeOptions, RequestBody};
+use super::{stderr, BackendConnection, CodecSource, Exchange, ExchangeOptions, RequestBody};
 
 /// Most spent exchanges one thread keeps.
 const MAX_SPARE: usize = 16;
@@ -72,7 +72,7 @@ impl Exchange {
     pub(super) fn renew(
         &mut self,
         conn: BackendConnection,
-        codec: Codec,
+        codec: impl CodecSource,
         head: BytesMut,
         body: RequestBody,
         declared: Option<u64>,
@@ -108,7 +108,7 @@ impl Exchange {
         *reused = conn.requests_served() > 0;
         *inbuf = std::mem::take(&mut conn.inbuf);
         *conn_slot = Some(conn);
-        *codec_slot = codec;
+        codec.write_over(codec_slot);
         *outbuf = head;
         *body_slot = Some(body);
         *declared_slot = declared;

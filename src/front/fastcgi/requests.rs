@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
+use tokio_util::sync::ReusableBoxFuture;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::answer::{AnswerFlag, Done, Ending, Out, Responder, ANSWER_NOT_STARTED, ANSWER_REFUSED};
@@ -314,11 +315,14 @@ impl Connection<'_> {
                 let response = gateway.dispatch(&routed, params, body, request_id).await;
                 responder.answer(response).await
             };
-            self.inline = Some(Inline {
-                id,
-                seq,
-                answer: Box::pin(answer),
-            });
+            let answer = match self.spare_answer.take() {
+                Some(mut spare) => {
+                    spare.set(answer);
+                    spare
+                }
+                None => ReusableBoxFuture::new(answer),
+            };
+            self.inline = Some(Inline { id, seq, answer });
             Dispatch::Inline
         } else {
             let done = self.done_sender();
@@ -389,7 +393,7 @@ impl Connection<'_> {
                             None => return Flow::Continue,
                         },
                         () = self.closed.wait() => return Flow::Stop,
-                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, cx)), if self.inline.is_some() => {
+                        done = std::future::poll_fn(|cx| poll_inline(&mut self.inline, &mut self.spare_answer, cx)), if self.inline.is_some() => {
                             self.inline_done = Some(done);
                         }
                     }
