@@ -152,7 +152,10 @@ fn no_warm_up_unless_the_pool_asks_for_one() {
 #[test]
 fn a_warm_up_that_raises_or_fails_stops_and_the_pool_serves() {
     let dir = shared_dir();
-    let corral = start(dir.path(), r#"WARM_MODE = "raise", CORRAL_RACK_WARMUP = "30""#);
+    let corral = start(
+        dir.path(),
+        r#"WARM_MODE = "raise", CORRAL_RACK_WARMUP = "30""#,
+    );
     assert_eq!(get(&corral, "/seen"), "1 GET 1 127.0.0.1");
     assert!(
         corral.wait_log(
@@ -164,7 +167,10 @@ fn a_warm_up_that_raises_or_fails_stops_and_the_pool_serves() {
     drop(corral);
 
     let dir = shared_dir();
-    let corral = start(dir.path(), r#"WARM_MODE = "fail", CORRAL_RACK_WARMUP = "30""#);
+    let corral = start(
+        dir.path(),
+        r#"WARM_MODE = "fail", CORRAL_RACK_WARMUP = "30""#,
+    );
     assert_eq!(get(&corral, "/seen"), "1 GET 1 127.0.0.1");
     assert!(
         corral.wait_log("warm-up stops at request 1: GET / answered 503"),
@@ -178,7 +184,10 @@ fn a_slow_warm_up_stops_after_its_time_budget() {
     // 0.3 s a request against a 2 s budget: 7 requests, and the first fork is not held up
     // for the 30 (9 s).
     let dir = shared_dir();
-    let corral = start(dir.path(), r#"WARM_MODE = "slow", CORRAL_RACK_WARMUP = "30""#);
+    let corral = start(
+        dir.path(),
+        r#"WARM_MODE = "slow", CORRAL_RACK_WARMUP = "30""#,
+    );
     let seen = get(&corral, "/seen");
     let count: usize = seen.split(' ').next().unwrap().parse().unwrap();
     assert!((6..=8).contains(&count), "{seen}\n{}", corral.log());
