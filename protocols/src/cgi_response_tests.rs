@@ -2,7 +2,8 @@
 
 use proptest::prelude::*;
 
-use super::{clean_line, first_control, is_control, well_formed, CgiResponseDecoder};
+use super::lines::{first_control, is_control};
+use super::{clean_line, well_formed, CgiResponseDecoder};
 use crate::Limits;
 
 /// What the rule-by-rule path makes of `line`.
