@@ -260,7 +260,22 @@ fn a_killed_template_falls_back(lang: Lang) {
         p.corral.log()
     );
     let (_, failed) = load.finish();
-    let again = wait_for_workers_of_new_template(&p, template, 6);
+    // Right after the second promotion the preloader's workers may still answer until the
+    // new template's replace them: wait for workers of a template corral promoted.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        let again = wait_for_workers_of_new_template(&p, template, 6);
+        let parent = again.iter().next().unwrap().1;
+        if parent != preloader && promoted(&p).contains(&parent) {
+            break again;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no workers of a promoted template: {again:?}\n{}",
+            p.corral.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let new_template = again.iter().next().unwrap().1;
     assert!(
         again.iter().all(|&(_, ppid)| ppid == new_template),

@@ -124,8 +124,11 @@ impl Driver {
                         break;
                     }
                 }
-                if pre.parent.is_some() {
+                if let Some(parent) = pre.parent {
                     self.reforked(n);
+                    // The template it was promoted from may retire now (held while this
+                    // one was on its way: retire_preloader_if_done).
+                    self.retire_preloader_if_done(parent);
                 }
                 false
             }
@@ -324,12 +327,22 @@ impl Driver {
         self.retire_preloader_if_done(n);
     }
 
-    /// Stops preloader `n` when it is no longer the current one and has no worker left.
+    /// Stops preloader `n` when it is no longer the current one, has no worker left, and
+    /// no template promoted from one of its workers is still on its way: until that one
+    /// says it is ready it has not yet cleared its parent-death signal, and `n`'s exit
+    /// would kill it (a promoted worker slow to take its promotion, under load).
     pub(super) fn retire_preloader_if_done(&mut self, n: u64) {
         let Some(preload) = self.preload.as_mut() else {
             return;
         };
         if preload.current == Some(n) {
+            return;
+        }
+        let promoting = preload
+            .all
+            .values()
+            .any(|t| t.parent == Some(n) && !t.ready && !t.stopping);
+        if promoting {
             return;
         }
         if let Some(pre) = preload.all.get_mut(&n) {
