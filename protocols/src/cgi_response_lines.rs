@@ -7,6 +7,7 @@ use std::ops::Range;
 use super::{snippet, CgiResponseError};
 
 /// The range of `value` (relative to `value`) without leading and trailing spaces and tabs.
+#[inline]
 pub(super) fn trim_ows(value: &[u8]) -> Range<usize> {
     let start = value
         .iter()
@@ -19,6 +20,7 @@ pub(super) fn trim_ows(value: &[u8]) -> Range<usize> {
     start..end
 }
 
+#[inline]
 pub(super) fn is_token(b: &[u8]) -> bool {
     crate::cgi::is_token(b)
 }
@@ -27,6 +29,7 @@ pub(super) fn is_token(b: &[u8]) -> bool {
 /// `:`, then field-value bytes. The colon's offset and the value's range (relative to what
 /// follows the colon, without surrounding spaces and tabs, as [`trim_ows`] gives it);
 /// `None` when any rule is broken, and [`CgiResponseDecoder::line_error`] says which.
+#[inline]
 pub(super) fn well_formed(line: &[u8]) -> Option<(usize, Range<usize>)> {
     let colon = line.iter().position(|&c| !crate::cgi::is_tchar(c))?;
     if colon == 0 || line.get(colon) != Some(&b':') {
@@ -63,6 +66,7 @@ pub(super) struct CleanLine {
 /// and breaks no rule: a non-empty token, `:`, field-value bytes, then LF or CRLF. `None`
 /// for anything else (no LF yet, the blank line, a bare CR, a control byte, no colon), which
 /// the caller then examines step by step. Finds the same LF, colon and value as those steps.
+#[inline]
 pub(super) fn clean_line(rest: &[u8]) -> Option<CleanLine> {
     let colon = token_len(rest);
     if colon == 0 || rest.get(colon) != Some(&b':') {
@@ -88,6 +92,7 @@ pub(super) fn clean_line(rest: &[u8]) -> Option<CleanLine> {
 
 /// The length of the run of token bytes at the start of `b` (one table lookup per byte, one
 /// index: the iterator form kept three counters per byte).
+#[inline]
 fn token_len(b: &[u8]) -> usize {
     let mut len = 0;
     while let Some(&c) = b.get(len) {
@@ -104,6 +109,7 @@ fn token_len(b: &[u8]) -> usize {
 /// below 0x20 and `x ^ splat(0x7f)` put through the same test (less 0x01) flags DEL; a
 /// borrow only carries upwards, so the lowest flag of either is the first such byte. A tab
 /// found that way is allowed, and the rest is then looked at a byte at a time.
+#[inline]
 pub(super) fn first_control(b: &[u8]) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
@@ -125,6 +131,7 @@ pub(super) fn first_control(b: &[u8]) -> Option<usize> {
 }
 
 /// Whether `c` may not stand in a field value: a control byte other than HTAB, or DEL.
+#[inline]
 pub(super) fn is_control(c: u8) -> bool {
     CONTROL.get(usize::from(c)).copied().unwrap_or(true)
 }
@@ -142,6 +149,7 @@ pub(super) const CONTROL: [bool; 256] = {
 };
 
 /// Whether every byte is allowed in a field value (RFC 9110 §5.5: no controls but HTAB).
+#[inline]
 pub(super) fn is_field_value(mut bytes: impl Iterator<Item = u8>) -> bool {
     bytes.all(|c| (c >= b' ' || c == b'\t') && c != 0x7f)
 }
