@@ -4,11 +4,8 @@
 //! `Unpin`, so the I/O traits forward with `Pin::new` and no unsafe code.
 
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::BackendAddress;
@@ -59,60 +56,84 @@ impl Stream {
     }
 }
 
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+/// `AsyncRead` for an enum whose two variants each hold an `AsyncRead + Unpin` value: every
+/// call goes to the variant's own. Used by [`Stream`] and by a front connection's borrowed
+/// halves (`crate::front::halves`).
+macro_rules! forward_read {
+    ($ty:ty, $a:path, $b:path) => {
+        impl tokio::io::AsyncRead for $ty {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                match self.get_mut() {
+                    $a(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+                    $b(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+                }
+            }
         }
-    }
+    };
 }
 
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
+/// `AsyncWrite` for an enum whose two variants each hold an `AsyncWrite + Unpin` value, the
+/// same way as [`forward_read`].
+macro_rules! forward_write {
+    ($ty:ty, $a:path, $b:path) => {
+        impl tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                match self.get_mut() {
+                    $a(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+                    $b(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+                }
+            }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
+            fn poll_write_vectored(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                match self.get_mut() {
+                    $a(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+                    $b(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+                }
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Tcp(s) => s.is_write_vectored(),
-            Stream::Unix(s) => s.is_write_vectored(),
-        }
-    }
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $a(s) => s.is_write_vectored(),
+                    $b(s) => s.is_write_vectored(),
+                }
+            }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                match self.get_mut() {
+                    $a(s) => std::pin::Pin::new(s).poll_flush(cx),
+                    $b(s) => std::pin::Pin::new(s).poll_flush(cx),
+                }
+            }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                match self.get_mut() {
+                    $a(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+                    $b(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+                }
+            }
         }
-    }
+    };
 }
+
+pub(crate) use {forward_read, forward_write};
+
+forward_read!(Stream, Stream::Tcp, Stream::Unix);
+forward_write!(Stream, Stream::Tcp, Stream::Unix);

@@ -5,14 +5,9 @@
 //! connection's task. The halves of the stream's own `split` borrow it instead: the reader
 //! and the writer of a CGI front connection run in its one task, which owns the stream.
 
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{tcp, unix};
 
-use crate::net::Stream;
+use crate::net::{forward_read, forward_write, Stream};
 
 /// The read half of a [`Stream`].
 #[derive(Debug)]
@@ -42,60 +37,5 @@ pub(crate) fn halves(stream: &mut Stream) -> (ReadPart<'_>, WritePart<'_>) {
     }
 }
 
-impl AsyncRead for ReadPart<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ReadPart::Tcp(r) => Pin::new(r).poll_read(cx, buf),
-            ReadPart::Unix(r) => Pin::new(r).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for WritePart<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WritePart::Tcp(w) => Pin::new(w).poll_write(cx, buf),
-            WritePart::Unix(w) => Pin::new(w).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WritePart::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            WritePart::Unix(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            WritePart::Tcp(w) => w.is_write_vectored(),
-            WritePart::Unix(w) => w.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WritePart::Tcp(w) => Pin::new(w).poll_flush(cx),
-            WritePart::Unix(w) => Pin::new(w).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WritePart::Tcp(w) => Pin::new(w).poll_shutdown(cx),
-            WritePart::Unix(w) => Pin::new(w).poll_shutdown(cx),
-        }
-    }
-}
+forward_read!(ReadPart<'_>, ReadPart::Tcp, ReadPart::Unix);
+forward_write!(WritePart<'_>, WritePart::Tcp, WritePart::Unix);
