@@ -1353,27 +1353,41 @@ module CorralRack
     log("cannot make the process non-dumpable: #{e.class}: #{e.message}")
   end
 
-  # Machine code YJIT may write, in MiB. Ruby 3.1 fills the whole area at start (256 MiB
-  # by default, all resident; shared with forked workers until written), and its
-  # bookkeeping per compiled block grows with the code. Once the area is full YJIT stops
-  # compiling. 1 MiB holds the request loop and a small app's hot paths: the Rack hello
-  # world is as fast as with 8. A large app is compiled in part: measured on a Rails 6.1
-  # shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was 129
-  # MiB with 8, 106 with 1, 96 to 99 without YJIT, 99 to 103 under Passenger (no YJIT).
+  # Machine code YJIT may write, in MiB, when a pool asks for YJIT on Ruby 3.1 or 3.2.
+  # Ruby 3.1 fills the whole area at start (256 MiB by default, all resident; shared with
+  # forked workers until written), and its bookkeeping per compiled block grows with the
+  # code. Once the area is full YJIT stops compiling. 1 MiB holds the request loop and a
+  # small app's hot paths: the Rack hello world is as fast as with 8. Measured on a Rails
+  # 6.1 shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was
+  # 129 MiB with 8, 106 with 1, 96 to 99 without YJIT.
   YJIT_MEM_MIB = 1
 
-  # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
-  # sets RUBY_YJIT_ENABLE itself: the request loop then takes about two thirds of the CPU
-  # time. Ruby 3.3 turns it on in place; 3.1 and 3.2 only at start, so the launcher starts
-  # again (same pid, fd 0 and arguments) as `ruby --yjit --yjit-exec-mem-size=8`. Ruby
-  # options other than --disable-gems are not carried over; corral starts the launcher with
-  # none.
+  # YJIT where this Ruby has it and the launcher can turn it on after start: Ruby 3.3 and
+  # later turn it on in place, unless the pool's env says CORRAL_RACK_YJIT=off or sets
+  # RUBY_YJIT_ENABLE itself. Ruby 3.1 and 3.2 read YJIT only at start, and there it is off
+  # unless the pool's env says CORRAL_RACK_YJIT=on: the launcher then starts again (same
+  # pid, fd 0 and arguments) as `ruby --yjit --yjit-exec-mem-size=1`. Why off there
+  # (docs/decisions.md, 34): the app's boot, compiled as it runs, fills a small area before
+  # the first request (a Rails 6.1 shop fills 1 MiB before its preloader forks), so the
+  # request path runs in the interpreter all the same, and YJIT's bookkeeping still costs
+  # about 2 MiB per process (benches/refork.sh peers: 2 Rails workers and their preloader
+  # 104 MiB with YJIT, 97 without, no faster); a larger area is compiled again in every
+  # worker. Only an app small enough to leave room (a hello world: about a fifth more
+  # requests per second) gains; Ruby, Passenger and Puma leave YJIT off on these versions.
+  # Ruby options other than --disable-gems are not carried over; corral starts the
+  # launcher with none.
   def self.enable_yjit(argv)
     choice = ENV.delete('CORRAL_RACK_YJIT')
-    return if choice == 'restarted' || choice == 'off' || ENV.key?('RUBY_YJIT_ENABLE')
+    return if choice == 'restarted' || ENV.key?('RUBY_YJIT_ENABLE')
+    unless choice.nil? || choice == 'on' || choice == 'off'
+      log("CORRAL_RACK_YJIT=#{choice.inspect} is neither on nor off; the default holds")
+      choice = nil
+    end
+    return if choice == 'off'
     return unless defined?(RubyVM::YJIT) && !RubyVM::YJIT.enabled?
     return RubyVM::YJIT.enable if RubyVM::YJIT.respond_to?(:enable)
-    return if RbConfig::CONFIG['YJIT_SUPPORT'] == 'no'
+    return unless choice == 'on'
+    return log('CORRAL_RACK_YJIT=on: this Ruby was built without YJIT') if RbConfig::CONFIG['YJIT_SUPPORT'] == 'no'
 
     ENV['CORRAL_RACK_YJIT'] = 'restarted'
     options = ['--yjit', "--yjit-exec-mem-size=#{YJIT_MEM_MIB}"]
