@@ -1014,7 +1014,7 @@ fn resp_end_leaves_with_the_last_bytes_of_the_announced_content_length() {
     let launcher = Launcher::start(dir.path());
     let mut s = launcher.connect();
     s.write_all(&get("/length-then-wait")).unwrap();
-    let asked = std::time::Instant::now();
+    let asked = tokio::time::Instant::now();
     let mut answer = Answer::default();
     assert!(
         try_read_answer(&mut s, &mut answer),
