@@ -1007,9 +1007,10 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
 
 #[test]
 fn resp_end_leaves_with_the_last_bytes_of_the_announced_content_length() {
-    // corral may drop an exchange once it has the bytes Content-Length announced (its
-    // client gone): an end written only when the iterable ends would find the connection
-    // closed ("Broken pipe" in the log) and cost corral the connection.
+    // corral stops reading an answer once it has the bytes Content-Length announced and
+    // drops an exchange whose RESP_END has not come with them: an end written only when
+    // the iterable ends would find the connection closed ("Broken pipe" in the log) and
+    // cost corral the connection.
     let dir = shared_dir();
     let launcher = Launcher::start(dir.path());
     let mut s = launcher.connect();

@@ -712,10 +712,10 @@ def run_app(app, environ, sock, order):
                 response.chunk(chunk)
                 if response.left == 0:
                     # The body its Content-Length announced is whole: RESP_END leaves with
-                    # its last bytes, not after the iterable ends. corral may finish the
-                    # answer and drop the exchange as soon as it has that many bytes (its
-                    # client gone, say); an end written later would then find the
-                    # connection closed, and corral would lose a connection it could keep.
+                    # its last bytes, not after the iterable ends. corral stops reading an
+                    # answer once it has that many bytes and drops an exchange whose end
+                    # has not come with them: an end written later finds the connection
+                    # closed, and corral has lost a connection it could keep.
                     response.finish()
                     ended = True
                 elif not whole or response.queued >= FLUSH_AT:
