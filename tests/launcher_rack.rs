@@ -378,6 +378,15 @@ run(lambda do |env|
   when '/jit'
     state = "#{Process.pid} #{RubyVM::YJIT.enabled?} #{ENV.keys.grep(/YJIT/).sort.join(',')}"
     [200, { 'content-type' => 'text/plain' }, [state]]
+  when '/length-then-wait'
+    # The bytes its Content-Length announces, then a body that ends once `go` is there
+    # (6 s at most).
+    wait = Enumerator.new do |y|
+      y << 'whole'
+      600.times { File.exist?('go') ? break : sleep(0.01) }
+    end
+    [200, { 'content-length' => '5' }, wait]
+  when '/over-length' then [200, { 'Content-Length' => '5' }, Enumerator.new { |y| y << 'whole' << '' << 'and more' }]
   when '/fail-early' then [200, {}, Enumerator.new { raise 'no chunk at all' }]
   when '/fail-late' then [200, {}, Enumerator.new { |y| y << 'part;'; raise 'half way' }]
   when '/bad-header' then [200, { 'bad name' => 'x' }, ['never sent']]
@@ -888,6 +897,59 @@ fn a_body_that_fails_before_its_first_chunk_is_a_500_and_after_it_a_cut_connecti
         "no RESP_END after a failed body: {events:?}"
     );
     assert!(launcher.wait_stderr("half way"));
+}
+
+#[test]
+fn resp_end_leaves_with_the_last_bytes_of_the_announced_content_length() {
+    // corral stops reading an answer once it has the bytes Content-Length announced and
+    // drops an exchange whose RESP_END has not come with them: an end written only when
+    // the body ends would find the connection closed and cost corral the connection.
+    let launcher = Launcher::start();
+    let mut s = launcher.connect();
+    s.write_all(&begin_request(
+        "GET",
+        "/length-then-wait",
+        "",
+        b"",
+        ByteOrder::NATIVE,
+    ))
+    .unwrap();
+    let asked = tokio::time::Instant::now();
+    let answer = read_answer(&mut s);
+    assert_eq!((answer.status, answer.text().as_str()), (200, "whole"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "RESP_END came only when the body ended, after {:?}",
+        asked.elapsed()
+    );
+    // Once the body ends, the connection carries the next request.
+    std::fs::write(launcher._dir.path().join("go"), "").unwrap();
+    s.write_all(&begin_request("GET", "/", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(read_answer(&mut s).text(), "ok /");
+    drop(s);
+
+    // More bytes after the announced ones cannot follow RESP_END: the answer ends at the
+    // Content-Length, then the connection closes, and the log says why.
+    let mut s = launcher.connect();
+    s.write_all(&begin_request(
+        "GET",
+        "/over-length",
+        "",
+        b"",
+        ByteOrder::NATIVE,
+    ))
+    .unwrap();
+    assert_eq!(read_answer(&mut s).text(), "whole");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(launcher.wait_stderr("GET /over-length: the body gave more than its Content-Length"));
+    // The launcher serves on.
+    let mut s = launcher.connect();
+    s.write_all(&begin_request("GET", "/", "", b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(read_answer(&mut s).text(), "ok /");
 }
 
 /// Asks the launcher's app for `/jit`: "PID YJIT-ON ENV-KEYS-NAMING-YJIT".

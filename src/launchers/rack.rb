@@ -562,6 +562,13 @@ module CorralRack
     verdict
   end
 
+  # The response's Content-Length when it is one plain count (Rack 3 names it in lower
+  # case, Rack 2 apps often not), else nil.
+  def self.content_length(headers)
+    value = headers['content-length'] || headers['Content-Length']
+    value.is_a?(String) && value.match?(/\A[0-9]{1,18}\z/) ? value.to_i : nil
+  end
+
   # Turns a Rack response into status and header lines, or raises ArgumentError.
   def self.response_lines(status, headers)
     code = status.is_a?(Integer) ? status : Integer(status)
@@ -834,9 +841,15 @@ module CorralRack
       error = nil
       begin
         writer.head(code, lines)
-        write_body(body, writer)
-        writer.finish
-        true
+        case write_body(body, writer, headers)
+        when :ended then true
+        when :overrun
+          CorralRack.log("#{env['REQUEST_METHOD']} #{env['PATH_INFO']}: the body gave more than its Content-Length; the connection closes")
+          false
+        else
+          writer.finish
+          true
+        end
       rescue PeerGone
         raise
       rescue StandardError, ScriptError, SystemStackError => e
@@ -887,18 +900,39 @@ module CorralRack
     end
 
     # Each chunk of a streaming body is sent as soon as it is yielded; an Array body is
-    # complete already and leaves with RESP_END.
-    def write_body(body, writer)
+    # complete already and leaves with RESP_END. The chunk of a streaming body that
+    # completes its Content-Length leaves with RESP_END too, before the body has ended
+    # (:ended): corral stops reading an answer once it has the announced bytes and drops an
+    # exchange whose end has not come with them, losing a connection it could keep. Bytes
+    # past it cannot follow RESP_END (:overrun: the connection closes).
+    def write_body(body, writer, headers)
       if body.respond_to?(:each)
         now = !body.is_a?(Array)
+        left = now ? CorralRack.content_length(headers) : nil
+        ended = overrun = false
         body.each do |chunk|
           raise TypeError, "the body yielded #{chunk.class}, not String" unless chunk.is_a?(String)
+          next if chunk.empty?
 
-          writer.body(chunk, now: now) unless chunk.empty?
+          if ended
+            overrun = true
+            break
+          end
+          if left && (left -= chunk.bytesize).zero?
+            writer.body(chunk, now: false)
+            writer.finish
+            ended = true
+          else
+            writer.body(chunk, now: now)
+          end
         end
+        return :overrun if overrun
+
+        ended ? :ended : nil
       elsif body.respond_to?(:call)
         writer.flush
         body.call(Stream.new(writer))
+        nil
       else
         raise TypeError, "the body #{body.class} responds to neither each nor call"
       end
