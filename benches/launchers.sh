@@ -16,8 +16,9 @@
 #
 #   rack   P  passenger start --engine builtin, 2 app processes (smart spawning)
 #          M  Puma (Debian's), -w 2 -t 1:1, direct HTTP
-#          C  corral(http) -> Rack launcher, 2 workers (preload = true), YJIT on (its default)
-#          J  the same with CORRAL_RACK_YJIT=off (as Passenger and Puma run Ruby)
+#          C  corral(http) -> Rack launcher, 2 workers (preload = true), its defaults (on
+#             Ruby 3.1 and 3.2 without YJIT, as Passenger and Puma run Ruby)
+#          J  the same with CORRAL_RACK_YJIT=on (YJIT with its 1 MiB area)
 #   wsgi   U  nginx (1 worker) -> uWSGI (uwsgi protocol, 2 processes, --master)
 #          G  gunicorn, 2 sync workers
 #          R  Granian (PyPI, $GRANIAN), --workers 2 --blocking-threads 1, direct HTTP
@@ -157,9 +158,9 @@ if has rack; then
   root_passenger=$!; port_passenger=$port
   wait_http "http://127.0.0.1:$port/"
   start_corral corral_rack 'app = "rack:config.ru"'
-  # The launcher's default turns YJIT on; Passenger and Puma run Ruby without it.
-  start_corral corral_rack_nojit 'app = "rack:config.ru"
-  env = { CORRAL_RACK_YJIT = "off" }'
+  # YJIT, which the launcher leaves off on Ruby 3.1 and 3.2 unless asked (docs/decisions.md, 34).
+  start_corral corral_rack_jit 'app = "rack:config.ru"
+  env = { CORRAL_RACK_YJIT = "on" }'
   # Puma: two workers of one thread each, as the issue states it.
   port=$(free_port)
   (cd "$scratch/app" && exec puma -w 2 -t 1:1 -b "tcp://127.0.0.1:$port" -e production \
@@ -170,7 +171,7 @@ if has rack; then
     "rack|Passenger 6.0 standalone (builtin engine), 2 processes|passenger|$root_passenger"
     "rack|Puma 5.6, -w 2 -t 1:1, direct|puma|$root_puma"
     "rack|corral → Rack launcher, 2 workers, preload|corral_rack|$root_corral_rack"
-    "rack|corral → Rack launcher, 2 workers, preload, CORRAL_RACK_YJIT=off|corral_rack_nojit|$root_corral_rack_nojit"
+    "rack|corral → Rack launcher, 2 workers, preload, CORRAL_RACK_YJIT=on|corral_rack_jit|$root_corral_rack_jit"
   )
 fi
 
@@ -295,9 +296,9 @@ if has rack; then
   r=$(ratio corral_rack passenger)
   m=$(ratio corral_rack puma)
   echo "- Rack: corral / Passenger standalone = $(bold "$r") (issue 21's target ≥ 1.0×: $(target "$r" 1.0)); corral / Puma = $(bold "$m") (target ≥ 0.8×: $(target "$m" 0.8))."
-  r=$(ratio corral_rack_nojit passenger)
-  m=$(ratio corral_rack_nojit puma)
-  echo "- Rack without YJIT: corral / Passenger standalone = $(bold "$r") ($(target "$r" 1.0)); corral / Puma = $(bold "$m") ($(target "$m" 0.8))."
+  r=$(ratio corral_rack_jit passenger)
+  m=$(ratio corral_rack_jit puma)
+  echo "- Rack with YJIT (CORRAL_RACK_YJIT=on): corral / Passenger standalone = $(bold "$r") ($(target "$r" 1.0)); corral / Puma = $(bold "$m") ($(target "$m" 0.8))."
 fi
 if has wsgi; then
   r=$(ratio corral_wsgi uwsgi)

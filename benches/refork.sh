@@ -27,14 +27,14 @@
 # peers (Rails): Passenger 6 standalone (builtin engine, smart spawning: its AppPreloader
 # loads the app once and forks the RubyApp processes, as corral's preloader forks its
 # workers) with 2, 4 and 8 app processes, and corral's preloaded pool with as many workers,
-# with the launcher's defaults (YJIT on, malloc_trim after a worker's collections, no
-# warm-up), with the preloader's opt-in warm-up GETs of / before the fork
+# with the launcher's defaults (on Ruby 3.1 no YJIT, malloc_trim after a worker's
+# collections, no warm-up), with the preloader's opt-in warm-up GETs of / before the fork
 # (CORRAL_RACK_WARMUP=30), without the trim (CORRAL_RACK_TRIM=off: the launcher as it was
-# before it), with the heap left unsettled before the fork
-# (CORRAL_RACK_SETTLE=off: as before the launcher settled it), with CORRAL_RACK_YJIT=off
-# (Passenger runs Ruby without it) and with refork_after; the same REQUESTS requests over the same pages from as
-# many clients as processes, then the summed PSS of the app's processes once their number
-# is stable: Passenger's AppPreloader and RubyApp processes of this app (found by their
+# before it), with the heap left unsettled before the fork (CORRAL_RACK_SETTLE=off: as
+# before the launcher settled it), with CORRAL_RACK_YJIT=on (the default before
+# docs/decisions.md, 34) and with refork_after; the same REQUESTS requests over the same
+# pages from as many clients as processes (the CPU time the app's processes took for them),
+# then the summed PSS of the app's processes once their number is stable: Passenger's AppPreloader and RubyApp processes of this app (found by their
 # titles, which name the app's folder; the Passenger core and watchdog are left out as
 # corral itself is), corral's preloader and workers (its whole tree but corral). Then, for
 # Rails and Django, the fork-to-first-answer: a pool of 2 workers with `max_requests =
@@ -217,49 +217,75 @@ refork_rows() {
 
 # ---- peers: beside Passenger, and the fork-to-first-answer ----------------------------
 
-# One row of the PSS table: NAME N "WORKERS_KIB ALL_KIB TEMPLATES" [PASSENGER_ALL_KIB].
+# One row of the PSS table: NAME N "WORKERS_KIB ALL_KIB TEMPLATES" CPU_MS [PASSENGER_ALL_KIB].
 pss_row() {
   local w a t vs=""
   read -r w a t <<< "$3"
-  [ -n "${4:-}" ] && vs="$(ratio "$a" "$4")"
-  echo "| $1 | $2 | $t | $(mib "$w") | $(mib "$a") | $vs |"
-  echo "$1 $2: $3" >&2
+  [ -n "${5:-}" ] && vs="$(ratio "$a" "$5")"
+  echo "| $1 | $2 | $t | $(mib "$w") | $(mib "$a") | $vs | $4 |"
+  echo "$1 $2: $3, $4 ms CPU per request" >&2
+}
+
+# CPU time (user + system, in clock ticks) the processes PIDS have used so far; one that
+# has ended counts nothing. The fields after the command name, which may hold spaces.
+ticks_of() { # PIDS...
+  local t=0 p
+  for p in "$@"; do
+    t=$((t + $( (sed 's/.*) //' "/proc/$p/stat" 2>/dev/null || echo) | awk '{ print $12 + $13 + 0 }')))
+  done
+  echo "$t"
+}
+# The app's processes: corral's preloader and workers, Passenger's AppPreloader and RubyApps.
+corral_pids() { local p; for p in $(pgrep -P "$CORRAL_PID"); do echo "$p"; pgrep -P "$p" || true; done; }
+passenger_pids() { pgrep -f "^Passenger (RubyApp|AppPreloader): $RAILS\$" || true; }
+# Milliseconds of CPU per request between two ticks_of readings over REQUESTS requests.
+cpu_ms() { # BEFORE AFTER
+  awk -v a="$1" -v b="$2" -v n="$REQUESTS" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", (b - a) * 1000 / hz / n }'
 }
 
 # One corral row of the PSS table: the Rails shop on N preloaded workers with the pool's
 # KEYS and ENV (start_corral), loaded as Passenger was; PASSENGER_ALL_KIB for the ratio.
+# No CPU figure with refork_after: the workers it replaces during the load take theirs along.
 ROW=0
 corral_row() { # N KEYS ENV WHAT PASSENGER_ALL_KIB
-  local n=$1 c
+  local n=$1 c before cpu=""
   ROW=$((ROW + 1))
   start_corral rails "$n" "peer-rails-$ROW" "$2" "$3"
+  # shellcheck disable=SC2046
+  before=$(ticks_of $(corral_pids))
   # shellcheck disable=SC2086
   REQUESTS=$REQUESTS load "$port" "$n" $(pages_of rails)
+  # shellcheck disable=SC2046
+  [ -z "$2" ] && cpu=$(cpu_ms "$before" "$(ticks_of $(corral_pids))")
   c=$(measure tree "$CORRAL_PID" "$n" "$dir/log")
   stop_corral
-  pss_row "corral, Rack launcher, preload, $4" "$n" "$c" "$5"
+  pss_row "corral, Rack launcher, preload, $4" "$n" "$c" "$cpu" "$5"
 }
 
 peer_rows() {
-  local n p vs pages page first keys what
-  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00). Each corral row but the first keeps the launcher's defaults (YJIT on, malloc_trim after a worker's collections, no warm-up) except what it names. Shared libraries count in PSS divided among every process that maps them, the Passenger core (left out) included, which maps libcrypto and libstdc++ as Ruby does: measured once at 2 processes, the libraries weighed 13.3 MiB in corral's three processes and 10.4 MiB in Passenger's. The refork_after row is read as soon as the pool settled, when its newest workers may have just been forked from a promoted template and dirtied little: it flatters reforking (the \`refork\` section reads its pools twice)."
+  local n p vs pages page first keys what before cpu
+  echo "Rails (the shop of benches/lib/shop_apps.sh, production), $REQUESTS requests over its pages from as many keep-alive clients as app processes, then, once the number of processes is stable, the summed PSS of the app's processes: Passenger's \`Passenger AppPreloader\` and \`Passenger RubyApp\` processes of the app (not its core and watchdog), corral's preloader and workers (every process under corral; with reforking, the templates alive too: the promoted one, and an older one until its last worker is replaced). \"workers\" are the app processes alone (RubyApp; corral's processes with no child). \"vs Passenger\" is all over Passenger's all (Rails PSS <= Passenger's: <= 1.00). Each corral row but the first keeps the launcher's defaults (on Ruby 3.1 no YJIT, malloc_trim after a worker's collections, no warm-up) except what it names. \"app CPU\" is the user and system time the app's processes (the same ones) took during the $REQUESTS requests, per request, first requests on each worker included (not given for refork_after, whose replaced workers take theirs along); on a busy machine it moves by a third from run to run: compare rows of one run with care. Shared libraries count in PSS divided among every process that maps them, the Passenger core (left out) included, which maps libcrypto and libstdc++ as Ruby does: measured once at 2 processes, the libraries weighed 13.3 MiB in corral's three processes and 10.4 MiB in Passenger's. The refork_after row is read as soon as the pool settled, when its newest workers may have just been forked from a promoted template and dirtied little: it flatters reforking (the \`refork\` section reads its pools twice)."
   echo
-  echo "| server | app processes | templates | workers MiB | all MiB | vs Passenger |"
-  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+  echo "| server | app processes | templates | workers MiB | all MiB | vs Passenger | app CPU ms per request |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
   pages=$(pages_of rails)
   for n in $WORKERS; do
     start_passenger "$n"
+    # shellcheck disable=SC2046
+    before=$(ticks_of $(passenger_pids))
     # shellcheck disable=SC2086
     REQUESTS=$REQUESTS load "$port" "$n" $pages
+    # shellcheck disable=SC2046
+    cpu=$(cpu_ms "$before" "$(ticks_of $(passenger_pids))")
     p=$(measure passenger "$RAILS" "$n")
     stop_passenger
-    pss_row "Passenger $(passenger --version | awk '{print $NF; exit}') standalone, smart spawning" "$n" "$p"
+    pss_row "Passenger $(passenger --version | awk '{print $NF; exit}') standalone, smart spawning" "$n" "$p" "$cpu"
     vs=$(cut -d' ' -f2 <<< "$p")
-    corral_row "$n" "" "" "the defaults: YJIT on, trim, no warm-up" "$vs"
+    corral_row "$n" "" "" "the defaults: no YJIT (Ruby 3.1), trim, no warm-up" "$vs"
     corral_row "$n" "" ", CORRAL_RACK_WARMUP = \"30\"" "CORRAL_RACK_WARMUP=30 (opt-in)" "$vs"
     corral_row "$n" "" ", CORRAL_RACK_TRIM = \"off\"" "CORRAL_RACK_TRIM=off" "$vs"
     corral_row "$n" "" ", CORRAL_RACK_SETTLE = \"off\"" "CORRAL_RACK_SETTLE=off" "$vs"
-    corral_row "$n" "" ", CORRAL_RACK_YJIT = \"off\"" "CORRAL_RACK_YJIT=off" "$vs"
+    corral_row "$n" "" ", CORRAL_RACK_YJIT = \"on\"" "CORRAL_RACK_YJIT=on (YJIT, 1 MiB area)" "$vs"
     corral_row "$n" "refork_after = $REFORK_AFTER" "" "refork_after = $REFORK_AFTER" "$vs"
   done
   echo

@@ -6,8 +6,9 @@
 //! The launcher alone, on a Unix listener passed as fd 0, driven with corral's LSAPI codec:
 //! malformed or garbage packets close only their connection, the answer is exact and in each
 //! request's byte order, PEP 3333's corner cases (exc_info, bad headers, an error after the
-//! head, wsgi.input lines, wsgi.file_wrapper) hold, and SIGTERM or SIGINT finish the request
-//! in progress, then exit 0, at once when idle between requests.
+//! head, wsgi.input lines, wsgi.file_wrapper) hold, RESP_END leaves with the last bytes of
+//! the announced Content-Length, and SIGTERM or SIGINT finish the request in progress, then
+//! exit 0, at once when idle between requests.
 
 mod support;
 
@@ -502,6 +503,20 @@ def application(environ, start_response):
             raise RuntimeError("failed after the head")
         start_response("200 OK", [("Content-Type", "text/plain")])
         return gen()
+    if path == "/length-then-wait":
+        # The body its Content-Length announces, then an iterable that ends once `go` is
+        # there (6 s at most).
+        def gen():
+            yield b"whole"
+            for _ in range(600):
+                if os.path.exists(os.path.join(HERE, "go")):
+                    break
+                time.sleep(0.01)
+        start_response("200 OK", [("Content-Length", "5")])
+        return gen()
+    if path == "/over-length":
+        start_response("200 OK", [("Content-Length", "5")])
+        return (part for part in [b"whole", b"", b"and more"])
     if path == "/file":
         start_response("200 OK", [("Content-Type", "application/octet-stream")])
         return environ["wsgi.file_wrapper"](open(os.path.join(HERE, "data.bin"), "rb"), 10000)
@@ -988,6 +1003,49 @@ fn bad_packets_close_the_connection_and_the_launcher_keeps_serving() {
         "{log}"
     );
     assert!(!log.contains("Traceback"), "{log}");
+}
+
+#[test]
+fn resp_end_leaves_with_the_last_bytes_of_the_announced_content_length() {
+    // corral stops reading an answer once it has the bytes Content-Length announced and
+    // drops an exchange whose RESP_END has not come with them: an end written only when
+    // the iterable ends would find the connection closed ("Broken pipe" in the log) and
+    // cost corral the connection.
+    let dir = shared_dir();
+    let launcher = Launcher::start(dir.path());
+    let mut s = launcher.connect();
+    s.write_all(&get("/length-then-wait")).unwrap();
+    let asked = tokio::time::Instant::now();
+    let mut answer = Answer::default();
+    assert!(
+        try_read_answer(&mut s, &mut answer),
+        "no RESP_END: {answer:?}\n{}",
+        launcher.stderr()
+    );
+    assert_eq!((answer.status, answer.text().as_str()), (200, "whole"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "RESP_END came only when the iterable ended, after {:?}",
+        asked.elapsed()
+    );
+    // Once the iterable ends, the connection carries the next request.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    s.write_all(&get("/")).unwrap();
+    assert_eq!(read_answer(&mut s).text(), "hello");
+    // (The launcher serves one connection at a time.)
+    drop(s);
+
+    // More bytes after the announced ones cannot follow RESP_END: the answer ends at the
+    // Content-Length, then the connection closes, and the log says why.
+    let mut s = launcher.connect();
+    s.write_all(&get("/over-length")).unwrap();
+    assert_eq!(read_answer(&mut s).text(), "whole");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    launcher.wait_log("GET /over-length: the application gave more than its Content-Length");
+    // The launcher serves on.
+    assert_eq!(exchange(&launcher, &get("/")).text(), "hello");
 }
 
 #[test]

@@ -562,6 +562,13 @@ module CorralRack
     verdict
   end
 
+  # The response's Content-Length when it is one plain count (Rack 3 names it in lower
+  # case, Rack 2 apps often not), else nil.
+  def self.content_length(headers)
+    value = headers['content-length'] || headers['Content-Length']
+    value.is_a?(String) && value.match?(/\A[0-9]{1,18}\z/) ? value.to_i : nil
+  end
+
   # Turns a Rack response into status and header lines, or raises ArgumentError.
   def self.response_lines(status, headers)
     code = status.is_a?(Integer) ? status : Integer(status)
@@ -834,9 +841,15 @@ module CorralRack
       error = nil
       begin
         writer.head(code, lines)
-        write_body(body, writer)
-        writer.finish
-        true
+        case write_body(body, writer, headers)
+        when :ended then true
+        when :overrun
+          CorralRack.log("#{env['REQUEST_METHOD']} #{env['PATH_INFO']}: the body gave more than its Content-Length; the connection closes")
+          false
+        else
+          writer.finish
+          true
+        end
       rescue PeerGone
         raise
       rescue StandardError, ScriptError, SystemStackError => e
@@ -887,18 +900,39 @@ module CorralRack
     end
 
     # Each chunk of a streaming body is sent as soon as it is yielded; an Array body is
-    # complete already and leaves with RESP_END.
-    def write_body(body, writer)
+    # complete already and leaves with RESP_END. The chunk of a streaming body that
+    # completes its Content-Length leaves with RESP_END too, before the body has ended
+    # (:ended): corral stops reading an answer once it has the announced bytes and drops an
+    # exchange whose end has not come with them, losing a connection it could keep. Bytes
+    # past it cannot follow RESP_END (:overrun: the connection closes).
+    def write_body(body, writer, headers)
       if body.respond_to?(:each)
         now = !body.is_a?(Array)
+        left = now ? CorralRack.content_length(headers) : nil
+        ended = overrun = false
         body.each do |chunk|
           raise TypeError, "the body yielded #{chunk.class}, not String" unless chunk.is_a?(String)
+          next if chunk.empty?
 
-          writer.body(chunk, now: now) unless chunk.empty?
+          if ended
+            overrun = true
+            break
+          end
+          if left && (left -= chunk.bytesize).zero?
+            writer.body(chunk, now: false)
+            writer.finish
+            ended = true
+          else
+            writer.body(chunk, now: now)
+          end
         end
+        return :overrun if overrun
+
+        ended ? :ended : nil
       elsif body.respond_to?(:call)
         writer.flush
         body.call(Stream.new(writer))
+        nil
       else
         raise TypeError, "the body #{body.class} responds to neither each nor call"
       end
@@ -1353,27 +1387,41 @@ module CorralRack
     log("cannot make the process non-dumpable: #{e.class}: #{e.message}")
   end
 
-  # Machine code YJIT may write, in MiB. Ruby 3.1 fills the whole area at start (256 MiB
-  # by default, all resident; shared with forked workers until written), and its
-  # bookkeeping per compiled block grows with the code. Once the area is full YJIT stops
-  # compiling. 1 MiB holds the request loop and a small app's hot paths: the Rack hello
-  # world is as fast as with 8. A large app is compiled in part: measured on a Rails 6.1
-  # shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was 129
-  # MiB with 8, 106 with 1, 96 to 99 without YJIT, 99 to 103 under Passenger (no YJIT).
+  # Machine code YJIT may write, in MiB, when a pool asks for YJIT on Ruby 3.1 or 3.2.
+  # Ruby 3.1 fills the whole area at start (256 MiB by default, all resident; shared with
+  # forked workers until written), and its bookkeeping per compiled block grows with the
+  # code. Once the area is full YJIT stops compiling. 1 MiB holds the request loop and a
+  # small app's hot paths: the Rack hello world is as fast as with 8. Measured on a Rails
+  # 6.1 shop (benches/refork.sh peers), the summed PSS of 2 workers and the preloader was
+  # 129 MiB with 8, 106 with 1, 96 to 99 without YJIT.
   YJIT_MEM_MIB = 1
 
-  # Turns YJIT on where this Ruby has it, unless the pool's env says CORRAL_RACK_YJIT=off or
-  # sets RUBY_YJIT_ENABLE itself: the request loop then takes about two thirds of the CPU
-  # time. Ruby 3.3 turns it on in place; 3.1 and 3.2 only at start, so the launcher starts
-  # again (same pid, fd 0 and arguments) as `ruby --yjit --yjit-exec-mem-size=8`. Ruby
-  # options other than --disable-gems are not carried over; corral starts the launcher with
-  # none.
+  # YJIT where this Ruby has it and the launcher can turn it on after start: Ruby 3.3 and
+  # later turn it on in place, unless the pool's env says CORRAL_RACK_YJIT=off or sets
+  # RUBY_YJIT_ENABLE itself. Ruby 3.1 and 3.2 read YJIT only at start, and there it is off
+  # unless the pool's env says CORRAL_RACK_YJIT=on: the launcher then starts again (same
+  # pid, fd 0 and arguments) as `ruby --yjit --yjit-exec-mem-size=1`. Why off there
+  # (docs/decisions.md, 34): the app's boot, compiled as it runs, fills a small area before
+  # the first request (a Rails 6.1 shop fills 1 MiB before its preloader forks), so the
+  # request path runs in the interpreter all the same, and YJIT's bookkeeping still costs
+  # about 2 MiB per process (benches/refork.sh peers: 2 Rails workers and their preloader
+  # 104 MiB with YJIT, 97 without, no faster); a larger area is compiled again in every
+  # worker. Only an app small enough to leave room (a hello world: about a fifth more
+  # requests per second) gains; Ruby, Passenger and Puma leave YJIT off on these versions.
+  # Ruby options other than --disable-gems are not carried over; corral starts the
+  # launcher with none.
   def self.enable_yjit(argv)
     choice = ENV.delete('CORRAL_RACK_YJIT')
-    return if choice == 'restarted' || choice == 'off' || ENV.key?('RUBY_YJIT_ENABLE')
+    return if choice == 'restarted' || ENV.key?('RUBY_YJIT_ENABLE')
+    unless choice.nil? || choice == 'on' || choice == 'off'
+      log("CORRAL_RACK_YJIT=#{choice.inspect} is neither on nor off; the default holds")
+      choice = nil
+    end
+    return if choice == 'off'
     return unless defined?(RubyVM::YJIT) && !RubyVM::YJIT.enabled?
     return RubyVM::YJIT.enable if RubyVM::YJIT.respond_to?(:enable)
-    return if RbConfig::CONFIG['YJIT_SUPPORT'] == 'no'
+    return unless choice == 'on'
+    return log('CORRAL_RACK_YJIT=on: this Ruby was built without YJIT') if RbConfig::CONFIG['YJIT_SUPPORT'] == 'no'
 
     ENV['CORRAL_RACK_YJIT'] = 'restarted'
     options = ['--yjit', "--yjit-exec-mem-size=#{YJIT_MEM_MIB}"]

@@ -524,7 +524,7 @@ class Response:
     are queued and written together: the head leaves with the first body chunk, a list
     body with RESP_END."""
 
-    __slots__ = ("sock", "order", "status", "code", "headers", "out", "queued", "sent")
+    __slots__ = ("sock", "order", "status", "code", "headers", "out", "queued", "sent", "left")
 
     def __init__(self, sock, order):
         self.sock = sock
@@ -541,6 +541,8 @@ class Response:
         # Whether any of RESP_HEADER has been written: until then an error can still be a
         # 500 on a connection that stays usable.
         self.sent = False
+        # Body bytes the app's one Content-Length still announces, None without one.
+        self.left = None
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -559,6 +561,7 @@ class Response:
             raise TypeError("headers must be a list, not %s" % type(headers).__name__)
         checked = []
         names = NAMES
+        length = None
         for item in headers:
             if type(item) is not tuple or len(item) != 2:
                 raise TypeError("header %r is not a (name, value) tuple" % (item,))
@@ -574,6 +577,10 @@ class Response:
                     % (name, value))
                 continue
             checked.append(name + ": " + value)
+            if len(name) == 14 and name.lower() == "content-length":
+                # Two of them, or one that is not a plain count: no end is known ahead.
+                ok = length is None and value.isascii() and value.isdigit() and len(value) < 19
+                length = int(value) if ok else -1
         if status not in CANONICAL_STATUS:
             checked.append("Status: " + status)
         if len(checked) > MAX_RESP_HEADERS:
@@ -581,6 +588,7 @@ class Response:
         self.status = status
         self.code = int(status[:3])
         self.headers = checked
+        self.left = length if length is not None and length >= 0 else None
         return self.write
 
     def write(self, data):
@@ -633,6 +641,8 @@ class Response:
                 out.append(pack(b"LS", RESP_STREAM, flag, PACKET_HEADER_LEN + len(part)))
                 out.append(part)
         self.queued += size + 8
+        if self.left is not None:
+            self.left -= size
 
     def flush(self):
         out = self.out
@@ -686,17 +696,32 @@ def run_app(app, environ, sock, order):
         # FLUSH_AT per write), as does a file; any other iterable is written chunk by
         # chunk as it yields, since PEP 3333 forbids holding a block back.
         whole = type(result) in (list, tuple) or type(result) is FileWrapper
+        ended = False
         for chunk in result:
             if type(chunk) is not bytes:
                 raise TypeError("the app yielded %s, not bytes" % type(chunk).__name__)
             if chunk:
+                if ended:
+                    # RESP_END has gone: nothing can follow it on this connection.
+                    log("%s %s: the application gave more than its Content-Length; the "
+                        "connection closes" % (environ["REQUEST_METHOD"], request_uri(environ)))
+                    return False
                 if response.status is None:
                     raise AssertionError(
                         "the application gave a body chunk before calling start_response()")
                 response.chunk(chunk)
-                if not whole or response.queued >= FLUSH_AT:
+                if response.left == 0:
+                    # The body its Content-Length announced is whole: RESP_END leaves with
+                    # its last bytes, not after the iterable ends. corral stops reading an
+                    # answer once it has that many bytes and drops an exchange whose end
+                    # has not come with them: an end written later finds the connection
+                    # closed, and corral has lost a connection it could keep.
+                    response.finish()
+                    ended = True
+                elif not whole or response.queued >= FLUSH_AT:
                     response.flush()
-        response.finish()
+        if not ended:
+            response.finish()
         return True
     except ClientGone as e:
         log("%s %s: connection closed while answering (%s)"
