@@ -179,13 +179,14 @@ async fn lsphp_chunked_body_is_spooled() {
     let expected = format!("{} {}", data.len(), md5_hex(dir.path(), &data));
     let spool_dir = tempfile::tempdir().unwrap();
     let mut options = ExchangeOptions::new("lsphp", 4);
-    options.spool = SpoolConfig {
+    let spool = SpoolConfig {
         dir: spool_dir.path().into(),
         max_bytes: 4 << 20,
         memory_bytes: 64 * 1024,
         ..SpoolConfig::default()
     };
-    let budget = Arc::clone(&options.spool.budget);
+    let budget = Arc::clone(&spool.budget);
+    options.spool = Some(spool);
     let (sender, body) = RequestBody::channel(None, 2);
     let length = data.len() as u64;
     let feeder = tokio::spawn(async move {
@@ -230,7 +231,10 @@ async fn lsphp_chunked_body_over_the_spool_limit_is_413() {
     let script = write_file(dir.path(), "x.php", "<?php echo 'never';");
     let php = lsphp(dir.path());
     let mut options = ExchangeOptions::new("lsphp", 5);
-    options.spool.max_bytes = 1000;
+    options.spool = Some(SpoolConfig {
+        max_bytes: 1000,
+        ..SpoolConfig::default()
+    });
     let (sender, body) = RequestBody::channel(None, 1);
     tokio::spawn(async move {
         for _ in 0..10 {

@@ -151,13 +151,14 @@ async fn scgi_post_of_unknown_length_is_spooled() {
     let app = start(dir.path());
     let spool_dir = tempfile::tempdir().unwrap();
     let mut options = ExchangeOptions::new("wsgi", 3);
-    options.spool = SpoolConfig {
+    let spool = SpoolConfig {
         dir: spool_dir.path().into(),
         max_bytes: 4 << 20,
         memory_bytes: 16,
         ..SpoolConfig::default()
     };
-    let budget = Arc::clone(&options.spool.budget);
+    let budget = Arc::clone(&spool.budget);
+    options.spool = Some(spool);
     // Larger than the socket buffers: while the app waits for its gate, the body is in
     // flight and its spool file open.
     let data: Vec<u8> = (0..2_000_000usize).map(|i| (i * 7 % 251) as u8).collect();

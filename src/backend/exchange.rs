@@ -189,7 +189,15 @@ pub(super) async fn known_length(
     started: Instant,
 ) -> Result<RequestBody, BackendError> {
     let deadline = started + options.timeouts.request;
-    tokio::time::timeout_at(deadline, super::spool_body(body, &options.spool))
+    let default;
+    let spool = match &options.spool {
+        Some(spool) => spool,
+        None => {
+            default = super::SpoolConfig::default();
+            &default
+        }
+    };
+    tokio::time::timeout_at(deadline, super::spool_body(body, spool))
         .await
         .map_err(|_| BackendError::RequestTimeout {
             after: options.timeouts.request,

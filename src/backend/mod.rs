@@ -192,8 +192,12 @@ pub struct ExchangeOptions {
     pub timeouts: Timeouts,
     /// Bounds on what the backend may make corral buffer.
     pub limits: Limits,
-    /// Spooling of bodies of unknown length.
-    pub spool: SpoolConfig,
+    /// Spooling of bodies of unknown length (SCGI and LSAPI announce the length first).
+    /// `None` when the caller knows none will be spooled (a FastCGI pool, a body of known
+    /// length), so that a request does not clone the spool settings' shared parts (two
+    /// reference counts every serving thread writes); should one be needed after all, the
+    /// defaults of [`SpoolConfig::default`] apply.
+    pub spool: Option<SpoolConfig>,
     /// Optional extra receiver of the backend's stderr.
     pub stderr: Option<StderrSink>,
 }
@@ -206,7 +210,7 @@ impl ExchangeOptions {
             request_id,
             timeouts: Timeouts::default(),
             limits: Limits::DEFAULT,
-            spool: SpoolConfig::default(),
+            spool: Some(SpoolConfig::default()),
             stderr: None,
         }
     }

@@ -148,7 +148,10 @@ impl Gateway {
             request_id,
             timeouts: pool.timeouts,
             limits: self.limits.clone(),
-            spool: self.spool_for(routed),
+            // Only SCGI and LSAPI spool, and only a body of unknown length (a FastCGI or
+            // SCGI front's request without CONTENT_LENGTH).
+            spool: (pool.protocol != backend::Protocol::FastCgi && body.len().is_none())
+                .then(|| self.spool_for(routed)),
             stderr: None,
         };
         let mut slot = slot;

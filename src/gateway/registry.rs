@@ -74,7 +74,7 @@ pub struct Pool {
     pub(crate) task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Requests routed here that have not yet ended (whether or not they hold a slot): a
     /// pool retired by a reload stops only once none is left.
-    pub(crate) routed: std::sync::atomic::AtomicUsize,
+    pub(crate) routed: super::routed::RoutedCount,
     /// Where the stacks of the pool's workers are asked for, when they run corral's
     /// launchers (the slow-request log carries them: `src/gateway/slow_stacks.rs`).
     pub(crate) stacks: Option<Arc<crate::process::output::Tail>>,
@@ -223,9 +223,7 @@ impl Pool {
     /// waiting for one.
     pub fn is_drained(&self) -> bool {
         let slots = self.slots.stats();
-        slots.in_flight == 0
-            && slots.queued == 0
-            && self.routed.load(std::sync::atomic::Ordering::Acquire) == 0
+        slots.in_flight == 0 && slots.queued == 0 && self.routed.now() == 0
     }
 
     /// Workers that accept requests now (ready, idle or busy); pools of servers count
@@ -529,13 +527,13 @@ fn build_pool(
         timeouts: Timeouts::from_pool(p),
         supervisor,
         requests: RequestStats::new(capacity as usize, counted_threads(config)),
+        routed: super::routed::RoutedCount::new(counted_threads(config)),
         status,
         retries: retries(&p.backend),
         info,
         identity,
         generation: settings.generation,
         task: std::sync::Mutex::new(None),
-        routed: std::sync::atomic::AtomicUsize::new(0),
         stacks,
         names,
     };

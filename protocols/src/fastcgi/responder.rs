@@ -244,6 +244,7 @@ impl<C: ParamsCollector> RequestDecoder<C> {
     /// Takes the next event from `src`; `Ok(None)` when more bytes are needed. Records that
     /// produce no event (the spec says to ignore them, or a PARAMS record mid-stream) are
     /// consumed along the way.
+    #[inline]
     pub fn decode(
         &mut self,
         src: &mut BytesMut,

@@ -31,6 +31,9 @@ pub(super) async fn drain(mut body: GatewayBody) {
 /// (X-Sendfile, X-Accel-*). With `for_file`, also without the ones that described the
 /// backend's body, which a file corral sends replaces. They are written into `into`, emptied
 /// first, so that a map already allocated serves again.
+///
+/// One pass: each name is told apart once ([`classify`]); the rare headers a `Connection`
+/// header names are taken out of the map afterwards.
 pub(super) fn client_headers(
     backend: &[(Bytes, Bytes)],
     request_id: u64,
@@ -39,38 +42,26 @@ pub(super) fn client_headers(
 ) -> http::HeaderMap {
     let mut out = into;
     out.clear();
-    let has_connection = backend
-        .iter()
-        .any(|(n, _)| n.eq_ignore_ascii_case(b"connection"));
+    let mut connection = false;
     for (name, value) in backend {
-        if name.eq_ignore_ascii_case(b"status") || sendfile::is_proxy_instruction(name) {
-            continue;
-        }
-        if for_file
-            && [
-                &b"content-length"[..],
-                b"content-range",
-                b"content-encoding",
-            ]
-            .iter()
-            .any(|h| name.eq_ignore_ascii_case(h))
-        {
-            continue;
-        }
-        if is_hop_by_hop(name) || (has_connection && named_by_connection(backend, name)) {
-            // They described the backend's hop, which corral terminated; hyper frames
-            // the client's side itself.
-            tracing::debug!(
-                request_id,
-                header = %String::from_utf8_lossy(name),
-                "dropped a hop-by-hop header from the backend response"
-            );
-            continue;
-        }
-        match (
-            header_name(name),
-            HeaderValue::from_maybe_shared(value.clone()),
-        ) {
+        let known = match classify(name) {
+            Class::Never => continue,
+            Class::Hop { connection: named } => {
+                // It described the backend's hop, which corral terminated; hyper frames the
+                // client's side itself.
+                connection |= named;
+                dropped_hop(request_id, name);
+                continue;
+            }
+            Class::Body(_) if for_file => continue,
+            Class::Body(known) => Some(known),
+            Class::Pass(known) => known,
+        };
+        let name_ok = match known {
+            Some(known) => Ok(known),
+            None => HeaderName::from_bytes(name),
+        };
+        match (name_ok, HeaderValue::from_maybe_shared(value.clone())) {
             (Ok(n), Ok(v)) => {
                 out.append(n, v);
             }
@@ -83,52 +74,82 @@ pub(super) fn client_headers(
             }
         }
     }
+    if connection {
+        drop_named_by_connection(backend, request_id, &mut out);
+    }
     out
 }
 
-/// A backend header's name as hyper takes it. The names nearly every response carries are
-/// told by their length and letters and given as http's constants; `from_bytes` parsed each
-/// of them through its table on every response.
-fn header_name(name: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
-    use http::header;
-    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
-    let known = match name.len() {
-        12 if is(b"content-type") => Some(header::CONTENT_TYPE),
-        14 if is(b"content-length") => Some(header::CONTENT_LENGTH),
-        10 if is(b"set-cookie") => Some(header::SET_COOKIE),
-        13 if is(b"cache-control") => Some(header::CACHE_CONTROL),
-        8 if is(b"location") => Some(header::LOCATION),
-        7 if is(b"expires") => Some(header::EXPIRES),
-        _ => None,
-    };
-    match known {
-        Some(known) => Ok(known),
-        None => HeaderName::from_bytes(name),
-    }
+fn dropped_hop(request_id: u64, name: &[u8]) {
+    tracing::debug!(
+        request_id,
+        header = %String::from_utf8_lossy(name),
+        "dropped a hop-by-hop header from the backend response"
+    );
 }
 
-/// Hop-by-hop response headers (RFC 9110 §7.6.1), which describe one connection only.
-fn is_hop_by_hop(name: &[u8]) -> bool {
-    [
-        &b"connection"[..],
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    ]
-    .iter()
-    .any(|h| name.eq_ignore_ascii_case(h))
-}
-
-/// Whether a `Connection` header of the backend lists `name` (which is then hop-by-hop too).
-fn named_by_connection(headers: &[(Bytes, Bytes)], name: &[u8]) -> bool {
-    headers
+/// Takes out of `out` every header a `Connection` header of the backend names (hop-by-hop
+/// too, RFC 9110 §7.6.1).
+fn drop_named_by_connection(
+    backend: &[(Bytes, Bytes)],
+    request_id: u64,
+    out: &mut http::HeaderMap,
+) {
+    let tokens = backend
         .iter()
         .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
         .flat_map(|(_, v)| v.split(|&c| c == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(name))
+        .map(<[u8]>::trim_ascii);
+    for token in tokens {
+        if let Ok(name) = HeaderName::from_bytes(token) {
+            if out.remove(&name).is_some() {
+                dropped_hop(request_id, token);
+            }
+        }
+    }
+}
+
+/// What the http front does with a backend response header of this name.
+#[derive(Debug, PartialEq, Eq)]
+enum Class {
+    /// `Status:` or an instruction meant for a proxy: never sent on.
+    Never,
+    /// Hop-by-hop (RFC 9110 §7.6.1): dropped; `connection` when it is `Connection`, which
+    /// names more of them.
+    Hop { connection: bool },
+    /// It describes the backend's body: sent, but not with a file that replaces the body.
+    Body(HeaderName),
+    /// Sent on; the names nearly every response carries are given as http's constants
+    /// (`HeaderName::from_bytes` parsed each through its table on every response).
+    Pass(Option<HeaderName>),
+}
+
+/// Tells a name apart by its length and first letter, then one comparison: the usual header
+/// is compared once, not against every list it is not in.
+fn classify(name: &[u8]) -> Class {
+    use http::header;
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    let hop = Class::Hop { connection: false };
+    match (name.len(), name.first().map_or(0, u8::to_ascii_lowercase)) {
+        (12, b'c') if is(b"content-type") => Class::Pass(Some(header::CONTENT_TYPE)),
+        (14, b'c') if is(b"content-length") => Class::Body(header::CONTENT_LENGTH),
+        (13, b'c') if is(b"content-range") => Class::Body(header::CONTENT_RANGE),
+        (16, b'c') if is(b"content-encoding") => Class::Body(header::CONTENT_ENCODING),
+        (13, b'c') if is(b"cache-control") => Class::Pass(Some(header::CACHE_CONTROL)),
+        (10, b'c') if is(b"connection") => Class::Hop { connection: true },
+        (10, b's') if is(b"set-cookie") => Class::Pass(Some(header::SET_COOKIE)),
+        (6, b's') if is(b"status") => Class::Never,
+        (8, b'l') if is(b"location") => Class::Pass(Some(header::LOCATION)),
+        (7, b'e') if is(b"expires") => Class::Pass(Some(header::EXPIRES)),
+        (10, b'k') if is(b"keep-alive") => hop,
+        (16, b'p') if is(b"proxy-connection") => hop,
+        (2, b't') if is(b"te") => hop,
+        (7, b't') if is(b"trailer") => hop,
+        (17, b't') if is(b"transfer-encoding") => hop,
+        (7, b'u') if is(b"upgrade") => hop,
+        (_, b'x') if sendfile::is_proxy_instruction(name) => Class::Never,
+        _ => Class::Pass(None),
+    }
 }
 
 pub(in crate::front) fn error_response(request_id: u64, e: &GatewayError) -> Response<HttpBody> {
@@ -163,20 +184,96 @@ pub(in crate::front) fn plain(code: StatusCode, text: &str) -> Response<HttpBody
 mod tests {
     use super::*;
 
+    /// The lists `classify` stands for, spelled out as they read in the RFCs.
+    fn by_lists(name: &[u8]) -> Class {
+        let any = |list: &[&[u8]]| list.iter().any(|h| name.eq_ignore_ascii_case(h));
+        if name.eq_ignore_ascii_case(b"status") || sendfile::is_proxy_instruction(name) {
+            return Class::Never;
+        }
+        if any(&[
+            b"connection",
+            b"keep-alive",
+            b"proxy-connection",
+            b"te",
+            b"trailer",
+            b"transfer-encoding",
+            b"upgrade",
+        ]) {
+            return Class::Hop {
+                connection: name.eq_ignore_ascii_case(b"connection"),
+            };
+        }
+        if any(&[b"content-length", b"content-range", b"content-encoding"]) {
+            return Class::Body(HeaderName::from_bytes(name).unwrap_or(http::header::AGE));
+        }
+        Class::Pass(None)
+    }
+
     #[test]
-    fn a_known_name_is_the_one_from_bytes_parses() {
+    fn a_name_is_classed_as_the_lists_say_and_a_known_one_is_the_one_from_bytes_parses() {
         for name in [
             &b"Content-Type"[..],
             b"content-length",
+            b"Content-Range",
+            b"CONTENT-ENCODING",
             b"SET-COOKIE",
             b"Cache-Control",
             b"location",
             b"Expires",
             b"X-Powered-By",
             b"Content-Typo",
+            b"Status",
+            b"statuses",
+            b"X-Sendfile",
+            b"x-accel-redirect",
+            b"X-Accel",
+            b"Connection",
+            b"Keep-Alive",
+            b"Proxy-Connection",
+            b"TE",
+            b"tE",
+            b"Trailer",
+            b"Transfer-Encoding",
+            b"Upgrade",
+            b"Upgrades",
+            b"",
+            b"x",
         ] {
-            assert_eq!(header_name(name).ok(), HeaderName::from_bytes(name).ok());
+            let class = classify(name);
+            match (&class, by_lists(name)) {
+                (Class::Pass(known), Class::Pass(None)) => {
+                    if let Some(known) = known {
+                        assert_eq!(Some(known), HeaderName::from_bytes(name).ok().as_ref());
+                    }
+                }
+                (class, listed) => assert_eq!(*class, listed, "{}", name.escape_ascii()),
+            }
         }
-        assert!(header_name(b"bad name").is_err());
+    }
+
+    #[test]
+    fn headers_a_connection_header_names_stay_behind() {
+        let h = |n: &'static str, v: &'static str| (Bytes::from(n), Bytes::from(v));
+        let backend = [
+            h("Status", "200 OK"),
+            h("Content-Type", "text/plain"),
+            h("X-Private", "1"),
+            h("Connection", "close, X-Private"),
+            h("x-private", "2"),
+            h("Keep-Alive", "timeout=5"),
+            h("X-Accel-Buffering", "no"),
+            h("X-Kept", "yes"),
+            h("Content-Length", "3"),
+        ];
+        let out = client_headers(&backend, 1, false, http::HeaderMap::new());
+        // Sorted: a removal may move the map's last entry into its place.
+        let sorted = |map: &http::HeaderMap| {
+            let mut names: Vec<String> = map.keys().map(|n| n.as_str().to_owned()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(sorted(&out), ["content-length", "content-type", "x-kept"]);
+        let file = client_headers(&backend, 1, true, out);
+        assert_eq!(sorted(&file), ["content-type", "x-kept"]);
     }
 }
