@@ -260,6 +260,24 @@ mod tests {
         ));
     }
 
+    /// An empty line would end the head's text early, dropping the lines after it unseen:
+    /// the head is refused (502, the rule named in the log) rather than cut.
+    #[test]
+    fn an_empty_header_line_is_the_applications_error() {
+        for lines in [
+            &[&b"X-A: a"[..], b"", b"Set-Cookie: s=1"][..],
+            &[b""],
+            &[b"Content-Type: text/plain", b""],
+        ] {
+            match decode_head(200, lines) {
+                Err(BackendError::InvalidHead { rule, .. }) => {
+                    assert!(rule.contains("empty"), "{rule}")
+                }
+                other => panic!("{lines:?}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn a_head_keeps_its_lines_and_the_packets_status() {
         let Ok(Some(Step::Head(head))) = decode_head(
