@@ -124,8 +124,10 @@ fn encode(
         pointed: [None; 4],
     };
     // Each env pair takes 4 bytes more than its FastCGI form at most (a 2-byte prefix at
-    // least there, 4 bytes and two NULs here): one reservation holds them all.
-    dst.reserve(REQ_HEADER_LEN + 4 + params.encoded().len() + 4 * params.len() + 8);
+    // least there, 4 bytes and two NULs here): one reservation holds them all, and never
+    // more than a packet can hold (a larger request is refused before it gets there).
+    let pairs = REQ_HEADER_LEN + 4 + params.encoded().len() + 4 * params.len() + 8;
+    dst.reserve(pairs.min(MAX_HEADER_PACKET_LEN + 8));
     // The request header, filled at the end, and the empty special env list.
     dst.put_bytes(0, REQ_HEADER_LEN + 4);
     let mut line = LineParts::default();
