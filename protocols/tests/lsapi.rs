@@ -9,7 +9,7 @@
 //! the worked example of section 7), every malformed case with its error variant, property
 //! tests (round trip in both byte orders, any chunking), and decoding of real lsphp 8.2
 //! responses captured under tests/data/lsapi/. This file holds the shared helpers; the cases
-//! are in tests/lsapi/ (request, response, response_errors, props, captures).
+//! are in tests/lsapi/ (request, request_cgi, response, response_errors, props, captures).
 
 use bytes::{Bytes, BytesMut};
 use corral_protocols::lsapi::*;
@@ -197,6 +197,8 @@ mod captures;
 mod props;
 #[path = "lsapi/request.rs"]
 mod request;
+#[path = "lsapi/request_cgi.rs"]
+mod request_cgi;
 #[path = "lsapi/response.rs"]
 mod response;
 #[path = "lsapi/response_errors.rs"]

@@ -16,7 +16,7 @@ use super::{
 use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::{CgiResponseDecoder, CgiResponseHead, CgiStatus};
 use crate::protocols::lsapi::{
-    LsapiError, RequestBuilder, ResponseDecoder, ResponseEvent, TextEvent, POINTED_ENV,
+    encode_cgi_request, CgiScratch, LsapiError, ResponseDecoder, ResponseEvent, TextEvent,
 };
 use crate::protocols::Limits;
 
@@ -67,186 +67,28 @@ pub(super) fn prepare(
     Ok(begin(conn, codec, head, body, Some(len), options, started))
 }
 
-/// What building one BEGIN_REQUEST needs besides the packet's bytes, kept by each serving
-/// thread from one request to the next so that a request allocates none of it: the builder
-/// and the two lines it is fed from. Each grows at most to lsphp's 64 KiB packet limit.
-struct Scratch {
-    builder: Option<RequestBuilder>,
-    line: Vec<u8>,
-    name: Vec<u8>,
-}
-
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch {
-            builder: None,
-            line: Vec::new(),
-            name: Vec::new(),
-        })
-    };
+    /// What encoding one BEGIN_REQUEST reuses, kept by each serving thread from one request
+    /// to the next so that a request allocates none of it.
+    static SCRATCH: std::cell::RefCell<CgiScratch> = std::cell::RefCell::new(CgiScratch::default());
 }
 
 /// Appends the BEGIN_REQUEST packet of a request with a body of `body_len` bytes to `dst`,
-/// built with this thread's scratch.
+/// encoded straight from the CGI variables with this thread's scratch
+/// ([`encode_cgi_request`]: `HTTP_*` variables and `CONTENT_TYPE` become request headers,
+/// `Content-Length` carries the real body length, any other variable is an env pair).
 fn encode_begin_request(
     params: &CgiParams,
     body_len: u64,
     limits: &Limits,
     dst: &mut BytesMut,
 ) -> Result<(), LsapiError> {
-    SCRATCH.with(|scratch| {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => encode_cgi_request(params, body_len, limits, &mut scratch, dst),
         // Nothing in here awaits or calls back into this function: the borrow cannot fail,
         // but a scratch of its own is as good if it ever did.
-        let mut own = None;
-        let mut borrowed = scratch.try_borrow_mut().ok();
-        let Scratch {
-            builder,
-            line,
-            name,
-        } = match borrowed.as_deref_mut() {
-            Some(s) => s,
-            None => own.insert(Scratch {
-                builder: None,
-                line: Vec::new(),
-                name: Vec::new(),
-            }),
-        };
-        request_line(params, line);
-        let builder = match builder {
-            Some(b) => {
-                b.restart(limits, line)?;
-                b
-            }
-            None => builder.insert(RequestBuilder::new(limits, line)?),
-        };
-        begin_request(params, body_len, builder, name)?;
-        builder.encode(dst)
+        Err(_) => encode_cgi_request(params, body_len, limits, &mut CgiScratch::default(), dst),
     })
-}
-
-/// The request line of the synthesised HTTP head, written into `line` (cleared first):
-/// lsphp never parses it, but header offsets count from it. The parameters it is made of
-/// are found in one pass (the first of each name, as [`CgiParams::get`] finds).
-fn request_line(params: &CgiParams, line: &mut Vec<u8>) {
-    const METHOD: usize = 0;
-    const PROTOCOL: usize = 1;
-    const URI: usize = 2;
-    const SCRIPT: usize = 3;
-    const PATH_INFO: usize = 4;
-    const QUERY: usize = 5;
-    let mut found: [Option<&[u8]>; 6] = [None; 6];
-    for (name, value) in params.iter() {
-        let at = match name {
-            b"REQUEST_METHOD" => METHOD,
-            b"SERVER_PROTOCOL" => PROTOCOL,
-            b"REQUEST_URI" => URI,
-            b"SCRIPT_NAME" => SCRIPT,
-            b"PATH_INFO" => PATH_INFO,
-            b"QUERY_STRING" => QUERY,
-            _ => continue,
-        };
-        if let Some(slot @ None) = found.get_mut(at) {
-            *slot = Some(value);
-        }
-    }
-    let [method, protocol, uri, script, path_info, query] = found;
-    line.clear();
-    line.extend_from_slice(method.unwrap_or(b"GET"));
-    line.push(b' ');
-    match uri.filter(|u| !u.is_empty()) {
-        Some(uri) => line.extend_from_slice(uri),
-        None => {
-            line.extend_from_slice(script.unwrap_or(b"/"));
-            line.extend_from_slice(path_info.unwrap_or_default());
-            if let Some(q) = query.filter(|q| !q.is_empty()) {
-                line.push(b'?');
-                line.extend_from_slice(q);
-            }
-        }
-    }
-    line.push(b' ');
-    line.extend_from_slice(protocol.unwrap_or(b"HTTP/1.1"));
-}
-
-/// `HTTP_X_CUSTOM_THING` → `X-Custom-Thing` (lsphp turns it back into the same variable),
-/// written into `name` (cleared first), which the caller reuses for every header.
-fn header_name<'n>(cgi: &[u8], name: &'n mut Vec<u8>) -> &'n [u8] {
-    name.clear();
-    for (i, word) in cgi.split(|&b| b == b'_').enumerate() {
-        if i > 0 {
-            name.push(b'-');
-        }
-        for (j, &b) in word.iter().enumerate() {
-            name.push(if j == 0 {
-                b.to_ascii_uppercase()
-            } else {
-                b.to_ascii_lowercase()
-            });
-        }
-    }
-    name
-}
-
-/// Fills BEGIN_REQUEST into `builder` (started with the request line): `HTTP_*`
-/// parameters and `CONTENT_TYPE` become request headers, `Content-Length` carries the real
-/// body length, every other parameter is an env pair. `name_buf` holds each header name.
-fn begin_request(
-    params: &CgiParams,
-    body_len: u64,
-    builder: &mut RequestBuilder,
-    name_buf: &mut Vec<u8>,
-) -> Result<(), LsapiError> {
-    let mut had_length = false;
-    for (name, value) in params.iter() {
-        match name {
-            // The body goes raw with its real length; copies of the entity headers that
-            // some fronts send as HTTP_* would repeat a known header.
-            b"HTTP_CONTENT_LENGTH" | b"HTTP_CONTENT_TYPE" | b"HTTP_TRANSFER_ENCODING" => {}
-            b"CONTENT_LENGTH" => had_length = true,
-            b"CONTENT_TYPE" => {
-                if !value.is_empty() {
-                    builder.header(b"Content-Type", value)?;
-                }
-            }
-            n if n.starts_with(b"HTTP_") => {
-                let cgi = n.get(5..).unwrap_or_default();
-                builder.header(header_name(cgi, name_buf), value)?;
-            }
-            n => builder.env(n, value)?,
-        }
-    }
-    if body_len > 0 || had_length {
-        let mut digits = [0u8; 20];
-        builder.header(b"Content-Length", decimal(body_len, &mut digits))?;
-    }
-    // The pointed variables the parameters lacked (the builder saw every env pair).
-    let mut missing = [""; POINTED_ENV.len()];
-    for (slot, name) in missing.iter_mut().zip(builder.missing_pointed()) {
-        *slot = name;
-    }
-    for name in missing.into_iter().filter(|n| !n.is_empty()) {
-        let value: &[u8] = if name == "REQUEST_METHOD" {
-            b"GET"
-        } else {
-            b""
-        };
-        builder.env(name.as_bytes(), value)?;
-    }
-    builder.body_len(body_len);
-    Ok(())
-}
-
-/// `n` in decimal, written at the end of `buf` (20 digits hold any u64): no allocation.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
 }
 
 fn violation(rule: impl ToString) -> BackendError {
@@ -418,6 +260,24 @@ mod tests {
         ));
     }
 
+    /// An empty line would end the head's text early, dropping the lines after it unseen:
+    /// the head is refused (502, the rule named in the log) rather than cut.
+    #[test]
+    fn an_empty_header_line_is_the_applications_error() {
+        for lines in [
+            &[&b"X-A: a"[..], b"", b"Set-Cookie: s=1"][..],
+            &[b""],
+            &[b"Content-Type: text/plain", b""],
+        ] {
+            match decode_head(200, lines) {
+                Err(BackendError::InvalidHead { rule, .. }) => {
+                    assert!(rule.contains("empty"), "{rule}")
+                }
+                other => panic!("{lines:?}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn a_head_keeps_its_lines_and_the_packets_status() {
         let Ok(Some(Step::Head(head))) = decode_head(
@@ -445,76 +305,6 @@ mod tests {
             panic!("no empty head");
         };
         assert!(head.headers.is_empty() && head.status.is_none());
-    }
-
-    /// The request line built with one lookup per parameter, as it was before the one pass.
-    fn line_by_lookups(params: &CgiParams) -> Vec<u8> {
-        let get = |n: &str| params.get(n.as_bytes());
-        let mut line = get("REQUEST_METHOD").unwrap_or(b"GET").to_vec();
-        line.push(b' ');
-        match get("REQUEST_URI").filter(|u| !u.is_empty()) {
-            Some(uri) => line.extend_from_slice(uri),
-            None => {
-                line.extend_from_slice(get("SCRIPT_NAME").unwrap_or(b"/"));
-                line.extend_from_slice(get("PATH_INFO").unwrap_or_default());
-                if let Some(q) = get("QUERY_STRING").filter(|q| !q.is_empty()) {
-                    line.push(b'?');
-                    line.extend_from_slice(q);
-                }
-            }
-        }
-        line.push(b' ');
-        line.extend_from_slice(get("SERVER_PROTOCOL").unwrap_or(b"HTTP/1.1"));
-        line
-    }
-
-    #[test]
-    fn the_request_line_takes_the_first_of_each_parameter() {
-        let cases: &[&[(&str, &str)]] = &[
-            &[],
-            &[
-                ("REQUEST_METHOD", "POST"),
-                ("REQUEST_URI", "/a?b"),
-                ("SERVER_PROTOCOL", "HTTP/1.0"),
-            ],
-            &[
-                ("REQUEST_URI", ""),
-                ("SCRIPT_NAME", "/s.php"),
-                ("PATH_INFO", "/p"),
-                ("QUERY_STRING", "q=1"),
-            ],
-            &[("SCRIPT_NAME", "/s.php"), ("QUERY_STRING", "")],
-            &[
-                ("REQUEST_URI", "/first"),
-                ("REQUEST_URI", "/second"),
-                ("REQUEST_METHOD", "PUT"),
-                ("REQUEST_METHOD", "GET"),
-            ],
-            &[
-                ("QUERY_STRING", "a"),
-                ("QUERY_STRING", "b"),
-                ("SCRIPT_NAME", "/x"),
-                ("HTTP_HOST", "h"),
-            ],
-        ];
-        let mut line = Vec::new();
-        for pairs in cases {
-            let params = CgiParams::from_pairs(pairs).unwrap();
-            request_line(&params, &mut line);
-            assert_eq!(
-                line.escape_ascii().to_string(),
-                line_by_lookups(&params).escape_ascii().to_string(),
-                "{pairs:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn decimal_writes_every_u64() {
-        let mut buf = [0u8; 20];
-        for n in [0, 7, 10, 1234, u64::from(u32::MAX) + 1, u64::MAX] {
-            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
-        }
     }
 
     /// The packet a thread's first request gets, from a scratch no request has used.

@@ -12,13 +12,15 @@
 //! against a real lsphp 8.2.
 //!
 //! Files: `packet` (header, types, byte order), `headers` (the 25-slot known-header index),
-//! `request` (building BEGIN_REQUEST), `request_decode` (parsing it), `response` (decoding
+//! `request` (building BEGIN_REQUEST), `request_cgi` (BEGIN_REQUEST straight from CGI
+//! variables), `request_decode` (parsing it), `response` (decoding
 //! the backend's packets), `response_encode` (writing them), `error`.
 
 mod error;
 mod headers;
 mod packet;
 mod request;
+mod request_cgi;
 mod request_decode;
 mod request_view;
 mod response;
@@ -26,8 +28,8 @@ mod response_encode;
 
 pub use error::LsapiError;
 pub use headers::{
-    known_header_index, HEADER_INDEX_LEN, H_CONTENT_LENGTH, H_TRANSFER_ENCODING, KNOWN_HEADERS,
-    KNOWN_HEADER_COUNT, UNKNOWN_HEADER_ENTRY_LEN,
+    known_header_exact, known_header_index, HEADER_INDEX_LEN, H_CONTENT_LENGTH,
+    H_TRANSFER_ENCODING, KNOWN_HEADERS, KNOWN_HEADER_COUNT, UNKNOWN_HEADER_ENTRY_LEN,
 };
 pub use packet::{
     ByteOrder, FlagRule, PacketHeader, PacketType, HEADER_LEN, MAGIC, MAX_DATA_LEN,
@@ -37,6 +39,7 @@ pub use request::{
     encode_abort, RequestBuilder, BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, POINTED_ENV,
     REQ_HEADER_LEN,
 };
+pub use request_cgi::{encode_cgi_request, CgiScratch};
 pub use request_decode::{BeginRequest, RequestDecoder, RequestEvent};
 pub use request_view::{RequestView, ViewEvent};
 pub use response::{

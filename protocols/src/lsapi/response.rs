@@ -166,7 +166,8 @@ impl ResponseDecoder {
     /// comes out as that text, rewritten inside `src` (each line's NUL becomes LF, one LF
     /// ends the head), so that no line list and no copy of the head is allocated. Lines
     /// holding a CR or LF are refused ([`LsapiError::InvalidHeaderBytes`]): in the text
-    /// they would end the line early. Every other check is [`decode`](Self::decode)'s.
+    /// they would end the line early; so are empty lines, which would end the head early.
+    /// Every other check is [`decode`](Self::decode)'s.
     pub fn decode_text(&mut self, src: &mut BytesMut) -> Result<Option<TextEvent>, LsapiError> {
         let Some(h) = self.whole_packet(src)? else {
             return Ok(None);
@@ -383,6 +384,13 @@ fn check_lines(
         if no_breaks && line.iter().any(|&b| b == b'\r' || b == b'\n') {
             return Err(LsapiError::InvalidHeaderBytes {
                 what: "response header line (CR or LF)",
+            });
+        }
+        // In the text an empty line ends the head: the lines after it would be dropped
+        // unseen. No PHP SAPI sends one (PHP ignores an empty header()).
+        if no_breaks && line.is_empty() {
+            return Err(LsapiError::InvalidHeaderBytes {
+                what: "response header line (empty)",
             });
         }
         let (name_len, value_len) = match line.iter().position(|&b| b == b':') {

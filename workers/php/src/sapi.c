@@ -80,11 +80,16 @@ static zif_handler php_chdir_handler;
 /* Worker mode: the boot request's context and request info, restored between requests. */
 static void *boot_ctx;
 static sapi_request_info boot_info;
-/* Whether the boot request's own timer (max_execution_time, armed by php_execute_script)
- * may still run: corral_handle_request stops it once, on its first call; from then on each
- * request's timer is stopped by that request's end (worker_request_shutdown), and stopping
- * it again before the next one was one more setitimer(2) per request. */
-static bool boot_timer;
+/* Worker mode's execution timer (max_execution_time, an ITIMER_PROF timer: it counts the
+ * process's CPU time). Each request's start arms it afresh (worker_request_startup), which
+ * replaces whatever was running: the boot request's timer before the first request, the
+ * last request's before the next. A request's end leaves its timer running rather than
+ * stopping it (one setitimer(2) per request fewer): waiting for the next request costs no
+ * CPU time, so it cannot run out there but for a request that ended a hair's breadth from
+ * its limit; if it does, its flag is cleared by the next start before any PHP code runs
+ * (PHP acts on it only when its VM is interrupted), and corral_handle_request stops the
+ * timer when it returns false (the worker is told to stop), so that the script's end is
+ * not timed by a request that is over. */
 
 static size_t corral_ub_write(const char *str, size_t len)
 {
@@ -312,7 +317,13 @@ static int worker_request_startup(void *ctx, const struct corral_request *r)
          * handler was compiled once, at boot, so they are built now. */
         zend_is_auto_global_str(ZEND_STRL("_SERVER"));
         zend_is_auto_global_str(ZEND_STRL("_REQUEST"));
-        zend_set_timeout(INI_INT("max_execution_time"), 0);
+        /* The running timer, if any, is replaced by this request's (see above); without a
+         * limit it is stopped (only a running one costs a system call to stop). */
+        zend_long seconds = INI_INT("max_execution_time");
+        if (seconds <= 0) {
+            zend_unset_timeout();
+        }
+        zend_set_timeout(seconds, 0);
     } zend_catch {
         ok = FAILURE;
     } zend_end_try();
@@ -340,9 +351,8 @@ static void worker_request_shutdown(void)
     zend_try {
         php_output_end_all();
     } zend_end_try();
-    zend_try {
-        zend_unset_timeout();
-    } zend_end_try();
+    /* The request's timer runs on until the next request's start replaces it (see the
+     * timer's note at the top). */
     zend_try {
         php_output_deactivate();
     } zend_end_try();
@@ -379,15 +389,13 @@ PHP_FUNCTION(corral_handle_request)
                                "(worker_script), outside a request");
         RETURN_THROWS();
     }
-    if (boot_timer) {
-        zend_unset_timeout();
-        boot_timer = false;
-    }
     /* The boot request's output so far goes to the log. */
     php_output_end_all();
     struct corral_request r;
     void *ctx = corral_rs_worker_next(&r);
     if (!ctx) {
+        /* The script goes on to its end untimed by the last request. */
+        zend_unset_timeout();
         RETURN_FALSE;
     }
     php_output_deactivate();
@@ -558,7 +566,6 @@ int corral_php_worker(void *ctx, const struct corral_request *r)
     SG(request_info).no_headers = 1;
     boot_ctx = ctx;
     boot_info = SG(request_info);
-    boot_timer = true;
     zend_try {
         zend_file_handle file;
         zend_stream_init_filename(&file, r->script_filename);

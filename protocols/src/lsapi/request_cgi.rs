@@ -1,0 +1,575 @@
+//! BEGIN_REQUEST encoded straight from a request's CGI variables ([`CgiParams`]) in one walk
+//! over them: what a gateway in front of lsphp does per request. It writes the packet that a
+//! [`RequestBuilder`](super::RequestBuilder) fed pair by pair writes (the same bytes; the
+//! tests hold the two together), without the builder's intermediate lists:
+//!
+//! - env pairs go into the destination as they come (the 48 bytes before them are filled
+//!   once the walk is over);
+//! - `HTTP_*` variables become header lines in a scratch kept by the caller (`HTTP_X_THING`
+//!   → `X-Thing`, written in place), their offsets counted from the first header line and
+//!   moved past the request line at the end, so that the request line can be made from
+//!   variables met anywhere in the walk;
+//! - the name and value limits are checked once for all pairs when the parameters know
+//!   they hold ([`CgiParams::within`]), pair by pair otherwise; the packet's size once, at
+//!   the end (and along the way only as far as stopping a runaway needs).
+//!
+//! The rules are the builder's: `CONTENT_TYPE` (when not empty) and the `HTTP_*` variables
+//! are request headers, `CONTENT_LENGTH` becomes a `Content-Length` header carrying the real
+//! body length (also sent when the body is not empty), the `HTTP_` copies of the entity
+//! headers are left out, any other variable is an env pair, and a pointed variable
+//! ([`POINTED_ENV`]) the parameters lack is added (`REQUEST_METHOD` as `GET`, the others
+//! empty). A request both encoders refuse may be refused for another of its faults here: the
+//! walk checks the size last.
+
+use bytes::{BufMut, BytesMut};
+
+use super::headers::{
+    known_header_exact, known_header_index, HEADER_INDEX_LEN, H_CONTENT_LENGTH,
+    H_TRANSFER_ENCODING, KNOWN_HEADERS, KNOWN_HEADER_COUNT, UNKNOWN_HEADER_ENTRY_LEN,
+};
+use super::packet::{ByteOrder, FlagRule, PacketType, MAX_HEADER_PACKET_LEN};
+use super::request::{
+    align8, parse_decimal, BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
+};
+use super::LsapiError;
+use crate::cgi::CgiParams;
+use crate::Limits;
+
+/// The slots of [`POINTED_ENV`].
+const POINTED_SCRIPT_FILENAME: usize = 0;
+const POINTED_SCRIPT_NAME: usize = 1;
+const POINTED_QUERY: usize = 2;
+const POINTED_METHOD: usize = 3;
+
+/// What [`encode_cgi_request`] reuses from one request to the next (the header lines and
+/// the unknown-header table), so that a thread encoding request after request allocates
+/// only for its first. Each grows at most to the packet limit.
+#[derive(Debug, Default)]
+pub struct CgiScratch {
+    /// The header lines (`Name: value CRLF`…), without the request line.
+    head: Vec<u8>,
+    /// One entry per unknown header: name offset, name length, value offset, value length,
+    /// the offsets counted from the start of `head`.
+    unknown: Vec<[i32; 4]>,
+}
+
+/// The request line's parts, the first of each variable (as [`CgiParams::get`] finds).
+#[derive(Default)]
+struct LineParts<'a> {
+    method: Option<&'a [u8]>,
+    protocol: Option<&'a [u8]>,
+    uri: Option<&'a [u8]>,
+    script: Option<&'a [u8]>,
+    path_info: Option<&'a [u8]>,
+    query: Option<&'a [u8]>,
+}
+
+/// The state of one walk.
+struct Walk<'s> {
+    limits: &'s Limits,
+    /// Whether each name and value must be checked against the limits (the parameters could
+    /// not vouch for all of them at once).
+    each_len: bool,
+    /// The packet's size limit.
+    max: usize,
+    head: &'s mut Vec<u8>,
+    unknown: &'s mut Vec<[i32; 4]>,
+    index_len: [u16; KNOWN_HEADER_COUNT],
+    /// Offsets of the known headers' values in `head` plus one (0: not given).
+    index_off: [usize; KNOWN_HEADER_COUNT],
+    known_count: usize,
+    env_count: usize,
+    /// Offset of each pointed variable's value from the packet's start (the last wins).
+    pointed: [Option<usize>; 4],
+}
+
+/// Appends the BEGIN_REQUEST packet of the request `params` describe, with a body of
+/// `body_len` bytes, to `dst`, in native byte order under [`FlagRule::HOST`]. On an error
+/// `dst` is left as it was; a caller should answer 431.
+pub fn encode_cgi_request(
+    params: &CgiParams,
+    body_len: u64,
+    limits: &Limits,
+    scratch: &mut CgiScratch,
+    dst: &mut BytesMut,
+) -> Result<(), LsapiError> {
+    let start = dst.len();
+    let done = encode(params, body_len, limits, scratch, dst, start);
+    if done.is_err() {
+        dst.truncate(start);
+    }
+    done
+}
+
+fn encode(
+    params: &CgiParams,
+    body_len: u64,
+    limits: &Limits,
+    scratch: &mut CgiScratch,
+    dst: &mut BytesMut,
+    start: usize,
+) -> Result<(), LsapiError> {
+    scratch.head.clear();
+    scratch.unknown.clear();
+    let mut walk = Walk {
+        limits,
+        each_len: !params.within(limits.max_name_len, limits.max_value_len, usize::MAX),
+        max: limits.max_params_bytes.min(MAX_HEADER_PACKET_LEN),
+        head: &mut scratch.head,
+        unknown: &mut scratch.unknown,
+        index_len: [0; KNOWN_HEADER_COUNT],
+        index_off: [0; KNOWN_HEADER_COUNT],
+        known_count: 0,
+        env_count: 0,
+        pointed: [None; 4],
+    };
+    // Each env pair takes 4 bytes more than its FastCGI form at most (a 2-byte prefix at
+    // least there, 4 bytes and two NULs here): one reservation holds them all, and never
+    // more than a packet can hold (a larger request is refused before it gets there).
+    let pairs = REQ_HEADER_LEN + 4 + params.encoded().len() + 4 * params.len() + 8;
+    dst.reserve(pairs.min(MAX_HEADER_PACKET_LEN + 8));
+    // The request header, filled at the end, and the empty special env list.
+    dst.put_bytes(0, REQ_HEADER_LEN + 4);
+    let mut line = LineParts::default();
+    let mut had_length = false;
+    for (name, value) in params.iter() {
+        // Told apart by the first byte, then by name: most variables are looked at once.
+        match name.first() {
+            Some(b'H') if name.starts_with(b"HTTP_") => match name {
+                b"HTTP_CONTENT_LENGTH" | b"HTTP_CONTENT_TYPE" | b"HTTP_TRANSFER_ENCODING" => {}
+                n => walk.header(Name::Cgi(n.get(5..).unwrap_or_default()), value)?,
+            },
+            Some(b'C') if name == b"CONTENT_LENGTH" => had_length = true,
+            Some(b'C') if name == b"CONTENT_TYPE" => {
+                if !value.is_empty() {
+                    walk.header(Name::Plain(b"Content-Type"), value)?;
+                }
+            }
+            Some(b'P' | b'Q' | b'R' | b'S') => {
+                // The request line's parts (the first of each) and the pointed variables
+                // (the last of each), told apart in the one match.
+                let pointed = match name {
+                    b"REQUEST_METHOD" => {
+                        first(&mut line.method, value);
+                        Some(POINTED_METHOD)
+                    }
+                    b"SCRIPT_NAME" => {
+                        first(&mut line.script, value);
+                        Some(POINTED_SCRIPT_NAME)
+                    }
+                    b"QUERY_STRING" => {
+                        first(&mut line.query, value);
+                        Some(POINTED_QUERY)
+                    }
+                    b"SCRIPT_FILENAME" => Some(POINTED_SCRIPT_FILENAME),
+                    b"SERVER_PROTOCOL" => {
+                        first(&mut line.protocol, value);
+                        None
+                    }
+                    b"REQUEST_URI" => {
+                        first(&mut line.uri, value);
+                        None
+                    }
+                    b"PATH_INFO" => {
+                        first(&mut line.path_info, value);
+                        None
+                    }
+                    _ => None,
+                };
+                walk.env(name, value, pointed, dst, start)?;
+            }
+            _ => walk.env(name, value, None, dst, start)?,
+        }
+    }
+    if body_len > 0 || had_length {
+        let mut digits = [0u8; 20];
+        walk.header(
+            Name::Plain(b"Content-Length"),
+            decimal(body_len, &mut digits),
+        )?;
+    }
+    for (i, name) in POINTED_ENV.into_iter().enumerate() {
+        if walk.pointed.get(i).is_some_and(Option::is_none) {
+            let value: &[u8] = if name == "REQUEST_METHOD" {
+                b"GET"
+            } else {
+                b""
+            };
+            // Checked here whatever the parameters hold: the name is not one of theirs.
+            check_len("env", name.as_bytes(), value, limits)?;
+            walk.env(name.as_bytes(), value, Some(i), dst, start)?;
+        }
+    }
+    walk.finish(&line, body_len, dst, start)
+}
+
+/// Keeps the first value a variable had.
+fn first<'a>(slot: &mut Option<&'a [u8]>, value: &'a [u8]) {
+    if slot.is_none() {
+        *slot = Some(value);
+    }
+}
+
+/// A header's name: as given, or a CGI name without its `HTTP_` (`X_THING` → `X-Thing`).
+#[derive(Clone, Copy)]
+enum Name<'a> {
+    Plain(&'a [u8]),
+    Cgi(&'a [u8]),
+}
+
+impl Walk<'_> {
+    /// Appends an env pair; `pointed`: its slot in [`POINTED_ENV`] if it is one. Inlined:
+    /// the walk calls it for most variables.
+    #[inline(always)]
+    fn env(
+        &mut self,
+        name: &[u8],
+        value: &[u8],
+        pointed: Option<usize>,
+        dst: &mut BytesMut,
+        start: usize,
+    ) -> Result<(), LsapiError> {
+        if self.each_len {
+            check_len("env", name, value, self.limits)?;
+        }
+        if self.env_count >= MAX_ENV_PAIRS || self.env_count >= self.limits.max_params_count {
+            return Err(LsapiError::TooManyPairs {
+                what: "env pairs",
+                count: self.env_count + 1,
+                max: self.limits.max_params_count.min(MAX_ENV_PAIRS),
+            });
+        }
+        // Both lengths are below the packet limit once the size check below passed for the
+        // pair before; a longer one is refused by it before the packet is sent.
+        let [n1, n0] = u16::try_from(name.len() + 1)
+            .unwrap_or(u16::MAX)
+            .to_be_bytes();
+        let [v1, v0] = u16::try_from(value.len() + 1)
+            .unwrap_or(u16::MAX)
+            .to_be_bytes();
+        dst.extend_from_slice(&[n1, n0, v1, v0]);
+        dst.extend_from_slice(name);
+        dst.put_u8(0);
+        let at = dst.len() - start;
+        dst.extend_from_slice(value);
+        dst.put_u8(0);
+        if let Some(slot) = pointed.and_then(|i| self.pointed.get_mut(i)) {
+            *slot = Some(at);
+        }
+        self.env_count += 1;
+        // The packet holds at least this much: stop a runaway early.
+        let so_far = dst.len() - start;
+        if so_far > self.max {
+            return Err(LsapiError::RequestTooLarge {
+                len: so_far,
+                max: self.max,
+            });
+        }
+        Ok(())
+    }
+
+    fn header(&mut self, name: Name<'_>, value: &[u8]) -> Result<(), LsapiError> {
+        // A CGI name's bytes map one to one onto the header name's (only `_` and letter
+        // case change), so the name's checks can look at either.
+        let raw = match name {
+            Name::Plain(n) | Name::Cgi(n) => n,
+        };
+        if raw.is_empty() || raw.iter().any(|&b| matches!(b, b':' | b'\r' | b'\n' | 0)) {
+            return Err(LsapiError::InvalidHeaderBytes {
+                what: "header name",
+            });
+        }
+        if has_line_breaking_byte(value) {
+            return Err(LsapiError::InvalidHeaderBytes {
+                what: "header value",
+            });
+        }
+        if self.each_len || matches!(name, Name::Plain(_)) {
+            check_len("request header", raw, value, self.limits)?;
+        }
+        let headers = self.unknown.len() + self.known_count;
+        if headers >= self.limits.max_params_count {
+            return Err(LsapiError::TooManyPairs {
+                what: "headers",
+                count: headers + 1,
+                max: self.limits.max_params_count,
+            });
+        }
+        let name_off = self.head.len();
+        match name {
+            Name::Plain(n) => self.head.extend_from_slice(n),
+            Name::Cgi(n) => put_header_name(n, self.head),
+        }
+        // put_header_name spells a name as KNOWN_HEADERS does (each word capitalised) unless
+        // the CGI name held a `-` (`HTTP_CONTENT-TYPE` gives `Content-type`), and the plain
+        // names are given so: the exact match finds the known headers, the slower one is
+        // left for such names.
+        let written = self.head.get(name_off..).unwrap_or_default();
+        let known = match known_header_exact(written) {
+            Some(i) => Some(i),
+            None if raw.contains(&b'-') => known_header_index(written),
+            None => None,
+        };
+        if known == Some(H_TRANSFER_ENCODING) {
+            return Err(LsapiError::TransferEncodingHeader);
+        }
+        self.head.extend_from_slice(b": ");
+        let value_off = self.head.len();
+        match known {
+            Some(i) => {
+                let (Some(off), Some(len)) = (self.index_off.get_mut(i), self.index_len.get_mut(i))
+                else {
+                    return Err(LsapiError::RepeatedKnownHeader("known header"));
+                };
+                if *off != 0 {
+                    let name = KNOWN_HEADERS.get(i).copied().unwrap_or("known header");
+                    return Err(LsapiError::RepeatedKnownHeader(name));
+                }
+                *off = value_off + 1;
+                *len = u16::try_from(value.len()).unwrap_or(u16::MAX);
+                self.known_count += 1;
+            }
+            None => self.unknown.push([
+                to_i32(name_off),
+                to_i32(raw.len()),
+                to_i32(value_off),
+                to_i32(value.len()),
+            ]),
+        }
+        self.head.extend_from_slice(value);
+        self.head.extend_from_slice(b"\r\n");
+        if self.head.len() > self.max {
+            return Err(LsapiError::RequestTooLarge {
+                len: self.head.len(),
+                max: self.max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the whole packet's size, then writes what follows the env pairs and fills
+    /// the request header.
+    fn finish(
+        self,
+        parts: &LineParts<'_>,
+        body_len: u64,
+        dst: &mut BytesMut,
+        start: usize,
+    ) -> Result<(), LsapiError> {
+        if line_breaks(parts) {
+            return Err(LsapiError::InvalidHeaderBytes {
+                what: "request line",
+            });
+        }
+        let line_len = request_line_len(parts);
+        let lists_end = dst.len() - start + 4;
+        let total = align8(lists_end)
+            + HEADER_INDEX_LEN
+            + self.unknown.len() * UNKNOWN_HEADER_ENTRY_LEN
+            + line_len
+            + 2
+            + self.head.len()
+            + 2;
+        if total > self.max {
+            return Err(LsapiError::RequestTooLarge {
+                len: total,
+                max: self.max,
+            });
+        }
+        let mut pointed = [0i32; 4];
+        for ((slot, at), name) in pointed.iter_mut().zip(self.pointed).zip(POINTED_ENV) {
+            *slot = to_i32(at.ok_or(LsapiError::MissingEnv(name))?);
+        }
+        let body_field = match i32::try_from(body_len) {
+            Ok(len) => len,
+            Err(_) => {
+                let declared = self.known_value(H_CONTENT_LENGTH).and_then(parse_decimal);
+                if declared != Some(body_len) {
+                    return Err(LsapiError::LargeBodyWithoutContentLength(body_len));
+                }
+                BODY_LEN_FROM_CONTENT_LENGTH
+            }
+        };
+        // Header offsets count from the raw head's start: the request line comes first.
+        let base = line_len + 2;
+        dst.reserve(total - (dst.len() - start));
+        dst.put_bytes(0, 4);
+        dst.put_bytes(0, align8(lists_end) - lists_end);
+        for len in self.index_len {
+            dst.put_slice(&len.to_ne_bytes());
+        }
+        dst.put_bytes(0, 2);
+        for off in self.index_off {
+            let off = if off == 0 { 0 } else { to_i32(base + off - 1) };
+            dst.put_slice(&off.to_ne_bytes());
+        }
+        for &[name_off, name_len, value_off, value_len] in self.unknown.iter() {
+            for field in [
+                name_off + to_i32(base),
+                name_len,
+                value_off + to_i32(base),
+                value_len,
+            ] {
+                dst.put_slice(&field.to_ne_bytes());
+            }
+        }
+        put_request_line(parts, dst);
+        dst.put_slice(b"\r\n");
+        dst.put_slice(self.head);
+        dst.put_slice(b"\r\n");
+        // The request header: the packet header, then nine int32.
+        let order = ByteOrder::NATIVE;
+        let mut fixed = [0u8; REQ_HEADER_LEN];
+        let fields = [
+            to_i32(total),
+            to_i32(line_len + 2 + self.head.len() + 2),
+            body_field,
+            pointed[0],
+            pointed[1],
+            pointed[2],
+            pointed[3],
+            to_i32(self.unknown.len()),
+            to_i32(self.env_count),
+            0,
+        ];
+        if let Some(magic) = fixed.get_mut(..4) {
+            magic.copy_from_slice(&[
+                b'L',
+                b'S',
+                PacketType::BeginRequest.as_u8(),
+                FlagRule::HOST.flag_for(order),
+            ]);
+        }
+        for (slot, field) in fixed
+            .get_mut(4..)
+            .unwrap_or_default()
+            .chunks_exact_mut(4)
+            .zip(fields)
+        {
+            slot.copy_from_slice(&field.to_ne_bytes());
+        }
+        if let Some(at) = dst.get_mut(start..start + REQ_HEADER_LEN) {
+            at.copy_from_slice(&fixed);
+        }
+        Ok(())
+    }
+
+    fn known_value(&self, i: usize) -> Option<&[u8]> {
+        let off = self.index_off.get(i)?.checked_sub(1)?;
+        let len = usize::from(*self.index_len.get(i)?);
+        self.head.get(off..off + len)
+    }
+}
+
+/// `X_CUSTOM_THING` → `X-Custom-Thing`, appended to `dst` (lsphp turns it back into the
+/// same variable).
+fn put_header_name(cgi: &[u8], dst: &mut Vec<u8>) {
+    let mut word_start = true;
+    // One extend over the mapped bytes: no capacity check per byte.
+    dst.extend(cgi.iter().map(|&b| {
+        if b == b'_' {
+            word_start = true;
+            b'-'
+        } else if word_start {
+            word_start = false;
+            b.to_ascii_uppercase()
+        } else {
+            b.to_ascii_lowercase()
+        }
+    }));
+}
+
+/// Whether a part the request line is made of holds a byte that would end it early (CR,
+/// LF, NUL).
+fn line_breaks(p: &LineParts<'_>) -> bool {
+    let target = match p.uri.filter(|u| !u.is_empty()) {
+        Some(uri) => [Some(uri), None, None],
+        None => [p.script, p.path_info, p.query],
+    };
+    [p.method, p.protocol]
+        .into_iter()
+        .chain(target)
+        .flatten()
+        .any(has_line_breaking_byte)
+}
+
+/// The request line's length (see [`put_request_line`]).
+fn request_line_len(p: &LineParts<'_>) -> usize {
+    let target = match p.uri.filter(|u| !u.is_empty()) {
+        Some(uri) => uri.len(),
+        None => {
+            p.script.unwrap_or(b"/").len()
+                + p.path_info.unwrap_or_default().len()
+                + p.query.filter(|q| !q.is_empty()).map_or(0, |q| q.len() + 1)
+        }
+    };
+    p.method.unwrap_or(b"GET").len() + 1 + target + 1 + p.protocol.unwrap_or(b"HTTP/1.1").len()
+}
+
+/// The synthesised head's request line, `METHOD target PROTOCOL`, the target being
+/// REQUEST_URI or, without one, SCRIPT_NAME + PATH_INFO + `?QUERY_STRING`: lsphp never
+/// parses it, but header offsets count from it. [`line_breaks`] checked its parts first.
+fn put_request_line(p: &LineParts<'_>, dst: &mut BytesMut) {
+    dst.put_slice(p.method.unwrap_or(b"GET"));
+    dst.put_u8(b' ');
+    match p.uri.filter(|u| !u.is_empty()) {
+        Some(uri) => dst.put_slice(uri),
+        None => {
+            dst.put_slice(p.script.unwrap_or(b"/"));
+            dst.put_slice(p.path_info.unwrap_or_default());
+            if let Some(q) = p.query.filter(|q| !q.is_empty()) {
+                dst.put_u8(b'?');
+                dst.put_slice(q);
+            }
+        }
+    }
+    dst.put_u8(b' ');
+    dst.put_slice(p.protocol.unwrap_or(b"HTTP/1.1"));
+}
+
+/// `n` in decimal, written at the end of `buf` (20 digits hold any u64).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        if let Some(d) = buf.get_mut(at) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            return buf.get(at..).unwrap_or_default();
+        }
+    }
+}
+
+fn check_len(
+    what: &'static str,
+    name: &[u8],
+    value: &[u8],
+    limits: &Limits,
+) -> Result<(), LsapiError> {
+    if name.len() > limits.max_name_len {
+        return Err(LsapiError::NameTooLong {
+            what,
+            len: name.len(),
+            max: limits.max_name_len,
+        });
+    }
+    if value.len() > limits.max_value_len {
+        return Err(LsapiError::ValueTooLong {
+            what,
+            len: value.len(),
+            max: limits.max_value_len,
+        });
+    }
+    Ok(())
+}
+
+fn has_line_breaking_byte(s: &[u8]) -> bool {
+    s.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0))
+}
+
+/// Converts a size already bounded by the 65535-byte packet limit.
+fn to_i32(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
