@@ -42,6 +42,15 @@ const NAMES: &[&str] = &[
     "HTTP_X_A",
     "HTTP_X_B",
     "X",
+    // Names one byte, or only the case, away from a known or a common one, and a name long
+    // enough for the 4-byte length form.
+    "http_host",
+    "HTTP_HOSt",
+    "SCRIPT_FILENAMF",
+    "DOCUMENT_UR",
+    "PHP_VALUE_",
+    "HTTP_USER_AGENt",
+    "HTTP_X_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG",
     "",
     "A=B",
     "N\0",
