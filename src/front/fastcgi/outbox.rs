@@ -162,6 +162,11 @@ impl Outbox {
         tx
     }
 
+    /// Empty and open again, for the next connection of the task that keeps it.
+    pub(super) fn renew(&self) {
+        *self.queue() = Queue::default();
+    }
+
     /// The reader has ended: once the queue and the channel are empty, the writer ends.
     pub(super) fn finish(&self) {
         let mut q = self.queue();
