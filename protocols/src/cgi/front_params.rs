@@ -10,7 +10,7 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
-use super::front_checks::{bad_name, bad_pair, class, tail_has_nul_cr_lf};
+use super::front_checks::{bad_name, bad_pair, class, pair_tail_has_nul_cr_lf};
 use super::front_names::lookup;
 pub use super::front_names::Known;
 pub(super) use super::front_names::KNOWN;
@@ -209,7 +209,7 @@ impl FrontParams {
         let id = lookup(name);
         // A name from the table is a clean one: only the others need the scan.
         let bad_name = id.is_none() && bad_name(name);
-        if self.bad.is_none() && (bad_name || tail_has_nul_cr_lf(pair, value_len)) {
+        if self.bad.is_none() && (bad_name || pair_tail_has_nul_cr_lf(pair, value_len)) {
             self.bad = Some(bad_pair(bad_name, name, value));
         }
         let s = start as u32;
