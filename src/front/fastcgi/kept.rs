@@ -41,13 +41,8 @@ impl Kept {
 
 /// The allocation of the last inline request's future, once that request ended (an ended
 /// async block holds nothing); `'c` is the [`Kept`] state such futures borrow.
+#[derive(Default)]
 pub struct SpareAnswer<'c>(pub(super) Option<ReusableBoxFuture<'c, Ending>>);
-
-impl Default for SpareAnswer<'_> {
-    fn default() -> Self {
-        SpareAnswer(None)
-    }
-}
 
 impl std::fmt::Debug for SpareAnswer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
