@@ -53,8 +53,9 @@ pub struct FrontParams {
     /// Per [`Known`] name: the start (first length byte) of its first and last pair,
     /// [`NONE`] when it was not sent.
     known: [(u32, u32); KNOWN],
-    /// The first pair no environment can carry, as the error it is reported as.
-    bad: Option<CgiError>,
+    /// The first pair no environment can carry, as the error it is reported as (boxed: the
+    /// parameters are moved whole from the decoder to the front, and this is rare).
+    bad: Option<Box<CgiError>>,
     /// One bit per class (length, first and last byte) of the other names so far: a name
     /// whose bit is clear was not sent before, which spares the scan for nearly every one.
     seen: u128,
@@ -199,9 +200,11 @@ impl FrontParams {
         // `end` fitting 32 bits bounds `start` too.
         let (Some(pair), Ok(_)) = (self.buf.get(at..end), u32::try_from(end)) else {
             // Callers never pass such a pair; dropping it would lose a parameter silently.
-            self.bad.get_or_insert(CgiError::VarsTooLarge {
-                total: end,
-                limit: u32::MAX as usize,
+            self.bad.get_or_insert_with(|| {
+                Box::new(CgiError::VarsTooLarge {
+                    total: end,
+                    limit: u32::MAX as usize,
+                })
             });
             return;
         };
@@ -210,7 +213,7 @@ impl FrontParams {
         // A name from the table is a clean one: only the others need the scan.
         let bad_name = id.is_none() && bad_name(name);
         if self.bad.is_none() && (bad_name || pair_tail_has_nul_cr_lf(pair, value_len)) {
-            self.bad = Some(bad_pair(bad_name, name, value));
+            self.bad = Some(Box::new(bad_pair(bad_name, name, value)));
         }
         let s = start as u32;
         match id {
@@ -343,7 +346,7 @@ impl FrontParams {
     }
 
     pub(super) fn bad(&self) -> Option<&CgiError> {
-        self.bad.as_ref()
+        self.bad.as_deref()
     }
 
     pub(super) fn name(&self, p: &PairAt) -> &[u8] {
