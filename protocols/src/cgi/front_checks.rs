@@ -4,9 +4,9 @@
 
 use super::{snippet, CgiError};
 
-/// The duplicate-scan class of a name: one of 128 bits, from its length and its first and
+/// The duplicate-scan class of a name: one of 64 bits, from its length and its first and
 /// last two bytes, mixed (names sharing a prefix, as HTTP_* ones do, must still spread).
-pub(super) fn class(name: &[u8]) -> u128 {
+pub(super) fn class(name: &[u8]) -> u64 {
     let n = name.len();
     let byte = |i: Option<usize>| u64::from(i.and_then(|i| name.get(i)).copied().unwrap_or(0));
     let key = byte(Some(0))
@@ -14,7 +14,7 @@ pub(super) fn class(name: &[u8]) -> u128 {
         | byte(n.checked_sub(2)) << 16
         | byte(n.checked_sub(1)) << 24
         | (n as u64) << 32;
-    1u128 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57)
+    1u64 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58)
 }
 
 /// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end

@@ -49,16 +49,16 @@ pub(super) struct PairAt {
 #[derive(Clone, PartialEq, Eq)]
 pub struct FrontParams {
     buf: Vec<u8>,
-    count: usize,
-    /// Per [`Known`] name: the start (first length byte) of its first and last pair,
-    /// [`NONE`] when it was not sent.
-    known: [(u32, u32); KNOWN],
+    /// Per [`Known`] name: the start (first length byte) of its first pair, [`NONE`] when it
+    /// was not sent. (Where a repeated one was last sent, only the full index tells.)
+    known: [u32; KNOWN],
+    count: u32,
     /// The first pair no environment can carry, as the error it is reported as (boxed: the
     /// parameters are moved whole from the decoder to the front, and this is rare).
     bad: Option<Box<CgiError>>,
-    /// One bit per class (length, first and last byte) of the other names so far: a name
+    /// One bit per class (length, first and last bytes) of the other names so far: a name
     /// whose bit is clear was not sent before, which spares the scan for nearly every one.
-    seen: u128,
+    seen: u64,
     /// One bit per common name of the table (not a [`Known`] one) sent so far.
     common: u64,
     /// Every length took its shortest form: the buffer is what encoding the pairs anew
@@ -116,8 +116,8 @@ impl FrontParams {
     pub fn new() -> FrontParams {
         FrontParams {
             buf: Vec::new(),
+            known: [NONE; KNOWN],
             count: 0,
-            known: [(NONE, NONE); KNOWN],
             bad: None,
             seen: 0,
             common: 0,
@@ -128,7 +128,7 @@ impl FrontParams {
 
     /// Pairs sent, repeats included.
     pub fn len(&self) -> usize {
-        self.count
+        self.count as usize
     }
 
     /// Whether none were.
@@ -219,10 +219,9 @@ impl FrontParams {
         match id {
             Some(k) if usize::from(k) < KNOWN => {
                 if let Some(slot) = self.known.get_mut(usize::from(k)) {
-                    if slot.0 == NONE {
-                        *slot = (s, s);
+                    if *slot == NONE {
+                        *slot = s;
                     } else {
-                        slot.1 = s;
                         self.repeated = true;
                     }
                 }
@@ -241,7 +240,7 @@ impl FrontParams {
                 self.seen |= c;
             }
         }
-        self.count += 1;
+        self.count = self.count.saturating_add(1);
     }
 
     /// Whether a pair before `upto` (a pair's start) is named `name`.
@@ -257,10 +256,10 @@ impl FrontParams {
     /// checked as they arrived.
     pub(super) fn index_all(&self) -> Vec<PairAt> {
         let buf = &self.buf;
-        let mut pairs: Vec<PairAt> = Vec::with_capacity(self.count);
+        let mut pairs: Vec<PairAt> = Vec::with_capacity(self.len());
         let mut known_first = [NONE; KNOWN];
         let mut common_first = [NONE; 64];
-        let mut seen = 0u128;
+        let mut seen = 0u64;
         for (start, at, name_len, value_len) in walk(buf) {
             let Ok(i) = u32::try_from(pairs.len()) else {
                 break;
@@ -308,7 +307,7 @@ impl FrontParams {
 
     /// The value of the first pair named `k`, as the front server sent it.
     pub fn first(&self, k: Known) -> Option<&[u8]> {
-        let (first, _) = *self.known.get(k as usize)?;
+        let first = *self.known.get(k as usize)?;
         (first != NONE).then(|| self.value_at(first))
     }
 
@@ -330,9 +329,9 @@ impl FrontParams {
         })
     }
 
-    /// The starts of the first and last pair of known name `k`.
-    pub(super) fn known(&self, k: Known) -> (u32, u32) {
-        self.known.get(k as usize).copied().unwrap_or((NONE, NONE))
+    /// The start of the first pair of known name `k`, [`NONE`] when it was not sent.
+    pub(super) fn known(&self, k: Known) -> u32 {
+        self.known.get(k as usize).copied().unwrap_or(NONE)
     }
 
     /// Whether every length took its shortest form.
@@ -377,7 +376,7 @@ impl FrontParams {
         if self.canonical && !self.repeated {
             return Ok(CgiParams::from_encoded_unmeasured(
                 std::mem::take(&mut self.buf),
-                self.count,
+                self.len(),
             ));
         }
         let mut out = CgiParams::with_capacity(self.buf.len());
@@ -406,7 +405,7 @@ impl FrontParams {
         let mut cut = [NONE; KNOWN];
         let mut n = 0;
         for (k, _) in removed.iter().enumerate().filter(|(_, out)| **out) {
-            let (first, _) = self.known.get(k).copied().unwrap_or((NONE, NONE));
+            let first = self.known.get(k).copied().unwrap_or(NONE);
             if let (false, Some(slot)) = (first == NONE, cut.get_mut(n)) {
                 *slot = first;
                 n += 1;
@@ -415,7 +414,7 @@ impl FrontParams {
         let cut = cut.get_mut(..n).unwrap_or_default();
         cut.sort_unstable();
         let len = self.buf.len();
-        let mut count = self.count;
+        let mut count = self.len();
         // Bytes before `from` are settled: `write` of them kept.
         let (mut write, mut from) = (0usize, 0usize);
         for &start in cut.iter() {

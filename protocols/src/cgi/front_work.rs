@@ -87,10 +87,20 @@ impl<'a> Work<'a> {
             let Some(k) = Known::from_index(i) else {
                 continue;
             };
-            let (first, last) = p.known(k);
+            let first = p.known(k);
             if first == NONE {
                 continue;
             }
+            // A repeated name's value is its last one's; only the full index knows where.
+            let last = match p.repeated() {
+                true => {
+                    let all = w.all.get_or_init(|| p.index_all());
+                    let at = all.iter().find(|q| q.start == first);
+                    at.and_then(|q| all.get(q.last as usize))
+                        .map_or(first, |q| q.start)
+                }
+                false => first,
+            };
             if w.drop_reason(k).is_some() {
                 any_drop = true;
                 continue;
@@ -261,7 +271,7 @@ impl<'a> Work<'a> {
         }
         let mut removed = [false; KNOWN];
         for (i, out) in removed.iter_mut().enumerate() {
-            let (first, _) = p.known(Known::from_index(u8::try_from(i).ok()?)?);
+            let first = p.known(Known::from_index(u8::try_from(i).ok()?)?);
             if first == NONE {
                 continue;
             }
