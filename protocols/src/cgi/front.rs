@@ -162,7 +162,7 @@ pub fn normalize_front_with(
         let params = w.write()?;
         return Ok(FrontVars {
             params,
-            dropped: w.dropped,
+            dropped: std::mem::take(&mut w.dropped),
         });
     }
     let dropped = std::mem::take(&mut w.dropped);

@@ -256,7 +256,9 @@ impl FrontParams {
     /// checked as they arrived.
     pub(super) fn index_all(&self) -> Vec<PairAt> {
         let buf = &self.buf;
-        let mut pairs: Vec<PairAt> = Vec::with_capacity(self.len());
+        let mut pairs = SPARE_INDEX.take();
+        pairs.clear();
+        pairs.reserve(self.len());
         let mut known_first = [NONE; KNOWN];
         let mut common_first = [NONE; 64];
         let mut seen = 0u64;
@@ -448,6 +450,26 @@ impl FrontParams {
     }
 }
 
+thread_local! {
+    /// The full index the thread's last normalisation made, emptied, for its next one: a
+    /// front server whose parameters are rewritten on every request (nginx's `scgi_pass`
+    /// sends no SCRIPT_NAME) would otherwise cost an allocation per request for it.
+    static SPARE_INDEX: std::cell::Cell<Vec<PairAt>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most pairs a kept index has room for.
+const SPARE_MAX: usize = 256;
+
+/// Keeps `pairs` (an index from [`FrontParams::index_all`] no longer wanted) for the thread's
+/// next one, unless it grew past [`SPARE_MAX`].
+pub(super) fn give_back_index(mut pairs: Vec<PairAt>) {
+    if pairs.capacity() != 0 && pairs.capacity() <= SPARE_MAX {
+        pairs.clear();
+        SPARE_INDEX.set(pairs);
+    }
+}
+
 /// The first pair of `pairs` named `name` (no [`Known`] or common name), [`NONE`] when
 /// none is.
 fn first_named(buf: &[u8], pairs: &[PairAt], name: &[u8]) -> u32 {
@@ -480,6 +502,30 @@ fn put_len(buf: &mut Vec<u8>, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::FrontParams;
+
+    #[test]
+    fn an_index_given_back_serves_the_thread_s_next_one() {
+        let mut p = FrontParams::new();
+        for i in 0..20 {
+            p.push(format!("X_{i}").as_bytes(), b"v").unwrap();
+        }
+        let first = p.index_all();
+        let at = first.as_ptr();
+        super::give_back_index(first);
+        let second = p.index_all();
+        assert_eq!(second.as_ptr(), at, "the index was not reused");
+        assert_eq!(second.len(), 20, "pairs of the last index were kept");
+        // Taken, so an index made meanwhile gets one of its own.
+        let third = p.index_all();
+        assert_ne!(third.as_ptr(), at);
+        // One grown past the bound is freed, not kept.
+        let mut big = FrontParams::new();
+        for i in 0..super::SPARE_MAX * 2 {
+            big.push(format!("X_{i}").as_bytes(), b"v").unwrap();
+        }
+        super::give_back_index(big.index_all());
+        assert!(p.index_all().capacity() <= super::SPARE_MAX);
+    }
 
     #[test]
     fn a_repeat_is_found_among_many_other_names_and_only_a_repeat() {

@@ -8,7 +8,7 @@ use std::cell::OnceCell;
 
 use bytes::Bytes;
 
-use super::front_params::{FrontParams, Known, PairAt, KNOWN, NONE};
+use super::front_params::{give_back_index, FrontParams, Known, PairAt, KNOWN, NONE};
 use super::params::CgiParams;
 use super::path::root_shown;
 use super::{CgiContext, CgiError, DropReason, Dropped};
@@ -66,6 +66,14 @@ pub(super) struct Work<'a> {
     pub(super) dropped: Vec<Dropped>,
     /// The backend's variables differ from the pairs as sent.
     pub(super) changed: bool,
+}
+
+impl Drop for Work<'_> {
+    fn drop(&mut self) {
+        if let Some(all) = self.all.take() {
+            give_back_index(all);
+        }
+    }
 }
 
 impl<'a> Work<'a> {
