@@ -32,9 +32,7 @@
 //! The part shared with the SCGI front (routing a front server's parameters, the CGI answer
 //! for a request that got no backend response, the lingering close) is in `crate::front::cgi`.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
@@ -61,11 +59,13 @@ use crate::front::halves::{halves, ReadPart};
 use crate::front::quiet::Quiet;
 
 mod answer;
+mod kept;
 mod outbox;
 mod requests;
 mod stdin;
 mod table;
 use answer::{write_loop, Closed, Done, Ending, Out};
+pub use kept::{serve_connection, Kept, SpareAnswer};
 use outbox::Outbox;
 use stdin::StdinSender;
 use table::Requests;
@@ -77,50 +77,36 @@ const OVERLOADED_RETRY_AFTER: u32 = 1;
 /// Bytes the reader asks for at a time.
 const READ_CHUNK: usize = crate::front::cgi::READ_CHUNK;
 
-/// A map keyed by request id. Ids are the front server's, but a map holds at most
-/// `Limits::max_concurrent_requests` of them (the writer's, one per id ever ended, at most
-/// 65,535): a multiplicative hash spreads them well enough, without the cost of seeding and
-/// running SipHash for every request.
-type IdMap<V> = HashMap<u16, V, BuildHasherDefault<IdHasher>>;
-
-/// The hasher of [`IdMap`].
-#[derive(Debug, Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u16(&mut self, id: u16) {
-        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
+/// What [`serve_kept`] serves a connection with, beside its stream.
+pub struct Served {
+    pub listener: Arc<ListenAddress>,
+    pub ticket: Ticket,
+    pub timeouts: FrontTimeouts,
+    pub gateway: Arc<Gateway>,
+    pub shutdown: CancellationToken,
 }
 
 /// Serves one FastCGI connection from a front server until it closes, breaks a rule, runs
 /// past a timeout, is closed for room under the cap, or `shutdown` fires and its requests in
-/// progress have been answered. `ticket` counts it in the cap table; `listener` is shared
-/// by the listener's connections (a Unix socket's path, cloned, would be an allocation per
-/// connection).
-pub async fn serve_connection(
+/// progress have been answered ([`serve_connection`] with fresh state), with the state its futures borrow, and the allocation of the last
+/// inline answer's future, kept by the caller from one connection to the next.
+pub async fn serve_kept<'c>(
     stream: Stream,
-    listener: Arc<ListenAddress>,
-    ticket: Ticket,
-    timeouts: FrontTimeouts,
-    gateway: Arc<Gateway>,
-    shutdown: CancellationToken,
+    c: Served,
+    kept: &'c Kept,
+    spare: &mut SpareAnswer<'c>,
 ) {
+    let Served {
+        listener,
+        ticket,
+        timeouts,
+        gateway,
+        shutdown,
+    } = c;
     let mut stream = stream;
     let (mut reader, writer) = halves(&mut stream);
-    let outbox = Outbox::default();
-    let closed = Closed::default();
-    let inline_answer = AtomicU8::new(0);
+    kept.renew();
+    let (outbox, closed) = (&kept.outbox, &kept.closed);
     let now = Instant::now();
     let mut conn = Connection {
         state: Arc::clone(ticket.state()),
@@ -135,16 +121,16 @@ pub async fn serve_connection(
         requests: Requests::default(),
         next_seq: 1,
         stdin_budget: None,
-        outbox: &outbox,
+        outbox,
         mux: None,
         done: None,
         done_rx: None,
-        closed: &closed,
+        closed,
         input_pending: false,
         closing: false,
         inline: None,
-        spare_answer: None,
-        inline_answer: &inline_answer,
+        spare_answer: spare.0.take(),
+        inline_answer: &kept.inline_answer,
         inline_done: None,
     };
     let mut buf = read_buffer();
@@ -155,7 +141,7 @@ pub async fn serve_connection(
     // Both sides are pinned where they are made and joined through their pins: joined by
     // value, each future would be moved into the join's state, a copy of its whole size.
     let (linger_needed, mut writer) = {
-        let writer = std::pin::pin!(write_loop(writer, &outbox, &closed));
+        let writer = std::pin::pin!(write_loop(writer, outbox, closed));
         let reading = std::pin::pin!(async {
             let closed_by_us = conn.run(&mut reader, &mut buf, shutdown).await;
             let linger_needed = closed_by_us && conn.input_may_follow(&buf);
@@ -164,6 +150,7 @@ pub async fn serve_connection(
             // sender of multiplexed frames; the writer ends once the queue is out and the
             // requests' senders are gone too.
             conn.requests.clear();
+            spare.0 = conn.spare_answer.take();
             drop(conn);
             outbox.finish();
             linger_needed

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::front_params::{FrontParams, Known};
+use super::front_params::{FrontParams, Known, KNOWN};
 use super::front_work::{Val, Work};
 use super::params::CgiParams;
 use super::path::{
@@ -93,6 +93,18 @@ pub fn normalize_front_with(
     if let Some(e) = params.bad() {
         return Err(e.clone());
     }
+    if !list_dropped {
+        if let Some(removed) = only_left_out(&params, ctx)? {
+            let params = match removed.contains(&true) {
+                true => params.into_params_without(&removed)?,
+                false => params.into_params()?,
+            };
+            return Ok(FrontVars {
+                params,
+                dropped: Vec::new(),
+            });
+        }
+    }
     let mut w = Work::new(&params, ctx, list_dropped);
     match &ctx.mode {
         ScriptMode::Files { extensions, .. } => match w.get_cow(Known::ScriptFilename) {
@@ -150,7 +162,7 @@ pub fn normalize_front_with(
         let params = w.write()?;
         return Ok(FrontVars {
             params,
-            dropped: w.dropped,
+            dropped: std::mem::take(&mut w.dropped),
         });
     }
     let dropped = std::mem::take(&mut w.dropped);
@@ -160,21 +172,22 @@ pub fn normalize_front_with(
     Ok(FrontVars { params, dropped })
 }
 
-/// Checks and rewrites a SCRIPT_FILENAME the front server sent (files mode).
-fn fix_script_filename(
-    w: &mut Work<'_>,
-    filename: &[u8],
+/// A SCRIPT_FILENAME the front server sent (files mode), checked: its normal form and where
+/// the script's name ends in it (the rest is a path info).
+fn check_script_filename<'v>(
+    filename: &'v [u8],
+    root: &[u8],
     extensions: &[Vec<u8>],
-) -> Result<(), CgiError> {
-    let root = &w.ctx.document_root[..];
+    front_root: Option<&[u8]>,
+) -> Result<(Cow<'v, [u8]>, usize), CgiError> {
     let path = strip_apache_prefix(filename);
-    let outside = |w: &Work<'_>| CgiError::OutsideRoot {
+    let outside = || CgiError::OutsideRoot {
         path: snippet(path),
         root: snippet(&root_display(root)),
-        front_root: w.get(Known::DocumentRoot).map(snippet),
+        front_root: front_root.map(snippet),
     };
     if path.first() != Some(&b'/') {
-        return Err(outside(w));
+        return Err(outside());
     }
     check_decoded(path)?;
     // What `normalize` would make of a path already in normal form is the path itself.
@@ -188,7 +201,7 @@ fn fix_script_filename(
         .strip_prefix(prefix)
         .filter(|r| r.first() == Some(&b'/'))
     else {
-        return Err(outside(w));
+        return Err(outside());
     };
     if has_hidden_segment(rel) {
         return Err(CgiError::Hidden {
@@ -198,16 +211,26 @@ fn fix_script_filename(
     let end = script_end(rel, extensions).ok_or_else(|| CgiError::NotAScript {
         path: snippet(&norm),
     })?;
-    let (script_name, tail) = rel.split_at(end.min(rel.len()));
-    let same = w.get(Known::ScriptFilename).is_some_and(|v| {
-        v.len() == prefix.len() + script_name.len()
-            && v.starts_with(prefix)
-            && v.get(prefix.len()..) == Some(script_name)
-    });
+    let end = prefix.len() + end.min(rel.len());
+    Ok((norm, end))
+}
+
+/// Checks and rewrites a SCRIPT_FILENAME the front server sent (files mode).
+fn fix_script_filename(
+    w: &mut Work<'_>,
+    filename: &[u8],
+    extensions: &[Vec<u8>],
+) -> Result<(), CgiError> {
+    let root = &w.ctx.document_root[..];
+    let (norm, end) =
+        check_script_filename(filename, root, extensions, w.get(Known::DocumentRoot))?;
+    let prefix = root_prefix(root);
+    let script_filename = norm.get(..end).unwrap_or_default();
+    let script_name = script_filename.get(prefix.len()..).unwrap_or_default();
+    let tail = norm.get(end..).unwrap_or_default();
+    let same = w.get(Known::ScriptFilename) == Some(script_filename);
     if !same {
-        let mut script_filename = prefix.to_vec();
-        script_filename.extend_from_slice(script_name);
-        w.set(Known::ScriptFilename, Val::Owned(script_filename));
+        w.set(Known::ScriptFilename, Val::Owned(script_filename.to_vec()));
     }
     if w.get(Known::ScriptName).is_none() {
         w.set_owned(Known::ScriptName, script_name.to_vec());
@@ -216,6 +239,63 @@ fn fix_script_filename(
         set_path_info(w, tail, root);
     }
     Ok(())
+}
+
+/// The usual request of a front server that sent what the context needs (nginx's
+/// `fastcgi.conf`: SCRIPT_NAME and DOCUMENT_ROOT, and in files mode a SCRIPT_FILENAME inside
+/// the root that names the script exactly), no name twice, every length in its shortest
+/// form, for a context without extra variables: per [`Known`] name, whether it is left out
+/// (the names never passed on, and in an application context SCRIPT_FILENAME and
+/// PATH_TRANSLATED, and in files mode an empty PATH_INFO), nothing else changing. Decided
+/// from where the names lie, with the checks [`normalize_front_with`] makes in the same
+/// order, without building its [`Work`]. `None`: the general way decides.
+fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<[bool; KNOWN]>, CgiError> {
+    if p.repeated() || !p.is_canonical() || !ctx.extra_env.is_empty() {
+        return Ok(None);
+    }
+    let sent = |k: Known| p.first(k);
+    if sent(Known::DocumentRoot).is_none() || sent(Known::ScriptName).is_none() {
+        return Ok(None);
+    }
+    let mut removed = [false; KNOWN];
+    let mut leave_out = |k: Known| {
+        if let (Some(out), Some(_)) = (removed.get_mut(k as usize), sent(k)) {
+            *out = true;
+        }
+    };
+    leave_out(Known::HttpProxy);
+    leave_out(Known::CorralReadyProbe);
+    if !ctx.allow_php_ini_params {
+        leave_out(Known::PhpValue);
+        leave_out(Known::PhpAdminValue);
+    }
+    match &ctx.mode {
+        ScriptMode::App { .. } => {
+            leave_out(Known::ScriptFilename);
+            leave_out(Known::PathTranslated);
+        }
+        ScriptMode::Files { extensions, .. } => {
+            let Some(filename) = sent(Known::ScriptFilename) else {
+                return Ok(None);
+            };
+            let (norm, end) = check_script_filename(
+                filename,
+                &ctx.document_root,
+                extensions,
+                sent(Known::DocumentRoot),
+            )?;
+            let path_info = sent(Known::PathInfo);
+            if norm.get(..end) != Some(filename)
+                || (end < norm.len() && path_info.is_none_or(<[u8]>::is_empty))
+            {
+                return Ok(None);
+            }
+            if path_info.is_some_and(<[u8]>::is_empty) {
+                leave_out(Known::PathInfo);
+            }
+        }
+    }
+    Ok(Some(removed))
 }
 
 /// Derives SCRIPT_NAME, PATH_INFO and (files mode) SCRIPT_FILENAME from the request path the

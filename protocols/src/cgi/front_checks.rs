@@ -4,9 +4,9 @@
 
 use super::{snippet, CgiError};
 
-/// The duplicate-scan class of a name: one of 128 bits, from its length and its first and
+/// The duplicate-scan class of a name: one of 64 bits, from its length and its first and
 /// last two bytes, mixed (names sharing a prefix, as HTTP_* ones do, must still spread).
-pub(super) fn class(name: &[u8]) -> u128 {
+pub(super) fn class(name: &[u8]) -> u64 {
     let n = name.len();
     let byte = |i: Option<usize>| u64::from(i.and_then(|i| name.get(i)).copied().unwrap_or(0));
     let key = byte(Some(0))
@@ -14,7 +14,7 @@ pub(super) fn class(name: &[u8]) -> u128 {
         | byte(n.checked_sub(2)) << 16
         | byte(n.checked_sub(1)) << 24
         | (n as u64) << 32;
-    1u128 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57)
+    1u64 << (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58)
 }
 
 /// Whether `b` holds NUL, CR, LF or `=`: what a variable name may not hold (`=` would end
@@ -42,11 +42,15 @@ pub(super) fn bad_name(name: &[u8]) -> bool {
     name.is_empty() || has_nul_cr_lf_eq(name)
 }
 
-/// Whether the last `len` bytes of `bytes` (a pair: its name, then its value) hold NUL, CR
-/// or LF. A value shorter than a word, as most are, is read as the word that ends where it
-/// ends, the bytes before it replaced by a harmless one, so that it takes no byte loop.
+/// Whether the value of `pair` (its name, then its value: the last `len` bytes) holds NUL,
+/// CR or LF, read a word at a time from its end: each word ends 8 bytes before the last, and
+/// the last one read may reach back into the name. So a name byte that is NUL, CR or LF may
+/// answer yes too, which changes nothing: such a name is refused first, whatever its value
+/// (`bad_name`, [`bad_pair`]), and a name from the table holds none. Only a pair shorter than
+/// a word, where a word would reach into the length bytes before the name, is read byte by
+/// byte.
 #[inline]
-pub(super) fn tail_has_nul_cr_lf(bytes: &[u8], len: usize) -> bool {
+pub(super) fn pair_tail_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     // A byte of `w ^ splat(c)` is zero where `w` holds `c`; `(x - 0x01..) & !x & 0x80..` is
@@ -57,39 +61,35 @@ pub(super) fn tail_has_nul_cr_lf(bytes: &[u8], len: usize) -> bool {
             & HIGHS
             != 0
     };
-    let n = bytes.len();
+    let n = pair.len();
     if len == 0 {
         return false;
     }
-    if len < 8 {
-        let Some(word) = n.checked_sub(8).and_then(|from| bytes.get(from..)) else {
-            return bytes
-                .get(n.saturating_sub(len)..)
-                .unwrap_or_default()
-                .iter()
-                .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
-        };
-        let w = word
-            .first_chunk::<8>()
+    if n < 8 {
+        return pair
+            .get(n.saturating_sub(len)..)
+            .unwrap_or_default()
+            .iter()
+            .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+    }
+    let start = n.saturating_sub(len);
+    let mut end = n;
+    loop {
+        // The word that ends at `end`, or the pair's first word once `end` is nearer its
+        // start than a word.
+        let from = end.saturating_sub(8);
+        let word = pair
+            .get(from..from + 8)
+            .and_then(|w| w.first_chunk::<8>())
             .map_or(0, |w| u64::from_le_bytes(*w));
-        // Little-endian: the value is the word's high `len` bytes.
-        let keep = u64::MAX << (8 * (8 - len));
-        return any((w & keep) | ((ONES * u64::from(b'A')) & !keep));
+        if any(word) {
+            return true;
+        }
+        if from <= start {
+            return false;
+        }
+        end = from;
     }
-    let value = bytes.get(n.saturating_sub(len)..).unwrap_or_default();
-    let mut chunks = value.chunks_exact(8);
-    if chunks.any(|c| {
-        c.first_chunk::<8>()
-            .is_some_and(|w| any(u64::from_le_bytes(*w)))
-    }) {
-        return true;
-    }
-    // The last eight bytes, overlapping the words already read, cover the rest.
-    !chunks.remainder().is_empty()
-        && value
-            .get(len - 8..)
-            .and_then(|t| t.first_chunk::<8>())
-            .is_some_and(|w| any(u64::from_le_bytes(*w)))
 }
 
 /// The error the first pair no environment can carry is reported as.
@@ -111,24 +111,34 @@ pub(super) fn bad_pair(bad_name: bool, name: &[u8], value: &[u8]) -> CgiError {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_value_scan_finds_every_forbidden_byte_whatever_comes_before() {
+    fn the_value_scan_finds_every_forbidden_byte_of_the_value_and_none_of_a_clean_name() {
         let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'));
-        for before in 0..12 {
+        for name_len in 0..12 {
             for len in 0..40 {
-                // What precedes the value (a name, length bytes) may hold anything.
-                for fill in [0u8, b'\n', b'A'] {
-                    let mut v: Vec<u8> = vec![fill; before];
-                    v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
-                    assert!(!super::tail_has_nul_cr_lf(&v, len), "{before} {len}");
-                    for at in before..before + len {
-                        for bad in [0u8, b'\r', b'\n', 1, 0x0b, 0x8a, 0x80, 0xff, b'='] {
-                            let mut w = v.clone();
-                            w[at] = bad;
-                            assert_eq!(
-                                super::tail_has_nul_cr_lf(&w, len),
-                                naive(&w[before..]),
-                                "before {before} len {len} at {at} byte {bad:#x}"
-                            );
+                // A clean name before the value; in a pair shorter than a word, no byte
+                // before the pair is read.
+                let mut v: Vec<u8> = vec![b'N'; name_len];
+                v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
+                assert!(!super::pair_tail_has_nul_cr_lf(&v, len), "{name_len} {len}");
+                for at in name_len..name_len + len {
+                    for bad in [0u8, b'\r', b'\n', 1, 0x0b, 0x8a, 0x80, 0xff, b'='] {
+                        let mut w = v.clone();
+                        w[at] = bad;
+                        assert_eq!(
+                            super::pair_tail_has_nul_cr_lf(&w, len),
+                            naive(&w[name_len..]),
+                            "name {name_len} len {len} at {at} byte {bad:#x}"
+                        );
+                    }
+                }
+                // A forbidden byte in the name may be found too, but only with one in a name
+                // `bad_name` refuses anyway.
+                for at in 0..name_len {
+                    for bad in [0u8, b'\r', b'\n'] {
+                        let mut w = v.clone();
+                        w[at] = bad;
+                        if super::pair_tail_has_nul_cr_lf(&w, len) {
+                            assert!(super::bad_name(&w[..name_len]));
                         }
                     }
                 }

@@ -10,74 +10,62 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
-use super::front_checks::{bad_name, bad_pair, class, tail_has_nul_cr_lf};
+use super::front_checks::{bad_name, bad_pair, class, pair_tail_has_nul_cr_lf};
 use super::front_names::lookup;
 pub use super::front_names::Known;
 pub(super) use super::front_names::KNOWN;
-use super::params::{CgiParams, MAX_FIELD_LEN};
+use super::params::{pair_lens, CgiParams, MAX_FIELD_LEN};
 use super::{snippet, CgiError};
 
-/// No pair: an index that is not one.
+/// No pair: an offset or an index that is not one.
 pub(super) const NONE: u32 = u32::MAX;
 
-/// Where one pair lies in the buffer, and how it relates to the others.
+/// Where one pair lies in the buffer, and how it relates to the others: an entry of the
+/// full index ([`FrontParams::index_all`]), made only when normalising must look at every
+/// pair, not as the pairs arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PairAt {
-    /// Offset of the name in the buffer; the value follows it.
+    /// Offset of the pair's first length byte in the buffer.
+    pub(super) start: u32,
+    /// Offset of the name; the value follows it.
     pub(super) at: u32,
     pub(super) name_len: u32,
     pub(super) value_len: u32,
-    /// For a name sent before: the pair that first had it. [`NONE`] for a first occurrence.
+    /// For a name sent before: the index of the pair that first had it. [`NONE`] for a
+    /// first occurrence.
     pub(super) first: u32,
-    /// For a first occurrence: the last pair with its name (itself when it is not repeated).
+    /// For a first occurrence: the index of the last pair with its name (itself when it is
+    /// not repeated).
     pub(super) last: u32,
     /// The [`Known`] name's index, or [`KNOWN`] for any other name.
     pub(super) known: u8,
 }
 
-/// The pairs a front server sent, in its order and its encoding, indexed.
+/// The pairs a front server sent, in its order and its encoding, with what the front logic
+/// reads found as they arrived: where each [`Known`] name was first and last sent, whether
+/// any name repeats, the first pair no environment can carry. Nothing is kept per pair: the
+/// buffer is the pairs, and the rare work that needs every pair (a changed block, a repeat)
+/// walks it again.
 #[derive(Clone, PartialEq, Eq)]
 pub struct FrontParams {
     buf: Vec<u8>,
-    pairs: Vec<PairAt>,
-    /// Per [`Known`] name: its first and last pair, [`NONE`] when it was not sent.
-    known: [(u32, u32); KNOWN],
-    /// The first pair no environment can carry, as the error it is reported as.
-    bad: Option<CgiError>,
-    /// One bit per class (length, first and last byte) of the other names so far: a name
+    /// Per [`Known`] name: the start (first length byte) of its first pair, [`NONE`] when it
+    /// was not sent. (Where a repeated one was last sent, only the full index tells.)
+    known: [u32; KNOWN],
+    count: u32,
+    /// The first pair no environment can carry, as the error it is reported as (boxed: the
+    /// parameters are moved whole from the decoder to the front, and this is rare).
+    bad: Option<Box<CgiError>>,
+    /// One bit per class (length, first and last bytes) of the other names so far: a name
     /// whose bit is clear was not sent before, which spares the scan for nearly every one.
-    seen: u128,
+    seen: u64,
     /// One bit per common name of the table (not a [`Known`] one) sent so far.
     common: u64,
-    longest_name: usize,
-    longest_value: usize,
-    total: usize,
     /// Every length took its shortest form: the buffer is what encoding the pairs anew
     /// would write, so it can go to a backend as it is.
     canonical: bool,
     /// Some name was sent twice.
     repeated: bool,
-}
-
-thread_local! {
-    /// The index vector of the thread's last parameters, cleared, for its next ones: a
-    /// front server that opens a connection per request (nginx's plain `fastcgi_pass`)
-    /// would otherwise cost an allocation per request for it.
-    static SPARE_INDEX: std::cell::Cell<Vec<PairAt>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// The most pairs a kept index vector has room for: what the first guess reserves.
-const SPARE_MAX: usize = 256;
-
-impl Drop for FrontParams {
-    fn drop(&mut self) {
-        let mut pairs = std::mem::take(&mut self.pairs);
-        if pairs.capacity() != 0 && pairs.capacity() <= SPARE_MAX {
-            pairs.clear();
-            // A vector kept before (another request's, still in flight then) is freed.
-            SPARE_INDEX.set(pairs);
-        }
-    }
 }
 
 impl std::fmt::Debug for FrontParams {
@@ -106,19 +94,33 @@ fn short_prefix(len: usize) -> usize {
     }
 }
 
+/// The pairs of an encoded block as (start, name offset, name length, value length), in
+/// order; stops at the first pair that is not wholly there.
+fn walk(buf: &[u8]) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let (prefix, name_len, value_len) = pair_lens(buf.get(pos..)?)?;
+        let start = pos;
+        let at = start.checked_add(prefix)?;
+        let end = at.checked_add(name_len)?.checked_add(value_len)?;
+        if end > buf.len() {
+            return None;
+        }
+        pos = end;
+        Some((start, at, name_len, value_len))
+    })
+}
+
 impl FrontParams {
     /// No pairs.
     pub fn new() -> FrontParams {
         FrontParams {
             buf: Vec::new(),
-            pairs: Vec::new(),
-            known: [(NONE, NONE); KNOWN],
+            known: [NONE; KNOWN],
+            count: 0,
             bad: None,
             seen: 0,
             common: 0,
-            longest_name: 0,
-            longest_value: 0,
-            total: 0,
             canonical: true,
             repeated: false,
         }
@@ -126,12 +128,12 @@ impl FrontParams {
 
     /// Pairs sent, repeats included.
     pub fn len(&self) -> usize {
-        self.pairs.len()
+        self.count as usize
     }
 
     /// Whether none were.
     pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
+        self.count == 0
     }
 
     /// Appends a pair (a front server that sends pairs in another encoding: SCGI).
@@ -153,17 +155,17 @@ impl FrontParams {
         let end = self.buf.len() + prefix + name.len() + value.len();
         if u32::try_from(end).is_err() {
             return Err(CgiError::VarsTooLarge {
-                total: self.total.saturating_add(name.len() + value.len()),
+                total: end,
                 limit: u32::MAX as usize,
             });
         }
         self.buf.reserve(prefix + name.len() + value.len());
+        let start = self.buf.len();
         put_len(&mut self.buf, name.len());
         put_len(&mut self.buf, value.len());
-        let at = self.buf.len();
         self.buf.extend_from_slice(name);
         self.buf.extend_from_slice(value);
-        self.index(at, name.len(), value.len());
+        self.index(start, prefix, name.len(), value.len());
         Ok(())
     }
 
@@ -181,13 +183,6 @@ impl FrontParams {
     /// Makes room for about `bytes` more of encoded pairs, arriving in one piece.
     pub(crate) fn reserve_for(&mut self, bytes: usize) {
         self.buf.reserve(bytes);
-        if self.pairs.capacity() == 0 {
-            self.pairs = SPARE_INDEX.take();
-            // Parameter pairs take some 16 to 60 bytes on the wire (nginx's `fastcgi.conf`
-            // for a request with a few short headers: about 20 pairs in 450 bytes); one early
-            // guess at the short end saves the index its regrowths on a typical block.
-            self.pairs.reserve((bytes / 16).clamp(8, SPARE_MAX));
-        }
     }
 
     /// Notes that a pair's length prefixes did not take their shortest form.
@@ -195,21 +190,21 @@ impl FrontParams {
         self.canonical = false;
     }
 
-    /// Indexes the pair whose name starts at `at` in the buffer, the value after it; the
-    /// caller has checked that both lie inside it (and that it holds under 4 GiB).
+    /// Indexes the pair that starts at `start` in the buffer: `prefix` bytes of lengths,
+    /// then the name, then the value; the caller has checked that it lies inside the
+    /// buffer (and that the buffer holds under 4 GiB).
     #[inline(always)]
-    pub(crate) fn index(&mut self, at: usize, name_len: usize, value_len: usize) {
+    pub(crate) fn index(&mut self, start: usize, prefix: usize, name_len: usize, value_len: usize) {
+        let at = start.saturating_add(prefix);
         let end = at.saturating_add(name_len).saturating_add(value_len);
-        // `end` fitting 32 bits bounds `at` and both lengths too.
-        let (Some(pair), Ok(_), Ok(i)) = (
-            self.buf.get(at..end),
-            u32::try_from(end),
-            u32::try_from(self.pairs.len()),
-        ) else {
+        // `end` fitting 32 bits bounds `start` too.
+        let (Some(pair), Ok(_)) = (self.buf.get(at..end), u32::try_from(end)) else {
             // Callers never pass such a pair; dropping it would lose a parameter silently.
-            self.bad.get_or_insert(CgiError::VarsTooLarge {
-                total: end,
-                limit: u32::MAX as usize,
+            self.bad.get_or_insert_with(|| {
+                Box::new(CgiError::VarsTooLarge {
+                    total: end,
+                    limit: u32::MAX as usize,
+                })
             });
             return;
         };
@@ -217,76 +212,105 @@ impl FrontParams {
         let id = lookup(name);
         // A name from the table is a clean one: only the others need the scan.
         let bad_name = id.is_none() && bad_name(name);
-        if self.bad.is_none() && (bad_name || tail_has_nul_cr_lf(pair, value_len)) {
-            self.bad = Some(bad_pair(bad_name, name, value));
+        if self.bad.is_none() && (bad_name || pair_tail_has_nul_cr_lf(pair, value_len)) {
+            self.bad = Some(Box::new(bad_pair(bad_name, name, value)));
         }
-        let (n32, v32) = (name_len as u32, value_len as u32);
-        let mut first = NONE;
-        let mut known = KNOWN as u8;
+        let s = start as u32;
         match id {
             Some(k) if usize::from(k) < KNOWN => {
-                known = k;
                 if let Some(slot) = self.known.get_mut(usize::from(k)) {
-                    if slot.0 == NONE {
-                        *slot = (i, i);
+                    if *slot == NONE {
+                        *slot = s;
                     } else {
-                        first = slot.0;
-                        slot.1 = i;
+                        self.repeated = true;
                     }
                 }
             }
             Some(common) => {
-                // Told apart exactly: a set bit is a repeat, found by the scan.
+                // Told apart exactly: a set bit is a repeat.
                 let bit = 1u64 << (usize::from(common) - KNOWN);
-                if self.common & bit != 0 {
-                    first = self.first_named(name);
-                }
+                self.repeated |= self.common & bit != 0;
                 self.common |= bit;
             }
             None => {
                 let c = class(name);
-                if self.seen & c != 0 {
-                    first = self.first_named(name);
+                if self.seen & c != 0 && !self.repeated && self.sent_before(start, name) {
+                    self.repeated = true;
                 }
                 self.seen |= c;
             }
         }
-        if let Some(p) = self.pairs.get_mut(first as usize) {
-            p.last = i;
-            self.repeated = true;
-        }
-        self.pairs.push(PairAt {
-            at: at as u32,
-            name_len: n32,
-            value_len: v32,
-            first,
-            last: i,
-            known,
-        });
-        self.longest_name = self.longest_name.max(name_len);
-        self.longest_value = self.longest_value.max(value_len);
-        self.total = self.total.saturating_add(name_len + value_len);
+        self.count = self.count.saturating_add(1);
     }
 
-    /// The first pair named `name` (no [`Known`] name), [`NONE`] when it was not sent.
-    fn first_named(&self, name: &[u8]) -> u32 {
+    /// Whether a pair before `upto` (a pair's start) is named `name`.
+    #[cold]
+    #[inline(never)]
+    fn sent_before(&self, upto: usize, name: &[u8]) -> bool {
+        let before = self.buf.get(..upto).unwrap_or_default();
+        walk(before).any(|(_, at, n, _)| n == name.len() && before.get(at..at + n) == Some(name))
+    }
+
+    /// Every pair, indexed: where it lies, its [`Known`] name, its first and last
+    /// occurrence. Made by the normalisations that write the block anew; the pairs were
+    /// checked as they arrived.
+    pub(super) fn index_all(&self) -> Vec<PairAt> {
         let buf = &self.buf;
-        self.pairs
-            .iter()
-            .position(|p| {
-                p.name_len as usize == name.len()
-                    && p.first == NONE
-                    && usize::from(p.known) == KNOWN
-                    && pair_name(buf, p) == name
-            })
-            .and_then(|j| u32::try_from(j).ok())
-            .unwrap_or(NONE)
+        let mut pairs = SPARE_INDEX.take();
+        pairs.clear();
+        pairs.reserve(self.len());
+        let mut known_first = [NONE; KNOWN];
+        let mut common_first = [NONE; 64];
+        let mut seen = 0u64;
+        for (start, at, name_len, value_len) in walk(buf) {
+            let Ok(i) = u32::try_from(pairs.len()) else {
+                break;
+            };
+            let name = buf.get(at..at + name_len).unwrap_or_default();
+            let mut first = NONE;
+            let mut known = KNOWN as u8;
+            let slot = match lookup(name) {
+                Some(k) if usize::from(k) < KNOWN => {
+                    known = k;
+                    known_first.get_mut(usize::from(k))
+                }
+                Some(common) => common_first.get_mut(usize::from(common) - KNOWN),
+                None => {
+                    let c = class(name);
+                    if seen & c != 0 {
+                        first = first_named(buf, &pairs, name);
+                    }
+                    seen |= c;
+                    None
+                }
+            };
+            if let Some(slot) = slot {
+                if *slot == NONE {
+                    *slot = i;
+                } else {
+                    first = *slot;
+                }
+            }
+            if let Some(p) = pairs.get_mut(first as usize) {
+                p.last = i;
+            }
+            pairs.push(PairAt {
+                start: start as u32,
+                at: at as u32,
+                name_len: name_len as u32,
+                value_len: value_len as u32,
+                first,
+                last: i,
+                known,
+            });
+        }
+        pairs
     }
 
     /// The value of the first pair named `k`, as the front server sent it.
     pub fn first(&self, k: Known) -> Option<&[u8]> {
-        let (first, _) = *self.known.get(k as usize)?;
-        self.pairs.get(first as usize).map(|p| self.value(p))
+        let first = *self.known.get(k as usize)?;
+        (first != NONE).then(|| self.value_at(first))
     }
 
     /// The value of the first pair named `name`.
@@ -299,31 +323,22 @@ impl FrontParams {
 
     /// The pairs in the order sent, repeats included.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
-        self.pairs.iter().map(|p| (self.name(p), self.value(p)))
+        let buf = &self.buf;
+        walk(buf).map(move |(_, at, n, v)| {
+            let name = buf.get(at..at + n).unwrap_or_default();
+            let value = buf.get(at + n..at + n + v).unwrap_or_default();
+            (name, value)
+        })
     }
 
-    pub(super) fn pairs(&self) -> &[PairAt] {
-        &self.pairs
-    }
-
-    pub(super) fn pair(&self, i: u32) -> Option<&PairAt> {
-        self.pairs.get(i as usize)
-    }
-
-    /// First and last pair of known name `k`.
-    pub(super) fn known(&self, k: Known) -> (u32, u32) {
-        self.known.get(k as usize).copied().unwrap_or((NONE, NONE))
+    /// The start of the first pair of known name `k`, [`NONE`] when it was not sent.
+    pub(super) fn known(&self, k: Known) -> u32 {
+        self.known.get(k as usize).copied().unwrap_or(NONE)
     }
 
     /// Whether every length took its shortest form.
     pub(super) fn is_canonical(&self) -> bool {
         self.canonical
-    }
-
-    /// Where pair `p` begins, length prefixes included, in a canonical buffer.
-    pub(super) fn start(&self, p: &PairAt) -> usize {
-        (p.at as usize)
-            .saturating_sub(short_prefix(p.name_len as usize) + short_prefix(p.value_len as usize))
     }
 
     /// Whether some name was sent more than once.
@@ -332,7 +347,7 @@ impl FrontParams {
     }
 
     pub(super) fn bad(&self) -> Option<&CgiError> {
-        self.bad.as_ref()
+        self.bad.as_deref()
     }
 
     pub(super) fn name(&self, p: &PairAt) -> &[u8] {
@@ -346,17 +361,24 @@ impl FrontParams {
             .unwrap_or_default()
     }
 
+    /// The value of the pair that starts at `start`.
+    pub(super) fn value_at(&self, start: u32) -> &[u8] {
+        let rest = self.buf.get(start as usize..).unwrap_or_default();
+        let Some((prefix, name_len, value_len)) = pair_lens(rest) else {
+            return &[];
+        };
+        let at = prefix + name_len;
+        rest.get(at..at + value_len).unwrap_or_default()
+    }
+
     /// The pairs as the backend's parameter block, when they are exactly what a backend
     /// should get (the caller knows nothing was dropped or changed): the buffer itself when
     /// no name repeats and every length took its shortest form, else encoded anew.
     pub(super) fn into_params(mut self) -> Result<CgiParams, CgiError> {
         if self.canonical && !self.repeated {
-            return Ok(CgiParams::from_encoded(
+            return Ok(CgiParams::from_encoded_unmeasured(
                 std::mem::take(&mut self.buf),
-                self.pairs.len(),
-                self.longest_name,
-                self.longest_value,
-                self.total,
+                self.len(),
             ));
         }
         let mut out = CgiParams::with_capacity(self.buf.len());
@@ -385,7 +407,7 @@ impl FrontParams {
         let mut cut = [NONE; KNOWN];
         let mut n = 0;
         for (k, _) in removed.iter().enumerate().filter(|(_, out)| **out) {
-            let (first, _) = self.known.get(k).copied().unwrap_or((NONE, NONE));
+            let first = self.known.get(k).copied().unwrap_or(NONE);
             if let (false, Some(slot)) = (first == NONE, cut.get_mut(n)) {
                 *slot = first;
                 n += 1;
@@ -393,23 +415,20 @@ impl FrontParams {
         }
         let cut = cut.get_mut(..n).unwrap_or_default();
         cut.sort_unstable();
-        let end_of = |p: &PairAt| p.at as usize + p.name_len as usize + p.value_len as usize;
-        let len = self.pairs.last().map_or(0, end_of);
-        if len > self.buf.len() {
-            return Err(broken(len));
-        }
-        let (mut count, mut total) = (self.pairs.len(), self.total);
-        let mut rescan = false;
+        let len = self.buf.len();
+        let mut count = self.len();
         // Bytes before `from` are settled: `write` of them kept.
         let (mut write, mut from) = (0usize, 0usize);
-        for &i in cut.iter() {
-            let Some(p) = self.pairs.get(i as usize) else {
-                return Err(broken(len));
+        for &start in cut.iter() {
+            let start = start as usize;
+            let Some((prefix, name_len, value_len)) = self.buf.get(start..).and_then(pair_lens)
+            else {
+                return Err(broken(start));
             };
-            let (start, end) = (self.start(p), end_of(p));
+            let end = start + prefix + name_len + value_len;
             // Every pair was indexed inside the buffer, after the ones before it; were one
             // not, no pair is dropped silently.
-            if start < from || start > p.at as usize || end > len {
+            if start < from || end > len {
                 return Err(broken(end));
             }
             if from != write {
@@ -418,34 +437,52 @@ impl FrontParams {
             write += start - from;
             from = end;
             count = count.saturating_sub(1);
-            total = total.saturating_sub(p.name_len as usize + p.value_len as usize);
-            rescan |= p.name_len as usize == self.longest_name
-                || p.value_len as usize == self.longest_value;
         }
         if from != write {
             self.buf.copy_within(from..len, write);
         }
         write += len - from;
         self.buf.truncate(write);
-        let (mut longest_name, mut longest_value) = (self.longest_name, self.longest_value);
-        if rescan {
-            // A pair left out may have been the longest: the longest of those kept.
-            (longest_name, longest_value) = (0, 0);
-            for p in &self.pairs {
-                if !removed.get(usize::from(p.known)).copied().unwrap_or(false) {
-                    longest_name = longest_name.max(p.name_len as usize);
-                    longest_value = longest_value.max(p.value_len as usize);
-                }
-            }
-        }
-        Ok(CgiParams::from_encoded(
+        Ok(CgiParams::from_encoded_unmeasured(
             std::mem::take(&mut self.buf),
             count,
-            longest_name,
-            longest_value,
-            total,
         ))
     }
+}
+
+thread_local! {
+    /// The full index the thread's last normalisation made, emptied, for its next one: a
+    /// front server whose parameters are rewritten on every request (nginx's `scgi_pass`
+    /// sends no SCRIPT_NAME) would otherwise cost an allocation per request for it.
+    static SPARE_INDEX: std::cell::Cell<Vec<PairAt>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most pairs a kept index has room for.
+const SPARE_MAX: usize = 256;
+
+/// Keeps `pairs` (an index from [`FrontParams::index_all`] no longer wanted) for the thread's
+/// next one, unless it grew past [`SPARE_MAX`].
+pub(super) fn give_back_index(mut pairs: Vec<PairAt>) {
+    if pairs.capacity() != 0 && pairs.capacity() <= SPARE_MAX {
+        pairs.clear();
+        SPARE_INDEX.set(pairs);
+    }
+}
+
+/// The first pair of `pairs` named `name` (no [`Known`] or common name), [`NONE`] when
+/// none is.
+fn first_named(buf: &[u8], pairs: &[PairAt], name: &[u8]) -> u32 {
+    pairs
+        .iter()
+        .position(|p| {
+            p.name_len as usize == name.len()
+                && p.first == NONE
+                && usize::from(p.known) == KNOWN
+                && pair_name(buf, p) == name
+        })
+        .and_then(|j| u32::try_from(j).ok())
+        .unwrap_or(NONE)
 }
 
 fn pair_name<'a>(buf: &'a [u8], p: &PairAt) -> &'a [u8] {
@@ -464,32 +501,61 @@ fn put_len(buf: &mut Vec<u8>, len: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{FrontParams, SPARE_MAX};
+    use super::FrontParams;
 
-    fn indexed(pairs: usize) -> FrontParams {
+    #[test]
+    fn an_index_given_back_serves_the_thread_s_next_one() {
         let mut p = FrontParams::new();
-        p.reserve_for(pairs * 16);
-        for i in 0..pairs {
-            p.push(format!("HTTP_X_{i}").as_bytes(), b"v").unwrap();
+        for i in 0..20 {
+            p.push(format!("X_{i}").as_bytes(), b"v").unwrap();
         }
-        p
+        let first = p.index_all();
+        let at = first.as_ptr();
+        super::give_back_index(first);
+        let second = p.index_all();
+        assert_eq!(second.as_ptr(), at, "the index was not reused");
+        assert_eq!(second.len(), 20, "pairs of the last index were kept");
+        // Taken, so an index made meanwhile gets one of its own.
+        let third = p.index_all();
+        assert_ne!(third.as_ptr(), at);
+        // One grown past the bound is freed, not kept.
+        let mut big = FrontParams::new();
+        for i in 0..super::SPARE_MAX * 2 {
+            big.push(format!("X_{i}").as_bytes(), b"v").unwrap();
+        }
+        super::give_back_index(big.index_all());
+        assert!(p.index_all().capacity() <= super::SPARE_MAX);
     }
 
     #[test]
-    fn the_index_vector_of_dropped_parameters_serves_the_next_ones_on_the_thread() {
-        let first = indexed(20);
-        let at = first.pairs.as_ptr();
-        drop(first);
-        let second = indexed(3);
-        assert_eq!(second.pairs.as_ptr(), at, "the index vector was not reused");
-        assert_eq!(second.len(), 3, "pairs of the last parameters were kept");
-        assert_eq!(second.iter().last().unwrap().0, b"HTTP_X_2");
-        // Taken, so the next parameters made while these live get one of their own.
-        let third = indexed(2);
-        assert_ne!(third.pairs.as_ptr(), at);
-        // A vector grown past the bound is freed, not kept.
-        drop(indexed(SPARE_MAX * 2));
-        let fourth = indexed(1);
-        assert!(fourth.pairs.capacity() <= SPARE_MAX);
+    fn a_repeat_is_found_among_many_other_names_and_only_a_repeat() {
+        let mut p = FrontParams::new();
+        // Far more names than duplicate classes: most of them share a class with another.
+        for i in 0..300 {
+            p.push(format!("X_{i}").as_bytes(), b"v").unwrap();
+        }
+        assert!(
+            !p.repeated(),
+            "distinct names whose classes collide are no repeat"
+        );
+        assert_eq!(p.len(), 300);
+        p.push(b"X_17", b"w").unwrap();
+        assert!(p.repeated());
+        let all = p.index_all();
+        assert_eq!(all.len(), 301);
+        assert_eq!(all[300].first, 17);
+        assert_eq!(all[17].last, 300);
+        assert_eq!(p.get(b"X_17"), Some(&b"v"[..]));
+        // A known name and a common one repeated are found too.
+        for name in [&b"HTTP_HOST"[..], b"HTTP_USER_AGENT"] {
+            let mut p = FrontParams::new();
+            p.push(name, b"a").unwrap();
+            p.push(b"X", b"b").unwrap();
+            assert!(!p.repeated());
+            p.push(name, b"c").unwrap();
+            assert!(p.repeated());
+            let all = p.index_all();
+            assert_eq!((all[0].last, all[2].first), (2, 0));
+        }
     }
 }

@@ -42,6 +42,15 @@ const NAMES: &[&str] = &[
     "HTTP_X_A",
     "HTTP_X_B",
     "X",
+    // Names one byte, or only the case, away from a known or a common one, and a name long
+    // enough for the 4-byte length form.
+    "http_host",
+    "HTTP_HOSt",
+    "SCRIPT_FILENAMF",
+    "DOCUMENT_UR",
+    "PHP_VALUE_",
+    "HTTP_USER_AGENt",
+    "HTTP_X_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG_NAME_LONG",
     "",
     "A=B",
     "N\0",
@@ -174,11 +183,16 @@ proptest! {
         let old = front_oracle::normalize_front_params(sent.clone(), &ctx);
         let new = normalize_front_params(sent.clone(), &ctx);
         prop_assert_eq!(&new, &old);
+        let mut front = FrontParams::new();
+        for (n, v) in &sent {
+            front.push(n, v).unwrap();
+        }
+        // Unlisted, the usual request takes a shorter way (`only_left_out`): the same
+        // refusals.
+        if let Err(old) = &old {
+            prop_assert_eq!(&normalize_front_with(front.clone(), &ctx, false).unwrap_err(), old);
+        }
         if let Ok(old) = old {
-            let mut front = FrontParams::new();
-            for (n, v) in &sent {
-                front.push(n, v).unwrap();
-            }
             let unlisted = normalize_front_with(front.clone(), &ctx, false).unwrap();
             prop_assert!(unlisted.dropped.is_empty());
             let block = normalize_front(front, &ctx).unwrap().params;
@@ -201,12 +215,18 @@ proptest! {
         for (n, v) in &sent {
             front.push(n, v).unwrap();
         }
+        let unlisted = normalize_front_with(front.clone(), &ctx, false);
         match (normalize_front(front, &ctx), old) {
             (Ok(new), Ok(old)) => {
-                prop_assert_eq!(new.params, CgiParams::from_pairs(&old.vars).unwrap());
+                let want = CgiParams::from_pairs(&old.vars).unwrap();
+                prop_assert_eq!(&new.params, &want);
                 prop_assert_eq!(new.dropped, old.dropped);
+                prop_assert_eq!(unlisted.unwrap().params, want);
             }
-            (Err(new), Err(old)) => prop_assert_eq!(new, old),
+            (Err(new), Err(old)) => {
+                prop_assert_eq!(&new, &old);
+                prop_assert_eq!(unlisted.unwrap_err(), old);
+            }
             (new, old) => prop_assert!(false, "{:?} against {:?}", new, old),
         }
     }
@@ -251,9 +271,42 @@ fn nginx_parameters_for_a_script_in_the_root_become_the_block_unchanged() {
         front.push(n.as_bytes(), v.as_bytes()).unwrap();
     }
     let sent = front.encoded().to_vec();
-    let out = normalize_front(front, &ctx).unwrap();
+    let unlisted = normalize_front_with(front.clone(), &ctx, false).unwrap();
+    assert_eq!(unlisted.params.encoded(), &sent[..]);
+    let out = normalize_front(front.clone(), &ctx).unwrap();
     assert_eq!(out.params.encoded(), &sent[..]);
     assert!(out.dropped.is_empty());
+    // A SCRIPT_FILENAME that is not the script's exact name, or outside the root, takes the
+    // general way, or is refused, as before.
+    for (filename, ok) in [
+        ("/var/www/html/./index.php", true),
+        ("/var/www/html/index.php/extra", true),
+        ("/var/www/other/index.php", false),
+        ("/var/www/html/index.txt", false),
+    ] {
+        let mut other = FrontParams::new();
+        for (n, v) in front.iter() {
+            let v = if n == b"SCRIPT_FILENAME" {
+                filename.as_bytes()
+            } else {
+                v
+            };
+            other.push(n, v).unwrap();
+        }
+        let quick = normalize_front_with(other.clone(), &ctx, false);
+        let general = normalize_front(other, &ctx);
+        assert_eq!(quick.is_ok(), ok, "{filename}");
+        assert_eq!(
+            quick.map(|v| v.params),
+            general.map(|v| v.params),
+            "{filename}"
+        );
+    }
+    // An empty PATH_INFO is left out either way.
+    front.push(b"PATH_INFO", b"").unwrap();
+    let quick = normalize_front_with(front.clone(), &ctx, false).unwrap();
+    assert_eq!(quick.params.encoded(), &sent[..]);
+    assert_eq!(quick.params, normalize_front(front, &ctx).unwrap().params);
 }
 
 /// nginx's `fastcgi.conf` order (SCRIPT_FILENAME first) for an application context, with
@@ -287,6 +340,7 @@ fn an_application_context_cuts_the_left_out_pairs_from_the_sent_buffer() {
     for (n, v) in sent {
         front.push(n.as_bytes(), v.as_bytes()).unwrap();
     }
+    let unlisted = normalize_front_with(front.clone(), &ctx, false).unwrap();
     let out = normalize_front(front, &ctx).unwrap();
     let kept: Vec<(Bytes, Bytes)> = sent
         .iter()
@@ -294,6 +348,7 @@ fn an_application_context_cuts_the_left_out_pairs_from_the_sent_buffer() {
         .map(|(n, v)| (Bytes::from(*n), Bytes::copy_from_slice(v.as_bytes())))
         .collect();
     assert_eq!(out.params, CgiParams::from_pairs(&kept).unwrap());
+    assert_eq!(unlisted.params, out.params);
     // The names dropped whatever the context first, as sent; then the context's own drop.
     let dropped: Vec<&[u8]> = out.dropped.iter().map(|d| &d.name[..]).collect();
     assert_eq!(

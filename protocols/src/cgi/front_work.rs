@@ -4,10 +4,11 @@
 //! pairs copied a run at a time.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 
 use bytes::Bytes;
 
-use super::front_params::{FrontParams, Known, KNOWN, NONE};
+use super::front_params::{give_back_index, FrontParams, Known, PairAt, KNOWN, NONE};
 use super::params::CgiParams;
 use super::path::root_shown;
 use super::{CgiContext, CgiError, DropReason, Dropped};
@@ -15,7 +16,7 @@ use super::{CgiContext, CgiError, DropReason, Dropped};
 /// A variable's value while the front's variables are being normalised.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Val<'a> {
-    /// The value of pair `i` as sent.
+    /// The value of the pair that starts at this offset, as sent.
     Pair(u32),
     /// Part of a pair's value, or of the context (a derived SCRIPT_NAME or PATH_INFO).
     Borrowed(&'a [u8]),
@@ -31,7 +32,7 @@ pub(super) enum Val<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
     Absent,
-    /// Where the front server first sent it.
+    /// Where the front server first sent it: that pair's start.
     Pair(u32),
     /// After the front server's variables, the `n`th added.
     Appended(usize),
@@ -52,17 +53,27 @@ enum Added {
 /// The normalisation in progress: the front server's pairs, and what changes them.
 pub(super) struct Work<'a> {
     p: &'a FrontParams,
+    /// Every pair, indexed, once something needs them all ([`Work::all`]).
+    all: OnceCell<Vec<PairAt>>,
     pub(super) ctx: &'a CgiContext,
     /// Per known name, its value now (`None`: absent or dropped).
     pub(super) val: [Option<Val<'a>>; KNOWN],
     place: [Place; KNOWN],
     added: Vec<Added>,
     /// Extra variables replacing the value of a pair whose name is not [`Known`]:
-    /// (pair, extra variable).
+    /// (pair's index in [`Work::all`], extra variable).
     extra_over: Vec<(u32, usize)>,
     pub(super) dropped: Vec<Dropped>,
     /// The backend's variables differ from the pairs as sent.
     pub(super) changed: bool,
+}
+
+impl Drop for Work<'_> {
+    fn drop(&mut self) {
+        if let Some(all) = self.all.take() {
+            give_back_index(all);
+        }
+    }
 }
 
 impl<'a> Work<'a> {
@@ -70,6 +81,7 @@ impl<'a> Work<'a> {
     pub(super) fn new(p: &'a FrontParams, ctx: &'a CgiContext, list_dropped: bool) -> Work<'a> {
         let mut w = Work {
             p,
+            all: OnceCell::new(),
             ctx,
             val: std::array::from_fn(|_| None),
             place: [Place::Absent; KNOWN],
@@ -83,10 +95,20 @@ impl<'a> Work<'a> {
             let Some(k) = Known::from_index(i) else {
                 continue;
             };
-            let (first, last) = p.known(k);
+            let first = p.known(k);
             if first == NONE {
                 continue;
             }
+            // A repeated name's value is its last one's; only the full index knows where.
+            let last = match p.repeated() {
+                true => {
+                    let all = w.all.get_or_init(|| p.index_all());
+                    let at = all.iter().find(|q| q.start == first);
+                    at.and_then(|q| all.get(q.last as usize))
+                        .map_or(first, |q| q.start)
+                }
+                false => first,
+            };
             if w.drop_reason(k).is_some() {
                 any_drop = true;
                 continue;
@@ -100,7 +122,8 @@ impl<'a> Work<'a> {
         }
         if any_drop && list_dropped {
             // In the order sent, as a log reads best.
-            for pair in p.pairs() {
+            let all = w.all.get_or_init(|| p.index_all());
+            for pair in all {
                 let reason = Known::from_index(pair.known)
                     .and_then(|k| w.drop_reason(k))
                     .or((pair.first != NONE).then_some(DropReason::Duplicate));
@@ -130,7 +153,7 @@ impl<'a> Work<'a> {
 
     fn resolve<'v>(&'v self, v: &'v Val<'a>) -> &'v [u8] {
         match v {
-            Val::Pair(i) => self.p.pair(*i).map(|q| self.p.value(q)).unwrap_or_default(),
+            Val::Pair(start) => self.p.value_at(*start),
             Val::Extra(e) => self
                 .ctx
                 .extra_env
@@ -152,7 +175,7 @@ impl<'a> Work<'a> {
     pub(super) fn get_cow(&self, k: Known) -> Option<Cow<'a, [u8]>> {
         let (p, ctx) = (self.p, self.ctx);
         Some(match self.val.get(k as usize)?.as_ref()? {
-            Val::Pair(i) => Cow::Borrowed(p.pair(*i).map(|q| p.value(q)).unwrap_or_default()),
+            Val::Pair(start) => Cow::Borrowed(p.value_at(*start)),
             Val::Extra(e) => Cow::Borrowed(
                 ctx.extra_env
                     .get(*e)
@@ -218,8 +241,8 @@ impl<'a> Work<'a> {
             return;
         }
         let p = self.p;
-        let sent = p
-            .pairs()
+        let sent = self
+            .all()
             .iter()
             .position(|q| q.first == NONE && usize::from(q.known) == KNOWN && p.name(q) == name);
         if let Some(i) = sent.and_then(|i| u32::try_from(i).ok()) {
@@ -256,7 +279,7 @@ impl<'a> Work<'a> {
         }
         let mut removed = [false; KNOWN];
         for (i, out) in removed.iter_mut().enumerate() {
-            let (first, _) = p.known(Known::from_index(u8::try_from(i).ok()?)?);
+            let first = p.known(Known::from_index(u8::try_from(i).ok()?)?);
             if first == NONE {
                 continue;
             }
@@ -278,31 +301,34 @@ impl<'a> Work<'a> {
         let mut out = CgiParams::with_capacity(buf.len() + 256);
         let runs = p.is_canonical();
         let mut run = Run::default();
-        for (i, pair) in p.pairs().iter().enumerate() {
+        let all = self.all();
+        for (i, pair) in all.iter().enumerate() {
             if pair.first != NONE {
                 continue;
             }
             let i = u32::try_from(i).unwrap_or(NONE);
             let (value, as_sent) = match Known::from_index(pair.known) {
                 Some(k) => {
-                    if self.place.get(k as usize) != Some(&Place::Pair(i)) {
+                    if self.place.get(k as usize) != Some(&Place::Pair(pair.start)) {
                         continue;
                     }
                     let Some(v) = self.val.get(k as usize).and_then(Option::as_ref) else {
                         continue;
                     };
-                    (self.resolve(v), *v == Val::Pair(i))
+                    (self.resolve(v), *v == Val::Pair(pair.start))
                 }
                 None => match self.extra_over.iter().find(|(j, _)| *j == i) {
                     Some(&(_, e)) => (self.resolve_extra(e), false),
                     None => (
-                        p.pair(pair.last).map(|q| p.value(q)).unwrap_or_default(),
+                        all.get(pair.last as usize)
+                            .map(|q| p.value(q))
+                            .unwrap_or_default(),
                         pair.last == i,
                     ),
                 },
             };
             if as_sent && runs {
-                let start = p.start(pair);
+                let start = pair.start as usize;
                 if run.count == 0 || run.end != start {
                     run.flush(buf, &mut out);
                     run.start = start;
@@ -334,6 +360,11 @@ impl<'a> Work<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// Every pair, indexed: made the first time it is asked for.
+    fn all(&self) -> &[PairAt] {
+        self.all.get_or_init(|| self.p.index_all())
     }
 
     fn resolve_extra(&self, e: usize) -> &[u8] {

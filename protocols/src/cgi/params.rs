@@ -16,7 +16,7 @@ pub(super) const MAX_FIELD_LEN: usize = 0x7fff_ffff;
 
 /// CGI variables in FastCGI pair encoding. Names may repeat only if the builder let them;
 /// [`get`](Self::get) finds the first.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct CgiParams {
     buf: Vec<u8>,
     count: usize,
@@ -25,7 +25,20 @@ pub struct CgiParams {
     longest_name: usize,
     longest_value: usize,
     total: usize,
+    /// Some pairs came whole from elsewhere, their lengths not counted in the three above (a
+    /// front server's block passed on as it came: only the HTTP front checks the limits,
+    /// and it builds its own): [`within`](Self::within) walks the pairs.
+    unmeasured: bool,
 }
+
+/// Two blocks are equal when they hold the same pairs, however their lengths were counted.
+impl PartialEq for CgiParams {
+    fn eq(&self, other: &CgiParams) -> bool {
+        self.count == other.count && self.buf == other.buf
+    }
+}
+
+impl Eq for CgiParams {}
 
 impl std::fmt::Debug for CgiParams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,7 +78,16 @@ fn check_lens(name: &[u8], value_len: usize) -> Result<(), CgiError> {
     Ok(())
 }
 
+/// The lengths of the pair at the start of `buf`: (prefix bytes, name length, value length).
+#[inline]
+pub(super) fn pair_lens(buf: &[u8]) -> Option<(usize, usize, usize)> {
+    let (name_len, a) = read_len(buf)?;
+    let (value_len, b) = read_len(buf.get(a..)?)?;
+    Some((a + b, name_len, value_len))
+}
+
 /// A length at the start of `buf`: (length, prefix bytes).
+#[inline]
 fn read_len(buf: &[u8]) -> Option<(usize, usize)> {
     let first = *buf.first()?;
     if first & 0x80 == 0 {
@@ -87,20 +109,13 @@ impl CgiParams {
     }
 
     /// Pairs already encoded in `buf` (whole, each length in its shortest form), with their
-    /// count and the lengths [`within`](Self::within) checks.
-    pub(super) fn from_encoded(
-        buf: Vec<u8>,
-        count: usize,
-        longest_name: usize,
-        longest_value: usize,
-        total: usize,
-    ) -> CgiParams {
+    /// count; [`within`](Self::within) measures them when it is asked.
+    pub(super) fn from_encoded_unmeasured(buf: Vec<u8>, count: usize) -> CgiParams {
         CgiParams {
             buf,
             count,
-            longest_name,
-            longest_value,
-            total,
+            unmeasured: true,
+            ..CgiParams::default()
         }
     }
 
@@ -126,6 +141,7 @@ impl CgiParams {
     pub fn append(&mut self, other: &CgiParams) {
         self.buf.extend_from_slice(&other.buf);
         self.count += other.count;
+        self.unmeasured |= other.unmeasured;
         self.longest_name = self.longest_name.max(other.longest_name);
         self.longest_value = self.longest_value.max(other.longest_value);
         self.total = self.total.saturating_add(other.total);
@@ -158,6 +174,15 @@ impl CgiParams {
     /// Whether every name, every value and all of them together are within `names`,
     /// `values` and `total` bytes, without walking the pairs.
     pub(crate) fn within(&self, names: usize, values: usize, total: usize) -> bool {
+        if self.unmeasured {
+            let (mut n, mut v, mut t) = (0usize, 0usize, 0usize);
+            for (name, value) in self.iter() {
+                n = n.max(name.len());
+                v = v.max(value.len());
+                t = t.saturating_add(name.len() + value.len());
+            }
+            return n <= names && v <= values && t <= total;
+        }
         self.longest_name <= names && self.longest_value <= values && self.total <= total
     }
 
@@ -369,6 +394,20 @@ mod tests {
         assert!(!p.within(longest_name - 1, longest_value, total));
         assert!(!p.within(longest_name, longest_value - 1, total));
         assert!(!p.within(longest_name, longest_value, total - 1));
+        // The same pairs taken whole, uncounted (a front server's block), measured when asked;
+        // and appended to a counted block, they count in it.
+        let whole = CgiParams::from_encoded_unmeasured(p.encoded().to_vec(), p.len());
+        assert_eq!(whole, p);
+        let mut appended = CgiParams::from_pairs(&[("A", "b")]).unwrap();
+        appended.append(&whole);
+        for q in [&whole, &appended] {
+            assert!(q.within(longest_name, longest_value, total + 2));
+            assert!(!q.within(longest_name - 1, longest_value, total + 2));
+            assert!(!q.within(longest_name, longest_value - 1, total + 2));
+        }
+        assert!(whole.within(longest_name, longest_value, total));
+        assert!(!whole.within(longest_name, longest_value, total - 1));
+        assert!(!appended.within(longest_name, longest_value, total + 1));
     }
 
     #[test]

@@ -67,10 +67,11 @@ impl FrontParamsDecoder {
             if rest.len() < whole {
                 return Ok(());
             }
-            if prefix != short_prefix(name_len) + short_prefix(value_len) {
+            // Two bytes of lengths are both in their one-byte form, the shortest.
+            if prefix != 2 && prefix != short_prefix(name_len) + short_prefix(value_len) {
                 self.params.note_long_prefix();
             }
-            self.params.index(self.parsed + prefix, name_len, value_len);
+            self.params.index(self.parsed, prefix, name_len, value_len);
             self.parsed += whole;
         }
     }

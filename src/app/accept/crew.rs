@@ -33,7 +33,7 @@ const MAX_IDLE: usize = 64;
 /// The CGI front a crew serves.
 #[derive(Debug, Clone, Copy)]
 pub enum Front {
-    /// `fastcgi::serve_connection`.
+    /// `fastcgi::serve_kept`.
     Fastcgi,
     /// `scgi::serve_connection`.
     Scgi,
@@ -160,6 +160,9 @@ impl Drop for Crew {
 /// One crew task: serves `job`, then each connection it is handed, until the crew ends or
 /// enough others are idle.
 async fn work(mut job: Job, post: Arc<Post>, idle: Arc<Mutex<Idle>>, serve: Arc<Serve>) {
+    // A FastCGI connection's state, and its inline answer's allocation, serve the next one.
+    let kept = fastcgi::Kept::default();
+    let mut spare = fastcgi::SpareAnswer::default();
     loop {
         let Job { stream, ticket } = job;
         let (listener, gateway) = (Arc::clone(&serve.listener), Arc::clone(&serve.gateway));
@@ -170,15 +173,14 @@ async fn work(mut job: Job, post: Arc<Post>, idle: Arc<Mutex<Idle>>, serve: Arc<
                     .await
             }
             Front::Fastcgi => {
-                fastcgi::serve_connection(
-                    stream,
+                let served = fastcgi::Served {
                     listener,
                     ticket,
-                    serve.timeouts,
+                    timeouts: serve.timeouts,
                     gateway,
                     shutdown,
-                )
-                .await
+                };
+                fastcgi::serve_kept(stream, served, &kept, &mut spare).await
             }
         }
         {

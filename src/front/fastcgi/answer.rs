@@ -9,6 +9,7 @@ use bytes::{BufMut, BytesMut};
 use tokio::io::AsyncWriteExt;
 
 use super::outbox::{OutSender, Outbox};
+use super::table::IdMap;
 use crate::front::cgi::{self, CgiSink, Relayed};
 use crate::front::halves::WritePart;
 use crate::gateway::{GatewayError, GatewayResponse};
@@ -63,7 +64,7 @@ pub(super) async fn write_loop<'w>(
     closed: &Closed,
 ) -> WritePart<'w> {
     // Last ended request per id; sequence numbers only grow, so one entry per id suffices.
-    let mut ended: super::IdMap<u64> = super::IdMap::default();
+    let mut ended: IdMap<u64> = IdMap::default();
     // The frames queued by the time the writer runs go out in one write: a response's head,
     // body and FCGI_END_REQUEST are one system call, not three.
     let mut batch = BytesMut::new();
@@ -128,6 +129,11 @@ impl Closed {
     /// Whether the writer has ended.
     pub(super) fn is_set(&self) -> bool {
         self.0.load(Ordering::Acquire)
+    }
+
+    /// Clears the flag, for the next connection of the task that keeps it.
+    pub(super) fn clear(&self) {
+        self.0.store(false, Ordering::Release);
     }
 
     /// Sets the flag and wakes the task the writer and the reader share.

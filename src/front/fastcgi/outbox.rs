@@ -162,6 +162,21 @@ impl Outbox {
         tx
     }
 
+    /// Empty and open again, for the next connection of the task that keeps it.
+    pub(super) fn renew(&self) {
+        let mut q = self.queue();
+        if q.frames.len() != 0 {
+            q.frames.clear();
+        }
+        // Field by field: the queue is a few hundred bytes, and its ring is already empty
+        // after a connection whose writer sent everything.
+        q.writer = None;
+        q.sender = None;
+        q.mux = None;
+        q.closed = false;
+        q.finished = false;
+    }
+
     /// The reader has ended: once the queue and the channel are empty, the writer ends.
     pub(super) fn finish(&self) {
         let mut q = self.queue();

@@ -2,7 +2,36 @@
 //! (a front server that does not multiplex, as nginx, Apache and Caddy do not, never needs
 //! more and never pays for a map), any others in a map.
 
-use super::{Active, IdMap};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::Active;
+
+/// A map keyed by request id. Ids are the front server's, but a map holds at most
+/// `Limits::max_concurrent_requests` of them (the writer's, one per id ever ended, at most
+/// 65,535): a multiplicative hash spreads them well enough, without the cost of seeding and
+/// running SipHash for every request.
+pub(super) type IdMap<V> = HashMap<u16, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`IdMap`].
+#[derive(Debug, Default)]
+pub(super) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u16(&mut self, id: u16) {
+        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 #[derive(Debug, Default)]
 pub(super) struct Requests {
