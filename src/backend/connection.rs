@@ -4,15 +4,16 @@
 //! A connection goes back to the stack only after a clean end of its exchange; a connection
 //! that saw any error is dropped. The stack is bounded per address, newest first, and an idle
 //! connection that the backend closed meanwhile (or that holds unread bytes) is discarded at
-//! checkout without a round trip.
+//! checkout without a round trip, and without a system call unless the reactor saw it
+//! become readable (`BackendConnection::is_quiet`).
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::errno::Errno;
 use nix::sys::socket::{recv, MsgFlags};
+use tokio::io::Interest;
 
 use crate::config::BackendAddress;
 use crate::net::Stream;
@@ -147,17 +148,31 @@ impl BackendConnection {
     /// Whether an idle connection is still usable: the backend has neither closed it nor
     /// sent anything (which no protocol allows between requests).
     ///
-    /// The kernel is asked directly (a non-blocking peek) rather than through tokio's cached
-    /// readiness, which learns of a close only when the reactor next turns.
+    /// No system call in the usual case: the readiness tokio keeps for the stream is read
+    /// first. The reactor marks an idle connection readable when the backend closes it or
+    /// writes to it, so an unmarked one is kept as it is. A marked one is asked once more,
+    /// with a non-blocking peek, because the mark may be left over from its last exchange
+    /// (a read that filled the buffer does not clear it); a peek that finds nothing clears
+    /// the mark (`try_io` does on `WouldBlock`), so the next checkout is free again.
+    ///
+    /// What this cannot see is a close that reached the socket after the reactor last
+    /// turned: the request then meets it, and `Gateway::dispatch` sends the request again
+    /// when none of it reached the backend (ARCHITECTURE.md invariant 6).
     fn is_quiet(&self) -> bool {
-        let fd = match &self.stream {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
+        let peeked = match &self.stream {
+            Stream::Tcp(s) => s.try_io(Interest::READABLE, || peek(s.as_raw_fd())),
+            Stream::Unix(s) => s.try_io(Interest::READABLE, || peek(s.as_raw_fd())),
         };
-        let mut probe = [0u8; 1];
-        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        matches!(recv(fd, &mut probe, flags), Err(Errno::EAGAIN))
+        matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
+}
+
+/// One non-blocking peek at `fd`: `Ok(0)` at EOF, `Ok(n)` when bytes wait, `WouldBlock` when
+/// the connection is quiet.
+fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
+    let mut probe = [0u8; 1];
+    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    recv(fd, &mut probe, flags).map_err(io::Error::from)
 }
 
 /// Idle connections keyed by backend address, at most `max_idle` per address. Cheap to
@@ -214,7 +229,7 @@ impl Connections {
     pub fn take_idle(&self, address: &BackendAddress) -> Option<BackendConnection> {
         while let Some(mut conn) = self.pop(address) {
             if !conn.is_quiet() {
-                tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed");
+                tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed or wrote on");
                 continue;
             }
             let here = crate::shards::current();
@@ -307,5 +322,55 @@ impl Connections {
             Some(i) => Some(stack.remove(i)),
             None => stack.pop(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    fn pair() -> (BackendConnection, tokio::net::UnixStream) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let address = BackendAddress::Unix("/nonexistent/backend.sock".into());
+        (
+            BackendConnection::from_stream(Stream::Unix(ours), address),
+            theirs,
+        )
+    }
+
+    fn unix(conn: &BackendConnection) -> &tokio::net::UnixStream {
+        match &conn.stream {
+            Stream::Unix(s) => s,
+            Stream::Tcp(_) => unreachable!("made from a socketpair"),
+        }
+    }
+
+    /// Readiness the reactor set and a read left behind (a read that does not end in
+    /// `WouldBlock` keeps it) says nothing about the connection now: it is quiet, and the
+    /// peek that finds so clears the mark.
+    #[tokio::test]
+    async fn a_readiness_mark_left_by_a_read_does_not_condemn_a_quiet_connection() {
+        let (conn, mut theirs) = pair();
+        assert!(conn.is_quiet(), "never readable");
+        theirs.write_all(b"x").await.unwrap();
+        unix(&conn).readable().await.unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(unix(&conn).try_read(&mut byte).unwrap(), 1);
+        assert!(conn.is_quiet(), "read to the end, still marked readable");
+        assert!(conn.is_quiet(), "the mark is cleared");
+    }
+
+    #[tokio::test]
+    async fn bytes_or_a_close_while_idle_condemn_the_connection() {
+        let (conn, mut theirs) = pair();
+        theirs.write_all(b"stray").await.unwrap();
+        unix(&conn).readable().await.unwrap();
+        assert!(!conn.is_quiet(), "bytes no request asked for");
+        let (conn, theirs) = pair();
+        drop(theirs);
+        unix(&conn).readable().await.unwrap();
+        assert!(!conn.is_quiet(), "closed by the backend");
+        assert!(!conn.is_quiet(), "a close stays seen");
     }
 }
