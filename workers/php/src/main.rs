@@ -29,9 +29,7 @@ mod preload;
 mod request;
 mod worker;
 
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -153,27 +151,15 @@ fn main() {
 /// Accepts connections on fd 0 until a stop signal; the exit code.
 fn serve() -> i32 {
     while !stopping() {
-        // SAFETY: accept4 on the inherited listener with no address out-parameters.
-        let fd = unsafe {
-            libc::accept4(
-                LISTENER,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
-                _ => {
-                    log(&format!("accept on fd 0 failed: {e}"));
-                    return 1;
-                }
+        let stream = match corral_worker_control::conn::accept(LISTENER) {
+            Ok(Some(stream)) => stream,
+            // Interrupted (the loop looks at the stop flag) or gone before it was taken.
+            Ok(None) => continue,
+            Err(e) => {
+                log(&format!("accept on fd 0 failed: {e}"));
+                return 1;
             }
-        }
-        // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
-        let stream = unsafe { File::from_raw_fd(fd) };
+        };
         match serve_connection(Conn::new(stream)) {
             Ok(()) => {}
             Err(code) => return code,

@@ -29,9 +29,7 @@ mod preload;
 mod python;
 mod response;
 
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use conn::{Conn, End};
@@ -193,27 +191,15 @@ pub fn serve(listener: libc::c_int) -> i32 {
     };
     let mut reused = conn::Buffers::new();
     while !stopping() {
-        // SAFETY: accept4 on the inherited listener with no address out-parameters.
-        let fd = unsafe {
-            libc::accept4(
-                listener,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
-                _ => {
-                    log(&format!("accept on corral's socket failed: {e}"));
-                    return 1;
-                }
+        let stream = match corral_worker_control::conn::accept(listener) {
+            Ok(Some(stream)) => stream,
+            // Interrupted (the loop looks at the stop flag) or gone before it was taken.
+            Ok(None) => continue,
+            Err(e) => {
+                log(&format!("accept on corral's socket failed: {e}"));
+                return 1;
             }
-        }
-        // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
-        let stream = unsafe { File::from_raw_fd(fd) };
+        };
         let (mut conn, mut view) = Conn::new(stream, listener, reused);
         let end = response::serve_connection(&mut conn, &mut keys, &mut view);
         reused = conn.into_buffers(view);
