@@ -31,12 +31,13 @@ mod worker;
 
 use std::io::Write;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use corral_protocols::lsapi::ResponseEncoder;
 
 use conn::{Conn, End};
 use exchange::{Exchange, Sink};
+
+pub use corral_worker_control::stop::{reset_stop, stopping};
 
 /// The listening socket corral hands over.
 pub const LISTENER: libc::c_int = 0;
@@ -46,22 +47,6 @@ pub const LISTENER: libc::c_int = 0;
 /// php.ini leaves it at its default, on); `cgi.fix_pathinfo` is php-cgi's and has no effect
 /// here, where SCRIPT_FILENAME is the file to run, checked by corral.
 const INI: &str = "opcache.enable=1\n";
-
-static STOPPING: AtomicBool = AtomicBool::new(false);
-
-/// Whether a stop signal came.
-pub fn stopping() -> bool {
-    STOPPING.load(Ordering::Relaxed)
-}
-
-/// Forgets a stop signal (a worker just forked from the template starts afresh).
-pub fn reset_stop() {
-    STOPPING.store(false, Ordering::Relaxed);
-}
-
-extern "C" fn on_stop(_: libc::c_int) {
-    STOPPING.store(true, Ordering::Relaxed);
-}
 
 /// One line on stderr, which corral logs with this worker's pool and pid.
 pub fn log(message: &str) {
@@ -86,16 +71,11 @@ pub fn close_listener() {
 }
 
 fn install_signals() {
-    // SAFETY: `on_stop` only stores to an atomic, which is async-signal-safe; the sigaction
-    // struct is zeroed and then filled. No SA_RESTART: a wait between requests or in accept
-    // returns EINTR and sees the flag.
+    // SIGTERM and SIGINT set the stop flag (no SA_RESTART: a wait between requests or in
+    // accept returns EINTR and sees it).
+    corral_worker_control::stop::catch_stop_signals();
+    // SAFETY: prctl(2) with constant arguments.
     unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut action.sa_mask);
-        for signal in [libc::SIGTERM, libc::SIGINT] {
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
         // A worker must not outlive the corral that supervises it.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
     }
