@@ -1,7 +1,9 @@
 //! The native WSGI worker alone, on a Unix listener passed as fd 0 and driven with corral's
 //! LSAPI codec: SIGTERM and SIGINT finish the request in progress and then exit 0 (at once
 //! when idle), SIGUSR2 writes the Python stack and corral's end line, garbage closes only
-//! its connection, and a readiness probe is answered without calling the app.
+//! its connection, a readiness probe is answered without calling the app, and RESP_END
+//! leaves with the last bytes of the announced Content-Length (bytes past it close the
+//! connection).
 
 #![allow(
     clippy::unwrap_used,
@@ -32,7 +34,10 @@ use support::peers::{shared_dir, write_file};
 use support::python_apps::PYTHON;
 
 /// `/gate` says it started, then waits for the file `go` (20 s at most), counting its rounds
-/// in `ticks`; `/` says hello.
+/// in `ticks`; `/length-then-wait` and `/write-then-wait` give the 5 bytes their
+/// Content-Length announces, then wait for the file `done` (6 s at most) before their
+/// iterable ends; `/length-then-raise` raises once they are given; the `/over-*` paths give
+/// more than their Content-Length; `/` says hello.
 const APP: &str = r#"import os, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,6 +54,33 @@ def application(environ, start_response):
             time.sleep(0.01)  # WAITING
         start_response("200 OK", [])
         return [b"finished"]
+    if environ["PATH_INFO"] in ("/length-then-wait", "/write-then-wait"):
+        def wait():
+            for _ in range(600):
+                if os.path.exists(os.path.join(HERE, "done")):
+                    break
+                time.sleep(0.01)
+            yield b""
+        write = start_response("200 OK", [("Content-Length", "5")])
+        if environ["PATH_INFO"] == "/write-then-wait":
+            write(b"whole")
+            return wait()
+        def gen():
+            yield b"whole"
+            yield from wait()
+        return gen()
+    if environ["PATH_INFO"] == "/over-generator":
+        start_response("200 OK", [("Content-Length", "5")])
+        return (part for part in [b"who", b"", b"le and more", b"and more"])
+    if environ["PATH_INFO"] == "/length-then-raise":
+        def gen():
+            yield b"whole"
+            raise RuntimeError("raised past the announced body")
+        start_response("200 OK", [("Content-Length", "5")])
+        return gen()
+    if environ["PATH_INFO"] == "/over-list":
+        start_response("200 OK", [("Content-Length", " 5 ")])
+        return [b"whole", b"and more"]
     if environ.get("CORRAL_READY_PROBE"):
         raise RuntimeError("the probe reached the app")
     start_response("200 OK", [])
@@ -265,4 +297,67 @@ fn garbage_closes_only_its_connection_and_the_probe_skips_the_app() {
     s.write_all(&get("/", &[])).unwrap();
     assert_eq!(read_answer(&mut s).text(), "hello");
     assert!(!worker.stderr().contains("the probe reached the app"));
+}
+
+#[test]
+fn resp_end_leaves_with_the_last_bytes_of_the_announced_content_length() {
+    // corral stops reading an answer at its Content-Length and may drop an exchange whose
+    // RESP_END has not come with those bytes (its client gone): an end written only when
+    // the iterable ends would find the connection closed and cost corral the connection.
+    let dir = shared_dir();
+    let worker = Worker::start(dir.path());
+    let mut s = worker.connect();
+    for path in ["/length-then-wait", "/write-then-wait"] {
+        let _ = std::fs::remove_file(dir.path().join("done"));
+        s.write_all(&get(path, &[])).unwrap();
+        let asked = tokio::time::Instant::now();
+        let answer = read_answer(&mut s);
+        assert_eq!((answer.status, answer.text().as_str()), (200, "whole"));
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "{path}: RESP_END came only when the iterable ended, after {:?}",
+            asked.elapsed()
+        );
+        // Once the iterable ends, the same connection carries the next request.
+        std::fs::write(dir.path().join("done"), "").unwrap();
+        s.write_all(&get("/", &[])).unwrap();
+        assert_eq!(read_answer(&mut s).text(), "hello", "{path}");
+    }
+    drop(s);
+
+    // Bytes past the announced ones cannot follow RESP_END: the answer is the announced
+    // bytes, then the connection closes and the log says why; the worker serves on.
+    for path in ["/over-generator", "/over-list"] {
+        let mut s = worker.connect();
+        s.write_all(&get(path, &[("REQUEST_URI", path)])).unwrap();
+        let mut answer = Answer::default();
+        let mut buf = BytesMut::new();
+        assert!(
+            read_answer_from(&mut s, &mut buf, &mut answer),
+            "{path}: {answer:?}"
+        );
+        assert_eq!(answer.text(), "whole", "{path}");
+        let mut rest = buf.to_vec();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{path}: {rest:?}");
+        worker.wait_log(&format!(
+            "GET {path}: the application gave more than its Content-Length; the connection closes"
+        ));
+        let mut s = worker.connect();
+        s.write_all(&get("/", &[])).unwrap();
+        assert_eq!(read_answer(&mut s).text(), "hello", "{path}");
+    }
+    let log = worker.stderr();
+    assert!(!log.contains("Traceback"), "{log}");
+
+    // An error once the announced body has gone whole with RESP_END: that answer stands
+    // and the connection, in step, carries the next request.
+    let mut s = worker.connect();
+    s.write_all(&get("/length-then-raise", &[])).unwrap();
+    assert_eq!(read_answer(&mut s).text(), "whole");
+    worker.wait_log("RuntimeError: raised past the announced body");
+    s.write_all(&get("/", &[])).unwrap();
+    assert_eq!(read_answer(&mut s).text(), "hello");
+    let log = worker.stderr();
+    assert!(!log.contains("cut short"), "{log}");
 }

@@ -15,7 +15,12 @@
 //! at its fork (the worker unblocks them, with its stop flag cleared).
 //!
 //! The crate depends on libc alone; corral's own side of the protocol (src/process/preload.rs)
-//! is async and does not use it.
+//! is async and does not use it. [`conn`] holds the waits on corral's connections that both
+//! workers make alike (accept, the wait between requests, the bounded wait for a byte), and
+//! [`stop`] the stop flag SIGTERM and SIGINT set in both.
+
+pub mod conn;
+pub mod stop;
 
 use std::ffi::c_int;
 use std::os::fd::RawFd;

@@ -29,16 +29,15 @@ mod preload;
 mod request;
 mod worker;
 
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use corral_protocols::lsapi::ResponseEncoder;
 
 use conn::{Conn, End};
 use exchange::{Exchange, Sink};
+
+pub use corral_worker_control::stop::{reset_stop, stopping};
 
 /// The listening socket corral hands over.
 pub const LISTENER: libc::c_int = 0;
@@ -48,22 +47,6 @@ pub const LISTENER: libc::c_int = 0;
 /// php.ini leaves it at its default, on); `cgi.fix_pathinfo` is php-cgi's and has no effect
 /// here, where SCRIPT_FILENAME is the file to run, checked by corral.
 const INI: &str = "opcache.enable=1\n";
-
-static STOPPING: AtomicBool = AtomicBool::new(false);
-
-/// Whether a stop signal came.
-pub fn stopping() -> bool {
-    STOPPING.load(Ordering::Relaxed)
-}
-
-/// Forgets a stop signal (a worker just forked from the template starts afresh).
-pub fn reset_stop() {
-    STOPPING.store(false, Ordering::Relaxed);
-}
-
-extern "C" fn on_stop(_: libc::c_int) {
-    STOPPING.store(true, Ordering::Relaxed);
-}
 
 /// One line on stderr, which corral logs with this worker's pool and pid.
 pub fn log(message: &str) {
@@ -88,16 +71,11 @@ pub fn close_listener() {
 }
 
 fn install_signals() {
-    // SAFETY: `on_stop` only stores to an atomic, which is async-signal-safe; the sigaction
-    // struct is zeroed and then filled. No SA_RESTART: a wait between requests or in accept
-    // returns EINTR and sees the flag.
+    // SIGTERM and SIGINT set the stop flag (no SA_RESTART: a wait between requests or in
+    // accept returns EINTR and sees it).
+    corral_worker_control::stop::catch_stop_signals();
+    // SAFETY: prctl(2) with constant arguments.
     unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut action.sa_mask);
-        for signal in [libc::SIGTERM, libc::SIGINT] {
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
         // A worker must not outlive the corral that supervises it.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
     }
@@ -153,27 +131,15 @@ fn main() {
 /// Accepts connections on fd 0 until a stop signal; the exit code.
 fn serve() -> i32 {
     while !stopping() {
-        // SAFETY: accept4 on the inherited listener with no address out-parameters.
-        let fd = unsafe {
-            libc::accept4(
-                LISTENER,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
-                _ => {
-                    log(&format!("accept on fd 0 failed: {e}"));
-                    return 1;
-                }
+        let stream = match corral_worker_control::conn::accept(LISTENER) {
+            Ok(Some(stream)) => stream,
+            // Interrupted (the loop looks at the stop flag) or gone before it was taken.
+            Ok(None) => continue,
+            Err(e) => {
+                log(&format!("accept on fd 0 failed: {e}"));
+                return 1;
             }
-        }
-        // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
-        let stream = unsafe { File::from_raw_fd(fd) };
+        };
         match serve_connection(Conn::new(stream)) {
             Ok(()) => {}
             Err(code) => return code,

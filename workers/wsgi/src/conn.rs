@@ -15,22 +15,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use bytes::{Buf, Bytes, BytesMut};
 use corral_protocols::lsapi::{RequestDecoder, RequestView, ViewEvent};
 use corral_protocols::Limits;
+use corral_worker_control::conn::{wait_idle, wait_readable};
+
+pub use corral_worker_control::conn::End;
 
 /// Most bytes read at once.
 const CHUNK: usize = 64 * 1024;
 /// A request (its packet or body) not complete this long after its first byte is given up.
 const READ_TIMEOUT_MS: libc::c_int = 60_000;
-
-/// Why a connection ends.
-#[derive(Debug)]
-pub enum End {
-    /// corral closed it between requests, opened another, or an answer could not end.
-    Closed,
-    /// A stop signal came.
-    Stopping,
-    /// Bad or incomplete input, or a failed read or write: logged and closed.
-    Failed(String),
-}
 
 /// The buffers a connection uses, kept from one connection to the next.
 pub struct Buffers {
@@ -117,7 +109,7 @@ impl Conn {
             }
             let idle = self.buf.is_empty();
             if idle {
-                self.wait_idle()?;
+                wait_idle(self.stream.as_raw_fd(), self.listener, crate::stopping)?;
             }
             if self.fill(!idle)? == 0 {
                 return Err(if idle {
@@ -213,65 +205,5 @@ impl Conn {
             }
             return Err(End::Failed(format!("read failed: {e}")));
         }
-    }
-
-    /// Waits between requests until the connection has bytes (or its end), corral connects
-    /// anew on the listener (this connection is then closed), or a stop signal comes.
-    fn wait_idle(&self) -> Result<(), End> {
-        loop {
-            if crate::stopping() {
-                return Err(End::Stopping);
-            }
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.stream.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.listener,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: `fds` is a valid array of two pollfd for the call's duration.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(End::Failed(format!("poll failed: {e}")));
-            }
-            let [conn, listen] = fds;
-            if conn.revents != 0 {
-                return Ok(());
-            }
-            if listen.revents != 0 {
-                return Err(End::Closed);
-            }
-        }
-    }
-}
-
-/// Whether `fd` became readable within `timeout_ms` (a signal that interrupts the wait
-/// waits again: the request in progress still finishes).
-fn wait_readable(fd: RawFd, timeout_ms: libc::c_int) -> Result<bool, End> {
-    loop {
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is a valid pollfd for the call's duration.
-        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(End::Failed(format!("poll failed: {e}")));
-        }
-        return Ok(rc > 0);
     }
 }

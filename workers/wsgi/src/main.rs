@@ -29,31 +29,14 @@ mod preload;
 mod python;
 mod response;
 
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use conn::{Conn, End};
 
+pub use corral_worker_control::stop::{reset_stop, stopping};
+
 /// The glue run once when the interpreter starts (loading the app, wsgi.input's class).
 const GLUE: &str = include_str!("glue.py");
-
-static STOPPING: AtomicBool = AtomicBool::new(false);
-
-/// Whether a stop signal came.
-pub fn stopping() -> bool {
-    STOPPING.load(Ordering::Relaxed)
-}
-
-/// Forgets a stop signal (a worker just forked from the preloader starts afresh).
-pub fn reset_stop() {
-    STOPPING.store(false, Ordering::Relaxed);
-}
-
-extern "C" fn on_stop(_: libc::c_int) {
-    STOPPING.store(true, Ordering::Relaxed);
-}
 
 /// The line that ends a stack dump; faulthandler writes the stacks, then chains here.
 extern "C" fn on_stacks(_: libc::c_int) {
@@ -97,17 +80,13 @@ pub fn log(message: &str) {
 }
 
 fn install_signals() {
-    // SAFETY: the handlers only store to an atomic or write(2), both async-signal-safe; the
-    // sigaction structs are zeroed and then filled. No SA_RESTART: a wait between requests
-    // or in accept returns EINTR and sees the flag. SIGUSR2's handler is installed before
+    // SIGTERM and SIGINT set the stop flag (no SA_RESTART: a wait between requests or in
+    // accept returns EINTR and sees it).
+    corral_worker_control::stop::catch_stop_signals();
+    // SAFETY: `on_stacks` only writes with write(2), which is async-signal-safe; the
+    // sigaction struct is zeroed and then filled. SIGUSR2's handler is installed before
     // Python starts, so faulthandler (set up by the glue) chains to it.
     unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut action.sa_mask);
-        for signal in [libc::SIGTERM, libc::SIGINT] {
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
         let mut stacks: libc::sigaction = std::mem::zeroed();
         stacks.sa_sigaction = on_stacks as extern "C" fn(libc::c_int) as usize;
         stacks.sa_flags = libc::SA_RESTART;
@@ -193,27 +172,15 @@ pub fn serve(listener: libc::c_int) -> i32 {
     };
     let mut reused = conn::Buffers::new();
     while !stopping() {
-        // SAFETY: accept4 on the inherited listener with no address out-parameters.
-        let fd = unsafe {
-            libc::accept4(
-                listener,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
-                _ => {
-                    log(&format!("accept on corral's socket failed: {e}"));
-                    return 1;
-                }
+        let stream = match corral_worker_control::conn::accept(listener) {
+            Ok(Some(stream)) => stream,
+            // Interrupted (the loop looks at the stop flag) or gone before it was taken.
+            Ok(None) => continue,
+            Err(e) => {
+                log(&format!("accept on corral's socket failed: {e}"));
+                return 1;
             }
-        }
-        // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
-        let stream = unsafe { File::from_raw_fd(fd) };
+        };
         let (mut conn, mut view) = Conn::new(stream, listener, reused);
         let end = response::serve_connection(&mut conn, &mut keys, &mut view);
         reused = conn.into_buffers(view);

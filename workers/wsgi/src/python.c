@@ -511,7 +511,9 @@ static void log_error(void *ctx, const char *doing) {
 
 /* Iterates the app's result into body bytes: a list or tuple is queued whole (RESP_END
  * goes in the same write), any other iterable written as it yields (PEP 3333 forbids
- * holding a block back). */
+ * holding a block back). The chunk that completes the announced Content-Length takes
+ * RESP_END along (src/response.rs); bytes past it fail the write, as a lost connection
+ * does, and the connection closes. */
 static int send_result(Req *req, PyObject *result) {
     if (PyList_CheckExact(result) || PyTuple_CheckExact(result)) {
         PyObject *seq = result;

@@ -4,6 +4,13 @@
 //! the first body bytes, and a list body leaves whole with RESP_END, so a small answer is
 //! one write(2). An iterable the app yields from is written chunk by chunk (PEP 3333 forbids
 //! holding a block back).
+//!
+//! The chunk that completes the Content-Length the head announces leaves with RESP_END, not
+//! after the iterable ends: corral stops reading an answer at its Content-Length and may drop
+//! an exchange whose end has not come with those bytes (its client gone, say), closing the
+//! connection; an end written later would then find it closed, and corral would lose a
+//! connection it could have kept. Bytes past the announced ones cannot follow RESP_END: the
+//! worker logs them and closes the connection.
 
 use corral_protocols::lsapi::{FlagRule, RequestView, ResponseEncoder};
 
@@ -28,6 +35,13 @@ pub struct Exchange<'c> {
     /// Whether anything past REQ_RECEIVED was written.
     head_sent: bool,
     broken: bool,
+    /// Body bytes the head's Content-Length still announces; None without one (or with two,
+    /// or one that is not a plain count).
+    left: Option<u64>,
+    /// Whether RESP_END has been queued (the announced body is whole).
+    ended: bool,
+    /// Whether the app gave bytes past its Content-Length (logged; the connection closes).
+    over: bool,
 }
 
 impl Exchange<'_> {
@@ -58,6 +72,7 @@ impl Exchange<'_> {
             .header(status, headers, &mut self.conn.out)
             .map_err(|e| e.to_string())?;
         self.head_at = Some(at);
+        self.left = announced_length(headers);
         Ok(())
     }
 
@@ -67,9 +82,39 @@ impl Exchange<'_> {
         if self.broken {
             return false;
         }
+        if let Some(left) = self.left.filter(|_| !data.is_empty()) {
+            match usize::try_from(left) {
+                Ok(left) if left <= data.len() => return self.complete(data, left),
+                _ => self.left = Some(left - data.len() as u64),
+            }
+        }
         self.encoder.stream(data, &mut self.conn.out);
         if flush || self.conn.out.len() >= FLUSH_AT {
             self.flush();
+        }
+        !self.broken
+    }
+
+    /// `data` holds the last `left` bytes the head announced (and maybe more): they leave
+    /// with RESP_END, in one write; what is past them is logged and closes the connection.
+    fn complete(&mut self, data: &[u8], left: usize) -> bool {
+        let (whole, past) = data.split_at(left.min(data.len()));
+        if !self.ended {
+            if !whole.is_empty() {
+                self.encoder.stream(whole, &mut self.conn.out);
+            }
+            self.encoder.end(&mut self.conn.out);
+            self.ended = true;
+            self.left = Some(0);
+            self.flush();
+        }
+        if !past.is_empty() {
+            crate::log(&format!(
+                "{}: the application gave more than its Content-Length; the connection closes",
+                self.what()
+            ));
+            self.over = true;
+            self.broken = true;
         }
         !self.broken
     }
@@ -94,10 +139,13 @@ impl Exchange<'_> {
         }
     }
 
-    /// RESP_END and the last write; whether the connection can carry another request.
+    /// RESP_END and the last write (unless the announced body already took it along);
+    /// whether the connection can carry another request.
     fn end(mut self) -> bool {
-        self.encoder.end(&mut self.conn.out);
-        self.flush();
+        if !self.ended {
+            self.encoder.end(&mut self.conn.out);
+            self.flush();
+        }
         !self.broken
     }
 
@@ -117,6 +165,30 @@ impl Exchange<'_> {
         self.encoder.stream(body, &mut self.conn.out);
         self.end()
     }
+}
+
+/// The body length `headers` announce: their one Content-Length, a plain count (spaces
+/// around it allowed); None without one, with two, or with anything else.
+fn announced_length(headers: &[(&[u8], &[u8])]) -> Option<u64> {
+    let mut found = None;
+    for (name, value) in headers {
+        if name.len() != 14 || !name.eq_ignore_ascii_case(b"content-length") {
+            continue;
+        }
+        if found.is_some() {
+            return None;
+        }
+        let digits = value.trim_ascii();
+        if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        found = Some(
+            digits
+                .iter()
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
+        );
+    }
+    found
 }
 
 fn decimal(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
@@ -165,6 +237,9 @@ fn serve_request(conn: &mut Conn, keys: &mut Keys, view: &RequestView) -> bool {
         head_at: None,
         head_sent: false,
         broken: false,
+        left: None,
+        ended: false,
+        over: false,
     };
     if environ::env(view, b"CORRAL_READY_PROBE") == Some(b"1") {
         // corral asking whether the app is loaded (it is: this loop runs only once it is),
@@ -185,8 +260,12 @@ fn serve_request(conn: &mut Conn, keys: &mut Keys, view: &RequestView) -> bool {
     match python::call(&mut exchange, environ, view.body_len()) {
         Outcome::Answered => exchange.end(),
         Outcome::FailedUnsent if !exchange.broken => exchange.answer(500, ERROR_BODY),
+        // The announced body went out whole with RESP_END before the app failed: the
+        // answer is complete and the connection in step (the traceback is logged).
+        Outcome::FailedSent if exchange.ended && !exchange.broken => true,
         Outcome::FailedUnsent | Outcome::FailedSent | Outcome::Gone => {
-            if exchange.head_sent {
+            // Bytes past the Content-Length were logged when they came.
+            if exchange.head_sent && !exchange.over {
                 crate::log(&format!(
                     "{}: the answer was cut short; closing the connection",
                     exchange.what()
@@ -203,4 +282,36 @@ fn describe(view: &RequestView) -> String {
     let method = environ::env(view, b"REQUEST_METHOD").or(view.request_method());
     let uri = environ::env(view, b"REQUEST_URI");
     format!("{} {}", text(method), text(uri))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::announced_length;
+
+    #[test]
+    fn the_announced_length_is_one_plain_count() {
+        let one = |value: &'static [u8]| announced_length(&[(b"Content-Length", value)]);
+        assert_eq!(one(b"5"), Some(5));
+        assert_eq!(one(b" 0 "), Some(0));
+        assert_eq!(one(b"999999999999999999"), Some(999_999_999_999_999_999));
+        // Too long to be a count corral accepts, signed, not decimal, empty.
+        for bad in [
+            &b"1000000000000000000"[..],
+            b"+5",
+            b"-1",
+            b"0x5",
+            b"5 5",
+            b"",
+            b" ",
+        ] {
+            assert_eq!(one(bad), None, "{bad:?}");
+        }
+        let cased: [(&[u8], &[u8]); 2] = [(b"Content-Type", b"7"), (b"content-LENGTH", b"7")];
+        assert_eq!(announced_length(&cased), Some(7));
+        // Two of them (even equal): no end is known ahead; none: the same.
+        let two: [(&[u8], &[u8]); 2] = [(b"Content-Length", b"5"), (b"Content-Length", b"5")];
+        assert_eq!(announced_length(&two), None);
+        assert_eq!(announced_length(&[(b"Content-Lengths", b"5")]), None);
+        assert_eq!(announced_length(&[]), None);
+    }
 }
