@@ -169,7 +169,7 @@ impl Gateway {
                 ))
             })
             .ok_or_else(|| GatewayError::NoContext {
-                host: key.host.to_owned(),
+                host: String::from_utf8_lossy(key.host).into_owned(),
                 path: String::from_utf8_lossy(key.path).into_owned(),
             })
     }
