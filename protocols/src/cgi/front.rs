@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::front_params::{FrontParams, Known, KNOWN};
+use super::front_params::{FrontParams, Known, LeftOut};
 use super::front_work::{Val, Work};
 use super::params::CgiParams;
 use super::path::{
@@ -95,9 +95,9 @@ pub fn normalize_front_with(
     }
     if !list_dropped {
         if let Some(removed) = only_left_out(&params, ctx)? {
-            let params = match removed.contains(&true) {
-                true => params.into_params_without(&removed)?,
-                false => params.into_params()?,
+            let params = match removed {
+                0 => params.into_params()?,
+                _ => params.into_params_without(removed)?,
             };
             return Ok(FrontVars {
                 params,
@@ -156,7 +156,7 @@ pub fn normalize_front_with(
             // kept are moved down in the front server's own buffer.
             let dropped = std::mem::take(&mut w.dropped);
             drop(w);
-            let params = params.into_params_without(&removed)?;
+            let params = params.into_params_without(removed)?;
             return Ok(FrontVars { params, dropped });
         }
         let params = w.write()?;
@@ -249,7 +249,7 @@ fn fix_script_filename(
 /// PATH_TRANSLATED, and in files mode an empty PATH_INFO), nothing else changing. Decided
 /// from where the names lie, with the checks [`normalize_front_with`] makes in the same
 /// order, without building its [`Work`]. `None`: the general way decides.
-fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<[bool; KNOWN]>, CgiError> {
+fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<LeftOut>, CgiError> {
     if p.repeated() || !p.is_canonical() || !ctx.extra_env.is_empty() {
         return Ok(None);
     }
@@ -257,10 +257,10 @@ fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<[bool; KNOW
     if sent(Known::DocumentRoot).is_none() || sent(Known::ScriptName).is_none() {
         return Ok(None);
     }
-    let mut removed = [false; KNOWN];
+    let mut removed: LeftOut = 0;
     let mut leave_out = |k: Known| {
-        if let (Some(out), Some(_)) = (removed.get_mut(k as usize), sent(k)) {
-            *out = true;
+        if sent(k).is_some() {
+            removed |= 1 << (k as u32);
         }
     };
     leave_out(Known::HttpProxy);
