@@ -22,8 +22,8 @@ use super::front_params::{FrontParams, Known, LeftOut};
 use super::front_work::{Val, Work};
 use super::params::CgiParams;
 use super::path::{
-    check_context, check_decoded, has_hidden_segment, is_normal, normal_form, normalize,
-    percent_decode, root_display, root_prefix, script_end, split_normalized, Split,
+    check_context, checked_is_normal, has_hidden_segment, normal_form, normalize, percent_decode,
+    root_display, root_prefix, script_end, split_normalized, Split,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
@@ -189,9 +189,8 @@ fn check_script_filename<'v>(
     if path.first() != Some(&b'/') {
         return Err(outside());
     }
-    check_decoded(path)?;
     // What `normalize` would make of a path already in normal form is the path itself.
-    let norm = if is_normal(path) {
+    let norm = if checked_is_normal(path)? {
         Cow::Borrowed(path)
     } else {
         Cow::Owned(normalize(path, false)?)
