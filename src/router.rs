@@ -35,8 +35,9 @@ pub struct Context {
 pub struct RouteKey<'a> {
     /// The listener the request came in on.
     pub listener: &'a ListenAddress,
-    /// The host name, lowercase, without port.
-    pub host: &'a str,
+    /// The host name, lowercase, without port, as bytes: compared with the contexts' host
+    /// names byte for byte, with no UTF-8 check on the way.
+    pub host: &'a [u8],
     /// The decoded, normalised path (no query), as bytes: matched against the contexts'
     /// prefixes and extensions byte for byte, with no UTF-8 check on the way.
     pub path: &'a [u8],
@@ -123,16 +124,16 @@ impl Router {
 
 /// How well a context's `host` matches: any host 0, a `*.` wildcard 1, the exact name 2;
 /// `None` when it does not match.
-fn host_rank(wanted: Option<&str>, host: &str) -> Option<u8> {
+fn host_rank(wanted: Option<&str>, host: &[u8]) -> Option<u8> {
     let Some(h) = wanted else {
         return Some(0);
     };
-    if h == host {
+    if h.as_bytes() == host {
         return Some(2);
     }
-    let suffix = h.strip_prefix("*.")?;
+    let suffix = h.strip_prefix("*.")?.as_bytes();
     let boundary = host.len().checked_sub(suffix.len() + 1)?;
-    (host.ends_with(suffix) && host.as_bytes().get(boundary) == Some(&b'.')).then_some(1)
+    (host.ends_with(suffix) && host.get(boundary) == Some(&b'.')).then_some(1)
 }
 
 /// Whether `path` lies under `prefix` on a segment boundary (`/app` matches `/app` and
@@ -230,13 +231,13 @@ mod tests {
 
     #[test]
     fn wildcard_hosts_need_a_subdomain() {
-        assert_eq!(host_rank(None, "x"), Some(0));
-        assert_eq!(host_rank(Some("a.b"), "a.b"), Some(2));
-        assert_eq!(host_rank(Some("*.b"), "a.b"), Some(1));
-        assert_eq!(host_rank(Some("*.b"), "b"), None);
-        assert_eq!(host_rank(Some("*.b"), ".b"), Some(1));
-        assert_eq!(host_rank(Some("*.b"), "ab"), None);
-        assert_eq!(host_rank(Some("*.example.com"), ""), None);
+        assert_eq!(host_rank(None, b"x"), Some(0));
+        assert_eq!(host_rank(Some("a.b"), b"a.b"), Some(2));
+        assert_eq!(host_rank(Some("*.b"), b"a.b"), Some(1));
+        assert_eq!(host_rank(Some("*.b"), b"b"), None);
+        assert_eq!(host_rank(Some("*.b"), b".b"), Some(1));
+        assert_eq!(host_rank(Some("*.b"), b"ab"), None);
+        assert_eq!(host_rank(Some("*.example.com"), b""), None);
     }
 
     #[test]
@@ -269,11 +270,11 @@ mod tests {
         .unwrap();
         let router = Router::new(&config);
         let l: ListenAddress = ListenAddress::parse("127.0.0.1:8080").unwrap();
-        let route = |host, path: &str| {
+        let route = |host: &str, path: &str| {
             router
                 .route(RouteKey {
                     listener: &l,
-                    host,
+                    host: host.as_bytes(),
                     path: path.as_bytes(),
                 })
                 .map(|c| {

@@ -95,7 +95,7 @@ proptest! {
         truncate in prop::option::of(any::<usize>()),
         max_bytes in prop::sample::select(vec![64usize, 600, 4096]),
         max_count in prop::sample::select(vec![3usize, 1000]),
-        max_len in prop::sample::select(vec![100usize, 1024]),
+        max_len in prop::sample::select(vec![100usize, 126, 127, 1024]),
         stdin in prop::option::of(prop::collection::vec(any::<u8>(), 1..20)),
         padded_end in any::<bool>(),
         peek in any::<bool>(),

@@ -236,12 +236,11 @@ pub(crate) async fn answer(sink: &mut impl CgiSink, cgi: &[u8]) -> Relayed {
     }
 }
 
-/// A Host value lowercased, without its port; borrowed when it is lowercase already.
-///
-/// The port is cut off the bytes before they are read as text: `]` and `:` are ASCII, which
-/// is never part of a multi-byte character nor swallowed into a replaced invalid sequence, so
-/// the cut falls where a cut of the text would, and only the host is checked as UTF-8.
-fn host_name(raw: &[u8]) -> Cow<'_, str> {
+/// A Host value lowercased, without its port; borrowed when it is lowercase already. Kept
+/// as bytes: routing compares it byte for byte with the contexts' host names, so it is never
+/// checked as UTF-8 (a byte that is not UTF-8 matches no configured name, and is left as it
+/// is rather than replaced, so two such hosts never become one).
+fn host_name(raw: &[u8]) -> Cow<'_, [u8]> {
     let end = if raw.first() == Some(&b'[') {
         raw.iter()
             .position(|&c| c == b']')
@@ -250,10 +249,10 @@ fn host_name(raw: &[u8]) -> Cow<'_, str> {
         raw.iter().position(|&c| c == b':').unwrap_or(raw.len())
     };
     let host = raw.get(..end).unwrap_or(raw);
-    match std::str::from_utf8(host) {
-        Ok(h) if !h.bytes().any(|c| c.is_ascii_uppercase()) => Cow::Borrowed(h),
-        Ok(h) => Cow::Owned(h.to_ascii_lowercase()),
-        Err(_) => Cow::Owned(String::from_utf8_lossy(host).to_ascii_lowercase()),
+    if host.iter().any(u8::is_ascii_uppercase) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
     }
 }
 
@@ -340,19 +339,24 @@ mod tests {
 
     #[test]
     fn hosts_lose_their_port_and_case() {
-        assert_eq!(host_name(b"Example.COM:8080"), "example.com");
-        assert_eq!(host_name(b"[::1]:80"), "[::1]");
-        assert_eq!(host_name(b"localhost"), "localhost");
-        assert_eq!(host_name(b"[::1"), "[::1");
-        assert_eq!(host_name(b""), "");
-        // Bytes that are not UTF-8 are replaced, and the cut and the case are as for text.
-        assert_eq!(host_name(b"Ex\xffAMPLE:80"), "ex\u{fffd}ample");
-        assert_eq!(host_name(b"\xe2:80"), "\u{fffd}");
-        assert_eq!(host_name(b"[\xff::1]:80"), "[\u{fffd}::1]");
+        assert_eq!(&*host_name(b"Example.COM:8080"), b"example.com");
+        assert_eq!(&*host_name(b"[::1]:80"), b"[::1]");
+        assert_eq!(&*host_name(b"localhost"), b"localhost");
+        assert_eq!(&*host_name(b"[::1"), b"[::1");
+        assert_eq!(&*host_name(b""), b"");
+        // Bytes that are not UTF-8 are kept as they are (so two such hosts stay apart); the
+        // cut and the case are as for text.
+        assert_eq!(&*host_name(b"Ex\xffAMPLE:80"), b"ex\xffample");
+        assert_eq!(&*host_name(b"\xe2:80"), b"\xe2");
+        assert_eq!(&*host_name(b"[\xff::1]:80"), b"[\xff::1]");
+        assert_eq!(
+            &*host_name("B\u{dc}CHER.example".as_bytes()),
+            "b\u{dc}cher.example".as_bytes()
+        );
         // Borrowed when nothing changes.
         assert!(matches!(
             host_name(b"example.com:80"),
-            Cow::Borrowed("example.com")
+            Cow::Borrowed(b"example.com")
         ));
     }
 

@@ -220,7 +220,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         };
         let routed = match gateway.route(RouteKey {
             listener: &info.listener,
-            host: &host,
+            host: host.as_bytes(),
             path: &path.normalized,
         }) {
             Ok(r) => r,

@@ -169,7 +169,7 @@ impl Gateway {
                 ))
             })
             .ok_or_else(|| GatewayError::NoContext {
-                host: key.host.to_owned(),
+                host: String::from_utf8_lossy(key.host).into_owned(),
                 path: String::from_utf8_lossy(key.path).into_owned(),
             })
     }
@@ -184,19 +184,22 @@ impl Gateway {
         params: &crate::protocols::cgi::FrontParams,
     ) -> Option<bytes::BytesMut> {
         use crate::protocols::cgi::Known;
-        let generation = self.current();
-        let (_, status_path, ping_path) =
-            generation.fpm_paths.iter().find(|(l, ..)| l == listener)?;
         let get = |k: Known| params.first(k).filter(|v| !v.is_empty());
-        let script = get(Known::ScriptName).or_else(|| get(Known::DocumentUri))?;
-        let is = |p: &Option<String>| p.as_ref().is_some_and(|p| p.as_bytes() == script);
-        let path = if is(ping_path) {
-            "/ping"
-        } else if is(status_path) {
-            "/status"
-        } else {
-            return None;
-        };
+        // Asked of every FastCGI request: the generation is borrowed from the thread's cache,
+        // not cloned (its count is shared by every serving thread).
+        let path = self.live.with(|generation| {
+            let (_, status_path, ping_path) =
+                generation.fpm_paths.iter().find(|(l, ..)| l == listener)?;
+            let script = get(Known::ScriptName).or_else(|| get(Known::DocumentUri))?;
+            let is = |p: &Option<String>| p.as_ref().is_some_and(|p| p.as_bytes() == script);
+            if is(ping_path) {
+                Some("/ping")
+            } else if is(status_path) {
+                Some("/status")
+            } else {
+                None
+            }
+        })?;
         let method = get(Known::RequestMethod)
             .and_then(|m| http::Method::from_bytes(m).ok())
             .unwrap_or(http::Method::GET);

@@ -18,12 +18,12 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::front_params::{FrontParams, Known, KNOWN};
+use super::front_params::{FrontParams, Known, LeftOut};
 use super::front_work::{Val, Work};
 use super::params::CgiParams;
 use super::path::{
-    check_context, check_decoded, has_hidden_segment, is_normal, normal_form, normalize,
-    percent_decode, root_display, root_prefix, script_end, split_normalized, Split,
+    check_context, checked_is_normal, has_hidden_segment, normal_form, normalize, percent_decode,
+    root_display, root_prefix, script_end, split_normalized, Split,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
@@ -95,9 +95,9 @@ pub fn normalize_front_with(
     }
     if !list_dropped {
         if let Some(removed) = only_left_out(&params, ctx)? {
-            let params = match removed.contains(&true) {
-                true => params.into_params_without(&removed)?,
-                false => params.into_params()?,
+            let params = match removed {
+                0 => params.into_params()?,
+                _ => params.into_params_without(removed)?,
             };
             return Ok(FrontVars {
                 params,
@@ -156,7 +156,7 @@ pub fn normalize_front_with(
             // kept are moved down in the front server's own buffer.
             let dropped = std::mem::take(&mut w.dropped);
             drop(w);
-            let params = params.into_params_without(&removed)?;
+            let params = params.into_params_without(removed)?;
             return Ok(FrontVars { params, dropped });
         }
         let params = w.write()?;
@@ -189,9 +189,8 @@ fn check_script_filename<'v>(
     if path.first() != Some(&b'/') {
         return Err(outside());
     }
-    check_decoded(path)?;
     // What `normalize` would make of a path already in normal form is the path itself.
-    let norm = if is_normal(path) {
+    let norm = if checked_is_normal(path)? {
         Cow::Borrowed(path)
     } else {
         Cow::Owned(normalize(path, false)?)
@@ -249,7 +248,7 @@ fn fix_script_filename(
 /// PATH_TRANSLATED, and in files mode an empty PATH_INFO), nothing else changing. Decided
 /// from where the names lie, with the checks [`normalize_front_with`] makes in the same
 /// order, without building its [`Work`]. `None`: the general way decides.
-fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<[bool; KNOWN]>, CgiError> {
+fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<LeftOut>, CgiError> {
     if p.repeated() || !p.is_canonical() || !ctx.extra_env.is_empty() {
         return Ok(None);
     }
@@ -257,10 +256,10 @@ fn only_left_out(p: &FrontParams, ctx: &CgiContext) -> Result<Option<[bool; KNOW
     if sent(Known::DocumentRoot).is_none() || sent(Known::ScriptName).is_none() {
         return Ok(None);
     }
-    let mut removed = [false; KNOWN];
+    let mut removed: LeftOut = 0;
     let mut leave_out = |k: Known| {
-        if let (Some(out), Some(_)) = (removed.get_mut(k as usize), sent(k)) {
-            *out = true;
+        if sent(k).is_some() {
+            removed |= 1 << (k as u32);
         }
     };
     leave_out(Known::HttpProxy);

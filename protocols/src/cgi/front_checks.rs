@@ -57,9 +57,16 @@ pub(super) fn pair_tail_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
     // non-zero exactly when some byte of `x` is zero.
     let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
     let any = |w: u64| {
-        (zero_byte(w) | zero_byte(w ^ (ONES * u64::from(b'\r'))) | zero_byte(w ^ (ONES * 0x0a)))
-            & HIGHS
-            != 0
+        // NUL, LF and CR are all below 0x0e, and a word with no byte below 0x0e (most words
+        // of text) is ruled out by one test of the same kind: `(w - 0x0e..) & !w & 0x80..`
+        // is non-zero exactly when some byte of `w` is below 0x0e (a borrow only starts at
+        // such a byte). Only a word that has one is tested for the three bytes.
+        w.wrapping_sub(ONES * 0x0e) & !w & HIGHS != 0
+            && (zero_byte(w)
+                | zero_byte(w ^ (ONES * u64::from(b'\r')))
+                | zero_byte(w ^ (ONES * 0x0a)))
+                & HIGHS
+                != 0
     };
     let n = pair.len();
     if len == 0 {
@@ -121,7 +128,9 @@ mod tests {
                 v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
                 assert!(!super::pair_tail_has_nul_cr_lf(&v, len), "{name_len} {len}");
                 for at in name_len..name_len + len {
-                    for bad in [0u8, b'\r', b'\n', 1, 0x0b, 0x8a, 0x80, 0xff, b'='] {
+                    for bad in [
+                        0u8, b'\r', b'\n', 1, 9, 0x0b, 0x0e, 0x8a, 0x8d, 0x80, 0xff, b'=',
+                    ] {
                         let mut w = v.clone();
                         w[at] = bad;
                         assert_eq!(

@@ -403,3 +403,54 @@ fn a_pair_with_a_forbidden_byte_in_a_short_value_is_refused() {
         );
     }
 }
+
+/// Every set of known pairs left out of a list, wherever they lie: the block is the other
+/// pairs in order, whichever way the kept ones were moved (down to the buffer's start, or up
+/// to its end when that moves fewer bytes), and more pairs appended to it follow them.
+#[test]
+fn pairs_left_out_anywhere_leave_the_others_in_order() {
+    let sent: [(&[u8], &[u8]); 7] = [
+        (b"SCRIPT_FILENAME", b"/srv/app/index.php"),
+        (
+            b"APP_A",
+            b"a long value that makes the stretch after it the larger one",
+        ),
+        (b"PATH_INFO", b""),
+        (b"HTTP_PROXY", b"http://proxy"),
+        (b"APP_B", b"b"),
+        (b"PHP_VALUE", b"x=1"),
+        (b"QUERY_STRING", b"q=1"),
+    ];
+    let known: Vec<usize> = (0..sent.len())
+        .filter(|&i| Known::of(sent[i].0).is_some())
+        .collect();
+    assert_eq!(known.len(), 5);
+    for mask in 0u32..1 << known.len() {
+        let mut front = FrontParams::new();
+        for (n, v) in sent {
+            front.push(n, v).unwrap();
+        }
+        let mut removed = 0u16;
+        let mut out = vec![false; sent.len()];
+        for (bit, &i) in known.iter().enumerate() {
+            if mask & 1 << bit != 0 {
+                removed |= 1 << (Known::of(sent[i].0).unwrap() as u32);
+                out[i] = true;
+            }
+        }
+        let mut block = front.into_params_without(removed).unwrap();
+        let kept: Vec<(&[u8], &[u8])> = (0..sent.len())
+            .filter(|&i| !out[i])
+            .map(|i| sent[i])
+            .collect();
+        assert_eq!(
+            block,
+            CgiParams::from_pairs(&kept).unwrap(),
+            "mask {mask:#b}"
+        );
+        assert_eq!(block.len(), kept.len());
+        block.push(b"LAST", b"1").unwrap();
+        assert_eq!(block.iter().last(), Some((&b"LAST"[..], &b"1"[..])));
+        assert_eq!(block.iter().count(), kept.len() + 1);
+    }
+}

@@ -8,7 +8,7 @@ use std::cell::OnceCell;
 
 use bytes::Bytes;
 
-use super::front_params::{give_back_index, FrontParams, Known, PairAt, KNOWN, NONE};
+use super::front_params::{give_back_index, FrontParams, Known, LeftOut, PairAt, KNOWN, NONE};
 use super::params::CgiParams;
 use super::path::root_shown;
 use super::{CgiContext, CgiError, DropReason, Dropped};
@@ -268,7 +268,7 @@ impl<'a> Work<'a> {
     /// whether it is left out. The block is then the front server's buffer without those
     /// pairs ([`FrontParams::into_params_without`]), with nothing encoded again. `None`
     /// otherwise.
-    pub(super) fn only_removals(&self) -> Option<[bool; KNOWN]> {
+    pub(super) fn only_removals(&self) -> Option<LeftOut> {
         let p = self.p;
         if p.repeated()
             || !p.is_canonical()
@@ -277,14 +277,14 @@ impl<'a> Work<'a> {
         {
             return None;
         }
-        let mut removed = [false; KNOWN];
-        for (i, out) in removed.iter_mut().enumerate() {
+        let mut removed: LeftOut = 0;
+        for i in 0..KNOWN {
             let first = p.known(Known::from_index(u8::try_from(i).ok()?)?);
             if first == NONE {
                 continue;
             }
             match (self.val.get(i)?, self.place.get(i)?) {
-                (None, _) => *out = true,
+                (None, _) => removed |= 1 << i,
                 (Some(Val::Pair(j)), Place::Pair(at)) if *j == first && *at == first => {}
                 _ => return None,
             }

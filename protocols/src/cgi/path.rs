@@ -135,8 +135,7 @@ pub fn parse_request_path(target: &[u8]) -> Result<RequestPath<'_>, CgiError> {
 /// normalised, all in the one buffer the decoding made.
 fn decoded_normal(raw_path: &[u8]) -> Result<Vec<u8>, CgiError> {
     let mut normalized = percent_decode(raw_path)?;
-    check_decoded(&normalized)?;
-    if !is_normal(&normalized) {
+    if !checked_is_normal(&normalized)? {
         normalize_in_place(&mut normalized, true).map_err(|()| CgiError::EscapesRoot {
             path: snippet(raw_path),
         })?;
@@ -170,8 +169,7 @@ pub fn split_request_path(
 /// `path` checked ([`check_decoded`]) and in normal form: borrowed when it already is (what
 /// [`parse_request_path`] made), normalised anew otherwise (a path set by hand).
 pub(super) fn normal_form(path: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, CgiError> {
-    check_decoded(path)?;
-    if is_normal(path) {
+    if checked_is_normal(path)? {
         Ok(std::borrow::Cow::Borrowed(path))
     } else {
         normalize(path, true).map(std::borrow::Cow::Owned)
@@ -454,6 +452,75 @@ fn normalize_in_place(buf: &mut Vec<u8>, allow_dotdot: bool) -> Result<(), ()> {
     }
     Ok(())
 }
+
+/// [`check_decoded`], then [`is_normal`], in one pass: each byte classed by one table load,
+/// the first NUL, CR or LF refused at once, a `\` refused once no such byte follows it (as
+/// `check_decoded` orders them), and the segments judged as they end.
+pub(super) fn checked_is_normal(path: &[u8]) -> Result<bool, CgiError> {
+    let first = path.first().copied();
+    if let Some(byte) = first.filter(|&b| path_class(b) == FORBIDDEN) {
+        return Err(CgiError::ForbiddenPathByte { byte });
+    }
+    let mut normal = first == Some(b'/');
+    let mut backslash = first == Some(b'\\');
+    // The segment being read: its length and how many of its bytes are dots.
+    let (mut len, mut dots) = (0usize, 0usize);
+    for &byte in path.get(1..).unwrap_or_default() {
+        match path_class(byte) {
+            PLAIN => len += 1,
+            DOT => {
+                len += 1;
+                dots += 1;
+            }
+            SLASH => {
+                // An empty, `.` or `..` segment before another is not normal form.
+                normal &= len != 0 && (len != dots || dots > 2);
+                (len, dots) = (0, 0);
+            }
+            BACKSLASH => {
+                backslash = true;
+                len += 1;
+            }
+            _ => return Err(CgiError::ForbiddenPathByte { byte }),
+        }
+    }
+    // The last segment may be empty (a trailing `/`), not `.` or `..`.
+    normal &= len == 0 || len != dots || dots > 2;
+    if backslash {
+        return Err(CgiError::Backslash {
+            path: snippet(path),
+        });
+    }
+    Ok(normal)
+}
+
+/// A path byte, by what [`checked_is_normal`] makes of it.
+const PLAIN: u8 = 0;
+const DOT: u8 = 1;
+const SLASH: u8 = 2;
+const BACKSLASH: u8 = 3;
+const FORBIDDEN: u8 = 4;
+
+/// A byte's class (a `u8` indexes the 256 entries: no bound to check).
+#[inline(always)]
+fn path_class(byte: u8) -> u8 {
+    PATH_CLASS
+        .get(usize::from(byte))
+        .copied()
+        .unwrap_or(FORBIDDEN)
+}
+
+#[allow(clippy::indexing_slicing)] // Constant indexes below 256, the table's length.
+static PATH_CLASS: [u8; 256] = {
+    let mut table = [PLAIN; 256];
+    table[0] = FORBIDDEN;
+    table[b'\r' as usize] = FORBIDDEN;
+    table[b'\n' as usize] = FORBIDDEN;
+    table[b'.' as usize] = DOT;
+    table[b'/' as usize] = SLASH;
+    table[b'\\' as usize] = BACKSLASH;
+    table
+};
 
 /// Whether `path` is what [`normalize`] would make of it: it starts with `/`, and no segment
 /// is empty, `.` or `..` (the last may be empty: a trailing `/`).

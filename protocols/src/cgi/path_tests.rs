@@ -78,3 +78,33 @@ fn a_path_is_normal_exactly_when_normalising_leaves_it_as_it_is() {
         );
     }
 }
+
+#[test]
+fn the_one_pass_check_answers_as_the_check_then_the_normal_form_test() {
+    // Every path of up to six bytes over the bytes that matter to either, in every order.
+    let alphabet = [b'/', b'.', b'a', b'\\', 0, b'\n', b'\r'];
+    let mut paths: Vec<Vec<u8>> = vec![Vec::new()];
+    let mut last: Vec<Vec<u8>> = vec![Vec::new()];
+    for _ in 0..6 {
+        last = last
+            .iter()
+            .flat_map(|p| {
+                alphabet.iter().map(move |&c| {
+                    let mut q = p.clone();
+                    q.push(c);
+                    q
+                })
+            })
+            .collect();
+        paths.extend(last.iter().cloned());
+    }
+    for path in paths {
+        let want = super::check_decoded(&path).map(|()| is_normal(&path));
+        assert_eq!(
+            super::checked_is_normal(&path),
+            want,
+            "{:?}",
+            path.escape_ascii().to_string()
+        );
+    }
+}

@@ -29,6 +29,9 @@ pub struct FrontParamsDecoder {
     /// Bytes of the buffer holding whole pairs, indexed; the rest is a pair not yet whole.
     parsed: usize,
     total: usize,
+    /// Whether the limits admit every name and value a one-byte length can give (below
+    /// 128 bytes): such a pair then needs only the count checked.
+    short_admitted: bool,
 }
 
 impl FrontParamsDecoder {
@@ -39,6 +42,7 @@ impl FrontParamsDecoder {
             params: FrontParams::new(),
             parsed: 0,
             total: 0,
+            short_admitted: limits.max_name_len >= 0x7f && limits.max_value_len >= 0x7f,
         }
     }
 
@@ -55,6 +59,23 @@ impl FrontParamsDecoder {
         self.params.buf_mut().extend_from_slice(content);
         loop {
             let rest = self.params.encoded().get(self.parsed..).unwrap_or_default();
+            // Both lengths in their one-byte form (most pairs a front server sends): the
+            // same checks in the same order, those the limits cannot fail left out.
+            if let (&[name_len, value_len, ..], true) = (rest, self.short_admitted) {
+                if (name_len | value_len) < 0x80 {
+                    let lens = (2, usize::from(name_len), usize::from(value_len));
+                    if self.params.len() >= self.limits.max_params_count {
+                        admit_pair(&self.limits, self.params.len(), lens)?;
+                    }
+                    let whole = 2 + lens.1 + lens.2;
+                    if rest.len() < whole {
+                        return Ok(());
+                    }
+                    self.params.index(self.parsed, 2, lens.1, lens.2);
+                    self.parsed += whole;
+                    continue;
+                }
+            }
             if rest.is_empty() {
                 return Ok(());
             }
