@@ -390,7 +390,8 @@ fn put_pair(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
     dst.put_u8(0);
 }
 
-fn check_len(
+#[inline]
+pub(super) fn check_len(
     what: &'static str,
     name: &[u8],
     value: &[u8],
@@ -413,12 +414,14 @@ fn check_len(
     Ok(())
 }
 
-fn has_line_breaking_byte(s: &[u8]) -> bool {
+#[inline]
+pub(super) fn has_line_breaking_byte(s: &[u8]) -> bool {
     s.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0))
 }
 
 /// Converts a size already bounded by the 65535-byte packet limit.
-fn to_i32(n: usize) -> i32 {
+#[inline]
+pub(super) fn to_i32(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 

@@ -29,7 +29,8 @@ use super::headers::{
 };
 use super::packet::{ByteOrder, FlagRule, PacketType, MAX_HEADER_PACKET_LEN};
 use super::request::{
-    align8, parse_decimal, BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
+    align8, check_len, has_line_breaking_byte, parse_decimal, to_i32, BODY_LEN_FROM_CONTENT_LENGTH,
+    MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
 };
 use super::LsapiError;
 use crate::cgi::CgiParams;
@@ -540,36 +541,4 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
             return buf.get(at..).unwrap_or_default();
         }
     }
-}
-
-fn check_len(
-    what: &'static str,
-    name: &[u8],
-    value: &[u8],
-    limits: &Limits,
-) -> Result<(), LsapiError> {
-    if name.len() > limits.max_name_len {
-        return Err(LsapiError::NameTooLong {
-            what,
-            len: name.len(),
-            max: limits.max_name_len,
-        });
-    }
-    if value.len() > limits.max_value_len {
-        return Err(LsapiError::ValueTooLong {
-            what,
-            len: value.len(),
-            max: limits.max_value_len,
-        });
-    }
-    Ok(())
-}
-
-fn has_line_breaking_byte(s: &[u8]) -> bool {
-    s.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0))
-}
-
-/// Converts a size already bounded by the 65535-byte packet limit.
-fn to_i32(n: usize) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
 }
