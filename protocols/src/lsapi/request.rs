@@ -374,9 +374,16 @@ pub fn encode_abort(order: ByteOrder, rule: FlagRule, dst: &mut BytesMut) {
 }
 
 fn put_pair(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
-    // Both lengths are below 65535: the whole packet is, and check_size ran first. Room for
-    // the whole pair is made once; the two big-endian lengths go as one slice.
+    // Room for the whole pair is made once.
     dst.reserve(pair_len(name, value));
+    write_pair(dst, name, value);
+}
+
+/// Appends one env pair (the two big-endian lengths as one slice, then the name and the
+/// value, each NUL-terminated) and returns where in `dst` its value starts. Both lengths are
+/// below 65535: the caller's size check refuses a packet that could hold a longer one.
+#[inline]
+pub(super) fn write_pair(dst: &mut BytesMut, name: &[u8], value: &[u8]) -> usize {
     let [n1, n0] = u16::try_from(name.len() + 1)
         .unwrap_or(u16::MAX)
         .to_be_bytes();
@@ -386,8 +393,10 @@ fn put_pair(dst: &mut BytesMut, name: &[u8], value: &[u8]) {
     dst.extend_from_slice(&[n1, n0, v1, v0]);
     dst.extend_from_slice(name);
     dst.put_u8(0);
+    let at = dst.len();
     dst.extend_from_slice(value);
     dst.put_u8(0);
+    at
 }
 
 #[inline]

@@ -29,8 +29,8 @@ use super::headers::{
 };
 use super::packet::{ByteOrder, FlagRule, PacketType, MAX_HEADER_PACKET_LEN};
 use super::request::{
-    align8, check_len, has_line_breaking_byte, parse_decimal, to_i32, BODY_LEN_FROM_CONTENT_LENGTH,
-    MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
+    align8, check_len, has_line_breaking_byte, parse_decimal, to_i32, write_pair,
+    BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
 };
 use super::LsapiError;
 use crate::cgi::CgiParams;
@@ -242,18 +242,7 @@ impl Walk<'_> {
         }
         // Both lengths are below the packet limit once the size check below passed for the
         // pair before; a longer one is refused by it before the packet is sent.
-        let [n1, n0] = u16::try_from(name.len() + 1)
-            .unwrap_or(u16::MAX)
-            .to_be_bytes();
-        let [v1, v0] = u16::try_from(value.len() + 1)
-            .unwrap_or(u16::MAX)
-            .to_be_bytes();
-        dst.extend_from_slice(&[n1, n0, v1, v0]);
-        dst.extend_from_slice(name);
-        dst.put_u8(0);
-        let at = dst.len() - start;
-        dst.extend_from_slice(value);
-        dst.put_u8(0);
+        let at = write_pair(dst, name, value) - start;
         if let Some(slot) = pointed.and_then(|i| self.pointed.get_mut(i)) {
             *slot = Some(at);
         }
