@@ -204,7 +204,7 @@ pub(super) async fn known_length(
         })?
 }
 
-/// Whether a write error says the peer's end was closed (a broken pipe, a reset, an abort)
+/// Whether a socket error says the peer's end was closed (a broken pipe, a reset, an abort)
 /// rather than some other failure.
 fn is_reset(error: &io::Error) -> bool {
     matches!(
@@ -513,6 +513,14 @@ impl Exchange {
                     self.got_byte = true;
                 }
                 Poll::Ready(Ok(Progress::Read))
+            }
+            // A kept connection reset before any answer: told apart, as a close is
+            // (`closed_error`), for `Gateway::dispatch` to decide on a resend.
+            Poll::Ready(Err(source)) if self.reused && !self.got_byte && is_reset(&source) => {
+                Poll::Ready(Err(BackendError::StaleRead {
+                    protocol: self.codec.protocol(),
+                    source,
+                }))
             }
             Poll::Ready(Err(source)) => Poll::Ready(Err(BackendError::Read {
                 protocol: self.codec.protocol(),

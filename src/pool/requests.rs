@@ -71,7 +71,8 @@ impl BackendErrorKind {
             BackendError::Write { .. }
             | BackendError::Read { .. }
             | BackendError::ClosedEarly { .. }
-            | BackendError::StaleReset { .. } => BackendErrorKind::Io,
+            | BackendError::StaleReset { .. }
+            | BackendError::StaleRead { .. } => BackendErrorKind::Io,
             BackendError::Protocol { .. } => BackendErrorKind::Protocol,
             BackendError::Refused { .. } => BackendErrorKind::Refused,
             BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => {
