@@ -84,7 +84,7 @@ impl Gateway {
                 });
                 let mut body = GatewayBody {
                     body,
-                    slot,
+                    slot: Some(slot),
                     pool: Arc::clone(pool),
                     timer,
                     log,
