@@ -33,6 +33,7 @@ use corral::protocols::fastcgi::{
 };
 use corral::protocols::Limits;
 use nix::sys::socket::{setsockopt, sockopt};
+use support::invariants::counter;
 use support::server::{http, Corral};
 
 /// What the backend does with a request it does not answer.
@@ -186,6 +187,9 @@ log_level = "debug"
 address = "127.0.0.1:0"
 protocol = "http"
 
+[status]
+address = "127.0.0.1:0"
+
 [pools.app]
 protocol = "fastcgi"
 servers = ["127.0.0.1:{port}"]
@@ -236,6 +240,10 @@ fn idempotent_request_is_sent_again(method: &str, unanswered: Unanswered, answer
         "{}",
         corral.log()
     );
+    // Counted where status shows it, and not as a backend error: the client was answered.
+    let status = corral.status_ready_addr();
+    assert_eq!(counter(status, "app", "requests resent"), 1);
+    assert_eq!(counter(status, "app", "backend errors"), 0);
 }
 
 #[test]
@@ -282,6 +290,9 @@ fn a_post_is_not_sent_twice(unanswered: Unanswered) {
         "{}",
         corral.log()
     );
+    let status = corral.status_ready_addr();
+    assert_eq!(counter(status, "app", "requests resent"), 0);
+    assert_eq!(counter(status, "app", "backend errors"), 1);
 }
 
 #[test]

@@ -260,6 +260,7 @@ impl Gateway {
                 worker_gone = out,
                 "kept connection lost before the answer; sending the request again"
             );
+            pool.requests.resent();
             body = again;
             replayed = true;
             if out {
