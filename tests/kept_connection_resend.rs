@@ -153,9 +153,10 @@ fn serve(mut s: TcpStream, which: Which, unanswered: Unanswered, seen: &Seen) {
         encode_stdout(id, cgi.as_bytes(), &mut out);
         encode_stdout_end(id, &mut out);
         encode_end_request(id, 0, ProtocolStatus::RequestComplete, &mut out);
+        // Counted first: the client may have the answer before this thread runs again.
+        seen.answered.fetch_add(1, Ordering::SeqCst);
         s.write_all(&out).unwrap();
         dec.finish(id);
-        seen.answered.fetch_add(1, Ordering::SeqCst);
     }
 }
 
