@@ -107,7 +107,12 @@ impl Exchange {
             Ok(Step::End { reusable }) => {
                 self.state = BodyState::Ended;
                 self.kept = self.finish(reusable);
-                tracing::debug!(%pool, request_id, %protocol, waited = ?since.elapsed(), "the end record came after the body's last byte; connection kept");
+                let waited = since.elapsed();
+                if reusable {
+                    tracing::debug!(%pool, request_id, %protocol, ?waited, "the end record came after the body's last byte; connection kept");
+                } else {
+                    tracing::debug!(%pool, request_id, %protocol, ?waited, "the end record came after the body's last byte, asking for the connection's close");
+                }
             }
             Ok(Step::Data(_) | Step::Head(_)) => {
                 self.state = BodyState::Failed;
@@ -121,6 +126,7 @@ impl Exchange {
                 self.state = BodyState::Failed;
                 tracing::warn!(%pool, request_id, %protocol, %error, "the response's end after its last body byte failed; connection closed");
             }
+            // `poll_step` logs stderr and skips what means nothing: never returned.
             Ok(Step::Stderr(_) | Step::Nothing) => {}
         }
     }
