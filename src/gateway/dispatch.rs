@@ -239,8 +239,8 @@ impl Gateway {
             // The kept connection failed before one response byte (ARCHITECTURE.md invariant
             // 6, decision 8): the request goes out once more on a new connection when its
             // body is still in memory and either none of it was written (the first write met
-            // a closed socket), or its method is idempotent (GET, HEAD, OPTIONS, as nginx
-            // counts them for `proxy_next_upstream`) and the connection was closed or reset
+            // a closed socket), or its method is GET, HEAD or OPTIONS (`idempotent`) and
+            // the connection was closed or reset
             // before any answer: a worker that closed it as the request went out, or an
             // idle-close racing the reuse over TCP. A POST in that case may have run: a 502.
             // Either way `fault` asks whether the worker died and takes a dying one out of
@@ -278,9 +278,11 @@ impl Gateway {
     }
 }
 
-/// Whether the request's method is one that may be sent twice without harm, as nginx counts
-/// them for resending (RFC 9110 §9.2.2 also names PUT and DELETE; an application's PUT or
-/// DELETE is rarely written to be repeated, and nginx does not resend them either).
+/// Whether the request's method is one corral sends twice: the methods safe by RFC 9110
+/// §9.2.1 that a front passes on. Narrower than nginx, which since 1.9.13 holds back only
+/// POST, LOCK and PATCH once a request was sent (`proxy_next_upstream non_idempotent`): PUT
+/// and DELETE are idempotent by RFC 9110 §9.2.2, but an application's PUT or DELETE handler
+/// is seldom written to run twice, and a 502 is the safer answer.
 fn idempotent(params: &CgiParams) -> bool {
     matches!(
         params.get(b"REQUEST_METHOD"),
