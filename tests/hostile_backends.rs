@@ -309,10 +309,17 @@ fn misbehaving_backends_get_clear_statuses_and_good_requests_still_pass() {
                 !r.text().contains("not a response"),
                 "{protocol} {case}: backend bytes leaked to the client"
             );
+            // A GET whose kept connection is closed before one response byte is sent once
+            // more on a new connection (ARCHITECTURE.md invariant 6); SCGI keeps none.
+            let asked = if case == "close" && *protocol != "scgi" {
+                2
+            } else {
+                1
+            };
             assert_eq!(
                 contacts.load(Ordering::SeqCst),
-                before + 1,
-                "{protocol} {case}: the backend was asked once"
+                before + asked,
+                "{protocol} {case}: the backend was asked {asked} times"
             );
             good(case);
         }

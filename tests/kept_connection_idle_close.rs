@@ -1,7 +1,8 @@
 //! What a backend does to a kept connection while it lies idle on corral's stack, at chosen
 //! moments: a scripted FastCGI backend over TCP (fault injection: over TCP a request written
 //! to a connection the backend already closed is accepted by the kernel, so only the
-//! checkout's test stands between such a connection and a 502), answering one request per
+//! checkout's test stands between such a connection and a 502 for a POST, or a GET sent
+//! twice: tests/kept_connection_resend.rs), answering one request per
 //! connection and then closing it, or writing stray bytes on it, while corral holds it idle.
 //! The next request must find that out at checkout (corral reads the readiness its reactor
 //! keeps, and peeks only at a connection marked readable) and go out on a fresh connection.

@@ -348,7 +348,8 @@ fn a_streamed_body_is_not_sent_again() {
 }
 
 /// A clean close before any answer follows a backend that read the whole request: it may
-/// have run it, so it is not sent again (a 502), and the server stays in rotation.
+/// have run it, so a POST is not sent again (a 502), and the server stays in rotation. (A
+/// GET would be: tests/kept_connection_resend.rs.)
 #[test]
 fn after_a_clean_close_the_request_is_not_sent_again() {
     let dir = tempfile::tempdir().unwrap();
@@ -359,7 +360,7 @@ fn after_a_clean_close_the_request_is_not_sent_again() {
         "{}",
         corral.log()
     );
-    let (status, _) = get(&corral, "GET", b"");
+    let (status, _) = get(&corral, "POST", b"once");
     assert_eq!(status, 502, "{}", corral.log());
     assert_eq!(seen.answered.load(Ordering::SeqCst), 1);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 1, "sent again");
@@ -375,8 +376,8 @@ fn after_a_clean_close_the_request_is_not_sent_again() {
 /// kept connection closed before any answer, which alone would say nothing about the
 /// worker; it finds the process exiting and takes the worker out of rotation at once, so
 /// the next request goes to the replacement rather than to a dead worker left routable
-/// until its exit is reaped. The request itself ran, so it fails (ARCHITECTURE.md
-/// decision 8).
+/// until its exit is reaped. The request itself ran and is a POST, so it fails
+/// (ARCHITECTURE.md decision 8; a GET would be sent again, to the replacement).
 #[test]
 fn a_worker_killed_under_a_kept_connection_is_out_of_rotation_at_once() {
     let dir = peers::shared_dir();
@@ -419,7 +420,7 @@ root = "{root}"
     assert_eq!(first.status, 200, "{}", corral.log());
     let victim: i32 = first.text().trim().parse().unwrap();
     // The next request goes out on the connection the first one left kept.
-    let slow = thread::spawn(move || http(addr, "GET", "/slow.php", &[], b""));
+    let slow = thread::spawn(move || http(addr, "POST", "/slow.php", &[], b"x"));
     let started = dir.path().join("started");
     assert!(
         support::eventually(Duration::from_secs(10), || started.exists()),

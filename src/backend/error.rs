@@ -115,6 +115,18 @@ pub enum BackendError {
         /// The socket error (a reset or a broken pipe).
         source: io::Error,
     },
+    /// A kept connection was reset before one byte of the response arrived (a worker that
+    /// exited, or closed the connection, with this request unread in its socket). Like a
+    /// stale [`BackendError::ClosedEarly`], the request may or may not have reached it.
+    #[error(
+        "the backend reset the kept {protocol} connection before answering anything: {source}"
+    )]
+    StaleRead {
+        /// The protocol spoken.
+        protocol: Protocol,
+        /// The socket error (a reset or an abort).
+        source: io::Error,
+    },
     /// The request head cannot be encoded: a name or value is too long, too many
     /// parameters, bytes the protocol cannot carry.
     #[error("the request cannot be sent over {protocol}: {reason}")]
@@ -172,7 +184,8 @@ impl BackendError {
             | BackendError::Protocol { .. }
             | BackendError::InvalidHead { .. }
             | BackendError::ClosedEarly { .. }
-            | BackendError::StaleReset { .. } => 502,
+            | BackendError::StaleReset { .. }
+            | BackendError::StaleRead { .. } => 502,
             BackendError::Refused { overloaded, .. } => {
                 if *overloaded {
                     503
@@ -217,8 +230,7 @@ impl BackendError {
     /// its body: when the connection could not be made, or when a kept connection failed
     /// before any response byte ([`BackendError::is_stale`]). In the second case a backend
     /// that read the whole request and then crashed looks like a clean close, so
-    /// `Gateway::dispatch` resends only when not one byte was written
-    /// ([`BackendError::request_left_unread`]).
+    /// `Gateway::dispatch` resends only what [`BackendError::may_resend`] allows.
     pub fn retryable(&self) -> bool {
         matches!(self, BackendError::Connect { .. }) || self.is_stale()
     }
@@ -229,7 +241,9 @@ impl BackendError {
     pub fn is_stale(&self) -> bool {
         matches!(
             self,
-            BackendError::ClosedEarly { stale: true, .. } | BackendError::StaleReset { .. }
+            BackendError::ClosedEarly { stale: true, .. }
+                | BackendError::StaleReset { .. }
+                | BackendError::StaleRead { .. }
         )
     }
 
@@ -237,6 +251,16 @@ impl BackendError {
     /// closed before the first write).
     pub fn request_left_unread(&self) -> bool {
         matches!(self, BackendError::StaleReset { .. })
+    }
+
+    /// Whether a request that failed this way on a kept connection may go out once more on
+    /// a new one (ARCHITECTURE.md invariant 6, decision 8): any request none of which was
+    /// written, and an `idempotent` one (GET, HEAD, OPTIONS) that met a close or a reset
+    /// before one response byte, written or not. Never after a response byte, never after a
+    /// timeout (a slow worker may be running it), never on a connection that served nothing
+    /// before (a fresh one failing says the worker, not the connection, is gone).
+    pub fn may_resend(&self, idempotent: bool) -> bool {
+        self.request_left_unread() || (idempotent && self.is_stale())
     }
 
     /// Whether the failure is a timeout.

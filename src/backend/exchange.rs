@@ -26,6 +26,7 @@ use crate::logs::LineLimit;
 use crate::protocols::cgi_response::CgiResponseHead;
 
 mod body;
+mod end;
 mod spare;
 mod stderr;
 
@@ -204,7 +205,7 @@ pub(super) async fn known_length(
         })?
 }
 
-/// Whether a write error says the peer's end was closed (a broken pipe, a reset, an abort)
+/// Whether a socket error says the peer's end was closed (a broken pipe, a reset, an abort)
 /// rather than some other failure.
 fn is_reset(error: &io::Error) -> bool {
     matches!(
@@ -260,6 +261,13 @@ pub(super) struct Exchange {
     kept: Option<BackendConnection>,
     /// A chunk (or the error) decoded while looking ahead, handed out next.
     ahead: Option<Result<Bytes, BackendError>>,
+    /// The body length the response head announced (Content-Length), if it did.
+    announced: Option<u64>,
+    /// Body bytes handed out so far.
+    handed: u64,
+    /// What the connection holds while its end record is awaited after the body (the
+    /// request's slot: `ResponseBody::hold_until_end`).
+    held: Option<Box<dyn Send>>,
 }
 
 impl Exchange {
@@ -300,6 +308,9 @@ impl Exchange {
             state: BodyState::Streaming,
             kept: None,
             ahead: None,
+            announced: None,
+            handed: 0,
+            held: None,
         }
     }
 
@@ -311,7 +322,10 @@ impl Exchange {
     pub(super) async fn read_head(&mut self) -> Result<CgiResponseHead, BackendError> {
         loop {
             match poll_fn(|cx| self.poll_step(cx)).await? {
-                Step::Head(head) => return Ok(head),
+                Step::Head(head) => {
+                    self.announced = end::announced_length(&head);
+                    return Ok(head);
+                }
                 Step::Data(_) | Step::End { .. } => {
                     return Err(BackendError::Protocol {
                         protocol: self.protocol(),
@@ -514,6 +528,14 @@ impl Exchange {
                 }
                 Poll::Ready(Ok(Progress::Read))
             }
+            // A kept connection reset before any answer: told apart, as a close is
+            // (`closed_error`), for `Gateway::dispatch` to decide on a resend.
+            Poll::Ready(Err(source)) if self.reused && !self.got_byte && is_reset(&source) => {
+                Poll::Ready(Err(BackendError::StaleRead {
+                    protocol: self.codec.protocol(),
+                    source,
+                }))
+            }
             Poll::Ready(Err(source)) => Poll::Ready(Err(BackendError::Read {
                 protocol: self.codec.protocol(),
                 source,
@@ -544,61 +566,5 @@ impl Exchange {
             },
             None => closed,
         }
-    }
-
-    /// The response ended cleanly: the connection goes back to its stack (or to the caller)
-    /// when the protocol and the state of the exchange allow it.
-    fn finish(&mut self, reusable: bool) -> Option<BackendConnection> {
-        self.clean = true;
-        let mut conn = self.conn.take()?;
-        let reusable = reusable
-            && self.inbuf.is_empty()
-            && self.write_error.is_none()
-            && self.request_sent()
-            && !self.eof;
-        if reusable {
-            // Empty, and usually the only owner of its allocation again once the body's
-            // last chunk is dropped: the next exchange reads into it without allocating.
-            conn.inbuf = std::mem::take(&mut self.inbuf);
-            conn.outbuf = std::mem::take(&mut self.outbuf);
-            conn.finish()
-        } else {
-            None
-        }
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        self.abandon();
-    }
-}
-
-impl Exchange {
-    /// What ending the exchange owes the backend and the log: suppressed stderr reported
-    /// and, for an exchange that did not end cleanly, an abort where the protocol has one
-    /// and the connection closed. Once: the connection is taken.
-    fn abandon(&mut self) {
-        self.report_suppressed_stderr(self.stderr_limit.take_suppressed());
-        let Some(conn) = self.conn.take() else {
-            return;
-        };
-        if self.clean {
-            return;
-        }
-        // The front went away (or the exchange failed) mid-request: tell the backend where
-        // the protocol has a way, without waiting, then close the connection. Only at a
-        // record boundary, so the abort cannot land inside a half-written record.
-        if let Some(abort) = self.codec.abort_bytes() {
-            if self.outbuf.is_empty() && self.write_error.is_none() {
-                let _ = conn.try_write(&abort);
-            }
-        }
-        tracing::debug!(
-            pool = %self.pool,
-            request_id = self.request_id,
-            protocol = %self.protocol(),
-            "backend exchange abandoned before its end; connection closed"
-        );
     }
 }

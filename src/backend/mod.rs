@@ -11,7 +11,9 @@
 //!
 //! Files: `body` (request body sources), `connection` (connections and the idle stack),
 //! `exchange` (the I/O driver, shared by the three protocols; `exchange/body`: the
-//! response body; `exchange/spare`: spent exchanges renewed in place; `exchange/stderr`: the
+//! response body; `exchange/end`: the connection kept or closed at the end, and the end
+//! record awaited after a body dropped at its Content-Length; `exchange/spare`: spent
+//! exchanges renewed in place; `exchange/stderr`: the
 //! backend's stderr logged within a rate bound),
 //! `fastcgi`, `scgi`, `lsapi` (one codec each), `spool` (bodies of unknown length), `error`,
 //! `resolve` (DNS names in `servers`, followed while corral runs).

@@ -27,7 +27,9 @@ pub struct GatewayResponse {
 #[derive(Debug)]
 pub struct GatewayBody {
     pub(super) body: ResponseBody,
-    pub(super) slot: Slot,
+    /// The slot; taken only as the body is dropped, by a connection that waits for its end
+    /// record (`ResponseBody::hold_until_end`).
+    pub(super) slot: Option<Slot>,
     /// Its pool: the counters the timer records into and the driver told of a timeout
     /// (one reference, not a clone of each).
     pub(super) pool: Arc<Pool>,
@@ -73,6 +75,9 @@ impl Drop for GatewayBody {
             logged.record.aborted = !self.body.is_ended();
             logged.finish(&self.timer);
         }
+        // Dropped at its Content-Length before the end record came: the slot waits with
+        // the connection for that record (`src/backend/exchange/end.rs`).
+        self.body.hold_until_end(&mut self.slot);
     }
 }
 
@@ -118,8 +123,8 @@ impl GatewayBody {
                 logged.finish(&self.timer);
             }
         }
-        if let Some(Err(error)) = &chunk {
-            self.pool.report(&self.slot, error);
+        if let (Some(Err(error)), Some(slot)) = (&chunk, &self.slot) {
+            self.pool.report(slot, error);
         }
         std::task::Poll::Ready(chunk)
     }

@@ -84,7 +84,7 @@ impl Gateway {
                 });
                 let mut body = GatewayBody {
                     body,
-                    slot,
+                    slot: Some(slot),
                     pool: Arc::clone(pool),
                     timer,
                     log,
@@ -237,18 +237,30 @@ impl Gateway {
                     Err(e) => e,
                 };
             // The kept connection failed before one response byte (ARCHITECTURE.md invariant
-            // 6): the request goes out once more on a new connection when its body can be
-            // replayed and it cannot have run: the first write met a closed socket. A close
-            // or reset after bytes went out may follow a worker that began to run it
-            // (decision 8: a 502). Either way `fault` asks whether the worker died and takes
-            // a dying one out of rotation: a resent request then goes to another worker.
-            let again = replay.filter(|_| error.request_left_unread());
+            // 6, decision 8): the request goes out once more on a new connection when its
+            // body is still in memory and either none of it was written (the first write met
+            // a closed socket), or its method is GET, HEAD or OPTIONS (`idempotent`) and
+            // the connection was closed or reset
+            // before any answer: a worker that closed it as the request went out, or an
+            // idle-close racing the reuse over TCP. A POST in that case may have run: a 502.
+            // Either way `fault` asks whether the worker died and takes a dying one out of
+            // rotation: a resent request then goes to another worker.
+            let again = replay.filter(|_| error.may_resend(idempotent(&params)));
             let out = pool.fault(&slot, &error);
             let Some(again) = again else {
                 pool.report(&slot, &error);
                 return Err(backend_err(error));
             };
-            tracing::debug!(pool = %pool.name, request_id, error = %error, worker_gone = out, "kept connection lost before the answer; sending the request again");
+            tracing::debug!(
+                pool = %pool.name,
+                request_id,
+                method = %String::from_utf8_lossy(params.get(b"REQUEST_METHOD").unwrap_or_default()),
+                unsent = error.request_left_unread(),
+                error = %error,
+                worker_gone = out,
+                "kept connection lost before the answer; sending the request again"
+            );
+            pool.requests.resent();
             body = again;
             replayed = true;
             if out {
@@ -264,4 +276,16 @@ impl Gateway {
             }
         }
     }
+}
+
+/// Whether the request's method is one corral sends twice: the methods safe by RFC 9110
+/// §9.2.1 that a front passes on. Narrower than nginx, which since 1.9.13 holds back only
+/// POST, LOCK and PATCH once a request was sent (`proxy_next_upstream non_idempotent`): PUT
+/// and DELETE are idempotent by RFC 9110 §9.2.2, but an application's PUT or DELETE handler
+/// is seldom written to run twice, and a 502 is the safer answer.
+fn idempotent(params: &CgiParams) -> bool {
+    matches!(
+        params.get(b"REQUEST_METHOD"),
+        Some(b"GET" | b"HEAD" | b"OPTIONS")
+    )
 }

@@ -71,7 +71,8 @@ impl BackendErrorKind {
             BackendError::Write { .. }
             | BackendError::Read { .. }
             | BackendError::ClosedEarly { .. }
-            | BackendError::StaleReset { .. } => BackendErrorKind::Io,
+            | BackendError::StaleReset { .. }
+            | BackendError::StaleRead { .. } => BackendErrorKind::Io,
             BackendError::Protocol { .. } => BackendErrorKind::Protocol,
             BackendError::Refused { .. } => BackendErrorKind::Refused,
             BackendError::FirstByteTimeout { .. } | BackendError::RequestTimeout { .. } => {
@@ -113,6 +114,7 @@ struct Share {
     queue_timeouts: AtomicU64,
     rejected_closed: AtomicU64,
     backend_errors: [AtomicU64; BackendErrorKind::ALL.len()],
+    resent: AtomicU64,
     /// Time from asking for a slot to having one.
     queue_wait: Histogram,
     /// Time from having a slot to having a backend connection (an idle kept connection
@@ -174,6 +176,10 @@ pub struct RequestSnapshot {
     pub rejected_closed: u64,
     /// Backend failures, one entry per [`BackendErrorKind::ALL`].
     pub backend_errors: [u64; BackendErrorKind::ALL.len()],
+    /// Requests sent once more on a new connection after their kept connection was lost
+    /// before the answer (ARCHITECTURE.md invariant 6); the failure that caused it is not
+    /// among `backend_errors`.
+    pub resent: u64,
 }
 
 impl RequestSnapshot {
@@ -306,6 +312,12 @@ impl RequestStats {
         result.map(|slot| (slot, had))
     }
 
+    /// Counts a request sent once more after its kept connection was lost before the answer.
+    pub fn resent(&self) {
+        let (share, writer) = self.local();
+        add(&share.resent, 1, writer);
+    }
+
     /// Counts a failed exchange if the backend was at fault.
     pub fn backend_error(&self, e: &BackendError) {
         let Some(kind) = BackendErrorKind::of(e) else {
@@ -351,6 +363,7 @@ impl RequestStats {
             queue_timeouts: sum(|s| &s.queue_timeouts),
             rejected_closed: sum(|s| &s.rejected_closed),
             backend_errors,
+            resent: sum(|s| &s.resent),
         }
     }
 }

@@ -348,6 +348,14 @@ pub fn render(
     );
     w.family(
         pools,
+        "requests_resent",
+        "counter",
+        "Requests sent once more on a new connection after their kept connection was lost before the answer.",
+        "_total",
+        |p| vec![(Vec::new(), p.requests.resent as f64)],
+    );
+    w.family(
+        pools,
         "workers",
         "gauge",
         "Workers (servers, for an external pool) by state.",

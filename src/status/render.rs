@@ -134,6 +134,8 @@ pub fn pool_fields(
     for (kind, n) in BackendErrorKind::ALL.iter().zip(r.backend_errors) {
         f.push((backend_error_label(*kind), Value::Int(n)));
     }
+    // Requests a lost kept connection made corral send again (ARCHITECTURE.md invariant 6).
+    f.push(("requests resent", Value::Int(r.resent)));
     if let Some(s) = &p.supervisor {
         for state in WORKER_STATES {
             f.push((state_label(state), int(p.workers_in(state))));

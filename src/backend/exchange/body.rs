@@ -1,6 +1,7 @@
 //! The response body the front pulls from, and the exchange's side of it: the chunks as
-//! they are decoded, a look ahead for the end after each one, and the connection handed back
-//! after a clean end.
+//! they are decoded, a look ahead for the end after each one, the connection handed back
+//! after a clean end, and a body dropped at its announced length left to wait for its end
+//! record (`end.rs`).
 
 use std::future::poll_fn;
 use std::mem::ManuallyDrop;
@@ -25,7 +26,11 @@ impl Drop for ResponseBody {
     fn drop(&mut self) {
         // SAFETY: `exchange` is taken once, here, and `self` is not used after `drop`.
         let exchange = unsafe { ManuallyDrop::take(&mut self.exchange) };
-        super::spare::recycle(exchange);
+        if exchange.held.is_some() {
+            super::end::linger(exchange);
+        } else {
+            super::spare::recycle(exchange);
+        }
     }
 }
 
@@ -68,9 +73,26 @@ impl ResponseBody {
         self.exchange.poll_body(cx)
     }
 
-    /// Whether the response ended cleanly and every chunk has been handed out.
+    /// Whether every chunk has been handed out and the response ended cleanly, or all the
+    /// bytes its head announced (Content-Length) have been and its end record may still be
+    /// on its way (see [`hold_until_end`](Self::hold_until_end)).
     pub fn is_ended(&self) -> bool {
-        self.exchange.state == BodyState::Ended && self.exchange.ahead.is_none()
+        let exchange = &self.exchange;
+        (exchange.state == BodyState::Ended && exchange.ahead.is_none()) || exchange.body_complete()
+    }
+
+    /// For a body dropped once every byte its head announced was handed out, but before its
+    /// end record arrived: takes `guard` (the request's slot) and keeps it until that record
+    /// arrives and the connection is back on its idle stack, or until the wait for it ends
+    /// (the connection is then closed), at most `END_WAIT` (`exchange/end.rs`). Leaves
+    /// `guard` where it is when there is nothing to wait for.
+    #[inline]
+    pub fn hold_until_end<G: Send + 'static>(&mut self, guard: &mut Option<G>) {
+        if self.exchange.awaits_end() {
+            if let Some(guard) = guard.take() {
+                self.exchange.held = Some(Box::new(guard));
+            }
+        }
     }
 
     /// After a clean end, the connection if it may carry another request and did not come
@@ -90,6 +112,9 @@ impl ResponseBody {
 impl Exchange {
     fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BackendError>>> {
         if let Some(ahead) = self.ahead.take() {
+            if let Ok(chunk) = &ahead {
+                self.handed += chunk.len() as u64;
+            }
             return Poll::Ready(Some(ahead));
         }
         if self.state != BodyState::Streaming {
@@ -102,6 +127,7 @@ impl Exchange {
             };
             match step {
                 Ok(Step::Data(chunk)) => {
+                    self.handed += chunk.len() as u64;
                     self.look_ahead();
                     return Poll::Ready(Some(Ok(chunk)));
                 }

@@ -60,6 +60,7 @@ impl Exchange {
         self.stderr = None;
         self.ahead = None;
         self.kept = None;
+        self.held = None;
         self.write_error = None;
         self.inbuf = BytesMut::new();
         self.outbuf = BytesMut::new();
@@ -104,6 +105,9 @@ impl Exchange {
             state,
             kept,
             ahead,
+            announced,
+            handed,
+            held,
         } = self;
         *reused = conn.requests_served() > 0;
         *inbuf = std::mem::take(&mut conn.inbuf);
@@ -131,5 +135,8 @@ impl Exchange {
         *state = BodyState::Streaming;
         *kept = None;
         *ahead = None;
+        *announced = None;
+        *handed = 0;
+        *held = None;
     }
 }
