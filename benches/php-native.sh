@@ -16,7 +16,8 @@
 # workers are forked from one fork template (preload, the default), as php-fpm's children
 # are from its master, and each parent is reported on a line of its own. A last table gives
 # each setup's CPU time per request, split into the front end (nginx or corral), the PHP
-# processes and wrk: on this shared machine it moves far less than req/s does.
+# processes and wrk: on this shared machine it moves less than req/s does (but it moves:
+# the other load shares the caches and cores).
 # Needs: nginx, php-fpm8.2, php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and
 # release builds of corral and corral-php-worker (CORRAL, WORKER).
 set -euo pipefail
@@ -176,7 +177,7 @@ for c in "${cases[@]}"; do wrk -t1 -c"$CONC" -d2s "${url[$c]}" >/dev/null; done 
 # one corral serves every corral setup, and only one setup has traffic at a time), the PHP
 # processes behind it, and wrk itself; utime + stime from /proc/PID/stat (wrk's from bash's
 # time) over each run, divided by the requests wrk counted. On this shared machine the CPU a
-# request costs moves far less than req/s does (other work takes turns on the same cores).
+# request costs moves less than req/s does (other work takes turns on the same cores).
 hz=$(getconf CLK_TCK)
 tree() { local p; for p in "$@"; do echo "$p"; tree $(pgrep -P "$p" || true); done; }
 front_pids() { case $1 in fpm-*) tree "$nginx_master" ;; *) echo "$corral_pid" ;; esac; }
