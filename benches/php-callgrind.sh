@@ -18,12 +18,12 @@
 # calls in the profile) and the difference must be N2 - N1 exactly, or no figure is printed. Every run binds a port of its own (a fixed one was shared with any other run of
 # this script on the machine: a corral that could not bind left its ab to the other run's
 # worker, whose count then held requests it was not sent), and a profile is read only once
-# valgrind has written all of it (its `totals:` line, the last). php-cgi does not stop on
-# the stop signal while corral keeps its connection open (its FastCGI reads retry when a
-# signal interrupts them), so it was killed after kill_timeout, and a process killed under
-# valgrind leaves an empty profile (once read as 0: a figure of 133k, or a negative one;
-# later refused, nearly every run). php-cgi is now retired by corral after its last request
-# (`max_requests`), which closes the connection: it exits and writes its whole profile.
+# valgrind has written all of it (its `totals:` line, the last). Stopped with corral,
+# php-cgi under valgrind did not exit within kill_timeout (10 s, or 60 s) in nearly every
+# run on this machine (without valgrind it stops in about a second), and a process killed
+# under valgrind leaves an empty profile (once read as 0: a figure of 133k, or a negative
+# one; later refused). php-cgi is now retired by corral right after its last request
+# (`max_requests`): it exits on its own within a second and writes its whole profile.
 # Usage: bash benches/php-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: hello 500 2500;
 #   SCRIPT: hello or phpinfo)
 # Env: CORRAL, WORKER (release builds by default), ROWS (the rows counted, default
@@ -86,11 +86,8 @@ preload = false"
 worker_script = \"$s/www/worker.php\"" ;;
     cgi)
       # php-cgi retired by corral right after its last request (the warm-up's 100, the
-      # readiness check's 1 and N; no jitter): corral closes its connection and php-cgi
-      # exits, leaving its whole profile. Stopped with corral instead, it waited on that
-      # kept connection (php-cgi's FastCGI reads retry when the stop signal interrupts
-      # them) until kill_timeout's SIGKILL, which leaves an empty profile: the cgi row was
-      # refused run after run on this machine.
+      # readiness check's 1 and N; no jitter), so that it exits and leaves its whole
+      # profile (see the top: stopped with corral, it was killed, profile empty).
       pool="command = [$(printf '"%s", ' $vg)\"php-cgi\"]
 max_requests = $((n + 101))
 max_requests_jitter = 0" ;;
