@@ -8,7 +8,9 @@
 # (a worker corral spawns: valgrind follows one process), which serves requests exactly as a
 # forked one does. For hello, a third row counts worker mode: the same page echoed by the
 # handler a worker script loops on with corral_handle_request (its requests counted by that
-# function's calls).
+# function's calls). For phpinfo, a second table splits each count into the page's own work
+# (phpinfo()'s php_print_info and all it calls: the same PHP code under either SAPI) and the
+# rest of the request, the part a SAPI can change.
 # php-cgi's row once drifted from run to run (46.0k, 53.6k, 57.8k, once negative), for three
 # reasons, each handled below: the scripts were newer than OPcache's file_update_protection,
 # a run could share its port with another, and a php-cgi killed at the stop left an empty
@@ -16,12 +18,12 @@
 # calls in the profile) and the difference must be N2 - N1 exactly, or no figure is printed. Every run binds a port of its own (a fixed one was shared with any other run of
 # this script on the machine: a corral that could not bind left its ab to the other run's
 # worker, whose count then held requests it was not sent), and a profile is read only once
-# valgrind has written all of it (its `totals:` line, the last). php-cgi under valgrind does
-# not always stop within corral's kill_timeout (10 s) of the stop signal on a busy machine: it
-# waits for the kept connection to close, and a process killed under valgrind leaves an
-# empty profile, which the old script read as 0 (a figure of 133k, or a negative one). That
-# run is now refused ("no complete profile"); run the script again. A longer kill_timeout
-# does not help: php-cgi then waits on the kept connection until it is killed anyway.
+# valgrind has written all of it (its `totals:` line, the last). Stopped with corral,
+# php-cgi under valgrind did not exit within kill_timeout (10 s, or 60 s) in nearly every
+# run on this machine (without valgrind it stops in about a second), and a process killed
+# under valgrind leaves an empty profile (once read as 0: a figure of 133k, or a negative
+# one; later refused). php-cgi is now retired by corral right after its last request
+# (`max_requests`): it exits on its own within a second and writes its whole profile.
 # Usage: bash benches/php-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: hello 500 2500;
 #   SCRIPT: hello or phpinfo)
 # Env: CORRAL, WORKER (release builds by default), ROWS (the rows counted, default
@@ -45,6 +47,12 @@ CORRAL=$(realpath "$CORRAL")
 WORKER=$(realpath "$WORKER")
 out_dir=${OUT_DIR:-/tmp}
 case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
+
+# inclusive FILE FUNCTION -> the instructions FUNCTION and everything it called ran, in all.
+inclusive() {
+  callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null \
+    | awk -v fn="$2" '{ for (i = 2; i <= NF; i++) if ($i ~ (":" fn "$")) { gsub(",", "", $1); n += $1 } } END { print n + 0 }'
+}
 
 # measure WHICH N -> the callgrind total (Ir) of WHICH's one PHP process serving N requests,
 # and the PHP requests it started (N and the warm-up's, and the readiness check's).
@@ -77,7 +85,12 @@ preload = false"
       [ "$which" = worker ] && pool="$pool
 worker_script = \"$s/www/worker.php\"" ;;
     cgi)
-      pool="command = [$(printf '"%s", ' $vg)\"php-cgi\"]" ;;
+      # php-cgi retired by corral right after its last request (the warm-up's 100, the
+      # readiness check's 1 and N; no jitter), so that it exits and leaves its whole
+      # profile (see the top: stopped with corral, it was killed, profile empty).
+      pool="command = [$(printf '"%s", ' $vg)\"php-cgi\"]
+max_requests = $((n + 101))
+max_requests_jitter = 0" ;;
   esac
   cat > "$s/corral.toml" <<EOF
 [server]
@@ -111,36 +124,53 @@ EOF
     kill -TERM "$corral"; wait "$corral" || true; exit 1
   fi
   grep -q '^Non-2xx responses' "$s/ab.txt" && { echo "$which: non-2xx answers" >&2; cat "$s/ab.txt" >&2; kill -TERM "$corral"; wait "$corral" || true; exit 1; }
+  # The retired php-cgi exits by itself: its profile is awaited before corral stops (a stop
+  # that overtook the retirement left php-cgi waiting on its connection again).
+  if [ "$which" = cgi ]; then
+    for _ in $(seq 300); do
+      grep -q '^totals:' "$s"/cg/cg.*.out 2>/dev/null && break
+      sleep 0.1
+    done
+  fi
   kill -TERM "$corral"; wait "$corral" || true
   # One profile per process valgrind ran: corral's own `--check` of the worker at start,
-  # then the worker; the one that served is the one whose command has no --check.
-  local out=""
-  for _ in $(seq 200); do
-    out=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out 2>/dev/null | head -n 1 || true)
-    [ -n "$out" ] && grep -q '^totals:' "$out" && break
-    sleep 0.1
-  done
-  [ -n "$out" ] && grep -q '^totals:' "$out" || { echo "$which: no complete profile" >&2; cat "$s/corral.log" >&2; exit 1; }
-  # A second serving process (a worker replaced mid-run) would make the count meaningless.
-  local served
-  served=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out | wc -l)
-  [ "$served" = 1 ] || { echo "$which: $served worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
+  # the worker, and for php-cgi the worker that replaced the retired one (it served
+  # nothing). The one that served is the complete profile, of no --check, whose process
+  # started requests.
   local counted=php_request_startup
   [ "$which" = worker ] && counted=zif_corral_handle_request
-  echo "$(awk '/^summary:/ {print $2}' "$out") $(callgrind_calls "$out" "$counted")"
+  local out="" f
+  for _ in $(seq 200); do
+    for f in $(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out 2>/dev/null || true); do
+      grep -q '^totals:' "$f" && [ "$(callgrind_calls "$f" "$counted")" -gt 0 ] && out=$f
+    done
+    [ -n "$out" ] && break
+    sleep 0.1
+  done
+  [ -n "$out" ] || { echo "$which: no complete profile" >&2; cat "$s/corral.log" >&2; exit 1; }
+  # A second serving process (a worker replaced mid-run) would make the count meaningless.
+  local workers allowed=1
+  [ "$which" = cgi ] && allowed=2
+  workers=$(grep -L -e '^cmd:.*--check' "$s"/cg/cg.*.out | wc -l)
+  [ "$workers" -le "$allowed" ] || { echo "$which: $workers worker profiles (a worker was replaced)" >&2; cat "$s/corral.log" >&2; exit 1; }
+  # For phpinfo, also the page's own work: php_print_info with all it calls.
+  local page_work=0
+  [ "$page" = phpinfo ] && page_work=$(inclusive "$out" php_print_info)
+  echo "$(awk '/^summary:/ {print $2}' "$out") $(callgrind_calls "$out" "$counted") $page_work"
   cp "$out" "$out_dir/callgrind.out.$which-$page.$n"
   rm -rf "$s"
 }
 
-per_request() { # WHICH -> instructions per request
-  local a ra b rb
-  read -r a ra < <(measure "$1" "$n1")
-  read -r b rb < <(measure "$1" "$n2")
+per_request() { # WHICH -> instructions per request, and of them the page's own (phpinfo)
+  local a ra pa b rb pb
+  read -r a ra pa < <(measure "$1" "$n1")
+  read -r b rb pb < <(measure "$1" "$n2")
   if [ -z "$a" ] || [ -z "$b" ] || [ $((rb - ra)) != $((n2 - n1)) ]; then
     echo "$1: the two runs started $ra and $rb PHP requests, not $((n2 - n1)) apart: refusing the count" >&2
     exit 1
   fi
-  awk -v a="$a" -v b="$b" -v n1="$n1" -v n2="$n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
+  awk -v a="$a" -v b="$b" -v pa="$pa" -v pb="$pb" -v n1="$n1" -v n2="$n2" \
+    'BEGIN { printf "%.0f %.0f", (b - a) / (n2 - n1), (pb - pa) / (n2 - n1) }'
 }
 
 rows=" ${ROWS:-native cgi worker} "
@@ -150,11 +180,12 @@ row() { if [[ $rows == *" $1 "* ]]; then per_request "$1"; fi; }
 [ "$rows" = " native cgi worker " ] || OUT=
 kilo() { [ -n "$1" ] && awk -v v="$1" 'BEGIN {printf "%.1fk", v / 1000}' || echo -; }
 report=$(mktemp /tmp/corral-phpcg-report.XXXXXX)
-native=$(row native)
-cgi=$(row cgi)
+# (Assigned first: a refused count ends the script here, under set -e.)
+counts=$(row native); read -r native native_page <<<"$counts"
+counts=$(row cgi); read -r cgi cgi_page <<<"$counts"
 # Worker mode serves the hello page from its handler (hello only).
 worker=""
-[ "$page" = hello ] && worker=$(row worker)
+if [ "$page" = hello ]; then counts=$(row worker); read -r worker _ <<<"$counts"; fi
 {
   echo "$page.php, ab -k -c1 through corral's HTTP listener to a pool of one PHP process; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), the PHP process under valgrind --tool=callgrind (corral not counted)."
   echo
@@ -167,6 +198,16 @@ worker=""
   fi
   if [ -n "$worker" ]; then
     echo "| corral-php-worker, worker mode (the page from corral_handle_request's handler) | $(kilo "$worker") |"
+  fi
+  # phpinfo: how much of each count is the page itself (phpinfo()'s php_print_info and all it
+  # calls, the same PHP code under either SAPI) and how much is everything else the process
+  # does for a request (its start and end, the variables, the output path, the protocol).
+  if [ "$page" = phpinfo ] && [ -n "$native" ] && [ -n "$cgi" ]; then
+    echo
+    echo "| PHP process | per request | phpinfo() itself (php_print_info, inclusive) | the rest of the request |"
+    echo "| --- | ---: | ---: | ---: |"
+    echo "| corral-php-worker, classic mode | $(kilo "$native") | $(kilo "$native_page") | $(kilo $((native - native_page))) |"
+    echo "| php-cgi (FastCGI) | $(kilo "$cgi") | $(kilo "$cgi_page") | $(kilo $((cgi - cgi_page))) |"
   fi
 } > "$report"
 cat "$report"

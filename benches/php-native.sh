@@ -14,9 +14,12 @@
 # and the ratios go to benches/RESULTS.md (section php-native), with the summed PSS of 8
 # worker-mode workers beside php-fpm's 8 children (after warm-up, smaps_rollup); the
 # workers are forked from one fork template (preload, the default), as php-fpm's children
-# are from its master, and each parent is reported on a line of its own. Needs: nginx, php-fpm8.2,
-# php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and release builds of corral and
-# corral-php-worker (CORRAL, WORKER).
+# are from its master, and each parent is reported on a line of its own. A last table gives
+# each setup's CPU time per request, split into the front end (nginx or corral), the PHP
+# processes and wrk: on this shared machine it moves less than req/s does (but it moves:
+# the other load shares the caches and cores).
+# Needs: nginx, php-fpm8.2, php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and
+# release builds of corral and corral-php-worker (CORRAL, WORKER).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
@@ -86,6 +89,7 @@ pm = static
 pm.max_children = 2
 CONF
 php-fpm8.2 -F -y "$scratch/fpm.conf" & pids+=($!)
+fpm_master=$!
 port_fpm=$(free_port)
 cat > "$scratch/nginx.conf" <<CONF
 user www-data;
@@ -104,6 +108,7 @@ http {
 }
 CONF
 nginx -c "$scratch/nginx.conf" & pids+=($!)
+nginx_master=$!
 
 # corral with three pools on three listeners: php-cgi, native classic, native worker mode.
 port_cgi=$(free_port); port_native=$(free_port); port_worker=$(free_port)
@@ -151,6 +156,7 @@ pool = "worker"
 root = "$scratch/www"
 CONF
 "$CORRAL" run -c "$scratch/corral.toml" >"$scratch/log/corral.log" 2>&1 & pids+=($!)
+corral_pid=$!
 
 declare -A url
 url[fpm-hello]="http://127.0.0.1:$port_fpm/hello.php"
@@ -167,6 +173,38 @@ for c in "${cases[@]}"; do wait_http "${url[$c]}"; done
 [ "$(curl -sS "${url[worker-app]}")" = "sum 44850" ] || { echo "bad app answer (worker)" >&2; exit 1; }
 for c in "${cases[@]}"; do wrk -t1 -c"$CONC" -d2s "${url[$c]}" >/dev/null; done   # warm-up
 
+# CPU time per request of each part of a setup: the front end wrk talks to (nginx, or corral:
+# one corral serves every corral setup, and only one setup has traffic at a time), the PHP
+# processes behind it, and wrk itself; utime + stime from /proc/PID/stat (wrk's from bash's
+# time) over each run, divided by the requests wrk counted. On this shared machine the CPU a
+# request costs moves less than req/s does (other work takes turns on the same cores).
+hz=$(getconf CLK_TCK)
+tree() { local p; for p in "$@"; do echo "$p"; tree $(pgrep -P "$p" || true); done; }
+front_pids() { case $1 in fpm-*) tree "$nginx_master" ;; *) echo "$corral_pid" ;; esac; }
+php_pids() { # SETUP -> its PHP processes (a fork template included: it idles)
+  local p cmd
+  case $1 in fpm-*) tree "$fpm_master"; return ;; esac
+  for p in $(tree "$corral_pid"); do
+    cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") || continue
+    case $1:$cmd in
+      cgi-*:*php-cgi*) echo "$p" ;;
+      worker-*:*corral-php-worker*--worker*) echo "$p" ;;
+      native-*:*corral-php-worker*) [[ $cmd == *--worker* ]] || echo "$p" ;;
+    esac
+  done
+}
+ticks() { # PIDS -> their utime + stime, in clock ticks (a process gone counts 0)
+  local p line f t=0
+  for p in "$@"; do
+    read -r line 2>/dev/null <"/proc/$p/stat" || continue
+    read -ra f <<<"${line##*) }"   # the fields after the command name, from state on
+    t=$((t + f[11] + f[12]))
+  done
+  echo "$t"
+}
+us_per_request() { awk -v t="$1" -v n="$2" -v hz="$hz" 'BEGIN {printf "%.1f", t / hz / n * 1e6}'; }
+declare -A cpu_front cpu_php cpu_wrk cpu_all
+
 declare -A all
 body=$(mktemp)
 {
@@ -176,7 +214,18 @@ body=$(mktemp)
 } >"$body"
 for r in $(seq "$ROUNDS"); do
   for c in "${cases[@]}"; do
-    out=$(wrk -t1 -c"$CONC" -d"${SECS}s" "${url[$c]}")
+    mapfile -t front < <(front_pids "$c"); mapfile -t php < <(php_pids "$c")
+    f0=$(ticks "${front[@]}"); p0=$(ticks "${php[@]}")
+    { TIMEFORMAT='%U %S'; time wrk -t1 -c"$CONC" -d"${SECS}s" "${url[$c]}" >"$scratch/wrk.out"; } 2>"$scratch/wrk.time"
+    f1=$(ticks "${front[@]}"); p1=$(ticks "${php[@]}")
+    out=$(cat "$scratch/wrk.out")
+    n=$(awk '/ requests in / {print $1}' <<<"$out")
+    cpu_front[$c]+="$(us_per_request $((f1 - f0)) "$n") "
+    cpu_php[$c]+="$(us_per_request $((p1 - p0)) "$n") "
+    w=$(awk -v n="$n" '{printf "%.1f", ($1 + $2) / n * 1e6}' "$scratch/wrk.time")
+    cpu_wrk[$c]+="$w "
+    cpu_all[$c]+="$(awk -v f=$((f1 - f0)) -v p=$((p1 - p0)) -v w="$w" -v n="$n" -v hz="$hz" \
+      'BEGIN {printf "%.1f", (f + p) / hz / n * 1e6 + w}') "
     read -r errors timeouts < <(wrk_errors <<<"$out")
     [ "$errors" = 0 ] && [ "$timeouts" = 0 ] || { echo "$c: $errors errors, $timeouts timeouts" >&2; echo "$out" >&2; exit 1; }
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
@@ -200,6 +249,15 @@ ratio() { awk -v a="${med[$1]}" -v b="${med[$2]}" 'BEGIN {printf "%.2f", a/b}'; 
   echo "| app (300 classes, a container) | nginx → php-fpm (boots per request) | corral → native worker mode (boots once) | worker / php-fpm |"
   echo "| --- | ---: | ---: | ---: |"
   echo "| app | ${med[fpm-app]} | ${med[worker-app]} | $(ratio worker-app fpm-app)× |"
+  echo
+  echo "CPU time per request, µs (medians over the rounds; each column its own median): the front end"
+  echo "(nginx's processes, or corral's), the PHP processes, wrk; utime + stime from /proc/PID/stat."
+  echo
+  echo "| setup | front end | PHP processes | wrk | all three |"
+  echo "| --- | ---: | ---: | ---: | ---: |"
+  for c in "${cases[@]}"; do
+    echo "| $c | $(median "${cpu_front[$c]}") | $(median "${cpu_php[$c]}") | $(median "${cpu_wrk[$c]}") | $(median "${cpu_all[$c]}") |"
+  done
 } >>"$body"
 
 # Memory: 8 worker-mode workers (the app booted in each) beside php-fpm's 8 children running
