@@ -231,6 +231,47 @@ proptest! {
         }
     }
 
+    /// The FastCGI front's collector indexes most pairs in one run over the buffer
+    /// (`FrontParams::index_short_run`), the others one by one: fed the encoded pairs in
+    /// any chunking, it ends with the parameters pushing them one by one gives, and so with
+    /// the oracle's decision.
+    #[test]
+    fn the_collector_indexes_as_pairs_pushed_one_by_one(
+        sent in pairs(),
+        long in prop::option::of(any::<prop::sample::Index>()),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+        ctx in context(),
+    ) {
+        let mut sent = sent;
+        // Now and then a value in the four-byte length form, which ends a run.
+        if let (Some(i), false) = (long, sent.is_empty()) {
+            let at = i.index(sent.len());
+            sent[at].1 = Bytes::from("/".repeat(200));
+        }
+        let mut pushed = FrontParams::new();
+        for (n, v) in &sent {
+            pushed.push(n, v).unwrap();
+        }
+        let wire = pushed.encoded().to_vec();
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(wire.len() + 1)).collect();
+        points.extend([0, wire.len()]);
+        points.sort_unstable();
+        let mut collector = crate::fastcgi::FrontParamsDecoder::new(&crate::Limits::DEFAULT);
+        for w in points.windows(2) {
+            collector.push(&wire[w[0]..w[1]]).unwrap();
+        }
+        let collected = collector.finish().unwrap();
+        prop_assert_eq!(&collected, &pushed);
+        let old = front_oracle::normalize_front_params(sent.clone(), &ctx);
+        match (normalize_front(collected, &ctx), old) {
+            (Ok(new), Ok(old)) => {
+                prop_assert_eq!(new.params, CgiParams::from_pairs(&old.vars).unwrap());
+            }
+            (Err(new), Err(old)) => prop_assert_eq!(new, old),
+            (new, old) => prop_assert!(false, "{:?} against {:?}", new, old),
+        }
+    }
+
     #[test]
     fn known_names_read_the_first_value_sent(sent in pairs()) {
         let mut front = FrontParams::new();
