@@ -215,7 +215,31 @@ pub(super) fn lookup(name: &[u8]) -> Option<u8> {
     ) else {
         return None;
     };
-    let (first, last) = (u64::from_le_bytes(*head), u64::from_le_bytes(*tail));
+    probe(u64::from_le_bytes(*head), u64::from_le_bytes(*tail), name)
+}
+
+/// [`lookup`] for the name that starts `pair` and is `len` bytes long (at most the pair's
+/// length): its first and last eight bytes are read from the pair.
+#[inline]
+pub(super) fn lookup_at(pair: &[u8], len: usize) -> Option<u8> {
+    if len < 8 {
+        return None;
+    }
+    let word = |at: usize| {
+        pair.get(at..)
+            .and_then(<[u8]>::first_chunk::<8>)
+            .map(|w| u64::from_le_bytes(*w))
+    };
+    let (Some(first), Some(last), Some(name)) = (word(0), word(len - 8), pair.get(..len)) else {
+        return None;
+    };
+    probe(first, last, name)
+}
+
+/// The table's entry for `name`, whose first and last eight bytes are `first` and `last`.
+#[inline(always)]
+fn probe(first: u64, last: u64, name: &[u8]) -> Option<u8> {
+    let len = name.len();
     let start = slot_of(first, last, len);
     // The table is never full, so an empty slot ends every probe; the bound is for form.
     for slot in start..start + SLOTS {

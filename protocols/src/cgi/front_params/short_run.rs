@@ -11,8 +11,9 @@
 //! there by the general way. `tests::a_run_indexes_as_pair_by_pair` and the collector's
 //! property test against pushed pairs (`front_tests`) hold it to `index`.
 
-use super::{bad_name, bad_pair, class, lookup, pair_tail_has_nul_cr_lf, sent_before};
+use super::{bad_name, bad_pair, class, sent_before};
 use super::{FrontParams, KNOWN, NONE};
+use crate::cgi::front_names::lookup_at;
 
 impl FrontParams {
     /// Indexes, from offset `from` (a pair's start) on, each pair whose two lengths take
@@ -37,67 +38,142 @@ impl FrontParams {
         if u32::try_from(buf.len()).is_err() {
             return from;
         }
-        let mut pos = from;
-        let mut n = *count as usize;
+        let Some(mut rest) = buf.get(from..) else {
+            return from;
+        };
+        // Pairs the count limit leaves room for.
+        let room_at_start = max_count.saturating_sub(*count as usize);
+        let mut room = room_at_start;
         let mut clean = bad.is_none();
         let (mut seen_now, mut common_now, mut rep) = (*seen, *common, *repeated);
-        while let Some(&[name_len, value_len]) = buf.get(pos..pos.wrapping_add(2)) {
-            if (name_len | value_len) >= 0x80 || n >= max_count {
+        while let [name_len, value_len, tail @ ..] = rest {
+            if (name_len | value_len) >= 0x80 || room == 0 {
                 break;
             }
-            let (name_len, value_len) = (usize::from(name_len), usize::from(value_len));
-            let at = pos + 2;
-            let end = at + name_len + value_len;
-            let Some(pair) = buf.get(at..end) else {
+            let (name_len, value_len) = (usize::from(*name_len), usize::from(*value_len));
+            let Some((pair, next)) = tail.split_at_checked(name_len + value_len) else {
                 break;
             };
-            let (name, value) = pair.split_at_checked(name_len).unwrap_or_default();
-            let id = lookup(name);
+            // The pair's start, below 2^32: the buffer's length is.
+            let start = (buf.len() - rest.len()) as u32;
+            rest = next;
+            room -= 1;
+            // Ids past the table's for a name not in it.
+            let id = lookup_at(pair, name_len).map_or(usize::MAX, usize::from);
             if clean {
+                let name = pair.get(..name_len).unwrap_or_default();
                 // A name from the table is a clean one: only the others need the scan.
-                let bad_name = id.is_none() && bad_name(name);
-                if bad_name || pair_tail_has_nul_cr_lf(pair, value_len) {
+                let bad_name = id == usize::MAX && bad_name(name);
+                if bad_name || value_has_nul_cr_lf(pair, value_len) {
+                    let value = pair.get(name_len..).unwrap_or_default();
                     *bad = Some(Box::new(bad_pair(bad_name, name, value)));
                     clean = false;
                 }
             }
-            match id {
-                Some(k) if usize::from(k) < KNOWN => {
-                    if let Some(slot) = known.get_mut(usize::from(k)) {
-                        if *slot == NONE {
-                            // Below 2^32: the buffer's length is.
-                            *slot = pos as u32;
-                        } else {
-                            rep = true;
-                        }
-                    }
-                }
-                Some(other) => {
-                    let bit = 1u64 << (usize::from(other) - KNOWN);
-                    rep |= common_now & bit != 0;
-                    common_now |= bit;
-                }
-                None => {
-                    let c = class(name);
-                    if seen_now & c != 0 && !rep && sent_before(buf, pos, name) {
+            if id < KNOWN {
+                if let Some(slot) = known.get_mut(id) {
+                    if *slot == NONE {
+                        *slot = start;
+                    } else {
                         rep = true;
                     }
-                    seen_now |= c;
                 }
+            } else if id != usize::MAX {
+                let bit = 1u64 << (id - KNOWN);
+                rep |= common_now & bit != 0;
+                common_now |= bit;
+            } else {
+                let name = pair.get(..name_len).unwrap_or_default();
+                let c = class(name);
+                if seen_now & c != 0 && !rep && sent_before(buf, start as usize, name) {
+                    rep = true;
+                }
+                seen_now |= c;
             }
-            n += 1;
-            pos = end;
         }
         // At most one pair per two bytes of a buffer under 4 GiB.
-        *count = u32::try_from(n).unwrap_or(u32::MAX);
+        let indexed = u32::try_from(room_at_start - room).unwrap_or(u32::MAX);
+        *count = count.saturating_add(indexed);
         (*seen, *common, *repeated) = (seen_now, common_now, rep);
-        pos
+        buf.len() - rest.len()
+    }
+}
+
+/// Whether the value of `pair` (its last `len` bytes) holds NUL, CR or LF: as
+/// `pair_tail_has_nul_cr_lf` decides it (words read from the pair's end, the last one
+/// reaching back into the name, whose bytes are clean unless the name is refused first), in
+/// the loop's own form.
+#[inline(always)]
+fn value_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
+    // A word with no byte below 0x0e (NUL, LF and CR are) is ruled out by one test; only
+    // one that has such a byte is tested for the three.
+    let any = |w: u64| {
+        w.wrapping_sub(ONES * 0x0e) & !w & HIGHS != 0
+            && (zero_byte(w) | zero_byte(w ^ (ONES * 0x0d)) | zero_byte(w ^ (ONES * 0x0a))) & HIGHS
+                != 0
+    };
+    let n = pair.len();
+    if len == 0 {
+        return false;
+    }
+    // The value starts at `n - len`; a word ending at `end` covers it once `end - 8` is
+    // at most that.
+    let covered = n.saturating_sub(len).saturating_add(8);
+    let mut end = n;
+    loop {
+        let Some(word) = end
+            .checked_sub(8)
+            .and_then(|from| pair.get(from..end))
+            .and_then(<[u8]>::first_chunk::<8>)
+        else {
+            // A pair shorter than a word: its value byte by byte.
+            return pair
+                .get(n.saturating_sub(len)..)
+                .unwrap_or_default()
+                .iter()
+                .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+        };
+        if any(u64::from_le_bytes(*word)) {
+            return true;
+        }
+        if end <= covered {
+            return false;
+        }
+        end = (end - 8).max(8);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::FrontParams;
+
+    /// The run's value scan answers as a byte-by-byte search of the value for every value
+    /// up to 40 bytes after a clean name of up to 11, a byte of every kind at every place.
+    #[test]
+    fn the_value_scan_finds_every_forbidden_byte_of_the_value() {
+        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+        for name_len in 0..12 {
+            for len in 0..40 {
+                let mut v: Vec<u8> = vec![b'N'; name_len];
+                v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
+                assert!(!super::value_has_nul_cr_lf(&v, len), "{name_len} {len}");
+                for at in name_len..name_len + len {
+                    for bad in [0u8, b'\r', b'\n', 1, 9, 0x0b, 0x0e, 0x8a, 0x8d, 0xff] {
+                        let mut w = v.clone();
+                        w[at] = bad;
+                        assert_eq!(
+                            super::value_has_nul_cr_lf(&w, len),
+                            naive(&w[name_len..]),
+                            "name {name_len} len {len} at {at} byte {bad:#x}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// `FrontParams::push` indexes pair by pair: the run over the same bytes must leave the
     /// same state, and stop where the general way must take over.
