@@ -90,18 +90,10 @@ pub(super) fn clean_line(rest: &[u8]) -> Option<CleanLine> {
     })
 }
 
-/// The length of the run of token bytes at the start of `b` (one table lookup per byte, one
-/// index: the iterator form kept three counters per byte).
+/// The length of the run of token bytes at the start of `b`.
 #[inline]
 fn token_len(b: &[u8]) -> usize {
-    let mut len = 0;
-    while let Some(&c) = b.get(len) {
-        if !crate::cgi::is_tchar(c) {
-            break;
-        }
-        len += 1;
-    }
-    len
+    crate::cgi::token_run(b)
 }
 
 /// The offset of the first byte of `b` that [`is_control`] refuses, eight bytes at a time.
