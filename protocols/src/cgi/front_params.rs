@@ -10,7 +10,9 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
-use super::front_checks::{bad_name, bad_pair, class, pair_tail_has_nul_cr_lf};
+use super::front_checks::{
+    bad_name, bad_pair, class, pair_tail_has_nul_cr_lf, value_has_nul_cr_lf,
+};
 use super::front_names::lookup;
 
 mod short_run;

@@ -11,7 +11,7 @@
 //! there by the general way. `tests::a_run_indexes_as_pair_by_pair` and the collector's
 //! property test against pushed pairs (`front_tests`) hold it to `index`.
 
-use super::{bad_name, bad_pair, class, sent_before};
+use super::{bad_name, bad_pair, class, sent_before, value_has_nul_cr_lf};
 use super::{FrontParams, KNOWN, NONE};
 use crate::cgi::front_names::lookup_at;
 
@@ -99,81 +99,9 @@ impl FrontParams {
     }
 }
 
-/// Whether the value of `pair` (its last `len` bytes) holds NUL, CR or LF: as
-/// `pair_tail_has_nul_cr_lf` decides it (words read from the pair's end, the last one
-/// reaching back into the name, whose bytes are clean unless the name is refused first), in
-/// the loop's own form.
-#[inline(always)]
-fn value_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
-    // A word with no byte below 0x0e (NUL, LF and CR are) is ruled out by one test; only
-    // one that has such a byte is tested for the three.
-    let any = |w: u64| {
-        w.wrapping_sub(ONES * 0x0e) & !w & HIGHS != 0
-            && (zero_byte(w) | zero_byte(w ^ (ONES * 0x0d)) | zero_byte(w ^ (ONES * 0x0a))) & HIGHS
-                != 0
-    };
-    let n = pair.len();
-    if len == 0 {
-        return false;
-    }
-    // The value starts at `n - len`; a word ending at `end` covers it once `end - 8` is
-    // at most that.
-    let covered = n.saturating_sub(len).saturating_add(8);
-    let mut end = n;
-    loop {
-        let Some(word) = end
-            .checked_sub(8)
-            .and_then(|from| pair.get(from..end))
-            .and_then(<[u8]>::first_chunk::<8>)
-        else {
-            // A pair shorter than a word: its value byte by byte.
-            return pair
-                .get(n.saturating_sub(len)..)
-                .unwrap_or_default()
-                .iter()
-                .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
-        };
-        if any(u64::from_le_bytes(*word)) {
-            return true;
-        }
-        if end <= covered {
-            return false;
-        }
-        end = (end - 8).max(8);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::FrontParams;
-
-    /// The run's value scan answers as a byte-by-byte search of the value for every value
-    /// up to 40 bytes after a clean name of up to 11, a byte of every kind at every place.
-    #[test]
-    fn the_value_scan_finds_every_forbidden_byte_of_the_value() {
-        let naive = |b: &[u8]| b.iter().any(|&c| matches!(c, 0 | b'\r' | b'\n'));
-        for name_len in 0..12 {
-            for len in 0..40 {
-                let mut v: Vec<u8> = vec![b'N'; name_len];
-                v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
-                assert!(!super::value_has_nul_cr_lf(&v, len), "{name_len} {len}");
-                for at in name_len..name_len + len {
-                    for bad in [0u8, b'\r', b'\n', 1, 9, 0x0b, 0x0e, 0x8a, 0x8d, 0xff] {
-                        let mut w = v.clone();
-                        w[at] = bad;
-                        assert_eq!(
-                            super::value_has_nul_cr_lf(&w, len),
-                            naive(&w[name_len..]),
-                            "name {name_len} len {len} at {at} byte {bad:#x}"
-                        );
-                    }
-                }
-            }
-        }
-    }
 
     /// `FrontParams::push` indexes pair by pair: the run over the same bytes must leave the
     /// same state, and stop where the general way must take over.
