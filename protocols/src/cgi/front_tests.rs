@@ -9,7 +9,9 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::front::{normalize_front, normalize_front_params, normalize_front_with};
+use super::front::{
+    normalize_front, normalize_front_params, normalize_front_prepared, normalize_front_with,
+};
 use super::front_oracle;
 use super::front_params::{FrontParams, Known};
 use super::{CgiContext, CgiParams, ScriptMode};
@@ -269,6 +271,32 @@ proptest! {
             }
             (Err(new), Err(old)) => prop_assert_eq!(new, old),
             (new, old) => prop_assert!(false, "{:?} against {:?}", new, old),
+        }
+    }
+
+    /// A context prepared when the router is built is not checked again per request: the
+    /// same block or the same refusal as checking it, for usable contexts and unusable ones
+    /// (a bad root, a bad extra variable).
+    #[test]
+    fn a_prepared_context_normalises_as_the_context_checked_per_request(
+        sent in pairs(),
+        ctx in context(),
+        root in prop::sample::select(vec![None, Some("relative"), Some("/a/../b"), Some("/a//b")]),
+    ) {
+        let mut ctx = ctx;
+        if let Some(root) = root {
+            ctx.document_root = root.as_bytes().to_vec();
+        }
+        let mut front = FrontParams::new();
+        for (n, v) in &sent {
+            front.push(n, v).unwrap();
+        }
+        let prepared = super::PreparedContext::new(ctx.clone());
+        for listed in [false, true] {
+            prop_assert_eq!(
+                normalize_front_prepared(front.clone(), &prepared, listed),
+                normalize_front_with(front.clone(), &ctx, listed)
+            );
         }
     }
 

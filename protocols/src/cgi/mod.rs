@@ -36,7 +36,10 @@ use bytes::Bytes;
 use crate::Limits;
 
 pub use encode::{encode_cgi_vars, encode_prepared};
-pub use front::{normalize_front, normalize_front_params, normalize_front_with, FrontVars};
+pub use front::{
+    normalize_front, normalize_front_params, normalize_front_prepared, normalize_front_with,
+    FrontVars,
+};
 pub use front_params::{FrontParams, Known};
 pub use headers::dropped_headers;
 pub use host::check_host;
