@@ -146,7 +146,9 @@ pub(super) fn is_field_value(mut bytes: impl Iterator<Item = u8>) -> bool {
     bytes.all(|c| (c >= b' ' || c == b'\t') && c != 0x7f)
 }
 
-/// `404 Not Found` → (404, range of `Not Found`); `204` → (204, empty range).
+/// `404 Not Found` → (404, range of `Not Found`); `204` → (204, empty range). Inlined into
+/// its one caller, the parser's field step.
+#[inline]
 pub(super) fn parse_status(value: &[u8]) -> Result<(u16, Range<usize>), CgiResponseError> {
     let bad = || CgiResponseError::InvalidStatus {
         value: snippet(value),
