@@ -90,18 +90,10 @@ pub(super) fn clean_line(rest: &[u8]) -> Option<CleanLine> {
     })
 }
 
-/// The length of the run of token bytes at the start of `b` (one table lookup per byte, one
-/// index: the iterator form kept three counters per byte).
+/// The length of the run of token bytes at the start of `b`.
 #[inline]
 fn token_len(b: &[u8]) -> usize {
-    let mut len = 0;
-    while let Some(&c) = b.get(len) {
-        if !crate::cgi::is_tchar(c) {
-            break;
-        }
-        len += 1;
-    }
-    len
+    crate::cgi::token_run(b)
 }
 
 /// The offset of the first byte of `b` that [`is_control`] refuses, eight bytes at a time.
@@ -154,7 +146,9 @@ pub(super) fn is_field_value(mut bytes: impl Iterator<Item = u8>) -> bool {
     bytes.all(|c| (c >= b' ' || c == b'\t') && c != 0x7f)
 }
 
-/// `404 Not Found` → (404, range of `Not Found`); `204` → (204, empty range).
+/// `404 Not Found` → (404, range of `Not Found`); `204` → (204, empty range). Inlined into
+/// its one caller, the parser's field step.
+#[inline]
 pub(super) fn parse_status(value: &[u8]) -> Result<(u16, Range<usize>), CgiResponseError> {
     let bad = || CgiResponseError::InvalidStatus {
         value: snippet(value),

@@ -285,3 +285,28 @@ fn the_records_taken_in_place_are_refused_as_the_general_path_refuses_them() {
     assert!(outcome::<FrontParamsDecoder>(&cases[1].1, &[]).is_err());
     assert!(outcome::<FrontParamsDecoder>(&cases[3].1, &[]).is_err());
 }
+
+/// Pairs with one-byte lengths are indexed in one run over the record's content: the pair
+/// past the count limit is refused there as the pair decoder refuses it, wherever the record
+/// ends, and a run that stays within the limit is accepted.
+#[test]
+fn the_pair_past_the_count_limit_is_refused_inside_a_run() {
+    let limits = Limits {
+        max_params_count: 3,
+        ..Limits::DEFAULT
+    };
+    let pair = |name: u8| [1, 1, name, b'v'];
+    for pairs in 3..6u8 {
+        let body: Vec<u8> = (0..pairs).flat_map(|i| pair(b'A' + i)).collect();
+        let mut front = FrontParamsDecoder::new(&limits);
+        let mut plain = ParamsDecoder::new(&limits);
+        let got = front.push(&body);
+        let want = plain.push(Bytes::copy_from_slice(&body));
+        assert_eq!(got, want, "{pairs} pairs");
+        if pairs > 3 {
+            assert_eq!(got, Err(FastCgiError::TooManyParams { limit: 3 }));
+        } else {
+            assert_eq!(front.finish().unwrap().len(), 3);
+        }
+    }
+}

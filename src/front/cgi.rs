@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::config::ListenAddress;
 use crate::gateway::{Gateway, GatewayError, GatewayResponse, RouteKey, Routed};
 use crate::protocols::cgi::{
-    check_host, normalize_decoded_path, normalize_front_with, parse_request_path, CgiError,
+    check_host, normalize_decoded_path, normalize_front_prepared, parse_request_path, CgiError,
     CgiParams, FrontParams, Known,
 };
 use crate::protocols::cgi_response::{encode_head, encoded_len, CgiResponseHead, CgiStatus};
@@ -119,7 +119,7 @@ pub(crate) fn prepare(
     };
     // The list of what was left out is made only for the debug line that shows it.
     let listed = tracing::enabled!(tracing::Level::DEBUG);
-    let vars = normalize_front_with(params, &routed.context.cgi, listed)?;
+    let vars = normalize_front_prepared(params, &routed.context.cgi, listed)?;
     for d in &vars.dropped {
         tracing::debug!(request_id, param = %crate::logs::escaped(&d.name), reason = ?d.reason, "left a front server parameter out");
     }

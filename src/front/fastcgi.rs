@@ -453,8 +453,14 @@ impl Connection<'_> {
                         Some(s) => Pin::new(s).poll(cx),
                         None => Poll::Pending,
                     });
+                    // Polled in this order (`biased`: no random start, which cost a random
+                    // number per poll). Every branch before the read ends the connection or
+                    // changes what enables it (a request's ending is taken once, a side event
+                    // once), so none is ready for ever and the read is never starved; and a
+                    // connection past its deadline is closed even while its peer keeps sending.
                     tokio::select! {
-                        read = reader.read_buf(buf) => read,
+                        biased;
+                        () = &mut closed_wait => return true,
                         () = &mut expired, if deadline.is_some() => {
                             let why = deadline.map(|(_, why)| why).unwrap_or(Expired::Idle);
                             tracing::debug!(reason = %why, requests = self.requests.len(), "closing a fastcgi front connection");
@@ -488,7 +494,7 @@ impl Connection<'_> {
                             }
                             continue;
                         }
-                        () = &mut closed_wait => return true,
+                        read = reader.read_buf(buf) => read,
                     }
                 }
             };

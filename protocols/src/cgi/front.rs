@@ -25,6 +25,7 @@ use super::path::{
     check_context, checked_is_normal, has_hidden_segment, normal_form, normalize, percent_decode,
     root_display, root_prefix, script_end, split_normalized, Split,
 };
+use super::prepared::PreparedContext;
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,
 };
@@ -90,6 +91,29 @@ pub fn normalize_front_with(
     list_dropped: bool,
 ) -> Result<FrontVars, CgiError> {
     check_context(ctx)?;
+    normalize_checked(params, ctx, list_dropped)
+}
+
+/// [`normalize_front_with`] for a context prepared when the router was built: its checks
+/// were made then, so a usable one is not checked again per request (an unusable one is, for
+/// the same error in the same place).
+pub fn normalize_front_prepared(
+    params: FrontParams,
+    ctx: &PreparedContext,
+    list_dropped: bool,
+) -> Result<FrontVars, CgiError> {
+    if !ctx.usable() {
+        check_context(ctx)?;
+    }
+    normalize_checked(params, ctx, list_dropped)
+}
+
+/// [`normalize_front_with`] once the context's own checks have passed.
+fn normalize_checked(
+    params: FrontParams,
+    ctx: &CgiContext,
+    list_dropped: bool,
+) -> Result<FrontVars, CgiError> {
     if let Some(e) = params.bad() {
         return Err(e.clone());
     }

@@ -42,6 +42,23 @@ pub(super) fn bad_name(name: &[u8]) -> bool {
     name.is_empty() || has_nul_cr_lf_eq(name)
 }
 
+/// Whether the word `w` (eight bytes) holds NUL, CR or LF. A byte of `w ^ splat(c)` is zero
+/// where `w` holds `c`; `(x - 0x01..) & !x & 0x80..` is non-zero exactly when some byte of
+/// `x` is zero. NUL, LF and CR are all below 0x0e, and a word with no byte below 0x0e (most
+/// words of text) is ruled out first by one test of the same kind: `(w - 0x0e..) & !w &
+/// 0x80..` is non-zero exactly when some byte of `w` is below 0x0e (a borrow only starts at
+/// such a byte). Only a word that has one is tested for the three bytes.
+#[inline(always)]
+fn word_has_nul_cr_lf(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
+    w.wrapping_sub(ONES * 0x0e) & !w & HIGHS != 0
+        && (zero_byte(w) | zero_byte(w ^ (ONES * u64::from(b'\r'))) | zero_byte(w ^ (ONES * 0x0a)))
+            & HIGHS
+            != 0
+}
+
 /// Whether the value of `pair` (its name, then its value: the last `len` bytes) holds NUL,
 /// CR or LF, read a word at a time from its end: each word ends 8 bytes before the last, and
 /// the last one read may reach back into the name. So a name byte that is NUL, CR or LF may
@@ -51,23 +68,6 @@ pub(super) fn bad_name(name: &[u8]) -> bool {
 /// byte.
 #[inline]
 pub(super) fn pair_tail_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // A byte of `w ^ splat(c)` is zero where `w` holds `c`; `(x - 0x01..) & !x & 0x80..` is
-    // non-zero exactly when some byte of `x` is zero.
-    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x;
-    let any = |w: u64| {
-        // NUL, LF and CR are all below 0x0e, and a word with no byte below 0x0e (most words
-        // of text) is ruled out by one test of the same kind: `(w - 0x0e..) & !w & 0x80..`
-        // is non-zero exactly when some byte of `w` is below 0x0e (a borrow only starts at
-        // such a byte). Only a word that has one is tested for the three bytes.
-        w.wrapping_sub(ONES * 0x0e) & !w & HIGHS != 0
-            && (zero_byte(w)
-                | zero_byte(w ^ (ONES * u64::from(b'\r')))
-                | zero_byte(w ^ (ONES * 0x0a)))
-                & HIGHS
-                != 0
-    };
     let n = pair.len();
     if len == 0 {
         return false;
@@ -89,13 +89,50 @@ pub(super) fn pair_tail_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
             .get(from..from + 8)
             .and_then(|w| w.first_chunk::<8>())
             .map_or(0, |w| u64::from_le_bytes(*w));
-        if any(word) {
+        if word_has_nul_cr_lf(word) {
             return true;
         }
         if from <= start {
             return false;
         }
         end = from;
+    }
+}
+
+/// [`pair_tail_has_nul_cr_lf`] in the form the short-pair run (`FrontParams::index_short_run`)
+/// compiles best: the same words (the last one ending at the pair's end, each one before
+/// ending where the last began, the pair's first word last), with no saturating step in the
+/// loop. The same answer for every pair (the unit test below holds both to a byte search).
+#[inline(always)]
+pub(super) fn value_has_nul_cr_lf(pair: &[u8], len: usize) -> bool {
+    let n = pair.len();
+    if len == 0 {
+        return false;
+    }
+    // The value starts at `n - len`; a word ending at `end` covers it once `end - 8` is
+    // at most that.
+    let covered = n.saturating_sub(len).saturating_add(8);
+    let mut end = n;
+    loop {
+        let Some(word) = end
+            .checked_sub(8)
+            .and_then(|from| pair.get(from..end))
+            .and_then(<[u8]>::first_chunk::<8>)
+        else {
+            // A pair shorter than a word: its value byte by byte.
+            return pair
+                .get(n.saturating_sub(len)..)
+                .unwrap_or_default()
+                .iter()
+                .any(|&c| matches!(c, 0 | b'\r' | b'\n'));
+        };
+        if word_has_nul_cr_lf(u64::from_le_bytes(*word)) {
+            return true;
+        }
+        if end <= covered {
+            return false;
+        }
+        end = (end - 8).max(8);
     }
 }
 
@@ -127,6 +164,7 @@ mod tests {
                 let mut v: Vec<u8> = vec![b'N'; name_len];
                 v.extend((0..len).map(|i| b'a' + (i % 26) as u8));
                 assert!(!super::pair_tail_has_nul_cr_lf(&v, len), "{name_len} {len}");
+                assert!(!super::value_has_nul_cr_lf(&v, len), "{name_len} {len}");
                 for at in name_len..name_len + len {
                     for bad in [
                         0u8, b'\r', b'\n', 1, 9, 0x0b, 0x0e, 0x8a, 0x8d, 0x80, 0xff, b'=',
@@ -137,6 +175,11 @@ mod tests {
                             super::pair_tail_has_nul_cr_lf(&w, len),
                             naive(&w[name_len..]),
                             "name {name_len} len {len} at {at} byte {bad:#x}"
+                        );
+                        assert_eq!(
+                            super::value_has_nul_cr_lf(&w, len),
+                            naive(&w[name_len..]),
+                            "run's scan: name {name_len} len {len} at {at} byte {bad:#x}"
                         );
                     }
                 }

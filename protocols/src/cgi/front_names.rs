@@ -7,7 +7,9 @@
 //! check, and told apart exactly, so a repeat needs no hashing), or anything else. A `match`
 //! on the name compared it against each candidate of its length in turn; the table looks at
 //! the name's first and last eight bytes and its length, hashed to one slot, and compares
-//! those two words (and, for a name longer than 16 bytes, the middle) with the slot's entry.
+//! those two words (and, for a name longer than 16 bytes, the middle eight, or the whole name
+//! past 24) with the slot's entry. The compiler picks the hash's multiplier so that every
+//! name of the table has a slot of its own: one slot is read, never a chain of them.
 //!
 //! [`FrontParams`]: super::FrontParams
 
@@ -135,24 +137,19 @@ const IDS: usize = 50;
 /// Ids from [`KNOWN`] on are the common names; a set of them fits one `u64`.
 const _: () = assert!(IDS - KNOWN <= 64);
 
-/// Slots in the table: well over twice the names, so a probe rarely moves on.
-const SLOTS: usize = 128;
+/// Slots in the table: enough that a multiplier giving each name a slot of its own is found
+/// in a few hundred tries.
+const SLOTS: usize = 256;
 
+/// A name of the table: its first, middle (bytes 8 to 16, for a name longer than 16) and
+/// last eight bytes and its length.
 #[derive(Clone, Copy)]
 struct Entry {
     first: u64,
+    mid: u64,
     last: u64,
-    /// The name's length; 0 for an empty slot.
     len: usize,
-    id: u8,
 }
-
-const EMPTY: Entry = Entry {
-    first: 0,
-    last: 0,
-    len: 0,
-    id: 0,
-};
 
 /// The eight bytes of `name` from `at`, as one word (the caller has checked they exist).
 #[allow(clippy::indexing_slicing)] // Compile-time only: an index out of range fails the build.
@@ -166,17 +163,23 @@ const fn word_at(name: &[u8], at: usize) -> u64 {
     w
 }
 
-/// The slot a name with these first and last words and this length hashes to.
-const fn slot_of(first: u64, last: u64, len: usize) -> usize {
+/// The slot a name with these first and last words and this length hashes to, with
+/// multiplier `mul`.
+const fn slot_of(first: u64, last: u64, len: usize, mul: u64) -> usize {
     let key = first ^ last.rotate_left(29) ^ (len as u64) << 56;
-    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize
+    (key.wrapping_mul(mul) >> 56) as usize
 }
 
-/// The table, open addressing with linear probing; built by the compiler, so a name that
-/// breaks the rules of [`NAMES`] fails the build.
+/// The names' entries, by id; built by the compiler, so a name that breaks the rules of
+/// [`NAMES`] fails the build.
 #[allow(clippy::indexing_slicing)] // Compile-time only, as above.
-const TABLE: [Entry; SLOTS] = {
-    let mut table = [EMPTY; SLOTS];
+const ENTRIES: [Entry; IDS] = {
+    let mut entries = [Entry {
+        first: 0,
+        mid: 0,
+        last: 0,
+        len: 0,
+    }; IDS];
     let mut id = 0;
     while id < IDS {
         let name = NAMES[id];
@@ -187,17 +190,56 @@ const TABLE: [Entry; SLOTS] = {
             assert!(!matches!(name[i], 0 | b'\r' | b'\n' | b'='));
             i += 1;
         }
-        let (first, last) = (word_at(name, 0), word_at(name, len - 8));
-        let mut slot = slot_of(first, last, len) % SLOTS;
-        while table[slot].len != 0 {
-            slot = (slot + 1) % SLOTS;
-        }
-        table[slot] = Entry {
-            first,
-            last,
+        entries[id] = Entry {
+            first: word_at(name, 0),
+            mid: if len > 16 { word_at(name, 8) } else { 0 },
+            last: word_at(name, len - 8),
             len,
-            id: id as u8,
         };
+        id += 1;
+    }
+    entries
+};
+
+/// No name: an empty slot.
+const FREE: u8 = u8::MAX;
+const _: () = assert!(IDS < FREE as usize);
+
+/// The multiplier that gives every name a slot of its own, found by the compiler: the first
+/// of a sequence of odd constants that does (the build fails if none of the first 10,000
+/// does).
+#[allow(clippy::indexing_slicing)] // Compile-time only, as above.
+const MUL: u64 = {
+    let mut k = 0u64;
+    loop {
+        assert!(k < 10_000, "no multiplier separates the names");
+        let mul = 0x9E37_79B9_7F4A_7C15u64.wrapping_add(k.wrapping_mul(0x2545_F491_4F6C_DD1E)) | 1;
+        let mut taken = [false; SLOTS];
+        let mut id = 0;
+        while id < IDS {
+            let e = ENTRIES[id];
+            let slot = slot_of(e.first, e.last, e.len, mul);
+            if taken[slot] {
+                break;
+            }
+            taken[slot] = true;
+            id += 1;
+        }
+        if id == IDS {
+            break mul;
+        }
+        k += 1;
+    }
+};
+
+/// Per slot, the id of the one name that hashes to it, or [`FREE`].
+#[allow(clippy::indexing_slicing)] // Compile-time only, as above.
+const TABLE: [u8; SLOTS] = {
+    let mut table = [FREE; SLOTS];
+    let mut id = 0;
+    while id < IDS {
+        let e = ENTRIES[id];
+        table[slot_of(e.first, e.last, e.len, MUL)] = id as u8;
         id += 1;
     }
     table
@@ -215,23 +257,52 @@ pub(super) fn lookup(name: &[u8]) -> Option<u8> {
     ) else {
         return None;
     };
-    let (first, last) = (u64::from_le_bytes(*head), u64::from_le_bytes(*tail));
-    let start = slot_of(first, last, len);
-    // The table is never full, so an empty slot ends every probe; the bound is for form.
-    for slot in start..start + SLOTS {
-        let e = TABLE.get(slot % SLOTS).copied().unwrap_or(EMPTY);
-        if e.len == 0 {
-            return None;
-        }
-        if e.len == len
-            && e.first == first
-            && e.last == last
-            && (len <= 16 || NAMES.get(usize::from(e.id)).copied() == Some(name))
-        {
-            return Some(e.id);
-        }
+    probe(u64::from_le_bytes(*head), u64::from_le_bytes(*tail), name)
+}
+
+/// [`lookup`] for the name that starts `pair` and is `len` bytes long (at most the pair's
+/// length): its first and last eight bytes are read from the pair.
+#[inline]
+pub(super) fn lookup_at(pair: &[u8], len: usize) -> Option<u8> {
+    if len < 8 {
+        return None;
     }
-    None
+    let word = |at: usize| {
+        pair.get(at..)
+            .and_then(<[u8]>::first_chunk::<8>)
+            .map(|w| u64::from_le_bytes(*w))
+    };
+    let (Some(first), Some(last), Some(name)) = (word(0), word(len - 8), pair.get(..len)) else {
+        return None;
+    };
+    probe(first, last, name)
+}
+
+/// The table's entry for `name`, whose first and last eight bytes are `first` and `last`:
+/// one slot, one entry compared (for a name longer than 24 bytes, the whole name).
+#[inline(always)]
+fn probe(first: u64, last: u64, name: &[u8]) -> Option<u8> {
+    let len = name.len();
+    let id = TABLE
+        .get(slot_of(first, last, len, MUL))
+        .copied()
+        .unwrap_or(FREE);
+    let e = ENTRIES.get(usize::from(id))?;
+    let same = e.len == len
+        && e.first == first
+        && e.last == last
+        && (len <= 16
+            || match len <= 24 {
+                // First, middle and last words cover the name.
+                true => {
+                    name.get(8..16)
+                        .and_then(<[u8]>::first_chunk::<8>)
+                        .map(|w| u64::from_le_bytes(*w))
+                        == Some(e.mid)
+                }
+                false => NAMES.get(usize::from(id)).copied() == Some(name),
+            });
+    same.then_some(id)
 }
 
 impl Known {

@@ -10,8 +10,12 @@
 //! `fastcgi.conf` parameters for a script inside the root), the buffer itself becomes the
 //! backend's parameter block: no pair is copied or encoded again.
 
-use super::front_checks::{bad_name, bad_pair, class, pair_tail_has_nul_cr_lf};
+use super::front_checks::{
+    bad_name, bad_pair, class, pair_tail_has_nul_cr_lf, value_has_nul_cr_lf,
+};
 use super::front_names::lookup;
+
+mod short_run;
 pub use super::front_names::Known;
 pub(super) use super::front_names::KNOWN;
 
@@ -239,21 +243,13 @@ impl FrontParams {
             }
             None => {
                 let c = class(name);
-                if self.seen & c != 0 && !self.repeated && self.sent_before(start, name) {
+                if self.seen & c != 0 && !self.repeated && sent_before(&self.buf, start, name) {
                     self.repeated = true;
                 }
                 self.seen |= c;
             }
         }
         self.count = self.count.saturating_add(1);
-    }
-
-    /// Whether a pair before `upto` (a pair's start) is named `name`.
-    #[cold]
-    #[inline(never)]
-    fn sent_before(&self, upto: usize, name: &[u8]) -> bool {
-        let before = self.buf.get(..upto).unwrap_or_default();
-        walk(before).any(|(_, at, n, _)| n == name.len() && before.get(at..at + n) == Some(name))
     }
 
     /// Every pair, indexed: where it lies, its [`Known`] name, its first and last
@@ -491,6 +487,14 @@ fn first_named(buf: &[u8], pairs: &[PairAt], name: &[u8]) -> u32 {
         })
         .and_then(|j| u32::try_from(j).ok())
         .unwrap_or(NONE)
+}
+
+/// Whether a pair of `buf` before `upto` (a pair's start) is named `name`.
+#[cold]
+#[inline(never)]
+fn sent_before(buf: &[u8], upto: usize, name: &[u8]) -> bool {
+    let before = buf.get(..upto).unwrap_or_default();
+    walk(before).any(|(_, at, n, _)| n == name.len() && before.get(at..at + n) == Some(name))
 }
 
 fn pair_name<'a>(buf: &'a [u8], p: &PairAt) -> &'a [u8] {

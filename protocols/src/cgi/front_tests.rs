@@ -9,7 +9,9 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::front::{normalize_front, normalize_front_params, normalize_front_with};
+use super::front::{
+    normalize_front, normalize_front_params, normalize_front_prepared, normalize_front_with,
+};
 use super::front_oracle;
 use super::front_params::{FrontParams, Known};
 use super::{CgiContext, CgiParams, ScriptMode};
@@ -228,6 +230,73 @@ proptest! {
                 prop_assert_eq!(unlisted.unwrap_err(), old);
             }
             (new, old) => prop_assert!(false, "{:?} against {:?}", new, old),
+        }
+    }
+
+    /// The FastCGI front's collector indexes most pairs in one run over the buffer
+    /// (`FrontParams::index_short_run`), the others one by one: fed the encoded pairs in
+    /// any chunking, it ends with the parameters pushing them one by one gives, and so with
+    /// the oracle's decision.
+    #[test]
+    fn the_collector_indexes_as_pairs_pushed_one_by_one(
+        sent in pairs(),
+        long in prop::option::of(any::<prop::sample::Index>()),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+        ctx in context(),
+    ) {
+        let mut sent = sent;
+        // Now and then a value in the four-byte length form, which ends a run.
+        if let (Some(i), false) = (long, sent.is_empty()) {
+            let at = i.index(sent.len());
+            sent[at].1 = Bytes::from("/".repeat(200));
+        }
+        let mut pushed = FrontParams::new();
+        for (n, v) in &sent {
+            pushed.push(n, v).unwrap();
+        }
+        let wire = pushed.encoded().to_vec();
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(wire.len() + 1)).collect();
+        points.extend([0, wire.len()]);
+        points.sort_unstable();
+        let mut collector = crate::fastcgi::FrontParamsDecoder::new(&crate::Limits::DEFAULT);
+        for w in points.windows(2) {
+            collector.push(&wire[w[0]..w[1]]).unwrap();
+        }
+        let collected = collector.finish().unwrap();
+        prop_assert_eq!(&collected, &pushed);
+        let old = front_oracle::normalize_front_params(sent.clone(), &ctx);
+        match (normalize_front(collected, &ctx), old) {
+            (Ok(new), Ok(old)) => {
+                prop_assert_eq!(new.params, CgiParams::from_pairs(&old.vars).unwrap());
+            }
+            (Err(new), Err(old)) => prop_assert_eq!(new, old),
+            (new, old) => prop_assert!(false, "{:?} against {:?}", new, old),
+        }
+    }
+
+    /// A context prepared when the router is built is not checked again per request: the
+    /// same block or the same refusal as checking it, for usable contexts and unusable ones
+    /// (a bad root, a bad extra variable).
+    #[test]
+    fn a_prepared_context_normalises_as_the_context_checked_per_request(
+        sent in pairs(),
+        ctx in context(),
+        root in prop::sample::select(vec![None, Some("relative"), Some("/a/../b"), Some("/a//b")]),
+    ) {
+        let mut ctx = ctx;
+        if let Some(root) = root {
+            ctx.document_root = root.as_bytes().to_vec();
+        }
+        let mut front = FrontParams::new();
+        for (n, v) in &sent {
+            front.push(n, v).unwrap();
+        }
+        let prepared = super::PreparedContext::new(ctx.clone());
+        for listed in [false, true] {
+            prop_assert_eq!(
+                normalize_front_prepared(front.clone(), &prepared, listed),
+                normalize_front_with(front.clone(), &ctx, listed)
+            );
         }
     }
 

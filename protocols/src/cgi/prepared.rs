@@ -71,6 +71,12 @@ impl PreparedContext {
         self.checked.clone()
     }
 
+    /// Whether the context passed every check made when it was prepared (its root, script
+    /// names and mount among them), without cloning the verdict.
+    pub(super) fn usable(&self) -> bool {
+        self.checked.is_ok()
+    }
+
     /// GATEWAY_INTERFACE and SERVER_SOFTWARE, encoded.
     pub(super) fn head(&self) -> &CgiParams {
         &self.head

@@ -57,6 +57,13 @@ impl FrontParamsDecoder {
         }
         self.params.reserve_for(content.len());
         self.params.buf_mut().extend_from_slice(content);
+        if self.short_admitted {
+            // Most pairs in one loop; it stops at the first one that needs more than it
+            // does, which the loop below takes (a count past the limit is refused there).
+            self.parsed = self
+                .params
+                .index_short_run(self.parsed, self.limits.max_params_count);
+        }
         loop {
             let rest = self.params.encoded().get(self.parsed..).unwrap_or_default();
             // Both lengths in their one-byte form (most pairs a front server sends): the
