@@ -8,15 +8,13 @@
 //! become readable (`BackendConnection::is_quiet`).
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::socket::{recv, MsgFlags};
-use tokio::io::Interest;
 
 use crate::config::BackendAddress;
-use crate::net::Stream;
+use crate::net::{BackendStream, Stream};
 
 use super::BackendError;
 
@@ -32,7 +30,7 @@ pub struct BackendConnection {
 /// What a [`BackendConnection`] holds.
 #[derive(Debug)]
 pub struct Link {
-    pub(super) stream: Stream,
+    pub(super) stream: BackendStream,
     address: BackendAddress,
     served: u64,
     home: Option<Connections>,
@@ -67,7 +65,7 @@ impl std::ops::DerefMut for BackendConnection {
 
 impl BackendConnection {
     /// A connection over `stream`, not yet on any idle stack.
-    fn new(stream: Stream, address: BackendAddress) -> BackendConnection {
+    fn new(stream: BackendStream, address: BackendAddress) -> BackendConnection {
         BackendConnection {
             link: Box::new(Link {
                 stream,
@@ -90,19 +88,22 @@ impl BackendConnection {
         address: &BackendAddress,
         timeout: Duration,
     ) -> Result<BackendConnection, BackendError> {
-        let stream =
-            Stream::connect(address, timeout)
-                .await
-                .map_err(|source| BackendError::Connect {
-                    address: address.to_string(),
-                    source,
-                })?;
+        let stream = BackendStream::connect(address, timeout)
+            .await
+            .map_err(|source| BackendError::Connect {
+                address: address.to_string(),
+                source,
+            })?;
         Ok(BackendConnection::new(stream, address.clone()))
     }
 
-    /// Wraps an already connected stream (a socketpair, an accepted test connection).
-    pub fn from_stream(stream: Stream, address: BackendAddress) -> BackendConnection {
-        BackendConnection::new(stream, address)
+    /// Wraps an already connected stream (a socketpair, an accepted test connection),
+    /// registered with the current runtime as a backend connection is.
+    pub fn from_stream(stream: Stream, address: BackendAddress) -> io::Result<BackendConnection> {
+        Ok(BackendConnection::new(
+            BackendStream::from_stream(stream)?,
+            address,
+        ))
     }
 
     /// The connection's write buffer, empty, with room for `len` bytes; the exchange gives
@@ -128,6 +129,7 @@ impl BackendConnection {
     /// one; otherwise returns it to the caller.
     pub(super) fn finish(mut self) -> Option<BackendConnection> {
         self.served += 1;
+        self.stream.settle();
         match self.home.take() {
             Some(home) => {
                 home.put(self);
@@ -140,8 +142,8 @@ impl BackendConnection {
     /// Best-effort write of a few bytes without waiting (for an abort in `Drop`).
     pub(super) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
         match &self.stream {
-            Stream::Tcp(s) => s.try_write(bytes),
-            Stream::Unix(s) => s.try_write(bytes),
+            BackendStream::Tcp(s) => s.try_write(bytes),
+            BackendStream::Unix(s) => s.try_write(bytes),
         }
     }
 
@@ -160,8 +162,11 @@ impl BackendConnection {
     /// when none of it reached the backend (ARCHITECTURE.md invariant 6).
     fn is_quiet(&self) -> bool {
         let peeked = match &self.stream {
-            Stream::Tcp(s) => s.try_io(Interest::READABLE, || peek(s.as_raw_fd())),
-            Stream::Unix(s) => s.try_io(Interest::READABLE, || peek(s.as_raw_fd())),
+            BackendStream::Tcp(s) => {
+                use std::os::fd::AsRawFd;
+                s.try_io(tokio::io::Interest::READABLE, || peek(s.as_raw_fd()))
+            }
+            BackendStream::Unix(s) => s.try_read_io(peek),
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
@@ -334,15 +339,15 @@ mod tests {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
         let address = BackendAddress::Unix("/nonexistent/backend.sock".into());
         (
-            BackendConnection::from_stream(Stream::Unix(ours), address),
+            BackendConnection::from_stream(Stream::Unix(ours), address).unwrap(),
             theirs,
         )
     }
 
-    fn unix(conn: &BackendConnection) -> &tokio::net::UnixStream {
+    fn unix(conn: &BackendConnection) -> &crate::net::QuietUnix {
         match &conn.stream {
-            Stream::Unix(s) => s,
-            Stream::Tcp(_) => unreachable!("made from a socketpair"),
+            BackendStream::Unix(s) => s,
+            BackendStream::Tcp(_) => unreachable!("made from a socketpair"),
         }
     }
 
@@ -356,7 +361,9 @@ mod tests {
         theirs.write_all(b"x").await.unwrap();
         unix(&conn).readable().await.unwrap();
         let mut byte = [0u8; 1];
-        assert_eq!(unix(&conn).try_read(&mut byte).unwrap(), 1);
+        let read = unix(&conn)
+            .try_read_io(|fd| recv(fd, &mut byte, MsgFlags::MSG_DONTWAIT).map_err(io::Error::from));
+        assert_eq!(read.unwrap(), 1);
         assert!(conn.is_quiet(), "read to the end, still marked readable");
         assert!(conn.is_quiet(), "the mark is cleared");
     }
