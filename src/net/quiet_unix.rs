@@ -7,7 +7,7 @@
 //! corral had just sent, the serving thread, asleep in `epoll_wait` for the response, was
 //! woken for a write it had no use for, went back to sleep and was woken again by the
 //! response: three `epoll_wait` returns per request instead of two, and a wake-up the
-//! backend paid for too (strace of the null-FastCGI hop, docs/decisions.md decision 41).
+//! backend paid for too (strace of the null-FastCGI hop, docs/decisions.md decision 35).
 //!
 //! Here the descriptor is registered for reads alone. Writes go straight to the socket; only
 //! when one would block (a request body larger than the socket's buffer) is a duplicate of
