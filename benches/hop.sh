@@ -24,6 +24,8 @@
 #   co-lsphp-opc corral http -> lsphp (2, scripts/build-lsphp.sh) with its OPcache on
 #                (-c php.ini: zend_extension=opcache.so, opcache.enable=1; php-fpm and php-cgi
 #                have Debian's OPcache on, so every PHP row compiles hello.php once per process)
+#   co-null-b, co-lsphp-opc-b   with CORRAL_B set: co-null and co-lsphp-opc served by that
+#                second corral binary (a build before a change), interleaved with the rest
 #
 # Every process's CPU (utime+stime from /proc/PID/stat, summed over its live process tree) is
 # sampled around each run and divided by the requests wrk completed: "front" is nginx/HAProxy/
@@ -37,6 +39,7 @@
 #   bash benches/hop.sh                       # all rows, c = 1 25 100, 5 s, 2 rounds
 #   ROWS='nx-fpm|nxco-cgi' LEVELS=25 bash benches/hop.sh
 # Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
+# CORRAL_B (a second binary for the -b rows, none by default),
 # SCHED (every corral's `[server] scheduler`; default corral's own),
 # LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT
 # (default benches/RESULTS.md, whose `hop` section the table replaces; OUT= prints it only;
@@ -46,7 +49,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL SCHED LSPHP LSPHP_OPCACHE"
+RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL CORRAL_B SCHED LSPHP LSPHP_OPCACHE"
 results_start "$@"
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-2}
@@ -61,6 +64,7 @@ if [ -z "${CORRAL:-}" ]; then
   CORRAL=target/release/corral
 fi
 CORRAL=$(realpath "$CORRAL")
+CORRAL_B=${CORRAL_B:+$(realpath "$CORRAL_B")}
 RESULTS_BINARY=$CORRAL
 hz=$(getconf CLK_TCK)
 s=$(mktemp -d /tmp/corral-hop.XXXXXX)
@@ -187,6 +191,23 @@ CONF
 }
 php_corral cgi 18611 '"php-cgi"' fastcgi
 php_corral lsphp 18612 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
+if [ -n "$CORRAL_B" ]; then
+  php_corral lsphp_b 18613 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
+  cat > "$s/null_b.toml" <<CONF
+[server]
+runtime_dir = "$s/corral/null_b.d"
+log_level = "warn"
+$sched_line
+[[listen]]
+address = "127.0.0.1:18604"
+protocol = "http"
+[pools.fcgi]
+servers = ["unix:$s/run/null-fastcgi.sock"]
+concurrency = 128
+[[contexts]]
+pool = "fcgi"
+CONF
+fi
 cat > "$s/direct.toml" <<CONF
 [server]
 runtime_dir = "$s/corral/direct.d"
@@ -209,6 +230,11 @@ declare -A corral_pid
 for c in null cgi lsphp direct; do
   "$CORRAL" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
 done
+if [ -n "$CORRAL_B" ]; then
+  for c in null_b lsphp_b; do
+    "$CORRAL_B" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
+  done
+fi
 
 # ---- nginx (1 worker) and HAProxy (1 thread) ----
 cat > "$s/nginx.conf" <<CONF
@@ -285,6 +311,12 @@ rows=(
   "nx-direct-info|http://127.0.0.1:18515/info.php|nginx co_direct|co_direct_kids"
   "co-lsphp-opc|http://127.0.0.1:18612/hello.php|co_lsphp|co_lsphp_kids"
 )
+if [ -n "$CORRAL_B" ]; then
+  rows+=(
+    "co-null-b|http://127.0.0.1:18604/null|co_null_b|null_fastcgi"
+    "co-lsphp-opc-b|http://127.0.0.1:18613/hello.php|co_lsphp_b|co_lsphp_b_kids"
+  )
+fi
 selected=()
 for r in "${rows[@]}"; do [[ ${r%%|*} =~ ^($ROWS)$ ]] && selected+=("$r"); done
 [ "${#selected[@]}" -gt 0 ] || { echo "no row matches ROWS=$ROWS" >&2; exit 1; }
@@ -312,6 +344,9 @@ pids_of() { # a symbolic name -> pids (whole trees)
     co_direct_kids) for k in $(children "${corral_pid[direct]}"); do tree "$k"; done ;;
     co_cgi_kids) for k in $(children "${corral_pid[cgi]}"); do tree "$k"; done ;;
     co_lsphp_kids) for k in $(children "${corral_pid[lsphp]}"); do tree "$k"; done ;;
+    co_null_b) echo "${corral_pid[null_b]}" ;;
+    co_lsphp_b) echo "${corral_pid[lsphp_b]}" ;;
+    co_lsphp_b_kids) for k in $(children "${corral_pid[lsphp_b]}"); do tree "$k"; done ;;
   esac
 }
 ticks() { # summed utime+stime of pids
@@ -336,7 +371,7 @@ for r in "${rows[@]}"; do
   [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; for f in "$s"/log/*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done; exit 1; }
 done
 # Every PHP row runs with OPcache on, or the comparison says nothing.
-for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18611 http://127.0.0.1:18612; do
+for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18611 http://127.0.0.1:18612 ${CORRAL_B:+http://127.0.0.1:18613}; do
   on=$(curl -s "$url/opcache.php" || true)
   [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done
@@ -428,6 +463,9 @@ for c in sorted({c for c, _ in rows}):
     ratio(c, "co-lsphp-opc", "nx-fpm", 1.3)
     ratio(c, "co-null", "nxk-null", 1.0)
     ratio(c, "co-null", "hap-null", 1.0)
+    ratio(c, "co-null-b", "nxk-null", 1.0)
+    ratio(c, "co-null-b", "hap-null", 1.0)
+    ratio(c, "co-lsphp-opc-b", "nx-fpm", 1.3)
     peers = [(cpu((c, x)), x) for x in ("nx-null", "nxk-null", "hap-null") if valid((c, x))]
     if (c, "co-null") in rows and peers:
         best = min(peers)

@@ -1,7 +1,13 @@
 //! Streams that are either TCP or Unix, for front listeners and backend connections alike.
 //!
 //! One enum over the two kinds lets codecs and exchanges be written once; both kinds are
-//! `Unpin`, so the I/O traits forward with `Pin::new` and no unsafe code.
+//! `Unpin`, so the I/O traits forward with `Pin::new` and no unsafe code. A backend
+//! connection is a [`BackendStream`], whose Unix kind is watched for reads only
+//! (`quiet_unix.rs`).
+
+mod quiet_unix;
+
+pub use quiet_unix::QuietUnix;
 
 use std::io;
 use std::time::Duration;
@@ -39,6 +45,56 @@ impl Stream {
                 io::ErrorKind::TimedOut,
                 format!("connect did not complete within {timeout:?}"),
             )),
+        }
+    }
+}
+
+/// A backend connection: TCP as tokio registers it, Unix registered for reads only (on a
+/// Unix socket every read the backend makes would otherwise wake the serving thread for
+/// write space it does not need: `quiet_unix.rs`).
+#[derive(Debug)]
+pub enum BackendStream {
+    /// TCP.
+    Tcp(TcpStream),
+    /// Unix.
+    Unix(QuietUnix),
+}
+
+impl BackendStream {
+    /// Connects to `addr` within `timeout`; TCP streams get `TCP_NODELAY` (see
+    /// [`Stream::connect`]). A Unix connect never waits (it completes or fails at once).
+    pub async fn connect(addr: &BackendAddress, timeout: Duration) -> io::Result<BackendStream> {
+        match addr {
+            BackendAddress::Unix(p) => Ok(BackendStream::Unix(QuietUnix::connect(p)?)),
+            BackendAddress::Tcp { .. } => match Stream::connect(addr, timeout).await? {
+                Stream::Tcp(s) => Ok(BackendStream::Tcp(s)),
+                Stream::Unix(s) => BackendStream::from_stream(Stream::Unix(s)),
+            },
+        }
+    }
+
+    /// A connected front-kind stream (a socketpair, an accepted test connection) as a
+    /// backend connection.
+    pub fn from_stream(stream: Stream) -> io::Result<BackendStream> {
+        match stream {
+            Stream::Tcp(s) => Ok(BackendStream::Tcp(s)),
+            Stream::Unix(s) => Ok(BackendStream::Unix(QuietUnix::new(s.into_std()?)?)),
+        }
+    }
+
+    /// The same connection registered with the runtime the caller runs in, as
+    /// [`Stream::reregister`].
+    pub fn reregister(self) -> io::Result<BackendStream> {
+        match self {
+            BackendStream::Tcp(s) => Ok(BackendStream::Tcp(TcpStream::from_std(s.into_std()?)?)),
+            BackendStream::Unix(s) => Ok(BackendStream::Unix(s.reregister()?)),
+        }
+    }
+
+    /// Drops what a blocked write registered (`QuietUnix::settle`); nothing for TCP.
+    pub fn settle(&mut self) {
+        if let BackendStream::Unix(s) = self {
+            s.settle();
         }
     }
 }
@@ -137,3 +193,5 @@ pub(crate) use {forward_read, forward_write};
 
 forward_read!(Stream, Stream::Tcp, Stream::Unix);
 forward_write!(Stream, Stream::Tcp, Stream::Unix);
+forward_read!(BackendStream, BackendStream::Tcp, BackendStream::Unix);
+forward_write!(BackendStream, BackendStream::Tcp, BackendStream::Unix);

@@ -612,10 +612,7 @@ async fn the_idle_stack_is_bounded_and_skips_closed_or_noisy_connections() {
     for _ in 0..4 {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
         backends.push(theirs);
-        conns.put(BackendConnection::from_stream(
-            Stream::Unix(ours),
-            addr.clone(),
-        ));
+        conns.put(BackendConnection::from_stream(Stream::Unix(ours), addr.clone()).unwrap());
     }
     assert_eq!(conns.idle(&addr), 3, "the fourth was dropped");
     // Newest first: backends[2] closes its end, backends[1] sends stray bytes; get() must

@@ -8,15 +8,13 @@
 //! become readable (`BackendConnection::is_quiet`).
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::socket::{recv, MsgFlags};
-use tokio::io::Interest;
 
 use crate::config::BackendAddress;
-use crate::net::Stream;
+use crate::net::{BackendStream, Stream};
 
 use super::BackendError;
 
@@ -32,7 +30,7 @@ pub struct BackendConnection {
 /// What a [`BackendConnection`] holds.
 #[derive(Debug)]
 pub struct Link {
-    pub(super) stream: Stream,
+    pub(super) stream: BackendStream,
     address: BackendAddress,
     served: u64,
     home: Option<Connections>,
@@ -67,7 +65,7 @@ impl std::ops::DerefMut for BackendConnection {
 
 impl BackendConnection {
     /// A connection over `stream`, not yet on any idle stack.
-    fn new(stream: Stream, address: BackendAddress) -> BackendConnection {
+    fn new(stream: BackendStream, address: BackendAddress) -> BackendConnection {
         BackendConnection {
             link: Box::new(Link {
                 stream,
@@ -90,19 +88,22 @@ impl BackendConnection {
         address: &BackendAddress,
         timeout: Duration,
     ) -> Result<BackendConnection, BackendError> {
-        let stream =
-            Stream::connect(address, timeout)
-                .await
-                .map_err(|source| BackendError::Connect {
-                    address: address.to_string(),
-                    source,
-                })?;
+        let stream = BackendStream::connect(address, timeout)
+            .await
+            .map_err(|source| BackendError::Connect {
+                address: address.to_string(),
+                source,
+            })?;
         Ok(BackendConnection::new(stream, address.clone()))
     }
 
-    /// Wraps an already connected stream (a socketpair, an accepted test connection).
-    pub fn from_stream(stream: Stream, address: BackendAddress) -> BackendConnection {
-        BackendConnection::new(stream, address)
+    /// Wraps an already connected stream (a socketpair, an accepted test connection),
+    /// registered with the current runtime as a backend connection is.
+    pub fn from_stream(stream: Stream, address: BackendAddress) -> io::Result<BackendConnection> {
+        Ok(BackendConnection::new(
+            BackendStream::from_stream(stream)?,
+            address,
+        ))
     }
 
     /// The connection's write buffer, empty, with room for `len` bytes; the exchange gives
@@ -128,6 +129,7 @@ impl BackendConnection {
     /// one; otherwise returns it to the caller.
     pub(super) fn finish(mut self) -> Option<BackendConnection> {
         self.served += 1;
+        self.stream.settle();
         match self.home.take() {
             Some(home) => {
                 home.put(self);
@@ -140,8 +142,8 @@ impl BackendConnection {
     /// Best-effort write of a few bytes without waiting (for an abort in `Drop`).
     pub(super) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
         match &self.stream {
-            Stream::Tcp(s) => s.try_write(bytes),
-            Stream::Unix(s) => s.try_write(bytes),
+            BackendStream::Tcp(s) => s.try_write(bytes),
+            BackendStream::Unix(s) => s.try_write(bytes),
         }
     }
 
@@ -160,8 +162,11 @@ impl BackendConnection {
     /// when none of it reached the backend (ARCHITECTURE.md invariant 6).
     fn is_quiet(&self) -> bool {
         let peeked = match &self.stream {
-            Stream::Tcp(s) => s.try_io(Interest::READABLE, || peek(s.as_raw_fd())),
-            Stream::Unix(s) => s.try_io(Interest::READABLE, || peek(s.as_raw_fd())),
+            BackendStream::Tcp(s) => {
+                use std::os::fd::AsRawFd;
+                s.try_io(tokio::io::Interest::READABLE, || peek(s.as_raw_fd()))
+            }
+            BackendStream::Unix(s) => s.try_read_io(peek),
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
@@ -175,16 +180,33 @@ fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
     recv(fd, &mut probe, flags).map_err(io::Error::from)
 }
 
-/// Idle connections keyed by backend address, at most `max_idle` per address. Cheap to
-/// clone; clones share the stack.
+/// Idle connections keyed by backend address, at most `max_idle` per address on each
+/// serving thread. Cheap to clone; clones share the stacks.
+///
+/// Each serving thread keeps the connections it gave back in a stack of its own, behind a
+/// lock on a cache line of its own: a request takes and gives back its connection under a
+/// lock no other thread takes in the usual case, where one stack for the pool was locked
+/// twice per request by every thread. A thread finding none of its own takes another
+/// thread's (a php-cgi worker has one connection, whichever thread last used it).
 #[derive(Debug, Clone)]
 pub struct Connections {
-    inner: Arc<Mutex<Idle>>,
+    inner: Arc<Stacks>,
 }
 
 #[derive(Debug)]
-struct Idle {
+struct Stacks {
     max_idle: usize,
+    /// Index 0: off the serving threads (the control plane, tests, the work-stealing
+    /// scheduler); 1 + (i mod CPUs): serving thread i.
+    shards: Box<[Shard]>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard(Mutex<Idle>);
+
+#[derive(Debug, Default)]
+struct Idle {
     /// Per address, its idle connections. A pool has an address per worker (a handful), so
     /// a scan compares a few short paths where a map would hash one twice per request.
     by_address: Vec<(BackendAddress, Vec<BackendConnection>)>,
@@ -199,14 +221,31 @@ impl Idle {
     }
 }
 
+impl Stacks {
+    /// The calling thread's stack.
+    fn own(&self) -> &Mutex<Idle> {
+        // `new` makes at least two stacks: one off the serving threads, one or more on them.
+        let on_threads = self.shards.len().saturating_sub(1).max(1);
+        let i = crate::shards::current().map_or(0, |i| 1 + i % on_threads);
+        &self.shards[i % self.shards.len()].0
+    }
+}
+
+/// Stacks per pool: one off the serving threads and one per CPU (serving threads beyond the
+/// CPUs share them, which only costs them contention).
+fn shard_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| 1 + std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 impl Connections {
-    /// An empty stack keeping at most `max_idle` idle connections per address.
+    /// Empty stacks keeping at most `max_idle` idle connections per address and thread.
     pub fn new(max_idle: usize) -> Connections {
         Connections {
-            inner: Arc::new(Mutex::new(Idle {
+            inner: Arc::new(Stacks {
                 max_idle,
-                by_address: Vec::new(),
-            })),
+                shards: (0..shard_count()).map(|_| Shard::default()).collect(),
+            }),
         }
     }
 
@@ -272,13 +311,14 @@ impl Connections {
         Ok(conn)
     }
 
-    /// Keeps `conn` for reuse, unless the stack for its address is full.
+    /// Keeps `conn` for reuse on the calling thread's stack, unless its stack for the
+    /// connection's address is full.
     pub fn put(&self, mut conn: BackendConnection) {
         conn.home = None;
-        let Ok(mut idle) = self.inner.lock() else {
+        let Ok(mut idle) = self.inner.own().lock() else {
             return;
         };
-        let max = idle.max_idle;
+        let max = self.inner.max_idle;
         match idle.stack(&conn.address) {
             Some(stack) if stack.len() < max => stack.push(conn),
             Some(_) => {}
@@ -290,38 +330,54 @@ impl Connections {
         }
     }
 
-    /// How many idle connections to `address` are kept.
+    /// How many idle connections to `address` are kept, on every thread's stack.
     pub fn idle(&self, address: &BackendAddress) -> usize {
         self.inner
-            .lock()
-            .map(|idle| {
+            .shards
+            .iter()
+            .filter_map(|shard| {
+                let idle = shard.0.lock().ok()?;
                 idle.by_address
                     .iter()
                     .find(|(a, _)| a == address)
-                    .map_or(0, |(_, stack)| stack.len())
+                    .map(|(_, stack)| stack.len())
             })
-            .unwrap_or(0)
+            .sum()
     }
 
     /// Drops every idle connection to `address` (its worker is being retired).
     pub fn forget(&self, address: &BackendAddress) {
-        if let Ok(mut idle) = self.inner.lock() {
-            idle.by_address.retain(|(a, _)| a != address);
+        for shard in self.inner.shards.iter() {
+            if let Ok(mut idle) = shard.0.lock() {
+                idle.by_address.retain(|(a, _)| a != address);
+            }
         }
     }
 
-    /// The newest idle connection to `address` made on the caller's serving thread, else the
-    /// newest of any thread's (which `get` moves to this thread's runtime): a worker that
-    /// takes one connection at a time (php-cgi) could not accept a new one while it waits on
-    /// the idle one.
+    /// The newest idle connection to `address` on the caller's stack (one made on its
+    /// serving thread, in the usual case), else the newest of another thread's (which `get`
+    /// moves to this thread's runtime): a worker that takes one connection at a time
+    /// (php-cgi) could not accept a new one while it waits on the idle one.
     fn pop(&self, address: &BackendAddress) -> Option<BackendConnection> {
-        let mut idle = self.inner.lock().ok()?;
-        let stack = idle.stack(address)?;
+        let own = self.inner.own();
         let here = crate::shards::current();
-        match stack.iter().rposition(|c| c.shard == here) {
-            Some(i) => Some(stack.remove(i)),
-            None => stack.pop(),
+        if let Ok(mut idle) = own.lock() {
+            if let Some(stack) = idle.stack(address) {
+                // Threads beyond the CPUs share a stack: prefer this thread's own.
+                let found = match stack.iter().rposition(|c| c.shard == here) {
+                    Some(i) => Some(stack.remove(i)),
+                    None => stack.pop(),
+                };
+                if found.is_some() {
+                    return found;
+                }
+            }
         }
+        self.inner
+            .shards
+            .iter()
+            .filter(|shard| !std::ptr::eq(&shard.0, own))
+            .find_map(|shard| shard.0.lock().ok()?.stack(address)?.pop())
     }
 }
 
@@ -334,15 +390,15 @@ mod tests {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
         let address = BackendAddress::Unix("/nonexistent/backend.sock".into());
         (
-            BackendConnection::from_stream(Stream::Unix(ours), address),
+            BackendConnection::from_stream(Stream::Unix(ours), address).unwrap(),
             theirs,
         )
     }
 
-    fn unix(conn: &BackendConnection) -> &tokio::net::UnixStream {
+    fn unix(conn: &BackendConnection) -> &crate::net::QuietUnix {
         match &conn.stream {
-            Stream::Unix(s) => s,
-            Stream::Tcp(_) => unreachable!("made from a socketpair"),
+            BackendStream::Unix(s) => s,
+            BackendStream::Tcp(_) => unreachable!("made from a socketpair"),
         }
     }
 
@@ -356,7 +412,9 @@ mod tests {
         theirs.write_all(b"x").await.unwrap();
         unix(&conn).readable().await.unwrap();
         let mut byte = [0u8; 1];
-        assert_eq!(unix(&conn).try_read(&mut byte).unwrap(), 1);
+        let read = unix(&conn)
+            .try_read_io(|fd| recv(fd, &mut byte, MsgFlags::MSG_DONTWAIT).map_err(io::Error::from));
+        assert_eq!(read.unwrap(), 1);
         assert!(conn.is_quiet(), "read to the end, still marked readable");
         assert!(conn.is_quiet(), "the mark is cleared");
     }
@@ -372,5 +430,84 @@ mod tests {
         unix(&conn).readable().await.unwrap();
         assert!(!conn.is_quiet(), "closed by the backend");
         assert!(!conn.is_quiet(), "a close stays seen");
+    }
+
+    /// Runs `f` on serving thread `i` of `shards` and returns what it gave.
+    fn on<T: Send + 'static>(
+        shards: &crate::shards::Shards,
+        i: usize,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        shards.handles()[i].spawn(async move {
+            let _ = tx.send(f());
+        });
+        rx.recv().unwrap()
+    }
+
+    /// A connection marked with `mark` (as its count of requests served) put back on
+    /// serving thread `i`; the backend's end is returned to keep it open.
+    fn put_on(
+        shards: &crate::shards::Shards,
+        i: usize,
+        conns: &Connections,
+        mark: u64,
+    ) -> tokio::net::UnixStream {
+        let conns = conns.clone();
+        on(shards, i, move || {
+            let (mut conn, theirs) = pair();
+            conn.served = mark;
+            conns.put(conn);
+            theirs
+        })
+    }
+
+    #[test]
+    fn a_thread_takes_its_own_idle_connection_first_and_another_threads_when_it_has_none() {
+        let shards = crate::shards::Shards::start(2).unwrap();
+        let conns = Connections::new(4);
+        let addr = BackendAddress::Unix("/nonexistent/backend.sock".into());
+        let _a = put_on(&shards, 0, &conns, 1);
+        let _b = put_on(&shards, 1, &conns, 2);
+        assert_eq!(conns.idle(&addr), 2, "counted over every thread's stack");
+        let take = |i: usize| {
+            let (conns, addr) = (conns.clone(), addr.clone());
+            on(&shards, i, move || {
+                conns.take_idle(&addr).map(|c| {
+                    let got = (c.requests_served(), c.shard);
+                    // Given back on this thread, as a clean exchange does.
+                    c.finish();
+                    got
+                })
+            })
+        };
+        assert_eq!(take(1), Some((2, Some(1))), "thread 1's own");
+        assert_eq!(take(0), Some((1, Some(0))), "thread 0's own");
+        // Both are on thread 1's stack after this: thread 0 then has none of its own and
+        // takes thread 1's, moved to its runtime.
+        assert_eq!(take_and_keep(&shards, 1, &conns, &addr), 2);
+        let moved = take(0).unwrap();
+        assert_eq!(moved.1, Some(0), "registered with the taking thread");
+        assert_eq!(conns.idle(&addr), 2);
+        conns.forget(&addr);
+        assert_eq!(conns.idle(&addr), 0, "forgotten on every thread's stack");
+    }
+
+    /// Takes both idle connections on thread `i` and gives them back there.
+    fn take_and_keep(
+        shards: &crate::shards::Shards,
+        i: usize,
+        conns: &Connections,
+        addr: &BackendAddress,
+    ) -> usize {
+        let (conns, addr) = (conns.clone(), addr.clone());
+        on(shards, i, move || {
+            let taken: Vec<_> = std::iter::from_fn(|| conns.take_idle(&addr)).collect();
+            let n = taken.len();
+            for c in taken {
+                c.finish();
+            }
+            n
+        })
     }
 }

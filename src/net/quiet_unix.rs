@@ -1,0 +1,293 @@
+//! A Unix stream the reactor watches for reads only: corral's side of a backend connection
+//! over a Unix socket.
+//!
+//! tokio registers every `UnixStream` for both readiness kinds, edge-triggered. On a Unix
+//! socket the kernel signals write space each time the peer takes bytes off the socket, not
+//! only after the writer found it full as TCP does. So when a backend read the request
+//! corral had just sent, the serving thread, asleep in `epoll_wait` for the response, was
+//! woken for a write it had no use for, went back to sleep and was woken again by the
+//! response: three `epoll_wait` returns per request instead of two, and a wake-up the
+//! backend paid for too (strace of the null-FastCGI hop, docs/decisions.md decision 35).
+//!
+//! Here the descriptor is registered for reads alone. Writes go straight to the socket; only
+//! when one would block (a request body larger than the socket's buffer) is a duplicate of
+//! the descriptor registered for write readiness, and it stays until [`QuietUnix::settle`]
+//! (a kept connection's exchange ended) or the stream is dropped.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+/// A connected Unix stream registered with the current runtime for read readiness only.
+#[derive(Debug)]
+pub struct QuietUnix {
+    io: AsyncFd<StdUnixStream>,
+    /// A duplicate descriptor registered for write readiness while a write waits for room.
+    room: Option<AsyncFd<OwnedFd>>,
+}
+
+impl QuietUnix {
+    /// Registers `stream` (made non-blocking here) with the current runtime, reads only.
+    pub fn new(stream: StdUnixStream) -> io::Result<QuietUnix> {
+        stream.set_nonblocking(true)?;
+        Ok(QuietUnix {
+            io: register(stream, Interest::READABLE)?,
+            room: None,
+        })
+    }
+
+    /// Connects to the socket at `path` without blocking. A Unix connect completes at once
+    /// or fails at once (`WouldBlock` when the listener's accept queue is full), as tokio's
+    /// own connect does on a Unix socket.
+    pub fn connect(path: &Path) -> io::Result<QuietUnix> {
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        let addr = UnixAddr::new(path)?;
+        connect(fd.as_raw_fd(), &addr)?;
+        QuietUnix::new(StdUnixStream::from(fd))
+    }
+
+    /// The same connection registered with the runtime the caller runs in.
+    pub fn reregister(self) -> io::Result<QuietUnix> {
+        let QuietUnix { io, room } = self;
+        drop(room);
+        QuietUnix::new(io.into_inner())
+    }
+
+    /// Drops the write registration, if a blocked write made one: the connection goes back
+    /// to waking its thread for reads only.
+    pub fn settle(&mut self) {
+        self.room = None;
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.io.get_ref().as_raw_fd()
+    }
+
+    /// One non-blocking write, no wait and no `SIGPIPE`.
+    pub fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        send(self.fd(), bytes)
+    }
+
+    /// Waits until the reactor sees the stream readable (bytes or the peer's close), and
+    /// leaves that readiness set.
+    pub async fn readable(&self) -> io::Result<()> {
+        self.io
+            .readable()
+            .await
+            .map(|mut guard| guard.retain_ready())
+    }
+
+    /// `f` on the descriptor if the reactor last saw it readable, else `WouldBlock`; a
+    /// `WouldBlock` from `f` clears that readiness (tokio's `try_io`).
+    pub fn try_read_io<R>(&self, f: impl FnOnce(RawFd) -> io::Result<R>) -> io::Result<R> {
+        self.io.try_io(Interest::READABLE, |s| f(s.as_raw_fd()))
+    }
+}
+
+/// `inner` registered with the current runtime for `interest`.
+fn register<T: AsRawFd>(inner: T, interest: Interest) -> io::Result<AsyncFd<T>> {
+    // SAFETY: `inner` owns its descriptor (a std `UnixStream` or an `OwnedFd`), which stays
+    // open and names the same socket until the `AsyncFd` drops it or gives it back.
+    unsafe { AsyncFd::register_with_interest(inner, interest) }.map_err(|e| e.into_parts().1)
+}
+
+fn send(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
+    nix::sys::socket::send(fd, bytes, nix::sys::socket::MsgFlags::MSG_NOSIGNAL)
+        .map_err(io::Error::from)
+}
+
+impl AsyncRead for QuietUnix {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            let mut guard = ready!(this.io.poll_read_ready(cx))?;
+            // SAFETY: `recv` writes at most `unfilled.len()` bytes into the unfilled part and
+            // only the `n` bytes it reports are then marked initialised; nothing is read
+            // from the uninitialised part.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let len = unfilled.len();
+            // SAFETY: the pointer and length describe `unfilled`, valid for writes of `len`
+            // bytes for the duration of the call.
+            let n = unsafe {
+                libc::recv(
+                    guard.get_ref().as_raw_fd(),
+                    unfilled.as_mut_ptr().cast(),
+                    len,
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => {
+                        guard.clear_ready();
+                        continue;
+                    }
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Poll::Ready(Err(e)),
+                }
+            }
+            let n = n.unsigned_abs();
+            // A short read emptied the socket (epoll reports new bytes as a new edge): the
+            // next read waits for the reactor instead of asking the kernel for nothing,
+            // as tokio's own streams do.
+            if n > 0 && n < len {
+                guard.clear_ready();
+            }
+            // SAFETY: `recv` initialised these `n` bytes.
+            unsafe { buf.assume_init(n) };
+            buf.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+    }
+}
+
+impl QuietUnix {
+    /// The write registration, made on first need.
+    fn room(&mut self) -> io::Result<&AsyncFd<OwnedFd>> {
+        if self.room.is_none() {
+            let dup = self.io.get_ref().as_fd().try_clone_to_owned()?;
+            self.room = Some(register(dup, Interest::WRITABLE)?);
+        }
+        match &self.room {
+            Some(room) => Ok(room),
+            None => Err(io::Error::other("no write registration")),
+        }
+    }
+}
+
+impl AsyncWrite for QuietUnix {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let fd = this.fd();
+        if this.room.is_none() {
+            match send(fd, buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+        }
+        // The socket was full: wait for room through the write registration. Made after
+        // the failed write, it still sees room that came in between: epoll reports a
+        // descriptor's current state when it is added.
+        let room = this.room()?;
+        loop {
+            let mut guard = ready!(room.poll_write_ready(cx))?;
+            match send(fd, buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(
+            nix::sys::socket::shutdown(self.fd(), nix::sys::socket::Shutdown::Write)
+                .map_err(io::Error::from),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn pair() -> (QuietUnix, StdUnixStream) {
+        let (ours, theirs) = StdUnixStream::pair().unwrap();
+        (QuietUnix::new(ours).unwrap(), theirs)
+    }
+
+    #[tokio::test]
+    async fn reads_and_writes_both_ways() {
+        let (mut ours, theirs) = pair();
+        let mut theirs = tokio::net::UnixStream::from_std({
+            theirs.set_nonblocking(true).unwrap();
+            theirs
+        })
+        .unwrap();
+        ours.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        theirs.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+        theirs.write_all(b"pong!").await.unwrap();
+        let mut back = [0u8; 5];
+        ours.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"pong!");
+        drop(theirs);
+        assert_eq!(
+            ours.read(&mut back).await.unwrap(),
+            0,
+            "the peer's close is an end"
+        );
+    }
+
+    /// A write larger than the socket's buffer blocks, waits on the write registration
+    /// made for it, completes as the peer reads, and `settle` drops that registration.
+    #[tokio::test]
+    async fn a_write_that_fills_the_socket_waits_for_room() {
+        let (mut ours, theirs) = pair();
+        let mut theirs = tokio::net::UnixStream::from_std({
+            theirs.set_nonblocking(true).unwrap();
+            theirs
+        })
+        .unwrap();
+        let big = vec![7u8; 8 << 20];
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            theirs.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        ours.write_all(&big).await.unwrap();
+        assert!(
+            ours.room.is_some(),
+            "8 MiB cannot fit a Unix socket's buffer"
+        );
+        ours.settle();
+        assert!(ours.room.is_none());
+        ours.shutdown().await.unwrap();
+        let got = reader.await.unwrap();
+        assert_eq!(got.len(), big.len());
+        assert!(got.iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn connecting_to_nothing_fails_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = QuietUnix::connect(&dir.path().join("none.sock")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let path = dir.path().join("l.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut ours = QuietUnix::connect(&path).unwrap();
+        let (mut theirs, _) = listener.accept().unwrap();
+        ours.write_all(b"hi").await.unwrap();
+        let mut got = [0u8; 2];
+        std::io::Read::read_exact(&mut theirs, &mut got).unwrap();
+        assert_eq!(&got, b"hi");
+    }
+}
