@@ -91,6 +91,15 @@ impl BackendStream {
         }
     }
 
+    /// The connection's descriptor.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            BackendStream::Tcp(s) => s.as_raw_fd(),
+            BackendStream::Unix(s) => s.raw_fd(),
+        }
+    }
+
     /// Drops what a blocked write registered (`QuietUnix::settle`); nothing for TCP.
     pub fn settle(&mut self) {
         if let BackendStream::Unix(s) = self {

@@ -159,7 +159,12 @@ impl BackendConnection {
     ///
     /// What this cannot see is a close that reached the socket after the reactor last
     /// turned: the request then meets it, and `Gateway::dispatch` sends the request again
-    /// when none of it reached the backend (ARCHITECTURE.md invariant 6).
+    /// when none of it reached the backend, or when its method is GET, HEAD or OPTIONS
+    /// (ARCHITECTURE.md invariant 6, decision 8). Nor does it hold for a connection made on
+    /// another serving thread: that thread's reactor, not the caller's, keeps its readiness,
+    /// and it may not have turned since the backend wrote (an LSAPI CONN_CLOSE on an idle
+    /// connection, seen by nothing before the next request went out on it): such a
+    /// connection is asked with [`is_quiet_now`](Self::is_quiet_now).
     fn is_quiet(&self) -> bool {
         let peeked = match &self.stream {
             BackendStream::Tcp(s) => {
@@ -169,6 +174,13 @@ impl BackendConnection {
             BackendStream::Unix(s) => s.try_read_io(peek),
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Whether an idle connection is still usable, asked of the socket itself (one peek),
+    /// whatever the reactor last saw: for a connection another serving thread's reactor
+    /// watched (see [`is_quiet`](Self::is_quiet)).
+    fn is_quiet_now(&self) -> bool {
+        matches!(peek(self.stream.raw_fd()), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -266,12 +278,17 @@ impl Connections {
     /// awaiting anything: the usual case of [`get`](Self::get), for a caller that keeps the
     /// connect's future out of its own (it is much larger than the rest of a request's).
     pub fn take_idle(&self, address: &BackendAddress) -> Option<BackendConnection> {
+        let here = crate::shards::current();
         while let Some(mut conn) = self.pop(address) {
-            if !conn.is_quiet() {
+            let quiet = if conn.shard == here {
+                conn.is_quiet()
+            } else {
+                conn.is_quiet_now()
+            };
+            if !quiet {
                 tracing::debug!(backend = %address, "dropping an idle backend connection the backend closed or wrote on");
                 continue;
             }
-            let here = crate::shards::current();
             if conn.shard == here {
                 conn.home = Some(self.clone());
                 return Some(conn);
@@ -491,6 +508,42 @@ mod tests {
         assert_eq!(conns.idle(&addr), 2);
         conns.forget(&addr);
         assert_eq!(conns.idle(&addr), 0, "forgotten on every thread's stack");
+    }
+
+    /// A connection another thread's reactor watches is asked of its socket: that reactor
+    /// may not have turned since the backend wrote (here it cannot: its thread is held), so
+    /// its readiness would call a condemned connection quiet.
+    #[test]
+    fn a_connection_from_another_thread_is_peeked_not_judged_by_that_threads_reactor() {
+        use std::io::Write;
+        let shards = crate::shards::Shards::start(2).unwrap();
+        let conns = Connections::new(4);
+        let addr = BackendAddress::Unix("/nonexistent/backend.sock".into());
+        let theirs = {
+            let conns = conns.clone();
+            on(&shards, 0, move || {
+                let (conn, theirs) = pair();
+                conns.put(conn);
+                theirs.into_std().unwrap()
+            })
+        };
+        // Thread 0 is held in a task: its reactor does not turn until it is let go.
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        shards.handles()[0].spawn(async move {
+            let _ = held_tx.send(());
+            let _ = go_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        // What an LSAPI worker's CONN_CLOSE on an idle connection looks like to corral.
+        (&theirs).write_all(b"LS\x01").unwrap();
+        let taken = {
+            let (conns, addr) = (conns.clone(), addr.clone());
+            on(&shards, 1, move || conns.take_idle(&addr).is_some())
+        };
+        go_tx.send(()).unwrap();
+        assert!(!taken, "a connection the backend wrote on was handed out");
+        assert_eq!(conns.idle(&addr), 0, "and dropped");
     }
 
     /// Takes both idle connections on thread `i` and gives them back there.
