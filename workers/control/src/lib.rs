@@ -12,12 +12,14 @@
 //!
 //! SIGCHLD, SIGTERM and SIGINT are blocked except inside ppoll(2): a worker's exit or a stop
 //! is never missed between the check and the wait, and no stop signal is pending in a worker
-//! at its fork (the worker unblocks them, with its stop flag cleared).
+//! at its fork (the worker unblocks them, with its stop flag cleared and a stop pipe of its
+//! own: [`stop`]). Holding signals suits the template, which runs no script between its
+//! waits; the workers wake on a pipe instead.
 //!
 //! The crate depends on libc alone; corral's own side of the protocol (src/process/preload.rs)
 //! is async and does not use it. [`conn`] holds the waits on corral's connections that both
 //! workers make alike (accept, the wait between requests, the bounded wait for a byte), and
-//! [`stop`] the stop flag SIGTERM and SIGINT set in both.
+//! [`stop`] the stop flag SIGTERM and SIGINT set in both, with the pipe that ends the waits.
 
 pub mod conn;
 pub mod stop;
@@ -43,8 +45,9 @@ pub struct Host {
     pub log: fn(&str),
     /// Whether a stop signal came.
     pub stopping: fn() -> bool,
-    /// Forgets a stop signal (in a freshly forked worker).
-    pub reset_stop: fn(),
+    /// Forgets a stop signal and makes the process its own stop pipe (in a freshly forked
+    /// worker; see [`stop::reset_stop`]).
+    pub reset_stop: fn() -> std::io::Result<()>,
     /// fork(2) as the runtime needs it done (an interpreter may run hooks around it): the
     /// child's pid in the template, 0 in the child, negative (errno set) when it failed.
     pub fork: fn() -> i64,
@@ -277,7 +280,13 @@ fn fork(host: &Host, control: RawFd, listener: RawFd, open: &libc::sigset_t) -> 
         libc::close(control);
     }
     on_sigchld(libc::SIG_DFL);
-    (host.reset_stop)();
+    // Still with the stop signals held: one sent to this worker from here on reaches its
+    // own stop pipe.
+    if let Err(e) = (host.reset_stop)() {
+        (host.log)(&format!("worker cannot make its stop pipe: {e}"));
+        // SAFETY: ends this freshly forked process without running the template's exit code.
+        unsafe { libc::_exit(1) };
+    }
     // SAFETY: `open` is the mask the template had before it held its signals.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, open, std::ptr::null_mut()) };
     (host.log)(&format!(

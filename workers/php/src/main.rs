@@ -71,9 +71,12 @@ pub fn close_listener() {
 }
 
 fn install_signals() {
-    // SIGTERM and SIGINT set the stop flag (no SA_RESTART: a wait between requests or in
-    // accept returns EINTR and sees it).
-    corral_worker_control::stop::catch_stop_signals();
+    // SIGTERM and SIGINT set the stop flag and wake every wait between requests or for a
+    // connection (corral_worker_control::stop).
+    if let Err(e) = corral_worker_control::stop::catch_stop_signals() {
+        log(&format!("cannot catch stop signals: {e}"));
+        std::process::exit(1);
+    }
     // SAFETY: prctl(2) with constant arguments.
     unsafe {
         // A worker must not outlive the corral that supervises it.
@@ -120,6 +123,13 @@ fn main() {
             preload::Role::Worker => {}
         }
     }
+    // accept() waits on the stop pipe beside the listener, then takes the connection
+    // without blocking.
+    if let Err(e) = corral_worker_control::conn::listen_nonblocking(LISTENER) {
+        log(&format!("fd 0 is not a listening socket: {e}"));
+        php::shutdown();
+        std::process::exit(1);
+    }
     let code = match script {
         Some(script) => worker::serve(&script),
         None => serve(),
@@ -133,7 +143,7 @@ fn serve() -> i32 {
     while !stopping() {
         let stream = match corral_worker_control::conn::accept(LISTENER) {
             Ok(Some(stream)) => stream,
-            // Interrupted (the loop looks at the stop flag) or gone before it was taken.
+            // None yet, a stop, or gone before it was taken: the loop looks at the flag.
             Ok(None) => continue,
             Err(e) => {
                 log(&format!("accept on fd 0 failed: {e}"));

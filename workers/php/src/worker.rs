@@ -14,8 +14,6 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_void, CString};
-use std::fs::File;
-use std::os::fd::FromRawFd;
 use std::rc::Rc;
 
 use corral_protocols::lsapi::{FlagRule, ResponseEncoder};
@@ -228,23 +226,11 @@ fn accept() -> Option<Conn> {
         if crate::stopping() {
             return None;
         }
-        // SAFETY: accept4 on the inherited listener with no address out-parameters.
-        let fd = unsafe {
-            libc::accept4(
-                crate::LISTENER,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: `fd` was just returned by accept4 and is owned by nothing else.
-            return Some(Conn::new(unsafe { File::from_raw_fd(fd) }));
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EAGAIN) => continue,
-            _ => {
+        match corral_worker_control::conn::accept(crate::LISTENER) {
+            Ok(Some(stream)) => return Some(Conn::new(stream)),
+            // None yet, a stop, or gone before it was taken: the loop looks at the flag.
+            Ok(None) => {}
+            Err(e) => {
                 crate::log(&format!("accept on fd 0 failed: {e}"));
                 return None;
             }

@@ -80,9 +80,12 @@ pub fn log(message: &str) {
 }
 
 fn install_signals() {
-    // SIGTERM and SIGINT set the stop flag (no SA_RESTART: a wait between requests or in
-    // accept returns EINTR and sees it).
-    corral_worker_control::stop::catch_stop_signals();
+    // SIGTERM and SIGINT set the stop flag and wake every wait between requests or for a
+    // connection (corral_worker_control::stop).
+    if let Err(e) = corral_worker_control::stop::catch_stop_signals() {
+        log(&format!("cannot catch stop signals: {e}"));
+        std::process::exit(1);
+    }
     // SAFETY: `on_stacks` only writes with write(2), which is async-signal-safe; the
     // sigaction struct is zeroed and then filled. SIGUSR2's handler is installed before
     // Python starts, so faulthandler (set up by the glue) chains to it.
@@ -170,11 +173,17 @@ pub fn serve(listener: libc::c_int) -> i32 {
         log("Python cannot make the environ's keys");
         return 1;
     };
+    // accept() waits on the stop pipe beside the listener, then takes the connection
+    // without blocking.
+    if let Err(e) = corral_worker_control::conn::listen_nonblocking(listener) {
+        log(&format!("corral's socket is not a listening socket: {e}"));
+        return 1;
+    }
     let mut reused = conn::Buffers::new();
     while !stopping() {
         let stream = match corral_worker_control::conn::accept(listener) {
             Ok(Some(stream)) => stream,
-            // Interrupted (the loop looks at the stop flag) or gone before it was taken.
+            // None yet, a stop, or gone before it was taken: the loop looks at the flag.
             Ok(None) => continue,
             Err(e) => {
                 log(&format!("accept on corral's socket failed: {e}"));
