@@ -298,13 +298,13 @@ pub(crate) fn error_answer(status: u16, retry_after: Option<u32>) -> BytesMut {
             Bytes::from(secs.to_string()),
         ));
     }
-    let head = CgiResponseHead {
-        status: Some(CgiStatus {
+    let head = CgiResponseHead::new(
+        Some(CgiStatus {
             code: status,
             reason: Bytes::from_static(reason.as_bytes()),
         }),
         headers,
-    };
+    );
     let mut bytes = BytesMut::new();
     if encode_head(&head, &mut bytes).is_err() {
         // Only a code outside 100-999 could be refused; GatewayError never gives one.
