@@ -66,7 +66,7 @@ async fn read_all(response: &mut BackendResponse) -> Vec<u8> {
 fn header<'a>(response: &'a BackendResponse, name: &str) -> Vec<&'a [u8]> {
     response
         .head
-        .headers
+        .headers()
         .iter()
         .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
         .map(|(_, v)| v.as_ref())

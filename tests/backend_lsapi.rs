@@ -114,7 +114,7 @@ async fn lsphp_404_with_two_cookies() {
     assert_eq!(response.head.status_code(), 404);
     let cookies: Vec<_> = response
         .head
-        .headers
+        .headers()
         .iter()
         .filter(|(n, _)| n.eq_ignore_ascii_case(b"set-cookie"))
         .map(|(_, v)| v.clone())

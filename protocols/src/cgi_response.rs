@@ -24,14 +24,29 @@ pub struct CgiStatus {
 }
 
 /// A parsed CGI response head.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// Its fields are reached through accessors so that the head can carry a mark: "decoded, and
+/// not edited since". The decoder sets it on the heads it returns (it refuses everything
+/// [`encode_head`] refuses); every way of changing a head ([`set_status`](Self::set_status),
+/// [`headers_mut`](Self::headers_mut)) clears it, and a head built with [`new`](Self::new)
+/// has none. `encode_head` writes a marked head without checking it again and checks every
+/// other one, so no head that was built or edited is written unchecked. The mark is no part
+/// of equality.
+#[derive(Debug, Clone, Default)]
 pub struct CgiResponseHead {
-    /// The `Status:` line, if the backend wrote one.
-    pub status: Option<CgiStatus>,
-    /// Every other header line in order, names as written, values without surrounding
-    /// whitespace. `Location` stays in this list.
-    pub headers: Vec<(Bytes, Bytes)>,
+    status: Option<CgiStatus>,
+    headers: Vec<(Bytes, Bytes)>,
+    /// Set by the decoder only; cleared by every `&mut` access to the fields.
+    decoded: bool,
 }
+
+impl PartialEq for CgiResponseHead {
+    fn eq(&self, other: &Self) -> bool {
+        self.status == other.status && self.headers == other.headers
+    }
+}
+
+impl Eq for CgiResponseHead {}
 
 /// What the gateway must do with a response (RFC 3875 §6.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +69,50 @@ pub enum ResponseKind<'a> {
 }
 
 impl CgiResponseHead {
+    /// A head with `status` (the `Status:` line, if any) and every other header line in
+    /// order, `Location` among them. It is checked when it is encoded.
+    pub fn new(status: Option<CgiStatus>, headers: Vec<(Bytes, Bytes)>) -> Self {
+        CgiResponseHead {
+            status,
+            headers,
+            decoded: false,
+        }
+    }
+
+    /// The `Status:` line, if the backend wrote one.
+    pub fn status(&self) -> Option<&CgiStatus> {
+        self.status.as_ref()
+    }
+
+    /// Every other header line in order, names as written, values without surrounding
+    /// whitespace. `Location` stays in this list.
+    pub fn headers(&self) -> &[(Bytes, Bytes)] {
+        &self.headers
+    }
+
+    /// Replaces the `Status:` line; the head is checked again when it is encoded.
+    pub fn set_status(&mut self, status: Option<CgiStatus>) {
+        self.decoded = false;
+        self.status = status;
+    }
+
+    /// The header lines, to change; the head is checked again when it is encoded.
+    pub fn headers_mut(&mut self) -> &mut Vec<(Bytes, Bytes)> {
+        self.decoded = false;
+        &mut self.headers
+    }
+
+    /// The status line and the header lines, taken apart.
+    pub fn into_parts(self) -> (Option<CgiStatus>, Vec<(Bytes, Bytes)>) {
+        (self.status, self.headers)
+    }
+
+    /// Whether this head came from the decoder and was not changed since: [`encode_head`]
+    /// writes it without checking it again.
+    pub fn is_decoded(&self) -> bool {
+        self.decoded
+    }
+
     /// The value of the first header named `name` (ASCII case-insensitive).
     pub fn header(&self, name: &[u8]) -> Option<&Bytes> {
         self.headers
@@ -455,12 +514,15 @@ impl CgiResponseDecoder {
         for (n, v) in self.fields.iter() {
             headers.push((slice(&n), slice(&v)));
         }
+        // Every line passed the decoder's checks, which refuse all that `encode_head` refuses
+        // (the fuzz target `cgi_response` re-encodes every head it decodes, checks and all).
         CgiResponseHead {
             status: self.status.as_ref().map(|(code, reason)| CgiStatus {
                 code: *code,
                 reason: slice(reason),
             }),
             headers,
+            decoded: true,
         }
     }
 }

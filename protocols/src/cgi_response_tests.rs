@@ -83,8 +83,8 @@ fn a_restarted_decoder_starts_over_under_its_new_limits() {
     decoder.restart(&Limits::DEFAULT);
     let mut whole = bytes::BytesMut::from(&b"Content-Type: text/plain\r\n\r\nbody"[..]);
     let head = decoder.decode(&mut whole).unwrap().unwrap();
-    assert!(head.status.is_none());
-    assert_eq!(head.headers.len(), 1);
+    assert!(head.status().is_none());
+    assert_eq!(head.headers().len(), 1);
     assert_eq!(&whole[..], b"body");
 
     let tight = Limits {

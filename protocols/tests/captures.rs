@@ -269,7 +269,7 @@ fn php_cgi_404_with_cookies_and_stderr() {
     let (head, body) = cgi_head(&r.stdout);
     assert_eq!(head.status_code(), 404);
     let cookies: Vec<&[u8]> = head
-        .headers
+        .headers()
         .iter()
         .filter(|(n, _)| n.eq_ignore_ascii_case(b"set-cookie"))
         .map(|(_, v)| &v[..])

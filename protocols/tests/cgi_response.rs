@@ -69,13 +69,13 @@ fn document_response_with_status() {
                   <h1>gone</h1>";
     let (head, body) = decode(input).unwrap();
     assert_eq!(
-        head.status,
+        head.status().cloned(),
         Some(CgiStatus {
             code: 404,
             reason: Bytes::from_static(b"Not Found")
         })
     );
-    assert_eq!(head.headers, vec![h("Content-Type", "text/html")]);
+    assert_eq!(head.headers(), vec![h("Content-Type", "text/html")]);
     assert_eq!(head.kind(), ResponseKind::Document);
     assert_eq!(head.status_code(), 404);
     assert_eq!(body, b"<h1>gone</h1>");
@@ -89,13 +89,13 @@ fn php_cgi_head_with_lf_endings_and_default_status() {
                   \n\
                   hello\r\n\r\nstill body";
     let (head, body) = decode(input).unwrap();
-    assert_eq!(head.status, None);
+    assert_eq!(head.status(), None);
     assert_eq!(head.status_code(), 200);
     assert_eq!(
         head.header(b"content-type").unwrap(),
         &Bytes::from_static(b"text/html; charset=UTF-8")
     );
-    assert_eq!(head.headers.len(), 2);
+    assert_eq!(head.headers().len(), 2);
     assert_eq!(body, b"hello\r\n\r\nstill body");
 }
 
@@ -152,7 +152,7 @@ fn status_forms() {
     let ok = |input: &[u8], code: u16, reason: &[u8]| {
         let (head, _) = decode(input).unwrap();
         assert_eq!(
-            head.status,
+            head.status().cloned(),
             Some(CgiStatus {
                 code,
                 reason: Bytes::copy_from_slice(reason)
@@ -360,13 +360,13 @@ fn byte_by_byte_and_reuse() {
 
 #[test]
 fn encoder_writes_the_expected_bytes() {
-    let head = CgiResponseHead {
-        status: Some(CgiStatus {
+    let head = CgiResponseHead::new(
+        Some(CgiStatus {
             code: 404,
             reason: Bytes::from_static(b"Not Found"),
         }),
-        headers: vec![h("Content-Type", "text/plain"), h("X-Id", "7")],
-    };
+        vec![h("Content-Type", "text/plain"), h("X-Id", "7")],
+    );
     let mut out = BytesMut::new();
     encode_head(&head, &mut out).unwrap();
     assert_eq!(
@@ -374,13 +374,13 @@ fn encoder_writes_the_expected_bytes() {
         b"Status: 404 Not Found\r\nContent-Type: text/plain\r\nX-Id: 7\r\n\r\n"
     );
     let mut out = BytesMut::new();
-    let bare = CgiResponseHead {
-        status: Some(CgiStatus {
+    let bare = CgiResponseHead::new(
+        Some(CgiStatus {
             code: 204,
             reason: Bytes::new(),
         }),
-        headers: vec![],
-    };
+        vec![],
+    );
     encode_head(&bare, &mut out).unwrap();
     assert_eq!(&out[..], b"Status: 204\r\n\r\n");
 }
@@ -396,119 +396,77 @@ fn encoder_refusals() {
     };
     let cases: Vec<(CgiResponseHead, E)> = vec![
         (
-            CgiResponseHead {
-                status: status(99, b""),
-                headers: vec![],
-            },
+            CgiResponseHead::new(status(99, b""), vec![]),
             E::InvalidStatus { value: vec![] },
         ),
         (
-            CgiResponseHead {
-                status: status(1000, b""),
-                headers: vec![],
-            },
+            CgiResponseHead::new(status(1000, b""), vec![]),
             E::InvalidStatus { value: vec![] },
         ),
         (
-            CgiResponseHead {
-                status: status(200, b"O\r\nK"),
-                headers: vec![],
-            },
+            CgiResponseHead::new(status(200, b"O\r\nK"), vec![]),
             E::InvalidStatus {
                 value: b"O\r\nK".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: status(200, b" OK"),
-                headers: vec![],
-            },
+            CgiResponseHead::new(status(200, b" OK"), vec![]),
             E::InvalidStatus {
                 value: b" OK".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("Status", "200")],
-            },
+            CgiResponseHead::new(None, vec![h("Status", "200")]),
             E::DuplicateStatus,
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("A B", "x")],
-            },
+            CgiResponseHead::new(None, vec![h("A B", "x")]),
             E::InvalidName {
                 name: b"A B".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("X", "a\nb")],
-            },
+            CgiResponseHead::new(None, vec![h("X", "a\nb")]),
             E::InvalidValue {
                 name: b"X".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("X", " a")],
-            },
+            CgiResponseHead::new(None, vec![h("X", " a")]),
             E::InvalidValue {
                 name: b"X".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("A", "fine"), h("X", "a\t")],
-            },
+            CgiResponseHead::new(None, vec![h("A", "fine"), h("X", "a\t")]),
             E::InvalidValue {
                 name: b"X".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("X", "a\x7fb")],
-            },
+            CgiResponseHead::new(None, vec![h("X", "a\x7fb")]),
             E::InvalidValue {
                 name: b"X".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("X", "a\rb")],
-            },
+            CgiResponseHead::new(None, vec![h("X", "a\rb")]),
             E::InvalidValue {
                 name: b"X".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: status(200, b"OK "),
-                headers: vec![],
-            },
+            CgiResponseHead::new(status(200, b"OK "), vec![]),
             E::InvalidStatus {
                 value: b"OK ".to_vec(),
             },
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("Location", "/a"), h("Location", "/b")],
-            },
+            CgiResponseHead::new(None, vec![h("Location", "/a"), h("Location", "/b")]),
             E::DuplicateLocation,
         ),
         (
-            CgiResponseHead {
-                status: None,
-                headers: vec![h("Location", "")],
-            },
+            CgiResponseHead::new(None, vec![h("Location", "")]),
             E::InvalidLocation { value: vec![] },
         ),
     ];
@@ -523,10 +481,7 @@ fn encoder_refusals() {
         assert_eq!(&out[..], b"before", "{head:?}");
     }
     // A tab inside a value is a field-value byte; an empty value is allowed.
-    let fine = CgiResponseHead {
-        status: None,
-        headers: vec![h("X", "a\tb"), h("Y", "")],
-    };
+    let fine = CgiResponseHead::new(None, vec![h("X", "a\tb"), h("Y", "")]);
     let mut out = BytesMut::new();
     encode_head(&fine, &mut out).unwrap();
     assert_eq!(&out[..], b"X: a\tb\r\nY: \r\n\r\n");
@@ -551,7 +506,7 @@ fn arb_head() -> impl Strategy<Value = CgiResponseHead> {
             if let Some(l) = location {
                 headers.push((Bytes::from_static(b"Location"), l));
             }
-            CgiResponseHead { status, headers }
+            CgiResponseHead::new(status, headers)
         },
     )
 }
@@ -631,15 +586,15 @@ fn a_head_with_many_header_lines_keeps_them_all_in_order() {
     let mut decoder = CgiResponseDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::from(text.as_bytes());
     let head = decoder.decode(&mut buf).unwrap().expect("a complete head");
-    assert_eq!(head.status.as_ref().map(|s| s.code), Some(201));
-    assert_eq!(head.headers.len(), 40);
-    for (i, (name, value)) in head.headers.iter().enumerate() {
+    assert_eq!(head.status().map(|s| s.code), Some(201));
+    assert_eq!(head.headers().len(), 40);
+    for (i, (name, value)) in head.headers().iter().enumerate() {
         assert_eq!(&name[..], format!("X-Field-{i}").as_bytes());
         assert_eq!(&value[..], format!("value {i}").as_bytes());
     }
     assert_eq!(&buf[..], b"body");
     let mut next = BytesMut::from(&b"A: 1\r\n\r\n"[..]);
     let head = decoder.decode(&mut next).unwrap().expect("the second head");
-    assert_eq!(head.headers.len(), 1);
-    assert_eq!(&head.headers[0].0[..], b"A");
+    assert_eq!(head.headers().len(), 1);
+    assert_eq!(&head.headers()[0].0[..], b"A");
 }

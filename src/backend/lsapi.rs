@@ -184,15 +184,13 @@ fn cgi_head(status: u16, text: Bytes, limits: &Limits) -> Result<CgiResponseHead
             rule: e.to_string(),
         })?
         .ok_or_else(|| violation("RESP_HEADER lines do not form a complete head"))?;
-    if status != 0 {
-        let reason = match &parsed.status {
-            Some(s) if s.code == status => s.reason.clone(),
-            _ => Bytes::new(),
-        };
-        parsed.status = Some(CgiStatus {
+    // The packet's status wins over a different `Status:` line (whose reason then goes with
+    // it); one that agrees leaves the head as decoded, so it is not checked again when written.
+    if status != 0 && parsed.status().map(|s| s.code) != Some(status) {
+        parsed.set_status(Some(CgiStatus {
             code: status,
-            reason,
-        });
+            reason: Bytes::new(),
+        }));
     }
     Ok(parsed)
 }
@@ -249,7 +247,7 @@ mod tests {
             match decode_head(200, &[line]) {
                 Err(BackendError::InvalidHead { .. }) => {}
                 Ok(Some(Step::Head(head))) => {
-                    panic!("{}: passed as {:?}", line.escape_ascii(), head.headers)
+                    panic!("{}: passed as {:?}", line.escape_ascii(), head.headers())
                 }
                 other => panic!("{}: {other:?}", line.escape_ascii()),
             }
@@ -291,9 +289,9 @@ mod tests {
         ) else {
             panic!("no head");
         };
-        assert_eq!(head.status.as_ref().map(|s| s.code), Some(404));
+        assert_eq!(head.status().map(|s| s.code), Some(404));
         let lines: Vec<String> = head
-            .headers
+            .headers()
             .iter()
             .map(|(n, v)| format!("{}={}", n.escape_ascii(), v.escape_ascii()))
             .collect();
@@ -304,7 +302,7 @@ mod tests {
         let Ok(Some(Step::Head(head))) = decode_head(0, &[]) else {
             panic!("no empty head");
         };
-        assert!(head.headers.is_empty() && head.status.is_none());
+        assert!(head.headers().is_empty() && head.status().is_none());
     }
 
     /// The packet a thread's first request gets, from a scratch no request has used.

@@ -7,6 +7,7 @@
 //! early live here too.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
@@ -157,68 +158,75 @@ pub(crate) enum Relayed {
 
 /// Streams a dispatch result into `sink`: the backend's head and body, or (already logged by
 /// `relay`) corral's CGI answer for the failure.
-pub(crate) async fn relay(
-    sink: &mut impl CgiSink,
-    response: Result<GatewayResponse, GatewayError>,
+///
+/// A plain function returning its future (an `async fn` would keep `response` twice in its
+/// state: the argument, and the binding its body moves it into), and the rare refusal's
+/// future boxed: the future is moved whole, nested in each caller's, once per request.
+#[allow(clippy::manual_async_fn)] // On purpose: see above; an async fn is larger.
+pub(crate) fn relay<'s, S: CgiSink>(
+    sink: &'s mut S,
+    mut response: Result<GatewayResponse, GatewayError>,
     request_id: u64,
-) -> Relayed {
-    let mut response = match response {
-        Ok(r) => r,
-        Err(e) => return refuse(sink, &e, request_id).await,
-    };
-    // The body's first bytes, when they came with the head (a short answer), go out with it:
-    // one frame, one write. The head is encoded straight into the sink's frame, sized for
-    // both.
-    let first = std::future::poll_fn(|cx| Poll::Ready(response.body.poll_chunk(cx))).await;
-    let mut broke = None;
-    let mut ended = false;
-    let mut data = None;
-    match first {
-        Poll::Ready(Some(Ok(d))) => data = Some(d),
-        Poll::Ready(Some(Err(e))) => broke = Some(e),
-        Poll::Ready(None) => ended = true,
-        Poll::Pending => {}
-    }
-    let len = encoded_len(&response.head) + data.as_ref().map_or(0, |d| d.len());
-    let mut head = sink.frame(len);
-    let framing = head.len();
-    if let Err(e) = encode_head(&response.head, &mut head) {
-        tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
-        head.truncate(framing);
-        head.extend_from_slice(&error_answer(502, None));
-        return if sink.send_frame(head).await {
-            Relayed::Complete
-        } else {
-            Relayed::Gone
+) -> impl Future<Output = Relayed> + 's {
+    async move {
+        let response = match &mut response {
+            Ok(r) => r,
+            Err(e) => return Box::pin(refuse(sink, e, request_id)).await,
         };
-    }
-    if let Some(d) = data {
-        head.extend_from_slice(&d);
-    }
-    if !sink.send_frame(head).await {
-        return Relayed::Gone;
-    }
-    if let Some(e) = broke {
-        tracing::warn!(request_id, error = %e, "backend response broke off");
-        return Relayed::BrokeOff;
-    }
-    if ended {
-        return Relayed::Complete;
-    }
-    while let Some(chunk) = response.body.next_chunk().await {
-        match chunk {
-            Ok(data) => {
-                if !sink.send(&data).await {
-                    return Relayed::Gone;
+        // The body's first bytes, when they came with the head (a short answer), go out with it:
+        // one frame, one write. The head is encoded straight into the sink's frame, sized for
+        // both.
+        let first = std::future::poll_fn(|cx| Poll::Ready(response.body.poll_chunk(cx))).await;
+        let mut broke = None;
+        let mut ended = false;
+        let mut data = None;
+        match first {
+            Poll::Ready(Some(Ok(d))) => data = Some(d),
+            Poll::Ready(Some(Err(e))) => broke = Some(e),
+            Poll::Ready(None) => ended = true,
+            Poll::Pending => {}
+        }
+        let len = encoded_len(&response.head) + data.as_ref().map_or(0, |d| d.len());
+        let mut head = sink.frame(len);
+        let framing = head.len();
+        if let Err(e) = encode_head(&response.head, &mut head) {
+            tracing::warn!(request_id, error = %e, "backend response head cannot be passed on");
+            head.truncate(framing);
+            head.extend_from_slice(&error_answer(502, None));
+            return if sink.send_frame(head).await {
+                Relayed::Complete
+            } else {
+                Relayed::Gone
+            };
+        }
+        if let Some(d) = data {
+            head.extend_from_slice(&d);
+        }
+        if !sink.send_frame(head).await {
+            return Relayed::Gone;
+        }
+        if let Some(e) = broke {
+            tracing::warn!(request_id, error = %e, "backend response broke off");
+            return Relayed::BrokeOff;
+        }
+        if ended {
+            return Relayed::Complete;
+        }
+        while let Some(chunk) = response.body.next_chunk().await {
+            match chunk {
+                Ok(data) => {
+                    if !sink.send(&data).await {
+                        return Relayed::Gone;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(request_id, error = %e, "backend response broke off");
+                    return Relayed::BrokeOff;
                 }
             }
-            Err(e) => {
-                tracing::warn!(request_id, error = %e, "backend response broke off");
-                return Relayed::BrokeOff;
-            }
         }
+        Relayed::Complete
     }
-    Relayed::Complete
 }
 
 /// Logs a request that got no backend response and sends corral's CGI answer for it.
@@ -298,13 +306,13 @@ pub(crate) fn error_answer(status: u16, retry_after: Option<u32>) -> BytesMut {
             Bytes::from(secs.to_string()),
         ));
     }
-    let head = CgiResponseHead {
-        status: Some(CgiStatus {
+    let head = CgiResponseHead::new(
+        Some(CgiStatus {
             code: status,
             reason: Bytes::from_static(reason.as_bytes()),
         }),
         headers,
-    };
+    );
     let mut bytes = BytesMut::new();
     if encode_head(&head, &mut bytes).is_err() {
         // Only a code outside 100-999 could be refused; GatewayError never gives one.

@@ -335,11 +335,11 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             return error_response(request_id, &e);
         }
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
-        match sendfile::asked(&response.head.headers) {
+        match sendfile::asked(response.head.headers()) {
             Ok(None) => {}
             Ok(Some(ask)) => {
                 let headers = client_headers(
-                    &response.head.headers,
+                    response.head.headers(),
                     request_id,
                     true,
                     http::HeaderMap::new(),
@@ -359,7 +359,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         // into it, so a kept-alive connection makes no header map per request.
         let keep_alive_10 = http10::asks_keep_alive(&parts, fields.keep_alive);
         let into = std::mem::take(&mut parts.headers);
-        let headers = client_headers(&response.head.headers, request_id, false, into);
+        let headers = client_headers(response.head.headers(), request_id, false, into);
         if http10::needs_length(keep_alive_10, status, &headers) {
             return http10::answer(&routed, status, headers, response.body, request_id).await;
         }

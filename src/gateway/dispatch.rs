@@ -2,6 +2,7 @@
 //! again on another worker when it cannot be made), the exchange, and the request's timer
 //! and access-log record.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::access::Record;
@@ -10,6 +11,7 @@ use crate::pool::requests::RequestTimer;
 use crate::pool::slots::Slot;
 use crate::protocols::cgi::CgiParams;
 use crate::protocols::cgi_response::CgiResponseHead;
+use crate::router::Context;
 
 use super::body::Logged;
 use super::{script, slow_stacks, Gateway, GatewayBody, GatewayError, GatewayResponse, Routed};
@@ -18,93 +20,87 @@ impl Gateway {
     /// Sends a request routed to `routed` to a worker of its pool: takes a slot (waiting in
     /// the queue if needed), takes an idle connection or makes one, and returns once the
     /// response head has arrived.
-    pub async fn dispatch(
-        &self,
-        routed: &Routed,
+    ///
+    /// A plain function returning its future: an `async fn` keeps each argument twice in its
+    /// state (the argument, and the binding its body moves it into), and this future is
+    /// moved whole, nested in the front's, once per request.
+    #[allow(clippy::manual_async_fn)] // On purpose: see above; an async fn is larger.
+    pub fn dispatch<'a>(
+        &'a self,
+        routed: &'a Routed,
         params: CgiParams,
         body: RequestBody,
         request_id: u64,
-    ) -> Result<GatewayResponse, GatewayError> {
-        let (context, pool) = (&*routed.context, &routed.pool);
-        let mut timer = RequestTimer::start();
-        let log = routed.logs.as_ref().map(|settings| {
-            let slow =
-                settings
-                    .slow_threshold()
-                    .zip(pool.stacks.as_ref())
-                    .map(|(threshold, tail)| {
-                        slow_stacks::SlowWatch::arm(
-                            Arc::clone(tail),
-                            tokio::time::Instant::now(),
-                            threshold,
-                        )
-                    });
-            Box::new(Logged {
-                record: Record::from_params(
-                    &params,
-                    Arc::clone(&pool.name),
-                    routed.generation,
-                    request_id,
-                ),
-                settings: Arc::clone(settings),
-                writer: self.access.clone(),
-                slow,
-            })
-        });
-        let mut pid = None;
-        // Before a slot is taken: a refused script or body never queues or touches a worker.
-        let checked = script::check(&context.cgi, &params)
-            .map_err(GatewayError::from)
-            .and_then(|()| match body.len() {
-                Some(length) if length > context.config.max_body => {
-                    Err(GatewayError::BodyTooLarge {
-                        length: Some(length),
-                        limit: context.config.max_body,
+    ) -> impl Future<Output = Result<GatewayResponse, GatewayError>> + 'a {
+        async move {
+            let (context, pool) = (&*routed.context, &routed.pool);
+            let mut timer = RequestTimer::start();
+            let log =
+                routed.logs.as_ref().map(|settings| {
+                    let slow = settings.slow_threshold().zip(pool.stacks.as_ref()).map(
+                        |(threshold, tail)| {
+                            slow_stacks::SlowWatch::arm(
+                                Arc::clone(tail),
+                                tokio::time::Instant::now(),
+                                threshold,
+                            )
+                        },
+                    );
+                    Box::new(Logged {
+                        record: Record::from_params(
+                            &params,
+                            Arc::clone(&pool.name),
+                            routed.generation,
+                            request_id,
+                        ),
+                        settings: Arc::clone(settings),
+                        writer: self.access.clone(),
+                        slow,
                     })
-                }
-                // A body of unknown length (a FastCGI or SCGI front that sent no
-                // CONTENT_LENGTH) is held to max_body as it streams.
-                _ => Ok(body.limited(context.config.max_body)),
-            });
-        let sent = match checked {
-            Ok(body) => {
-                let watch = log.as_ref().and_then(|l| l.slow.as_ref());
-                let pid = (&mut pid, watch);
-                self.exchange(routed, params, body, request_id, &mut timer, pid)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        match sent {
-            Ok((head, body, slot)) => {
-                let log = log.map(|mut l| {
-                    l.record.status = head.status_code();
-                    l.record.worker_pid = pid;
-                    l
                 });
-                let mut body = GatewayBody {
+            let mut pid = None;
+            // Before a slot is taken: a refused script or body never queues or touches a worker,
+            // and the request ends before any await. (Matched where it is made, the result is a
+            // temporary gone before the await, not a local kept in the future's state.)
+            let body = match admitted(context, &params, body) {
+                Ok(body) => body,
+                Err(e) => return Err(failed(log, e, pid, &timer)),
+            };
+            let watch = log.as_ref().and_then(|l| l.slow.as_ref());
+            let sent = self
+                .exchange(
+                    routed,
+                    &params,
                     body,
-                    slot: Some(slot),
-                    pool: Arc::clone(pool),
-                    timer,
-                    log,
-                };
-                if body.body.is_ended() {
-                    // An empty body: no chunk will be asked for.
-                    body.timer.end(&body.pool.requests);
-                    if let Some(logged) = body.log.take() {
-                        logged.finish(&body.timer);
+                    request_id,
+                    &mut timer,
+                    (&mut pid, watch),
+                )
+                .await;
+            match sent {
+                Ok((head, body, slot)) => {
+                    let log = log.map(|mut l| {
+                        l.record.status = head.status_code();
+                        l.record.worker_pid = pid;
+                        l
+                    });
+                    let mut body = GatewayBody {
+                        body,
+                        slot: Some(slot),
+                        pool: Arc::clone(pool),
+                        timer,
+                        log,
+                    };
+                    if body.body.is_ended() {
+                        // An empty body: no chunk will be asked for.
+                        body.timer.end(&body.pool.requests);
+                        if let Some(logged) = body.log.take() {
+                            logged.finish(&body.timer);
+                        }
                     }
+                    Ok(GatewayResponse { head, body })
                 }
-                Ok(GatewayResponse { head, body })
-            }
-            Err(e) => {
-                if let Some(mut logged) = log {
-                    logged.record.status = e.status();
-                    logged.record.worker_pid = pid;
-                    logged.finish(&timer);
-                }
-                Err(e)
+                Err(e) => Err(failed(log, e, pid, &timer)),
             }
         }
     }
@@ -115,7 +111,7 @@ impl Gateway {
     async fn exchange(
         &self,
         routed: &Routed,
-        params: CgiParams,
+        params: &CgiParams,
         body: RequestBody,
         request_id: u64,
         timer: &mut RequestTimer,
@@ -143,17 +139,9 @@ impl Gateway {
         // the request moves to another worker at once (a worker killed under load would
         // otherwise fail every request routed to it until its exit is noticed). Once a
         // byte may have been sent, it is sent again only in the one case below.
-        let options = ExchangeOptions {
-            pool: Arc::clone(&pool.name),
-            request_id,
-            timeouts: pool.timeouts,
-            limits: self.limits.clone(),
-            // Only SCGI and LSAPI spool, and only a body of unknown length (a FastCGI or
-            // SCGI front's request without CONTENT_LENGTH).
-            spool: (pool.protocol != backend::Protocol::FastCgi && body.len().is_none())
-                .then(|| self.spool_for(routed)),
-            stderr: None,
-        };
+        // Only SCGI and LSAPI spool, and only a body of unknown length (a FastCGI or SCGI
+        // front's request without CONTENT_LENGTH).
+        let spools = pool.protocol != backend::Protocol::FastCgi && body.len().is_none();
         let mut slot = slot;
         let mut tries = 0;
         let mut body = body;
@@ -225,8 +213,19 @@ impl Gateway {
             } else {
                 body.replayable()
             };
+            // Made for each attempt (the first, nearly always) rather than kept from the
+            // start: held only across the send, it shares the future's room with what the
+            // slot's and the connection's waits hold.
+            let options = ExchangeOptions {
+                pool: Arc::clone(&pool.name),
+                request_id,
+                timeouts: pool.timeouts,
+                limits: self.limits.clone(),
+                spool: spools.then(|| self.spool_for(routed)),
+                stderr: None,
+            };
             let error =
-                match backend::send_params(pool.protocol, conn, &params, body, &options, started)
+                match backend::send_params(pool.protocol, conn, params, body, &options, started)
                     .await
                 {
                     Ok(response) => {
@@ -245,7 +244,7 @@ impl Gateway {
             // idle-close racing the reuse over TCP. A POST in that case may have run: a 502.
             // Either way `fault` asks whether the worker died and takes a dying one out of
             // rotation: a resent request then goes to another worker.
-            let again = replay.filter(|_| error.may_resend(idempotent(&params)));
+            let again = replay.filter(|_| error.may_resend(idempotent(params)));
             let out = pool.fault(&slot, &error);
             let Some(again) = again else {
                 pool.report(&slot, &error);
@@ -288,4 +287,40 @@ fn idempotent(params: &CgiParams) -> bool {
         params.get(b"REQUEST_METHOD"),
         Some(b"GET" | b"HEAD" | b"OPTIONS")
     )
+}
+
+/// Ends the log record of a request that got no response (`pid`: the worker it reached, if
+/// any) and gives back its error.
+fn failed(
+    log: Option<Box<Logged>>,
+    e: GatewayError,
+    pid: Option<u32>,
+    timer: &RequestTimer,
+) -> GatewayError {
+    if let Some(mut logged) = log {
+        logged.record.status = e.status();
+        logged.record.worker_pid = pid;
+        logged.finish(timer);
+    }
+    e
+}
+
+/// The request's body, held to the context's `max_body`, unless its script or its declared
+/// length is refused.
+fn admitted(
+    context: &Context,
+    params: &CgiParams,
+    body: RequestBody,
+) -> Result<RequestBody, GatewayError> {
+    script::check(&context.cgi, params)?;
+    let limit = context.config.max_body;
+    match body.len() {
+        Some(length) if length > limit => Err(GatewayError::BodyTooLarge {
+            length: Some(length),
+            limit,
+        }),
+        // A body of unknown length (a FastCGI or SCGI front that sent no CONTENT_LENGTH) is
+        // held to max_body as it streams.
+        _ => Ok(body.limited(limit)),
+    }
 }

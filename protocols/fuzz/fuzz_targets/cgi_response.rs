@@ -1,7 +1,8 @@
 #![no_main]
 //! Fuzzes the CGI response head parser: any bytes, fed in any chunking, must give the same
 //! head and leftover body (or the same error) as when fed whole, never panic, and a parsed
-//! head must survive re-encoding and parsing unchanged. The first input byte picks the cuts.
+//! head must survive re-encoding (with the encoder's checks, and without them: the same
+//! bytes) and parsing unchanged. The first input byte picks the cuts.
 
 use bytes::BytesMut;
 use corral_protocols::cgi_response::{
@@ -47,8 +48,19 @@ fuzz_target!(|data: &[u8]| {
     );
     if let Ok(Some((head, _))) = whole {
         let _ = (head.kind(), head.status_code());
+        // The decoded head is written without the encoder's checks; the same head built
+        // anew is checked. The checks must pass (the decoder refused all they refuse) and
+        // both must write the same bytes.
+        assert!(head.is_decoded());
+        let built = CgiResponseHead::new(head.status().cloned(), head.headers().to_vec());
         let mut wire = BytesMut::new();
-        encode_head(&head, &mut wire).expect("a parsed head re-encodes");
+        encode_head(&built, &mut wire).expect("a parsed head re-encodes");
+        let mut unchecked = BytesMut::new();
+        encode_head(&head, &mut unchecked).expect("a decoded head is written");
+        assert_eq!(
+            unchecked, wire,
+            "the decoded head's bytes differ from the checked ones"
+        );
         let again = CgiResponseDecoder::new(&Limits::DEFAULT).decode(&mut wire);
         assert_eq!(again, Ok(Some(head)));
         assert!(wire.is_empty());

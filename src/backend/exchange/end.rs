@@ -31,7 +31,7 @@ pub(crate) const END_WAIT: Duration = Duration::from_millis(250);
 /// The body length a response head announces: its Content-Length when that is one
 /// well-formed number.
 pub(super) fn announced_length(head: &CgiResponseHead) -> Option<u64> {
-    let (_, value) = head.headers.iter().find(|(name, _)| {
+    let (_, value) = head.headers().iter().find(|(name, _)| {
         // The usual spelling first: one comparison rather than fourteen folded bytes.
         name.len() == 14
             && (name.as_ref() == b"Content-Length" || name.eq_ignore_ascii_case(b"content-length"))

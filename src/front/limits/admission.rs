@@ -15,7 +15,7 @@
 //! address and are exempt: they are front servers on this host (nginx, Apache), whose socket
 //! permissions already decide who may connect, and only the server-wide cap counts them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -126,18 +126,28 @@ pub struct AdmissionSnapshot {
     pub evicted: u64,
 }
 
+/// The open connections, each in a slot of `slots` that its [`Ticket`] names, so that a
+/// connection is counted in and out by an index, without a search (once per connection: with
+/// a front server that opens one per request, once per request). A slot left by a closed
+/// connection is used again by the next one; a connection is also known by its id, which
+/// grows with accept order and is never used again, so a ticket whose connection was evicted
+/// (and whose slot may hold another connection since) finds its own entry gone.
 #[derive(Debug, Default)]
 struct Table {
     next_id: u64,
-    /// Open connections by id; ids grow with accept order.
-    conns: BTreeMap<u64, Entry>,
-    /// Ids of each (listener, client address).
-    clients: HashMap<(usize, IpAddr), Vec<u64>>,
+    slots: Vec<Option<Entry>>,
+    /// Empty slots, the one freed last on top.
+    free: Vec<usize>,
+    /// Slots in use.
+    open: usize,
+    /// The slots of each (listener, client address)'s connections.
+    clients: HashMap<(usize, IpAddr), Vec<usize>>,
     shed: Shed,
 }
 
 #[derive(Debug)]
 struct Entry {
+    id: u64,
     client: Option<(usize, IpAddr)>,
     state: Arc<ConnState>,
 }
@@ -208,12 +218,12 @@ impl Admission {
         let mut t = self.lock();
         let key = client.addr.map(|a| (client.listener, client_key(a)));
         if let (Some(key), Some(cap)) = (key, client.cap) {
-            let ids = t.clients.get(&key).map_or(&[][..], Vec::as_slice);
-            if ids.len() >= cap as usize {
-                let victim = oldest_idle(ids.iter().filter_map(|id| Some((*id, t.conns.get(id)?))));
+            let slots = t.clients.get(&key).map_or(&[][..], Vec::as_slice);
+            if slots.len() >= cap as usize {
+                let victim = oldest_idle(slots.iter().filter_map(|&at| t.entry(at)));
                 match victim {
-                    Some(id) => {
-                        t.evict(id, Cap::Client, self.name, self.max);
+                    Some(at) => {
+                        t.evict(at, Cap::Client, self.name, self.max);
                         self.evicted.fetch_add(1, Ordering::Relaxed);
                     }
                     None => {
@@ -224,11 +234,12 @@ impl Admission {
                 }
             }
         }
-        if t.conns.len() >= self.max {
+        if t.open >= self.max {
             // A scan of every connection, but only for an accept beyond the cap.
-            match oldest_idle(t.conns.iter().map(|(id, e)| (*id, e))) {
-                Some(id) => {
-                    t.evict(id, Cap::Server, self.name, self.max);
+            let entries = (0..t.slots.len()).filter_map(|at| t.entry(at));
+            match oldest_idle(entries) {
+                Some(at) => {
+                    t.evict(at, Cap::Server, self.name, self.max);
                     self.evicted.fetch_add(1, Ordering::Relaxed);
                 }
                 None => {
@@ -241,42 +252,67 @@ impl Admission {
         let id = t.next_id;
         t.next_id += 1;
         let state = Arc::new(ConnState::new(self.epoch));
-        t.conns.insert(
+        let at = t.insert(Entry {
             id,
-            Entry {
-                client: key,
-                state: Arc::clone(&state),
-            },
-        );
+            client: key,
+            state: Arc::clone(&state),
+        });
         if let Some(key) = key {
-            t.clients.entry(key).or_default().push(id);
+            t.clients.entry(key).or_default().push(at);
         }
-        self.open.store(t.conns.len(), Ordering::Relaxed);
+        self.open.store(t.open, Ordering::Relaxed);
         Some(Ticket {
             admission: Arc::clone(self),
+            at,
             id,
             state,
         })
     }
 }
 
-/// Among `entries`, the idle connection idle longest (the oldest on a tie).
-fn oldest_idle<'a>(entries: impl Iterator<Item = (u64, &'a Entry)>) -> Option<u64> {
+/// Among `entries` (slot, entry), the slot of the idle connection idle longest (the oldest
+/// on a tie).
+fn oldest_idle<'a>(entries: impl Iterator<Item = (usize, &'a Entry)>) -> Option<usize> {
     entries
         .filter(|(_, e)| e.state.is_idle())
-        .map(|(id, e)| (e.state.idle_since.load(Ordering::Relaxed), id))
+        .map(|(at, e)| (e.state.idle_since.load(Ordering::Relaxed), e.id, at))
         .min()
-        .map(|(_, id)| id)
+        .map(|(_, _, at)| at)
 }
 
 impl Table {
-    /// Takes `id` out of the table (a no-op when it is gone already).
-    fn remove(&mut self, id: u64) -> Option<Entry> {
-        let entry = self.conns.remove(&id)?;
+    /// The connection in slot `at`, if the slot is in use.
+    fn entry(&self, at: usize) -> Option<(usize, &Entry)> {
+        Some((at, self.slots.get(at)?.as_ref()?))
+    }
+
+    /// Puts `entry` in a free slot (the one freed last), or a new one; its index.
+    fn insert(&mut self, entry: Entry) -> usize {
+        self.open += 1;
+        if let Some(at) = self.free.pop() {
+            if let Some(slot @ None) = self.slots.get_mut(at) {
+                *slot = Some(entry);
+                return at;
+            }
+        }
+        self.slots.push(Some(entry));
+        self.slots.len() - 1
+    }
+
+    /// Takes connection `id`, in slot `at`, out of the table (a no-op when it is gone
+    /// already, its slot empty or holding a later connection).
+    fn remove(&mut self, at: usize, id: u64) -> Option<Entry> {
+        let slot = self.slots.get_mut(at)?;
+        if slot.as_ref().is_none_or(|e| e.id != id) {
+            return None;
+        }
+        let entry = slot.take()?;
+        self.open -= 1;
+        self.free.push(at);
         if let Some(key) = entry.client {
-            if let Some(ids) = self.clients.get_mut(&key) {
-                ids.retain(|&other| other != id);
-                if ids.is_empty() {
+            if let Some(slots) = self.clients.get_mut(&key) {
+                slots.retain(|&other| other != at);
+                if slots.is_empty() {
                     self.clients.remove(&key);
                 }
             }
@@ -284,10 +320,11 @@ impl Table {
         Some(entry)
     }
 
-    /// Closes connection `id` to make room. It leaves the count at once; its task sees the
-    /// cancellation and closes the socket.
-    fn evict(&mut self, id: u64, cap: Cap, name: &str, max: usize) {
-        if let Some(entry) = self.remove(id) {
+    /// Closes the connection in slot `at` to make room. It leaves the count at once; its
+    /// task sees the cancellation and closes the socket.
+    fn evict(&mut self, at: usize, cap: Cap, name: &str, max: usize) {
+        let id = self.slots.get(at).and_then(Option::as_ref).map(|e| e.id);
+        if let Some(entry) = id.and_then(|id| self.remove(at, id)) {
             entry.state.evicted.cancel();
         }
         match cap {
@@ -338,6 +375,9 @@ impl Shed {
 #[derive(Debug)]
 pub struct Ticket {
     admission: Arc<Admission>,
+    /// The connection's slot in the table, and its id (the slot's entry is this
+    /// connection's only while the ids agree).
+    at: usize,
     id: u64,
     state: Arc<ConnState>,
 }
@@ -352,8 +392,8 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut t = self.admission.lock();
-        t.remove(self.id);
-        self.admission.open.store(t.conns.len(), Ordering::Relaxed);
+        t.remove(self.at, self.id);
+        self.admission.open.store(t.open, Ordering::Relaxed);
     }
 }
 
@@ -478,5 +518,25 @@ mod tests {
         assert!(!watch.is_finished());
         drop(busy);
         assert_eq!(watch.await.unwrap(), Expired::Evicted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_connection_leaving_does_not_count_out_the_one_in_its_slot() {
+        let a = Admission::new("front", 1);
+        let first = a.admit(tcp(0, 1, Some(1))).unwrap();
+        // The first is evicted; the second takes the slot it left.
+        let second = a.admit(tcp(0, 1, Some(1))).unwrap();
+        assert!(first.state().evicted().is_cancelled());
+        drop(first);
+        assert_eq!(a.open(), 1, "the second is still counted");
+        let _busy = second.state().begin();
+        assert!(
+            a.admit(tcp(0, 1, Some(1))).is_none(),
+            "the second, busy, still holds the server cap and its client's"
+        );
+        assert!(a.admit(tcp(0, 2, None)).is_none());
+        drop(second);
+        assert_eq!(a.open(), 0);
+        assert!(a.admit(tcp(0, 1, Some(1))).is_some());
     }
 }
