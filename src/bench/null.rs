@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, UnixListener};
 use super::body::FixedBody;
 use super::{NullArgs, Protocol};
 use crate::error::Error;
-use crate::net::Stream;
+use crate::net::{QuietUnix, Stream};
 use crate::protocols::fastcgi::{self, RequestEvent};
 use crate::protocols::lsapi;
 use crate::protocols::scgi::{ScgiRequestDecoder, ScgiRequestEvent};
@@ -148,7 +148,7 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Ok(Stream::Tcp(s))
             }
-            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
+            Listener::Unix(l, _) => Ok(Stream::Unix(QuietUnix::from_tokio(l.accept().await?.0)?)),
         }
     }
 }
