@@ -33,7 +33,7 @@ use corral::front::limits::{Admission, Client};
 use corral::front::listener::Peer;
 use corral::front::{fastcgi, http};
 use corral::gateway::Gateway;
-use corral::net::Stream;
+use corral::net::{QuietUnix, Stream};
 use corral::protocols::fastcgi::{encode_begin_request, encode_params, encode_stdin_end, Role};
 use criterion::{criterion_group, Criterion, Throughput};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -226,7 +226,7 @@ fn admit(h: &Harness) -> corral::front::limits::Ticket {
 async fn fastcgi_once(h: &Harness, request: &[u8], scratch: &mut Vec<u8>) -> usize {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let server = tokio::spawn(fastcgi::serve_connection(
-        Stream::Unix(ours),
+        Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
         Arc::clone(&h.fastcgi),
         admit(h),
         h.timeouts,
@@ -269,7 +269,7 @@ fn bench(c: &mut Criterion) {
         timeouts: h.timeouts,
     };
     let _server = h.runtime.spawn(http::serve_connection(
-        Stream::Unix(ours),
+        Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
         info,
         admit(&h),
         Arc::clone(&h.gateway),
@@ -413,7 +413,7 @@ pool = "lsapi"
             timeouts,
         };
         let server = runtime.spawn(http::serve_connection(
-            Stream::Unix(ours),
+            Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
             info,
             ticket(),
             Arc::clone(&gateway),
@@ -510,7 +510,10 @@ impl CgiFront<'_> {
         let mut once = || {
             self.runtime.block_on(async {
                 let (ours, theirs) = UnixStream::pair().unwrap();
-                crew.serve(Stream::Unix(ours), (self.ticket)());
+                crew.serve(
+                    Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
+                    (self.ticket)(),
+                );
                 let (mut rx, mut tx) = theirs.into_split();
                 tx.write_all(request).await.unwrap();
                 read_to_close(&mut rx, buf).await;

@@ -1,18 +1,20 @@
 //! Streams that are either TCP or Unix, for front listeners and backend connections alike.
 //!
 //! One enum over the two kinds lets codecs and exchanges be written once; both kinds are
-//! `Unpin`, so the I/O traits forward with `Pin::new` and no unsafe code. A backend
-//! connection is a [`BackendStream`], whose Unix kind is watched for reads only
-//! (`quiet_unix.rs`).
+//! `Unpin`, so the I/O traits forward with `Pin::new` and no unsafe code. The Unix kind is
+//! watched for reads only (`quiet_unix.rs`), on the front and to backends alike; TCP is
+//! registered as tokio does. A backend connection is a [`BackendStream`].
 
+mod quiet_listener;
 mod quiet_unix;
 
-pub use quiet_unix::QuietUnix;
+pub use quiet_listener::QuietListener;
+pub use quiet_unix::{QuietRead, QuietUnix, QuietWrite};
 
 use std::io;
 use std::time::Duration;
 
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 
 use crate::config::BackendAddress;
 
@@ -21,8 +23,9 @@ use crate::config::BackendAddress;
 pub enum Stream {
     /// TCP.
     Tcp(TcpStream),
-    /// Unix.
-    Unix(UnixStream),
+    /// Unix, registered for reads only: on a Unix socket every read the peer makes would
+    /// otherwise wake the serving thread for write space it does not need.
+    Unix(QuietUnix),
 }
 
 impl Stream {
@@ -36,7 +39,7 @@ impl Stream {
                     s.set_nodelay(true)?;
                     Ok(Stream::Tcp(s))
                 }
-                BackendAddress::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p).await?)),
+                BackendAddress::Unix(p) => Ok(Stream::Unix(QuietUnix::connect(p)?)),
             }
         };
         match tokio::time::timeout(timeout, connect).await {
@@ -68,7 +71,7 @@ impl BackendStream {
             BackendAddress::Unix(p) => Ok(BackendStream::Unix(QuietUnix::connect(p)?)),
             BackendAddress::Tcp { .. } => match Stream::connect(addr, timeout).await? {
                 Stream::Tcp(s) => Ok(BackendStream::Tcp(s)),
-                Stream::Unix(s) => BackendStream::from_stream(Stream::Unix(s)),
+                Stream::Unix(s) => Ok(BackendStream::Unix(s)),
             },
         }
     }
@@ -78,7 +81,7 @@ impl BackendStream {
     pub fn from_stream(stream: Stream) -> io::Result<BackendStream> {
         match stream {
             Stream::Tcp(s) => Ok(BackendStream::Tcp(s)),
-            Stream::Unix(s) => Ok(BackendStream::Unix(QuietUnix::new(s.into_std()?)?)),
+            Stream::Unix(s) => Ok(BackendStream::Unix(s)),
         }
     }
 
@@ -116,7 +119,7 @@ impl Stream {
     pub fn reregister(self) -> io::Result<Stream> {
         match self {
             Stream::Tcp(s) => Ok(Stream::Tcp(TcpStream::from_std(s.into_std()?)?)),
-            Stream::Unix(s) => Ok(Stream::Unix(UnixStream::from_std(s.into_std()?)?)),
+            Stream::Unix(s) => Ok(Stream::Unix(s.reregister()?)),
         }
     }
 }

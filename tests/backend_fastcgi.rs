@@ -22,7 +22,7 @@ use corral::backend::{
     ExchangeOptions, RequestBody, StderrSink, Timeouts,
 };
 use corral::config::BackendAddress;
-use corral::net::Stream;
+use corral::net::{QuietUnix, Stream};
 use corral::protocols::cgi_response::ResponseKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
@@ -612,7 +612,13 @@ async fn the_idle_stack_is_bounded_and_skips_closed_or_noisy_connections() {
     for _ in 0..4 {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
         backends.push(theirs);
-        conns.put(BackendConnection::from_stream(Stream::Unix(ours), addr.clone()).unwrap());
+        conns.put(
+            BackendConnection::from_stream(
+                Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
+                addr.clone(),
+            )
+            .unwrap(),
+        );
     }
     assert_eq!(conns.idle(&addr), 3, "the fourth was dropped");
     // Newest first: backends[2] closes its end, backends[1] sends stray bytes; get() must

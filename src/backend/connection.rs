@@ -407,7 +407,11 @@ mod tests {
         let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
         let address = BackendAddress::Unix("/nonexistent/backend.sock".into());
         (
-            BackendConnection::from_stream(Stream::Unix(ours), address).unwrap(),
+            BackendConnection::from_stream(
+                Stream::Unix(crate::net::QuietUnix::from_tokio(ours).unwrap()),
+                address,
+            )
+            .unwrap(),
             theirs,
         )
     }

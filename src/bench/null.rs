@@ -16,12 +16,12 @@ use bytes::{Bytes, BytesMut};
 use http_body::Body;
 use hyper::body::Incoming;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::TcpListener;
 
 use super::body::FixedBody;
 use super::{NullArgs, Protocol};
 use crate::error::Error;
-use crate::net::Stream;
+use crate::net::{QuietListener, Stream};
 use crate::protocols::fastcgi::{self, RequestEvent};
 use crate::protocols::lsapi;
 use crate::protocols::scgi::{ScgiRequestDecoder, ScgiRequestEvent};
@@ -91,7 +91,7 @@ fn fastcgi_answer(request_id: u16, cgi: &[u8], dst: &mut BytesMut) {
 /// A bound listening socket of either kind.
 enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, Option<std::path::PathBuf>),
+    Unix(QuietListener, Option<std::path::PathBuf>),
 }
 
 impl Drop for Listener {
@@ -113,7 +113,7 @@ impl Listener {
             if stale && std::path::Path::new(path).exists() {
                 std::fs::remove_file(path)?;
             }
-            let listener = UnixListener::bind(path)?;
+            let listener = QuietListener::bind(std::path::Path::new(path))?;
             return Ok(Listener::Unix(listener, Some(path.into())));
         }
         let addr: std::net::SocketAddr = addr.parse().map_err(|_| {
@@ -137,8 +137,7 @@ impl Listener {
             return Ok(Listener::Tcp(TcpListener::from_std(tcp)?));
         }
         let unix = std::os::unix::net::UnixListener::from(fd);
-        unix.set_nonblocking(true)?;
-        Ok(Listener::Unix(UnixListener::from_std(unix)?, None))
+        Ok(Listener::Unix(QuietListener::from_std(unix)?, None))
     }
 
     async fn accept(&self) -> io::Result<Stream> {
@@ -148,7 +147,7 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Ok(Stream::Tcp(s))
             }
-            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
+            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?)),
         }
     }
 }

@@ -3,24 +3,25 @@
 //! `tokio::io::split` puts the stream behind an `Arc` and a lock taken on every read and
 //! write: an allocation per connection, and a lock per poll, for halves that never leave the
 //! connection's task. The halves of the stream's own `split` borrow it instead: the reader
-//! and the writer of a CGI front connection run in its one task, which owns the stream.
+//! and the writer of a CGI front connection run in its one task, which owns the stream. A
+//! Unix connection's halves keep its read-only registration (`crate::net::QuietUnix`).
 
-use tokio::net::{tcp, unix};
+use tokio::net::tcp;
 
-use crate::net::{forward_read, forward_write, Stream};
+use crate::net::{forward_read, forward_write, QuietRead, QuietWrite, Stream};
 
 /// The read half of a [`Stream`].
 #[derive(Debug)]
 pub(crate) enum ReadPart<'a> {
     Tcp(tcp::ReadHalf<'a>),
-    Unix(unix::ReadHalf<'a>),
+    Unix(QuietRead<'a>),
 }
 
 /// The write half of a [`Stream`]; shutting it down shuts the stream down for writing.
 #[derive(Debug)]
 pub(crate) enum WritePart<'a> {
     Tcp(tcp::WriteHalf<'a>),
-    Unix(unix::WriteHalf<'a>),
+    Unix(QuietWrite<'a>),
 }
 
 /// Splits `stream` into halves that borrow it.

@@ -10,12 +10,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use tokio::net::{TcpListener, TcpSocket, UnixListener};
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::time::Instant;
 
 use crate::config::{Bind, Cidr, ListenAddress, UnixPermissions};
 use crate::logs::{LineLimit, Verdict};
-use crate::net::Stream;
+use crate::net::{QuietListener, Stream};
 
 /// A bound front listener.
 #[derive(Debug)]
@@ -29,8 +29,8 @@ pub enum Listener {
     },
     /// Unix; the path is removed when the listener is dropped, unless it was inherited.
     Unix {
-        /// The socket.
-        listener: UnixListener,
+        /// The socket; what it accepts is registered for reads only.
+        listener: QuietListener,
         /// Its path.
         path: PathBuf,
         /// Removes the socket file when dropped, if corral made it; an inherited socket's
@@ -111,7 +111,7 @@ impl Parked {
                 })
             }
             Parked::Unix { listener, path, .. } => Ok(Listener::Unix {
-                listener: UnixListener::from_std(listener.try_clone()?)?,
+                listener: QuietListener::from_std(listener.try_clone()?)?,
                 path: path.clone(),
                 file: SocketFile::not_owned(),
             }),
@@ -217,7 +217,7 @@ impl Listener {
                     .map(Path::to_path_buf)
                     .unwrap_or_default();
                 Ok(Listener::Unix {
-                    listener: UnixListener::from_std(l)?,
+                    listener: QuietListener::from_std(l)?,
                     path,
                     file: SocketFile::not_owned(),
                 })
@@ -251,7 +251,6 @@ impl Listener {
                 file,
             } => {
                 let listener = listener.into_std()?;
-                listener.set_nonblocking(true)?;
                 Ok(Parked::Unix {
                     listener,
                     path,
@@ -287,7 +286,7 @@ impl Listener {
                 Ok(Some((Stream::Tcp(stream), Peer::Tcp(peer))))
             }
             Listener::Unix { listener, .. } => {
-                let (stream, _) = listener.accept().await?;
+                let stream = listener.accept().await?;
                 Ok(Some((Stream::Unix(stream), Peer::Unix)))
             }
         }
@@ -312,8 +311,8 @@ fn reuse_port_sibling(addr: SocketAddr, backlog: u32) -> io::Result<std::net::Tc
 /// Binds a Unix socket at `path` that has `mode` from the moment it exists: the umask
 /// around `bind` sets it, so no `chmod` by path follows, which a symbolic link swapped in at
 /// the path would redirect to another file (a root corral would chmod it).
-fn bind_socket(path: &Path, mode: u32) -> io::Result<UnixListener> {
-    crate::process::own::with_umask(!mode & 0o777, || UnixListener::bind(path))
+fn bind_socket(path: &Path, mode: u32) -> io::Result<QuietListener> {
+    crate::process::own::with_umask(!mode & 0o777, || QuietListener::bind(path))
 }
 
 /// Gives a Unix socket file its configured owner and group (names are looked up in the

@@ -1,5 +1,5 @@
-//! A Unix stream the reactor watches for reads only: corral's side of a backend connection
-//! over a Unix socket.
+//! A Unix stream the reactor watches for reads only: corral's side of every Unix connection,
+//! a backend connection and an accepted front connection alike.
 //!
 //! tokio registers every `UnixStream` for both readiness kinds, edge-triggered. On a Unix
 //! socket the kernel signals write space each time the peer takes bytes off the socket, not
@@ -9,10 +9,14 @@
 //! response: three `epoll_wait` returns per request instead of two, and a wake-up the
 //! backend paid for too (strace of the null-FastCGI hop, docs/decisions.md decision 35).
 //!
+//! The same happens on a front connection: each time nginx takes a response off corral's
+//! FastCGI or SCGI Unix socket, the serving thread was woken for write space.
+//!
 //! Here the descriptor is registered for reads alone. Writes go straight to the socket; only
 //! when one would block (a request body larger than the socket's buffer) is a duplicate of
 //! the descriptor registered for write readiness, and it stays until [`QuietUnix::settle`]
-//! (a kept connection's exchange ended) or the stream is dropped.
+//! (a kept connection's exchange ended) or the stream is dropped. [`QuietUnix::split`] gives
+//! a reader and a writer that borrow the stream, for a front connection's one task.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -31,16 +35,41 @@ pub struct QuietUnix {
     io: AsyncFd<StdUnixStream>,
     /// A duplicate descriptor registered for write readiness while a write waits for room.
     room: Option<AsyncFd<OwnedFd>>,
+    /// Just accepted: the client's request is likely there already, so the first read is
+    /// tried before any readiness event (tokio assumes the same of what its listeners
+    /// accept); else it would wait a turn of the reactor, and the front's header timer
+    /// would be armed for it.
+    fresh: bool,
 }
 
 impl QuietUnix {
     /// Registers `stream` (made non-blocking here) with the current runtime, reads only.
     pub fn new(stream: StdUnixStream) -> io::Result<QuietUnix> {
         stream.set_nonblocking(true)?;
+        QuietUnix::registered(stream)
+    }
+
+    /// Registers `stream`, already non-blocking, with the current runtime, reads only.
+    pub(super) fn registered(stream: StdUnixStream) -> io::Result<QuietUnix> {
         Ok(QuietUnix {
             io: register(stream, Interest::READABLE)?,
             room: None,
+            fresh: false,
         })
+    }
+
+    /// A connection a listener just accepted (already non-blocking): as
+    /// [`QuietUnix::registered`], and its first read does not wait for the reactor.
+    pub(super) fn accepted(stream: StdUnixStream) -> io::Result<QuietUnix> {
+        let mut quiet = QuietUnix::registered(stream)?;
+        quiet.fresh = true;
+        Ok(quiet)
+    }
+
+    /// A tokio stream (a test's socketpair, say) taken out of its runtime and registered
+    /// with the current one, reads only.
+    pub fn from_tokio(stream: tokio::net::UnixStream) -> io::Result<QuietUnix> {
+        QuietUnix::new(stream.into_std()?)
     }
 
     /// Connects to the socket at `path` without blocking. A Unix connect completes at once
@@ -55,12 +84,12 @@ impl QuietUnix {
         )?;
         let addr = UnixAddr::new(path)?;
         connect(fd.as_raw_fd(), &addr)?;
-        QuietUnix::new(StdUnixStream::from(fd))
+        QuietUnix::registered(StdUnixStream::from(fd))
     }
 
     /// The same connection registered with the runtime the caller runs in.
     pub fn reregister(self) -> io::Result<QuietUnix> {
-        let QuietUnix { io, room } = self;
+        let QuietUnix { io, room, .. } = self;
         drop(room);
         QuietUnix::new(io.into_inner())
     }
@@ -69,6 +98,12 @@ impl QuietUnix {
     /// to waking its thread for reads only.
     pub fn settle(&mut self) {
         self.room = None;
+    }
+
+    /// The duplicate descriptor a blocked write registered for write readiness, if any.
+    #[cfg(test)]
+    pub(super) fn room_fd(&self) -> Option<RawFd> {
+        self.room.as_ref().map(|r| r.get_ref().as_raw_fd())
     }
 
     /// The descriptor.
@@ -103,7 +138,7 @@ impl QuietUnix {
 }
 
 /// `inner` registered with the current runtime for `interest`.
-fn register<T: AsRawFd>(inner: T, interest: Interest) -> io::Result<AsyncFd<T>> {
+pub(super) fn register<T: AsRawFd>(inner: T, interest: Interest) -> io::Result<AsyncFd<T>> {
     // SAFETY: `inner` owns its descriptor (a std `UnixStream` or an `OwnedFd`), which stays
     // open and names the same socket until the `AsyncFd` drops it or gives it back.
     unsafe { AsyncFd::register_with_interest(inner, interest) }.map_err(|e| e.into_parts().1)
@@ -114,6 +149,19 @@ fn send(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
         .map_err(io::Error::from)
 }
 
+/// One gathering write of `bufs`, no `SIGPIPE` (hyper writes a response's head and body
+/// this way rather than copying them together).
+fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    nix::sys::socket::sendmsg::<UnixAddr>(
+        fd,
+        bufs,
+        &[],
+        nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(io::Error::from)
+}
+
 impl AsyncRead for QuietUnix {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -121,61 +169,114 @@ impl AsyncRead for QuietUnix {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        loop {
-            let mut guard = ready!(this.io.poll_read_ready(cx))?;
-            // SAFETY: `recv` writes at most `unfilled.len()` bytes into the unfilled part and
-            // only the `n` bytes it reports are then marked initialised; nothing is read
-            // from the uninitialised part.
-            let unfilled = unsafe { buf.unfilled_mut() };
-            let len = unfilled.len();
-            // SAFETY: the pointer and length describe `unfilled`, valid for writes of `len`
-            // bytes for the duration of the call.
-            let n = unsafe {
-                libc::recv(
-                    guard.get_ref().as_raw_fd(),
-                    unfilled.as_mut_ptr().cast(),
-                    len,
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock => {
-                        guard.clear_ready();
-                        continue;
-                    }
-                    io::ErrorKind::Interrupted => continue,
-                    _ => return Poll::Ready(Err(e)),
+        poll_read(&this.io, &mut this.fresh, cx, buf)
+    }
+}
+
+/// One read from `io` once the reactor has seen it readable, or at once if `fresh`.
+fn poll_read(
+    io: &AsyncFd<StdUnixStream>,
+    fresh: &mut bool,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    let fd = io.get_ref().as_raw_fd();
+    if std::mem::take(fresh) {
+        match recv(fd, buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Poll::Ready(Err(e)),
+            Ok(_) => return Poll::Ready(Ok(())),
+        }
+    }
+    loop {
+        let mut guard = ready!(io.poll_read_ready(cx))?;
+        let len = buf.remaining();
+        match recv(fd, buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Poll::Ready(Err(e)),
+            Ok(n) => {
+                // A short read emptied the socket (epoll reports new bytes as a new edge):
+                // the next read waits for the reactor instead of asking the kernel for
+                // nothing, as tokio's own streams do.
+                if n > 0 && n < len {
+                    guard.clear_ready();
                 }
+                return Poll::Ready(Ok(()));
             }
-            let n = n.unsigned_abs();
-            // A short read emptied the socket (epoll reports new bytes as a new edge): the
-            // next read waits for the reactor instead of asking the kernel for nothing,
-            // as tokio's own streams do.
-            if n > 0 && n < len {
-                guard.clear_ready();
-            }
-            // SAFETY: `recv` initialised these `n` bytes.
-            unsafe { buf.assume_init(n) };
-            buf.advance(n);
-            return Poll::Ready(Ok(()));
         }
     }
 }
 
-impl QuietUnix {
-    /// The write registration, made on first need.
-    fn room(&mut self) -> io::Result<&AsyncFd<OwnedFd>> {
-        if self.room.is_none() {
-            let dup = self.io.get_ref().as_fd().try_clone_to_owned()?;
-            self.room = Some(register(dup, Interest::WRITABLE)?);
-        }
-        match &self.room {
-            Some(room) => Ok(room),
-            None => Err(io::Error::other("no write registration")),
+/// One `recv` into the unfilled part of `buf`, which it advances by what it read.
+fn recv(fd: RawFd, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    // SAFETY: `recv` writes at most `unfilled.len()` bytes into the unfilled part and only
+    // the `n` bytes it reports are then marked initialised; nothing is read from the
+    // uninitialised part.
+    let unfilled = unsafe { buf.unfilled_mut() };
+    // SAFETY: the pointer and length describe `unfilled`, valid for writes of its length
+    // for the duration of the call.
+    let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n.unsigned_abs();
+    // SAFETY: `recv` initialised these `n` bytes.
+    unsafe { buf.assume_init(n) };
+    buf.advance(n);
+    Ok(n)
+}
+
+/// The write registration of the stream `io`, made on first need.
+fn room<'r>(
+    io: &AsyncFd<StdUnixStream>,
+    room: &'r mut Option<AsyncFd<OwnedFd>>,
+) -> io::Result<&'r AsyncFd<OwnedFd>> {
+    if room.is_none() {
+        let dup = io.get_ref().as_fd().try_clone_to_owned()?;
+        *room = Some(register(dup, Interest::WRITABLE)?);
+    }
+    match room {
+        Some(room) => Ok(room),
+        None => Err(io::Error::other("no write registration")),
+    }
+}
+
+/// One write (`send` on the descriptor) to `io`: straight to the socket while no write has found it full, else once
+/// the write registration `slot` reports room.
+fn poll_write(
+    io: &AsyncFd<StdUnixStream>,
+    slot: &mut Option<AsyncFd<OwnedFd>>,
+    cx: &mut Context<'_>,
+    send: impl Fn(RawFd) -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    let fd = io.get_ref().as_raw_fd();
+    if slot.is_none() {
+        match send(fd) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            done => return Poll::Ready(done),
         }
     }
+    // The socket was full: wait for room through the write registration. Made after the
+    // failed write, it still sees room that came in between: epoll reports a descriptor's
+    // current state when it is added.
+    let room = room(io, slot)?;
+    loop {
+        let mut guard = ready!(room.poll_write_ready(cx))?;
+        match send(fd) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            done => return Poll::Ready(done),
+        }
+    }
+}
+
+fn shutdown_write(io: &AsyncFd<StdUnixStream>) -> Poll<io::Result<()>> {
+    Poll::Ready(
+        nix::sys::socket::shutdown(io.get_ref().as_raw_fd(), nix::sys::socket::Shutdown::Write)
+            .map_err(io::Error::from),
+    )
 }
 
 impl AsyncWrite for QuietUnix {
@@ -185,25 +286,20 @@ impl AsyncWrite for QuietUnix {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let fd = this.fd();
-        if this.room.is_none() {
-            match send(fd, buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                done => return Poll::Ready(done),
-            }
-        }
-        // The socket was full: wait for room through the write registration. Made after
-        // the failed write, it still sees room that came in between: epoll reports a
-        // descriptor's current state when it is added.
-        let room = this.room()?;
-        loop {
-            let mut guard = ready!(room.poll_write_ready(cx))?;
-            match send(fd, buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                done => return Poll::Ready(done),
-            }
-        }
+        poll_write(&this.io, &mut this.room, cx, |fd| send(fd, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write(&this.io, &mut this.room, cx, |fd| send_vectored(fd, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -211,10 +307,74 @@ impl AsyncWrite for QuietUnix {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(
-            nix::sys::socket::shutdown(self.fd(), nix::sys::socket::Shutdown::Write)
-                .map_err(io::Error::from),
-        )
+        shutdown_write(&self.io)
+    }
+}
+
+impl QuietUnix {
+    /// A reader and a writer that borrow the stream, for a task that reads requests while
+    /// it writes answers (a front connection). The writer keeps the stream's write
+    /// registration: one a blocked write made stays until the stream settles or drops.
+    pub fn split(&mut self) -> (QuietRead<'_>, QuietWrite<'_>) {
+        let QuietUnix { io, room, fresh } = self;
+        (QuietRead { io, fresh }, QuietWrite { io, room })
+    }
+}
+
+/// The reading half of a [`QuietUnix`] (see [`QuietUnix::split`]).
+#[derive(Debug)]
+pub struct QuietRead<'a> {
+    io: &'a AsyncFd<StdUnixStream>,
+    fresh: &'a mut bool,
+}
+
+/// The writing half of a [`QuietUnix`]; shutting it down shuts the stream down for writing.
+#[derive(Debug)]
+pub struct QuietWrite<'a> {
+    io: &'a AsyncFd<StdUnixStream>,
+    room: &'a mut Option<AsyncFd<OwnedFd>>,
+}
+
+impl AsyncRead for QuietRead<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        poll_read(this.io, this.fresh, cx, buf)
+    }
+}
+
+impl AsyncWrite for QuietWrite<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write(this.io, this.room, cx, |fd| send(fd, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        poll_write(this.io, this.room, cx, |fd| send_vectored(fd, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        shutdown_write(self.io)
     }
 }
 
@@ -279,6 +439,21 @@ mod tests {
         let got = reader.await.unwrap();
         assert_eq!(got.len(), big.len());
         assert!(got.iter().all(|&b| b == 7));
+    }
+
+    /// A gathering write sends every slice in one call, in order, and the halves gather too.
+    #[tokio::test]
+    async fn vectored_writes_gather_the_slices() {
+        let (mut ours, mut theirs) = pair();
+        assert!(ours.is_write_vectored());
+        let slices = [io::IoSlice::new(b"head;"), io::IoSlice::new(b"body")];
+        assert_eq!(ours.write_vectored(&slices).await.unwrap(), 9);
+        let (_, mut writer) = ours.split();
+        assert!(writer.is_write_vectored());
+        assert_eq!(writer.write_vectored(&slices).await.unwrap(), 9);
+        let mut got = [0u8; 18];
+        std::io::Read::read_exact(&mut theirs, &mut got).unwrap();
+        assert_eq!(&got, b"head;bodyhead;body");
     }
 
     #[tokio::test]

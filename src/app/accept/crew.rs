@@ -222,7 +222,7 @@ mod tests {
     use super::{Crew, Front, MAX_IDLE};
     use crate::front::limits::{Admission, Client};
     use crate::gateway::{BuildSettings, Gateway};
-    use crate::net::Stream;
+    use crate::net::{QuietUnix, Stream};
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
     use tokio_util::task::TaskTracker;
@@ -267,7 +267,10 @@ mod tests {
                 addr: None,
                 cap: None,
             };
-            crew.serve(Stream::Unix(ours), admission.admit(client).unwrap());
+            crew.serve(
+                Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
+                admission.admit(client).unwrap(),
+            );
             theirs
         };
         // One connection after another: the task that served the first serves the rest.

@@ -145,7 +145,12 @@ mod tests {
                 out
             };
             let ((), out) = tokio::join!(
-                serve_kept(Stream::Unix(ours), served, &kept, &mut spare),
+                serve_kept(
+                    Stream::Unix(crate::net::QuietUnix::from_tokio(ours).unwrap()),
+                    served,
+                    &kept,
+                    &mut spare
+                ),
                 answer
             );
             // No worker can be reached: a 5xx, then the empty FCGI_STDOUT and

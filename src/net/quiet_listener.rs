@@ -1,0 +1,224 @@
+//! A listening Unix socket whose accepted connections are [`QuietUnix`] streams.
+//!
+//! tokio's own listener hands out its `UnixStream`, registered for reads and writes; turning
+//! that into a read-only registration would cost two more `epoll_ctl` calls and a `fcntl`
+//! per connection (nginx's plain `fastcgi_pass` makes one per request). Here the accepted
+//! descriptor is made non-blocking by `accept4` itself and registered once, for reads.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
+use std::path::Path;
+
+use nix::sys::socket::{accept4, SockFlag};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use super::quiet_unix::register;
+use super::QuietUnix;
+
+/// A Unix listener registered with the current runtime for accepts.
+#[derive(Debug)]
+pub struct QuietListener {
+    io: AsyncFd<StdUnixListener>,
+}
+
+impl QuietListener {
+    /// Binds `path` and listens with the system's backlog.
+    pub fn bind(path: &Path) -> io::Result<QuietListener> {
+        QuietListener::from_std(StdUnixListener::bind(path)?)
+    }
+
+    /// `listener` (made non-blocking here) registered with the current runtime.
+    pub fn from_std(listener: StdUnixListener) -> io::Result<QuietListener> {
+        listener.set_nonblocking(true)?;
+        Ok(QuietListener {
+            io: register(listener, Interest::READABLE)?,
+        })
+    }
+
+    /// The socket out of the runtime, still non-blocking.
+    pub fn into_std(self) -> io::Result<StdUnixListener> {
+        Ok(self.io.into_inner())
+    }
+
+    /// The next connection, registered for reads only; its first read is tried at once.
+    pub async fn accept(&self) -> io::Result<QuietUnix> {
+        let fd = self
+            .io
+            .async_io(Interest::READABLE, |l| {
+                accept4(
+                    l.as_raw_fd(),
+                    SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                )
+                .map_err(io::Error::from)
+            })
+            .await?;
+        // SAFETY: `accept4` returned a new descriptor that nothing else owns.
+        let stream = StdUnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        QuietUnix::accepted(stream)
+    }
+}
+
+impl AsFd for QuietListener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.io.get_ref().as_fd()
+    }
+}
+
+impl AsRawFd for QuietListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.io.get_ref().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::io::{Read, Write};
+    use std::task::{Context, Poll};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A listener in a temporary directory, a client connected to it, and the accepted end.
+    async fn accepted() -> (tempfile::TempDir, StdUnixStream, QuietUnix) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("front.sock");
+        let listener = QuietListener::bind(&path).unwrap();
+        let client = StdUnixStream::connect(&path).unwrap();
+        let ours = listener.accept().await.unwrap();
+        (dir, client, ours)
+    }
+
+    /// The events the epoll sets of the process hold for descriptor `fd` of the socket
+    /// whose inode is `ino`, from /proc/self/fdinfo (the inode tells this test's socket
+    /// from a descriptor of the same number in a test running beside it). An epoll set the
+    /// process holds under two descriptors (mio keeps a duplicate) is counted once.
+    fn epoll_events(fd: RawFd, ino: u64) -> Vec<u32> {
+        let mut found = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+            let Ok(info) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            let epoll = info
+                .lines()
+                .find_map(|l| l.strip_prefix("ino:"))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_owned();
+            for line in info.lines().filter(|l| l.starts_with("tfd:")) {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let field = |name: &str| {
+                    words
+                        .iter()
+                        .position(|w| *w == name)
+                        .and_then(|i| words.get(i + 1))
+                        .copied()
+                };
+                let tfd = field("tfd:").and_then(|w| w.parse::<RawFd>().ok());
+                let events = field("events:").and_then(|w| u32::from_str_radix(w, 16).ok());
+                let same = words
+                    .iter()
+                    .any(|w| w.strip_prefix("ino:") == Some(&format!("{ino:x}")));
+                if let (Some(t), Some(e), true) = (tfd, events, same) {
+                    if t == fd {
+                        found.insert(epoll.clone(), e);
+                    }
+                }
+            }
+        }
+        found.into_values().collect()
+    }
+
+    /// The inode of the socket behind `fd`.
+    fn inode(fd: RawFd) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(format!("/proc/self/fd/{fd}"))
+            .unwrap()
+            .ino()
+    }
+
+    const EPOLLIN: u32 = libc::EPOLLIN as u32;
+    const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
+
+    #[tokio::test]
+    async fn an_accepted_connection_is_registered_for_reads_only() {
+        let (_dir, _client, ours) = accepted().await;
+        let events = epoll_events(ours.fd(), inode(ours.fd()));
+        assert_eq!(events.len(), 1, "registered once: {events:?}");
+        assert_eq!(events[0] & EPOLLIN, EPOLLIN);
+        assert_eq!(events[0] & EPOLLOUT, 0, "no write readiness: {events:x?}");
+    }
+
+    /// nginx writes its request as it connects: the first read takes it without waiting
+    /// for a readiness event the reactor has not delivered yet.
+    #[tokio::test]
+    async fn the_first_read_does_not_wait_for_the_reactor() {
+        let (_dir, mut client, mut ours) = accepted().await;
+        client.write_all(b"request").unwrap();
+        let mut buf = [0u8; 16];
+        let (mut reader, _writer) = ours.split();
+        let mut read = std::pin::pin!(reader.read(&mut buf));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match read.as_mut().poll(&mut cx) {
+            Poll::Ready(n) => assert_eq!(n.unwrap(), 7),
+            Poll::Pending => panic!("the bytes were there"),
+        }
+        assert_eq!(&buf[..7], b"request");
+    }
+
+    /// The split halves read a request, write an answer, wait for room when the answer
+    /// outgrows the socket (a write registration made then, on a duplicate), and see the
+    /// client's close as an end.
+    #[tokio::test]
+    async fn the_halves_read_write_wait_for_room_and_see_the_close() {
+        let (_dir, mut client, mut ours) = accepted().await;
+        client.write_all(b"GET").unwrap();
+        let big = vec![9u8; 4 << 20];
+        let reading = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            // Reads the answer until corral shuts its side down, then closes.
+            client.read_to_end(&mut got).unwrap();
+            got
+        });
+        {
+            let (mut reader, mut writer) = ours.split();
+            let mut head = [0u8; 3];
+            reader.read_exact(&mut head).await.unwrap();
+            assert_eq!(&head, b"GET");
+            writer.write_all(b"small").await.unwrap();
+            writer.write_all(&big).await.unwrap();
+            writer.shutdown().await.unwrap();
+        }
+        let fd = ours.fd();
+        let with_room = ours.room_fd();
+        let room = with_room.expect("4 MiB cannot fit a Unix socket's buffer");
+        let ino = inode(fd);
+        assert_eq!(epoll_events(fd, ino).len(), 1);
+        let room_events = epoll_events(room, ino);
+        assert_eq!(room_events.len(), 1);
+        assert!(room_events.iter().all(|e| e & EPOLLOUT == EPOLLOUT));
+        ours.settle();
+        assert!(
+            epoll_events(room, ino).is_empty(),
+            "settled: {room_events:?}"
+        );
+        let got = reading.join().unwrap();
+        assert_eq!(&got[..5], b"small");
+        assert_eq!(got.len(), 5 + big.len());
+        assert!(got[5..].iter().all(|&b| b == 9));
+        let mut end = [0u8; 1];
+        assert_eq!(ours.read(&mut end).await.unwrap(), 0, "the client closed");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_at_once_is_an_end() {
+        let (_dir, client, mut ours) = accepted().await;
+        drop(client);
+        let mut buf = [0u8; 8];
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 0);
+        // Writing to it fails (no SIGPIPE) rather than waiting.
+        let e = ours.write_all(b"late answer").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
+}
