@@ -222,11 +222,24 @@ fn admit(h: &Harness) -> corral::front::limits::Ticket {
         .expect("room in the table")
 }
 
+/// A connected pair: corral's end registered for reads only, as its Unix listener accepts
+/// one (one registration, as in production: a tokio stream converted would be registered
+/// twice and count an allocation the front does not make), and the peer's end. Called on
+/// the runtime.
+fn front_pair() -> (QuietUnix, UnixStream) {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    theirs.set_nonblocking(true).unwrap();
+    (
+        QuietUnix::new(ours).unwrap(),
+        UnixStream::from_std(theirs).unwrap(),
+    )
+}
+
 /// One nginx-style FastCGI connection: the request written, the answer read to the close.
 async fn fastcgi_once(h: &Harness, request: &[u8], scratch: &mut Vec<u8>) -> usize {
-    let (ours, theirs) = UnixStream::pair().unwrap();
+    let (ours, theirs) = front_pair();
     let server = tokio::spawn(fastcgi::serve_connection(
-        Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
+        Stream::Unix(ours),
         Arc::clone(&h.fastcgi),
         admit(h),
         h.timeouts,
@@ -260,7 +273,11 @@ fn bench(c: &mut Criterion) {
     });
 
     // One kept-alive HTTP connection for the whole run.
-    let (ours, theirs) = h.runtime.block_on(async { UnixStream::pair().unwrap() });
+    // Registered inside the runtime: a `QuietUnix` needs its reactor.
+    let (ours, theirs) = h.runtime.block_on(async {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        (QuietUnix::from_tokio(ours).unwrap(), theirs)
+    });
     let info = ConnInfo {
         listener: h.http.clone(),
         local: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -269,7 +286,7 @@ fn bench(c: &mut Criterion) {
         timeouts: h.timeouts,
     };
     let _server = h.runtime.spawn(http::serve_connection(
-        Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
+        Stream::Unix(ours),
         info,
         admit(&h),
         Arc::clone(&h.gateway),
@@ -404,7 +421,11 @@ pool = "lsapi"
         ("http -> fastcgi (8 headers, keep-alive)", HTTP_GET_FCGI),
         ("http -> lsapi (8 headers, keep-alive)", HTTP_GET_LSAPI),
     ] {
-        let (ours, theirs) = runtime.block_on(async { UnixStream::pair().unwrap() });
+        // Registered inside the runtime: a `QuietUnix` needs its reactor.
+        let (ours, theirs) = runtime.block_on(async {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            (QuietUnix::from_tokio(ours).unwrap(), theirs)
+        });
         let info = ConnInfo {
             listener: config.listeners[2].bind.address(),
             local: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -413,7 +434,7 @@ pool = "lsapi"
             timeouts,
         };
         let server = runtime.spawn(http::serve_connection(
-            Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
+            Stream::Unix(ours),
             info,
             ticket(),
             Arc::clone(&gateway),
@@ -509,11 +530,8 @@ impl CgiFront<'_> {
         };
         let mut once = || {
             self.runtime.block_on(async {
-                let (ours, theirs) = UnixStream::pair().unwrap();
-                crew.serve(
-                    Stream::Unix(QuietUnix::from_tokio(ours).unwrap()),
-                    (self.ticket)(),
-                );
+                let (ours, theirs) = front_pair();
+                crew.serve(Stream::Unix(ours), (self.ticket)());
                 let (mut rx, mut tx) = theirs.into_split();
                 tx.write_all(request).await.unwrap();
                 read_to_close(&mut rx, buf).await;
