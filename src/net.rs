@@ -99,7 +99,7 @@ impl BackendStream {
         use std::os::fd::AsRawFd;
         match self {
             BackendStream::Tcp(s) => s.as_raw_fd(),
-            BackendStream::Unix(s) => s.raw_fd(),
+            BackendStream::Unix(s) => s.fd(),
         }
     }
 

@@ -125,11 +125,6 @@ impl QuietUnix {
             .map(|mut guard| guard.retain_ready())
     }
 
-    /// The stream's descriptor.
-    pub fn raw_fd(&self) -> RawFd {
-        self.io.get_ref().as_raw_fd()
-    }
-
     /// `f` on the descriptor if the reactor last saw it readable, else `WouldBlock`; a
     /// `WouldBlock` from `f` clears that readiness (tokio's `try_io`).
     pub fn try_read_io<R>(&self, f: impl FnOnce(RawFd) -> io::Result<R>) -> io::Result<R> {
