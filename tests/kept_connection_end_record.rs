@@ -17,8 +17,8 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -29,19 +29,12 @@ use tokio::time::Instant;
 use bytes::BytesMut;
 use corral::protocols::fastcgi::{
     encode_end_request, encode_stdout, encode_stdout_end, ProtocolStatus,
-    RequestDecoder as FcgiDecoder, RequestEvent as FcgiEvent,
+    RequestDecoder as FcgiDecoder,
 };
-use corral::protocols::lsapi::{
-    FlagRule, RequestDecoder as LsapiDecoder, RequestEvent as LsapiEvent, ResponseEncoder,
-};
+use corral::protocols::lsapi::{RequestDecoder as LsapiDecoder, ResponseEncoder};
 use corral::protocols::Limits;
-use support::server::{http, Corral};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    FastCgi,
-    Lsapi,
-}
+use support::scripted::{self, read_fastcgi, read_lsapi, OneServer, Proto};
+use support::server::Corral;
 
 /// What follows the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,47 +61,6 @@ struct Seen {
     /// For `Then::End`: answers whose client has its whole response. The end record of
     /// answer N is written only once N are (or after ten seconds, so nothing hangs).
     released: AtomicUsize,
-}
-
-fn fill(s: &mut TcpStream, buf: &mut BytesMut) -> bool {
-    let mut chunk = [0u8; 16384];
-    match s.read(&mut chunk) {
-        Ok(0) | Err(_) => false,
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
-        }
-    }
-}
-
-/// Reads one FastCGI request whole: its id.
-fn read_fastcgi(s: &mut TcpStream, dec: &mut FcgiDecoder, buf: &mut BytesMut) -> Option<u16> {
-    loop {
-        match dec.decode(buf) {
-            Ok(Some(FcgiEvent::StdinEnd { request_id })) => return Some(request_id),
-            Ok(Some(_)) => {}
-            Ok(None) if fill(s, buf) => {}
-            Ok(None) | Err(_) => return None,
-        }
-    }
-}
-
-/// Reads one LSAPI request whole (these have no body): the encoder for its answer.
-fn read_lsapi(
-    s: &mut TcpStream,
-    dec: &mut LsapiDecoder,
-    buf: &mut BytesMut,
-) -> Option<ResponseEncoder> {
-    loop {
-        match dec.decode(buf) {
-            Ok(Some(LsapiEvent::Begin(b))) => {
-                return Some(ResponseEncoder::new(b.order, FlagRule::HOST))
-            }
-            Ok(Some(_)) => {}
-            Ok(None) if fill(s, buf) => {}
-            Ok(None) | Err(_) => return None,
-        }
-    }
 }
 
 /// The answer's head and body, then what comes after the pause.
@@ -156,11 +108,11 @@ fn serve(mut s: TcpStream, proto: Proto, then: Then, seen: &Seen) {
     loop {
         let (id, enc) = match proto {
             Proto::FastCgi => match read_fastcgi(&mut s, &mut fcgi, &mut buf) {
-                Some(id) => (id, None),
+                Some((id, _)) => (id, None),
                 None => return,
             },
             Proto::Lsapi => match read_lsapi(&mut s, &mut lsapi, &mut buf) {
-                Some(enc) => (0, Some(enc)),
+                Some((enc, _)) => (0, Some(enc)),
                 None => return,
             },
         };
@@ -169,8 +121,7 @@ fn serve(mut s: TcpStream, proto: Proto, then: Then, seen: &Seen) {
         s.write_all(&first).unwrap();
         let body_at = Instant::now();
         if then == Then::Nothing {
-            let mut rest = [0u8; 1024];
-            while matches!(s.read(&mut rest), Ok(n) if n > 0) {}
+            scripted::drain(&mut s);
             seen.closed_after.lock().unwrap().push(body_at.elapsed());
             return;
         }
@@ -192,46 +143,13 @@ fn serve(mut s: TcpStream, proto: Proto, then: Then, seen: &Seen) {
 
 /// A corral with one pool of one scripted TCP server (so one kept connection at most).
 fn corral_for(dir: &std::path::Path, proto: Proto, then: Then) -> (Corral, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
-    let counts = Arc::clone(&seen);
-    thread::spawn(move || {
-        for stream in listener.incoming().map_while(Result::ok) {
-            let counts = Arc::clone(&counts);
-            thread::spawn(move || serve(stream, proto, then, &counts));
-        }
-    });
-    let protocol = match proto {
-        Proto::FastCgi => "fastcgi",
-        Proto::Lsapi => "lsapi",
-    };
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-protocol = "{protocol}"
-servers = ["127.0.0.1:{port}"]
-concurrency = 1
-
-[[contexts]]
-pool = "app"
-"#,
-        run = dir.join("run").display(),
-    );
-    (Corral::start(&config, 1), seen)
+    let port = scripted::tcp_backend(&seen, move |s, seen| serve(s, proto, then, seen));
+    (OneServer::tcp(proto, port).start(dir), seen)
 }
 
 fn get(corral: &Corral) -> (u16, String) {
-    let r = http(corral.http_addr(), "GET", "/x", &[], b"");
-    (r.status, r.text())
+    scripted::ask(corral, "GET", b"")
 }
 
 /// Every request after the first goes out on the first connection: its end record, awaited

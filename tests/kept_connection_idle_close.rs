@@ -18,20 +18,18 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use corral::protocols::fastcgi::{
-    encode_end_request, encode_stdout, encode_stdout_end, ProtocolStatus,
-    RequestDecoder as FcgiDecoder, RequestEvent as FcgiEvent,
-};
+use corral::protocols::fastcgi::RequestDecoder as FcgiDecoder;
 use corral::protocols::Limits;
-use support::server::{http, Corral};
+use support::scripted::{self, fastcgi_answer, read_fastcgi, OneServer, Proto};
+use support::server::Corral;
 
 /// What the backend does once it has answered a request on a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,35 +50,15 @@ struct Seen {
     spoiled: AtomicUsize,
 }
 
-/// Reads one whole FastCGI request from `s`: its id, or `None` at EOF or on an error.
-fn read_request(s: &mut TcpStream, dec: &mut FcgiDecoder, buf: &mut BytesMut) -> Option<u16> {
-    loop {
-        match dec.decode(buf) {
-            Ok(Some(FcgiEvent::StdinEnd { request_id })) => return Some(request_id),
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                let mut chunk = [0u8; 16384];
-                match s.read(&mut chunk) {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            Err(_) => return None,
-        }
-    }
-}
-
 fn serve(mut s: TcpStream, after: After, seen: &Seen) {
     let connection = seen.connections.fetch_add(1, Ordering::SeqCst) + 1;
     let mut dec = FcgiDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::new();
-    while let Some(id) = read_request(&mut s, &mut dec, &mut buf) {
+    while let Some((id, _)) = read_fastcgi(&mut s, &mut dec, &mut buf) {
         let mut out = BytesMut::new();
         let cgi =
             format!("Status: 200 OK\r\nContent-Type: text/plain\r\n\r\nconnection {connection}");
-        encode_stdout(id, cgi.as_bytes(), &mut out);
-        encode_stdout_end(id, &mut out);
-        encode_end_request(id, 0, ProtocolStatus::RequestComplete, &mut out);
+        fastcgi_answer(id, cgi.as_bytes(), &mut out);
         s.write_all(&out).unwrap();
         dec.finish(id);
         seen.answered.fetch_add(1, Ordering::SeqCst);
@@ -98,8 +76,7 @@ fn serve(mut s: TcpStream, after: After, seen: &Seen) {
                 s.write_all(b"not asked for").unwrap();
                 seen.spoiled.fetch_add(1, Ordering::SeqCst);
                 // Held open until corral drops it (a read that ends at its close).
-                let mut rest = [0u8; 1024];
-                while matches!(s.read(&mut rest), Ok(n) if n > 0) {}
+                scripted::drain(&mut s);
                 return;
             }
         }
@@ -109,42 +86,13 @@ fn serve(mut s: TcpStream, after: After, seen: &Seen) {
 /// A corral with one pool of one TCP server (so one kept connection at most) scripted to do
 /// `after` once it answers.
 fn corral_for(dir: &std::path::Path, after: After) -> (Corral, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
-    let counts = Arc::clone(&seen);
-    thread::spawn(move || {
-        for stream in listener.incoming().map_while(Result::ok) {
-            let counts = Arc::clone(&counts);
-            thread::spawn(move || serve(stream, after, &counts));
-        }
-    });
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-protocol = "fastcgi"
-servers = ["127.0.0.1:{port}"]
-concurrency = 1
-
-[[contexts]]
-pool = "app"
-"#,
-        run = dir.join("run").display(),
-    );
-    (Corral::start(&config, 1), seen)
+    let port = scripted::tcp_backend(&seen, move |s, seen| serve(s, after, seen));
+    (OneServer::tcp(Proto::FastCgi, port).start(dir), seen)
 }
 
 fn get(corral: &Corral) -> (u16, String) {
-    let r = http(corral.http_addr(), "GET", "/x", &[], b"");
-    (r.status, r.text())
+    scripted::ask(corral, "GET", b"")
 }
 
 /// Each request waits until the backend has spoiled the connection the previous one left

@@ -20,9 +20,9 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::Shutdown;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,24 +30,16 @@ use std::thread;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use corral::protocols::fastcgi::{
-    encode_end_request, encode_stdout, encode_stdout_end, ProtocolStatus,
-    RequestDecoder as FcgiDecoder, RequestEvent as FcgiEvent,
-};
-use corral::protocols::lsapi::{
-    FlagRule, RequestDecoder as LsapiDecoder, RequestEvent as LsapiEvent, ResponseEncoder,
-};
+use corral::protocols::fastcgi::RequestDecoder as FcgiDecoder;
+use corral::protocols::lsapi::RequestDecoder as LsapiDecoder;
 use corral::protocols::Limits;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use support::peers;
+use support::scripted::{
+    self, fastcgi_answer, read_fastcgi, read_lsapi, OneServer, Proto, Request,
+};
 use support::server::{http, Corral};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    FastCgi,
-    Lsapi,
-}
 
 /// What the backend does with the second request on a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,102 +54,6 @@ enum Then {
 struct Seen {
     connections: AtomicUsize,
     answered: AtomicUsize,
-}
-
-/// Reads from `s` into `buf`; false at EOF or error.
-fn fill(s: &mut UnixStream, buf: &mut BytesMut) -> bool {
-    let mut chunk = [0u8; 16384];
-    match s.read(&mut chunk) {
-        Ok(0) | Err(_) => false,
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
-        }
-    }
-}
-
-/// One request read whole: its method and body.
-struct Request {
-    method: Vec<u8>,
-    body: Vec<u8>,
-}
-
-fn read_fastcgi(
-    s: &mut UnixStream,
-    dec: &mut FcgiDecoder,
-    buf: &mut BytesMut,
-) -> Option<(u16, Request)> {
-    let mut method = Vec::new();
-    let mut body = Vec::new();
-    loop {
-        match dec.decode(buf) {
-            Ok(Some(FcgiEvent::Params { params, .. })) => {
-                method = params
-                    .iter()
-                    .find(|(n, _)| n.as_ref() == b"REQUEST_METHOD")
-                    .map(|(_, v)| v.to_vec())
-                    .unwrap_or_default();
-            }
-            Ok(Some(FcgiEvent::Stdin { data, .. })) => body.extend_from_slice(&data),
-            Ok(Some(FcgiEvent::StdinEnd { request_id })) => {
-                return Some((request_id, Request { method, body }))
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                if !fill(s, buf) {
-                    return None;
-                }
-            }
-            Err(_) => return None,
-        }
-    }
-}
-
-fn read_lsapi(
-    s: &mut UnixStream,
-    dec: &mut LsapiDecoder,
-    buf: &mut BytesMut,
-) -> Option<(ResponseEncoder, Request)> {
-    let (enc, method, mut left) = loop {
-        match dec.decode(buf) {
-            Ok(Some(LsapiEvent::Begin(b))) => {
-                let method = b
-                    .request_method
-                    .as_ref()
-                    .map(|m| m.to_vec())
-                    .unwrap_or_default();
-                break (
-                    ResponseEncoder::new(b.order, FlagRule::HOST),
-                    method,
-                    b.body_len,
-                );
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                if !fill(s, buf) {
-                    return None;
-                }
-            }
-            Err(_) => return None,
-        }
-    };
-    let mut body = Vec::new();
-    while left > 0 {
-        match dec.decode(buf) {
-            Ok(Some(LsapiEvent::Body(data))) => {
-                left = left.saturating_sub(data.len() as u64);
-                body.extend_from_slice(&data);
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                if !fill(s, buf) {
-                    return None;
-                }
-            }
-            Err(_) => return None,
-        }
-    }
-    Some((enc, Request { method, body }))
 }
 
 /// The answer: which connection served it, then the method and body it got.
@@ -181,9 +77,7 @@ fn serve(mut s: UnixStream, proto: Proto, then: Then, seen: &Seen) {
             };
             let mut cgi = b"Status: 200 OK\r\nContent-Type: text/plain\r\n\r\n".to_vec();
             cgi.extend_from_slice(&answer_text(connection, &request));
-            encode_stdout(id, &cgi, &mut out);
-            encode_stdout_end(id, &mut out);
-            encode_end_request(id, 0, ProtocolStatus::RequestComplete, &mut out);
+            fastcgi_answer(id, &cgi, &mut out);
             seen.answered.fetch_add(1, Ordering::SeqCst);
             gone_before_answer(&s, then);
             s.write_all(&out).unwrap();
@@ -228,56 +122,21 @@ fn gone_before_answer(s: &UnixStream, then: Then) {
     }
 }
 
-fn fake(path: &Path, proto: Proto, then: Then) -> Arc<Seen> {
-    let listener = UnixListener::bind(path).unwrap();
-    let seen = Arc::new(Seen::default());
-    let counts = Arc::clone(&seen);
-    thread::spawn(move || {
-        for stream in listener.incoming().map_while(Result::ok) {
-            let counts = Arc::clone(&counts);
-            thread::spawn(move || serve(stream, proto, then, &counts));
-        }
-    });
-    seen
-}
-
 /// A corral with one pool of one server (so one kept connection at most), and one context
 /// with `context` added.
 fn corral_for(dir: &Path, proto: Proto, then: Then, context: &str) -> (Corral, Arc<Seen>) {
     let socket = dir.join("backend.sock");
-    let seen = fake(&socket, proto, then);
-    let protocol = match proto {
-        Proto::FastCgi => "fastcgi",
-        Proto::Lsapi => "lsapi",
+    let seen = Arc::new(Seen::default());
+    scripted::unix_backend(&socket, &seen, move |s, seen| serve(s, proto, then, seen));
+    let one = OneServer {
+        context,
+        ..OneServer::unix(proto, &socket)
     };
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[pools.app]
-protocol = "{protocol}"
-servers = ["unix:{socket}"]
-concurrency = 1
-
-[[contexts]]
-pool = "app"
-{context}
-"#,
-        run = dir.join("run").display(),
-        socket = socket.display(),
-    );
-    (Corral::start(&config, 1), seen)
+    (one.start(dir), seen)
 }
 
 fn get(corral: &Corral, method: &str, body: &[u8]) -> (u16, String) {
-    let r = http(corral.http_addr(), method, "/x", &[], body);
-    (r.status, r.text())
+    scripted::ask(corral, method, body)
 }
 
 fn closed_kept_connection_is_retried(proto: Proto) {

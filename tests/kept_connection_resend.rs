@@ -19,22 +19,20 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use corral::protocols::fastcgi::{
-    encode_end_request, encode_stdout, encode_stdout_end, ProtocolStatus,
-    RequestDecoder as FcgiDecoder, RequestEvent as FcgiEvent,
-};
+use corral::protocols::fastcgi::{encode_stdout, RequestDecoder as FcgiDecoder};
 use corral::protocols::Limits;
 use nix::sys::socket::{setsockopt, sockopt};
 use support::invariants::counter;
-use support::server::{http, Corral};
+use support::scripted::{self, fastcgi_answer, read_fastcgi, OneServer, Proto};
+use support::server::Corral;
 
 /// What the backend does with a request it does not answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,40 +78,13 @@ impl Seen {
     }
 }
 
-/// Reads one whole FastCGI request: its id and method, or `None` at EOF or on an error.
-fn read_request(
-    s: &mut TcpStream,
-    dec: &mut FcgiDecoder,
-    buf: &mut BytesMut,
-) -> Option<(u16, String)> {
-    let mut method = String::new();
-    loop {
-        match dec.decode(buf) {
-            Ok(Some(FcgiEvent::Params { params, .. })) => {
-                if let Some((_, v)) = params.iter().find(|(n, _)| n.as_ref() == b"REQUEST_METHOD") {
-                    method = String::from_utf8_lossy(v).into_owned();
-                }
-            }
-            Ok(Some(FcgiEvent::StdinEnd { request_id })) => return Some((request_id, method)),
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                let mut chunk = [0u8; 16384];
-                match s.read(&mut chunk) {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            Err(_) => return None,
-        }
-    }
-}
-
 fn serve(mut s: TcpStream, which: Which, unanswered: Unanswered, seen: &Seen) {
     let connection = seen.connections.fetch_add(1, Ordering::SeqCst) + 1;
     let mut dec = FcgiDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::new();
     let mut on_this = 0;
-    while let Some((id, method)) = read_request(&mut s, &mut dec, &mut buf) {
+    while let Some((id, request)) = read_fastcgi(&mut s, &mut dec, &mut buf) {
+        let method = String::from_utf8_lossy(&request.method).into_owned();
         on_this += 1;
         let overall = {
             let mut requests = seen.requests.lock().unwrap();
@@ -140,8 +111,7 @@ fn serve(mut s: TcpStream, which: Which, unanswered: Unanswered, seen: &Seen) {
                     s.write_all(&out).unwrap();
                 }
                 Unanswered::Silent => {
-                    let mut rest = [0u8; 1024];
-                    while matches!(s.read(&mut rest), Ok(n) if n > 0) {}
+                    scripted::drain(&mut s);
                 }
             }
             return;
@@ -150,9 +120,7 @@ fn serve(mut s: TcpStream, which: Which, unanswered: Unanswered, seen: &Seen) {
         let cgi = format!(
             "Status: 200 OK\r\nContent-Type: text/plain\r\n\r\n{method} on connection {connection}"
         );
-        encode_stdout(id, cgi.as_bytes(), &mut out);
-        encode_stdout_end(id, &mut out);
-        encode_end_request(id, 0, ProtocolStatus::RequestComplete, &mut out);
+        fastcgi_answer(id, cgi.as_bytes(), &mut out);
         // Counted first: the client may have the answer before this thread runs again.
         seen.answered.fetch_add(1, Ordering::SeqCst);
         s.write_all(&out).unwrap();
@@ -168,46 +136,18 @@ fn corral_for(
     unanswered: Unanswered,
     pool: &str,
 ) -> (Corral, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
-    let counts = Arc::clone(&seen);
-    thread::spawn(move || {
-        for stream in listener.incoming().map_while(Result::ok) {
-            let counts = Arc::clone(&counts);
-            thread::spawn(move || serve(stream, which, unanswered, &counts));
-        }
-    });
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-log_level = "debug"
-
-[[listen]]
-address = "127.0.0.1:0"
-protocol = "http"
-
-[status]
-address = "127.0.0.1:0"
-
-[pools.app]
-protocol = "fastcgi"
-servers = ["127.0.0.1:{port}"]
-concurrency = 1
-{pool}
-
-[[contexts]]
-pool = "app"
-"#,
-        run = dir.join("run").display(),
-    );
-    (Corral::start(&config, 1), seen)
+    let port = scripted::tcp_backend(&seen, move |s, seen| serve(s, which, unanswered, seen));
+    let one = OneServer {
+        pool,
+        status: true,
+        ..OneServer::tcp(Proto::FastCgi, port)
+    };
+    (one.start(dir), seen)
 }
 
 fn request(corral: &Corral, method: &str, body: &[u8]) -> (u16, String) {
-    let r = http(corral.http_addr(), method, "/x", &[], body);
-    (r.status, r.text())
+    scripted::ask(corral, method, body)
 }
 
 /// The first request leaves connection 1 kept; `method` goes out on it, is dropped, and is

@@ -20,6 +20,7 @@ pub mod preloading;
 pub mod python_apps;
 pub mod rails_app;
 pub mod reforking;
+pub mod scripted;
 pub mod server;
 pub mod sync1;
 pub mod sync2;
