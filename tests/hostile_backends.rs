@@ -15,23 +15,18 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use corral::protocols::fastcgi::{
-    encode_end_request, encode_stdout, encode_stdout_end, ProtocolStatus,
-    RequestDecoder as FcgiDecoder, RequestEvent as FcgiEvent,
-};
-use corral::protocols::lsapi::{
-    FlagRule, RequestDecoder as LsapiDecoder, RequestEvent as LsapiEvent, ResponseEncoder,
-};
+use corral::protocols::fastcgi::RequestDecoder as FcgiDecoder;
+use corral::protocols::lsapi::RequestDecoder as LsapiDecoder;
 use corral::protocols::scgi::{ScgiRequestDecoder, ScgiRequestEvent};
 use corral::protocols::Limits;
+use support::scripted::{self, fastcgi_answer, fill, param, read_fastcgi, read_lsapi};
 use support::server::{http, Corral};
 
 /// What the fake does for a request, chosen by the last path segment.
@@ -75,26 +70,6 @@ fn cgi_text(act: Act) -> Vec<u8> {
 
 const GARBAGE: &[u8] = b"\x07\xff\x00\x13not a response in any protocol\r\n\r\n\x00\x00";
 
-/// Reads from `s` into `buf`; false at EOF or error.
-fn fill(s: &mut UnixStream, buf: &mut BytesMut) -> bool {
-    let mut chunk = [0u8; 16384];
-    match s.read(&mut chunk) {
-        Ok(0) | Err(_) => false,
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
-        }
-    }
-}
-
-/// The parameter `name` among `params`.
-fn param<'a>(params: &'a [(bytes::Bytes, bytes::Bytes)], name: &[u8]) -> &'a [u8] {
-    params
-        .iter()
-        .find(|(n, _)| n == name)
-        .map_or(&b""[..], |(_, v)| v)
-}
-
 /// Holds the connection open without answering, for a bounded time.
 fn hang(s: &mut UnixStream) {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -109,52 +84,26 @@ fn hang(s: &mut UnixStream) {
 fn fastcgi_conn(mut s: UnixStream, contacts: &AtomicUsize) {
     let mut dec = FcgiDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::new();
-    let mut uri = Vec::new();
-    loop {
-        let event = match dec.decode(&mut buf) {
-            Ok(Some(e)) => e,
-            Ok(None) => {
-                if fill(&mut s, &mut buf) {
-                    continue;
-                }
-                return;
+    while let Some((request_id, request)) = read_fastcgi(&mut s, &mut dec, &mut buf) {
+        contacts.fetch_add(1, Ordering::SeqCst);
+        let act = act_for(&request.uri);
+        let mut out = BytesMut::new();
+        match act {
+            Act::Garbage => out.extend_from_slice(GARBAGE),
+            Act::Truncated => {
+                // A STDOUT record announcing 100 bytes, then 10 of them.
+                let [hi, lo] = request_id.to_be_bytes();
+                out.extend_from_slice(&[1, 6, hi, lo, 0, 100, 0, 0]);
+                out.extend_from_slice(b"Status: 20");
             }
-            Err(_) => return,
-        };
-        match event {
-            FcgiEvent::Params { params, .. } => uri = param(&params, b"REQUEST_URI").to_vec(),
-            FcgiEvent::StdinEnd { request_id } => {
-                contacts.fetch_add(1, Ordering::SeqCst);
-                let act = act_for(&uri);
-                let mut out = BytesMut::new();
-                match act {
-                    Act::Garbage => out.extend_from_slice(GARBAGE),
-                    Act::Truncated => {
-                        // A STDOUT record announcing 100 bytes, then 10 of them.
-                        let [hi, lo] = request_id.to_be_bytes();
-                        out.extend_from_slice(&[1, 6, hi, lo, 0, 100, 0, 0]);
-                        out.extend_from_slice(b"Status: 20");
-                    }
-                    Act::Hang => return hang(&mut s),
-                    Act::Close => return,
-                    _ => {
-                        encode_stdout(request_id, &cgi_text(act), &mut out);
-                        encode_stdout_end(request_id, &mut out);
-                        encode_end_request(
-                            request_id,
-                            0,
-                            ProtocolStatus::RequestComplete,
-                            &mut out,
-                        );
-                    }
-                }
-                if s.write_all(&out).is_err() || act != Act::Good {
-                    return;
-                }
-                dec.finish(request_id);
-            }
-            _ => {}
+            Act::Hang => return hang(&mut s),
+            Act::Close => return,
+            _ => fastcgi_answer(request_id, &cgi_text(act), &mut out),
         }
+        if s.write_all(&out).is_err() || act != Act::Good {
+            return;
+        }
+        dec.finish(request_id);
     }
 }
 
@@ -192,21 +141,9 @@ fn scgi_conn(mut s: UnixStream, contacts: &AtomicUsize) {
 fn lsapi_conn(mut s: UnixStream, contacts: &AtomicUsize) {
     let mut dec = LsapiDecoder::new(&Limits::DEFAULT);
     let mut buf = BytesMut::new();
-    loop {
-        let begin = match dec.decode(&mut buf) {
-            Ok(Some(LsapiEvent::Begin(b))) => b,
-            Ok(Some(_)) => continue,
-            Ok(None) => {
-                if fill(&mut s, &mut buf) {
-                    continue;
-                }
-                return;
-            }
-            Err(_) => return,
-        };
+    while let Some((enc, request)) = read_lsapi(&mut s, &mut dec, &mut buf) {
         contacts.fetch_add(1, Ordering::SeqCst);
-        let act = act_for(param(&begin.env, b"REQUEST_URI"));
-        let enc = ResponseEncoder::new(begin.order, FlagRule::HOST);
+        let act = act_for(&request.uri);
         let mut out = BytesMut::new();
         match act {
             Act::Garbage => out.extend_from_slice(GARBAGE),
@@ -247,15 +184,8 @@ fn lsapi_conn(mut s: UnixStream, contacts: &AtomicUsize) {
 
 /// A fake backend on `path`: one thread per connection; counts the requests it read.
 fn fake(path: &Path, conn: fn(UnixStream, &AtomicUsize)) -> Arc<AtomicUsize> {
-    let listener = UnixListener::bind(path).unwrap();
     let contacts = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&contacts);
-    thread::spawn(move || {
-        for stream in listener.incoming().map_while(Result::ok) {
-            let count = Arc::clone(&count);
-            thread::spawn(move || conn(stream, &count));
-        }
-    });
+    scripted::unix_backend(path, &contacts, conn);
     contacts
 }
 
