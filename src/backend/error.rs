@@ -256,11 +256,15 @@ impl BackendError {
     /// Whether a request that failed this way on a kept connection may go out once more on
     /// a new one (ARCHITECTURE.md invariant 6, decision 8): any request none of which was
     /// written, and an `idempotent` one (GET, HEAD, OPTIONS) that met a close or a reset
-    /// before one response byte, written or not. Never after a response byte, never after a
-    /// timeout (a slow worker may be running it), never on a connection that served nothing
-    /// before (a fresh one failing says the worker, not the connection, is gone).
-    pub fn may_resend(&self, idempotent: bool) -> bool {
-        self.request_left_unread() || (idempotent && self.is_stale())
+    /// before one response byte, written or not, from a worker that is still alive (it
+    /// closed an idle connection as the request went out). Never after a response byte,
+    /// never after a timeout (a slow worker may be running it), never when the worker died
+    /// (`worker_gone`: it may have died running this very request, which decision 8 answers
+    /// with a 502; sent again, a request that kills its worker would kill the next one too),
+    /// never on a connection that served nothing before (a fresh one failing says the
+    /// worker, not the connection, is gone).
+    pub fn may_resend(&self, idempotent: bool, worker_gone: bool) -> bool {
+        self.request_left_unread() || (idempotent && !worker_gone && self.is_stale())
     }
 
     /// Whether the failure is a timeout.

@@ -239,13 +239,13 @@ impl Gateway {
             // 6, decision 8): the request goes out once more on a new connection when its
             // body is still in memory and either none of it was written (the first write met
             // a closed socket), or its method is GET, HEAD or OPTIONS (`idempotent`) and
-            // the connection was closed or reset
-            // before any answer: a worker that closed it as the request went out, or an
-            // idle-close racing the reuse over TCP. A POST in that case may have run: a 502.
-            // Either way `fault` asks whether the worker died and takes a dying one out of
-            // rotation: a resent request then goes to another worker.
-            let again = replay.filter(|_| error.may_resend(idempotent(params)));
+            // the connection was closed or reset before any answer by a worker still alive:
+            // one that closed it as the request went out, or an idle-close racing the reuse
+            // over TCP. A POST in that case may have run, and a worker that died may have
+            // died running it: a 502. `fault` asks whether the worker died and takes a dying
+            // one out of rotation: a request none of which was written then goes to another.
             let out = pool.fault(&slot, &error);
+            let again = replay.filter(|_| error.may_resend(idempotent(params), out));
             let Some(again) = again else {
                 pool.report(&slot, &error);
                 return Err(backend_err(error));
