@@ -22,7 +22,7 @@ use corral::front::limits::{Admission, Client};
 use corral::front::listener::Peer;
 use corral::front::{fastcgi, http, scgi};
 use corral::gateway::Gateway;
-use corral::net::Stream;
+use corral::net::{QuietUnix, Stream};
 use corral::protocols::fastcgi::RecordDecoder;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -164,8 +164,11 @@ enum Front {
 }
 
 async fn one(h: &'static Harness, front: Front, input: &[u8]) {
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let stream = Stream::Unix(ours);
+    // corral's end registered once, for reads, as its Unix listener accepts a connection.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    theirs.set_nonblocking(true).expect("non-blocking");
+    let theirs = UnixStream::from_std(theirs).expect("registered");
+    let stream = Stream::Unix(QuietUnix::new(ours).expect("registered"));
     let shutdown = CancellationToken::new();
     let gateway = Arc::clone(&h.gateway);
     let client = Client {
