@@ -383,14 +383,16 @@ mod tests {
         (QuietUnix::new(ours).unwrap(), theirs)
     }
 
+    /// As [`pair`], the peer's end a tokio stream.
+    fn async_pair() -> (QuietUnix, tokio::net::UnixStream) {
+        let (ours, theirs) = pair();
+        theirs.set_nonblocking(true).unwrap();
+        (ours, tokio::net::UnixStream::from_std(theirs).unwrap())
+    }
+
     #[tokio::test]
     async fn reads_and_writes_both_ways() {
-        let (mut ours, theirs) = pair();
-        let mut theirs = tokio::net::UnixStream::from_std({
-            theirs.set_nonblocking(true).unwrap();
-            theirs
-        })
-        .unwrap();
+        let (mut ours, mut theirs) = async_pair();
         ours.write_all(b"ping").await.unwrap();
         let mut got = [0u8; 4];
         theirs.read_exact(&mut got).await.unwrap();
@@ -411,12 +413,7 @@ mod tests {
     /// made for it, completes as the peer reads, and `settle` drops that registration.
     #[tokio::test]
     async fn a_write_that_fills_the_socket_waits_for_room() {
-        let (mut ours, theirs) = pair();
-        let mut theirs = tokio::net::UnixStream::from_std({
-            theirs.set_nonblocking(true).unwrap();
-            theirs
-        })
-        .unwrap();
+        let (mut ours, mut theirs) = async_pair();
         let big = vec![7u8; 8 << 20];
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
