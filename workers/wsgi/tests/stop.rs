@@ -12,12 +12,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "../../control/testing/stop.rs"]
+mod stopping;
+use stopping::{stop, until_idle, PROMPT};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_corral-wsgi-worker");
 const PYTHON: &str = "/usr/bin/python3";
-/// Far under corral's kill_timeout; a stopped idle worker needs milliseconds.
-const PROMPT: Duration = Duration::from_secs(2);
 const ROUNDS: u64 = 10;
 
 const APP: &str = r#"import threading, time
@@ -52,51 +54,6 @@ fn start(dir: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("worker starts")
-}
-
-/// Whether `pid` is blocked in poll(2) (the waits poll: /proc/PID/syscall's first field).
-fn in_poll(pid: u32) -> bool {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-    let nr: i64 = text
-        .split(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(-1);
-    #[cfg(target_arch = "x86_64")]
-    let poll = nr == libc::SYS_poll;
-    #[cfg(not(target_arch = "x86_64"))]
-    let poll = false;
-    poll || nr == libc::SYS_ppoll
-}
-
-/// Sends SIGTERM; how long the worker took to exit, and its exit status.
-fn stop(mut child: Child) -> (Duration, std::process::ExitStatus) {
-    let at = Instant::now();
-    // SAFETY: kill(2) on our own child, which has not been reaped.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return (at.elapsed(), status);
-        }
-        if at.elapsed() > PROMPT * 5 {
-            let _ = child.kill();
-            let _ = child.wait();
-            return (at.elapsed(), std::process::ExitStatus::default());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Waits (boundedly) until the worker is blocked in its wait.
-fn until_idle(child: &Child) {
-    let at = Instant::now();
-    while !in_poll(child.id()) {
-        assert!(
-            at.elapsed() < Duration::from_secs(20),
-            "the worker never waited idle"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 #[test]
