@@ -125,7 +125,8 @@ pub struct ServerConfig {
     /// derived at start from the file-descriptor limit (see `front::limits`).
     pub max_connections: Option<u32>,
     /// Runtime worker threads (`threads`); none = [`Config::serving_threads`]'s default (half
-    /// the CPUs when a pool spawns its workers here, else one per CPU). Read at start only.
+    /// the CPUs when a pool spawns its workers here or names a server on this machine, else
+    /// one per CPU). Read at start only.
     pub threads: Option<u32>,
     /// How the serving threads share the work (`scheduler`). Read at start only.
     pub scheduler: Scheduler,
