@@ -38,5 +38,15 @@ pub(crate) fn halves(stream: &mut Stream) -> (ReadPart<'_>, WritePart<'_>) {
     }
 }
 
+impl WritePart<'_> {
+    /// Drops the write registration a blocked write made on a Unix connection, if any, so
+    /// that the connection wakes its thread for reads only again; nothing for TCP.
+    pub(crate) fn settle(&mut self) {
+        if let WritePart::Unix(w) = self {
+            w.settle();
+        }
+    }
+}
+
 forward_read!(ReadPart<'_>, ReadPart::Tcp, ReadPart::Unix);
 forward_write!(WritePart<'_>, WritePart::Tcp, WritePart::Unix);

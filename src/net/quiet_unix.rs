@@ -102,7 +102,7 @@ impl QuietUnix {
 
     /// The duplicate descriptor a blocked write registered for write readiness, if any.
     #[cfg(test)]
-    pub(super) fn room_fd(&self) -> Option<RawFd> {
+    pub(crate) fn room_fd(&self) -> Option<RawFd> {
         self.room.as_ref().map(|r| r.get_ref().as_raw_fd())
     }
 
@@ -328,6 +328,13 @@ pub struct QuietRead<'a> {
 pub struct QuietWrite<'a> {
     io: &'a AsyncFd<StdUnixStream>,
     room: &'a mut Option<AsyncFd<OwnedFd>>,
+}
+
+impl QuietWrite<'_> {
+    /// As [`QuietUnix::settle`]: drops the write registration a blocked write made, if any.
+    pub fn settle(&mut self) {
+        *self.room = None;
+    }
 }
 
 impl AsyncRead for QuietRead<'_> {
