@@ -5,6 +5,8 @@
 //! watched for reads only (`quiet_unix.rs`), on the front and to backends alike; TCP is
 //! registered as tokio does.
 
+#[cfg(test)]
+pub(crate) mod fdinfo;
 mod quiet_listener;
 mod quiet_unix;
 
