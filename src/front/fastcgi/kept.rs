@@ -177,7 +177,7 @@ mod tests {
     }
 
     /// A gateway whose pool is the FastCGI server at `backend`, and the listener's settings
-    /// with a `header_timeout` of 300 ms.
+    /// with a `header_timeout` of 1 s.
     fn gateway(
         dir: &std::path::Path,
         backend: &str,
@@ -191,7 +191,7 @@ mod tests {
         let config = crate::config::parse(&text, "t.toml").unwrap();
         let (gateway, _drivers) = Gateway::build(&config, &BuildSettings::default()).unwrap();
         let mut timeouts = config.listeners[0].timeouts;
-        timeouts.header = Duration::from_millis(300);
+        timeouts.header = Duration::from_secs(1);
         (
             Arc::new(gateway),
             Arc::new(config.listeners[0].bind.address()),
@@ -249,9 +249,18 @@ mod tests {
                     assert!(n > 0, "corral closed before its request was whole");
                     got.extend_from_slice(&chunk[..n]);
                 }
-                // Time for the front's task to go to sleep on whatever it waits for.
-                std::thread::sleep(Duration::from_millis(100));
-                let events = epoll_events(fd, ino);
+                // Time for the front's task to go to sleep on whatever it waits for: a kept
+                // connection is registered in the same turn that sent the request here (the
+                // wait is only for a loaded machine); a plain one must still not be after
+                // 100 ms.
+                let mut events = epoll_events(fd, ino);
+                for tick in 1..=500 {
+                    if tick > 10 && !(keep_conn && events.is_empty()) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    events = epoll_events(fd, ino);
+                }
                 let mut out = BytesMut::new();
                 encode_stdout(
                     1,
@@ -339,7 +348,7 @@ mod tests {
                 serve_kept(Stream::Unix(ours), served, &kept, &mut spare).await;
             }
         };
-        // Late: 100 ms after the accept, well within the 300 ms deadline.
+        // Late: 100 ms after the accept, well within the 1 s deadline.
         let mut client = std::os::unix::net::UnixStream::connect(&front_path).unwrap();
         let ours = listener.accept().await.unwrap();
         let late = std::thread::spawn(move || {
@@ -363,7 +372,7 @@ mod tests {
             .await
             .expect("closed at the header deadline");
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(290), "closed after {took:?}");
+        assert!(took >= Duration::from_millis(990), "closed after {took:?}");
         let mut answer = Vec::new();
         std::io::Read::read_to_end(&mut client, &mut answer).unwrap();
         assert!(answer.is_empty(), "{answer:?}");
@@ -374,6 +383,6 @@ mod tests {
         let ours = listener.accept().await.unwrap();
         let started = Instant::now();
         serve(ours).await;
-        assert!(started.elapsed() < Duration::from_millis(250));
+        assert!(started.elapsed() < Duration::from_millis(500));
     }
 }
