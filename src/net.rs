@@ -3,8 +3,10 @@
 //! One enum over the two kinds lets codecs and exchanges be written once; both kinds are
 //! `Unpin`, so the I/O traits forward with `Pin::new` and no unsafe code. The Unix kind is
 //! watched for reads only (`quiet_unix.rs`), on the front and to backends alike; TCP is
-//! registered as tokio does. A backend connection is a [`BackendStream`].
+//! registered as tokio does.
 
+#[cfg(test)]
+pub(crate) mod fdinfo;
 mod quiet_listener;
 mod quiet_unix;
 
@@ -18,10 +20,11 @@ use tokio::net::TcpStream;
 
 use crate::config::BackendAddress;
 
-/// A connected TCP or Unix stream.
+/// A connected TCP or Unix stream: an accepted front connection or a backend connection.
 #[derive(Debug)]
 pub enum Stream {
-    /// TCP.
+    /// TCP, registered as tokio registers it (TCP signals no write space it was not asked
+    /// for).
     Tcp(TcpStream),
     /// Unix, registered for reads only: on a Unix socket every read the peer makes would
     /// otherwise wake the serving thread for write space it does not need.
@@ -30,17 +33,17 @@ pub enum Stream {
 
 impl Stream {
     /// Connects to `addr` within `timeout`. TCP streams get `TCP_NODELAY`: every write corral
-    /// makes is a whole record or packet, and Nagle's delay would add 40 ms stalls.
+    /// makes is a whole record or packet, and Nagle's delay would add 40 ms stalls. A Unix
+    /// connect never waits (it completes or fails at once), so it needs no timer.
     pub async fn connect(addr: &BackendAddress, timeout: Duration) -> io::Result<Stream> {
+        let (host, port) = match addr {
+            BackendAddress::Unix(p) => return Ok(Stream::Unix(QuietUnix::connect(p)?)),
+            BackendAddress::Tcp { host, port } => (host, *port),
+        };
         let connect = async {
-            match addr {
-                BackendAddress::Tcp { host, port } => {
-                    let s = TcpStream::connect((host.as_str(), *port)).await?;
-                    s.set_nodelay(true)?;
-                    Ok(Stream::Tcp(s))
-                }
-                BackendAddress::Unix(p) => Ok(Stream::Unix(QuietUnix::connect(p)?)),
-            }
+            let s = TcpStream::connect((host.as_str(), port)).await?;
+            s.set_nodelay(true)?;
+            Ok(Stream::Tcp(s))
         };
         match tokio::time::timeout(timeout, connect).await {
             Ok(result) => result,
@@ -50,68 +53,7 @@ impl Stream {
             )),
         }
     }
-}
 
-/// A backend connection: TCP as tokio registers it, Unix registered for reads only (on a
-/// Unix socket every read the backend makes would otherwise wake the serving thread for
-/// write space it does not need: `quiet_unix.rs`).
-#[derive(Debug)]
-pub enum BackendStream {
-    /// TCP.
-    Tcp(TcpStream),
-    /// Unix.
-    Unix(QuietUnix),
-}
-
-impl BackendStream {
-    /// Connects to `addr` within `timeout`; TCP streams get `TCP_NODELAY` (see
-    /// [`Stream::connect`]). A Unix connect never waits (it completes or fails at once).
-    pub async fn connect(addr: &BackendAddress, timeout: Duration) -> io::Result<BackendStream> {
-        match addr {
-            BackendAddress::Unix(p) => Ok(BackendStream::Unix(QuietUnix::connect(p)?)),
-            BackendAddress::Tcp { .. } => match Stream::connect(addr, timeout).await? {
-                Stream::Tcp(s) => Ok(BackendStream::Tcp(s)),
-                Stream::Unix(s) => Ok(BackendStream::Unix(s)),
-            },
-        }
-    }
-
-    /// A connected front-kind stream (a socketpair, an accepted test connection) as a
-    /// backend connection.
-    pub fn from_stream(stream: Stream) -> io::Result<BackendStream> {
-        match stream {
-            Stream::Tcp(s) => Ok(BackendStream::Tcp(s)),
-            Stream::Unix(s) => Ok(BackendStream::Unix(s)),
-        }
-    }
-
-    /// The same connection registered with the runtime the caller runs in, as
-    /// [`Stream::reregister`].
-    pub fn reregister(self) -> io::Result<BackendStream> {
-        match self {
-            BackendStream::Tcp(s) => Ok(BackendStream::Tcp(TcpStream::from_std(s.into_std()?)?)),
-            BackendStream::Unix(s) => Ok(BackendStream::Unix(s.reregister()?)),
-        }
-    }
-
-    /// The connection's descriptor.
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        match self {
-            BackendStream::Tcp(s) => s.as_raw_fd(),
-            BackendStream::Unix(s) => s.fd(),
-        }
-    }
-
-    /// Drops what a blocked write registered (`QuietUnix::settle`); nothing for TCP.
-    pub fn settle(&mut self) {
-        if let BackendStream::Unix(s) = self {
-            s.settle();
-        }
-    }
-}
-
-impl Stream {
     /// The same connection registered with the runtime the caller runs in instead of the one
     /// it was made in: a backend connection one serving thread made and another one reuses
     /// (`crate::shards`) would otherwise have its every readiness event delivered by the
@@ -120,6 +62,22 @@ impl Stream {
         match self {
             Stream::Tcp(s) => Ok(Stream::Tcp(TcpStream::from_std(s.into_std()?)?)),
             Stream::Unix(s) => Ok(Stream::Unix(s.reregister()?)),
+        }
+    }
+
+    /// The connection's descriptor.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.fd(),
+        }
+    }
+
+    /// Drops what a blocked write registered (`QuietUnix::settle`); nothing for TCP.
+    pub fn settle(&mut self) {
+        if let Stream::Unix(s) = self {
+            s.settle();
         }
     }
 }
@@ -205,5 +163,3 @@ pub(crate) use {forward_read, forward_write};
 
 forward_read!(Stream, Stream::Tcp, Stream::Unix);
 forward_write!(Stream, Stream::Tcp, Stream::Unix);
-forward_read!(BackendStream, BackendStream::Tcp, BackendStream::Unix);
-forward_write!(BackendStream, BackendStream::Tcp, BackendStream::Unix);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use nix::sys::socket::{recv, MsgFlags};
 
 use crate::config::BackendAddress;
-use crate::net::{BackendStream, Stream};
+use crate::net::Stream;
 
 use super::BackendError;
 
@@ -30,7 +30,7 @@ pub struct BackendConnection {
 /// What a [`BackendConnection`] holds.
 #[derive(Debug)]
 pub struct Link {
-    pub(super) stream: BackendStream,
+    pub(super) stream: Stream,
     address: BackendAddress,
     served: u64,
     home: Option<Connections>,
@@ -65,7 +65,7 @@ impl std::ops::DerefMut for BackendConnection {
 
 impl BackendConnection {
     /// A connection over `stream`, not yet on any idle stack.
-    fn new(stream: BackendStream, address: BackendAddress) -> BackendConnection {
+    fn new(stream: Stream, address: BackendAddress) -> BackendConnection {
         BackendConnection {
             link: Box::new(Link {
                 stream,
@@ -88,22 +88,20 @@ impl BackendConnection {
         address: &BackendAddress,
         timeout: Duration,
     ) -> Result<BackendConnection, BackendError> {
-        let stream = BackendStream::connect(address, timeout)
-            .await
-            .map_err(|source| BackendError::Connect {
-                address: address.to_string(),
-                source,
-            })?;
+        let stream =
+            Stream::connect(address, timeout)
+                .await
+                .map_err(|source| BackendError::Connect {
+                    address: address.to_string(),
+                    source,
+                })?;
         Ok(BackendConnection::new(stream, address.clone()))
     }
 
     /// Wraps an already connected stream (a socketpair, an accepted test connection),
     /// registered with the current runtime as a backend connection is.
     pub fn from_stream(stream: Stream, address: BackendAddress) -> io::Result<BackendConnection> {
-        Ok(BackendConnection::new(
-            BackendStream::from_stream(stream)?,
-            address,
-        ))
+        Ok(BackendConnection::new(stream, address))
     }
 
     /// The connection's write buffer, empty, with room for `len` bytes; the exchange gives
@@ -142,8 +140,8 @@ impl BackendConnection {
     /// Best-effort write of a few bytes without waiting (for an abort in `Drop`).
     pub(super) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
         match &self.stream {
-            BackendStream::Tcp(s) => s.try_write(bytes),
-            BackendStream::Unix(s) => s.try_write(bytes),
+            Stream::Tcp(s) => s.try_write(bytes),
+            Stream::Unix(s) => s.try_write(bytes),
         }
     }
 
@@ -167,11 +165,11 @@ impl BackendConnection {
     /// connection is asked with [`is_quiet_now`](Self::is_quiet_now).
     fn is_quiet(&self) -> bool {
         let peeked = match &self.stream {
-            BackendStream::Tcp(s) => {
+            Stream::Tcp(s) => {
                 use std::os::fd::AsRawFd;
                 s.try_io(tokio::io::Interest::READABLE, || peek(s.as_raw_fd()))
             }
-            BackendStream::Unix(s) => s.try_read_io(peek),
+            Stream::Unix(s) => s.try_read_io(peek),
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
@@ -418,8 +416,8 @@ mod tests {
 
     fn unix(conn: &BackendConnection) -> &crate::net::QuietUnix {
         match &conn.stream {
-            BackendStream::Unix(s) => s,
-            BackendStream::Tcp(_) => unreachable!("made from a socketpair"),
+            Stream::Unix(s) => s,
+            Stream::Tcp(_) => unreachable!("made from a socketpair"),
         }
     }
 

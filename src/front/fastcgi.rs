@@ -416,11 +416,19 @@ impl Connection<'_> {
             }
             was_idle = idle;
             buf.reserve(READ_CHUNK);
+            // A connection nothing watches yet whose front server has sent all it will, or
+            // whose closing answer is queued, is not read again: the read would register it
+            // with the reactor (an `epoll_ctl` to add it, one to remove it) for bytes only a
+            // broken front server would send. Its close is then seen when the answer is
+            // written, as php-fpm sees it.
+            let listen = reader.is_watched() || !(self.closing || self.heard_all(buf));
             // Bytes already there are read without waiting, so without a timer.
-            let ready = {
+            let ready = if listen {
                 let read = reader.read_buf(buf);
                 tokio::pin!(read);
                 std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+            } else {
+                Poll::Pending
             };
             let read = match ready {
                 Poll::Ready(read) => read,
@@ -494,7 +502,7 @@ impl Connection<'_> {
                             }
                             continue;
                         }
-                        read = reader.read_buf(buf) => read,
+                        read = reader.read_buf(buf), if listen => read,
                     }
                 }
             };

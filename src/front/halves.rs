@@ -38,5 +38,26 @@ pub(crate) fn halves(stream: &mut Stream) -> (ReadPart<'_>, WritePart<'_>) {
     }
 }
 
+impl ReadPart<'_> {
+    /// Whether the reactor watches the connection for reads: always for TCP; for Unix, once
+    /// a read found nothing to take (`crate::net::QuietUnix::accepted`).
+    pub(crate) fn is_watched(&self) -> bool {
+        match self {
+            ReadPart::Tcp(_) => true,
+            ReadPart::Unix(r) => r.is_watched(),
+        }
+    }
+}
+
+impl WritePart<'_> {
+    /// Drops the write registration a blocked write made on a Unix connection, if any, so
+    /// that the connection wakes its thread for reads only again; nothing for TCP.
+    pub(crate) fn settle(&mut self) {
+        if let WritePart::Unix(w) = self {
+            w.settle();
+        }
+    }
+}
+
 forward_read!(ReadPart<'_>, ReadPart::Tcp, ReadPart::Unix);
 forward_write!(WritePart<'_>, WritePart::Tcp, WritePart::Unix);

@@ -3,7 +3,8 @@
 //! tokio's own listener hands out its `UnixStream`, registered for reads and writes; turning
 //! that into a read-only registration would cost two more `epoll_ctl` calls and a `fcntl`
 //! per connection (nginx's plain `fastcgi_pass` makes one per request). Here the accepted
-//! descriptor is made non-blocking by `accept4` itself and registered once, for reads.
+//! descriptor is made non-blocking by `accept4` itself and registered once, for reads, and
+//! only when a read of it first finds nothing to take.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -42,7 +43,8 @@ impl QuietListener {
         Ok(self.io.into_inner())
     }
 
-    /// The next connection, registered for reads only; its first read is tried at once.
+    /// The next connection, not registered until a read of it finds nothing
+    /// ([`QuietUnix::accepted`]).
     pub async fn accept(&self) -> io::Result<QuietUnix> {
         let fd = self
             .io
@@ -56,7 +58,7 @@ impl QuietListener {
             .await?;
         // SAFETY: `accept4` returned a new descriptor that nothing else owns.
         let stream = StdUnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        QuietUnix::accepted(stream)
+        Ok(QuietUnix::accepted(stream))
     }
 }
 
@@ -75,6 +77,7 @@ impl AsRawFd for QuietListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::fdinfo::{epoll_events, inode};
     use std::future::Future;
     use std::io::{Read, Write};
     use std::task::{Context, Poll};
@@ -90,64 +93,43 @@ mod tests {
         (dir, client, ours)
     }
 
-    /// The events the epoll sets of the process hold for descriptor `fd` of the socket
-    /// whose inode is `ino`, from /proc/self/fdinfo (the inode tells this test's socket
-    /// from a descriptor of the same number in a test running beside it). An epoll set the
-    /// process holds under two descriptors (mio keeps a duplicate) is counted once.
-    fn epoll_events(fd: RawFd, ino: u64) -> Vec<u32> {
-        let mut found = std::collections::BTreeMap::new();
-        for entry in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
-            let Ok(info) = std::fs::read_to_string(entry.path()) else {
-                continue;
-            };
-            let epoll = info
-                .lines()
-                .find_map(|l| l.strip_prefix("ino:"))
-                .map(str::trim)
-                .unwrap_or_default()
-                .to_owned();
-            for line in info.lines().filter(|l| l.starts_with("tfd:")) {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let field = |name: &str| {
-                    words
-                        .iter()
-                        .position(|w| *w == name)
-                        .and_then(|i| words.get(i + 1))
-                        .copied()
-                };
-                let tfd = field("tfd:").and_then(|w| w.parse::<RawFd>().ok());
-                let events = field("events:").and_then(|w| u32::from_str_radix(w, 16).ok());
-                let same = words
-                    .iter()
-                    .any(|w| w.strip_prefix("ino:") == Some(&format!("{ino:x}")));
-                if let (Some(t), Some(e), true) = (tfd, events, same) {
-                    if t == fd {
-                        found.insert(epoll.clone(), e);
-                    }
-                }
-            }
-        }
-        found.into_values().collect()
-    }
-
-    /// The inode of the socket behind `fd`.
-    fn inode(fd: RawFd) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(format!("/proc/self/fd/{fd}"))
-            .unwrap()
-            .ino()
-    }
-
     const EPOLLIN: u32 = libc::EPOLLIN as u32;
     const EPOLLOUT: u32 = libc::EPOLLOUT as u32;
 
+    /// nginx writes its request as it connects: read at once, it costs the connection no
+    /// registration with the reactor (nor the removal of one at its close).
     #[tokio::test]
-    async fn an_accepted_connection_is_registered_for_reads_only() {
-        let (_dir, _client, ours) = accepted().await;
+    async fn a_request_already_there_is_read_without_registering_the_connection() {
+        let (_dir, mut client, mut ours) = accepted().await;
+        client.write_all(b"request").unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 7);
+        assert_eq!(&buf[..7], b"request");
+        assert!(!ours.is_watched());
         let events = epoll_events(ours.fd(), inode(ours.fd()));
+        assert!(events.is_empty(), "registered: {events:x?}");
+    }
+
+    /// A request that comes after the accept: the read that finds nothing registers the
+    /// connection, for reads only, and the bytes then wake it.
+    #[tokio::test]
+    async fn a_request_that_comes_later_registers_the_connection_for_reads_only() {
+        let (_dir, mut client, mut ours) = accepted().await;
+        let fd = ours.fd();
+        let mut buf = [0u8; 16];
+        let mut read = std::pin::pin!(ours.read(&mut buf));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(read.as_mut().poll(&mut cx).is_pending(), "nothing was sent");
+        let events = epoll_events(fd, inode(fd));
         assert_eq!(events.len(), 1, "registered once: {events:?}");
         assert_eq!(events[0] & EPOLLIN, EPOLLIN);
         assert_eq!(events[0] & EPOLLOUT, 0, "no write readiness: {events:x?}");
+        client.write_all(b"late").unwrap();
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("the bytes woke the read")
+            .unwrap();
+        assert_eq!(&buf[..n], b"late");
     }
 
     /// nginx writes its request as it connects: the first read takes it without waiting
@@ -194,7 +176,8 @@ mod tests {
         let with_room = ours.room_fd();
         let room = with_room.expect("4 MiB cannot fit a Unix socket's buffer");
         let ino = inode(fd);
-        assert_eq!(epoll_events(fd, ino).len(), 1);
+        // The request was read as it came: only the write registration is there.
+        assert!(epoll_events(fd, ino).is_empty());
         let room_events = epoll_events(room, ino);
         assert_eq!(room_events.len(), 1);
         assert!(room_events.iter().all(|e| e & EPOLLOUT == EPOLLOUT));
@@ -217,6 +200,10 @@ mod tests {
         drop(client);
         let mut buf = [0u8; 8];
         assert_eq!(ours.read(&mut buf).await.unwrap(), 0);
+        assert!(
+            !ours.is_watched(),
+            "an end read at once needs no registration"
+        );
         // Writing to it fails (no SIGPIPE) rather than waiting.
         let e = ours.write_all(b"late answer").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);

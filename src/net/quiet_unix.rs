@@ -17,6 +17,13 @@
 //! the descriptor registered for write readiness, and it stays until [`QuietUnix::settle`]
 //! (a kept connection's exchange ended) or the stream is dropped. [`QuietUnix::split`] gives
 //! a reader and a writer that borrow the stream, for a front connection's one task.
+//!
+//! An accepted connection is not registered at all until a read finds nothing to take
+//! ([`QuietUnix::accepted`]): nginx's plain `fastcgi_pass` writes its whole request as it
+//! connects, so corral reads it, answers and closes, and a connection that never had to
+//! wait costs no `epoll_ctl` to add it and none to remove it (two system calls of the
+//! eleven such a request cost). What is not registered is not watched: the FastCGI front
+//! stops reading a connection whose front server has sent all it will (`front/fastcgi.rs`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -30,16 +37,17 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 /// A connected Unix stream registered with the current runtime for read readiness only.
+///
+/// The fields drop in order: the registrations (an `epoll_ctl` each, to remove them) before
+/// the stream whose descriptor they name.
 #[derive(Debug)]
 pub struct QuietUnix {
-    io: AsyncFd<StdUnixStream>,
+    /// The read registration, of the stream's own descriptor. `None` while a just-accepted
+    /// connection has not yet had to wait for bytes: its reads ask the socket directly.
+    watch: Option<AsyncFd<RawFd>>,
     /// A duplicate descriptor registered for write readiness while a write waits for room.
     room: Option<AsyncFd<OwnedFd>>,
-    /// Just accepted: the client's request is likely there already, so the first read is
-    /// tried before any readiness event (tokio assumes the same of what its listeners
-    /// accept); else it would wait a turn of the reactor, and the front's header timer
-    /// would be armed for it.
-    fresh: bool,
+    stream: StdUnixStream,
 }
 
 impl QuietUnix {
@@ -52,18 +60,28 @@ impl QuietUnix {
     /// Registers `stream`, already non-blocking, with the current runtime, reads only.
     pub(super) fn registered(stream: StdUnixStream) -> io::Result<QuietUnix> {
         Ok(QuietUnix {
-            io: register(stream, Interest::READABLE)?,
+            watch: Some(watch(&stream)?),
             room: None,
-            fresh: false,
+            stream,
         })
     }
 
-    /// A connection a listener just accepted (already non-blocking): as
-    /// [`QuietUnix::registered`], and its first read does not wait for the reactor.
-    pub(super) fn accepted(stream: StdUnixStream) -> io::Result<QuietUnix> {
-        let mut quiet = QuietUnix::registered(stream)?;
-        quiet.fresh = true;
-        Ok(quiet)
+    /// A connection a listener just accepted (already non-blocking), not registered yet:
+    /// its reads ask the socket at once (the client's request is likely there already, as
+    /// tokio assumes of what its listeners accept), and the first that finds nothing
+    /// registers it with the current runtime, reads only, and waits. Until then nothing
+    /// watches it: neither bytes nor the peer's close wake anyone.
+    pub(super) fn accepted(stream: StdUnixStream) -> QuietUnix {
+        QuietUnix {
+            watch: None,
+            room: None,
+            stream,
+        }
+    }
+
+    /// Whether the reactor watches the stream for reads (see [`QuietUnix::accepted`]).
+    pub fn is_watched(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// A tokio stream (a test's socketpair, say) taken out of its runtime and registered
@@ -89,9 +107,13 @@ impl QuietUnix {
 
     /// The same connection registered with the runtime the caller runs in.
     pub fn reregister(self) -> io::Result<QuietUnix> {
-        let QuietUnix { io, room, .. } = self;
-        drop(room);
-        QuietUnix::new(io.into_inner())
+        let QuietUnix {
+            watch,
+            room,
+            stream,
+        } = self;
+        drop((watch, room));
+        QuietUnix::new(stream)
     }
 
     /// Drops the write registration, if a blocked write made one: the connection goes back
@@ -102,13 +124,13 @@ impl QuietUnix {
 
     /// The duplicate descriptor a blocked write registered for write readiness, if any.
     #[cfg(test)]
-    pub(super) fn room_fd(&self) -> Option<RawFd> {
+    pub(crate) fn room_fd(&self) -> Option<RawFd> {
         self.room.as_ref().map(|r| r.get_ref().as_raw_fd())
     }
 
     /// The descriptor.
     pub fn fd(&self) -> RawFd {
-        self.io.get_ref().as_raw_fd()
+        self.stream.as_raw_fd()
     }
 
     /// One non-blocking write, no wait and no `SIGPIPE`.
@@ -117,26 +139,40 @@ impl QuietUnix {
     }
 
     /// Waits until the reactor sees the stream readable (bytes or the peer's close), and
-    /// leaves that readiness set.
+    /// leaves that readiness set. An error for a stream nothing watches yet.
     pub async fn readable(&self) -> io::Result<()> {
-        self.io
-            .readable()
-            .await
-            .map(|mut guard| guard.retain_ready())
+        let Some(watch) = &self.watch else {
+            return Err(io::Error::other("the stream is not registered yet"));
+        };
+        watch.readable().await.map(|mut guard| guard.retain_ready())
     }
 
     /// `f` on the descriptor if the reactor last saw it readable, else `WouldBlock`; a
-    /// `WouldBlock` from `f` clears that readiness (tokio's `try_io`).
+    /// `WouldBlock` from `f` clears that readiness (tokio's `try_io`). A stream nothing
+    /// watches yet is asked directly.
     pub fn try_read_io<R>(&self, f: impl FnOnce(RawFd) -> io::Result<R>) -> io::Result<R> {
-        self.io.try_io(Interest::READABLE, |s| f(s.as_raw_fd()))
+        match &self.watch {
+            Some(watch) => watch.try_io(Interest::READABLE, |fd| f(*fd)),
+            None => f(self.fd()),
+        }
     }
 }
 
 /// `inner` registered with the current runtime for `interest`.
 pub(super) fn register<T: AsRawFd>(inner: T, interest: Interest) -> io::Result<AsyncFd<T>> {
-    // SAFETY: `inner` owns its descriptor (a std `UnixStream` or an `OwnedFd`), which stays
+    // SAFETY: `inner` owns its descriptor (a std `UnixListener` or an `OwnedFd`), which stays
     // open and names the same socket until the `AsyncFd` drops it or gives it back.
     unsafe { AsyncFd::register_with_interest(inner, interest) }.map_err(|e| e.into_parts().1)
+}
+
+/// The read registration of `stream`'s descriptor, with the current runtime. The caller
+/// keeps the stream open for as long as the registration: [`QuietUnix`] drops it first.
+fn watch(stream: &StdUnixStream) -> io::Result<AsyncFd<RawFd>> {
+    // SAFETY: the descriptor is `stream`'s, which the registration's owner (a `QuietUnix`,
+    // whose fields drop the registration before the stream) keeps open and unchanged while
+    // the registration lives.
+    unsafe { AsyncFd::register_with_interest(stream.as_raw_fd(), Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
 }
 
 fn send(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
@@ -164,26 +200,33 @@ impl AsyncRead for QuietUnix {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_read(&this.io, &mut this.fresh, cx, buf)
+        poll_read(&this.stream, &mut this.watch, cx, buf)
     }
 }
 
-/// One read from `io` once the reactor has seen it readable, or at once if `fresh`.
+/// One read from `stream`: at once while nothing watches it (registering it, for reads, when
+/// that read finds nothing), else once the reactor has seen it readable.
 fn poll_read(
-    io: &AsyncFd<StdUnixStream>,
-    fresh: &mut bool,
+    stream: &StdUnixStream,
+    watch: &mut Option<AsyncFd<RawFd>>,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
-    let fd = io.get_ref().as_raw_fd();
-    if std::mem::take(fresh) {
-        match recv(fd, buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Poll::Ready(Err(e)),
-            Ok(_) => return Poll::Ready(Ok(())),
+    let fd = stream.as_raw_fd();
+    let io = match watch {
+        Some(io) => io,
+        None => {
+            match recv(fd, buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(_) => return Poll::Ready(Ok(())),
+            }
+            // Added after the read that found nothing, epoll still reports bytes that came
+            // in between: it reports a descriptor's current state when it is added.
+            watch.insert(self::watch(stream)?)
         }
-    }
+    };
     loop {
         let mut guard = ready!(io.poll_read_ready(cx))?;
         let len = buf.remaining();
@@ -223,13 +266,13 @@ fn recv(fd: RawFd, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
     Ok(n)
 }
 
-/// The write registration of the stream `io`, made on first need.
+/// The write registration of `stream`, made on first need.
 fn room<'r>(
-    io: &AsyncFd<StdUnixStream>,
+    stream: &StdUnixStream,
     room: &'r mut Option<AsyncFd<OwnedFd>>,
 ) -> io::Result<&'r AsyncFd<OwnedFd>> {
     if room.is_none() {
-        let dup = io.get_ref().as_fd().try_clone_to_owned()?;
+        let dup = stream.as_fd().try_clone_to_owned()?;
         *room = Some(register(dup, Interest::WRITABLE)?);
     }
     match room {
@@ -238,15 +281,15 @@ fn room<'r>(
     }
 }
 
-/// One write (`send` on the descriptor) to `io`: straight to the socket while no write has found it full, else once
-/// the write registration `slot` reports room.
+/// One write (`send` on the descriptor) to `stream`: straight to the socket while no write
+/// has found it full, else once the write registration `slot` reports room.
 fn poll_write(
-    io: &AsyncFd<StdUnixStream>,
+    stream: &StdUnixStream,
     slot: &mut Option<AsyncFd<OwnedFd>>,
     cx: &mut Context<'_>,
     send: impl Fn(RawFd) -> io::Result<usize>,
 ) -> Poll<io::Result<usize>> {
-    let fd = io.get_ref().as_raw_fd();
+    let fd = stream.as_raw_fd();
     if slot.is_none() {
         match send(fd) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -256,7 +299,7 @@ fn poll_write(
     // The socket was full: wait for room through the write registration. Made after the
     // failed write, it still sees room that came in between: epoll reports a descriptor's
     // current state when it is added.
-    let room = room(io, slot)?;
+    let room = room(stream, slot)?;
     loop {
         let mut guard = ready!(room.poll_write_ready(cx))?;
         match send(fd) {
@@ -267,9 +310,9 @@ fn poll_write(
     }
 }
 
-fn shutdown_write(io: &AsyncFd<StdUnixStream>) -> Poll<io::Result<()>> {
+fn shutdown_write(stream: &StdUnixStream) -> Poll<io::Result<()>> {
     Poll::Ready(
-        nix::sys::socket::shutdown(io.get_ref().as_raw_fd(), nix::sys::socket::Shutdown::Write)
+        nix::sys::socket::shutdown(stream.as_raw_fd(), nix::sys::socket::Shutdown::Write)
             .map_err(io::Error::from),
     )
 }
@@ -281,7 +324,7 @@ impl AsyncWrite for QuietUnix {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(&this.io, &mut this.room, cx, |fd| send(fd, buf))
+        poll_write(&this.stream, &mut this.room, cx, |fd| send(fd, buf))
     }
 
     fn poll_write_vectored(
@@ -290,7 +333,9 @@ impl AsyncWrite for QuietUnix {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(&this.io, &mut this.room, cx, |fd| send_vectored(fd, bufs))
+        poll_write(&this.stream, &mut this.room, cx, |fd| {
+            send_vectored(fd, bufs)
+        })
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -302,7 +347,7 @@ impl AsyncWrite for QuietUnix {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        shutdown_write(&self.io)
+        shutdown_write(&self.stream)
     }
 }
 
@@ -311,23 +356,43 @@ impl QuietUnix {
     /// it writes answers (a front connection). The writer keeps the stream's write
     /// registration: one a blocked write made stays until the stream settles or drops.
     pub fn split(&mut self) -> (QuietRead<'_>, QuietWrite<'_>) {
-        let QuietUnix { io, room, fresh } = self;
-        (QuietRead { io, fresh }, QuietWrite { io, room })
+        let QuietUnix {
+            watch,
+            room,
+            stream,
+        } = self;
+        let stream = &*stream;
+        (QuietRead { stream, watch }, QuietWrite { stream, room })
     }
 }
 
-/// The reading half of a [`QuietUnix`] (see [`QuietUnix::split`]).
+/// The reading half of a [`QuietUnix`] (see [`QuietUnix::split`]); the only side that
+/// registers the stream for reads.
 #[derive(Debug)]
 pub struct QuietRead<'a> {
-    io: &'a AsyncFd<StdUnixStream>,
-    fresh: &'a mut bool,
+    stream: &'a StdUnixStream,
+    watch: &'a mut Option<AsyncFd<RawFd>>,
+}
+
+impl QuietRead<'_> {
+    /// Whether the reactor watches the stream for reads ([`QuietUnix::is_watched`]).
+    pub fn is_watched(&self) -> bool {
+        self.watch.is_some()
+    }
 }
 
 /// The writing half of a [`QuietUnix`]; shutting it down shuts the stream down for writing.
 #[derive(Debug)]
 pub struct QuietWrite<'a> {
-    io: &'a AsyncFd<StdUnixStream>,
+    stream: &'a StdUnixStream,
     room: &'a mut Option<AsyncFd<OwnedFd>>,
+}
+
+impl QuietWrite<'_> {
+    /// As [`QuietUnix::settle`]: drops the write registration a blocked write made, if any.
+    pub fn settle(&mut self) {
+        *self.room = None;
+    }
 }
 
 impl AsyncRead for QuietRead<'_> {
@@ -337,7 +402,7 @@ impl AsyncRead for QuietRead<'_> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_read(this.io, this.fresh, cx, buf)
+        poll_read(this.stream, this.watch, cx, buf)
     }
 }
 
@@ -348,7 +413,7 @@ impl AsyncWrite for QuietWrite<'_> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(this.io, this.room, cx, |fd| send(fd, buf))
+        poll_write(this.stream, this.room, cx, |fd| send(fd, buf))
     }
 
     fn poll_write_vectored(
@@ -357,7 +422,7 @@ impl AsyncWrite for QuietWrite<'_> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(this.io, this.room, cx, |fd| send_vectored(fd, bufs))
+        poll_write(this.stream, this.room, cx, |fd| send_vectored(fd, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -369,7 +434,7 @@ impl AsyncWrite for QuietWrite<'_> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        shutdown_write(self.io)
+        shutdown_write(self.stream)
     }
 }
 

@@ -73,7 +73,10 @@ pub(super) async fn write_loop<'w>(
     'frames: while let Some(first) = frames.next(&mut mux).await {
         let mut next = Some(first);
         let mut close = false;
+        // The batch ends a request.
+        let mut ends = false;
         while let Some(frame) = next.take() {
+            ends |= frame.last;
             let stale = frame.seq != 0 && ended.get(&frame.id).is_some_and(|&s| frame.seq <= s);
             if !stale {
                 match frame.bytes {
@@ -105,6 +108,12 @@ pub(super) async fn write_loop<'w>(
                 break 'frames;
             }
             batch.clear();
+        }
+        // An exchange has ended: a write registration that a full socket made for its answer
+        // is dropped, so that a kept connection goes back to waking its thread for reads
+        // only (the next answer that finds the socket full registers again).
+        if ends {
+            writer.settle();
         }
         if close {
             break;
@@ -322,5 +331,65 @@ impl CgiSink for Responder<'_> {
                 self.queue(records).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use tokio::io::AsyncReadExt;
+
+    use super::{write_loop, Closed, Frame, Out};
+    use crate::front::fastcgi::outbox::Outbox;
+    use crate::front::halves::halves;
+    use crate::net::{QuietUnix, Stream};
+
+    /// An answer larger than the socket's buffer makes the writer wait for room through a
+    /// write registration; once the exchange has ended the kept connection is back to reads
+    /// only, before the next request and not only at its close.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_blocked_answer_leaves_no_write_registration_after_its_exchange() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let mut stream = Stream::Unix(QuietUnix::from_tokio(ours).unwrap());
+        let Stream::Unix(quiet) = &stream else {
+            unreachable!()
+        };
+        let fd = quiet.fd();
+        let outbox = Outbox::default();
+        let closed = Closed::default();
+        let big = BytesMut::from(&vec![5u8; 4 << 20][..]);
+        let (_reader, writer) = halves(&mut stream);
+        let writing = write_loop(writer, &outbox, &closed);
+        let feeding = async {
+            let frame = |bytes: BytesMut, last| Out {
+                id: 1,
+                seq: 1,
+                bytes: Frame::Bytes(bytes),
+                last,
+                cut: false,
+                close: false,
+            };
+            assert!(outbox.push(frame(big.clone(), true)).await);
+            // The next exchange's small answer: it goes out without waiting for room.
+            assert!(outbox.push(frame(BytesMut::from(&b"next"[..]), true)).await);
+            outbox.finish();
+        };
+        let reading = async move {
+            let mut theirs = theirs;
+            let mut got = vec![0u8; (4 << 20) + 4];
+            theirs.read_exact(&mut got).await.unwrap();
+            got
+        };
+        // The write half, given back, is dropped here: the stream is looked at next.
+        let (_, (), got) = tokio::join!(writing, feeding, reading);
+        assert_eq!(got.len(), (4 << 20) + 4);
+        let Stream::Unix(quiet) = &stream else {
+            unreachable!()
+        };
+        assert_eq!(quiet.fd(), fd);
+        assert!(
+            quiet.room_fd().is_none(),
+            "the write registration outlived the exchange"
+        );
     }
 }

@@ -81,18 +81,26 @@ pub async fn serve_connection(
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
     use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::time::Instant;
 
     use bytes::BytesMut;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_util::sync::CancellationToken;
 
     use super::{Kept, SpareAnswer};
+    use crate::config::{FrontTimeouts, ListenAddress};
     use crate::front::fastcgi::{serve_kept, Served};
     use crate::front::limits::{Admission, Client};
     use crate::gateway::{BuildSettings, Gateway};
-    use crate::net::Stream;
-    use crate::protocols::fastcgi::{encode_begin_request, encode_params, encode_stdin_end, Role};
+    use crate::net::fdinfo::{epoll_events, inode};
+    use crate::net::{QuietListener, Stream};
+    use crate::protocols::fastcgi::{
+        encode_begin_request, encode_end_request, encode_params, encode_stdin_end, encode_stdout,
+        encode_stdout_end, ProtocolStatus, Role,
+    };
 
     /// One task's state serves connection after connection: each request is answered in
     /// full (the writer's queue and flag of the last connection left nothing behind), and
@@ -166,5 +174,215 @@ mod tests {
                 "connection {n}: the allocation was not kept"
             );
         }
+    }
+
+    /// A gateway whose pool is the FastCGI server at `backend`, and the listener's settings
+    /// with a `header_timeout` of 1 s.
+    fn gateway(
+        dir: &std::path::Path,
+        backend: &str,
+    ) -> (Arc<Gateway>, Arc<ListenAddress>, FrontTimeouts) {
+        let text = format!(
+            "[server]\nruntime_dir = \"{d}/run\"\n[[listen]]\naddress = \"unix:{d}/f.sock\"\n\
+             protocol = \"fastcgi\"\n[pools.p]\nservers = [\"unix:{backend}\"]\n\
+             [[contexts]]\npool = \"p\"\n",
+            d = dir.display()
+        );
+        let config = crate::config::parse(&text, "t.toml").unwrap();
+        let (gateway, _drivers) = Gateway::build(&config, &BuildSettings::default()).unwrap();
+        let mut timeouts = config.listeners[0].timeouts;
+        timeouts.header = Duration::from_secs(1);
+        (
+            Arc::new(gateway),
+            Arc::new(config.listeners[0].bind.address()),
+            timeouts,
+        )
+    }
+
+    /// A GET with FCGI_KEEP_CONN as asked.
+    fn request(keep_conn: bool) -> BytesMut {
+        let mut out = BytesMut::new();
+        encode_begin_request(1, Role::Responder, keep_conn, &mut out);
+        let params = [
+            ("REQUEST_METHOD", "GET"),
+            ("SCRIPT_NAME", "/x"),
+            ("REQUEST_URI", "/x"),
+            ("DOCUMENT_ROOT", "/"),
+            ("SERVER_NAME", "localhost"),
+        ];
+        encode_params(1, &params, &mut out).unwrap();
+        encode_stdin_end(1, &mut out);
+        out
+    }
+
+    /// FCGI_END_REQUEST of request 1, complete: the end of every answer here.
+    const END: [u8; 16] = [1, 3, 0, 1, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+    /// nginx's plain `fastcgi_pass` writes its whole request as it connects and keeps no
+    /// connection: the request is answered, through a backend that takes its time, and the
+    /// connection closed without ever being registered with the reactor. A request that
+    /// keeps its connection is watched meanwhile (its front server may send more).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_there_at_accept_is_answered_without_registering_its_connection() {
+        for keep_conn in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let backend_path = dir.path().join("b.sock");
+            let backend = std::os::unix::net::UnixListener::bind(&backend_path).unwrap();
+            let settings = gateway(dir.path(), &backend_path.display().to_string());
+            let front_path = dir.path().join("f.sock");
+            let listener = QuietListener::bind(&front_path).unwrap();
+            let admission = Admission::new("front", 16);
+            let mut client = std::os::unix::net::UnixStream::connect(&front_path).unwrap();
+            client.write_all(&request(keep_conn)).unwrap();
+            // The backend looks at the front connection's registration while it holds the
+            // answer, then answers.
+            let ours = listener.accept().await.unwrap();
+            let fd = ours.fd();
+            let ino = inode(fd);
+            let looked = std::thread::spawn(move || {
+                let (mut conn, _) = backend.accept().unwrap();
+                let mut got = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Up to the end of FCGI_STDIN (type 5, id 1, empty).
+                while !got.windows(8).any(|w| w == [1, 5, 0, 1, 0, 0, 0, 0]) {
+                    let n = std::io::Read::read(&mut conn, &mut chunk).unwrap();
+                    assert!(n > 0, "corral closed before its request was whole");
+                    got.extend_from_slice(&chunk[..n]);
+                }
+                // Time for the front's task to go to sleep on whatever it waits for: a kept
+                // connection is registered in the same turn that sent the request here (the
+                // wait is only for a loaded machine); a plain one must still not be after
+                // 100 ms.
+                let mut events = epoll_events(fd, ino);
+                for tick in 1..=500 {
+                    if tick > 10 && !(keep_conn && events.is_empty()) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    events = epoll_events(fd, ino);
+                }
+                let mut out = BytesMut::new();
+                encode_stdout(
+                    1,
+                    b"Status: 200 OK\r\nContent-Type: text/plain\r\n\r\nhi",
+                    &mut out,
+                );
+                encode_stdout_end(1, &mut out);
+                encode_end_request(1, 0, ProtocolStatus::RequestComplete, &mut out);
+                conn.write_all(&out).unwrap();
+                events
+            });
+            // The front server reads the answer; a kept connection it then closes.
+            let reading = std::thread::spawn(move || {
+                let mut answer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !answer.ends_with(&END) {
+                    let n = std::io::Read::read(&mut client, &mut chunk).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    answer.extend_from_slice(&chunk[..n]);
+                }
+                if !keep_conn {
+                    let mut end = [0u8; 1];
+                    assert_eq!(std::io::Read::read(&mut client, &mut end).unwrap(), 0);
+                }
+                answer
+            });
+            let (gateway, address, timeouts) = &settings;
+            let served = Served {
+                listener: Arc::clone(address),
+                ticket: admission.admit(UNIX_CLIENT).unwrap(),
+                timeouts: *timeouts,
+                gateway: Arc::clone(gateway),
+                shutdown: CancellationToken::new(),
+            };
+            let (kept, mut spare) = (Kept::default(), SpareAnswer::default());
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                serve_kept(Stream::Unix(ours), served, &kept, &mut spare),
+            )
+            .await
+            .expect("the connection ended");
+            let events = looked.join().unwrap();
+            if keep_conn {
+                assert_eq!(events.len(), 1, "a kept connection is watched: {events:?}");
+            } else {
+                assert!(events.is_empty(), "registered: {events:x?}");
+            }
+            let answer = reading.join().unwrap();
+            let text = String::from_utf8_lossy(&answer);
+            assert!(text.contains("Status: 200"), "{keep_conn}: {text:?}");
+            assert!(answer.ends_with(&END), "{keep_conn}: {text:?}");
+        }
+    }
+
+    const UNIX_CLIENT: Client = Client {
+        listener: 0,
+        addr: None,
+        cap: None,
+    };
+
+    /// What an accepted connection that has not sent its request yet gets: a request that
+    /// comes later is answered (the read that found nothing registered the connection, and
+    /// the bytes woke it); one that never comes is closed at the header deadline; a front
+    /// server that closes at once ends the connection at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_without_its_request_yet_keeps_its_deadline_and_wakes_for_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = dir.path().join("none.sock");
+        let (gateway, address, timeouts) = gateway(dir.path(), &none.display().to_string());
+        let front_path = dir.path().join("f.sock");
+        let listener = QuietListener::bind(&front_path).unwrap();
+        let admission = Admission::new("front", 16);
+        let serve = |ours| {
+            let served = Served {
+                listener: Arc::clone(&address),
+                ticket: admission.admit(UNIX_CLIENT).unwrap(),
+                timeouts,
+                gateway: Arc::clone(&gateway),
+                shutdown: CancellationToken::new(),
+            };
+            async move {
+                let (kept, mut spare) = (Kept::default(), SpareAnswer::default());
+                serve_kept(Stream::Unix(ours), served, &kept, &mut spare).await;
+            }
+        };
+        // Late: 100 ms after the accept, well within the 1 s deadline.
+        let mut client = std::os::unix::net::UnixStream::connect(&front_path).unwrap();
+        let ours = listener.accept().await.unwrap();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            client.write_all(&request(false)).unwrap();
+            let mut answer = Vec::new();
+            std::io::Read::read_to_end(&mut client, &mut answer).unwrap();
+            answer
+        });
+        serve(ours).await;
+        let answer = late.join().unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.contains("Status: 5"), "late request: {text:?}");
+        assert!(answer.ends_with(&END), "late request: {text:?}");
+
+        // Silent: closed, unanswered, at the header deadline.
+        let mut client = std::os::unix::net::UnixStream::connect(&front_path).unwrap();
+        let ours = listener.accept().await.unwrap();
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), serve(ours))
+            .await
+            .expect("closed at the header deadline");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(990), "closed after {took:?}");
+        let mut answer = Vec::new();
+        std::io::Read::read_to_end(&mut client, &mut answer).unwrap();
+        assert!(answer.is_empty(), "{answer:?}");
+
+        // Gone at once: the connection ends at once, long before its deadline.
+        let client = std::os::unix::net::UnixStream::connect(&front_path).unwrap();
+        drop(client);
+        let ours = listener.accept().await.unwrap();
+        let started = Instant::now();
+        serve(ours).await;
+        assert!(started.elapsed() < Duration::from_millis(500));
     }
 }

@@ -155,6 +155,18 @@ impl Connection<'_> {
         }
     }
 
+    /// Whether the front server has sent everything it will on this connection: its one
+    /// request, dispatched, has all its records in (FCGI_STDIN ended, nothing left unread)
+    /// and did not ask to keep the connection, which closes after its answer.
+    pub(super) fn heard_all(&self, buf: &BytesMut) -> bool {
+        buf.is_empty()
+            && self.requests.len() == 1
+            && self
+                .requests
+                .values()
+                .all(|r| !r.keep_conn && r.stdin_ended && r.task.is_some())
+    }
+
     /// FCGI_BEGIN_REQUEST for the responder role: the request is remembered until its
     /// parameters end. Synchronous, so the reader's loop calls it without the state of the
     /// whole event handler (the usual events are handled there without an `await`).
