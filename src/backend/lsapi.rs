@@ -111,7 +111,9 @@ pub(super) struct Codec {
 impl Codec {
     fn new(limits: &Limits) -> Codec {
         Codec {
-            packets: ResponseDecoder::new(limits),
+            // Body bytes go on as they are read: the read buffer never keeps part of a
+            // packet behind, so refilling it copies nothing (ResponseDecoder::partial_streams).
+            packets: ResponseDecoder::new(limits).partial_streams(true),
             limits: limits.clone(),
             head_seen: false,
             closing: false,
