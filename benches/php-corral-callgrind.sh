@@ -8,6 +8,10 @@
 # connection: corral would count a connection per request); (total of N2 - total of N1) /
 # (N2 - N1) is corral's count per request. The native pool runs with `preload = false`: a
 # worker forked from the template does not outlive a parent under valgrind.
+# The count holds no timing noise, but it follows how an answer's bytes fall into corral's
+# reads, which depends on when the PHP process writes: php-cgi's row gave 91.1k, 60.9k and
+# 92.0k for phpinfo in three runs of one build (a FastCGI record cut by a read is copied when
+# the buffer is refilled), the native worker's 48.0k and 48.1k.
 # Usage: bash benches/php-corral-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: phpinfo 100 300;
 #   SCRIPT: hello or phpinfo)
 # Env: CORRAL, WORKER (release builds by default), OUT_DIR (corral's last profiles are left
