@@ -98,6 +98,10 @@ fn violation(rule: impl ToString) -> BackendError {
     }
 }
 
+/// What an empty read buffer is given room for before the next read: a native worker's
+/// largest write (64 KiB of RESP_STREAM packets and their headers).
+const READ_ROOM: usize = 64 * 1024 + 4 * 8;
+
 /// Turns the backend's packets into exchange steps.
 #[derive(Debug)]
 pub(super) struct Codec {
@@ -111,7 +115,9 @@ pub(super) struct Codec {
 impl Codec {
     fn new(limits: &Limits) -> Codec {
         Codec {
-            packets: ResponseDecoder::new(limits),
+            // Body bytes go on as they are read: the read buffer never keeps part of a
+            // packet behind, so refilling it copies nothing (ResponseDecoder::partial_streams).
+            packets: ResponseDecoder::new(limits).partial_streams(true),
             limits: limits.clone(),
             head_seen: false,
             closing: false,
@@ -120,6 +126,15 @@ impl Codec {
 
     pub(super) fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Step>, BackendError> {
         let event = match self.packets.decode_text(src) {
+            Ok(None) if src.is_empty() => {
+                // Room for a whole write of the worker's (its packets go out 64 KiB at a
+                // time) before the exchange reads: with nothing buffered this moves no byte,
+                // and the answer then comes in one read rather than in 32 KiB reads.
+                if src.capacity() < READ_ROOM {
+                    src.reserve(READ_ROOM);
+                }
+                return Ok(None);
+            }
             Ok(Some(TextEvent::Head { status, text })) => {
                 self.head_seen = true;
                 return Ok(Some(Step::Head(cgi_head(status, text, &self.limits)?)));
@@ -303,6 +318,30 @@ mod tests {
             panic!("no empty head");
         };
         assert!(head.headers().is_empty() && head.status().is_none());
+    }
+
+    /// Once everything buffered is decoded, the buffer has room for a whole write of the
+    /// worker's, without moving the stream bytes already handed out (they keep theirs).
+    #[test]
+    fn an_emptied_buffer_gets_room_for_a_whole_write() {
+        let mut src = head_packet(200, &[b"Content-Type: text/plain"]);
+        let encoder = crate::protocols::lsapi::ResponseEncoder::default();
+        encoder.stream(&[b'x'; 16384], &mut src);
+        encoder.stream(b"tail", &mut src);
+        let mut codec = Codec::new(&Limits::default());
+        let mut data = Vec::new();
+        loop {
+            match codec.decode(&mut src) {
+                Ok(Some(Step::Data(bytes))) => data.push(bytes),
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(src.is_empty());
+        assert!(src.capacity() >= READ_ROOM, "{}", src.capacity());
+        assert_eq!(data.iter().map(|d| d.len()).sum::<usize>(), 16388);
+        assert!(data[0].iter().all(|&b| b == b'x'));
     }
 
     /// The packet a thread's first request gets, from a scratch no request has used.

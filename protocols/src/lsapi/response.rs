@@ -112,6 +112,10 @@ pub struct ResponseDecoder {
     limits: Limits,
     rule: FlagRule,
     state: State,
+    /// [`ResponseDecoder::partial_streams`]: RESP_STREAM payloads handed out as they come.
+    partial: bool,
+    /// Payload bytes of the RESP_STREAM packet being handed out that have not come yet.
+    stream_left: usize,
 }
 
 impl ResponseDecoder {
@@ -121,7 +125,22 @@ impl ResponseDecoder {
             limits: limits.clone(),
             rule: FlagRule::HOST,
             state: State::AwaitHeader,
+            partial: false,
+            stream_left: 0,
         }
+    }
+
+    /// Hands each RESP_STREAM payload out as its bytes come, in as many
+    /// [`ResponseEvent::Stream`] events as it takes (one may be empty: the packet header
+    /// alone), rather than once the whole packet is buffered (a packet wholly buffered is
+    /// still one event). The packet's header is checked as before, before any of its
+    /// payload is given out. A gateway reading into a buffer
+    /// it hands slices of onwards then never keeps part of a packet behind in it, so the
+    /// buffer is empty after each read's events and the next read needs no copy of a
+    /// packet's first part into a new allocation.
+    pub fn partial_streams(mut self, on: bool) -> ResponseDecoder {
+        self.partial = on;
+        self
     }
 
     /// Reads flags under `rule` instead.
@@ -143,6 +162,9 @@ impl ResponseDecoder {
     /// Decodes the next event; `Ok(None)` means more bytes are needed. Bytes are consumed
     /// only with a returned event.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, LsapiError> {
+        if let Some(part) = self.stream_part(src)? {
+            return Ok(part);
+        }
         let Some(h) = self.whole_packet(src)? else {
             return Ok(None);
         };
@@ -169,6 +191,9 @@ impl ResponseDecoder {
     /// they would end the line early; so are empty lines, which would end the head early.
     /// Every other check is [`decode`](Self::decode)'s.
     pub fn decode_text(&mut self, src: &mut BytesMut) -> Result<Option<TextEvent>, LsapiError> {
+        if let Some(part) = self.stream_part(src)? {
+            return Ok(part.map(TextEvent::Event));
+        }
         let Some(h) = self.whole_packet(src)? else {
             return Ok(None);
         };
@@ -199,6 +224,42 @@ impl ResponseDecoder {
             status,
             text: packet.freeze(),
         }))
+    }
+
+    /// With [`partial_streams`](Self::partial_streams): the next part of a RESP_STREAM
+    /// payload when one is under way or starts here without being wholly buffered (its
+    /// header checked first, then consumed), as many of its bytes as are buffered; `None`
+    /// for everything else, which the whole-packet path decodes. `Some(None)`: a packet is
+    /// under way and none of its bytes are buffered. A part of no bytes is a header with
+    /// none of its payload behind it yet (consumed, so it is an event).
+    fn stream_part(
+        &mut self,
+        src: &mut BytesMut,
+    ) -> Result<Option<Option<ResponseEvent>>, LsapiError> {
+        if self.stream_left == 0 {
+            if !self.partial {
+                return Ok(None);
+            }
+            let Some(h) = PacketHeader::parse(src, self.rule)? else {
+                return Ok(None);
+            };
+            if h.kind != PacketType::RespStream || src.len() >= h.len {
+                return Ok(None);
+            }
+            self.check_size(&h)?;
+            self.check_sequence(h.kind)?;
+            src.advance(HEADER_LEN);
+            self.stream_left = h.payload_len();
+            let n = self.stream_left.min(src.len());
+            self.stream_left -= n;
+            return Ok(Some(Some(ResponseEvent::Stream(src.split_to(n).freeze()))));
+        }
+        let n = self.stream_left.min(src.len());
+        if n == 0 {
+            return Ok(Some(None));
+        }
+        self.stream_left -= n;
+        Ok(Some(Some(ResponseEvent::Stream(src.split_to(n).freeze()))))
     }
 
     /// The header of the next packet once the whole packet is in `src`, its size and place

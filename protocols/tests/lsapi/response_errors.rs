@@ -241,3 +241,71 @@ fn malformed_resp_header_contents() {
         }
     );
 }
+
+/// With partial streams a RESP_STREAM packet's payload goes out before the packet is whole,
+/// so its header's checks must come first: an oversized packet, and one before RESP_HEADER,
+/// are refused with only their header and a few payload bytes buffered, nothing handed out
+/// and nothing consumed.
+#[test]
+fn a_partial_stream_is_checked_before_its_first_byte_goes_out() {
+    let mut oversized = ok_header();
+    oversized.extend_from_slice(&cat(&[&[0x4c, 0x53, 4, 0], &(8 + 16385u32).to_le_bytes()]));
+    oversized.extend_from_slice(b"abc");
+    let mut dec = ResponseDecoder::new(&Limits::DEFAULT)
+        .with_flag_rule(FlagRule::Literal)
+        .partial_streams(true);
+    let mut src = BytesMut::from(&oversized[..]);
+    assert!(matches!(
+        dec.decode(&mut src),
+        Ok(Some(ResponseEvent::Header(_)))
+    ));
+    let err = dec.decode(&mut src).unwrap_err();
+    assert!(
+        matches!(err, LsapiError::PacketTooLarge { len: 16393, .. }),
+        "{err:?}"
+    );
+    assert_eq!(src.len(), 11);
+
+    let early = cat(&[&[0x4c, 0x53, 4, 0], &(8 + 100u32).to_le_bytes(), b"abc"]);
+    let mut dec = ResponseDecoder::new(&Limits::DEFAULT)
+        .with_flag_rule(FlagRule::Literal)
+        .partial_streams(true);
+    let mut src = BytesMut::from(&early[..]);
+    assert_eq!(
+        dec.decode_text(&mut src).unwrap_err(),
+        LsapiError::StreamBeforeHeader
+    );
+    assert_eq!(src.len(), 11);
+}
+
+/// A partial stream ends at its packet's length: the bytes after it are the next packet's,
+/// decoded as such, whatever they look like.
+#[test]
+fn a_partial_stream_stops_at_its_packets_end() {
+    let mut bytes = ok_header();
+    bytes.extend_from_slice(&packet(4, b"0123456789"));
+    bytes.extend_from_slice(&packet(5, b""));
+    let mut dec = ResponseDecoder::new(&Limits::DEFAULT)
+        .with_flag_rule(FlagRule::Literal)
+        .partial_streams(true);
+    let head_len = ok_header().len();
+    // The header and 4 payload bytes, then the rest and RESP_END in one read.
+    let mut src = BytesMut::from(&bytes[..head_len + 8 + 4]);
+    assert!(matches!(
+        dec.decode(&mut src),
+        Ok(Some(ResponseEvent::Header(_)))
+    ));
+    assert_eq!(
+        dec.decode(&mut src).unwrap(),
+        Some(ResponseEvent::Stream(Bytes::from_static(b"0123")))
+    );
+    assert_eq!(dec.decode(&mut src).unwrap(), None);
+    assert!(src.is_empty());
+    src.extend_from_slice(&bytes[head_len + 12..]);
+    assert_eq!(
+        dec.decode(&mut src).unwrap(),
+        Some(ResponseEvent::Stream(Bytes::from_static(b"456789")))
+    );
+    assert_eq!(dec.decode(&mut src).unwrap(), Some(ResponseEvent::End));
+    assert!(src.is_empty());
+}
