@@ -70,13 +70,22 @@ impl Logged {
 
 impl Drop for GatewayBody {
     fn drop(&mut self) {
-        // Dropped before its clean end: the client went away, or the backend broke off.
+        // A body the front does not send (`discard_unsent`) is dropped once the client has
+        // its whole answer: the request ends here for the client, not when the backend's
+        // rest has been read.
+        let unsent = self.body.is_unsent();
+        if unsent {
+            self.timer.end(&self.pool.requests);
+        }
+        // Otherwise, dropped before its clean end: the client went away, or the backend
+        // broke off.
         if let Some(mut logged) = self.log.take() {
-            logged.record.aborted = !self.body.is_ended();
+            logged.record.aborted = !unsent && !self.body.is_ended();
             logged.finish(&self.timer);
         }
-        // Dropped at its Content-Length before the end record came: the slot waits with
-        // the connection for that record (`src/backend/exchange/end.rs`).
+        // Dropped at its Content-Length before the end record came, or unsent before its
+        // end: the slot waits with the connection for the rest of the response
+        // (`src/backend/exchange/end.rs`).
         self.body.hold_until_end(&mut self.slot);
     }
 }
@@ -86,6 +95,14 @@ impl GatewayBody {
     /// is then as good as free: dropping the body costs nothing).
     pub fn is_ended(&self) -> bool {
         self.body.is_ended()
+    }
+
+    /// Says that the front sends none of this body (an answer to HEAD, a 204 or a 304, or
+    /// one a file replaces): dropped before its end, the rest of the response is read and
+    /// thrown away so that its connection is kept (`ResponseBody::discard_unsent`), and the
+    /// request counts as answered, not aborted.
+    pub fn discard_unsent(&mut self) {
+        self.body.discard_unsent();
     }
 
     /// When the body ended cleanly (the request's timer read the clock then), if it has.
