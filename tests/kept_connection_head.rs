@@ -46,7 +46,13 @@ enum Rest {
     Huge,
     /// The head, then nothing until corral closes the connection.
     Stall,
+    /// The head (announcing [`TRICKLE`] bytes), then a byte of body every 50 ms until
+    /// corral closes the connection (or for 10 s).
+    Trickle,
 }
+
+/// The body length a trickled answer announces: more than 10 s of its bytes.
+const TRICKLE: usize = 1000;
 
 /// More body than corral reads to keep a connection (256 KiB).
 const HUGE: usize = 1024 * 1024;
@@ -80,7 +86,11 @@ fn answer(
     } else {
         b"hello".to_vec()
     };
-    let length = body.len().to_string();
+    let length = if rest == Rest::Trickle {
+        TRICKLE.to_string()
+    } else {
+        body.len().to_string()
+    };
     let (mut head, mut after) = (BytesMut::new(), BytesMut::new());
     match (proto, enc) {
         (Proto::FastCgi, _) => {
@@ -151,6 +161,20 @@ fn serve(mut s: TcpStream, proto: Proto, rest: Rest, seen: &Seen) {
                 s.write_all(&head).unwrap();
                 let at = Instant::now();
                 scripted::drain(&mut s);
+                seen.closed_after.lock().unwrap().push(at.elapsed());
+                return;
+            }
+            Rest::Trickle => {
+                s.write_all(&head).unwrap();
+                let at = Instant::now();
+                for _ in 0..200 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let mut byte = BytesMut::new();
+                    encode_stdout(id, b"x", &mut byte);
+                    if s.write_all(&byte).is_err() {
+                        break;
+                    }
+                }
                 seen.closed_after.lock().unwrap().push(at.elapsed());
                 return;
             }
@@ -381,6 +405,42 @@ fn a_head_whose_backend_stalls_after_the_head_is_cut_at_the_request_timeout() {
         .unwrap();
     let head = read_head(&mut client);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+/// A client that goes away in the middle of a body it was reading is not a body the front
+/// does not send: the backend exchange is still aborted and its connection closed at once,
+/// not read on to its end.
+#[test]
+fn a_client_gone_mid_body_still_aborts_the_exchange() {
+    let dir = tempfile::tempdir().unwrap();
+    let (corral, seen) = corral_for(dir.path(), Proto::FastCgi, Rest::Trickle, 1, "");
+    let mut client = TcpStream::connect(corral.http_addr()).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    client
+        .write_all(b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let head = read_head(&mut client);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut byte = [0u8; 1];
+    assert_eq!(client.read(&mut byte).unwrap(), 1);
+    drop(client);
+    assert!(
+        corral.wait_log("backend exchange abandoned before its end; connection closed"),
+        "{}",
+        corral.log()
+    );
+    assert!(
+        support::eventually(Duration::from_secs(8), || {
+            !seen.closed_after.lock().unwrap().is_empty()
+        }),
+        "{}",
+        corral.log()
+    );
+    let after = seen.closed_after.lock().unwrap()[0];
+    assert!(after < Duration::from_secs(5), "closed after {after:?}");
+    corral.assert_absent("the rest of a response the client is not sent");
 }
 
 /// The socket descriptors process `pid` holds, by inode (`socket:[N]`), sorted.

@@ -343,7 +343,10 @@ impl Exchange {
     }
 
     /// The next step already decodable from the bytes read so far, without any I/O; stderr
-    /// is logged here. `Ok(None)`: more bytes are needed.
+    /// is logged here. `Ok(None)`: more bytes are needed. Always inlined: it is the look
+    /// ahead after every body chunk (`look_ahead`), and a second caller (`end_buffered`,
+    /// which is not on that path) made it a call (about 100 instructions per request).
+    #[inline(always)]
     fn buffered_step(&mut self) -> Result<Option<Step>, BackendError> {
         loop {
             match self.codec.decode(&mut self.inbuf)? {

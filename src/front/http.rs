@@ -310,7 +310,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                 }
             }
         }
-        let response = match gateway
+        let mut response = match gateway
             .dispatch(&routed, params, body_now, request_id)
             .await
         {
@@ -363,18 +363,18 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         if http10::needs_length(keep_alive_10, status, &headers) {
             return http10::answer(&routed, status, headers, response.body, request_id).await;
         }
-        let mut body = response.body;
         if !sends_body(&parts.method, status) {
             // hyper drops this body unread once the head is out: its rest is read and thrown
-            // away so that the backend connection is kept, not aborted.
-            body.discard_unsent();
+            // away so that the backend connection is kept, not aborted. Marked where it lies
+            // (a move out of the response would be a copy of it per request).
+            response.body.discard_unsent();
         }
         let mut builder = Response::builder().status(status);
         if let Some(h) = builder.headers_mut() {
             *h = headers;
         }
         return builder
-            .body(FrontBody::backend(body, request_id))
+            .body(FrontBody::backend(response.body, request_id))
             .unwrap_or_else(|_| plain(StatusCode::BAD_GATEWAY, "bad response head\n"));
     }
     let e = GatewayError::Backend {

@@ -70,17 +70,11 @@ impl Logged {
 
 impl Drop for GatewayBody {
     fn drop(&mut self) {
-        // A body the front does not send (`discard_unsent`) is dropped once the client has
-        // its whole answer: the request ends here for the client, not when the backend's
-        // rest has been read.
-        let unsent = self.body.is_unsent();
-        if unsent {
-            self.timer.end(&self.pool.requests);
-        }
-        // Otherwise, dropped before its clean end: the client went away, or the backend
-        // broke off.
+        // Dropped before its clean end: the client went away, or the backend broke off;
+        // unless the front does not send this body (`discard_unsent`): the client then has
+        // its whole answer.
         if let Some(mut logged) = self.log.take() {
-            logged.record.aborted = !unsent && !self.body.is_ended();
+            logged.record.aborted = !self.body.is_ended() && !self.body.is_unsent();
             logged.finish(&self.timer);
         }
         // Dropped at its Content-Length before the end record came, or unsent before its
@@ -99,8 +93,8 @@ impl GatewayBody {
 
     /// Says that the front sends none of this body (an answer to HEAD, a 204 or a 304, or
     /// one a file replaces): dropped before its end, the rest of the response is read and
-    /// thrown away so that its connection is kept (`ResponseBody::discard_unsent`), and the
-    /// request counts as answered, not aborted.
+    /// thrown away so that its connection is kept (`ResponseBody::discard_unsent`), and its
+    /// access-log line is not marked aborted.
     pub fn discard_unsent(&mut self) {
         self.body.discard_unsent();
     }
