@@ -49,7 +49,7 @@ use crate::protocols::cgi_response::ResponseKind;
 pub(in crate::front) use answer::{error_response, plain};
 pub use body::FrontBody;
 
-use answer::{client_headers, drain};
+use answer::{client_headers, discard, sends_body};
 use body::request_body;
 use head::{check_head, host_of, HeadFields};
 use vars::{cgi_params, AddrText};
@@ -310,7 +310,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                 }
             }
         }
-        let response = match gateway
+        let mut response = match gateway
             .dispatch(&routed, params, body_now, request_id)
             .await
         {
@@ -344,13 +344,13 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
                     true,
                     http::HeaderMap::new(),
                 );
-                drain(response.body).await;
+                discard(response.body);
                 let context = &routed.context.config;
                 return sendfile::answer(context, ask, status, &parts.headers, headers, request_id)
                     .await;
             }
             Err(e) => {
-                drain(response.body).await;
+                discard(response.body);
                 return sendfile::refused(request_id, &e);
             }
         }
@@ -362,6 +362,12 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         let headers = client_headers(response.head.headers(), request_id, false, into);
         if http10::needs_length(keep_alive_10, status, &headers) {
             return http10::answer(&routed, status, headers, response.body, request_id).await;
+        }
+        if !sends_body(&parts.method, status) {
+            // hyper drops this body unread once the head is out: its rest is read and thrown
+            // away so that the backend connection is kept, not aborted. Marked where it lies
+            // (a move out of the response would be a copy of it per request).
+            response.body.discard_unsent();
         }
         let mut builder = Response::builder().status(status);
         if let Some(h) = builder.headers_mut() {

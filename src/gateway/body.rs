@@ -70,13 +70,16 @@ impl Logged {
 
 impl Drop for GatewayBody {
     fn drop(&mut self) {
-        // Dropped before its clean end: the client went away, or the backend broke off.
+        // Dropped before its clean end: the client went away, or the backend broke off;
+        // unless the front does not send this body (`discard_unsent`): the client then has
+        // its whole answer.
         if let Some(mut logged) = self.log.take() {
-            logged.record.aborted = !self.body.is_ended();
+            logged.record.aborted = !self.body.is_ended() && !self.body.is_unsent();
             logged.finish(&self.timer);
         }
-        // Dropped at its Content-Length before the end record came: the slot waits with
-        // the connection for that record (`src/backend/exchange/end.rs`).
+        // Dropped at its Content-Length before the end record came, or unsent before its
+        // end: the slot waits with the connection for the rest of the response
+        // (`src/backend/exchange/end.rs`).
         self.body.hold_until_end(&mut self.slot);
     }
 }
@@ -86,6 +89,14 @@ impl GatewayBody {
     /// is then as good as free: dropping the body costs nothing).
     pub fn is_ended(&self) -> bool {
         self.body.is_ended()
+    }
+
+    /// Says that the front sends none of this body (an answer to HEAD, a 204 or a 304, or
+    /// one a file replaces): dropped before its end, the rest of the response is read and
+    /// thrown away so that its connection is kept (`ResponseBody::discard_unsent`), and its
+    /// access-log line is not marked aborted.
+    pub fn discard_unsent(&mut self) {
+        self.body.discard_unsent();
     }
 
     /// When the body ended cleanly (the request's timer read the clock then), if it has.

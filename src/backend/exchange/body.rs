@@ -82,17 +82,37 @@ impl ResponseBody {
     }
 
     /// For a body dropped once every byte its head announced was handed out, but before its
-    /// end record arrived: takes `guard` (the request's slot) and keeps it until that record
+    /// end record arrived, or a body the front does not send ([`discard_unsent`]) dropped
+    /// before its end: ends the exchange at once when the rest of the response is already
+    /// read, or else takes `guard` (the request's slot) and keeps it until the end record
     /// arrives and the connection is back on its idle stack, or until the wait for it ends
-    /// (the connection is then closed), at most `END_WAIT` (`exchange/end.rs`). Leaves
-    /// `guard` where it is when there is nothing to wait for.
+    /// (the connection is then closed): at most `END_WAIT` after a complete body, the
+    /// request's deadline and `DISCARD_MAX` bytes for one not sent (`exchange/end.rs`).
+    /// Leaves `guard` where it is when there is nothing to wait for.
+    ///
+    /// [`discard_unsent`]: Self::discard_unsent
     #[inline]
     pub fn hold_until_end<G: Send + 'static>(&mut self, guard: &mut Option<G>) {
-        if self.exchange.awaits_end() {
+        if self.exchange.awaits_end() && !self.exchange.end_buffered() {
             if let Some(guard) = guard.take() {
                 self.exchange.held = Some(Box::new(guard));
             }
         }
+    }
+
+    /// Says that the front will send none of this body (the answer to a HEAD request, a 204
+    /// or a 304, whose body HTTP forbids; a file sent in its place): dropped before its end,
+    /// the rest of the response is read and thrown away, within bounds, so that the
+    /// connection is kept instead of aborted and closed.
+    #[inline]
+    pub fn discard_unsent(&mut self) {
+        self.exchange.discard = super::end::DISCARD_MAX;
+    }
+
+    /// Whether [`discard_unsent`](Self::discard_unsent) was said of this body.
+    #[inline]
+    pub fn is_unsent(&self) -> bool {
+        self.exchange.discard > 0
     }
 
     /// After a clean end, the connection if it may carry another request and did not come

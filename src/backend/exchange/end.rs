@@ -12,6 +12,17 @@
 //! before its connection is back on the idle stack (a worker that serves one connection at a
 //! time, php-cgi, would not accept a new one while this one is open). The wait is bounded
 //! by [`END_WAIT`], and by the request's own deadline.
+//!
+//! A body the front never sends is let go before its end too: hyper drops the body of an
+//! answer to HEAD, or of a 204 or 304, unread, once the head is written, and an X-Sendfile
+//! answer replaces it with a file. Backends send such a body anyway (PHP discards its output
+//! for HEAD, but the end of STDOUT and END_REQUEST still follow; an application may render
+//! the whole page), and aborting the exchange there cost every HEAD its kept connection. The
+//! front marks such a body (`ResponseBody::discard_unsent`); dropped, the rest of its
+//! response is read and thrown away, at most [`DISCARD_MAX`] bytes and within the request's
+//! deadline, its slot held meanwhile as for a body a client reads (the worker is still
+//! answering), and the connection is kept when the end record comes. What is already read
+//! is settled at once, without a task: the usual HEAD, whose end came with its head.
 
 use std::future::poll_fn;
 use std::time::Duration;
@@ -27,6 +38,11 @@ use crate::protocols::cgi_response::CgiResponseHead;
 /// machine; a worker still busy after this long (a script that runs on after its output was
 /// complete) keeps its slot no longer, and its connection is closed as before.
 pub(crate) const END_WAIT: Duration = Duration::from_millis(250);
+
+/// Most body bytes read and thrown away to keep the connection of a response the front does
+/// not send (HEAD, 204, 304): a page an application renders for HEAD as for GET, a few
+/// reads of a local socket; a longer one closes the connection, as a client gone does.
+pub(crate) const DISCARD_MAX: u64 = 256 * 1024;
 
 /// The body length a response head announces: its Content-Length when that is one
 /// well-formed number.
@@ -76,11 +92,12 @@ impl Exchange {
             && self.announced == Some(self.handed)
     }
 
-    /// Whether, dropped now, the exchange could still leave a reusable connection once its
-    /// end record arrives.
+    /// Whether, dropped now, the exchange could still leave a reusable connection once the
+    /// rest of its response arrives: every byte the head announced was handed out, or the
+    /// front sends none of the body (`discard`).
     #[inline]
     pub(super) fn awaits_end(&self) -> bool {
-        self.body_complete()
+        (self.body_complete() || (self.discard > 0 && self.state == BodyState::Streaming))
             && self.conn.is_some()
             && self.write_error.is_none()
             && self.request_sent()
@@ -89,46 +106,98 @@ impl Exchange {
             && self.protocol() != Protocol::Scgi
     }
 
-    /// Reads what follows the body's last byte, within [`END_WAIT`]: the connection is kept
-    /// when that is the end record, closed with a log line when it is anything else or does
-    /// not come. Returns once the connection is back on its stack or closed.
+    /// Ends the wait with what is already read, without I/O: true when that was enough (the
+    /// response's end was there, or something that fails the wait), false when the rest is
+    /// still to come. The end of an answer to HEAD usually arrives with its head.
+    pub(super) fn end_buffered(&mut self) -> bool {
+        let unsent = self.discard > 0;
+        loop {
+            let step = match self.buffered_step() {
+                Ok(None) => return false,
+                Ok(Some(step)) => Ok(step),
+                Err(e) => Err(e),
+            };
+            if self.after_body(step, unsent, None).is_some() {
+                return true;
+            }
+        }
+    }
+
+    /// Reads what follows the body's last byte, or what the front does not send of it: the
+    /// connection is kept when the end record comes, closed with a log line when anything
+    /// else comes, more than [`DISCARD_MAX`] bytes of an unsent body, or nothing in time
+    /// ([`END_WAIT`] after a complete body; the request's deadline for an unsent one, as for
+    /// a body a client reads). Returns once the connection is back on its stack or closed.
     async fn wait_for_end(&mut self) {
         let since = Instant::now();
-        // The exchange's own deadline, brought forward: the connection's timer serves.
-        self.request_deadline = self.request_deadline.min(since + END_WAIT);
-        let step = loop {
-            match poll_fn(|cx| self.poll_step(cx)).await {
-                Ok(Step::Data(chunk)) if chunk.is_empty() => {}
-                other => break other,
+        let unsent = self.discard > 0;
+        if !unsent {
+            // The exchange's own deadline, brought forward: the connection's timer serves.
+            self.request_deadline = self.request_deadline.min(since + END_WAIT);
+        }
+        loop {
+            let step = poll_fn(|cx| self.poll_step(cx)).await;
+            if self.after_body(step, unsent, Some(since)).is_some() {
+                return;
             }
-        };
-        let (pool, request_id, protocol) = (self.pool.clone(), self.request_id, self.protocol());
-        match step {
+        }
+    }
+
+    /// Takes one step read after the front let the body go (`unsent`: a body the front
+    /// does not send, whose bytes are read and thrown away within `discard`). `None`: keep
+    /// reading; `Some(true)`: the response ended, and its connection went back where it
+    /// belongs (or was closed, as the backend asked); `Some(false)`: the wait failed and
+    /// the connection is closed. `since`: when the wait began, for the log.
+    fn after_body(
+        &mut self,
+        step: Result<Step, BackendError>,
+        unsent: bool,
+        since: Option<Instant>,
+    ) -> Option<bool> {
+        let waited = since.map(|t| t.elapsed());
+        let why = match step {
+            // Within what may be thrown away; an empty piece is nothing at all.
+            Ok(Step::Data(chunk)) if chunk.len() as u64 <= self.discard => {
+                self.discard -= chunk.len() as u64;
+                return None;
+            }
+            // `poll_step` and `buffered_step` log stderr and skip what means nothing.
+            Ok(Step::Stderr(_) | Step::Nothing) => return None,
             Ok(Step::End { reusable }) => {
                 self.state = BodyState::Ended;
                 self.kept = self.finish(reusable);
-                let waited = since.elapsed();
-                if reusable {
-                    tracing::debug!(%pool, request_id, %protocol, ?waited, "the end record came after the body's last byte; connection kept");
-                } else {
-                    tracing::debug!(%pool, request_id, %protocol, ?waited, "the end record came after the body's last byte, asking for the connection's close");
-                }
+                let why = match (unsent, reusable) {
+                    (true, true) => "the rest of a response the client is not sent was read and discarded; connection kept",
+                    (true, false) => "the rest of a response the client is not sent was read and discarded; the backend asked for the connection's close",
+                    (false, true) => "the end record came after the body's last byte; connection kept",
+                    (false, false) => "the end record came after the body's last byte, asking for the connection's close",
+                };
+                tracing::debug!(pool = %self.pool, request_id = self.request_id, protocol = %self.protocol(), ?waited, "{why}");
+                return Some(true);
+            }
+            Ok(Step::Data(_) | Step::Head(_)) if unsent => {
+                "a response the client is not sent ran past the bytes read to keep its connection (DISCARD_MAX); connection closed"
             }
             Ok(Step::Data(_) | Step::Head(_)) => {
-                self.state = BodyState::Failed;
-                tracing::warn!(%pool, request_id, %protocol, "the backend sent more than the Content-Length it announced, instead of the end of its response; connection closed");
+                "the backend sent more than the Content-Length it announced, instead of the end of its response; connection closed"
+            }
+            Err(BackendError::RequestTimeout { .. }) if unsent => {
+                "the rest of a response the client is not sent did not come within the request timeout; connection closed"
             }
             Err(BackendError::RequestTimeout { .. }) => {
+                tracing::debug!(pool = %self.pool, request_id = self.request_id, protocol = %self.protocol(), ?waited, "no end record within the wait after the body's last byte; connection closed");
                 self.state = BodyState::Failed;
-                tracing::debug!(%pool, request_id, %protocol, waited = ?since.elapsed(), "no end record within the wait after the body's last byte; connection closed");
+                return Some(false);
             }
             Err(error) => {
+                tracing::warn!(pool = %self.pool, request_id = self.request_id, protocol = %self.protocol(), %error, "the response's end after its last body byte failed; connection closed");
                 self.state = BodyState::Failed;
-                tracing::warn!(%pool, request_id, %protocol, %error, "the response's end after its last body byte failed; connection closed");
+                return Some(false);
             }
-            // `poll_step` logs stderr and skips what means nothing: never returned.
-            Ok(Step::Stderr(_) | Step::Nothing) => {}
-        }
+        };
+        tracing::warn!(pool = %self.pool, request_id = self.request_id, protocol = %self.protocol(), ?waited, "{why}");
+        self.state = BodyState::Failed;
+        Some(false)
     }
 }
 

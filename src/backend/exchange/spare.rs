@@ -108,6 +108,7 @@ impl Exchange {
             announced,
             handed,
             held,
+            discard,
         } = self;
         *reused = conn.requests_served() > 0;
         *inbuf = std::mem::take(&mut conn.inbuf);
@@ -138,5 +139,6 @@ impl Exchange {
         *announced = None;
         *handed = 0;
         *held = None;
+        *discard = 0;
     }
 }

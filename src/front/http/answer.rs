@@ -1,6 +1,5 @@
 //! What the http front sends back: the backend's response headers filtered for the client,
-//! corral's own short answers (errors, refusals), and the drain of a backend body that is not
-//! sent.
+//! corral's own short answers (errors, refusals), and which backend bodies are not sent.
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -11,19 +10,20 @@ use crate::gateway::{GatewayBody, GatewayError};
 
 use super::{FrontBody, HttpBody};
 
-/// Response bytes of a backend body that corral reads and drops, so that its connection can
-/// be kept; past this the body is dropped (the exchange is aborted, as for a client gone).
-const DRAIN_MAX: usize = 64 * 1024;
+/// Lets go of a backend body that is not sent (a file replaces it): its rest is read and
+/// thrown away after the answer, within bounds, so that its connection can be kept
+/// (`GatewayBody::discard_unsent`).
+pub(super) fn discard(mut body: GatewayBody) {
+    body.discard_unsent();
+}
 
-/// Reads a backend body that will not be sent to its end, within [`DRAIN_MAX`].
-pub(super) async fn drain(mut body: GatewayBody) {
-    let mut read = 0usize;
-    while let Some(Ok(chunk)) = body.next_chunk().await {
-        read = read.saturating_add(chunk.len());
-        if read > DRAIN_MAX {
-            break;
-        }
-    }
+/// Whether hyper sends the body of an answer with `status` to a `method` request: never for
+/// HEAD, 204 or 304 (RFC 9110 §§9.3.2, 15.3.5, 15.4.5), whose body it drops unread. The
+/// 1xx statuses, which carry none either, never reach it from a backend.
+pub(super) fn sends_body(method: &http::Method, status: StatusCode) -> bool {
+    !(method == http::Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED)
 }
 
 /// The backend's response headers that may reach the client: without `Status:`, the
