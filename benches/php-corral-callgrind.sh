@@ -9,9 +9,12 @@
 # (N2 - N1) is corral's count per request. The native pool runs with `preload = false`: a
 # worker forked from the template does not outlive a parent under valgrind.
 # The count holds no timing noise, but it follows how an answer's bytes fall into corral's
-# reads, which depends on when the PHP process writes: php-cgi's row gave 91.1k, 60.9k and
-# 92.0k for phpinfo in three runs of one build (a FastCGI record cut by a read is copied when
-# the buffer is refilled), the native worker's 48.0k and 48.1k.
+# reads, which depends on when the PHP process writes. php-cgi's row gave 91.1k, 60.9k and
+# 92.0k for phpinfo in three runs of one build while a FastCGI record cut by a read waited in
+# the read buffer and was copied at its refill; with body STDOUT handed on as it is read
+# (ResponseDecoder::partial_stdout) it gave 36.3k to 60.3k in eight runs, memcpy about 1.5k
+# of each (how many reads and pieces an answer takes still varies). The native worker's row:
+# 48.0k and 48.1k.
 # Usage: bash benches/php-corral-callgrind.sh [SCRIPT] [N1] [N2]   (defaults: phpinfo 100 300;
 #   SCRIPT: hello or phpinfo)
 # Env: CORRAL, WORKER (release builds by default), OUT_DIR (corral's last profiles are left

@@ -191,7 +191,7 @@ impl Codec {
             // where it lies, with no copy.
             let mut bytes = bytes;
             if let Some(head) = parser.decode_bytes(&mut bytes).map_err(bad_head)? {
-                self.in_head = false;
+                self.body_begins();
                 if !bytes.is_empty() {
                     self.pending = Some(bytes);
                 }
@@ -205,7 +205,7 @@ impl Codec {
         match parsed {
             None => Ok(Step::Nothing),
             Some(head) => {
-                self.in_head = false;
+                self.body_begins();
                 let rest = std::mem::take(&mut self.head_bytes);
                 if !rest.is_empty() {
                     self.pending = Some(rest.freeze());
@@ -213,6 +213,14 @@ impl Codec {
                 Ok(Step::Head(head))
             }
         }
+    }
+
+    /// The head is read: STDOUT now carries body bytes, which go on as reads bring them
+    /// (`ResponseDecoder::partial_stdout`), so the read buffer never keeps part of a record
+    /// behind and its refill copies nothing.
+    fn body_begins(&mut self) {
+        self.in_head = false;
+        self.records.partial_stdout(true);
     }
 
     pub(super) fn eof(&mut self, _src: &mut BytesMut) -> Result<Step, BackendError> {
@@ -239,5 +247,45 @@ impl Codec {
         let mut dst = BytesMut::new();
         encode_abort_request(REQUEST_ID, &mut dst);
         dst
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+    use crate::protocols::fastcgi::{encode_end_request, encode_stdout};
+
+    /// After the head, a STDOUT record cut by reads goes on in pieces as they come, so the
+    /// read buffer is empty after each read's steps (its refill then copies nothing); the
+    /// head's own record, cut the same way, waits whole as before.
+    #[test]
+    fn body_records_cut_by_reads_leave_nothing_buffered() {
+        let mut wire = BytesMut::new();
+        encode_stdout(REQUEST_ID, b"Content-Type: text/plain\r\n\r\nhi", &mut wire);
+        encode_stdout(REQUEST_ID, &[b'x'; 5001], &mut wire);
+        encode_end_request(REQUEST_ID, 0, ProtocolStatus::RequestComplete, &mut wire);
+        let mut codec = Codec::new(&Limits::default());
+        let mut src = BytesMut::new();
+        let (mut head, mut body, mut ended) = (false, Vec::new(), false);
+        for piece in wire.chunks(1000) {
+            src.extend_from_slice(piece);
+            loop {
+                match codec.decode(&mut src).unwrap() {
+                    Some(Step::Head(_)) => head = true,
+                    Some(Step::Data(bytes)) => body.extend_from_slice(&bytes),
+                    Some(Step::End { reusable }) => ended = reusable,
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            if head {
+                assert!(src.is_empty(), "{} bytes left after the head", src.len());
+            }
+        }
+        assert!(head && ended);
+        assert_eq!(body.len(), 2 + 5001);
+        assert!(body.starts_with(b"hix") && body.iter().skip(2).all(|&b| b == b'x'));
     }
 }

@@ -70,6 +70,12 @@ pub struct ResponseDecoder {
     stdout_open: bool,
     stderr_open: bool,
     ended: bool,
+    /// [`ResponseDecoder::partial_stdout`]: STDOUT content handed out as it comes.
+    partial: bool,
+    /// Content bytes of the STDOUT record being handed out that have not come yet.
+    stdout_left: usize,
+    /// Padding bytes of that record still to skip.
+    padding_left: usize,
 }
 
 impl ResponseDecoder {
@@ -82,7 +88,22 @@ impl ResponseDecoder {
             stdout_open: true,
             stderr_open: true,
             ended: false,
+            partial: false,
+            stdout_left: 0,
+            padding_left: 0,
         }
+    }
+
+    /// With `on`, a STDOUT record not wholly buffered has its content handed out as its
+    /// bytes come, in as many [`ResponseEvent::Stdout`] events as it takes (none empty),
+    /// its padding skipped as it comes; a record wholly buffered is still one event. The
+    /// record's header is checked as before (request id, place in the answer) before any of
+    /// its content goes out. A gateway that hands slices of its read buffer onwards then
+    /// never keeps part of a record behind in it, so the next read needs no copy of the
+    /// record's first part into a new allocation. May be switched at any point (a gateway
+    /// turns it on once the CGI head is read); a record under way is finished either way.
+    pub fn partial_stdout(&mut self, on: bool) {
+        self.partial = on;
     }
 
     /// The request id of the request in flight (or last ended).
@@ -117,16 +138,32 @@ impl ResponseDecoder {
 
     /// Takes the next event from `src`; `Ok(None)` until a whole record has arrived (a
     /// record is taken once all of its bytes, padding included, are in `src`, as
-    /// `RecordDecoder` does). A record whose content the event does not carry (an empty
+    /// `RecordDecoder` does), but for STDOUT content under
+    /// [`partial_stdout`](Self::partial_stdout), whose header may be consumed with an
+    /// `Ok(None)`. A record whose content the event does not carry (an empty
     /// record that ends a stream, FCGI_END_REQUEST) is read where it lies: two of the three
     /// records of a usual answer then make no `Bytes` to drop again at once.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, FastCgiError> {
+        if self.stdout_left != 0 || self.padding_left != 0 {
+            if let Some(part) = self.stdout_part(src) {
+                return Ok(Some(part));
+            }
+            let skip = self.padding_left.min(src.len());
+            src.advance(skip);
+            self.padding_left -= skip;
+            if self.stdout_left != 0 || self.padding_left != 0 {
+                return Ok(None);
+            }
+        }
         let Some(&head) = src.first_chunk::<HEADER_LEN>() else {
             return Ok(None);
         };
         let header = RecordHeader::decode(head)?;
         let total = header.record_len();
         if src.len() < total {
+            if self.partial && header.kind == RecordType::Stdout && header.content_len != 0 {
+                return self.start_stdout(&header, src);
+            }
             src.reserve(total - src.len());
             return Ok(None);
         }
@@ -143,6 +180,63 @@ impl ResponseDecoder {
         };
         src.advance(usize::from(header.padding_len));
         content.map(Some)
+    }
+
+    /// Checks the header of a STDOUT record with content that is not wholly buffered as
+    /// [`application`](Self::application) would the whole record, then consumes the header
+    /// and hands out as much of the content as is buffered (`None`: none yet).
+    fn start_stdout(
+        &mut self,
+        header: &RecordHeader,
+        src: &mut BytesMut,
+    ) -> Result<Option<ResponseEvent>, FastCgiError> {
+        if header.request_id == 0 {
+            return Err(FastCgiError::NullRequestId { kind: header.kind });
+        }
+        self.check_stream(header.kind, header.request_id)?;
+        src.advance(HEADER_LEN);
+        self.stdout_left = usize::from(header.content_len);
+        self.padding_left = usize::from(header.padding_len);
+        Ok(self.stdout_part(src))
+    }
+
+    /// The buffered part of the STDOUT content under way, if any.
+    fn stdout_part(&mut self, src: &mut BytesMut) -> Option<ResponseEvent> {
+        let n = self.stdout_left.min(src.len());
+        if n == 0 {
+            return None;
+        }
+        self.stdout_left -= n;
+        Some(ResponseEvent::Stdout(src.split_to(n).freeze()))
+    }
+
+    /// Refuses an application record for another request, or after END_REQUEST.
+    fn check_request(&self, kind: RecordType, request_id: u16) -> Result<(), FastCgiError> {
+        if request_id != self.request_id {
+            return Err(FastCgiError::WrongRequestId {
+                kind,
+                expected: self.request_id,
+                got: request_id,
+            });
+        }
+        if self.ended {
+            return Err(FastCgiError::RecordAfterEnd { kind, request_id });
+        }
+        Ok(())
+    }
+
+    /// Refuses a STDOUT or STDERR record for another request, after END_REQUEST, or after
+    /// its stream ended.
+    fn check_stream(&self, kind: RecordType, request_id: u16) -> Result<(), FastCgiError> {
+        self.check_request(kind, request_id)?;
+        let open = match kind {
+            RecordType::Stderr => self.stderr_open,
+            _ => self.stdout_open,
+        };
+        if !open {
+            return Err(FastCgiError::StreamAfterEnd { kind, request_id });
+        }
+        Ok(())
     }
 
     fn on_record(
@@ -190,44 +284,32 @@ impl ResponseDecoder {
         request_id: u16,
         content: Content<'_>,
     ) -> Result<ResponseEvent, FastCgiError> {
-        if request_id != self.request_id {
-            return Err(FastCgiError::WrongRequestId {
-                kind,
-                expected: self.request_id,
-                got: request_id,
+        if kind == RecordType::EndRequest {
+            self.check_request(kind, request_id)?;
+            let (app_status, protocol_status) = parse_end_request(content.as_slice())?;
+            self.ended = true;
+            return Ok(ResponseEvent::End {
+                app_status,
+                protocol_status,
             });
         }
-        if self.ended {
-            return Err(FastCgiError::RecordAfterEnd { kind, request_id });
-        }
-        let (open, data, end): (_, fn(Bytes) -> ResponseEvent, _) = match kind {
-            RecordType::Stdout => (
-                &mut self.stdout_open,
-                ResponseEvent::Stdout,
-                ResponseEvent::StdoutEnd,
-            ),
-            RecordType::Stderr => (
-                &mut self.stderr_open,
-                ResponseEvent::Stderr,
-                ResponseEvent::StderrEnd,
-            ),
-            _ => {
-                let (app_status, protocol_status) = parse_end_request(content.as_slice())?;
-                self.ended = true;
-                return Ok(ResponseEvent::End {
-                    app_status,
-                    protocol_status,
-                });
-            }
-        };
-        if !*open {
-            return Err(FastCgiError::StreamAfterEnd { kind, request_id });
-        }
+        self.check_stream(kind, request_id)?;
+        let stdout = kind == RecordType::Stdout;
         if content.as_slice().is_empty() {
-            *open = false;
-            return Ok(end);
+            return Ok(if stdout {
+                self.stdout_open = false;
+                ResponseEvent::StdoutEnd
+            } else {
+                self.stderr_open = false;
+                ResponseEvent::StderrEnd
+            });
         }
-        Ok(data(content.into_bytes()))
+        let bytes = content.into_bytes();
+        Ok(if stdout {
+            ResponseEvent::Stdout(bytes)
+        } else {
+            ResponseEvent::Stderr(bytes)
+        })
     }
 }
 
