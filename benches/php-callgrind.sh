@@ -92,23 +92,7 @@ worker_script = \"$s/www/worker.php\"" ;;
 max_requests = $((n + 101))
 max_requests_jitter = 0" ;;
   esac
-  cat > "$s/corral.toml" <<EOF
-[server]
-runtime_dir = "$s/run"
-log_level = "warn"
-threads = 1
-[[listen]]
-address = "127.0.0.1:$port"
-protocol = "http"
-[pools.php]
-$pool
-mode = "static"
-max = 1
-start_timeout = "60s"
-[[contexts]]
-pool = "php"
-root = "$s/www"
-EOF
+  one_php_pool_toml "$s" "$port" "$pool"
   "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 &
   corral=$!
   local url=http://127.0.0.1:$port/$page.php

@@ -23,6 +23,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
+source benches/lib/callgrind.sh
 RESULTS_VARS="CORRAL WORKER OUT_DIR"
 results_start "$@"
 page=${1:-phpinfo}
@@ -55,23 +56,7 @@ worker_path = \"$WORKER\"
 preload = false" ;;
     cgi) pool='command = ["php-cgi"]' ;;
   esac
-  cat > "$s/corral.toml" <<EOF
-[server]
-runtime_dir = "$s/run"
-log_level = "warn"
-threads = 1
-[[listen]]
-address = "127.0.0.1:$port"
-protocol = "http"
-[pools.php]
-$pool
-mode = "static"
-max = 1
-start_timeout = "60s"
-[[contexts]]
-pool = "php"
-root = "$s/www"
-EOF
+  one_php_pool_toml "$s" "$port" "$pool"
   valgrind --tool=callgrind --callgrind-out-file="$s/cg.out" "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 &
   corral=$!
   local url=http://127.0.0.1:$port/$page.php

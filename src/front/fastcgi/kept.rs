@@ -123,18 +123,7 @@ mod tests {
         let mut spare = SpareAnswer::default();
         for n in 0..3 {
             let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
-            let mut request = BytesMut::new();
-            encode_begin_request(1, Role::Responder, false, &mut request);
-            let params = [
-                ("REQUEST_METHOD", "GET"),
-                ("SCRIPT_NAME", "/x"),
-                ("REQUEST_URI", "/x"),
-                ("DOCUMENT_ROOT", "/"),
-                ("SERVER_NAME", "localhost"),
-            ];
-            encode_params(1, &params, &mut request).unwrap();
-            encode_stdin_end(1, &mut request);
-            theirs.write_all(&request).await.unwrap();
+            theirs.write_all(&request(false)).await.unwrap();
             let client = Client {
                 listener: 0,
                 addr: None,
