@@ -587,3 +587,15 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{POINTED_ENV, POINTED_ROOM};
+
+    #[test]
+    fn pointed_room_holds_every_pointed_variable_added() {
+        // Each added pair: 4 bytes of lengths, the name, two NULs; REQUEST_METHOD's `GET`.
+        let need: usize = POINTED_ENV.iter().map(|n| 4 + n.len() + 2).sum::<usize>() + 3;
+        assert!(need <= POINTED_ROOM, "{need} > {POINTED_ROOM}");
+    }
+}
