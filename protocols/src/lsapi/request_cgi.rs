@@ -3,7 +3,8 @@
 //! [`RequestBuilder`](super::RequestBuilder) fed pair by pair writes (the same bytes; the
 //! tests hold the two together), without the builder's intermediate lists:
 //!
-//! - env pairs go into the destination as they come (the 48 bytes before them are filled
+//! - env pairs go into the destination as they come, copied into a zero-filled room sized
+//!   from the parameters (their NULs are its zeros; the 48 bytes before them are filled
 //!   once the walk is over);
 //! - `HTTP_*` variables become header lines in a scratch kept by the caller (`HTTP_X_THING`
 //!   → `X-Thing`, written in place), their offsets counted from the first header line and
