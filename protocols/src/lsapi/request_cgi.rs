@@ -3,7 +3,8 @@
 //! [`RequestBuilder`](super::RequestBuilder) fed pair by pair writes (the same bytes; the
 //! tests hold the two together), without the builder's intermediate lists:
 //!
-//! - env pairs go into the destination as they come (the 48 bytes before them are filled
+//! - env pairs go into the destination as they come, copied into a zero-filled room sized
+//!   from the parameters (their NULs are its zeros; the 48 bytes before them are filled
 //!   once the walk is over);
 //! - `HTTP_*` variables become header lines in a scratch kept by the caller (`HTTP_X_THING`
 //!   → `X-Thing`, written in place), their offsets counted from the first header line and
@@ -29,8 +30,8 @@ use super::headers::{
 };
 use super::packet::{ByteOrder, FlagRule, PacketType, MAX_HEADER_PACKET_LEN};
 use super::request::{
-    align8, check_len, has_line_breaking_byte, parse_decimal, to_i32, write_pair,
-    BODY_LEN_FROM_CONTENT_LENGTH, MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
+    align8, check_len, has_line_breaking_byte, parse_decimal, to_i32, BODY_LEN_FROM_CONTENT_LENGTH,
+    MAX_ENV_PAIRS, POINTED_ENV, REQ_HEADER_LEN,
 };
 use super::LsapiError;
 use crate::cgi::CgiParams;
@@ -41,6 +42,9 @@ const POINTED_SCRIPT_FILENAME: usize = 0;
 const POINTED_SCRIPT_NAME: usize = 1;
 const POINTED_QUERY: usize = 2;
 const POINTED_METHOD: usize = 3;
+/// Room for the pointed variables added at the end of the walk: four pairs with names of 15
+/// bytes at most (`SCRIPT_FILENAME`), 6 bytes of lengths and NULs each, and `GET`.
+const POINTED_ROOM: usize = 4 * (15 + 6) + 3;
 
 /// What [`encode_cgi_request`] reuses from one request to the next (the header lines and
 /// the unknown-header table), so that a thread encoding request after request allocates
@@ -73,11 +77,21 @@ struct Walk<'s> {
     each_len: bool,
     /// The packet's size limit.
     max: usize,
+    /// The destination and where the packet starts in it. While the walk runs, `dst` is
+    /// zero-filled up to the room the env pairs may take, and `end` (counted from `start`)
+    /// is where the next pair goes: a pair is copied in with no NUL to write and no
+    /// capacity check per piece.
+    dst: &'s mut BytesMut,
+    start: usize,
+    end: usize,
     head: &'s mut Vec<u8>,
     unknown: &'s mut Vec<[i32; 4]>,
-    index_len: [u16; KNOWN_HEADER_COUNT],
-    /// Offsets of the known headers' values in `head` plus one (0: not given).
-    index_off: [usize; KNOWN_HEADER_COUNT],
+    /// Whether each known header was given.
+    seen: [bool; KNOWN_HEADER_COUNT],
+    /// The known headers given, in the order met (the first `known_count`): slot, value
+    /// offset in `head`, value length. The index is written from these alone, its other
+    /// slots left zero.
+    known: [KnownAt; KNOWN_HEADER_COUNT],
     known_count: usize,
     env_count: usize,
     /// Offset of each pointed variable's value from the packet's start (the last wins).
@@ -112,25 +126,30 @@ fn encode(
 ) -> Result<(), LsapiError> {
     scratch.head.clear();
     scratch.unknown.clear();
+    let max = limits.max_params_bytes.min(MAX_HEADER_PACKET_LEN);
+    // Each env pair takes 4 bytes more than its FastCGI form at most (a 2-byte prefix at
+    // least there, 4 bytes and two NULs here), the pointed variables added at the end
+    // fewer than POINTED_ROOM bytes: this room holds them all, and never more than one
+    // byte past the packet limit (a pair that would end past it is refused as it comes).
+    let room = (REQ_HEADER_LEN + 4 + params.encoded().len() + 4 * params.len() + POINTED_ROOM)
+        .min(max + 1);
+    // The request header (filled at the end), the empty special env list, then the pairs.
+    dst.resize(start + room, 0);
     let mut walk = Walk {
         limits,
         each_len: !params.within(limits.max_name_len, limits.max_value_len, usize::MAX),
-        max: limits.max_params_bytes.min(MAX_HEADER_PACKET_LEN),
+        max,
+        dst,
+        start,
+        end: REQ_HEADER_LEN + 4,
         head: &mut scratch.head,
         unknown: &mut scratch.unknown,
-        index_len: [0; KNOWN_HEADER_COUNT],
-        index_off: [0; KNOWN_HEADER_COUNT],
+        seen: [false; KNOWN_HEADER_COUNT],
+        known: [KnownAt::default(); KNOWN_HEADER_COUNT],
         known_count: 0,
         env_count: 0,
         pointed: [None; 4],
     };
-    // Each env pair takes 4 bytes more than its FastCGI form at most (a 2-byte prefix at
-    // least there, 4 bytes and two NULs here): one reservation holds them all, and never
-    // more than a packet can hold (a larger request is refused before it gets there).
-    let pairs = REQ_HEADER_LEN + 4 + params.encoded().len() + 4 * params.len() + 8;
-    dst.reserve(pairs.min(MAX_HEADER_PACKET_LEN + 8));
-    // The request header, filled at the end, and the empty special env list.
-    dst.put_bytes(0, REQ_HEADER_LEN + 4);
     let mut line = LineParts::default();
     let mut had_length = false;
     for (name, value) in params.iter() {
@@ -177,9 +196,9 @@ fn encode(
                     }
                     _ => None,
                 };
-                walk.env(name, value, pointed, dst, start)?;
+                walk.env(name, value, pointed)?;
             }
-            _ => walk.env(name, value, None, dst, start)?,
+            _ => walk.env(name, value, None)?,
         }
     }
     if body_len > 0 || had_length {
@@ -198,10 +217,10 @@ fn encode(
             };
             // Checked here whatever the parameters hold: the name is not one of theirs.
             check_len("env", name.as_bytes(), value, limits)?;
-            walk.env(name.as_bytes(), value, Some(i), dst, start)?;
+            walk.env(name.as_bytes(), value, Some(i))?;
         }
     }
-    walk.finish(&line, body_len, dst, start)
+    walk.finish(&line, body_len)
 }
 
 /// Keeps the first value a variable had.
@@ -222,14 +241,7 @@ impl Walk<'_> {
     /// Appends an env pair; `pointed`: its slot in [`POINTED_ENV`] if it is one. Inlined:
     /// the walk calls it for most variables.
     #[inline(always)]
-    fn env(
-        &mut self,
-        name: &[u8],
-        value: &[u8],
-        pointed: Option<usize>,
-        dst: &mut BytesMut,
-        start: usize,
-    ) -> Result<(), LsapiError> {
+    fn env(&mut self, name: &[u8], value: &[u8], pointed: Option<usize>) -> Result<(), LsapiError> {
         if self.each_len {
             check_len("env", name, value, self.limits)?;
         }
@@ -240,21 +252,45 @@ impl Walk<'_> {
                 max: self.limits.max_params_count.min(MAX_ENV_PAIRS),
             });
         }
-        // Both lengths are below the packet limit once the size check below passed for the
-        // pair before; a longer one is refused by it before the packet is sent.
-        let at = write_pair(dst, name, value) - start;
-        if let Some(slot) = pointed.and_then(|i| self.pointed.get_mut(i)) {
-            *slot = Some(at);
-        }
-        self.env_count += 1;
-        // The packet holds at least this much: stop a runaway early.
-        let so_far = dst.len() - start;
-        if so_far > self.max {
+        let at = self.end;
+        let value_at = at + 4 + name.len() + 1;
+        let end = value_at + value.len() + 1;
+        // The packet holds at least this much: stop a runaway here, before any length could
+        // pass the two bytes it is written in.
+        if end > self.max {
             return Err(LsapiError::RequestTooLarge {
-                len: so_far,
+                len: end,
                 max: self.max,
             });
         }
+        let room = self.start + end;
+        if room > self.dst.len() {
+            // Past the room foreseen (it cannot be, but the walk does not count on it).
+            self.dst.resize(room, 0);
+        }
+        // Both lengths fit their two bytes: the pair's end is within the packet limit.
+        let [n1, n0] = u16::try_from(name.len() + 1)
+            .unwrap_or(u16::MAX)
+            .to_be_bytes();
+        let [v1, v0] = u16::try_from(value.len() + 1)
+            .unwrap_or(u16::MAX)
+            .to_be_bytes();
+        // The bytes between the pieces are the room's zeros: the NULs that end them.
+        let out = self.dst.get_mut(self.start..room).unwrap_or_default();
+        if let Some(lens) = out.get_mut(at..at + 4) {
+            lens.copy_from_slice(&[n1, n0, v1, v0]);
+        }
+        if let Some(n) = out.get_mut(at + 4..value_at - 1) {
+            n.copy_from_slice(name);
+        }
+        if let Some(v) = out.get_mut(value_at..end - 1) {
+            v.copy_from_slice(value);
+        }
+        self.end = end;
+        if let Some(slot) = pointed.and_then(|i| self.pointed.get_mut(i)) {
+            *slot = Some(value_at);
+        }
+        self.env_count += 1;
         Ok(())
     }
 
@@ -307,16 +343,21 @@ impl Walk<'_> {
         let value_off = self.head.len();
         match known {
             Some(i) => {
-                let (Some(off), Some(len)) = (self.index_off.get_mut(i), self.index_len.get_mut(i))
+                let (Some(seen), Some(at)) =
+                    (self.seen.get_mut(i), self.known.get_mut(self.known_count))
                 else {
                     return Err(LsapiError::RepeatedKnownHeader("known header"));
                 };
-                if *off != 0 {
+                if *seen {
                     let name = KNOWN_HEADERS.get(i).copied().unwrap_or("known header");
                     return Err(LsapiError::RepeatedKnownHeader(name));
                 }
-                *off = value_off + 1;
-                *len = u16::try_from(value.len()).unwrap_or(u16::MAX);
+                *seen = true;
+                *at = KnownAt {
+                    slot: i,
+                    off: value_off,
+                    len: u16::try_from(value.len()).unwrap_or(u16::MAX),
+                };
                 self.known_count += 1;
             }
             None => self.unknown.push([
@@ -339,20 +380,16 @@ impl Walk<'_> {
 
     /// Checks the whole packet's size, then writes what follows the env pairs and fills
     /// the request header.
-    fn finish(
-        self,
-        parts: &LineParts<'_>,
-        body_len: u64,
-        dst: &mut BytesMut,
-        start: usize,
-    ) -> Result<(), LsapiError> {
+    fn finish(self, parts: &LineParts<'_>, body_len: u64) -> Result<(), LsapiError> {
+        let (dst, start) = (self.dst, self.start);
+        dst.truncate(start + self.end);
         if line_breaks(parts) {
             return Err(LsapiError::InvalidHeaderBytes {
                 what: "request line",
             });
         }
         let line_len = request_line_len(parts);
-        let lists_end = dst.len() - start + 4;
+        let lists_end = self.end + 4;
         let total = align8(lists_end)
             + HEADER_INDEX_LEN
             + self.unknown.len() * UNKNOWN_HEADER_ENTRY_LEN
@@ -373,7 +410,14 @@ impl Walk<'_> {
         let body_field = match i32::try_from(body_len) {
             Ok(len) => len,
             Err(_) => {
-                let declared = self.known_value(H_CONTENT_LENGTH).and_then(parse_decimal);
+                let declared = self
+                    .known
+                    .get(..self.known_count)
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|k| k.slot == H_CONTENT_LENGTH)
+                    .and_then(|k| self.head.get(k.off..k.off + usize::from(k.len)))
+                    .and_then(parse_decimal);
                 if declared != Some(body_len) {
                     return Err(LsapiError::LargeBodyWithoutContentLength(body_len));
                 }
@@ -382,26 +426,34 @@ impl Walk<'_> {
         };
         // Header offsets count from the raw head's start: the request line comes first.
         let base = line_len + 2;
-        dst.reserve(total - (dst.len() - start));
+        dst.reserve(total - self.end);
         dst.put_bytes(0, 4);
         dst.put_bytes(0, align8(lists_end) - lists_end);
-        for len in self.index_len {
-            dst.put_slice(&len.to_ne_bytes());
+        // The index built on the stack and appended in one piece: the lengths, two bytes of
+        // padding, the offsets.
+        let mut index = [0u8; HEADER_INDEX_LEN];
+        let (lens, offs) = index.split_at_mut(2 * KNOWN_HEADER_COUNT + 2);
+        for k in self.known.get(..self.known_count).unwrap_or_default() {
+            if let Some(len) = lens.get_mut(2 * k.slot..2 * k.slot + 2) {
+                len.copy_from_slice(&k.len.to_ne_bytes());
+            }
+            if let Some(off) = offs.get_mut(4 * k.slot..4 * k.slot + 4) {
+                off.copy_from_slice(&to_i32(base + k.off).to_ne_bytes());
+            }
         }
-        dst.put_bytes(0, 2);
-        for off in self.index_off {
-            let off = if off == 0 { 0 } else { to_i32(base + off - 1) };
-            dst.put_slice(&off.to_ne_bytes());
-        }
+        dst.put_slice(&index);
         for &[name_off, name_len, value_off, value_len] in self.unknown.iter() {
-            for field in [
+            let mut entry = [0u8; UNKNOWN_HEADER_ENTRY_LEN];
+            let fields = [
                 name_off + to_i32(base),
                 name_len,
                 value_off + to_i32(base),
                 value_len,
-            ] {
-                dst.put_slice(&field.to_ne_bytes());
+            ];
+            for (slot, field) in entry.chunks_exact_mut(4).zip(fields) {
+                slot.copy_from_slice(&field.to_ne_bytes());
             }
+            dst.put_slice(&entry);
         }
         put_request_line(parts, dst);
         dst.put_slice(b"\r\n");
@@ -443,12 +495,17 @@ impl Walk<'_> {
         }
         Ok(())
     }
+}
 
-    fn known_value(&self, i: usize) -> Option<&[u8]> {
-        let off = self.index_off.get(i)?.checked_sub(1)?;
-        let len = usize::from(*self.index_len.get(i)?);
-        self.head.get(off..off + len)
-    }
+/// A known header met in the walk.
+#[derive(Clone, Copy, Default)]
+struct KnownAt {
+    /// Its slot in the index.
+    slot: usize,
+    /// Its value's offset in the header lines.
+    off: usize,
+    /// Its value's length (capped at the index field's range).
+    len: u16,
 }
 
 /// `X_CUSTOM_THING` → `X-Custom-Thing`, appended to `dst` (lsphp turns it back into the
@@ -529,5 +586,17 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
         if n == 0 || at == 0 {
             return buf.get(at..).unwrap_or_default();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{POINTED_ENV, POINTED_ROOM};
+
+    #[test]
+    fn pointed_room_holds_every_pointed_variable_added() {
+        // Each added pair: 4 bytes of lengths, the name, two NULs; REQUEST_METHOD's `GET`.
+        let need: usize = POINTED_ENV.iter().map(|n| 4 + n.len() + 2).sum::<usize>() + 3;
+        assert!(need <= POINTED_ROOM, "{need} > {POINTED_ROOM}");
     }
 }
