@@ -40,13 +40,8 @@ results_start "$@"
 page=${1:-hello}
 n1=${2:-500}
 n2=${3:-2500}
-CORRAL=${CORRAL:-target/release/corral}
-WORKER=${WORKER:-$(dirname "$CORRAL")/corral-php-worker}
-[ -x "$CORRAL" ] && [ -x "$WORKER" ] || cargo build --release --quiet -p corral -p corral-php-worker
-CORRAL=$(realpath "$CORRAL")
-WORKER=$(realpath "$WORKER")
+php_bench_binaries "$page"
 out_dir=${OUT_DIR:-/tmp}
-case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
 
 # inclusive FILE FUNCTION -> the instructions FUNCTION and everything it called ran, in all.
 inclusive() {

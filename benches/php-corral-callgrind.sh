@@ -29,13 +29,8 @@ results_start "$@"
 page=${1:-phpinfo}
 n1=${2:-100}
 n2=${3:-300}
-CORRAL=${CORRAL:-target/release/corral}
-WORKER=${WORKER:-$(dirname "$CORRAL")/corral-php-worker}
-[ -x "$CORRAL" ] && [ -x "$WORKER" ] || cargo build --release --quiet -p corral -p corral-php-worker
-CORRAL=$(realpath "$CORRAL")
-WORKER=$(realpath "$WORKER")
+php_bench_binaries "$page"
 out_dir=${OUT_DIR:-/tmp}
-case $page in hello | phpinfo) ;; *) echo "unknown page $page (hello or phpinfo)" >&2; exit 2 ;; esac
 
 # measure ROW N -> corral's callgrind total (Ir) over its run with N requests (and 20 of
 # warm-up) to ROW's pool (native or cgi).

@@ -33,3 +33,14 @@ pool = "php"
 root = "$1/www"
 TOML
 }
+
+# php_bench_binaries PAGE: CORRAL and WORKER made absolute (release builds by default, built
+# when missing); PAGE must be hello or phpinfo.
+php_bench_binaries() {
+  CORRAL=${CORRAL:-target/release/corral}
+  WORKER=${WORKER:-$(dirname "$CORRAL")/corral-php-worker}
+  [ -x "$CORRAL" ] && [ -x "$WORKER" ] || cargo build --release --quiet -p corral -p corral-php-worker
+  CORRAL=$(realpath "$CORRAL")
+  WORKER=$(realpath "$WORKER")
+  case $1 in hello | phpinfo) ;; *) echo "unknown page $1 (hello or phpinfo)" >&2; exit 2 ;; esac
+}
