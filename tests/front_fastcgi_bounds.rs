@@ -504,3 +504,38 @@ fn oversized_params_close_the_connection_with_a_log_line() {
     s.corral
         .wait_log("over the limit of 65536", Duration::from_secs(5));
 }
+
+/// A front server still sending when corral refuses what it sent (parameters past the limit,
+/// then 256 KiB more): corral lingers, reading what follows, so the front server reads the
+/// connection's end, not a reset (closing a socket with unread bytes resets it, and a reset
+/// can destroy what was written before it).
+#[test]
+fn a_refused_connection_still_sending_is_closed_not_reset() {
+    let s = setup();
+    let mut raw = s.connect();
+    let mut params = s.params("GET", "sleep.php", "ms=0", 0);
+    for i in 0..5 {
+        params.push((
+            Bytes::from(format!("HTTP_X_BIG_{i}")),
+            Bytes::from(vec![b'v'; 15_000]),
+        ));
+    }
+    let mut out = BytesMut::new();
+    encode_begin_request(1, Role::Responder, true, &mut out);
+    encode_params(1, &params, &mut out).unwrap();
+    let stdin = vec![b'x'; 8192];
+    for _ in 0..32 {
+        encode_stdin(1, &stdin, &mut out);
+    }
+    // Written from another thread: corral stops decoding at the limit, so the write may
+    // outlast the refusal (an error there is the reset this test is about, seen below).
+    let mut writer = raw.stream.try_clone().unwrap();
+    let sending = std::thread::spawn(move || writer.write_all(&out).is_ok());
+    assert!(raw.record().is_none(), "corral closes the connection");
+    assert!(
+        sending.join().unwrap(),
+        "the front server's writes were reset"
+    );
+    s.corral
+        .wait_log("over the limit of 65536", Duration::from_secs(5));
+}

@@ -362,8 +362,11 @@ impl Connection<'_> {
                     Ok(Some(event)) => event,
                     Ok(None) => break,
                     Err(e) => {
+                        // The rest of what broke the rule (a record past a limit) may still
+                        // be arriving: linger, or closing with it unread resets the socket.
                         broken(&e);
-                        return false;
+                        self.input_pending = true;
+                        return true;
                     }
                 };
                 let flow = match event {
