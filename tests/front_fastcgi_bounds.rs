@@ -486,12 +486,9 @@ fn a_body_alone_on_its_connection_waits_for_the_slot_instead() {
     assert_slow_one_completes(&mut first, &mut HashMap::new(), started);
 }
 
-#[test]
-fn oversized_params_close_the_connection_with_a_log_line() {
-    let s = setup();
-    let mut raw = s.connect();
-    // Five values of 15,000 bytes: each under the 16 KiB value limit, together over the
-    // 64 KiB of one request's parameters.
+/// A GET whose parameters pass the limit: five values of 15,000 bytes, each under the
+/// 16 KiB value limit, together over the 64 KiB of one request's parameters.
+fn oversized_params(s: &Setup) -> Vec<(Bytes, Bytes)> {
     let mut params = s.params("GET", "sleep.php", "ms=0", 0);
     for i in 0..5 {
         params.push((
@@ -499,6 +496,14 @@ fn oversized_params_close_the_connection_with_a_log_line() {
             Bytes::from(vec![b'v'; 15_000]),
         ));
     }
+    params
+}
+
+#[test]
+fn oversized_params_close_the_connection_with_a_log_line() {
+    let s = setup();
+    let mut raw = s.connect();
+    let params = oversized_params(&s);
     raw.get(1, &params);
     assert!(raw.record().is_none(), "corral closes the connection");
     s.corral
@@ -513,13 +518,7 @@ fn oversized_params_close_the_connection_with_a_log_line() {
 fn a_refused_connection_still_sending_is_closed_not_reset() {
     let s = setup();
     let mut raw = s.connect();
-    let mut params = s.params("GET", "sleep.php", "ms=0", 0);
-    for i in 0..5 {
-        params.push((
-            Bytes::from(format!("HTTP_X_BIG_{i}")),
-            Bytes::from(vec![b'v'; 15_000]),
-        ));
-    }
+    let params = oversized_params(&s);
     let mut out = BytesMut::new();
     encode_begin_request(1, Role::Responder, true, &mut out);
     encode_params(1, &params, &mut out).unwrap();
