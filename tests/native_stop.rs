@@ -77,6 +77,81 @@ fn descends(pid: u32, root: u32) -> bool {
     up == Some(root) || up.and_then(parent) == Some(root)
 }
 
+/// What is known of `pid`, an old process still running: its state and signal masks, and
+/// those of each of its threads (is a SIGTERM pending, blocked, caught?), where it waits
+/// (wchan, the system call and its arguments, the kernel stack), and corral's log lines
+/// that name it. Printed when the test fails, to tell a signal never sent from one lost.
+fn describe(pid: u32, log: &str) -> String {
+    let read = |path: String| {
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| format!("({path}: {e})"))
+            .trim_end()
+            .to_owned()
+    };
+    let mut out = format!("\n=== old process {pid} still runs ===\n");
+    out += &format!(
+        "cmdline: {}\n",
+        read(format!("/proc/{pid}/cmdline")).replace('\0', " ")
+    );
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    for tid in tasks {
+        let dir = format!("/proc/{pid}/task/{tid}");
+        out += &format!("-- thread {tid}\n");
+        for line in read(format!("{dir}/status")).lines() {
+            let keep = ["Name", "State", "PPid", "Sig", "Shd", "Threads"];
+            if keep.iter().any(|k| line.starts_with(k)) {
+                out += &format!("  {line}\n");
+            }
+        }
+        out += &format!("  wchan: {}\n", read(format!("{dir}/wchan")));
+        out += &format!("  syscall: {}\n", read(format!("{dir}/syscall")));
+        for line in read(format!("{dir}/stack")).lines() {
+            out += &format!("  stack: {line}\n");
+        }
+    }
+    out += &format!("fds: {}\n", fds(pid));
+    out += &format!("corral's lines naming {pid} or its key:\n");
+    let mut words = vec![format!("pid={pid}"), format!("worker={pid}")];
+    // Its key ("worker 7"), from a line with both, names it in the notices.
+    let key = log
+        .lines()
+        .filter(|l| l.contains(&words[0]))
+        .find_map(|l| Some(l.split_once("key=")?.1.split_once(" pid=")?.0.to_owned()));
+    if let Some(key) = key {
+        words.extend([format!("key={key} "), format!(" {key} is ")]);
+    }
+    for line in log
+        .lines()
+        .filter(|l| words.iter().any(|w| l.contains(w.as_str())))
+    {
+        out += &format!("  {line}\n");
+    }
+    out
+}
+
+/// `pid`'s descriptors and what each is (`0=socket:[123]`).
+fn fds(pid: u32) -> String {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return "(unreadable)".to_owned();
+    };
+    let mut fds: Vec<(u32, String)> = dir
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.parse().ok()?;
+            let to = std::fs::read_link(e.path()).ok()?;
+            Some((n, to.display().to_string()))
+        })
+        .collect();
+    fds.sort();
+    fds.iter().map(|(n, to)| format!("{n}={to} ")).collect()
+}
+
 /// Restarts the workers ROUNDS times, each time while they are idle, and waits for every
 /// old process to be gone.
 fn restarts_promptly(c: &Corral, exe: &Path, target: &str, answer: &str) {
@@ -94,15 +169,20 @@ fn restarts_promptly(c: &Corral, exe: &Path, target: &str, answer: &str) {
         let at = Instant::now();
         let out = support::corral(&["restart-workers", "-c", c.config_path().to_str().unwrap()]);
         assert_eq!(out.code, Some(0), "{out:?}");
-        while old
-            .iter()
-            .any(|(&pid, start)| start_time(pid).as_ref() == Some(start))
-        {
-            assert!(
-                at.elapsed() < WITHIN,
-                "round {round}: an old worker still runs after {WITHIN:?}\n{}",
-                c.log()
-            );
+        loop {
+            let left: Vec<u32> = old
+                .iter()
+                .filter(|(&pid, start)| start_time(pid).as_ref() == Some(*start))
+                .map(|(&pid, _)| pid)
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            if at.elapsed() >= WITHIN {
+                let log = c.log();
+                let found: String = left.iter().map(|&pid| describe(pid, &log)).collect();
+                panic!("round {round}: an old worker still runs after {WITHIN:?}\n{found}\n{log}");
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -117,6 +197,8 @@ fn config(dir: &Path, pool: &str, context: &str) -> String {
 [server]
 runtime_dir = "{run}"
 kill_timeout = "30s"
+# What the driver did with each worker (asked to stop, signal sent), for a failure's report.
+log_level = "debug"
 
 [[listen]]
 address = "127.0.0.1:0"

@@ -484,14 +484,23 @@ impl Driver {
             };
             if let Some(i) = self.deferred.iter().position(|(k, _)| *k == key) {
                 let (_, pid) = self.deferred.swap_remove(i);
+                tracing::debug!(pool = %self.name, %key, pid, "the worker's last request ended: sending its stop signal");
                 self.terminate(pid);
             }
         }
     }
 
     fn terminate(&self, pid: u32) {
-        if let Err(e) = process::signal_group(pid, StopSignal::Term) {
-            tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker");
+        match process::signal_group(pid, StopSignal::Term) {
+            Ok(true) => {
+                tracing::debug!(pool = %self.name, pid, "stop signal sent to the worker's process group")
+            }
+            Ok(false) => {
+                tracing::debug!(pool = %self.name, pid, "no stop signal sent: the worker's process group is gone")
+            }
+            Err(e) => {
+                tracing::warn!(pool = %self.name, pid, error = %e, "cannot signal the worker")
+            }
         }
     }
 
@@ -520,6 +529,7 @@ impl Driver {
                 } else if self.slots.watch_drain(w.id) {
                     self.terminate(pid);
                 } else {
+                    tracing::debug!(pool = %self.name, %key, pid, "a request is still in flight on the worker: its stop signal waits for the request's end");
                     self.deferred.push((key, pid));
                 }
             }

@@ -317,4 +317,6 @@ fn reap(control: RawFd) -> bool {
 }
 
 #[cfg(test)]
+mod fork_tests;
+#[cfg(test)]
 mod tests;

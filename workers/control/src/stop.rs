@@ -62,17 +62,63 @@ pub fn reset_stop() -> io::Result<()> {
     make_pipe()
 }
 
+/// The lowest descriptor the pipe may take (see [`make_pipe`]).
+const ABOVE_STDIO: RawFd = 3;
+
 /// A fresh non-blocking, close-on-exec pipe, published for the handler and the waits.
+///
+/// Its ends are kept off fds 0-2: those are the ones a worker places things on with
+/// dup2(2), which silently closes what was there. A forked worker makes its pipe right
+/// after closing the template's control socket, fd 0 in the PHP worker, so pipe(2) gave it
+/// fd 0 for the read end, and the worker then moved its listener onto fd 0: the waits
+/// polled the listener in the pipe's place, and a stop signal landing between the flag's
+/// check and the wait was lost (tests/native_stop.rs, a preloaded worker left running after
+/// its restart; `fork_tests.rs`).
 fn make_pipe() -> io::Result<()> {
     let mut fds = [-1 as libc::c_int; 2];
     // SAFETY: `fds` has room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    WAKE_READ.store(fds[0], Ordering::SeqCst);
+    let [read, write] = fds.map(above_stdio);
+    let (read, write) = match (read, write) {
+        (Ok(read), Ok(write)) => (read, write),
+        (read, write) => {
+            for fd in [&read, &write].into_iter().flatten() {
+                // SAFETY: an end made here and never published.
+                unsafe { libc::close(*fd) };
+            }
+            return Err(read
+                .and(write)
+                .err()
+                .unwrap_or_else(io::Error::last_os_error));
+        }
+    };
+    WAKE_READ.store(read, Ordering::SeqCst);
     // Published last: a signal from here on reaches a pipe whose read end the waits poll.
-    WAKE_WRITE.store(fds[1], Ordering::SeqCst);
+    WAKE_WRITE.store(write, Ordering::SeqCst);
     Ok(())
+}
+
+/// `fd`, or when it is one of fds 0-2, a close-on-exec copy of it above them (the low one
+/// closed either way: on failure too, so that the caller closes only what it got back).
+fn above_stdio(fd: RawFd) -> io::Result<RawFd> {
+    if fd >= ABOVE_STDIO {
+        return Ok(fd);
+    }
+    // SAFETY: fcntl(2) copies a descriptor `make_pipe` just made (O_NONBLOCK belongs to the
+    // open file, which the copy shares); close(2) then drops the low one, owned by nothing
+    // else.
+    unsafe {
+        let moved = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, ABOVE_STDIO);
+        let result = if moved < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(moved)
+        };
+        libc::close(fd);
+        result
+    }
 }
 
 extern "C" fn on_stop(_: libc::c_int) {
