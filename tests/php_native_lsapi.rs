@@ -3,7 +3,7 @@
 //! (a wrong magic, a packet type a server never sends, a BEGIN_REQUEST longer than the
 //! limit or shorter than its header, a connection closed inside a packet or a body) closes
 //! that connection with a log line naming what was wrong, never a crash: the next connection
-//! is served by the same process.
+//! is served by the same process. A script that is not there is answered 404 without PHP.
 
 mod support;
 
@@ -183,4 +183,40 @@ fn bad_input_closes_the_connection_and_the_worker_serves_the_next() {
     drop(s.shutdown(std::net::Shutdown::Write));
     s.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
+}
+
+/// A script that is not there is answered 404 "No input file specified." without PHP: at
+/// once for a path never found (misses are not remembered), and for a script removed once
+/// the 2 s the worker trusts a file it found have passed (workers/php/src/script.rs), the
+/// window OPcache itself keeps a removed script's cached copy for.
+#[test]
+fn a_missing_script_is_404_and_a_removed_one_once_the_window_has_passed() {
+    let dir = shared_dir();
+    let script = write_file(dir.path(), "x.php", "<?php echo 'here';");
+    let w = Worker::start(dir.path());
+    let mut s = w.connect();
+    s.write_all(&request(&script, b"", ByteOrder::NATIVE))
+        .unwrap();
+    assert_eq!(answer(&mut s).text(), "here");
+    let never = dir.path().join("never.php");
+    for _ in 0..2 {
+        s.write_all(&request(&never, b"", ByteOrder::NATIVE))
+            .unwrap();
+        let a = answer(&mut s);
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (404, "No input file specified.\n")
+        );
+    }
+    std::fs::remove_file(&script).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    s.write_all(&request(&script, b"", ByteOrder::NATIVE))
+        .unwrap();
+    let a = answer(&mut s);
+    assert_eq!(
+        (a.status, a.text().as_str()),
+        (404, "No input file specified.\n"),
+        "{}",
+        w.stderr()
+    );
 }

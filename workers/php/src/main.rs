@@ -27,6 +27,7 @@ mod keys;
 mod php;
 mod preload;
 mod request;
+mod script;
 mod worker;
 
 use std::io::Write;
@@ -174,7 +175,7 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
         let known = request::Known::of(&begin);
         let script = known.script(&begin);
         let probe = known.is_probe();
-        let missing = !probe && (script.is_empty() || !is_file(script));
+        let missing = !probe && !script::exists(script);
         let info = request::info(&begin, &known, script);
         let sink = Sink::Conn(Rc::clone(&conn.stream));
         let vars = request::Server::request(begin);
@@ -208,11 +209,6 @@ fn serve_connection(mut conn: Conn) -> Result<(), i32> {
             return Err(0);
         }
     }
-}
-
-fn is_file(path: &[u8]) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    std::fs::metadata(std::ffi::OsStr::from_bytes(path)).is_ok_and(|m| m.is_file())
 }
 
 /// What an exchange is, for its log lines: "GET /x.php", formatted only when a line is
