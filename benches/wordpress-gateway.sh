@@ -50,7 +50,8 @@
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
-# gw-pc = php_children), CGI_SEP, FLAT, HANDOFF, HANDOFF_LEVEL,
+# gw-pc = php_children), CGI_SEP, FLAT, FLAT_WEIGHT,
+# HANDOFF, HANDOFF_LEVEL,
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -59,7 +60,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT HANDOFF HANDOFF_LEVEL"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT FLAT_WEIGHT HANDOFF HANDOFF_LEVEL"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -213,6 +214,11 @@ sched_ns() { # FIELD PID...: schedstat's field summed over the threads (1 = on a
   shift
   for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2> /dev/null; done | awk -v f="$f" '{t += $f} END {printf "%d", t}'
 }
+sched_counts() { # PID...: involuntary switches (preemptions) and CPU migrations summed over the threads
+  local p
+  for p in "$@"; do cat /proc/"$p"/task/*/sched 2> /dev/null; done |
+    awk '$1 == "nr_involuntary_switches" {i += $3} $1 == "se.nr_migrations" {m += $3} END {printf "%d %d\n", i, m}'
+}
 cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; } # idle+iowait, all
 
 res=$s/results.tsv
@@ -225,7 +231,7 @@ for c in $LEVELS; do
     for r in $ROW_NAMES; do
       pp=$(php_pids "$r")
       # shellcheck disable=SC2086 # pp: a list of pids
-      { p0=$(sched_ns 1 $pp); w0=$(sched_ns 2 $pp); }
+      { p0=$(sched_ns 1 $pp); w0=$(sched_ns 2 $pp); read -r v0 m0 < <(sched_counts $pp); }
       d0=$(sched_ns 1 "$db_pid")
       read -r i0 a0 < <(cpu_ticks)
       t0=$(front_ns "$r")
@@ -234,12 +240,12 @@ for c in $LEVELS; do
       read -r i1 a1 < <(cpu_ticks)
       d1=$(sched_ns 1 "$db_pid")
       # shellcheck disable=SC2086
-      { p1=$(sched_ns 1 $pp); w1=$(sched_ns 2 $pp); }
+      { p1=$(sched_ns 1 $pp); w1=$(sched_ns 2 $pp); read -r v1 m1 < <(sched_counts $pp); }
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" \
-        "$((p1 - p0))" "$((w1 - w0))" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" >> "$res"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" \
+        "$((p1 - p0))" "$((w1 - w0))" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" "$((v1 - v0))" "$((m1 - m0))" >> "$res"
       printf '%s c=%s round %s: %s requests, p99 %s, %s errors, %s timeouts, load %s\n' "$r" "$c" "$round" "$reqs" "$p99" "$errs" "$touts" "$(cut -d' ' -f1 /proc/loadavg)" >&2
     done
   done
@@ -285,6 +291,7 @@ report() {
   echo "2 cores were shared with other builds: compare rows within this run, not with other runs."
   if [ -n "${FLAT:-}" ]; then
     echo "FLAT=1: every process of the bench ran in one CPU cgroup of its own, where no autogroup applies."
+    [ -z "${FLAT_WEIGHT:-}" ] || echo "FLAT_WEIGHT=$FLAT_WEIGHT: that cgroup's cpu.shares (1024 = one session's share), so what else ran on the machine got next to nothing while the bench ran."
   else
     echo "Autogroups $( [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2> /dev/null)" = 1 ] && echo on || echo off): a busy CPU is shared equally between sessions (see the sessions column)."
   fi
@@ -305,8 +312,9 @@ def ms(v):
     return None
 rows = {}
 for line in open(res):
-    c, r, _round, reqs, p99, errs, touts, ns, load, php, wait, db, idle, ticks = line.rstrip("\n").split("\t")
-    x = rows.setdefault((int(c), r), dict(n=0, runs=0, p99=[], e=0, t=0, ns=0, load=[], php=0, wait=0, db=0, idle=0, ticks=0))
+    c, r, _round, reqs, p99, errs, touts, ns, load, php, wait, db, idle, ticks, inv, mig = line.rstrip("\n").split("\t")
+    x = rows.setdefault((int(c), r), dict(n=0, runs=0, p99=[], e=0, t=0, ns=0, load=[], php=0, wait=0, db=0, idle=0, ticks=0, inv=0, mig=0))
+    x["inv"] += int(inv); x["mig"] += int(mig)
     x["n"] += int(reqs); x["runs"] += 1; x["p99"].append(ms(p99)); x["e"] += int(errs)
     x["t"] += int(touts); x["ns"] += int(ns); x["load"].append(float(load))
     x["php"] += int(php); x["wait"] += int(wait); x["db"] += int(db); x["idle"] += int(idle); x["ticks"] += int(ticks)
@@ -331,14 +339,17 @@ for (c, r), x in rows.items():
 print()
 print("What the PHP processes did, per request (schedstat, summed over the row's PHP processes): CPU, and time runnable but")
 print("waiting for a CPU; MariaDB's CPU; the share of both CPUs' time left idle during the row's runs (/proc/stat); the row's PHP")
-print("processes and the sessions they are in (each session is a scheduling group of its own when autogroups apply):")
+print("processes and the sessions they are in (each session is a scheduling group of its own when autogroups apply); how often")
+print("per request a PHP process was preempted (involuntary switches) and moved to the other CPU (migrations), /proc/PID/task/*/sched:")
 print()
-print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions |")
-print("|---|---:|---:|---:|---:|---:|---|")
+print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions | preempted /req | migrated /req |")
+print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
 for (c, r), x in rows.items():
     per = lambda v: f"{v / 1e3 / x['n']:.0f}" if x["n"] else "—"
     idle = f"{100 * x['idle'] / x['ticks']:.1f}" if x["ticks"] else "—"
-    print(f"| {r} | {c} | {per(x['php'])} | {per(x['wait'])} | {per(x['db'])} | {idle} | {groups.get(r, '—')} |")
+    count = lambda v: f"{v / x['n']:.2f}" if x["n"] else "—"
+    print(f"| {r} | {c} | {per(x['php'])} | {per(x['wait'])} | {per(x['db'])} | {idle} | {groups.get(r, '—')} | "
+          f"{count(x['inv'])} | {count(x['mig'])} |")
 if handoff:
     print()
     print(f"The hand-off at c={handoff_level}, one run per row with the PHP processes' read/write system calls recorded (perf):")

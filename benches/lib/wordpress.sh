@@ -66,6 +66,16 @@ wp_flat() {
   [ -n "$base" ] || { echo "FLAT=1: no CPU cgroup controller found under /sys/fs/cgroup" >&2; exit 1; }
   flat_cgroup=$base/corral-bench-$$
   mkdir "$flat_cgroup"
+  # FLAT_WEIGHT: the group's share of a busy CPU against each other group (a session's
+  # autogroup, say), as cgroup v1's cpu.shares (1024 = an equal share; 262144, the most,
+  # leaves whatever else runs on the machine next to nothing while the bench wants the CPU).
+  if [ -n "${FLAT_WEIGHT:-}" ]; then
+    if [ -f "$flat_cgroup/cpu.shares" ]; then
+      echo "$FLAT_WEIGHT" > "$flat_cgroup/cpu.shares"
+    else # cgroup v2's cpu.weight: 100 = an equal share, 10000 the most
+      echo $(( FLAT_WEIGHT * 100 / 1024 > 10000 ? 10000 : FLAT_WEIGHT * 100 / 1024 )) > "$flat_cgroup/cpu.weight"
+    fi
+  fi
   echo $$ > "$flat_cgroup/cgroup.procs"
 }
 
