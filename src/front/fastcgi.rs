@@ -104,6 +104,7 @@ pub async fn serve_kept<'c>(
         shutdown,
     } = c;
     let mut stream = stream;
+    let front_fd = stream.raw_fd();
     let (mut reader, writer) = halves(&mut stream);
     kept.renew();
     let (outbox, closed) = (&kept.outbox, &kept.closed);
@@ -118,6 +119,7 @@ pub async fn serve_kept<'c>(
         caps: capabilities(&gateway),
         gateway,
         listener,
+        front_fd,
         requests: Requests::default(),
         next_seq: 1,
         stdin_budget: None,
@@ -253,6 +255,12 @@ struct Connection<'c> {
     caps: Capabilities,
     gateway: Arc<Gateway>,
     listener: Arc<ListenAddress>,
+    /// The connection's descriptor, for the gateway to peek at when a request of it waited
+    /// for a slot: a connection whose request is wholly in and not kept is not read again,
+    /// so its close would otherwise go unseen until the answer is written (decision 35).
+    /// Valid while the stream lives, which outlives every request's future (dropped with
+    /// `requests` and `inline` before `serve_kept` returns).
+    front_fd: std::os::fd::RawFd,
     requests: Requests,
     next_seq: u64,
     /// `STDIN_BUDGET` bytes, one permit per byte held; made with the first FCGI_STDIN bytes.

@@ -311,7 +311,10 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             }
         }
         let mut response = match gateway
-            .dispatch(&routed, params, body_now, request_id)
+            // No descriptor to peek at: hyper already reads a busy connection for its end
+            // (`half_close` is off), so a client that closes it while its request waits
+            // drops the request's future, which leaves the queue.
+            .dispatch(&routed, params, body_now, request_id, None)
             .await
         {
             Ok(r) => r,

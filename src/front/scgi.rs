@@ -71,6 +71,10 @@ pub async fn serve_connection(
     shutdown: CancellationToken,
 ) {
     let mut stream = stream;
+    // Peeked at by the gateway if the request waits for a slot: the connection is not read
+    // again once a request without a body is in, so its close would otherwise go unseen
+    // until the answer is written (decision 35).
+    let front = Some(stream.raw_fd());
     let (mut reader, mut writer) = halves(&mut stream);
     let mut decoder = ScgiRequestDecoder::<ScgiFrontHead>::decoding(&gateway.limits);
     let mut buf = read_buffer();
@@ -148,11 +152,24 @@ pub async fn serve_connection(
     let fed = if declared == 0 {
         // No body to feed (the decoder has seen its end already): no channel either.
         let body = RequestBody::empty();
-        respond(&gateway, &routed, params, body, request_id, &mut writer).await;
+        respond(
+            &gateway,
+            &routed,
+            (params, body, front),
+            request_id,
+            &mut writer,
+        )
+        .await;
         Some(Fed::All)
     } else {
         let (tx, body) = RequestBody::channel(Some(declared), BODY_CHUNKS);
-        let respond = respond(&gateway, &routed, params, body, request_id, &mut writer);
+        let respond = respond(
+            &gateway,
+            &routed,
+            (params, body, front),
+            request_id,
+            &mut writer,
+        );
         let feed = feed(&mut decoder, &mut buf, &mut reader, tx, declared, &timeouts);
         tokio::pin!(respond, feed);
         let mut fed = None;
@@ -191,12 +208,13 @@ pub async fn serve_connection(
 async fn respond(
     gateway: &Gateway,
     routed: &Routed,
-    params: CgiParams,
-    body: RequestBody,
+    (params, body, front): (CgiParams, RequestBody, Option<std::os::fd::RawFd>),
     request_id: u64,
     writer: &mut WritePart<'_>,
 ) {
-    let response = gateway.dispatch(routed, params, body, request_id).await;
+    let response = gateway
+        .dispatch(routed, params, body, request_id, front)
+        .await;
     // Closing is all SCGI has to say a response was cut short; a complete one closes too
     // (the caller closes the connection, shutting it down first when it lingers).
     cgi::relay(&mut Conn(writer), response, request_id).await;

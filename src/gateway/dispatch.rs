@@ -1,8 +1,10 @@
 //! `Gateway::dispatch`: the request's admission checks, a slot, a backend connection (made
 //! again on another worker when it cannot be made), the exchange, and the request's timer
-//! and access-log record.
+//! and access-log record; a request that waited for its slot is dropped there if its front
+//! connection closed meanwhile (`front_closed`).
 
 use std::future::Future;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use crate::access::Record;
@@ -21,6 +23,13 @@ impl Gateway {
     /// the queue if needed), takes an idle connection or makes one, and returns once the
     /// response head has arrived.
     ///
+    /// `front`: the descriptor of the front connection the request came on, when its front
+    /// does not otherwise notice the peer closing it while the request waits for a slot (the
+    /// CGI fronts: a plain FastCGI or SCGI connection whose request is wholly in is not read
+    /// again). A request that had to wait is dropped before anything is sent to a worker if
+    /// that connection was closed meanwhile (decision 35). Only peeked at, never read or
+    /// closed here; the front keeps it open for as long as the returned future lives.
+    ///
     /// A plain function returning its future: an `async fn` keeps each argument twice in its
     /// state (the argument, and the binding its body moves it into), and this future is
     /// moved whole, nested in the front's, once per request.
@@ -31,6 +40,7 @@ impl Gateway {
         params: CgiParams,
         body: RequestBody,
         request_id: u64,
+        front: Option<RawFd>,
     ) -> impl Future<Output = Result<GatewayResponse, GatewayError>> + 'a {
         async move {
             let (context, pool) = (&*routed.context, &routed.pool);
@@ -75,6 +85,7 @@ impl Gateway {
                     request_id,
                     &mut timer,
                     (&mut pid, watch),
+                    front,
                 )
                 .await;
             match sent {
@@ -108,6 +119,7 @@ impl Gateway {
     /// The part of [`Gateway::dispatch`] between asking for a slot and the response head:
     /// `pid` learns the worker's process id when a request log wants it (and so does the
     /// request's slow-threshold watch, if it has one).
+    #[allow(clippy::too_many_arguments)] // Each is one of dispatch's; a struct would be moved.
     async fn exchange(
         &self,
         routed: &Routed,
@@ -116,6 +128,7 @@ impl Gateway {
         request_id: u64,
         timer: &mut RequestTimer,
         (pid, watch): (&mut Option<u32>, Option<&slow_stacks::SlowWatch>),
+        front: Option<RawFd>,
     ) -> Result<(CgiResponseHead, ResponseBody, Slot), GatewayError> {
         let pool = &routed.pool;
         // The wait is timed from the timer's start: one clock reading fewer per request.
@@ -128,6 +141,16 @@ impl Gateway {
                 source,
             })?;
         timer.slot_at(had);
+        // `had` is the request's start exactly when the slot came at the first poll (the
+        // fast path: no clock reading and no system call more); a later one means the
+        // request waited in the queue, long enough for its front to give up.
+        if had != timer.asked() {
+            if let Some(fd) = front {
+                if let Some(why) = front_closed(fd) {
+                    return Err(front_gone(pool, slot, request_id, had - timer.asked(), why));
+                }
+            }
+        }
         let backend_err = |source| {
             pool.requests.backend_error(&source);
             GatewayError::Backend {
@@ -277,6 +300,74 @@ impl Gateway {
     }
 }
 
+/// How a front connection was found gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    /// The peer closed it (end of stream).
+    Eof,
+    /// Peeking at it failed (a reset, most often).
+    Error(nix::errno::Errno),
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Closed::Eof => f.write_str("end of stream"),
+            Closed::Error(e) => write!(f, "{}", e.desc()),
+        }
+    }
+}
+
+/// Whether the front connection `fd` is gone: one non-blocking peek at one byte. Nothing to
+/// read (EAGAIN) or bytes waiting (which the front's own reader handles: for FastCGI it may
+/// be an FCGI_ABORT_REQUEST) mean it is there; an end of stream or an error, that it is
+/// not. The front servers corral is behind never half-close a connection whose answer they
+/// wait for, so an end of stream is the front giving up (nginx's own rule for
+/// `fastcgi_ignore_client_abort off`). Made only for a request that waited for its slot.
+#[cold]
+fn front_closed(fd: RawFd) -> Option<Closed> {
+    use nix::errno::Errno;
+    use nix::sys::socket::MsgFlags;
+    let mut byte = [0u8; 1];
+    loop {
+        return match nix::sys::socket::recv(
+            fd,
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => Some(Closed::Eof),
+            Ok(_) | Err(Errno::EAGAIN) => None,
+            Err(Errno::EINTR) => continue,
+            Err(e) => Some(Closed::Error(e)),
+        };
+    }
+}
+
+/// Ends a request whose front connection closed while it waited for `slot`: the slot goes
+/// back untouched (no worker saw the request), and the pool counts and logs it.
+#[cold]
+fn front_gone(
+    pool: &crate::gateway::registry::Pool,
+    slot: Slot,
+    request_id: u64,
+    waited: std::time::Duration,
+    why: Closed,
+) -> GatewayError {
+    drop(slot);
+    pool.requests.front_gone();
+    tracing::info!(
+        pool = %pool.name,
+        request_id,
+        waited = ?waited,
+        how = %why,
+        "the front closed while the request waited for a slot; not sent to a worker"
+    );
+    GatewayError::FrontGone {
+        pool: Arc::clone(&pool.name),
+        waited,
+    }
+}
+
 /// Whether the request's method is one corral sends twice: the methods safe by RFC 9110
 /// §9.2.1 that a front passes on. Narrower than nginx, which since 1.9.13 holds back only
 /// POST, LOCK and PATCH once a request was sent (`proxy_next_upstream non_idempotent`): PUT
@@ -299,6 +390,8 @@ fn failed(
 ) -> GatewayError {
     if let Some(mut logged) = log {
         logged.record.status = e.status();
+        // No answer reaches a front that went away: logged as a client abort is.
+        logged.record.aborted = matches!(e, GatewayError::FrontGone { .. });
         logged.record.worker_pid = pid;
         logged.finish(timer);
     }
@@ -322,5 +415,50 @@ fn admitted(
         // A body of unknown length (a FastCGI or SCGI front that sent no CONTENT_LENGTH) is
         // held to max_body as it streams.
         _ => Ok(body.limited(limit)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    /// The peek tells a connection with nothing to read, or bytes waiting, from one its peer
+    /// closed, and takes nothing off it.
+    #[test]
+    fn a_peek_tells_a_closed_front_from_a_quiet_or_talking_one() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        assert_eq!(front_closed(ours.as_raw_fd()), None, "nothing to read");
+        theirs.write_all(b"x").unwrap();
+        assert_eq!(front_closed(ours.as_raw_fd()), None, "a byte waiting");
+        let mut byte = [0u8; 1];
+        std::io::Read::read_exact(&mut &ours, &mut byte).unwrap();
+        assert_eq!(&byte, b"x", "peeked at, not taken");
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        drop(theirs);
+        assert_eq!(front_closed(ours.as_raw_fd()), Some(Closed::Eof));
+    }
+
+    /// A reset (the peer closed with bytes of ours unread) is gone too.
+    #[test]
+    fn a_reset_front_is_gone() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut theirs = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut ours, _) = listener.accept().unwrap();
+        ours.write_all(b"unread").unwrap();
+        theirs.write_all(b"x").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Closed with our byte unread: the kernel sends a reset.
+        drop(theirs);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut sink = [0u8; 1];
+        // Take their byte, so that only the reset is left to see.
+        assert_eq!(std::io::Read::read(&mut ours, &mut sink).ok(), Some(1));
+        assert_eq!(
+            front_closed(ours.as_raw_fd()),
+            Some(Closed::Error(nix::errno::Errno::ECONNRESET))
+        );
     }
 }

@@ -45,6 +45,15 @@ pub enum GatewayError {
     /// The request body could not be read (or spooled) before the exchange.
     #[error("reading the request body: {0}")]
     Body(BackendError),
+    /// The front connection closed while the request waited for a slot: the request was
+    /// never sent to a worker, and no answer can be delivered.
+    #[error("pool {pool}: the front closed while the request waited {waited:?} for a slot")]
+    FrontGone {
+        /// The pool.
+        pool: Arc<str>,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// The backend exchange failed.
     #[error("pool {pool}: {source}")]
     Backend {
@@ -64,6 +73,8 @@ impl GatewayError {
             GatewayError::Script(e) => e.status(),
             GatewayError::BodyTooLarge { .. } => 413,
             GatewayError::Slot { .. } => 503,
+            // nginx's code for a client that closed its request before the answer.
+            GatewayError::FrontGone { .. } => 499,
             GatewayError::Body(source) | GatewayError::Backend { source, .. } => source.status(),
         }
     }
@@ -71,6 +82,10 @@ impl GatewayError {
     /// Logs a request that got no backend response, the same on every front: server-side
     /// failures at warn, refusals at info.
     pub fn log(&self, request_id: u64) {
+        if let GatewayError::FrontGone { .. } = self {
+            // Logged once already, by the pool that dropped it (`Gateway::dispatch`).
+            return;
+        }
         let status = self.status();
         if status >= 500 {
             tracing::warn!(request_id, status, error = %crate::logs::clean(self), "request failed");

@@ -115,6 +115,7 @@ struct Share {
     rejected_closed: AtomicU64,
     backend_errors: [AtomicU64; BackendErrorKind::ALL.len()],
     resent: AtomicU64,
+    front_gone: AtomicU64,
     /// Time from asking for a slot to having one.
     queue_wait: Histogram,
     /// Time from having a slot to having a backend connection (an idle kept connection
@@ -180,6 +181,9 @@ pub struct RequestSnapshot {
     /// before the answer (ARCHITECTURE.md invariant 6); the failure that caused it is not
     /// among `backend_errors`.
     pub resent: u64,
+    /// Requests that waited for a slot and were dropped, unsent, because their front
+    /// connection had closed meanwhile (they count among `accepted` too: they got a slot).
+    pub front_gone: u64,
 }
 
 impl RequestSnapshot {
@@ -318,6 +322,13 @@ impl RequestStats {
         add(&share.resent, 1, writer);
     }
 
+    /// Counts a request that got its slot after waiting, and was dropped unsent because its
+    /// front connection had closed meanwhile.
+    pub fn front_gone(&self) {
+        let (share, writer) = self.local();
+        add(&share.front_gone, 1, writer);
+    }
+
     /// Counts a failed exchange if the backend was at fault.
     pub fn backend_error(&self, e: &BackendError) {
         let Some(kind) = BackendErrorKind::of(e) else {
@@ -364,6 +375,7 @@ impl RequestStats {
             rejected_closed: sum(|s| &s.rejected_closed),
             backend_errors,
             resent: sum(|s| &s.resent),
+            front_gone: sum(|s| &s.front_gone),
         }
     }
 }

@@ -326,6 +326,7 @@ pub fn render(
                 ("queue_full", r.rejected_queue_full),
                 ("queue_timeout", r.queue_timeouts),
                 ("stopping", r.rejected_closed),
+                ("front_gone", r.front_gone),
             ]
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64))

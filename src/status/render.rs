@@ -125,6 +125,8 @@ pub fn pool_fields(
         ("rejected queue full", Value::Int(r.rejected_queue_full)),
         ("queue timeouts", Value::Int(r.queue_timeouts)),
         ("rejected stopping", Value::Int(r.rejected_closed)),
+        // Waited for a slot, then dropped unsent: the front had closed meanwhile.
+        ("front gone while queued", Value::Int(r.front_gone)),
         // Time from asking for a slot to having one, every request that got one.
         ("queue wait count", Value::Int(p.queue_wait.count())),
         ("queue wait sum", Value::Float(p.queue_wait.sum)),

@@ -315,6 +315,7 @@ impl Connection<'_> {
             }
         };
         let gateway = Arc::clone(&self.gateway);
+        let front = Some(self.front_fd);
         let seq = responder.seq;
         // While the last inline request's ending waits to be handled, its entry still reads
         // the connection's flag: a request begun meanwhile gets a task of its own.
@@ -324,7 +325,9 @@ impl Connection<'_> {
                 .store(ANSWER_NOT_STARTED, Ordering::Release);
             responder.answer = AnswerFlag::Inline(self.inline_answer);
             let answer = async move {
-                let response = gateway.dispatch(&routed, params, body, request_id).await;
+                let response = gateway
+                    .dispatch(&routed, params, body, request_id, front)
+                    .await;
                 responder.answer(response).await
             };
             let answer = match self.spare_answer.take() {
@@ -349,7 +352,9 @@ impl Connection<'_> {
                 out: OutSender::Mux(self.outbox.mux_sender(&mut self.mux)),
             };
             let task = tokio::spawn(async move {
-                let response = gateway.dispatch(&routed, params, body, request_id).await;
+                let response = gateway
+                    .dispatch(&routed, params, body, request_id, front)
+                    .await;
                 let ending = responder.answer(response).await;
                 let _ = done.send(Done { id, seq, ending }).await;
             });
