@@ -19,11 +19,12 @@
 # processes and wrk: on this shared machine it moves less than req/s does (but it moves:
 # the other load shares the caches and cores).
 # Needs: nginx, php-fpm8.2, php-cgi, wrk, libphp8.2-embed (scripts/setup-peers.sh) and
-# release builds of corral and corral-php-worker (CORRAL, WORKER).
+# release builds of corral and corral-php-worker (CORRAL, WORKER). SERVER: lines added to the
+# [server] table of the corral serving the cgi, native and worker rows (e.g. "threads = 2").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="CONC SECS ROUNDS"
+RESULTS_VARS="CONC SECS ROUNDS SERVER"
 results_start "$@"
 CONC=${CONC:-25}
 SECS=${SECS:-5}
@@ -114,6 +115,7 @@ nginx_master=$!
 port_cgi=$(free_port); port_native=$(free_port); port_worker=$(free_port)
 cat > "$scratch/corral.toml" <<CONF
 [server]
+${SERVER:-}
 log_level = "warn"
 runtime_dir = "$scratch/corral-run"
 user = "www-data"

@@ -50,7 +50,7 @@
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
-# gw-pc = php_children), CGI_SEP, FLAT, FLAT_WEIGHT,
+# gw-pc = php_children), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order),
 # HANDOFF, HANDOFF_LEVEL,
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
@@ -60,7 +60,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT FLAT_WEIGHT HANDOFF HANDOFF_LEVEL"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -228,7 +228,13 @@ for c in $LEVELS; do
     wrk -t1 -c"$c" -d2s --timeout 10s -H "Host: $host" "$(url "$r")" > /dev/null 2>&1 # warm-up, unrecorded
   done
   for round in $(seq "$ROUNDS"); do
-    for r in $ROW_NAMES; do
+    # Each round in another order (SHUFFLE=1, seeded by level and round, so a run can be
+    # repeated): a row is then not always measured right after the same neighbour.
+    order=$ROW_NAMES
+    # shellcheck disable=SC2086 # ROW_NAMES: a list
+    [ -z "${SHUFFLE:-}" ] || order=$(printf '%s\n' $ROW_NAMES |
+      awk -v seed="$c$round" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2 | tr '\n' ' ')
+    for r in $order; do
       pp=$(php_pids "$r")
       # shellcheck disable=SC2086 # pp: a list of pids
       { p0=$(sched_ns 1 $pp); w0=$(sched_ns 2 $pp); read -r v0 m0 < <(sched_counts $pp); }
@@ -285,7 +291,7 @@ report() {
   echo "\`gw-fcgi\` = nginx → corral's fastcgi listener → corral's php-cgi pool (static, max = $COUNT); \`gw-http\` = corral's"
   echo "http listener → the same pool; \`-tN\`: \`threads = N\` in corral's [server]; \`-pc\`: \`php_children = $COUNT\`, \`max = 1\` (one"
   echo "php-cgi parent whose children share its OPcache and session); \`base-*\`: the same as \`gw-*\` with the binary BASE."
-  echo "wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s warm-up per row; req/s pools the rounds;"
+  echo "wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s warm-up per row${SHUFFLE:+ (each round in another order)}; req/s pools the rounds;"
   echo "p99 one per round (ms), and their median; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
   echo "(/proc/PID/task/*/schedstat) over the requests. Load = the 1-minute load average after each run (the range). This machine's"
   echo "2 cores were shared with other builds: compare rows within this run, not with other runs."
