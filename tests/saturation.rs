@@ -276,6 +276,7 @@ fn a_full_queue_shows_in_every_status_format() {
     let tile = |id: &str| text_by_id(&dom, id).unwrap_or_else(|| panic!("no #{id} in {dom}"));
     assert_eq!(tile("maxworkers-php"), "1");
     assert_eq!(tile("refused-php"), "1");
+    assert_eq!(tile("gone-php"), "0", "no front went away while queued");
     for id in ["oldest-inflight-php", "oldest-queued-php"] {
         let age = tile(id);
         assert!(
