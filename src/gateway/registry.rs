@@ -454,6 +454,7 @@ fn build_pool(
                     t.user = spawn.user.clone();
                     t.group = spawn.group.clone();
                     t.preload = spawn.preload;
+                    t.scheduling = spawn.scheduling_policy;
                     t
                 }
             };
