@@ -162,10 +162,11 @@ impl ResponseDecoder {
     /// Decodes the next event; `Ok(None)` means more bytes are needed. Bytes are consumed
     /// only with a returned event.
     pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<ResponseEvent>, LsapiError> {
-        if let Some(part) = self.stream_part(src)? {
+        let mut parsed = None;
+        if let Some(part) = self.stream_part(src, &mut parsed)? {
             return Ok(part);
         }
-        let Some(h) = self.whole_packet(src)? else {
+        let Some(h) = self.whole_packet(src, parsed)? else {
             return Ok(None);
         };
         let event = match h.kind {
@@ -191,10 +192,11 @@ impl ResponseDecoder {
     /// they would end the line early; so are empty lines, which would end the head early.
     /// Every other check is [`decode`](Self::decode)'s.
     pub fn decode_text(&mut self, src: &mut BytesMut) -> Result<Option<TextEvent>, LsapiError> {
-        if let Some(part) = self.stream_part(src)? {
+        let mut parsed = None;
+        if let Some(part) = self.stream_part(src, &mut parsed)? {
             return Ok(part.map(TextEvent::Event));
         }
-        let Some(h) = self.whole_packet(src)? else {
+        let Some(h) = self.whole_packet(src, parsed)? else {
             return Ok(None);
         };
         if h.kind != PacketType::RespHeader {
@@ -231,10 +233,12 @@ impl ResponseDecoder {
     /// header checked first, then consumed), as many of its bytes as are buffered; `None`
     /// for everything else, which the whole-packet path decodes. `Some(None)`: a packet is
     /// under way and none of its bytes are buffered. A part of no bytes is a header with
-    /// none of its payload behind it yet (consumed, so it is an event).
+    /// none of its payload behind it yet (consumed, so it is an event). A header it parsed
+    /// and left to the whole-packet path is put in `parsed`, so that it is not parsed twice.
     fn stream_part(
         &mut self,
         src: &mut BytesMut,
+        parsed: &mut Option<PacketHeader>,
     ) -> Result<Option<Option<ResponseEvent>>, LsapiError> {
         if self.stream_left == 0 {
             if !self.partial {
@@ -244,6 +248,7 @@ impl ResponseDecoder {
                 return Ok(None);
             };
             if h.kind != PacketType::RespStream || src.len() >= h.len {
+                *parsed = Some(h);
                 return Ok(None);
             }
             self.check_size(&h)?;
@@ -263,10 +268,19 @@ impl ResponseDecoder {
     }
 
     /// The header of the next packet once the whole packet is in `src`, its size and place
-    /// in the sequence checked; `None` while bytes are missing.
-    fn whole_packet(&mut self, src: &mut BytesMut) -> Result<Option<PacketHeader>, LsapiError> {
-        let Some(h) = PacketHeader::parse(src, self.rule)? else {
-            return Ok(None);
+    /// in the sequence checked; `None` while bytes are missing. `parsed`: the header at the
+    /// start of `src` if it was parsed already.
+    fn whole_packet(
+        &mut self,
+        src: &mut BytesMut,
+        parsed: Option<PacketHeader>,
+    ) -> Result<Option<PacketHeader>, LsapiError> {
+        let h = match parsed {
+            Some(h) => h,
+            None => match PacketHeader::parse(src, self.rule)? {
+                Some(h) => h,
+                None => return Ok(None),
+            },
         };
         self.check_size(&h)?;
         self.check_sequence(h.kind)?;
