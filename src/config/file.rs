@@ -15,10 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::diagnostic::ConfigError;
-use super::{
-    AccessFormat, BackendProtocol, ForwardedHeader, FrontProtocol, LogLevel, Scheduler,
-    SchedulingPolicy,
-};
+use super::{AccessFormat, BackendProtocol, ForwardedHeader, FrontProtocol, LogLevel, Scheduler};
 
 /// A list whose items each keep their span, and which keeps its own.
 pub type SpannedList = Spanned<Vec<Spanned<String>>>;
@@ -157,7 +154,6 @@ pub struct FilePool {
     pub cwd: Option<Spanned<String>>,
     pub user: Option<Spanned<String>>,
     pub group: Option<Spanned<String>>,
-    pub scheduling_policy: Option<Spanned<SchedulingPolicy>>,
 }
 
 /// `pools.NAME.mode` as written.

@@ -46,8 +46,8 @@ pub use diagnostic::ConfigError;
 pub use direct::DirectListener;
 pub use php_children::PhpChildren;
 pub use pool_types::{
-    Backend, BackendProtocol, HealthCheck, PoolConfig, Program, Recycle, SchedulingPolicy, Sizing,
-    SpawnConfig, DEFAULT_PYTHON, DEFAULT_RUBY,
+    Backend, BackendProtocol, HealthCheck, PoolConfig, Program, Recycle, Sizing, SpawnConfig,
+    DEFAULT_PYTHON, DEFAULT_RUBY,
 };
 pub use programs::check_programs;
 pub use refork::{ReforkSteps, MAX_REFORK_STEPS};

@@ -13,8 +13,8 @@ use super::file::{FileMode, FilePool, SpannedList};
 use super::units::{parse_duration, parse_size};
 use super::validate::Errors;
 use super::{
-    Backend, BackendAddress, BackendProtocol, PoolConfig, Program, Recycle, SchedulingPolicy,
-    ServerConfig, Sizing, SpawnConfig,
+    Backend, BackendAddress, BackendProtocol, PoolConfig, Program, Recycle, ServerConfig, Sizing,
+    SpawnConfig,
 };
 
 /// Longest pool name; names end up in worker socket paths and metric labels.
@@ -237,10 +237,6 @@ fn external(e: &mut Errors, n: &str, p: &FilePool, servers: &SpannedList) -> Opt
         ("group", p.group.as_ref().map(Spanned::span)),
         ("preload", p.preload.as_ref().map(Spanned::span)),
         ("refork_after", p.refork_after.as_ref().map(Spanned::span)),
-        (
-            "scheduling_policy",
-            p.scheduling_policy.as_ref().map(Spanned::span),
-        ),
     ];
     for (key, span) in spawn_only.into_iter().filter_map(|(k, s)| Some((k, s?))) {
         e.at(
@@ -371,10 +367,6 @@ fn spawned(e: &mut Errors, n: &str, p: &FilePool, server: &ServerConfig) -> Opti
         preload,
         php_children,
         direct: None,
-        scheduling_policy: p
-            .scheduling_policy
-            .as_ref()
-            .map_or_else(SchedulingPolicy::default, |s| *s.get_ref()),
     })))
 }
 

@@ -23,20 +23,6 @@ pub enum BackendProtocol {
     Lsapi,
 }
 
-/// `scheduling_policy`: the Linux CPU scheduling policy a spawned worker runs under
-/// (docs/pools.md, "The supervisor"; decision 31).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SchedulingPolicy {
-    /// `SCHED_BATCH` (the default): a worker woken by a request does not preempt the task
-    /// running on its CPU (often the corral thread that is passing another worker its
-    /// request); it still gets its fair share of the CPU, as under `SCHED_OTHER`.
-    #[default]
-    Batch,
-    /// `SCHED_OTHER`, the kernel's default policy, as php-fpm's children run.
-    Other,
-}
-
 /// `[pools.NAME]`: a named set of workers running one app.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
@@ -118,8 +104,6 @@ pub struct SpawnConfig {
     /// `accept = "direct"`: the workers accept on this FastCGI listener themselves
     /// (ARCHITECTURE.md, "Direct pools"); none = corral's gateway serves the pool.
     pub direct: Option<DirectListener>,
-    /// `scheduling_policy` (default batch).
-    pub scheduling_policy: SchedulingPolicy,
 }
 
 /// A pool's health check: the GET corral sends a new worker before it gets traffic.

@@ -469,27 +469,3 @@ fn first_stage_errors_are_located() {
     );
     expect_error("x = [\n", "\n", "");
 }
-
-#[test]
-fn scheduling_policy_is_batch_unless_other_is_asked_and_only_for_spawned_pools() {
-    assert_eq!(
-        spawn(&ok(MINIMAL).pools[0]).scheduling_policy,
-        SchedulingPolicy::Batch
-    );
-    let other = format!("{MINIMAL}scheduling_policy = \"other\"\n");
-    assert_eq!(
-        spawn(&ok(&other).pools[0]).scheduling_policy,
-        SchedulingPolicy::Other
-    );
-    let fifo = format!("{MINIMAL}scheduling_policy = \"fifo\"\n");
-    expect_error(&fifo, "\"fifo\"", "unknown variant");
-    let external = MINIMAL.replace(
-        "command = [\"php-cgi\"]",
-        "servers = [\"127.0.0.1:9000\"]\nscheduling_policy = \"batch\"",
-    );
-    expect_error(
-        &external,
-        "\"batch\"",
-        "scheduling_policy applies to pools corral spawns",
-    );
-}

@@ -454,7 +454,6 @@ fn build_pool(
                     t.user = spawn.user.clone();
                     t.group = spawn.group.clone();
                     t.preload = spawn.preload;
-                    t.scheduling = spawn.scheduling_policy;
                     t
                 }
             };

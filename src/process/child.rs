@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{getppid, setsid, Gid, Group, Pid, Uid, User};
 
 use super::spawn::WorkerSpawn;
-use crate::config::{BackendProtocol, SchedulingPolicy};
+use crate::config::BackendProtocol;
 
 /// Resource limits applied in the child, computed before the fork.
 #[derive(Debug, Clone, Copy)]
@@ -54,8 +54,7 @@ pub(super) fn death_signal(spec: &WorkerSpawn) -> Signal {
 ///
 /// A new session (so the worker is its own process group, and a terminal's ^C reaches
 /// corral alone); `death` ([`death_signal`]) when the forking thread dies; a check that the parent did not die
-/// before that was armed (the signal would then never come); no core dumps; the file limit;
-/// the CPU scheduling policy ([`set_policy`]).
+/// before that was armed (the signal would then never come); no core dumps; the file limit.
 ///
 /// `PR_SET_DUMPABLE 0` is not set here: execve makes the new program dumpable again
 /// whenever its real and effective ids agree, which they do after the uid change std makes
@@ -64,12 +63,7 @@ pub(super) fn death_signal(spec: &WorkerSpawn) -> Signal {
 /// protected anyway: a root corral's child changed credentials, which clears the flag. The
 /// embedded launchers set it themselves once running (`src/launchers/`); php-cgi, lsphp and
 /// other commands stay dumpable, which is why pools sharing a user are warned about.
-pub(super) fn child_setup(
-    parent: Pid,
-    limits: ChildLimits,
-    death: Signal,
-    policy: SchedulingPolicy,
-) -> io::Result<()> {
+pub(super) fn child_setup(parent: Pid, limits: ChildLimits, death: Signal) -> io::Result<()> {
     setsid()?;
     set_pdeathsig(death)?;
     if getppid() != parent {
@@ -79,33 +73,7 @@ pub(super) fn child_setup(
     if let Some((soft, hard)) = limits.nofile {
         setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
     }
-    set_policy(policy);
     Ok(())
-}
-
-/// The Linux scheduling policy for `policy`.
-pub(super) fn policy_number(policy: SchedulingPolicy) -> libc::c_int {
-    match policy {
-        SchedulingPolicy::Batch => libc::SCHED_BATCH,
-        SchedulingPolicy::Other => libc::SCHED_OTHER,
-    }
-}
-
-/// Puts the calling process under `policy` (priority 0, the only one either policy has),
-/// set either way, so a worker of an `other` pool is under `SCHED_OTHER` even when corral
-/// itself was started under batch. Best effort: any process may move between these two
-/// policies, but a sandbox may refuse the call; the spawner reads the policy back and logs
-/// a worker that did not get it ([`super::spawn`]), rather than failing the spawn.
-///
-/// Why batch is the default (decision 31): a worker woken by the request corral just wrote
-/// does not preempt the corral thread on its CPU, which goes on handing other workers their
-/// requests and clients their answers before it sleeps; under `SCHED_OTHER` the wake-up
-/// preempts it at once, and the other workers wait for it.
-fn set_policy(policy: SchedulingPolicy) {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sched_setscheduler(2) on the calling process, with a parameter that lives
-    // across the call; a raw system call, async-signal-safe, allocating nothing.
-    unsafe { libc::sched_setscheduler(0, policy_number(policy), &param) };
 }
 
 /// A user by name, or by numeric uid (as the configuration allows).

@@ -26,12 +26,10 @@ use std::process::Stdio;
 use nix::unistd::{Gid, Pid, Uid};
 use tokio::process::Child;
 
-use super::child::{child_setup, death_signal, find_user, group_id, policy_number, ChildLimits};
+use super::child::{child_setup, death_signal, find_user, group_id, ChildLimits};
 use super::output::{log_lines, TailHandle};
 use super::worker_socket::{prepare_socket, remove_socket_file, substitute};
-use crate::config::{
-    BackendAddress, BackendProtocol, PoolConfig, Program, SchedulingPolicy, SpawnConfig,
-};
+use crate::config::{BackendAddress, BackendProtocol, PoolConfig, Program, SpawnConfig};
 
 /// Mode of a worker socket corral binds: read and write for corral's user alone.
 pub const WORKER_SOCKET_MODE: u32 = 0o600;
@@ -119,9 +117,6 @@ pub struct WorkerSpawn {
     pub direct_max_requests: Option<u64>,
     /// Where the pool keeps its processes' last stderr lines (none = logged only).
     pub stderr_tail: TailHandle,
-    /// The CPU scheduling policy set between fork and exec (`scheduling_policy`); whatever
-    /// the worker forks (a php-cgi parent's children, a preloader's workers) inherits it.
-    pub scheduling: SchedulingPolicy,
 }
 
 impl WorkerSpawn {
@@ -148,7 +143,6 @@ impl WorkerSpawn {
             php_children: None,
             direct_max_requests: None,
             stderr_tail: TailHandle::default(),
-            scheduling: SchedulingPolicy::default(),
         }
     }
 
@@ -178,7 +172,6 @@ impl WorkerSpawn {
             php_children: spawn.php_children,
             direct_max_requests: None,
             stderr_tail: TailHandle::default(),
-            scheduling: spawn.scheduling_policy,
         })
     }
 
@@ -404,17 +397,15 @@ fn start(
     let limits = ChildLimits::for_worker(spec.nofile)?;
     let parent = Pid::this();
     let death = death_signal(spec);
-    let policy = spec.scheduling;
     // SAFETY: the closure runs in the forked child before exec, where only
     // async-signal-safe work is allowed: another thread of corral may have held the
     // allocator's or a logger's lock at the fork. `child_setup` only makes the raw system
-    // calls setsid, prctl, getppid, setrlimit and sched_setscheduler (nix's thin wrappers
-    // and libc's), on values
+    // calls setsid, prctl, getppid and setrlimit through nix's thin wrappers, on values
     // computed before the fork and captured by copy; it neither allocates (errors are
     // built from a raw errno) nor takes locks. std runs it after the uid/gid change, which
     // matters: changing credentials clears the parent-death signal.
     unsafe {
-        cmd.pre_exec(move || child_setup(parent, limits, death, policy));
+        cmd.pre_exec(move || child_setup(parent, limits, death));
     }
     let mut child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
@@ -440,27 +431,8 @@ fn start(
         user = identity.as_ref().map_or("(corral's)", |id| id.user.as_str()),
         "worker started"
     );
-    check_policy(spec, pid);
     // The parent's copy of the listening socket closes here, at the end of `cmd`.
     Ok((child, pid))
-}
-
-/// Reads back the scheduling policy the child set before exec (best effort there) and
-/// logs a worker that runs under another one, as a sandbox refusing the call would leave
-/// it. A worker that already exited has none to read, and is not logged here.
-fn check_policy(spec: &WorkerSpawn, pid: u32) {
-    let Ok(raw) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: sched_getscheduler(2) reads a process's policy; no memory is passed.
-    let got = unsafe { libc::sched_getscheduler(raw) } & !libc::SCHED_RESET_ON_FORK;
-    if got >= 0 && got != policy_number(spec.scheduling) {
-        tracing::warn!(
-            pool = %spec.pool, pid, wanted = ?spec.scheduling, policy = got,
-            "the worker runs under another CPU scheduling policy than scheduling_policy asks: \
-             the system refused sched_setscheduler"
-        );
-    }
 }
 
 /// The worker's whole environment: `PATH` (corral's, or [`DEFAULT_PATH`]), the pool's
