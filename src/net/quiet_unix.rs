@@ -23,7 +23,7 @@
 //! connects, so corral reads it, answers and closes, and a connection that never had to
 //! wait costs no `epoll_ctl` to add it and none to remove it (two system calls of the
 //! eleven such a request cost). What is not registered is not watched: the FastCGI front
-//! stops reading a connection whose front server has sent all it will (`front/fastcgi.rs`).
+//! stops reading a connection whose front server has sent all it will (`front/fastcgi/reader.rs`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};

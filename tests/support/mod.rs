@@ -22,6 +22,7 @@ pub mod rails_app;
 pub mod reforking;
 pub mod scripted;
 pub mod server;
+pub mod spawning;
 pub mod sync1;
 pub mod sync2;
 pub mod weak;

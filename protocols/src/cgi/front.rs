@@ -20,10 +20,11 @@ use bytes::Bytes;
 
 use super::front_params::{FrontParams, Known, LeftOut};
 use super::front_work::{Val, Work};
+use super::normal::{checked_is_normal, normalize, percent_decode};
 use super::params::CgiParams;
 use super::path::{
-    check_context, checked_is_normal, has_hidden_segment, normal_form, normalize, percent_decode,
-    root_display, root_prefix, script_end, split_normalized, Split,
+    check_context, has_hidden_segment, normal_form, root_display, root_prefix, script_end,
+    split_normalized, Split,
 };
 use super::prepared::PreparedContext;
 use super::{

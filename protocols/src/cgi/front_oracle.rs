@@ -14,9 +14,9 @@
 
 use bytes::Bytes;
 
+use super::normal::{check_decoded, normalize, percent_decode};
 use super::path::{
-    check_context, check_decoded, has_hidden_segment, normalize, percent_decode, root_display,
-    root_prefix, script_end, split_decoded,
+    check_context, has_hidden_segment, root_display, root_prefix, script_end, split_decoded,
 };
 use super::{
     has_nul_cr_lf, snippet, CgiContext, CgiError, CgiVars, DropReason, Dropped, ScriptMode,

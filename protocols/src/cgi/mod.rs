@@ -25,6 +25,7 @@ mod front_tests;
 mod front_work;
 mod headers;
 mod host;
+mod normal;
 mod params;
 mod path;
 mod prepared;
