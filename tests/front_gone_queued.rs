@@ -224,6 +224,30 @@ impl Site {
         assert!(self.exists(&format!("ran-{tag}")));
     }
 
+    /// The one request dropped while queued, `tag`, was counted, logged (found gone `how`)
+    /// and written to the access log as aborted.
+    fn gone_once(&self, tag: &str, how: &str) {
+        assert_eq!(self.counter(), 1);
+        assert!(self.corral.wait_log(GONE), "{}", self.corral.log());
+        let log = self.corral.log();
+        let line = log.lines().find(|l| l.contains(GONE)).unwrap();
+        assert!(line.contains(how) && line.contains("waited="), "{line}");
+        let access = self.dir.path().join("access.log");
+        let logged = support::eventually(Duration::from_secs(5), || {
+            std::fs::read_to_string(&access)
+                .unwrap_or_default()
+                .contains(&format!("tag={tag}"))
+        });
+        assert!(logged, "no access-log line for {tag}");
+        let text = std::fs::read_to_string(&access).unwrap();
+        let needle = format!("tag={tag}");
+        let line = text.lines().find(|l| l.contains(&needle)).unwrap();
+        assert!(
+            line.contains(" 499 ") && line.contains("pid=-") && line.ends_with(" aborted"),
+            "{line}"
+        );
+    }
+
     fn counter(&self) -> u64 {
         pool_counter(self.status, "php", COUNTER)
     }
@@ -295,7 +319,8 @@ fn a_queued_scgi_request_whose_connection_closed_never_reaches_the_worker() {
 }
 
 /// An HTTP client that closes its connection while its request is queued: hyper sees the
-/// end of the busy connection and drops the request, which leaves the queue at once.
+/// end of the busy connection and drops the request, which leaves the queue at once, and is
+/// counted, logged and written to the access log as the peeked-at ones are.
 #[test]
 fn a_queued_http_request_whose_client_closed_never_reaches_the_worker() {
     let site = site();
@@ -318,6 +343,7 @@ fn a_queued_http_request_whose_client_closed_never_reaches_the_worker() {
     );
     assert_eq!(r.status, 200, "{}", site.corral.log());
     assert!(!site.exists("ran-b"), "the abandoned request ran");
+    site.gone_once("b", "dropped by its front");
 }
 
 /// nginx's `fastcgi_keep_conn on`: a kept connection that stays open is no front gone,
@@ -347,4 +373,5 @@ fn a_kept_fastcgi_connection_keeps_its_queued_request_while_open() {
     assert_eq!(held.join().unwrap().0, 200);
     site.served_after("f");
     assert!(!site.exists("ran-e"), "the abandoned request ran");
+    site.gone_once("e", "dropped by its front");
 }

@@ -68,15 +68,20 @@ impl Gateway {
                         slow,
                     })
                 });
-            let mut pid = None;
+            // Written as aborted (499) if the front drops the request before its head came.
+            let mut log = Unanswered {
+                log,
+                pid: None,
+                asked: timer.asked(),
+            };
             // Before a slot is taken: a refused script or body never queues or touches a worker,
             // and the request ends before any await. (Matched where it is made, the result is a
             // temporary gone before the await, not a local kept in the future's state.)
             let body = match admitted(context, &params, body) {
                 Ok(body) => body,
-                Err(e) => return Err(failed(log, e, pid, &timer)),
+                Err(e) => return Err(failed(log.log.take(), e, None, &timer)),
             };
-            let watch = log.as_ref().and_then(|l| l.slow.as_ref());
+            let watch = log.log.as_ref().and_then(|l| l.slow.as_ref());
             let sent = self
                 .exchange(
                     routed,
@@ -84,13 +89,14 @@ impl Gateway {
                     body,
                     request_id,
                     &mut timer,
-                    (&mut pid, watch),
+                    (&mut log.pid, watch),
                     front,
                 )
                 .await;
+            let pid = log.pid;
             match sent {
                 Ok((head, body, slot)) => {
-                    let log = log.map(|mut l| {
+                    let log = log.log.take().map(|mut l| {
                         l.record.status = head.status_code();
                         l.record.worker_pid = pid;
                         l
@@ -111,7 +117,7 @@ impl Gateway {
                     }
                     Ok(GatewayResponse { head, body })
                 }
-                Err(e) => Err(failed(log, e, pid, &timer)),
+                Err(e) => Err(failed(log.log.take(), e, pid, &timer)),
             }
         }
     }
@@ -132,14 +138,20 @@ impl Gateway {
     ) -> Result<(CgiResponseHead, ResponseBody, Slot), GatewayError> {
         let pool = &routed.pool;
         // The wait is timed from the timer's start: one clock reading fewer per request.
-        let (slot, had) = pool
+        let queued = Queued {
+            pool,
+            request_id,
+            asked: timer.asked(),
+        };
+        let acquired = pool
             .requests
             .acquire_since(&pool.slots, routed.context.slot_context, timer.asked())
-            .await
-            .map_err(|source| GatewayError::Slot {
-                pool: Arc::clone(&pool.name),
-                source,
-            })?;
+            .await;
+        queued.ended();
+        let (slot, had) = acquired.map_err(|source| GatewayError::Slot {
+            pool: Arc::clone(&pool.name),
+            source,
+        })?;
         timer.slot_at(had);
         // `had` is the request's start exactly when the slot came at the first poll (the
         // fast path: no clock reading and no system call more); a later one means the
@@ -300,6 +312,62 @@ impl Gateway {
     }
 }
 
+/// A request's log record until its head came or it failed: the front that drops the
+/// request first (its client or front server went away, or sent FCGI_ABORT_REQUEST) still
+/// gets its access-log line, as aborted with 499, nginx's code for a client that closed.
+struct Unanswered {
+    log: Option<Box<Logged>>,
+    /// The worker the request reached, once it has one and a log wants it.
+    pid: Option<u32>,
+    asked: tokio::time::Instant,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(mut logged) = self.log.take() {
+            logged.record.status = 499;
+            logged.record.aborted = true;
+            logged.record.worker_pid = self.pid;
+            logged.record.total = self.asked.elapsed();
+            // The watch's task ends with it (the line waits for stacks already asked for).
+            match logged.slow.take() {
+                Some(watch) => watch.finish(logged),
+                None => logged.write(),
+            }
+        }
+    }
+}
+
+/// A request waiting in its pool's queue: dropped there (its front gave it up first), it
+/// is counted and logged as one the peek in `exchange` finds gone is.
+struct Queued<'a> {
+    pool: &'a crate::gateway::registry::Pool,
+    request_id: u64,
+    asked: tokio::time::Instant,
+}
+
+impl Queued<'_> {
+    /// The wait ended (a slot, or an error): nothing to count.
+    fn ended(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Queued<'_> {
+    #[cold]
+    fn drop(&mut self) {
+        // Dropped only while the queue is awaited: the first poll, which serves a request
+        // at once, is made within the poll that made this, so the request had queued.
+        self.pool.requests.front_gone();
+        log_gone(
+            self.pool,
+            self.request_id,
+            self.asked.elapsed(),
+            "dropped by its front",
+        );
+    }
+}
+
 /// How a front connection was found gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Closed {
@@ -355,17 +423,28 @@ fn front_gone(
 ) -> GatewayError {
     drop(slot);
     pool.requests.front_gone();
-    tracing::info!(
-        pool = %pool.name,
-        request_id,
-        waited = ?waited,
-        how = %why,
-        "the front closed while the request waited for a slot; not sent to a worker"
-    );
+    log_gone(pool, request_id, waited, why);
     GatewayError::FrontGone {
         pool: Arc::clone(&pool.name),
         waited,
     }
+}
+
+/// The log line of a request whose front went away while it waited for its slot.
+#[cold]
+fn log_gone(
+    pool: &crate::gateway::registry::Pool,
+    request_id: u64,
+    waited: std::time::Duration,
+    how: impl std::fmt::Display,
+) {
+    tracing::info!(
+        pool = %pool.name,
+        request_id,
+        waited = ?waited,
+        how = %how,
+        "the front closed while the request waited for a slot; not sent to a worker"
+    );
 }
 
 /// Whether the request's method is one corral sends twice: the methods safe by RFC 9110
