@@ -163,6 +163,12 @@ impl Probe {
     /// Checks the worker at `address` until it passes (`Ok`) or `deadline` passes (`Err`
     /// with the last failure, also kept in `last_failure`). `gone` is asked before each
     /// check whether the worker has exited (then the wait ends at once).
+    ///
+    /// A failure is kept in `last_failure` once the worker is known to have outlived it
+    /// (after the pause before the next check), or at the deadline if it is the first: the
+    /// pool kills a worker not ready by its `start_timeout` about when this deadline comes,
+    /// and the check that kill cuts short ("closed the connection") says nothing of the
+    /// application, where the answer before it ("answered 503") does.
     pub async fn until_healthy(
         &self,
         address: &BackendAddress,
@@ -170,6 +176,12 @@ impl Probe {
         mut gone: impl FnMut() -> bool,
     ) -> Result<(), String> {
         let mut checks = 0u32;
+        let mut kept = false;
+        let keep = |failure: &str| {
+            if let Ok(mut last) = self.last_failure.lock() {
+                *last = Some(failure.to_owned());
+            }
+        };
         loop {
             if gone() {
                 return Err("the worker exited during its health check".to_owned());
@@ -192,15 +204,93 @@ impl Probe {
             } else {
                 format!("health check GET {} {why}", self.check.path)
             };
-            if let Ok(mut last) = self.last_failure.lock() {
-                *last = Some(failure.clone());
-            }
             let now = Instant::now();
             if now + RETRY_EVERY >= deadline {
+                if !kept {
+                    keep(&failure);
+                }
                 tracing::warn!(pool = %self.pool, %address, checks, reason = %failure, "worker never passed its check within start_timeout");
                 return Err(failure);
             }
             tokio::time::sleep(RETRY_EVERY).await;
+            if gone() {
+                return Err("the worker exited during its health check".to_owned());
+            }
+            keep(&failure);
+            kept = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::protocols::fastcgi::{
+        encode_end_request, encode_stdout, encode_stdout_end, ProtocolStatus,
+    };
+    use bytes::BytesMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn probe() -> Probe {
+        Probe {
+            pool: Arc::from("site"),
+            protocol: Protocol::FastCgi,
+            check: HealthCheck {
+                path: "/healthz".to_owned(),
+                timeout: Duration::from_secs(2),
+            },
+            root: None,
+            last_failure: Arc::default(),
+            launcher: false,
+        }
+    }
+
+    /// A worker (fault injection) that answers its first check 503 and closes the connection
+    /// of its second unanswered, as one killed for its `start_timeout` does: the reason kept
+    /// for the reload's refusal and the status page is the 503, not the close the kill made.
+    #[tokio::test]
+    async fn a_check_cut_short_at_the_deadline_keeps_the_answer_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let worker = tokio::spawn(async move {
+            let (mut first, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = first.read(&mut request).await.unwrap();
+            let mut out = BytesMut::new();
+            encode_stdout(
+                1,
+                b"Status: 503 Service Unavailable\r\n\r\nwarming up",
+                &mut out,
+            );
+            encode_stdout_end(1, &mut out);
+            encode_end_request(1, 0, ProtocolStatus::RequestComplete, &mut out);
+            first.write_all(&out).await.unwrap();
+            let (second, _) = listener.accept().await.unwrap();
+            drop(second);
+        });
+        let probe = probe();
+        // The second check starts after RETRY_EVERY and fails within the last pause's room.
+        let deadline = Instant::now() + RETRY_EVERY + RETRY_EVERY / 2;
+        let address = BackendAddress::Unix(path);
+        let failed = probe.until_healthy(&address, deadline, || false).await;
+        worker.await.unwrap();
+        let last = probe.last_failure.lock().unwrap().clone().unwrap();
+        assert!(failed.is_err());
+        assert_eq!(last, "health check GET /healthz answered 503");
+    }
+
+    /// The first check failing at the deadline is kept: there is no other to show.
+    #[tokio::test]
+    async fn a_lone_failed_check_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let address = BackendAddress::Unix(dir.path().join("nobody.sock"));
+        let probe = probe();
+        let failed = probe
+            .until_healthy(&address, Instant::now(), || false)
+            .await;
+        let last = probe.last_failure.lock().unwrap().clone().unwrap();
+        assert_eq!(Err(last), failed);
     }
 }
