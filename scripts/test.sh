@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one test command: installs the real peers (scripts/setup-peers.sh),
 # then runs every test of the workspace, clippy with warnings denied, the
-# rustfmt check, the check of the results writer (benches/lib/check.sh),
+# rustfmt check, the documentation with rustdoc's warnings denied (broken
+# intra-doc links, public docs linking private items, code blocks that do
+# not parse), the check of the results writer (benches/lib/check.sh),
 # and a bounded fuzzing run of every fuzz target (scripts/fuzz.sh). Exits
 # non-zero on the first failing section; the tests run to the end
 # (--no-fail-fast) so that one run names every failing test.
@@ -26,6 +28,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 section "cargo fmt --all --check"
 cargo fmt --all --check
+
+section "RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps --locked"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 section "benches/lib/check.sh (the writer of benches/RESULTS.md's sections)"
 bash benches/lib/check.sh

@@ -69,7 +69,7 @@ pub enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Print the running corral's status page (pools, workers, queue), from its [status]
+    /// Print the running corral's status page (pools, workers, queue), from its `[status]`
     /// listener; with `--watch`, a view of it that refreshes in place until Ctrl-C.
     Status {
         /// The configuration it runs with; without it, the embedded default.

@@ -54,7 +54,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size \"{text}\" is too large"))
 }
 
-/// Parses a duration such as "30s", "1h30m", "1h 30m" or "250ms", at most [`MAX_DURATION`].
+/// Parses a duration such as "30s", "1h30m", "1h 30m" or "250ms", at most a year (365 days).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text.trim())
         .map_err(|e| format!("duration \"{text}\" is not valid: {e}"))?;

@@ -1,9 +1,10 @@
 //! The CGI fronts: what the FastCGI and SCGI listeners share. Both receive CGI parameters
 //! from a front server (nginx `fastcgi_pass` or `scgi_pass`, Apache, lighttpd, Caddy) and
-//! answer with a CGI response, so both run the same pipeline: [`prepare`] (route and
-//! normalise the front server's parameters), `Gateway::dispatch`, then [`relay`] into the
-//! front protocol's [`CgiSink`] (FCGI_STDOUT records, or the raw SCGI connection). The CGI
-//! answer for a request that got no backend response and the lingering close after answering
+//! answer with a CGI response, so both run the same pipeline: `prepare` (route and
+//! normalise the front server's parameters),
+//! [`Gateway::dispatch`](crate::gateway::Gateway::dispatch), then `relay` into the front
+//! protocol's `CgiSink` (FCGI_STDOUT records, or the raw SCGI connection). The CGI answer
+//! for a request that got no backend response and the lingering close after answering
 //! early live here too.
 
 use std::borrow::Cow;

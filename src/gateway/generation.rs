@@ -19,7 +19,7 @@ pub struct Generation {
     pub number: u64,
     /// Request → context.
     pub router: Router,
-    /// The pools, by the [`PoolId`]s the router hands out.
+    /// The pools, by the [`PoolId`](crate::router::PoolId)s the router hands out.
     pub pools: PoolRegistry,
     /// php-fpm's status and ping paths per FastCGI listener: (listener, status, ping).
     pub(super) fpm_paths: Vec<(ListenAddress, Option<String>, Option<String>)>,

@@ -142,8 +142,9 @@ impl Gateway {
         self.live.set(Arc::new(generation))
     }
 
-    /// A new request id for logs: unique in this gateway, increasing on each thread (see
-    /// [`RequestIds`]).
+    /// A new request id for logs: unique in this gateway, increasing on each thread. Each
+    /// thread takes ids by blocks of 1024, so with several serving threads the threads' ids
+    /// interleave by blocks (`RequestIds`).
     pub fn request_id(&self) -> u64 {
         self.request_ids.next()
     }

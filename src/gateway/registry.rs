@@ -304,7 +304,9 @@ pub struct PoolRegistry {
 
 impl PoolRegistry {
     /// Builds the pools of `config` (whose contexts `router` holds), carrying over from
-    /// `previous` every pool whose [`PoolIdentity`] is unchanged.
+    /// `previous` every pool that could serve the new configuration unchanged: the same
+    /// settings of its own, the same caps of its contexts, the same server settings its
+    /// workers are started with and the same real roots (`PoolIdentity`).
     pub fn build(
         config: &Config,
         router: &Router,

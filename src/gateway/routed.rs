@@ -100,7 +100,7 @@ impl RoutedCount {
 }
 
 impl Routed {
-    /// Checks, before a body is read, what [`Gateway::dispatch`] would refuse anyway: the
+    /// Checks, before a body is read, what [`Gateway::dispatch`](super::Gateway::dispatch) would refuse anyway: the
     /// script file and a declared length over the context's `max_body`. An upload to a
     /// missing script is then answered 404 without spooling a byte of it.
     pub fn precheck(&self, params: &CgiParams, body_len: Option<u64>) -> Result<(), GatewayError> {

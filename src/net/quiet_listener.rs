@@ -43,8 +43,8 @@ impl QuietListener {
         Ok(self.io.into_inner())
     }
 
-    /// The next connection, not registered until a read of it finds nothing
-    /// ([`QuietUnix::accepted`]).
+    /// The next connection, not registered with the reactor until a read of it finds
+    /// nothing (`QuietUnix::accepted`): until then nothing watches it.
     pub async fn accept(&self) -> io::Result<QuietUnix> {
         let fd = self
             .io

@@ -79,7 +79,8 @@ impl QuietUnix {
         }
     }
 
-    /// Whether the reactor watches the stream for reads (see [`QuietUnix::accepted`]).
+    /// Whether the reactor watches the stream for reads: an accepted connection is watched
+    /// only once a read of it has found nothing (`QuietUnix::accepted`).
     pub fn is_watched(&self) -> bool {
         self.watch.is_some()
     }

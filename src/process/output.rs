@@ -1,9 +1,9 @@
 //! A worker's stdout and stderr, forwarded into corral's log one line per event (target
 //! `corral::worker`, fields `pool`, `pid`, `stream`), with lines bounded in length so a
 //! worker that never writes a newline cannot make corral buffer without limit. Control bytes
-//! are escaped (a line is one log line), and each stream of each worker is held to
-//! [`LINES_PER_SECOND`] and [`BYTES_PER_SECOND`]: past them lines are dropped and counted, and
-//! the next line logged is preceded by one saying how many were suppressed.
+//! are escaped (a line is one log line), and each stream of each worker is held to 100 lines
+//! and 64 KiB a second (`LINES_PER_SECOND`, `BYTES_PER_SECOND`): past them lines are dropped
+//! and counted, and the next line logged is preceded by one saying how many were suppressed.
 //!
 //! A pool keeps the last few stderr lines of all its processes (workers and preloader) in a
 //! [`Tail`], so a worker that cannot come up is reported with what it said last (the

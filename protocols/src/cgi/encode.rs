@@ -12,11 +12,11 @@ use super::{
 };
 use crate::Limits;
 
-/// The variables of [`build_cgi_vars_for`], encoded once into a [`CgiParams`] (what the
-/// request path sends); [`dropped_headers`] names the headers left out, for a log. The one
-/// place the rules live: the owned form above is a view of this one, and
-/// [`encode_prepared`] is this one with the context's and the connection's constant blocks
-/// already encoded.
+/// The variables of [`build_cgi_vars_for`](super::build_cgi_vars_for), encoded once into a
+/// [`CgiParams`] (what the request path sends); [`dropped_headers`](super::dropped_headers)
+/// names the headers left out, for a log. The one place the rules live: that owned form is
+/// a view of this one, and [`encode_prepared`] is this one with the context's and the
+/// connection's constant blocks already encoded.
 pub fn encode_cgi_vars(
     req: &CgiRequest<'_>,
     path: &RequestPath<'_>,

@@ -112,7 +112,8 @@ fn class_from(name: &[u8], scan: NameScan) -> Class {
     }
 }
 
-/// The headers [`check_headers`] passed that are left out of the variables, and why: for
+/// The headers that pass the checks of [`encode_cgi_vars`](super::encode_cgi_vars) (names
+/// are tokens, values free of control bytes) but are left out of the variables, and why: for
 /// a log, made only when one is wanted (a kept-alive client's `Connection` is one on every
 /// request, and reporting it cost two allocations each time).
 pub fn dropped_headers<'a>(

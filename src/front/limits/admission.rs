@@ -52,9 +52,12 @@ const LOG_EVERY: Duration = Duration::from_secs(1);
 /// free for the spool files of chunked uploads being measured (one per such front request)
 /// and for the status listener's own cap.
 ///
-/// The reserve counts, per pool, every worker it may spawn ([`FDS_PER_WORKER`]) and every
-/// backend slot ([`FDS_PER_SLOT`]: a kept backend connection and a spool file), plus
-/// [`STATUS_MAX_CONNECTIONS`] for `/ping` and `/status`, plus [`BASE_RESERVE`].
+/// The reserve counts, per pool, 4 descriptors for each of a spawned pool's `max` + 1
+/// workers (`FDS_PER_WORKER`: its listening socket, its stdout and stderr pipes, a spare for
+/// a replacement) and 2 for every backend slot (`FDS_PER_SLOT`: a kept backend connection
+/// and a spool file), plus [`STATUS_MAX_CONNECTIONS`] for `/ping` and `/status`, one per
+/// listener, and 64 for what corral opens whatever the configuration (`BASE_RESERVE`:
+/// standard streams, the runtime's, signal pipes, log files, short-lived files).
 pub fn derived_max_connections(config: &Config, nofile: Option<u64>) -> usize {
     let nofile = nofile.unwrap_or(FALLBACK_NOFILE);
     let mut reserve = BASE_RESERVE + STATUS_MAX_CONNECTIONS as u64 + config.listeners.len() as u64;

@@ -5,15 +5,17 @@
 //! php-cgi would, with OPcache on. The gateway's script guard (a real `.php` file under the
 //! context's root) runs before any request reaches it.
 //!
-//!     corral-php-worker             serve the socket on fd 0
-//!     corral-php-worker --check     start PHP and exit 0 (what `corral check` runs)
-//!     corral-php-worker --worker SCRIPT
-//!                                   worker mode: SCRIPT boots once and serves every
-//!                                   request through corral_handle_request (`worker.rs`)
-//!     corral-php-worker [--worker SCRIPT] --preload
-//!                                   the fork template: fd 0 is corral's control socket;
-//!                                   PHP starts once and every worker is forked from this
-//!                                   process (`preload.rs`), then serves as above
+//! ```text
+//! corral-php-worker             serve the socket on fd 0
+//! corral-php-worker --check     start PHP and exit 0 (what `corral check` runs)
+//! corral-php-worker --worker SCRIPT
+//!                               worker mode: SCRIPT boots once and serves every
+//!                               request through corral_handle_request (`worker.rs`)
+//! corral-php-worker [--worker SCRIPT] --preload
+//!                               the fork template: fd 0 is corral's control socket;
+//!                               PHP starts once and every worker is forked from this
+//!                               process (`preload.rs`), then serves as above
+//! ```
 //!
 //! SIGTERM and SIGINT finish the request in progress and exit 0. Bad LSAPI input closes that
 //! connection with a log line on stderr (which corral logs with the worker's pool and pid);

@@ -1,7 +1,7 @@
 //! Whether the script a classic-mode request names is a regular file, so that a missing one
 //! is answered 404 "No input file specified." (php-cgi's answer) without starting PHP.
 //!
-//! The answer "it is a file" is remembered for [`SEEN_FOR`] for the last path asked about:
+//! The answer "it is a file" is remembered for [`SEEN_FOR_MS`] for the last path asked about:
 //! a request for the same script within that time makes no stat(2) (strace: it was one of
 //! the worker's 14 system calls per request, and the only one PHP did not make). That window
 //! is OPcache's own: with `opcache.revalidate_freq` at its default of 2 s, PHP itself runs a
