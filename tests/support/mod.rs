@@ -11,6 +11,7 @@ pub mod apps;
 pub mod direct;
 pub mod fastcgi;
 pub mod front;
+pub mod http_front;
 pub mod invariants;
 pub mod lsapi;
 pub mod matrix;
