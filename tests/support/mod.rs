@@ -12,6 +12,8 @@ pub mod direct;
 pub mod fastcgi;
 pub mod front;
 pub mod invariants;
+pub mod launcher;
+pub mod launcher_wsgi;
 pub mod lsapi;
 pub mod matrix;
 pub mod native;
