@@ -13,6 +13,7 @@ pub mod fastcgi;
 pub mod front;
 pub mod invariants;
 pub mod launcher;
+pub mod launcher_rack;
 pub mod launcher_wsgi;
 pub mod lsapi;
 pub mod matrix;
