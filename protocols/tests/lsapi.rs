@@ -9,7 +9,9 @@
 //! the worked example of section 7), every malformed case with its error variant, property
 //! tests (round trip in both byte orders, any chunking), and decoding of real lsphp 8.2
 //! responses captured under tests/data/lsapi/. This file holds the shared helpers; the cases
-//! are in tests/lsapi/ (request, request_cgi, response, response_errors, props, captures).
+//! are in tests/lsapi/ (request, request_cgi, response, response_errors, props, captures), and
+//! the BEGIN_REQUEST written by hand, which both `request` and `view_error` start from, in
+//! tests/lsapi/hand_request.rs.
 
 use bytes::{Bytes, BytesMut};
 use corral_protocols::lsapi::*;
@@ -147,7 +149,7 @@ fn request_error(input: &[u8], limits: &Limits) -> LsapiError {
 fn view_error(input: &[u8], limits: &Limits) -> String {
     let mut dec = RequestDecoder::new(limits).with_flag_rule(FlagRule::Literal);
     let mut view = RequestView::new();
-    let mut warm = BytesMut::from(&request::hand_request_le()[..]);
+    let mut warm = BytesMut::from(&hand_request::hand_request_le()[..]);
     let mut warm_dec = RequestDecoder::new(&Limits::DEFAULT).with_flag_rule(FlagRule::Literal);
     assert_eq!(
         warm_dec.decode_into(&mut warm, &mut view),
@@ -193,6 +195,8 @@ fn b(s: &str) -> Bytes {
 // paths are explicit; cargo does not build tests/lsapi/ as tests of its own).
 #[path = "lsapi/captures.rs"]
 mod captures;
+#[path = "lsapi/hand_request.rs"]
+mod hand_request;
 #[path = "lsapi/props.rs"]
 mod props;
 #[path = "lsapi/request.rs"]
