@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod apps;
+pub mod backend_fastcgi;
 pub mod direct;
 pub mod fastcgi;
 pub mod front;
