@@ -12,6 +12,7 @@ pub mod backend_fastcgi;
 pub mod direct;
 pub mod fastcgi;
 pub mod front;
+pub mod front_fastcgi;
 pub mod http_front;
 pub mod invariants;
 pub mod launcher;
