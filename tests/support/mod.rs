@@ -8,9 +8,11 @@
 #![allow(dead_code)]
 
 pub mod apps;
+pub mod backend_fastcgi;
 pub mod direct;
 pub mod fastcgi;
 pub mod front;
+pub mod front_fastcgi;
 pub mod http_front;
 pub mod invariants;
 pub mod launcher;
@@ -19,6 +21,7 @@ pub mod launcher_wsgi;
 pub mod lsapi;
 pub mod matrix;
 pub mod native;
+pub mod null_backend;
 pub mod peers;
 pub mod preloading;
 pub mod python_apps;
@@ -95,6 +98,17 @@ pub fn wait(child: &mut Child, deadline: Duration) -> Option<std::process::ExitS
         }
         thread::sleep(POLL);
         waited += POLL;
+    }
+}
+
+/// Kills and reaps a child on drop (for a child that is no [`peers::Peer`]: one started on
+/// a TCP port, or handed its socket as fd 0).
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -9,7 +9,6 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::thread;
 use std::time::Duration;
 
@@ -20,17 +19,10 @@ use tokio::time::Instant;
 use super::fastcgi::Answers;
 use super::peers::{cgi_params, Peer};
 use super::server::{http, Corral};
-use super::CORRAL;
 
 /// `corral null-backend --protocol fastcgi` on `dir/fastcgi.sock`, ready to accept.
 pub fn null_backend(dir: &Path) -> Peer {
-    let socket = dir.join("fastcgi.sock");
-    let mut cmd = Command::new(CORRAL);
-    cmd.args(["null-backend", "--protocol", "fastcgi", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    Peer::spawn(cmd, &socket).wait_connectable()
+    super::null_backend::null_backend(dir, "fastcgi", &[])
 }
 
 /// A configuration with `server` keys, one TCP listener per `(protocol, extra keys)`, a
