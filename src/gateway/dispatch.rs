@@ -69,7 +69,7 @@ impl Gateway {
                     })
                 });
             // Written as aborted (499) if the front drops the request before its head came.
-            let mut log = Unanswered {
+            let mut unanswered = Unanswered {
                 log,
                 pid: None,
                 asked: timer.asked(),
@@ -79,9 +79,9 @@ impl Gateway {
             // temporary gone before the await, not a local kept in the future's state.)
             let body = match admitted(context, &params, body) {
                 Ok(body) => body,
-                Err(e) => return Err(failed(log.log.take(), e, None, &timer)),
+                Err(e) => return Err(failed(unanswered.log.take(), e, None, &timer)),
             };
-            let watch = log.log.as_ref().and_then(|l| l.slow.as_ref());
+            let watch = unanswered.log.as_ref().and_then(|l| l.slow.as_ref());
             let sent = self
                 .exchange(
                     routed,
@@ -89,14 +89,14 @@ impl Gateway {
                     body,
                     request_id,
                     &mut timer,
-                    (&mut log.pid, watch),
+                    (&mut unanswered.pid, watch),
                     front,
                 )
                 .await;
-            let pid = log.pid;
+            let pid = unanswered.pid;
             match sent {
                 Ok((head, body, slot)) => {
-                    let log = log.log.take().map(|mut l| {
+                    let log = unanswered.log.take().map(|mut l| {
                         l.record.status = head.status_code();
                         l.record.worker_pid = pid;
                         l
@@ -117,7 +117,7 @@ impl Gateway {
                     }
                     Ok(GatewayResponse { head, body })
                 }
-                Err(e) => Err(failed(log.log.take(), e, pid, &timer)),
+                Err(e) => Err(failed(unanswered.log.take(), e, pid, &timer)),
             }
         }
     }
