@@ -1,5 +1,6 @@
 //! The access log and the slow-request log, with a real php-cgi pool: one line per request
-//! with its status, worker pid and timing split, in text and JSON; a logrotate-style rename
+//! with its status, worker pid and timing split, in text and JSON (a client gone before the
+//! answer's head: 499, aborted); a logrotate-style rename
 //! plus SIGUSR1 moves new lines to the new file and loses none; the slow log gets only the
 //! requests over its threshold.
 
@@ -125,6 +126,53 @@ fn every_request_has_one_text_line_with_its_status_worker_and_timings() {
     );
     assert!(lines[1].contains("\"tester \\\"x\\\"\""), "{}", lines[1]);
     assert_eq!(field(lines.last().unwrap(), "pid="), "-");
+}
+
+/// A client that goes away while its request runs in the worker, before the answer's head:
+/// its line says 499 and aborted (nginx's code for a client that closed), with the worker
+/// it reached, and the next request is logged as usual.
+#[test]
+fn a_client_that_closes_before_the_head_gets_a_499_aborted_line() {
+    let dir = peers::shared_dir();
+    site(dir.path());
+    let log = dir.path().join("access.log");
+    let server = format!("access_log = \"{}\"", log.display());
+    let corral = Corral::start(&config(&dir.path().join("run"), dir.path(), &server), 1);
+    let addr = corral.http_addr();
+    let pid = http(addr, "GET", "/pid.php", &[], b"").text();
+    // Says it started, then holds the worker.
+    peers::write_file(
+        dir.path(),
+        "held.php",
+        "<?php file_put_contents(__DIR__ . '/held-started', '1'); usleep(1500000); echo 'held';",
+    );
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(
+        &mut client,
+        b"GET /held.php HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    // Gone once the worker runs the request.
+    let started = support::eventually(Duration::from_secs(10), || {
+        dir.path().join("held-started").exists()
+    });
+    assert!(
+        started,
+        "the request never reached the worker\n{}",
+        corral.log()
+    );
+    drop(client);
+    assert_eq!(http(addr, "GET", "/pid.php?marker", &[], b"").status, 200);
+    let lines = lines_before(&log, "/pid.php?marker ");
+    let line = lines
+        .iter()
+        .find(|l| l.contains("/held.php"))
+        .unwrap_or_else(|| panic!("no line for the abandoned request: {lines:#?}"));
+    assert!(
+        line.contains("\"GET /held.php HTTP/1.1\" 499 ") && line.ends_with(" aborted"),
+        "{line}"
+    );
+    assert_eq!(field(line, "pid="), pid, "the worker it reached");
 }
 
 #[test]
