@@ -57,6 +57,11 @@ impl Logged {
         self.record.connect = connect;
         self.record.head = head;
         self.record.total = total;
+        self.send();
+    }
+
+    /// Writes the line now, or once the stacks asked for are in.
+    pub(super) fn send(mut self: Box<Self>) {
         match self.slow.take() {
             Some(watch) => watch.finish(self),
             None => self.write(),

@@ -329,11 +329,7 @@ impl Drop for Unanswered {
             logged.record.aborted = true;
             logged.record.worker_pid = self.pid;
             logged.record.total = self.asked.elapsed();
-            // The watch's task ends with it (the line waits for stacks already asked for).
-            match logged.slow.take() {
-                Some(watch) => watch.finish(logged),
-                None => logged.write(),
-            }
+            logged.send();
         }
     }
 }
