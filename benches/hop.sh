@@ -41,6 +41,9 @@
 # Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
 # CORRAL_B (a second binary for the -b rows, none by default),
 # SCHED (every corral's `[server] scheduler`; default corral's own),
+# PIN (1: every corral with `pin_threads = true`, nginx with `worker_cpu_affinity auto`,
+# HAProxy with `cpu-map 1/1 0`: each front's event loop on the first CPU, as each documents
+# for a machine of its own; the backends, the workers and wrk stay free),
 # LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT
 # (default benches/RESULTS.md, whose `hop` section the table replaces; OUT= prints it only;
 # benches/lib/results.sh). Before measuring it checks through each PHP front that OPcache is
@@ -49,13 +52,22 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL CORRAL_B SCHED LSPHP LSPHP_OPCACHE"
+RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL CORRAL_B SCHED PIN LSPHP LSPHP_OPCACHE"
 results_start "$@"
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-2}
 LEVELS=${LEVELS:-1 25 100}
 ROWS=${ROWS:-.*}
 sched_line=${SCHED:+scheduler = \"$SCHED\"}
+if [ "${PIN:-}" = 1 ]; then
+  sched_line="$sched_line
+pin_threads = true"
+  nginx_pin='worker_cpu_affinity auto;'
+  haproxy_pin='  cpu-map 1/1 0'
+else
+  nginx_pin=
+  haproxy_pin=
+fi
 LSPHP=${LSPHP:-/var/cache/corral/lsphp-8.2/lsphp}
 LSPHP_OPCACHE=${LSPHP_OPCACHE:-$(dirname "$LSPHP")/opcache.so}
 [ -f "$LSPHP_OPCACHE" ] || { echo "no $LSPHP_OPCACHE: run scripts/build-lsphp.sh" >&2; exit 1; }
@@ -240,6 +252,7 @@ fi
 cat > "$s/nginx.conf" <<CONF
 user www-data;
 worker_processes 1;
+$nginx_pin
 daemon off;
 pid $s/run/nginx.pid;
 error_log $s/log/nginx.log;
@@ -272,6 +285,7 @@ nginx -c "$s/nginx.conf" & nginx=$!; pids+=($nginx)
 cat > "$s/haproxy.cfg" <<CONF
 global
   nbthread 1
+$haproxy_pin
   maxconn 4096
 defaults
   mode http

@@ -111,7 +111,10 @@ pub async fn run(
     let shards = match config.server.scheduler {
         crate::config::Scheduler::PerThread => {
             let n = serving_threads(config);
-            Some(Shards::start(n).map_err(StartupError::ServingThreads)?)
+            Some(
+                Shards::start(n, config.server.pin_threads)
+                    .map_err(StartupError::ServingThreads)?,
+            )
         }
         crate::config::Scheduler::WorkStealing => None,
     };

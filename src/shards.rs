@@ -7,10 +7,18 @@
 //!
 //! The control plane (pool drivers, reloads, signals, the status listener) stays on the
 //! runtime `corral run` starts, which then needs only one thread of its own.
+//!
+//! With `pin_threads`, serving thread i may run only on the i-th CPU corral may run on (in
+//! turn, when there are more threads than CPUs), as nginx's `worker_cpu_affinity auto` pins
+//! its workers: a thread that sleeps between the two halves of every request (the client's,
+//! then the backend's) otherwise wakes wherever the kernel finds an idle CPU, with its data
+//! in the other CPU's caches (docs/operations.md, "Serving threads").
 
 use std::cell::Cell;
 use std::io;
 
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -33,17 +41,28 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Starts `n` serving threads, each with a runtime that has I/O and timers.
-    pub fn start(n: usize) -> io::Result<Shards> {
+    /// Starts `n` serving threads, each with a runtime that has I/O and timers, each pinned
+    /// to a CPU of its own when `pin` is set.
+    pub fn start(n: usize, pin: bool) -> io::Result<Shards> {
+        let cpus = if pin { allowed_cpus()? } else { Vec::new() };
         let mut handles = Vec::with_capacity(n);
         let mut stops = Vec::with_capacity(n);
         for i in 0..n {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (stop_tx, stop_rx) = oneshot::channel::<()>();
+            let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
             std::thread::Builder::new()
                 .name(format!("corral-serve-{i}"))
                 .spawn(move || {
                     SHARD.with(|s| s.set(Some(i)));
+                    if let Some(cpu) = cpu {
+                        if let Err(e) = pin_to(cpu) {
+                            let _ = ready_tx.send(Err(io::Error::other(format!(
+                                "cannot pin serving thread {i} to CPU {cpu}: {e}"
+                            ))));
+                            return;
+                        }
+                    }
                     let runtime = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
@@ -86,6 +105,26 @@ impl Shards {
     }
 }
 
+/// The CPUs this thread may run on (the whole process's set at start: corral's own affinity,
+/// a cpuset or `taskset`), in order.
+fn allowed_cpus() -> io::Result<Vec<usize>> {
+    let set = sched_getaffinity(Pid::from_raw(0)).map_err(io::Error::from)?;
+    let cpus: Vec<usize> = (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect();
+    if cpus.is_empty() {
+        return Err(io::Error::other("the CPU affinity mask names no CPU"));
+    }
+    Ok(cpus)
+}
+
+/// Lets the calling thread run on `cpu` only.
+fn pin_to(cpu: usize) -> nix::Result<()> {
+    let mut one = CpuSet::new();
+    one.set(cpu)?;
+    sched_setaffinity(Pid::from_raw(0), &one)
+}
+
 impl Drop for Shards {
     fn drop(&mut self) {
         self.stops.clear();
@@ -98,7 +137,7 @@ mod tests {
 
     #[test]
     fn each_thread_knows_its_index_and_runs_what_it_is_given() {
-        let shards = Shards::start(2).unwrap();
+        let shards = Shards::start(2, false).unwrap();
         assert_eq!(shards.len(), 2);
         assert_eq!(current(), None);
         for (i, h) in shards.handles().iter().enumerate() {
@@ -111,5 +150,30 @@ mod tests {
             assert_eq!(shard, Some(i));
             assert_eq!(name.as_deref(), Some(format!("corral-serve-{i}").as_str()));
         }
+    }
+
+    /// The CPUs the thread running `f` on serving thread `h` may run on.
+    fn affinity_on(h: &Handle) -> Vec<usize> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        h.spawn(async move {
+            let _ = tx.send(allowed_cpus().unwrap());
+        });
+        rx.recv().unwrap()
+    }
+
+    #[test]
+    fn pinned_threads_each_run_on_one_cpu_in_turn_and_unpinned_ones_on_all() {
+        let all = allowed_cpus().unwrap();
+        let n = all.len() + 1;
+        let pinned = Shards::start(n, true).unwrap();
+        for (i, h) in pinned.handles().iter().enumerate() {
+            assert_eq!(affinity_on(h), vec![all[i % all.len()]], "thread {i}");
+        }
+        let free = Shards::start(2, false).unwrap();
+        for h in free.handles() {
+            assert_eq!(affinity_on(h), all);
+        }
+        // The thread that started them keeps its own.
+        assert_eq!(allowed_cpus().unwrap(), all);
     }
 }

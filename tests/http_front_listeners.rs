@@ -118,6 +118,37 @@ fn threads_named(pid: u32, name: &str) -> usize {
         .count()
 }
 
+/// The CPUs a task may run on, from its /proc status (`Cpus_allowed_list`: `0-1`, `0,2`, `3`).
+fn cpus_allowed(status_path: &std::path::Path) -> Vec<usize> {
+    let status = std::fs::read_to_string(status_path).unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+/// The CPUs each task named `corral-serve-N` of `pid` may run on, by N.
+fn serving_thread_cpus(pid: u32, threads: usize) -> Vec<Vec<usize>> {
+    let mut found = vec![Vec::new(); threads];
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if let Some(i) = comm.trim().strip_prefix("corral-serve-") {
+            found[i.parse::<usize>().unwrap()] = cpus_allowed(&dir.join("status"));
+        }
+    }
+    found
+}
+
 /// Sockets listening on 127.0.0.1:`port`, from /proc/net/tcp (state 0A).
 fn listening_sockets(port: u16) -> usize {
     let local = format!("0100007F:{port:04X}");
@@ -239,4 +270,50 @@ fn a_second_corral_on_a_taken_port_refuses_to_start() {
         2,
         "the first corral's sockets are all there"
     );
+}
+
+/// `[server] pin_threads = true`: serving thread i may run only on the i-th CPU corral may
+/// run on, in turn when there are more threads than CPUs; without it every serving thread
+/// may run on all of them. Read from /proc while corral serves PHP requests.
+#[test]
+fn pin_threads_gives_each_serving_thread_a_cpu_of_its_own() {
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let php = peers::php_cgi(dir.path());
+    let threads = 3;
+    for pin in [true, false] {
+        let text = config(
+            dir.path(),
+            &format!("servers = [\"unix:{}\"]", php.socket.display()),
+            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
+        )
+        .replacen(
+            "[server]\n",
+            &format!("[server]\nthreads = {threads}\npin_threads = {pin}\n"),
+            1,
+        );
+        let corral = Corral::start(&text, 1);
+        for _ in 0..4 {
+            let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
+            assert_eq!(r.status, 200, "{}", corral.log());
+        }
+        let all = cpus_allowed(std::path::Path::new(&format!(
+            "/proc/{}/status",
+            corral.pid()
+        )));
+        let per_thread = serving_thread_cpus(corral.pid(), threads);
+        for (i, cpus) in per_thread.iter().enumerate() {
+            let expected = if pin {
+                vec![all[i % all.len()]]
+            } else {
+                all.clone()
+            };
+            assert_eq!(
+                cpus,
+                &expected,
+                "pin_threads = {pin}, thread {i}: {}",
+                corral.log()
+            );
+        }
+    }
 }

@@ -362,6 +362,9 @@ fn warn_restart_only(old: &Config, new: &Config) {
     if o.scheduler != n.scheduler {
         differ.push("server.scheduler");
     }
+    if o.pin_threads != n.pin_threads {
+        differ.push("server.pin_threads");
+    }
     if o.spool_budget != n.spool_budget {
         differ.push("server.spool_budget");
     }

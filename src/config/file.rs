@@ -60,6 +60,7 @@ pub struct FileServer {
     pub max_connections: Option<Spanned<u32>>,
     pub threads: Option<Spanned<u32>>,
     pub scheduler: Option<Scheduler>,
+    pub pin_threads: Option<Spanned<bool>>,
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,

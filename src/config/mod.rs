@@ -130,6 +130,9 @@ pub struct ServerConfig {
     pub threads: Option<u32>,
     /// How the serving threads share the work (`scheduler`). Read at start only.
     pub scheduler: Scheduler,
+    /// Whether each serving thread is pinned to a CPU of its own (`pin_threads`, default
+    /// off; the per-thread scheduler only). Read at start only.
+    pub pin_threads: bool,
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
     /// `idle_timeout`, `body_timeout`, `send_timeout`, `body_deadline`).
     pub front_timeouts: FrontTimeouts,

@@ -18,7 +18,7 @@ use super::listen::{check_distinct_sockets, listener, status};
 use super::units::parse_duration;
 use super::{
     context, pool, Config, ContextConfig, FrontTimeouts, ListenAddress, ListenerConfig, LogLevel,
-    LogTarget, PoolConfig, ServerConfig,
+    LogTarget, PoolConfig, Scheduler, ServerConfig,
 };
 
 /// Most runtime worker threads `threads` may ask for.
@@ -253,6 +253,20 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
             t => t.map(|t| *t.get_ref()),
         },
         scheduler: s.and_then(|s| s.scheduler).unwrap_or_default(),
+        pin_threads: match s.and_then(|s| s.pin_threads.as_ref()) {
+            Some(p)
+                if *p.get_ref() && s.and_then(|s| s.scheduler) == Some(Scheduler::WorkStealing) =>
+            {
+                e.at(
+                    p.span(),
+                    "pin_threads pins the serving threads of scheduler = \"per-thread\"; \
+                     the work-stealing runtime's threads move their tasks between them, so \
+                     leave it out with scheduler = \"work-stealing\"",
+                );
+                false
+            }
+            p => p.is_some_and(|p| *p.get_ref()),
+        },
         front_timeouts: front_timeouts(
             e,
             FrontTimeouts::default(),

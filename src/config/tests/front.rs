@@ -124,6 +124,23 @@ command = ["php-cgi"]
         stealing.server.scheduler,
         crate::config::Scheduler::WorkStealing
     );
+    assert!(
+        !per.server.pin_threads,
+        "pin_threads is off unless asked for"
+    );
+    let pinned = ok(&format!("[server]\npin_threads = true\n{MINIMAL}"));
+    assert!(pinned.server.pin_threads);
+    let stealing_pinned =
+        format!("[server]\nscheduler = \"work-stealing\"\npin_threads = true\n{MINIMAL}");
+    expect_error(
+        &stealing_pinned,
+        "true",
+        "pin_threads pins the serving threads of scheduler = \"per-thread\"",
+    );
+    let unpinned_stealing = ok(&format!(
+        "[server]\nscheduler = \"work-stealing\"\npin_threads = false\n{MINIMAL}"
+    ));
+    assert!(!unpinned_stealing.server.pin_threads);
     let bad = format!("[server]\nscheduler = \"fibers\"\n{MINIMAL}");
     expect_error(&bad, "\"fibers\"", "unknown variant");
     expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");
