@@ -17,13 +17,18 @@
 # for plain/keep), ACCESS=1 (corral's access log on), SCHED (`[server] scheduler`),
 # CORRAL (the binary, default the release build), OUT_DIR (where corral's last profile is
 # left as callgrind.out.corral for callgrind_annotate, default /tmp), STRACE=0 skips the
-# system-call counts, OUT (default benches/RESULTS.md, whose `callgrind-PATH` section, or
-# `callgrind-PATH-access` with ACCESS=1, the table replaces; OUT= prints only;
+# system-call counts, FOOTPRINT=1 adds what a request touches: each server once more under
+# `valgrind --tool=lackey --trace-mem=yes` for FOOTPRINT_N (300) requests, its trace cut into
+# windows of its instructions per request (ab -k -c1), the median window's distinct 64-byte
+# lines of code and of data and distinct 4 KiB pages (benches/lib/footprint.py; not HAProxy,
+# which did not start under lackey), and corral's code lines by crate: after a sleep, each line a request needs is a cache miss if another process used the
+# CPU meanwhile (decision 38), OUT (default benches/RESULTS.md, whose `callgrind-PATH`
+# section, or `callgrind-PATH-access` with ACCESS=1, the table replaces; OUT= prints only;
 # benches/lib/results.sh). Needs valgrind, strace, nginx, haproxy and ab.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SERVERS ACCESS SCHED CORRAL OUT_DIR STRACE"
+RESULTS_VARS="SERVERS ACCESS SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N"
 results_start "$@"
 mode=${1:-http}
 n1=${2:-1000}
@@ -125,6 +130,7 @@ measure() {
   case $tool in
     callgrind) wrap=(valgrind --tool=callgrind --callgrind-out-file="$s/cg.out") ;;
     strace) wrap=(strace -c -f -o "$s/strace.out") ;;
+    lackey) wrap=(valgrind --tool=lackey --trace-mem=yes --log-file="$s/trace") ;;
   esac
   # The measured server; on the plain/keep paths nginx runs too, unmeasured, in front of corral.
   case $server in
@@ -153,9 +159,14 @@ measure() {
     # nginx's whole request on the same path, with corral (unmeasured) behind it.
     "$CORRAL" run -c "$s/corral.toml" > "$s/corral.log" 2>&1 & pids+=($!)
   fi
-  for _ in $(seq 300); do curl -sf -o /dev/null "$url" && break; sleep 0.1; done
-  ab -q -k -n 200 -c 4 "$url" > /dev/null   # warm-up
-  ab -q -k -n "$n" -c 4 "$url" > "$s/ab.txt"
+  # Up to 30 s for a server to start (90 s under lackey, which runs OpenSSL's start-up slowly).
+  for _ in $(seq "$([ "$tool" = lackey ] && echo 900 || echo 300)"); do curl -sf -o /dev/null "$url" && break; sleep 0.1; done
+  # One client for lackey: with four, a window of a request's instructions would hold the
+  # same step of several requests, its lines counted once.
+  local conc=4
+  [ "$tool" = lackey ] && conc=1
+  ab -q -k -n 200 -c "$conc" "$url" > /dev/null   # warm-up
+  ab -q -k -n "$n" -c "$conc" "$url" > "$s/ab.txt"
   grep -q '^Failed requests: *0$' "$s/ab.txt" || { echo "$server: failed requests" >&2; cat "$s/ab.txt" >&2; exit 1; }
   grep -q '^Non-2xx responses' "$s/ab.txt" && { echo "$server: non-2xx answers" >&2; cat "$s/ab.txt" >&2; exit 1; }
   # strace's tracee is its child; valgrind runs the program in its own process.
@@ -170,6 +181,12 @@ measure() {
       [ "$server" = corral ] && cp "$s/cg.out" "$out_dir/callgrind.out.corral"
       ;;
     strace) awk '$NF == "total" {print $(NF-2)}' "$s/strace.out" ;;
+    lackey)
+      python3 benches/lib/footprint.py "$s/trace" "$footprint_window" \
+        $([ "$server" = corral ] && echo "$CORRAL") > "$s/footprint"
+      cp "$s/footprint" "$out_dir/footprint.$server"
+      head -n 1 "$s/footprint"
+      ;;
   esac
   rm -rf "$s"
 }
@@ -185,18 +202,41 @@ note=""; [ -n "${ACCESS:-}" ] && note=" (corral's access log on)"
 report=$(mktemp /tmp/corral-cg-report.XXXXXX)
 exec 3>&1 1>"$report"
 echo "path $mode$note, ab -k -c4; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), under valgrind --tool=callgrind and strace -c -f."
+[ -n "${FOOTPRINT:-}" ] && echo "What a request touches: ${FOOTPRINT_N:-300} requests more under valgrind --tool=lackey --trace-mem=yes with ab -k -c1, the trace cut into windows of the server's instructions per request; the median window's distinct 64-byte lines of code and of data, and its distinct 4 KiB pages (benches/lib/footprint.py)."
 echo
-echo "| server | user-space instructions per request | system calls per request |"
-echo "| --- | ---: | ---: |"
+if [ -n "${FOOTPRINT:-}" ]; then
+  rm -f "$out_dir/footprint.corral"
+  echo "| server | user-space instructions per request | system calls per request | code lines per request | data lines per request | 4 KiB pages per request |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+else
+  echo "| server | user-space instructions per request | system calls per request |"
+  echo "| --- | ---: | ---: |"
+fi
 for server in $SERVERS; do
   ir=$(per_request callgrind "$server")
   sys="-"
   [ "${STRACE:-1}" != 0 ] && sys=$(per_request strace "$server")
-  awk -v s="$server" -v ir="$ir" -v sys="$sys" -v m="$mode" 'BEGIN {
+  touched=""
+  if [ -n "${FOOTPRINT:-}" ] && [ "$server" = haproxy ]; then
+    touched=" - | - | - |"  # HAProxy 2.6 did not answer within 90 s under lackey
+  elif [ -n "${FOOTPRINT:-}" ]; then
+    footprint_window=$ir
+    read -r code data pages < <(measure lackey "$server" "${FOOTPRINT_N:-300}")
+    touched=" $code | $data | $pages |"
+  fi
+  awk -v s="$server" -v ir="$ir" -v sys="$sys" -v m="$mode" -v t="$touched" 'BEGIN {
     who = s; if (m != "http" && s == "corral") who = "corral (its hop alone)";
     if (m != "http" && s == "nginx") who = "nginx (its whole request, corral behind it)";
-    printf "| %s | %.1fk | %s |\n", who, ir / 1000, sys }'
+    printf "| %s | %.1fk | %s |%s\n", who, ir / 1000, sys, t }'
 done
+if [ -n "${FOOTPRINT:-}" ] && [ -f "$out_dir/footprint.corral" ]; then
+  echo
+  echo "corral's code lines per request by crate (the function each line falls in):"
+  echo
+  echo "| crate | code lines |"
+  echo "| --- | ---: |"
+  tail -n +2 "$out_dir/footprint.corral" | awk '{n = $NF; $NF = ""; sub(/ $/, ""); printf "| %s | %s |\n", $0, n}'
+fi
 exec 1>&3
 cat "$report"
 title="Instructions and system calls per request, path $mode$note"

@@ -1,0 +1,91 @@
+"""What one request touches: distinct 64-byte lines of code and of data, and distinct 4 KiB
+pages, per request, from a `valgrind --tool=lackey --trace-mem=yes` trace (benches/callgrind.sh
+with FOOTPRINT=1).
+
+Usage: footprint.py TRACE WINDOW [BINARY]
+The trace is cut into windows of WINDOW instructions (the server's instructions per request,
+as callgrind counted them), and the median of the last windows (start-up and the first
+requests left out, shutdown too) is printed as "CODE_LINES DATA_LINES PAGES". With BINARY (a
+position-independent executable, which valgrind maps at 0x108000), the code lines of those
+windows are also counted by the crate of the function they fall in, on the following lines as
+"crate lines", most first.
+"""
+
+import bisect
+import collections
+import re
+import subprocess
+import sys
+
+PIE_BASE = 0x108000  # where valgrind maps a position-independent main executable
+KEEP = 40  # windows looked at, before the last few (shutdown)
+
+
+def windows(trace, size):
+    """The last KEEP + 5 windows of `size` instructions: (code lines, data lines, pages)."""
+    out = collections.deque(maxlen=KEEP + 5)
+    code, data, pages, count = set(), set(), set(), 0
+    with open(trace, "rb") as f:
+        for line in f:
+            kind = line[:2]
+            if kind not in (b"I ", b" L", b" S", b" M"):
+                continue
+            try:
+                addr = int(line[3:].split(b",")[0], 16)
+            except ValueError:
+                continue
+            pages.add(addr >> 12)
+            if kind == b"I ":
+                code.add(addr >> 6)
+                count += 1
+                if count % size == 0:
+                    out.append((code, data, pages))
+                    code, data, pages = set(), set(), set()
+            else:
+                data.add(addr >> 6)
+    return list(out)[:KEEP]
+
+
+def crate_of(name):
+    m = re.match(r"^<?(?:&|\*const |\*mut )?([a-z_][a-z0-9_]*)::", name)
+    if m:
+        return m.group(1)
+    m = re.search(r"(?:as |<)([a-z_][a-z0-9_]*)::", name)
+    return m.group(1) if m else "(other)"
+
+
+def by_crate(binary, wins):
+    nm = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True, text=True)
+    syms = []
+    for line in nm.stdout.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1] in "tTwW":
+            syms.append((int(parts[0], 16), parts[2]))
+    syms.sort()
+    starts = [a for a, _ in syms]
+    counts = collections.Counter()
+    for code, _, _ in wins:
+        for line in code:
+            addr = (line << 6) - PIE_BASE
+            i = bisect.bisect_right(starts, addr) - 1
+            if i < 0 or addr - starts[i] > 1 << 20:
+                counts["(libc, the loader, the vDSO)"] += 1
+            else:
+                counts[crate_of(syms[i][1])] += 1
+    return [(k, v / len(wins)) for k, v in counts.most_common()]
+
+
+def main():
+    trace, size = sys.argv[1], int(float(sys.argv[2]))
+    wins = windows(trace, size)
+    if not wins:
+        sys.exit(f"{trace}: fewer than one window of {size} instructions")
+    med = lambda k: sorted(len(w[k]) for w in wins)[len(wins) // 2]
+    print(med(0), med(1), med(2))
+    if len(sys.argv) > 3:
+        for crate, lines in by_crate(sys.argv[3], wins):
+            if lines >= 1:
+                print(crate, round(lines))
+
+
+main()
