@@ -163,6 +163,24 @@ fn listening_sockets(port: u16) -> usize {
         .count()
 }
 
+/// A corral with `server` added to its `[server]`, in front of the php-cgi at `socket`, that
+/// has answered 8 PHP requests on 8 connections.
+fn serve_php(dir: &std::path::Path, socket: &std::path::Path, server: &str) -> Corral {
+    let text = config(
+        dir,
+        &format!("servers = [\"unix:{}\"]", socket.display()),
+        &format!("root = \"{}\"\nextension = \"php\"", dir.display()),
+    )
+    .replacen("[server]\n", &format!("[server]\n{server}\n"), 1);
+    let corral = Corral::start(&text, 1);
+    for _ in 0..8 {
+        let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
+        assert_eq!(r.status, 200, "{}", corral.log());
+        assert_eq!(r.body, b"Hello t via CGI/1.1", "{}", corral.log());
+    }
+    corral
+}
+
 /// `[server] threads` and `scheduler`: with `work-stealing` the number is the runtime's worker
 /// threads; with `per-thread` it is the serving threads, each with a TCP socket of
 /// its own on the port (SO_REUSEPORT), beside one runtime thread for the control plane.
@@ -178,23 +196,12 @@ fn the_threads_setting_sets_the_serving_threads() {
         ("per-thread", 1),
         ("per-thread", 3),
     ] {
-        let text = config(
-            dir.path(),
-            &format!("servers = [\"unix:{}\"]", php.socket.display()),
-            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
-        )
-        .replacen(
-            "[server]\n",
-            &format!("[server]\nthreads = {threads}\nscheduler = \"{scheduler}\"\n"),
-            1,
-        );
-        let corral = Corral::start(&text, 1);
         // Several connections, so that every serving thread's socket may get some.
-        for _ in 0..8 {
-            let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
-            assert_eq!(r.status, 200, "{}", corral.log());
-            assert_eq!(r.body, b"Hello t via CGI/1.1", "{}", corral.log());
-        }
+        let corral = serve_php(
+            dir.path(),
+            &php.socket,
+            &format!("threads = {threads}\nscheduler = \"{scheduler}\""),
+        );
         let (rt, serving, sockets) = match scheduler {
             "work-stealing" => (threads, 0, 1),
             _ => (1, threads, threads),
@@ -282,21 +289,11 @@ fn pin_threads_gives_each_serving_thread_a_cpu_of_its_own() {
     let php = peers::php_cgi(dir.path());
     let threads = 3;
     for pin in [true, false] {
-        let text = config(
+        let corral = serve_php(
             dir.path(),
-            &format!("servers = [\"unix:{}\"]", php.socket.display()),
-            &format!("root = \"{}\"\nextension = \"php\"", dir.path().display()),
-        )
-        .replacen(
-            "[server]\n",
-            &format!("[server]\nthreads = {threads}\npin_threads = {pin}\n"),
-            1,
+            &php.socket,
+            &format!("threads = {threads}\npin_threads = {pin}"),
         );
-        let corral = Corral::start(&text, 1);
-        for _ in 0..4 {
-            let r = http(corral.http_addr(), "GET", "/hello.php?name=t", &[], b"");
-            assert_eq!(r.status, 200, "{}", corral.log());
-        }
         let all = cpus_allowed(std::path::Path::new(&format!(
             "/proc/{}/status",
             corral.pid()
