@@ -161,6 +161,13 @@ measure() {
   fi
   # Up to 30 s for a server to start (90 s under lackey, which runs OpenSSL's start-up slowly).
   for _ in $(seq "$([ "$tool" = lackey ] && echo 900 || echo 300)"); do curl -sf -o /dev/null "$url" && break; sleep 0.1; done
+  if ! curl -sf -o /dev/null "$url"; then
+    echo "$server ($tool) did not answer on $url" >&2
+    kill "$measured" "${pids[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$s"
+    exit 1
+  fi
   # One client for lackey: with four, a window of a request's instructions would hold the
   # same step of several requests, its lines counted once.
   local conc=4
