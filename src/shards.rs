@@ -152,7 +152,7 @@ mod tests {
         }
     }
 
-    /// The CPUs the thread running `f` on serving thread `h` may run on.
+    /// The CPUs serving thread `h` may run on, as it sees them.
     fn affinity_on(h: &Handle) -> Vec<usize> {
         let (tx, rx) = std::sync::mpsc::channel();
         h.spawn(async move {
