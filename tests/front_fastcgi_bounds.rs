@@ -23,18 +23,18 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use corral::protocols::fastcgi::{
     encode_abort_request, encode_begin_request, encode_params, encode_stdin, encode_stdin_end,
-    Record, RecordDecoder, RecordType, Role,
+    RecordType, Role,
 };
 use support::front::{php_cgi_with, Corral};
 use support::peers::{cgi_params, shared_dir, write_file, Peer};
+use support::raw_fastcgi::RawConn;
 use tokio::time::Instant;
 
 /// FCGI_END_REQUEST protocol status values (FastCGI 1.0, section 5.5).
@@ -57,14 +57,8 @@ impl Setup {
     }
 
     fn connect(&self) -> Raw {
-        let stream = UnixStream::connect(&self.corral.socket).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
         Raw {
-            stream,
-            buf: BytesMut::new(),
-            records: RecordDecoder::new(),
+            conn: RawConn::connect(&self.corral.socket),
             stdout: HashMap::new(),
         }
     }
@@ -154,19 +148,27 @@ struct End {
     at: Instant,
 }
 
-/// A FastCGI web server by hand.
+/// The hand-written FastCGI web server (`support::raw_fastcgi`) with this suite's requests
+/// and the output of requests not yet ended.
 struct Raw {
-    stream: UnixStream,
-    buf: BytesMut,
-    records: RecordDecoder,
+    conn: RawConn,
     stdout: HashMap<u16, String>,
 }
 
-impl Raw {
-    fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
+impl std::ops::Deref for Raw {
+    type Target = RawConn;
+    fn deref(&self) -> &RawConn {
+        &self.conn
     }
+}
 
+impl std::ops::DerefMut for Raw {
+    fn deref_mut(&mut self) -> &mut RawConn {
+        &mut self.conn
+    }
+}
+
+impl Raw {
     fn begin(&mut self, id: u16, params: &[(Bytes, Bytes)]) {
         let mut out = BytesMut::new();
         encode_begin_request(id, Role::Responder, true, &mut out);
@@ -193,25 +195,6 @@ impl Raw {
             left -= n;
         }
         self.send(&out);
-    }
-
-    /// The next record; `None` when corral closed the connection.
-    fn record(&mut self) -> Option<Record> {
-        loop {
-            if let Some(r) = self.records.decode(&mut self.buf).unwrap() {
-                return Some(r);
-            }
-            let mut chunk = [0u8; 65536];
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .expect("corral answers in time");
-            if n == 0 {
-                assert!(self.buf.is_empty(), "connection closed mid-record");
-                return None;
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
     }
 
     /// Reads until request `id`'s FCGI_STDOUT holds `needle`, before any request ends.

@@ -16,46 +16,32 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use corral::protocols::fastcgi::{
     encode_abort_request, encode_begin_request, encode_params, encode_stdin, encode_stdin_end,
-    Record, RecordDecoder, RecordType, Role,
+    RecordType, Role,
 };
 use support::front::connected_unix_sockets;
 use support::front_fastcgi::{site, Site};
 use support::peers::{cgi_params, md5_hex};
+use support::raw_fastcgi::RawConn;
 use support::weak::AT_ONCE;
 use tokio::time::Instant;
 
-/// A FastCGI web server written out by hand, talking straight to corral's socket: for what
-/// nginx never does (multiplexing, FCGI_ABORT_REQUEST, management records, broken records).
-struct Raw {
-    stream: UnixStream,
-    buf: BytesMut,
-    records: RecordDecoder,
+/// A connection of the hand-written FastCGI web server (`support::raw_fastcgi`) to `c`.
+fn connect(c: &Site) -> RawConn {
+    RawConn::connect(&c.corral.socket)
 }
 
-impl Raw {
-    fn connect(c: &Site) -> Raw {
-        let stream = UnixStream::connect(&c.corral.socket).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        Raw {
-            stream,
-            buf: BytesMut::new(),
-            records: RecordDecoder::new(),
-        }
-    }
+/// This suite's requests, sent by the hand-written FastCGI web server.
+trait Requests {
+    fn get(&mut self, c: &Site, id: u16, keep_conn: bool, script: &str, query: &str);
+    fn answers(&mut self, ids: &[u16]) -> HashMap<u16, (String, Vec<u8>)>;
+}
 
-    fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
+impl Requests for RawConn {
     /// BEGIN_REQUEST, PARAMS for a GET of `script?query`, and the end of STDIN.
     fn get(&mut self, c: &Site, id: u16, keep_conn: bool, script: &str, query: &str) {
         let mut out = BytesMut::new();
@@ -64,25 +50,6 @@ impl Raw {
         encode_params(id, &params, &mut out).unwrap();
         encode_stdin_end(id, &mut out);
         self.send(&out);
-    }
-
-    /// The next record; `None` when corral closed the connection.
-    fn record(&mut self) -> Option<Record> {
-        loop {
-            if let Some(r) = self.records.decode(&mut self.buf).unwrap() {
-                return Some(r);
-            }
-            let mut chunk = [0u8; 65536];
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .expect("corral answers in time");
-            if n == 0 {
-                assert!(self.buf.is_empty(), "connection closed mid-record");
-                return None;
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
     }
 
     /// Reads until every id in `ids` has its END_REQUEST: each id's STDOUT and END_REQUEST
@@ -122,7 +89,7 @@ fn end_body(protocol_status: u8) -> Vec<u8> {
 #[test]
 fn multiplexed_requests_share_one_connection() {
     let c = site();
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     // Three requests in flight at once: php-cgi serves one at a time, so two wait in
     // corral's queue while the first sleeps.
     raw.get(&c, 7, true, "sleep.php", "ms=300");
@@ -177,7 +144,7 @@ fn an_aborted_request_ends_at_once_and_frees_its_slot() {
     // The script sleeps 8 s; the abort must be answered, and its slot freed, in under 3 s.
     const SCRIPT_MS: u64 = 8000;
     let c = site();
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     raw.get(&c, 1, true, "sleep.php", &format!("ms={SCRIPT_MS}"));
     // Once the request holds a slot and has reached php-cgi, abort it.
     assert!(
@@ -216,7 +183,7 @@ fn an_aborted_request_ends_at_once_and_frees_its_slot() {
 #[test]
 fn management_records_and_refusals() {
     let c = site();
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     // FCGI_GET_VALUES (type 9, id 0) asking for FCGI_MPXS_CONNS, FCGI_MAX_REQS and a name
     // FastCGI does not define: pairs of (1-byte name length, 1-byte value length, name).
     let mut query = vec![1, 9, 0, 0, 0, 0, 0, 0];
@@ -265,7 +232,7 @@ fn management_records_and_refusals() {
 #[test]
 fn a_request_body_streams_in_many_stdin_records() {
     let c = site();
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
     let mut out = BytesMut::new();
     encode_begin_request(4, Role::Responder, true, &mut out);
@@ -298,7 +265,7 @@ fn a_request_body_streams_in_many_stdin_records() {
 #[test]
 fn a_front_server_that_goes_away_aborts_the_backend_request() {
     let c = site();
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     raw.get(&c, 1, true, "download.php", "");
     let first = raw.record().unwrap();
     assert_eq!(first.kind, RecordType::Stdout);
@@ -306,7 +273,7 @@ fn a_front_server_that_goes_away_aborts_the_backend_request() {
     // php-cgi (one request at a time) would block writing into a full socket and hold the
     // pool's only slot.
     drop(raw);
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     raw.get(&c, 1, true, "query.php", "q=next");
     let (text, _) = &raw.answers(&[1])[&1];
     assert!(text.ends_with("q=next method=GET"), "{text:?}");
@@ -315,7 +282,7 @@ fn a_front_server_that_goes_away_aborts_the_backend_request() {
 #[test]
 fn a_graceful_stop_finishes_the_request_in_progress_then_closes() {
     let c = site();
-    let mut raw = Raw::connect(&c);
+    let mut raw = connect(&c);
     raw.get(&c, 3, true, "sleep.php", "ms=500");
     let deadline = Instant::now() + Duration::from_secs(10);
     while connected_unix_sockets(&c.php.socket) == 0 {

@@ -26,6 +26,7 @@ pub mod peers;
 pub mod preloading;
 pub mod python_apps;
 pub mod rails_app;
+pub mod raw_fastcgi;
 pub mod reforking;
 pub mod scripted;
 pub mod server;
