@@ -63,8 +63,13 @@ impl Shards {
                             return;
                         }
                     }
+                    // I/O and timers only: no signal or process driver, whose park checks
+                    // the process-wide orphan queue (a lock every serving thread would
+                    // share) on every wake-up. Workers are spawned and reaped on the
+                    // control runtime.
                     let runtime = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
+                        .enable_io()
+                        .enable_time()
                         .build()
                     {
                         Ok(r) => r,

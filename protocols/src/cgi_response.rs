@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::ascii::eq_ignore_case;
 use crate::Limits;
 
 /// The status a backend gave in a `Status:` line.
@@ -456,7 +457,7 @@ impl CgiResponseDecoder {
         let value_bytes = raw_value.get(value.clone()).unwrap_or_default();
         // Ranges relative to the value are moved to offsets in the whole head.
         let shift = |r: Range<usize>| r.start + at + colon + 1..r.end + at + colon + 1;
-        if name.eq_ignore_ascii_case(b"status") {
+        if eq_ignore_case(name, b"status") {
             if self.status.is_some() {
                 return Err(CgiResponseError::DuplicateStatus);
             }

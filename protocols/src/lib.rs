@@ -11,6 +11,7 @@
 //! Each protocol has two layers: framing (records, netstrings, packets) and an exchange state
 //! machine that turns frames into one request/response exchange, for both roles.
 
+pub mod ascii;
 pub mod cgi;
 pub mod cgi_response;
 pub mod fastcgi;

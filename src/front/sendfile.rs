@@ -42,6 +42,7 @@ use crate::beneath::{open_beneath, Access, Dir, OpenError};
 use crate::config::ContextConfig;
 use crate::front::file::{self, FileData};
 use crate::front::http::{plain, FrontBody, HttpBody};
+use crate::protocols::ascii::eq_ignore_case;
 use crate::protocols::cgi::parse_request_path;
 
 /// The response header names corral acts on.
@@ -189,9 +190,9 @@ impl SendfileError {
 /// Whether the backend's response names a file, and which; an error when it names several.
 pub(super) fn asked(headers: &[(Bytes, Bytes)]) -> Result<Option<Ask<'_>>, SendfileError> {
     let mut asks = headers.iter().filter_map(|(n, v)| {
-        if n.eq_ignore_ascii_case(X_SENDFILE) {
+        if eq_ignore_case(n, X_SENDFILE) {
             Some(Ask::Sendfile(&v[..]))
-        } else if n.eq_ignore_ascii_case(X_ACCEL_REDIRECT) {
+        } else if eq_ignore_case(n, X_ACCEL_REDIRECT) {
             Some(Ask::Accel(&v[..]))
         } else {
             None

@@ -15,6 +15,7 @@ use bytes::Bytes;
 
 use super::params::CgiParams;
 use super::{snippet, CgiError, DropReason, Dropped};
+use crate::ascii::eq_ignore_case;
 
 /// What one request header becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +88,7 @@ fn class_of(name: &[u8]) -> Class {
 }
 
 fn class_from(name: &[u8], scan: NameScan) -> Class {
-    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    let is = |known: &[u8]| eq_ignore_case(name, known);
     let hop = Class::Dropped(DropReason::HopByHop);
     let special = match name.len() {
         2 if is(b"te") => Some(hop),

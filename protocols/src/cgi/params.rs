@@ -186,9 +186,10 @@ impl CgiParams {
         self.longest_name <= names && self.longest_value <= values && self.total <= total
     }
 
-    /// Appends a variable. Always inlined: most callers name a constant variable, whose
-    /// name is then stored in place rather than copied through a call.
-    #[inline(always)]
+    /// Appends a variable. Never inlined: a request pushes a dozen variables from as many
+    /// call sites, and one shared body is less code to fetch per request than a copy at
+    /// each (`FOOTPRINT=1 bash benches/callgrind.sh http`), for a few instructions of call.
+    #[inline(never)]
     pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), CgiError> {
         check_lens(name, value.len())?;
         self.buf.reserve(name.len() + value.len() + 8);

@@ -7,6 +7,7 @@ use http::{Response, StatusCode};
 
 use crate::front::sendfile;
 use crate::gateway::{GatewayBody, GatewayError};
+use crate::protocols::ascii::eq_ignore_case;
 
 use super::{FrontBody, HttpBody};
 
@@ -128,7 +129,7 @@ enum Class {
 /// is compared once, not against every list it is not in.
 fn classify(name: &[u8]) -> Class {
     use http::header;
-    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    let is = |known: &[u8]| eq_ignore_case(name, known);
     let hop = Class::Hop { connection: false };
     match (name.len(), name.first().map_or(0, u8::to_ascii_lowercase)) {
         (12, b'c') if is(b"content-type") => Class::Pass(Some(header::CONTENT_TYPE)),

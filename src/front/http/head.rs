@@ -7,6 +7,7 @@ use http::StatusCode;
 
 use crate::config::{ForwardedHeader, ForwardedTrust};
 use crate::front::listener::Peer;
+use crate::protocols::ascii::eq_ignore_case;
 use crate::protocols::cgi::{check_host, CgiError};
 
 use super::ConnInfo;
@@ -43,10 +44,10 @@ impl<'a> HeadFields<'a> {
             } else if name == http::header::CONNECTION {
                 // The usual value, the token alone, before the list is split.
                 let value = value.as_bytes();
-                fields.keep_alive |= value.eq_ignore_ascii_case(b"keep-alive")
+                fields.keep_alive |= eq_ignore_case(value, b"keep-alive")
                     || value
                         .split(|&c| c == b',')
-                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"));
+                        .any(|t| eq_ignore_case(t.trim_ascii(), b"keep-alive"));
             }
         }
         fields
