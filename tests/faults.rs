@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use support::peers::{self, Peer};
 use support::server::{http, Corral};
-use support::sync1::{children, run_load, try_get, Load, Rng};
+use support::sync1::{children, memory_readings, run_load, stopped_in_time, try_get, Load, Rng};
 use support::{alive, eventually};
 
 /// A config with one http listener, a status listener, a spawned pool `app` described by
@@ -381,8 +381,11 @@ fn queued_requests_that_gave_up_free_their_place() {
 /// Each request compiles a new script of about 8 MiB of string literals, which OPcache keeps
 /// in its shared memory for the life of the process: php-cgi grows by that much per request,
 /// as a leaking app would.
-/// A worker passing max_memory is recycled before it takes more than a couple more
-/// requests, though requests come faster than the once-a-second memory sample.
+/// A worker passing max_memory is recycled before it takes another request, though requests
+/// come faster than the once-a-second memory sample. Judged by the readings corral acted on
+/// (its debug log): right after a response php-cgi's PSS still moves by up to one request's
+/// heap and by its share of php-cgi's pages (other tests' php-cgi come and go), so the
+/// test's own readings, never taken at corral's moment, can be over when corral's are not.
 #[test]
 fn a_fast_leaking_worker_is_recycled_right_after_passing_max_memory() {
     let dir = peers::shared_dir();
@@ -402,13 +405,23 @@ fn a_fast_leaking_worker_is_recycled_right_after_passing_max_memory() {
         1,
     );
     let addr = corral.http_addr();
-    // (pid that served, its memory right after) per request.
+    // (pid that served, its memory as the test read it right after) per request.
     let mut seen: Vec<(u32, u64)> = Vec::new();
+    let context = |seen: &[(u32, u64)], what: &str| {
+        let (log, first) = (corral.log(), seen.first().map_or(0, |s| s.0));
+        let readings = memory_readings(&log, first);
+        format!("{what}\nseen (pid, PSS): {seen:?}\ncorral read {first}: {readings:?}\n{log}")
+    };
     for n in 0..40 {
         let (status, text) = try_get(addr, &format!("/leak.php?n={n}"), Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("request {n}: {e}\n{}", corral.log()));
-        assert_eq!(status, 200, "request {n}: {text}\n{}", corral.log());
-        let pid: u32 = text.trim().parse().unwrap();
+            .unwrap_or_else(|e| panic!("{}", context(&seen, &format!("request {n}: {e}"))));
+        let pid = text.trim().parse().ok().filter(|_| status == 200);
+        let pid: u32 = pid.unwrap_or_else(|| {
+            panic!(
+                "{}",
+                context(&seen, &format!("request {n}: {status} {text:?}"))
+            )
+        });
         let memory = corral::process::process_tree_pss(pid).map_or(0, |m| m.bytes());
         seen.push((pid, memory));
         if seen.first().is_some_and(|(first, _)| *first != pid) {
@@ -419,47 +432,35 @@ fn a_fast_leaking_worker_is_recycled_right_after_passing_max_memory() {
     let served_by_first = seen.iter().take_while(|(p, _)| *p == first).count();
     assert!(
         served_by_first < seen.len(),
-        "never recycled: {seen:?}\n{}",
-        corral.log()
+        "{}",
+        context(&seen, "never recycled")
     );
-    // The first request after which the test read the worker over the limit. corral reads
-    // at a slightly different moment, so it may see the crossing one request later (or
-    // earlier: then the test never sees it over, and the worker was recycled in time).
-    let over = seen.iter().position(|(_, m)| *m > LIMIT);
     let growth = seen
         .windows(2)
         .take(served_by_first.saturating_sub(1))
         .map(|w| w[1].1.saturating_sub(w[0].1))
         .max()
         .unwrap_or(0);
-    eprintln!(
-        "served by the first worker {served_by_first}, over the limit after request {over:?}, \
-         growth up to {growth} B/request: {seen:?}"
-    );
+    let leaks = growth > 4 << 20;
     assert!(
-        growth > 4 << 20,
-        "the script leaks too little to test with: {seen:?}"
+        leaks,
+        "{}",
+        context(&seen, "the script leaks too little to test with")
     );
-    // Over after request `over + 1`: at most one more request (corral's reading may lag
-    // the test's by one) before it is replaced.
-    if let Some(over) = over {
-        assert!(
-            served_by_first <= over + 2,
-            "the worker served {served_by_first} requests though it was over max_memory \
-             after request {}: {seen:?}",
-            over + 1
-        );
+    // With the once-a-second sample alone, a worker this fast kept serving while over. The
+    // reading that stopped it is logged before its replacement starts, but the line may
+    // still be on its way to the log file: judged again until it is there.
+    let judged = || {
+        let readings = memory_readings(&corral.log(), first);
+        stopped_in_time(&readings, served_by_first as u64, LIMIT).map(|()| readings)
+    };
+    eventually(Duration::from_secs(10), || judged().is_ok());
+    match judged() {
+        Ok(readings) => eprintln!("served by {first}: {seen:?}; corral read {readings:?}"),
+        Err(e) => panic!("{}", context(&seen, &e)),
     }
-    // With the once-a-second sample alone, a worker this fast kept serving while over.
-    let over = seen[..served_by_first]
-        .iter()
-        .filter(|(_, m)| *m > LIMIT)
-        .count();
-    assert!(
-        over <= 1,
-        "the worker served {over} requests while over max_memory: {seen:?}"
-    );
-    assert!(corral.wait_log("exceeded max_memory"), "{}", corral.log());
+    let recycled = corral.wait_log("exceeded max_memory");
+    assert!(recycled, "{}", context(&seen, "no recycling logged"));
 }
 
 /// `corral null-backend --protocol fastcgi --listen unix:PATH`, ready to accept.

@@ -17,9 +17,9 @@ mod support;
 use std::path::Path;
 
 use support::matrix::{
-    front_matrix, guarded, snippet, Daemon, Matrix, Site, FASTCGI_SOCKET, HTTP_ADDR, ROOT,
-    SCGI_SOCKET,
+    guarded, snippet, Daemon, Matrix, Site, FASTCGI_SOCKET, HTTP_ADDR, ROOT, SCGI_SOCKET,
 };
+use support::matrix_checks::front_matrix;
 
 /// Debian's Apache modules.
 const MODULES: &str = "/usr/lib/apache2/modules";

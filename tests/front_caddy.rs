@@ -14,9 +14,8 @@
 
 mod support;
 
-use support::matrix::{
-    front_matrix, guarded, snippet, Daemon, Matrix, Site, FASTCGI_SOCKET, HTTP_ADDR, ROOT,
-};
+use support::matrix::{guarded, snippet, Daemon, Matrix, Site, FASTCGI_SOCKET, HTTP_ADDR, ROOT};
+use support::matrix_checks::front_matrix;
 
 fn build() -> Matrix {
     let site = Site::start();

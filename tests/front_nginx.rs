@@ -15,8 +15,9 @@ mod support;
 
 use support::front::{nginx_blocks, Nginx};
 use support::matrix::{
-    front_matrix, snippet, Matrix, Site, FASTCGI_SOCKET, HTTP_ADDR, PDEATHSIG, ROOT, SCGI_SOCKET,
+    snippet, Matrix, Site, FASTCGI_SOCKET, HTTP_ADDR, PDEATHSIG, ROOT, SCGI_SOCKET,
 };
+use support::matrix_checks::front_matrix;
 
 fn build() -> Matrix {
     let site = Site::start();

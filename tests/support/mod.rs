@@ -20,6 +20,7 @@ pub mod launcher_rack;
 pub mod launcher_wsgi;
 pub mod lsapi;
 pub mod matrix;
+pub mod matrix_checks;
 pub mod native;
 pub mod null_backend;
 pub mod peers;

@@ -1,6 +1,7 @@
 //! Helpers of the tests that wait on events rather than time (branch sync1): children of a
 //! process from /proc, the timestamps of corral's log lines and the gaps between them (a
-//! backoff seen growing), and a load of tagged requests that counts what failed.
+//! backoff seen growing), the memory readings `max_memory` acted on, as corral logged them,
+//! and a load of tagged requests that counts what failed.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -51,6 +52,84 @@ pub fn assert_backoff_doubles(gaps: &[f64], base: f64, log: &str) {
             "gap {k} is {gap:.3} s, shorter than its {backoff} s backoff: {gaps:?}\n{log}"
         );
     }
+}
+
+/// One reading of a worker's memory that `max_memory` acted on, from corral's debug log;
+/// shown as `REQUESTS:BYTES`, with `(sample)` for the once-a-second sample.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReading {
+    /// The requests the worker had been given by then.
+    pub requests: u64,
+    /// PSS of its process tree, in bytes.
+    pub bytes: u64,
+    /// Taken after a request (while the worker was held for it); otherwise the
+    /// once-a-second sample, which corral logs only over the limit.
+    pub after_request: bool,
+}
+
+impl std::fmt::Debug for MemoryReading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sample = if self.after_request { "" } else { " (sample)" };
+        write!(f, "{}:{}{sample}", self.requests, self.bytes)
+    }
+}
+
+/// corral's readings of the worker with pid `pid` in `log`, in order (lines `memory read
+/// after a request` and `memory sample over max_memory`, written at `log_level = "debug"`).
+pub fn memory_readings(log: &str, pid: u32) -> Vec<MemoryReading> {
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let (_, rest) = line.split_once(&format!(" {name}="))?;
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    log.lines()
+        .filter_map(|line| {
+            let after_request = line.contains("memory read after a request");
+            if !after_request && !line.contains("memory sample over max_memory") {
+                return None;
+            }
+            (field(line, "pid")? == u64::from(pid)).then_some(())?;
+            Some(MemoryReading {
+                requests: field(line, "requests")?,
+                bytes: field(line, "bytes")?,
+                after_request,
+            })
+        })
+        .collect()
+}
+
+/// Whether `readings` (of one worker, in order) show it stopped right after it passed
+/// `limit`, having been given `served` requests: none once a reading showed it over (the
+/// once-a-second sample may catch it during one), and read after its requests often enough
+/// on the way (the first one, then gaps that at most double, and every request from 80% of
+/// the limit). `Err` says what went wrong.
+pub fn stopped_in_time(readings: &[MemoryReading], served: u64, limit: u64) -> Result<(), String> {
+    let over = readings
+        .iter()
+        .position(|r| r.bytes > limit)
+        .ok_or("no reading over the limit")?;
+    if readings[over].requests != served {
+        return Err(format!(
+            "it was given {served} requests, {} when corral read it over the limit",
+            readings[over].requests
+        ));
+    }
+    let (mut read, mut allowed) = (0, 1);
+    for r in readings[..over].iter().filter(|r| r.after_request) {
+        let gap = r.requests.saturating_sub(read);
+        if gap > allowed {
+            return Err(format!(
+                "{gap} requests unread before request {}",
+                r.requests
+            ));
+        }
+        allowed = if r.bytes >= limit / 5 * 4 { 1 } else { 2 * gap };
+        read = r.requests;
+    }
+    let gap = served.saturating_sub(read);
+    if gap > allowed {
+        return Err(format!("its last {gap} requests went unread"));
+    }
+    Ok(())
 }
 
 /// One GET with `Connection: close`: the status code, or why there was none. Never panics,

@@ -37,10 +37,15 @@ impl Driver {
             })
             .collect();
         let mut stopped = false;
-        if recycle.max_memory.is_some() {
+        if let Some(limit) = recycle.max_memory {
             for (bytes, sample) in &samples {
                 let (key, bytes) = (sample.key, *bytes);
                 stopped |= self.handle(PoolEvent::Memory { key, bytes });
+                if bytes > limit {
+                    // Counted once it stopped accepting: every request it was given.
+                    self.sync_counts();
+                    self.log_reading(key, bytes, "memory sample over max_memory");
+                }
             }
         }
         if recycle.max_pool_memory.is_some() {
@@ -75,8 +80,21 @@ impl Driver {
             let next = limit
                 .zip(self.workers.get_mut(&key))
                 .map(|(limit, w)| w.memory.next_gap(limit, bytes));
+            // Held since its request finished, so the count is exact.
+            self.log_reading(key, bytes, "memory read after a request");
             self.slots.memory_checked(id, next);
         }
         stopped
+    }
+
+    /// One reading `max_memory` acted on, with the requests the worker had been given by
+    /// then: whether a worker took a request once a reading showed it over the limit (or
+    /// went unread for many) can be told after the fact from these lines alone, as
+    /// tests/faults.rs does. The once-a-second samples are logged only over the limit, so
+    /// that a pool at rest writes nothing.
+    fn log_reading(&self, key: WorkerKey, bytes: u64, what: &str) {
+        let pid = self.workers.get(&key).map_or(0, |w| w.pid);
+        let requests = self.state.requests_given(key).unwrap_or(0);
+        tracing::debug!(pool = %self.name, %key, pid, bytes, requests, "{what}");
     }
 }

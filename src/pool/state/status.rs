@@ -153,6 +153,13 @@ pub struct PoolStatus {
 }
 
 impl PoolState {
+    /// The requests worker `key` has been given (what `max_requests` counts), as of the
+    /// driver's last report of the slot table's counts; `None` for a worker it no longer
+    /// holds.
+    pub fn requests_given(&self, key: WorkerKey) -> Option<u64> {
+        self.workers.get(&key).map(|w| w.started)
+    }
+
     /// The pool's counters.
     pub fn counters(&self) -> &PoolCounters {
         &self.counters
