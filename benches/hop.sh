@@ -18,6 +18,8 @@
 #   nxco-cgi     nginx plain fastcgi_pass -> corral fastcgi -> php-cgi (2, spawned by corral)
 #   nxkco-cgi    nginx keep_conn -> corral fastcgi -> php-cgi
 #   co-cgi       corral http -> php-cgi
+#   co-pc, nxco-pc   corral http, and nginx plain fastcgi_pass -> corral fastcgi, -> one php-cgi
+#                parent with php_children = 2 (its children share one OPcache)
 #   nx-direct    nginx plain fastcgi_pass -> php-cgi (2) of a corral direct pool (accept =
 #                "direct": the workers accept on the pool's listener, corral is off the path)
 #   nx-fpm-info, nx-direct-info   the same two with phpinfo() (~70 KB) instead of hello world
@@ -175,7 +177,7 @@ pool = "lsapi"
 [[contexts]]
 pool = "fcgi"
 CONF
-php_corral() { # NAME PORT COMMAND(the TOML array's items) PROTOCOL
+php_corral() { # NAME PORT COMMAND(the TOML array's items) PROTOCOL [POOL SIZING LINES]
   cat > "$s/$1.toml" <<CONF
 [server]
 runtime_dir = "$s/corral/$1.d"
@@ -193,15 +195,18 @@ mode = "0666"
 [pools.php]
 command = [$3]
 protocol = "$4"
-mode = "static"
+${5:-mode = "static"
 min = 2
-max = 2
+max = 2}
 [[contexts]]
 pool = "php"
 root = "$s/www"
 CONF
 }
 php_corral cgi 18611 '"php-cgi"' fastcgi
+php_corral pc 18614 '"php-cgi"' fastcgi 'mode = "static"
+max = 1
+php_children = 2'
 php_corral lsphp 18612 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
 if [ -n "$CORRAL_B" ]; then
   php_corral lsphp_b 18613 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
@@ -239,7 +244,7 @@ mode = "static"
 max = 2
 CONF
 declare -A corral_pid
-for c in null cgi lsphp direct; do
+for c in null cgi pc lsphp direct; do
   "$CORRAL" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
 done
 if [ -n "$CORRAL_B" ]; then
@@ -279,6 +284,7 @@ http {
   server { listen 127.0.0.1:18513; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-cgi.sock; } }
   server { listen 127.0.0.1:18514; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass co_cgi_k; } }
   server { listen 127.0.0.1:18515; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-direct.sock; } }
+  server { listen 127.0.0.1:18516; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-pc.sock; } }
 }
 CONF
 nginx -c "$s/nginx.conf" & nginx=$!; pids+=($nginx)
@@ -320,6 +326,8 @@ rows=(
   "nxco-cgi|http://127.0.0.1:18513/hello.php|nginx co_cgi|co_cgi_kids"
   "nxkco-cgi|http://127.0.0.1:18514/hello.php|nginx co_cgi|co_cgi_kids"
   "co-cgi|http://127.0.0.1:18611/hello.php|co_cgi|co_cgi_kids"
+  "co-pc|http://127.0.0.1:18614/hello.php|co_pc|co_pc_kids"
+  "nxco-pc|http://127.0.0.1:18516/hello.php|nginx co_pc|co_pc_kids"
   "nx-direct|http://127.0.0.1:18515/hello.php|nginx co_direct|co_direct_kids"
   "nx-fpm-info|http://127.0.0.1:18511/info.php|nginx|fpm"
   "nx-direct-info|http://127.0.0.1:18515/info.php|nginx co_direct|co_direct_kids"
@@ -357,6 +365,8 @@ pids_of() { # a symbolic name -> pids (whole trees)
     co_direct) echo "${corral_pid[direct]}" ;;
     co_direct_kids) for k in $(children "${corral_pid[direct]}"); do tree "$k"; done ;;
     co_cgi_kids) for k in $(children "${corral_pid[cgi]}"); do tree "$k"; done ;;
+    co_pc) echo "${corral_pid[pc]}" ;;
+    co_pc_kids) for k in $(children "${corral_pid[pc]}"); do tree "$k"; done ;;
     co_lsphp_kids) for k in $(children "${corral_pid[lsphp]}"); do tree "$k"; done ;;
     co_null_b) echo "${corral_pid[null_b]}" ;;
     co_lsphp_b) echo "${corral_pid[lsphp_b]}" ;;
@@ -385,7 +395,7 @@ for r in "${rows[@]}"; do
   [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; for f in "$s"/log/*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done; exit 1; }
 done
 # Every PHP row runs with OPcache on, or the comparison says nothing.
-for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18611 http://127.0.0.1:18612 ${CORRAL_B:+http://127.0.0.1:18613}; do
+for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18516 http://127.0.0.1:18611 http://127.0.0.1:18612 http://127.0.0.1:18614 ${CORRAL_B:+http://127.0.0.1:18613}; do
   on=$(curl -s "$url/opcache.php" || true)
   [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done

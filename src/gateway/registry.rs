@@ -405,12 +405,9 @@ fn build_pool(
     // idle connections means no request ever has to connect again in a steady state; a
     // fixed smaller bound made every request beyond it open and close a connection (a
     // concurrency-100 run lost half its throughput that way).
-    // php_children: none kept, as a child closes its connection when it exits after
-    // max_requests (ARCHITECTURE.md, "Shared OPcache").
-    let keep = match &p.backend {
-        Backend::Spawned(s) if s.php_children.is_some() => 0,
-        _ => (p.concurrency as usize).max(1),
-    };
+    // A php_children group's concurrency is its children: one kept connection each (its
+    // children never exit on their own, src/process/php_children.rs).
+    let keep = (p.concurrency as usize).max(1);
     let connections = Connections::new(keep);
     let mut status = None;
     let mut driver = None;

@@ -6,10 +6,15 @@
 //! a session leader, forks N children that all accept on fd 0, and then only waits: whenever
 //! a child exits (after `PHP_FCGI_MAX_REQUESTS` requests, on a crash or a kill) it forks
 //! another, which inherits the same OPcache. On SIGTERM the parent sends SIGTERM to its
-//! process group and exits. A child that reaches its request limit ends its last response
-//! and closes the connection with it, so corral sees a kept connection closed while idle
-//! (src/backend/connection.rs `is_quiet`), or, in the short race where it reuses the
-//! connection first, a stale kept connection, which is retried on a fresh one.
+//! process group and exits.
+//!
+//! A child serves one connection at a time, every request on it, until the connection is
+//! closed. Behind the gateway each child holds one of corral's kept connections, so its
+//! children get `PHP_FCGI_MAX_REQUESTS=0` ([`kept`]): a child that exited at its limit would
+//! close its connection just after its last response, and a request corral sent on it in
+//! that moment (a POST may not be sent twice) would be lost. corral recycles the whole
+//! group instead (`PoolSpec::replace_at_budget`). A direct pool's children accept the front
+//! server's connections, not corral's, and count their own requests ([`for_worker`]).
 
 use std::collections::BTreeMap;
 
@@ -24,7 +29,18 @@ pub fn pin_environment(group: &PhpChildren, env: &mut BTreeMap<String, String>) 
     env.insert("PHP_FCGI_MAX_REQUESTS".into(), max.to_string());
 }
 
-/// The group for worker number `key`: `max_requests` with this worker's share of the jitter.
+/// The group behind the gateway: children that never exit on their own (see the module
+/// doc); corral counts the group's requests.
+pub fn kept(group: &PhpChildren) -> PhpChildren {
+    PhpChildren {
+        children: group.children,
+        max_requests: None,
+        max_requests_jitter: 0,
+    }
+}
+
+/// The group for direct-pool worker number `key`: `max_requests` with this worker's share of
+/// the jitter, counted by each child.
 pub fn for_worker(group: &PhpChildren, key: u64) -> PhpChildren {
     PhpChildren {
         children: group.children,
@@ -80,6 +96,19 @@ mod tests {
         pin_environment(&group, &mut env);
         assert_eq!(env["PHP_FCGI_CHILDREN"], "4");
         assert_eq!(env["PHP_FCGI_MAX_REQUESTS"], "120");
+    }
+
+    #[test]
+    fn a_group_behind_the_gateway_has_children_that_never_exit_on_their_own() {
+        let group = PhpChildren {
+            children: 3,
+            max_requests: Some(500),
+            max_requests_jitter: 50,
+        };
+        let mut env = BTreeMap::new();
+        pin_environment(&kept(&group), &mut env);
+        assert_eq!(env["PHP_FCGI_CHILDREN"], "3");
+        assert_eq!(env["PHP_FCGI_MAX_REQUESTS"], "0");
     }
 
     #[test]

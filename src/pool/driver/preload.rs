@@ -70,7 +70,7 @@ impl Driver {
                 return;
             }
         };
-        let budget = self.state.budget(key);
+        let budget = self.state.slot_budget(key);
         let id = self
             .slots
             .add_worker(self.concurrency, address.clone(), budget);

@@ -25,12 +25,12 @@ impl Driver {
         let mut spec = self.template.clone();
         spec.socket = WorkerSocket::Unix(path.clone());
         if let Some(group) = &spec.php_children {
-            spec.php_children = Some(process::php_children::for_worker(group, key.0));
+            spec.php_children = Some(process::php_children::kept(group));
         }
         match spawn_worker(&spec) {
             Ok(mut spawned) => {
                 let pid = spawned.pid;
-                let budget = self.state.budget(key);
+                let budget = self.state.slot_budget(key);
                 let id = self
                     .slots
                     .add_worker(self.concurrency, spawned.address.clone(), budget);

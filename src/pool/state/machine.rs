@@ -136,6 +136,12 @@ impl PoolState {
         self.workers.get(&key).and_then(|w| w.budget)
     }
 
+    /// The budget the slot table stops worker `key` at: none where the worker serves on
+    /// past it until replaced ([`PoolSpec::replace_at_budget`]).
+    pub fn slot_budget(&self, key: WorkerKey) -> Option<u64> {
+        self.budget(key).filter(|_| !self.spec.replace_at_budget)
+    }
+
     /// Handles one event at time `now` (monotonic, since any fixed epoch) and returns what
     /// the driver must do, in order.
     pub fn on_event(&mut self, ev: PoolEvent, now: Duration) -> Vec<PoolAction> {
@@ -333,7 +339,9 @@ impl PoolState {
         w.in_flight += 1;
         w.started += 1;
         let at_budget = w.budget.is_some_and(|b| w.started >= b) && w.active();
-        if at_budget {
+        if at_budget && self.spec.replace_at_budget {
+            self.doom(key, RecycleReason::MaxRequests);
+        } else if at_budget {
             self.recycle_now(key, RecycleReason::MaxRequests, now);
         }
     }

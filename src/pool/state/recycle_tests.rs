@@ -36,6 +36,52 @@ fn max_requests_with_jitter_retires_after_the_last_request() {
 }
 
 #[test]
+fn a_group_at_its_budget_serves_on_until_its_replacement_is_ready() {
+    // A php_children group behind the gateway: replaced new first, never left with no
+    // worker accepting (each of its children holds a kept connection and never exits on
+    // its own).
+    let mut s = stat(1);
+    s.recycle.max_requests = Some(4);
+    s.replace_at_budget = true;
+    let mut t = T::new(s);
+    t.start();
+    assert_eq!(
+        t.p.slot_budget(k(0)),
+        None,
+        "the slot table does not stop it"
+    );
+    assert_eq!(t.p.budget(k(0)), Some(4));
+    for _ in 0..3 {
+        t.ev(PoolEvent::RequestStarted { key: k(0) });
+        t.ev(PoolEvent::RequestFinished { key: k(0) });
+    }
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    assert_eq!(t.p.counters().recycled.max_requests, 1);
+    assert_eq!(t.spawns(), vec![k(1)], "the replacement starts");
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert_eq!(
+        t.state(k(0)),
+        Some(WorkerState::Draining),
+        "the group still serves"
+    );
+    // Past its budget while the replacement boots: served, not refused.
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    assert!(!t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    t.up(k(1));
+    assert!(t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    assert!(!t.has(&signal(0)), "its request is still running");
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert!(t.has(&signal(0)));
+    assert_eq!(t.p.counters().recycled.max_requests, 1, "counted once");
+}
+
+#[test]
 fn jitter_differs_between_workers_but_is_reproducible() {
     let mut s = stat(8);
     s.recycle.max_requests = Some(1000);

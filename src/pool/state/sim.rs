@@ -152,6 +152,7 @@ impl World {
             stable_after: ms(3_000),
             crash_loop_after: 3,
             max_spawn_batch: 8,
+            replace_at_budget: false,
         };
         let tick_every = ms([100, 250, 1_000][(seed % 7 % 3) as usize]);
         let mut w = World {

@@ -39,6 +39,11 @@ pub struct PoolSpec {
     pub crash_loop_after: u32,
     /// Most growth spawns in one second.
     pub max_spawn_batch: u32,
+    /// A worker that reaches its `max_requests` budget serves on until its replacement is
+    /// ready, and is retired then (as for `max_lifetime`), instead of taking no further
+    /// request at once: a `php_children` group behind the gateway, whose children never exit
+    /// on their own and each hold a kept connection (docs/pools.md, "Shared OPcache").
+    pub replace_at_budget: bool,
 }
 
 impl PoolSpec {
@@ -48,9 +53,20 @@ impl PoolSpec {
         let Backend::Spawned(spawn) = &pool.backend else {
             return None;
         };
+        let mut recycle = spawn.recycle;
+        // A php_children group the gateway sends requests to: its children never exit on
+        // their own (PHP_FCGI_MAX_REQUESTS=0, so no kept connection is closed under a
+        // request), and corral recycles the whole group after `max_requests` per child.
+        // A direct pool's children count their own (`spawn_direct`).
+        let group = spawn.php_children.filter(|_| spawn.direct.is_none());
+        if let Some(g) = group {
+            let n = u64::from(g.children);
+            recycle.max_requests = g.max_requests.map(|m| m.saturating_mul(n));
+            recycle.max_requests_jitter = g.max_requests_jitter.saturating_mul(n);
+        }
         Some(PoolSpec {
             sizing: spawn.sizing,
-            recycle: spawn.recycle,
+            recycle,
             concurrency: usize::try_from(pool.concurrency)
                 .unwrap_or(usize::MAX)
                 .max(1),
@@ -61,6 +77,7 @@ impl PoolSpec {
             stable_after: STABLE_AFTER,
             crash_loop_after: CRASH_LOOP_AFTER,
             max_spawn_batch: MAX_SPAWN_BATCH,
+            replace_at_budget: group.is_some(),
         })
     }
 

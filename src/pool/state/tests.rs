@@ -32,6 +32,7 @@ pub(super) fn spec(sizing: Sizing) -> PoolSpec {
         stable_after: ms(10_000),
         crash_loop_after: 3,
         max_spawn_batch: 32,
+        replace_at_budget: false,
     }
 }
 
@@ -534,4 +535,32 @@ pool = "ext"
     assert_eq!((s.start_timeout, s.kill_timeout), (ms(4_000), ms(7_000)));
     assert_eq!((s.backoff_base, s.backoff_cap), (ms(100), ms(30_000)));
     assert_eq!(PoolSpec::from_config(c.pool("ext").unwrap(), kill), None);
+    assert!(!s.replace_at_budget);
+}
+
+#[test]
+fn a_php_children_group_is_recycled_by_corral_after_max_requests_per_child() {
+    let src = r#"
+[[listen]]
+address = "127.0.0.1:8080"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+max = 2
+php_children = 4
+max_requests = 500
+max_requests_jitter = 20
+
+[[contexts]]
+pool = "php"
+root = "/var/www/html"
+"#;
+    let c = crate::config::parse(src, "t.toml").unwrap();
+    let s = PoolSpec::from_config(c.pool("php").unwrap(), ms(1_000)).unwrap();
+    assert_eq!(s.concurrency, 4);
+    assert_eq!(s.recycle.max_requests, Some(2_000));
+    assert_eq!(s.recycle.max_requests_jitter, 80);
+    assert!(s.replace_at_budget);
 }
