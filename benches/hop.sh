@@ -178,6 +178,9 @@ pool = "lsapi"
 pool = "fcgi"
 CONF
 php_corral() { # NAME PORT COMMAND(the TOML array's items) PROTOCOL [POOL SIZING LINES]
+  local sizing=${5:-'mode = "static"
+min = 2
+max = 2'}
   cat > "$s/$1.toml" <<CONF
 [server]
 runtime_dir = "$s/corral/$1.d"
@@ -195,9 +198,7 @@ mode = "0666"
 [pools.php]
 command = [$3]
 protocol = "$4"
-${5:-mode = "static"
-min = 2
-max = 2}
+$sizing
 [[contexts]]
 pool = "php"
 root = "$s/www"
