@@ -152,7 +152,8 @@ impl World {
             stable_after: ms(3_000),
             crash_loop_after: 3,
             max_spawn_batch: 8,
-            replace_at_budget: false,
+            // One pool in three recycles at its budget as a php_children group does.
+            replace_at_budget: rng2.up_to(2) == 0,
         };
         let tick_every = ms([100, 250, 1_000][(seed % 7 % 3) as usize]);
         let mut w = World {
