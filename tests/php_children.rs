@@ -365,3 +365,41 @@ fn max_memory_recycles_the_group_when_a_child_passes_it() {
     let r = http(addr, "GET", "/pid.php", &[], b"");
     assert_eq!(r.status, 200, "{}", site.corral.log());
 }
+
+#[test]
+fn a_request_past_request_timeout_retires_the_group_and_its_other_child_finishes() {
+    let site = site("mode = \"static\"\nmax = 1\nphp_children = 2\nrequest_timeout = \"2s\"");
+    peers::write_file(
+        site.dir.path(),
+        "sleep.php",
+        "<?php usleep((int) $_GET['ms'] * 1000); echo getmypid();",
+    );
+    let addr = site.corral.http_addr();
+    let first = parent(&site.corral);
+    let (stuck, other) = thread::scope(|s| {
+        let stuck = s.spawn(|| http(addr, "GET", "/sleep.php?ms=6000", &[], b""));
+        thread::sleep(Duration::from_millis(1200));
+        // On the other child from 1.2 s to 2.7 s: across the first one's timeout (at 2 s),
+        // within its own.
+        let other = s.spawn(|| http(addr, "GET", "/sleep.php?ms=1500", &[], b""));
+        (stuck.join().unwrap(), other.join().unwrap())
+    });
+    let log = site.corral.log();
+    assert_eq!(stuck.status, 504, "{log}");
+    // A kill of the group would have taken this request with it (a 502).
+    assert_eq!(other.status, 200, "{log}");
+    assert!(log.contains("exceeded request_timeout"), "{log}");
+    // The group is replaced, and the next requests are served by the new one.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let now = children(site.corral.pid());
+            now.len() == 1 && !now.contains(&first)
+        }),
+        "{}",
+        site.corral.log()
+    );
+    for _ in 0..3 {
+        let r = http(addr, "GET", "/pid.php", &[], b"");
+        assert_eq!(r.status, 200, "{}", site.corral.log());
+    }
+}

@@ -313,7 +313,7 @@ impl Driver {
             Notice::Crashed { key, .. }
             | Notice::SpawnFailed { key, .. }
             | Notice::StartTimedOut { key, .. }
-            | Notice::RequestTimedOut { key }
+            | Notice::RequestTimedOut { key, .. }
             | Notice::Refused { key }
             | Notice::KillTimedOut { key, .. }
             | Notice::Recycling { key, .. }

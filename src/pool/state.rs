@@ -317,10 +317,13 @@ pub enum Notice {
         /// The timeout.
         after: Duration,
     },
-    /// A worker ran a request past `request_timeout` and was killed.
+    /// A worker ran a request past `request_timeout` and was killed, or, a group of
+    /// children, retired (`PoolSpec::group_of_children`).
     RequestTimedOut {
         /// The worker.
         key: WorkerKey,
+        /// Killed at once; else retired once its other requests are done.
+        killed: bool,
     },
     /// A worker's socket refused a connection; it was killed (if it still ran) to be
     /// replaced.
@@ -388,9 +391,14 @@ impl fmt::Display for Notice {
             Notice::StartTimedOut { key, after } => {
                 write!(f, "{key} was not ready within {after:?} and was killed")
             }
-            Notice::RequestTimedOut { key } => {
+            Notice::RequestTimedOut { key, killed: true } => {
                 write!(f, "{key} exceeded request_timeout and was killed")
             }
+            Notice::RequestTimedOut { key, killed: false } => write!(
+                f,
+                "{key} exceeded request_timeout: a group of php-cgi children, out of rotation \
+                 and replaced; stopped once its other children's requests are done"
+            ),
             Notice::Refused { key } => write!(
                 f,
                 "{key} refused a connection: out of rotation, killed and replaced"

@@ -13,7 +13,7 @@
 //! children get `PHP_FCGI_MAX_REQUESTS=0` ([`kept`]): a child that exited at its limit would
 //! close its connection just after its last response, and a request corral sent on it in
 //! that moment (a POST may not be sent twice) would be lost. corral recycles the whole
-//! group instead (`PoolSpec::replace_at_budget`). A direct pool's children accept the front
+//! group instead (`PoolSpec::group_of_children`). A direct pool's children accept the front
 //! server's connections, not corral's, and count their own requests ([`for_worker`]).
 
 use std::collections::BTreeMap;

@@ -67,7 +67,7 @@ mod tests {
             stable_after: ms(10_000),
             crash_loop_after: 3,
             max_spawn_batch: 32,
-            replace_at_budget: false,
+            group_of_children: false,
         }
     }
 

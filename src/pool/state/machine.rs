@@ -137,9 +137,9 @@ impl PoolState {
     }
 
     /// The budget the slot table stops worker `key` at: none where the worker serves on
-    /// past it until replaced ([`PoolSpec::replace_at_budget`]).
+    /// past it until replaced ([`PoolSpec::group_of_children`]).
     pub fn slot_budget(&self, key: WorkerKey) -> Option<u64> {
-        self.budget(key).filter(|_| !self.spec.replace_at_budget)
+        self.budget(key).filter(|_| !self.spec.group_of_children)
     }
 
     /// Handles one event at time `now` (monotonic, since any fixed epoch) and returns what
@@ -183,8 +183,16 @@ impl PoolState {
                     .is_some_and(|w| !matches!(w.phase, Phase::Killed(_)))
                 {
                     self.counters.request_timeouts += 1;
-                    self.notice(Notice::RequestTimedOut { key });
-                    self.kill(key, now);
+                    let killed = !self.spec.group_of_children;
+                    self.notice(Notice::RequestTimedOut { key, killed });
+                    if killed {
+                        self.kill(key, now);
+                    } else {
+                        // Out of rotation now; stopped (its stuck child killed after
+                        // kill_timeout) once its other children are done.
+                        self.doom(key, RecycleReason::Suspect);
+                        self.set_accepting(key, false);
+                    }
                 }
             }
             PoolEvent::Stop { graceful } => self.stop(graceful, now),
@@ -339,7 +347,7 @@ impl PoolState {
         w.in_flight += 1;
         w.started += 1;
         let at_budget = w.budget.is_some_and(|b| w.started >= b) && w.active();
-        if at_budget && self.spec.replace_at_budget {
+        if at_budget && self.spec.group_of_children {
             self.doom(key, RecycleReason::MaxRequests);
         } else if at_budget {
             self.recycle_now(key, RecycleReason::MaxRequests, now);

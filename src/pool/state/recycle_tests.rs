@@ -42,7 +42,7 @@ fn a_group_at_its_budget_serves_on_until_its_replacement_is_ready() {
     // its own).
     let mut s = stat(1);
     s.recycle.max_requests = Some(4);
-    s.replace_at_budget = true;
+    s.group_of_children = true;
     let mut t = T::new(s);
     t.start();
     assert_eq!(
@@ -214,6 +214,34 @@ fn request_timeout_kills_and_replaces_without_backoff() {
     assert_eq!(t.spawns(), vec![k(2)]);
     t.ev(exited(1, ExitKind::Signal(9)));
     assert_eq!(t.p.counters().crashed, 0);
+    assert_eq!(t.p.counters().request_timeouts, 1);
+}
+
+#[test]
+fn request_timeout_on_a_group_of_children_retires_it_once_its_other_requests_end() {
+    // Killing a php_children group would take its other children's requests with it.
+    let mut s = stat(1);
+    s.group_of_children = true;
+    let mut t = T::new(s);
+    t.start();
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    t.ev(PoolEvent::RequestStarted { key: k(0) });
+    // The gateway answered the stuck one (504) and gave its slot back.
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    t.ev(PoolEvent::RequestTimedOut { key: k(0) });
+    assert!(t.has(&PoolAction::Accept {
+        key: k(0),
+        on: false
+    }));
+    assert!(!t.has(&kill(0)));
+    assert_eq!(t.spawns(), vec![k(1)]);
+    t.up(k(1));
+    assert!(
+        !t.has(&signal(0)),
+        "another child's request is still running"
+    );
+    t.ev(PoolEvent::RequestFinished { key: k(0) });
+    assert!(t.has(&signal(0)));
     assert_eq!(t.p.counters().request_timeouts, 1);
 }
 

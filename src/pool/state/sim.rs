@@ -153,7 +153,7 @@ impl World {
             crash_loop_after: 3,
             max_spawn_batch: 8,
             // One pool in three recycles at its budget as a php_children group does.
-            replace_at_budget: rng2.up_to(2) == 0,
+            group_of_children: rng2.up_to(2) == 0,
         };
         let tick_every = ms([100, 250, 1_000][(seed % 7 % 3) as usize]);
         let mut w = World {
@@ -301,7 +301,14 @@ impl World {
             SimEv::Hung(key, id) => {
                 let p = self.procs.get_mut(&key).expect("hung proc");
                 if p.alive && p.requests.contains(&id) {
+                    // The gateway answers 504, tells the driver, then gives the slot back;
+                    // the process may run the request on (a group's stuck child does).
                     self.deliver(PoolEvent::RequestTimedOut { key });
+                    if let Some(p) = self.procs.get_mut(&key) {
+                        p.requests.remove(&id);
+                    }
+                    self.deliver(PoolEvent::RequestFinished { key });
+                    self.dispatch();
                 }
             }
             SimEv::Escalate => self.deliver(PoolEvent::Stop { graceful: false }),

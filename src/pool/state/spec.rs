@@ -39,11 +39,13 @@ pub struct PoolSpec {
     pub crash_loop_after: u32,
     /// Most growth spawns in one second.
     pub max_spawn_batch: u32,
-    /// A worker that reaches its `max_requests` budget serves on until its replacement is
-    /// ready, and is retired then (as for `max_lifetime`), instead of taking no further
-    /// request at once: a `php_children` group behind the gateway, whose children never exit
-    /// on their own and each hold a kept connection (docs/pools.md, "Shared OPcache").
-    pub replace_at_budget: bool,
+    /// Each worker is a `php_children` group behind the gateway: a php-cgi parent whose
+    /// children never exit on their own and each hold a kept connection (docs/pools.md,
+    /// "Shared OPcache"). Such a worker serves on past its `max_requests` budget until its
+    /// replacement is ready (as for `max_lifetime`), and a request past `request_timeout`
+    /// retires it instead of killing it: a kill of the group would take its other children's
+    /// requests with it.
+    pub group_of_children: bool,
 }
 
 impl PoolSpec {
@@ -77,7 +79,7 @@ impl PoolSpec {
             stable_after: STABLE_AFTER,
             crash_loop_after: CRASH_LOOP_AFTER,
             max_spawn_batch: MAX_SPAWN_BATCH,
-            replace_at_budget: group.is_some(),
+            group_of_children: group.is_some(),
         })
     }
 

@@ -32,7 +32,7 @@ pub(super) fn spec(sizing: Sizing) -> PoolSpec {
         stable_after: ms(10_000),
         crash_loop_after: 3,
         max_spawn_batch: 32,
-        replace_at_budget: false,
+        group_of_children: false,
     }
 }
 
@@ -535,7 +535,7 @@ pool = "ext"
     assert_eq!((s.start_timeout, s.kill_timeout), (ms(4_000), ms(7_000)));
     assert_eq!((s.backoff_base, s.backoff_cap), (ms(100), ms(30_000)));
     assert_eq!(PoolSpec::from_config(c.pool("ext").unwrap(), kill), None);
-    assert!(!s.replace_at_budget);
+    assert!(!s.group_of_children);
 }
 
 #[test]
@@ -562,5 +562,5 @@ root = "/var/www/html"
     assert_eq!(s.concurrency, 4);
     assert_eq!(s.recycle.max_requests, Some(2_000));
     assert_eq!(s.recycle.max_requests_jitter, 80);
-    assert!(s.replace_at_budget);
+    assert!(s.group_of_children);
 }
