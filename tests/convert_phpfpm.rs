@@ -337,7 +337,9 @@ fn a_multi_pool_configuration_with_includes_and_pool_maps_every_directive() {
     assert_line(&toml, &format!("address = \"unix:{d}/site.a.sock\""));
     assert_line(&toml, "mode = \"0660\"");
     assert_line(&toml, "mode = \"static\"");
-    assert_line(&toml, "max = 3");
+    // pm = static: one php-cgi parent whose 3 children share its OPcache, as php-fpm's do.
+    assert_line(&toml, "max = 1");
+    assert_line(&toml, "php_children = 3");
     assert_line(&toml, "max_requests = 800");
     assert!(
         toml.contains("pm.max_requests = 500: not mapped: overridden by a later line"),
@@ -549,4 +551,31 @@ fn what_php_fpm_would_refuse_is_an_error_naming_file_and_line() {
         "{}",
         out.stderr
     );
+}
+
+#[test]
+fn a_static_pool_becomes_one_group_of_children_within_php_cgis_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = |children: u32| {
+        let conf = dir.path().join(format!("s{children}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "[www]\nuser = www-data\nlisten = /run/x.sock\npm = static\n\
+                 pm.max_children = {children}\npm.max_requests = 500\n"
+            ),
+        )
+        .unwrap();
+        let toml = converted(&[conf.to_str().unwrap()]);
+        assert_checks(&toml);
+        toml
+    };
+    let group = one(8);
+    assert_line(&group, "max = 1");
+    assert_line(&group, "php_children = 8");
+    assert_line(&group, "max_requests = 500");
+    // More children than one php-cgi parent forks: separate workers.
+    let separate = one(300);
+    assert_line(&separate, "max = 300");
+    assert!(!separate.contains("php_children"), "{separate}");
 }

@@ -44,7 +44,7 @@ use serde::Deserialize;
 pub use address::{BackendAddress, Cidr, ListenAddress};
 pub use diagnostic::ConfigError;
 pub use direct::DirectListener;
-pub use php_children::PhpChildren;
+pub use php_children::{PhpChildren, MAX_PHP_CHILDREN};
 pub use pool_types::{
     Backend, BackendProtocol, HealthCheck, PoolConfig, Program, Recycle, Sizing, SpawnConfig,
     DEFAULT_PYTHON, DEFAULT_RUBY,

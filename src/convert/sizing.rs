@@ -1,6 +1,7 @@
 //! A pool's process manager (`pm` and its counts) as corral's `mode`, `min`, `max`,
-//! `spare_min`, `spare_max`, `idle_timeout` and `max_requests`, with the checks php-fpm makes
-//! on them once every pool is read (each an error at its line).
+//! `php_children` (a static pool), `spare_min`, `spare_max`, `idle_timeout` and
+//! `max_requests`, with the checks php-fpm makes on them once every pool is read (each an
+//! error at its line).
 
 use std::collections::BTreeSet;
 
@@ -40,7 +41,21 @@ pub fn pm<'p>(
     }
     let kind = pm.text();
     table.set("mode", &string(&kind), "pm");
-    table.set("max", &max.to_string(), "pm.max_children");
+    // php-fpm's static children share their master's OPcache: so do one php-cgi parent's
+    // children (`php_children`); separate php-cgi workers would each build their own (on
+    // WordPress 3.4x the memory at 8).
+    let group = kind == "static" && max <= i64::from(crate::config::MAX_PHP_CHILDREN);
+    if group {
+        table.set("max", "1", "pm = static: one php-cgi parent...");
+        table.set(
+            "php_children",
+            &max.to_string(),
+            "...forking pm.max_children children, which share its OPcache as php-fpm's share \
+             their master's (docs/pools.md, \"Shared OPcache\")",
+        );
+    } else {
+        table.set("max", &max.to_string(), "pm.max_children");
+    }
     match kind.as_str() {
         "dynamic" => {
             let (lo, hi, start) = (
@@ -105,13 +120,6 @@ pub fn pm<'p>(
             }
         }
         _ => {
-            // php-fpm's children share their master's OPcache; separate php-cgi workers do
-            // not (on WordPress 3.4x the memory at 8): say how to keep php-fpm's figure.
-            table.note(&format!(
-                "pm = static: for php-fpm's memory (one OPcache shared by the {max} \
-                 children) write max = 1 and php_children = {max} (docs/pools.md, \"Shared \
-                 OPcache\"; with accept = \"direct\", php-fpm's own model: conf/php-direct.toml)"
-            ));
             for key in [
                 "pm.start_servers",
                 "pm.min_spare_servers",
@@ -124,6 +132,7 @@ pub fn pm<'p>(
         }
     }
     match pool.get("pm.max_requests") {
+        Some(d) if d.number() > 0 && group => table.set("max_requests", &d.number().to_string(), "pm.max_requests, per child: corral replaces the whole group, new first, after this many per child (plus up to 10% jitter)"),
         Some(d) if d.number() > 0 => table.set("max_requests", &d.number().to_string(), "pm.max_requests (corral adds up to 10% jitter so workers do not all recycle at once; max_requests_jitter = 0 to turn it off)"),
         Some(d) => table.note(&ctx.not_mapped(d, "0: never recycled, corral's default too")),
         None => {}
