@@ -3,8 +3,10 @@
 //! socket and sharing the OPcache the parent created before forking (ARCHITECTURE.md,
 //! "Shared OPcache"). The worker is the group: its concurrency is N, so the pool's sizing,
 //! `max_conns` and queue count groups and slots as for any worker with that concurrency.
-//! `max_requests` moves into php-cgi (`PHP_FCGI_MAX_REQUESTS` per child, the parent forks a
-//! replacement), so corral's own request budget is off for such a pool.
+//! `max_requests` is per child, so it is taken out of the pool's `recycle` here and kept in
+//! [`PhpChildren`]: behind the gateway corral counts it for the whole group
+//! (`PoolSpec::from_config`: `max_requests` × N, the group replaced new first); in a direct
+//! pool each child counts its own (`PHP_FCGI_MAX_REQUESTS`, the parent forks a replacement).
 
 use toml::Spanned;
 
@@ -20,8 +22,8 @@ pub const MAX_PHP_CHILDREN: u32 = 256;
 pub struct PhpChildren {
     /// Children each php-cgi parent forks (`PHP_FCGI_CHILDREN`).
     pub children: u32,
-    /// Requests each child serves before it exits and its parent forks another (the pool's
-    /// `max_requests`; none = never).
+    /// Requests per child before it is recycled (the pool's `max_requests`; none = never):
+    /// by the group's replacement behind the gateway, by the child's own exit in a direct pool.
     pub max_requests: Option<u64>,
     /// Up to this many requests added per group (the pool's `max_requests_jitter`).
     pub max_requests_jitter: u64,
@@ -42,8 +44,8 @@ impl PhpChildren {
     }
 }
 
-/// Checks `php_children` and, when set, takes `max_requests` out of `recycle` (php-cgi's
-/// children count their own requests).
+/// Checks `php_children` and, when set, takes `max_requests` out of `recycle` into the
+/// group (see the module doc).
 pub(super) fn php_children(
     e: &mut Errors,
     p: &FilePool,
