@@ -290,7 +290,7 @@ fn the_group_is_replaced_after_max_requests_per_child_under_load_without_a_faile
         "the group was never replaced: {groups:?}\n{log}"
     );
     assert!(groups.values().all(|c| c.len() <= 2), "{groups:?}");
-    assert!(log.contains("max_requests"), "{log}");
+    assert!(log.contains("reached max_requests"), "{log}");
     assert!(eventually(Duration::from_secs(10), || children(corral_pid)
         .len()
         == 1));
