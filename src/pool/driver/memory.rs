@@ -93,6 +93,10 @@ impl Driver {
     /// tests/faults.rs does. The once-a-second samples are logged only over the limit, so
     /// that a pool at rest writes nothing.
     fn log_reading(&self, key: WorkerKey, bytes: u64, what: &str) {
+        // After every request of a pool with max_memory: no lookups when nobody reads them.
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
         let pid = self.workers.get(&key).map_or(0, |w| w.pid);
         let requests = self.state.requests_given(key).unwrap_or(0);
         tracing::debug!(pool = %self.name, %key, pid, bytes, requests, "{what}");
