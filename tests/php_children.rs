@@ -154,6 +154,20 @@ fn status_children(site: &Site) -> Vec<u32> {
         .collect()
 }
 
+/// php-fpm's `idle processes`, `active processes` and `total processes` on the status page.
+fn process_counts(site: &Site) -> [u64; 3] {
+    let status = site.corral.status_ready_addr();
+    let text = http(status, "GET", "/status", &[], b"").text();
+    ["idle processes", "active processes", "total processes"].map(|name| {
+        text.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == name).then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+    })
+}
+
 #[test]
 fn a_script_one_child_compiled_is_cached_for_another_and_status_lists_the_children() {
     let shared = site("mode = \"static\"\nmax = 1\nphp_children = 3");
@@ -168,9 +182,18 @@ fn a_script_one_child_compiled_is_cached_for_another_and_status_lists_the_childr
         shared.corral.log()
     );
     assert_eq!(status_children(&shared), kids);
+    // php-fpm's fields count the children, as php-fpm counts its own: 3 idle, then 1 of 3
+    // busy while hold.php runs.
+    assert_eq!(process_counts(&shared), [3, 0, 3]);
     // hold.php is compiled by the child that runs it; cached.php, sent meanwhile, runs in
     // another child, whose OPcache already lists hold.php.
-    let (holder, (other, scripts)) = while_held(&shared, || cached(&shared));
+    let (holder, (counts, (other, scripts))) =
+        while_held(&shared, || (process_counts(&shared), cached(&shared)));
+    assert_eq!(
+        counts,
+        [2, 1, 3],
+        "idle, active, total while one child holds"
+    );
     assert_ne!(holder, other, "the second request needs another child");
     for pid in [&holder, &other] {
         let pid: u32 = pid.parse().unwrap();

@@ -42,6 +42,8 @@ pub struct PoolInfo {
     /// A direct pool's listener (`accept = "direct"`), whose workers accept on it
     /// themselves: their busy and idle states and the listen queue come from the kernel.
     pub direct: Option<String>,
+    /// The workers are php-cgi parents (`php_children`): the page counts their children.
+    pub php_children: bool,
 }
 
 impl PoolInfo {
@@ -83,6 +85,7 @@ impl PoolInfo {
                 Backend::Spawned(s) => s.direct.as_ref().map(|d| d.bind.address().to_string()),
                 Backend::External { .. } => None,
             },
+            php_children: matches!(&p.backend, Backend::Spawned(s) if s.php_children.is_some()),
         }
     }
 }
@@ -192,14 +195,13 @@ pub struct PoolReport {
 }
 
 impl PoolReport {
-    /// Idle, active and total workers; for a direct pool whose workers are php-cgi
-    /// parents (`php_children`), their children, which are what accepts and serves.
+    /// Idle, active and total workers; for a pool whose workers are php-cgi parents
+    /// (`php_children`), their children, which are what serves, as php-fpm counts its
+    /// children: a child runs one request at a time, so a group's requests in flight are
+    /// its active children, whether the children accept the front's connections (a direct
+    /// pool) or corral's.
     pub fn processes(&self) -> ProcessCounts {
-        if let Some(s) = self
-            .supervisor
-            .as_ref()
-            .filter(|_| self.info.direct.is_some())
-        {
+        if let Some(s) = self.supervisor.as_ref().filter(|_| self.info.php_children) {
             if s.workers.iter().any(|w| !w.children.is_empty()) {
                 let total: usize = s.workers.iter().map(|w| w.children.len()).sum();
                 let active: usize = s.workers.iter().map(|w| w.in_flight).sum();
