@@ -2,62 +2,24 @@
 //! package scripts/setup-peers.sh installs) convert into a configuration `corral check`
 //! accepts and that serves PHP through corral; a multi-pool configuration with relative
 //! `include` globs and `$pool` maps each directive as asserted; what php-fpm would refuse is
-//! an error naming FILE:LINE.
+//! an error naming FILE:LINE. How `pm` becomes a group of php-cgi children, or separate
+//! workers, is tested in tests/convert_phpfpm_groups.rs.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 
+use support::convert::{
+    assert_checks, assert_line, assert_refused, convert, converted, keys, pool_table, run_moved,
+};
 use support::fastcgi::{fastcgi_status, nginx_params};
 use support::front::Nginx;
 use support::peers::{shared_dir, write_file};
-use support::server::{http, Corral};
-use support::{corral, Outcome};
+use support::server::http;
 
 const DEBIAN_CONF: &str = "/etc/php/8.2/fpm/php-fpm.conf";
 const DEBIAN_POOL: &str = "/etc/php/8.2/fpm/pool.d/www.conf";
 const DEBIAN_SOCKET: &str = "/run/php/php8.2-fpm.sock";
-
-fn convert(args: &[&str]) -> Outcome {
-    let mut all = vec!["convert", "php-fpm"];
-    all.extend_from_slice(args);
-    corral(&all)
-}
-
-/// Converts and returns the TOML, failing the test with corral's stderr otherwise.
-fn converted(args: &[&str]) -> String {
-    let out = convert(args);
-    assert_eq!(
-        out.code,
-        Some(0),
-        "convert {args:?} failed:\n{}",
-        out.stderr
-    );
-    out.stdout
-}
-
-/// `corral check` on `toml` passes.
-fn assert_checks(toml: &str) {
-    let file = support::config_file(toml);
-    let out = corral(&["check", "-c", file.path().to_str().unwrap()]);
-    assert_eq!(
-        out.code,
-        Some(0),
-        "check failed:\n{}\n---\n{toml}",
-        out.stderr
-    );
-}
-
-/// The line of `toml` that sets `key = value` (comment after it allowed).
-fn has_line(toml: &str, line: &str) -> bool {
-    toml.lines()
-        .any(|l| l == line || l.strip_prefix(line).is_some_and(|r| r.starts_with(' ')))
-}
-
-#[track_caller]
-fn assert_line(toml: &str, line: &str) {
-    assert!(has_line(toml, line), "no line {line:?} in:\n{toml}");
-}
 
 /// Every directive (not a comment, not a section) of the file.
 fn directives(path: &str) -> Vec<String> {
@@ -94,11 +56,22 @@ fn debians_php_fpm_conf_converts_into_a_configuration_corral_check_accepts() {
         &toml,
         "env = { PHP_INI_SCAN_DIR = \"/etc/php/8.2/fpm/conf.d\" }",
     );
-    assert_line(&toml, "mode = \"dynamic\"");
-    assert_line(&toml, "max = 5");
-    assert_line(&toml, "min = 1");
-    assert_line(&toml, "spare_min = 1");
-    assert_line(&toml, "spare_max = 3");
+    // pm = dynamic, pm.max_children = 5: one php-cgi parent whose 5 children share its
+    // OPcache, all forked at start (tests/convert_phpfpm_groups.rs has the mapping).
+    let www = pool_table(&toml, "www");
+    assert_line(www, "mode = \"static\"");
+    assert_line(www, "max = 1");
+    assert_line(www, "php_children = 5");
+    for key in ["min", "spare_min", "spare_max"] {
+        assert!(!keys(www).contains(&key), "{key} in:\n{www}");
+    }
+    for spare in [
+        "pm.start_servers = 2: not mapped",
+        "pm.min_spare_servers = 1: not mapped",
+        "pm.max_spare_servers = 3: not mapped",
+    ] {
+        assert!(www.contains(spare), "{spare} not in:\n{www}");
+    }
     assert_line(&toml, "user = \"www-data\"");
     assert_line(&toml, &format!("listen = \"unix:{DEBIAN_SOCKET}\""));
     assert_line(&toml, "root = \"/var/www/html\"");
@@ -143,23 +116,6 @@ fn debians_php_fpm_conf_converts_into_a_configuration_corral_check_accepts() {
     assert_checks(&own);
     assert_line(&own, "command = [\"php-cgi\"]");
     assert!(!own.contains("PHP_INI_SCAN_DIR"), "{own}");
-}
-
-/// Runs `toml` with only its paths moved into `dir`: the socket and the runtime directory.
-fn run_moved(toml: &str, dir: &Path, moves: &[(&str, String)], listeners: usize) -> Corral {
-    let mut toml = toml.to_owned();
-    for (from, to) in moves {
-        assert!(toml.contains(from), "{from} is not in:\n{toml}");
-        toml = toml.replace(from, to);
-    }
-    let run = dir.join("run");
-    let toml = toml.replacen(
-        "[server]\n",
-        &format!("[server]\nruntime_dir = \"{}\"\n", run.display()),
-        1,
-    );
-    assert_checks(&toml);
-    Corral::start(&toml, listeners)
 }
 
 #[test]
@@ -336,11 +292,12 @@ fn a_multi_pool_configuration_with_includes_and_pool_maps_every_directive() {
     );
     assert_line(&toml, &format!("address = \"unix:{d}/site.a.sock\""));
     assert_line(&toml, "mode = \"0660\"");
-    assert_line(&toml, "mode = \"static\"");
     // pm = static: one php-cgi parent whose 3 children share its OPcache, as php-fpm's do.
-    assert_line(&toml, "max = 1");
-    assert_line(&toml, "php_children = 3");
-    assert_line(&toml, "max_requests = 800");
+    let a = pool_table(&toml, "site_a");
+    assert_line(a, "mode = \"static\"");
+    assert_line(a, "max = 1");
+    assert_line(a, "php_children = 3");
+    assert_line(a, "max_requests = 800");
     assert!(
         toml.contains("pm.max_requests = 500: not mapped: overridden by a later line"),
         "{toml}"
@@ -391,12 +348,13 @@ fn a_multi_pool_configuration_with_includes_and_pool_maps_every_directive() {
     );
     // Only pool b, with php-fpm's default .php .phar, has a .phar context.
     assert_eq!(toml.matches("extension = \"phar\"").count(), 1, "{toml}");
-    // Pool b: ondemand.
-    assert_line(&toml, "[pools.b]");
+    // Pool b: ondemand, one group of 4 children started on demand.
     assert_line(&toml, &format!("address = \"unix:{d}/b.sock\""));
-    assert_line(&toml, "mode = \"ondemand\"");
-    assert_line(&toml, "max = 4");
-    assert_line(&toml, "idle_timeout = \"20s\"");
+    let b = pool_table(&toml, "b");
+    assert_line(b, "mode = \"ondemand\"");
+    assert_line(b, "max = 1");
+    assert_line(b, "php_children = 4");
+    assert_line(b, "idle_timeout = \"20s\"");
 }
 
 #[test]
@@ -488,24 +446,6 @@ fn tcp_listeners_get_their_allowed_clients() {
     assert_line(&toml, "group = \"nogroup\"");
 }
 
-/// Converting `text` fails with exit 64 and a message naming `FILE:LINE`.
-#[track_caller]
-fn assert_refused(text: &[u8], line: usize, needle: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("bad.conf");
-    std::fs::write(&conf, text).unwrap();
-    let out = convert(&[conf.to_str().unwrap()]);
-    assert_eq!(out.code, Some(64), "{}", out.stderr);
-    let at = format!("{}:{line}:", conf.display());
-    assert!(out.stderr.contains(&at), "{at} not in:\n{}", out.stderr);
-    assert!(
-        out.stderr.contains(needle),
-        "{needle} not in:\n{}",
-        out.stderr
-    );
-    assert!(out.stdout.is_empty());
-}
-
 #[test]
 fn what_php_fpm_would_refuse_is_an_error_naming_file_and_line() {
     let pool = "[www]\nuser = www-data\nlisten = /run/x.sock\npm = static\npm.max_children = 2\n";
@@ -551,31 +491,4 @@ fn what_php_fpm_would_refuse_is_an_error_naming_file_and_line() {
         "{}",
         out.stderr
     );
-}
-
-#[test]
-fn a_static_pool_becomes_one_group_of_children_within_php_cgis_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let one = |children: u32| {
-        let conf = dir.path().join(format!("s{children}.conf"));
-        std::fs::write(
-            &conf,
-            format!(
-                "[www]\nuser = www-data\nlisten = /run/x.sock\npm = static\n\
-                 pm.max_children = {children}\npm.max_requests = 500\n"
-            ),
-        )
-        .unwrap();
-        let toml = converted(&[conf.to_str().unwrap()]);
-        assert_checks(&toml);
-        toml
-    };
-    let group = one(8);
-    assert_line(&group, "max = 1");
-    assert_line(&group, "php_children = 8");
-    assert_line(&group, "max_requests = 500");
-    // More children than one php-cgi parent forks: separate workers.
-    let separate = one(300);
-    assert_line(&separate, "max = 300");
-    assert!(!separate.contains("php_children"), "{separate}");
 }

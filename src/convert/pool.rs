@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use super::emit::{array, string, Table};
 use super::fpm::{Directive, FpmError, Pool, Typed};
 use super::listen::{listen_access, listen_address};
-use super::sizing::pm;
+use super::sizing::{is_group, pm};
 use super::Ctx;
 
 /// What one pool becomes.
@@ -183,6 +183,7 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
     used.insert("request_terminate_timeout");
     let terminate = get("request_terminate_timeout").map_or(0, Directive::number);
     match get("request_terminate_timeout") {
+        Some(d) if terminate > 0 && is_group(pool) => table.set("request_timeout", &string(&format!("{terminate}s")), &format!("{}: then 504 at once, and the group is replaced, stopped once its other children's requests are done", d.written())),
         Some(d) if terminate > 0 => table.set("request_timeout", &string(&format!("{terminate}s")), &format!("{}: then 504 and the worker is killed and replaced", d.written())),
         Some(d) => table.note(&ctx.not_mapped(d, "0 is off in php-fpm; corral's request_timeout cannot be off and stays at its default, 300s (PHP's max_execution_time still applies)")),
         None => table.note("request_terminate_timeout: not set (off in php-fpm); corral's request_timeout stays at its default, 300s"),
@@ -231,7 +232,8 @@ pub fn convert(pool: &Pool, name: String, ctx: &Ctx) -> Result<PoolOut, FpmError
         if !last {
             table.note(&ctx.not_mapped(d, "overridden by a later line, as in php-fpm"));
         } else if !used.contains(d.name.as_str()) {
-            table.note(&ctx.not_mapped(d, why_not(d, get("pm").map(Directive::text).as_deref())));
+            let pm = get("pm").map(Directive::text);
+            table.note(&ctx.not_mapped(d, why_not(d, pm.as_deref(), is_group(pool))));
         }
     }
     for d in pool.directives.iter().filter(|d| d.index.is_some()) {
@@ -396,14 +398,17 @@ fn contexts(pool: &Pool, name: &str, address: &str, ctx: &Ctx) -> Vec<Table> {
     out
 }
 
-/// Why a pool directive that has no corral key is left out, and what is nearest.
-fn why_not(d: &Directive, pm: Option<&str>) -> &'static str {
+/// Why a pool directive that has no corral key is left out, and what is nearest; `group`:
+/// the pool is one php-cgi parent and its children (`sizing::is_group`).
+fn why_not(d: &Directive, pm: Option<&str>, group: bool) -> &'static str {
     match d.name.as_str() {
         "listen.acl_users" | "listen.acl_groups" => "corral sets no POSIX ACL on a socket; nearest: owner, group and mode on the [[listen]]",
         "listen.setfib" => "FreeBSD only",
         "process.priority" => "corral sets no nice value per pool; nearest: Nice= in corral's systemd unit (corral and every worker)",
         "process.dumpable" => "corral leaves workers' dumpable flag as the kernel sets it",
+        "pm.max_spawn_rate" if group => "php-cgi's parent forks all its children at once",
         "pm.max_spawn_rate" => "corral spawns what spare_min asks for at once, without a rate",
+        "pm.process_idle_timeout" if pm != Some("ondemand") && group => "php-fpm uses it in ondemand pools only; this pool's group of children runs from start to stop",
         "pm.process_idle_timeout" if pm != Some("ondemand") => "php-fpm uses it in ondemand pools only; corral's idle_timeout (default 10s) retires idle workers above min",
         "pm.status_listen" => "corral serves status on its own [status] listener (php-fpm's field names, ?json, ?full), not a second FastCGI socket; nearest: [status] address",
         "access.format" => "corral writes nginx's combined format plus its own fields (access_log_format = \"text\") or JSON",

@@ -9,6 +9,7 @@
 
 pub mod apps;
 pub mod backend_fastcgi;
+pub mod convert;
 pub mod direct;
 pub mod fastcgi;
 pub mod front;
