@@ -50,7 +50,7 @@
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
-# gw-pc = php_children), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order),
+# gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order),
 # HANDOFF, HANDOFF_LEVEL,
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
@@ -97,7 +97,12 @@ for g in $CORRALS; do  # gw: corral's defaults; gw-tN: threads = N; gw-pc: php_c
     gw) corral_server[$g]="" ;;
     gw-t[0-9]*) corral_server[$g]="threads = ${g#gw-t}" ;;
     gw-pc) corral_server[$g]=""; corral_pool[$g]=$'max = 1\nphp_children = '"$COUNT" ;;
-    *) echo "unknown corral row $g (gw, gw-tN or gw-pc)" >&2; exit 2 ;;
+    # -rN: max_requests = N, to see what recycling costs (a group is replaced whole, its
+    # OPcache with it, after N per child; a separate worker after N of its own).
+    gw-pc-r[0-9]*) corral_server[$g]=""
+      corral_pool[$g]=$'max = 1\nphp_children = '"$COUNT"$'\nmax_requests = '"${g#gw-pc-r}" ;;
+    gw-r[0-9]*) corral_server[$g]=""; corral_pool[$g]="max = $COUNT"$'\nmax_requests = '"${g#gw-r}" ;;
+    *) echo "unknown corral row $g (gw, gw-tN, gw-pc, gw-pc-rN or gw-rN)" >&2; exit 2 ;;
   esac
 done
 if [ -n "${BASE:-}" ]; then
@@ -212,12 +217,22 @@ php_pids() { # ROW: its PHP processes (for corral rows, corral's children's tree
 sched_ns() { # FIELD PID...: schedstat's field summed over the threads (1 = on a CPU, 2 = runnable, waiting for one), ns
   local f=$1 p
   shift
-  for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2> /dev/null; done | awk -v f="$f" '{t += $f} END {printf "%d", t}'
+  for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2> /dev/null || true; done | awk -v f="$f" '{t += $f} END {printf "%d", t}'
 }
-sched_counts() { # PID...: involuntary switches (preemptions) and CPU migrations summed over the threads
+proc_stats() { # PID...: a line per live process: pid, ns on a CPU, ns runnable, involuntary switches, migrations
   local p
-  for p in "$@"; do cat /proc/"$p"/task/*/sched 2> /dev/null; done |
-    awk '$1 == "nr_involuntary_switches" {i += $3} $1 == "se.nr_migrations" {m += $3} END {printf "%d %d\n", i, m}'
+  for p in "$@"; do
+    { cat /proc/"$p"/task/*/schedstat /proc/"$p"/task/*/sched 2> /dev/null || true; } |
+      awk -v p="$p" 'NF == 3 && $1 ~ /^[0-9]+$/ {on += $1; w += $2; n++}
+        $1 == "nr_involuntary_switches" {i += $3} $1 == "se.nr_migrations" {m += $3}
+        END {if (n) printf "%s %d %d %d %d\n", p, on, w, i, m}'
+  done
+}
+stats_delta() { # BEFORE AFTER (proc_stats output): the sums' growth over the processes live at the
+  # end; one started meanwhile counts from 0, one gone meanwhile (a recycled worker) is missed
+  awk 'NR == FNR {for (k = 2; k <= 5; k++) b[$1, k] = $k; next}
+    {for (k = 2; k <= 5; k++) d[k] += $k - b[$1, k]}
+    END {printf "%d %d %d %d\n", d[2], d[3], d[4], d[5]}' "$1" "$2"
 }
 cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; } # idle+iowait, all
 
@@ -235,9 +250,8 @@ for c in $LEVELS; do
     [ -z "${SHUFFLE:-}" ] || order=$(printf '%s\n' $ROW_NAMES |
       awk -v seed="$c$round" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2 | tr '\n' ' ')
     for r in $order; do
-      pp=$(php_pids "$r")
-      # shellcheck disable=SC2086 # pp: a list of pids
-      { p0=$(sched_ns 1 $pp); w0=$(sched_ns 2 $pp); read -r v0 m0 < <(sched_counts $pp); }
+      # shellcheck disable=SC2046 # a list of pids
+      proc_stats $(php_pids "$r") > "$s/php-before"
       d0=$(sched_ns 1 "$db_pid")
       read -r i0 a0 < <(cpu_ticks)
       t0=$(front_ns "$r")
@@ -245,13 +259,14 @@ for c in $LEVELS; do
       t1=$(front_ns "$r")
       read -r i1 a1 < <(cpu_ticks)
       d1=$(sched_ns 1 "$db_pid")
-      # shellcheck disable=SC2086
-      { p1=$(sched_ns 1 $pp); w1=$(sched_ns 2 $pp); read -r v1 m1 < <(sched_counts $pp); }
+      # shellcheck disable=SC2046
+      proc_stats $(php_pids "$r") > "$s/php-after"
+      read -r dp dw dv dm < <(stats_delta "$s/php-before" "$s/php-after")
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" \
-        "$((p1 - p0))" "$((w1 - w0))" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" "$((v1 - v0))" "$((m1 - m0))" >> "$res"
+        "$dp" "$dw" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" "$dv" "$dm" >> "$res"
       printf '%s c=%s round %s: %s requests, p99 %s, %s errors, %s timeouts, load %s\n' "$r" "$c" "$round" "$reqs" "$p99" "$errs" "$touts" "$(cut -d' ' -f1 /proc/loadavg)" >&2
     done
   done
@@ -290,7 +305,8 @@ report() {
   [ -z "${CGI_SEP:-}" ] || echo "\`cgi-sep\` = nginx (upstream, least_conn) → $COUNT separate php-cgi -b processes, PHP_FCGI_CHILDREN=0 (an OPcache each);"
   echo "\`gw-fcgi\` = nginx → corral's fastcgi listener → corral's php-cgi pool (static, max = $COUNT); \`gw-http\` = corral's"
   echo "http listener → the same pool; \`-tN\`: \`threads = N\` in corral's [server]; \`-pc\`: \`php_children = $COUNT\`, \`max = 1\` (one"
-  echo "php-cgi parent whose children share its OPcache and session); \`base-*\`: the same as \`gw-*\` with the binary BASE."
+  echo "php-cgi parent whose children share its OPcache and session); \`-rN\`: \`max_requests = N\` (a group is replaced whole after N per"
+  echo "child, a separate worker after N; the PHP columns miss the processes gone before the end); \`base-*\`: the same as \`gw-*\` with the binary BASE."
   echo "wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s warm-up per row${SHUFFLE:+ (each round in another order)}; req/s pools the rounds;"
   echo "p99 one per round (ms), and their median; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
   echo "(/proc/PID/task/*/schedstat) over the requests. Load = the 1-minute load average after each run (the range). This machine's"
