@@ -383,6 +383,10 @@ ticks() { # summed utime+stime of pids
   echo "$t"
 }
 self_ticks() { awk '{print $16 + $17}' /proc/$$/stat; } # reaped children of this shell (wrk)
+moves() { # times the scheduler moved a thread of pids to another CPU (se.nr_migrations, summed)
+  local p
+  for p in "$@"; do cat /proc/"$p"/task/*/sched 2>/dev/null; done | awk '$1 == "se.nr_migrations" {t += $3} END {print t + 0}'
+}
 
 # Wait for every front to answer.
 for r in "${rows[@]}"; do
@@ -414,15 +418,15 @@ for c in $LEVELS; do
       fp=(); bp=()
       for f in $fronts; do mapfile -t -O "${#fp[@]}" fp < <(pids_of "$f"); done
       for b in $backends; do mapfile -t -O "${#bp[@]}" bp < <(pids_of "$b"); done
-      f0=$(ticks "${fp[@]}"); b0=$(ticks "${bp[@]}"); w0=$(self_ticks)
+      f0=$(ticks "${fp[@]}"); b0=$(ticks "${bp[@]}"); w0=$(self_ticks); m0=$(moves "${fp[@]}")
       out=$(wrk -t1 -c"$c" -d"${SECS}s" --latency "$url" 2>&1)
-      f1=$(ticks "${fp[@]}"); b1=$(ticks "${bp[@]}"); w1=$(self_ticks)
+      f1=$(ticks "${fp[@]}"); b1=$(ticks "${bp[@]}"); w1=$(self_ticks); m1=$(moves "${fp[@]}")
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p50=$(awk '$1 == "50%" {print $2}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
-        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" >> "$res"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
+        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" $((m1 - m0)) >> "$res"
       printf '%s c=%s round %s: %s requests, p50 %s p99 %s, %s errors, %s timeouts\n' "$name" "$c" "$round" "$reqs" "$p50" "$p99" "$errs" "$touts" >&2
     done
   done
@@ -432,6 +436,9 @@ done
 report() {
   echo "wrk -t1 -d${SECS}s, $ROUNDS rounds interleaved per level after a 1 s warm-up, requests of the rounds pooled."
   echo "CPU in µs per request (utime+stime from /proc over the runs / requests). p50 and p99 are wrk's, one per round."
+  echo "front moves: how often per request the scheduler moved a thread of the front (nginx, HAProxy, corral) to the other CPU"
+  echo "(se.nr_migrations of /proc/PID/task/*/sched); at c=1 a row whose front moves about twice per request ran on a layout"
+  echo "where every wake-up crosses CPUs (decision 38)."
   echo "errors: wrk's socket connect, read and write errors and non-2xx/3xx answers; timeouts: its socket timeouts."
   echo "A row with either is **invalid**: its figures are printed, no ratio uses them."
   echo
@@ -440,20 +447,21 @@ import sys
 res, secs, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rows = {}  # (c, name) -> sums over the rounds
 for line in open(res):
-    c, name, _round, reqs, f, b, w, p50, p99, errs, touts = line.rstrip("\n").split("\t")
-    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, p50=[], p99=[], e=0, t=0))
-    r["n"] += int(reqs); r["runs"] += 1; r["f"] += int(f); r["b"] += int(b); r["w"] += int(w)
+    c, name, _round, reqs, f, b, w, p50, p99, errs, touts, moves = line.rstrip("\n").split("\t")
+    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, m=0, p50=[], p99=[], e=0, t=0))
+    r["n"] += int(reqs); r["runs"] += 1; r["f"] += int(f); r["b"] += int(b); r["w"] += int(w); r["m"] += int(moves)
     r["p50"].append(p50 or "-"); r["p99"].append(p99 or "-"); r["e"] += int(errs); r["t"] += int(touts)
 def valid(k):
     r = rows.get(k)
     return r is not None and r["n"] > 0 and r["e"] == 0 and r["t"] == 0
 def us(r, x):
     return r[x] / hz * 1e6 / r["n"] if r["n"] else float("nan")
-print("| row | c | req/s | p50 | p99 | front µs | backend µs | wrk µs | errors | timeouts | valid |")
-print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---|")
+print("| row | c | req/s | p50 | p99 | front µs | front moves | backend µs | wrk µs | errors | timeouts | valid |")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
 for (c, name), r in rows.items():
+    moves = r["m"] / r["n"] if r["n"] else float("nan")
     print(f"| {name} | {c} | {r['n'] / (r['runs'] * secs):.0f} | {' '.join(r['p50'])} | {' '.join(r['p99'])} | "
-          f"{us(r, 'f'):.1f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
+          f"{us(r, 'f'):.1f} | {moves:.2f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
           f"{'ok' if valid((c, name)) else '**invalid**'} |")
 print()
 print("The targets (issue 19: the hop and corral's own rows; issue 23: the direct pool), as ratios of this run (req/s unless it says CPU); — where a row is invalid:")

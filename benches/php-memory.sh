@@ -4,7 +4,7 @@
 # cost throughput? (issue 10; the fixture is the one tests/app_wordpress.rs builds:
 # Debian's WordPress 6.1 on a private MariaDB, a config file per Host under /etc/wordpress.)
 #
-#   sep    corral spawns N php-cgi workers, one process each (the default)
+#   sep    corral spawns N php-cgi workers, one process each (a pool without php_children)
 #   fork   corral spawns one php-cgi parent forking N children (php_children = N)
 #   file   corral spawns N php-cgi workers with opcache.file_cache (file_cache_only=0)
 #   fonly  as file, with opcache.file_cache_only=1 (no shared memory segment at all)
@@ -194,7 +194,7 @@ if [ -n "$OUT" ]; then
     echo "# benches/php-memory.sh ($(date -u +%F), $(nproc) CPUs, $(php-cgi -v | head -1 | cut -d' ' -f1-2), WordPress $(dpkg-query -W -f='${Version}' wordpress))"
     echo "# command: COUNTS=\"$COUNTS\" MODES=\"$MODES\" WARM=$WARM SECS=$SECS benches/php-memory.sh $OUT"
     echo "# PSS: summed Pss of the PHP processes (procs) after wrk -c N over: $PAGES"
-    echo "# modes: sep = N php-cgi workers (corral's default); fork = php_children = N (one parent);"
+    echo "# modes: sep = N separate php-cgi workers; fork = php_children = N (one parent);"
     echo "#   file = sep with opcache.file_cache; fonly = file with file_cache_only=1; fpm = php-fpm8.2 pm=static"
     echo "# MiB/proc: PSS / N (fpm's master and fork's parent included in the sum)"
     echo "# req/s: wrk -t1 -c N -d ${SECS}s on / after the warm-up"

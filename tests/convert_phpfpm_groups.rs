@@ -11,13 +11,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use corral::config::MAX_PHP_CHILDREN;
-use corral::process::php_children::children_of;
 use support::convert::{
     assert_checks, assert_line, assert_refused, converted, keys, pool_table, run_moved,
 };
 use support::peers::{shared_dir, write_file};
 use support::server::http;
-use support::{alive, eventually};
+use support::{alive, eventually, live_children};
 
 /// php-fpm's pool `[www]` with `pm_lines` (one directive a line, starting at line 4 of the
 /// file), converted and accepted by `corral check`; the file's path and the `[pools.www]`
@@ -282,11 +281,6 @@ fn above_php_cgis_bound_every_process_manager_stays_separate_workers() {
             _ => assert!(sizing.is_empty(), "{separate}"),
         }
     }
-}
-
-/// The live processes whose parent is `pid`.
-fn live_children(pid: u32) -> Vec<u32> {
-    children_of(pid).into_iter().filter(|&p| alive(p)).collect()
 }
 
 /// The one php-cgi parent corral runs and its children, once it has forked all `n`.

@@ -14,7 +14,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::server::{http, Corral};
-use support::{alive, eventually, peers};
+use support::{alive, eventually, live_children, peers};
 
 /// A config with an http listener, a status listener and one php-cgi pool set up by `pool`.
 fn config(run: &Path, root: &Path, pool: &str) -> String {
@@ -87,20 +87,12 @@ impl Drop for Site {
     }
 }
 
-/// Pids of the live processes whose parent is `parent`.
-fn children(parent: u32) -> Vec<u32> {
-    corral::process::php_children::children_of(parent)
-        .into_iter()
-        .filter(|&p| alive(p))
-        .collect()
-}
-
 /// The one php-cgi process corral spawned (the parent).
 fn parent(corral: &Corral) -> u32 {
     let mut parents = Vec::new();
     assert!(
         eventually(Duration::from_secs(10), || {
-            parents = children(corral.pid());
+            parents = live_children(corral.pid());
             parents.len() == 1
         }),
         "{parents:?}\n{}",
@@ -175,7 +167,7 @@ fn a_script_one_child_compiled_is_cached_for_another_and_status_lists_the_childr
     let mut kids = Vec::new();
     assert!(
         eventually(Duration::from_secs(5), || {
-            kids = children(parent);
+            kids = live_children(parent);
             kids.len() == 3
         }),
         "{kids:?}\n{}",
@@ -231,7 +223,7 @@ fn each_child_keeps_one_connection_so_requests_in_turn_reach_one_child() {
     // (they take turns); a kept one goes back to the child holding it.
     assert_eq!(pids.len(), 1, "{pids:?}");
     let child: u32 = pids.first().unwrap().parse().unwrap();
-    assert!(children(parent).contains(&child));
+    assert!(live_children(parent).contains(&child));
     // Idle, the child still holds corral's connection: a socket besides its fd 0.
     let sockets = std::fs::read_dir(format!("/proc/{child}/fd"))
         .unwrap()
@@ -276,7 +268,7 @@ fn the_group_is_replaced_after_max_requests_per_child_under_load_without_a_faile
                             http(addr, "GET", "/family.php", &[], b"")
                         };
                         out.push((r.status, r.text()));
-                        if i % 10 == 0 && !children(corral_pid).contains(&first) {
+                        if i % 10 == 0 && !live_children(corral_pid).contains(&first) {
                             after += 1;
                         }
                         if after > 5 {
@@ -314,7 +306,7 @@ fn the_group_is_replaced_after_max_requests_per_child_under_load_without_a_faile
     );
     assert!(groups.values().all(|c| c.len() <= 2), "{groups:?}");
     assert!(log.contains("reached max_requests"), "{log}");
-    assert!(eventually(Duration::from_secs(10), || children(corral_pid)
+    assert!(eventually(Duration::from_secs(10), || live_children(corral_pid)
         .len()
         == 1));
 }
@@ -327,7 +319,7 @@ fn a_killed_child_is_replaced_by_its_parent_and_no_request_fails_after() {
     // Both children serve; the one that held a request is killed once idle.
     let (holder, other) = while_held(&site, || http(addr, "GET", "/pid.php", &[], b""));
     assert_ne!(holder, other.text());
-    let before = children(parent);
+    let before = live_children(parent);
     let victim: u32 = holder.parse().unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(victim as i32),
@@ -336,11 +328,11 @@ fn a_killed_child_is_replaced_by_its_parent_and_no_request_fails_after() {
     .unwrap();
     assert!(
         eventually(Duration::from_secs(5), || {
-            let now = children(parent);
+            let now = live_children(parent);
             now.len() == 2 && !now.contains(&victim)
         }),
         "the parent did not fork a replacement: {before:?} -> {:?}",
-        children(parent)
+        live_children(parent)
     );
     for _ in 0..3 {
         let answers = thread::scope(|s| {
@@ -354,7 +346,7 @@ fn a_killed_child_is_replaced_by_its_parent_and_no_request_fails_after() {
         }
     }
     assert_eq!(
-        children(site.corral.pid()),
+        live_children(site.corral.pid()),
         vec![parent],
         "no group replaced"
     );
@@ -377,7 +369,7 @@ fn max_memory_recycles_the_group_when_a_child_passes_it() {
         n += 1;
         let r = http(addr, "GET", &format!("/leak.php?n={n}"), &[], b"");
         assert_eq!(r.status, 200, "request {n}: {}", site.corral.log());
-        !children(site.corral.pid()).contains(&first)
+        !live_children(site.corral.pid()).contains(&first)
     });
     assert!(
         replaced,
@@ -415,7 +407,7 @@ fn a_request_past_request_timeout_retires_the_group_and_its_other_child_finishes
     // The group is replaced, and the next requests are served by the new one.
     assert!(
         eventually(Duration::from_secs(10), || {
-            let now = children(site.corral.pid());
+            let now = live_children(site.corral.pid());
             now.len() == 1 && !now.contains(&first)
         }),
         "{}",

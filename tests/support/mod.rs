@@ -168,6 +168,15 @@ pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
+/// Pids of the live processes whose parent is `parent` (a php-cgi group's children, the
+/// parents corral spawned).
+pub fn live_children(parent: u32) -> Vec<u32> {
+    corral::process::php_children::children_of(parent)
+        .into_iter()
+        .filter(|&p| alive(p))
+        .collect()
+}
+
 /// The next datagram on `socket`, as text; `None` after `within`.
 fn next_datagram(socket: &std::os::unix::net::UnixDatagram, within: Duration) -> Option<String> {
     socket.set_read_timeout(Some(within)).unwrap();
