@@ -438,7 +438,8 @@ report() {
   echo "CPU in µs per request (utime+stime from /proc over the runs / requests). p50 and p99 are wrk's, one per round."
   echo "front moves: how often per request the scheduler moved a thread of the front (nginx, HAProxy, corral) to the other CPU"
   echo "(se.nr_migrations of /proc/PID/task/*/sched); at c=1 a row whose front moves about twice per request ran on a layout"
-  echo "where every wake-up crosses CPUs (decision 38)."
+  echo "where every wake-up crosses CPUs (decision 38). all µs: front + backend + wrk; at c=1 nothing overlaps, so req/s"
+  echo "stays within about 10% of 1e6 / all µs, and a ratio of two c=1 rows is nearly the inverse ratio of their all µs."
   echo "errors: wrk's socket connect, read and write errors and non-2xx/3xx answers; timeouts: its socket timeouts."
   echo "A row with either is **invalid**: its figures are printed, no ratio uses them."
   echo
@@ -456,12 +457,13 @@ def valid(k):
     return r is not None and r["n"] > 0 and r["e"] == 0 and r["t"] == 0
 def us(r, x):
     return r[x] / hz * 1e6 / r["n"] if r["n"] else float("nan")
-print("| row | c | req/s | p50 | p99 | front µs | front moves | backend µs | wrk µs | errors | timeouts | valid |")
-print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
+print("| row | c | req/s | p50 | p99 | front µs | front moves | backend µs | wrk µs | all µs | errors | timeouts | valid |")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
 for (c, name), r in rows.items():
     moves = r["m"] / r["n"] if r["n"] else float("nan")
     print(f"| {name} | {c} | {r['n'] / (r['runs'] * secs):.0f} | {' '.join(r['p50'])} | {' '.join(r['p99'])} | "
-          f"{us(r, 'f'):.1f} | {moves:.2f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
+          f"{us(r, 'f'):.1f} | {moves:.2f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | "
+          f"{us(r, 'f') + us(r, 'b') + us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
           f"{'ok' if valid((c, name)) else '**invalid**'} |")
 print()
 print("The targets (issue 19: the hop and corral's own rows; issue 23: the direct pool), as ratios of this run (req/s unless it says CPU); — where a row is invalid:")
