@@ -306,9 +306,8 @@ fn the_group_is_replaced_after_max_requests_per_child_under_load_without_a_faile
     );
     assert!(groups.values().all(|c| c.len() <= 2), "{groups:?}");
     assert!(log.contains("reached max_requests"), "{log}");
-    assert!(eventually(Duration::from_secs(10), || live_children(corral_pid)
-        .len()
-        == 1));
+    let one_parent = || live_children(corral_pid).len() == 1;
+    assert!(eventually(Duration::from_secs(10), one_parent));
 }
 
 #[test]
