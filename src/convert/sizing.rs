@@ -114,18 +114,17 @@ pub fn pm<'p>(
             }
             let default_start = lo + (hi - lo) / 2;
             if group {
-                for key in [
-                    "pm.start_servers",
-                    "pm.min_spare_servers",
-                    "pm.max_spare_servers",
-                ] {
-                    if let Some(d) = pool.get(key) {
-                        table.note(&ctx.not_mapped(d, GROUP_FORKS_ALL));
-                    } else if key == "pm.start_servers" {
-                        table.note(&format!(
-                            "pm.start_servers not set (php-fpm starts {default_start}): not mapped: {GROUP_FORKS_ALL}"
-                        ));
-                    }
+                match pool.get("pm.start_servers") {
+                    Some(d) => table.note(&ctx.not_mapped(d, GROUP_FORKS_ALL)),
+                    None => table.note(&format!(
+                        "pm.start_servers not set (php-fpm starts {default_start}): not mapped: {GROUP_FORKS_ALL}"
+                    )),
+                }
+                for d in ["pm.min_spare_servers", "pm.max_spare_servers"]
+                    .into_iter()
+                    .filter_map(|key| pool.get(key))
+                {
+                    table.note(&ctx.not_mapped(d, GROUP_FORKS_ALL));
                 }
             } else {
                 table.set(
