@@ -26,8 +26,9 @@
 #   co-lsphp-opc corral http -> lsphp (2, scripts/build-lsphp.sh) with its OPcache on
 #                (-c php.ini: zend_extension=opcache.so, opcache.enable=1; php-fpm and php-cgi
 #                have Debian's OPcache on, so every PHP row compiles hello.php once per process)
-#   co-null-b, co-lsphp-opc-b   with CORRAL_B set: co-null and co-lsphp-opc served by that
-#                second corral binary (a build before a change), interleaved with the rest
+#   co-null-b, co-lsphp-opc-b, co-cgi-b, nxco-cgi-b   with CORRAL_B set: co-null,
+#                co-lsphp-opc, co-cgi and nxco-cgi served by that second corral binary (a build
+#                before a change), interleaved with the rest
 #
 # Every process's CPU (utime+stime from /proc/PID/stat, summed over its live process tree) is
 # sampled around each run and divided by the requests wrk completed: "front" is nginx/HAProxy/
@@ -211,6 +212,7 @@ php_children = 2'
 php_corral lsphp 18612 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
 if [ -n "$CORRAL_B" ]; then
   php_corral lsphp_b 18613 "\"$LSPHP\", \"-c\", \"$s/lsphp.ini\"" lsapi
+  php_corral cgi_b 18615 '"php-cgi"' fastcgi
   cat > "$s/null_b.toml" <<CONF
 [server]
 runtime_dir = "$s/corral/null_b.d"
@@ -249,7 +251,7 @@ for c in null cgi pc lsphp direct; do
   "$CORRAL" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
 done
 if [ -n "$CORRAL_B" ]; then
-  for c in null_b lsphp_b; do
+  for c in null_b lsphp_b cgi_b; do
     "$CORRAL_B" run -c "$s/$c.toml" > "$s/log/corral-$c.log" 2>&1 & corral_pid[$c]=$!; pids+=($!)
   done
 fi
@@ -286,6 +288,7 @@ http {
   server { listen 127.0.0.1:18514; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_keep_conn on; fastcgi_pass co_cgi_k; } }
   server { listen 127.0.0.1:18515; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-direct.sock; } }
   server { listen 127.0.0.1:18516; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-pc.sock; } }
+  server { listen 127.0.0.1:18517; location ~ \.php\$ { include /etc/nginx/fastcgi.conf; fastcgi_pass unix:$s/run/corral-cgi_b.sock; } }
 }
 CONF
 nginx -c "$s/nginx.conf" & nginx=$!; pids+=($nginx)
@@ -338,6 +341,8 @@ if [ -n "$CORRAL_B" ]; then
   rows+=(
     "co-null-b|http://127.0.0.1:18604/null|co_null_b|null_fastcgi"
     "co-lsphp-opc-b|http://127.0.0.1:18613/hello.php|co_lsphp_b|co_lsphp_b_kids"
+    "co-cgi-b|http://127.0.0.1:18615/hello.php|co_cgi_b|co_cgi_b_kids"
+    "nxco-cgi-b|http://127.0.0.1:18517/hello.php|nginx co_cgi_b|co_cgi_b_kids"
   )
 fi
 selected=()
@@ -372,6 +377,8 @@ pids_of() { # a symbolic name -> pids (whole trees)
     co_null_b) echo "${corral_pid[null_b]}" ;;
     co_lsphp_b) echo "${corral_pid[lsphp_b]}" ;;
     co_lsphp_b_kids) for k in $(children "${corral_pid[lsphp_b]}"); do tree "$k"; done ;;
+    co_cgi_b) echo "${corral_pid[cgi_b]}" ;;
+    co_cgi_b_kids) for k in $(children "${corral_pid[cgi_b]}"); do tree "$k"; done ;;
   esac
 }
 ticks() { # summed utime+stime of pids
@@ -400,7 +407,7 @@ for r in "${rows[@]}"; do
   [ -n "$ok" ] || { echo "$name: $url does not answer 200 (last: $code)" >&2; for f in "$s"/log/*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done; exit 1; }
 done
 # Every PHP row runs with OPcache on, or the comparison says nothing.
-for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18516 http://127.0.0.1:18611 http://127.0.0.1:18612 http://127.0.0.1:18614 ${CORRAL_B:+http://127.0.0.1:18613}; do
+for url in http://127.0.0.1:18511 http://127.0.0.1:18512 http://127.0.0.1:18513 http://127.0.0.1:18515 http://127.0.0.1:18516 http://127.0.0.1:18611 http://127.0.0.1:18612 http://127.0.0.1:18614 ${CORRAL_B:+http://127.0.0.1:18613 http://127.0.0.1:18615 http://127.0.0.1:18517}; do
   on=$(curl -s "$url/opcache.php" || true)
   [ "$on" = true ] || { echo "OPcache is not on behind $url (opcache.php said: ${on:-nothing})" >&2; exit 1; }
 done
@@ -501,6 +508,8 @@ for c in sorted({c for c, _ in rows}):
     ratio(c, "co-null-b", "nxk-null", 1.0)
     ratio(c, "co-null-b", "hap-null", 1.0)
     ratio(c, "co-lsphp-opc-b", "nx-fpm", 1.3)
+    ratio(c, "co-cgi-b", "nx-fpm", 1.1)
+    ratio(c, "nxco-cgi-b", "nx-fpm", 0.8)
     peers = [(cpu((c, x)), x) for x in ("nx-null", "nxk-null", "hap-null") if valid((c, x))]
     if (c, "co-null") in rows and peers:
         best = min(peers)

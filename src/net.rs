@@ -7,6 +7,7 @@
 
 #[cfg(test)]
 pub(crate) mod fdinfo;
+mod owed;
 mod quiet_listener;
 mod quiet_unix;
 
@@ -79,6 +80,24 @@ impl Stream {
         if let Stream::Unix(s) = self {
             s.settle();
         }
+    }
+
+    /// A kept backend connection's reads leave their bytes until the next request is
+    /// written (`QuietUnix::leave_reads`); nothing for TCP, whose reads wake no one.
+    pub fn leave_reads(&mut self) {
+        if let Stream::Unix(s) = self {
+            s.leave_reads();
+        }
+    }
+
+    /// As a one-byte non-blocking peek (`Ok(0)` closed, `Ok(n)` bytes, `WouldBlock`
+    /// quiet), past the bytes the last read left on the socket (`QuietUnix::owed`).
+    pub fn peek_idle(&self) -> io::Result<usize> {
+        let owed = match self {
+            Stream::Tcp(_) => 0,
+            Stream::Unix(s) => s.owed(),
+        };
+        QuietUnix::peek_past_owed(self.raw_fd(), owed)
     }
 }
 

@@ -11,8 +11,6 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::socket::{recv, MsgFlags};
-
 use crate::config::BackendAddress;
 use crate::net::Stream;
 
@@ -165,11 +163,8 @@ impl BackendConnection {
     /// connection is asked with [`is_quiet_now`](Self::is_quiet_now).
     fn is_quiet(&self) -> bool {
         let peeked = match &self.stream {
-            Stream::Tcp(s) => {
-                use std::os::fd::AsRawFd;
-                s.try_io(tokio::io::Interest::READABLE, || peek(s.as_raw_fd()))
-            }
-            Stream::Unix(s) => s.try_read_io(peek),
+            Stream::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, || self.stream.peek_idle()),
+            Stream::Unix(s) => s.try_read_io(|_| self.stream.peek_idle()),
         };
         matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
@@ -178,16 +173,8 @@ impl BackendConnection {
     /// whatever the reactor last saw: for a connection another serving thread's reactor
     /// watched (see [`is_quiet`](Self::is_quiet)).
     fn is_quiet_now(&self) -> bool {
-        matches!(peek(self.stream.raw_fd()), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        matches!(self.stream.peek_idle(), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
-}
-
-/// One non-blocking peek at `fd`: `Ok(0)` at EOF, `Ok(n)` when bytes wait, `WouldBlock` when
-/// the connection is quiet.
-fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
-    let mut probe = [0u8; 1];
-    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-    recv(fd, &mut probe, flags).map_err(io::Error::from)
 }
 
 /// Idle connections keyed by backend address, at most `max_idle` per address on each
@@ -206,6 +193,8 @@ pub struct Connections {
 #[derive(Debug)]
 struct Stacks {
     max_idle: usize,
+    /// The connections made leave their reads' bytes (`with_reads_left`).
+    leave_reads: bool,
     /// Index 0: off the serving threads (the control plane, tests, the work-stealing
     /// scheduler); 1 + (i mod CPUs): serving thread i.
     shards: Box<[Shard]>,
@@ -251,9 +240,18 @@ fn shard_count() -> usize {
 impl Connections {
     /// Empty stacks keeping at most `max_idle` idle connections per address and thread.
     pub fn new(max_idle: usize) -> Connections {
+        Connections::with_reads_left(max_idle, false)
+    }
+
+    /// As [`new`](Self::new); with `leave_reads`, the connections it makes leave each
+    /// answer's last bytes on the socket until the next request is written
+    /// (`QuietUnix::leave_reads`, src/net/owed.rs): for workers that wait for their next
+    /// request blocked in `read`, whom taking the answer off would wake for nothing.
+    pub fn with_reads_left(max_idle: usize, leave_reads: bool) -> Connections {
         Connections {
             inner: Arc::new(Stacks {
                 max_idle,
+                leave_reads,
                 shards: (0..shard_count()).map(|_| Shard::default()).collect(),
             }),
         }
@@ -323,6 +321,9 @@ impl Connections {
     ) -> Result<BackendConnection, BackendError> {
         let mut conn = BackendConnection::connect(address, connect_timeout).await?;
         conn.home = Some(self.clone());
+        if self.inner.leave_reads {
+            conn.link.stream.leave_reads();
+        }
         Ok(conn)
     }
 
@@ -399,6 +400,7 @@ impl Connections {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::socket::{recv, MsgFlags};
     use tokio::io::AsyncWriteExt;
 
     fn pair() -> (BackendConnection, tokio::net::UnixStream) {

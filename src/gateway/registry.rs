@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{BackendError, Connections, Protocol, Timeouts};
-use crate::config::{Backend, Config, PoolConfig};
+use crate::config::{Backend, BackendProtocol, Config, PoolConfig};
 use crate::error::StartupError;
 use crate::pool::driver::{Command as DriverCommand, Driver};
 use crate::pool::requests::RequestStats;
@@ -408,7 +408,14 @@ fn build_pool(
     // A php_children group's concurrency is its children: one kept connection each (its
     // children never exit on their own, src/process/php_children.rs).
     let keep = (p.concurrency as usize).max(1);
-    let connections = Connections::new(keep);
+    // Workers corral spawns (php-cgi, flup) wait for their next request blocked in
+    // `read` on a kept connection, and taking an answer off the socket woke them for
+    // nothing (src/net/owed.rs); a server someone else runs may wait in an event loop
+    // registered for reads only (corral's own null backend), which that read does not
+    // wake, and would pay the second `recv` per answer for nothing.
+    let blocking_readers =
+        matches!(p.backend, Backend::Spawned(_)) && p.protocol == BackendProtocol::Fastcgi;
+    let connections = Connections::with_reads_left(keep, blocking_readers);
     let mut status = None;
     let mut driver = None;
     let mut stacks = None;

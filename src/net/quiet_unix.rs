@@ -36,6 +36,8 @@ use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixA
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
+use super::owed::Owed;
+
 /// A connected Unix stream registered with the current runtime for read readiness only.
 ///
 /// The fields drop in order: the registrations (an `epoll_ctl` each, to remove them) before
@@ -47,6 +49,8 @@ pub struct QuietUnix {
     watch: Option<AsyncFd<RawFd>>,
     /// A duplicate descriptor registered for write readiness while a write waits for room.
     room: Option<AsyncFd<OwnedFd>>,
+    /// A kept backend connection's peeking reads (`super::owed`); `None` elsewhere.
+    owed: Option<Owed>,
     stream: StdUnixStream,
 }
 
@@ -62,6 +66,7 @@ impl QuietUnix {
         Ok(QuietUnix {
             watch: Some(watch(&stream)?),
             room: None,
+            owed: None,
             stream,
         })
     }
@@ -75,6 +80,7 @@ impl QuietUnix {
         QuietUnix {
             watch: None,
             room: None,
+            owed: None,
             stream,
         }
     }
@@ -107,14 +113,45 @@ impl QuietUnix {
     }
 
     /// The same connection registered with the runtime the caller runs in.
-    pub fn reregister(self) -> io::Result<QuietUnix> {
-        let QuietUnix {
-            watch,
-            room,
-            stream,
-        } = self;
-        drop((watch, room));
-        QuietUnix::new(stream)
+    pub fn reregister(mut self) -> io::Result<QuietUnix> {
+        self.room = None;
+        self.watch = None;
+        self.stream.set_nonblocking(true)?;
+        self.watch = Some(watch(&self.stream)?);
+        Ok(self)
+    }
+
+    /// From now on the reads that follow a write peek, and the next read takes their bytes
+    /// off (`super::owed`): for a kept backend connection.
+    pub fn leave_reads(&mut self) {
+        self.owed.get_or_insert_with(Owed::default);
+    }
+
+    /// Bytes at the head of the socket the last read peeked and left there.
+    pub fn owed(&self) -> usize {
+        self.owed.as_ref().map_or(0, Owed::len)
+    }
+
+    /// As a one-byte non-blocking peek at the socket (`Ok(0)` closed, `Ok(n)` bytes,
+    /// `WouldBlock` quiet), past the bytes the last read left on it: for the check of an
+    /// idle connection.
+    pub fn peek_past_owed(fd: RawFd, owed: usize) -> io::Result<usize> {
+        if owed == 0 {
+            let mut probe = [0u8; 1];
+            let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+            // SAFETY: `probe` is valid for writes of its one byte.
+            let n = unsafe { libc::recv(fd, probe.as_mut_ptr().cast(), 1, flags) };
+            return usize::try_from(n).map_err(|_| io::Error::last_os_error());
+        }
+        super::owed::past(fd, owed)
+    }
+
+    /// After a write: what it wrote, noted by the peeking reads.
+    fn wrote(&mut self, wrote: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if let (Some(owed), Poll::Ready(Ok(1..))) = (&mut self.owed, &wrote) {
+            owed.wrote();
+        }
+        wrote
     }
 
     /// Drops the write registration, if a blocked write made one: the connection goes back
@@ -201,7 +238,27 @@ impl AsyncRead for QuietUnix {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_read(&this.stream, &mut this.watch, cx, buf)
+        let Some(owed) = &mut this.owed else {
+            return poll_read(&this.stream, &mut this.watch, cx, buf, 0);
+        };
+        let flags = owed.before_read(this.stream.as_raw_fd())?;
+        let before = buf.filled().len();
+        let read = poll_read(&this.stream, &mut this.watch, cx, buf, flags);
+        if let Poll::Ready(Ok(())) = read {
+            owed.after_read(flags, buf.filled().len() - before);
+        }
+        read
+    }
+}
+
+impl Drop for QuietUnix {
+    /// Takes the bytes a peek left off the socket before it closes: a Unix socket closed
+    /// with bytes unread makes its peer's next read fail with `ECONNRESET`, not end.
+    fn drop(&mut self) {
+        let owed = self.owed();
+        if owed > 0 {
+            let _ = super::owed::discard(self.stream.as_raw_fd(), owed);
+        }
     }
 }
 
@@ -212,12 +269,13 @@ fn poll_read(
     watch: &mut Option<AsyncFd<RawFd>>,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
+    flags: libc::c_int,
 ) -> Poll<io::Result<()>> {
     let fd = stream.as_raw_fd();
     let io = match watch {
         Some(io) => io,
         None => {
-            match recv(fd, buf) {
+            match recv(fd, buf, flags) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
@@ -231,7 +289,7 @@ fn poll_read(
     loop {
         let mut guard = ready!(io.poll_read_ready(cx))?;
         let len = buf.remaining();
-        match recv(fd, buf) {
+        match recv(fd, buf, flags) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Poll::Ready(Err(e)),
@@ -248,15 +306,16 @@ fn poll_read(
     }
 }
 
-/// One `recv` into the unfilled part of `buf`, which it advances by what it read.
-fn recv(fd: RawFd, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+/// One `recv` with `flags` into the unfilled part of `buf`, which it advances by what it
+/// read.
+fn recv(fd: RawFd, buf: &mut ReadBuf<'_>, flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: `recv` writes at most `unfilled.len()` bytes into the unfilled part and only
     // the `n` bytes it reports are then marked initialised; nothing is read from the
     // uninitialised part.
     let unfilled = unsafe { buf.unfilled_mut() };
     // SAFETY: the pointer and length describe `unfilled`, valid for writes of its length
     // for the duration of the call.
-    let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
+    let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), flags) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -325,7 +384,8 @@ impl AsyncWrite for QuietUnix {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(&this.stream, &mut this.room, cx, |fd| send(fd, buf))
+        let wrote = poll_write(&this.stream, &mut this.room, cx, |fd| send(fd, buf));
+        this.wrote(wrote)
     }
 
     fn poll_write_vectored(
@@ -334,9 +394,10 @@ impl AsyncWrite for QuietUnix {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_write(&this.stream, &mut this.room, cx, |fd| {
+        let wrote = poll_write(&this.stream, &mut this.room, cx, |fd| {
             send_vectored(fd, bufs)
-        })
+        });
+        this.wrote(wrote)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -361,6 +422,7 @@ impl QuietUnix {
             watch,
             room,
             stream,
+            ..
         } = self;
         let stream = &*stream;
         (QuietRead { stream, watch }, QuietWrite { stream, room })
@@ -403,7 +465,7 @@ impl AsyncRead for QuietRead<'_> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        poll_read(this.stream, this.watch, cx, buf)
+        poll_read(this.stream, this.watch, cx, buf, 0)
     }
 }
 
