@@ -149,9 +149,10 @@ impl BackendConnection {
     /// No system call in the usual case: the readiness tokio keeps for the stream is read
     /// first. The reactor marks an idle connection readable when the backend closes it or
     /// writes to it, so an unmarked one is kept as it is. A marked one is asked once more,
-    /// with a non-blocking peek, because the mark may be left over from its last exchange
-    /// (a read that filled the buffer does not clear it); a peek that finds nothing clears
-    /// the mark (`try_io` does on `WouldBlock`), so the next checkout is free again.
+    /// with a non-blocking peek (past the bytes its last answer left on the socket, when it
+    /// leaves them: `Stream::peek_idle`), because the mark may be left over from its last
+    /// exchange (a read that filled the buffer does not clear it); a peek that finds nothing
+    /// clears the mark (`try_io` does on `WouldBlock`), so the next checkout is free again.
     ///
     /// What this cannot see is a close that reached the socket after the reactor last
     /// turned: the request then meets it, and `Gateway::dispatch` sends the request again

@@ -24,6 +24,10 @@
 //! wait costs no `epoll_ctl` to add it and none to remove it (two system calls of the
 //! eleven such a request cost). What is not registered is not watched: the FastCGI front
 //! stops reading a connection whose front server has sent all it will (`front/fastcgi/reader.rs`).
+//!
+//! A kept connection to a worker that waits for its next request blocked in `read` also
+//! leaves each answer on the socket until the next request is written
+//! ([`QuietUnix::leave_reads`], `owed.rs`): taking it off would wake that worker for nothing.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
