@@ -93,11 +93,16 @@ impl Stream {
     /// As a one-byte non-blocking peek (`Ok(0)` closed, `Ok(n)` bytes, `WouldBlock`
     /// quiet), past the bytes the last read left on the socket (`QuietUnix::owed`).
     pub fn peek_idle(&self) -> io::Result<usize> {
-        let owed = match self {
-            Stream::Tcp(_) => 0,
-            Stream::Unix(s) => s.owed(),
-        };
-        QuietUnix::peek_past_owed(self.raw_fd(), owed)
+        match self {
+            Stream::Unix(s) if s.owed() > 0 => s.peek_past_owed(),
+            _ => {
+                let mut probe = [0u8; 1];
+                let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+                // SAFETY: `probe` is valid for writes of its one byte.
+                let n = unsafe { libc::recv(self.raw_fd(), probe.as_mut_ptr().cast(), 1, flags) };
+                usize::try_from(n).map_err(|_| io::Error::last_os_error())
+            }
+        }
     }
 }
 

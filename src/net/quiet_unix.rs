@@ -136,18 +136,11 @@ impl QuietUnix {
         self.owed.as_ref().map_or(0, Owed::len)
     }
 
-    /// As a one-byte non-blocking peek at the socket (`Ok(0)` closed, `Ok(n)` bytes,
-    /// `WouldBlock` quiet), past the bytes the last read left on it: for the check of an
-    /// idle connection.
-    pub fn peek_past_owed(fd: RawFd, owed: usize) -> io::Result<usize> {
-        if owed == 0 {
-            let mut probe = [0u8; 1];
-            let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
-            // SAFETY: `probe` is valid for writes of its one byte.
-            let n = unsafe { libc::recv(fd, probe.as_mut_ptr().cast(), 1, flags) };
-            return usize::try_from(n).map_err(|_| io::Error::last_os_error());
-        }
-        super::owed::past(fd, owed)
+    /// For the check of an idle connection, past the bytes the last read left on the
+    /// socket: as a one-byte non-blocking peek would answer without them (`Ok(0)` closed,
+    /// `Ok(n)` bytes, `WouldBlock` quiet; `super::owed::past`).
+    pub fn peek_past_owed(&self) -> io::Result<usize> {
+        super::owed::past(self.fd(), self.owed())
     }
 
     /// After a write: what it wrote, noted by the peeking reads.
