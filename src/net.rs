@@ -8,11 +8,13 @@
 #[cfg(test)]
 pub(crate) mod fdinfo;
 mod owed;
+mod quiet_halves;
 mod quiet_listener;
 mod quiet_unix;
 
+pub use quiet_halves::{QuietRead, QuietWrite};
 pub use quiet_listener::QuietListener;
-pub use quiet_unix::{QuietRead, QuietUnix, QuietWrite};
+pub use quiet_unix::QuietUnix;
 
 use std::io;
 use std::time::Duration;
@@ -87,6 +89,15 @@ impl Stream {
     pub fn leave_reads(&mut self) {
         if let Stream::Unix(s) = self {
             s.leave_reads();
+        }
+    }
+
+    /// An accepted front connection's first read leaves its bytes on the socket until the
+    /// next read or the drop (`QuietUnix::leave_first_read`); nothing for TCP, whose reads
+    /// wake no one.
+    pub fn leave_first_read(&mut self) {
+        if let Stream::Unix(s) = self {
+            s.leave_first_read();
         }
     }
 

@@ -35,6 +35,32 @@ thread_local! {
     /// This thread's read buffers of connections that ended, for the next ones.
     static READ_BUFFERS: std::cell::RefCell<Vec<BytesMut>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// The CGI front connections this thread is serving ([`Serving`]).
+    static SERVING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a CGI front connection as served by this thread while it lives.
+pub(crate) struct Serving(());
+
+impl Serving {
+    /// Counts the caller's connection; `stream`, when the thread serves no other, has its
+    /// first read leave the request on the socket until the answer is out
+    /// (`crate::net::Stream::leave_first_read`): a front server that sent its whole request
+    /// sleeps until the answer, and at one request at a time taking the request off would
+    /// wake it once more for nothing. Under load another connection is almost always in
+    /// service, and the front server rarely asleep, so the peek, a `recv` more, is skipped.
+    pub(crate) fn start(stream: &mut crate::net::Stream) -> Serving {
+        if SERVING.replace(SERVING.get() + 1) == 0 {
+            stream.leave_first_read();
+        }
+        Serving(())
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        SERVING.set(SERVING.get().saturating_sub(1));
+    }
 }
 
 /// A read buffer for a new CGI front connection: one a connection that ended on this thread
@@ -345,6 +371,41 @@ pub(crate) async fn linger(reader: &mut (impl AsyncRead + Unpin), scratch: &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether a front connection's first read, made after `Serving::start`, left the
+    /// request on the socket.
+    async fn first_read_left(stream: &mut crate::net::Stream) -> bool {
+        let mut got = [0u8; 16];
+        let n = stream.read(&mut got).await.unwrap();
+        assert_eq!(&got[..n], b"request");
+        match stream {
+            crate::net::Stream::Unix(s) => s.owed() == n,
+            crate::net::Stream::Tcp(_) => unreachable!("a Unix pair"),
+        }
+    }
+
+    fn front_pair() -> (crate::net::Stream, std::os::unix::net::UnixStream) {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut theirs, b"request").unwrap();
+        let ours = crate::net::QuietUnix::new(ours).unwrap();
+        (crate::net::Stream::Unix(ours), theirs)
+    }
+
+    /// Only a connection the thread serves alone leaves its first read: beside another, the
+    /// front server is likely awake and the peek would be a system call for nothing.
+    #[tokio::test]
+    async fn only_a_lone_connection_leaves_its_request_on_the_socket() {
+        let (mut one, _peer_one) = front_pair();
+        let serving_one = Serving::start(&mut one);
+        let (mut two, _peer_two) = front_pair();
+        let serving_two = Serving::start(&mut two);
+        assert!(first_read_left(&mut one).await, "alone on the thread");
+        assert!(!first_read_left(&mut two).await, "beside another");
+        drop((serving_one, serving_two));
+        let (mut three, _peer_three) = front_pair();
+        let _serving = Serving::start(&mut three);
+        assert!(first_read_left(&mut three).await, "alone again");
+    }
 
     #[test]
     fn hosts_lose_their_port_and_case() {

@@ -48,7 +48,7 @@ use crate::gateway::Gateway;
 use crate::net::Stream;
 use crate::protocols::fastcgi::{Capabilities, FrontParamsDecoder, RequestDecoder};
 
-use crate::front::cgi::{give_back, linger, read_buffer};
+use crate::front::cgi::{give_back, linger, read_buffer, Serving};
 use crate::front::halves::halves;
 
 mod answer;
@@ -96,6 +96,7 @@ pub async fn serve_kept<'c>(
         shutdown,
     } = c;
     let mut stream = stream;
+    let _serving = Serving::start(&mut stream);
     let front_fd = stream.raw_fd();
     let (mut reader, writer) = halves(&mut stream);
     kept.renew();

@@ -71,6 +71,7 @@ pub async fn serve_connection(
     shutdown: CancellationToken,
 ) {
     let mut stream = stream;
+    let _serving = cgi::Serving::start(&mut stream);
     // Peeked at by the gateway if the request waits for a slot: the connection is not read
     // again once a request without a body is in, so its close would otherwise go unseen
     // until the answer is written (decision 35).

@@ -383,11 +383,14 @@ impl std::fmt::Display for Closed {
 }
 
 /// Whether the front connection `fd` is gone: one non-blocking peek at one byte. Nothing to
-/// read (EAGAIN) or bytes waiting (which the front's own reader handles: for FastCGI it may
-/// be an FCGI_ABORT_REQUEST) mean it is there; an end of stream or an error, that it is
-/// not. The front servers corral is behind never half-close a connection whose answer they
-/// wait for, so an end of stream is the front giving up (nginx's own rule for
-/// `fastcgi_ignore_client_abort off`). Made only for a request that waited for its slot.
+/// read (EAGAIN) means it is there; an end of stream or an error, that it is not. The front
+/// servers corral is behind never half-close a connection whose answer they wait for, so an
+/// end of stream is the front giving up (nginx's own rule for `fastcgi_ignore_client_abort
+/// off`). Bytes waiting may be new ones (which the front's own reader handles: for FastCGI
+/// an FCGI_ABORT_REQUEST, say) or the request itself, which an idle thread's first read
+/// left on the socket (`crate::front::cgi::Serving`) and which would hide the close from
+/// the peek: `poll` tells the peer's close apart from them. Made only for a request that
+/// waited for its slot.
 #[cold]
 fn front_closed(fd: RawFd) -> Option<Closed> {
     use nix::errno::Errno;
@@ -400,11 +403,24 @@ fn front_closed(fd: RawFd) -> Option<Closed> {
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         ) {
             Ok(0) => Some(Closed::Eof),
-            Ok(_) | Err(Errno::EAGAIN) => None,
+            Ok(_) => peer_closed(fd).then_some(Closed::Eof),
+            Err(Errno::EAGAIN) => None,
             Err(Errno::EINTR) => continue,
             Err(e) => Some(Closed::Error(e)),
         };
     }
+}
+
+/// Whether the peer of `fd` has closed or shut down its side, whatever bytes wait unread.
+fn peer_closed(fd: RawFd) -> bool {
+    let mut probe = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut probe, 1, 0) };
+    n > 0 && probe.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Ends a request whose front connection closed while it waited for `slot`: the slot goes
@@ -512,6 +528,17 @@ mod tests {
         std::io::Read::read_exact(&mut &ours, &mut byte).unwrap();
         assert_eq!(&byte, b"x", "peeked at, not taken");
         let (ours, theirs) = UnixStream::pair().unwrap();
+        drop(theirs);
+        assert_eq!(front_closed(ours.as_raw_fd()), Some(Closed::Eof));
+    }
+
+    /// A front server that closed behind its own request, which a first read left on the
+    /// socket unread, is gone: the bytes in front do not hide its close.
+    #[test]
+    fn a_close_behind_a_request_left_unread_is_seen() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        theirs.write_all(b"the request, peeked and left").unwrap();
+        assert_eq!(front_closed(ours.as_raw_fd()), None, "still there");
         drop(theirs);
         assert_eq!(front_closed(ours.as_raw_fd()), Some(Closed::Eof));
     }

@@ -1,5 +1,6 @@
-//! Reads that leave their bytes on the socket until the next request is written: corral's
-//! side of a kept backend connection over a Unix socket.
+//! Reads that leave their bytes on the socket until the peer is awake anyway: corral's side
+//! of a kept backend connection over a Unix socket, and the first read of a front
+//! connection accepted on a Unix socket while its serving thread has nothing else to do.
 //!
 //! A backend that has answered blocks in `read` for its next request. On a Unix socket
 //! that read waits on the same queue as the write space our reads free, so taking its
@@ -13,6 +14,17 @@
 //! awake anyway. Only the first [`PEEK_SPAN`] bytes after a write are peeked: each peek
 //! costs a second `recv` and a second copy, worth paying for an answer of a few pieces,
 //! not for a download.
+//!
+//! A front server that has written its request (nginx's `fastcgi_pass`, `scgi_pass`)
+//! sleeps in `epoll_wait` with the connection registered for write space as well, so the
+//! read that takes its request off woke it too: it ran, found nothing to do and slept again
+//! until the answer, a second wake-up per request on a halted CPU at one request at a time
+//! (`perf sched timehist`, decision 35). So that read peeks ([`Owed::first_read`]), and the
+//! request's bytes come off when the connection drops, right after the answer's last write
+//! has woken the front server, or at the next read, for a request that did not end in its
+//! first read or a connection that is kept. Only while the serving thread has no other
+//! front connection: under load the front server is rarely asleep, and the peek would be a
+//! system call more per request for nothing.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -30,6 +42,14 @@ pub(super) struct Owed {
 }
 
 impl Owed {
+    /// An accepted front connection's: its first read peeks, the ones after it do not.
+    pub(super) fn first_read() -> Owed {
+        Owed {
+            len: 0,
+            peek_left: 1,
+        }
+    }
+
     /// After a write of at least a byte: the answer's first bytes will be peeked.
     pub(super) fn wrote(&mut self) {
         self.peek_left = PEEK_SPAN;
@@ -250,5 +270,43 @@ mod tests {
             0,
             "not ECONNRESET"
         );
+    }
+
+    /// A front connection whose first read peeks: the request stays on the front server's
+    /// socket through the answer's write, is not read twice by a later read, and comes off
+    /// before the close, so the front server reads the answer and then the end, not a reset.
+    #[tokio::test]
+    async fn a_front_request_stays_until_the_answer_is_out() {
+        for later_read in [false, true] {
+            let (ours, mut theirs) = StdUnixStream::pair().unwrap();
+            let mut ours = QuietUnix::new(ours).unwrap();
+            ours.leave_first_read();
+            std::io::Write::write_all(&mut theirs, b"request").unwrap();
+            let sent = unread(&theirs);
+            assert!(sent > 0);
+            let mut got = [0u8; 64];
+            {
+                let (mut reader, mut writer) = ours.split();
+                assert_eq!(reader.read(&mut got).await.unwrap(), 7);
+                assert_eq!(&got[..7], b"request");
+                assert_eq!(unread(&theirs), sent, "taken off: the front server woken");
+                writer.write_all(b"answer").await.unwrap();
+                if later_read {
+                    // A kept connection reads on: its next bytes, not the request again.
+                    std::io::Write::write_all(&mut theirs, b"next").unwrap();
+                    assert_eq!(reader.read(&mut got).await.unwrap(), 4);
+                    assert_eq!(&got[..4], b"next", "{later_read}");
+                    assert_eq!(unread(&theirs), 0, "read past, the request came off");
+                }
+            }
+            assert_eq!(ours.owed(), if later_read { 0 } else { 7 });
+            drop(ours);
+            let mut answer = Vec::new();
+            std::io::Read::read_to_end(&mut theirs, &mut answer).unwrap();
+            assert_eq!(
+                answer, b"answer",
+                "the answer, then the end, not ECONNRESET"
+            );
+        }
     }
 }

@@ -48,14 +48,16 @@ use super::owed::Owed;
 /// the stream whose descriptor they name.
 #[derive(Debug)]
 pub struct QuietUnix {
+    // The fields are the halves' too (`super::quiet_halves`).
     /// The read registration, of the stream's own descriptor. `None` while a just-accepted
     /// connection has not yet had to wait for bytes: its reads ask the socket directly.
-    watch: Option<AsyncFd<RawFd>>,
+    pub(super) watch: Option<AsyncFd<RawFd>>,
     /// A duplicate descriptor registered for write readiness while a write waits for room.
-    room: Option<AsyncFd<OwnedFd>>,
-    /// A kept backend connection's peeking reads (`super::owed`); `None` elsewhere.
-    owed: Option<Owed>,
-    stream: StdUnixStream,
+    pub(super) room: Option<AsyncFd<OwnedFd>>,
+    /// The peeking reads (`super::owed`) of a kept backend connection, or of an accepted
+    /// front connection's first read; `None` elsewhere.
+    pub(super) owed: Option<Owed>,
+    pub(super) stream: StdUnixStream,
 }
 
 impl QuietUnix {
@@ -129,6 +131,14 @@ impl QuietUnix {
     /// off (`super::owed`): for a kept backend connection.
     pub fn leave_reads(&mut self) {
         self.owed.get_or_insert_with(Owed::default);
+    }
+
+    /// The first read of this (accepted) connection peeks, and its bytes stay on the socket
+    /// until the next read or the drop (`super::owed`, [`Owed::first_read`]): for a front
+    /// connection whose thread has nothing else to do, so that the front server, asleep until
+    /// the answer, is not woken for the room the read would make.
+    pub fn leave_first_read(&mut self) {
+        self.owed = Some(Owed::first_read());
     }
 
     /// Bytes at the head of the socket the last read peeked and left there.
@@ -210,14 +220,14 @@ fn watch(stream: &StdUnixStream) -> io::Result<AsyncFd<RawFd>> {
         .map_err(|e| e.into_parts().1)
 }
 
-fn send(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
+pub(super) fn send(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
     nix::sys::socket::send(fd, bytes, nix::sys::socket::MsgFlags::MSG_NOSIGNAL)
         .map_err(io::Error::from)
 }
 
 /// One gathering write of `bufs`, no `SIGPIPE` (hyper writes a response's head and body
 /// this way rather than copying them together).
-fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+pub(super) fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
     nix::sys::socket::sendmsg::<UnixAddr>(
         fd,
         bufs,
@@ -235,17 +245,29 @@ impl AsyncRead for QuietUnix {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let Some(owed) = &mut this.owed else {
-            return poll_read(&this.stream, &mut this.watch, cx, buf, 0);
-        };
-        let flags = owed.before_read(this.stream.as_raw_fd())?;
-        let before = buf.filled().len();
-        let read = poll_read(&this.stream, &mut this.watch, cx, buf, flags);
-        if let Poll::Ready(Ok(())) = read {
-            owed.after_read(flags, buf.filled().len() - before);
-        }
-        read
+        poll_read_owing(&this.stream, &mut this.watch, &mut this.owed, cx, buf)
     }
+}
+
+/// One read from `stream` ([`poll_read`]), through `owed` when its reads peek: the bytes
+/// the last peek left are taken off first, and this read peeks if it is due to.
+pub(super) fn poll_read_owing(
+    stream: &StdUnixStream,
+    watch: &mut Option<AsyncFd<RawFd>>,
+    owed: &mut Option<Owed>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    let Some(owed) = owed else {
+        return poll_read(stream, watch, cx, buf, 0);
+    };
+    let flags = owed.before_read(stream.as_raw_fd())?;
+    let before = buf.filled().len();
+    let read = poll_read(stream, watch, cx, buf, flags);
+    if let Poll::Ready(Ok(())) = read {
+        owed.after_read(flags, buf.filled().len() - before);
+    }
+    read
 }
 
 impl Drop for QuietUnix {
@@ -340,7 +362,7 @@ fn room<'r>(
 
 /// One write (`send` on the descriptor) to `stream`: straight to the socket while no write
 /// has found it full, else once the write registration `slot` reports room.
-fn poll_write(
+pub(super) fn poll_write(
     stream: &StdUnixStream,
     slot: &mut Option<AsyncFd<OwnedFd>>,
     cx: &mut Context<'_>,
@@ -367,7 +389,7 @@ fn poll_write(
     }
 }
 
-fn shutdown_write(stream: &StdUnixStream) -> Poll<io::Result<()>> {
+pub(super) fn shutdown_write(stream: &StdUnixStream) -> Poll<io::Result<()>> {
     Poll::Ready(
         nix::sys::socket::shutdown(stream.as_raw_fd(), nix::sys::socket::Shutdown::Write)
             .map_err(io::Error::from),
@@ -407,94 +429,6 @@ impl AsyncWrite for QuietUnix {
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         shutdown_write(&self.stream)
-    }
-}
-
-impl QuietUnix {
-    /// A reader and a writer that borrow the stream, for a task that reads requests while
-    /// it writes answers (a front connection). The writer keeps the stream's write
-    /// registration: one a blocked write made stays until the stream settles or drops.
-    pub fn split(&mut self) -> (QuietRead<'_>, QuietWrite<'_>) {
-        let QuietUnix {
-            watch,
-            room,
-            stream,
-            ..
-        } = self;
-        let stream = &*stream;
-        (QuietRead { stream, watch }, QuietWrite { stream, room })
-    }
-}
-
-/// The reading half of a [`QuietUnix`] (see [`QuietUnix::split`]); the only side that
-/// registers the stream for reads.
-#[derive(Debug)]
-pub struct QuietRead<'a> {
-    stream: &'a StdUnixStream,
-    watch: &'a mut Option<AsyncFd<RawFd>>,
-}
-
-impl QuietRead<'_> {
-    /// Whether the reactor watches the stream for reads ([`QuietUnix::is_watched`]).
-    pub fn is_watched(&self) -> bool {
-        self.watch.is_some()
-    }
-}
-
-/// The writing half of a [`QuietUnix`]; shutting it down shuts the stream down for writing.
-#[derive(Debug)]
-pub struct QuietWrite<'a> {
-    stream: &'a StdUnixStream,
-    room: &'a mut Option<AsyncFd<OwnedFd>>,
-}
-
-impl QuietWrite<'_> {
-    /// As [`QuietUnix::settle`]: drops the write registration a blocked write made, if any.
-    pub fn settle(&mut self) {
-        *self.room = None;
-    }
-}
-
-impl AsyncRead for QuietRead<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        poll_read(this.stream, this.watch, cx, buf, 0)
-    }
-}
-
-impl AsyncWrite for QuietWrite<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        poll_write(this.stream, this.room, cx, |fd| send(fd, buf))
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        poll_write(this.stream, this.room, cx, |fd| send_vectored(fd, bufs))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        shutdown_write(self.stream)
     }
 }
 
