@@ -243,7 +243,15 @@ if [ -n "${FOOTPRINT:-}" ] && [ -f "$out_dir/footprint.corral" ]; then
   echo
   echo "| crate | code lines |"
   echo "| --- | ---: |"
-  tail -n +2 "$out_dir/footprint.corral" | awk '{n = $NF; $NF = ""; sub(/ $/, ""); printf "| %s | %s |\n", $0, n}'
+  sed -n '2,/^--$/p' "$out_dir/footprint.corral" | grep -v '^--$' \
+    | awk '{n = $NF; $NF = ""; sub(/ $/, ""); printf "| %s | %s |\n", $0, n}'
+  echo
+  echo "corral's functions touching the most code lines per request (density: the share of those lines' bytes the request ran):"
+  echo
+  echo "| function | code lines | density |"
+  echo "| --- | ---: | ---: |"
+  sed -n '/^--$/,$p' "$out_dir/footprint.corral" | tail -n +2 \
+    | awk '{n = $1; d = $2; $1 = ""; $2 = ""; sub(/^  /, ""); gsub(/\|/, "\\|"); printf "| `%s` | %s | %s |\n", $0, n, d}'
 fi
 exec 1>&3
 cat "$report"

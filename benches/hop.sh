@@ -420,20 +420,26 @@ for c in $LEVELS; do
     wrk -t1 -c"$c" -d1s "$url" > /dev/null 2>&1  # warm-up, unrecorded
   done
   for round in $(seq "$ROUNDS"); do
-    for r in "${selected[@]}"; do
+    # Each round starts one row further on, so that no row always runs right after the same
+    # other: with a fixed order the second of two identical corrals (CORRAL_B = CORRAL) ran
+    # 15% faster at c=25 than the first, which ran right after nx-fpm.
+    n=${#selected[@]}
+    for i in $(seq 0 $((n - 1))); do
+      r=${selected[$(((i + round - 1) % n))]}
       IFS='|' read -r name url fronts backends <<< "$r"
-      fp=(); bp=()
+      fp=(); bp=(); cp=()
       for f in $fronts; do mapfile -t -O "${#fp[@]}" fp < <(pids_of "$f"); done
+      for f in $fronts; do [[ $f == co_* ]] && mapfile -t -O "${#cp[@]}" cp < <(pids_of "$f"); done
       for b in $backends; do mapfile -t -O "${#bp[@]}" bp < <(pids_of "$b"); done
-      f0=$(ticks "${fp[@]}"); b0=$(ticks "${bp[@]}"); w0=$(self_ticks); m0=$(moves "${fp[@]}")
+      f0=$(ticks "${fp[@]}"); b0=$(ticks "${bp[@]}"); w0=$(self_ticks); m0=$(moves "${fp[@]}"); c0=$(ticks "${cp[@]}")
       out=$(wrk -t1 -c"$c" -d"${SECS}s" --latency "$url" 2>&1)
-      f1=$(ticks "${fp[@]}"); b1=$(ticks "${bp[@]}"); w1=$(self_ticks); m1=$(moves "${fp[@]}")
+      f1=$(ticks "${fp[@]}"); b1=$(ticks "${bp[@]}"); w1=$(self_ticks); m1=$(moves "${fp[@]}"); c1=$(ticks "${cp[@]}")
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p50=$(awk '$1 == "50%" {print $2}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
-        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" $((m1 - m0)) >> "$res"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
+        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" $((m1 - m0)) $((c1 - c0)) >> "$res"
       printf '%s c=%s round %s: %s requests, p50 %s p99 %s, %s errors, %s timeouts\n' "$name" "$c" "$round" "$reqs" "$p50" "$p99" "$errs" "$touts" >&2
     done
   done
@@ -441,8 +447,9 @@ done
 
 # The table and issue 10's ratios, from the runs in $res, in Markdown.
 report() {
-  echo "wrk -t1 -d${SECS}s, $ROUNDS rounds interleaved per level after a 1 s warm-up, requests of the rounds pooled."
+  echo "wrk -t1 -d${SECS}s, $ROUNDS rounds interleaved per level after a 1 s warm-up (each round's order one row further on), requests of the rounds pooled."
   echo "CPU in µs per request (utime+stime from /proc over the runs / requests). p50 and p99 are wrk's, one per round."
+  echo "corral µs: corral's part of front µs (all of it in the rows corral fronts alone; - where corral is not on the path)."
   echo "front moves: how often per request the scheduler moved a thread of the front (nginx, HAProxy, corral) to the other CPU"
   echo "(se.nr_migrations of /proc/PID/task/*/sched); at c=1 a row whose front moves about twice per request ran on a layout"
   echo "where every wake-up crosses CPUs (decision 38). all µs: front + backend + wrk; at c=1 nothing overlaps, so req/s"
@@ -455,21 +462,24 @@ import sys
 res, secs, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rows = {}  # (c, name) -> sums over the rounds
 for line in open(res):
-    c, name, _round, reqs, f, b, w, p50, p99, errs, touts, moves = line.rstrip("\n").split("\t")
-    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, m=0, p50=[], p99=[], e=0, t=0))
+    c, name, _round, reqs, f, b, w, p50, p99, errs, touts, moves, co = line.rstrip("\n").split("\t")
+    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, m=0, co=0, p50=[], p99=[], e=0, t=0))
     r["n"] += int(reqs); r["runs"] += 1; r["f"] += int(f); r["b"] += int(b); r["w"] += int(w); r["m"] += int(moves)
+    r["co"] += int(co)
     r["p50"].append(p50 or "-"); r["p99"].append(p99 or "-"); r["e"] += int(errs); r["t"] += int(touts)
 def valid(k):
     r = rows.get(k)
     return r is not None and r["n"] > 0 and r["e"] == 0 and r["t"] == 0
 def us(r, x):
     return r[x] / hz * 1e6 / r["n"] if r["n"] else float("nan")
-print("| row | c | req/s | p50 | p99 | front µs | front moves | backend µs | wrk µs | all µs | errors | timeouts | valid |")
-print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| row | c | req/s | p50 | p99 | front µs | corral µs | front moves | backend µs | wrk µs | all µs | errors | timeouts | valid |")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for (c, name), r in rows.items():
     moves = r["m"] / r["n"] if r["n"] else float("nan")
+    on_path = name.split("-")[0] in ("co", "nxco", "nxkco") or name.startswith("nx-direct")
+    co_us = f"{us(r, 'co'):.1f}" if on_path else "-"
     print(f"| {name} | {c} | {r['n'] / (r['runs'] * secs):.0f} | {' '.join(r['p50'])} | {' '.join(r['p99'])} | "
-          f"{us(r, 'f'):.1f} | {moves:.2f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | "
+          f"{us(r, 'f'):.1f} | {co_us} | {moves:.2f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | "
           f"{us(r, 'f') + us(r, 'b') + us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
           f"{'ok' if valid((c, name)) else '**invalid**'} |")
 print()

@@ -8,7 +8,10 @@ as callgrind counted them), and the median of the last windows (start-up and the
 requests left out, shutdown too) is printed as "CODE_LINES DATA_LINES PAGES". With BINARY (a
 position-independent executable, which valgrind maps at 0x108000), the code lines of those
 windows are also counted by the crate of the function they fall in, on the following lines as
-"crate lines", most first.
+"crate lines", most first; then a line "--" and the functions touching the most code lines
+as "lines density name", where density is the share of those lines' bytes the request ran
+(1.0 if every byte of every line touched was executed; a hot path with its cold arms in line
+sits lower).
 """
 
 import bisect
@@ -24,7 +27,7 @@ KEEP = 40  # windows looked at, before the last few (shutdown)
 def windows(trace, size):
     """The last KEEP + 5 windows of `size` instructions: (code lines, data lines, pages)."""
     out = collections.deque(maxlen=KEEP + 5)
-    code, data, pages, count = set(), set(), set(), 0
+    code, data, pages, count = {}, set(), set(), 0
     with open(trace, "rb") as f:
         for line in f:
             kind = line[:2]
@@ -36,11 +39,11 @@ def windows(trace, size):
                 continue
             pages.add(addr >> 12)
             if kind == b"I ":
-                code.add(addr >> 6)
+                code[addr] = int(line[3:].split(b",")[1])
                 count += 1
                 if count % size == 0:
                     out.append((code, data, pages))
-                    code, data, pages = set(), set(), set()
+                    code, data, pages = {}, set(), set()
             else:
                 data.add(addr >> 6)
     return list(out)[:KEEP]
@@ -54,7 +57,13 @@ def crate_of(name):
     return m.group(1) if m else "(other)"
 
 
-def by_crate(binary, wins):
+def code_lines(code):
+    """The distinct 64-byte lines an {address: size} map of executed instructions touches."""
+    return {a >> 6 for a in code}
+
+
+def symbols(binary):
+    """(starts, names) of the binary's functions, sorted by address."""
     nm = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True, text=True)
     syms = []
     for line in nm.stdout.splitlines():
@@ -62,17 +71,37 @@ def by_crate(binary, wins):
         if len(parts) == 3 and parts[1] in "tTwW":
             syms.append((int(parts[0], 16), parts[2]))
     syms.sort()
-    starts = [a for a, _ in syms]
+    return [a for a, _ in syms], [n for _, n in syms]
+
+
+def function_of(starts, names, addr):
+    """The name of the function holding a run-time address, or None outside the binary."""
+    addr -= PIE_BASE
+    i = bisect.bisect_right(starts, addr) - 1
+    if i < 0 or addr - starts[i] > 1 << 20:
+        return None
+    return names[i]
+
+
+def by_crate(starts, names, wins):
     counts = collections.Counter()
     for code, _, _ in wins:
-        for line in code:
-            addr = (line << 6) - PIE_BASE
-            i = bisect.bisect_right(starts, addr) - 1
-            if i < 0 or addr - starts[i] > 1 << 20:
-                counts["(libc, the loader, the vDSO)"] += 1
-            else:
-                counts[crate_of(syms[i][1])] += 1
+        for line in code_lines(code):
+            name = function_of(starts, names, line << 6)
+            counts["(libc, the loader, the vDSO)" if name is None else crate_of(name)] += 1
     return [(k, v / len(wins)) for k, v in counts.most_common()]
+
+
+def by_function(starts, names, wins, top=25):
+    """(lines, density, name) of the functions touching the most code lines per window."""
+    lines, ran = collections.Counter(), collections.Counter()
+    for code, _, _ in wins:
+        for line in code_lines(code):
+            lines[function_of(starts, names, line << 6) or "(outside the binary)"] += 1
+        for addr, size in code.items():
+            ran[function_of(starts, names, addr) or "(outside the binary)"] += size
+    n = len(wins)
+    return [(v / n, ran[k] / (v * 64), k) for k, v in lines.most_common(top)]
 
 
 def main():
@@ -80,12 +109,16 @@ def main():
     wins = windows(trace, size)
     if not wins:
         sys.exit(f"{trace}: fewer than one window of {size} instructions")
-    med = lambda k: sorted(len(w[k]) for w in wins)[len(wins) // 2]
+    med = lambda k: sorted(len(code_lines(w[0]) if k == 0 else w[k]) for w in wins)[len(wins) // 2]
     print(med(0), med(1), med(2))
     if len(sys.argv) > 3:
-        for crate, lines in by_crate(sys.argv[3], wins):
+        starts, names = symbols(sys.argv[3])
+        for crate, lines in by_crate(starts, names, wins):
             if lines >= 1:
                 print(crate, round(lines))
+        print("--")
+        for lines, density, name in by_function(starts, names, wins):
+            print(round(lines), f"{density:.2f}", name)
 
 
 main()
