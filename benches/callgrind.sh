@@ -21,7 +21,8 @@
 # `valgrind --tool=lackey --trace-mem=yes` for FOOTPRINT_N (300) requests, its trace cut into
 # windows of its instructions per request (ab -k -c1), the median window's distinct 64-byte
 # lines of code and of data and distinct 4 KiB pages (benches/lib/footprint.py; not HAProxy,
-# which did not start under lackey), and corral's code lines by crate: after a sleep, each
+# which did not start under lackey), and corral's code lines by crate and the functions
+# touching the most, with the share of their lines' bytes that ran: after a sleep, each
 # line a request needs is a cache miss if another process used the CPU meanwhile (decision
 # 38), OUT (default benches/RESULTS.md, whose `callgrind-PATH`
 # section, or `callgrind-PATH-access` with ACCESS=1, the table replaces; OUT= prints only;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Question: what does one hop through corral cost, in CPU per request of every process and in
 # req/s, against nginx, HAProxy and php-fpm configured the way their users run them? The load
-# is wrk -t1 (a tool we did not write), at each concurrency level, rows interleaved per round.
+# is wrk -t1 (a tool we did not write), at each concurrency level, rows interleaved per round
+# (each round's order one row further on).
 #
 # Rows (NAME: path):
 #   nx-null      nginx -> null FastCGI, plain fastcgi_pass (a new connection per request)
@@ -32,7 +33,7 @@
 #
 # Every process's CPU (utime+stime from /proc/PID/stat, summed over its live process tree) is
 # sampled around each run and divided by the requests wrk completed: "front" is nginx/HAProxy/
-# corral (both for the two-hop rows), "backend" the null backend or the PHP processes, "wrk"
+# corral (both for the two-hop rows; "corral" its corral's part), "backend" the null backend or the PHP processes, "wrk"
 # the load tool. The null backends are `corral null-backend` (13 bytes). 2 PHP processes
 # everywhere. Loopback TCP from wrk, unix sockets behind. Every process it starts it stops.
 #
