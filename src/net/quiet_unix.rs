@@ -134,7 +134,7 @@ impl QuietUnix {
     }
 
     /// The first read of this (accepted) connection peeks, and its bytes stay on the socket
-    /// until the next read or the drop (`super::owed`, [`Owed::first_read`]): for a front
+    /// until the next read or the drop (`super::owed`, `Owed::first_read`): for a front
     /// connection whose thread has nothing else to do, so that the front server, asleep until
     /// the answer, is not woken for the room the read would make.
     pub fn leave_first_read(&mut self) {
