@@ -12,6 +12,7 @@ mod quiet_halves;
 mod quiet_listener;
 mod quiet_unix;
 
+pub use owed::peer_closed;
 pub use quiet_halves::{QuietRead, QuietWrite};
 pub use quiet_listener::QuietListener;
 pub use quiet_unix::QuietUnix;

@@ -403,24 +403,14 @@ fn front_closed(fd: RawFd) -> Option<Closed> {
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         ) {
             Ok(0) => Some(Closed::Eof),
-            Ok(_) => peer_closed(fd).then_some(Closed::Eof),
+            Ok(_) => crate::net::peer_closed(fd)
+                .unwrap_or(false)
+                .then_some(Closed::Eof),
             Err(Errno::EAGAIN) => None,
             Err(Errno::EINTR) => continue,
             Err(e) => Some(Closed::Error(e)),
         };
     }
-}
-
-/// Whether the peer of `fd` has closed or shut down its side, whatever bytes wait unread.
-fn peer_closed(fd: RawFd) -> bool {
-    let mut probe = libc::pollfd {
-        fd,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut probe, 1, 0) };
-    n > 0 && probe.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Ends a request whose front connection closed while it waited for `slot`: the slot goes

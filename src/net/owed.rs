@@ -112,16 +112,7 @@ pub(super) fn discard(fd: RawFd, mut len: usize) -> io::Result<()> {
 /// for. Two system calls (`poll` for the close, which the bytes in front would hide from a
 /// peek, and `FIONREAD`), made only where a peek was made before.
 pub(super) fn past(fd: RawFd, owed: usize) -> io::Result<usize> {
-    let mut probe = libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    if unsafe { libc::poll(&mut probe, 1, 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if probe.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+    if peer_closed(fd)? {
         return Ok(0);
     }
     let mut queued: libc::c_int = 0;
@@ -133,6 +124,22 @@ pub(super) fn past(fd: RawFd, owed: usize) -> io::Result<usize> {
         q if q == owed => Err(io::ErrorKind::WouldBlock.into()),
         q => Ok(q.saturating_sub(owed).max(1)),
     }
+}
+
+/// Whether the peer of the stream socket `fd` has closed or shut down its side, whatever
+/// bytes wait unread in front of that end (which a peek would report instead): one `poll`,
+/// no wait.
+pub fn peer_closed(fd: RawFd) -> io::Result<bool> {
+    let mut probe = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    if unsafe { libc::poll(&mut probe, 1, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(probe.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
 }
 
 #[cfg(test)]
