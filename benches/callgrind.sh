@@ -24,13 +24,15 @@
 # which did not start under lackey), and corral's code lines by crate and the functions
 # touching the most, with the share of their lines' bytes that ran: after a sleep, each
 # line a request needs is a cache miss if another process used the CPU meanwhile (decision
-# 38), OUT (default benches/RESULTS.md, whose `callgrind-PATH`
+# 38), FOOTPRINT_SOURCES=1 with it also corral's code lines by source file (addr2line over
+# the binary's line tables: which file's code a request's lines hold, inlined code counted
+# to the file it came from), OUT (default benches/RESULTS.md, whose `callgrind-PATH`
 # section, or `callgrind-PATH-access` with ACCESS=1, the table replaces; OUT= prints only;
 # benches/lib/results.sh). Needs valgrind, strace, nginx, haproxy and ab.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SERVERS ACCESS SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N"
+RESULTS_VARS="SERVERS ACCESS SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N FOOTPRINT_SOURCES"
 results_start "$@"
 mode=${1:-http}
 n1=${2:-1000}
@@ -192,7 +194,7 @@ measure() {
     strace) awk '$NF == "total" {print $(NF-2)}' "$s/strace.out" ;;
     lackey)
       python3 benches/lib/footprint.py "$s/trace" "$footprint_window" \
-        $([ "$server" = corral ] && echo "$CORRAL") > "$s/footprint"
+        $([ "$server" = corral ] && echo "$CORRAL ${FOOTPRINT_SOURCES:+sources}") > "$s/footprint"
       cp "$s/footprint" "$out_dir/footprint.$server"
       head -n 1 "$s/footprint"
       ;;
@@ -251,8 +253,17 @@ if [ -n "${FOOTPRINT:-}" ] && [ -f "$out_dir/footprint.corral" ]; then
   echo
   echo "| function | code lines | density |"
   echo "| --- | ---: | ---: |"
-  sed -n '/^--$/,$p' "$out_dir/footprint.corral" | tail -n +2 \
+  awk '/^--$/ { part++; next } part == 1' "$out_dir/footprint.corral" \
     | awk '{n = $1; d = $2; $1 = ""; $2 = ""; sub(/^  /, ""); gsub(/\|/, "\\|"); printf "| `%s` | %s | %s |\n", $0, n, d}'
+  if [ -n "${FOOTPRINT_SOURCES:-}" ]; then
+    echo
+    echo "corral's code lines per request by source file (each line counted to the innermost frame of its first instruction outside the standard library):"
+    echo
+    echo "| source file | code lines |"
+    echo "| --- | ---: |"
+    awk '/^--$/ { part++; next } part == 2' "$out_dir/footprint.corral" \
+      | awk '{n = $1; $1 = ""; sub(/^ /, ""); printf "| `%s` | %s |\n", $0, n}'
+  fi
 fi
 exec 1>&3
 cat "$report"

@@ -42,12 +42,17 @@
 #
 #   bash benches/hop.sh                       # all rows, c = 1 25 100, 5 s, 2 rounds
 #   ROWS='nx-fpm|nxco-cgi' LEVELS=25 bash benches/hop.sh
+#   taskset -c 0 bash benches/hop.sh          # every process on one CPU: what each row costs
+#                                             # with no wake-up crossing CPUs (decision 40)
 # Env: SECS (5), ROUNDS (2), LEVELS ("1 25 100"), ROWS (regex, all), CORRAL (release build),
 # CORRAL_B (a second binary for the -b rows, none by default),
 # SCHED (every corral's `[server] scheduler`; default corral's own),
 # PIN (1: every corral with `pin_threads = true`, nginx with `worker_cpu_affinity auto`,
 # HAProxy with `cpu-map 1/1 0`: each front's event loop on the first CPU, as each documents
 # for a machine of its own; the backends, the workers and wrk stay free),
+# WAKES (1: at c=1, each run under `perf sched record` too, and the table gets the wake-ups
+# among the row's threads per request, how many crossed CPUs, and how long a crossing one took
+# to run; decision 40),
 # LSPHP (/var/cache/corral/lsphp-8.2/lsphp), LSPHP_OPCACHE (opcache.so beside LSPHP), OUT
 # (default benches/RESULTS.md, whose `hop` section the table replaces; OUT= prints it only;
 # benches/lib/results.sh). Before measuring it checks through each PHP front that OPcache is
@@ -56,7 +61,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL CORRAL_B SCHED PIN LSPHP LSPHP_OPCACHE"
+RESULTS_VARS="SECS ROUNDS LEVELS ROWS CORRAL CORRAL_B SCHED PIN WAKES LSPHP LSPHP_OPCACHE"
 results_start "$@"
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-2}
@@ -391,6 +396,10 @@ ticks() { # summed utime+stime of pids
   echo "$t"
 }
 self_ticks() { awk '{print $16 + $17}' /proc/$$/stat; } # reaped children of this shell (wrk)
+thread_ids() { # the threads of pids
+  local p
+  for p in "$@"; do ls /proc/"$p"/task 2>/dev/null; done
+}
 moves() { # times the scheduler moved a thread of pids to another CPU (se.nr_migrations, summed)
   local p
   for p in "$@"; do cat /proc/"$p"/task/*/sched 2>/dev/null; done | awk '$1 == "se.nr_migrations" {t += $3} END {print t + 0}'
@@ -433,14 +442,24 @@ for c in $LEVELS; do
       for f in $fronts; do [[ $f == co_* ]] && mapfile -t -O "${#cp[@]}" cp < <(pids_of "$f"); done
       for b in $backends; do mapfile -t -O "${#bp[@]}" bp < <(pids_of "$b"); done
       f0=$(ticks "${fp[@]}"); b0=$(ticks "${bp[@]}"); w0=$(self_ticks); m0=$(moves "${fp[@]}"); c0=$(ticks "${cp[@]}")
+      sp=""
+      if [ "${WAKES:-}" = 1 ] && [ "$c" = 1 ]; then
+        perf sched record -q -o "$s/sched.data" -- sleep "$SECS" > /dev/null 2>&1 & sp=$!
+      fi
       out=$(wrk -t1 -c"$c" -d"${SECS}s" --latency "$url" 2>&1)
       f1=$(ticks "${fp[@]}"); b1=$(ticks "${bp[@]}"); w1=$(self_ticks); m1=$(moves "${fp[@]}"); c1=$(ticks "${cp[@]}")
+      wakes="- - - -"
+      if [ -n "$sp" ]; then
+        wait "$sp" || true
+        wakes=$(perf script -i "$s/sched.data" 2>/dev/null \
+          | python3 benches/lib/wakes.py wrk $(thread_ids "${fp[@]}" "${bp[@]}"))
+      fi
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p50=$(awk '$1 == "50%" {print $2}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
-        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" $((m1 - m0)) $((c1 - c0)) >> "$res"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$round" "${reqs:-0}" \
+        $((f1 - f0)) $((b1 - b0)) $((w1 - w0)) "$p50" "$p99" "$errs" "$touts" $((m1 - m0)) $((c1 - c0)) "$wakes" >> "$res"
       printf '%s c=%s round %s: %s requests, p50 %s p99 %s, %s errors, %s timeouts\n' "$name" "$c" "$round" "$reqs" "$p50" "$p99" "$errs" "$touts" >&2
     done
   done
@@ -457,14 +476,22 @@ report() {
   echo "stays within about 10% of 1e6 / all µs, and a ratio of two c=1 rows is nearly the inverse ratio of their all µs."
   echo "errors: wrk's socket connect, read and write errors and non-2xx/3xx answers; timeouts: its socket timeouts."
   echo "A row with either is **invalid**: its figures are printed, no ratio uses them."
+  if [ "${WAKES:-}" = 1 ]; then
+    echo "WAKES=1 (c=1 only, under \`perf sched record\`): the wake-ups among the row's threads (front, backends, wrk) per"
+    echo "request, the share whose wakee ran on another CPU than its waker, and the median time from wake-up to running of"
+    echo "those crossing CPUs and of the rest (benches/lib/wakes.py; decision 40)."
+  fi
   echo
   python3 - "$res" "$SECS" "$hz" <<'PY'
 import sys
 res, secs, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rows = {}  # (c, name) -> sums over the rounds
 for line in open(res):
-    c, name, _round, reqs, f, b, w, p50, p99, errs, touts, moves, co = line.rstrip("\n").split("\t")
-    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, m=0, co=0, p50=[], p99=[], e=0, t=0))
+    c, name, _round, reqs, f, b, w, p50, p99, errs, touts, moves, co, wk = line.rstrip("\n").split("\t")
+    r = rows.setdefault((int(c), name), dict(n=0, runs=0, f=0, b=0, w=0, m=0, co=0, p50=[], p99=[], e=0, t=0, wk=[]))
+    rate, share, cross, local = wk.split()
+    if rate != "-" and int(reqs) > 0:
+        r["wk"].append((float(rate) / (int(reqs) / secs), float(share), cross, local))
     r["n"] += int(reqs); r["runs"] += 1; r["f"] += int(f); r["b"] += int(b); r["w"] += int(w); r["m"] += int(moves)
     r["co"] += int(co)
     r["p50"].append(p50 or "-"); r["p99"].append(p99 or "-"); r["e"] += int(errs); r["t"] += int(touts)
@@ -473,15 +500,25 @@ def valid(k):
     return r is not None and r["n"] > 0 and r["e"] == 0 and r["t"] == 0
 def us(r, x):
     return r[x] / hz * 1e6 / r["n"] if r["n"] else float("nan")
-print("| row | c | req/s | p50 | p99 | front µs | corral µs | front moves | backend µs | wrk µs | all µs | errors | timeouts | valid |")
-print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+wakes = any(r["wk"] for r in rows.values())
+def wake_cells(r):
+    """wakes/req, the share crossing CPUs, and the median µs from wake-up to running, crossing and not."""
+    if not r["wk"]:
+        return " - | - | - | - |"
+    n = len(r["wk"])
+    med = lambda xs: sorted(float(x) for x in xs if x != "-")[len([x for x in xs if x != "-"]) // 2] if any(x != "-" for x in xs) else float("nan")
+    return (f" {sum(x[0] for x in r['wk']) / n:.2f} | {100 * sum(x[1] for x in r['wk']) / n:.0f}% |"
+            f" {med([x[2] for x in r['wk']]):.0f} | {med([x[3] for x in r['wk']]):.0f} |")
+extra_head = " wakes/req | crossing | cross wake µs | local wake µs |" if wakes else ""
+print("| row | c | req/s | p50 | p99 | front µs | corral µs | front moves | backend µs | wrk µs | all µs |" + extra_head + " errors | timeouts | valid |")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if wakes else "") + "---:|---:|---|")
 for (c, name), r in rows.items():
     moves = r["m"] / r["n"] if r["n"] else float("nan")
     on_path = name.split("-")[0] in ("co", "nxco", "nxkco") or name.startswith("nx-direct")
     co_us = f"{us(r, 'co'):.1f}" if on_path else "-"
     print(f"| {name} | {c} | {r['n'] / (r['runs'] * secs):.0f} | {' '.join(r['p50'])} | {' '.join(r['p99'])} | "
           f"{us(r, 'f'):.1f} | {co_us} | {moves:.2f} | {us(r, 'b'):.1f} | {us(r, 'w'):.1f} | "
-          f"{us(r, 'f') + us(r, 'b') + us(r, 'w'):.1f} | {r['e']} | {r['t']} | "
+          f"{us(r, 'f') + us(r, 'b') + us(r, 'w'):.1f} |{wake_cells(r) if wakes else ''} {r['e']} | {r['t']} | "
           f"{'ok' if valid((c, name)) else '**invalid**'} |")
 print()
 print("The targets (issue 19: the hop and corral's own rows; issue 23: the direct pool), as ratios of this run (req/s unless it says CPU); — where a row is invalid:")

@@ -2,7 +2,7 @@
 pages, per request, from a `valgrind --tool=lackey --trace-mem=yes` trace (benches/callgrind.sh
 with FOOTPRINT=1).
 
-Usage: footprint.py TRACE WINDOW [BINARY]
+Usage: footprint.py TRACE WINDOW [BINARY [sources]]
 The trace is cut into windows of WINDOW instructions (the server's instructions per request,
 as callgrind counted them), and the median of the last windows (start-up and the first
 requests left out, shutdown too) is printed as "CODE_LINES DATA_LINES PAGES". With BINARY (a
@@ -11,7 +11,11 @@ windows are also counted by the crate of the function they fall in, on the follo
 "crate lines", most first; then a line "--" and the functions touching the most code lines
 as "lines density name", where density is the share of those lines' bytes the request ran
 (1.0 if every byte of every line touched was executed; a hot path with its cold arms in line
-sits lower).
+sits lower). With "sources" as well, a line "--" more and the source files holding the most of
+those code lines, as "lines file": each code line counted to the innermost frame of its first
+instruction that is not the standard library's (`addr2line -i` over the binary's line
+tables), so code inlined from a crate counts to that crate's file, and std's inlined
+helpers to the file that called them.
 """
 
 import bisect
@@ -104,6 +108,48 @@ def by_function(starts, names, wins, top=25):
     return [(v / n, ran[k] / (v * 64), k) for k, v in lines.most_common(top)]
 
 
+def by_source(binary, wins, top=40):
+    """(lines, file) of the source files the code lines per window fall in."""
+    counts, first = collections.Counter(), {}
+    for code, _, _ in wins:
+        for a in code:
+            first.setdefault(a >> 6, a)
+        for line in code_lines(code):
+            counts[line] += 1
+    lines = list(counts)
+    starts, names = symbols(binary)
+    # After each address, the address of `main` (never on a request's path): its answer
+    # marks where that address's inlined frames end.
+    mark = starts[names.index("main")]
+    ask = lambda q: subprocess.run(["addr2line", "-i", "-e", binary], input=q,
+                                   capture_output=True, text=True).stdout.splitlines()
+    sentinel = ask(f"{mark:#x}\n")
+    out = ask("".join(f"{first[l] - PIE_BASE:#x}\n{mark:#x}\n" for l in lines))
+    files, frames, i, it = collections.Counter(), [], 0, iter(lines)
+    while i < len(out):
+        if out[i:i + len(sentinel)] == sentinel:
+            i += len(sentinel)
+            line = next(it, None)
+            if line is None:
+                break
+            kept = [f for f in frames if "/rustc/" not in f] or frames or ["(unknown)"]
+            name = re.sub(r":(\d+|\?).*$", "", kept[0])
+            if name == "??":
+                name = "(outside the binary, or no line table)"
+            elif "/rustc/" in name:  # drop glue and other std code with no caller of ours
+                name = "std: " + re.sub(r"^.*/library/", "", name)
+            elif "/registry/src/" in name:
+                name = re.sub(r"^.*/registry/src/[^/]+/", "", name)
+            else:
+                name = re.sub(r"^.*?/(src|protocols|workers)/", r"\1/", name)
+            files[name] += counts[line] / len(wins)
+            frames = []
+        else:
+            frames.append(out[i])
+            i += 1
+    return [(v, k) for k, v in files.most_common(top)]
+
+
 def main():
     trace, size = sys.argv[1], int(float(sys.argv[2]))
     wins = windows(trace, size)
@@ -119,6 +165,10 @@ def main():
         print("--")
         for lines, density, name in by_function(starts, names, wins):
             print(round(lines), f"{density:.2f}", name)
+        if len(sys.argv) > 4 and sys.argv[4] == "sources":
+            print("--")
+            for lines, name in by_source(sys.argv[3], wins):
+                print(round(lines), name)
 
 
 main()

@@ -45,7 +45,9 @@ results_write() { # NAME TITLE BODY_FILE
     binary=", binary \`${RESULTS_BINARY/#$PWD\//}\` built $(date -u -r "$RESULTS_BINARY" '+%Y-%m-%d %H:%M UTC')"
   fi
   meta="corral \`$(results_commit)\`$binary; started ${results_started:-?}, ended $(date -u '+%Y-%m-%d %H:%M UTC')"
-  meta+="; $(nproc) CPUs ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo))"
+  meta+="; $(nproc --all) CPUs ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo))"
+  # Started under `taskset`: the run and every process it started were held to those CPUs.
+  [ "$(nproc)" = "$(nproc --all)" ] || meta+=", this run and all it started on CPU $(taskset -pc $$ | awk -F': ' '{print $2}') only (taskset)"
   meta+="; load average ${results_load_start:-?} at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end."
   python3 - "$out" "${RESULTS_SECTION:-$1}" "$2" "${results_cmd:-bash benches/$(basename "$0")}" "$meta" "$3" <<'PY'
 import sys
