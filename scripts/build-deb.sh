@@ -9,11 +9,14 @@
 # user and its state).
 #
 #   bash scripts/build-deb.sh                       # cargo build --release, then package it
+#   bash scripts/build-deb.sh --pgo                 # corral built by scripts/build-pgo.sh
 #   bash scripts/build-deb.sh --binary PATH [--worker PATH] --out DIR [--fast]
 #
 # --binary packages that binary instead of building one (tests/package_deb.rs passes the
 # debug binary it was built with); --worker names the corral-php-worker to ship (default: the
-# one beside the binary); --out is where the .deb goes (default target/debian);
+# one beside the binary); --pgo builds corral with profile-guided optimisation
+# (scripts/build-pgo.sh, which needs llvm-profdata) and the worker with cargo build --release;
+# --out is where the .deb goes (default target/debian);
 # --fast compresses with gzip -1 instead of xz. The path of the .deb is the last line of output.
 set -euo pipefail
 
@@ -22,6 +25,7 @@ binary=""
 worker=""
 out="$repo/target/debian"
 compress=(-Zxz)
+pgo=""
 
 usage() {
     sed -n '2,/^set /p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
     --worker) worker=${2:?--worker needs a path}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --fast) compress=(-Zgzip -z1); shift ;;
+    --pgo) pgo=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "build-deb.sh: unknown argument '$1' (see --help)" >&2; exit 64 ;;
     esac
@@ -46,7 +51,11 @@ if ! [[ "$version" =~ ^[0-9][0-9A-Za-z.+~-]*$ ]]; then
 fi
 arch=$(dpkg --print-architecture)
 
-if [ -z "$binary" ]; then
+if [ -z "$binary" ] && [ -n "$pgo" ]; then
+    binary=$(bash "$repo/scripts/build-pgo.sh" | tail -n 1)
+    (cd "$repo" && cargo build --release -p corral-php-worker)
+    worker=${worker:-$repo/target/release/corral-php-worker}
+elif [ -z "$binary" ]; then
     (cd "$repo" && cargo build --release --bin corral && cargo build --release -p corral-php-worker)
     binary="$repo/target/release/corral"
 fi
