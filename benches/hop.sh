@@ -506,9 +506,11 @@ def wake_cells(r):
     if not r["wk"]:
         return " - | - | - | - |"
     n = len(r["wk"])
-    med = lambda xs: sorted(float(x) for x in xs if x != "-")[len([x for x in xs if x != "-"]) // 2] if any(x != "-" for x in xs) else float("nan")
+    def med(xs):  # the median of the rounds' medians ("-": no round had such a wake-up)
+        xs = sorted(float(x) for x in xs if x != "-")
+        return f"{xs[len(xs) // 2]:.0f}" if xs else "-"
     return (f" {sum(x[0] for x in r['wk']) / n:.2f} | {100 * sum(x[1] for x in r['wk']) / n:.0f}% |"
-            f" {med([x[2] for x in r['wk']]):.0f} | {med([x[3] for x in r['wk']]):.0f} |")
+            f" {med([x[2] for x in r['wk']])} | {med([x[3] for x in r['wk']])} |")
 extra_head = " wakes/req | crossing | cross wake µs | local wake µs |" if wakes else ""
 print("| row | c | req/s | p50 | p99 | front µs | corral µs | front moves | backend µs | wrk µs | all µs |" + extra_head + " errors | timeouts | valid |")
 print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if wakes else "") + "---:|---:|---|")
