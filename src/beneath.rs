@@ -19,8 +19,9 @@
 //!
 //! Files are opened with `O_NONBLOCK` (a named pipe does not wait for a writer), `O_NOCTTY`
 //! and `O_CLOEXEC`; symlinks inside the directory are followed (the rules judge the real
-//! name instead), so `O_NOFOLLOW` is not used. The calls block like any file-system call:
-//! callers on the request path bound them (`front::file::off_thread`) or keep them few.
+//! name instead), so `O_NOFOLLOW` is not used. The calls block like any file-system call on
+//! a tree the kernel has not cached; the request path makes them on its serving thread and
+//! keeps them few, as nginx does its `open` and `stat` (docs/decisions.md, decision 41).
 
 use std::fs::{File, Metadata};
 use std::io;

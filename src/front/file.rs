@@ -7,11 +7,12 @@
 //! too, since corral sends no validator the condition could match. HEAD needs nothing here:
 //! hyper sends the head of the GET answer without its body.
 //!
-//! Every blocking file-system call made for a client runs on the blocking pool through
+//! Every read of a file's contents made for a client runs on the blocking pool through
 //! [`off_thread`] or [`FileBody`], each bounded by [`FS_TIMEOUT`], so a file system that hangs
-//! pins a pool thread, never a request. A small file is read whole in the hop that opened
-//! it ([`load`]); a larger one is read a chunk at a time with `pread` (the file is shared,
-//! its offset never moves).
+//! in a read pins a pool thread, never a request; static files are opened on the serving
+//! thread (docs/decisions.md, decision 41), an X-Sendfile file in the hop that reads it. A small file is read whole in one hop ([`load`]);
+//! a larger one is read a chunk at a time with `pread` (the file is shared, its offset never
+//! moves).
 
 use std::fs::File;
 use std::future::Future;
@@ -238,6 +239,15 @@ pub(super) struct Loaded {
 }
 
 impl Loaded {
+    /// A regular file of `len` bytes, opened, none of it read yet.
+    pub(super) fn unread(file: File, len: u64) -> Loaded {
+        Loaded {
+            file: Arc::new(file),
+            len,
+            whole: None,
+        }
+    }
+
     /// The contents as the answer takes them, with their length.
     pub(super) fn into_data(self) -> (FileData, u64) {
         match self.whole {

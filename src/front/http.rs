@@ -239,7 +239,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
         }
         let controller_path;
         let tried = if config.front_controller.is_some() {
-            try_files(&routed, &path, seen).await
+            try_files(&routed, &path, seen)
         } else {
             TryFiles::Keep
         };

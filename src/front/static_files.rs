@@ -7,13 +7,13 @@
 use std::borrow::Cow;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
-use crate::beneath::{open_beneath, Access, Dir, OpenError};
+use crate::beneath::{open_beneath, Access, Dir, OpenError, Opened};
 use crate::front::file::{self, Loaded};
 use crate::front::http::{plain, HttpBody};
 use crate::front::open_files::{self, Cached};
@@ -68,25 +68,30 @@ pub(super) async fn static_file(
     // Opened once, beneath the real root, and judged by what was opened (ARCHITECTURE.md
     // invariant 17): a regular file, not a symlink out, and a real name that is no script
     // and not hidden either (`a.txt -> index.php`). A descriptor this thread opened so
-    // within `open_files::VALID_FOR` serves again without a blocking-pool hop.
+    // within `open_files::VALID_FOR` serves again without opening anything. The open is
+    // made on the serving thread, as the script guard's are; only reading a file's
+    // contents the first time goes to the blocking pool (docs/decisions.md, decision 41).
     let read = method == http::Method::GET;
     let now = tokio::time::Instant::now();
     let key = root.as_os_str().as_bytes();
-    let (loaded, real, fresh) = match open_files::get(key, norm, now, read) {
-        Some((loaded, cached)) => (Some(loaded), cached.real, false),
-        None => match look_up(root, norm, Access::Read, read).await {
-            Ok(Ok(found)) => {
+    let (got, real) = match open_files::get(key, norm, now, read) {
+        Some((loaded, cached)) => (Got::Cached(loaded), cached.real),
+        None => match look_up(root, norm, Access::Read) {
+            Ok(opened) => {
                 *seen = Some(Seen::Found {
-                    is_dir: found.is_dir,
+                    is_dir: opened.meta.is_dir(),
                 });
-                (found.data, found.real.map(Arc::from), true)
+                let file = opened
+                    .meta
+                    .is_file()
+                    .then(|| (opened.file, opened.meta.len()));
+                (Got::Opened(file), opened.real.map(Arc::from))
             }
             // Missing, or resolving outside the root: the backend may know the path.
-            Ok(Err(_)) => {
+            Err(_) => {
                 *seen = Some(Seen::Missing);
                 return None;
             }
-            Err(e) => return Some(stalled(&e)),
         },
     };
     let real_name: Cow<'_, [u8]> = match &real {
@@ -100,15 +105,33 @@ pub(super) async fn static_file(
     if looks_like_source(&real_name, extensions) || has_hidden_segment(&real_name) {
         return Some(plain(StatusCode::NOT_FOUND, "404 Not Found\n"));
     }
-    let loaded = loaded?;
-    if fresh {
-        let cached = Cached {
-            file: Arc::clone(&loaded.file),
-            len: loaded.len,
-            real,
-        };
-        open_files::put(key, norm, cached, now);
-    }
+    let loaded = match got {
+        Got::Cached(loaded) => loaded,
+        // Not a regular file (a directory, a named pipe, a socket): never read, passed on.
+        Got::Opened(None) => return None,
+        Got::Opened(Some((file, len))) => {
+            let loaded = if read && len <= file::SMALL_FILE {
+                match file::off_thread(move || file::load(file, len, true)).await {
+                    Ok(Ok(loaded)) => loaded,
+                    Ok(Err(_)) => {
+                        *seen = Some(Seen::Missing);
+                        return None;
+                    }
+                    Err(e) => return Some(stalled(&e)),
+                }
+            } else {
+                // Nothing to read now: a HEAD, or a file streamed chunk by chunk.
+                Loaded::unread(file, len)
+            };
+            let cached = Cached {
+                file: Arc::clone(&loaded.file),
+                len: loaded.len,
+                real,
+            };
+            open_files::put(key, norm, cached, now);
+            loaded
+        }
+    };
     if method != http::Method::GET && method != http::Method::HEAD {
         let mut resp = plain(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed\n");
         resp.headers_mut()
@@ -130,44 +153,21 @@ pub(super) async fn static_file(
     ))
 }
 
-/// What [`look_up`] found under a root.
-struct Found {
-    /// A regular file, opened; `None` for anything else (a directory, a named pipe, a
-    /// socket, a device), which is never read.
-    data: Option<Loaded>,
-    /// Whether it is a directory.
-    is_dir: bool,
-    /// Its real path relative to the real root, when a symlink led to it.
-    real: Option<PathBuf>,
+/// What [`static_file`] has to answer with.
+enum Got {
+    /// A file this thread had open already, ready to answer.
+    Cached(Loaded),
+    /// What the lookup opened: a regular file with its length, or `None` for anything else.
+    Opened(Option<(std::fs::File, u64)>),
 }
 
-/// Opens what the normalised `norm` names beneath `root` on the blocking pool, bounded by
-/// `FS_TIMEOUT` (the outer error), and reads it whole when it is a small regular file and
-/// `read` asks for its contents.
-async fn look_up(
-    root: &Path,
-    norm: &[u8],
-    access: Access,
-    read: bool,
-) -> std::io::Result<Result<Found, OpenError>> {
-    let root = root.to_path_buf();
-    let rel = PathBuf::from(OsStr::from_bytes(norm.strip_prefix(b"/").unwrap_or(norm)));
-    file::off_thread(move || {
-        let dir = Dir::open(&root)?;
-        let opened = open_beneath(&dir, &rel, access)?;
-        let is_dir = opened.meta.is_dir();
-        let data = if access == Access::Read && opened.meta.is_file() {
-            Some(file::load(opened.file, opened.meta.len(), read)?)
-        } else {
-            None
-        };
-        Ok(Found {
-            data,
-            is_dir,
-            real: opened.real,
-        })
-    })
-    .await
+/// Opens what the normalised `norm` names beneath `root`. On the serving thread: the walk
+/// and the `fstat` of a tree the kernel has cached cost less than a hop to the blocking pool
+/// and back, as the script guard's do (decision 41).
+fn look_up(root: &Path, norm: &[u8], access: Access) -> Result<Opened, OpenError> {
+    let dir = Dir::open(root)?;
+    let rel = Path::new(OsStr::from_bytes(norm.strip_prefix(b"/").unwrap_or(norm)));
+    open_beneath(&dir, rel, access)
 }
 
 /// The answer when the file system did not answer in time, with its log line.
@@ -199,11 +199,7 @@ pub(super) enum TryFiles {
 /// leaves the real root counts as missing, so the answer is the same whatever exists outside.
 /// The controller itself is checked by the script guard in `Gateway::dispatch` like any
 /// other script (ARCHITECTURE.md invariant 2).
-pub(super) async fn try_files(
-    routed: &Routed,
-    path: &RequestPath<'_>,
-    seen: Option<Seen>,
-) -> TryFiles {
+pub(super) fn try_files(routed: &Routed, path: &RequestPath<'_>, seen: Option<Seen>) -> TryFiles {
     let context = &routed.context;
     let (Some(controller), Some(root)) = (&context.config.front_controller, &context.config.root)
     else {
@@ -223,15 +219,11 @@ pub(super) async fn try_files(
     // `static_file` may have looked already.
     let seen = match seen {
         Some(seen) => seen,
-        None => match look_up(root, norm, Access::Look, false).await {
-            Ok(Ok(found)) => Seen::Found {
-                is_dir: found.is_dir,
+        None => match look_up(root, norm, Access::Look) {
+            Ok(opened) => Seen::Found {
+                is_dir: opened.meta.is_dir(),
             },
-            Ok(Err(_)) => Seen::Missing,
-            Err(e) => {
-                tracing::warn!(error = %e, "kept a path as it is: its file could not be looked at");
-                return TryFiles::Keep;
-            }
+            Err(_) => Seen::Missing,
         },
     };
     let is_dir = match seen {
