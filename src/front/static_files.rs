@@ -81,10 +81,8 @@ pub(super) async fn static_file(
                 *seen = Some(Seen::Found {
                     is_dir: opened.meta.is_dir(),
                 });
-                let file = opened
-                    .meta
-                    .is_file()
-                    .then(|| (opened.file, opened.meta.len()));
+                let len = opened.meta.len();
+                let file = opened.meta.is_file().then_some((opened.file, len));
                 (Got::Opened(file), opened.real.map(Arc::from))
             }
             // Missing, or resolving outside the root: the backend may know the path.

@@ -27,6 +27,7 @@
 //! system call more per request for nothing.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 
 /// Bytes after a write that are read by peeking.
@@ -55,11 +56,16 @@ impl Owed {
         self.peek_left = PEEK_SPAN;
     }
 
-    /// Before a read of `fd`: takes off the bytes the last peek left there, and gives the
-    /// `recv` flags this read uses.
-    pub(super) fn before_read(&mut self, fd: RawFd) -> io::Result<libc::c_int> {
+    /// Before a read of `fd`: takes off the bytes the last peek left there, into `spare`
+    /// (the unfilled part of the buffer that read fills next, when it is the larger
+    /// scratch), and gives the `recv` flags this read uses.
+    pub(super) fn before_read(
+        &mut self,
+        fd: RawFd,
+        spare: &mut [MaybeUninit<u8>],
+    ) -> io::Result<libc::c_int> {
         if self.len > 0 {
-            discard(fd, self.len)?;
+            discard_into(fd, self.len, spare)?;
             self.len = 0;
         }
         Ok(if self.peek_left > 0 {
@@ -84,13 +90,26 @@ impl Owed {
 }
 
 /// Takes `len` bytes, already read by a peek, off the socket `fd`.
-pub(super) fn discard(fd: RawFd, mut len: usize) -> io::Result<()> {
+pub(super) fn discard(fd: RawFd, len: usize) -> io::Result<()> {
+    discard_into(fd, len, &mut [])
+}
+
+/// [`discard`] into `spare` when it is larger than the 4 KiB of the stack: the unfilled part
+/// of a read buffer, which the next read overwrites, so a 17 KiB answer's peeked head comes
+/// off in one `recv`, not five.
+fn discard_into(fd: RawFd, mut len: usize, spare: &mut [MaybeUninit<u8>]) -> io::Result<()> {
     // Uninitialised: the bytes are thrown away, and zeroing 4 KiB per answer cost more
     // than the rest of the request's reading (callgrind).
-    let mut scratch = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut stack = [MaybeUninit::<u8>::uninit(); 4096];
+    let scratch = if spare.len() > stack.len() {
+        spare
+    } else {
+        &mut stack[..]
+    };
     while len > 0 {
         let want = len.min(scratch.len());
-        // SAFETY: `scratch` is valid for writes of `want` bytes for the call; nothing reads it.
+        // SAFETY: `scratch` is valid for writes of `want` bytes for the call; what it writes
+        // there is never read (uninitialised memory written, not assumed initialised).
         let n = unsafe { libc::recv(fd, scratch.as_mut_ptr().cast(), want, libc::MSG_DONTWAIT) };
         match n {
             1.. => len = len.saturating_sub(n.unsigned_abs()),

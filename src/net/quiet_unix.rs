@@ -261,7 +261,9 @@ pub(super) fn poll_read_owing(
     let Some(owed) = owed else {
         return poll_read(stream, watch, cx, buf, 0);
     };
-    let flags = owed.before_read(stream.as_raw_fd())?;
+    // SAFETY: the bytes thrown away are written into the unfilled part and never marked
+    // initialised or filled; the read that follows writes over them.
+    let flags = owed.before_read(stream.as_raw_fd(), unsafe { buf.unfilled_mut() })?;
     let before = buf.filled().len();
     let read = poll_read(stream, watch, cx, buf, flags);
     if let Poll::Ready(Ok(())) = read {
