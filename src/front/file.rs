@@ -10,9 +10,9 @@
 //! Every read of a file's contents made for a client runs on the blocking pool through
 //! [`off_thread`] or [`FileBody`], each bounded by [`FS_TIMEOUT`], so a file system that hangs
 //! in a read pins a pool thread, never a request; static files are opened on the serving
-//! thread (docs/decisions.md, decision 41), an X-Sendfile file in the hop that reads it. A small file is read whole in one hop ([`load`]);
-//! a larger one is read a chunk at a time with `pread` (the file is shared, its offset never
-//! moves).
+//! thread (docs/decisions.md, decision 41), an X-Sendfile file in the hop that reads it. A
+//! small file is read whole in one hop ([`load`]); a larger one is read a chunk at a time
+//! with `pread` (the file is shared, its offset never moves).
 
 use std::fs::File;
 use std::future::Future;
