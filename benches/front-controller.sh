@@ -38,7 +38,6 @@ chmod 755 "$s/www" "$s/www/wp-admin"
 echo '<?php // the null backend answers instead' > "$s/www/index.php"
 head -c 2000 /dev/urandom | base64 -w 76 | head -c 1741 > "$s/www/f.txt"
 chmod 644 "$s/www/index.php" "$s/www/f.txt"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 first=$1
 "$first" null-backend --protocol fastcgi --threads 1 --listen "unix:$s/null.sock" > /dev/null 2>&1 & pids+=($!)
@@ -46,7 +45,7 @@ for _ in $(seq 100); do [ -S "$s/null.sock" ] && break; sleep 0.05; done
 chmod 666 "$s/null.sock"
 hello=$(printf 'Hello, world\n')
 
-np=$(port)
+np=$(free_port)
 cat > "$s/ngx/nginx.conf" <<NG
 worker_processes 1; daemon off; pid $s/ngx/nginx.pid; error_log $s/ngx/error.log;
 events { worker_connections 1024; }
@@ -64,7 +63,7 @@ nginx_master=$!
 names=(nginx) bases=("http://127.0.0.1:$np")
 i=0
 for bin in "$@"; do
-  cp=$(port)
+  cp=$(free_port)
   mkdir -p "$s/run$i"
   chmod 700 "$s/run$i"
   cat > "$s/c$i.toml" <<CF
@@ -100,8 +99,6 @@ done
 server_pid() { # ROW: nginx's worker, or that corral
   if [ "$1" = 0 ]; then pgrep -P "$nginx_master" | head -n 1; else echo "${pids[$(($1 + 1))]}"; fi
 }
-hz=$(getconf CLK_TCK)
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 report=$s/report.md
 exec 3>&1 1>"$report"
 echo "nginx 1.22 (one worker; \`try_files \$uri \$uri/ /index.php?\$args\`, \`fastcgi_keep_conn on\`, upstream keepalive 8) and corral (one serving thread; a pool of the backend with \`concurrency = 64\`, \`static_files = true\`, \`front_controller = \"/index.php\"\`) in front of the same \`corral null-backend\` FastCGI responder. wrk -t1 -c20 -d$DUR after a 1 s warm-up, $ROUNDS rounds interleaved; CPU of the serving process from /proc (the backend's not counted)."
@@ -114,14 +111,7 @@ for r in $(seq "$ROUNDS"); do
     for j in "${!names[@]}"; do
       url="${bases[$j]}$p"
       pid=$(server_pid "$j")
-      wrk -t1 -c20 -d1s "$url" > /dev/null
-      c0=$(cpu "$pid")
-      out=$(wrk -t1 -c20 -d"$DUR" "$url")
-      c1=$(cpu "$pid")
-      rps=$(awk '/Requests\/sec/ {print $2}' <<< "$out")
-      reqs=$(awk '/requests in/ {print $1}' <<< "$out")
-      read -r errs touts < <(wrk_errors <<< "$out")
-      us=$(awk -v a="$c0" -v b="$c1" -v n="${reqs:-0}" -v hz="$hz" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / hz / n; else print "-" }')
+      read -r rps us errs touts reqs < <(wrk_cpu 20 "$DUR" "$url" "$pid")
       v=ok
       [ "$errs" = 0 ] && [ "$touts" = 0 ] && [ "${reqs:-0}" -gt 0 ] && answers "${bases[$j]}" "$p" || v="**invalid**"
       echo "| $r | \`$p\` | ${names[$j]} | $rps | $us | $errs | $touts | $v |"

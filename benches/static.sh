@@ -32,12 +32,11 @@ mkdir -p "$s/www" "$s/ngx"
 chmod 755 "$s/www"
 head -c 2000 /dev/urandom | base64 -w 76 | head -c 1741 > "$s/www/f.txt"
 chmod 644 "$s/www/f.txt"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up() { # URL: waits until it serves the file
   for _ in $(seq 200); do curl -sf "$1" 2>/dev/null | cmp -s - "$s/www/f.txt" && return 0; sleep 0.05; done
   echo "$1 never served the file" >&2; exit 1
 }
-np=$(port)
+np=$(free_port)
 cat > "$s/ngx/nginx.conf" <<NG
 worker_processes 1; daemon off; pid $s/ngx/nginx.pid; error_log $s/ngx/error.log;
 events { worker_connections 1024; }
@@ -53,7 +52,7 @@ nginx_worker=$(pgrep -P "$nginx_master" | head -n 1)
 names=(nginx) urls=("http://127.0.0.1:$np/f.txt") procs=("$nginx_worker")
 i=0
 for bin in "$@"; do
-  cp=$(port)
+  cp=$(free_port)
   mkdir -p "$s/run$i"
   chmod 700 "$s/run$i"
   cat > "$s/c$i.toml" <<CF
@@ -78,8 +77,6 @@ CF
   up "http://127.0.0.1:$cp/f.txt"
   i=$((i + 1))
 done
-hz=$(getconf CLK_TCK)
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 report=$s/report.md
 exec 3>&1 1>"$report"
 echo "1,741-byte file, wrk -t1 -c20 -d$DUR after a 1 s warm-up, $ROUNDS rounds interleaved; CPU of the serving process from /proc."
@@ -89,14 +86,7 @@ echo "| round | server | req/s | CPU µs per request | errors | timeouts | valid
 echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 for r in $(seq "$ROUNDS"); do
   for j in "${!names[@]}"; do
-    wrk -t1 -c20 -d1s "${urls[$j]}" > /dev/null
-    c0=$(cpu "${procs[$j]}")
-    out=$(wrk -t1 -c20 -d"$DUR" "${urls[$j]}")
-    c1=$(cpu "${procs[$j]}")
-    rps=$(awk '/Requests\/sec/ {print $2}' <<< "$out")
-    reqs=$(awk '/requests in/ {print $1}' <<< "$out")
-    read -r errs touts < <(wrk_errors <<< "$out")
-    us=$(awk -v a="$c0" -v b="$c1" -v n="${reqs:-0}" -v hz="$hz" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / hz / n; else print "-" }')
+    read -r rps us errs touts reqs < <(wrk_cpu 20 "$DUR" "${urls[$j]}" "${procs[$j]}")
     v=ok; [ "$errs" = 0 ] && [ "$touts" = 0 ] && [ "${reqs:-0}" -gt 0 ] || v="**invalid**"
     echo "| $r | ${names[$j]} | $rps | $us | $errs | $touts | $v |"
   done

@@ -78,3 +78,23 @@ wrk_errors() {
        /Non-2xx or 3xx/ { e += $NF }
        END { print e + 0, t + 0 }'
 }
+
+# A TCP port free on 127.0.0.1 now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# `wrk -t1 -cCONNS -dDUR URL` after a 1 s warm-up, and the CPU the process PID took during it
+# (user + system, /proc/PID/stat): prints "req/s µs-per-request errors timeouts requests"
+# (µs "-" when no request was answered).
+#   read -r rps us errs touts reqs < <(wrk_cpu 20 5s "$url" "$pid")
+wrk_cpu() { # CONNS DUR URL PID
+  local conns=$1 dur=$2 url=$3 pid=$4 c0 c1 out errs touts
+  wrk -t1 -c"$conns" -d1s "$url" > /dev/null
+  c0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  out=$(wrk -t1 -c"$conns" -d"$dur" "$url")
+  c1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  read -r errs touts < <(wrk_errors <<< "$out")
+  awk -v a="$c0" -v b="$c1" -v hz="$(getconf CLK_TCK)" -v e="$errs" -v t="$touts" '
+    /Requests\/sec/ { rps = $2 } /requests in/ { n = $1 }
+    END { us = n > 0 ? sprintf("%.1f", (b - a) * 1e6 / hz / n) : "-"
+          print (rps == "" ? "-" : rps), us, e, t, n + 0 }' <<< "$out"
+}
