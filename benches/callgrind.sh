@@ -14,7 +14,9 @@
 #          keep   nginx fastcgi_keep_conn -> corral's fastcgi listener: corral's hop alone
 # Usage: bash benches/callgrind.sh [PATH] [N1] [N2]   (defaults: http 1000 3000)
 # Env: SERVERS (which to measure, default "corral nginx haproxy" for http and "corral nginx"
-# for plain/keep), ACCESS=1 (corral's access log on), SCHED (`[server] scheduler`),
+# for plain/keep), CLOSE=1 (ab without -k: a new client connection per request, as nginx's
+# `proxy_pass` without upstream keep-alive opens one; section `callgrind-PATH-close`),
+# ACCESS=1 (corral's access log on), SCHED (`[server] scheduler`),
 # CORRAL (the binary, default the release build), OUT_DIR (where corral's last profile is
 # left as callgrind.out.corral for callgrind_annotate, default /tmp), STRACE=0 skips the
 # system-call counts, FOOTPRINT=1 adds what a request touches: each server once more under
@@ -32,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SERVERS ACCESS SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N FOOTPRINT_SOURCES"
+RESULTS_VARS="SERVERS CLOSE ACCESS SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N FOOTPRINT_SOURCES"
 results_start "$@"
 mode=${1:-http}
 n1=${2:-1000}
@@ -176,8 +178,10 @@ measure() {
   # same step of several requests, its lines counted once.
   local conc=4
   [ "$tool" = lackey ] && conc=1
-  ab -q -k -n 200 -c "$conc" "$url" > /dev/null   # warm-up
-  ab -q -k -n "$n" -c "$conc" "$url" > "$s/ab.txt"
+  local keep=(-k)
+  [ -n "${CLOSE:-}" ] && keep=()
+  ab -q "${keep[@]}" -n 200 -c "$conc" "$url" > /dev/null   # warm-up
+  ab -q "${keep[@]}" -n "$n" -c "$conc" "$url" > "$s/ab.txt"
   grep -q '^Failed requests: *0$' "$s/ab.txt" || { echo "$server: failed requests" >&2; cat "$s/ab.txt" >&2; exit 1; }
   grep -q '^Non-2xx responses' "$s/ab.txt" && { echo "$server: non-2xx answers" >&2; cat "$s/ab.txt" >&2; exit 1; }
   # strace's tracee is its child; valgrind runs the program in its own process.
@@ -212,7 +216,9 @@ per_request() { # TOOL SERVER -> count per request
 note=""; [ -n "${ACCESS:-}" ] && note=" (corral's access log on)"
 report=$(mktemp /tmp/corral-cg-report.XXXXXX)
 exec 3>&1 1>"$report"
-echo "path $mode$note, ab -k -c4; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), under valgrind --tool=callgrind and strace -c -f."
+ab_k="-k "
+[ -n "${CLOSE:-}" ] && { note="$note, a new connection per request"; ab_k=""; }
+echo "path $mode$note, ab ${ab_k}-c4; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), under valgrind --tool=callgrind and strace -c -f."
 [ -n "${FOOTPRINT:-}" ] && echo "What a request touches: ${FOOTPRINT_N:-300} requests more under valgrind --tool=lackey --trace-mem=yes with ab -k -c1, the trace cut into windows of the server's instructions per request; the median window's distinct 64-byte lines of code and of data, and its distinct 4 KiB pages (benches/lib/footprint.py)."
 echo
 if [ -n "${FOOTPRINT:-}" ]; then
@@ -268,5 +274,5 @@ fi
 exec 1>&3
 cat "$report"
 title="Instructions and system calls per request, path $mode$note"
-results_write "callgrind-$mode${ACCESS:+-access}" "$title" "$report"
+results_write "callgrind-$mode${CLOSE:+-close}${ACCESS:+-access}" "$title" "$report"
 rm -f "$report"

@@ -284,6 +284,10 @@ fn bench(c: &mut Criterion) {
         peer: Peer::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 40000))),
         forwarded: None,
         timeouts: h.timeouts,
+        server_vars: Arc::new(http::server_vars(Some(std::net::SocketAddr::from((
+            [127, 0, 0, 1],
+            8080,
+        ))))),
     };
     let _server = h.runtime.spawn(http::serve_connection(
         Stream::Unix(ours),
@@ -432,6 +436,10 @@ pool = "lsapi"
             peer: Peer::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 40000))),
             forwarded: None,
             timeouts,
+            server_vars: Arc::new(http::server_vars(Some(std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                8080,
+            ))))),
         };
         let server = runtime.spawn(http::serve_connection(
             Stream::Unix(ours),

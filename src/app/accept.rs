@@ -62,6 +62,8 @@ pub(super) async fn accept_loop(
         FrontProtocol::Fastcgi => Some(crew(Front::Fastcgi)),
         FrontProtocol::Scgi => Some(crew(Front::Scgi)),
     };
+    // The listener's SERVER_ADDR and SERVER_PORT, encoded once for all its connections.
+    let server_vars = Arc::new(http::server_vars(local));
     // Made once: a wait made at every turn would join the token's waiters and leave them
     // again for each connection.
     let stopping = shutdown.cancelled();
@@ -106,6 +108,7 @@ pub(super) async fn accept_loop(
             peer,
             forwarded: config.forwarded.clone(),
             timeouts: config.timeouts,
+            server_vars: Arc::clone(&server_vars),
         };
         connections.spawn(Box::pin(http::serve_connection(
             stream,

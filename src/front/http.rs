@@ -43,11 +43,12 @@ use crate::front::sendfile;
 use crate::front::static_files::{add_slash, static_file, try_files, TryFiles};
 use crate::gateway::{Gateway, GatewayError, RouteKey};
 use crate::net::Stream;
-use crate::protocols::cgi::{parse_request_path, RequestPath};
+use crate::protocols::cgi::{parse_request_path, RequestPath, ServerVars};
 use crate::protocols::cgi_response::ResponseKind;
 
 pub(in crate::front) use answer::{error_response, plain};
 pub use body::FrontBody;
+pub use vars::server_vars;
 
 use answer::{client_headers, discard, sends_body};
 use body::request_body;
@@ -72,6 +73,9 @@ pub struct ConnInfo {
     pub forwarded: Option<ForwardedTrust>,
     /// The listener's phase timeouts.
     pub timeouts: FrontTimeouts,
+    /// SERVER_ADDR and SERVER_PORT, the same for every connection of the listener
+    /// ([`server_vars`] of `local`, encoded once by the accept loop).
+    pub server_vars: Arc<ServerVars>,
 }
 
 /// Serves one HTTP connection until the client closes it, a timeout or the connection cap
@@ -86,15 +90,15 @@ pub async fn serve_connection(
 ) {
     let state = Arc::clone(ticket.state());
     let timeouts = info.timeouts;
-    let info = Arc::new(Served {
+    let info = Served {
         addrs: AddrText::of(&info),
         info,
-    });
+    };
     let busy = Arc::clone(&state);
     // Borrowed by each request's future, not cloned into it: the connection's future owns
     // both, and an `Arc` clone of the gateway per request was a read-modify-write on a
     // count every serving thread shares.
-    let (gateway, info) = (&*gateway, &*info);
+    let (gateway, info) = (&*gateway, &info);
     let service = service_fn(move |req| {
         // The head is complete: the connection is busy until hyper drops the response
         // body (after its last byte, or when the connection ends).
@@ -131,12 +135,16 @@ pub async fn serve_connection(
     tokio::pin!(conn);
     // The deadlines, an eviction and the shutdown, polled only when one of them woke the
     // task, not at every wake of the connection (front::quiet).
-    let mut side = Quiet::new(async {
+    // Pinned here, in the connection's own future, not boxed: a box was an allocation and
+    // a copy of the whole wait per connection.
+    let side = async {
         tokio::select! {
             why = state.watch(timeouts) => Some(why),
             () = shutdown.cancelled() => None,
         }
-    });
+    };
+    tokio::pin!(side);
+    let mut side = Quiet::new(side);
     let ended = std::future::poll_fn(|cx| {
         if let Poll::Ready(result) = conn.as_mut().poll(cx) {
             return Poll::Ready(Ok(result));

@@ -14,6 +14,7 @@
 //! byte, request start, last request end), so the per-read cost is two relaxed loads.
 
 mod admission;
+mod keyhash;
 mod watched;
 
 pub use admission::{
@@ -175,6 +176,14 @@ impl ConnState {
         &self.evicted
     }
 
+    /// The cap table closes this connection: its eviction is set, and the HTTP watch, which
+    /// waits on `changed` rather than on the eviction too (one wait registered per
+    /// connection, not two), is woken to see it.
+    fn evict(&self) {
+        self.evicted.cancel();
+        self.changed.notify_one();
+    }
+
     /// When the connection must be closed, and why, if nothing changes before then; `None`
     /// while a request is handled (its own timeouts bound it).
     pub fn deadline(&self, t: &FrontTimeouts) -> Option<(Instant, Expired)> {
@@ -221,9 +230,9 @@ impl ConnState {
                 Ordering::SeqCst,
             );
             let expiry = tokio::time::sleep_until(at);
+            // An eviction wakes `changed` too ([`ConnState::evict`]).
             tokio::select! {
                 () = changed => {}
-                () = self.evicted.cancelled(), if !evicted => {}
                 () = expiry => {
                     if let Some((at, why)) = self.deadline(&t) {
                         if at <= Instant::now() {

@@ -168,6 +168,7 @@ impl Listener {
                     socket.set_reuseport(true)?;
                 }
                 socket.bind(*a)?;
+                socket.set_nodelay(true)?;
                 Ok(Listener::Tcp {
                     listener: socket.listen(backlog)?,
                     allow: allow.clone(),
@@ -200,6 +201,8 @@ impl Listener {
         match socket {
             crate::systemd::Inherited::Tcp(l) => {
                 l.set_nonblocking(true)?;
+                nix::sys::socket::setsockopt(&l, nix::sys::socket::sockopt::TcpNoDelay, &true)
+                    .map_err(io::Error::from)?;
                 let allow = match bind {
                     Bind::Tcp { allow, .. } => allow.clone(),
                     Bind::Unix { .. } => Vec::new(),
@@ -282,7 +285,8 @@ impl Listener {
                     }
                     return Ok(None);
                 }
-                stream.set_nodelay(true)?;
+                // No TCP_NODELAY here: the listening socket has it, and Linux copies it to
+                // every connection accepted from it (a system call per connection saved).
                 Ok(Some((Stream::Tcp(stream), Peer::Tcp(peer))))
             }
             Listener::Unix { listener, .. } => {
@@ -303,6 +307,7 @@ fn reuse_port_sibling(addr: SocketAddr, backlog: u32) -> io::Result<std::net::Tc
     socket.set_reuseaddr(true)?;
     socket.set_reuseport(true)?;
     socket.bind(addr)?;
+    socket.set_nodelay(true)?;
     let listener = socket.listen(backlog)?.into_std()?;
     listener.set_nonblocking(true)?;
     Ok(listener)
@@ -453,6 +458,58 @@ mod tests {
             std::fs::symlink_metadata(&link).unwrap().uid(),
             nobody.uid.as_raw()
         );
+    }
+
+    /// Whether the client connection `listener` accepts next has TCP_NODELAY.
+    async fn accepted_nodelay(listener: &Listener) -> bool {
+        let Ok(ListenAddress::Tcp(addr)) = listener.local_address() else {
+            panic!("not a TCP listener");
+        };
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        match listener.accept().await.unwrap() {
+            Some((Stream::Tcp(s), _)) => s.nodelay().unwrap(),
+            other => panic!("accepted {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn tcp_clients_are_accepted_with_nodelay_from_every_kind_of_listener() {
+        // Set on the listening socket, not per connection: the kernel copies it to each
+        // accepted one, whether corral bound the socket, a sibling shares its port or
+        // socket activation handed it over.
+        let bind = Bind::Tcp {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            allow: Vec::new(),
+        };
+        let bound = Listener::bind(&bind, 16).unwrap();
+        assert!(accepted_nodelay(&bound).await, "bound");
+
+        let shared = Listener::bind_with(&bind, 16, true).unwrap();
+        let parked = shared.park(2, 16).unwrap();
+        for queue in 0..parked.queues() {
+            let l = parked.register(queue).unwrap();
+            // SO_REUSEPORT spreads clients over the two queues: connect until this one
+            // has one waiting.
+            let Ok(ListenAddress::Tcp(addr)) = l.local_address() else {
+                panic!()
+            };
+            let mut clients = Vec::new();
+            let accepted = loop {
+                clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+                let next = tokio::time::timeout(std::time::Duration::from_millis(20), l.accept());
+                if let Ok(got) = next.await {
+                    break got.unwrap();
+                }
+            };
+            match accepted {
+                Some((Stream::Tcp(s), _)) => assert!(s.nodelay().unwrap(), "queue {queue}"),
+                other => panic!("accepted {other:?}"),
+            }
+        }
+
+        let handed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let inherited = Listener::inherited(crate::systemd::Inherited::Tcp(handed), &bind).unwrap();
+        assert!(accepted_nodelay(&inherited).await, "inherited");
     }
 
     #[tokio::test]

@@ -8,15 +8,17 @@
 //! side future is polled only after something it waits on woke it.
 
 use std::future::Future;
+use std::ops::DerefMut;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 
-/// Polls `F` only when a waker it registered has fired since its last poll (and on the
-/// first poll). Its wakers wake the task that last polled it.
-pub(crate) struct Quiet<F> {
-    inner: Pin<Box<F>>,
+/// Polls the future `P` points to only when a waker it registered has fired since its last
+/// poll (and on the first poll). Its wakers wake the task that last polled it. `P` is
+/// `Pin<&mut F>` for a future pinned on the caller's stack (no allocation), or a box.
+pub(crate) struct Quiet<P> {
+    inner: Pin<P>,
     signal: Arc<Signal>,
     /// `signal` as a waker, made once.
     waker: Waker,
@@ -43,24 +45,32 @@ impl Wake for Signal {
     }
 }
 
-impl<F: Future> Quiet<F> {
-    pub(crate) fn new(inner: F) -> Quiet<F> {
+impl<P> Quiet<P>
+where
+    P: DerefMut,
+    P::Target: Future,
+{
+    pub(crate) fn new(inner: Pin<P>) -> Quiet<P> {
         let signal = Arc::new(Signal {
             woken: AtomicBool::new(true),
             task: Mutex::new(None),
         });
         Quiet {
-            inner: Box::pin(inner),
+            inner,
             waker: Waker::from(Arc::clone(&signal)),
             signal,
         }
     }
 }
 
-impl<F: Future> Future for Quiet<F> {
-    type Output = F::Output;
+impl<P> Future for Quiet<P>
+where
+    P: DerefMut + Unpin,
+    P::Target: Future,
+{
+    type Output = <P::Target as Future>::Output;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if !this.signal.woken.swap(false, Ordering::AcqRel) {
             return Poll::Pending;
@@ -110,13 +120,13 @@ mod tests {
         let polls = Arc::new(AtomicUsize::new(0));
         let notify = Arc::new(tokio::sync::Notify::new());
         let woken = Arc::clone(&notify);
-        let mut quiet = Box::pin(Quiet::new(CountPolls {
+        let mut quiet = Box::pin(Quiet::new(Box::pin(CountPolls {
             inner: Box::pin(async move {
                 woken.notified().await;
                 "woken"
             }),
             polls: Arc::clone(&polls),
-        }));
+        })));
         // A busy main future wakes the task a hundred times; the side is polled once.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<u32>(1);
         let sender = tokio::spawn(async move {

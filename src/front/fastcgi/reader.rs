@@ -65,12 +65,12 @@ impl Connection<'_> {
         // server that opens a connection per request (nginx's plain `fastcgi_pass`) and
         // writes it as it connects never pays for them.
         let side_future = || {
-            Quiet::new(async {
+            Quiet::new(Box::pin(async {
                 tokio::select! {
                     () = shutdown.cancelled() => Side::Shutdown,
                     () = state.evicted().cancelled() => Side::Evicted,
                 }
-            })
+            }))
         };
         let mut side = None;
         let mut side_came = false;

@@ -15,6 +15,7 @@
 //! address and are exempt: they are front servers on this host (nginx, Apache), whose socket
 //! permissions already decide who may connect, and only the server-wide cap counts them.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::keyhash::KeyHash;
 use super::ConnState;
 use crate::config::{Backend, Config};
 
@@ -144,7 +146,7 @@ struct Table {
     /// Slots in use.
     open: usize,
     /// The slots of each (listener, client address)'s connections.
-    clients: HashMap<(usize, IpAddr), Vec<usize>>,
+    clients: HashMap<(usize, IpAddr), Vec<usize>, KeyHash>,
     shed: Shed,
 }
 
@@ -313,10 +315,11 @@ impl Table {
         self.open -= 1;
         self.free.push(at);
         if let Some(key) = entry.client {
-            if let Some(slots) = self.clients.get_mut(&key) {
-                slots.retain(|&other| other != at);
-                if slots.is_empty() {
-                    self.clients.remove(&key);
+            // One lookup of the key, not one to find it and another to remove it.
+            if let MapEntry::Occupied(mut slots) = self.clients.entry(key) {
+                slots.get_mut().retain(|&other| other != at);
+                if slots.get().is_empty() {
+                    slots.remove();
                 }
             }
         }
@@ -328,7 +331,7 @@ impl Table {
     fn evict(&mut self, at: usize, cap: Cap, name: &str, max: usize) {
         let id = self.slots.get(at).and_then(Option::as_ref).map(|e| e.id);
         if let Some(entry) = id.and_then(|id| self.remove(at, id)) {
-            entry.state.evicted.cancel();
+            entry.state.evict();
         }
         match cap {
             Cap::Server => self.shed.evicted_server += 1,
