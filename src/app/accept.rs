@@ -68,11 +68,42 @@ pub(super) async fn accept_loop(
     // again for each connection.
     let stopping = shutdown.cancelled();
     tokio::pin!(stopping);
+    // A floor under the first deadline of every HTTP connection. Each connection's watch
+    // arms a timer `header_timeout` after its accept. tokio's time driver, told of a timer
+    // earlier than the one its thread will next wake for, writes to its eventfd to wake
+    // itself, even from that thread while it runs: a system call for every connection
+    // when nothing earlier is armed, as for a client that connects per request (strace: a
+    // `write` per request). This timer of the loop's own, armed at or before the accept of
+    // every connection since, is never later than their first deadlines, so theirs are
+    // never the earliest. Re-armed when it fires only if connections came meanwhile: a
+    // listener nobody uses arms nothing.
+    let floor_period = config.timeouts.header;
+    let floor = tokio::time::sleep(floor_period);
+    tokio::pin!(floor);
+    let mut floor_armed = false;
+    let mut accepted_since_floor = false;
+    let http = matches!(config.protocol, FrontProtocol::Http);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
+            () = &mut floor, if floor_armed => {
+                floor_armed = std::mem::take(&mut accepted_since_floor);
+                if floor_armed {
+                    floor.as_mut().reset(tokio::time::Instant::now() + floor_period);
+                }
+                continue;
+            }
             () = &mut stopping => return,
         };
+        if http {
+            accepted_since_floor = true;
+            if !floor_armed {
+                floor
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + floor_period);
+                floor_armed = true;
+            }
+        }
         let (stream, peer) = match accepted {
             Ok(Some(client)) => client,
             Ok(None) => continue,
