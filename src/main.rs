@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 /// mimalloc, not glibc's malloc: a new connection's buffers (hyper's 8 KiB read and write
 /// buffers among them) are beyond glibc's per-thread cache, and each took its slow path and
-/// a consolidation when freed. benches/RESULTS.md, "callgrind-http-close": 4k fewer
-/// instructions per request on new connections (decision 42).
+/// a consolidation when freed: 3k fewer instructions per request when each request comes on
+/// a new connection (`CLOSE=1 benches/callgrind.sh http`, docs/decisions.md decision 42).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
