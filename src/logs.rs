@@ -172,6 +172,14 @@ impl LineLimit {
         }
     }
 
+    /// Lines held back and not yet reported, leaving the count as it is.
+    pub fn suppressed(&self) -> u64 {
+        match self.state.lock() {
+            Ok(w) => w.suppressed,
+            Err(poisoned) => poisoned.into_inner().suppressed,
+        }
+    }
+
     /// Lines held back and not yet reported; resets the count (for a last report when the
     /// source ends).
     pub fn take_suppressed(&self) -> u64 {
@@ -234,8 +242,11 @@ mod tests {
         let t1 = t0 + Duration::from_secs(1);
         assert_eq!(limit.check(t1, 10), Verdict::Log { suppressed: 5 });
         assert_eq!(limit.check(t1, 10), Verdict::Suppress);
+        assert_eq!(limit.suppressed(), 1, "a look leaves the count");
+        assert_eq!(limit.suppressed(), 1);
         assert_eq!(limit.take_suppressed(), 1);
         assert_eq!(limit.take_suppressed(), 0);
+        assert_eq!(limit.suppressed(), 0);
     }
 
     #[test]

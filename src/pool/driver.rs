@@ -2,6 +2,7 @@
 //! timers. It feeds the sans-IO [`PoolState`] with what happens (spawns, readiness, exits,
 //! request counts read from the slot table, memory samples, demand, time) and carries out the
 //! actions it returns (spawn, let a worker take requests or not, signal, kill, forget).
+//! It ticks every 100 ms while anything is under way, about once a second at rest (`tick.rs`).
 //!
 //! One task per pool runs [`Driver::run`]; each worker process has one task that owns its `Child`,
 //! waits for readiness and then for the exit, and reports both (ARCHITECTURE.md invariant 8: every
@@ -26,6 +27,7 @@ mod memory;
 mod preload;
 mod refork;
 mod spawn;
+mod tick;
 use crate::backend::Connections;
 use crate::config::BackendAddress;
 use crate::pool::health::Probe;
@@ -40,11 +42,8 @@ use crate::process::{
     self, bind_worker_socket, spawn_worker, wait_listening, wait_ready, StopSignal, WorkerSocket,
     WorkerSpawn,
 };
+use spawn::{libc_sigkill, report_ready_and_exit};
 
-/// How often the driver looks at its workers.
-const TICK: Duration = Duration::from_millis(100);
-/// Memory is sampled every this many ticks (reading /proc costs a few syscalls per process).
-const MEMORY_EVERY: u32 = 10;
 /// Most notices kept in [`Published::recent`] for the status page.
 pub const RECENT_NOTICES: usize = 32;
 
@@ -157,6 +156,8 @@ pub struct Driver {
     refork_failures: u32,
     /// What the slot table was last told about waking this driver on demand (`demand.rs`).
     demand_wake: Option<bool>,
+    /// When the next tick comes (`tick.rs`).
+    rhythm: tick::Rhythm,
 }
 
 /// What a driver publishes for the status page after every event it handles.
@@ -175,6 +176,8 @@ pub struct Published {
     pub tail: Arc<Tail>,
     /// The latest failed health check, when the pool has a health check and one failed.
     pub health_failure: Option<String>,
+    /// When it was published: the workers' ages are as of then.
+    pub at: Instant,
 }
 
 /// A notice the driver logged, kept for the status page.
@@ -240,12 +243,15 @@ impl Driver {
         let mut template = template;
         template.stderr_tail = TailHandle(Some(Arc::clone(&tail)));
         let preload = template.preload.then(|| Preloaders::new(&template.argv));
+        let epoch = Instant::now();
+        let rhythm = tick::Rhythm::new(state.spec(), epoch);
         let (published, _) = tokio::sync::watch::channel(Published {
             status: state.status(Duration::ZERO),
             ids: Vec::new(),
             recent: Arc::clone(&recent),
             tail: Arc::clone(&tail),
             health_failure: None,
+            at: epoch,
         });
         Driver {
             socket_tag: name.to_string(),
@@ -260,7 +266,7 @@ impl Driver {
             workers: HashMap::new(),
             by_id: HashMap::new(),
             deferred: Vec::new(),
-            epoch: Instant::now(),
+            epoch,
             reports_tx,
             reports,
             commands,
@@ -274,6 +280,7 @@ impl Driver {
             promotion: None,
             refork_failures: 0,
             demand_wake: None,
+            rhythm,
         }
     }
 
@@ -303,6 +310,7 @@ impl Driver {
                 .health
                 .as_ref()
                 .and_then(|h| h.last_failure.lock().ok().and_then(|f| f.clone())),
+            at: Instant::now(),
         });
     }
 
@@ -343,9 +351,11 @@ impl Driver {
 
     /// Runs the pool until it has stopped and every worker is reaped.
     pub async fn run(mut self) {
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut ticks: u32 = 0;
+        // One timer for every tick, moved only when the next one's time changes: under load
+        // (a tick every 100 ms) the events between ticks leave it alone. The first is now.
+        let sleep = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(sleep);
+        let mut last_tick = Instant::now();
         self.start_direct();
         let started = self.handle(PoolEvent::Start);
         self.sync_demand_wake();
@@ -401,20 +411,9 @@ impl Driver {
                     let waiting = self.slots.stats().queued;
                     self.handle(PoolEvent::Demand { waiting })
                 }
-                _ = tick.tick() => {
-                    ticks = ticks.wrapping_add(1);
-                    self.sync_counts();
-                    let waiting = self.slots.stats().queued;
-                    let mut stopped = self.apply(PoolEvent::Demand { waiting });
-                    if ticks % MEMORY_EVERY == 0 {
-                        stopped |= self.sample_memory();
-                    }
-                    self.check_fork_deadlines();
-                    stopped |= self.refork_tick();
-                    if self.is_direct() {
-                        stopped |= self.direct_tick();
-                    }
-                    stopped | self.handle(PoolEvent::Tick)
+                () = &mut sleep => {
+                    last_tick = Instant::now();
+                    self.tick(last_tick)
                 }
             };
             self.sync_demand_wake();
@@ -423,6 +422,10 @@ impl Driver {
                 self.stop_preloaders().await;
                 tracing::info!(pool = %self.name, "pool stopped: every worker reaped");
                 return;
+            }
+            let next = self.next_tick_at(last_tick);
+            if sleep.deadline() != next {
+                sleep.as_mut().reset(next);
             }
         }
     }
@@ -440,7 +443,9 @@ impl Driver {
 
     /// Turns what the slot table counted since the last call into request events.
     fn sync_counts(&mut self) {
-        for delta in self.slots.take_request_deltas() {
+        let deltas = self.slots.take_request_deltas();
+        self.rhythm.seen_requests |= !deltas.is_empty();
+        for delta in deltas {
             let Some(key) = self.by_id.get(&delta.id).copied() else {
                 continue;
             };
@@ -565,29 +570,6 @@ impl Driver {
         }
         false
     }
-}
-
-fn libc_sigkill() -> i32 {
-    nix::sys::signal::Signal::SIGKILL as i32
-}
-
-/// How the task that owns a spawned worker's `Child` ends: it reports `Ready` if the worker
-/// became ready, then waits for the exit and reports it.
-async fn report_ready_and_exit(
-    reports: &mpsc::UnboundedSender<Report>,
-    key: WorkerKey,
-    ready: bool,
-    child: &mut tokio::process::Child,
-) {
-    if ready {
-        let _ = reports.send(Report::Ready(key));
-    }
-    let status = match child.wait().await {
-        Ok(status) => ExitKind::of(status),
-        // Waiting failed (ECHILD: someone else reaped it); it is gone.
-        Err(_) => ExitKind::Signal(libc_sigkill()),
-    };
-    let _ = reports.send(Report::Exited(key, status));
 }
 
 fn log_notice(pool: &str, notice: &Notice) {

@@ -26,6 +26,8 @@ mod spec;
 mod status;
 
 #[cfg(test)]
+mod next_tick_tests;
+#[cfg(test)]
 mod recycle_tests;
 #[cfg(test)]
 mod rolling_tests;
@@ -59,7 +61,8 @@ pub use crate::process::ExitKind;
 pub enum PoolEvent {
     /// The pool starts: spawn its initial workers.
     Start,
-    /// Periodic check (every 100 ms to 1 s): timeouts, lifetimes, idle workers, backoff.
+    /// Periodic check: timeouts, lifetimes, idle workers, backoff. Due again at
+    /// [`PoolState::next_tick`]; the driver sends it 100 ms to 1 s apart.
     Tick,
     /// The process for `key` was started.
     Spawned {

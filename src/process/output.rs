@@ -94,15 +94,23 @@ pub(super) async fn log_lines(
     let mut pending: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        let read = match tokio::time::timeout(QUIET, pipe.read(&mut chunk)).await {
-            // A flood that stopped is reported once the worker has been quiet a moment,
-            // not at its next line (which may never come).
-            Err(_) => {
-                report_suppressed(limit.take_suppressed(), &pool, pid, stream);
-                continue;
+        // A flood that stopped is reported once the worker has been quiet a moment, not at
+        // its next line (which may never come). Only then is a timer armed: a worker that
+        // writes nothing, as most do most of the time, costs corral no wake-up.
+        let read = if limit.suppressed() > 0 {
+            match tokio::time::timeout(QUIET, pipe.read(&mut chunk)).await {
+                Err(_) => {
+                    report_suppressed(limit.take_suppressed(), &pool, pid, stream);
+                    continue;
+                }
+                Ok(read) => read,
             }
-            Ok(Ok(0) | Err(_)) => break,
-            Ok(Ok(n)) => n,
+        } else {
+            pipe.read(&mut chunk).await
+        };
+        let read = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
         };
         pending.extend_from_slice(chunk.get(..read).unwrap_or_default());
         for line in take_lines(&mut pending) {
@@ -197,7 +205,104 @@ fn log_line(line: &[u8], pool: &str, pid: u32, stream: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::ReadBuf;
+
     use super::*;
+
+    /// A pipe that hands out `chunks` (each at most 4 KiB), then stays open and silent,
+    /// counting the reads that found it so: each is the reader waking up.
+    struct Silent {
+        chunks: VecDeque<Vec<u8>>,
+        waits: Arc<AtomicU64>,
+    }
+
+    impl AsyncRead for Silent {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            match self.chunks.pop_front() {
+                Some(chunk) => {
+                    buf.put_slice(&chunk);
+                    Poll::Ready(Ok(()))
+                }
+                None => {
+                    self.waits.fetch_add(1, Ordering::Relaxed);
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    /// Reads `chunks` with `log_lines` for 10 s of paused time; returns how often the reader
+    /// waited on the silent pipe, and the warnings logged by then.
+    async fn read_for_ten_seconds(chunks: Vec<Vec<u8>>) -> (u64, Vec<(Duration, String)>) {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let waits = Arc::new(AtomicU64::new(0));
+        let pipe = Silent {
+            chunks: chunks.into(),
+            waits: Arc::clone(&waits),
+        };
+        let start = Instant::now();
+        let task = tokio::spawn(log_lines(pipe, "p".into(), 1, "stderr", None));
+        // Each warning with the time it was first seen, looking every 100 ms.
+        let mut warnings = Vec::new();
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+            for line in text.lines().skip(warnings.len()) {
+                warnings.push((start.elapsed(), line.to_owned()));
+            }
+        }
+        task.abort();
+        (waits.load(Ordering::Relaxed), warnings)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_pipe_arms_no_timer() {
+        let (waits, warnings) = read_for_ten_seconds(vec![b"one line\n".to_vec()]).await;
+        assert_eq!(waits, 1, "woken by nothing once the line was read");
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_is_reported_once_after_a_quiet_second_then_no_timer_is_armed() {
+        let flood = b"x\n".repeat(2 * LINES_PER_SECOND as usize);
+        let (waits, warnings) = read_for_ten_seconds(vec![flood]).await;
+        let [(at, warning)] = &warnings[..] else {
+            panic!("one report expected: {warnings:?}");
+        };
+        assert!(warning.contains("suppressed 100 lines"), "{warning}");
+        assert!(
+            *at >= QUIET && *at <= QUIET + Duration::from_millis(100),
+            "{at:?}"
+        );
+        // Woken once by the timer that reported (which looks at the pipe once more before
+        // it gives up on it), then never again.
+        assert_eq!(waits, 3);
+    }
 
     #[test]
     fn lines_are_split_at_newlines_and_bounded() {

@@ -246,8 +246,8 @@ impl PoolReport {
 }
 
 /// The supervisor's rows brought up to date with the slot table's live counts: the
-/// supervisor syncs them only at its events and ticks (every 100 ms), the table at every
-/// request.
+/// supervisor syncs them only at its events and ticks (100 ms to 1 s apart), the table at
+/// every request.
 fn live(
     mut status: PoolStatus,
     ids: &[(WorkerKey, WorkerId)],
@@ -274,6 +274,23 @@ fn live(
     status
 }
 
+/// The supervisor's status published at `at`, as of now: the live counts (`live`), and
+/// the workers' ages grown by the time since (a supervisor at rest publishes about once a
+/// second).
+fn as_of_now(
+    status: PoolStatus,
+    at: tokio::time::Instant,
+    ids: &[(WorkerKey, WorkerId)],
+    table: &[WorkerCounts],
+) -> PoolStatus {
+    let mut status = live(status, ids, table);
+    let since = at.elapsed();
+    for w in &mut status.workers {
+        w.age += since;
+    }
+    status
+}
+
 /// Every pool (or the one named `only`), as it is now. With `measure_memory`, a worker
 /// whose memory the supervisor has not sampled is measured now (its PSS).
 pub fn collect(
@@ -294,7 +311,8 @@ pub fn collect(
             let mut supervisor = p.status.as_ref().map(|rx| {
                 let published = rx.borrow().clone();
                 recent = published.recent;
-                let mut status = live(published.status, &published.ids, &servers);
+                let mut status =
+                    as_of_now(published.status, published.at, &published.ids, &servers);
                 for w in &mut status.workers {
                     w.children = w
                         .pid
@@ -384,6 +402,36 @@ fn kernel_states(status: &mut PoolStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn worker_ages_are_as_of_now_not_as_of_the_last_publish() {
+        let at = tokio::time::Instant::now();
+        let worker = crate::pool::state::WorkerStatus {
+            key: WorkerKey(0),
+            pid: Some(1),
+            state: WorkerState::Idle,
+            accepting: true,
+            served: 0,
+            in_flight: 0,
+            age: Duration::from_secs(5),
+            memory: None,
+            recycle: None,
+            replacement: None,
+            children: Vec::new(),
+        };
+        let status = PoolStatus {
+            workers: vec![worker],
+            counters: Default::default(),
+            crashes: 0,
+            throttled: false,
+            stopping: false,
+            demand: 0,
+            memory_total: None,
+        };
+        tokio::time::advance(Duration::from_millis(900)).await;
+        let now = as_of_now(status, at, &[], &[]);
+        assert_eq!(now.workers[0].age, Duration::from_millis(5_900));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn pss_readings_are_reused_for_a_while() {

@@ -84,3 +84,26 @@ impl Driver {
         }
     }
 }
+
+pub(super) fn libc_sigkill() -> i32 {
+    nix::sys::signal::Signal::SIGKILL as i32
+}
+
+/// How the task that owns a spawned worker's `Child` ends: it reports `Ready` if the worker
+/// became ready, then waits for the exit and reports it.
+pub(super) async fn report_ready_and_exit(
+    reports: &mpsc::UnboundedSender<Report>,
+    key: WorkerKey,
+    ready: bool,
+    child: &mut tokio::process::Child,
+) {
+    if ready {
+        let _ = reports.send(Report::Ready(key));
+    }
+    let status = match child.wait().await {
+        Ok(status) => ExitKind::of(status),
+        // Waiting failed (ECHILD: someone else reaped it); it is gone.
+        Err(_) => ExitKind::Signal(libc_sigkill()),
+    };
+    let _ = reports.send(Report::Exited(key, status));
+}

@@ -92,6 +92,8 @@ impl SlotTable {
             w.accepting = false;
             st.spent = true;
         }
+        // The first request after a rest wakes a supervisor that asked for it.
+        st.spent |= std::mem::take(&mut st.wake_at_next_request);
         let probe = w.fails > 0 || w.down_since.is_some();
         let id = WorkerId {
             index,

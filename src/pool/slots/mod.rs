@@ -160,9 +160,14 @@ struct State {
     /// that may spawn for its queue needs that; a static pool, or one at its `max`, learns
     /// the queue's length at its next tick.
     wake_on_demand: bool,
-    /// A worker took the last request of its budget since the supervisor was last woken
-    /// for one: it is woken whatever `wake_on_demand` says, to replace that worker at once.
+    /// A worker took the last request of its budget, or the first request after a rest
+    /// came (`wake_at_next_request`), since the supervisor was last woken for one: it is
+    /// woken whatever `wake_on_demand` says, to replace that worker or pick up its rhythm
+    /// at once.
     spent: bool,
+    /// The supervisor rests (it ticks seldom) and wants to hear of the next request at once
+    /// ([`SlotTable::wake_at_next_request`]).
+    wake_at_next_request: bool,
 }
 
 /// Live numbers for status.
@@ -220,6 +225,7 @@ impl SlotTable {
                 drained: Vec::new(),
                 wake_on_demand: true,
                 spent: false,
+                wake_at_next_request: false,
             }),
             demand: Notify::new(),
             checks: Notify::new(),
@@ -332,7 +338,8 @@ impl SlotTable {
                 tx,
                 since: asked,
             });
-            if st.wake_on_demand {
+            let after_rest = std::mem::take(&mut st.wake_at_next_request);
+            if st.wake_on_demand || after_rest {
                 st.spent = false;
                 self.demand.notify_one();
             }

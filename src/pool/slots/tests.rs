@@ -440,3 +440,40 @@ async fn a_worker_spending_its_budget_wakes_the_supervisor_even_when_asleep() {
     assert!(woken(&t).await);
     assert!(!woken(&t).await, "one wake-up per spent budget");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_supervisor_at_rest_is_woken_by_the_next_request_once() {
+    let t = table(2, 4, &[None]);
+    t.wake_on_demand(false);
+    let id = ready_worker(&t, 1);
+    let woken = |t: &Arc<SlotTable>| {
+        let t = Arc::clone(t);
+        async move {
+            tokio::time::timeout(Duration::from_millis(1), t.demand())
+                .await
+                .is_ok()
+        }
+    };
+    // Nothing in flight or waiting, nothing counted that the supervisor has not taken.
+    assert!(t.wake_at_next_request());
+    let held = t.acquire(0).await.unwrap();
+    assert!(woken(&t).await, "the first request after a rest wakes it");
+    drop(held);
+    assert!(!woken(&t).await, "once");
+    // A request it has not heard of yet: not at rest, nothing asked.
+    assert!(!t.wake_at_next_request());
+    drop(t.acquire(0).await.unwrap());
+    assert!(!woken(&t).await);
+    // A request in flight: not at rest either, even with every count taken.
+    let held = t.acquire(0).await.unwrap();
+    t.take_request_deltas();
+    assert!(!t.wake_at_next_request());
+    drop(held);
+    t.take_request_deltas();
+    // A request that finds no worker free and waits wakes it too, even in a pool where a
+    // waiting request wakes nobody; once.
+    t.set_accepting(id, false);
+    assert!(t.wake_at_next_request());
+    assert!(demand_woken_by_a_waiter(&t).await);
+    assert!(!demand_woken_by_a_waiter(&t).await);
+}

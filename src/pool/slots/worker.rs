@@ -279,6 +279,25 @@ impl SlotTable {
         out
     }
 
+    /// Asks for a wake-up of [`SlotTable::demand`] at the next request, if the pool is at
+    /// rest now: nothing in flight or waiting, and every request counted already taken by
+    /// the supervisor ([`SlotTable::take_request_deltas`]). True when asked; false when a
+    /// request came since the supervisor last took the counts. A supervisor at rest ticks
+    /// seldom (`src/pool/driver/tick.rs`): this lets it learn of the first request after
+    /// a rest at once. Looking and asking under one lock leaves no gap for a request to
+    /// slip through unheard.
+    pub fn wake_at_next_request(&self) -> bool {
+        let mut st = self.lock();
+        let rest = st.in_flight == 0
+            && st.waiters.is_empty()
+            && st
+                .workers
+                .iter()
+                .all(|w| w.started == w.reported_started && w.finished == w.reported_finished);
+        st.wake_at_next_request = rest;
+        rest
+    }
+
     /// Every live worker's counts, for the supervisor's tick.
     pub fn workers(&self) -> Vec<WorkerCounts> {
         let now = Instant::now();

@@ -1,6 +1,6 @@
 //! The pool state machine proper: the worker table, event handling and crash accounting.
 //! How many workers the pool wants lives in `sizing`; retiring, killing, the tick's
-//! timeouts and the stop sequence in `retire`.
+//! timeouts, when the next tick is due, and the stop sequence in `retire`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -80,9 +80,9 @@ pub struct PoolState {
     pub(super) crashes: u32,
     pub(super) streak_start: Duration,
     /// No spawn before this while `crashes > 0`.
-    backoff_until: Duration,
+    pub(super) backoff_until: Duration,
     pub(super) throttled: bool,
-    started: bool,
+    pub(super) started: bool,
     /// `Some(graceful)` once `Stop` arrived.
     pub(super) stopping: Option<bool>,
     stopped_sent: bool,

@@ -1,6 +1,7 @@
 //! Retiring and stopping workers: marking one due for recycling, retiring it (no new
 //! request, then the stop signal once idle), killing it, the tick's start and kill
-//! timeouts and lifetime check, and the pool's stop sequence (graceful or not).
+//! timeouts and lifetime check, when the next tick can do something, and the pool's stop
+//! sequence (graceful or not).
 
 use std::time::Duration;
 
@@ -115,6 +116,69 @@ impl PoolState {
         if self.stopping.is_none() {
             self.shrink(now);
         }
+    }
+
+    /// When the next `Tick` can change something if no other event comes first, so that a
+    /// driver at rest need not tick at all: `None` when nothing is timed, `Some(ZERO)` when
+    /// something moves on only at ticks (the next regular one is due), else the earliest
+    /// deadline. A tick at that time always clears the deadline it was woken for, so a
+    /// driver that ticks at it never spins.
+    ///
+    /// "Only at ticks": a retiring or busy worker (its last request is learnt from the slot
+    /// table's counts, which the driver reads at its ticks), one due for recycling, queued
+    /// demand, and spawns held back by the spawn rate or the `max + 1` bound, which `tick`
+    /// and `reconcile` look at again each time.
+    pub fn next_tick(&self, now: Duration) -> Option<Duration> {
+        if !self.started {
+            return None;
+        }
+        let mut next: Option<Duration> = None;
+        let mut at = |t: Duration| next = Some(next.map_or(t, |n| n.min(t)));
+        for w in self.workers.values() {
+            if w.active() && w.doomed.is_some() {
+                at(Duration::ZERO);
+            }
+            match w.phase {
+                Phase::Booting => at(w.spawned_at + self.spec.start_timeout),
+                Phase::Signalled(since) => at(since + self.spec.kill_timeout),
+                Phase::Retiring => at(Duration::ZERO),
+                Phase::Ready if w.in_flight > 0 => at(Duration::ZERO),
+                Phase::Ready => {
+                    if self.crashes > 0 && w.spawned_at >= self.streak_start {
+                        at(w.spawned_at + self.spec.stable_after);
+                    }
+                    if let Some(l) = self
+                        .spec
+                        .recycle
+                        .max_lifetime
+                        .filter(|_| w.doomed.is_none())
+                    {
+                        at(w.spawned_at + l);
+                    }
+                }
+                // Its exit is an event of its own.
+                Phase::Killed(_) => {}
+            }
+        }
+        if self.stopping.is_some() {
+            return next;
+        }
+        if self.demand > 0 {
+            at(Duration::ZERO);
+        }
+        let (floor, growth) = self.deficit(None);
+        if floor + growth > 0 {
+            let backoff = self.crashes > 0 && now < self.backoff_until;
+            at(if backoff {
+                self.backoff_until
+            } else {
+                Duration::ZERO
+            });
+        }
+        if let Some(t) = self.shrink_due() {
+            at(t);
+        }
+        next
     }
 
     pub(super) fn stop(&mut self, graceful: bool, now: Duration) {

@@ -27,6 +27,10 @@
 //! pool runs exactly its N workers, a dynamic one `max(min, spare_min)` (so within
 //! `[min, max]`), an ondemand one none. After `Stop` the pool always reaches `Stopped`, with
 //! every spawned process reaped.
+//!
+//! The world ticks the pool every 100 ms, 250 ms or 1 s, or, as the driver does at rest,
+//! only when [`PoolState::next_tick`] says a tick is due (`sim/deadlines.rs`): the checks at
+//! rest and after `Stop` then show that it leaves out no tick the pool needs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -36,6 +40,7 @@ use super::*;
 use crate::config::{Recycle, Sizing};
 
 mod checks;
+mod deadlines;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -50,6 +55,8 @@ const SEEDS: u64 = 200;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum SimEv {
     Tick,
+    /// Faults and memory samples, on the tick's rhythm when the pool ticks at deadlines.
+    Chaos,
     Arrival,
     Spawned(WorkerKey),
     SpawnFail(WorkerKey),
@@ -88,6 +95,12 @@ struct World {
     next_pid: u32,
     next_req: u64,
     tick_every: Duration,
+    /// Ticks come only when due (`deadlines.rs`): the last one, and the one planned.
+    at_deadlines: bool,
+    last_tick: Option<Duration>,
+    tick_planned: Option<(Duration, u64)>,
+    /// Ticks delivered.
+    ticks: u64,
     /// Per-mille odds that a new process crashes, and that a spawn fails.
     crash_odds: u64,
     fail_odds: u64,
@@ -105,7 +118,7 @@ struct World {
 }
 
 impl World {
-    fn new(seed: u64) -> World {
+    fn new(seed: u64, at_deadlines: bool) -> World {
         let mut rng = Rng::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ seed);
         let mut pick = |lo: u64, hi: u64| lo + rng.up_to(hi - lo);
         let sizing = match seed % 3 {
@@ -169,6 +182,10 @@ impl World {
             next_pid: 1000,
             next_req: 0,
             tick_every,
+            at_deadlines,
+            last_tick: None,
+            tick_planned: None,
+            ticks: 0,
             // One seed in eight runs an app that mostly crashes: a crash loop.
             crash_odds: if seed % 8 == 5 { 800 } else { 100 },
             fail_odds: if seed % 8 == 5 { 200 } else { 30 },
@@ -180,7 +197,14 @@ impl World {
             pending_dispatch: false,
             dispatching: false,
         };
-        w.at(tick_every, SimEv::Tick);
+        w.at(
+            tick_every,
+            if at_deadlines {
+                SimEv::Chaos
+            } else {
+                SimEv::Tick
+            },
+        );
         w.at(ms(1), SimEv::Arrival);
         w.deliver(PoolEvent::Start);
         w
@@ -219,29 +243,21 @@ impl World {
 
     fn fire(&mut self, ev: SimEv) {
         match ev {
+            SimEv::Tick if self.at_deadlines => {
+                self.last_tick = Some(self.now);
+                self.tick_planned = None;
+                self.deliver(PoolEvent::Tick);
+            }
             SimEv::Tick => {
                 let every = self.tick_every;
                 self.at(self.now + every, SimEv::Tick);
-                if self.chaos && self.chance(5) {
-                    self.deliver(PoolEvent::RollingRestart);
-                }
-                let samples: Vec<WorkerKey> = self
-                    .procs
-                    .iter()
-                    .filter(|(_, p)| p.alive && p.pid.is_some())
-                    .map(|(k, _)| *k)
-                    .collect();
-                for key in samples {
-                    if self.chance(200) {
-                        let bytes = if self.chaos {
-                            self.rng.up_to(MAX_MEMORY + 100)
-                        } else {
-                            MAX_MEMORY / 2
-                        };
-                        self.deliver(PoolEvent::Memory { key, bytes });
-                    }
-                }
+                self.chaos_step();
                 self.deliver(PoolEvent::Tick);
+            }
+            SimEv::Chaos => {
+                let every = self.tick_every;
+                self.at(self.now + every, SimEv::Chaos);
+                self.chaos_step();
             }
             SimEv::Arrival => {
                 if !self.load {
@@ -315,6 +331,29 @@ impl World {
         }
     }
 
+    /// Now and then a rolling restart, and memory samples (over `max_memory` only in chaos).
+    fn chaos_step(&mut self) {
+        if self.chaos && self.chance(5) {
+            self.deliver(PoolEvent::RollingRestart);
+        }
+        let samples: Vec<WorkerKey> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.alive && p.pid.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in samples {
+            if self.chance(200) {
+                let bytes = if self.chaos {
+                    self.rng.up_to(MAX_MEMORY + 100)
+                } else {
+                    MAX_MEMORY / 2
+                };
+                self.deliver(PoolEvent::Memory { key, bytes });
+            }
+        }
+    }
+
     /// The process ends: asked to (`Some(killed)`) or on its own (`None`).
     fn exit(&mut self, key: WorkerKey, asked: Option<bool>) {
         let status = match asked {
@@ -378,6 +417,7 @@ impl World {
 
     fn deliver(&mut self, ev: PoolEvent) {
         self.steps += 1;
+        self.ticks += u64::from(ev == PoolEvent::Tick);
         if let PoolEvent::RequestStarted { key } = &ev {
             assert!(
                 self.procs[key].accepting,
@@ -389,6 +429,9 @@ impl World {
             self.apply(a);
         }
         self.check(&ev);
+        if self.at_deadlines {
+            self.plan_tick();
+        }
         if self.pending_dispatch && !self.dispatching {
             self.pending_dispatch = false;
             self.dispatch();
@@ -465,7 +508,7 @@ impl World {
 }
 
 fn run(seed: u64, chaos_ms: u64) -> World {
-    let mut w = World::new(seed);
+    let mut w = World::new(seed, false);
     w.run_until(ms(chaos_ms));
     let at_rest = seed % 10 < 7;
     if at_rest {

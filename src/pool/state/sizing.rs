@@ -122,14 +122,11 @@ impl PoolState {
         }
     }
 
-    /// Retires idle workers the pool no longer needs (see the module documentation).
-    pub(super) fn shrink(&mut self, now: Duration) {
-        if self.demand > 0 {
-            // Requests are waiting: no worker is surplus, whatever the counts say.
-            return;
-        }
+    /// `(min, spare_min, spare_max, idle_timeout)` as `shrink` applies them; `None` for a
+    /// static pool, which never shrinks.
+    fn shrink_limits(&self) -> Option<(usize, usize, usize, Duration)> {
         let (min, spare_min, spare_max, timeout) = match self.spec.sizing {
-            Sizing::Static { .. } => return,
+            Sizing::Static { .. } => return None,
             Sizing::Dynamic {
                 min,
                 spare_min,
@@ -140,8 +137,16 @@ impl PoolState {
             Sizing::OnDemand { idle_timeout, .. } => (0, 0, u32::MAX, idle_timeout),
         };
         let as_usize = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
-        let (min, spare_min, spare_max) = (as_usize(min), as_usize(spare_min), as_usize(spare_max));
-        // Ready idle workers, longest idle first.
+        Some((
+            as_usize(min),
+            as_usize(spare_min),
+            as_usize(spare_max),
+            timeout,
+        ))
+    }
+
+    /// Ready idle counted workers, longest idle first: those `shrink` may retire.
+    fn idle_ready(&self) -> Vec<(Duration, WorkerKey)> {
         let mut idle: Vec<(Duration, WorkerKey)> = self
             .workers
             .values()
@@ -149,9 +154,21 @@ impl PoolState {
             .map(|w| (w.idle_since, w.key))
             .collect();
         idle.sort();
+        idle
+    }
+
+    /// Retires idle workers the pool no longer needs (see the module documentation).
+    pub(super) fn shrink(&mut self, now: Duration) {
+        if self.demand > 0 {
+            // Requests are waiting: no worker is surplus, whatever the counts say.
+            return;
+        }
+        let Some((min, spare_min, spare_max, timeout)) = self.shrink_limits() else {
+            return;
+        };
         let mut c = self.census(None);
         let mut over_spare = c.idle > spare_max;
-        for (since, key) in idle {
+        for (since, key) in self.idle_ready() {
             if c.count <= min || c.idle <= spare_min {
                 return;
             }
@@ -165,5 +182,25 @@ impl PoolState {
             c.count -= 1;
             c.idle -= 1;
         }
+    }
+
+    /// When `shrink` will next retire a worker if nothing else changes: `ZERO` while more
+    /// than `spare_max` are idle (one goes per tick), else once the longest idle reaches
+    /// `idle_timeout`; `None` when it will not (static, requests waiting, or held at `min`
+    /// or `spare_min`: a pool resting there needs no tick for it).
+    pub(super) fn shrink_due(&self) -> Option<Duration> {
+        if self.demand > 0 || self.stopping.is_some() {
+            return None;
+        }
+        let (min, spare_min, spare_max, timeout) = self.shrink_limits()?;
+        let c = self.census(None);
+        if c.count <= min || c.idle <= spare_min {
+            return None;
+        }
+        let (since, _) = self.idle_ready().first().copied()?;
+        if c.idle > spare_max {
+            return Some(Duration::ZERO);
+        }
+        Some(since + timeout)
     }
 }
