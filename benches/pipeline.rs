@@ -280,7 +280,6 @@ fn bench(c: &mut Criterion) {
     });
     let info = ConnInfo {
         listener: h.http.clone(),
-        local: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 8080))),
         peer: Peer::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 40000))),
         forwarded: None,
         timeouts: h.timeouts,
@@ -432,7 +431,6 @@ pool = "lsapi"
         });
         let info = ConnInfo {
             listener: config.listeners[2].bind.address(),
-            local: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 8080))),
             peer: Peer::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 40000))),
             forwarded: None,
             timeouts,

@@ -1,8 +1,9 @@
 //! What a client names in its request head is checked before it routes the request or reaches
 //! a script (ARCHITECTURE.md, "The request path in one page"): a Host that is no host name is a 400 on the
 //! HTTP front and on the FastCGI front (as nginx refuses it), a context's `server_name` pins
-//! SERVER_NAME whatever Host said, and a FastCGI front's CONTENT_LENGTH that is no length
-//! (`-1`) is refused. Real php-cgi behind both fronts.
+//! SERVER_NAME whatever Host said, a FastCGI front's CONTENT_LENGTH that is no length
+//! (`-1`) is refused, and on a wildcard listener SERVER_ADDR is the address the client
+//! reached. Real php-cgi behind both fronts.
 
 #![allow(
     clippy::unwrap_used,
@@ -252,4 +253,74 @@ fn a_fastcgi_content_length_that_is_no_length_is_refused() {
         site.fastcgi(&[("CONTENT_LENGTH", "0")]),
         (200, "localhost|0".into())
     );
+}
+
+#[test]
+fn server_addr_is_the_address_the_client_reached_on_a_wildcard_listener() {
+    // nginx's `$server_addr`: on a listener bound to 0.0.0.0 or ::, the connection's own
+    // local address, not the wildcard.
+    let dir = shared_dir();
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    write_file(
+        &root,
+        "addr.php",
+        "<?php echo $_SERVER['SERVER_ADDR'], '|', $_SERVER['SERVER_PORT'];",
+    );
+    let config = format!(
+        r#"
+[server]
+runtime_dir = "{run}"
+grace = "2s"
+kill_timeout = "2s"
+
+[[listen]]
+address = "0.0.0.0:0"
+protocol = "http"
+
+[pools.php]
+command = ["php-cgi"]
+mode = "static"
+max = 1
+
+[[contexts]]
+root = "{root}"
+pool = "php"
+"#,
+        run = dir.path().join("run").display(),
+        root = root.display(),
+    );
+    let corral = Corral::start(&config, 1);
+    let port = corral.http_addr().port();
+    for _ in 0..2 {
+        let r = http(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            "GET",
+            "/addr.php",
+            &[("Host", "localhost")],
+            b"",
+        );
+        assert_eq!(r.text(), format!("127.0.0.1|{port}"), "{}", corral.log());
+    }
+    // Another local address of the same host, when it has one: that one.
+    let other = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .ok();
+    let other = other
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| {
+            s.split_whitespace()
+                .find_map(|a| a.parse::<std::net::Ipv4Addr>().ok())
+        });
+    if let Some(ip) = other {
+        let r = http(
+            SocketAddr::from((ip, port)),
+            "GET",
+            "/addr.php",
+            &[("Host", "localhost")],
+            b"",
+        );
+        assert_eq!(r.text(), format!("{ip}|{port}"), "{}", corral.log());
+    }
 }

@@ -3,6 +3,7 @@
 
 pub(super) mod crew;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -13,6 +14,8 @@ use crate::front::http::{self, ConnInfo};
 use crate::front::limits::{Admission, Client};
 use crate::front::listener::{Listener, Peer};
 use crate::gateway::Gateway;
+use crate::net::Stream;
+use crate::protocols::cgi::ServerVars;
 use crew::{Crew, Front};
 
 /// Accepts on `listener` until `shutdown`, serving each client in a task of the runtime it
@@ -62,8 +65,13 @@ pub(super) async fn accept_loop(
         FrontProtocol::Fastcgi => Some(crew(Front::Fastcgi)),
         FrontProtocol::Scgi => Some(crew(Front::Scgi)),
     };
-    // The listener's SERVER_ADDR and SERVER_PORT, encoded once for all its connections.
+    // SERVER_ADDR and SERVER_PORT: the listener's, encoded once for all its connections. On
+    // a listener bound to a wildcard address (0.0.0.0, ::) they are each connection's own
+    // local address, the one its client reached (getsockname, as nginx's `$server_addr`),
+    // encoded once per address seen.
     let server_vars = Arc::new(http::server_vars(local));
+    let wildcard = local.is_some_and(|a| a.ip().is_unspecified());
+    let mut reached = Vec::new();
     // Made once: a wait made at every turn would join the token's waiters and leave them
     // again for each connection.
     let stopping = shutdown.cancelled();
@@ -133,13 +141,19 @@ pub(super) async fn accept_loop(
         }
         // An HTTP connection's future is boxed before it is spawned: a task moves its future
         // whole into its cell and its output over it, kilobytes each time, a box once.
+        let server_vars = match &stream {
+            Stream::Tcp(s) if wildcard => s.local_addr().map_or_else(
+                |_| Arc::clone(&server_vars),
+                |at| reached_vars(&mut reached, at),
+            ),
+            _ => Arc::clone(&server_vars),
+        };
         let info = ConnInfo {
             listener: address.clone(),
-            local,
             peer,
             forwarded: config.forwarded.clone(),
             timeouts: config.timeouts,
-            server_vars: Arc::clone(&server_vars),
+            server_vars,
         };
         connections.spawn(Box::pin(http::serve_connection(
             stream,
@@ -148,5 +162,51 @@ pub(super) async fn accept_loop(
             Arc::clone(&gateway),
             shutdown.clone(),
         )));
+    }
+}
+
+/// Local addresses a wildcard listener's clients reached, with their SERVER_ADDR and
+/// SERVER_PORT; a host has few, and at most this many are kept.
+const REACHED_KEPT: usize = 16;
+
+/// SERVER_ADDR and SERVER_PORT for a connection whose local address is `at`: from `known`, or
+/// encoded and kept there. An IPv4 address reached on a dual-stack socket (`::ffff:a.b.c.d`)
+/// is written as IPv4, as the client used it.
+fn reached_vars(known: &mut Vec<(SocketAddr, Arc<ServerVars>)>, at: SocketAddr) -> Arc<ServerVars> {
+    let at = SocketAddr::new(at.ip().to_canonical(), at.port());
+    if let Some((_, vars)) = known.iter().find(|(a, _)| *a == at) {
+        return Arc::clone(vars);
+    }
+    let vars = Arc::new(http::server_vars(Some(at)));
+    if known.len() < REACHED_KEPT {
+        known.push((at, Arc::clone(&vars)));
+    }
+    vars
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reached_address_is_encoded_once_and_an_ipv4_mapped_one_as_ipv4() {
+        let mut known = Vec::new();
+        let at: SocketAddr = "[::ffff:10.0.0.7]:8080".parse().unwrap();
+        let first = reached_vars(&mut known, at);
+        assert_eq!(
+            *first,
+            http::server_vars(Some("10.0.0.7:8080".parse().unwrap()))
+        );
+        let again = reached_vars(&mut known, "10.0.0.7:8080".parse().unwrap());
+        assert!(Arc::ptr_eq(&first, &again), "encoded once");
+        // Kept up to REACHED_KEPT addresses; past that, encoded per connection.
+        for i in 0..40u8 {
+            let v = reached_vars(&mut known, SocketAddr::from(([10, 1, 0, i], 80)));
+            assert_eq!(
+                *v,
+                http::server_vars(Some(SocketAddr::from(([10, 1, 0, i], 80))))
+            );
+        }
+        assert_eq!(known.len(), REACHED_KEPT);
     }
 }

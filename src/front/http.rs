@@ -20,7 +20,6 @@ mod vars;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -65,16 +64,14 @@ const MAX_LOCAL_REDIRECTS: usize = 5;
 pub struct ConnInfo {
     /// The listener's configured address (contexts name it).
     pub listener: ListenAddress,
-    /// The local socket address, for SERVER_ADDR and SERVER_PORT (`None` on Unix sockets).
-    pub local: Option<SocketAddr>,
     /// The client.
     pub peer: Peer,
     /// Which forwarded header is believed, and from which peers.
     pub forwarded: Option<ForwardedTrust>,
     /// The listener's phase timeouts.
     pub timeouts: FrontTimeouts,
-    /// SERVER_ADDR and SERVER_PORT, the same for every connection of the listener
-    /// ([`server_vars`] of `local`, encoded once by the accept loop).
+    /// SERVER_ADDR and SERVER_PORT ([`server_vars`] of the local address the client
+    /// reached), encoded by the accept loop once per address, not per connection.
     pub server_vars: Arc<ServerVars>,
 }
 
