@@ -362,27 +362,9 @@ mod tests {
 
     /// What `f` logs at warn level and above, as text.
     fn warnings_of(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl Write for Captured {
-            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
+        let (captured, subscriber) = crate::logs::capture::warnings();
         tracing::subscriber::with_default(subscriber, f);
-        let text = captured.0.lock().unwrap().clone();
-        String::from_utf8(text).unwrap()
+        captured.text()
     }
 
     /// As nginx and php-fpm do, the newest corral takes the pid file over, whether the pid

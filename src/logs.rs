@@ -190,6 +190,49 @@ impl LineLimit {
     }
 }
 
+/// Test support: what the code under test logs, as text.
+#[cfg(test)]
+pub(crate) mod capture {
+    use std::sync::{Arc, Mutex};
+
+    /// The text a [`warnings`] subscriber wrote so far.
+    #[derive(Clone, Default)]
+    pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Captured {
+        pub(crate) fn text(&self) -> String {
+            let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    }
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A subscriber writing warnings and worse, without colour, to the returned buffer.
+    pub(crate) fn warnings() -> (Captured, impl tracing::Subscriber + Send + Sync) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (captured, subscriber)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,11 @@ fn fcgi_params(root: &Path) -> Vec<(&'static str, String)> {
 }
 
 fn site() -> Site {
+    site_on("127.0.0.1:0")
+}
+
+/// The site with its HTTP listener on `listen`.
+fn site_on(listen: &str) -> Site {
     let dir = shared_dir();
     let root = dir.path().join("www");
     std::fs::create_dir_all(&root).unwrap();
@@ -92,7 +97,7 @@ grace = "2s"
 kill_timeout = "2s"
 
 [[listen]]
-address = "127.0.0.1:0"
+address = "{listen}"
 protocol = "http"
 
 [[listen]]
@@ -259,38 +264,13 @@ fn a_fastcgi_content_length_that_is_no_length_is_refused() {
 fn server_addr_is_the_address_the_client_reached_on_a_wildcard_listener() {
     // nginx's `$server_addr`: on a listener bound to 0.0.0.0 or ::, the connection's own
     // local address, not the wildcard.
-    let dir = shared_dir();
-    let root = dir.path().join("www");
-    std::fs::create_dir_all(&root).unwrap();
+    let site = site_on("0.0.0.0:0");
     write_file(
-        &root,
+        &site.root(),
         "addr.php",
         "<?php echo $_SERVER['SERVER_ADDR'], '|', $_SERVER['SERVER_PORT'];",
     );
-    let config = format!(
-        r#"
-[server]
-runtime_dir = "{run}"
-grace = "2s"
-kill_timeout = "2s"
-
-[[listen]]
-address = "0.0.0.0:0"
-protocol = "http"
-
-[pools.php]
-command = ["php-cgi"]
-mode = "static"
-max = 1
-
-[[contexts]]
-root = "{root}"
-pool = "php"
-"#,
-        run = dir.path().join("run").display(),
-        root = root.display(),
-    );
-    let corral = Corral::start(&config, 1);
+    let corral = &site.corral;
     let port = corral.http_addr().port();
     for _ in 0..2 {
         let r = http(

@@ -241,24 +241,7 @@ mod tests {
     /// Reads `chunks` with `log_lines` for 10 s of paused time; returns how often the reader
     /// waited on the silent pipe, and the warnings logged by then.
     async fn read_for_ten_seconds(chunks: Vec<Vec<u8>>) -> (u64, Vec<(Duration, String)>) {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
+        let (captured, subscriber) = crate::logs::capture::warnings();
         let _guard = tracing::subscriber::set_default(subscriber);
         let waits = Arc::new(AtomicU64::new(0));
         let pipe = Silent {
@@ -271,7 +254,7 @@ mod tests {
         let mut warnings = Vec::new();
         for _ in 0..100 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+            let text = captured.text();
             for line in text.lines().skip(warnings.len()) {
                 warnings.push((start.elapsed(), line.to_owned()));
             }

@@ -419,20 +419,19 @@ async fn a_waiter_wakes_the_supervisor_only_where_it_may_grow() {
     assert!(demand_woken_by_a_waiter(&t).await);
 }
 
+/// Whether the supervisor's demand wait is woken (within 1 ms of paused time).
+async fn woken(t: &Arc<SlotTable>) -> bool {
+    tokio::time::timeout(Duration::from_millis(1), t.demand())
+        .await
+        .is_ok()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_worker_spending_its_budget_wakes_the_supervisor_even_when_asleep() {
     let t = table(4, 4, &[None]);
     t.wake_on_demand(false);
     let id = t.add_worker(1, addr(), Some(2));
     t.set_accepting(id, true);
-    let woken = |t: &Arc<SlotTable>| {
-        let t = Arc::clone(t);
-        async move {
-            tokio::time::timeout(Duration::from_millis(1), t.demand())
-                .await
-                .is_ok()
-        }
-    };
     drop(t.acquire(0).await.unwrap());
     assert!(!woken(&t).await, "the first of two requests wakes nobody");
     // The second is the last of its budget: the supervisor must replace the worker now.
@@ -446,14 +445,6 @@ async fn a_supervisor_at_rest_is_woken_by_the_next_request_once() {
     let t = table(2, 4, &[None]);
     t.wake_on_demand(false);
     let id = ready_worker(&t, 1);
-    let woken = |t: &Arc<SlotTable>| {
-        let t = Arc::clone(t);
-        async move {
-            tokio::time::timeout(Duration::from_millis(1), t.demand())
-                .await
-                .is_ok()
-        }
-    };
     // Nothing in flight or waiting, nothing counted that the supervisor has not taken.
     assert!(t.wake_at_next_request());
     let held = t.acquire(0).await.unwrap();
