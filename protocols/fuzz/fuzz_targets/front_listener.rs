@@ -23,6 +23,7 @@ use corral::front::listener::Peer;
 use corral::front::{fastcgi, http, scgi};
 use corral::gateway::Gateway;
 use corral::net::{QuietUnix, Stream};
+use corral::protocols::cgi::ServerVars;
 use corral::protocols::fastcgi::RecordDecoder;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -42,6 +43,8 @@ struct Harness {
     fastcgi: Arc<ListenAddress>,
     scgi: Arc<ListenAddress>,
     http: ListenAddress,
+    /// The HTTP listener's SERVER_ADDR and SERVER_PORT, as its accept loop encodes them.
+    server_vars: Arc<ServerVars>,
     /// The listeners' timeouts, as configured (the same for the three).
     timeouts: FrontTimeouts,
     /// The connection table every input's connection is admitted to, as a running corral's
@@ -125,6 +128,10 @@ max_body = "64KiB"
         fastcgi: Arc::new(listen(0)),
         scgi: Arc::new(listen(1)),
         http: listen(2),
+        server_vars: Arc::new(http::server_vars(Some(SocketAddr::from((
+            [127, 0, 0, 1],
+            8080,
+        ))))),
         timeouts: config.listeners[0].timeouts,
         admission: Admission::new("front", 1024),
         runtime,
@@ -200,10 +207,10 @@ async fn one(h: &'static Harness, front: Front, input: &[u8]) {
         Front::Http => {
             let info = ConnInfo {
                 listener: h.http.clone(),
-                local: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
                 peer: Peer::Tcp(SocketAddr::from(([127, 0, 0, 1], 40000))),
                 forwarded: None,
                 timeouts: h.timeouts,
+                server_vars: Arc::clone(&h.server_vars),
             };
             tokio::spawn(http::serve_connection(
                 stream,
