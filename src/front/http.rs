@@ -42,7 +42,7 @@ use crate::front::sendfile;
 use crate::front::static_files::{add_slash, static_file, try_files, TryFiles};
 use crate::gateway::{Gateway, GatewayError, RouteKey};
 use crate::net::Stream;
-use crate::protocols::cgi::{parse_request_path, RequestPath, ServerVars};
+use crate::protocols::cgi::{parse_request_path, RemoteVars, RequestPath, ServerVars};
 use crate::protocols::cgi_response::ResponseKind;
 
 pub(in crate::front) use answer::{error_response, plain};
@@ -52,7 +52,7 @@ pub use vars::server_vars;
 use answer::{client_headers, discard, sends_body};
 use body::request_body;
 use head::{check_head, host_of, HeadFields};
-use vars::{cgi_params, AddrText};
+use vars::{cgi_params, remote_vars};
 
 /// Largest request head hyper buffers (request line and headers).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -88,7 +88,7 @@ pub async fn serve_connection(
     let state = Arc::clone(ticket.state());
     let timeouts = info.timeouts;
     let info = Served {
-        addrs: AddrText::of(&info),
+        remote_vars: remote_vars(&info),
         info,
     };
     let busy = Arc::clone(&state);
@@ -172,10 +172,10 @@ pub async fn serve_connection(
 /// The response body type of the http front.
 pub type HttpBody = FrontBody;
 
-/// A connection's [`ConnInfo`] with what every request of it needs in text.
+/// A connection's [`ConnInfo`] with its peer's address as CGI variables, for every request.
 struct Served {
     info: ConnInfo,
-    addrs: AddrText,
+    remote_vars: RemoteVars,
 }
 
 async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> Response<HttpBody> {
@@ -269,7 +269,7 @@ async fn handle(gateway: &Gateway, served: &Served, req: Request<Incoming>) -> R
             gateway,
             &routed,
             info,
-            &served.addrs,
+            &served.remote_vars,
             &parts,
             method,
             target,

@@ -2,7 +2,6 @@
 //! and the per-request variables encoded from the borrowed head.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 
 use http::request::Parts;
 
@@ -17,27 +16,14 @@ use crate::protocols::cgi::{
 use super::head::{forwarded_client, forwarded_https};
 use super::ConnInfo;
 
-/// The peer's and the local address as CGI variables, encoded once per connection
-/// (formatting an address costs more than the rest of REMOTE_ADDR's handling).
-pub(super) struct AddrText {
-    /// REMOTE_ADDR (the TCP peer's IP, left out on a Unix listener) and REMOTE_PORT, used
-    /// unless a trusted proxy names the client.
-    peer: RemoteVars,
-    /// SERVER_ADDR (the local IP; `127.0.0.1` on a Unix listener) and SERVER_PORT: the
-    /// listener's, encoded once by its accept loop ([`server_vars`]).
-    local: Arc<ServerVars>,
-}
-
-impl AddrText {
-    pub(super) fn of(info: &ConnInfo) -> AddrText {
-        let peer = match info.peer {
-            Peer::Tcp(a) => with_ip_text(a.ip(), |ip| RemoteVars::new(ip, Some(a.port()))),
-            Peer::Unix => RemoteVars::new(b"", None),
-        };
-        AddrText {
-            peer,
-            local: Arc::clone(&info.server_vars),
-        }
+/// The peer's address as CGI variables (REMOTE_ADDR, left out on a Unix listener, and
+/// REMOTE_PORT), encoded once per connection: formatting an address costs more than the rest
+/// of REMOTE_ADDR's handling. Used unless a trusted proxy names the client. SERVER_ADDR and
+/// SERVER_PORT come encoded with the connection ([`ConnInfo::server_vars`]).
+pub(super) fn remote_vars(info: &ConnInfo) -> RemoteVars {
+    match info.peer {
+        Peer::Tcp(a) => with_ip_text(a.ip(), |ip| RemoteVars::new(ip, Some(a.port()))),
+        Peer::Unix => RemoteVars::new(b"", None),
     }
 }
 
@@ -99,7 +85,7 @@ pub(super) fn cgi_params(
     gateway: &Gateway,
     routed: &Routed,
     info: &ConnInfo,
-    addrs: &AddrText,
+    remote_vars: &RemoteVars,
     parts: &Parts,
     method: &[u8],
     target: &[u8],
@@ -133,11 +119,11 @@ pub(super) fn cgi_params(
     // The client is the one a trusted proxy names, else the TCP peer; a Unix peer with no
     // trusted header is a front server whose client is unknown, and REMOTE_ADDR is then left
     // out rather than filled with a loopback placeholder that an app would trust.
-    // The connection's own addresses were encoded when it was accepted (`AddrText`).
+    // The connection's own addresses were encoded when it was accepted (`remote_vars`).
     let forwarded = forwarded_client(info, &parts.headers).map(|ip| ip.to_string());
     let (remote_addr, remote) = match &forwarded {
         Some(ip) => (ip.as_str(), None),
-        None => ("", Some(&addrs.peer)),
+        None => ("", Some(remote_vars)),
     };
     let protocol = match parts.version {
         http::Version::HTTP_10 => &b"HTTP/1.0"[..],
@@ -161,7 +147,7 @@ pub(super) fn cgi_params(
         path,
         &routed.context.cgi,
         remote,
-        Some(&*addrs.local),
+        Some(&*info.server_vars),
         &gateway.limits,
     )?;
     if tracing::enabled!(tracing::Level::DEBUG) {
