@@ -8,6 +8,8 @@
 # between turns, (a) both on CPU 0, (b) one on CPU 0 and one on CPU 1, (c) free to run
 # anywhere; the figure is the round trip (two wake-ups) in µs, Python's own cost included
 # (the same in the three rows).
+# Then the same after 1 ms of sleep before each turn (benches/lib/wake_idle.py): a CPU left
+# idle that long has halted on this VM, and waking it is what a crossing wake-up costs at c=1.
 # Usage: bash benches/wake.sh [N]   (default 20000). Needs python3 and 2 CPUs.
 set -euo pipefail
 n=${1:-20000}
@@ -47,3 +49,8 @@ print(f"round trip over a pipe pair, {n} turns (two wake-ups each):")
 for name, p, c in [("same CPU (0 and 0)", 0, 0), ("two CPUs (0 and 1)", 0, 1), ("free", None, None)]:
     print(f"  {name:20} {trip(p, c):7.1f} µs")
 PY
+# The same after each side slept 1 ms, so the other CPU had gone idle (a halted vCPU here):
+# what a crossing wake-up costs a load of one request at a time.
+read -r cross same < <(python3 "$(dirname "${BASH_SOURCE[0]}")/lib/wake_idle.py")
+echo "median round trip after 1 ms idle (lib/wake_idle.py):"
+printf '  %-20s %7s µs\n' "same CPU (0 and 0)" "$same" "two CPUs (0 and 1)" "$cross"

@@ -238,6 +238,7 @@ cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9
 
 res=$s/results.tsv
 : > "$res"
+: > "$s/wake.tsv"
 for c in $LEVELS; do
   for r in $ROW_NAMES; do
     wrk -t1 -c"$c" -d2s --timeout 10s -H "Host: $host" "$(url "$r")" > /dev/null 2>&1 # warm-up, unrecorded
@@ -249,6 +250,9 @@ for c in $LEVELS; do
     # shellcheck disable=SC2086 # ROW_NAMES: a list
     [ -z "${SHUFFLE:-}" ] || order=$(printf '%s\n' $ROW_NAMES |
       awk -v seed="$c$round" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2 | tr '\n' ' ')
+    # What waking the idle CPU costs at this moment: at c=1 a request pays it at every
+    # wake-up that crosses CPUs, and it moves with the host's load (decision 40).
+    printf '%s\t%s\t%s\n' "$c" "$round" "$(python3 benches/lib/wake_idle.py | cut -d' ' -f1)" >> "$s/wake.tsv"
     for r in $order; do
       # shellcheck disable=SC2046 # a list of pids
       proc_stats $(php_pids "$r") > "$s/php-before"
@@ -317,6 +321,11 @@ report() {
   else
     echo "Autogroups $( [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2> /dev/null)" = 1 ] && echo on || echo off): a busy CPU is shared equally between sessions (see the sessions column)."
   fi
+  echo "Wake-up probe before each round: the median round trip between a process on CPU 0 and one on CPU 1, each"
+  echo "after 1 ms asleep (benches/lib/wake_idle.py, two wake-ups of an idle CPU), in µs, round by round:"
+  for c in $LEVELS; do printf 'c=%s: %s\n' "$c" "$(awk -v c="$c" '$1 == c {print $3}' "$s/wake.tsv" | paste -sd' ')"; done |
+    paste -sd';' | sed 's/;/; /g; s/$/./'
+  echo
   echo
   python3 - "$res" "$SECS" "$s/groups.tsv" "$handoff" "$HANDOFF_LEVEL" << 'PY'
 import statistics, sys
