@@ -251,7 +251,7 @@ for c in $LEVELS; do
     [ -z "${SHUFFLE:-}" ] || order=$(printf '%s\n' $ROW_NAMES |
       awk -v seed="$c$round" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2 | tr '\n' ' ')
     # What waking the idle CPU costs at this moment: at c=1 a request pays it at every
-    # wake-up that crosses CPUs, and it moves with the host's load (decision 40).
+    # wake-up that crosses CPUs, and it changes between rounds (decision 40).
     printf '%s\t%s\t%s\n' "$c" "$round" "$(python3 benches/lib/wake_idle.py | cut -d' ' -f1)" >> "$s/wake.tsv"
     for r in $order; do
       # shellcheck disable=SC2046 # a list of pids
@@ -325,7 +325,6 @@ report() {
   echo "after 1 ms asleep (benches/lib/wake_idle.py, two wake-ups of an idle CPU), in µs, round by round:"
   for c in $LEVELS; do printf 'c=%s: %s\n' "$c" "$(awk -v c="$c" '$1 == c {print $3}' "$s/wake.tsv" | paste -sd' ')"; done |
     paste -sd';' | sed 's/;/; /g; s/$/./'
-  echo
   echo
   python3 - "$res" "$SECS" "$s/groups.tsv" "$handoff" "$HANDOFF_LEVEL" << 'PY'
 import statistics, sys

@@ -1,7 +1,7 @@
 """What waking an idle CPU costs here, now: the median round trip (two wake-ups) between a
 process on CPU 0 and one on CPU 1 after each side has slept for GAP µs, in µs; then the same
 with both on CPU 0. On a VM whose idle vCPUs halt (decision 40), the first is what each
-crossing wake-up of a one-request-at-a-time load pays, and it moves with the host's load.
+crossing wake-up of a one-request-at-a-time load pays, and it changes from one minute to the next.
 
 Usage: python3 benches/lib/wake_idle.py [TURNS] [GAP_US]   (defaults 300 and 1000).
 Prints "CROSS_US SAME_US".
