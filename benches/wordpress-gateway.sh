@@ -23,7 +23,7 @@
 #   gw-*-pc    the same with `php_children = COUNT` (one php-cgi parent whose COUNT children
 #              share its OPcache and its session, as php-cgi -b's and php-fpm's do; max = 1)
 #   base-*     the same as gw-* with the corral binary BASE (a before/after in one run),
-#              when BASE is set
+#              when BASE is set; BASE_AS=gw-pc (any kind of CORRALS) gives it that row's settings
 # The rows run at COUNT together, idle but for the one measured. wrk -t1 --latency -d SECS
 # on the front page at each level of LEVELS, the rows interleaved per round (ROUNDS) after a
 # 2 s warm-up each; req/s (requests of the rounds pooled), p99 per round (and their median),
@@ -48,7 +48,7 @@
 #   bash benches/wordpress-gateway.sh
 #   SECS=2 ROUNDS=1 OUT= bash benches/wordpress-gateway.sh     # a quick look
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
-# Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE,
+# Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE, BASE_AS (gw),
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
 # gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order),
 # HANDOFF, HANDOFF_LEVEL,
@@ -60,7 +60,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -90,26 +90,30 @@ ulimit -n 16384 2>/dev/null || true
 # The corrals: NAME -> binary and [server] lines.
 CORRALS=${CORRALS:-gw gw-t1}
 declare -A corral_bin corral_server corral_pool
-for g in $CORRALS; do  # gw: corral's defaults; gw-tN: threads = N; gw-pc: php_children
-  corral_bin[$g]=$CORRAL
-  corral_pool[$g]="max = $COUNT"
+corral_settings() { # KEY KIND: KEY's [server] lines and pool lines, as the row kind KIND
+  # gw: corral's defaults; gw-tN: threads = N; gw-pc: php_children
+  local k=$1 g=$2
+  corral_pool[$k]="max = $COUNT"
   case $g in
-    gw) corral_server[$g]="" ;;
-    gw-t[0-9]*) corral_server[$g]="threads = ${g#gw-t}" ;;
-    gw-pc) corral_server[$g]=""; corral_pool[$g]=$'max = 1\nphp_children = '"$COUNT" ;;
+    gw) corral_server[$k]="" ;;
+    gw-t[0-9]*) corral_server[$k]="threads = ${g#gw-t}" ;;
+    gw-pc) corral_server[$k]=""; corral_pool[$k]=$'max = 1\nphp_children = '"$COUNT" ;;
     # -rN: max_requests = N, to see what recycling costs (a group is replaced whole, its
     # OPcache with it, after N per child; a separate worker after N of its own).
-    gw-pc-r[0-9]*) corral_server[$g]=""
-      corral_pool[$g]=$'max = 1\nphp_children = '"$COUNT"$'\nmax_requests = '"${g#gw-pc-r}" ;;
-    gw-r[0-9]*) corral_server[$g]=""; corral_pool[$g]="max = $COUNT"$'\nmax_requests = '"${g#gw-r}" ;;
+    gw-pc-r[0-9]*) corral_server[$k]=""
+      corral_pool[$k]=$'max = 1\nphp_children = '"$COUNT"$'\nmax_requests = '"${g#gw-pc-r}" ;;
+    gw-r[0-9]*) corral_server[$k]=""; corral_pool[$k]="max = $COUNT"$'\nmax_requests = '"${g#gw-r}" ;;
     *) echo "unknown corral row $g (gw, gw-tN, gw-pc, gw-pc-rN or gw-rN)" >&2; exit 2 ;;
   esac
+}
+for g in $CORRALS; do
+  corral_bin[$g]=$CORRAL
+  corral_settings "$g" "$g"
 done
 if [ -n "${BASE:-}" ]; then
   CORRALS+=" base"
   corral_bin[base]=$BASE
-  corral_server[base]=""
-  corral_pool[base]="max = $COUNT"
+  corral_settings base "${BASE_AS:-gw}"
 fi
 declare -A port sock upstream
 port[fpm]=18821; sock[fpm]=$s/run/fpm.sock
