@@ -26,7 +26,8 @@
 #              when BASE is set; BASE_AS=gw-pc (any kind of CORRALS) gives it that row's settings
 # The rows run at COUNT together, idle but for the one measured. wrk -t1 --latency -d SECS
 # on the front page at each level of LEVELS, the rows interleaved per round (ROUNDS) after a
-# 2 s warm-up each; req/s (requests of the rounds pooled), p99 per round (and their median),
+# 2 s warm-up each; req/s (requests of the rounds pooled), p99 per round (and their median,
+# and the p99 of all the rounds' requests from wrk's histograms, benches/lib/latency-hist.lua),
 # the CPU the front took per request (nginx's worker plus the row's corral, from
 # /proc/PID/task/*/schedstat, so gw-http is corral alone and gw-fcgi is nginx plus corral) and wrk's
 # errors (a row with errors or timeouts is invalid and no ratio uses it); the ratios against
@@ -48,10 +49,12 @@
 #   bash benches/wordpress-gateway.sh
 #   SECS=2 ROUNDS=1 OUT= bash benches/wordpress-gateway.sh     # a quick look
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
+#   KEEP=/tmp/wp-a bash benches/wordpress-gateway.sh; ... KEEP=/tmp/wp-b ...
+#   python3 benches/lib/wp_report.py /tmp/wp-a /tmp/wp-b         # the runs pooled, one verdict
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE, BASE_AS (gw),
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
 # gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order),
-# HANDOFF, HANDOFF_LEVEL,
+# HANDOFF, HANDOFF_LEVEL, KEEP (a directory to keep the run's raw figures in, for wp_report.py),
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -60,7 +63,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL KEEP"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -243,6 +246,9 @@ cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9
 res=$s/results.tsv
 : > "$res"
 : > "$s/wake.tsv"
+echo "$SECS" > "$s/secs"
+echo "$HANDOFF_LEVEL" > "$s/handoff_level"
+mkdir -p "$s/hist"
 for c in $LEVELS; do
   for r in $ROW_NAMES; do
     wrk -t1 -c"$c" -d2s --timeout 10s -H "Host: $host" "$(url "$r")" > /dev/null 2>&1 # warm-up, unrecorded
@@ -263,7 +269,8 @@ for c in $LEVELS; do
       d0=$(sched_ns 1 "$db_pid")
       read -r i0 a0 < <(cpu_ticks)
       t0=$(front_ns "$r")
-      out=$(wrk -t1 -c"$c" -d"${SECS}s" --timeout 10s --latency -H "Host: $host" "$(url "$r")" 2>&1)
+      out=$(WRK_HIST=$s/hist/c$c-$r-$round.txt wrk -t1 -c"$c" -d"${SECS}s" --timeout 10s --latency \
+        -s benches/lib/latency-hist.lua -H "Host: $host" "$(url "$r")" 2>&1)
       t1=$(front_ns "$r")
       read -r i1 a1 < <(cpu_ticks)
       d1=$(sched_ns 1 "$db_pid")
@@ -316,7 +323,8 @@ report() {
   echo "php-cgi parent whose children share its OPcache and session); \`-rN\`: \`max_requests = N\` (a group is replaced whole after N per"
   echo "child, a separate worker after N; the PHP columns miss the processes gone before the end); \`base-*\`: the same as \`gw-*\` with the binary BASE."
   echo "wrk -t1 --latency -d${SECS}s, $ROUNDS round(s) interleaved per level after a 2 s warm-up per row${SHUFFLE:+ (each round in another order)}; req/s pools the rounds;"
-  echo "p99 one per round (ms), and their median; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
+  echo "p99 one per round (ms), and their median; p99 all = the 99th percentile of all the rounds' requests (wrk's histograms),"
+  echo "which the verdict uses; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
   echo "(/proc/PID/task/*/schedstat) over the requests. Load = the 1-minute load average after each run (the range). This machine's"
   echo "2 cores were shared with other builds: compare rows within this run, not with other runs."
   if [ -n "${FLAT:-}" ]; then
@@ -330,88 +338,12 @@ report() {
   for c in $LEVELS; do printf 'c=%s: %s\n' "$c" "$(awk -v c="$c" '$1 == c {print $3}' "$s/wake.tsv" | paste -sd' ')"; done |
     paste -sd';' | sed 's/;/; /g; s/$/./'
   echo
-  python3 - "$res" "$SECS" "$s/groups.tsv" "$handoff" "$HANDOFF_LEVEL" << 'PY'
-import statistics, sys
-res, secs = sys.argv[1], float(sys.argv[2])
-groups = dict(line.rstrip("\n").split("\t") for line in open(sys.argv[3]) if line.strip())
-handoff = [line.rstrip("\n").split("\t") for line in open(sys.argv[4]) if line.strip()]
-handoff_level = sys.argv[5]
-def ms(v):
-    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
-        if v.endswith(unit):
-            try:
-                return float(v[: -len(unit)]) * f
-            except ValueError:
-                return None
-    return None
-rows = {}
-for line in open(res):
-    c, r, _round, reqs, p99, errs, touts, ns, load, php, wait, db, idle, ticks, inv, mig = line.rstrip("\n").split("\t")
-    x = rows.setdefault((int(c), r), dict(n=0, runs=0, p99=[], e=0, t=0, ns=0, load=[], php=0, wait=0, db=0, idle=0, ticks=0, inv=0, mig=0))
-    x["inv"] += int(inv); x["mig"] += int(mig)
-    x["n"] += int(reqs); x["runs"] += 1; x["p99"].append(ms(p99)); x["e"] += int(errs)
-    x["t"] += int(touts); x["ns"] += int(ns); x["load"].append(float(load))
-    x["php"] += int(php); x["wait"] += int(wait); x["db"] += int(db); x["idle"] += int(idle); x["ticks"] += int(ticks)
-def valid(k):
-    x = rows.get(k)
-    return x is not None and x["n"] > 0 and x["e"] == 0 and x["t"] == 0 and None not in x["p99"]
-def rps(k):
-    return rows[k]["n"] / (rows[k]["runs"] * secs)
-def p99(k):
-    return statistics.median(rows[k]["p99"])
-def ratio(a, b, f):
-    return f"{f(a) / f(b):.2f}" if a != b and valid(a) and valid(b) else "—"
-print("| row | c | req/s | / fpm | / cgi | p99 ms per round | p99 median | p99 / fpm | front µs/req | errors | timeouts | load | valid |")
-print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|")
-for (c, r), x in rows.items():
-    us = x["ns"] / 1e3 / x["n"] if x["n"] else 0
-    p = " ".join("—" if v is None else f"{v:.0f}" for v in x["p99"])
-    med = f"{p99((c, r)):.0f}" if None not in x["p99"] else "—"
-    print(f"| {r} | {c} | {rps((c, r)):.1f} | {ratio((c, r), (c, 'fpm'), rps)} | {ratio((c, r), (c, 'cgi'), rps)} | "
-          f"{p} | {med} | {ratio((c, r), (c, 'fpm'), p99)} | {us:.0f} | {x['e']} | {x['t']} | "
-          f"{min(x['load']):.1f}–{max(x['load']):.1f} | {'ok' if valid((c, r)) else '**invalid**'} |")
-print()
-print("What the PHP processes did, per request (schedstat, summed over the row's PHP processes): CPU, and time runnable but")
-print("waiting for a CPU; MariaDB's CPU; the share of both CPUs' time left idle during the row's runs (/proc/stat); the row's PHP")
-print("processes and the sessions they are in (each session is a scheduling group of its own when autogroups apply); how often")
-print("per request a PHP process was preempted (involuntary switches) and moved to the other CPU (migrations), /proc/PID/task/*/sched:")
-print()
-print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions | preempted /req | migrated /req |")
-print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
-for (c, r), x in rows.items():
-    per = lambda v: f"{v / 1e3 / x['n']:.0f}" if x["n"] else "—"
-    idle = f"{100 * x['idle'] / x['ticks']:.1f}" if x["ticks"] else "—"
-    count = lambda v: f"{v / x['n']:.2f}" if x["n"] else "—"
-    print(f"| {r} | {c} | {per(x['php'])} | {per(x['wait'])} | {per(x['db'])} | {idle} | {groups.get(r, '—')} | "
-          f"{count(x['inv'])} | {count(x['mig'])} |")
-if handoff:
-    print()
-    print(f"The hand-off at c={handoff_level}, one run per row with the PHP processes' read/write system calls recorded (perf):")
-    print("how long a PHP process sat idle from the return of its response's last write to the return of the read that")
-    print("brought the next request (benches/lib/handoff.py); short or failed response writes; the slowest response write.")
-    print()
-    print("| row | hand-offs | median ms | p90 ms | short or failed writes | slowest write ms |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r, v in handoff:
-        n, med, p90, short, slow = (v.split() + ["—"] * 5)[:5]
-        print(f"| {r} | {n} | {med} | {p90} | {short} | {slow} |")
-print()
-print("Issue 19's real-application targets, from this run (req/s ≥ 0.98× cgi and fpm; p99 ≤ fpm's at c ≥ 10):")
-print()
-gw = sorted({r for _, r in rows if r not in ("fpm", "cgi")})
-for c in sorted({c for c, _ in rows}):
-    for r in gw:
-        a = (c, r)
-        if not (valid(a) and valid((c, "cgi")) and valid((c, "fpm"))):
-            print(f"- c={c} {r}: — (a row is invalid)")
-            continue
-        q_cgi, q_fpm = rps(a) / rps((c, "cgi")), rps(a) / rps((c, "fpm"))
-        q_p99 = p99(a) / p99((c, "fpm"))
-        met = q_cgi >= 0.98 and q_fpm >= 0.98 and (c < 10 or q_p99 <= 1.0)
-        tail = f", p99 / fpm {q_p99:.2f}" if c >= 10 else ""
-        print(f"- c={c} {r}: / cgi **{q_cgi:.2f}**, / fpm **{q_fpm:.2f}**{tail}: {'met' if met else 'missed'}")
-PY
+  python3 benches/lib/wp_report.py "$s"
 }
 report > "$s/report.md"
+if [ -n "${KEEP:-}" ]; then # what benches/lib/wp_report.py needs to pool this run with others
+  mkdir -p "$KEEP"
+  cp -r "$s/results.tsv" "$s/secs" "$s/groups.tsv" "$s/handoff.tsv" "$s/handoff_level" "$s/wake.tsv" "$s/hist" "$s/report.md" "$KEEP/"
+fi
 cat "$s/report.md"
 results_write wordpress-gateway "WordPress through corral's gateway against nginx → php-fpm and nginx → php-cgi" "$s/report.md"

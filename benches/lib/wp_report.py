@@ -1,0 +1,192 @@
+"""The tables of benches/wordpress-gateway.sh, from one run's directory or pooled over several.
+
+    python3 benches/lib/wp_report.py RUN_DIR [RUN_DIR...]
+
+A run directory holds what wordpress-gateway.sh keeps with KEEP=DIR: results.tsv (a line per
+row, level and round), secs (the seconds of a round), groups.tsv, handoff.tsv and hist/
+(c<LEVEL>-<ROW>-<ROUND>.txt: wrk's latency histogram of that round, benches/lib/latency-hist.lua).
+
+Given several, the rounds of every run are pooled: req/s is all their requests over all their
+seconds, and the p99 is the 99th percentile of all their requests. The issue-19 verdict (req/s
+>= 0.98x cgi and fpm; p99 <= fpm's at c >= 10) is judged on the pooled figures, with each run's
+own ratios printed beside it, so a verdict rests on more rounds than one run's noise allows.
+"""
+import collections
+import os
+import statistics
+import sys
+
+FIELDS = "c r round reqs p99 errs touts ns load php wait db idle ticks inv mig".split()
+
+
+def ms(v):
+    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if v.endswith(unit):
+            try:
+                return float(v[: -len(unit)]) * f
+            except ValueError:
+                return None
+    return None
+
+
+def load(d):
+    """One run: {(c, row): stats} in the order the rows first appear."""
+    secs = float(open(os.path.join(d, "secs")).read())
+    rows = {}
+    for line in open(os.path.join(d, "results.tsv")):
+        v = dict(zip(FIELDS, line.rstrip("\n").split("\t")))
+        k = (int(v["c"]), v["r"])
+        x = rows.setdefault(k, dict(n=0, secs=0.0, p99=[], e=0, t=0, ns=0, load=[], hist=collections.Counter(),
+                                    hist_n=0, php=0, wait=0, db=0, idle=0, ticks=0, inv=0, mig=0))
+        x["n"] += int(v["reqs"])
+        x["secs"] += secs
+        x["p99"].append(ms(v["p99"]))
+        x["load"].append(float(v["load"]))
+        for f, key in (("errs", "e"), ("touts", "t"), ("ns", "ns"), ("php", "php"), ("wait", "wait"), ("db", "db"),
+                       ("idle", "idle"), ("ticks", "ticks"), ("inv", "inv"), ("mig", "mig")):
+            x[key] += int(v[f])
+        h = os.path.join(d, "hist", f"c{v['c']}-{v['r']}-{v['round']}.txt")
+        if os.path.exists(h):
+            x["hist_n"] += 1
+            for line in open(h):
+                us, count = line.split()
+                x["hist"][int(us)] += int(count)
+    return rows
+
+
+def merge(runs):
+    pooled = {}
+    for rows in runs:
+        for k, x in rows.items():
+            y = pooled.setdefault(k, None)
+            if y is None:
+                pooled[k] = dict(x, p99=list(x["p99"]), load=list(x["load"]), hist=collections.Counter(x["hist"]))
+                continue
+            for key in ("n", "secs", "e", "t", "ns", "php", "wait", "db", "idle", "ticks", "inv", "mig", "hist_n"):
+                y[key] += x[key]
+            y["p99"] += x["p99"]
+            y["load"] += x["load"]
+            y["hist"].update(x["hist"])
+    return pooled
+
+
+def valid(rows, k):
+    x = rows.get(k)
+    return x is not None and x["n"] > 0 and x["e"] == 0 and x["t"] == 0 and None not in x["p99"]
+
+
+def rps(rows, k):
+    return rows[k]["n"] / rows[k]["secs"]
+
+
+def p99_all(rows, k):
+    """The 99th percentile of every request of k's rounds (ms), or None without every histogram."""
+    x = rows[k]
+    if x["hist_n"] != len(x["p99"]) or not x["hist"]:
+        return None
+    rank, seen = 0.99 * sum(x["hist"].values()), 0
+    for us in sorted(x["hist"]):
+        seen += x["hist"][us]
+        if seen >= rank:
+            return us / 1e3
+    return None
+
+
+def p99(rows, k):
+    """The p99 the verdict uses: over all requests when histograms exist, else the rounds' median."""
+    p = p99_all(rows, k)
+    return p if p is not None else statistics.median(rows[k]["p99"])
+
+
+def ratio(rows, a, b, f):
+    return f"{f(rows, a) / f(rows, b):.2f}" if a != b and valid(rows, a) and valid(rows, b) else "—"
+
+
+def tables(rows, groups, handoff, handoff_level):
+    print("| row | c | req/s | / fpm | / cgi | p99 ms per round | p99 median | p99 all | p99 / fpm | front µs/req | errors | timeouts | load | valid |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+    for (c, r), x in rows.items():
+        k = (c, r)
+        us = x["ns"] / 1e3 / x["n"] if x["n"] else 0
+        per = " ".join("—" if v is None else f"{v:.0f}" for v in x["p99"])
+        med = f"{statistics.median(x['p99']):.0f}" if None not in x["p99"] else "—"
+        allp = p99_all(rows, k)
+        print(f"| {r} | {c} | {rps(rows, k):.1f} | {ratio(rows, k, (c, 'fpm'), rps)} | {ratio(rows, k, (c, 'cgi'), rps)} | "
+              f"{per} | {med} | {'—' if allp is None else f'{allp:.0f}'} | {ratio(rows, k, (c, 'fpm'), p99)} | {us:.0f} | "
+              f"{x['e']} | {x['t']} | {min(x['load']):.1f}–{max(x['load']):.1f} | {'ok' if valid(rows, k) else '**invalid**'} |")
+    print()
+    print("What the PHP processes did, per request (schedstat, summed over the row's PHP processes): CPU, and time runnable but")
+    print("waiting for a CPU; MariaDB's CPU; the share of both CPUs' time left idle during the row's runs (/proc/stat); the row's PHP")
+    print("processes and the sessions they are in (each session is a scheduling group of its own when autogroups apply); how often")
+    print("per request a PHP process was preempted (involuntary switches) and moved to the other CPU (migrations), /proc/PID/task/*/sched:")
+    print()
+    print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions | preempted /req | migrated /req |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    for (c, r), x in rows.items():
+        per = lambda v: f"{v / 1e3 / x['n']:.0f}" if x["n"] else "—"
+        idle = f"{100 * x['idle'] / x['ticks']:.1f}" if x["ticks"] else "—"
+        count = lambda v: f"{v / x['n']:.2f}" if x["n"] else "—"
+        print(f"| {r} | {c} | {per(x['php'])} | {per(x['wait'])} | {per(x['db'])} | {idle} | {groups.get(r, '—')} | "
+              f"{count(x['inv'])} | {count(x['mig'])} |")
+    if handoff:
+        print()
+        print(f"The hand-off at c={handoff_level}, one run per row with the PHP processes' read/write system calls recorded (perf):")
+        print("how long a PHP process sat idle from the return of its response's last write to the return of the read that")
+        print("brought the next request (benches/lib/handoff.py); short or failed response writes; the slowest response write.")
+        print()
+        print("| row | hand-offs | median ms | p90 ms | short or failed writes | slowest write ms |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r, v in handoff:
+            n, med, p90, short, slow = (v.split() + ["—"] * 5)[:5]
+            print(f"| {r} | {n} | {med} | {p90} | {short} | {slow} |")
+
+
+def verdict(rows, runs):
+    pooled = len(runs) > 1
+    print()
+    print("Issue 19's real-application targets (req/s ≥ 0.98× cgi and fpm; p99 ≤ fpm's at c ≥ 10), "
+          + (f"pooled over the {len(runs)} runs; each run's own ratios in brackets:" if pooled else "from this run:"))
+    print()
+    gw = sorted({r for _, r in rows if r not in ("fpm", "cgi", "cgi-sep")})
+    for c in sorted({c for c, _ in rows}):
+        for r in gw:
+            a = (c, r)
+            if not (valid(rows, a) and valid(rows, (c, "cgi")) and valid(rows, (c, "fpm"))):
+                print(f"- c={c} {r}: — (a row is invalid)")
+                continue
+            q_cgi, q_fpm = rps(rows, a) / rps(rows, (c, "cgi")), rps(rows, a) / rps(rows, (c, "fpm"))
+            q_p99 = p99(rows, a) / p99(rows, (c, "fpm"))
+            met = q_cgi >= 0.98 and q_fpm >= 0.98 and (c < 10 or q_p99 <= 1.0)
+            each = ""
+            if pooled:
+                each = " [" + "; ".join(
+                    f"{ratio(run, a, (c, 'cgi'), rps)} {ratio(run, a, (c, 'fpm'), rps)}"
+                    + (f" {ratio(run, a, (c, 'fpm'), p99)}" if c >= 10 else "") for run in runs) + "]"
+            tail = f", p99 / fpm {q_p99:.2f}" if c >= 10 else ""
+            print(f"- c={c} {r}: / cgi **{q_cgi:.2f}**, / fpm **{q_fpm:.2f}**{tail}: {'met' if met else 'missed'}{each}")
+
+
+def main(dirs):
+    runs = [load(d) for d in dirs]
+    rows = merge(runs)
+    groups, handoff, level = {}, [], "10"
+    if len(dirs) == 1:
+        d = dirs[0]
+        for name, into in (("groups.tsv", groups),):
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                into.update(line.rstrip("\n").split("\t") for line in open(path) if line.strip())
+        path = os.path.join(d, "handoff.tsv")
+        if os.path.exists(path):
+            handoff = [line.rstrip("\n").split("\t") for line in open(path) if line.strip()]
+        path = os.path.join(d, "handoff_level")
+        if os.path.exists(path):
+            level = open(path).read().strip()
+    tables(rows, groups, handoff, level)
+    verdict(rows, runs)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
