@@ -2,7 +2,8 @@
 # Checks benches/lib/results.sh without running a bench (a second, no peers): a section is
 # replaced in place and nothing else moves, a new one is appended, broken markers refuse to
 # write, OUT= writes nothing, the command and commit are recorded, and wrk's error and
-# timeout counts are read from its output.   bash benches/lib/check.sh
+# timeout counts are read from its output; and benches/lib/wp_report.py's pooling of runs.
+#   bash benches/lib/check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source benches/lib/results.sh
@@ -41,4 +42,28 @@ read -r e to < <(printf 'Running 1s test\n  Socket errors: connect 1, read 2, wr
 [ "$e $to" = "11 28" ] || fail "wrk_errors read '$e $to', not '11 28'"
 read -r e to < <(printf 'Running 1s test\n  1000 requests in 1.00s, 100KB read\n' | wrk_errors)
 [ "$e $to" = "0 0" ] || fail "wrk_errors read '$e $to' from a clean run"
-echo "benches/lib/results.sh: ok"
+
+# benches/lib/wp_report.py: two runs of c=10 pooled. Run 1 alone misses (gw 0.99x and a p99 of
+# 150 ms against 100); pooled, the requests over the seconds and the p99 over all the requests
+# of both runs' histograms meet.
+wp_run() { # DIR GW_REQS: a run of fpm, cgi (1000 requests each) and gw-http-pc, round 1, 10 s
+  mkdir -p "$1/hist"
+  echo 10 > "$1/secs"
+  for r in fpm cgi gw-http-pc; do
+    n=1000
+    [ "$r" = gw-http-pc ] && n=$2
+    printf '10\t%s\t1\t%s\t100.00ms\t0\t0\t1000\t1.0\t1\t1\t1\t1\t2\t1\t1\n' "$r" "$n" >> "$1/results.tsv"
+  done
+}
+wp_run "$t/wp1" 990
+printf '100000 990\n200000 10\n' | tee "$t/wp1/hist/c10-fpm-1.txt" > "$t/wp1/hist/c10-cgi-1.txt"
+printf '100000 980\n150000 10\n' > "$t/wp1/hist/c10-gw-http-pc-1.txt"
+wp_run "$t/wp2" 1010
+printf '100000 1000\n' | tee "$t/wp2/hist/c10-fpm-1.txt" > "$t/wp2/hist/c10-cgi-1.txt"
+printf '90000 1010\n' > "$t/wp2/hist/c10-gw-http-pc-1.txt"
+want='- c=10 gw-http-pc: / cgi **0.99**, / fpm **0.99**, p99 / fpm 1.50: missed'
+python3 benches/lib/wp_report.py "$t/wp1" | grep -qxF -- "$want" || fail "wp_report.py, one run: no line '$want'"
+want='- c=10 gw-http-pc: / cgi **1.00**, / fpm **1.00**, p99 / fpm 1.00: met [0.99 0.99 1.50; 1.01 1.01 0.90]'
+python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" | grep -qxF -- "$want" ||
+  fail "wp_report.py, pooled: no line '$want' in: $(python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2")"
+echo "benches/lib/results.sh, benches/lib/wp_report.py: ok"
