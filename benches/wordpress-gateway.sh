@@ -53,7 +53,7 @@
 #   python3 benches/lib/wp_report.py /tmp/wp-a /tmp/wp-b         # the runs pooled, one verdict
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE, BASE_AS (gw),
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
-# gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order),
+# gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order; a value other than 1 seeds other orders),
 # HANDOFF, HANDOFF_LEVEL, KEEP (a directory to keep the run's raw figures in, for wp_report.py),
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
@@ -255,11 +255,14 @@ for c in $LEVELS; do
   done
   for round in $(seq "$ROUNDS"); do
     # Each round in another order (SHUFFLE=1, seeded by level and round, so a run can be
-    # repeated): a row is then not always measured right after the same neighbour.
+    # repeated): a row is then not always measured right after the same neighbour. Any
+    # other SHUFFLE value seeds other orders too, for runs to be pooled (wp_report.py).
     order=$ROW_NAMES
+    seed=$c$round
+    [ "${SHUFFLE:-1}" = 1 ] || seed=$SHUFFLE$seed
     # shellcheck disable=SC2086 # ROW_NAMES: a list
     [ -z "${SHUFFLE:-}" ] || order=$(printf '%s\n' $ROW_NAMES |
-      awk -v seed="$c$round" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2 | tr '\n' ' ')
+      awk -v seed="$seed" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2 | tr '\n' ' ')
     # What waking the idle CPU costs at this moment: at c=1 a request pays it at every
     # wake-up that crosses CPUs, and it changes between rounds (decision 40).
     printf '%s\t%s\t%s\n' "$c" "$round" "$(python3 benches/lib/wake_idle.py | cut -d' ' -f1)" >> "$s/wake.tsv"
