@@ -170,12 +170,12 @@ def main(dirs):
     runs = [load(d) for d in dirs]
     rows = merge(runs)
     groups, handoff, level = {}, [], "10"
-    if len(dirs) == 1:
+    for d in dirs:  # the same rows in every run: the last run's say
+        path = os.path.join(d, "groups.tsv")
+        if os.path.exists(path):
+            groups.update(line.rstrip("\n").split("\t") for line in open(path) if line.strip())
+    if len(dirs) == 1:  # one run's own hand-off table (not pooled)
         d = dirs[0]
-        for name, into in (("groups.tsv", groups),):
-            path = os.path.join(d, name)
-            if os.path.exists(path):
-                into.update(line.rstrip("\n").split("\t") for line in open(path) if line.strip())
         path = os.path.join(d, "handoff.tsv")
         if os.path.exists(path):
             handoff = [line.rstrip("\n").split("\t") for line in open(path) if line.strip()]
