@@ -98,11 +98,17 @@ def p99(rows, k):
     return p if p is not None else statistics.median(rows[k]["p99"])
 
 
-def ratio(rows, a, b, f):
+def paired(runs, a, b):
+    """The runs that measured both rows a and b, pooled: a ratio compares rows of the same runs."""
+    return merge([run for run in runs if valid(run, a) and valid(run, b)])
+
+
+def ratio(runs, a, b, f):
+    rows = paired(runs, a, b)
     return f"{f(rows, a) / f(rows, b):.2f}" if a != b and valid(rows, a) and valid(rows, b) else "—"
 
 
-def tables(rows, groups, handoff, handoff_level):
+def tables(runs, rows, groups, handoff, handoff_level):
     print("| row | c | req/s | / fpm | / cgi | p99 ms per round | p99 median | p99 all | p99 / fpm | front µs/req | errors | timeouts | load | valid |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
     for (c, r), x in rows.items():
@@ -111,8 +117,8 @@ def tables(rows, groups, handoff, handoff_level):
         per = " ".join("—" if v is None else f"{v:.0f}" for v in x["p99"])
         med = f"{statistics.median(x['p99']):.0f}" if None not in x["p99"] else "—"
         allp = p99_all(rows, k)
-        print(f"| {r} | {c} | {rps(rows, k):.1f} | {ratio(rows, k, (c, 'fpm'), rps)} | {ratio(rows, k, (c, 'cgi'), rps)} | "
-              f"{per} | {med} | {'—' if allp is None else f'{allp:.0f}'} | {ratio(rows, k, (c, 'fpm'), p99)} | {us:.0f} | "
+        print(f"| {r} | {c} | {rps(rows, k):.1f} | {ratio(runs, k, (c, 'fpm'), rps)} | {ratio(runs, k, (c, 'cgi'), rps)} | "
+              f"{per} | {med} | {'—' if allp is None else f'{allp:.0f}'} | {ratio(runs, k, (c, 'fpm'), p99)} | {us:.0f} | "
               f"{x['e']} | {x['t']} | {min(x['load']):.1f}–{max(x['load']):.1f} | {'ok' if valid(rows, k) else '**invalid**'} |")
     print()
     print("What the PHP processes did, per request (schedstat, summed over the row's PHP processes): CPU, and time runnable but")
@@ -141,18 +147,21 @@ def tables(rows, groups, handoff, handoff_level):
             print(f"| {r} | {n} | {med} | {p90} | {short} | {slow} |")
 
 
-def verdict(rows, runs):
+def verdict(runs):
     pooled = len(runs) > 1
     print()
     print("Issue 19's real-application targets (req/s ≥ 0.98× cgi and fpm; p99 ≤ fpm's at c ≥ 10), "
-          + (f"pooled over the {len(runs)} runs; each run's own ratios in brackets:" if pooled else "from this run:"))
+          + (f"pooled over the runs (of {len(runs)}) that measured the row; each run's own ratios in brackets:" if pooled else "from this run:"))
     print()
-    gw = sorted({r for _, r in rows if r not in ("fpm", "cgi", "cgi-sep")})
-    for c in sorted({c for c, _ in rows}):
+    keys = {k for run in runs for k in run}
+    gw = sorted({r for _, r in keys if r not in ("fpm", "cgi", "cgi-sep")})
+    for c in sorted({c for c, _ in keys}):
         for r in gw:
             a = (c, r)
-            if not (valid(rows, a) and valid(rows, (c, "cgi")) and valid(rows, (c, "fpm"))):
-                print(f"- c={c} {r}: — (a row is invalid)")
+            # Pooled over the runs that measured the row and both references validly.
+            rows = merge([run for run in runs if all(valid(run, k) for k in (a, (c, "cgi"), (c, "fpm")))])
+            if not rows:
+                print(f"- c={c} {r}: — (no run has it and both references valid)")
                 continue
             q_cgi, q_fpm = rps(rows, a) / rps(rows, (c, "cgi")), rps(rows, a) / rps(rows, (c, "fpm"))
             q_p99 = p99(rows, a) / p99(rows, (c, "fpm"))
@@ -160,8 +169,8 @@ def verdict(rows, runs):
             each = ""
             if pooled:
                 each = " [" + "; ".join(
-                    f"{ratio(run, a, (c, 'cgi'), rps)} {ratio(run, a, (c, 'fpm'), rps)}"
-                    + (f" {ratio(run, a, (c, 'fpm'), p99)}" if c >= 10 else "") for run in runs) + "]"
+                    f"{ratio([run], a, (c, 'cgi'), rps)} {ratio([run], a, (c, 'fpm'), rps)}"
+                    + (f" {ratio([run], a, (c, 'fpm'), p99)}" if c >= 10 else "") for run in runs) + "]"
             tail = f", p99 / fpm {q_p99:.2f}" if c >= 10 else ""
             print(f"- c={c} {r}: / cgi **{q_cgi:.2f}**, / fpm **{q_fpm:.2f}**{tail}: {'met' if met else 'missed'}{each}")
 
@@ -182,8 +191,8 @@ def main(dirs):
         path = os.path.join(d, "handoff_level")
         if os.path.exists(path):
             level = open(path).read().strip()
-    tables(rows, groups, handoff, level)
-    verdict(rows, runs)
+    tables(runs, rows, groups, handoff, level)
+    verdict(runs)
 
 
 if __name__ == "__main__":
