@@ -62,8 +62,19 @@ wp_run "$t/wp2" 1010
 printf '100000 1000\n' | tee "$t/wp2/hist/c10-fpm-1.txt" > "$t/wp2/hist/c10-cgi-1.txt"
 printf '90000 1010\n' > "$t/wp2/hist/c10-gw-http-pc-1.txt"
 want='- c=10 gw-http-pc: / cgi **0.99**, / fpm **0.99**, p99 / fpm 1.50: missed'
-python3 benches/lib/wp_report.py "$t/wp1" | grep -qxF -- "$want" || fail "wp_report.py, one run: no line '$want'"
+python3 benches/lib/wp_report.py "$t/wp1" | grep -xF -- "$want" > /dev/null || fail "wp_report.py, one run: no line '$want'"
 want='- c=10 gw-http-pc: / cgi **1.00**, / fpm **1.00**, p99 / fpm 1.00: met [0.99 0.99 1.50; 1.01 1.01 0.90]'
-python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" | grep -qxF -- "$want" ||
+python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" | grep -xF -- "$want" > /dev/null ||
   fail "wp_report.py, pooled: no line '$want' in: $(python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2")"
+# A row only one run measured is compared with that run's references, not the pooled ones:
+# base-http's 600 requests against run 3's 500 are 1.20, not 0.72 of all three runs' cgi.
+mkdir -p "$t/wp3/hist"
+echo 10 > "$t/wp3/secs"
+for r in fpm:500 cgi:500 base-http:600; do
+  printf '10\t%s\t1\t%s\t100.00ms\t0\t0\t1000\t1.0\t1\t1\t1\t1\t2\t1\t1\n' "${r%:*}" "${r#*:}" >> "$t/wp3/results.tsv"
+  printf '100000 %s\n' "${r#*:}" > "$t/wp3/hist/c10-${r%:*}-1.txt"
+done
+want='- c=10 base-http: / cgi **1.20**, / fpm **1.20**, p99 / fpm 1.00: met [— — —; — — —; 1.20 1.20 1.00]'
+python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" "$t/wp3" | grep -xF -- "$want" > /dev/null ||
+  fail "wp_report.py, a row of one run: no line '$want' in: $(python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" "$t/wp3")"
 echo "benches/lib/results.sh, benches/lib/wp_report.py: ok"
