@@ -7,7 +7,8 @@ row, level and round), secs (the seconds of a round), groups.tsv, handoff.tsv an
 (c<LEVEL>-<ROW>-<ROUND>.txt: wrk's latency histogram of that round, benches/lib/latency-hist.lua).
 
 Given several, the rounds of every run are pooled: req/s is all their requests over all their
-seconds, and the p99 is the 99th percentile of all their requests. The issue-19 verdict (req/s
+seconds, and the p99 is the 99th percentile of all their requests. A ratio pools only the runs
+that measured both its rows (a BASE row one run had is set against that run's references). The issue-19 verdict (req/s
 >= 0.98x cgi and fpm; p99 <= fpm's at c >= 10) is judged on the pooled figures, with each run's
 own ratios printed beside it, so a verdict rests on more rounds than one run's noise allows.
 """
@@ -58,7 +59,7 @@ def merge(runs):
     pooled = {}
     for rows in runs:
         for k, x in rows.items():
-            y = pooled.setdefault(k, None)
+            y = pooled.get(k)
             if y is None:
                 pooled[k] = dict(x, p99=list(x["p99"]), load=list(x["load"]), hist=collections.Counter(x["hist"]))
                 continue
