@@ -99,14 +99,15 @@ def p99(rows, k):
     return p if p is not None else statistics.median(rows[k]["p99"])
 
 
-def paired(runs, a, b):
-    """The runs that measured both rows a and b, pooled: a ratio compares rows of the same runs."""
-    return merge([run for run in runs if valid(run, a) and valid(run, b)])
+def paired(runs, *keys):
+    """The runs that measured every one of the rows validly, pooled: a ratio compares rows of
+    the same runs."""
+    return merge([run for run in runs if all(valid(run, k) for k in keys)])
 
 
 def ratio(runs, a, b, f):
     rows = paired(runs, a, b)
-    return f"{f(rows, a) / f(rows, b):.2f}" if a != b and valid(rows, a) and valid(rows, b) else "—"
+    return f"{f(rows, a) / f(rows, b):.2f}" if a != b and rows else "—"
 
 
 def tables(runs, rows, groups, handoff, handoff_level):
@@ -159,8 +160,7 @@ def verdict(runs):
     for c in sorted({c for c, _ in keys}):
         for r in gw:
             a = (c, r)
-            # Pooled over the runs that measured the row and both references validly.
-            rows = merge([run for run in runs if all(valid(run, k) for k in (a, (c, "cgi"), (c, "fpm")))])
+            rows = paired(runs, a, (c, "cgi"), (c, "fpm"))
             if not rows:
                 print(f"- c={c} {r}: — (no run has it and both references valid)")
                 continue
