@@ -17,6 +17,12 @@ section() {
 
 start=$SECONDS
 
+# No incremental caches: a run builds every test binary once, and the caches
+# would add gigabytes under target/ (see [profile.dev] in Cargo.toml). The
+# free space is printed so that a full disk shows in the log before it fails.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+df -h . | sed 's/^/[disk] /'
+
 section "peers (scripts/setup-peers.sh)"
 bash scripts/setup-peers.sh
 
