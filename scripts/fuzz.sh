@@ -80,13 +80,15 @@ rows=()
 for t in $targets; do
     # The instrumentation is in the binary, or this run checks less than it says.
     grep -qa __asan_init "$bins/$t" || fail "$bins/$t was built without the address sanitizer"
-    mkdir -p "artifacts/$t" "corpus/$t" "$scratch/$t"
+    mkdir -p "artifacts/$t" "corpus/$t" "$scratch/$t" "$scratch/tmp"
     out="$scratch/$t.log"
     log "fuzzing $t for $FUZZ_SECONDS s"
     status=ok
     # -print_final_stats=1 prints stat::number_of_executed_units at the end. The scratch
     # directory comes first: libFuzzer writes new inputs into the first corpus directory.
-    if ! "$bins/$t" -max_total_time="$FUZZ_SECONDS" -timeout="$FUZZ_INPUT_TIMEOUT" \
+    # TMPDIR too: a target's fixture (front_listener's sockets and scripts) is never
+    # removed by the target, which libFuzzer ends with `exit`.
+    if ! TMPDIR="$scratch/tmp" "$bins/$t" -max_total_time="$FUZZ_SECONDS" -timeout="$FUZZ_INPUT_TIMEOUT" \
         -print_final_stats=1 -artifact_prefix="artifacts/$t/" \
         "$scratch/$t" "corpus/$t" >"$out" 2>&1; then
         status=CRASH
