@@ -16,7 +16,8 @@
 # Env: SERVERS (which to measure, default "corral nginx haproxy" for http and "corral nginx"
 # for plain/keep), CLOSE=1 (ab without -k: a new client connection per request, as nginx's
 # `proxy_pass` without upstream keep-alive opens one; section `callgrind-PATH-close`),
-# ACCESS=1 (corral's access log on), SCHED (`[server] scheduler`),
+# ACCESS=1 (corral's access log on), BODY=N (the null backend answers N bytes of body, not
+# 13: what a real page's size costs each server; section `callgrind-PATH-bodyN`), SCHED (`[server] scheduler`),
 # CORRAL (the binary, default the release build), OUT_DIR (where corral's last profile is
 # left as callgrind.out.corral for callgrind_annotate, default /tmp), STRACE=0 skips the
 # system-call counts, FOOTPRINT=1 adds what a request touches: each server once more under
@@ -34,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
-RESULTS_VARS="SERVERS CLOSE ACCESS SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N FOOTPRINT_SOURCES"
+RESULTS_VARS="SERVERS CLOSE ACCESS BODY SCHED CORRAL OUT_DIR STRACE FOOTPRINT FOOTPRINT_N FOOTPRINT_SOURCES"
 results_start "$@"
 mode=${1:-http}
 n1=${2:-1000}
@@ -130,7 +131,7 @@ measure() {
   s=$(mktemp -d /tmp/corral-cg.XXXXXX)
   chmod 755 "$s"
   configs "$s"
-  "$CORRAL" null-backend --protocol fastcgi --threads 1 --listen "unix:$s/null.sock" > /dev/null & pids+=($!)
+  "$CORRAL" null-backend --protocol fastcgi --threads 1 --body-size "${BODY:-13}" --listen "unix:$s/null.sock" > /dev/null & pids+=($!)
   for _ in $(seq 100); do [ -S "$s/null.sock" ] && break; sleep 0.05; done
   chmod 666 "$s/null.sock"
   case $tool in
@@ -218,6 +219,7 @@ report=$(mktemp /tmp/corral-cg-report.XXXXXX)
 exec 3>&1 1>"$report"
 ab_k="-k "
 [ -n "${CLOSE:-}" ] && { note="$note, a new connection per request"; ab_k=""; }
+[ -n "${BODY:-}" ] && note="$note, a body of $BODY bytes from the null backend"
 echo "path $mode$note, ab ${ab_k}-c4; each count is (the run of $n2 requests - the run of $n1) / $((n2 - n1)), under valgrind --tool=callgrind and strace -c -f."
 [ -n "${FOOTPRINT:-}" ] && echo "What a request touches: ${FOOTPRINT_N:-300} requests more under valgrind --tool=lackey --trace-mem=yes with ab -k -c1, the trace cut into windows of the server's instructions per request; the median window's distinct 64-byte lines of code and of data, and its distinct 4 KiB pages (benches/lib/footprint.py)."
 echo
@@ -274,5 +276,5 @@ fi
 exec 1>&3
 cat "$report"
 title="Instructions and system calls per request, path $mode$note"
-results_write "callgrind-$mode${CLOSE:+-close}${ACCESS:+-access}" "$title" "$report"
+results_write "callgrind-$mode${CLOSE:+-close}${ACCESS:+-access}${BODY:+-body$BODY}" "$title" "$report"
 rm -f "$report"

@@ -169,6 +169,16 @@ pub(crate) trait CgiSink {
     /// Sends the bytes appended to a buffer from [`frame`](Self::frame); as
     /// [`send`](Self::send) otherwise.
     async fn send_frame(&mut self, frame: BytesMut) -> bool;
+
+    /// How long a first chunk of body may be to go into the head's frame (a copy); a longer
+    /// one follows the head through [`send_data`](Self::send_data).
+    const HEAD_TAKES: usize = usize::MAX;
+
+    /// Sends a chunk of the backend's body, which the sink may keep until it is written
+    /// instead of copying it; as [`send`](Self::send) otherwise.
+    async fn send_data(&mut self, data: Bytes) -> bool {
+        self.send(&data).await
+    }
 }
 
 /// How a relayed response ended.
@@ -213,6 +223,8 @@ pub(crate) fn relay<'s, S: CgiSink>(
             Poll::Ready(None) => ended = true,
             Poll::Pending => {}
         }
+        // A long first chunk follows the head out of its own buffer.
+        let after = data.take_if(|d| d.len() > S::HEAD_TAKES);
         let len = encoded_len(&response.head) + data.as_ref().map_or(0, |d| d.len());
         let mut head = sink.frame(len);
         let framing = head.len();
@@ -232,6 +244,11 @@ pub(crate) fn relay<'s, S: CgiSink>(
         if !sink.send_frame(head).await {
             return Relayed::Gone;
         }
+        if let Some(d) = after {
+            if !sink.send_data(d).await {
+                return Relayed::Gone;
+            }
+        }
         if let Some(e) = broke {
             tracing::warn!(request_id, error = %e, "backend response broke off");
             return Relayed::BrokeOff;
@@ -242,7 +259,7 @@ pub(crate) fn relay<'s, S: CgiSink>(
         while let Some(chunk) = response.body.next_chunk().await {
             match chunk {
                 Ok(data) => {
-                    if !sink.send(&data).await {
+                    if !sink.send_data(data).await {
                         return Relayed::Gone;
                     }
                 }

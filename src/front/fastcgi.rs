@@ -52,6 +52,7 @@ use crate::front::cgi::{give_back, linger, read_buffer, Serving};
 use crate::front::halves::halves;
 
 mod answer;
+mod gather;
 mod kept;
 mod outbox;
 mod reader;

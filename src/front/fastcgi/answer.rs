@@ -5,9 +5,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 
+use super::gather::Gather;
 use super::outbox::{OutSender, Outbox};
 use super::table::IdMap;
 use crate::front::cgi::{self, CgiSink, Relayed};
@@ -47,6 +48,10 @@ pub(super) enum Frame {
     /// FCGI_REQUEST_COMPLETE, which the writer encodes into the bytes it is gathering (after
     /// the response, in the room its frame kept for them), so no buffer is made for them.
     Complete,
+    /// FCGI_STDOUT content as the backend's body gave it: the writer frames it as records
+    /// and writes it out of its own buffer (one slice of the write that gathers it), so the
+    /// body is not copied.
+    Data(Bytes),
 }
 
 impl From<BytesMut> for Frame {
@@ -68,6 +73,8 @@ pub(super) async fn write_loop<'w>(
     // The frames queued by the time the writer runs go out in one write: a response's head,
     // body and FCGI_END_REQUEST are one system call, not three.
     let mut batch = BytesMut::new();
+    // Body chunks written out of their own buffers, between the batch's bytes.
+    let mut gather = Gather::default();
     // The multiplexed requests' channel, once there is one.
     let mut mux = None;
     'frames: while let Some(first) = frames.next(&mut mux).await {
@@ -81,7 +88,7 @@ pub(super) async fn write_loop<'w>(
             if !stale {
                 match frame.bytes {
                     Frame::Bytes(bytes) if bytes.is_empty() => {}
-                    Frame::Bytes(bytes) if batch.is_empty() => {
+                    Frame::Bytes(bytes) if batch.is_empty() && gather.is_empty() => {
                         cgi::give_back(std::mem::replace(&mut batch, bytes));
                     }
                     Frame::Bytes(bytes) => {
@@ -89,6 +96,7 @@ pub(super) async fn write_loop<'w>(
                         cgi::give_back(bytes);
                     }
                     Frame::Complete => encode_request_complete(frame.id, 0, &mut batch),
+                    Frame::Data(data) => gather.data(frame.id, data, &mut batch),
                 }
             }
             if frame.last && frame.cut {
@@ -98,16 +106,21 @@ pub(super) async fn write_loop<'w>(
                 close = true;
                 break;
             }
-            if batch.len() < WRITE_BATCH {
+            if batch.len() + gather.len < WRITE_BATCH {
                 next = frames.try_next(&mut mux);
             }
         }
         if !batch.is_empty() {
-            if let Err(e) = writer.write_all(&batch).await {
+            let written = match gather.is_empty() {
+                true => writer.write_all(&batch).await,
+                false => gather.write(&mut writer, &batch).await,
+            };
+            if let Err(e) = written {
                 tracing::debug!(error = %e, "fastcgi front server went away while answered");
                 break 'frames;
             }
             batch.clear();
+            gather.clear();
         }
         // An exchange has ended: a write registration that a full socket made for its answer
         // is dropped, so that a kept connection goes back to waking its thread for reads
@@ -229,7 +242,7 @@ pub(super) struct Responder<'c> {
 impl<'c> Responder<'c> {
     /// Queues FCGI_STDOUT bytes; false if the connection is gone or the reader has refused
     /// the request meanwhile.
-    pub(super) async fn queue(&self, bytes: BytesMut) -> bool {
+    pub(super) async fn queue(&self, bytes: impl Into<Frame>) -> bool {
         let state = self.answer.get().compare_exchange(
             ANSWER_NOT_STARTED,
             ANSWER_STARTED,
@@ -242,7 +255,7 @@ impl<'c> Responder<'c> {
         let out = Out {
             id: self.id,
             seq: self.seq,
-            bytes: Frame::Bytes(bytes),
+            bytes: bytes.into(),
             last: false,
             cut: false,
             close: false,
@@ -292,6 +305,14 @@ impl<'c> Responder<'c> {
 const FRAME_TAIL: usize = 8 + 24;
 
 impl CgiSink for Responder<'_> {
+    /// A first chunk this long goes into the head's frame; a longer one is written out of
+    /// its own buffer, in the same `writev`.
+    const HEAD_TAKES: usize = 4096;
+
+    async fn send_data(&mut self, data: Bytes) -> bool {
+        self.queue(Frame::Data(data)).await
+    }
+
     async fn send(&mut self, bytes: &[u8]) -> bool {
         let mut frame = BytesMut::with_capacity(bytes.len() + HEADER_LEN + FRAME_TAIL);
         encode_stdout(self.id, bytes, &mut frame);
@@ -338,6 +359,8 @@ impl CgiSink for Responder<'_> {
 mod tests {
     use bytes::BytesMut;
     use tokio::io::AsyncReadExt;
+
+    use bytes::Bytes;
 
     use super::{write_loop, Closed, Frame, Out};
     use crate::front::fastcgi::outbox::Outbox;
@@ -391,5 +414,89 @@ mod tests {
             quiet.room_fd().is_none(),
             "the write registration outlived the exchange"
         );
+    }
+
+    /// The records of `bytes`: (type, request id, content), padding checked and dropped.
+    fn records(mut bytes: &[u8]) -> Vec<(u8, u16, Vec<u8>)> {
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let (head, rest) = bytes.split_at(8);
+            assert_eq!(head[0], 1, "version");
+            let id = u16::from_be_bytes([head[2], head[3]]);
+            let len = usize::from(u16::from_be_bytes([head[4], head[5]]));
+            let pad = usize::from(head[6]);
+            out.push((head[1], id, rest[..len].to_vec()));
+            assert!(rest[len..len + pad].iter().all(|&b| b == 0));
+            bytes = &rest[len + pad..];
+        }
+        out
+    }
+
+    /// Body chunks passed on out of their own buffers go out where they were queued, as
+    /// FCGI_STDOUT records, through writes that take them a part at a time (4 MiB cannot
+    /// go into a socket's buffer at once).
+    #[tokio::test(flavor = "current_thread")]
+    async fn body_chunks_written_from_their_own_buffers_keep_their_place_in_the_stream() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let mut stream = Stream::Unix(QuietUnix::from_tokio(ours).unwrap());
+        let outbox = Outbox::default();
+        let closed = Closed::default();
+        let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        let head = b"Status: 200 OK\r\n\r\n";
+        let (_reader, writer) = halves(&mut stream);
+        let writing = write_loop(writer, &outbox, &closed);
+        let feeding = async {
+            let frame = |bytes: Frame, last| Out {
+                id: 3,
+                seq: 1,
+                bytes,
+                last,
+                cut: false,
+                close: false,
+            };
+            let mut first = BytesMut::new();
+            crate::protocols::fastcgi::encode_stdout(3, head, &mut first);
+            assert!(outbox.push(frame(Frame::Bytes(first), false)).await);
+            let data = Frame::Data(Bytes::from(big.clone()));
+            assert!(outbox.push(frame(data, false)).await);
+            let short = Frame::Data(Bytes::from_static(b"short"));
+            assert!(outbox.push(frame(short, false)).await);
+            assert!(outbox.push(frame(Frame::Complete, true)).await);
+            outbox.finish();
+        };
+        // Up to FCGI_END_REQUEST (its header and body, request complete): the socket stays
+        // open while the test holds the stream.
+        let end = [1, 3, 0, 3, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let reading = async move {
+            let mut theirs = theirs;
+            let mut got = Vec::new();
+            while !got.ends_with(&end) {
+                let mut buf = [0u8; 65536];
+                let n = theirs.read(&mut buf).await.unwrap();
+                assert_ne!(n, 0, "closed before FCGI_END_REQUEST");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        };
+        let (_, (), got) = tokio::join!(writing, feeding, reading);
+        let records = records(&got);
+        let stdout: Vec<u8> = records
+            .iter()
+            .filter(|(kind, ..)| *kind == 6)
+            .flat_map(|(_, _, content)| content.clone())
+            .collect();
+        let mut expected = head.to_vec();
+        expected.extend_from_slice(&big);
+        expected.extend_from_slice(b"short");
+        assert!(
+            stdout == expected,
+            "the body came out changed or out of order"
+        );
+        assert!(records.iter().all(|(_, id, _)| *id == 3));
+        // The stream's end, then FCGI_END_REQUEST, last.
+        let n = records.len();
+        assert_eq!((records[n - 2].0, records[n - 2].2.len()), (6, 0));
+        assert_eq!(records[n - 1].0, 3);
+        assert!(records[..n - 2].iter().all(|(_, _, c)| !c.is_empty()));
     }
 }

@@ -286,6 +286,7 @@ mod tests {
     fn byte(out: Option<Out>) -> Option<u8> {
         match out?.bytes {
             Frame::Bytes(b) => b.first().copied(),
+            Frame::Data(b) => b.first().copied(),
             Frame::Complete => None,
         }
     }
