@@ -384,14 +384,7 @@ mod tests {
         let (_reader, writer) = halves(&mut stream);
         let writing = write_loop(writer, &outbox, &closed);
         let feeding = async {
-            let frame = |bytes: BytesMut, last| Out {
-                id: 1,
-                seq: 1,
-                bytes: Frame::Bytes(bytes),
-                last,
-                cut: false,
-                close: false,
-            };
+            let frame = |bytes: BytesMut, last| out(1, Frame::Bytes(bytes), last);
             assert!(outbox.push(frame(big.clone(), true)).await);
             // The next exchange's small answer: it goes out without waiting for room.
             assert!(outbox.push(frame(BytesMut::from(&b"next"[..]), true)).await);
@@ -414,6 +407,18 @@ mod tests {
             quiet.room_fd().is_none(),
             "the write registration outlived the exchange"
         );
+    }
+
+    /// Request `id`'s frame, its first request on the connection.
+    fn out(id: u16, bytes: Frame, last: bool) -> Out {
+        Out {
+            id,
+            seq: 1,
+            bytes,
+            last,
+            cut: false,
+            close: false,
+        }
     }
 
     /// The records of `bytes`: (type, request id, content), padding checked and dropped.
@@ -446,14 +451,7 @@ mod tests {
         let (_reader, writer) = halves(&mut stream);
         let writing = write_loop(writer, &outbox, &closed);
         let feeding = async {
-            let frame = |bytes: Frame, last| Out {
-                id: 3,
-                seq: 1,
-                bytes,
-                last,
-                cut: false,
-                close: false,
-            };
+            let frame = |bytes: Frame, last| out(3, bytes, last);
             let mut first = BytesMut::new();
             crate::protocols::fastcgi::encode_stdout(3, head, &mut first);
             assert!(outbox.push(frame(Frame::Bytes(first), false)).await);
