@@ -357,10 +357,8 @@ impl CgiSink for Responder<'_> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::BytesMut;
+    use bytes::{Bytes, BytesMut};
     use tokio::io::AsyncReadExt;
-
-    use bytes::Bytes;
 
     use super::{write_loop, Closed, Frame, Out};
     use crate::front::fastcgi::outbox::Outbox;

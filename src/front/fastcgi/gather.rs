@@ -120,16 +120,17 @@ mod tests {
     fn the_slices_after_a_partial_write_start_at_the_first_byte_not_written() {
         let mut gather = Gather::default();
         let mut batch = BytesMut::from(&b"ab"[..]);
-        gather.data(1, Bytes::from(vec![7u8; 600]), &mut batch);
+        gather.data(1, Bytes::from(vec![7u8; 601]), &mut batch);
         batch.extend_from_slice(b"yz");
         let all: Vec<u8> = {
             let mut slices = [std::io::IoSlice::new(&[]); 8];
             let n = gather.slices(&batch, 0, &mut slices);
             slices[..n].iter().flat_map(|s| s.to_vec()).collect()
         };
-        // ab, the record header, 600 bytes, padding to 8, yz.
-        assert_eq!(all.len(), 2 + 8 + 600 + 2);
-        for skip in [0, 1, 2, 5, 10, 11, 609, 610, 611, all.len() - 1] {
+        // ab, the record header, 601 bytes, 7 of padding, yz.
+        assert_eq!(all.len(), 2 + 8 + 601 + 7 + 2);
+        assert_eq!(all[2 + 8 + 601..], [0, 0, 0, 0, 0, 0, 0, b'y', b'z']);
+        for skip in [0, 1, 2, 5, 10, 11, 610, 611, 612, 617, 618, all.len() - 1] {
             let mut slices = [std::io::IoSlice::new(&[]); 8];
             let n = gather.slices(&batch, skip, &mut slices);
             let rest: Vec<u8> = slices[..n].iter().flat_map(|s| s.to_vec()).collect();
