@@ -8,9 +8,10 @@ row, level and round), secs (the seconds of a round), groups.tsv, handoff.tsv an
 
 Given several, the rounds of every run are pooled: req/s is all their requests over all their
 seconds, and the p99 is the 99th percentile of all their requests. A ratio pools only the runs
-that measured both its rows (a BASE row one run had is set against that run's references). The issue-19 verdict (req/s
->= 0.98x cgi and fpm; p99 <= fpm's at c >= 10) is judged on the pooled figures, with each run's
-own ratios printed beside it, so a verdict rests on more rounds than one run's noise allows.
+that measured both its rows (a BASE row one run had is set against that run's references).
+The issue-19 verdict (req/s >= 0.98x cgi and fpm; p99 <= fpm's at c >= 10) is judged on the
+pooled figures, with each run's own ratios printed beside it, so a verdict rests on more
+rounds than one run's noise allows.
 """
 import collections
 import os
