@@ -18,8 +18,9 @@
 # `proxy_pass` without upstream keep-alive opens one; section `callgrind-PATH-close`),
 # ACCESS=1 (corral's access log on), BODY=N (the null backend answers N bytes of body, not
 # 13: what a real page's size costs each server; section `callgrind-PATH-bodyN`), SCHED
-# (`[server] scheduler`), CORRAL (the binary, default the release build), OUT_DIR (where corral's last profile is
-# left as callgrind.out.corral for callgrind_annotate, default /tmp), STRACE=0 skips the
+# (`[server] scheduler`), CORRAL (the binary, default the release build), OUT_DIR (where
+# corral's last profile is left as callgrind.out.corral for callgrind_annotate, default
+# /tmp), STRACE=0 skips the
 # system-call counts, FOOTPRINT=1 adds what a request touches: each server once more under
 # `valgrind --tool=lackey --trace-mem=yes` for FOOTPRINT_N (300) requests, its trace cut into
 # windows of its instructions per request (ab -k -c1), the median window's distinct 64-byte
