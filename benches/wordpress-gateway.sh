@@ -46,6 +46,14 @@
 # (benches/lib/handoff.py: median and p90), and its short or failed response writes. That
 # run is not counted in req/s.
 #
+# FRONT=1 (needs perf) adds, after the rounds, two runs per row at c=FRONT_LEVEL (10), to
+# show what the front's CPU per request is made of (nginx's worker, plus the row's corral):
+# its user and system CPU and its voluntary and involuntary context switches per request
+# (/proc/PID/task/*/stat and status, in a run of its own, untraced), then its system calls
+# per request and the commonest of them (`perf trace -s`, a second run; strace's stops
+# slow the front so much that it finds more waiting at each wake-up and makes half the
+# calls). Neither run is counted in req/s.
+#
 #   bash benches/wordpress-gateway.sh
 #   SECS=2 ROUNDS=1 OUT= bash benches/wordpress-gateway.sh     # a quick look
 #   BASE=/path/to/old/corral bash benches/wordpress-gateway.sh  # before and after, one run
@@ -54,7 +62,7 @@
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE, BASE_AS (gw),
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
 # gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order; a value other than 1 seeds other orders),
-# HANDOFF, HANDOFF_LEVEL, KEEP (a directory to keep the run's raw figures in, for wp_report.py),
+# HANDOFF, HANDOFF_LEVEL, FRONT, FRONT_LEVEL, KEEP (a directory to keep the run's raw figures in, for wp_report.py),
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -63,7 +71,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL KEEP"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL FRONT FRONT_LEVEL KEEP"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -71,6 +79,12 @@ LEVELS=${LEVELS:-1 10 50}
 COUNT=${COUNT:-2}
 HANDOFF=${HANDOFF:-}
 HANDOFF_LEVEL=${HANDOFF_LEVEL:-10}
+FRONT=${FRONT:-}
+FRONT_LEVEL=${FRONT_LEVEL:-10}
+if [ -n "$FRONT" ] && ! command -v perf > /dev/null; then
+  echo "FRONT=1 needs perf (apt-get install linux-perf)" >&2
+  exit 1
+fi
 if [ -n "$HANDOFF" ] && ! command -v perf > /dev/null; then
   echo "HANDOFF=1 needs perf (apt-get install linux-perf)" >&2
   exit 1
@@ -314,6 +328,43 @@ if [ -n "$HANDOFF" ]; then
     rm -f "$s/perf-$r.data"
   done
 fi
+
+# The front per request: two more runs per row, one counted from /proc, one under perf trace.
+front_counts() { # PID...: user and system ticks, voluntary and involuntary switches, all threads
+  local p
+  for p in "$@"; do
+    # utime and stime, the 14th and 15th fields: the 12th and 13th after the name's ')'
+    sed 's/.*) //' /proc/"$p"/task/*/stat 2> /dev/null | awk '{print "t", $12, $13}' || true
+    cat /proc/"$p"/task/*/status 2> /dev/null || true
+  done | awk '$1 == "t" {u += $2; k += $3} $1 == "voluntary_ctxt_switches:" {v += $2}
+    $1 == "nonvoluntary_ctxt_switches:" {i += $2} END {printf "%d %d %d %d\n", u, k, v, i}'
+}
+front=$s/front.tsv
+: > "$front"
+echo "$FRONT_LEVEL $(getconf CLK_TCK)" > "$s/front_level"
+if [ -n "$FRONT" ]; then
+  for r in $ROW_NAMES; do
+    # shellcheck disable=SC2046 # a list of pids
+    read -r u0 k0 v0 i0 < <(front_counts $(front_pids "$r"))
+    out=$(wrk -t1 -c"$FRONT_LEVEL" -d"${SECS}s" --timeout 10s -H "Host: $host" "$(url "$r")" 2>&1)
+    # shellcheck disable=SC2046
+    read -r u1 k1 v1 i1 < <(front_counts $(front_pids "$r"))
+    n=$(awk '/requests in/ {print $1}' <<< "$out")
+    perf trace -s -p "$(front_pids "$r" | paste -sd,)" -o "$s/trace-$r.txt" -- sleep "$((SECS + 1))" > /dev/null 2>&1 &
+    tr=$!
+    sleep 0.5
+    out=$(wrk -t1 -c"$FRONT_LEVEL" -d"${SECS}s" --timeout 10s -H "Host: $host" "$(url "$r")" 2>&1)
+    wait "$tr" || true
+    m=$(awk '/requests in/ {print $1}' <<< "$out")
+    # perf trace -s: a table per thread, a line per call (its name, then how many); summed
+    # over the threads, per request of the traced run, the five commonest beside the total.
+    awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 8 {c[$1] += $2} END {for (k in c) print c[k], k}' \
+      "$s/trace-$r.txt" | sort -rn > "$s/trace-$r.sum"
+    calls=$(awk -v m="${m:-0}" '{t += $1} END {if (m > 0) printf "%.1f", t / m}' "$s/trace-$r.sum")
+    top=$(head -n 5 "$s/trace-$r.sum" | awk -v m="${m:-0}" 'm > 0 {printf "%s%s %.2f", (NR > 1 ? ", " : ""), $2, $1 / m}')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "${n:-0}" "$((u1 - u0))" "$((k1 - k0))" "$((v1 - v0))" "$((i1 - i0))" "${calls:-—}" "${top:-—}" >> "$front"
+  done
+fi
 { for r in $ROW_NAMES; do printf '%s\t%s\n' "$r" "${groups[$r]}"; done; } > "$s/groups.tsv"
 
 report() {
@@ -346,7 +397,7 @@ report() {
 report > "$s/report.md"
 if [ -n "${KEEP:-}" ]; then # what benches/lib/wp_report.py needs to pool this run with others
   mkdir -p "$KEEP"
-  cp -r "$s/results.tsv" "$s/secs" "$s/groups.tsv" "$s/handoff.tsv" "$s/handoff_level" "$s/wake.tsv" "$s/hist" "$s/report.md" "$KEEP/"
+  cp -r "$s/results.tsv" "$s/secs" "$s/groups.tsv" "$s/handoff.tsv" "$s/handoff_level" "$s/front.tsv" "$s/front_level" "$s/wake.tsv" "$s/hist" "$s/report.md" "$KEEP/"
 fi
 cat "$s/report.md"
 results_write wordpress-gateway "WordPress through corral's gateway against nginx → php-fpm and nginx → php-cgi" "$s/report.md"

@@ -2,7 +2,8 @@
 # Checks benches/lib/results.sh without running a bench (a second, no peers): a section is
 # replaced in place and nothing else moves, a new one is appended, broken markers refuse to
 # write, OUT= writes nothing, the command and commit are recorded, and wrk's error and
-# timeout counts are read from its output; and benches/lib/wp_report.py's pooling of runs.
+# timeout counts are read from its output; and benches/lib/wp_report.py's pooling of runs
+# and its table of FRONT=1's runs.
 #   bash benches/lib/check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -77,4 +78,11 @@ done
 want='- c=10 base-http: / cgi **1.20**, / fpm **1.20**, p99 / fpm 1.00: met [— — —; — — —; 1.20 1.20 1.00]'
 python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" "$t/wp3" | grep -xF -- "$want" > /dev/null ||
   fail "wp_report.py, a row of one run: no line '$want' in: $(python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" "$t/wp3")"
+# FRONT=1's table, from one run's front.tsv: ticks of 10,000 µs over the requests, switches
+# and system calls per request as written.
+printf 'gw-http-pc\t1000\t20\t30\t4260\t2290\t11.6\trecvfrom 4.80, epoll_wait 1.56\n' > "$t/wp1/front.tsv"
+echo '10 100' > "$t/wp1/front_level"
+want='| gw-http-pc | 1000 | 200 | 300 | 4.26 | 2.29 | 11.6 | recvfrom 4.80, epoll_wait 1.56 |'
+python3 benches/lib/wp_report.py "$t/wp1" | grep -xF -- "$want" > /dev/null ||
+  fail "wp_report.py, FRONT=1: no line '$want' in: $(python3 benches/lib/wp_report.py "$t/wp1")"
 echo "benches/lib/results.sh, benches/lib/wp_report.py: ok"

@@ -3,8 +3,9 @@
     python3 benches/lib/wp_report.py RUN_DIR [RUN_DIR...]
 
 A run directory holds what wordpress-gateway.sh keeps with KEEP=DIR: results.tsv (a line per
-row, level and round), secs (the seconds of a round), groups.tsv, handoff.tsv and hist/
-(c<LEVEL>-<ROW>-<ROUND>.txt: wrk's latency histogram of that round, benches/lib/latency-hist.lua).
+row, level and round), secs (the seconds of a round), groups.tsv, handoff.tsv, front.tsv and
+front_level (FRONT=1's runs) and hist/ (c<LEVEL>-<ROW>-<ROUND>.txt: wrk's latency histogram of
+that round, benches/lib/latency-hist.lua).
 
 Given several, the rounds of every run are pooled: req/s is all their requests over all their
 seconds, and the p99 is the 99th percentile of all their requests. A ratio pools only the runs
@@ -111,6 +112,26 @@ def ratio(runs, a, b, f):
     return f"{f(rows, a) / f(rows, b):.2f}" if a != b and rows else "—"
 
 
+def front_table(front, level):
+    """FRONT=1's table: what the front's CPU per request is made of, one run per row."""
+    c, hz = (level.split() + ["10", "100"])[:2]
+    print()
+    print(f"The front per request at c={c} (nginx's worker, plus the row's corral), FRONT=1: user and system CPU and")
+    print("voluntary and involuntary context switches, from /proc/PID/task/*/stat and status over a run of its own")
+    print(f"(CPU in ticks of {1e6 / float(hz):.0f} µs, so a short run rounds it); system calls under `perf trace -s`, a second")
+    print("run, and the five commonest. Neither run counts in req/s.")
+    print()
+    print("| row | requests | user µs/req | system µs/req | voluntary /req | involuntary /req | system calls /req | commonest, per request |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    tick = 1e6 / float(hz)
+    for v in front:
+        r, n, user, system, vol, inv, calls, top = (v + ["—"] * 8)[:8]
+        n = int(n) if n.isdigit() else 0
+        per = lambda x, f: f.format(int(x) / n) if n else "—"
+        print(f"| {r} | {n} | {per(int(user) * tick, '{:.0f}')} | {per(int(system) * tick, '{:.0f}')} | "
+              f"{per(vol, '{:.2f}')} | {per(inv, '{:.2f}')} | {calls} | {top} |")
+
+
 def tables(runs, rows, groups, handoff, handoff_level):
     print("| row | c | req/s | / fpm | / cgi | p99 ms per round | p99 median | p99 all | p99 / fpm | front µs/req | errors | timeouts | load | valid |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
@@ -194,6 +215,12 @@ def main(dirs):
         if os.path.exists(path):
             level = open(path).read().strip()
     tables(runs, rows, groups, handoff, level)
+    if len(dirs) == 1:
+        path = os.path.join(dirs[0], "front.tsv")
+        front = [line.rstrip("\n").split("\t") for line in open(path) if line.strip()] if os.path.exists(path) else []
+        if front:
+            path = os.path.join(dirs[0], "front_level")
+            front_table(front, open(path).read().strip() if os.path.exists(path) else "10 100")
     verdict(runs)
 
 
