@@ -115,21 +115,21 @@ def ratio(runs, a, b, f):
 def front_table(front, level):
     """FRONT=1's table: what the front's CPU per request is made of, one run per row."""
     c, hz = (level.split() + ["10", "100"])[:2]
+    tick = 1e6 / float(hz)  # µs
     print()
     print(f"The front per request at c={c} (nginx's worker, plus the row's corral), FRONT=1: user and system CPU and")
     print("voluntary and involuntary context switches, from /proc/PID/task/*/stat and status over a run of its own")
-    print(f"(CPU in ticks of {1e6 / float(hz):.0f} µs, so a short run rounds it); system calls under `perf trace -s`, a second")
+    print(f"(CPU in ticks of {tick:.0f} µs, so a short run rounds it); system calls under `perf trace -s`, a second")
     print("run, and the five commonest. Neither run counts in req/s.")
     print()
     print("| row | requests | user µs/req | system µs/req | voluntary /req | involuntary /req | system calls /req | commonest, per request |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
-    tick = 1e6 / float(hz)
     for v in front:
         r, n, user, system, vol, inv, calls, top = (v + ["—"] * 8)[:8]
         n = int(n) if n.isdigit() else 0
-        per = lambda x, f: f.format(int(x) / n) if n else "—"
+        per = lambda x, f: f.format(x / n) if n else "—"
         print(f"| {r} | {n} | {per(int(user) * tick, '{:.0f}')} | {per(int(system) * tick, '{:.0f}')} | "
-              f"{per(vol, '{:.2f}')} | {per(inv, '{:.2f}')} | {calls} | {top} |")
+              f"{per(int(vol), '{:.2f}')} | {per(int(inv), '{:.2f}')} | {calls} | {top} |")
 
 
 def tables(runs, rows, groups, handoff, handoff_level):
