@@ -46,6 +46,12 @@
 # (benches/lib/handoff.py: median and p90), and its short or failed response writes. That
 # run is not counted in req/s.
 #
+# HOLD=1 measures nothing: once every row answers, it writes the rows (name, URL, the pid of
+# the process whose tree is the row's PHP or corral) to rows.tsv in its scratch directory,
+# prints where that is and the Host header to send, and keeps the stacks up until the file
+# `hold` beside it is removed, for measuring one stack by hand (perf, strace, wrk, a restart
+# of its PHP).
+#
 # FRONT=1 (needs perf) adds, after the rounds, two runs per row at c=FRONT_LEVEL (10), to
 # show what the front's CPU per request is made of (nginx's worker, plus the row's corral):
 # its user and system CPU and its voluntary and involuntary context switches per request
@@ -62,7 +68,7 @@
 # Env: SECS (10), ROUNDS (3), LEVELS ("1 10 50"), COUNT (2), CORRAL (release build), BASE, BASE_AS (gw),
 # CORRALS (the corrals to run, default "gw gw-t1": gw = corral's defaults, gw-tN = threads = N,
 # gw-pc = php_children, gw-pc-rN and gw-rN = those two with max_requests = N), CGI_SEP, FLAT, FLAT_WEIGHT, SHUFFLE (each round's rows in another order; a value other than 1 seeds other orders),
-# HANDOFF, HANDOFF_LEVEL, FRONT, FRONT_LEVEL, KEEP (a directory to keep the run's raw figures in, for wp_report.py),
+# HANDOFF, HANDOFF_LEVEL, FRONT, FRONT_LEVEL, HOLD, KEEP (a directory to keep the run's raw figures in, for wp_report.py),
 # OUT (default benches/RESULTS.md, section `wordpress-gateway`; OUT= prints only).
 # Needs root (a config file under /etc/wordpress; nginx, PHP and corral's workers run as
 # www-data, MariaDB as mysql), mariadb-server, wordpress, nginx, php-cgi, php-fpm8.2, wrk.
@@ -71,7 +77,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
-RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL FRONT FRONT_LEVEL KEEP"
+RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL FRONT FRONT_LEVEL HOLD KEEP"
 results_start "$@"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -217,6 +223,14 @@ for r in $ROW_NAMES; do
   st=$(wp_front "$(url "$r")")
   [ "$st" = ok ] || { echo "$r: the front page answered $st" >&2; tail -n 20 "$s"/log/*.log >&2; exit 1; }
 done
+if [ -n "${HOLD:-}" ]; then # the stacks stay up, unmeasured, until $s/hold is removed
+  { for r in $ROW_NAMES; do printf '%s\t%s\t%s\n' "$r" "$(url "$r")" "${root_pid[$r]}"; done
+    printf 'nginx\t-\t%s\nmariadb\t-\t%s\n' "$nginx_pid" "$db_pid"; } > "$s/rows.tsv"
+  touch "$s/hold"
+  echo "HOLD: rows (name, URL, root pid) in $s/rows.tsv, Host: $host; rm $s/hold to stop" >&2
+  while [ -e "$s/hold" ]; do sleep 1; done
+  exit 0
+fi
 
 cpu_ns() { # PID: nanoseconds on CPU, all its threads (schedstat: finer than stat's ticks)
   cat /proc/"$1"/task/*/schedstat 2> /dev/null | awk '{t += $1} END {printf "%d", t}'
