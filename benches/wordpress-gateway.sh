@@ -47,10 +47,10 @@
 # run is not counted in req/s.
 #
 # HOLD=1 measures nothing: once every row answers, it writes the rows (name, URL, the pid of
-# the process whose tree is the row's PHP or corral) to rows.tsv in its scratch directory,
-# prints where that is and the Host header to send, and keeps the stacks up until the file
-# `hold` beside it is removed, for measuring one stack by hand (perf, strace, wrk, a restart
-# of its PHP).
+# the process whose tree is the row's PHP or corral) to rows.tsv in its scratch directory and
+# the Host header to send to `host` beside it, prints where they are, and keeps the stacks up
+# until the file `hold` beside them is removed, for measuring one stack by hand (perf, strace,
+# wrk, a restart of its PHP; benches/sched-batch.sh).
 #
 # FRONT=1 (needs perf) adds, after the rounds, two runs per row at c=FRONT_LEVEL (10), to
 # show what the front's CPU per request is made of (nginx's worker, plus the row's corral):
@@ -226,6 +226,7 @@ done
 if [ -n "${HOLD:-}" ]; then # the stacks stay up, unmeasured, until $s/hold is removed
   { for r in $ROW_NAMES; do printf '%s\t%s\t%s\n' "$r" "$(url "$r")" "${root_pid[$r]}"; done
     printf 'nginx\t-\t%s\nmariadb\t-\t%s\n' "$nginx_pid" "$db_pid"; } > "$s/rows.tsv"
+  printf '%s\n' "$host" > "$s/host" # benches/sched-batch.sh reads it
   touch "$s/hold"
   echo "HOLD: rows (name, URL, root pid) in $s/rows.tsv, Host: $host; rm $s/hold to stop" >&2
   while [ -e "$s/hold" ]; do sleep 1; done

@@ -112,7 +112,7 @@ pub async fn run(
         crate::config::Scheduler::PerThread => {
             let n = serving_threads(config);
             Some(
-                Shards::start(n, config.server.pin_threads)
+                Shards::start(n, config.server.pin_threads, config.serving_sched_batch())
                     .map_err(StartupError::ServingThreads)?,
             )
         }

@@ -13,6 +13,11 @@
 //! its workers: a thread that sleeps between the two halves of every request (the client's,
 //! then the backend's) otherwise wakes wherever the kernel finds an idle CPU, with its data
 //! in the other CPU's caches (docs/operations.md, "Serving threads").
+//!
+//! With `sched_batch`, each serving thread moves itself from Linux's default policy to
+//! `SCHED_BATCH`: woken while every CPU is busy, it waits for one instead of taking it from
+//! a worker (src/config/threads.rs, decision 45). The workers keep the default: they are
+//! forked on the control runtime's thread, which keeps the policy corral started with.
 
 use std::cell::Cell;
 use std::io;
@@ -42,8 +47,8 @@ pub struct Shards {
 
 impl Shards {
     /// Starts `n` serving threads, each with a runtime that has I/O and timers, each pinned
-    /// to a CPU of its own when `pin` is set.
-    pub fn start(n: usize, pin: bool) -> io::Result<Shards> {
+    /// to a CPU of its own when `pin` is set and under `SCHED_BATCH` when `batch` is.
+    pub fn start(n: usize, pin: bool, batch: bool) -> io::Result<Shards> {
         let cpus = if pin { allowed_cpus()? } else { Vec::new() };
         let mut handles = Vec::with_capacity(n);
         let mut stops = Vec::with_capacity(n);
@@ -61,6 +66,13 @@ impl Shards {
                                 "cannot pin serving thread {i} to CPU {cpu}: {e}"
                             ))));
                             return;
+                        }
+                    }
+                    if batch {
+                        // Not fatal: the policy is a matter of speed, and a thread that
+                        // keeps the default serves as it always did.
+                        if let Err(e) = to_batch() {
+                            tracing::warn!(thread = i, error = %e, "cannot move a serving thread to SCHED_BATCH; it keeps its policy");
                         }
                     }
                     // I/O and timers only: no signal or process driver, whose park checks
@@ -130,6 +142,27 @@ fn pin_to(cpu: usize) -> nix::Result<()> {
     sched_setaffinity(Pid::from_raw(0), &one)
 }
 
+/// Moves the calling thread from Linux's default policy (`SCHED_OTHER`) to `SCHED_BATCH`,
+/// which no privilege is needed for and which keeps the thread's nice value. A thread under
+/// any other policy (corral started under `chrt`) keeps it: that was its operator's choice.
+fn to_batch() -> io::Result<()> {
+    // SAFETY: a system call about the calling thread (pid 0) that takes no pointer.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    if policy < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if policy != libc::SCHED_OTHER {
+        return Ok(());
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: the calling thread (pid 0) and a pointer to a `sched_param` on this stack,
+    // which the kernel only reads during the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl Drop for Shards {
     fn drop(&mut self) {
         self.stops.clear();
@@ -142,7 +175,7 @@ mod tests {
 
     #[test]
     fn each_thread_knows_its_index_and_runs_what_it_is_given() {
-        let shards = Shards::start(2, false).unwrap();
+        let shards = Shards::start(2, false, false).unwrap();
         assert_eq!(shards.len(), 2);
         assert_eq!(current(), None);
         for (i, h) in shards.handles().iter().enumerate() {
@@ -170,15 +203,60 @@ mod tests {
     fn pinned_threads_each_run_on_one_cpu_in_turn_and_unpinned_ones_on_all() {
         let all = allowed_cpus().unwrap();
         let n = all.len() + 1;
-        let pinned = Shards::start(n, true).unwrap();
+        let pinned = Shards::start(n, true, false).unwrap();
         for (i, h) in pinned.handles().iter().enumerate() {
             assert_eq!(affinity_on(h), vec![all[i % all.len()]], "thread {i}");
         }
-        let free = Shards::start(2, false).unwrap();
+        let free = Shards::start(2, false, false).unwrap();
         for h in free.handles() {
             assert_eq!(affinity_on(h), all);
         }
         // The thread that started them keeps its own.
         assert_eq!(allowed_cpus().unwrap(), all);
+    }
+
+    /// The calling thread's scheduling policy.
+    fn policy() -> i32 {
+        // SAFETY: as in `to_batch`.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    fn policy_on(h: &Handle) -> i32 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        h.spawn(async move {
+            let _ = tx.send(policy());
+        });
+        rx.recv().unwrap()
+    }
+
+    #[test]
+    fn batch_threads_run_under_sched_batch_and_the_starting_thread_keeps_its_policy() {
+        let before = policy();
+        assert_eq!(
+            before,
+            libc::SCHED_OTHER,
+            "the test runs under the default policy"
+        );
+        let batch = Shards::start(2, false, true).unwrap();
+        for (i, h) in batch.handles().iter().enumerate() {
+            assert_eq!(policy_on(h), libc::SCHED_BATCH, "thread {i}");
+        }
+        let normal = Shards::start(1, false, false).unwrap();
+        assert_eq!(policy_on(&normal.handles()[0]), libc::SCHED_OTHER);
+        assert_eq!(policy(), before);
+    }
+
+    #[test]
+    fn a_thread_under_another_policy_keeps_it() {
+        std::thread::spawn(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: as in `to_batch`; SCHED_IDLE needs no privilege either.
+            let set = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+            assert_eq!(set, 0);
+            to_batch().unwrap();
+            assert_eq!(policy(), libc::SCHED_IDLE);
+        })
+        .join()
+        .unwrap();
     }
 }

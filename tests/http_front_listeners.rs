@@ -1,15 +1,15 @@
 //! The `http` listener's own settings: static files, HTTPS from a trusted proxy's header and
 //! the allow list; `[server] threads` and `scheduler` (serving threads, one SO_REUSEPORT
-//! socket each), and a second corral refused the port the first one holds.
+//! socket each), `sched_batch`, and a second corral refused the port the first one holds.
 
 mod support;
 
 use std::time::Duration;
 
 use support::http_front::{config, php_site};
-use support::peers;
 use support::server::{http, Corral};
 use support::weak::{read_until_closed, AT_ONCE};
+use support::{peers, thread_policies};
 
 #[test]
 fn static_files_trusted_https_and_the_allow_list() {
@@ -312,5 +312,33 @@ fn pin_threads_gives_each_serving_thread_a_cpu_of_its_own() {
                 corral.log()
             );
         }
+    }
+}
+
+/// `[server] sched_batch`: in front of a php-cgi on this machine the serving threads run
+/// under `SCHED_BATCH` unless it is set to false; the control thread never does.
+#[test]
+fn sched_batch_sets_the_serving_threads_policy() {
+    let dir = peers::shared_dir();
+    php_site(dir.path());
+    let php = peers::php_cgi(dir.path());
+    for (setting, expected) in [
+        ("", 3),
+        ("sched_batch = false", 0),
+        ("sched_batch = true", 3),
+    ] {
+        let corral = serve_php(dir.path(), &php.socket, &format!("threads = 2\n{setting}"));
+        let threads = thread_policies(corral.pid());
+        let serving: Vec<u32> = threads
+            .iter()
+            .filter(|(name, _)| name.starts_with("corral-serve-"))
+            .map(|(_, p)| *p)
+            .collect();
+        assert_eq!(serving, vec![expected; 2], "{setting:?}: {threads:?}");
+        let main = threads
+            .iter()
+            .find(|(name, _)| name == "corral")
+            .map(|(_, p)| *p);
+        assert_eq!(main, Some(0), "{setting:?}: the main thread: {threads:?}");
     }
 }

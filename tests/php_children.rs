@@ -3,7 +3,8 @@
 //! compiled is cached for another; status lists the children; each child keeps one of
 //! corral's connections; `max_requests` replaces the group under load with no failed
 //! request; a killed child is replaced by its parent;
-//! `max_memory` acts on the largest child. The memory comparison on WordPress pages is in
+//! `max_memory` acts on the largest child; corral's serving threads run under SCHED_BATCH
+//! while every php-cgi process keeps the default policy. The memory comparison on WordPress pages is in
 //! tests/app_wordpress.rs.
 
 mod support;
@@ -14,7 +15,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::server::{http, Corral};
-use support::{alive, eventually, live_children, peers};
+use support::{alive, eventually, live_children, peers, thread_policies};
 
 /// A config with an http listener, a status listener and one php-cgi pool set up by `pool`.
 fn config(run: &Path, root: &Path, pool: &str) -> String {
@@ -415,5 +416,46 @@ fn a_request_past_request_timeout_retires_the_group_and_its_other_child_finishes
     for _ in 0..3 {
         let r = http(addr, "GET", "/pid.php", &[], b"");
         assert_eq!(r.status, 200, "{}", site.corral.log());
+    }
+}
+
+/// Where the workers are local, corral's serving threads run under `SCHED_BATCH` by default
+/// (`[server] sched_batch`, decision 45), and the php-cgi parent and the children it forks
+/// keep Linux's default policy: they are forked on the control runtime's thread, which keeps
+/// the policy corral started with. Read from /proc after requests on both children.
+#[test]
+fn serving_threads_are_batch_and_every_php_process_keeps_the_default_policy() {
+    let site = site("php_children = 2");
+    let _ = cached(&site);
+    let corral = thread_policies(site.corral.pid());
+    let serving: Vec<_> = corral
+        .iter()
+        .filter(|(name, _)| name.starts_with("corral-serve-"))
+        .collect();
+    assert!(!serving.is_empty(), "{corral:?}");
+    for (name, policy) in &serving {
+        assert_eq!(*policy, 3, "{name} is not SCHED_BATCH: {corral:?}");
+    }
+    let main = corral.iter().find(|(name, _)| name == "corral");
+    assert!(
+        main.is_some_and(|(_, p)| *p == 0),
+        "the main thread keeps the default: {corral:?}"
+    );
+    let parent = parent(&site.corral);
+    let mut php = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            php = live_children(parent);
+            php.len() == 2
+        }),
+        "{php:?}"
+    );
+    php.push(parent);
+    for pid in php {
+        let threads = thread_policies(pid);
+        assert!(!threads.is_empty(), "php-cgi {pid} is gone");
+        for (name, policy) in threads {
+            assert_eq!(policy, 0, "php-cgi {pid} ({name}) left the default policy");
+        }
     }
 }

@@ -365,6 +365,9 @@ fn warn_restart_only(old: &Config, new: &Config) {
     if o.pin_threads != n.pin_threads {
         differ.push("server.pin_threads");
     }
+    if o.sched_batch != n.sched_batch {
+        differ.push("server.sched_batch");
+    }
     if o.spool_budget != n.spool_budget {
         differ.push("server.spool_budget");
     }

@@ -486,7 +486,7 @@ mod tests {
 
     #[test]
     fn a_thread_takes_its_own_idle_connection_first_and_another_threads_when_it_has_none() {
-        let shards = crate::shards::Shards::start(2, false).unwrap();
+        let shards = crate::shards::Shards::start(2, false, false).unwrap();
         let conns = Connections::new(4);
         let addr = BackendAddress::Unix("/nonexistent/backend.sock".into());
         let _a = put_on(&shards, 0, &conns, 1);
@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn a_connection_from_another_thread_is_peeked_not_judged_by_that_threads_reactor() {
         use std::io::Write;
-        let shards = crate::shards::Shards::start(2, false).unwrap();
+        let shards = crate::shards::Shards::start(2, false, false).unwrap();
         let conns = Connections::new(4);
         let addr = BackendAddress::Unix("/nonexistent/backend.sock".into());
         let theirs = {

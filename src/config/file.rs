@@ -61,6 +61,7 @@ pub struct FileServer {
     pub threads: Option<Spanned<u32>>,
     pub scheduler: Option<Scheduler>,
     pub pin_threads: Option<Spanned<bool>>,
+    pub sched_batch: Option<Spanned<bool>>,
     pub header_timeout: Option<Spanned<DurationText>>,
     pub idle_timeout: Option<Spanned<DurationText>>,
     pub body_timeout: Option<Spanned<DurationText>>,

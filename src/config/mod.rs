@@ -133,6 +133,10 @@ pub struct ServerConfig {
     /// Whether each serving thread is pinned to a CPU of its own (`pin_threads`, default
     /// off; the per-thread scheduler only). Read at start only.
     pub pin_threads: bool,
+    /// Whether the serving threads run under `SCHED_BATCH` (`sched_batch`); none =
+    /// [`Config::serving_sched_batch`]'s default (on when the per-thread scheduler serves a
+    /// pool whose workers run on this machine). Read at start only.
+    pub sched_batch: Option<bool>,
     /// Front timeouts for listeners that do not set their own (`header_timeout`,
     /// `idle_timeout`, `body_timeout`, `send_timeout`, `body_deadline`).
     pub front_timeouts: FrontTimeouts,

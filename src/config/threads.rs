@@ -12,8 +12,17 @@
 //! request than two and answered as many (benches/RESULTS.md, "ab-threads-local").
 //! When every pool is a pool of servers run elsewhere, corral's own work is the load on this
 //! machine and a thread per CPU is what serves the most.
+//!
+//! The same rule decides whether the serving threads run under `SCHED_BATCH`
+//! (`[server] sched_batch`, decision 45). Under Linux's default policy a thread woken by a
+//! worker's write may take the CPU from that worker at once; a PHP page arrives in several
+//! writes, and corral woken for each one relays each one, which wakes the front server in
+//! turn. A batch thread woken while every CPU is busy waits for one to free up instead, and
+//! then finds more of the page waiting: on WordPress at c=10, corral's context switches per
+//! page fell by about a fifth and its CPU per page by 7% behind nginx and 15% on the http
+//! listener (`benches/sched-batch.sh`). With an idle CPU it runs at once, as before.
 
-use super::{Backend, BackendAddress, Config};
+use super::{Backend, BackendAddress, Config, Scheduler};
 
 impl Config {
     /// The serving threads to start on a machine where corral may run on `cpus` CPUs:
@@ -24,15 +33,29 @@ impl Config {
             return n as usize;
         }
         let cpus = cpus.max(1);
-        let local_workers = self.pools.iter().any(|p| match &p.backend {
-            Backend::Spawned(_) => true,
-            Backend::External { servers } => servers.iter().any(on_this_machine),
-        });
-        if local_workers {
+        if self.local_workers() {
             (cpus / 2).max(1)
         } else {
             cpus
         }
+    }
+
+    /// Whether the serving threads move to `SCHED_BATCH`: `[server] sched_batch` when set;
+    /// else when the per-thread scheduler serves a pool that spawns its workers here or
+    /// names a server on this machine. (The work-stealing runtime's threads also fork the
+    /// workers, which would inherit the policy.)
+    pub fn serving_sched_batch(&self) -> bool {
+        self.server.sched_batch.unwrap_or_else(|| {
+            self.server.scheduler == Scheduler::PerThread && self.local_workers()
+        })
+    }
+
+    /// Whether a pool spawns its workers here or names a server on this machine.
+    fn local_workers(&self) -> bool {
+        self.pools.iter().any(|p| match &p.backend {
+            Backend::Spawned(_) => true,
+            Backend::External { servers } => servers.iter().any(on_this_machine),
+        })
     }
 }
 
@@ -112,6 +135,24 @@ mod tests {
         ] {
             assert_eq!(servers(elsewhere).serving_threads(2), 2, "{elsewhere}");
         }
+    }
+
+    #[test]
+    fn serving_threads_are_batch_by_default_where_workers_are_local() {
+        assert!(parse(SPAWNED).serving_sched_batch());
+        assert!(servers("\"unix:/run/php/php-fpm.sock\"").serving_sched_batch());
+        assert!(!parse(SERVERS).serving_sched_batch());
+        let stealing = parse(&format!(
+            "{SPAWNED}[server]\nscheduler = \"work-stealing\"\n"
+        ));
+        assert!(
+            !stealing.serving_sched_batch(),
+            "never on by default with work-stealing"
+        );
+        let off = parse(&format!("{SPAWNED}[server]\nsched_batch = false\n"));
+        assert!(!off.serving_sched_batch());
+        let on = parse(&format!("{SERVERS}[server]\nsched_batch = true\n"));
+        assert!(on.serving_sched_batch());
     }
 
     #[test]

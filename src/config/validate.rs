@@ -267,6 +267,20 @@ fn server(e: &mut Errors, s: Option<&FileServer>) -> ServerConfig {
             }
             p => p.is_some_and(|p| *p.get_ref()),
         },
+        sched_batch: match s.and_then(|s| s.sched_batch.as_ref()) {
+            Some(b)
+                if *b.get_ref() && s.and_then(|s| s.scheduler) == Some(Scheduler::WorkStealing) =>
+            {
+                e.at(
+                    b.span(),
+                    "sched_batch applies to the serving threads of scheduler = \"per-thread\"; \
+                     the work-stealing runtime's threads also fork the workers, which would \
+                     inherit it, so leave it out with scheduler = \"work-stealing\"",
+                );
+                None
+            }
+            b => b.map(|b| *b.get_ref()),
+        },
         front_timeouts: front_timeouts(
             e,
             FrontTimeouts::default(),

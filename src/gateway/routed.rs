@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn a_request_leaves_the_share_it_entered_from_whichever_thread() {
-        let shards = Shards::start(3, false).unwrap();
+        let shards = Shards::start(3, false, false).unwrap();
         let count = Arc::new(RoutedCount::new(2));
         let off = count.enter();
         assert_eq!((off, count.now()), (0, 1));

@@ -549,7 +549,7 @@ mod per_thread {
         let w = slots.add_worker(8, BackendAddress::Unix("/tmp/x.sock".into()), None);
         slots.set_accepting(w, true);
         let stats = RequestStats::new(8, 2);
-        let shards = crate::shards::Shards::start(2, false).unwrap();
+        let shards = crate::shards::Shards::start(2, false, false).unwrap();
         for (i, handle) in shards.handles().iter().enumerate() {
             let (stats, slots) = (Arc::clone(&stats), Arc::clone(&slots));
             let (tx, rx) = std::sync::mpsc::channel();

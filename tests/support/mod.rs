@@ -177,6 +177,29 @@ pub fn live_children(parent: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The scheduling policy of each thread of `pid`, by thread name (`comm`), from field 41 of
+/// /proc/PID/task/TID/stat: 0 is Linux's default (`SCHED_OTHER`), 3 `SCHED_BATCH`.
+pub fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut found = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return found;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // The name sits in parentheses and may hold spaces; the fields after it start at 3.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, n)| n).to_owned();
+        if let Some(policy) = rest.split_whitespace().nth(41 - 3) {
+            found.push((name, policy.parse().unwrap_or(u32::MAX)));
+        }
+    }
+    found
+}
+
 /// The next datagram on `socket`, as text; `None` after `within`.
 fn next_datagram(socket: &std::os::unix::net::UnixDatagram, within: Duration) -> Option<String> {
     socket.set_read_timeout(Some(within)).unwrap();

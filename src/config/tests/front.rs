@@ -141,6 +141,21 @@ command = ["php-cgi"]
         "[server]\nscheduler = \"work-stealing\"\npin_threads = false\n{MINIMAL}"
     ));
     assert!(!unpinned_stealing.server.pin_threads);
+    assert_eq!(
+        per.server.sched_batch, None,
+        "sched_batch left to the default"
+    );
+    let stealing_batch =
+        format!("[server]\nscheduler = \"work-stealing\"\nsched_batch = true\n{MINIMAL}");
+    expect_error(
+        &stealing_batch,
+        "true",
+        "sched_batch applies to the serving threads of scheduler = \"per-thread\"",
+    );
+    let stealing_normal = ok(&format!(
+        "[server]\nscheduler = \"work-stealing\"\nsched_batch = false\n{MINIMAL}"
+    ));
+    assert_eq!(stealing_normal.server.sched_batch, Some(false));
     let bad = format!("[server]\nscheduler = \"fibers\"\n{MINIMAL}");
     expect_error(&bad, "\"fibers\"", "unknown variant");
     expect_error(src, "\"0s\"", "idle_timeout must be greater than zero");

@@ -307,7 +307,7 @@ async fn a_worker_due_for_a_memory_check_takes_nothing_until_checked() {
 /// and whichever thread freed the slot: the queue is served in arrival order.
 #[test]
 fn a_freed_slot_goes_to_the_oldest_waiter_on_any_thread() {
-    let shards = crate::shards::Shards::start(2, false).unwrap();
+    let shards = crate::shards::Shards::start(2, false, false).unwrap();
     let t = table(1, 100, &[None]);
     ready_worker(&t, 1);
     let on = |shard: usize| shards.handles()[shard].clone();
