@@ -4,8 +4,8 @@
 //! corral's connections; `max_requests` replaces the group under load with no failed
 //! request; a killed child is replaced by its parent;
 //! `max_memory` acts on the largest child; corral's serving threads run under SCHED_BATCH
-//! while every php-cgi process keeps the default policy. The memory comparison on WordPress pages is in
-//! tests/app_wordpress.rs.
+//! while every php-cgi process keeps the default policy. The memory comparison on WordPress
+//! pages is in tests/app_wordpress.rs.
 
 mod support;
 
