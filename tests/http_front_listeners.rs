@@ -316,7 +316,8 @@ fn pin_threads_gives_each_serving_thread_a_cpu_of_its_own() {
 }
 
 /// `[server] sched_batch`: in front of a php-cgi on this machine the serving threads run
-/// under `SCHED_BATCH` unless it is set to false; the control thread never does.
+/// under `SCHED_BATCH` unless it is set to false, and the start-up log says which; the main
+/// thread never does.
 #[test]
 fn sched_batch_sets_the_serving_threads_policy() {
     let dir = peers::shared_dir();
@@ -335,6 +336,11 @@ fn sched_batch_sets_the_serving_threads_policy() {
             .map(|(_, p)| *p)
             .collect();
         assert_eq!(serving, vec![expected; 2], "{setting:?}: {threads:?}");
+        assert!(
+            corral.wait_log(&format!("sched_batch={}", expected == 3)),
+            "the start-up log names the policy: {}",
+            corral.log()
+        );
         let main = threads
             .iter()
             .find(|(name, _)| name == "corral")

@@ -75,7 +75,13 @@ pub(super) fn serve(
         // control plane (drivers, reloads, signals, status).
         config::Scheduler::PerThread => {
             builder.worker_threads(1);
-            tracing::info!(threads, scheduler = "per-thread", "serving threads");
+            let sched_batch = config.serving_sched_batch();
+            tracing::info!(
+                threads,
+                scheduler = "per-thread",
+                sched_batch,
+                "serving threads"
+            );
         }
         config::Scheduler::WorkStealing => {
             builder.worker_threads(threads);
