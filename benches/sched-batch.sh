@@ -27,7 +27,8 @@ nginx=$(pgrep -P "$(field nginx 3)" | head -n 1)
 corral=$(field "${ROWS%% *}" 3)
 
 declare -A was
-for t in /proc/"$corral"/task/*; do was[${t##*/}]=$(awk '{print $41}' "$t/stat"); done
+# The policy is stat's field 41; fields are counted after the name, which may hold spaces.
+for t in /proc/"$corral"/task/*; do was[${t##*/}]=$(sed 's/.*) //' "$t/stat" | awk '{print $39}'); done
 restore() {
   for tid in "${!was[@]}"; do
     case ${was[$tid]} in 3) chrt -b -p 0 "$tid" ;; *) chrt -o -p 0 "$tid" ;; esac 2> /dev/null || true
