@@ -33,8 +33,9 @@
 # errors (a row with errors or timeouts is invalid and no ratio uses it); the ratios against
 # fpm and cgi. Beside them, per row, what the PHP processes did per request (from
 # /proc/PID/task/*/schedstat): their CPU, their wait for a CPU (run queue), MariaDB's CPU,
-# and the share of the machine's CPU time left idle during the runs (/proc/stat); and how
-# many scheduling groups the row's PHP processes are in (Linux's autogroups: one per session
+# the share of the machine's CPU time left idle during the runs (/proc/stat), how often per
+# request a CPU went idle (cpuidle's usage counters: at c=1, each is a halted CPU that a
+# wake-up on the request's path may have to bring back, decision 40); and how many scheduling groups the row's PHP processes are in (Linux's autogroups: one per session
 # when sched_autogroup_enabled is 1; each group gets an equal share of a busy CPU).
 #
 # FLAT=1 runs the whole bench in a CPU cgroup of its own, where no autogroup applies: every
@@ -271,6 +272,15 @@ stats_delta() { # BEFORE AFTER (proc_stats output): the sums' growth over the pr
     END {printf "%d %d %d %d\n", d[2], d[3], d[4], d[5]}' "$1" "$2"
 }
 cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; } # idle+iowait, all
+idle_entries() { # how often the CPUs went idle, all of them (cpuidle's states but polling; "-" without cpuidle)
+  local st n=0 any=
+  for st in /sys/devices/system/cpu/cpu[0-9]*/cpuidle/state[0-9]*; do
+    [ -r "$st/usage" ] || continue
+    any=1
+    [ "$(cat "$st/name")" = POLL ] || n=$((n + $(cat "$st/usage")))
+  done
+  if [ -n "$any" ]; then echo "$n"; else echo -; fi
+}
 
 res=$s/results.tsv
 : > "$res"
@@ -300,10 +310,12 @@ for c in $LEVELS; do
       proc_stats $(php_pids "$r") > "$s/php-before"
       d0=$(sched_ns 1 "$db_pid")
       read -r i0 a0 < <(cpu_ticks)
+      h0=$(idle_entries)
       t0=$(front_ns "$r")
       out=$(WRK_HIST=$s/hist/c$c-$r-$round.txt wrk -t1 -c"$c" -d"${SECS}s" --timeout 10s --latency \
         -s benches/lib/latency-hist.lua -H "Host: $host" "$(url "$r")" 2>&1)
       t1=$(front_ns "$r")
+      h1=$(idle_entries)
       read -r i1 a1 < <(cpu_ticks)
       d1=$(sched_ns 1 "$db_pid")
       # shellcheck disable=SC2046
@@ -312,8 +324,10 @@ for c in $LEVELS; do
       reqs=$(awk '/requests in/ {print $1}' <<< "$out")
       p99=$(awk '$1 == "99%" {print $2}' <<< "$out")
       read -r errs touts < <(wrk_errors <<< "$out")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" \
-        "$dp" "$dw" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" "$dv" "$dm" >> "$res"
+      halts=-
+      [ "$h0" = - ] || halts=$((h1 - h0))
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$r" "$round" "${reqs:-0}" "${p99:--}" "$errs" "$touts" "$((t1 - t0))" "$(cut -d' ' -f1 /proc/loadavg)" \
+        "$dp" "$dw" "$((d1 - d0))" "$((i1 - i0))" "$((a1 - a0))" "$dv" "$dm" "$halts" >> "$res"
       printf '%s c=%s round %s: %s requests, p99 %s, %s errors, %s timeouts, load %s\n' "$r" "$c" "$round" "$reqs" "$p99" "$errs" "$touts" "$(cut -d' ' -f1 /proc/loadavg)" >&2
     done
   done

@@ -78,6 +78,13 @@ done
 want='- c=10 base-http: / cgi **1.20**, / fpm **1.20**, p99 / fpm 1.00: met [— — —; — — —; 1.20 1.20 1.00]'
 python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" "$t/wp3" | grep -xF -- "$want" > /dev/null ||
   fail "wp_report.py, a row of one run: no line '$want' in: $(python3 benches/lib/wp_report.py "$t/wp1" "$t/wp2" "$t/wp3")"
+# The idle entries per request pool only the rounds that counted them (a run from before the
+# column has 16 fields): 30,000 over run 4's 1,000 requests, not over run 1's as well.
+mkdir -p "$t/wp4/hist"
+echo 10 > "$t/wp4/secs"
+printf '10\tfpm\t1\t1000\t100.00ms\t0\t0\t1000\t1.0\t1\t1\t1\t1\t2\t1\t1\t30000\n' > "$t/wp4/results.tsv"
+python3 benches/lib/wp_report.py "$t/wp1" "$t/wp4" | grep -E '^\| fpm \| 10 \| .* \| 30\.0 \|$' > /dev/null ||
+  fail "wp_report.py, idle entries: no fpm line ending in 30.0 in: $(python3 benches/lib/wp_report.py "$t/wp1" "$t/wp4")"
 # FRONT=1's table, from one run's front.tsv: ticks of 10,000 µs over the requests, switches
 # and system calls per request as written.
 printf 'gw-http-pc\t1000\t20\t30\t4260\t2290\t11.6\trecvfrom 4.80, epoll_wait 1.56\n' > "$t/wp1/front.tsv"

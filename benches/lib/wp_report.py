@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 
-FIELDS = "c r round reqs p99 errs touts ns load php wait db idle ticks inv mig".split()
+FIELDS = "c r round reqs p99 errs touts ns load php wait db idle ticks inv mig halts".split()
 
 
 def ms(v):
@@ -40,7 +40,8 @@ def load(d):
         v = dict(zip(FIELDS, line.rstrip("\n").split("\t")))
         k = (int(v["c"]), v["r"])
         x = rows.setdefault(k, dict(n=0, secs=0.0, p99=[], e=0, t=0, ns=0, load=[], hist=collections.Counter(),
-                                    hist_n=0, php=0, wait=0, db=0, idle=0, ticks=0, inv=0, mig=0))
+                                    hist_n=0, php=0, wait=0, db=0, idle=0, ticks=0, inv=0, mig=0,
+                                    halts=0, halts_n=0))
         x["n"] += int(v["reqs"])
         x["secs"] += secs
         x["p99"].append(ms(v["p99"]))
@@ -48,6 +49,9 @@ def load(d):
         for f, key in (("errs", "e"), ("touts", "t"), ("ns", "ns"), ("php", "php"), ("wait", "wait"), ("db", "db"),
                        ("idle", "idle"), ("ticks", "ticks"), ("inv", "inv"), ("mig", "mig")):
             x[key] += int(v[f])
+        if v.get("halts", "-") != "-":  # a run before the column, or no cpuidle: not counted
+            x["halts"] += int(v["halts"])
+            x["halts_n"] += int(v["reqs"])
         h = os.path.join(d, "hist", f"c{v['c']}-{v['r']}-{v['round']}.txt")
         if os.path.exists(h):
             x["hist_n"] += 1
@@ -65,7 +69,8 @@ def merge(runs):
             if y is None:
                 pooled[k] = dict(x, p99=list(x["p99"]), load=list(x["load"]), hist=collections.Counter(x["hist"]))
                 continue
-            for key in ("n", "secs", "e", "t", "ns", "php", "wait", "db", "idle", "ticks", "inv", "mig", "hist_n"):
+            for key in ("n", "secs", "e", "t", "ns", "php", "wait", "db", "idle", "ticks", "inv", "mig", "hist_n",
+                        "halts", "halts_n"):
                 y[key] += x[key]
             y["p99"] += x["p99"]
             y["load"] += x["load"]
@@ -148,16 +153,18 @@ def tables(runs, rows, groups, handoff, handoff_level):
     print("What the PHP processes did, per request (schedstat, summed over the row's PHP processes): CPU, and time runnable but")
     print("waiting for a CPU; MariaDB's CPU; the share of both CPUs' time left idle during the row's runs (/proc/stat); the row's PHP")
     print("processes and the sessions they are in (each session is a scheduling group of its own when autogroups apply); how often")
-    print("per request a PHP process was preempted (involuntary switches) and moved to the other CPU (migrations), /proc/PID/task/*/sched:")
+    print("per request a PHP process was preempted (involuntary switches) and moved to the other CPU (migrations), /proc/PID/task/*/sched;")
+    print("how often per request a CPU went idle (cpuidle's usage counters, both CPUs; at c=1 a wake-up onto a halted CPU):")
     print()
-    print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions | preempted /req | migrated /req |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    print("| row | c | PHP µs/req | PHP wait µs/req | MariaDB µs/req | CPU idle % | PHP processes / sessions | preempted /req | migrated /req | idle entries /req |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for (c, r), x in rows.items():
         per = lambda v: f"{v / 1e3 / x['n']:.0f}" if x["n"] else "—"
         idle = f"{100 * x['idle'] / x['ticks']:.1f}" if x["ticks"] else "—"
         count = lambda v: f"{v / x['n']:.2f}" if x["n"] else "—"
+        halts = f"{x['halts'] / x['halts_n']:.1f}" if x["halts_n"] else "—"
         print(f"| {r} | {c} | {per(x['php'])} | {per(x['wait'])} | {per(x['db'])} | {idle} | {groups.get(r, '—')} | "
-              f"{count(x['inv'])} | {count(x['mig'])} |")
+              f"{count(x['inv'])} | {count(x['mig'])} | {halts} |")
     if handoff:
         print()
         print(f"The hand-off at c={handoff_level}, one run per row with the PHP processes' read/write system calls recorded (perf):")
