@@ -410,6 +410,12 @@ report() {
   echo "which the verdict uses; front µs/req = CPU of nginx's worker (nginx rows) plus the row's corral"
   echo "(/proc/PID/task/*/schedstat) over the requests. Load = the 1-minute load average after each run (the range). This machine's"
   echo "2 cores were shared with other builds: compare rows within this run, not with other runs."
+  # At c=1 the corral rows' CPUs go idle three times as often as nginx's (decision 40), so
+  # how an idle CPU waits changes their ratios: say which driver, and how long it polls.
+  local idle poll=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+  idle="cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2> /dev/null || echo none)"
+  if [ -r "$poll" ]; then idle="$idle, guest_halt_poll_ns=$(cat "$poll")"; fi
+  echo "$idle."
   if [ -n "${FLAT:-}" ]; then
     echo "FLAT=1: every process of the bench ran in one CPU cgroup of its own, where no autogroup applies."
     [ -z "${FLAT_WEIGHT:-}" ] || echo "FLAT_WEIGHT=$FLAT_WEIGHT: that cgroup's cpu.shares (1024 = one session's share), so what else ran on the machine got next to nothing while the bench ran."
