@@ -35,7 +35,8 @@
 # /proc/PID/task/*/schedstat): their CPU, their wait for a CPU (run queue), MariaDB's CPU,
 # the share of the machine's CPU time left idle during the runs (/proc/stat), how often per
 # request a CPU went idle (cpuidle's usage counters: at c=1, each is a halted CPU that a
-# wake-up on the request's path may have to bring back, decision 40); and how many scheduling groups the row's PHP processes are in (Linux's autogroups: one per session
+# wake-up on the request's path may have to bring back, decision 40); and how many
+# scheduling groups the row's PHP processes are in (Linux's autogroups: one per session
 # when sched_autogroup_enabled is 1; each group gets an equal share of a busy CPU).
 #
 # FLAT=1 runs the whole bench in a CPU cgroup of its own, where no autogroup applies: every
