@@ -10,7 +10,9 @@
 # while it runs, and puts the old value back when it ends (benches/RESULTS.md section
 # `halt-poll-c1`, decision 40).
 set -euo pipefail
-d=$1
+d=$(realpath "$1")
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benches/lib/cpuidle.sh
 rounds=${2:-4}
 secs=${3:-8}
 host=$(cat "$d/host")
@@ -18,13 +20,6 @@ knob=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 [ -w "$knob" ] || { echo "no writable $knob: not a haltpoll guest, or not root" >&2; exit 1; }
 old=$(cat "$knob")
 trap 'echo "$old" > "$knob"' EXIT
-halts() { # every CPU's idle entries but polling ones
-  local st n=0
-  for st in /sys/devices/system/cpu/cpu[0-9]*/cpuidle/state[0-9]*; do
-    [ "$(cat "$st/name")" = POLL ] || n=$((n + $(cat "$st/usage")))
-  done
-  echo "$n"
-}
 rows=$(awk '$2 ~ /^http/ {print $1}' "$d/rows.tsv")
 for r in $(seq "$rounds"); do
   modes="0 200000"
@@ -35,9 +30,9 @@ for r in $(seq "$rounds"); do
     for row in $(printf '%s\n' $rows | awk -v seed="$r$m" 'BEGIN {srand(seed)} {print rand() "\t" $0}' | sort -n | cut -f2); do
       url=$(awk -v x="$row" '$1 == x {print $2}' "$d/rows.tsv")
       wrk -t1 -c1 -d2s -H "Host: $host" "$url" > /dev/null 2>&1
-      a=$(halts)
+      a=$(idle_entries)
       out=$(wrk -t1 -c1 -d"${secs}s" -H "Host: $host" "$url" 2>&1)
-      b=$(halts)
+      b=$(idle_entries)
       n=$(awk '/requests in/ {print $1}' <<< "$out")
       echo "$r $m $row $n $(awk '/Requests\/sec/ {print $2}' <<< "$out") $(((b - a) / ${n:-1}))"
     done

@@ -79,6 +79,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benches/lib/results.sh
 source benches/lib/wordpress.sh
+source benches/lib/cpuidle.sh
 RESULTS_VARS="SECS ROUNDS LEVELS COUNT CORRAL BASE BASE_AS CORRALS CGI_SEP FLAT FLAT_WEIGHT SHUFFLE HANDOFF HANDOFF_LEVEL FRONT FRONT_LEVEL HOLD KEEP"
 results_start "$@"
 SECS=${SECS:-10}
@@ -273,15 +274,6 @@ stats_delta() { # BEFORE AFTER (proc_stats output): the sums' growth over the pr
     END {printf "%d %d %d %d\n", d[2], d[3], d[4], d[5]}' "$1" "$2"
 }
 cpu_ticks() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; } # idle+iowait, all
-idle_entries() { # how often the CPUs went idle, all of them (cpuidle's states but polling; "-" without cpuidle)
-  local st n=0 any=
-  for st in /sys/devices/system/cpu/cpu[0-9]*/cpuidle/state[0-9]*; do
-    [ -r "$st/usage" ] || continue
-    any=1
-    [ "$(cat "$st/name")" = POLL ] || n=$((n + $(cat "$st/usage")))
-  done
-  if [ -n "$any" ]; then echo "$n"; else echo -; fi
-}
 
 res=$s/results.tsv
 : > "$res"
