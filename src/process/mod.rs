@@ -96,9 +96,19 @@ const PF_EXITING: u64 = 0x4;
 /// A pid that was reaped and reused reads as the new process, alive: callers ask only about
 /// workers their pool has not yet seen end.
 pub fn is_exiting(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    read_says_exiting(std::fs::read_to_string(format!("/proc/{pid}/stat")))
+}
+
+/// [`is_exiting`] on the outcome of reading `/proc/PID/stat`. A process reaped before the
+/// open leaves no file (`ENOENT`); one reaped between the open and the read fails the read
+/// with `ESRCH` (the kernel's `proc_single_show` finds no task behind the pid), and both
+/// mean gone. Anything else (a permission refused) says "not exiting": the caller keeps the
+/// worker. A killed worker is reaped within microseconds of its sockets closing, so that
+/// second window is met: reading it as alive sent a killed worker's request again.
+fn read_says_exiting(read: io::Result<String>) -> bool {
+    match read {
         Ok(stat) => stat_says_exiting(&stat),
-        Err(e) => e.kind() == io::ErrorKind::NotFound,
+        Err(e) => e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
     }
 }
 
@@ -135,6 +145,19 @@ mod exiting_tests {
         assert!(stat_says_exiting("42 (php-cgi) Z 1 42 42 0 -1 4194560"));
         assert!(!stat_says_exiting("garbage"));
         assert!(!stat_says_exiting("42 (x) S 1"));
+    }
+
+    #[test]
+    fn a_process_reaped_before_or_during_the_read_is_gone() {
+        let enoent = io::Error::from_raw_os_error(libc::ENOENT);
+        assert!(read_says_exiting(Err(enoent)));
+        let esrch = io::Error::from_raw_os_error(libc::ESRCH);
+        assert!(read_says_exiting(Err(esrch)));
+        let eacces = io::Error::from_raw_os_error(libc::EACCES);
+        assert!(!read_says_exiting(Err(eacces)));
+        assert!(!read_says_exiting(Ok(
+            "42 (php-cgi) S 1 42 42 0 -1 4194560".into()
+        )));
     }
 
     #[test]
