@@ -6,6 +6,16 @@
 //! connection that the backend closed meanwhile (or that holds unread bytes) is discarded at
 //! checkout without a round trip, and without a system call unless the reactor saw it
 //! become readable (`BackendConnection::is_quiet`).
+//!
+//! A `php_children` group takes its connections in turn instead (`Reuse::in_turn`, decision
+//! 46): its children accept on one socket and each serves the one connection it accepted
+//! until corral closes it, so the connection taken names the child that runs the request.
+//! Newest first, one child would run every request of a quiet site, where php-fpm's and
+//! `php-cgi -b`'s children take turns from `accept`, the one waiting longest first. So each
+//! slot's lane (`Slot::lane`: one of the group's N, the one free longest first) has a
+//! connection of its own, made by the first request on that lane: N connections, one per
+//! child, used in turn. A lane's connection is used by one request at a time, so no more
+//! than N are ever open and a new one always finds a child in `accept`.
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -34,6 +44,8 @@ pub struct Link {
     home: Option<Connections>,
     /// The serving thread whose runtime the stream is registered with (`crate::shards`).
     shard: Option<usize>,
+    /// The slot lane it was made for, on stacks that take connections in turn.
+    lane: Option<u32>,
     /// The read buffer, kept between the exchanges of a kept connection so that each one
     /// does not allocate (and free) its own.
     pub(super) inbuf: bytes::BytesMut,
@@ -71,6 +83,7 @@ impl BackendConnection {
                 served: 0,
                 home: None,
                 shard: crate::shards::current(),
+                lane: None,
                 inbuf: bytes::BytesMut::new(),
                 outbuf: bytes::BytesMut::new(),
                 timer: None,
@@ -194,8 +207,7 @@ pub struct Connections {
 #[derive(Debug)]
 struct Stacks {
     max_idle: usize,
-    /// The connections made leave their reads' bytes (`with_reads_left`).
-    leave_reads: bool,
+    reuse: Reuse,
     /// Index 0: off the serving threads (the control plane, tests, the work-stealing
     /// scheduler); 1 + (i mod CPUs): serving thread i.
     shards: Box<[Shard]>,
@@ -238,21 +250,31 @@ fn shard_count() -> usize {
     *COUNT.get_or_init(|| 1 + std::thread::available_parallelism().map_or(1, usize::from))
 }
 
+/// How a pool's workers want their connections used.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reuse {
+    /// The connections made leave each answer's last bytes on the socket until the next
+    /// request is written (`QuietUnix::leave_reads`, src/net/owed.rs): for workers that wait
+    /// for their next request blocked in `read`, whom taking the answer off would wake for
+    /// nothing.
+    pub leave_reads: bool,
+    /// Each slot lane has a connection of its own (the module documentation): for a
+    /// `php_children` group, whose `max_idle` is its number of children.
+    pub in_turn: bool,
+}
+
 impl Connections {
     /// Empty stacks keeping at most `max_idle` idle connections per address and thread.
     pub fn new(max_idle: usize) -> Connections {
-        Connections::with_reads_left(max_idle, false)
+        Connections::with_reuse(max_idle, Reuse::default())
     }
 
-    /// As [`new`](Self::new); with `leave_reads`, the connections it makes leave each
-    /// answer's last bytes on the socket until the next request is written
-    /// (`QuietUnix::leave_reads`, src/net/owed.rs): for workers that wait for their next
-    /// request blocked in `read`, whom taking the answer off would wake for nothing.
-    pub fn with_reads_left(max_idle: usize, leave_reads: bool) -> Connections {
+    /// As [`new`](Self::new), for workers that want their connections used as `reuse` says.
+    pub fn with_reuse(max_idle: usize, reuse: Reuse) -> Connections {
         Connections {
             inner: Arc::new(Stacks {
                 max_idle,
-                leave_reads,
+                reuse,
                 shards: (0..shard_count()).map(|_| Shard::default()).collect(),
             }),
         }
@@ -265,18 +287,25 @@ impl Connections {
         address: &BackendAddress,
         connect_timeout: Duration,
     ) -> Result<BackendConnection, BackendError> {
-        match self.take_idle(address) {
+        match self.take_idle(address, None) {
             Some(conn) => Ok(conn),
-            None => self.fresh(address, connect_timeout).await,
+            None => self.fresh(address, connect_timeout, None).await,
         }
     }
 
     /// An idle connection to `address` that is still usable, if there is one, without
     /// awaiting anything: the usual case of [`get`](Self::get), for a caller that keeps the
     /// connect's future out of its own (it is much larger than the rest of a request's).
-    pub fn take_idle(&self, address: &BackendAddress) -> Option<BackendConnection> {
+    /// `lane` is the caller's slot lane: on stacks that take connections in turn, only that
+    /// lane's connection is taken.
+    pub fn take_idle(
+        &self,
+        address: &BackendAddress,
+        lane: Option<u32>,
+    ) -> Option<BackendConnection> {
         let here = crate::shards::current();
-        while let Some(mut conn) = self.pop(address) {
+        let lane = lane.filter(|_| self.inner.reuse.in_turn);
+        while let Some(mut conn) = self.pop(address, lane) {
             let quiet = if conn.shard == here {
                 conn.is_quiet()
             } else {
@@ -299,6 +328,7 @@ impl Connections {
                             stream,
                             home: Some(self.clone()),
                             shard: here,
+                            lane: link.lane,
                             address: link.address,
                             served: link.served,
                             inbuf: link.inbuf,
@@ -315,14 +345,18 @@ impl Connections {
         None
     }
 
+    /// A new connection to `address`, kept here after a clean exchange; made for the slot
+    /// lane `lane` (see [`take_idle`](Self::take_idle)).
     pub async fn fresh(
         &self,
         address: &BackendAddress,
         connect_timeout: Duration,
+        lane: Option<u32>,
     ) -> Result<BackendConnection, BackendError> {
         let mut conn = BackendConnection::connect(address, connect_timeout).await?;
         conn.home = Some(self.clone());
-        if self.inner.leave_reads {
+        conn.lane = lane.filter(|_| self.inner.reuse.in_turn);
+        if self.inner.reuse.leave_reads {
             conn.link.stream.leave_reads();
         }
         Ok(conn)
@@ -374,16 +408,28 @@ impl Connections {
     /// The newest idle connection to `address` on the caller's stack (one made on its
     /// serving thread, in the usual case), else the newest of another thread's (which `get`
     /// moves to this thread's runtime): a worker that takes one connection at a time
-    /// (php-cgi) could not accept a new one while it waits on the idle one.
-    fn pop(&self, address: &BackendAddress) -> Option<BackendConnection> {
+    /// (php-cgi) could not accept a new one while it waits on the idle one. With `lane`,
+    /// that lane's connection, wherever it is kept: a second one made beside it would wait
+    /// for a child in `accept`, and none might come back there.
+    fn pop(&self, address: &BackendAddress, lane: Option<u32>) -> Option<BackendConnection> {
         let own = self.inner.own();
         let here = crate::shards::current();
+        let take = |stack: &mut Vec<BackendConnection>| match lane {
+            Some(_) => {
+                let i = stack.iter().position(|c| c.lane == lane)?;
+                Some(stack.swap_remove(i))
+            }
+            None => stack.pop(),
+        };
         if let Ok(mut idle) = own.lock() {
             if let Some(stack) = idle.stack(address) {
                 // Threads beyond the CPUs share a stack: prefer this thread's own.
-                let found = match stack.iter().rposition(|c| c.shard == here) {
+                let found = match stack
+                    .iter()
+                    .rposition(|c| c.shard == here && (lane.is_none() || c.lane == lane))
+                {
                     Some(i) => Some(stack.remove(i)),
-                    None => stack.pop(),
+                    None => take(stack),
                 };
                 if found.is_some() {
                     return found;
@@ -394,178 +440,9 @@ impl Connections {
             .shards
             .iter()
             .filter(|shard| !std::ptr::eq(&shard.0, own))
-            .find_map(|shard| shard.0.lock().ok()?.stack(address)?.pop())
+            .find_map(|shard| take(shard.0.lock().ok()?.stack(address)?))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use nix::sys::socket::{recv, MsgFlags};
-    use tokio::io::AsyncWriteExt;
-
-    fn pair() -> (BackendConnection, tokio::net::UnixStream) {
-        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
-        let address = BackendAddress::Unix("/nonexistent/backend.sock".into());
-        (
-            BackendConnection::from_stream(
-                Stream::Unix(crate::net::QuietUnix::from_tokio(ours).unwrap()),
-                address,
-            )
-            .unwrap(),
-            theirs,
-        )
-    }
-
-    fn unix(conn: &BackendConnection) -> &crate::net::QuietUnix {
-        match &conn.stream {
-            Stream::Unix(s) => s,
-            Stream::Tcp(_) => unreachable!("made from a socketpair"),
-        }
-    }
-
-    /// Readiness the reactor set and a read left behind (a read that does not end in
-    /// `WouldBlock` keeps it) says nothing about the connection now: it is quiet, and the
-    /// peek that finds so clears the mark.
-    #[tokio::test]
-    async fn a_readiness_mark_left_by_a_read_does_not_condemn_a_quiet_connection() {
-        let (conn, mut theirs) = pair();
-        assert!(conn.is_quiet(), "never readable");
-        theirs.write_all(b"x").await.unwrap();
-        unix(&conn).readable().await.unwrap();
-        let mut byte = [0u8; 1];
-        let read = unix(&conn)
-            .try_read_io(|fd| recv(fd, &mut byte, MsgFlags::MSG_DONTWAIT).map_err(io::Error::from));
-        assert_eq!(read.unwrap(), 1);
-        assert!(conn.is_quiet(), "read to the end, still marked readable");
-        assert!(conn.is_quiet(), "the mark is cleared");
-    }
-
-    #[tokio::test]
-    async fn bytes_or_a_close_while_idle_condemn_the_connection() {
-        let (conn, mut theirs) = pair();
-        theirs.write_all(b"stray").await.unwrap();
-        unix(&conn).readable().await.unwrap();
-        assert!(!conn.is_quiet(), "bytes no request asked for");
-        let (conn, theirs) = pair();
-        drop(theirs);
-        unix(&conn).readable().await.unwrap();
-        assert!(!conn.is_quiet(), "closed by the backend");
-        assert!(!conn.is_quiet(), "a close stays seen");
-    }
-
-    /// Runs `f` on serving thread `i` of `shards` and returns what it gave.
-    fn on<T: Send + 'static>(
-        shards: &crate::shards::Shards,
-        i: usize,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        shards.handles()[i].spawn(async move {
-            let _ = tx.send(f());
-        });
-        rx.recv().unwrap()
-    }
-
-    /// A connection marked with `mark` (as its count of requests served) put back on
-    /// serving thread `i`; the backend's end is returned to keep it open.
-    fn put_on(
-        shards: &crate::shards::Shards,
-        i: usize,
-        conns: &Connections,
-        mark: u64,
-    ) -> tokio::net::UnixStream {
-        let conns = conns.clone();
-        on(shards, i, move || {
-            let (mut conn, theirs) = pair();
-            conn.served = mark;
-            conns.put(conn);
-            theirs
-        })
-    }
-
-    #[test]
-    fn a_thread_takes_its_own_idle_connection_first_and_another_threads_when_it_has_none() {
-        let shards = crate::shards::Shards::start(2, false, false).unwrap();
-        let conns = Connections::new(4);
-        let addr = BackendAddress::Unix("/nonexistent/backend.sock".into());
-        let _a = put_on(&shards, 0, &conns, 1);
-        let _b = put_on(&shards, 1, &conns, 2);
-        assert_eq!(conns.idle(&addr), 2, "counted over every thread's stack");
-        let take = |i: usize| {
-            let (conns, addr) = (conns.clone(), addr.clone());
-            on(&shards, i, move || {
-                conns.take_idle(&addr).map(|c| {
-                    let got = (c.requests_served(), c.shard);
-                    // Given back on this thread, as a clean exchange does.
-                    c.finish();
-                    got
-                })
-            })
-        };
-        assert_eq!(take(1), Some((2, Some(1))), "thread 1's own");
-        assert_eq!(take(0), Some((1, Some(0))), "thread 0's own");
-        // Both are on thread 1's stack after this: thread 0 then has none of its own and
-        // takes thread 1's, moved to its runtime.
-        assert_eq!(take_and_keep(&shards, 1, &conns, &addr), 2);
-        let moved = take(0).unwrap();
-        assert_eq!(moved.1, Some(0), "registered with the taking thread");
-        assert_eq!(conns.idle(&addr), 2);
-        conns.forget(&addr);
-        assert_eq!(conns.idle(&addr), 0, "forgotten on every thread's stack");
-    }
-
-    /// A connection another thread's reactor watches is asked of its socket: that reactor
-    /// may not have turned since the backend wrote (here it cannot: its thread is held), so
-    /// its readiness would call a condemned connection quiet.
-    #[test]
-    fn a_connection_from_another_thread_is_peeked_not_judged_by_that_threads_reactor() {
-        use std::io::Write;
-        let shards = crate::shards::Shards::start(2, false, false).unwrap();
-        let conns = Connections::new(4);
-        let addr = BackendAddress::Unix("/nonexistent/backend.sock".into());
-        let theirs = {
-            let conns = conns.clone();
-            on(&shards, 0, move || {
-                let (conn, theirs) = pair();
-                conns.put(conn);
-                theirs.into_std().unwrap()
-            })
-        };
-        // Thread 0 is held in a task: its reactor does not turn until it is let go.
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        shards.handles()[0].spawn(async move {
-            let _ = held_tx.send(());
-            let _ = go_rx.recv();
-        });
-        held_rx.recv().unwrap();
-        // What an LSAPI worker's CONN_CLOSE on an idle connection looks like to corral.
-        (&theirs).write_all(b"LS\x01").unwrap();
-        let taken = {
-            let (conns, addr) = (conns.clone(), addr.clone());
-            on(&shards, 1, move || conns.take_idle(&addr).is_some())
-        };
-        go_tx.send(()).unwrap();
-        assert!(!taken, "a connection the backend wrote on was handed out");
-        assert_eq!(conns.idle(&addr), 0, "and dropped");
-    }
-
-    /// Takes both idle connections on thread `i` and gives them back there.
-    fn take_and_keep(
-        shards: &crate::shards::Shards,
-        i: usize,
-        conns: &Connections,
-        addr: &BackendAddress,
-    ) -> usize {
-        let (conns, addr) = (conns.clone(), addr.clone());
-        on(shards, i, move || {
-            let taken: Vec<_> = std::iter::from_fn(|| conns.take_idle(&addr)).collect();
-            let n = taken.len();
-            for c in taken {
-                c.finish();
-            }
-            n
-        })
-    }
-}
+mod tests;

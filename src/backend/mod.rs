@@ -44,7 +44,7 @@ pub use body::{
     BodyClosed, BodyDeadline, BodyError, BodyOverLimit, BodySender, BodySource, BodyTimeout,
     RequestBody,
 };
-pub use connection::{BackendConnection, Connections};
+pub use connection::{BackendConnection, Connections, Reuse};
 pub use error::{BackendError, Origin};
 pub use exchange::ResponseBody;
 pub use spool::{buffer_body, spool_body};

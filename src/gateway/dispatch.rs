@@ -195,7 +195,7 @@ impl Gateway {
                     // SCGI is one connection per request by definition.
                     backend::Protocol::Scgi => None,
                     _ if fresh => None,
-                    _ => pool.connections.take_idle(address),
+                    _ => pool.connections.take_idle(address, slot.lane()),
                 };
                 kept = idle.is_some();
                 let connected = match idle {
@@ -207,7 +207,10 @@ impl Gateway {
                         ))
                         .await
                     }
-                    None => Box::pin(pool.connections.fresh(address, pool.timeouts.connect)).await,
+                    None => {
+                        let lane = slot.lane();
+                        Box::pin(pool.connections.fresh(address, pool.timeouts.connect, lane)).await
+                    }
                 };
                 match connected {
                     Ok(conn) => break conn,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::backend::{BackendError, Connections, Protocol, Timeouts};
+use crate::backend::{BackendError, Connections, Protocol, Reuse, Timeouts};
 use crate::config::{Backend, BackendProtocol, Config, PoolConfig};
 use crate::error::StartupError;
 use crate::pool::driver::{Command as DriverCommand, Driver};
@@ -415,7 +415,13 @@ fn build_pool(
     // wake, and would pay the second `recv` per answer for nothing.
     let blocking_readers =
         matches!(p.backend, Backend::Spawned(_)) && p.protocol == BackendProtocol::Fastcgi;
-    let connections = Connections::with_reads_left(keep, blocking_readers);
+    // A php_children group's children take one request each in turn, as behind php-fpm
+    // (src/backend/connection.rs, decision 46).
+    let reuse = Reuse {
+        leave_reads: blocking_readers,
+        in_turn: matches!(&p.backend, Backend::Spawned(s) if s.php_children.is_some()),
+    };
+    let connections = Connections::with_reuse(keep, reuse);
     let mut status = None;
     let mut driver = None;
     let mut stacks = None;

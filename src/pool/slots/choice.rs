@@ -27,7 +27,7 @@ pub(super) struct Grant {
 
 /// The lane of a slot taken with every lane in use, which cannot happen while `in_flight`
 /// stays below the concurrency; such a slot is simply not timed.
-const NO_LANE: u32 = u32::MAX;
+pub(super) const NO_LANE: u32 = u32::MAX;
 
 impl SlotTable {
     /// Takes a slot for `context` if the pool, the context and some worker have room; the
@@ -101,7 +101,7 @@ impl SlotTable {
         };
         let address = Arc::clone(&w.address);
         let pid = w.pid;
-        let lane = w.free_lanes.pop().unwrap_or(NO_LANE);
+        let lane = w.free_lanes.pop_front().unwrap_or(NO_LANE);
         if let Some(l) = w.lanes.get_mut(lane as usize) {
             *l = Some(since.or(now).unwrap_or_else(Instant::now));
         }
@@ -127,7 +127,7 @@ impl SlotTable {
         if let Some(w) = Self::entry(st, worker) {
             if let Some(l) = w.lanes.get_mut(lane as usize) {
                 if l.take().is_some() {
-                    w.free_lanes.push(lane);
+                    w.free_lanes.push_back(lane);
                 }
             }
             w.in_flight = w.in_flight.saturating_sub(1);

@@ -119,6 +119,13 @@ impl Slot {
         self.pid.or_else(|| self.table.pid(self.worker))
     }
 
+    /// The worker's lane this slot holds: one of `0..concurrency`, no other slot in flight
+    /// on the worker holds it, and the lane free longest is the one granted. `None` in the
+    /// case that cannot arise while the worker's requests stay within its concurrency.
+    pub fn lane(&self) -> Option<u32> {
+        (self.lane != choice::NO_LANE).then_some(self.lane)
+    }
+
     /// The pool's requests in flight, this one included, when the slot was granted.
     pub fn in_flight_at_grant(&self) -> usize {
         self.in_flight

@@ -45,6 +45,36 @@ async fn pool_cap_holds_and_queue_overflows_at_once() {
     assert_eq!(t.stats().in_flight, 1);
 }
 
+/// A slot's lane is one no other slot in flight on the worker holds, and the lane free
+/// longest is granted first: one request at a time goes round every lane (a `php_children`
+/// group's connections, one per lane, so its children take turns as behind php-fpm).
+#[tokio::test(start_paused = true)]
+async fn lanes_are_distinct_in_flight_and_taken_free_longest_first() {
+    let t = table(8, 0, &[None]);
+    ready_worker(&t, 3);
+    let mut one_at_a_time = Vec::new();
+    for _ in 0..6 {
+        one_at_a_time.push(t.acquire(0).await.unwrap().lane());
+    }
+    let turn = [Some(0), Some(1), Some(2)];
+    assert_eq!(one_at_a_time, [turn, turn].concat());
+    let a = t.acquire(0).await.unwrap();
+    let b = t.acquire(0).await.unwrap();
+    assert_ne!(a.lane(), b.lane());
+    let (freed_first, freed_last) = (b.lane(), a.lane());
+    drop(b);
+    drop(a);
+    let c = t.acquire(0).await.unwrap();
+    assert_eq!(
+        c.lane(),
+        Some(2),
+        "free longest: never taken since the round"
+    );
+    assert_eq!(t.acquire(0).await.unwrap().lane(), freed_first);
+    drop(c);
+    assert_eq!(t.acquire(0).await.unwrap().lane(), freed_last);
+}
+
 #[tokio::test(start_paused = true)]
 async fn queue_timeout_fires_and_leaks_nothing() {
     let t = table(1, 4, &[None]);

@@ -1,6 +1,7 @@
 //! The workers in a slot table: adding, retiring and removing them, their request counts for
 //! the supervisor, and the health a request reports on them (failures, probes, memory checks).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,10 +71,12 @@ pub(super) struct WorkerEntry {
     pub(super) pid: Option<u32>,
     /// Requests to finish before the next memory check; `None` = no checks.
     pub(super) check_in: Option<u64>,
-    /// When each slot in use on it was taken, one lane per unit of concurrency, and the
-    /// lanes free now (for status: [`SlotTable::ages`]).
+    /// When each slot in use on it was taken, one lane per unit of concurrency (for
+    /// status: [`SlotTable::ages`]), and the lanes free now, the one free longest first: a
+    /// slot's lane also names the kept connection it uses on a pool whose connections are
+    /// taken in turn (`Connections`, src/backend/connection.rs).
     pub(super) lanes: Vec<Option<Instant>>,
-    pub(super) free_lanes: Vec<u32>,
+    pub(super) free_lanes: VecDeque<u32>,
 }
 
 impl WorkerEntry {
@@ -86,7 +89,7 @@ impl WorkerEntry {
         let lanes = u32::try_from(concurrency).unwrap_or(u32::MAX);
         WorkerEntry {
             lanes: vec![None; concurrency],
-            free_lanes: (0..lanes).rev().collect(),
+            free_lanes: (0..lanes).collect(),
             generation: 0,
             address: Arc::new(address),
             started: 0,
