@@ -423,13 +423,11 @@ impl Connections {
         };
         if let Ok(mut idle) = own.lock() {
             if let Some(stack) = idle.stack(address) {
-                // Threads beyond the CPUs share a stack: prefer this thread's own.
-                let found = match stack
-                    .iter()
-                    .rposition(|c| c.shard == here && (lane.is_none() || c.lane == lane))
-                {
-                    Some(i) => Some(stack.remove(i)),
-                    None => take(stack),
+                // Threads beyond the CPUs share a stack: prefer this thread's own (a lane
+                // has one connection, wherever it was made).
+                let found = match stack.iter().rposition(|c| c.shard == here) {
+                    Some(i) if lane.is_none() => Some(stack.remove(i)),
+                    _ => take(stack),
                 };
                 if found.is_some() {
                     return found;
